@@ -1,0 +1,1 @@
+"""Checks of causal-LM data and training (SFT, DPO, GRPO, pretraining)."""

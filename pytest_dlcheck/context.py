@@ -1,0 +1,83 @@
+"""The ``dlcheck`` fixture's value: what a running check uses to reach roles, settings, shared samples,
+and to fail or skip in the house format."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NoReturn
+
+import pytest
+
+from . import registry
+from .outcome import CheckFailed
+from .plugin import CHECK_KEY, DlcheckState, session_state, user_call
+from .roles import MISSING, ROLES
+
+
+class CheckContext:
+    def __init__(self, request: pytest.FixtureRequest, check: registry.Check, state: DlcheckState):
+        self.request = request
+        self.check = check
+        self.state = state
+        self._roles: dict[str, Any] = {}
+
+    @classmethod
+    def for_item(cls, request: pytest.FixtureRequest) -> CheckContext:
+        check = request.node.stash.get(CHECK_KEY, None)
+        if check is None:
+            pytest.fail("the `dlcheck` fixture belongs to pytest-dlcheck's own check items", pytrace=False)
+        ctx = cls(request, check, session_state(request.config))
+        ctx.require(*check.roles)
+        return ctx
+
+    # ---- roles -------------------------------------------------------------------------------------
+
+    def role(self, name: str) -> Any:
+        """The user's object for role ``name`` (given or derived), or MISSING."""
+        if name not in self._roles:
+            self._roles[name] = self.request.getfixturevalue(f"dlcheck_{name}")
+        return self._roles[name]
+
+    def has(self, name: str) -> bool:
+        return self.role(name) is not MISSING
+
+    def require(self, *names: str) -> list[Any]:
+        """Resolve roles; skip with one line naming every missing fixture."""
+        values = [self.role(n) for n in names]
+        missing = [ROLES[n].hint() if n in ROLES else f"dlcheck_{n}" for n, v in zip(names, values) if v is MISSING]
+        if missing:
+            pytest.skip(f"missing role: define fixture {'; '.join(missing)} in conftest.py")
+        return values
+
+    def call(self, role: str, fn: Callable[[], Any]) -> Any:
+        """Run a user's object; its exceptions are reported as that role's error, not as a plugin crash."""
+        return user_call(role, fn)
+
+    # ---- settings and sharing ----------------------------------------------------------------------
+
+    def setting(self, name: str) -> Any:
+        return self.state.setting(self.check, name)
+
+    @property
+    def samples(self) -> int:
+        return self.state.samples
+
+    @property
+    def batch_size(self) -> int:
+        return self.state.batch_size
+
+    def memo(self, sources: Any, key: str, make: Callable[[], Any]) -> Any:
+        return self.state.memo(sources, key, make)
+
+    # ---- verdicts ----------------------------------------------------------------------------------
+
+    def fail(self, evidence: list[str] | str, cause: str, fix: str, **data: Any) -> NoReturn:
+        raise CheckFailed([evidence] if isinstance(evidence, str) else list(evidence), cause, fix, data)
+
+    def skip(self, reason: str) -> NoReturn:
+        pytest.skip(reason)
+
+    def __repr__(self) -> str:
+        return f"<dlcheck {self.check.id} roles={sorted(self._roles)}>"
+
+
+__all__ = ["CheckContext", "MISSING"]

@@ -1,0 +1,99 @@
+"""Leave no trace: context managers that put the user's objects back exactly as they were."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+from typing import Any, Iterator
+
+
+@contextlib.contextmanager
+def preserved_rng() -> Iterator[None]:
+    """Restore the python, numpy, torch and CUDA RNG states afterwards. Only libraries already imported
+    are touched, so this imports nothing."""
+    py = random.getstate()
+    np = sys.modules.get("numpy")
+    np_state = np.random.get_state() if np is not None else None
+    torch = sys.modules.get("torch")
+    torch_state = torch.random.get_rng_state() if torch is not None else None
+    cuda_state = None
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        cuda_state = torch.cuda.get_rng_state_all()
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        if np_state is not None:
+            np.random.set_state(np_state)
+        if torch_state is not None:
+            torch.random.set_rng_state(torch_state)
+        if cuda_state is not None:
+            torch.cuda.set_rng_state_all(cuda_state)
+
+
+@contextlib.contextmanager
+def eval_mode(model: Any) -> Iterator[Any]:
+    """Run ``model`` in eval mode (dropout off) without gradients; restore every submodule's own
+    train/eval flag afterwards (a user may keep some submodules in eval on purpose)."""
+    import torch
+
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+TOKENIZER_SETTINGS = (
+    "padding_side",
+    "truncation_side",
+    "model_max_length",
+    "pad_token",
+    "eos_token",
+    "bos_token",
+    "chat_template",
+    "add_bos_token",
+    "add_eos_token",
+)
+
+
+def tokenizer_settings(tok: Any) -> dict[str, Any]:
+    out = {}
+    for name in TOKENIZER_SETTINGS:
+        try:
+            out[name] = getattr(tok, name)
+        except Exception:  # some processors raise on absent attributes
+            continue
+    return out
+
+
+@contextlib.contextmanager
+def preserved_tokenizer(tok: Any) -> Iterator[Any]:
+    """For checks that must tokenize with other settings (say, left padding): put every setting back."""
+    before = tokenizer_settings(tok)
+    try:
+        yield tok
+    finally:
+        for name, value in before.items():
+            if tokenizer_settings(tok).get(name, value) != value:
+                setattr(tok, name, value)
+
+
+@contextlib.contextmanager
+def preserved_dataloader(dl: Any) -> Iterator[Any]:
+    """Iterating a DataLoader advances its (or its sampler's) explicit generator; restore them."""
+    gens = []
+    for owner in (dl, getattr(dl, "sampler", None), getattr(dl, "batch_sampler", None),
+                  getattr(getattr(dl, "batch_sampler", None), "sampler", None)):
+        gen = getattr(owner, "generator", None)
+        if gen is not None and hasattr(gen, "get_state"):
+            gens.append((gen, gen.get_state()))
+    try:
+        yield dl
+    finally:
+        for gen, state in gens:
+            gen.set_state(state)

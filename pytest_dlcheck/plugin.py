@@ -1,0 +1,385 @@
+"""pytest-dlcheck's hooks. Every hook returns at once unless ``--dlcheck`` (or ``--dlcheck-list``) is in
+use; importing this module imports neither torch nor any domain library."""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from . import registry
+from .outcome import CheckFailed, RoleError, render_failure, render_role_error
+
+STATE_KEY = pytest.StashKey["DlcheckState"]()
+CHECK_KEY = pytest.StashKey["registry.Check"]()
+
+ENV_VAR = "PYTEST_DLCHECK"
+PACKAGE_DIR = str(Path(__file__).resolve().parent)
+
+
+# --------------------------------------------------------------------------------------------------
+# options
+
+
+def _positive_int(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("dlcheck", "deep-learning pipeline checks (pytest-dlcheck)")
+    group.addoption(
+        "--dlcheck",
+        action="store",
+        metavar="DOMAINS|IDS",
+        help="run the checks of these domains or IDs beside each conftest.py that defines dlcheck_* "
+        "fixtures: llm, vision, diffusion, rl, vlm, train, ckpt, smoke, all, or IDs like L2,L11 "
+        f"(also: ini 'dlcheck', env {ENV_VAR})",
+    )
+    group.addoption(
+        "--dlcheck-ignore",
+        action="append",
+        default=[],
+        metavar="IDS",
+        help="checks or domains not to run, e.g. V6,L13 (adds to ini 'dlcheck_ignore')",
+    )
+    group.addoption(
+        "--dlcheck-list",
+        action="store",
+        nargs="?",
+        const="all",
+        default=None,
+        metavar="ID",
+        help="print the catalog (ID, domain, title, roles) and exit; with an ID or domain, print its docs",
+    )
+    group.addoption(
+        "--dlcheck-samples",
+        action="store",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="examples sampled per dataset/dataloader (default 8; ini 'dlcheck_samples')",
+    )
+    group.addoption(
+        "--dlcheck-batch-size",
+        action="store",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="examples per batch when collating sampled examples (default 4; ini 'dlcheck_batch_size')",
+    )
+    group.addoption(
+        "--dlcheck-set",
+        action="append",
+        default=[],
+        metavar="ID.NAME=VALUE",
+        help="override a check's threshold, e.g. L1.atol=1e-3 (adds to ini 'dlcheck_set')",
+    )
+    parser.addini("dlcheck", "domains or check IDs to run (as --dlcheck)", default="")
+    parser.addini("dlcheck_ignore", "checks or domains not to run", type="args", default=[])
+    parser.addini("dlcheck_samples", "examples sampled per dataset/dataloader", default="")
+    parser.addini("dlcheck_batch_size", "examples per collated batch", default="")
+    parser.addini("dlcheck_set", "threshold overrides, one ID.NAME=VALUE per line", type="linelist", default=[])
+
+
+# --------------------------------------------------------------------------------------------------
+# session state
+
+
+@dataclass
+class DlcheckState:
+    selected: list[registry.Check]
+    spec: str
+    spec_source: str
+    samples: int
+    batch_size: int
+    overrides: dict[tuple[str, str], Any]
+    shared: dict[Any, Any] = field(default_factory=dict)
+    #: strong references to the objects whose ids key ``shared`` so an id is never reused
+    keep_alive: list[Any] = field(default_factory=list)
+
+    def memo(self, sources: Any, key: str, make: Callable[[], Any]) -> Any:
+        """Compute once per session per (source objects, key); the hub of work sharing across checks."""
+        objs = sources if isinstance(sources, tuple) else (sources,)
+        k = (tuple(id(o) for o in objs), key)
+        if k not in self.shared:
+            self.shared[k] = make()
+            self.keep_alive.append(objs)
+        return self.shared[k]
+
+    def derived(self, sources: Any, key: str, make: Callable[[], Any]) -> Any:
+        return self.memo(sources, "derive:" + key, make)
+
+    def guarded_user_call(self, role: str, call: Callable[[], Any]) -> Any:
+        return user_call(role, call)
+
+    def setting(self, check: registry.Check, name: str) -> Any:
+        return self.overrides.get((check.id, name), check.setting(name).default)
+
+
+def session_state(config: pytest.Config) -> DlcheckState:
+    return config.stash[STATE_KEY]
+
+
+def user_call(role: str, call: Callable[[], Any]) -> Any:
+    """Run a user's object. An exception raised in the user's code becomes a :class:`RoleError` naming
+    the role and where it was raised; one raised inside the plugin itself propagates as a plugin bug."""
+    try:
+        return call()
+    except (RoleError, CheckFailed, pytest.skip.Exception, pytest.fail.Exception, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        frames = traceback.extract_tb(exc.__traceback__)
+        if frames and frames[-1].filename.startswith(PACKAGE_DIR):
+            raise
+        where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+        raise RoleError(role, f"raised {type(exc).__name__}: {exc}{where}") from exc
+
+
+def _setting_source(config: pytest.Config) -> tuple[str, str]:
+    if config.option.dlcheck:
+        return config.option.dlcheck, "command line"
+    if os.environ.get(ENV_VAR):
+        return os.environ[ENV_VAR], f"env {ENV_VAR}"
+    value = config.getini("dlcheck")
+    if value:
+        return value, "ini"
+    return "", ""
+
+
+def _int_option(config: pytest.Config, name: str, default: int) -> int:
+    value = getattr(config.option, name)
+    if value is not None:
+        return value
+    ini = config.getini(name)
+    if ini:
+        try:
+            value = int(ini)
+        except ValueError:
+            raise pytest.UsageError(f"ini {name} = {ini!r}: expected a positive integer") from None
+        if value < 1:
+            raise pytest.UsageError(f"ini {name} = {ini!r}: expected a positive integer")
+        return value
+    return default
+
+
+def _overrides(config: pytest.Config) -> dict[tuple[str, str], Any]:
+    checks = registry.load_checks()
+    out = {}
+    for text in list(config.getini("dlcheck_set")) + list(config.option.dlcheck_set):
+        key, sep, value = text.partition("=")
+        cid, dot, name = key.strip().partition(".")
+        if not sep or not dot:
+            raise pytest.UsageError(f"--dlcheck-set {text!r}: expected ID.NAME=VALUE, e.g. L1.atol=1e-3")
+        check = checks.get(cid.upper())
+        if check is None:
+            raise pytest.UsageError(f"--dlcheck-set {text!r}: unknown check ID {cid!r}")
+        try:
+            setting = check.setting(name)
+            out[(check.id, name)] = setting.parse(value.strip())
+        except KeyError:
+            names = ", ".join(s.name for s in check.settings) or "none"
+            raise pytest.UsageError(f"--dlcheck-set {text!r}: {check.id} has no setting {name!r} (settings: {names})") from None
+        except ValueError as exc:
+            raise pytest.UsageError(f"--dlcheck-set {text!r}: {exc}") from None
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# configuration
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "dlcheck: a pytest-dlcheck check item")
+    for domain in registry.DOMAINS:
+        config.addinivalue_line("markers", f"dlcheck_{domain}: a pytest-dlcheck check of the {domain} domain")
+    spec, source = _setting_source(config)
+    if not spec or config.option.dlcheck_list:
+        return
+    ignore = registry.split_tokens(config.getini("dlcheck_ignore")) + registry.split_tokens(config.option.dlcheck_ignore)
+    try:
+        selected = registry.select(registry.split_tokens(spec), ignore)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    state = DlcheckState(
+        selected=selected,
+        spec=spec,
+        spec_source=source,
+        samples=_int_option(config, "dlcheck_samples", 8),
+        batch_size=_int_option(config, "dlcheck_batch_size", 4),
+        overrides=_overrides(config),
+    )
+    config.stash[STATE_KEY] = state
+    from . import fixtures
+
+    config.pluginmanager.register(fixtures, "dlcheck-fixtures")
+    config.pluginmanager.register(DlcheckSummary(), "dlcheck-summary")
+
+
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    if config.option.dlcheck_list is None:
+        return None
+    from .listing import print_catalog
+
+    return print_catalog(config, config.option.dlcheck_list)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    state = config.stash.get(STATE_KEY, None)
+    if state is None:
+        return None
+    ids = ",".join(c.id for c in state.selected) or "none"
+    return [
+        f"dlcheck: {state.spec} (from {state.spec_source}) -> {len(state.selected)} checks [{ids}], "
+        f"samples={state.samples}, batch_size={state.batch_size}"
+    ]
+
+
+# --------------------------------------------------------------------------------------------------
+# collection: the checks are collected beside each conftest.py that defines dlcheck_* fixtures
+
+
+def _fixture_names(module: Any) -> set[str]:
+    names = set()
+    for attr, obj in vars(module).items():
+        name = getattr(obj, "name", None) if type(obj).__name__ == "FixtureFunctionDefinition" else None
+        if name is None and hasattr(obj, "_pytestfixturefunction"):  # pytest < 8.4
+            name = getattr(obj._pytestfixturefunction, "name", None) or attr
+        if name:
+            names.add(name)
+    return names
+
+
+def _role_fixtures(config: pytest.Config, file_path: Path) -> set[str]:
+    module = config.pluginmanager.get_plugin(str(file_path))
+    if module is None:
+        module = next((p for p in config.pluginmanager.get_plugins() if getattr(p, "__file__", None) == str(file_path)), None)
+    if module is None:
+        return set()
+    return {n for n in _fixture_names(module) if n.startswith("dlcheck_")}
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    state = parent.config.stash.get(STATE_KEY, None)
+    if state is None or file_path.name != "conftest.py":
+        return None
+    if not _role_fixtures(parent.config, file_path):
+        return None
+    return DlcheckFile.from_parent(parent, path=file_path)
+
+
+class DlcheckFile(pytest.File):
+    """The checks of one directory: a conftest.py that defines roles, claimed as a collection file so
+    that every check item's parent chain is the user's own directory node."""
+
+    def collect(self):
+        state = session_state(self.config)
+        for check in state.selected:
+            item = CheckItem.from_parent(self, name=check.item_name, callobj=check.func)
+            yield item
+
+
+class CheckItem(pytest.Function):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        check = registry.load_checks()[self.obj.dlcheck_id]
+        self.stash[CHECK_KEY] = check
+        self.add_marker("dlcheck")
+        self.add_marker(f"dlcheck_{check.domain}")
+        self.extra_keyword_matches.add(check.id)
+
+    @property
+    def check(self) -> registry.Check:
+        return self.stash[CHECK_KEY]
+
+    def runtest(self) -> None:
+        from .guard import preserved_rng
+
+        with preserved_rng():
+            super().runtest()
+
+    def setup(self) -> None:
+        from .guard import preserved_rng
+
+        # role fixtures run here; deriving a dataloader or a batch may draw from the global RNGs
+        with preserved_rng():
+            super().setup()
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None):
+        if isinstance(excinfo.value, CheckFailed):
+            return render_failure(self.check, excinfo.value)
+        if isinstance(excinfo.value, RoleError):
+            return render_role_error(self.check, excinfo.value)
+        return super().repr_failure(excinfo, style=style)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.check.id} {self.check.title}"
+
+
+# --------------------------------------------------------------------------------------------------
+# reporting
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    report = yield
+    if isinstance(item, CheckItem) and (report.when == "call" or report.outcome != "passed"):
+        if isinstance(call.excinfo and call.excinfo.value, RoleError) and report.when == "setup":
+            report.longrepr = item.repr_failure(call.excinfo)
+        check = item.check
+        report.user_properties.append(("dlcheck_id", check.id))
+        report.user_properties.append(("dlcheck_domain", check.domain))
+    return report
+
+
+class DlcheckSummary:
+    """Collects check outcomes from the reports (so it works on the xdist controller too) and prints
+    the dlcheck section of the terminal summary."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, str, str]] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        props = dict(report.user_properties)
+        if "dlcheck_id" not in props or (report.when != "call" and report.outcome == "passed"):
+            return
+        reason = ""
+        if report.skipped and isinstance(report.longrepr, tuple):
+            reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+        self.rows.append((props["dlcheck_id"], props["dlcheck_domain"], report.outcome, reason))
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.rows:
+            return
+        tr = terminalreporter
+        tr.write_sep("=", "dlcheck summary")
+        by = Counter((domain, outcome) for _, domain, outcome, _ in self.rows)
+        for domain in registry.DOMAINS:
+            counts = {o: by[(domain, o)] for o in ("passed", "failed", "skipped") if by[(domain, o)]}
+            if counts:
+                tr.write_line(f"{domain:<10} " + ", ".join(f"{n} {o}" for o, n in counts.items()))
+        failed = sorted({cid for cid, _, outcome, _ in self.rows if outcome == "failed"}, key=_id_order)
+        if failed:
+            tr.write_line("failed:    " + " ".join(failed))
+        missing = Counter(r for _, _, outcome, r in self.rows if outcome == "skipped" and r.startswith("missing role"))
+        for reason, n in sorted(missing.items()):
+            tr.write_line(f"skipped:   {reason} ({n} check{'s' if n > 1 else ''})")
+
+
+def _id_order(cid: str) -> tuple:
+    checks = registry.load_checks()
+    return checks[cid].sort_key if cid in checks else (99, cid, 0)
+
+

@@ -1,0 +1,167 @@
+"""The check registry: one decorator is the single source of truth for a check's ID, title, roles,
+settings and doc. Importing this module imports nothing heavy; check modules are imported only when
+the plugin is active (or the catalog is listed)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import pkgutil
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+#: Domains in catalog order. Selecting one of these with no registered check is allowed (it selects
+#: nothing yet); any other name is an error.
+DOMAINS = ("llm", "vision", "diffusion", "rl", "vlm", "train", "ckpt", "smoke")
+
+#: Sections every check's doc must have, in this order (the ruff rule-doc sections).
+DOC_SECTIONS = ("What it does", "Why it is bad", "Example", "Use instead", "Known problems")
+
+ENTRY_POINT_GROUP = "pytest_dlcheck.checks"
+
+_ID_RE = re.compile(r"^([A-Z]+)(\d+)$")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A named, documented, overridable threshold of a check (``--dlcheck-set ID.name=value``)."""
+
+    name: str
+    default: Any
+    help: str
+
+    def parse(self, text: str) -> Any:
+        kind = type(self.default)
+        if kind is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"expected true/false, got {text!r}")
+        return kind(text)
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    domain: str
+    title: str
+    roles: tuple[str, ...]
+    func: Callable[..., Any]
+    optional_roles: tuple[str, ...] = ()
+    settings: tuple[Setting, ...] = ()
+    summary: str = ""
+    doc: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def sort_key(self) -> tuple[int, str, int]:
+        prefix, number = _ID_RE.match(self.id).groups()
+        return (DOMAINS.index(self.domain), prefix, int(number))
+
+    @property
+    def item_name(self) -> str:
+        return f"{self.id}_{self.func.__name__.removeprefix('check_')}"
+
+    def setting(self, name: str) -> Setting:
+        for s in self.settings:
+            if s.name == name:
+                return s
+        raise KeyError(f"{self.id} has no setting {name!r}")
+
+
+_CHECKS: dict[str, Check] = {}
+
+
+def parse_doc(text: str | None) -> tuple[str, dict[str, str]]:
+    """Split a check docstring into its summary line and its titled sections."""
+    lines = (text or "").expandtabs().splitlines()
+    summary = lines[0].strip() if lines else ""
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in lines[1:]:
+        stripped = line.strip()
+        if stripped in DOC_SECTIONS:
+            current = stripped
+            sections[current] = []
+        elif current is not None:
+            sections[current].append(stripped)
+    return summary, {k: "\n".join(v).strip() for k, v in sections.items()}
+
+
+def check(
+    id: str,
+    *,
+    domain: str,
+    title: str,
+    roles: tuple[str, ...] = (),
+    optional_roles: tuple[str, ...] = (),
+    settings: tuple[Setting, ...] = (),
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a check. The decorated function is a plain pytest test function taking the ``dlcheck``
+    fixture (a :class:`~pytest_dlcheck.context.CheckContext`)."""
+    if not _ID_RE.match(id):
+        raise ValueError(f"check id {id!r} must be letters then digits, like L11")
+    if domain not in DOMAINS:
+        raise ValueError(f"check {id}: unknown domain {domain!r}")
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        old = _CHECKS.get(id)
+        if old is not None and (old.func.__module__, old.func.__qualname__) != (func.__module__, func.__qualname__):
+            raise ValueError(f"check id {id} registered twice ({_CHECKS[id].func.__module__}, {func.__module__})")
+        summary, doc = parse_doc(func.__doc__)
+        _CHECKS[id] = Check(id, domain, title, tuple(roles), func, tuple(optional_roles), tuple(settings), summary, doc)
+        func.dlcheck_id = id
+        return func
+
+    return decorate
+
+
+_loaded = False
+
+
+def load_checks() -> dict[str, Check]:
+    """Import every built-in check module and every third-party pack (entry point group
+    ``pytest_dlcheck.checks``) once; return the registry sorted by domain and number."""
+    global _loaded
+    if not _loaded:
+        from . import checks as builtin
+
+        for info in pkgutil.walk_packages(builtin.__path__, builtin.__name__ + "."):
+            importlib.import_module(info.name)
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            ep.load()
+        _loaded = True
+    return dict(sorted(_CHECKS.items(), key=lambda kv: kv[1].sort_key))
+
+
+def select(tokens: list[str], ignore: list[str]) -> list[Check]:
+    """Resolve ``--dlcheck`` tokens (domains, ``all``, or exact check IDs) minus the ignore list.
+    Unknown names are an error, never silence."""
+    checks = load_checks()
+    known = ", ".join(("all",) + DOMAINS)
+
+    def resolve(token: str, what: str) -> set[str]:
+        if token == "all":
+            return set(checks)
+        if token in DOMAINS:
+            return {cid for cid, c in checks.items() if c.domain == token}
+        if token.upper() in checks:
+            return {token.upper()}
+        raise ValueError(f"{what}: unknown domain or check ID {token!r} (domains: {known}; IDs: pytest --dlcheck-list)")
+
+    chosen: set[str] = set()
+    for token in tokens:
+        chosen |= resolve(token, "--dlcheck")
+    for token in ignore:
+        chosen -= resolve(token, "dlcheck ignore")
+    return [c for cid, c in checks.items() if cid in chosen]
+
+
+def split_tokens(values: list[str] | str | None) -> list[str]:
+    """``"llm,train"``, ``"V6 L13"`` and lists of those all become a flat list of tokens."""
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    return [t for v in values for t in re.split(r"[,\s]+", v.strip()) if t]

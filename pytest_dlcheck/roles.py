@@ -1,0 +1,144 @@
+"""Roles: the user's objects, handed over as ``dlcheck_<role>`` fixtures, and what can be derived from
+what. A role that is neither given nor derivable resolves to :data:`MISSING`; the check that needs it
+skips with one line naming the fixture to add."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+class _Missing:
+    """The value of a role nobody provided. Falsy, and never a valid user object."""
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    help: str
+    #: how else it can be had, for the skip line ("or dlcheck_trainer")
+    alternatives: str = ""
+
+    @property
+    def fixture(self) -> str:
+        return f"dlcheck_{self.name}"
+
+    def hint(self) -> str:
+        return self.fixture + (f" (or {self.alternatives})" if self.alternatives else "")
+
+
+ROLES: dict[str, Role] = {}
+
+
+def role(name: str, help: str, alternatives: str = "") -> Role:
+    ROLES[name] = Role(name, help, alternatives)
+    return ROLES[name]
+
+
+role("trainer", "a transformers Trainer or a TRL SFTTrainer/DPOTrainer/GRPOTrainer; derives the roles below")
+role("model", "the model being trained (torch.nn.Module, e.g. AutoModelForCausalLM)", "dlcheck_trainer")
+role("tokenizer", "the tokenizer or processor", "dlcheck_trainer")
+role("collator", "callable: list of examples -> batch dict", "dlcheck_trainer")
+role("dataset", "the training examples, as the collator takes them (map-style or iterable)", "dlcheck_trainer")
+role("raw_dataset", "the training examples with every field (prompt, completion, messages) before a Trainer removes "
+     "unused columns; defaults to dlcheck_dataset", "dlcheck_dataset, or dlcheck_trainer")
+role("dataloader", "the training DataLoader", "dlcheck_collator + dlcheck_dataset, or dlcheck_trainer")
+role("eval_dataset", "the evaluation examples, as the collator takes them", "dlcheck_trainer")
+role("eval_dataloader", "the evaluation DataLoader", "dlcheck_collator + dlcheck_eval_dataset, or dlcheck_trainer")
+role("optimizer", "the optimizer", "dlcheck_trainer")
+role("lr_scheduler", "the learning-rate scheduler", "dlcheck_trainer")
+role("training_args", "transformers TrainingArguments / TRL config", "dlcheck_trainer")
+role("compute_metrics", "the eval metric function (EvalPrediction -> dict)", "dlcheck_trainer")
+role("inference_config", "the model config used at inference (for train/inference comparisons)")
+
+
+def _is_hf_trainer(obj: Any) -> bool:
+    return any(c.__module__.startswith(("transformers.", "trl.")) and c.__name__.endswith("Trainer") for c in type(obj).__mro__)
+
+
+def _trainer_split(trainer: Any, split: str) -> Any:
+    dataset = trainer.train_dataset if split == "train" else trainer.eval_dataset
+    return MISSING if dataset is None or isinstance(dataset, dict) else dataset
+
+
+def _trainer_collation(trainer: Any, split: str) -> tuple[Any, Any]:
+    """(collator, dataset) exactly as the trainer's own ``_get_dataloader`` pairs them, without building
+    an accelerate-prepared DataLoader (which would register itself on the user's trainer)."""
+    dataset = _trainer_split(trainer, split)
+    if dataset is MISSING:
+        return MISSING, MISSING
+    description = "training" if split == "train" else "evaluation"
+    collator = trainer.data_collator
+    try:
+        import datasets
+
+        if isinstance(dataset, datasets.Dataset):
+            return collator, trainer._remove_unused_columns(dataset, description=description)
+    except ImportError:
+        pass
+    return trainer._get_collator_with_removed_columns(collator, description=description), dataset
+
+
+def _from_trainer(name: str, trainer: Any, cache: Callable[[str, Callable[[], Any]], Any]) -> Any:
+    """Derive a role from an HF/TRL trainer. The collator and examples are taken from the trainer's own
+    DataLoader, so what the checks collate is exactly what training collates (unused columns removed)."""
+    if name == "model":
+        return trainer.model
+    if name == "tokenizer":
+        tok = getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None)
+        return tok if tok is not None else MISSING
+    if name == "training_args":
+        return trainer.args
+    if name == "optimizer":
+        return trainer.optimizer if trainer.optimizer is not None else MISSING
+    if name == "lr_scheduler":
+        return trainer.lr_scheduler if trainer.lr_scheduler is not None else MISSING
+    if name == "compute_metrics":
+        return trainer.compute_metrics if trainer.compute_metrics is not None else MISSING
+    if name == "raw_dataset":
+        return _trainer_split(trainer, "train")
+    if name in ("collator", "dataset"):
+        collator, dataset = cache("collation:train", lambda: _trainer_collation(trainer, "train"))
+        return collator if name == "collator" else dataset
+    if name == "eval_dataset":
+        return cache("collation:eval", lambda: _trainer_collation(trainer, "eval"))[1]
+    if name == "dataloader":
+        return cache("dataloader:train", lambda: trainer.get_train_dataloader()) if trainer.train_dataset is not None else MISSING
+    if name == "eval_dataloader":
+        if _trainer_split(trainer, "eval") is MISSING:
+            return MISSING
+        return cache("dataloader:eval", lambda: trainer.get_eval_dataloader())
+    return MISSING
+
+
+def derive(name: str, get: Callable[[str], Any], cache: Callable[[Any, str, Callable[[], Any]], Any]) -> Any:
+    """Derive role ``name`` from the other roles (``get(role)`` resolves one, MISSING if absent).
+    ``cache(source, key, make)`` memoises per source object so a derived object is built once."""
+    trainer = get("trainer") if name != "trainer" else MISSING
+    if trainer is not MISSING and _is_hf_trainer(trainer):
+        value = _from_trainer(name, trainer, lambda key, make: cache(trainer, key, make))
+        if value is not MISSING:
+            return value
+    if name == "raw_dataset":
+        return get("dataset")
+    if name in ("dataloader", "eval_dataloader"):
+        collator = get("collator")
+        dataset = get("dataset" if name == "dataloader" else "eval_dataset")
+        if collator is not MISSING and dataset is not MISSING:
+            return cache((collator, dataset), name, lambda: _plain_dataloader(dataset, collator))
+    return MISSING
+
+
+def _plain_dataloader(dataset: Any, collator: Any) -> Any:
+    from torch.utils.data import DataLoader
+
+    return DataLoader(dataset, batch_size=4, shuffle=False, collate_fn=collator)

@@ -1,0 +1,153 @@
+"""Bounded, shared sampling of the user's data: a few examples and the batches their collator makes,
+computed once per session per (collator, dataset) or dataloader and reused by every check.
+
+Cost never grows with the dataset: a map-style dataset is indexed at ``samples`` evenly spread,
+deterministic positions; an iterable one is read for its first ``samples`` examples; a dataloader gives
+at most as many batches as needed to cover ``samples`` examples."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .guard import preserved_dataloader, preserved_rng
+from .roles import MISSING
+
+
+@dataclass
+class Sample:
+    #: the examples as the collator takes them; None when only a dataloader was given
+    rows: list[Any] | None
+    #: collated batches, as dicts of the collator's outputs
+    batches: list[dict[str, Any]]
+    #: for each batch, the indices into ``rows`` it was collated from (None for dataloader batches)
+    batch_rows: list[list[int]] | None
+    #: where it came from, for evidence lines
+    source: str
+    #: the dataset positions the rows were read from
+    positions: list[int] | None = None
+    #: the same examples with every field (prompt, completion, messages…) when a trainer removed some
+    #: columns before collation; else ``rows``
+    raw_rows: list[Any] | None = None
+
+
+class SampleError(Exception):
+    """The data could not be sampled for a reason a check should skip on."""
+
+
+def spread_positions(length: int, n: int) -> list[int]:
+    """``n`` deterministic positions spread evenly over ``range(length)`` (first and last included)."""
+    if length <= n:
+        return list(range(length))
+    if n == 1:
+        return [0]
+    return sorted({round(i * (length - 1) / (n - 1)) for i in range(n)})
+
+
+def sample_rows(dataset: Any, n: int, role: str = "dataset") -> tuple[list[Any], list[int] | None]:
+    from .plugin import user_call
+
+    try:
+        length = len(dataset)
+        getitem = dataset.__getitem__
+    except (TypeError, AttributeError):
+        return user_call(role, lambda: list(itertools.islice(iter(dataset), n))), None
+    positions = spread_positions(length, n)
+    return [user_call(role, lambda p=p: getitem(p)) for p in positions], positions
+
+
+def as_batch_dict(batch: Any, role: str) -> dict[str, Any]:
+    from .outcome import RoleError
+
+    if isinstance(batch, Mapping):
+        return dict(batch.items())
+    raise RoleError(role, f"returned a {type(batch).__name__}, expected a mapping of batch fields (input_ids, labels, …)")
+
+
+def collate_rows(collator: Any, rows: list[Any], batch_size: int) -> tuple[list[dict[str, Any]], list[list[int]]]:
+    from .plugin import user_call
+
+    batches, groups = [], []
+    for start in range(0, len(rows), batch_size):
+        idx = list(range(start, min(start + batch_size, len(rows))))
+        batch = user_call("collator", lambda: collator([rows[i] for i in idx]))
+        batches.append(as_batch_dict(batch, "collator"))
+        groups.append(idx)
+    return batches, groups
+
+
+def draw_batches(dataloader: Any, n_examples: int, role: str = "dataloader") -> list[dict[str, Any]]:
+    from .plugin import user_call
+
+    batches: list[dict[str, Any]] = []
+    seen = 0
+    with preserved_dataloader(dataloader):
+        it = user_call(role, lambda: iter(dataloader))
+        while seen < n_examples and len(batches) < n_examples:
+            batch = user_call(role, lambda: next(it, None))
+            if batch is None:
+                break
+            batch = as_batch_dict(batch, role)
+            batches.append(batch)
+            first = next(iter(batch.values()), None)
+            seen += len(first) if hasattr(first, "__len__") else 1
+        del it  # stop worker processes now
+    return batches
+
+
+def get_sample(ctx: Any, split: str = "train") -> Sample:
+    """The shared sample of the training (or eval) data, from the best source the user gave:
+    collator + dataset (examples are known), else the dataloader. Skips naming the roles if none."""
+    dataset_role = "dataset" if split == "train" else "eval_dataset"
+    loader_role = "dataloader" if split == "train" else "eval_dataloader"
+    collator, dataset = ctx.role("collator"), ctx.role(dataset_role)
+    raw = ctx.role("raw_dataset") if split == "train" else MISSING
+    n, bs = ctx.samples, ctx.batch_size
+    if collator is not MISSING and dataset is not MISSING:
+
+        def make() -> Sample:
+            with preserved_rng():
+                rows, positions = sample_rows(dataset, n, dataset_role)
+                if not rows:
+                    raise SampleError(f"dlcheck_{dataset_role} is empty")
+                batches, groups = collate_rows(collator, rows, bs)
+                raw_rows = rows
+                if raw is not MISSING and raw is not dataset and positions is not None:
+                    raw_rows = [raw[p] for p in positions]
+            source = f"dlcheck_collator on {len(rows)} examples of dlcheck_{dataset_role}"
+            return Sample(rows, batches, groups, source, positions, raw_rows)
+
+        return _memo_sample(ctx, (collator, dataset), f"sample:{split}:{n}:{bs}", make)
+    loader = ctx.role(loader_role)
+    if loader is not MISSING:
+
+        def make_from_loader() -> Sample:
+            with preserved_rng():
+                batches = draw_batches(loader, n, loader_role)
+            if not batches:
+                raise SampleError(f"dlcheck_{loader_role} yielded no batch")
+            return Sample(None, batches, None, f"{len(batches)} batches of dlcheck_{loader_role}")
+
+        return _memo_sample(ctx, loader, f"sample:{split}:{n}", make_from_loader)
+    from .roles import ROLES
+
+    ctx.skip(f"missing role: define fixture {ROLES[loader_role].hint()} in conftest.py")
+
+
+def _memo_sample(ctx: Any, sources: Any, key: str, make: Any) -> Sample:
+    result = ctx.memo(sources, key, lambda: _capture(make))
+    if isinstance(result, BaseException):
+        if isinstance(result, SampleError):
+            ctx.skip(str(result))
+        raise result
+    return result
+
+
+def _capture(make: Any) -> Any:
+    # a failure of the user's data is remembered too, so every check reports it without re-running it
+    try:
+        return make()
+    except Exception as exc:  # noqa: BLE001 - re-raised by the caller, for each check
+        return exc

@@ -1,0 +1,65 @@
+"""The project's own test set-up: hermetic, offline, one thread; heavy libraries imported once here so
+that the in-process pytest runs of throwaway user projects (pytester) reuse them."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+import pytest
+
+import tiny  # noqa: F401  (sets the offline environment first)
+
+import torch
+
+torch.set_num_threads(1)
+
+OUTCOME_RE = re.compile(r"::([A-Z]+\d+)_\w+ (PASSED|FAILED|SKIPPED|ERROR|XFAIL)")
+
+
+class Project:
+    """A throwaway user project: a conftest.py with dlcheck_* fixtures, run through pytest in-process."""
+
+    def __init__(self, pytester: pytest.Pytester):
+        self.pytester = pytester
+
+    def conftest(self, source: str, path: str = "conftest.py") -> None:
+        target = self.pytester.path / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(textwrap.dedent(source))
+
+    def run(self, *args: str) -> "Run":
+        result = self.pytester.runpytest_inprocess("-p", "no:cacheprovider", "-v", "-rs", *args)
+        return Run(result)
+
+
+class Run:
+    def __init__(self, result: pytest.RunResult):
+        self.result = result
+        self.text = result.stdout.str()
+        self.outcomes: dict[str, list[str]] = {}
+        for cid, outcome in OUTCOME_RE.findall(self.text):
+            self.outcomes.setdefault(cid, []).append(outcome.lower())
+
+    def outcome(self, cid: str) -> str:
+        found = self.outcomes.get(cid)
+        assert found, f"{cid} did not run:\n{self.text}"
+        assert len(set(found)) == 1, f"{cid} has several outcomes {found}:\n{self.text}"
+        return found[0]
+
+    def assert_outcome(self, cid: str, expected: str) -> None:
+        assert self.outcome(cid) == expected, f"{cid}: expected {expected}, got {self.outcome(cid)}\n{self.text}"
+
+    def section(self, cid: str) -> str:
+        """The failure text of one check (from its header line to the next pytest separator)."""
+        m = re.search(rf"^{cid} .*?(?=^_{{3,}}|^={{3,}})", self.text, re.S | re.M)
+        assert m, f"no failure section for {cid}:\n{self.text}"
+        return m.group(0)
+
+    def fnmatch(self, lines: list[str]) -> None:
+        self.result.stdout.fnmatch_lines(lines)
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> Project:
+    return Project(pytester)
