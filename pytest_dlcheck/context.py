@@ -10,7 +10,7 @@ import pytest
 from . import registry
 from .outcome import CheckFailed
 from .plugin import CHECK_KEY, DlcheckState, session_state, user_call
-from .roles import MISSING, ROLES
+from .roles import MISSING, ROLES, derive
 
 
 class CheckContext:
@@ -32,9 +32,14 @@ class CheckContext:
     # ---- roles -------------------------------------------------------------------------------------
 
     def role(self, name: str) -> Any:
-        """The user's object for role ``name`` (given or derived), or MISSING."""
+        """The user's object for role ``name`` (given, or derived from the others), or MISSING. A role
+        without a default fixture (a domain's own) is derived here when the user defines no fixture."""
         if name not in self._roles:
-            self._roles[name] = self.request.getfixturevalue(f"dlcheck_{name}")
+            try:
+                value = self.request.getfixturevalue(f"dlcheck_{name}")
+            except pytest.FixtureLookupError:
+                value = user_call(name, lambda: derive(name, self.role, self.state.derived))
+            self._roles[name] = value
         return self._roles[name]
 
     def has(self, name: str) -> bool:

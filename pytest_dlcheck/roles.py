@@ -120,14 +120,40 @@ def _from_trainer(name: str, trainer: Any, cache: Callable[[str, Callable[[], An
     return MISSING
 
 
+Deriver = Callable[[str, Callable[[str], Any], Callable[[Any, str, Callable[[], Any]], Any]], Any]
+
+#: functions (name, get, cache) -> value or MISSING; a domain registers its own (a diffusers pipeline
+#: gives its vae/unet/scheduler…) with :func:`deriver`
+DERIVERS: list[Deriver] = []
+
+
+def deriver(func: Deriver) -> Deriver:
+    DERIVERS.append(func)
+    return func
+
+
 def derive(name: str, get: Callable[[str], Any], cache: Callable[[Any, str, Callable[[], Any]], Any]) -> Any:
     """Derive role ``name`` from the other roles (``get(role)`` resolves one, MISSING if absent).
     ``cache(source, key, make)`` memoises per source object so a derived object is built once."""
-    trainer = get("trainer") if name != "trainer" else MISSING
-    if trainer is not MISSING and _is_hf_trainer(trainer):
-        value = _from_trainer(name, trainer, lambda key, make: cache(trainer, key, make))
+    for func in DERIVERS:
+        value = func(name, get, cache)
         if value is not MISSING:
             return value
+    return MISSING
+
+
+@deriver
+def from_trainer(name: str, get: Callable[[str], Any], cache: Callable[[Any, str, Callable[[], Any]], Any]) -> Any:
+    if name == "trainer":
+        return MISSING
+    trainer = get("trainer")
+    if trainer is MISSING or not _is_hf_trainer(trainer):
+        return MISSING
+    return _from_trainer(name, trainer, lambda key, make: cache(trainer, key, make))
+
+
+@deriver
+def from_collator_and_dataset(name: str, get: Callable[[str], Any], cache: Callable[[Any, str, Callable[[], Any]], Any]) -> Any:
     if name == "raw_dataset":
         return get("dataset")
     if name in ("dataloader", "eval_dataloader"):
