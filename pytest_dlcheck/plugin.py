@@ -144,8 +144,21 @@ def user_call(role: str, call: Callable[[], Any]) -> Any:
         frames = traceback.extract_tb(exc.__traceback__)
         if frames and frames[-1].filename.startswith(PACKAGE_DIR):
             raise
-        where = f" (at {frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+        where = ""
+        outside = [f for f in frames if not f.filename.startswith(PACKAGE_DIR)]
+        # the user's own frame (not a library's) says best where to look
+        own = [f for f in outside if "site-packages" not in f.filename and "dist-packages" not in f.filename]
+        frame = (own or outside or [None])[-1]
+        if frame is not None:
+            where = f" (in {frame.name} at {_short_path(frame.filename)}:{frame.lineno})"
         raise RoleError(role, f"raised {type(exc).__name__}: {exc}{where}") from exc
+
+
+def _short_path(path: str) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return path
 
 
 def _setting_source(config: pytest.Config) -> tuple[str, str]:
@@ -325,7 +338,7 @@ class CheckItem(pytest.Function):
         return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self):
-        return self.path, None, f"{self.check.id} {self.check.title}"
+        return self.path, 0, f"{self.check.id} {self.check.title}"
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,236 @@
+"""The plugin core: activation, laziness, selection, ini/env settings, markers, the catalog, errors."""
+
+import subprocess
+import sys
+
+import pytest
+
+from pytest_dlcheck import registry
+
+CLEAN = """
+    import pytest, tiny
+    from transformers import DataCollatorForLanguageModeling
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        return DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_tokenizer):
+        return tiny.tokenized(dlcheck_tokenizer)
+"""
+
+# ---- laziness -------------------------------------------------------------------------------------
+
+
+def test_importing_the_plugin_imports_no_torch_nor_transformers():
+    code = (
+        "import sys, pytest_dlcheck, pytest_dlcheck.plugin, pytest_dlcheck.registry, pytest_dlcheck.roles, "
+        "pytest_dlcheck.fixtures, pytest_dlcheck.outcome, pytest_dlcheck.listing\n"
+        "heavy = [m for m in ('torch', 'transformers', 'trl', 'torchvision', 'diffusers', 'numpy') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_installed_but_not_enabled_imports_nothing_heavy(pytester):
+    pytester.makeconftest("import pytest\n\n@pytest.fixture\ndef dlcheck_model():\n    return None\n")
+    pytester.makepyfile(
+        test_lazy="""
+        import sys
+
+        def test_nothing_heavy_loaded():
+            assert "torch" not in sys.modules and "transformers" not in sys.modules
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert "dlcheck:" not in result.stdout.str()
+
+
+def test_disabled_with_p_no(pytester):
+    pytester.makepyfile(test_one="def test_one():\n    pass\n")
+    result = pytester.runpytest_inprocess("-p", "no:dlcheck", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+
+
+# ---- selection ------------------------------------------------------------------------------------
+
+
+def test_exact_ids_and_domains():
+    ids = lambda tokens, ignore=(): [c.id for c in registry.select(tokens, list(ignore))]  # noqa: E731
+    assert ids(["L11"]) == ["L11"]
+    assert ids(["l11"]) == ["L11"]
+    assert "L11" in ids(["llm"]) and "L11" in ids(["all"])
+    assert "L11" not in ids(["llm"], ["L11"])
+    if "L1" in registry.load_checks():
+        assert ids(["L1"]) == ["L1"]  # L1 must not select L10-L14
+    with pytest.raises(ValueError, match="unknown domain or check ID 'L999'"):
+        registry.select(["L999"], [])
+    with pytest.raises(ValueError, match="unknown domain or check ID 'nope'"):
+        registry.select(["llm"], ["nope"])
+
+
+def test_split_tokens():
+    assert registry.split_tokens("llm, train") == ["llm", "train"]
+    assert registry.split_tokens(["V6 L13", "L2"]) == ["V6", "L13", "L2"]
+    assert registry.split_tokens(None) == []
+
+
+def test_unknown_selection_is_a_usage_error(project):
+    project.conftest(CLEAN)
+    result = project.pytester.runpytest_inprocess("--dlcheck=llm,L999", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown domain or check ID 'L999'*"])
+
+
+def test_ini_selection_ignore_and_header(project):
+    project.conftest(CLEAN)
+    project.pytester.makeini("[pytest]\ndlcheck = llm\ndlcheck_ignore = L11\n")
+    run = project.run()
+    assert "::L11" not in run.text
+    run.fnmatch(["dlcheck: llm (from ini) -> * checks*"])
+
+
+def test_env_selection(project, monkeypatch):
+    project.conftest(CLEAN)
+    monkeypatch.setenv("PYTEST_DLCHECK", "L11")
+    run = project.run()
+    run.fnmatch(["dlcheck: L11 (from env PYTEST_DLCHECK) -> 1 checks [[]L11[]]*"])
+    run.assert_outcome("L11", "passed")
+
+
+def test_command_line_ignore(project):
+    project.conftest(CLEAN)
+    run = project.run("--dlcheck=L11", "--dlcheck-ignore=L11")
+    assert "::L11" not in run.text
+
+
+def test_markers_and_keywords(project):
+    project.conftest(CLEAN)
+    project.pytester.makepyfile(test_user="def test_mine():\n    pass\n")
+    only_checks = project.run("--dlcheck=L11", "-m", "dlcheck")
+    only_checks.result.assert_outcomes(passed=1)
+    assert "test_mine" not in only_checks.text
+    no_checks = project.run("--dlcheck=L11", "-m", "not dlcheck")
+    no_checks.result.assert_outcomes(passed=1)
+    assert "::L11" not in no_checks.text
+    by_domain = project.run("--dlcheck=L11", "-m", "dlcheck_llm")
+    by_domain.assert_outcome("L11", "passed")
+    by_k = project.run("--dlcheck=L11", "-k", "L11")
+    by_k.result.assert_outcomes(passed=1)
+
+
+# ---- settings -------------------------------------------------------------------------------------
+
+
+def test_setting_overrides_are_validated(project):
+    project.conftest(CLEAN)
+    bad_name = project.pytester.runpytest_inprocess("--dlcheck=L11", "--dlcheck-set=L11.nope=1")
+    assert bad_name.ret == pytest.ExitCode.USAGE_ERROR
+    bad_name.stderr.fnmatch_lines(["*L11 has no setting 'nope' (settings: max_missing_share)*"])
+    bad_value = project.pytester.runpytest_inprocess("--dlcheck=L11", "--dlcheck-set=L11.max_missing_share=lots")
+    assert bad_value.ret == pytest.ExitCode.USAGE_ERROR
+    bad_samples = project.pytester.runpytest_inprocess("--dlcheck=L11", "--dlcheck-samples=0")
+    assert bad_samples.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_setting_override_changes_the_verdict(project):
+    project.conftest(CLEAN.replace("tiny.tokenizer()", "tiny.tokenizer(pad=tiny.EOS)"))
+    project.run("--dlcheck=L11").assert_outcome("L11", "failed")
+    project.run("--dlcheck=L11", "--dlcheck-set=L11.max_missing_share=1.0").assert_outcome("L11", "passed")
+
+
+# ---- the catalog ----------------------------------------------------------------------------------
+
+
+def test_every_check_has_a_complete_doc():
+    for check in registry.load_checks().values():
+        assert check.summary, check.id
+        missing = [s for s in registry.DOC_SECTIONS if not check.doc.get(s)]
+        assert not missing, f"{check.id} doc lacks {missing}"
+        for s in check.settings:
+            assert s.help, f"{check.id}.{s.name} has no help"
+
+
+def test_catalog_lists_every_check(pytester):
+    result = pytester.runpytest_inprocess("--dlcheck-list")
+    assert result.ret == 0
+    for check in registry.load_checks().values():
+        result.stdout.fnmatch_lines([f"{check.id} *{check.domain} *{check.title}*"])
+    result.stdout.fnmatch_lines(["*dlcheck_trainer*", "Details of one check: pytest --dlcheck-list ID"])
+
+
+def test_catalog_explains_one_check(pytester):
+    result = pytester.runpytest_inprocess("--dlcheck-list", "L11")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["L11 end-of-sequence token is never supervised  [[]llm[]]", "What it does", "Why it is bad",
+                                 "Example", "Use instead", "Known problems", "*L11.max_missing_share = 0.0"])
+    bad = pytester.runpytest_inprocess("--dlcheck-list", "Z9")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_help_shows_the_option_group(pytester):
+    result = pytester.runpytest_inprocess("--help")
+    result.stdout.fnmatch_lines([
+        "deep-learning pipeline checks (pytest-dlcheck):",
+        "*--dlcheck=DOMAINS|IDS*",
+        "*--dlcheck-ignore=IDS*",
+        "*--dlcheck-list*",
+        "*--dlcheck-samples=N*",
+        "*--dlcheck-batch-size=N*",
+        "*--dlcheck-set=ID.NAME=VALUE*",
+    ])
+
+
+# ---- errors and skips -----------------------------------------------------------------------------
+
+
+def test_missing_roles_skip_naming_the_fixture(project):
+    project.conftest("import pytest\n\n@pytest.fixture\ndef dlcheck_model():\n    return object()\n")
+    run = project.run("--dlcheck=L11")
+    run.assert_outcome("L11", "skipped")
+    run.fnmatch(["*missing role: define fixture dlcheck_tokenizer (or dlcheck_trainer); dlcheck_dataloader (or *) in conftest.py*"])
+    run.fnmatch(["*dlcheck summary*", "llm *1 skipped", "skipped:   missing role: define fixture dlcheck_tokenizer*"])
+
+
+def test_a_collator_that_raises_is_the_users_error(project):
+    project.conftest(CLEAN + """
+    @pytest.fixture(scope="session")
+    def dlcheck_collator():
+        def collate(examples):
+            return {"input_ids": examples[0]["nope"]}
+        return collate
+    """)
+    run = project.run("--dlcheck=L11")
+    run.assert_outcome("L11", "failed")
+    text = run.section("L11")
+    assert "dlcheck_collator: raised KeyError: 'nope'" in text or "error     raised KeyError: 'nope'" in text
+    assert "(in collate at conftest.py:" in text
+    assert "pytest_dlcheck/" not in text
+
+
+def test_a_batch_that_is_not_a_mapping_is_reported(project):
+    project.conftest(CLEAN + """
+    @pytest.fixture(scope="session")
+    def dlcheck_collator():
+        return lambda examples: [e["input_ids"] for e in examples]
+    """)
+    run = project.run("--dlcheck=L11")
+    run.assert_outcome("L11", "failed")
+    assert "returned a list, expected a mapping of batch fields" in run.section("L11")
+
+
+def test_an_empty_dataset_skips(project):
+    project.conftest(CLEAN + """
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return []
+    """)
+    run = project.run("--dlcheck=L11")
+    run.assert_outcome("L11", "skipped")
+    run.fnmatch(["*dlcheck_dataset is empty*"])
