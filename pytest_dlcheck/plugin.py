@@ -3,6 +3,7 @@ use; importing this module imports neither torch nor any domain library."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 from collections import Counter
@@ -304,6 +305,20 @@ class DlcheckFile(pytest.File):
             yield item
 
 
+@contextlib.contextmanager
+def _check_frame():
+    """Around a check's setup and call: the global RNGs are put back, and a skip is reported at the
+    user's conftest.py rather than at the plugin line that raised it."""
+    from .guard import preserved_rng
+
+    try:
+        with preserved_rng():
+            yield
+    except pytest.skip.Exception as exc:
+        exc._use_item_location = True
+        raise
+
+
 class CheckItem(pytest.Function):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -318,16 +333,12 @@ class CheckItem(pytest.Function):
         return self.stash[CHECK_KEY]
 
     def runtest(self) -> None:
-        from .guard import preserved_rng
-
-        with preserved_rng():
+        with _check_frame():
             super().runtest()
 
     def setup(self) -> None:
-        from .guard import preserved_rng
-
         # role fixtures run here; deriving a dataloader or a batch may draw from the global RNGs
-        with preserved_rng():
+        with _check_frame():
             super().setup()
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None):

@@ -234,3 +234,15 @@ def test_an_empty_dataset_skips(project):
     run = project.run("--dlcheck=L11")
     run.assert_outcome("L11", "skipped")
     run.fnmatch(["*dlcheck_dataset is empty*"])
+
+
+def test_readme_documents_every_check_and_core_role():
+    from pathlib import Path
+
+    from pytest_dlcheck.roles import ROLES
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    for check in registry.load_checks().values():
+        assert f"| {check.id} |" in readme or f"`{check.id}`" in readme, f"README does not list {check.id}"
+    for role in ROLES.values():
+        assert f"`{role.fixture}`" in readme, f"README does not document {role.fixture}"
