@@ -341,12 +341,12 @@ class CheckItem(pytest.Function):
         with _check_frame():
             super().setup()
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None):
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]):
         if isinstance(excinfo.value, CheckFailed):
             return render_failure(self.check, excinfo.value)
         if isinstance(excinfo.value, RoleError):
             return render_role_error(self.check, excinfo.value)
-        return super().repr_failure(excinfo, style=style)
+        return super().repr_failure(excinfo)
 
     def reportinfo(self):
         return self.path, 0, f"{self.check.id} {self.check.title}"

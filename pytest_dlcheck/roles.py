@@ -89,8 +89,9 @@ def _trainer_collation(trainer: Any, split: str) -> tuple[Any, Any]:
 
 
 def _from_trainer(name: str, trainer: Any, cache: Callable[[str, Callable[[], Any]], Any]) -> Any:
-    """Derive a role from an HF/TRL trainer. The collator and examples are taken from the trainer's own
-    DataLoader, so what the checks collate is exactly what training collates (unused columns removed)."""
+    """Derive a role from an HF/TRL trainer. The collator and examples are paired as the trainer's own
+    dataloader pairs them, so what the checks collate is exactly what training collates (unused columns
+    removed)."""
     if name == "model":
         return trainer.model
     if name == "tokenizer":
@@ -111,12 +112,15 @@ def _from_trainer(name: str, trainer: Any, cache: Callable[[str, Callable[[], An
         return collator if name == "collator" else dataset
     if name == "eval_dataset":
         return cache("collation:eval", lambda: _trainer_collation(trainer, "eval"))[1]
-    if name == "dataloader":
-        return cache("dataloader:train", lambda: trainer.get_train_dataloader()) if trainer.train_dataset is not None else MISSING
-    if name == "eval_dataloader":
-        if _trainer_split(trainer, "eval") is MISSING:
+    if name in ("dataloader", "eval_dataloader"):
+        # a plain DataLoader over the trainer's own (collator, dataset) pairing: get_train_dataloader()
+        # would register an accelerate-prepared loader on the user's trainer
+        split = "train" if name == "dataloader" else "eval"
+        collator, dataset = cache(f"collation:{split}", lambda: _trainer_collation(trainer, split))
+        if dataset is MISSING:
             return MISSING
-        return cache("dataloader:eval", lambda: trainer.get_eval_dataloader())
+        size = trainer.args.per_device_train_batch_size if split == "train" else trainer.args.per_device_eval_batch_size
+        return cache(f"dataloader:{split}", lambda: _plain_dataloader(dataset, collator, size))
     return MISSING
 
 
@@ -164,7 +168,7 @@ def from_collator_and_dataset(name: str, get: Callable[[str], Any], cache: Calla
     return MISSING
 
 
-def _plain_dataloader(dataset: Any, collator: Any) -> Any:
+def _plain_dataloader(dataset: Any, collator: Any, batch_size: int = 4) -> Any:
     from torch.utils.data import DataLoader
 
-    return DataLoader(dataset, batch_size=4, shuffle=False, collate_fn=collator)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=collator)

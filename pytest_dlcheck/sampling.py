@@ -63,6 +63,9 @@ def as_batch_dict(batch: Any, role: str) -> dict[str, Any]:
 
     if isinstance(batch, Mapping):
         return dict(batch.items())
+    if isinstance(batch, (list, tuple)) and batch and all(isinstance(b, Mapping) for b in batch):
+        raise SampleError(f"dlcheck_{role} returns the examples uncollated (a list of dicts, as TRL's GRPOTrainer, which "
+                          "tokenizes inside its training step): there are no token batches to check")
     raise RoleError(role, f"returned a {type(batch).__name__}, expected a mapping of batch fields (input_ids, labels, …)")
 
 

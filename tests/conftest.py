@@ -14,6 +14,17 @@ import torch
 
 torch.set_num_threads(1)
 
+# pytester's in-process runs restore sys.modules afterwards: a library first imported inside one of them
+# would be dropped and half re-imported by the next (transformers' lazy modules break that way), so the
+# heavy libraries are imported here, once, before any in-process run.
+import datasets  # noqa: E402,F401
+import transformers  # noqa: E402
+from transformers import (  # noqa: E402,F401
+    AutoModelForCausalLM, AutoProcessor, AutoTokenizer, DataCollatorForLanguageModeling, DataCollatorWithFlattening,
+    DataCollatorWithPadding, GPT2LMHeadModel, LlamaForCausalLM, PreTrainedTokenizerFast, Trainer, TrainingArguments,
+)
+from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer  # noqa: E402,F401
+
 OUTCOME_RE = re.compile(r"::([A-Z]+\d+)_\w+ (PASSED|FAILED|SKIPPED|ERROR|XFAIL)")
 
 
