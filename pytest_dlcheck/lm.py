@@ -108,6 +108,24 @@ def special_id(tok: Any, name: str) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
+def special_ids(tok: Any) -> set[int]:
+    try:
+        return {int(i) for i in tok.all_special_ids}
+    except Exception:
+        return set()
+
+
+def generation_stop_ids(model: Any) -> set[int]:
+    """The ids generation stops on, from the model's generation config and config (either may be a list)."""
+    out: set[int] = set()
+    for cfg in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        value = getattr(cfg, "eos_token_id", None)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, int):
+                out.add(v)
+    return out
+
+
 def embedding_rows(model: Any) -> int | None:
     try:
         return int(model.get_input_embeddings().num_embeddings)

@@ -37,7 +37,7 @@ def test_tokenizer_that_appends_no_eos(project):
     run = project.run("--dlcheck=L11")
     run.assert_outcome("L11", "failed")
     text = run.section("L11")
-    assert "end without <|endoftext|>" in text
+    assert "end without a stop token [<|endoftext|> (id 0)]" in text
     assert "appends no EOS" in text
 
 
@@ -45,3 +45,35 @@ def test_own_pad_token_keeps_the_eos_label(project):
     project.conftest(LM_COLLATOR.format(pad="tiny.PAD", eos=True))
     run = project.run("--dlcheck=L11")
     run.assert_outcome("L11", "passed")
+
+
+CHAT_SFT = """
+    import pytest, tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        rows = [[{{"role": "user", "content": p}}, {{"role": "assistant", "content": c.strip()}}]
+                for p, c in zip(tiny.PROMPTS, tiny.COMPLETIONS)]
+        model = tiny.llama(tok)
+        {stop}
+        args = tiny.trainer_args(tmp_path_factory.mktemp("o"), SFTConfig, assistant_only_loss=True)
+        return SFTTrainer(model=model, args=args, processing_class=tok, train_dataset=Dataset.from_dict({{"messages": rows}}))
+"""
+
+
+def test_chat_turns_end_with_a_token_generation_does_not_stop_on(project):
+    project.conftest(CHAT_SFT.format(stop="pass"))
+    run = project.run("--dlcheck=L11")
+    run.assert_outcome("L11", "failed")
+    text = run.section("L11")
+    assert "end without a stop token [<|endoftext|> (id 0)]" in text
+    assert "end with the special token <|end|>" in text
+    assert "generation_config.eos_token_id" in text
+
+
+def test_chat_end_of_turn_declared_as_a_stop_token_passes(project):
+    project.conftest(CHAT_SFT.format(stop="model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids(tiny.END)]"))
+    project.run("--dlcheck=L11").assert_outcome("L11", "passed")
