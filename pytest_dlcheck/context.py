@@ -73,6 +73,17 @@ class CheckContext:
     def memo(self, sources: Any, key: str, make: Callable[[], Any]) -> Any:
         return self.state.memo(sources, key, make)
 
+    # ---- pictures and numbers for the reports -------------------------------------------------------
+
+    def attach(self, kind: str, **payload: Any) -> None:
+        """Record a picture's data for the HTML/JSON reports: ``tokens`` (an llm batch token by token),
+        ``images`` (sample inputs with their boxes/masks and channel statistics), ``histogram``,
+        ``series``. Payloads are plain data (tensors become lists)."""
+        from .plugin import ARTIFACTS_KEY
+        from .report import jsonable
+
+        self.request.node.stash.setdefault(ARTIFACTS_KEY, []).append({"kind": kind, **jsonable(payload)})
+
     # ---- verdicts ----------------------------------------------------------------------------------
 
     def fail(self, evidence: list[str] | str, cause: str, fix: str, **data: Any) -> NoReturn:

@@ -83,6 +83,17 @@ def token_text(tok: Any, token_id: int) -> str:
         return f"<id {token_id}>"
 
 
+def token_piece(tok: Any, token_id: int) -> str:
+    """One token as text a person reads (spaces shown as ·), for token-by-token pictures."""
+    if tok is None:
+        return str(token_id)
+    try:
+        text = tok.decode([int(token_id)], skip_special_tokens=False)
+    except Exception:
+        return token_text(tok, token_id)
+    return text.replace(" ", "·").replace("\n", "⏎") or token_text(tok, token_id)
+
+
 def decode(tok: Any, ids: Sequence[int], limit: int = 120) -> str:
     """The text of ``ids`` with special tokens kept, shortened in the middle to ``limit`` characters."""
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import traceback
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -18,6 +17,7 @@ from .outcome import CheckFailed, RoleError, render_failure, render_role_error
 
 STATE_KEY = pytest.StashKey["DlcheckState"]()
 CHECK_KEY = pytest.StashKey["registry.Check"]()
+ARTIFACTS_KEY = pytest.StashKey[list]()
 
 ENV_VAR = "PYTEST_DLCHECK"
 PACKAGE_DIR = str(Path(__file__).resolve().parent)
@@ -87,6 +87,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=[],
         metavar="ID.NAME=VALUE",
         help="override a check's threshold, e.g. L1.atol=1e-3 (adds to ini 'dlcheck_set')",
+    )
+    group.addoption(
+        "--dlcheck-json",
+        action="store",
+        default=None,
+        metavar="PATH",
+        help="write every check's outcome, evidence numbers, roles, library versions and timing as JSON",
+    )
+    group.addoption(
+        "--dlcheck-report",
+        action="store",
+        default=None,
+        metavar="PATH",
+        help="write a self-contained HTML report with every check's outcome, evidence and pictures",
     )
     parser.addini("dlcheck", "domains or check IDs to run (as --dlcheck)", default="")
     parser.addini("dlcheck_ignore", "checks or domains not to run", type="args", default=[])
@@ -239,7 +253,9 @@ def pytest_configure(config: pytest.Config) -> None:
     from . import fixtures
 
     config.pluginmanager.register(fixtures, "dlcheck-fixtures")
-    config.pluginmanager.register(DlcheckSummary(), "dlcheck-summary")
+    from .report import Results
+
+    config.pluginmanager.register(Results(config), "dlcheck-results")
 
 
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
@@ -359,51 +375,12 @@ class CheckItem(pytest.Function):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     report = yield
-    if isinstance(item, CheckItem) and (report.when == "call" or report.outcome != "passed"):
-        if isinstance(call.excinfo and call.excinfo.value, RoleError) and report.when == "setup":
+    if isinstance(item, CheckItem):
+        from .report import PROPERTY, payload
+
+        exc = call.excinfo.value if call.excinfo is not None else None
+        if isinstance(exc, RoleError) and report.when == "setup":
             report.longrepr = item.repr_failure(call.excinfo)
-        check = item.check
-        report.user_properties.append(("dlcheck_id", check.id))
-        report.user_properties.append(("dlcheck_domain", check.domain))
+        artifacts = item.stash.get(ARTIFACTS_KEY, []) if report.when == "call" else []
+        report.user_properties.append((PROPERTY, payload(item.check, report.when, report.outcome, exc, artifacts)))
     return report
-
-
-class DlcheckSummary:
-    """Collects check outcomes from the reports (so it works on the xdist controller too) and prints
-    the dlcheck section of the terminal summary."""
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[str, str, str, str]] = []
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        props = dict(report.user_properties)
-        if "dlcheck_id" not in props or (report.when != "call" and report.outcome == "passed"):
-            return
-        reason = ""
-        if report.skipped and isinstance(report.longrepr, tuple):
-            reason = str(report.longrepr[2]).removeprefix("Skipped: ")
-        self.rows.append((props["dlcheck_id"], props["dlcheck_domain"], report.outcome, reason))
-
-    def pytest_terminal_summary(self, terminalreporter) -> None:
-        if not self.rows:
-            return
-        tr = terminalreporter
-        tr.write_sep("=", "dlcheck summary")
-        by = Counter((domain, outcome) for _, domain, outcome, _ in self.rows)
-        for domain in registry.DOMAINS:
-            counts = {o: by[(domain, o)] for o in ("passed", "failed", "skipped") if by[(domain, o)]}
-            if counts:
-                tr.write_line(f"{domain:<10} " + ", ".join(f"{n} {o}" for o, n in counts.items()))
-        failed = sorted({cid for cid, _, outcome, _ in self.rows if outcome == "failed"}, key=_id_order)
-        if failed:
-            tr.write_line("failed:    " + " ".join(failed))
-        missing = Counter(r for _, _, outcome, r in self.rows if outcome == "skipped" and r.startswith("missing role"))
-        for reason, n in sorted(missing.items()):
-            tr.write_line(f"skipped:   {reason} ({n} check{'s' if n > 1 else ''})")
-
-
-def _id_order(cid: str) -> tuple:
-    checks = registry.load_checks()
-    return checks[cid].sort_key if cid in checks else (99, cid, 0)
-
-

@@ -184,6 +184,8 @@ def test_help_shows_the_option_group(pytester):
         "*--dlcheck-samples=N*",
         "*--dlcheck-batch-size=N*",
         "*--dlcheck-set=ID.NAME=VALUE*",
+        "*--dlcheck-json=PATH*",
+        "*--dlcheck-report=PATH*",
     ])
 
 

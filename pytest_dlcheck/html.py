@@ -1,0 +1,174 @@
+"""``--dlcheck-report=PATH``: one self-contained HTML file (no network, no external assets) with every
+check's outcome and evidence, and pictures: llm batches token by token, sample images with their
+boxes and channel statistics, histograms and series. Figures are drawn by matplotlib to inline SVG
+(without pyplot, so the user's matplotlib backend is left alone)."""
+
+from __future__ import annotations
+
+import html
+import io
+from pathlib import Path
+from typing import Any
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1d2330;background:#fafbfc}
+h1{font-size:22px;margin:0 0 4px}.meta{color:#5b6475;font-size:13px;margin-bottom:16px}
+.counts span{display:inline-block;margin-right:14px;font-weight:600}
+table.results{border-collapse:collapse;margin:12px 0 24px;font-size:14px}
+table.results td,table.results th{padding:4px 10px;border-bottom:1px solid #e3e6ea;text-align:left}
+.badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:700;color:#fff}
+.passed{background:#2e7d32}.failed{background:#c62828}.error{background:#8e24aa}.skipped{background:#9e9e9e}
+.card{background:#fff;border:1px solid #e3e6ea;border-radius:8px;padding:12px 16px;margin:0 0 16px}
+.card h2{font-size:16px;margin:0 0 8px}.card .node{color:#5b6475;font-size:12px;font-weight:400}
+dl.why{display:grid;grid-template-columns:90px 1fr;gap:2px 10px;margin:8px 0;font-size:14px}
+dl.why dt{font-weight:700;color:#5b6475}dl.why dd{margin:0;white-space:pre-wrap;font-family:ui-monospace,Menlo,monospace;font-size:13px}
+.tokens{font-family:ui-monospace,Menlo,monospace;font-size:12px;line-height:22px;margin:6px 0}
+.tokens .row{white-space:nowrap;overflow-x:auto;padding:2px 0}.tokens .rowlabel{color:#5b6475;margin-right:6px}
+.tok{display:inline-block;padding:0 3px;margin:0 1px;border-radius:3px;border:1px solid transparent}
+.tok.sup{background:#c8e6c9}.tok.ign{background:#eceff1;color:#546e7a}.tok.pad{background:repeating-linear-gradient(45deg,#fff,#fff 3px,#e0e0e0 3px,#e0e0e0 6px);color:#9e9e9e}
+.tok.doc{border-left:3px solid #1565c0}
+.legend span{margin-right:12px;font-size:12px}.figure{margin:8px 0}.figure svg{max-width:100%;height:auto}
+.caption{font-size:12px;color:#5b6475}details summary{cursor:pointer;color:#1565c0;font-size:13px;margin:4px 0}
+"""
+
+
+def esc(text: Any) -> str:
+    return html.escape(str(text))
+
+
+def _svg(fig) -> str:
+    from matplotlib.backends.backend_svg import FigureCanvasSVG
+
+    FigureCanvasSVG(fig)
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def render_tokens(art: dict[str, Any]) -> str:
+    """One line per example: supervised tokens green, label -100 grey, padding hatched, a blue bar where a
+    packed document starts."""
+    out = ['<div class="legend"><span class="tok sup">supervised</span><span class="tok ign">label -100</span>'
+           '<span class="tok pad">padding (attention 0)</span><span class="tok doc">document start</span></div>',
+           '<div class="tokens">']
+    for row in art.get("rows", []):
+        cells = []
+        tokens, labels = row.get("tokens", []), row.get("labels")
+        mask, starts = row.get("attention_mask"), set(row.get("doc_starts", []))
+        for i, tok in enumerate(tokens):
+            cls = ["tok"]
+            label = labels[i] if labels else None
+            if mask is not None and not mask[i]:
+                cls.append("pad")
+            elif label is not None:
+                cls.append("ign" if label == -100 else "sup")
+            if i in starts and i > 0:
+                cls.append("doc")
+            title = f"pos {i} · id {row['input_ids'][i]} · label {label} · mask {mask[i] if mask is not None else '-'}"
+            cells.append(f'<span class="{" ".join(cls)}" title="{esc(title)}">{esc(tok)}</span>')
+        out.append(f'<div class="row"><span class="rowlabel">{esc(row.get("name", ""))}</span>{"".join(cells)}</div>')
+    out.append("</div>")
+    return "".join(out)
+
+
+def render_images(art: dict[str, Any]) -> str:
+    """Sample inputs (HWC in [0, 1]) with their boxes (xyxy, pixels) and per-channel statistics."""
+    import numpy as np
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    images = art.get("images", [])
+    if not images:
+        return ""
+    n = len(images)
+    fig = Figure(figsize=(2.4 * n, 2.8))
+    for i, item in enumerate(images):
+        ax = fig.add_subplot(1, n, i + 1)
+        pixels = np.clip(np.asarray(item["pixels"], dtype=float), 0, 1)
+        ax.imshow(pixels if pixels.shape[-1] == 3 else pixels[..., 0], cmap=None if pixels.shape[-1] == 3 else "gray")
+        if item.get("mask") is not None:
+            ax.imshow(np.asarray(item["mask"]), alpha=0.35, cmap="tab20", interpolation="nearest")
+        for box in item.get("boxes", []):
+            x1, y1, x2, y2 = box[:4]
+            ax.add_patch(Rectangle((x1, y1), x2 - x1, y2 - y1, fill=False, edgecolor="#ff1744", linewidth=1.5))
+        ax.set_title(item.get("title", ""), fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    return f'<div class="figure">{_svg(fig)}</div><div class="caption">{esc(art.get("caption", ""))}</div>'
+
+
+def render_histogram(art: dict[str, Any]) -> str:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 2.6))
+    ax = fig.add_subplot(1, 1, 1)
+    series = art.get("series") or {art.get("name", "values"): art.get("values", [])}
+    for name, values in series.items():
+        ax.hist(values, bins=art.get("bins", 30), alpha=0.6, label=name)
+    if len(series) > 1:
+        ax.legend(fontsize=8)
+    ax.set_title(art.get("title", ""), fontsize=9)
+    return f'<div class="figure">{_svg(fig)}</div><div class="caption">{esc(art.get("caption", ""))}</div>'
+
+
+def render_series(art: dict[str, Any]) -> str:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 2.6))
+    ax = fig.add_subplot(1, 1, 1)
+    for name, values in art.get("series", {}).items():
+        ax.plot(range(len(values)), values, label=name, marker=".")
+    ax.set_xlabel(art.get("xlabel", "step"), fontsize=8)
+    ax.legend(fontsize=8)
+    ax.set_title(art.get("title", ""), fontsize=9)
+    return f'<div class="figure">{_svg(fig)}</div><div class="caption">{esc(art.get("caption", ""))}</div>'
+
+
+RENDERERS = {"tokens": render_tokens, "images": render_images, "histogram": render_histogram, "series": render_series}
+
+
+def render_card(res: dict[str, Any]) -> str:
+    parts = [f'<div class="card" id="{esc(res["nodeid"])}" data-check="{esc(res["id"])}" data-outcome="{esc(res["outcome"])}">',
+             f'<h2><span class="badge {esc(res["outcome"])}">{esc(res["outcome"])}</span> {esc(res["id"])} {esc(res["title"])} '
+             f'<span class="node">[{esc(res["domain"])}] {esc(res["nodeid"])} · {res["duration"]:.2f}s</span></h2>']
+    rows = [("evidence", "\n".join(res["evidence"])), ("cause", res["cause"]), ("fix", res["fix"]),
+            ("error", res["error"]), ("skipped", res["reason"])]
+    rows = [(k, v) for k, v in rows if v]
+    if rows:
+        parts.append('<dl class="why">' + "".join(f"<dt>{k}</dt><dd>{esc(v)}</dd>" for k, v in rows) + "</dl>")
+    pictures = [f'<div class="artifact" data-kind="{esc(a["kind"])}">{RENDERERS[a["kind"]](a)}</div>'
+                for a in res["artifacts"] if a.get("kind") in RENDERERS]
+    if pictures:
+        # open where something is wrong; a click away where all is well
+        opened = " open" if res["outcome"] in ("failed", "error") else ""
+        parts.append(f"<details{opened}><summary>what the check looked at</summary>{''.join(pictures)}</details>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def render(doc: dict[str, Any]) -> str:
+    summary = doc["summary"]
+    counts = "".join(f'<span><span class="badge {k}">{v}</span> {k}</span>' for k, v in summary.items())
+    table = "".join(
+        f'<tr><td><a href="#{esc(r["nodeid"])}">{esc(r["id"])}</a></td><td>{esc(r["domain"])}</td><td>{esc(r["title"])}</td>'
+        f'<td><span class="badge {esc(r["outcome"])}">{esc(r["outcome"])}</span></td><td>{esc(r["nodeid"])}</td></tr>'
+        for r in doc["results"]
+    )
+    versions = ", ".join(f"{k} {v}" for k, v in doc["versions"].items())
+    return (
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>pytest-dlcheck report</title>"
+        f"<style>{CSS}</style></head><body>"
+        f"<h1>pytest-dlcheck report</h1><div class=\"meta\">{esc(doc['created'])} · selection {esc(doc['selection'])} · "
+        f"{doc['duration']:.1f}s · python {esc(doc['python'])} · {esc(versions)}</div>"
+        f"<div class=\"counts\" id=\"summary\">{counts}</div>"
+        "<table class=\"results\"><thead><tr><th>ID</th><th>domain</th><th>title</th><th>outcome</th><th>where</th></tr></thead>"
+        f"<tbody>{table}</tbody></table>"
+        + "".join(render_card(r) for r in doc["results"])
+        + "</body></html>"
+    )
+
+
+def write_html(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render(doc), encoding="utf-8")

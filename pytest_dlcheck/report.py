@@ -1,0 +1,184 @@
+"""Results of the checks, kept in the test reports (so they survive pytest-xdist) and turned into the
+terminal summary, ``--dlcheck-json`` and ``--dlcheck-report`` (HTML)."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import __version__, registry
+
+PROPERTY = "dlcheck"
+SCHEMA_VERSION = 1
+#: libraries whose versions a result names, when the run had imported them
+LIBRARIES = ("torch", "transformers", "trl", "tokenizers", "accelerate", "datasets", "torchvision", "timm",
+             "diffusers", "gymnasium", "stable_baselines3", "lightning", "numpy", "pytest")
+
+
+@dataclass
+class Result:
+    """One check item's outcome, merged over its setup/call/teardown reports."""
+
+    nodeid: str
+    id: str
+    domain: str
+    title: str
+    roles: list[str]
+    outcome: str = "passed"
+    duration: float = 0.0
+    reason: str = ""
+    evidence: list[str] = field(default_factory=list)
+    cause: str = ""
+    fix: str = ""
+    error: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    artifacts: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def jsonable(value: Any) -> Any:
+    """Numbers, strings, lists and dicts only: tensors and numpy values become lists and floats."""
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "tolist"):
+        return jsonable(value.tolist())
+    return str(value)
+
+
+def payload(check: registry.Check, when: str, outcome: str, exc: BaseException | None, artifacts: list) -> dict:
+    """What one report carries about its check (plain JSON, so xdist can ship it to the controller)."""
+    from .outcome import CheckFailed, RoleError
+
+    out: dict[str, Any] = {"id": check.id, "domain": check.domain, "title": check.title, "roles": list(check.roles),
+                           "when": when, "outcome": outcome, "artifacts": jsonable(artifacts)}
+    if isinstance(exc, CheckFailed):
+        out.update(evidence=list(exc.evidence), cause=exc.cause, fix=exc.fix, data=jsonable(exc.data))
+    elif isinstance(exc, RoleError):
+        out.update(error=str(exc))
+    elif isinstance(exc, pytest.skip.Exception):
+        out.update(reason=str(exc.msg))
+    elif exc is not None:
+        out.update(error=f"{type(exc).__name__}: {exc}")
+    return out
+
+
+class Results:
+    """A plugin object: collects :class:`Result` per check item, prints the dlcheck terminal summary, and
+    writes the JSON and HTML reports at the end of the session (on the xdist controller only)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.results: dict[str, Result] = {}
+        self.started = time.time()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        info = next((v for k, v in report.user_properties if k == PROPERTY), None)
+        if info is None:
+            return
+        res = self.results.get(report.nodeid)
+        if res is None:
+            res = self.results[report.nodeid] = Result(report.nodeid, info["id"], info["domain"], info["title"], info["roles"])
+        res.duration += report.duration
+        res.artifacts.extend(info.get("artifacts", []))
+        if report.outcome == "passed":
+            return
+        if report.failed:
+            res.outcome = "failed" if report.when == "call" else "error"
+        elif res.outcome == "passed":
+            res.outcome = report.outcome
+        for key in ("evidence", "cause", "fix", "data", "error", "reason"):
+            if info.get(key):
+                setattr(res, key, info[key])
+
+    def counts(self) -> Counter:
+        return Counter((r.domain, r.outcome) for r in self.results.values())
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.results:
+            return
+        tr = terminalreporter
+        tr.write_sep("=", "dlcheck summary")
+        by = self.counts()
+        colours = {"passed": {"green": True}, "failed": {"red": True}, "error": {"red": True}, "skipped": {"yellow": True}}
+        for domain in registry.DOMAINS:
+            counts = [(o, by[(domain, o)]) for o in ("passed", "failed", "error", "skipped") if by[(domain, o)]]
+            if counts:
+                tr.write(f"{domain:<10} ")
+                for i, (o, n) in enumerate(counts):
+                    tr.write((", " if i else "") + f"{n} {o}", **colours[o])
+                tr.write("\n")
+        failed = sorted({r.id for r in self.results.values() if r.outcome in ("failed", "error")}, key=_id_order)
+        if failed:
+            tr.write_line("failed:    " + " ".join(failed), red=True)
+        missing = Counter(r.reason for r in self.results.values() if r.outcome == "skipped" and r.reason.startswith("missing role"))
+        for reason, n in sorted(missing.items()):
+            tr.write_line(f"skipped:   {reason} ({n} check{'s' if n > 1 else ''})")
+        for option, label in (("dlcheck_json", "json"), ("dlcheck_report", "report")):
+            path = getattr(self.config.option, option, None)
+            if path:
+                tr.write_line(f"{label + ':':<10} {path}")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if hasattr(self.config, "workerinput"):
+            return  # an xdist worker: the controller writes the reports
+        doc = self.document()
+        if self.config.option.dlcheck_json:
+            write_json(Path(self.config.option.dlcheck_json), doc)
+        if self.config.option.dlcheck_report:
+            from .html import write_html
+
+            write_html(Path(self.config.option.dlcheck_report), doc)
+
+    def document(self) -> dict[str, Any]:
+        results = sorted(self.results.values(), key=lambda r: (_id_order(r.id), r.nodeid))
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "dlcheck_version": __version__,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "duration": round(time.time() - self.started, 3),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "versions": library_versions(),
+            "selection": getattr(self.config.option, "dlcheck", None) or "",
+            "summary": {o: sum(1 for r in results if r.outcome == o) for o in ("passed", "failed", "error", "skipped")},
+            "results": [r.to_json() for r in results],
+        }
+
+
+def library_versions() -> dict[str, str]:
+    out = {}
+    for name in LIBRARIES:
+        module = sys.modules.get(name)
+        version = getattr(module, "__version__", None) if module is not None else None
+        if version:
+            out[name] = str(version)
+    return out
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, sort_keys=False))
+
+
+def schema_path() -> Path:
+    return Path(__file__).parent / "report.schema.json"
+
+
+def _id_order(cid: str) -> tuple:
+    checks = registry.load_checks()
+    return checks[cid].sort_key if cid in checks else (99, cid, 0)

@@ -1,0 +1,142 @@
+"""The reports: the dlcheck terminal summary, --dlcheck-json (validated against the shipped schema) and
+--dlcheck-report (one self-contained HTML file, parsed here and rendered in headless Chromium)."""
+
+import json
+import os
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from pytest_dlcheck.report import schema_path
+
+BROKEN_LLM = """
+    import pytest, tiny
+    from transformers import DataCollatorForLanguageModeling
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer(pad=tiny.EOS)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        return DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_tokenizer):
+        return tiny.tokenized(dlcheck_tokenizer)
+"""
+
+
+class Cards(HTMLParser):
+    """Collects, per check card, its outcome, its text and the pictures it holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.cards, self.current, self.depth = {}, None, 0
+        self.external = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        for key in ("src", "href"):
+            if attrs.get(key, "").startswith(("http:", "https:", "//")):
+                self.external.append(attrs[key])
+        if tag == "div" and "data-check" in attrs:
+            self.current = self.cards.setdefault(attrs["data-check"], {"outcome": attrs["data-outcome"], "text": "", "kinds": [], "classes": []})
+            self.depth = 0
+        if self.current is not None and tag == "div":
+            self.depth += 1
+            if "data-kind" in attrs:
+                self.current["kinds"].append(attrs["data-kind"])
+        if self.current is not None and tag == "span":
+            self.current["classes"].append(attrs.get("class", ""))
+
+    def handle_endtag(self, tag):
+        if self.current is not None and tag == "div":
+            self.depth -= 1
+            if self.depth == 0:
+                self.current = None
+
+    def handle_data(self, data):
+        if self.current is not None:
+            self.current["text"] += data
+
+
+@pytest.fixture
+def broken_llm_reports(project, tmp_path):
+    project.conftest(BROKEN_LLM)
+    out_json, out_html = tmp_path / "r.json", tmp_path / "r.html"
+    run = project.run("--dlcheck=llm", f"--dlcheck-json={out_json}", f"--dlcheck-report={out_html}")
+    return run, json.loads(out_json.read_text()), out_html
+
+
+def test_reports_of_a_broken_llm_project(broken_llm_reports, tmp_path):
+    run, doc, out_html = broken_llm_reports
+    # terminal
+    run.fnmatch(["*= dlcheck summary =*", "llm *passed*failed*", "failed:    *L11*", "json: *r.json", "report: *r.html"])
+    # json
+    jsonschema.validate(doc, json.loads(schema_path().read_text()))
+    by_id = {r["id"]: r for r in doc["results"]}
+    l11 = by_id["L11"]
+    assert l11["outcome"] == "failed" and l11["nodeid"] == "conftest.py::L11_eos_supervised"
+    assert l11["evidence"][0].startswith("8 of 8 sampled documents")
+    assert "pad_token == eos_token" in l11["cause"] and l11["fix"]
+    assert l11["roles"] == ["tokenizer", "dataloader"] and l11["duration"] > 0
+    assert any(a["kind"] == "tokens" for a in l11["artifacts"])
+    assert doc["summary"]["failed"] == sum(r["outcome"] == "failed" for r in doc["results"])
+    assert {"torch", "transformers", "pytest"} <= set(doc["versions"])
+    skipped = [r for r in doc["results"] if r["outcome"] == "skipped"]
+    assert all(r["reason"] for r in skipped)
+    # html
+    page = out_html.read_text()
+    parser = Cards()
+    parser.feed(page)
+    assert not parser.external, parser.external
+    assert "<script" not in page and "<link" not in page
+    for result in doc["results"]:
+        assert parser.cards[result["id"]]["outcome"] == result["outcome"]
+    l11 = parser.cards["L11"]
+    assert "final token <|endoftext|> (id 0) has label -100" in l11["text"]
+    assert "tokens" in l11["kinds"]
+    # the EOS at the end of a row is drawn as label -100, the prompt text as supervised
+    assert "tok ign" in l11["classes"] and "tok sup" in l11["classes"]
+    # what a browser shows
+    shows_in_chromium(out_html, tmp_path)
+
+
+def test_pictures_are_drawn_by_matplotlib_as_inline_svg():
+    from pytest_dlcheck.html import render_histogram, render_images, render_series
+
+    image = {"pixels": [[[0.1, 0.2, 0.3]] * 8] * 8, "boxes": [[1, 1, 5, 6]], "title": "mean (0.1, 0.2, 0.3)"}
+    svg = render_images({"kind": "images", "images": [image], "caption": "sampled inputs"})
+    assert svg.count("<svg") == 1 and "sampled inputs" in svg
+    assert "<svg" in render_histogram({"kind": "histogram", "values": [0.1, 0.5, 0.9], "title": "advantages"})
+    assert "<svg" in render_series({"kind": "series", "series": {"loss": [3.0, 2.0, 1.5]}, "title": "loss"})
+
+
+def _chromium():
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed: .ci/run installs Debian's chromium")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    return path
+
+
+def shows_in_chromium(out_html, tmp_path):
+    chromium = _chromium()
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'chromium'}"]
+    dom = subprocess.run([chromium, *flags, "--dump-dom", out_html.as_uri()], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert "pytest-dlcheck report" in dom.stdout
+    assert "L11 end-of-sequence token is never supervised" in dom.stdout
+    shot = tmp_path / "report.png"
+    subprocess.run([chromium, *flags, "--window-size=1200,1600", f"--screenshot={shot}", out_html.as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    png = shot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000  # a drawn page, not a blank one
