@@ -29,38 +29,54 @@ class RoleError(Exception):
         self.message = message
 
 
-@dataclass
+@dataclass(eq=False)
 class Rendered:
+    """A failure in the house format. pytest calls ``toterminal`` (colour where the terminal supports it);
+    ``str()`` gives the plain text (xdist ships that)."""
+
     check_id: str
     title: str
     domain: str
     rows: list[tuple[str, list[str]]] = field(default_factory=list)
 
-    def __str__(self) -> str:
+    def lines(self) -> list[tuple[str, str]]:
+        """(label, text) pairs; the first is the header line."""
         head = f"{self.check_id} {self.title}"
         tag = f"[{self.domain}]"
-        out = [head + " " * max(2, WIDTH - len(head) - len(tag)) + tag]
-        for label, lines in self.rows:
+        out = [("", head + " " * max(2, WIDTH - len(head) - len(tag)) + tag)]
+        for label, texts in self.rows:
             first = True
-            for line in lines:
-                for piece in textwrap.wrap(line, WIDTH - 12, break_long_words=False, replace_whitespace=False) or [""]:
-                    out.append(f"  {label if first else '':<9} {piece}")
+            for text in texts:
+                for piece in textwrap.wrap(text, WIDTH - 12, break_long_words=False, replace_whitespace=False) or [""]:
+                    out.append((label if first else "", piece))
                     first = False
-        return "\n".join(out)
+        return out
+
+    def toterminal(self, tw) -> None:
+        markup = {"evidence": {"yellow": True}, "cause": {"red": True}, "fix": {"green": True}, "error": {"red": True}}
+        for i, (label, text) in enumerate(self.lines()):
+            if i == 0:
+                tw.line(text, bold=True, red=True)
+                continue
+            tw.write(f"  {label:<9} ", **markup.get(label, {}), bold=bool(label))
+            tw.line(text)
+
+    def __str__(self) -> str:
+        return "\n".join(text if i == 0 else f"  {label:<9} {text}" for i, (label, text) in enumerate(self.lines()))
 
 
-def render_failure(check, exc: CheckFailed) -> str:
+def render_failure(check, exc: CheckFailed) -> Rendered:
     r = Rendered(check.id, check.title, check.domain)
     r.rows.append(("evidence", list(exc.evidence)))
     r.rows.append(("cause", [exc.cause]))
     r.rows.append(("fix", [exc.fix]))
     r.rows.append(("see", [f"pytest --dlcheck-list {check.id}"]))
-    return str(r)
+    return r
 
 
-def render_role_error(check, exc: RoleError) -> str:
+def render_role_error(check, exc: RoleError) -> Rendered:
     r = Rendered(check.id, check.title, check.domain)
     r.rows.append(("error", [exc.message]))
     r.rows.append(("role", [f"dlcheck_{exc.role} (the fixture that provides it, or the object it was derived from)"]))
     r.rows.append(("see", [f"pytest --dlcheck-list {check.id}"]))
-    return str(r)
+    return r
