@@ -19,6 +19,8 @@ class CheckContext:
         self.check = check
         self.state = state
         self._roles: dict[str, Any] = {}
+        #: property mode puts each generated sample here; get_sample returns it instead of the real one
+        self.sample_override: Any = None
 
     @classmethod
     def for_item(cls, request: pytest.FixtureRequest) -> CheckContext:

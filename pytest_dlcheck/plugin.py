@@ -18,6 +18,7 @@ from .outcome import CheckFailed, RoleError, render_failure, render_role_error
 STATE_KEY = pytest.StashKey["DlcheckState"]()
 CHECK_KEY = pytest.StashKey["registry.Check"]()
 ARTIFACTS_KEY = pytest.StashKey[list]()
+PROPERTY_SUFFIX = "[property]"
 
 ENV_VAR = "PYTEST_DLCHECK"
 PACKAGE_DIR = str(Path(__file__).resolve().parent)
@@ -89,6 +90,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="override a check's threshold, e.g. L1.atol=1e-3 (adds to ini 'dlcheck_set')",
     )
     group.addoption(
+        "--dlcheck-property",
+        action="store_true",
+        default=None,
+        help="also run the data checks (L2, L4, L11, L13, L14…) in property mode: on examples Hypothesis "
+        "generates from yours, edge lengths favoured (ini 'dlcheck_property')",
+    )
+    group.addoption(
+        "--dlcheck-property-examples",
+        action="store",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="generated batches per property-mode check (default 30; ini 'dlcheck_property_examples')",
+    )
+    group.addoption(
         "--dlcheck-json",
         action="store",
         default=None,
@@ -106,6 +122,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("dlcheck_ignore", "checks or domains not to run", type="args", default=[])
     parser.addini("dlcheck_samples", "examples sampled per dataset/dataloader", default="")
     parser.addini("dlcheck_batch_size", "examples per collated batch", default="")
+    parser.addini("dlcheck_property", "also run the data checks in property mode", type="bool", default=False)
+    parser.addini("dlcheck_property_examples", "generated batches per property-mode check", default="")
     parser.addini("dlcheck_set", "threshold overrides, one ID.NAME=VALUE per line", type="linelist", default=[])
 
 
@@ -121,6 +139,7 @@ class DlcheckState:
     samples: int
     batch_size: int
     overrides: dict[tuple[str, str], Any]
+    property_examples: int = 0
     shared: dict[Any, Any] = field(default_factory=dict)
     #: strong references to the objects whose ids key ``shared`` so an id is never reused
     keep_alive: list[Any] = field(default_factory=list)
@@ -248,6 +267,8 @@ def pytest_configure(config: pytest.Config) -> None:
         samples=_int_option(config, "dlcheck_samples", 8),
         batch_size=_int_option(config, "dlcheck_batch_size", 4),
         overrides=_overrides(config),
+        property_examples=(_int_option(config, "dlcheck_property_examples", 30)
+                           if config.option.dlcheck_property or config.getini("dlcheck_property") else 0),
     )
     config.stash[STATE_KEY] = state
     from . import fixtures
@@ -271,9 +292,10 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     if state is None:
         return None
     ids = ",".join(c.id for c in state.selected) or "none"
+    mode = f", property mode: {state.property_examples} generated batches per check" if state.property_examples else ""
     return [
         f"dlcheck: {state.spec} (from {state.spec_source}) -> {len(state.selected)} checks [{ids}], "
-        f"samples={state.samples}, batch_size={state.batch_size}"
+        f"samples={state.samples}, batch_size={state.batch_size}{mode}"
     ]
 
 
@@ -317,8 +339,9 @@ class DlcheckFile(pytest.File):
     def collect(self):
         state = session_state(self.config)
         for check in state.selected:
-            item = CheckItem.from_parent(self, name=check.item_name, callobj=check.func)
-            yield item
+            yield CheckItem.from_parent(self, name=check.item_name, callobj=check.func)
+            if check.property_mode and state.property_examples:
+                yield CheckItem.from_parent(self, name=check.item_name + PROPERTY_SUFFIX, callobj=check.func)
 
 
 @contextlib.contextmanager
@@ -348,9 +371,18 @@ class CheckItem(pytest.Function):
     def check(self) -> registry.Check:
         return self.stash[CHECK_KEY]
 
+    @property
+    def property_mode(self) -> bool:
+        return self.name.endswith(PROPERTY_SUFFIX)
+
     def runtest(self) -> None:
         with _check_frame():
-            super().runtest()
+            if self.property_mode:
+                from .property import run_property
+
+                run_property(self.funcargs["dlcheck"], self.obj, session_state(self.config).property_examples)
+            else:
+                super().runtest()
 
     def setup(self) -> None:
         # role fixtures run here; deriving a dataloader or a batch may draw from the global RNGs

@@ -53,6 +53,8 @@ class Check:
     settings: tuple[Setting, ...] = ()
     summary: str = ""
     doc: dict[str, str] = field(default_factory=dict)
+    #: the check states an invariant of collated batches, so it also runs on generated examples
+    property_mode: bool = False
 
     @property
     def sort_key(self) -> tuple[int, str, int]:
@@ -97,9 +99,12 @@ def check(
     roles: tuple[str, ...] = (),
     optional_roles: tuple[str, ...] = (),
     settings: tuple[Setting, ...] = (),
+    property_mode: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a check. The decorated function is a plain pytest test function taking the ``dlcheck``
-    fixture (a :class:`~pytest_dlcheck.context.CheckContext`)."""
+    fixture (a :class:`~pytest_dlcheck.context.CheckContext`). ``property_mode=True`` marks a check whose
+    verdict is an invariant of the shared sample: ``--dlcheck-property`` also runs it on generated
+    examples (see :mod:`pytest_dlcheck.property`)."""
     if not _ID_RE.match(id):
         raise ValueError(f"check id {id!r} must be letters then digits, like L11")
     if domain not in DOMAINS:
@@ -110,7 +115,8 @@ def check(
         if old is not None and (old.func.__module__, old.func.__qualname__) != (func.__module__, func.__qualname__):
             raise ValueError(f"check id {id} registered twice ({_CHECKS[id].func.__module__}, {func.__module__})")
         summary, doc = parse_doc(func.__doc__)
-        _CHECKS[id] = Check(id, domain, title, tuple(roles), func, tuple(optional_roles), tuple(settings), summary, doc)
+        _CHECKS[id] = Check(id, domain, title, tuple(roles), func, tuple(optional_roles), tuple(settings), summary, doc,
+                            property_mode)
         func.dlcheck_id = id
         return func
 

@@ -103,6 +103,9 @@ def draw_batches(dataloader: Any, n_examples: int, role: str = "dataloader") -> 
 def get_sample(ctx: Any, split: str = "train") -> Sample:
     """The shared sample of the training (or eval) data, from the best source the user gave:
     collator + dataset (examples are known), else the dataloader. Skips naming the roles if none."""
+    override = getattr(ctx, "sample_override", None)
+    if override is not None and split == "train":
+        return override  # property mode: the generated examples
     dataset_role = "dataset" if split == "train" else "eval_dataset"
     loader_role = "dataloader" if split == "train" else "eval_dataloader"
     collator, dataset = ctx.role("collator"), ctx.role(dataset_role)

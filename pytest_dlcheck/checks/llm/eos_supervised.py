@@ -11,6 +11,7 @@ from .common import labelled_rows, token_sample
     title="end-of-sequence token is never supervised",
     roles=("tokenizer", "dataloader"),
     optional_roles=("model",),
+    property_mode=True,
     settings=(
         Setting("max_missing_share", 0.0, "share of sampled, untruncated documents allowed to end without a "
                 "supervised EOS; 0 because one masked EOS is already a collator that masks the real EOS"),
