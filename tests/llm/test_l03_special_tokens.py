@@ -1,0 +1,221 @@
+"""L3: a pad token exists, every emitted id has an embedding row, config and tokenizer agree on pad."""
+
+# Imported here, outside pytester's in-process runs: a run unloads the modules first imported inside it,
+# which leaves transformers' lazy module unable to import LlamaConfig in the next run.
+import datasets  # noqa: F401
+import transformers.models.llama.modeling_llama  # noqa: F401
+from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, DataCollatorWithFlattening, LlamaConfig  # noqa: F401
+from trl import SFTConfig, SFTTrainer  # noqa: F401
+
+
+def flat(text: str) -> str:
+    """The failure text with its line wrapping undone."""
+    return " ".join(text.split())
+
+ADDED_PAD = """
+    import pytest, tiny
+    from transformers import DataCollatorForLanguageModeling
+
+    @pytest.fixture(scope="session")
+    def objects():
+        tok = tiny.tokenizer(pad=None)
+        model = tiny.llama(tok)                              # built for the 300-token vocabulary
+        tok.add_special_tokens({{"pad_token": "<pad>"}})     # id 300, one past the table
+        if {resize}:
+            model.resize_token_embeddings(len(tok))
+        return tok, model
+
+    @pytest.fixture
+    def dlcheck_tokenizer(objects):
+        return objects[0]
+
+    @pytest.fixture
+    def dlcheck_model(objects):
+        return objects[1]
+
+    @pytest.fixture
+    def dlcheck_collator(dlcheck_tokenizer):
+        return DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)
+
+    @pytest.fixture
+    def dlcheck_dataset(dlcheck_tokenizer):
+        return tiny.tokenized(dlcheck_tokenizer)
+"""
+
+
+def test_added_pad_token_without_resizing_the_embeddings(project):
+    project.conftest(ADDED_PAD.format(resize=False))
+    run = project.run("--dlcheck=L3")
+    run.assert_outcome("L3", "failed")
+    text = flat(run.section("L3"))
+    assert "token id 300 '<pad>' is >= the 300 rows of model.get_input_embeddings() (Embedding(300, 64))" in text
+    assert "the tokenizer has 301 tokens (len(tokenizer))" in text
+    assert "'<pad>'(id 300)" in text
+    assert "example 0." in text and "<pad>" in text
+    assert "embedding table was not resized" in text
+    assert "model.resize_token_embeddings(len(tokenizer))" in text
+    assert "Traceback" not in run.text
+
+
+def test_resized_embeddings_pass(project):
+    project.conftest(ADDED_PAD.format(resize=True))
+    run = project.run("--dlcheck=L3")
+    run.assert_outcome("L3", "passed")
+
+
+NO_PAD = """
+    import pytest, tiny
+    from transformers import {collator}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer(pad=None)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model(dlcheck_tokenizer):
+        return tiny.llama(dlcheck_tokenizer)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        return {make}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_tokenizer):
+        return tiny.tokenized(dlcheck_tokenizer)
+"""
+
+
+def test_tokenizer_without_pad_token(project):
+    project.conftest(NO_PAD.format(collator="DataCollatorForLanguageModeling",
+                                   make="DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)"))
+    run = project.run("--dlcheck=L3")
+    run.assert_outcome("L3", "failed")
+    text = flat(run.section("L3"))
+    assert "tokenizer.pad_token is None (eos_token is '<|endoftext|>'(id 0))" in text
+    assert "Asking to pad but the tokenizer does not have a padding token" in text
+    assert "no pad token" in text
+    assert "tokenizer.pad_token = tokenizer.eos_token" in text and "resize_token_embeddings" in text
+
+
+HAND_PADDING = """
+    import pytest, tiny, torch
+    from torch.nn.utils.rnn import pad_sequence
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer(pad=None)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model(dlcheck_tokenizer):
+        return tiny.llama(dlcheck_tokenizer)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator():
+        def pad_by_hand(features):
+            ids = [torch.tensor(f["input_ids"]) for f in features]
+            return {"input_ids": pad_sequence(ids, batch_first=True, padding_value=0),
+                    "attention_mask": pad_sequence([torch.ones_like(i) for i in ids], batch_first=True)}
+        return pad_by_hand
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_tokenizer):
+        return tiny.tokenized(dlcheck_tokenizer)
+"""
+
+
+def test_collator_padding_with_an_id_of_its_own(project):
+    project.conftest(HAND_PADDING)
+    run = project.run("--dlcheck=L3")
+    run.assert_outcome("L3", "failed")
+    text = flat(run.section("L3"))
+    assert "tokenizer.pad_token is None (eos_token is '<|endoftext|>'(id 0)), yet the sampled batches are padded: " \
+           "batch 0: 3 of 4 rows are padded" in text
+    assert "pads with an id of its own" in text
+
+
+def test_no_pad_token_is_fine_when_nothing_is_padded(project):
+    # padding-free (flattening) batches never pad: a missing pad token is no bug there
+    project.conftest(NO_PAD.format(collator="DataCollatorWithFlattening", make="DataCollatorWithFlattening()"))
+    run = project.run("--dlcheck=L3")
+    run.assert_outcome("L3", "passed")
+
+
+CONFIG_PAD = """
+    import pytest, tiny
+    from transformers import DataCollatorForLanguageModeling
+
+    @pytest.fixture(scope="session")
+    def objects():
+        tok = tiny.tokenizer(pad=tiny.EOS)
+        model = tiny.llama(tok)          # config.pad_token_id = 0 (eos), embedding padding_idx 0
+        if {switch}:
+            tok.pad_token = tiny.PAD     # the tokenizer now pads with '<|pad|>' (id 1)
+        return tok, model
+
+    @pytest.fixture
+    def dlcheck_tokenizer(objects):
+        return objects[0]
+
+    @pytest.fixture
+    def dlcheck_model(objects):
+        return objects[1]
+
+    @pytest.fixture
+    def dlcheck_collator(dlcheck_tokenizer):
+        return DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)
+
+    @pytest.fixture
+    def dlcheck_dataset(dlcheck_tokenizer):
+        return tiny.tokenized(dlcheck_tokenizer)
+"""
+
+
+def test_config_pad_id_disagrees_with_the_tokenizer(project):
+    project.conftest(CONFIG_PAD.format(switch=True))
+    run = project.run("--dlcheck=L3")
+    run.assert_outcome("L3", "failed")
+    text = flat(run.section("L3"))
+    assert "model.config.pad_token_id = 0 '<|endoftext|>' but tokenizer.pad_token_id = 1 '<|pad|>'" in text
+    assert "padding_idx is 0 '<|endoftext|>': that row gets no gradient" in text
+    assert "occurs as a real token (attention_mask 1) at 8 positions" in text
+    assert "model.config.pad_token_id = tokenizer.pad_token_id" in text
+    assert "model.get_input_embeddings().padding_idx = tokenizer.pad_token_id" in text
+
+
+def test_pad_equal_to_eos_is_not_an_L3_bug(project):
+    project.conftest(CONFIG_PAD.format(switch=False))
+    run = project.run("--dlcheck=L3")
+    run.assert_outcome("L3", "passed")
+
+
+TRL_SFT = """
+    import pytest, tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        data = Dataset.from_dict({"text": tiny.texts(8)})
+        return SFTTrainer(model=tiny.llama(tok), processing_class=tok, train_dataset=data,
+                          args=tiny.trainer_args(tmp_path_factory.mktemp("out"), SFTConfig))
+"""
+
+
+def test_trl_sft_trainer_passes(project):
+    project.conftest(TRL_SFT)
+    run = project.run("--dlcheck=L3")
+    run.assert_outcome("L3", "passed")
+
+
+def test_skips_without_a_model(project):
+    project.conftest("""
+        import pytest, tiny
+
+        @pytest.fixture
+        def dlcheck_tokenizer():
+            return tiny.tokenizer()
+    """)
+    run = project.run("--dlcheck=L3")
+    run.assert_outcome("L3", "skipped")
+    assert "dlcheck_model" in run.text
