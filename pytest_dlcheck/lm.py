@@ -74,13 +74,23 @@ def rows(batches: Sequence[dict[str, Any]]) -> list[Row]:
     return out
 
 
+def text_tokenizer(tok: Any) -> Any:
+    """The text tokenizer of a tokenizer or a processor (a processor keeps it as ``.tokenizer``)."""
+    if not hasattr(tok, "convert_ids_to_tokens") and hasattr(tok, "tokenizer"):
+        return tok.tokenizer
+    return tok
+
+
 def token_text(tok: Any, token_id: int) -> str:
+    """The token's own text; ``<id N>`` for an id the tokenizer does not know (ids beyond the vocabulary
+    are exactly what some checks report; convert_ids_to_tokens gives None or raises for them)."""
     if tok is None:
         return str(token_id)
     try:
-        return tok.convert_ids_to_tokens(int(token_id))
-    except Exception:  # ids beyond the vocabulary are exactly what some checks report
-        return f"<id {token_id}>"
+        text = text_tokenizer(tok).convert_ids_to_tokens(int(token_id))
+    except Exception:
+        text = None
+    return text if isinstance(text, str) else f"<id {token_id}>"
 
 
 def token_piece(tok: Any, token_id: int) -> str:

@@ -89,7 +89,7 @@ def draw_batches(dataloader: Any, n_examples: int, role: str = "dataloader") -> 
     with preserved_dataloader(dataloader):
         it = user_call(role, lambda: iter(dataloader))
         while seen < n_examples and len(batches) < n_examples:
-            batch = user_call(role, lambda: next(it, None))
+            batch = user_call(role, lambda it=it: next(it, None))
             if batch is None:
                 break
             batch = as_batch_dict(batch, role)

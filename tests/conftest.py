@@ -18,14 +18,26 @@ torch.set_num_threads(1)
 # would be dropped and half re-imported by the next (transformers' lazy modules break that way), so the
 # heavy libraries are imported here, once, before any in-process run.
 import datasets  # noqa: E402,F401
-import transformers  # noqa: E402
+import transformers  # noqa: E402,F401
 from transformers import (  # noqa: E402,F401
     AutoModelForCausalLM, AutoProcessor, AutoTokenizer, DataCollatorForLanguageModeling, DataCollatorWithFlattening,
-    DataCollatorWithPadding, GPT2LMHeadModel, LlamaForCausalLM, PreTrainedTokenizerFast, Trainer, TrainingArguments,
+    DataCollatorWithPadding, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
+    Trainer, TrainingArguments,
 )
+from tokenizers import processors  # noqa: E402,F401
+
+# the plugin's own modules too: one re-imported inside a run would bring a second MISSING sentinel and
+# lose the derivers its domains registered
+import pytest_dlcheck.context  # noqa: E402,F401
+import pytest_dlcheck.fixtures  # noqa: E402,F401
+import pytest_dlcheck.html  # noqa: E402,F401
+import pytest_dlcheck.property  # noqa: E402,F401
+from pytest_dlcheck import registry  # noqa: E402
+
+registry.load_checks()
 from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer  # noqa: E402,F401
 
-OUTCOME_RE = re.compile(r"::([A-Z]+\d+)_\w+ (PASSED|FAILED|SKIPPED|ERROR|XFAIL)")
+OUTCOME_RE = re.compile(r"::([A-Z]+\d+)_\w+(\[property\])? (PASSED|FAILED|SKIPPED|ERROR|XFAIL)")
 
 
 class Project:
@@ -49,8 +61,9 @@ class Run:
         self.result = result
         self.text = result.stdout.str()
         self.outcomes: dict[str, list[str]] = {}
-        for cid, outcome in OUTCOME_RE.findall(self.text):
-            self.outcomes.setdefault(cid, []).append(outcome.lower())
+        for cid, mode, outcome in OUTCOME_RE.findall(self.text):
+            # "L11" for the sampled item, "L11[property]" for its property-mode twin
+            self.outcomes.setdefault(cid + mode, []).append(outcome.lower())
 
     def outcome(self, cid: str) -> str:
         found = self.outcomes.get(cid)

@@ -1,6 +1,5 @@
 """L11: the EOS token must be a supervised label."""
 
-import pytest
 
 LM_COLLATOR = """
     import pytest, tiny

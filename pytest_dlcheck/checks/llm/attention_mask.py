@@ -6,9 +6,7 @@ from typing import Any, Sequence
 
 from ... import lm
 from ...registry import check
-from .chat_format import locate
-from .common import token_sample
-from .special_tokens import text_tokenizer
+from .common import locate, token_sample
 
 
 def example_ids(example: Any) -> list[int] | None:
@@ -151,7 +149,7 @@ def check_attention_mask(dlcheck):
         bare dataloader), a masked final EOS that looks exactly like padding (pad == eos, at the end
         of the row) cannot be told apart; L11 reports an EOS outside the mask.
     """
-    tok = text_tokenizer(dlcheck.role("tokenizer"))
+    tok = lm.text_tokenizer(dlcheck.role("tokenizer"))
     sample = token_sample(dlcheck)
     rows = [r for r in lm.rows(sample.batches) if r.attention_mask is not None]
     if not rows:

@@ -6,9 +6,7 @@ from typing import Any
 
 from ... import lm
 from ...registry import Setting, check
-from ...sampling import Sample
-from .common import token_sample
-from .special_tokens import text_tokenizer
+from .common import locate, token_sample
 
 
 def _flat_ids(value: Any) -> list[int] | None:
@@ -96,26 +94,6 @@ def compare(content: list[int], ref: list[int], tail_ok: set[int]) -> tuple[str,
     return "differ", k
 
 
-def locate(sample: Sample, rows: list[lm.Row]) -> dict[int, tuple[lm.Row, int, int]]:
-    """Example index -> (row, start, end) of its tokens in the collated batches: a row per example, or
-    one document of a packed row when the batch packs exactly its examples."""
-    if sample.batch_rows is None:
-        return {}
-    by_batch: dict[int, list[lm.Row]] = {}
-    for r in rows:
-        by_batch.setdefault(r.batch, []).append(r)
-    out = {}
-    for b, group in enumerate(sample.batch_rows):
-        brows = by_batch.get(b, [])
-        if len(brows) == len(group):
-            for j, i in enumerate(group):
-                out[i] = (brows[j], 0, len(brows[j].input_ids))
-        elif len(brows) == 1 and len(brows[0].documents()) == len(group):
-            for j, (s, e) in enumerate(brows[0].documents()):
-                out[group[j]] = (brows[0], s, e)
-    return out
-
-
 def _content(row: lm.Row, start: int, end: int) -> list[int]:
     """The real tokens of ``row[start:end]``: those the attention mask keeps (all without a mask)."""
     if row.attention_mask is None:
@@ -182,7 +160,7 @@ def check_chat_format(dlcheck):
         (GPT-2), two in a row are a document boundary in packed text, so the BOS check is off.
     """
     role = dlcheck.role("tokenizer")
-    tok = text_tokenizer(role)
+    tok = lm.text_tokenizer(role)
     sample = token_sample(dlcheck)
     rows = lm.rows(sample.batches)
     bos = lm.special_id(tok, "bos")

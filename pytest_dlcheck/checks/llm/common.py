@@ -40,3 +40,23 @@ def labelled_rows(ctx: Any, sample: Sample) -> list[lm.Row]:
     if all(r.labels is None for r in rows):
         ctx.skip(f"batches from {sample.source} carry no labels (the model derives them itself)")
     return rows
+
+
+def locate(sample: Sample, rows: list[lm.Row]) -> dict[int, tuple[lm.Row, int, int]]:
+    """Example index -> (row, start, end) of its tokens in the collated batches: a row per example, or
+    one document of a packed row when the batch packs exactly its examples."""
+    if sample.batch_rows is None:
+        return {}
+    by_batch: dict[int, list[lm.Row]] = {}
+    for r in rows:
+        by_batch.setdefault(r.batch, []).append(r)
+    out = {}
+    for b, group in enumerate(sample.batch_rows):
+        brows = by_batch.get(b, [])
+        if len(brows) == len(group):
+            for j, i in enumerate(group):
+                out[i] = (brows[j], 0, len(brows[j].input_ids))
+        elif len(brows) == 1 and len(brows[0].documents()) == len(group):
+            for j, (s, e) in enumerate(brows[0].documents()):
+                out[group[j]] = (brows[0], s, e)
+    return out

@@ -88,7 +88,6 @@ def check_eos_supervised(dlcheck):
     if len(bad) / judged <= dlcheck.setting("max_missing_share"):
         return
 
-    eos_text = lm.token_text(tok, eos)
     row, pos = bad[0]
     ending = lm.token_text(tok, row.input_ids[pos])
     window = list(range(max(0, pos - 3), min(len(row.input_ids), pos + 2)))

@@ -15,21 +15,8 @@ FIX_RESIZE = ("model.resize_token_embeddings(len(tokenizer)) right after adding 
               "(before training and before building the optimizer)")
 
 
-def text_tokenizer(tok: Any) -> Any:
-    """The text tokenizer of a tokenizer or a processor (a processor keeps it as ``.tokenizer``)."""
-    if not hasattr(tok, "convert_ids_to_tokens") and hasattr(tok, "tokenizer"):
-        return tok.tokenizer
-    return tok
-
-
-def _text(tok: Any, token_id: int) -> str:
-    """The token's text; ``<id N>`` for an id the tokenizer does not know (convert_ids_to_tokens gives None)."""
-    text = lm.token_text(tok, token_id)
-    return text if isinstance(text, str) else f"<id {token_id}>"
-
-
 def _name(tok: Any, token_id: int | None) -> str:
-    return "None" if token_id is None else f"{_text(tok, token_id)!r}(id {token_id})"
+    return "None" if token_id is None else f"{lm.token_text(tok, token_id)!r}(id {token_id})"
 
 
 def _config_pad(model: Any) -> int | None:
@@ -156,7 +143,7 @@ def check_special_tokens(dlcheck):
         skips naming what is missing when the other parts find nothing. An embedding table larger
         than the tokenizer (rounded up to a multiple of 64) is normal and passes.
     """
-    tok = text_tokenizer(dlcheck.role("tokenizer"))
+    tok = lm.text_tokenizer(dlcheck.role("tokenizer"))
     model = dlcheck.role("model") if dlcheck.has("model") else None
     table = lm.embedding_rows(model) if model is not None else None
     sample, no_sample = _try_sample(dlcheck)
@@ -196,7 +183,7 @@ def check_special_tokens(dlcheck):
             if emitted:
                 top = max(emitted)
                 total = sum(emitted.values())
-                lines.append(f"token id {top} {_text(tok, top)!r} is >= the {table} rows of "
+                lines.append(f"token id {top} {lm.token_text(tok, top)!r} is >= the {table} rows of "
                              f"model.get_input_embeddings() ({emb}); {total} positions of the sampled batches "
                              f"carry ids >= {table}: " + ", ".join(_name(tok, i) for i in sorted(emitted)[:6]))
                 if first_bad is not None:
@@ -208,7 +195,7 @@ def check_special_tokens(dlcheck):
                              f"ids {table}..{vocab - 1} have no embedding row: " + ", ".join(_name(tok, i) for i in added)
                              + (" …" if len(beyond_vocab) > len(added) else ""))
             if beyond_vocab:
-                names = ", ".join(repr(_text(tok, i)) for i in added)
+                names = ", ".join(repr(lm.token_text(tok, i)) for i in added)
                 cause = (f"tokens were added to the tokenizer ({names}: add_special_tokens / add_tokens) after the model "
                          f"was built for {table} tokens, and the embedding table was not resized: the forward pass "
                          f"indexes past it (IndexError on CPU, a device-side assert on CUDA)")
@@ -252,15 +239,15 @@ def check_special_tokens(dlcheck):
     # 3. model.config.pad_token_id vs the tokenizer's ----------------------------------------------
     config_pad = _config_pad(model) if model is not None else None
     if config_pad is not None and pad is not None and config_pad != pad:
-        lines = [f"model.config.pad_token_id = {config_pad} {_text(tok, config_pad)!r} but "
-                 f"tokenizer.pad_token_id = {pad} {_text(tok, pad)!r}"]
+        lines = [f"model.config.pad_token_id = {config_pad} {lm.token_text(tok, config_pad)!r} but "
+                 f"tokenizer.pad_token_id = {pad} {lm.token_text(tok, pad)!r}"]
         padding_idx = getattr(model.get_input_embeddings(), "padding_idx", None)
         if padding_idx is not None and padding_idx == config_pad:
-            lines.append(f"the input embedding's padding_idx is {padding_idx} {_text(tok, padding_idx)!r}: "
+            lines.append(f"the input embedding's padding_idx is {padding_idx} {lm.token_text(tok, padding_idx)!r}: "
                          f"that row gets no gradient")
         real = _real_occurrences(sample, config_pad) if sample is not None else 0
         if real:
-            lines.append(f"id {config_pad} {_text(tok, config_pad)!r} occurs as a real token (attention_mask 1) "
+            lines.append(f"id {config_pad} {lm.token_text(tok, config_pad)!r} occurs as a real token (attention_mask 1) "
                          f"at {real} positions of the sampled batches")
         problems.append((
             lines,
