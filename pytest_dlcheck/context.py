@@ -47,6 +47,11 @@ class CheckContext:
     def has(self, name: str) -> bool:
         return self.role(name) is not MISSING
 
+    def optional(self, name: str) -> Any:
+        """The role's object, or None when nobody provided it."""
+        value = self.role(name)
+        return None if value is MISSING else value
+
     def require(self, *names: str) -> list[Any]:
         """Resolve roles; skip with one line naming every missing fixture."""
         values = [self.role(n) for n in names]

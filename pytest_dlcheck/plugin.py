@@ -4,6 +4,7 @@ use; importing this module imports neither torch nor any domain library."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import traceback
 from dataclasses import dataclass, field
@@ -271,8 +272,7 @@ def pytest_configure(config: pytest.Config) -> None:
                            if config.option.dlcheck_property or config.getini("dlcheck_property") else 0),
     )
     config.stash[STATE_KEY] = state
-    from . import fixtures
-
+    fixtures = importlib.import_module("pytest_dlcheck.fixtures")
     config.pluginmanager.register(fixtures, "dlcheck-fixtures")
     from .report import Results
 

@@ -58,10 +58,11 @@ role("optimizer", "the optimizer", "dlcheck_trainer")
 role("lr_scheduler", "the learning-rate scheduler", "dlcheck_trainer")
 role("training_args", "transformers TrainingArguments / TRL config", "dlcheck_trainer")
 role("compute_metrics", "the eval metric function (EvalPrediction -> dict)", "dlcheck_trainer")
+role("preprocess_logits_for_metrics", "the Trainer's preprocess_logits_for_metrics (logits, labels) -> logits", "dlcheck_trainer")
 role("inference_config", "the model config used at inference (for train/inference comparisons)")
 
 
-def _is_hf_trainer(obj: Any) -> bool:
+def is_hf_trainer(obj: Any) -> bool:
     return any(c.__module__.startswith(("transformers.", "trl.")) and c.__name__.endswith("Trainer") for c in type(obj).__mro__)
 
 
@@ -103,8 +104,9 @@ def _from_trainer(name: str, trainer: Any, cache: Callable[[str, Callable[[], An
         return trainer.optimizer if trainer.optimizer is not None else MISSING
     if name == "lr_scheduler":
         return trainer.lr_scheduler if trainer.lr_scheduler is not None else MISSING
-    if name == "compute_metrics":
-        return trainer.compute_metrics if trainer.compute_metrics is not None else MISSING
+    if name in ("compute_metrics", "preprocess_logits_for_metrics"):
+        value = getattr(trainer, name, None)
+        return value if value is not None else MISSING
     if name == "raw_dataset":
         return _trainer_split(trainer, "train")
     if name in ("collator", "dataset"):
@@ -151,7 +153,7 @@ def from_trainer(name: str, get: Callable[[str], Any], cache: Callable[[Any, str
     if name == "trainer":
         return MISSING
     trainer = get("trainer")
-    if trainer is MISSING or not _is_hf_trainer(trainer):
+    if trainer is MISSING or not is_hf_trainer(trainer):
         return MISSING
     return _from_trainer(name, trainer, lambda key, make: cache(trainer, key, make))
 

@@ -1,0 +1,315 @@
+"""L2: labels are -100 on padding and, under completion-only training, on the prompt."""
+
+import pytest
+
+# imported once here: pytester drops modules first imported inside a run, and datasets (pyarrow
+# extension types) cannot be imported twice in one process
+from datasets import Dataset  # noqa: F401
+from transformers import (AutoModelForCausalLM, DataCollatorForLanguageModeling, LlamaConfig,  # noqa: F401
+                          PreTrainedTokenizerFast, Trainer, TrainingArguments)
+from trl import SFTConfig, SFTTrainer  # noqa: F401
+
+HEAD = """
+    import pytest, tiny, torch
+    from datasets import Dataset
+
+    @pytest.fixture(scope="session")
+    def tok():
+        return tiny.tokenizer(pad={pad})
+"""
+
+# transformers Trainer + DataCollatorForLanguageModeling(mlm=False) on a dataset tokenized from
+# prompt+completion that keeps its prompt/completion columns: the prompt is trained too
+HF_LM_COLLATOR_ON_PROMPT_COMPLETION = HEAD.format(pad="tiny.PAD") + """
+    from transformers import DataCollatorForLanguageModeling, Trainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tok, tmp_path_factory):
+        ds = Dataset.from_dict({"prompt": tiny.PROMPTS * 2, "completion": tiny.COMPLETIONS * 2})
+        ds = ds.map(lambda r: tok(r["prompt"] + r["completion"] + tok.eos_token))
+        return Trainer(model=tiny.llama(tok), args=tiny.trainer_args(tmp_path_factory.mktemp("out")),
+                       train_dataset=ds, processing_class=tok,
+                       data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
+"""
+
+# the same without a Trainer: the collated columns as dlcheck_dataset, every column as dlcheck_raw_dataset
+HF_LM_COLLATOR_FIXTURES = HEAD.format(pad="tiny.PAD") + """
+    from transformers import DataCollatorForLanguageModeling
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer(tok):
+        return tok
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(tok):
+        return DataCollatorForLanguageModeling(tok, mlm=False)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_raw_dataset(tok):
+        ds = Dataset.from_dict({"prompt": tiny.PROMPTS * 2, "completion": tiny.COMPLETIONS * 2})
+        return ds.map(lambda r: tok(r["prompt"] + r["completion"] + tok.eos_token))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_raw_dataset):
+        return dlcheck_raw_dataset.remove_columns(["prompt", "completion"])
+"""
+
+# a user collator that formats and tokenizes prompt+completion itself; it masks the prompt fully
+# ("full"), two tokens short ("short") or not at all ("none"); labels aligned with input_ids, or
+# pre-shifted by one for a custom loss (shift=True)
+USER_COLLATOR = HEAD.format(pad="tiny.PAD") + """
+    class PromptCompletionCollator:
+        def __init__(self, tok, template, mask, shift):
+            self.tok, self.template, self.mask, self.shift = tok, template, mask, shift
+
+        def __call__(self, rows):
+            head = [self.template.split("{completion}")[0].format(prompt=r["prompt"]) for r in rows]
+            texts = [self.template.format(**r) + self.tok.eos_token for r in rows]
+            enc = self.tok(texts, padding=True, return_tensors="pt")
+            ids, attn = enc["input_ids"], enc["attention_mask"]
+            labels = ids.clone()
+            for i, h in enumerate(head):
+                n = len(self.tok(h)["input_ids"])
+                labels[i, : {"full": n, "short": n - 2, "none": 0}[self.mask]] = -100
+            labels[attn == 0] = -100
+            if self.shift:  # labels[j] is the target of position j: the next token
+                labels = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
+            enc["labels"] = labels
+            return enc
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer(tok):
+        return tok
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(tok):
+        return PromptCompletionCollator(tok, {template!r}, {mask!r}, {shift})
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return [dict(prompt=p, completion=c) for p, c in zip(tiny.PROMPTS * 2, tiny.COMPLETIONS * 2)]
+"""
+PLAIN = "{prompt}{completion}"
+FORMATTED = "### Question: {prompt}\n### Answer:{completion}"
+
+
+def user_collator(template=PLAIN, mask="full", shift=False):
+    return (USER_COLLATOR.replace("{template!r}", repr(template)).replace("{mask!r}", repr(mask))
+            .replace("{shift}", str(shift)))
+
+
+# a hand collator over pre-tokenized text: labels = input_ids (padding kept) or masked by attention
+HAND_PAD_COLLATOR = HEAD.format(pad="{pad}") + """
+    class Collate:
+        def __init__(self, tok):
+            self.tok = tok
+
+        def __call__(self, rows):
+            batch = self.tok.pad(rows, return_tensors="pt")
+            batch["labels"] = batch["input_ids"].clone()
+            if {mask_pad}:
+                batch["labels"][batch["attention_mask"] == 0] = -100
+            return batch
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer(tok):
+        return tok
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(tok):
+        return Collate(tok)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(tok):
+        return tiny.tokenized(tok)
+"""
+
+TRL_SFT = HEAD.format(pad="tiny.PAD") + """
+    from trl import SFTConfig, SFTTrainer
+
+    MESSAGES = [[{{"role": "user", "content": p}}, {{"role": "assistant", "content": c.strip()}}]
+                for p, c in zip(tiny.PROMPTS, tiny.COMPLETIONS)]
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tok, tmp_path_factory):
+        if {messages}:
+            ds = Dataset.from_dict({{"messages": MESSAGES * 2}})
+        else:
+            ds = Dataset.from_dict({{"prompt": tiny.PROMPTS * 2, "completion": tiny.COMPLETIONS * 2}})
+        args = tiny.trainer_args(tmp_path_factory.mktemp("out"), SFTConfig, {kwargs})
+        return SFTTrainer(model=tiny.llama(tok), args=args, train_dataset=ds, processing_class=tok)
+"""
+
+# a hand collator over conversations: chat template applied, labels copied (padding masked)
+CHAT_COLLATOR = HEAD.format(pad="tiny.PAD") + """
+    MESSAGES = [[{"role": "system", "content": "be brief"}, {"role": "user", "content": p},
+                 {"role": "assistant", "content": c.strip()}] for p, c in zip(tiny.PROMPTS, tiny.COMPLETIONS)]
+
+    class ChatCollator:
+        def __init__(self, tok):
+            self.tok = tok
+
+        def __call__(self, rows):
+            enc = [self.tok.apply_chat_template(r["messages"], tokenize=True, return_dict=True) for r in rows]
+            batch = self.tok.pad([{"input_ids": e["input_ids"]} for e in enc], return_tensors="pt")
+            batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+            return batch
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer(tok):
+        return tok
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(tok):
+        return ChatCollator(tok)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return [{"messages": m} for m in MESSAGES * 2]
+"""
+
+
+def flat(text):
+    """The failure text with its line wrapping undone."""
+    return " ".join(text.split())
+
+
+# ---- buggy ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("conftest", [HF_LM_COLLATOR_ON_PROMPT_COMPLETION, HF_LM_COLLATOR_FIXTURES],
+                         ids=["trainer", "raw_dataset"])
+def test_hf_lm_collator_trains_the_prompt(project, conftest):
+    project.conftest(conftest)
+    run = project.run("--dlcheck=L2")
+    run.assert_outcome("L2", "failed")
+    text = flat(run.section("L2"))
+    assert "8 of 8 sampled prompt/completion examples supervise prompt tokens" in text
+    assert "supervised: 'what is 2+2? The answer is 4.<|endoftext|>'" in text
+    assert "expected only: ' The answer is 4.'" in text
+    assert "(prompt text: 'what is 2+2?')" in text
+    assert "labels on the prompt: 'w'(93)→93, 'hat'(274)→274" in text
+    assert "DataCollatorForLanguageModeling(mlm=False) copies input_ids into labels" in text
+    assert "completion_only_loss" in text and "labels[:n_prompt] = -100" in text
+    assert "Traceback" not in run.text
+
+
+def test_user_collator_tokenizing_prompt_plus_completion(project):
+    project.conftest(user_collator(mask="none"))
+    run = project.run("--dlcheck=L2")
+    run.assert_outcome("L2", "failed")
+    text = flat(run.section("L2"))
+    assert "8 of 8 sampled prompt/completion examples supervise prompt tokens" in text
+    assert "labels are a copy of input_ids over the whole example" in text
+
+
+def test_prompt_masking_that_stops_short(project):
+    project.conftest(user_collator(mask="short"))
+    run = project.run("--dlcheck=L2")
+    run.assert_outcome("L2", "failed")
+    text = flat(run.section("L2"))
+    assert "supervise prompt tokens: 16 of 42 prompt positions carry labels != -100" in text
+    assert "masking stops short" in text
+
+
+def test_formatted_prompt_located_by_its_text(project):
+    # "### Question: {prompt}\n### Answer:{completion}": the prompt is found in the decoded example
+    project.conftest(user_collator(template=FORMATTED, mask="none"))
+    run = project.run("--dlcheck=L2")
+    run.assert_outcome("L2", "failed")
+    text = flat(run.section("L2"))
+    assert "8 of 8 sampled prompt/completion examples supervise prompt tokens" in text
+    assert "'### Question: what is 2+2?\\n### Answer: The answer is 4.<|endoftext|>'" in text
+
+
+def test_hand_collator_supervises_padding(project):
+    project.conftest(HAND_PAD_COLLATOR.replace("{pad}", "tiny.EOS").replace("{mask_pad}", "False"))
+    run = project.run("--dlcheck=L2")
+    run.assert_outcome("L2", "failed")
+    text = flat(run.section("L2"))
+    assert "sampled examples supervise padding" in text
+    assert "positions with attention_mask 0 have labels != -100 (label values there: 0 ('<|endoftext|>')" in text
+    assert "'<|endoftext|>'(0)→0" in text
+    assert "copies input_ids into labels and never sets the padding to -100" in text
+    assert "pad_token == eos_token" in text
+    assert "labels[attention_mask == 0] = -100" in text
+
+
+def test_chat_collator_trains_user_turns(project):
+    project.conftest(CHAT_COLLATOR)
+    run = project.run("--dlcheck=L2")
+    run.assert_outcome("L2", "failed")
+    text = flat(run.section("L2"))
+    assert "sampled messages examples supervise user/system-turn tokens" in text
+    assert "assistant_only_loss=True" in text and "{% generation %}" in text
+
+
+# ---- clean twins ----------------------------------------------------------------------------------
+
+
+def test_trl_sft_prompt_completion_is_completion_only(project):
+    project.conftest(TRL_SFT.format(messages=False, kwargs=""))
+    run = project.run("--dlcheck=L2")
+    run.assert_outcome("L2", "passed")
+
+
+def test_trl_sft_assistant_only_loss_on_messages(project):
+    project.conftest(TRL_SFT.format(messages=True, kwargs="assistant_only_loss=True"))
+    run = project.run("--dlcheck=L2")
+    run.assert_outcome("L2", "passed")
+
+
+def test_hand_collator_masking_prompt_and_padding(project):
+    project.conftest(user_collator(mask="full"))
+    run = project.run("--dlcheck=L2")
+    run.assert_outcome("L2", "passed")
+
+
+@pytest.mark.parametrize("template,shift", [(FORMATTED, False), (PLAIN, True)])
+def test_formatted_or_pre_shifted_labels_masking_the_prompt(project, template, shift):
+    project.conftest(user_collator(template=template, mask="full", shift=shift))
+    run = project.run("--dlcheck=L2")
+    run.assert_outcome("L2", "passed")
+
+
+def test_pad_eq_eos_masked_by_attention_is_fine(project):
+    project.conftest(HAND_PAD_COLLATOR.replace("{pad}", "tiny.EOS").replace("{mask_pad}", "True"))
+    run = project.run("--dlcheck=L2")
+    run.assert_outcome("L2", "passed")
+
+
+def test_packed_batches_without_split_skip_naming_why(project):
+    project.conftest(HEAD.format(pad="tiny.PAD") + """
+    from transformers import DataCollatorWithFlattening
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer(tok):
+        return tok
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator():
+        return DataCollatorWithFlattening()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(tok):
+        return tiny.tokenized(tok)
+""")
+    run = project.run("--dlcheck=L2")
+    run.assert_outcome("L2", "skipped")
+    assert "no attention_mask to tell padding, and the data has no prompt/completion or messages split" in run.text
+
+
+# ---- explicit opt-outs ----------------------------------------------------------------------------
+
+
+def test_setting_opts_out_of_completion_only(project):
+    project.conftest(HF_LM_COLLATOR_ON_PROMPT_COMPLETION)
+    run = project.run("--dlcheck=L2", "--dlcheck-set", "L2.completion_only=false")
+    run.assert_outcome("L2", "passed")
+
+
+@pytest.mark.parametrize("messages,kwargs", [(False, "completion_only_loss=False"), (True, "")])
+def test_trl_full_sequence_training_is_respected(project, messages, kwargs):
+    project.conftest(TRL_SFT.format(messages=messages, kwargs=kwargs))
+    run = project.run("--dlcheck=L2")
+    run.assert_outcome("L2", "passed")
