@@ -52,6 +52,13 @@ def expected_mask(ids: Sequence[int], mask: Sequence[int], example: Sequence[int
     return min(candidates, key=lambda exp: sum(a != bool(b) for a, b in zip(exp, mask)))
 
 
+def added_by_collator(ids: Sequence[int], expected: Sequence[int], p: int, specials: set[int | None]) -> bool:
+    """An EOS/BOS right after (or before) the example's tokens is one the collator added: content, even
+    when pad == eos. (Tokens other than the pad ids are never padding at all.)"""
+    ones = [i for i, a in enumerate(expected) if a]
+    return bool(ones) and p in (ones[0] - 1, ones[-1] + 1) and ids[p] in specials
+
+
 def structural(ids: Sequence[int], mask: Sequence[int], fill: set[int],
                min_extra: int = 1) -> tuple[list[int], list[int]]:
     """(real positions masked, padding positions unmasked) of a row whose true length is unknown:
@@ -114,6 +121,7 @@ def _show(tok: Any, row: lm.Row, positions: Sequence[int], limit: int = 6) -> st
 @check(
     "L14",
     domain="llm",
+    property_mode=True,
     title="attention mask disagrees with padding",
     roles=("tokenizer", "dataloader"),
 )
@@ -177,7 +185,8 @@ def check_attention_mask(dlcheck):
         if exp is not None:
             by_length += 1
             bad_zero = [p for p, (a, m) in enumerate(zip(exp, mask)) if a and not m]
-            bad_one = [p for p, (a, m) in enumerate(zip(exp, mask)) if m and not a]
+            bad_one = [p for p, (a, m) in enumerate(zip(exp, mask)) if m and not a and row.input_ids[p] in fill]
+            bad_one = [p for p in bad_one if not added_by_collator(row.input_ids, exp, p, {eos, lm.special_id(tok, "bos")})]
             true_len = sum(exp)
         else:
             bad_zero, bad_one = structural(row.input_ids, mask, fill, min_extra)

@@ -475,6 +475,7 @@ def _is_hf_lm_collator(collator: Any) -> bool:
 @check(
     "L2",
     domain="llm",
+    property_mode=True,
     title="labels not -100 on padding or on the prompt",
     roles=("tokenizer", "dataloader"),
     optional_roles=("raw_dataset", "training_args", "collator"),

@@ -109,6 +109,7 @@ def _infer_limit(examples: list[Example], eos: int | None) -> int | None:
 @check(
     "L13",
     domain="llm",
+    property_mode=True,
     title="truncation removes all supervision or the EOS",
     roles=("tokenizer", "dataloader"),
     optional_roles=("raw_dataset", "training_args", "trainer"),

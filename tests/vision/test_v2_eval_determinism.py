@@ -1,0 +1,130 @@
+"""V2: deterministic eval transform; the eval function puts the model in eval mode."""
+
+import pytest
+import tiny_vision  # noqa: F401  (torchvision, timm and the plugin's roles imported once, outside the runs)
+from tiny_vision import section
+
+EVAL_DATA = """
+    import pytest, torch, tiny_vision as tv
+    from torchvision.transforms import v2 as T
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataset():
+        return tv.Shapes([i % 4 for i in range(8)], transform=T.Compose([
+            T.ToImage(), {crop}, T.ToDtype(torch.float32, scale=True), T.Normalize(list(tv.IMAGENET_MEAN), list(tv.IMAGENET_STD))]))
+"""
+
+
+@pytest.mark.parametrize("crop, outcome", [("T.RandomResizedCrop(32)", "failed"), ("T.Resize(36), T.CenterCrop(32)", "passed")])
+def test_random_resized_crop_in_the_eval_transform(project, crop, outcome):
+    project.conftest(EVAL_DATA.format(crop=crop))
+    run = project.run("--dlcheck=V2")
+    run.assert_outcome("V2", outcome)
+    if outcome == "failed":
+        text = section(run, "V2")
+        assert "dlcheck_eval_dataset[0] read twice: max |Δ|" in text
+        assert "% of pixel values differ" in text
+        assert "random transforms in the eval transform: RandomResizedCrop(size=(32, 32)" in text
+        assert "the eval transform applies RandomResizedCrop" in text  # cause
+        assert "T.Resize(size) + T.CenterCrop(crop) instead of RandomResizedCrop" in text  # fix
+
+
+def test_random_split_shares_the_train_augmentation(project):
+    project.conftest("""
+        import pytest, torch, tiny_vision as tv
+        from torch.utils.data import random_split
+
+        @pytest.fixture(scope="session")
+        def splits():
+            full = tv.Shapes([i % 4 for i in range(24)], transform=tv.classification_tf(train=True))
+            return random_split(full, [16, 8], generator=torch.Generator().manual_seed(0))
+
+        @pytest.fixture(scope="session")
+        def dlcheck_dataset(splits):
+            return splits[0]
+
+        @pytest.fixture(scope="session")
+        def dlcheck_eval_dataset(splits):
+            return splits[1]
+    """)
+    run = project.run("--dlcheck=V2")
+    run.assert_outcome("V2", "failed")
+    text = section(run, "V2")
+    assert "Subsets of one dataset object, so they share its transform" in text
+    assert "inherits its random augmentation" in text
+
+
+EVAL_FN = """
+    import pytest, torch, tiny_vision as tv
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model():
+        return tv.resnet18(4)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataset():
+        return tv.Shapes([i % 4 for i in range(8)], transform=tv.classification_tf(train=False))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_fn():
+        def evaluate(model, loader):
+            {set_mode}
+            correct = 0
+            with torch.no_grad():
+                for images, labels in loader:
+                    correct += (model(images).argmax(1) == labels).sum().item()
+            return correct
+        return evaluate
+"""
+
+
+@pytest.mark.parametrize("set_mode, outcome", [("pass", "failed"), ("model.eval()", "passed")])
+def test_eval_function_without_model_eval(project, set_mode, outcome):
+    project.conftest(EVAL_FN.format(set_mode=set_mode))
+    run = project.run("--dlcheck=V2")
+    run.assert_outcome("V2", outcome)
+    if outcome == "failed":
+        text = section(run, "V2")
+        assert "dlcheck_eval_fn ran 20 BatchNorm2d modules in training mode (e.g. bn1)" in text
+        assert "it moved the BatchNorm running_mean of 20 of 20 layers" in text
+        assert "runs the model in training mode" in text  # cause
+        assert "call model.eval() at the start of the eval function" in text  # fix
+
+
+def test_detection_eval_without_model_eval_raises_in_training_mode(project):
+    project.conftest("""
+        import pytest, torch, tiny_vision as tv
+
+        @pytest.fixture(scope="session")
+        def dlcheck_model():
+            return tv.fasterrcnn(3)
+
+        @pytest.fixture(scope="session")
+        def dlcheck_eval_dataloader():
+            ds = tv.ShapesDetection(4, transforms=tv.detection_tf(train=False))
+            return torch.utils.data.DataLoader(ds, batch_size=2, collate_fn=tv.detection_collate)
+
+        @pytest.fixture(scope="session")
+        def dlcheck_eval_fn():
+            def evaluate(model, loader):
+                with torch.no_grad():
+                    return [model(list(images)) for images, _ in loader]
+            return evaluate
+    """)
+    run = project.run("--dlcheck=V2")
+    run.assert_outcome("V2", "failed")
+    text = section(run, "V2")
+    assert "dlcheck_eval_fn raised AssertionError: targets should not be none when in training mode" in text
+
+
+def test_nothing_to_judge_skips(project):
+    project.conftest("""
+        import pytest, tiny_vision as tv
+
+        @pytest.fixture(scope="session")
+        def dlcheck_model():
+            return tv.resnet18(4)
+    """)
+    run = project.run("--dlcheck=V2")
+    run.assert_outcome("V2", "skipped")
+    assert "dlcheck_eval_dataloader or dlcheck_eval_dataset" in run.text

@@ -1,0 +1,66 @@
+"""V4: detections survive post-processing; anchors can reach the objects."""
+
+import pytest
+import tiny_vision  # noqa: F401  (torchvision, timm and the plugin's roles imported once, outside the runs)
+from tiny_vision import section
+
+PROJECT = """
+    import pytest, torch, tiny_vision as tv
+    from torchvision.models.detection import FasterRCNN
+    from torchvision.models.detection.anchor_utils import AnchorGenerator
+    from torchvision.models.detection.backbone_utils import mobilenet_backbone
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model():
+        {model}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return tv.ShapesDetection(8, transforms=tv.detection_tf(train=True))
+"""
+
+WITH_ANCHORS = """torch.manual_seed(0)
+        backbone = mobilenet_backbone(backbone_name="mobilenet_v3_large", weights=None, fpn=True, trainable_layers=6)
+        anchors = AnchorGenerator(({sizes},) * 3, ((0.5, 1.0, 2.0),) * 3)
+        return FasterRCNN(backbone, num_classes=3, rpn_anchor_generator=anchors, min_size=64, max_size=96)"""
+
+
+@pytest.mark.parametrize("thresh, outcome", [(0.99, "failed"), (0.05, "passed")])
+def test_box_score_thresh_removes_every_detection(project, thresh, outcome):
+    project.conftest(PROJECT.format(model=f"return tv.fasterrcnn(3, box_score_thresh={thresh})"))
+    run = project.run("--dlcheck=V4")
+    run.assert_outcome("V4", outcome)
+    if outcome == "failed":
+        text = section(run, "V4")
+        assert "0 of 4 sampled images keep a detection after post-processing" in text
+        assert "proposals × 2 foreground classes" in text and "0 above box_score_thresh=0.99" in text
+        assert "box_score_thresh=0.99 removes every candidate before NMS (the best score is 0." in text
+        assert "box_score_thresh=0.05 (torchvision's default)" in text
+
+
+@pytest.mark.parametrize("sizes, outcome", [("(256, 512)", "failed"), ("(16, 32, 64)", "passed")])
+def test_anchor_sizes_far_from_the_objects(project, sizes, outcome):
+    project.conftest(PROJECT.format(model=WITH_ANCHORS.format(sizes=sizes)))
+    run = project.run("--dlcheck=V4")
+    run.assert_outcome("V4", outcome)
+    if outcome == "failed":
+        text = section(run, "V4")
+        assert "100% of" in text and "sampled ground-truth boxes have best anchor IoU < 0.2" in text
+        assert "after the model's resize" in text and "best anchor [" in text
+        assert "model anchors: AnchorGenerator sizes [256, 512], aspect ratios [0.5, 1.0, 2.0]" in text
+        assert "images resized to min_size=(64,), max_size=96" in text
+        assert "anchor sizes are far from the object sizes" in text
+        assert "rpn_anchor_generator=AnchorGenerator(((" in text
+
+
+def test_not_a_detector_skips(project):
+    project.conftest("""
+        import pytest, tiny_vision as tv
+
+        @pytest.fixture(scope="session")
+        def dlcheck_model():
+            return tv.resnet18(4)
+    """)
+    run = project.run("--dlcheck=V4")
+    run.assert_outcome("V4", "skipped")
+    assert "not a torchvision detection model" in run.text

@@ -1,0 +1,111 @@
+"""V8: geometric augmentation moves the boxes/masks with the image."""
+
+import pytest
+import tiny_vision  # noqa: F401  (torchvision, timm and the plugin's roles imported once, outside the runs)
+from tiny_vision import section
+
+DETECTION = """
+    import pytest, torch, tiny_vision as tv
+    from torchvision.transforms import v2 as T
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        tf = T.Compose([T.ToImage(), T.RandomHorizontalFlip(), T.ToDtype(torch.float32, scale=True)])
+        return tv.ShapesDetection(8, {how}=tf)
+"""
+
+
+@pytest.mark.parametrize("how, outcome", [("transform", "failed"), ("transforms", "passed")])
+def test_horizontal_flip_applied_to_the_image_only(project, how, outcome):
+    # transform= is applied to the image alone (a StandardTransform); transforms= gets (image, target)
+    project.conftest(DETECTION.format(how=how))
+    run = project.run("--dlcheck=V8")
+    run.assert_outcome("V8", outcome)
+    if outcome == "failed":
+        text = section(run, "V8")
+        assert "synthetic 128×96 image, object at [12.0, 12.0, 44.0, 40.0] with a matching box" in text
+        assert "the object is at [84.0, 12.0, 116.0, 40.0] in the 128×96 output but the target has box " \
+               "[12.0, 12.0, 44.0, 40.0] (IoU 0.00)" in text
+        assert "trials leave the target behind; train transform: ToImage → RandomHorizontalFlip" in text
+        assert "the dataset was given transform= (image only) with target_transform=None" in text
+        assert "pass a joint transforms=T.Compose([...])" in text
+
+
+SEGMENTATION = """
+    import pytest, torch, tiny_vision as tv
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return tv.ShapesSegmentation(8, mask={mask!r}, transforms=tv.segmentation_tf(train=True))
+"""
+
+
+@pytest.mark.parametrize("mask, outcome", [("plain", "failed"), ("tv", "passed")])
+def test_plain_tensor_masks_are_not_flipped_by_transforms_v2(project, mask, outcome):
+    project.conftest(SEGMENTATION.format(mask=mask))
+    run = project.run("--dlcheck=V8")
+    run.assert_outcome("V8", outcome)
+    if outcome == "failed":
+        text = section(run, "V8")
+        assert "with a matching mask (Tensor target shaped like dlcheck_dataset[0])" in text
+        assert "the object covers [84.0, 12.0, 116.0, 40.0] in the output but the mask covers [12.0, 12.0, 44.0, 40.0]" in text
+        assert "the masks are plain tensors, which transforms v2 pass through untouched" in text
+        assert "tv_tensors.Mask(mask)" in text
+
+
+CUSTOM = """
+    import random, pytest, torch, tiny_vision as tv
+    from torchvision.transforms import v2 as T
+
+    class FlippingDataset(torch.utils.data.Dataset):
+        # a hand-written dataset that flips at random, without torchvision's joint transforms
+        def __init__(self):
+            self.inner = tv.ShapesDetection(8, boxes="plain", transforms=T.Compose([T.ToImage(), T.ToDtype(torch.float32, scale=True)]))
+
+        def __len__(self):
+            return len(self.inner)
+
+        def __getitem__(self, i):
+            image, target = self.inner[i]
+            if random.random() < 0.5:
+                image = image.flip(-1)
+                {flip_boxes}
+            return image, target
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return FlippingDataset()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_box_format():
+        return "xyxy"
+"""
+
+FLIP_BOXES = """w = image.shape[-1]
+                b = target["boxes"].clone()
+                target["boxes"] = torch.stack([w - b[:, 2], b[:, 1], w - b[:, 0], b[:, 3]], dim=1)"""
+
+
+@pytest.mark.parametrize("flip_boxes, outcome", [("", "failed"), (FLIP_BOXES, "passed")])
+def test_custom_dataset_flips_the_image_not_the_boxes(project, flip_boxes, outcome):
+    project.conftest(CUSTOM.format(flip_boxes=flip_boxes))
+    run = project.run("--dlcheck=V8")
+    run.assert_outcome("V8", outcome)
+    if outcome == "failed":
+        text = section(run, "V8")
+        assert "] read 6 times: one read is the other mirrored horizontally (correlation 1.00 after flipping back" in text
+        assert "but its target is identical: boxes [" in text
+        assert "the dataset flips the image but not its boxes/masks" in text
+
+
+def test_classification_has_nothing_to_move(project):
+    project.conftest("""
+        import pytest, tiny_vision as tv
+
+        @pytest.fixture(scope="session")
+        def dlcheck_dataset():
+            return tv.Shapes([0, 1, 2, 3], transform=tv.classification_tf(train=True))
+    """)
+    run = project.run("--dlcheck=V8")
+    run.assert_outcome("V8", "skipped")
+    assert "no boxes or masks" in run.text
