@@ -32,6 +32,9 @@ import pytest_dlcheck.context  # noqa: E402,F401
 import pytest_dlcheck.fixtures  # noqa: E402,F401
 import pytest_dlcheck.html  # noqa: E402,F401
 import pytest_dlcheck.property  # noqa: E402,F401
+import pytest_dlcheck.strategies  # noqa: E402,F401
+import hypothesis.internal.observability  # noqa: E402,F401  (imported by hypothesis' plugin at summary time)
+import hypothesis.strategies._internal.flatmapped  # noqa: E402,F401
 from pytest_dlcheck import registry  # noqa: E402
 
 registry.load_checks()

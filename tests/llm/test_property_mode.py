@@ -1,0 +1,118 @@
+"""--dlcheck-property: real collators whose bug only generated inputs reveal fail in property mode with
+a shrunk counter-example while sampled mode misses them; their correct twins pass both."""
+
+COLLATORS = '''
+    import pytest, tiny, torch
+
+    def pad_batch(tok, seqs, labels):
+        width = max(map(len, seqs))
+        pad = tok.pad_token_id
+        ids = torch.tensor([s + [pad] * (width - len(s)) for s in seqs])
+        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in seqs])
+        lab = torch.tensor([l + [-100] * (width - len(l)) for l in labels])
+        return {"input_ids": ids, "attention_mask": mask, "labels": lab}
+
+    class EosThenTruncate:
+        """Appends EOS, then truncates: an example of exactly max_length tokens loses its EOS."""
+        def __init__(self, tok, max_length=16):
+            self.tok, self.max_length = tok, max_length
+        def __call__(self, rows):
+            seqs = [(list(r["input_ids"]) + [self.tok.eos_token_id])[: self.max_length] for r in rows]
+            return pad_batch(self.tok, seqs, seqs)
+
+    class TruncateThenEos(EosThenTruncate):
+        def __call__(self, rows):
+            seqs = [list(r["input_ids"])[: self.max_length - 1] + [self.tok.eos_token_id] for r in rows]
+            return pad_batch(self.tok, seqs, seqs)
+
+    class CompletionOnly:
+        """Masks everything up to the response template; {search_from} is where it starts looking."""
+        template = " Answer:"
+        def __init__(self, tok):
+            self.tok = tok
+            self.template_ids = tok(self.template)["input_ids"]
+        def __call__(self, rows):
+            seqs, labels = [], []
+            for r in rows:
+                ids = self.tok(r["prompt"] + self.template + r["completion"] + self.tok.eos_token)["input_ids"]
+                n = len(self.template_ids)
+                starts = [i for i in range({search_from}, len(ids) - n + 1) if ids[i:i + n] == self.template_ids]
+                # like the old completion-only collators: no template found -> the whole example is ignored
+                cut = starts[0] + n if starts else len(ids)
+                seqs.append(ids)
+                labels.append([-100] * cut + ids[cut:])
+            return pad_batch(self.tok, seqs, labels)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+'''
+
+TOKENIZED = '''
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_tokenizer):
+        return [dlcheck_tokenizer(t) for t in ["hello world", "what is 2+2?", "a b c d", "Name a colour."]]
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        return {collator}(dlcheck_tokenizer)
+'''
+
+PAIRS = '''
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return [{{"prompt": p, "completion": c}} for p, c in zip(tiny.PROMPTS, tiny.COMPLETIONS)]
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        return CompletionOnly(dlcheck_tokenizer)
+'''
+
+
+def conftest(search_from=0, data=TOKENIZED, collator="TruncateThenEos"):
+    return COLLATORS.replace("{search_from}", str(search_from)) + data.format(collator=collator)
+
+
+def test_eos_appended_after_truncation_is_lost_at_exactly_max_length(project):
+    project.conftest(conftest(collator="EosThenTruncate"))
+    run = project.run("--dlcheck=L13", "--dlcheck-property", "--dlcheck-property-examples=30")
+    run.assert_outcome("L13", "passed")  # the sampled examples are all shorter than max_length
+    run.assert_outcome("L13[property]", "failed")
+    text = run.section("L13")
+    assert "property mode: Hypothesis generated" in text and "shrank the failure" in text
+    assert "max_length 16" in text and "generated examples: [{'input_ids'" in text
+
+
+def test_truncating_before_appending_eos_passes(project):
+    project.conftest(conftest(collator="TruncateThenEos"))
+    run = project.run("--dlcheck=L2,L11,L13,L14", "--dlcheck-property", "--dlcheck-property-examples=30")
+    assert run.result.ret == 0, run.text
+    assert run.outcome("L13[property]") == "passed"
+
+
+def test_completion_masker_that_misses_a_template_at_position_zero(project):
+    # searching from 1 skips a response template that starts the sequence (an empty prompt)
+    project.conftest(conftest(search_from=1, data=PAIRS))
+    run = project.run("--dlcheck=L13", "--dlcheck-property", "--dlcheck-property-examples=40")
+    run.assert_outcome("L13", "passed")
+    run.assert_outcome("L13[property]", "failed")
+    text = run.section("L13")
+    assert "no supervised token" in text or "every label -100" in text or "zero" in text
+    assert "'prompt': ''" in text
+
+
+def test_completion_masker_searching_from_zero_passes(project):
+    project.conftest(conftest(search_from=0, data=PAIRS))
+    run = project.run("--dlcheck=L2,L13", "--dlcheck-property", "--dlcheck-property-examples=40")
+    assert run.result.ret == 0, run.text
+    run.assert_outcome("L13[property]", "passed")
+
+
+def test_property_mode_is_off_by_default_and_deterministic(project):
+    project.conftest(conftest(collator="EosThenTruncate"))
+    run = project.run("--dlcheck=L13")
+    assert "L13[property]" not in run.outcomes
+    first = project.run("--dlcheck=L13", "--dlcheck-property", "--dlcheck-property-examples=30").section("L13")
+    second = project.run("--dlcheck=L13", "--dlcheck-property", "--dlcheck-property-examples=30").section("L13")
+    assert first == second
+    assert not (project.pytester.path / ".hypothesis").exists()  # no example database in the user's repo
