@@ -1,0 +1,249 @@
+"""L4: packed documents must not attend to each other, and no document's first token is a target."""
+
+import torch._dynamo  # noqa: F401  (torch.manual_seed imports it lazily; inside an in-process run it breaks the next)
+
+import pytest_dlcheck.context  # noqa: F401  (imported once here, so that MISSING and the roles survive pytester's
+from pytest_dlcheck import registry  # sys.modules restore between in-process runs)
+
+registry.load_checks()
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+COMMON = """
+    import pytest, torch, tiny
+    from transformers import DataCollatorWithFlattening
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_tokenizer):
+        return tiny.tokenized(dlcheck_tokenizer)
+"""
+
+MODEL = """
+    @pytest.fixture(scope="session")
+    def dlcheck_model(dlcheck_tokenizer):
+        model = tiny.{arch}(dlcheck_tokenizer)
+        model.config.use_cache = {use_cache}
+        return model
+"""
+
+
+def packer_project(collator: str, arch: str = "llama", use_cache: bool = False) -> str:
+    return COMMON + MODEL.format(arch=arch, use_cache=use_cache) + collator
+
+
+NAIVE = """
+    @pytest.fixture(scope="session")
+    def dlcheck_collator():
+        def concatenate(rows):
+            # documents joined with EOS (tiny.tokenized appends it), no position_ids restart, labels = input_ids
+            ids = [t for r in rows for t in r["input_ids"]]
+            return {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+                    "labels": torch.tensor([ids])}
+        return concatenate
+"""
+
+RESTART_NO_MASKED_LABEL = """
+    @pytest.fixture(scope="session")
+    def dlcheck_collator():
+        def pack(rows):
+            ids = [t for r in rows for t in r["input_ids"]]
+            pos = [p for r in rows for p in range(len(r["input_ids"]))]
+            return {"input_ids": torch.tensor([ids]), "position_ids": torch.tensor([pos]), "labels": torch.tensor([ids])}
+        return pack
+"""
+
+FLATTENING = """
+    @pytest.fixture(scope="session")
+    def dlcheck_collator():
+        return DataCollatorWithFlattening()
+"""
+
+FLATTENING_WITH_MASK = """
+    @pytest.fixture(scope="session")
+    def dlcheck_collator():
+        flatten = DataCollatorWithFlattening()
+
+        def collate(rows):
+            batch = flatten(rows)
+            batch["attention_mask"] = torch.ones_like(batch["input_ids"])
+            return batch
+        return collate
+"""
+
+
+def test_naive_concatenation_leaks(project):
+    project.conftest(packer_project(NAIVE, "gpt2"))
+    run = project.run("--dlcheck=L4")
+    run.assert_outcome("L4", "failed")
+    text = flat(run.section("L4"))
+    assert "2 packed rows holding 8 documents (found by EOS separators ('<|endoftext|>', id 0)" in text
+    assert "later documents lose differently inside the packed row than alone" in text
+    assert "packed 5." in text and ", alone 5." in text and "(Δ 0.0" in text
+    assert "<|endoftext|>'" in text  # the document, decoded
+    assert "the same documents match alone: Δ at most" in text
+    assert "later document starts are supervised" in text
+    assert "'<|endoftext|>'(0)→0" in text  # the boundary: EOS, then the next document's first token is a target
+    assert "concatenated with EOS and nothing marks their boundaries" in text
+    assert "DataCollatorWithFlattening()" in text and "L4.allow_cross_document=true" in text
+    assert "Traceback" not in run.text
+
+
+def test_naive_concatenation_allowed_for_stream_pretraining(project):
+    project.conftest(packer_project(NAIVE, "gpt2"))
+    run = project.run("--dlcheck=L4", "--dlcheck-set", "L4.allow_cross_document=true")
+    run.assert_outcome("L4", "skipped")
+    assert "allowed by L4.allow_cross_document" in run.text
+
+
+def test_restarting_packer_that_supervises_document_starts(project):
+    project.conftest(packer_project(RESTART_NO_MASKED_LABEL))
+    run = project.run("--dlcheck=L4")
+    run.assert_outcome("L4", "failed")
+    text = flat(run.section("L4"))
+    assert "found by position_ids restarts" in text
+    assert "lose differently" not in text  # attention is isolated; only the labels are wrong
+    assert "6 of 6 later document starts are supervised" in text
+    assert "boundary at token" in text and "'<|endoftext|>'(0)→0" in text
+    assert "labels[start] = -100" in text
+
+
+def test_flattening_with_use_cache_leaks_in_a_custom_loop(project):
+    project.conftest(packer_project(FLATTENING, use_cache=True))
+    run = project.run("--dlcheck=L4")
+    run.assert_outcome("L4", "failed")
+    text = flat(run.section("L4"))
+    assert "found by position_ids restarts" in text
+    assert "of 6 later documents lose differently inside the packed row than alone" in text
+    assert "model.config.use_cache=True" in text
+    assert "model.config.use_cache = False" in text
+    assert "document starts are supervised" not in text  # DataCollatorWithFlattening masks every document start
+
+
+def test_flattening_with_attention_mask_leaks(project):
+    project.conftest(packer_project(FLATTENING_WITH_MASK))
+    run = project.run("--dlcheck=L4")
+    run.assert_outcome("L4", "failed")
+    text = flat(run.section("L4"))
+    assert "carries an attention_mask" in text and "drop attention_mask" in text
+
+
+def test_flattening_without_cache_isolates_documents(project):
+    project.conftest(packer_project(FLATTENING, "llama"))
+    run = project.run("--dlcheck=L4")
+    run.assert_outcome("L4", "passed")
+
+
+def test_flattening_gpt2_without_cache_isolates_documents(project):
+    project.conftest(packer_project(FLATTENING, "gpt2"))
+    run = project.run("--dlcheck=L4")
+    run.assert_outcome("L4", "passed")
+
+
+def test_flattening_under_the_hf_trainer_passes(project):
+    # the model comes with config.use_cache=True; Trainer.__init__ sets it from TrainingArguments.use_cache=False
+    project.conftest("""
+        import pytest, tiny
+        from transformers import DataCollatorWithFlattening, Trainer
+
+        @pytest.fixture(scope="session")
+        def dlcheck_trainer(tmp_path_factory):
+            tok = tiny.tokenizer()
+            return Trainer(model=tiny.llama(tok), args=tiny.trainer_args(tmp_path_factory.mktemp("hf")),
+                           data_collator=DataCollatorWithFlattening(), train_dataset=tiny.tokenized(tok),
+                           processing_class=tok)
+    """)
+    run = project.run("--dlcheck=L4")
+    run.assert_outcome("L4", "passed")
+
+
+def test_trl_sft_packing_passes(project):
+    project.conftest("""
+        import pytest, tiny
+        from datasets import Dataset
+        from trl import SFTConfig, SFTTrainer
+
+        @pytest.fixture(scope="session")
+        def dlcheck_trainer(tmp_path_factory):
+            tok = tiny.tokenizer()
+            ds = Dataset.from_dict({"text": [t + tok.eos_token for t in tiny.texts(8)]})
+            args = tiny.trainer_args(tmp_path_factory.mktemp("sft"), SFTConfig, packing=True, max_length=64)
+            return SFTTrainer(model=tiny.llama(tok), args=args, train_dataset=ds, processing_class=tok)
+    """)
+    run = project.run("--dlcheck=L4")
+    run.assert_outcome("L4", "passed")
+
+
+def test_unpacked_padded_batches_skip(project):
+    project.conftest(COMMON + MODEL.format(arch="llama", use_cache=True) + """
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        from transformers import DataCollatorForLanguageModeling
+        return DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)
+    """)
+    run = project.run("--dlcheck=L4")
+    run.assert_outcome("L4", "skipped")
+    assert "no packed row among the 8 sampled rows" in run.text
+
+
+def test_eos_ending_chat_turns_is_not_packing(project):
+    # a Qwen-style template ends every turn with the EOS token: a multi-turn chat is one document
+    project.conftest(COMMON.replace("return tiny.tokenizer()", """tok = tiny.tokenizer()
+        tok.chat_template = tiny.CHAT_TEMPLATE.replace("<|end|>", "<|endoftext|>")
+        return tok""") + MODEL.format(arch="llama", use_cache=True) + NAIVE)
+    run = project.run("--dlcheck=L4")
+    run.assert_outcome("L4", "skipped")
+    assert "EOS is not read as a separator: the chat template ends turns with the EOS token" in run.text
+
+
+def test_isolated_positions_restart_at_documents_and_padding():
+    from pytest_dlcheck import lm
+    from pytest_dlcheck.checks.llm.packing import _isolated_positions, _split_by_eos
+
+    row = lm.Row(0, 0, [1, 0, 2, 3, 0, 9, 9], [1, 1, 1, 1, 1, 0, 0], None, None)
+    docs = _split_by_eos(row, eos=0, pad=9)
+    assert docs == [[0, 1], [2, 3, 4]]
+    pos = _isolated_positions([row], {0: docs}, 7)
+    assert pos.tolist() == [[0, 1, 0, 1, 2, 0, 1]]
+    left = lm.Row(0, 0, [9, 9, 5, 6], [0, 0, 1, 1], None, None)
+    assert _isolated_positions([left], {}, 4).tolist() == [[0, 1, 0, 1]]
+
+
+def test_grpo_trainer_is_not_packed(project):
+    project.conftest("""
+        import pytest, tiny
+        from datasets import Dataset
+        from trl import GRPOConfig, GRPOTrainer
+
+        @pytest.fixture(scope="session")
+        def dlcheck_trainer(tmp_path_factory):
+            tok = tiny.tokenizer()
+            args = tiny.trainer_args(tmp_path_factory.mktemp("grpo"), GRPOConfig, num_generations=2,
+                                     max_completion_length=8, beta=0.0, per_device_train_batch_size=4)
+            return GRPOTrainer(model=tiny.llama(tok), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+                               args=args, train_dataset=Dataset.from_dict({"prompt": tiny.PROMPTS}), processing_class=tok)
+    """)
+    run = project.run("--dlcheck=L4,L5")
+    run.assert_outcome("L4", "skipped")
+    run.assert_outcome("L5", "skipped")
+    assert "GRPOTrainer builds its training batches inside the trainer" in run.text
+
+
+def test_eos_is_ambiguous_in_chats():
+    import tiny
+
+    from pytest_dlcheck.checks.llm.packing import _eos_ambiguous
+
+    tok = tiny.tokenizer()
+    assert _eos_ambiguous(tok, [{"text": "a"}]) is None
+    tok.chat_template = "{% for m in messages %}{{ m['content'] + eos_token }}{% endfor %}"  # Llama-2 / Mistral style
+    assert "inserts eos_token between turns" in _eos_ambiguous(tok, None)
+    tok.chat_template = None
+    assert _eos_ambiguous(tok, [{"prompt": [{"role": "user", "content": "hi"}], "completion": "x"}]) == \
+        "the examples are conversations"
