@@ -129,6 +129,14 @@ def special_id(tok: Any, name: str) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
+def packed(row: Row) -> bool:
+    """Several documents in one row: the position_ids of its real tokens restart (go down)."""
+    if row.position_ids is None:
+        return False
+    pos = [row.position_ids[c] for c in row.content]
+    return any(b <= a for a, b in zip(pos, pos[1:]))
+
+
 def special_ids(tok: Any) -> set[int]:
     try:
         return {int(i) for i in tok.all_special_ids}
@@ -181,11 +189,13 @@ def _to(value: Any, device: torch.device) -> Any:
     return torch.as_tensor(value).to(device)
 
 
-def token_nll(model: Any, input_ids: Any, labels: Any, attention_mask: Any = None, position_ids: Any = None) -> torch.Tensor:
+def token_nll(model: Any, input_ids: Any, labels: Any, attention_mask: Any = None, position_ids: Any = None,
+              **extra: Any) -> torch.Tensor:
     """Per-token NLL (B, T-1) of next-token prediction, 0 where the shifted label is -100; in eval mode,
-    without gradients, on the model's device, leaving the model as it was."""
+    without gradients, on the model's device, leaving the model as it was. ``extra`` forward keywords
+    (``use_cache=False``…) are passed through."""
     device = model_device(model)
-    kwargs = {"input_ids": _to(input_ids, device)}
+    kwargs = {"input_ids": _to(input_ids, device), **extra}
     if attention_mask is not None:
         kwargs["attention_mask"] = _to(attention_mask, device)
     if position_ids is not None:

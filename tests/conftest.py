@@ -7,24 +7,34 @@ import re
 import textwrap
 
 import pytest
-
 import tiny  # noqa: F401  (sets the offline environment first)
-
 import torch
 
 torch.set_num_threads(1)
-
 # pytester's in-process runs restore sys.modules afterwards: a library first imported inside one of them
 # would be dropped and half re-imported by the next (transformers' lazy modules break that way), so the
 # heavy libraries are imported here, once, before any in-process run.
 import datasets  # noqa: E402,F401
+import hypothesis.internal.observability  # noqa: E402,F401  (imported by hypothesis' plugin at summary time)
+import hypothesis.strategies._internal.flatmapped  # noqa: E402,F401
+import torch._dynamo  # noqa: E402,F401  (torch.manual_seed imports it lazily; a re-import inside a run crashes)
 import transformers  # noqa: E402,F401
-from transformers import (  # noqa: E402,F401
-    AutoModelForCausalLM, AutoProcessor, AutoTokenizer, DataCollatorForLanguageModeling, DataCollatorWithFlattening,
-    DataCollatorWithPadding, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
-    Trainer, TrainingArguments,
-)
 from tokenizers import processors  # noqa: E402,F401
+from transformers import (  # noqa: E402,F401
+    AutoModelForCausalLM,
+    AutoProcessor,
+    AutoTokenizer,
+    DataCollatorForLanguageModeling,
+    DataCollatorWithFlattening,
+    DataCollatorWithPadding,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Trainer,
+    TrainingArguments,
+)
 
 # the plugin's own modules too: one re-imported inside a run would bring a second MISSING sentinel and
 # lose the derivers its domains registered
@@ -33,8 +43,6 @@ import pytest_dlcheck.fixtures  # noqa: E402,F401
 import pytest_dlcheck.html  # noqa: E402,F401
 import pytest_dlcheck.property  # noqa: E402,F401
 import pytest_dlcheck.strategies  # noqa: E402,F401
-import hypothesis.internal.observability  # noqa: E402,F401  (imported by hypothesis' plugin at summary time)
-import hypothesis.strategies._internal.flatmapped  # noqa: E402,F401
 from pytest_dlcheck import registry  # noqa: E402
 
 registry.load_checks()

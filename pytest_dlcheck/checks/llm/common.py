@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ... import lm
+from ...roles import MISSING
 from ...sampling import Sample, get_sample
 
 
@@ -60,3 +61,17 @@ def locate(sample: Sample, rows: list[lm.Row]) -> dict[int, tuple[lm.Row, int, i
             for j, (s, e) in enumerate(brows[0].documents()):
                 out[group[j]] = (brows[0], s, e)
     return out
+
+
+#: TRL trainers that generate from batches of prompts during training (they left-pad the prompts themselves)
+ONLINE_TRAINERS = ("GRPOTrainer", "RLOOTrainer")
+
+
+def online_trainer(trainer: Any) -> str | None:
+    """The class name of a TRL online (generating) trainer, else None."""
+    if trainer is MISSING or trainer is None:
+        return None
+    for cls in type(trainer).__mro__:
+        if cls.__module__.startswith("trl.") and cls.__name__ in ONLINE_TRAINERS:
+            return type(trainer).__name__
+    return None

@@ -10,33 +10,13 @@ from typing import Any
 import torch
 
 from ... import lm
-from ...guard import eval_mode
 from ...registry import Setting, check
 from ...roles import MISSING
-from .common import token_sample
-from .padding_side import online_trainer
-from .padding_side import packed as restarts
+from .common import online_trainer, token_sample
 
 #: documents compared per session (each costs one forward alone)
 MAX_DOCUMENTS = 16
 
-
-def forward_nll(model: Any, input_ids: Any, labels: Any, attention_mask: Any = None, position_ids: Any = None,
-                **extra: Any) -> torch.Tensor:
-    """:func:`pytest_dlcheck.lm.token_nll` with extra forward keywords (``use_cache=False``)."""
-    device = lm.model_device(model)
-    kwargs = {"input_ids": torch.as_tensor(input_ids).to(device), **extra}
-    if attention_mask is not None:
-        kwargs["attention_mask"] = torch.as_tensor(attention_mask).to(device)
-    if position_ids is not None:
-        kwargs["position_ids"] = torch.as_tensor(position_ids).to(device)
-    with eval_mode(model):
-        logits = model(**kwargs).logits.float()
-    labels = torch.as_tensor(labels).to(device)
-    shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
-    nll = torch.nn.functional.cross_entropy(shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1),
-                                            ignore_index=lm.IGNORE, reduction="none")
-    return nll.view(shift_labels.shape).cpu()
 
 
 @dataclass
@@ -230,7 +210,7 @@ def check_packing(dlcheck):
         for r, row in enumerate(rows):
             row.batch = b
             n_rows += 1
-            if restarts(row):
+            if lm.packed(row):
                 found, mode = _split_by_positions(row), "restart"
             elif eos is not None and ambiguous is None:
                 found, mode = _split_by_eos(row, eos, pad), "eos"
@@ -272,9 +252,9 @@ def check_packing(dlcheck):
                 if nll is None:  # the batch as training forwards it, and the controls
                     nll = lm.token_nll(model, item.ids, item.labels, mask, pos)
                     iso_pos = _isolated_positions(item.rows, item.docs, item.ids.size(1))
-                    isolated = forward_nll(model, item.ids, item.labels, None, iso_pos, use_cache=False)
+                    isolated = lm.token_nll(model, item.ids, item.labels, None, iso_pos, use_cache=False)
                     if use_cache:
-                        no_cache = forward_nll(model, item.ids, item.labels, mask, pos, use_cache=False)
+                        no_cache = lm.token_nll(model, item.ids, item.labels, mask, pos, use_cache=False)
                 at = [d[j] for j in sup]
                 alone = lm.token_nll(model, torch.tensor([[row.input_ids[c] for c in d]]),
                                      torch.tensor([[row.labels[c] for c in d]]))[0]

@@ -4,7 +4,6 @@ Generation: greedy ``generate`` of a padded batch of prompts equals each prompt 
 from __future__ import annotations
 
 import inspect
-import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,29 +14,8 @@ import torch
 from ... import lm
 from ...guard import eval_mode
 from ...registry import Setting, check
-from ...roles import MISSING, role
-from .common import token_sample
-
-role(
-    "generation_prompts",
-    "prompts your pipeline generates from in batches, for L1's generation half: a list of prompt strings "
-    "(tokenized with dlcheck_tokenizer as configured, its padding_side included) or the padded batch your code "
-    "feeds to generate (a dict/BatchEncoding with input_ids and attention_mask)",
-    "a TRL GRPOTrainer/RLOOTrainer as dlcheck_trainer",
-)
-
-#: TRL trainers that generate from batches of prompts during training (they left-pad the prompts themselves)
-ONLINE_TRAINERS = ("GRPOTrainer", "RLOOTrainer")
-
-
-def online_trainer(trainer: Any) -> str | None:
-    """The class name of a TRL online (generating) trainer, else None."""
-    if trainer is MISSING or trainer is None:
-        return None
-    for cls in type(trainer).__mro__:
-        if cls.__module__.startswith("trl.") and cls.__name__ in ONLINE_TRAINERS:
-            return type(trainer).__name__
-    return None
+from ...roles import MISSING
+from .common import online_trainer, token_sample
 
 
 @dataclass
@@ -51,14 +29,6 @@ class Half:
     evidence: list[str] = field(default_factory=list)
     cause: str = ""
     fix: str = ""
-
-
-def packed(row: lm.Row) -> bool:
-    """Several documents in one row: the position_ids of its real tokens restart (go down)."""
-    if row.position_ids is None:
-        return False
-    pos = [row.position_ids[c] for c in row.content]
-    return any(b <= a for a, b in itertools.pairwise(pos))
 
 
 def _accepts(model: Any, name: str) -> bool:
@@ -136,7 +106,7 @@ def _measure_training(dlcheck: Any, model: Any, batches: list[dict]) -> list[Row
         for r in lm.rows([{**batch, "labels": labels}]):
             r.batch = b
             content = r.content
-            if not content or len(content) == len(r.input_ids) or packed(r):
+            if not content or len(content) == len(r.input_ids) or lm.packed(r):
                 continue  # unpadded, empty, or packed (L4's business)
             if content != list(range(content[0], content[-1] + 1)):
                 continue  # holes in the mask: L14's business
