@@ -116,3 +116,60 @@ def test_property_mode_is_off_by_default_and_deterministic(project):
     second = project.run("--dlcheck=L13", "--dlcheck-property", "--dlcheck-property-examples=30").section("L13")
     assert first == second
     assert not (project.pytester.path / ".hypothesis").exists()  # no example database in the user's repo
+
+
+PACKER = '''
+    import pytest, tiny, torch
+
+    class Packer:
+        """Packs a batch of tokenized documents into one row, position_ids restarting per document and
+        the first label of each document set to -100 ({guard})."""
+        def __call__(self, rows):
+            ids, pos, labels = [], [], []
+            for r in rows:
+                doc = list(r["input_ids"])
+                ids += doc
+                pos += list(range(len(doc)))
+                lab = list(doc)
+                if {guard}:
+                    lab[0] = -100
+                labels += lab
+            return {"input_ids": torch.tensor([ids]), "position_ids": torch.tensor([pos]), "labels": torch.tensor([labels])}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model(dlcheck_tokenizer):
+        model = tiny.llama(dlcheck_tokenizer)
+        model.config.use_cache = False
+        return model
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_tokenizer):
+        return tiny.tokenized(dlcheck_tokenizer, 8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator():
+        return Packer()
+'''
+
+
+def test_packer_that_drops_the_boundary_of_one_token_documents(project):
+    # "lab[0] = -100 only for documents longer than one token": the previous document's EOS is then
+    # trained to predict a one-token document's token across the boundary
+    project.conftest(PACKER.replace("{guard}", "len(doc) > 1"))
+    run = project.run("--dlcheck=L4", "--dlcheck-property", "--dlcheck-property-examples=30")
+    run.assert_outcome("L4", "passed")
+    run.assert_outcome("L4[property]", "failed")
+    text = run.section("L4")
+    assert "property mode: Hypothesis generated" in text
+    assert "generated examples: [{'input_ids': [0]" in text or "'input_ids': [0]" in text
+
+
+def test_packer_masking_every_document_start_passes(project):
+    project.conftest(PACKER.replace("{guard}", "True"))
+    run = project.run("--dlcheck=L4", "--dlcheck-property", "--dlcheck-property-examples=30")
+    assert run.result.ret == 0, run.text
+    run.assert_outcome("L4[property]", "passed")

@@ -125,6 +125,7 @@ def _isolated_positions(rows: list[lm.Row], docs: dict[int, list[list[int]]], wi
 @check(
     "L4",
     domain="llm",
+    property_mode=True,
     title="packing leaks attention across documents",
     roles=("model", "dataloader"),
     optional_roles=("tokenizer",),
