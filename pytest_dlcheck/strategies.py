@@ -96,7 +96,8 @@ def packed_documents(tokenizer: Any, *, max_length: int = 64, max_documents: int
             if d and used + len(d) <= max_length:
                 out.append(d)
                 used += len(d)
-        return out or [docs[0][:max_length] or [eos]]
+        # nothing fitted whole: one document cut to the row, its EOS kept
+        return out or [docs[0][: max_length - 1] + [eos]]
 
     return st.lists(doc, min_size=1, max_size=max_documents).map(fit)
 

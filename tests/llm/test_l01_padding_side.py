@@ -2,17 +2,7 @@
 single-prompt generation."""
 
 import pytest
-import torch._dynamo  # noqa: F401  (torch.manual_seed imports it lazily; inside an in-process run it breaks the next)
-
-import pytest_dlcheck.context  # noqa: F401  (imported once here, so that MISSING and the roles survive pytester's
-from pytest_dlcheck import registry  # sys.modules restore between in-process runs)
-
-registry.load_checks()
-
-
-def flat(text: str) -> str:
-    """The failure text with its wrapping undone (whitespace runs become one space)."""
-    return " ".join(text.split())
+from helpers import flat
 
 TRAIN = """
     import pytest, torch, tiny

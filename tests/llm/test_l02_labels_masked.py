@@ -5,8 +5,15 @@ import pytest
 # imported once here: pytester drops modules first imported inside a run, and datasets (pyarrow
 # extension types) cannot be imported twice in one process
 from datasets import Dataset  # noqa: F401
-from transformers import (AutoModelForCausalLM, DataCollatorForLanguageModeling, LlamaConfig,  # noqa: F401
-                          PreTrainedTokenizerFast, Trainer, TrainingArguments)
+from helpers import flat
+from transformers import (  # noqa: F401
+    AutoModelForCausalLM,
+    DataCollatorForLanguageModeling,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    Trainer,
+    TrainingArguments,
+)
 from trl import SFTConfig, SFTTrainer  # noqa: F401
 
 HEAD = """
@@ -168,10 +175,6 @@ CHAT_COLLATOR = HEAD.format(pad="tiny.PAD") + """
         return [{"messages": m} for m in MESSAGES * 2]
 """
 
-
-def flat(text):
-    """The failure text with its line wrapping undone."""
-    return " ".join(text.split())
 
 
 # ---- buggy ----------------------------------------------------------------------------------------

@@ -4,13 +4,14 @@
 # which leaves transformers' lazy module unable to import LlamaConfig in the next run.
 import datasets  # noqa: F401
 import transformers.models.llama.modeling_llama  # noqa: F401
-from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, DataCollatorWithFlattening, LlamaConfig  # noqa: F401
+from helpers import flat
+from transformers import (  # noqa: F401
+    AutoModelForCausalLM,
+    DataCollatorForLanguageModeling,
+    DataCollatorWithFlattening,
+    LlamaConfig,
+)
 from trl import SFTConfig, SFTTrainer  # noqa: F401
-
-
-def flat(text: str) -> str:
-    """The failure text with its line wrapping undone."""
-    return " ".join(text.split())
 
 ADDED_PAD = """
     import pytest, tiny

@@ -1,16 +1,6 @@
 """L4: packed documents must not attend to each other, and no document's first token is a target."""
 
-import torch._dynamo  # noqa: F401  (torch.manual_seed imports it lazily; inside an in-process run it breaks the next)
-
-import pytest_dlcheck.context  # noqa: F401  (imported once here, so that MISSING and the roles survive pytester's
-from pytest_dlcheck import registry  # sys.modules restore between in-process runs)
-
-registry.load_checks()
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
-
+from helpers import flat
 
 COMMON = """
     import pytest, torch, tiny

@@ -1,16 +1,6 @@
 """L5: training rows within the model's positions; inference rope settings equal the training ones."""
 
-import torch._dynamo  # noqa: F401  (torch.manual_seed imports it lazily; inside an in-process run it breaks the next)
-
-import pytest_dlcheck.context  # noqa: F401  (imported once here, so that MISSING and the roles survive pytester's
-from pytest_dlcheck import registry  # sys.modules restore between in-process runs)
-
-registry.load_checks()
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
-
+from helpers import flat
 
 LONG_ROWS = """
     import copy, pytest, tiny

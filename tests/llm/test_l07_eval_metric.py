@@ -3,23 +3,21 @@
 import math
 
 import pytest
-import torch
-
 import tiny
+import torch
 
 # imported here, before pytester snapshots sys.modules, so the in-process runs share them (a lazy
 # transformers attribute first imported inside a run is dropped from sys.modules when the run ends)
 import transformers.trainer  # noqa: F401,E402
 import transformers.trainer_pt_utils  # noqa: F401,E402
 from datasets import Dataset  # noqa: F401,E402
+from helpers import flat
 from transformers import DataCollatorForLanguageModeling, EvalPrediction, Trainer  # noqa: F401,E402
 from trl import SFTConfig, SFTTrainer  # noqa: F401,E402
 
 # the plugin's lazily imported modules, kept alive across the in-process runs: otherwise run 2 re-imports
 # pytest_dlcheck.roles (a new MISSING) while `from . import fixtures` returns run 1's stale module
 import pytest_dlcheck.checks.llm.eval_metric  # noqa: F401,E402
-import pytest_dlcheck.context  # noqa: F401,E402
-import pytest_dlcheck.fixtures  # noqa: F401,E402
 
 METRICS = '''
 import math
@@ -126,9 +124,6 @@ def dlcheck_compute_metrics():
     return {metrics}
 '''
 
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _project(project, template: str, metrics: str, **kw) -> None:

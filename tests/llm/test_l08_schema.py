@@ -1,18 +1,16 @@
 """L8: the dataset's columns fit the trainer, and conversations go through the chat template."""
 
 import pytest
-
 import tiny
 
 # imported here, before pytester snapshots sys.modules, so the in-process runs share them
 import transformers.trainer  # noqa: F401,E402
 from datasets import Dataset  # noqa: F401,E402
+from helpers import flat
 from transformers import DataCollatorForLanguageModeling, Trainer  # noqa: F401,E402
 from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer  # noqa: F401,E402
 
 import pytest_dlcheck.checks.llm.schema  # noqa: F401,E402
-import pytest_dlcheck.context  # noqa: F401,E402
-import pytest_dlcheck.fixtures  # noqa: F401,E402
 
 DATA = '''
 import pytest
@@ -117,9 +115,6 @@ def dlcheck_collator(dlcheck_tokenizer):
     return DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)
 '''
 
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _run(project, conftest: str, **kw):

@@ -3,15 +3,11 @@
 # Imported here, outside pytester's in-process runs (a run unloads the modules first imported inside it).
 import datasets  # noqa: F401
 import tokenizers.processors  # noqa: F401
+from helpers import flat
 from transformers import DataCollatorForLanguageModeling  # noqa: F401
 from trl import SFTConfig, SFTTrainer  # noqa: F401
 
 from pytest_dlcheck.checks.llm.chat_format import compare, conversation
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
-
 
 # A tokenizer whose post-processor prepends BOS (as Llama's and Gemma's do) and whose chat template
 # writes the BOS text itself: rendering to text and tokenizing with add_special_tokens=True doubles it.

@@ -5,6 +5,7 @@ import pytest
 # imported once here: pytester drops modules first imported inside a run, and datasets (pyarrow
 # extension types) cannot be imported twice in one process
 from datasets import Dataset  # noqa: F401
+from helpers import flat
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast  # noqa: F401
 from trl import SFTConfig, SFTTrainer  # noqa: F401
 
@@ -64,10 +65,6 @@ HAND_COLLATOR = """
 PROMPTS = "tiny.PROMPTS * 2"
 COMPLETIONS = "tiny.COMPLETIONS * 2"
 
-
-def flat(text):
-    """The failure text with its line wrapping undone."""
-    return " ".join(text.split())
 
 
 # ---- buggy ----------------------------------------------------------------------------------------

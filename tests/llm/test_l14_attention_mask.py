@@ -3,19 +3,19 @@
 # Imported here, outside pytester's in-process runs (a run unloads the modules first imported inside it).
 import datasets  # noqa: F401
 import transformers.models.llama.modeling_llama  # noqa: F401
-from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, DataCollatorWithPadding, LlamaConfig  # noqa: F401
-from trl import DPOConfig, DPOTrainer  # noqa: F401
-
+from helpers import flat
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers import (  # noqa: F401
+    AutoModelForCausalLM,
+    DataCollatorForLanguageModeling,
+    DataCollatorWithPadding,
+    LlamaConfig,
+)
+from trl import DPOConfig, DPOTrainer  # noqa: F401
 
 from pytest_dlcheck.checks.llm.attention_mask import expected_mask, fill_ids, structural
 from pytest_dlcheck.lm import Row
-
-
-def flat(text: str) -> str:
-    return " ".join(text.split())
-
 
 # Pre-tokenized examples (true lengths known); the first one has an EOS inside it, as documents joined
 # with the EOS separator do.
