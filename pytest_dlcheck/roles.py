@@ -140,12 +140,23 @@ def deriver(func: Deriver) -> Deriver:
 
 def derive(name: str, get: Callable[[str], Any], cache: Callable[[Any, str, Callable[[], Any]], Any]) -> Any:
     """Derive role ``name`` from the other roles (``get(role)`` resolves one, MISSING if absent).
-    ``cache(source, key, make)`` memoises per source object so a derived object is built once."""
-    for func in DERIVERS:
-        value = func(name, get, cache)
-        if value is not MISSING:
-            return value
-    return MISSING
+    ``cache(source, key, make)`` memoises per source object so a derived object is built once. Derivers
+    may ask for each other's roles; a role already being derived resolves to MISSING, which breaks
+    cycles (a unet derived from a model derived from a unet…)."""
+    if name in _DERIVING:
+        return MISSING
+    _DERIVING.add(name)
+    try:
+        for func in DERIVERS:
+            value = func(name, get, cache)
+            if value is not MISSING:
+                return value
+        return MISSING
+    finally:
+        _DERIVING.discard(name)
+
+
+_DERIVING: set[str] = set()
 
 
 @deriver

@@ -1,0 +1,69 @@
+"""DF2: the sampling routine must run the denoiser with the EMA weights."""
+
+import tinydiff
+
+
+def test_ema_kept_but_never_used_for_sampling(project):
+    project.conftest(tinydiff.conftest(ema_use="never", steps=2))
+    run = project.run("--dlcheck=DF2")
+    run.assert_outcome("DF2", "failed")
+    text = tinydiff.flat(run.section("DF2"))
+    assert "dlcheck_sample_images ran UNet2DConditionModel (dlcheck_unet) with the raw trained weights" in text
+    assert "all 208 tensors equal dlcheck_unet's, none the EMA's" in text
+    assert "EMAModel (decay 0.999, optimization_step 2)" in text
+    assert "never copies the EMA weights in (ema.copy_to)" in text
+    assert "ema.store(unet.parameters()); ema.copy_to(unet.parameters())" in text
+    ns = tinydiff.LAST[-1]
+    tinydiff.assert_same_state(ns.snapshot, tinydiff.snapshot_state(ns))  # the nudged EMA is put back
+
+
+def test_ema_copied_in_and_never_restored(project):
+    project.conftest(tinydiff.conftest(ema_use="no-restore", steps=2))
+    run = project.run("--dlcheck=DF2")
+    run.assert_outcome("DF2", "failed")
+    text = tinydiff.flat(run.section("DF2"))
+    assert "after dlcheck_sample_images, dlcheck_unet (UNet2DConditionModel) holds the EMA weights" in text
+    assert "training continues from them" in text
+    assert "ema.restore(unet.parameters())" in text
+    ns = tinydiff.LAST[-1]
+    tinydiff.assert_same_state(ns.snapshot, tinydiff.snapshot_state(ns))  # the trained weights are put back
+
+
+def test_an_ema_that_is_the_model_itself(project):
+    project.conftest(tinydiff.conftest(roles=("pipeline", "sample_images")) + """
+@pytest.fixture(scope="session")
+def dlcheck_ema(sd):
+    return sd.unet          # ema_model = model: not a copy
+""")
+    run = project.run("--dlcheck=DF2")
+    run.assert_outcome("DF2", "failed")
+    text = tinydiff.flat(run.section("DF2"))
+    assert "dlcheck_ema (UNet2DConditionModel module) shares 208 of 208 tensors with dlcheck_unet" in text
+    assert "copy.deepcopy(model)" in text
+
+
+def test_sampling_with_an_averaged_model_copy_passes(project):
+    """The twin with torch's AveragedModel: the pipeline samples with the EMA module itself."""
+    project.conftest(tinydiff.conftest(roles=("noise_scheduler",)) + """
+import copy
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+@pytest.fixture(scope="session")
+def dlcheck_model(sd):
+    return sd.unet
+
+@pytest.fixture(scope="session")
+def dlcheck_ema(sd):
+    ema = AveragedModel(sd.unet, multi_avg_fn=get_ema_multi_avg_fn(0.999))
+    sd.unet.conv_out.bias.data += 0.01       # one more training step's worth of change
+    ema.update_parameters(sd.unet)
+    return ema
+
+@pytest.fixture(scope="session")
+def dlcheck_sample_images(sd, dlcheck_ema):
+    pipe = copy.copy(sd.pipeline)
+    pipe.register_modules(unet=dlcheck_ema.module)
+    return lambda: pipe("a red square", num_inference_steps=2, height=16, width=16, output_type="pt").images
+""")
+    run = project.run("--dlcheck=DF2")
+    run.assert_outcome("DF2", "passed")

@@ -1,0 +1,50 @@
+"""DF3: the latents the denoiser trains on have std ≈ 1, scaled by the factor the decoder undoes."""
+
+import pytest
+
+import tinydiff
+
+
+def _fail(project, roles=tinydiff.CLEAN_ROLES, **knobs) -> str:
+    project.conftest(tinydiff.conftest(roles=roles, **knobs))
+    run = project.run("--dlcheck=DF3")
+    run.assert_outcome("DF3", "failed")
+    return tinydiff.flat(run.section("DF3"))
+
+
+def test_scaling_factor_omitted(project):
+    """An SD-like VAE (latent std 5.5) whose training step never multiplies by scaling_factor."""
+    text = _fail(project, factor=None)
+    assert "latents from dlcheck_training_inputs: std 5.5" in text
+    assert "the training path scales the VAE latents by 1: vae.config.scaling_factor = 0.18215" in text
+    assert "is never applied" in text
+    assert "latents = vae.encode(pixel_values).latent_dist.sample() * vae.config.scaling_factor" in text
+
+
+def test_sd1_factor_kept_for_a_vae_of_other_statistics(project):
+    """A VAE of unit latent std keeping AutoencoderKL's default 0.18215 (calibrated for SD's VAE)."""
+    text = _fail(project, vae_stats="unit")
+    assert "latents from dlcheck_training_inputs: std 0.19" in text or "latents from dlcheck_training_inputs: std 0.2" in text
+    assert "(Stable Diffusion 1.x's value, calibrated for its VAE), which does not fit this VAE" in text
+    assert "scaling_factor = 1 / std of its latents = 0.9" in text
+    assert "vae.register_to_config(scaling_factor=0.9" in text
+
+
+def test_sd1_factor_on_another_vae_seen_without_the_training_path(project):
+    text = _fail(project, roles=("pipeline", "dataset", "collator"), vae_stats="unit")
+    assert "gives latents of std 0.19" in text or "gives latents of std 0.2" in text
+    assert "the training path was not observed: define dlcheck_training_inputs" in text
+
+
+def test_hard_coded_factor_disagrees_with_the_config_the_pipeline_decodes_with(project):
+    """SD-like VAE whose config says 0.13025 (an SDXL-style factor) while the step hard-codes 0.18215."""
+    text = _fail(project, scaling_factor=0.13025, factor=0.18215)
+    assert "the training path scales the VAE latents by 0.182, but vae.config.scaling_factor = 0.13025" in text
+    assert "decoded samples are off by ×1.4" in text
+    assert "vae.register_to_config(scaling_factor=0.18" in text
+
+
+@pytest.mark.parametrize("knobs", [dict(vae_stats="unit", scaling_factor=0.92), dict()], ids=["calibrated", "sd-like"])
+def test_calibrated_factor_passes(project, knobs):
+    project.conftest(tinydiff.conftest(**knobs))
+    project.run("--dlcheck=DF3").assert_outcome("DF3", "passed")

@@ -1,0 +1,63 @@
+"""DF4: the sampler's noise process and prediction type are the training scheduler's."""
+
+import tinydiff
+
+
+def test_v_prediction_model_sampled_as_epsilon(project):
+    """DDPM trained with v_prediction (scaled_linear betas); the pipeline samples with DDIMScheduler()."""
+    project.conftest(tinydiff.conftest(scheduler=dict(prediction_type="v_prediction"), inference="defaults"))
+    run = project.run("--dlcheck=DF4")
+    run.assert_outcome("DF4", "failed")
+    text = tinydiff.flat(run.section("DF4"))
+    assert "prediction_type: training DDPMScheduler 'v_prediction', inference DDIMScheduler 'epsilon'" in text
+    assert "beta_schedule: training DDPMScheduler 'scaled_linear', inference DDIMScheduler 'linear'" in text
+    assert "beta_start: training DDPMScheduler 0.00085, inference DDIMScheduler 0.0001" in text
+    assert "ᾱ_t differ by up to 0.23" in text
+    assert "equals the velocity v (v_prediction) in 64 of 64 examples" in text
+    assert "it reads a 'v_prediction' model's output as 'epsilon'" in text
+    assert "DDIMScheduler.from_config(noise_scheduler.config)" in text
+    assert "fields to align: beta_schedule, beta_start, beta_end, prediction_type" in text
+
+
+def test_num_train_timesteps_differ(project):
+    project.conftest(tinydiff.conftest(roles=("noise_scheduler",)) + """
+from diffusers import DDIMScheduler
+
+@pytest.fixture
+def dlcheck_inference_scheduler(sd):
+    return DDIMScheduler.from_config(sd.noise_scheduler.config, num_train_timesteps=500)
+""")
+    run = project.run("--dlcheck=DF4")
+    run.assert_outcome("DF4", "failed")
+    text = tinydiff.flat(run.section("DF4"))
+    assert "num_train_timesteps: training DDPMScheduler 1000, inference DDIMScheduler 500" in text
+
+
+def test_sampler_from_the_training_config_passes_with_v_prediction(project):
+    project.conftest(tinydiff.conftest(scheduler=dict(prediction_type="v_prediction")))
+    project.run("--dlcheck=DF4,DF6").assert_outcome("DF4", "passed")
+
+
+SAMPLERS = ["EulerDiscreteScheduler", "DPMSolverMultistepScheduler", "UniPCMultistepScheduler", "PNDMScheduler",
+            "EulerAncestralDiscreteScheduler"]
+
+
+def test_any_sampler_class_built_from_the_training_config_passes(project):
+    """diffusers' usual swap, pipeline.scheduler = X.from_config(noise_scheduler.config), for five samplers
+    (one directory each, one run): DF4 and DF6 pass for all of them."""
+    for name in SAMPLERS:
+        project.conftest(tinydiff.conftest(roles=("noise_scheduler", "vae", "training_inputs", "dataset", "collator"),
+                                           scheduler=dict(prediction_type="v_prediction")) + f"""
+import diffusers
+
+@pytest.fixture(scope="session")
+def dlcheck_inference_scheduler(sd):
+    return diffusers.{name}.from_config(sd.noise_scheduler.config)
+""", path=f"{name}/conftest.py")
+    result = project.pytester.runpytest_inprocess("-p", "no:cacheprovider", "-v", "--dlcheck=DF4,DF6")
+    text = result.stdout.str()
+    for name in SAMPLERS:
+        for cid in ("DF4", "DF6"):
+            assert f"{name}/conftest.py::{cid}_" in text, text
+    assert "FAILED" not in text and "ERROR" not in text, text
+    assert text.count("PASSED") == 2 * len(SAMPLERS), text

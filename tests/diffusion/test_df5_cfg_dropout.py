@@ -1,0 +1,84 @@
+"""DF5: the training conditioning path drops the condition 5–20% of the time, to the sampler's null."""
+
+import math
+import re
+
+import pytest
+
+import tinydiff
+from pytest_dlcheck import diffusion as D
+
+WITH_CONDITION = tinydiff.CLEAN_ROLES + ("condition",)
+
+
+def _run(project, roles, **knobs):
+    project.conftest(tinydiff.conftest(roles=roles, **knobs))
+    return project.run("--dlcheck=DF5", "-rs")
+
+
+def test_no_caption_dropout(project):
+    run = _run(project, WITH_CONDITION, p_empty=0.0)
+    run.assert_outcome("DF5", "failed")
+    text = tinydiff.flat(run.section("DF5"))
+    assert "0 of 1200 embedding rows from 300 calls of dlcheck_condition were null (0.0%)" in text
+    assert "freshly collated by dlcheck_collator from 12 examples of dlcheck_dataset" in text
+    assert "e.g. 'a red square' was kept" in text
+    assert "no null call in 300 has probability 2.1e-07 (≤ 5e-07)" in text
+    assert "never learns the unconditional prediction that classifier-free guidance extrapolates from" in text
+    assert "proportion_empty_prompts=0.1" in text
+
+
+def test_null_is_a_zero_embedding_but_the_sampler_uses_the_empty_prompt(project):
+    run = _run(project, tinydiff.CLEAN_ROLES, p_empty=0.0, null="zeros", p_null=0.1)
+    run.assert_outcome("DF5", "failed")
+    text = tinydiff.flat(run.section("DF5"))
+    assert "null rows are all-zero embeddings; the sampler's unconditional input is dlcheck_uncond" in text
+    assert "calls of the 'encoder_hidden_states' of dlcheck_training_inputs were null" in text
+    assert "negative_prompt_embeds=torch.zeros_like(prompt_embeds)" in text
+
+
+def test_dropout_to_the_empty_prompt_embedding_passes(project):
+    _run(project, tinydiff.CLEAN_ROLES, p_empty=0.0, null="uncond", p_null=0.1).assert_outcome("DF5", "passed")
+
+
+def test_too_much_dropout(project):
+    run = _run(project, WITH_CONDITION, p_empty=0.6)
+    run.assert_outcome("DF5", "failed")
+    text = tinydiff.flat(run.section("DF5"))
+    assert re.search(r"\d+ of 1200 embedding rows from 300 calls of dlcheck_condition were null \((5[5-9]|6\d)\.\d%\)", text)
+    assert "with a true null rate ≤ 20%" in text
+    assert "starving the conditional model" in text
+
+
+def test_batch_captions_alone(project):
+    """Only the data path: dropout in the collator passes; none seen is a skip (it may happen later)."""
+    _run(project, ("pipeline", "dataset", "collator"), p_empty=0.1).assert_outcome("DF5", "passed")
+    run = _run(project, ("pipeline", "dataset", "collator"), p_empty=0.0)
+    run.assert_outcome("DF5", "skipped")
+    assert "no null caption in 1200 token-id rows of 300 batches" in run.text
+    assert "define dlcheck_condition" in run.text
+
+
+def test_binomial_tails_are_exact():
+    n, p = 30, 0.1
+    brute = sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(4))
+    assert D.binom_cdf(3, n, p) == pytest.approx(brute, rel=1e-12)
+    assert D.binom_sf(4, n, p) == pytest.approx(1 - brute, rel=1e-12)
+    assert D.binom_cdf(0, 300, 0.05) == pytest.approx(0.95**300, rel=1e-9)
+    assert 0.95**300 < 5e-7  # the documented reason for draws = 300
+    ub = D.upper_bound(0, 300, 5e-7)
+    assert D.binom_cdf(0, 300, ub) == pytest.approx(5e-7, rel=1e-6)
+    lb = D.lower_bound(60, 300, 5e-7)
+    assert D.binom_sf(60, 300, lb) == pytest.approx(5e-7, rel=1e-6)
+
+
+def test_false_alarm_rate_inside_the_band_is_bounded():
+    """At the band's edges, the exact probability that the 300-draw test fails is ≤ 1e-6 / 2 per side."""
+    alpha = 1e-6
+    n = 1200
+    k_low = next(k for k in range(n) if D.binom_cdf(k + 1, n, 0.05) > alpha / 2)  # largest failing count
+    assert D.binom_cdf(k_low, n, 0.05) <= alpha / 2 < D.binom_cdf(k_low + 1, n, 0.05)
+    assert 10 < k_low < 0.05 * n  # a real margin below the 60 nulls expected at 5%
+    k_high = next(k for k in range(int(0.2 * n), n) if D.binom_sf(k, n, 0.2) <= alpha / 2)  # smallest failing count
+    assert D.binom_sf(k_high, n, 0.2) <= alpha / 2 < D.binom_sf(k_high - 1, n, 0.2)
+    assert 0.2 * n < k_high < 0.3 * n

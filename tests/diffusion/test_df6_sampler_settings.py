@@ -1,0 +1,38 @@
+"""DF6: the sampler reads the objective really trained, and its options fit that model."""
+
+import tinydiff
+
+ROLES = tinydiff.CLEAN_ROLES + ("inference_scheduler",)
+
+
+def test_target_hard_coded_to_noise_while_both_schedulers_say_v(project):
+    project.conftest(tinydiff.conftest(scheduler=dict(prediction_type="v_prediction"), target="noise"))
+    run = project.run("--dlcheck=DF4,DF6")
+    run.assert_outcome("DF4", "passed")  # the configs agree with each other: DF6 owns this one
+    run.assert_outcome("DF6", "failed")
+    text = tinydiff.flat(run.section("DF6"))
+    assert "the training target of dlcheck_training_inputs equals the noise (epsilon) in 64 of 64 examples" in text
+    assert "both schedulers say prediction_type='v_prediction'" in text
+    assert "the model learns to predict 'epsilon' but the sampler reads its output as 'v_prediction'" in text
+    assert "noise_scheduler.get_velocity(latents, noise, timesteps)" in text
+
+
+def test_zero_snr_training_sampled_with_leading_spacing_and_clipped_latents(project):
+    project.conftest(tinydiff.conftest(roles=ROLES, scheduler=dict(rescale_betas_zero_snr=True, prediction_type="v_prediction"),
+                                       inference=dict(clip_sample=True)))
+    run = project.run("--dlcheck=DF6")
+    run.assert_outcome("DF6", "failed")
+    text = tinydiff.flat(run.section("DF6"))
+    assert "training DDPMScheduler has zero terminal SNR (ᾱ at t = 999 is 0, rescale_betas_zero_snr=True)" in text
+    assert "timestep_spacing='leading' starts 10-step sampling at t = 901, never at t = 999" in text
+    assert "clip_sample=True clamps every predicted x0 to ±1" in text
+    assert "of their values lie outside ±1" in text
+    assert "timestep_spacing='trailing'" in text and "clip_sample=False" in text
+
+
+def test_zero_snr_with_trailing_spacing_passes(project):
+    project.conftest(tinydiff.conftest(roles=ROLES, scheduler=dict(rescale_betas_zero_snr=True, prediction_type="v_prediction"),
+                                       inference=dict(timestep_spacing="trailing")))
+    run = project.run("--dlcheck=DF4,DF6")
+    run.assert_outcome("DF4", "passed")
+    run.assert_outcome("DF6", "passed")

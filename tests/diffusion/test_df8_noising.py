@@ -1,0 +1,86 @@
+"""DF8: timesteps uniform over [0, T), unit Gaussian noise, noisy latents from the scheduler's add_noise."""
+
+import random
+
+import pytest
+
+import tinydiff
+from pytest_dlcheck import diffusion as D
+
+
+def _fail(project, **knobs) -> str:
+    project.conftest(tinydiff.conftest(**knobs))
+    run = project.run("--dlcheck=DF8")
+    run.assert_outcome("DF8", "failed")
+    return tinydiff.flat(run.section("DF8"))
+
+
+def test_fixed_timesteps(project):
+    text = _fail(project, timesteps="fixed")
+    assert "64 timesteps from 16 calls of dlcheck_training_inputs: all equal 500" in text
+    assert "the timestep is fixed" in text
+    assert "torch.randint(0, noise_scheduler.config.num_train_timesteps, (bsz,))" in text
+
+
+def test_timesteps_drawn_from_num_inference_steps(project):
+    text = _fail(project, timesteps="narrow")
+    assert "64 timesteps from 16 calls of dlcheck_training_inputs lie in [" in text
+    assert "for a scheduler of T = 1000 steps" in text
+    assert "largest gap 0.9" in text and "above the DKW bound 0.34 for 64 draws (false alarm ≤ 1e-06)" in text
+
+
+def test_scaled_noise(project):
+    text = _fail(project, noise_scale=0.1)
+    assert "noise from dlcheck_training_inputs: std 0.099" in text or "noise from dlcheck_training_inputs: std 0.1" in text
+    assert "over 16384 values (wanted std 1 ± 0.1, mean 0)" in text
+    assert "noise = torch.randn_like(latents)" in text
+
+
+def test_noised_with_another_schedulers_add_noise(project):
+    text = _fail(project, noising="linear")
+    assert "noisy_latents ≠ noise_scheduler.add_noise(latents, noise, timesteps)" in text
+    assert "DDPMScheduler.add_noise gives" in text
+    assert "(scaled_linear, β 0.00085→0.012)" in text
+
+
+def test_dkw_bound_and_cdf_gap():
+    # 2·exp(−2nε²) = α at the returned ε
+    eps = D.dkw_epsilon(64, 1e-6)
+    assert abs(2 * 2.718281828 ** (-2 * 64 * eps * eps) - 1e-6) < 1e-9
+    assert D.uniform_cdf_gap([500] * 10, 1000)[0] == pytest.approx(0.5, abs=1e-3)
+    assert D.uniform_cdf_gap(list(range(1000)), 1000)[0] == pytest.approx(0.0, abs=1e-9)
+    rng = random.Random(0)
+    worst = max(D.uniform_cdf_gap([rng.randrange(1000) for _ in range(64)], 1000)[0] for _ in range(200))
+    assert worst < eps  # 200 uniform samples of 64 draws all stay inside the 1e-6 bound
+
+
+def test_flow_matching_training_is_not_misjudged(project):
+    """SD3-style rectified flow: logit-normal sigmas, t = 1000·σ, noisy = (1 − σ)·x0 + σ·noise, target
+    noise − x0 with FlowMatchEulerDiscreteScheduler on both sides: no ᾱ_t, so DF8 tests range and
+    spread only, and nothing fails."""
+    project.conftest(tinydiff.conftest(roles=("pipeline", "dataset", "collator")) + """
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
+
+@pytest.fixture(scope="session")
+def dlcheck_noise_scheduler():
+    return FlowMatchEulerDiscreteScheduler(shift=3.0)
+
+@pytest.fixture(scope="session")
+def dlcheck_inference_scheduler(dlcheck_noise_scheduler):
+    return FlowMatchEulerDiscreteScheduler.from_config(dlcheck_noise_scheduler.config)
+
+@pytest.fixture(scope="session")
+def dlcheck_training_inputs(sd):
+    def fn(batch):
+        x0 = sd.vae.encode(batch["pixel_values"]).latent_dist.sample() * sd.vae.config.scaling_factor
+        noise = torch.randn_like(x0)
+        sigmas = torch.sigmoid(torch.randn(x0.shape[0]))            # logit-normal, on purpose
+        noisy = (1 - sigmas[:, None, None, None]) * x0 + sigmas[:, None, None, None] * noise
+        return {"latents": x0, "noise": noise, "timesteps": sigmas * 1000, "noisy_latents": noisy,
+                "target": noise - x0}
+    return fn
+""")
+    run = project.run("--dlcheck=DF3,DF4,DF6,DF8")
+    for cid in ("DF3", "DF4", "DF6", "DF8"):
+        run.assert_outcome(cid, "passed")
