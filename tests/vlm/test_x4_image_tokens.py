@@ -1,0 +1,105 @@
+"""X4: every example carries tokens-per-image × images placeholders."""
+
+import tinyvlm  # noqa: F401  (imports the libraries before the in-process runs)
+from helpers import flat
+
+DATA = """
+    import pytest, torch, tinyvlm
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tinyvlm.processor({processor})
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model(dlcheck_tokenizer):
+        return tinyvlm.llava(dlcheck_tokenizer.tokenizer)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return tinyvlm.rows(8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        return {collator}
+"""
+
+
+def test_max_length_cuts_the_image_placeholders(project):
+    """LLaVA-1.5's 576 image tokens under a text max_length of 512, in miniature: 16 tokens, max_length=12."""
+    project.conftest(DATA.format(processor="", collator="tinyvlm.collator(dlcheck_tokenizer, max_length=12)"))
+    run = project.run("--dlcheck=X4,X5")
+    run.assert_outcome("X4", "failed")
+    text = flat(run.section("X4"))
+    assert ("8 of 8 sampled examples carry a different number of <image> tokens than their images expand to; the "
+            "processor expands one <image> into 16 tokens, as the model's config says: vision_config.image_size 32 / "
+            "patch_size 8 = 16 patch features, the CLS feature dropped by vision_feature_select_strategy='default'") in text
+    assert ("example 0.0: 12 <image> tokens, expected 16 (1 image × 16); the example is 12 tokens long, ending on <image> "
+            "(max_length=12)") in text
+    assert "collated: '<image>×12' before collation: '<image>what is 2+2? The answer is 4.'" in text
+    assert "truncation to max_length=12 runs after the processor expanded each image into 16 placeholder tokens" in text
+    assert "DataCollatorForVisionLanguageModeling(max_length=None)" in text
+    # the forward pass cannot run: X5 skips naming X4 instead of crashing
+    run.assert_outcome("X5", "skipped")
+    assert "see X2 and X4" in run.text
+
+
+def test_processor_truncation_refuses_the_batch(project):
+    """The language-modeling path calls the processor with truncation=True: it raises, X4 explains."""
+    project.conftest(DATA.format(processor="", collator="tinyvlm.collator(dlcheck_tokenizer, 12, completion_only_loss=False)")
+                     .replace("return tinyvlm.rows(8)", "return [{'images': r['images'], 'text': r['prompt'] + r['completion']} for r in tinyvlm.rows(8)]"))
+    run = project.run("--dlcheck=X4")
+    run.assert_outcome("X4", "failed")
+    text = flat(run.section("X4"))
+    assert "collating the sampled examples fails: raised ValueError: Mismatch in `image` token count" in text
+    assert "Got ids=[12, 12, 12, 12] and text=[16, 16, 16, 16]" in text
+    assert "the collator calls the processor with truncation (max_length=12)" in text
+
+
+def test_long_enough_max_length_passes(project):
+    project.conftest(DATA.format(processor="", collator="tinyvlm.collator(dlcheck_tokenizer, max_length=64)"))
+    project.run("--dlcheck=X4").assert_outcome("X4", "passed")
+
+
+def test_processor_and_config_disagree_on_tokens_per_image(project):
+    project.conftest(DATA.format(processor="strategy='full'", collator="tinyvlm.collator(dlcheck_tokenizer)"))
+    run = project.run("--dlcheck=X4")
+    run.assert_outcome("X4", "failed")
+    text = flat(run.section("X4"))
+    assert "the processor expands one image into 17 <image> tokens, but the model makes 16 image features" in text
+    assert "vision_feature_select_strategy='full'" in text
+    assert "vision_feature_select_strategy='default'" in text
+
+
+HAND = """
+    import pytest, torch, tinyvlm
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tinyvlm.processor()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return tinyvlm.rows(8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        tok, images = dlcheck_tokenizer.tokenizer, dlcheck_tokenizer.image_processor
+
+        def collate(rows):
+            batch = tok([r["prompt"] + r["completion"] for r in rows], padding=True, return_tensors="pt")
+            batch["pixel_values"] = images([r["images"][0] for r in rows], return_tensors="pt")["pixel_values"]
+            batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+            return dict(batch)
+
+        return collate
+"""
+
+
+def test_text_tokenized_by_the_tokenizer_alone(project):
+    project.conftest(HAND)
+    run = project.run("--dlcheck=X4")
+    run.assert_outcome("X4", "failed")
+    text = flat(run.section("X4"))
+    assert "example 0.0: 1 <image> tokens, expected 16 (1 image × 16)" in text
+    assert "tokenized by the tokenizer alone" in text
+    assert "processor(images=..., text=..., ...)" in text
