@@ -47,7 +47,7 @@ class Rendered:
         for label, texts in self.rows:
             first = True
             for text in texts:
-                for piece in textwrap.wrap(text, WIDTH - 12, break_long_words=False, replace_whitespace=False) or [""]:
+                for piece in textwrap.wrap(text, WIDTH - 12, break_long_words=False, break_on_hyphens=False, replace_whitespace=False) or [""]:
                     out.append((label if first else "", piece))
                     first = False
         return out

@@ -8,6 +8,7 @@ import importlib
 import importlib.metadata
 import pkgutil
 import re
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -87,8 +88,9 @@ def parse_doc(text: str | None) -> tuple[str, dict[str, str]]:
             current = stripped
             sections[current] = []
         elif current is not None:
-            sections[current].append(stripped)
-    return summary, {k: "\n".join(v).strip() for k, v in sections.items()}
+            sections[current].append(line.rstrip())
+    # relative indentation is kept, so code in an Example section reads as code
+    return summary, {k: textwrap.dedent("\n".join(v)).strip() for k, v in sections.items()}
 
 
 def check(

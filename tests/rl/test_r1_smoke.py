@@ -1,0 +1,58 @@
+"""R1: a reward jump together with a KL spike or a length collapse in the log of a short run; R5, R6
+information items."""
+
+import tiny_rl  # noqa: F401  (gymnasium, SB3 imported once, before the in-process runs)
+from rl_project import run_configs
+
+#: a GRPO log_history (TRL's keys) shaped like a run on a brevity-rewarding reward with beta=0.04:
+#: at step 6 the policy finds that near-empty answers score, the reward jumps, outputs collapse, KL spikes
+HACKED = [
+    {"step": 1, "reward": 0.11, "kl": 0.0, "completions/mean_length": 61.0},
+    {"step": 2, "reward": 0.13, "kl": 0.002, "completions/mean_length": 58.5},
+    {"step": 3, "reward": 0.12, "kl": 0.004, "completions/mean_length": 60.2},
+    {"step": 4, "reward": 0.14, "kl": 0.005, "completions/mean_length": 57.0},
+    {"step": 5, "reward": 0.15, "kl": 0.006, "completions/mean_length": 55.1},
+    {"step": 6, "reward": 0.91, "kl": 0.84, "completions/mean_length": 3.2},
+    {"step": 7, "reward": 0.93, "kl": 1.10, "completions/mean_length": 2.9},
+]
+
+LOG = """
+    import pytest, tiny_rl
+
+    @pytest.fixture(scope="session")
+    def dlcheck_train_log(tmp_path_factory):
+        return {log}
+"""
+
+
+def test_reward_hacking_signature_in_a_run_log(project, tmp_path_factory):
+    run = run_configs(project, {
+        "hacked": LOG.format(log=repr(HACKED)),
+        "real_noisy_run": LOG.format(log=f"list(tiny_rl.grpo_noisy_run_log({str(tmp_path_factory.mktemp('g'))!r}))"),
+        "too_short": LOG.format(log=repr(HACKED[:3])),
+    }, "--dlcheck=R1,R5")
+    run.assert_outcome("hacked", "R1", "failed")
+    text = run.flat("hacked", "R1")
+    assert "step 6: reward jumps to 0.91 from a median 0.13" in text
+    assert "kl 0.84 vs median 0.004 before (210×)" in text
+    assert "completions/mean_length 3.2 vs median 58.5 before" in text
+    assert "step 5: reward 0.15, kl 0.006, completions/mean_length 55.1" in text
+    assert "signature of reward hacking" in text and "beta=0.04" in text
+
+    # a real 10-step GRPO run at lr 0.05: KL jumps 0 -> 1.95 and the reward moves, but never together
+    run.assert_outcome("real_noisy_run", "R1", "passed")
+    run.assert_outcome("too_short", "R1", "skipped")
+    assert "R1 needs 5" in run.skips["too_short"]
+    run.assert_outcome("hacked", "R5", "skipped")
+
+
+def test_information_items(project):
+    run = run_configs(project, {
+        "sb3": "import pytest, tiny_rl\n\n@pytest.fixture\ndef dlcheck_algorithm():\n    return tiny_rl.sb3_ppo()\n\n"
+               "@pytest.fixture\ndef dlcheck_train_log():\n    return [{'train/value_loss': 0.8, 'rollout/ep_rew_mean': 21.0, "
+               "'step': 2048}, {'train/value_loss': 45.0, 'rollout/ep_rew_mean': 480.0, 'step': 100000}]\n",
+    }, "--dlcheck=R5,R6", "-rs")
+    run.assert_outcome("sb3", "R5", "skipped")
+    run.assert_outcome("sb3", "R6", "skipped")
+    assert "train/value_loss went from 0.8 (step 2048) to 45 (step 100000)" in run.text
+    assert "dlcheck_algorithm was built with seed=0" in run.text

@@ -1,0 +1,129 @@
+"""R3: PPO minibatch whitening, GRPO group normalisation and reward functions with no signal."""
+
+import numpy as np
+import tiny_rl  # noqa: F401  (gymnasium, SB3 imported once, before the in-process runs)
+from rl_project import run_configs
+
+from pytest_dlcheck import rl
+
+CLEANRL = """
+    import pytest, tiny_rl
+
+    @pytest.fixture(scope="session")
+    def dlcheck_env():
+        return tiny_rl.make_envs
+
+    @pytest.fixture(scope="session")
+    def dlcheck_advantage_minibatches():
+        return tiny_rl.ppo_minibatches(tiny_rl.Agent(), tiny_rl.make_envs(), norm_adv="{norm}")
+"""
+
+SB3 = """
+    import pytest, tiny_rl
+
+    @pytest.fixture(scope="session")
+    def dlcheck_algorithm():
+        return tiny_rl.sb3_ppo(normalize_advantage={flag})
+"""
+
+GROUPS = """
+    import pytest, tiny_rl
+
+    @pytest.fixture(scope="session")
+    def dlcheck_group_advantages():
+        return tiny_rl.{name}
+"""
+
+GRPO = """
+    import pytest, tiny_rl
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        return tiny_rl.grpo_trainer(tmp_path_factory.mktemp("grpo"), [{funcs}])
+"""
+
+
+def test_ppo_minibatch_whitening(project):
+    run = run_configs(project, {
+        "cleanrl_minibatch": CLEANRL.format(norm="minibatch"),
+        "cleanrl_none": CLEANRL.format(norm="none"),
+        "cleanrl_buffer": CLEANRL.format(norm="buffer"),
+        "sb3_default": SB3.format(flag=True),
+        "sb3_off": SB3.format(flag=False),
+        "sb3_a2c": "import pytest\nfrom stable_baselines3 import A2C\n\n@pytest.fixture\ndef dlcheck_algorithm():\n"
+                   "    return A2C('MlpPolicy', 'CartPole-v1', n_steps=8, device='cpu', seed=0)\n",
+    }, "--dlcheck=R3")
+    run.assert_outcome("cleanrl_minibatch", "R3", "passed")
+    run.assert_outcome("sb3_default", "R3", "passed")
+
+    run.assert_outcome("cleanrl_none", "R3", "failed")
+    text = run.flat("cleanrl_none", "R3")
+    assert "advantages whitened at the level 'none', the recipe says 'minibatch'" in text
+    assert "minibatch 0: 32 advantages, mean" in text and "all 4 minibatches together: 128 advantages" in text
+    assert "reach the loss unnormalised" in text and "mb_adv.std() + 1e-8" in text
+
+    run.assert_outcome("cleanrl_buffer", "R3", "failed")
+    text = run.flat("cleanrl_buffer", "R3")
+    assert "whitened at the level 'buffer', the recipe says 'minibatch'" in text
+    assert "whitened once over the whole rollout" in text
+
+    run.assert_outcome("sb3_off", "R3", "failed")
+    text = run.flat("sb3_off", "R3")
+    assert "PPO.train()'s minibatches of 32 from 256 steps of PPO's policy on a copy of its env, normalize_advantage=False" in text
+    assert "normalize_advantage=True" in text
+
+    # A2C's recipe does not whiten: nothing to hold it to
+    run.assert_outcome("sb3_a2c", "R3", "skipped")
+    assert "A2C's recipe does not whiten advantages" in run.skips["sb3_a2c"]
+
+
+def test_grpo_group_normalisation_and_reward_functions(project):
+    run = run_configs(project, {
+        "trl_formula": GROUPS.format(name="group_advantages_trl"),
+        "no_eps": GROUPS.format(name="group_advantages_no_eps"),
+        "whole_batch": GROUPS.format(name="group_advantages_whole_batch"),
+        "grpo_ok": GRPO.format(funcs="tiny_rl.reward_brevity, tiny_rl.reward_matches_solution"),
+        "grpo_prompt_only": GRPO.format(funcs="tiny_rl.reward_brevity, tiny_rl.reward_prompt_length"),
+    }, "--dlcheck=R3")
+    run.assert_outcome("trl_formula", "R3", "passed")
+    run.assert_outcome("grpo_ok", "R3", "passed")
+
+    run.assert_outcome("no_eps", "R3", "failed")
+    text = run.flat("no_eps", "R3")
+    assert "group 0: rewards [0, 0] -> advantages [nan, nan]" in text
+    assert "std is 0" in text and "(std + 1e-4)" in text
+
+    run.assert_outcome("whole_batch", "R3", "failed")
+    assert "whitened over the whole batch instead of within each prompt's group" in run.section("whole_batch", "R3")
+
+    run.assert_outcome("grpo_prompt_only", "R3", "failed")
+    text = run.flat("grpo_prompt_only", "R3")
+    assert "reward_funcs[1] reward_prompt_length gave every completion of a prompt the same reward" in text
+    assert "prompt 'what is 2+2?': rewards [0.6, 0.6, 0.6, 0.6, …]" in text
+    assert "its group-normalised advantage (r − mean_group) is 0" in text
+    assert "Traceback" not in run.text
+
+
+def test_flat_groups_in_every_logged_step_fail(project):
+    run = run_configs(project, {
+        "flat": "import pytest\n\n@pytest.fixture\ndef dlcheck_train_log():\n"
+                "    return [{'reward': 0.0, 'frac_reward_zero_std': 1.0, 'step': s} for s in range(1, 5)]\n",
+        "some_signal": "import pytest\n\n@pytest.fixture\ndef dlcheck_train_log():\n"
+                       "    return [{'reward': 0.1, 'frac_reward_zero_std': 0.5, 'step': s} for s in range(1, 5)]\n",
+    }, "--dlcheck=R3")
+    run.assert_outcome("flat", "R3", "failed")
+    assert "frac_reward_zero_std = [1, 1, 1, 1] over 4 logged steps" in run.section("flat", "R3")
+    run.assert_outcome("some_signal", "R3", "passed")
+
+
+def test_whitening_levels():
+    rng = np.random.default_rng(0)
+    adv = rng.normal(3, 5, 128)
+    mbs = np.split(adv, 4)
+    assert not any(rl.whitened(mb, 0.02) for mb in mbs)
+    white = [(mb - mb.mean()) / mb.std(ddof=1) for mb in mbs]
+    assert all(rl.whitened(mb, 0.02) for mb in white)
+    biased = [(mb - mb.mean()) / mb.std() for mb in mbs]  # numpy's default ddof=0
+    assert all(rl.whitened(mb, 0.02) for mb in biased)
+    whole = (adv - adv.mean()) / adv.std()
+    assert rl.whitened(whole, 0.02) and not all(rl.whitened(mb, 0.02) for mb in np.split(whole, 4))

@@ -1,0 +1,141 @@
+"""R4: the user's own save -> load round trip keeps running statistics and the replay buffer."""
+
+import tiny_rl  # noqa: F401  (gymnasium, SB3 imported once, before the in-process runs)
+from rl_project import run_configs
+
+PPO_VECNORMALIZE = """
+    import pytest, tiny_rl
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    @pytest.fixture(scope="session")
+    def dlcheck_algorithm():
+        return tiny_rl.trained_ppo()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_agent(dlcheck_algorithm):
+        def save(d):
+            dlcheck_algorithm.save(d / "model")
+            {save_stats}
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_agent():
+        def load(d):
+            {load_env}
+            return PPO.load(d / "model", env=venv, device="cpu")
+        return load
+"""
+
+CORRECT = dict(save_stats='dlcheck_algorithm.get_vec_normalize_env().save(d / "vecnormalize.pkl")',
+               load_env='venv = VecNormalize.load(d / "vecnormalize.pkl", make_vec_env("CartPole-v1", n_envs=2))')
+MODEL_ONLY = dict(save_stats="pass", load_env='venv = VecNormalize(make_vec_env("CartPole-v1", n_envs=2))')
+
+DQN = """
+    import pytest, tiny_rl
+    from stable_baselines3 import DQN
+
+    @pytest.fixture(scope="session")
+    def dlcheck_algorithm():
+        return tiny_rl.trained_dqn()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_agent(dlcheck_algorithm):
+        def save(d):
+            dlcheck_algorithm.save(d / "model")
+            if {with_buffer}:
+                dlcheck_algorithm.save_replay_buffer(d / "replay_buffer.pkl")
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_agent():
+        def load(d):
+            model = DQN.load(d / "model", device="cpu")
+            if {with_buffer}:
+                model.load_replay_buffer(d / "replay_buffer.pkl")
+            return model
+        return load
+"""
+
+GYM_WRAPPER = """
+    import pickle, pytest
+    import gymnasium as gym
+
+    def make_env():
+        return gym.wrappers.NormalizeObservation(gym.make("CartPole-v1"))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_env():
+        env = make_env()
+        env.reset(seed=0)
+        for _ in range(50):
+            if any(env.step(env.action_space.sample())[2:4]):
+                env.reset()
+        return env
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_agent(dlcheck_env):
+        def save(d):
+            (d / "agent.txt").write_text("weights")
+            if {keep}:
+                (d / "obs_rms.pkl").write_bytes(pickle.dumps(dlcheck_env.obs_rms))
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_agent():
+        def load(d):
+            env = make_env()
+            if {keep}:
+                env.obs_rms = pickle.loads((d / "obs_rms.pkl").read_bytes())
+            return env
+        return load
+"""
+
+
+def test_checkpoint_round_trips(project):
+    run = run_configs(project, {
+        "ppo_correct": PPO_VECNORMALIZE.format(**CORRECT),
+        "ppo_model_only": PPO_VECNORMALIZE.format(**MODEL_ONLY),
+        "dqn_with_buffer": DQN.format(with_buffer=True),
+        "dqn_model_only": DQN.format(with_buffer=False),
+        "gym_kept": GYM_WRAPPER.format(keep=True),
+        "gym_lost": GYM_WRAPPER.format(keep=False),
+        "fresh": "import pytest, tiny_rl\n\n@pytest.fixture\ndef dlcheck_algorithm():\n    return tiny_rl.sb3_ppo()\n\n"
+                 "@pytest.fixture\ndef dlcheck_save_agent():\n    return lambda d: None\n\n"
+                 "@pytest.fixture\ndef dlcheck_load_agent():\n    return lambda d: None\n",
+    }, "--dlcheck=R4")
+    for ok in ("ppo_correct", "dqn_with_buffer", "gym_kept"):
+        run.assert_outcome(ok, "R4", "passed")
+
+    run.assert_outcome("ppo_model_only", "R4", "failed")
+    text = run.flat("ppo_model_only", "R4")
+    assert "saved 1 file(s) (model.zip); after the load:" in text
+    assert "obs_rms.count: 258 before the save, 0.0001 after the load" in text
+    assert "obs_rms.mean: [" in text and "after the load" in text
+    assert "model.save() stores the policy, not VecNormalize's obs_rms/ret_rms" in text
+    assert "model.get_vec_normalize_env().save(d / 'vecnormalize.pkl')" in text
+
+    run.assert_outcome("dqn_model_only", "R4", "failed")
+    text = run.flat("dqn_model_only", "R4")
+    assert "replay_buffer.transitions: 120 before the save, 0 after the load" in text
+    assert "model.save_replay_buffer" in text
+
+    run.assert_outcome("gym_lost", "R4", "failed")
+    text = run.flat("gym_lost", "R4")
+    assert "saved 1 file(s) (agent.txt)" in text and "before the save, 0.0001 after the load" in text
+    assert "save wrapper.obs_rms" in text
+
+    run.assert_outcome("fresh", "R4", "skipped")
+    assert "at their initial values" in run.skips["fresh"]
+    assert "Traceback" not in run.text
+
+
+def test_the_live_statistics_are_left_as_they_were(project):
+    """R4 swaps the live statistics out while the user's load runs: they must come back, values and objects."""
+    algo = tiny_rl.trained_ppo()
+    venv = algo.get_vec_normalize_env()
+    rms, mean, count = venv.obs_rms, venv.obs_rms.mean.copy(), venv.obs_rms.count
+    run = run_configs(project, {"ppo_model_only": PPO_VECNORMALIZE.format(**MODEL_ONLY)}, "--dlcheck=R4")
+    run.assert_outcome("ppo_model_only", "R4", "failed")
+    assert venv.obs_rms is rms and (venv.obs_rms.mean == mean).all() and venv.obs_rms.count == count

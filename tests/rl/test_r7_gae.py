@@ -1,0 +1,177 @@
+"""R7: the user's GAE/returns function against the reference on Hypothesis-generated rollouts."""
+
+import numpy as np
+import pytest
+import tiny_rl  # noqa: F401  (gymnasium, SB3 imported once, before the in-process runs)
+import torch
+
+from pytest_dlcheck import rl
+
+from rl_project import run_configs
+
+HAND_GAE = """
+    import pytest, tiny_rl
+    from pytest_dlcheck.rl import advantage_fn
+
+    @pytest.fixture(scope="session")
+    def dlcheck_advantage_fn():
+        return advantage_fn(tiny_rl.{name}, arrays="torch")
+"""
+
+HARD_CODED_GAMMA = """
+    import pytest, tiny_rl
+
+    @pytest.fixture(scope="session")
+    def dlcheck_advantage_fn():
+        def gae(rollout):
+            r = rollout.as_torch()
+            return tiny_rl.compute_gae(r.rewards, r.values, r.terminated, r.truncated, r.next_values, 0.9, 0.95)
+        return gae
+"""
+
+AMBIGUOUS_DONES = """
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def dlcheck_advantage_fn():
+        def gae(rewards, values, dones, next_value):
+            return rewards
+        return gae
+"""
+
+
+def test_hand_written_gae_functions(project):
+    run = run_configs(project, {
+        "correct": HAND_GAE.format(name="compute_gae"),
+        "done_bootstrap": HAND_GAE.format(name="compute_gae_done_bootstrap"),
+        "ignores_dones": HAND_GAE.format(name="compute_gae_ignoring_dones"),
+        "hard_coded_gamma": HARD_CODED_GAMMA,
+        "dones_param": AMBIGUOUS_DONES,
+    }, "--dlcheck=R7")
+    run.assert_outcome("correct", "R7", "passed")
+
+    # done = terminated or truncated: the shrunk rollout is one truncated step, the final value dropped
+    run.assert_outcome("done_bootstrap", "R7", "failed")
+    text = run.section("done_bootstrap", "R7")
+    assert "disagrees with the reference GAE at a truncated step" in text
+    assert "rollout of 1 step × 1 env, gamma 0.99, gae_lambda 0.95, same_step autoreset" in text, text
+    for row in ("end             trunc", "next value          1", "adv. yours          0", "adv. reference   0.99"):
+        assert row in text, text
+    assert "done = terminated or truncated used for bootstrapping" in text
+    assert "on 40 more varied rollouts your advantages equal exactly what this mistake computes" in text
+    assert "(1 − terminated_t)" in text  # the fix
+
+    run.assert_outcome("ignores_dones", "R7", "failed")
+    text = run.section("ignores_dones", "R7")
+    assert "disagrees with the reference GAE at a terminated step" in text
+    assert "end              term" in text and "adv. yours       0.99" in text
+    assert "the GAE ignores episode ends" in text
+
+    run.assert_outcome("hard_coded_gamma", "R7", "failed")
+    assert "the discounting itself differs" in run.section("hard_coded_gamma", "R7")
+
+    run.assert_outcome("dones_param", "R7", "failed")
+    assert "named 'dones', which is ambiguous" in run.section("dones_param", "R7")
+    assert "Traceback" not in run.text
+
+
+SB3_CUSTOM_BUFFER = """
+    import numpy as np, pytest, tiny_rl
+    from stable_baselines3.common.buffers import RolloutBuffer
+
+    class MyBuffer(RolloutBuffer):
+        def compute_returns_and_advantage(self, last_values, dones):
+            last_values = last_values.clone().cpu().numpy().flatten()
+            last_gae_lam = 0
+            for step in reversed(range(self.buffer_size)):
+                if step == self.buffer_size - 1:
+                    next_non_terminal, next_values = 1.0 - dones.astype(np.float32), last_values
+                else:  # off by one: episode_starts[step] is the start of this step's own episode
+                    next_non_terminal, next_values = 1.0 - self.episode_starts[step], self.values[step + 1]
+                delta = self.rewards[step] + self.gamma * next_values * next_non_terminal - self.values[step]
+                last_gae_lam = delta + self.gamma * self.gae_lambda * next_non_terminal * last_gae_lam
+                self.advantages[step] = last_gae_lam
+            self.returns = self.advantages + self.values
+
+    @pytest.fixture(scope="session")
+    def dlcheck_algorithm():
+        return tiny_rl.sb3_ppo(rollout_buffer_class=MyBuffer)
+"""
+
+NEXT_STEP_ENV = """
+    import pytest, tiny_rl
+    from pytest_dlcheck.rl import advantage_fn
+
+    @pytest.fixture(scope="session")
+    def dlcheck_env():
+        return lambda: tiny_rl.make_envs(autoreset="next_step")   # gymnasium 1.x's default autoreset
+
+    @pytest.fixture(scope="session")
+    def dlcheck_advantage_fn():
+        return advantage_fn(tiny_rl.{name}, arrays="torch")
+"""
+
+
+def test_sb3_rollout_buffers_and_next_step_rollouts(project):
+    run = run_configs(project, {
+        "sb3_ppo": "import pytest, tiny_rl\n\n@pytest.fixture(scope='session')\n"
+                   "def dlcheck_algorithm():\n    return tiny_rl.sb3_ppo()\n",
+        "sb3_custom_buffer": SB3_CUSTOM_BUFFER,
+        # a GAE that reads the final observation's value from next_values handles reset steps too
+        "next_step_ok": NEXT_STEP_ENV.format(name="compute_gae"),
+        "next_step_bad": NEXT_STEP_ENV.format(name="compute_gae_ignoring_dones"),
+    }, "--dlcheck=R7")
+    run.assert_outcome("sb3_ppo", "R7", "passed")
+    run.assert_outcome("sb3_custom_buffer", "R7", "failed")
+    text = run.section("sb3_custom_buffer", "R7")
+    assert "PPO's MyBuffer.compute_returns_and_advantage disagrees with the reference GAE" in text
+    assert "the episode-end flags are off by one step" in run.flat("sb3_custom_buffer", "R7")
+    run.assert_outcome("next_step_ok", "R7", "passed")
+    run.assert_outcome("next_step_bad", "R7", "failed")
+    assert "next_step autoreset" in run.section("next_step_bad", "R7")
+
+
+# ---- the reference itself ------------------------------------------------------------------------
+
+
+def test_reference_matches_sb3_rollout_buffer_on_generated_rollouts():
+    algo = tiny_rl.sb3_ppo(normalize=False)
+    fn = rl.sb3_advantage_fn(algo)
+    for r in rl.sample_rollouts(60, seed=3, gamma=algo.gamma, gae_lambda=algo.gae_lambda):
+        adv, ret = rl.parse_advantage_output(fn(r), (r.num_steps, r.num_envs))
+        assert rl.compare(r, adv, ret, 1e-5, 1e-5).agrees
+
+
+def test_reference_matches_hand_computed_values():
+    f = np.float32
+    r = rl.Rollout(rewards=np.array([[1.0], [1.0], [1.0]], f), values=np.array([[0.5], [0.5], [2.0]], f),
+                   terminated=np.array([[False], [True], [False]]), truncated=np.array([[False], [False], [True]]),
+                   next_values=np.array([[0.5], [9.0], [3.0]], f), episode_starts=np.zeros((3, 1), bool),
+                   reset_steps=np.zeros((3, 1), bool), gamma=0.5, gae_lambda=0.5)
+    adv, ret = rl.reference_gae(r)
+    # t=2 truncated: 1 + 0.5*3 - 2 = 0.5; t=1 terminated: 1 - 0.5 = 0.5 (9.0 unused);
+    # t=0: delta = 1 + 0.5*0.5 - 0.5 = 0.75, plus 0.25 * 0.5
+    assert np.allclose(adv[:, 0], [0.875, 0.5, 0.5])
+    assert np.allclose(ret, adv + r.values)
+
+
+def test_every_known_mistake_is_told_apart_by_the_identification_rollouts():
+    samples = rl.sample_rollouts(40)
+    for name in rl.VARIANTS:
+        outputs = [(r, *rl.reference_gae(r, name)) for r in samples]
+        assert rl.identify_mistake(outputs, 1e-4, 1e-4) == name
+
+
+def test_generated_rollouts_cover_every_end_at_every_position():
+    seen = set()
+    for r in rl.sample_rollouts(200, max_steps=4):
+        for t in range(r.num_steps):
+            for n in range(r.num_envs):
+                seen.add((rl.end_label(r, t, n), t == r.num_steps - 1))
+    assert {("term", True), ("trunc", True), ("both", True), ("term", False), ("trunc", False), ("-", True)} <= seen
+
+
+def test_torch_view_keeps_flags_as_floats():
+    r = rl.sample_rollouts(1)[0].as_torch()
+    assert r.terminated.dtype == torch.float32 and r.rewards.dtype == torch.float32
+    assert pytest.approx(float((1.0 - r.terminated).min())) in (0.0, 1.0)

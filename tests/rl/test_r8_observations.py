@@ -1,0 +1,127 @@
+"""R8: observations reach the policy on unit-like scales."""
+
+import numpy as np
+import tiny_rl  # noqa: F401  (gymnasium, SB3 imported once, before the in-process runs)
+from rl_project import run_configs
+
+from pytest_dlcheck import rl
+
+FACTORY = """
+    import pytest
+    import gymnasium as gym
+
+    @pytest.fixture(scope="session")
+    def dlcheck_env():
+        return lambda: {make}
+"""
+
+SB3 = """
+    import pytest, tiny_rl
+
+    @pytest.fixture(scope="session")
+    def dlcheck_algorithm():
+        return tiny_rl.sb3_ppo("MountainCar-v0", normalize={normalize})
+"""
+
+PIXEL_ENV = """
+    import numpy as np, pytest
+    import gymnasium as gym
+
+    class PointOnScreen(gym.Env):
+        \"\"\"A point steered on a 640x480 screen; observations in pixels and pixels per step.\"\"\"
+        observation_space = gym.spaces.Box(np.array([0, 0, -20, -20], np.float32), np.array([640, 480, 20, 20], np.float32))
+        action_space = gym.spaces.Discrete(4)
+
+        def reset(self, seed=None, options=None):
+            super().reset(seed=seed)
+            self.state = np.array([*self.np_random.uniform((0, 0), (640, 480)), 0, 0], np.float32)
+            return self.state.copy(), {{}}
+
+        def step(self, action):
+            dv = [(1, 0), (-1, 0), (0, 1), (0, -1)][int(action)]
+            self.state[2:] = np.clip(self.state[2:] + dv, -20, 20)
+            self.state[:2] = np.clip(self.state[:2] + self.state[2:], 0, (640, 480))
+            return self.state.copy(), -float(np.abs(self.state[:2] - (320, 240)).sum()) / 100, False, False, {{}}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_env():
+        return PointOnScreen
+    {preprocess}
+"""
+
+SCALED = """
+    @pytest.fixture(scope="session")
+    def dlcheck_preprocess_obs():
+        return lambda obs: obs / np.array([640, 480, 20, 20], np.float32)   # what the agent does first
+"""
+
+
+CLEANRL_ROLLOUT = """
+    import pytest, tiny_rl
+
+    @pytest.fixture(scope="session")
+    def dlcheck_rollout():
+        envs = tiny_rl.make_envs(env_id="MountainCar-v0")
+        return tiny_rl.collect_rollout(tiny_rl.Agent(obs_dim=2, n_actions=3), envs)   # its 'obs' buffer: (64, 2, 2)
+    {preprocess}
+"""
+
+RUNNING_NORM = """
+    @pytest.fixture(scope="session")
+    def dlcheck_preprocess_obs(dlcheck_rollout):
+        obs = dlcheck_rollout["obs"].reshape(-1, 2)
+        mean, std = obs.mean(0), obs.std(0)
+        return lambda o: (o - mean.numpy()) / (std.numpy() + 1e-8)   # the agent's running normalisation
+"""
+
+
+def test_observation_scales(project):
+    run = run_configs(project, {
+        "cartpole_raw": FACTORY.format(make='gym.make("CartPole-v1")'),
+        "mountaincar_raw": FACTORY.format(make='gym.make("MountainCar-v0")'),
+        "mountaincar_wrapped": FACTORY.format(make='gym.wrappers.NormalizeObservation(gym.make("MountainCar-v0"))'),
+        "sb3_raw": SB3.format(normalize=False),
+        "sb3_vecnormalize": SB3.format(normalize=True),
+        "pixels": PIXEL_ENV.format(preprocess=""),
+        "pixels_scaled": PIXEL_ENV.format(preprocess=SCALED),
+        "rollout_raw": CLEANRL_ROLLOUT.format(preprocess=""),
+        "rollout_normalised": CLEANRL_ROLLOUT.format(preprocess=RUNNING_NORM),
+        "discrete": FACTORY.format(make='gym.make("FrozenLake-v1")'),
+    }, "--dlcheck=R8")
+    for ok in ("cartpole_raw", "mountaincar_wrapped", "sb3_vecnormalize", "pixels_scaled", "rollout_normalised"):
+        run.assert_outcome(ok, "R8", "passed")
+
+    run.assert_outcome("mountaincar_raw", "R8", "failed")
+    text = run.flat("mountaincar_raw", "R8")
+    assert "256 observations of a fresh env from dlcheck_env (MountainCar-v0), random actions" in text
+    assert "dim 1: 90% of |x| ≤ 0.0" in text
+    assert "dim 0 is " in text and "× dim 1 > R8.max_scale_ratio 30" in text
+    assert "barely moves the first layer's weighted sums" in text
+    assert "NormalizeObservation" in text and "VecNormalize(env)" in text
+
+    run.assert_outcome("sb3_raw", "R8", "failed")
+    text = run.flat("sb3_raw", "R8")
+    assert "256 steps of PPO's policy on a copy of its env" in text
+    assert "× dim 1 > R8.max_scale_ratio" in text
+
+    run.assert_outcome("pixels", "R8", "failed")
+    text = run.flat("pixels", "R8")
+    assert "dimension(s) 0, 1 reach |x| ≈" in text and "> R8.max_scale 10" in text
+    assert "tanh units saturate" in text
+
+    run.assert_outcome("rollout_raw", "R8", "failed")
+    text = run.flat("rollout_raw", "R8")
+    assert "dlcheck_rollout; scale of each of 2 dimension(s)" in text and "× dim 1 > R8.max_scale_ratio" in text
+
+    run.assert_outcome("discrete", "R8", "skipped")
+    assert "FrozenLake-v1 has Discrete" in run.skips["discrete"]
+    assert "Traceback" not in run.text
+
+
+def test_scale_is_robust_to_rare_outliers_and_ignores_constant_dimensions():
+    obs = np.zeros((200, 3))
+    obs[:, 0] = np.linspace(-1, 1, 200)
+    obs[5, 1] = 1000.0  # one outlier in 200
+    scales = rl.observation_scales(obs)
+    assert scales[0].scale == np.percentile(np.abs(obs[:, 0]), 90)
+    assert scales[1].scale == 0 and scales[2].scale == 0
