@@ -1,0 +1,48 @@
+"""C2: an interrupted save leaves the previous checkpoint loadable."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+import tiny_train as tt  # noqa: E402
+
+SAVE = """
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        return tt.{save}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        return tt.load_all
+"""
+
+
+def test_torch_save_onto_the_previous_checkpoint(project):
+    project.conftest(tt.loop_project(extra=SAVE.format(save="save_all")))
+    run = project.run("--dlcheck=C2")
+    run.assert_outcome("C2", "failed")
+    text = tt.section(run, "C2")
+    assert "a save through dlcheck_save_checkpoint was interrupted half way while writing dlcheck-atomic0/checkpoint" in text
+    assert "file sizes before and after the interrupted save: checkpoint: 10106 -> 7992 bytes" in text
+    assert "loading dlcheck-atomic0/checkpoint afterwards raises" in text
+    assert "os.replace(tmp, path)" in text
+
+
+def test_save_to_a_temporary_file_then_rename(project):
+    project.conftest(tt.loop_project(extra=SAVE.format(save="save_atomic")))
+    project.run("--dlcheck=C2").assert_outcome("C2", "passed")
+
+
+def test_trainer_checkpoint_directories_keep_the_previous_one(project):
+    project.conftest('''
+    import pytest, tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        return SFTTrainer(model=tiny.llama(tok), args=tiny.trainer_args(tmp_path_factory.mktemp("o"), SFTConfig),
+                          processing_class=tok, train_dataset=Dataset.from_dict({"text": tiny.texts()}))
+    ''')
+    project.run("--dlcheck=C2").assert_outcome("C2", "passed")

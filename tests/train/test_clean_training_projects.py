@@ -1,0 +1,77 @@
+"""Clean training set-ups of the three kinds of users pass every check of train, ckpt and smoke (a check
+that does not apply skips, saying why); none fails."""
+
+import pytest
+import tiny_lightning as tl
+import tiny_train as tt
+
+SFT = """
+    import pytest, tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        train = Dataset.from_dict({"prompt": tiny.PROMPTS[:4] * 3, "completion": tiny.COMPLETIONS[:4] * 3})
+        held_out = Dataset.from_dict({"prompt": tiny.PROMPTS[4:], "completion": tiny.COMPLETIONS[4:]})
+        args = tiny.trainer_args(tmp_path_factory.mktemp("sft"), SFTConfig, learning_rate=1e-3, warmup_steps=1)
+        return SFTTrainer(model=tiny.llama(tok), args=args, processing_class=tok, train_dataset=train,
+                          eval_dataset=held_out)
+"""
+
+DPO = """
+    import copy, pytest, tiny
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        model = tiny.llama(tok)
+        data = Dataset.from_dict({"prompt": tiny.PROMPTS, "chosen": tiny.COMPLETIONS,
+                                  "rejected": tiny.COMPLETIONS[1:] + tiny.COMPLETIONS[:1]})
+        args = tiny.trainer_args(tmp_path_factory.mktemp("dpo"), DPOConfig, max_length=64, learning_rate=1e-3)
+        return DPOTrainer(model=model, ref_model=copy.deepcopy(model), args=args, processing_class=tok, train_dataset=data)
+"""
+
+GRPO = """
+    import pytest, tiny
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    def reward(completions, **kw):
+        return [float(len(c)) for c in completions]
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        args = tiny.trainer_args(tmp_path_factory.mktemp("grpo"), GRPOConfig, num_generations=2, max_completion_length=8,
+                                 beta=0.0, per_device_train_batch_size=4)
+        return GRPOTrainer(model=tiny.llama(tok), reward_funcs=reward, args=args, processing_class=tok,
+                           train_dataset=Dataset.from_dict({"prompt": tiny.PROMPTS}))
+"""
+
+LOOP = tt.loop_project(loader="tt.loader(shuffle=True)", extra="""
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        return tt.save_atomic
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        return tt.load_all
+""")
+
+PROJECTS = {"sft-trainer": SFT, "dpo-trainer": DPO, "grpo-trainer": GRPO, "lightning": tl.project(), "plain-loop": LOOP}
+#: GRPO generates inside every step: the T checks skip (its loss needs completions), the runs are real
+RAN = {"grpo-trainer": {"C1", "C18", "S1", "S3"}}
+
+
+@pytest.mark.parametrize("kind", sorted(PROJECTS))
+def test_clean_project_fails_no_check(project, kind):
+    project.conftest(PROJECTS[kind])
+    run = project.run("--dlcheck=train,ckpt,smoke,L9,L10", *(["--dlcheck-set=S1.steps=6"] if kind == "grpo-trainer" else []))
+    failed = {cid for cid, outs in run.outcomes.items() if set(outs) & {"failed", "error"}}
+    assert not failed, run.text
+    ran = {cid for cid, outs in run.outcomes.items() if "passed" in outs}
+    assert RAN.get(kind, {"T3", "T5", "C1", "C18", "S1"}) <= ran, run.text

@@ -1,0 +1,41 @@
+"""T3: every trainable parameter gets a gradient, and the optimizer holds it."""
+
+import tiny_train as tt
+
+
+def test_detached_body_is_frozen_by_accident(project):
+    project.conftest(tt.loop_project(model="tt.DetachedBodyMLP()"))
+    run = project.run("--dlcheck=T3")
+    run.assert_outcome("T3", "failed")
+    text = tt.section(run, "T3")
+    assert "2 of 4 trainable parameter tensors get no gradient" in text
+    assert "body.0.weight [32x8]" in text and "module(s) that run but pass no gradient back: body.0" in text
+    assert "detach" in text
+
+
+def swap_head(where: str) -> str:
+    """Transfer learning: a new head for the task's classes, swapped in before or after the optimizer."""
+    build = "tt.MLP()"
+    swap = "model.head = nn.Linear(32, 4)"
+    return tt.loop_project(model=build + (f"; {swap}" if where == "before" else ""),
+                           optimizer="torch.optim.AdamW(model.parameters(), lr=1e-2)" + (f"; {swap}" if where == "after" else ""))
+
+
+def test_head_swapped_after_building_the_optimizer(project):
+    project.conftest(swap_head("after"))
+    run = project.run("--dlcheck=T3")
+    run.assert_outcome("T3", "failed")
+    text = tt.section(run, "T3")
+    assert "2 of 4 parameter tensors that get a gradient are in no param group of the AdamW: head.weight [4x32], head.bias [4]" in text
+    assert "no longer parameters of the model: [4x32], [4]" in text
+    assert "build the optimizer after every change to the model" in text
+
+
+def test_head_swapped_before_building_the_optimizer_passes(project):
+    project.conftest(swap_head("before"))
+    project.run("--dlcheck=T3").assert_outcome("T3", "passed")
+
+
+def test_clean_mlp_passes(project):
+    project.conftest(tt.loop_project())
+    project.run("--dlcheck=T3").assert_outcome("T3", "passed")

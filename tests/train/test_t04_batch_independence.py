@@ -1,0 +1,49 @@
+"""T4: in eval mode, an example's output does not depend on the other examples of its batch."""
+
+import tiny_train as tt
+
+SEQ = dict(loader="torch.utils.data.DataLoader(tt.sequences(), batch_size=4)")
+
+
+def test_transformer_layer_without_batch_first_attends_across_the_batch(project):
+    project.conftest(tt.loop_project(model="tt.SeqClassifier(batch_first=False)", **SEQ))
+    run = project.run("--dlcheck=T4")
+    run.assert_outcome("T4", "failed")
+    text = tt.section(run, "T4")
+    assert "the output of example 0 depends on the input of example" in text
+    assert "first module whose output mixes the examples: encoder.layers.0.self_attn (MultiheadAttention, batch_first=False)" in text
+    assert "TransformerEncoderLayer has batch_first=False" in text or "MultiheadAttention has batch_first=False" in text
+    assert "batch_first=True" in text
+
+
+def test_batch_first_transformer_passes(project):
+    project.conftest(tt.loop_project(model="tt.SeqClassifier(batch_first=True)", **SEQ))
+    project.run("--dlcheck=T4").assert_outcome("T4", "passed")
+
+
+def test_a_transpose_written_as_a_view_mixes_examples(project):
+    project.conftest(tt.loop_project(model="tt.SeqPooler(use_view=True)", **SEQ))
+    run = project.run("--dlcheck=T4")
+    run.assert_outcome("T4", "failed")
+    text = tt.section(run, "T4")
+    assert "the first module whose output mixes the examples: head (Linear)" in text
+    assert "a view/reshape that moves data across dim 0" in text and "permute/transpose" in text
+
+
+def test_a_real_transpose_passes(project):
+    project.conftest(tt.loop_project(model="tt.SeqPooler(use_view=False)", **SEQ))
+    project.run("--dlcheck=T4").assert_outcome("T4", "passed")
+
+
+def test_causal_lm_trainer_passes(project):
+    project.conftest('''
+    import pytest, tiny
+    from transformers import DataCollatorForLanguageModeling, Trainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        return Trainer(model=tiny.llama(tok), args=tiny.trainer_args(tmp_path_factory.mktemp("o")),
+                       train_dataset=tiny.tokenized(tok), data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
+    ''')
+    project.run("--dlcheck=T4,T5").assert_outcome("T4", "passed")

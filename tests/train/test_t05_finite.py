@@ -1,0 +1,52 @@
+"""T5: finite data, activations, loss and gradients."""
+
+import tiny_train as tt
+
+POINTS = """
+    import pytest, torch, tiny_train as tt
+    import torch.nn.functional as F
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = tt.DeepSets().to(torch.{dtype})
+            return {{"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-3)}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return torch.utils.data.DataLoader(tt.point_clouds(), batch_size=4)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_compute_loss():
+        return lambda model, batch: F.cross_entropy(model(batch[0].to(torch.{dtype})).float(), batch[1])
+"""
+
+
+def test_float16_sum_pooling_overflows(project):
+    project.conftest(POINTS.format(dtype="float16"))
+    run = project.run("--dlcheck=T5")
+    run.assert_outcome("T5", "failed")
+    text = tt.section(run, "T5")
+    assert "the first module with a non-finite output is rho (Linear, float16)" in text
+    assert "its input already holds" in text and "after phi overflowed" in text
+    assert "float16 overflow" in text and "bfloat16" in text
+
+
+def test_bfloat16_has_the_range(project):
+    project.conftest(POINTS.format(dtype="bfloat16"))
+    project.run("--dlcheck=T5").assert_outcome("T5", "passed")
+
+
+def test_nan_in_the_data(project):
+    project.conftest(tt.loop_project(loader="torch.utils.data.DataLoader(tt.with_nan(tt.blobs()), batch_size=8)"))
+    run = project.run("--dlcheck=T5")
+    run.assert_outcome("T5", "failed")
+    text = tt.section(run, "T5")
+    assert "batch 0: field batch[0] (float32 (8, 8)) holds 1 non-finite values (1 NaN, 0 Inf)" in text
+    assert "the data itself contains NaN" in text
+
+
+def test_clean_mlp_passes(project):
+    project.conftest(tt.loop_project())
+    project.run("--dlcheck=T5").assert_outcome("T5", "passed")

@@ -1,0 +1,70 @@
+"""A tiny real Lightning project: a classifier LightningModule on the blobs task and its datamodule.
+Lightning is imported here, once, before the in-process pytest runs of the tests that use it."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import tiny_train as tt
+import torch
+from torch.nn import functional as F
+from torch.utils.data import DataLoader
+
+
+class Classifier(pl.LightningModule):
+    def __init__(self, lr: float = 1e-2, dropout: float = 0.0, warmup: int = 3):
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = tt.MLP(dropout=dropout)
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self(x), y))
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, tt.warmup(self.hparams.warmup))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class Blobs(pl.LightningDataModule):
+    def __init__(self, shuffle: bool = False, batch_size: int = 8):
+        super().__init__()
+        self.shuffle = shuffle
+        self.batch_size = batch_size
+
+    def setup(self, stage=None):
+        self.train_set = tt.blobs(64, seed=0)
+        self.val_set = tt.blobs(32, seed=1)
+
+    def train_dataloader(self):
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle)
+
+    def val_dataloader(self):
+        return DataLoader(self.val_set, batch_size=self.batch_size)
+
+
+PROJECT = """
+    import pytest, torch, tiny_lightning as tl
+
+    @pytest.fixture(scope="session")
+    def dlcheck_lightning_module():
+        torch.manual_seed(0)
+        return tl.Classifier({module})
+
+    @pytest.fixture(scope="session")
+    def dlcheck_datamodule():
+        return tl.Blobs({data})
+"""
+
+
+def project(module: str = "", data: str = "") -> str:
+    return PROJECT.format(module=module, data=data)
