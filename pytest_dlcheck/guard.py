@@ -32,6 +32,17 @@ def preserved_rng() -> Iterator[None]:
             torch.cuda.set_rng_state_all(cuda_state)
 
 
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (CUDA lazily) — only libraries already imported."""
+    random.seed(seed)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(seed)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+
+
 @contextlib.contextmanager
 def eval_mode(model: Any) -> Iterator[Any]:
     """Run ``model`` in eval mode (dropout off) without gradients; restore every submodule's own

@@ -1,5 +1,6 @@
 """DF8: timesteps uniform over [0, T), unit Gaussian noise, noisy latents from the scheduler's add_noise."""
 
+import re
 import random
 
 import pytest
@@ -31,7 +32,7 @@ def test_timesteps_drawn_from_num_inference_steps(project):
 
 def test_scaled_noise(project):
     text = _fail(project, noise_scale=0.1)
-    assert "noise from dlcheck_training_inputs: std 0.099" in text or "noise from dlcheck_training_inputs: std 0.1" in text
+    assert re.search(r"noise from dlcheck_training_inputs: std 0\.(09|1)", text), text
     assert "over 16384 values (wanted std 1 ± 0.1, mean 0)" in text
     assert "noise = torch.randn_like(latents)" in text
 
