@@ -9,8 +9,24 @@ import pytest
 
 from . import registry
 from .outcome import CheckFailed
-from .plugin import CHECK_KEY, DlcheckState, session_state, user_call
-from .roles import MISSING, ROLES, derive
+from .outcome import RoleError
+from .plugin import CHECK_KEY, CONTEXT_KEY, DlcheckState, session_state, user_call, where_raised
+from .roles import MISSING, ROLES, derive, given
+
+
+def fixture_role(request: pytest.FixtureRequest, name: str) -> Any:
+    """The value of fixture ``dlcheck_<name>`` as checks may use it (None is MISSING, a value breaking
+    the role's contract a RoleError). A fixture that raises is that role's error, reported at the
+    user's fixture; raises FixtureLookupError when nobody defines the fixture."""
+    try:
+        value = request.getfixturevalue(f"dlcheck_{name}")
+    except pytest.FixtureLookupError:
+        raise
+    except (RoleError, CheckFailed, pytest.skip.Exception, pytest.fail.Exception, KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:
+        raise RoleError(name, f"the fixture raised {type(exc).__name__}: {exc}{where_raised(exc)}") from exc
+    return given(name, value)
 
 
 class CheckContext:
@@ -19,6 +35,14 @@ class CheckContext:
         self.check = check
         self.state = state
         self._roles: dict[str, Any] = {}
+        #: a required role that is unusable: raised when the check runs
+        self.error: RoleError | None = None
+        #: roles whose fixture returned None (skips say so rather than "define the fixture")
+        self._none: set[str] = set()
+        #: the results of memo() this check used, in order (samples among them), and the last values the
+        #: user's objects returned through call(): what a crash of the check is diagnosed from
+        self.used: list[tuple[Any, str, Any]] = []
+        self.returned: list[tuple[str, Any]] = []
         #: property mode puts each generated sample here; get_sample returns it instead of the real one
         self.sample_override: Any = None
 
@@ -28,7 +52,12 @@ class CheckContext:
         if check is None:
             pytest.fail("the `dlcheck` fixture belongs to pytest-dlcheck's own check items", pytrace=False)
         ctx = cls(request, check, session_state(request.config))
-        ctx.require(*check.roles)
+        request.node.stash[CONTEXT_KEY] = ctx  # the item explains a crash with the roles it resolved
+        try:
+            ctx.require(*check.roles)
+        except RoleError as exc:
+            # reported by the check's call as its failure (house format), not as a setup error
+            ctx.error = exc
         return ctx
 
     # ---- roles -------------------------------------------------------------------------------------
@@ -38,11 +67,19 @@ class CheckContext:
         without a default fixture (a domain's own) is derived here when the user defines no fixture."""
         if name not in self._roles:
             try:
-                value = self.request.getfixturevalue(f"dlcheck_{name}")
+                value = fixture_role(self.request, name)
+                if value is MISSING and self._returned_none(name):
+                    self._none.add(name)
             except pytest.FixtureLookupError:
                 value = user_call(name, lambda: derive(name, self.role, self.state.derived))
             self._roles[name] = value
         return self._roles[name]
+
+    def _returned_none(self, name: str) -> bool:
+        try:
+            return self.request.getfixturevalue(f"dlcheck_{name}") is None
+        except Exception:  # noqa: BLE001 - only for the wording of a skip
+            return False
 
     def has(self, name: str) -> bool:
         return self.role(name) is not MISSING
@@ -55,14 +92,20 @@ class CheckContext:
     def require(self, *names: str) -> list[Any]:
         """Resolve roles; skip with one line naming every missing fixture."""
         values = [self.role(n) for n in names]
-        missing = [ROLES[n].hint() if n in ROLES else f"dlcheck_{n}" for n, v in zip(names, values) if v is MISSING]
-        if missing:
-            pytest.skip(f"missing role: define fixture {'; '.join(missing)} in conftest.py")
+        missing = [ROLES[n].hint() if n in ROLES else f"dlcheck_{n}" for n, v in zip(names, values)
+                   if v is MISSING and n not in self._none]
+        nones = [f"dlcheck_{n}" for n, v in zip(names, values) if v is MISSING and n in self._none]
+        if missing or nones:
+            parts = ([f"define fixture {'; '.join(missing)} in conftest.py"] if missing else []) + \
+                    [f"{n} returned None" for n in nones]
+            pytest.skip(f"missing role: {'; '.join(parts)}")
         return values
 
     def call(self, role: str, fn: Callable[[], Any]) -> Any:
         """Run a user's object; its exceptions are reported as that role's error, not as a plugin crash."""
-        return user_call(role, fn)
+        value = user_call(role, fn)
+        self.returned = self.returned[-7:] + [(role, value)]
+        return value
 
     # ---- settings and sharing ----------------------------------------------------------------------
 
@@ -78,7 +121,9 @@ class CheckContext:
         return self.state.batch_size
 
     def memo(self, sources: Any, key: str, make: Callable[[], Any]) -> Any:
-        return self.state.memo(sources, key, make)
+        value = self.state.memo(sources, key, make)
+        self.used.append((sources, key, value))
+        return value
 
     # ---- pictures and numbers for the reports -------------------------------------------------------
 

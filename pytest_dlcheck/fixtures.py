@@ -35,8 +35,10 @@ def _default(request: pytest.FixtureRequest, name: str) -> Any:
     state = session_state(request.config)
 
     def get(role: str) -> Any:
+        from .context import fixture_role
+
         try:
-            return request.getfixturevalue(f"dlcheck_{role}")
+            return fixture_role(request, role)
         except pytest.FixtureLookupError:  # a domain's role has no default fixture
             return derive(role, get, state.derived)
 

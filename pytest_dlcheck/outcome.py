@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import textwrap
+import traceback
 from dataclasses import dataclass, field
 
 WIDTH = 100
@@ -78,5 +80,333 @@ def render_role_error(check, exc: RoleError) -> Rendered:
     r = Rendered(check.id, check.title, check.domain)
     r.rows.append(("error", [exc.message]))
     r.rows.append(("role", [f"dlcheck_{exc.role} (the fixture that provides it, or the object it was derived from)"]))
+    r.rows.append(("see", [f"pytest --dlcheck-list {check.id}"]))
+    return r
+
+
+# --------------------------------------------------------------------------------------------------
+# what escaped a check: a user's object that raised, an object no check can use, or a plugin bug
+
+
+ID_FIELDS = ("input_ids", "labels", "attention_mask", "position_ids", "token_type_ids")
+#: batch fields that are tensors of one shape per batch in every pipeline we know
+TENSOR_FIELDS = ID_FIELDS + ("pixel_values", "latents", "noise", "noisy_latents", "timesteps", "target",
+                             "encoder_hidden_states", "images")
+
+
+def _tb_frames(exc: BaseException) -> list:
+    return [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def _is_module(value: object) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(value, torch.nn.Module)
+
+
+def _owner_role(frame, roles: dict) -> str | None:
+    """The role whose object is running in ``frame`` (its ``self``, a submodule of it, or its code)."""
+    owner = frame.f_locals.get("self")
+    code = frame.f_code
+    for name, value in roles.items():
+        if owner is not None and value is owner:
+            return name
+        func = getattr(value, "__func__", value)
+        if getattr(func, "__code__", None) is code or getattr(value, "gi_code", None) is code:
+            return name
+        if owner is not None and _is_module(value) and _is_module(owner) and any(m is owner for m in value.modules()):
+            return name
+        if owner is not None and _copy_of(owner, value):
+            return name
+    return None
+
+
+def _copy_of(owner: object, value: object) -> bool:
+    """``owner`` is a copy the check made of the user's object (same class, or a subclass the check
+    derived from it) — a Trainer cloned to train on fresh weights runs the user's configuration."""
+    kind = type(value)
+    module = getattr(kind, "__module__", "") or ""
+    if module.startswith(("builtins", "torch", "numpy", "collections", "functools")) or kind in (type, object):
+        return False
+    return owner is not value and isinstance(owner, kind) and not _is_module(owner)
+
+
+def _roles_of(ctx) -> dict:
+    if ctx is None:
+        return {}
+    from .roles import MISSING
+
+    return {n: v for n, v in getattr(ctx, "_roles", {}).items() if v is not MISSING and v is not None}
+
+
+def _frame_text(frame) -> str:
+    import os
+
+    try:
+        path = os.path.relpath(frame.f_code.co_filename)
+    except ValueError:
+        path = frame.f_code.co_filename
+    return f"{frame.f_code.co_name} at {path}:{frame.f_lineno}"
+
+
+def _object_problem(value: object) -> str | None:
+    if _is_module(value):
+        for name, t in list(value.named_parameters()) + list(value.named_buffers()):
+            if t.is_meta:
+                return (f"has tensors on the meta device (e.g. {name}): it holds no weights to run; materialise it "
+                        "(to_empty() and load the weights, or from_pretrained without device_map='meta')")
+    return None
+
+
+def _lengths(value) -> list[int] | None:
+    lengths = []
+    for row in value:
+        if isinstance(row, (str, bytes)) or not hasattr(row, "__len__"):
+            return None
+        lengths.append(len(row))
+    return lengths
+
+
+def _field_problem(key: str, value, strong: bool) -> str | None:
+    """What is wrong with one batch field: ``strong`` problems make any computation on it fail (meta
+    tensors, float token ids, ragged rows); weak ones (NaN/Inf, None) are suspects only."""
+    torch = _torch()
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.is_meta:
+            return "is a tensor on the meta device (it holds no values)" if strong else None
+        if strong and key in ID_FIELDS and key != "attention_mask" and (value.is_floating_point() or value.is_complex()):
+            return f"has dtype {value.dtype}, expected integer token ids"
+        if not strong and value.is_floating_point() and value.numel():
+            bad = int((~torch.isfinite(value)).sum())
+            if bad:
+                return f"has {bad} NaN/Inf values of {value.numel()}"
+        return None
+    if value is None:
+        return None if strong else "is None"
+    if strong and type(value).__name__ == "ndarray" and str(getattr(value, "dtype", "")) == "object":
+        return "is a numpy array of dtype object (ragged rows?)"
+    if strong and isinstance(value, (list, tuple)) and key in TENSOR_FIELDS and value:
+        lengths = _lengths(value)
+        if lengths and len(set(lengths)) > 1:
+            return (f"is a ragged {type(value).__name__} (rows of {min(lengths)} to {max(lengths)} items), expected "
+                    "rows padded to one length (a tensor)")
+        if key in ID_FIELDS and any(isinstance(v, float) for v in value):
+            return f"is a {type(value).__name__} of floats, expected integer token ids"
+    if strong and isinstance(value, str) and key in ID_FIELDS:
+        return "is a string, expected token ids"
+    return None
+
+
+def _mapping_problem(b, exc: BaseException, strong: bool) -> str | None:
+    torch = _torch()
+    if strong and isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) and exc.args[0] not in b:
+        return f"has no field {exc.args[0]!r} (fields: {', '.join(map(str, b)) or 'none'})"
+    for key, value in b.items():
+        problem = _field_problem(str(key), value, strong)
+        if problem:
+            return f"field {key!r} {problem}"
+    if strong and torch is not None:
+        shapes = {k: tuple(v.shape) for k, v in b.items() if k in ID_FIELDS and isinstance(v, torch.Tensor)}
+        if len(set(shapes.values())) > 1:
+            return "fields of different shapes: " + ", ".join(f"{k} {v}" for k, v in shapes.items())
+    return None
+
+
+def _find(value, exc: BaseException, strong: bool, depth: int = 3, budget: list | None = None) -> str | None:
+    """The first problem in a batch, a list of batches, a Sample (its batches and rows), a tensor or a
+    dict/list around them; bounded."""
+    from collections.abc import Mapping
+
+    budget = [300] if budget is None else budget
+    budget[0] -= 1
+    if depth < 0 or budget[0] < 0:
+        return None
+    torch = _torch()
+    if torch is not None and isinstance(value, torch.Tensor):
+        return ("is a tensor on the meta device (it holds no values)" if value.is_meta else None) if strong else \
+            _field_problem("", value, False)
+    if isinstance(value, Mapping):
+        found = _mapping_problem(value, exc, strong)
+        if found:
+            return found
+        for k, v in list(value.items())[:32]:
+            if isinstance(v, (Mapping, list, tuple)):
+                inner = _find(v, exc, strong, depth - 1, budget)
+                if inner:
+                    return f"[{k!r}] {inner}"
+        return None
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value[:16]):
+            inner = _find(v, exc, strong, depth - 1, budget)
+            if inner:
+                return f"item {i}: {inner}"
+        return None
+    fields = getattr(value, "__dict__", None)  # a Sample, a draw, an item: the plugin's own records
+    if isinstance(fields, dict) and not _is_module(value) and not isinstance(value, type):
+        for attr, inner in list(fields.items())[:16]:
+            if isinstance(inner, (list, tuple, Mapping)) or (torch is not None and isinstance(inner, torch.Tensor)):
+                found = _find(inner, exc, strong, depth - 1, budget)
+                if found:
+                    return f"{attr} {found}"
+    return None
+
+
+def _role_for(sources, roles: dict, prefer: tuple[str, ...]) -> str | None:
+    objs = sources if isinstance(sources, tuple) else (sources,)
+    names = [n for n, v in roles.items() if any(v is o for o in objs)]
+    for name in prefer:
+        if name in names:
+            return name
+    return names[0] if names else None
+
+
+DATA_ROLES = ("collator", "dataloader", "dataset", "eval_dataloader", "eval_dataset", "raw_dataset")
+
+
+def _mentions(exc: BaseException, value: object) -> bool:
+    """The exception's message names the object's type or shows its value: int(dict) → "not 'dict'"."""
+    text = _exc_text(exc, 2000)
+    kind = type(value).__name__
+    if f"'{kind}'" in text or f"{kind} object" in text:
+        return True
+    try:
+        shown = repr(value)
+    except Exception:  # noqa: BLE001
+        return False
+    return len(shown) >= 3 and shown in text
+
+
+def explain(ctx, exc: BaseException, package_dir: str) -> RoleError | None:
+    """A RoleError naming the role behind ``exc`` and what is wrong with it, or None (a plugin bug).
+
+    In order: a broken value one of the user's objects returned or the data sample holds (a tensor on
+    the meta device, float token ids, ragged rows, a field the check needs missing); an object no check
+    can run (a model on the meta device); the user's object whose code raised; broken data in the
+    check's frames; a role whose type or value the error names (int() of a dict); suspicious values
+    (NaN, None) in what was returned."""
+    roles = _roles_of(ctx)
+    frames = _tb_frames(exc)
+    inside = [i for i, f in enumerate(frames) if f.f_code.co_filename.startswith(package_dir)]
+    text = f"{type(exc).__name__}: {_exc_text(exc)}"
+    check = getattr(getattr(ctx, "check", None), "id", "the check")
+    stopped = f"{check} stopped on {text}"
+    returned = list(reversed(getattr(ctx, "returned", []) if ctx is not None else []))
+    used = list(reversed(getattr(ctx, "used", []) if ctx is not None else []))
+
+    def data_problem(strong: bool) -> RoleError | None:
+        """In what the user's objects returned and the shared samples the check used."""
+        for role, value in returned:
+            problem = _find(value, exc, strong)
+            if problem:
+                return RoleError(role, f"returned a value whose {problem} ({stopped})")
+        for sources, key, value in used:
+            if isinstance(value, BaseException):
+                continue
+            problem = _find(value, exc, strong)
+            name = _role_for(sources, roles, DATA_ROLES) if problem else None
+            if name is not None:
+                return RoleError(name, f"gave data whose {problem} ({stopped})")
+        return None
+
+    def frame_problem(strong: bool) -> RoleError | None:
+        """A failure while the shared data was being read: the partial data is in the plugin's frames, the
+        objects it was read from in the memo() frame it happened under."""
+        from .context import CheckContext
+
+        memos = [f for f in frames if f.f_code is CheckContext.memo.__code__]
+        sources = memos[-1].f_locals.get("sources") if memos else None
+        for frame in reversed(frames):
+            if not frame.f_code.co_filename.startswith(package_dir) or frame.f_code.co_name in ("memo", "explain"):
+                continue
+            for local in list(frame.f_locals.values())[:32]:
+                if any(local is v for v in roles.values()):
+                    continue
+                problem = _find(local, exc, strong, depth=2)
+                if problem:
+                    name = (_role_for(sources, roles, DATA_ROLES) if sources is not None else None) or next(
+                        (r for r in DATA_ROLES if r in roles), None)
+                    if name is not None:
+                        return RoleError(name, f"gave data whose {problem} ({stopped} in {_frame_text(frame)})")
+        return None
+
+    found = data_problem(strong=True)
+    if found is not None:
+        return found
+    for name, value in roles.items():
+        problem = _object_problem(value)
+        if problem:
+            return RoleError(name, f"{problem} ({stopped})")
+    if inside and inside[-1] < len(frames) - 1:  # raised in code the check called: whose object?
+        for frame in reversed(frames[inside[-1] + 1:]):
+            name = _owner_role(frame, roles)
+            if name is not None:
+                return RoleError(name, f"raised {text} (in {_frame_text(frames[-1])})")
+    found = frame_problem(strong=True)
+    if found is not None:
+        return found
+    named = [n for n, v in roles.items() if _mentions(exc, v)]
+    if len(named) == 1:
+        value = roles[named[0]]
+        return RoleError(named[0], f"is {_kind(value)}, which {check} cannot use ({text})")
+    return data_problem(strong=False) or frame_problem(strong=False)
+
+
+def _kind(value: object) -> str:
+    try:
+        shown = repr(value)
+    except Exception:  # noqa: BLE001
+        shown = "?"
+    return f"a {type(value).__name__} ({shown if len(shown) <= 40 else shown[:37] + '...'})"
+
+
+def _exc_text(exc: BaseException, limit: int = 300) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001
+        text = f"<{type(exc).__name__} whose str() failed>"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _role_types(roles: dict) -> str:
+    return ", ".join(f"dlcheck_{n} = {type(v).__name__}" for n, v in roles.items()) or "none resolved"
+
+
+def internal_note(item, exc: BaseException, package_dir: str) -> str:
+    from .plugin import CONTEXT_KEY
+
+    frames = [f for f in _tb_frames(exc) if f.f_code.co_filename.startswith(package_dir)]
+    where = f" at {_frame_text(frames[-1])}" if frames else ""
+    roles = _roles_of(item.stash.get(CONTEXT_KEY, None))
+    return (f"{item.check.id} stopped on {type(exc).__name__}: {_exc_text(exc)} inside pytest-dlcheck{where}, not in "
+            f"your code. Roles it had: {_role_types(roles)}. If these objects are what the roles ask for "
+            f"(pytest --dlcheck-list {item.check.id}), this is a bug of pytest-dlcheck: please report it with this output.")
+
+
+def timeout_rendered(item, exc: BaseException, package_dir: str) -> Rendered:
+    from .plugin import CONTEXT_KEY
+
+    check = item.check
+    roles = _roles_of(item.stash.get(CONTEXT_KEY, None))
+    frames = _tb_frames(exc)[:-1]  # the last one is the alarm handler
+    inside = [i for i, f in enumerate(frames) if f.f_code.co_filename.startswith(package_dir)]
+    role = where = None
+    start = inside[-1] + 1 if inside else 0
+    for frame in frames[start:]:
+        role = role or _owner_role(frame, roles)
+    if frames and start < len(frames):
+        where = f"in {_frame_text(frames[-1])}" + (f" (dlcheck_{role})" if role else "")
+    elif frames:
+        where = f"in pytest-dlcheck's own code, {_frame_text(frames[-1])}"
+    r = Rendered(check.id, check.title, check.domain)
+    r.rows.append(("error", [f"did not finish within {getattr(exc, 'seconds', 0):g} s (--dlcheck-timeout); it was "
+                             f"stopped {where or 'running'}"]))
+    if role:
+        r.rows.append(("role", [f"dlcheck_{role}: it did not return (an endless iterator or loop, a hung worker?)"]))
+    r.rows.append(("fix", ["make the object return promptly on a few examples, or raise the bound: "
+                           "--dlcheck-timeout=SECONDS (ini dlcheck_timeout; 0 turns it off)"]))
     r.rows.append(("see", [f"pytest --dlcheck-list {check.id}"]))
     return r

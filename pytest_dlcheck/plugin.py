@@ -6,6 +6,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import signal
+import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +21,7 @@ from .outcome import CheckFailed, RoleError, render_failure, render_role_error
 
 STATE_KEY = pytest.StashKey["DlcheckState"]()
 CHECK_KEY = pytest.StashKey["registry.Check"]()
+CONTEXT_KEY = pytest.StashKey[Any]()
 ARTIFACTS_KEY = pytest.StashKey[list]()
 PROPERTY_SUFFIX = "[property]"
 
@@ -38,6 +42,22 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+#: seconds a check may run before it is stopped and reported (a hung dataloader, an endless user loop)
+DEFAULT_TIMEOUT = 300.0
+
+
+def _seconds(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
     return value
 
 
@@ -106,6 +126,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="generated batches per property-mode check (default 30; ini 'dlcheck_property_examples')",
     )
     group.addoption(
+        "--dlcheck-timeout",
+        action="store",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="stop a check that runs longer than this (setup and call together) and report where it was "
+        f"(default {DEFAULT_TIMEOUT:g}; 0 turns the bound off; ini 'dlcheck_timeout')",
+    )
+    group.addoption(
         "--dlcheck-json",
         action="store",
         default=None,
@@ -125,6 +154,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("dlcheck_batch_size", "examples per collated batch", default="")
     parser.addini("dlcheck_property", "also run the data checks in property mode", type="bool", default=False)
     parser.addini("dlcheck_property_examples", "generated batches per property-mode check", default="")
+    parser.addini("dlcheck_timeout", f"seconds a check may run (default {DEFAULT_TIMEOUT:g}; 0: no bound)", default="")
     parser.addini("dlcheck_set", "threshold overrides, one ID.NAME=VALUE per line", type="linelist", default=[])
 
 
@@ -141,6 +171,8 @@ class DlcheckState:
     batch_size: int
     overrides: dict[tuple[str, str], Any]
     property_examples: int = 0
+    #: seconds a check may run; 0: unbounded
+    timeout: float = DEFAULT_TIMEOUT
     shared: dict[Any, Any] = field(default_factory=dict)
     #: strong references to the objects whose ids key ``shared`` so an id is never reused
     keep_alive: list[Any] = field(default_factory=list)
@@ -179,14 +211,30 @@ def user_call(role: str, call: Callable[[], Any]) -> Any:
         frames = traceback.extract_tb(exc.__traceback__)
         if frames and frames[-1].filename.startswith(PACKAGE_DIR):
             raise
-        where = ""
-        outside = [f for f in frames if not f.filename.startswith(PACKAGE_DIR)]
-        # the user's own frame (not a library's) says best where to look
-        own = [f for f in outside if "site-packages" not in f.filename and "dist-packages" not in f.filename]
-        frame = (own or outside or [None])[-1]
-        if frame is not None:
-            where = f" (in {frame.name} at {_short_path(frame.filename)}:{frame.lineno})"
-        raise RoleError(role, f"raised {type(exc).__name__}: {exc}{where}") from exc
+        raise RoleError(role, f"raised {type(exc).__name__}: {_text(exc)}{where_raised(exc)}") from exc
+
+
+def where_raised(exc: BaseException) -> str:
+    """`` (in fn at file:line)`` for the user's own frame (not a library's) where ``exc`` was raised, else
+    the innermost frame outside the plugin; '' when it was raised in the plugin itself."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    outside = [f for f in frames if not f.filename.startswith(PACKAGE_DIR)]
+    own = [f for f in outside if not _library(f.filename)]
+    frame = (own or outside or [None])[-1]
+    return "" if frame is None else f" (in {frame.name} at {_short_path(frame.filename)}:{frame.lineno})"
+
+
+def _library(filename: str) -> bool:
+    return "site-packages" in filename or "dist-packages" in filename or filename.startswith("<")
+
+
+def _text(exc: BaseException, limit: int = 300) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose __str__ fails still gets reported
+        text = f"<{type(exc).__name__} whose str() failed>"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _short_path(path: str) -> str:
@@ -221,6 +269,21 @@ def _int_option(config: pytest.Config, name: str, default: int) -> int:
             raise pytest.UsageError(f"ini {name} = {ini!r}: expected a positive integer")
         return value
     return default
+
+
+def _timeout(config: pytest.Config) -> float:
+    if config.option.dlcheck_timeout is not None:
+        return config.option.dlcheck_timeout
+    ini = config.getini("dlcheck_timeout")
+    if not ini:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(ini)
+    except ValueError:
+        raise pytest.UsageError(f"ini dlcheck_timeout = {ini!r}: expected a number of seconds") from None
+    if not value >= 0:
+        raise pytest.UsageError(f"ini dlcheck_timeout = {ini!r}: expected a number of seconds >= 0")
+    return value
 
 
 def _overrides(config: pytest.Config) -> dict[tuple[str, str], Any]:
@@ -270,6 +333,7 @@ def pytest_configure(config: pytest.Config) -> None:
         overrides=_overrides(config),
         property_examples=(_int_option(config, "dlcheck_property_examples", 30)
                            if config.option.dlcheck_property or config.getini("dlcheck_property") else 0),
+        timeout=_timeout(config),
     )
     config.stash[STATE_KEY] = state
     fixtures = importlib.import_module("pytest_dlcheck.fixtures")
@@ -344,18 +408,123 @@ class DlcheckFile(pytest.File):
                 yield CheckItem.from_parent(self, name=check.item_name + PROPERTY_SUFFIX, callobj=check.func)
 
 
+#: the Hugging Face switches a check runs under: offline, no telemetry (a TRL trainer a check builds
+#: would otherwise ping the hub from a thread). Only modules already imported are touched.
+HUB_SWITCHES = (("huggingface_hub.constants", "HF_HUB_OFFLINE", True),
+                ("huggingface_hub.constants", "HF_HUB_DISABLE_TELEMETRY", True),
+                ("datasets.config", "HF_HUB_OFFLINE", True),
+                ("datasets.config", "HF_DATASETS_OFFLINE", True),
+                ("diffusers.utils.hub_utils", "HF_HUB_OFFLINE", True),
+                ("diffusers.utils.hub_utils", "HF_HUB_DISABLE_TELEMETRY", True))
+_HUB_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+@contextlib.contextmanager
+def hub_switches(values: dict[tuple[str, str], Any] | None = None, env: dict[str, str | None] | None = None):
+    """Set the hub switches (offline, no telemetry) — or, given ``values``/``env`` saved by an outer
+    call, put the user's own back — and restore what was there afterwards."""
+    import sys
+
+    saved: list[tuple[Any, str, Any]] = []
+    saved_env = {k: os.environ.get(k) for k in (env or _HUB_ENV)}
+    for module, name, on in HUB_SWITCHES:
+        mod = sys.modules.get(module)
+        if mod is not None and isinstance(getattr(mod, name, None), bool):
+            saved.append((mod, name, getattr(mod, name)))
+            setattr(mod, name, on if values is None else values.get((module, name), getattr(mod, name)))
+    for key, value in (env or _HUB_ENV).items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    try:
+        yield {(m.__name__, n): v for m, n, v in saved}, saved_env
+    finally:
+        for mod, name, value in reversed(saved):
+            setattr(mod, name, value)
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+#: the user's hub switches while a check runs, so that their own fixtures are built as they configured
+_USER_HUB: list[tuple[dict, dict]] = []
+
+
+@contextlib.contextmanager
+def as_user():
+    """Inside a check: evaluate the user's own fixture with the user's hub settings, not the check's."""
+    if not _USER_HUB:
+        yield
+        return
+    values, env = _USER_HUB[-1]
+    with hub_switches(values, env):
+        yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: Any, request: Any):
+    """A user's fixture set up while a check runs is built with the user's own hub settings."""
+    if not _USER_HUB or str(getattr(fixturedef.func, "__module__", "")).startswith("pytest_dlcheck"):
+        return (yield)
+    with as_user():
+        return (yield)
+
+
 @contextlib.contextmanager
 def _check_frame():
-    """Around a check's setup and call: the global RNGs are put back, and a skip is reported at the
-    user's conftest.py rather than at the plugin line that raised it."""
-    from .guard import preserved_rng
+    """Around a check's setup and call: the global RNGs start from a fixed seed (a check that draws
+    through the user's code gives the same verdict whatever ran before it) and are put back afterwards;
+    the hub libraries are offline (no download, no telemetry: pytest-dlcheck never reaches the
+    network); a skip is reported at the user's conftest.py rather than at the plugin line that raised it."""
+    from .guard import preserved_rng, seed_everything
 
     try:
-        with preserved_rng():
-            yield
+        with preserved_rng(), hub_switches() as saved:
+            _USER_HUB.append(saved)
+            try:
+                seed_everything(0)
+                yield
+            finally:
+                _USER_HUB.pop()
     except pytest.skip.Exception as exc:
         exc._use_item_location = True
         raise
+
+
+class CheckTimeout(BaseException):
+    """Raised by the alarm when a check runs past ``--dlcheck-timeout``. A BaseException, so that neither
+    a user's ``except Exception`` nor a check's swallows it on its way out."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"did not finish within {seconds:g} s")
+        self.seconds = seconds
+
+
+@contextlib.contextmanager
+def _time_bound(seconds: float | None, bound: float = 0.0):
+    """Raise CheckTimeout(bound) in the main thread after ``seconds``; a no-op off the main thread,
+    without SIGALRM (Windows), or when another plugin (pytest-timeout) already owns the alarm."""
+    usable = (seconds is not None and seconds > 0 and hasattr(signal, "setitimer")
+              and threading.current_thread() is threading.main_thread())
+    previous = signal.getsignal(signal.SIGALRM) if usable else None
+    if not usable or previous not in (signal.SIG_DFL, signal.SIG_IGN, None) \
+            or signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+        yield
+        return
+
+    def alarm(signum: int, frame: Any) -> None:
+        raise CheckTimeout(bound or seconds)
+
+    signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 class CheckItem(pytest.Function):
@@ -366,6 +535,7 @@ class CheckItem(pytest.Function):
         self.add_marker("dlcheck")
         self.add_marker(f"dlcheck_{check.domain}")
         self.extra_keyword_matches.add(check.id)
+        self._deadline: float | None = None
 
     @property
     def check(self) -> registry.Check:
@@ -376,7 +546,10 @@ class CheckItem(pytest.Function):
         return self.name.endswith(PROPERTY_SUFFIX)
 
     def runtest(self) -> None:
-        with _check_frame():
+        with self._guarded():
+            ctx = self.funcargs.get("dlcheck")
+            if getattr(ctx, "error", None) is not None:
+                raise ctx.error
             if self.property_mode:
                 from .property import run_property
 
@@ -386,18 +559,59 @@ class CheckItem(pytest.Function):
 
     def setup(self) -> None:
         # role fixtures run here; deriving a dataloader or a batch may draw from the global RNGs
-        with _check_frame():
+        timeout = session_state(self.config).timeout
+        self._deadline = time.monotonic() + timeout if timeout else None
+        with self._guarded():
             super().setup()
+
+    @contextlib.contextmanager
+    def _guarded(self):
+        """The check's frame, its time bound (setup and call share one budget), and the explanation of
+        what escaped it: a user's object that raised becomes that role's error; a crash of the check's
+        own code on an unusable object names the object and what is wrong with it."""
+        left = None if self._deadline is None else max(self._deadline - time.monotonic(), 1e-3)
+        with _check_frame():
+            try:
+                with _time_bound(left, session_state(self.config).timeout):
+                    yield
+            except (CheckFailed, RoleError, pytest.exit.Exception):
+                raise
+            except CheckTimeout as exc:
+                raise CheckStopped(self, exc) from None
+            except Exception as exc:
+                from .outcome import explain
+
+                explained = explain(self.stash.get(CONTEXT_KEY, None), exc, PACKAGE_DIR)
+                if explained is None:
+                    raise
+                raise explained from exc
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]):
         if isinstance(excinfo.value, CheckFailed):
             return render_failure(self.check, excinfo.value)
         if isinstance(excinfo.value, RoleError):
             return render_role_error(self.check, excinfo.value)
-        return super().repr_failure(excinfo)
+        if isinstance(excinfo.value, CheckStopped):
+            return excinfo.value.rendered
+        rendered = super().repr_failure(excinfo)
+        if hasattr(rendered, "addsection") and not isinstance(excinfo.value, (pytest.fail.Exception, pytest.exit.Exception)):
+            from .outcome import internal_note
+
+            rendered.addsection("pytest-dlcheck internal error", internal_note(self, excinfo.value, PACKAGE_DIR))
+        return rendered
 
     def reportinfo(self):
         return self.path, 0, f"{self.check.id} {self.check.title}"
+
+
+class CheckStopped(Exception):
+    """A check stopped by its time bound, rendered in the house format with where it was."""
+
+    def __init__(self, item: CheckItem, exc: CheckTimeout):
+        from .outcome import timeout_rendered
+
+        self.rendered = timeout_rendered(item, exc, PACKAGE_DIR)
+        super().__init__(str(self.rendered))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -411,8 +625,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
         from .report import PROPERTY, payload
 
         exc = call.excinfo.value if call.excinfo is not None else None
-        if isinstance(exc, RoleError) and report.when == "setup":
+        if isinstance(exc, (RoleError, CheckFailed, CheckStopped)) and report.when != "call":
             report.longrepr = item.repr_failure(call.excinfo)
         artifacts = item.stash.get(ARTIFACTS_KEY, []) if report.when == "call" else []
-        report.user_properties.append((PROPERTY, payload(item.check, report.when, report.outcome, exc, artifacts)))
+        try:
+            info = payload(item.check, report.when, report.outcome, exc, artifacts)
+        except Exception as err:  # noqa: BLE001 - a report must never turn into an INTERNALERROR
+            info = payload(item.check, report.when, report.outcome, None, [])
+            info["error"] = f"(could not record the outcome's details: {type(err).__name__})"
+        report.user_properties.append((PROPERTY, info))
     return report

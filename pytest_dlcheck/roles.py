@@ -4,6 +4,8 @@ skips with one line naming the fixture to add."""
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -27,6 +29,8 @@ class Role:
     help: str
     #: how else it can be had, for the skip line ("or dlcheck_trainer")
     alternatives: str = ""
+    #: the role's contract: value -> what is wrong with it, or None when it can be this role
+    expect: Callable[[Any], str | None] | None = None
 
     @property
     def fixture(self) -> str:
@@ -39,27 +43,148 @@ class Role:
 ROLES: dict[str, Role] = {}
 
 
-def role(name: str, help: str, alternatives: str = "") -> Role:
-    ROLES[name] = Role(name, help, alternatives)
+def role(name: str, help: str, alternatives: str = "", expect: Callable[[Any], str | None] | None = None) -> Role:
+    ROLES[name] = Role(name, help, alternatives, expect)
     return ROLES[name]
 
 
-role("trainer", "a transformers Trainer or a TRL SFTTrainer/DPOTrainer/GRPOTrainer; derives the roles below")
-role("model", "the model being trained (torch.nn.Module, e.g. AutoModelForCausalLM)", "dlcheck_trainer")
-role("tokenizer", "the tokenizer or processor", "dlcheck_trainer")
-role("collator", "callable: list of examples -> batch dict", "dlcheck_trainer")
-role("dataset", "the training examples, as the collator takes them (map-style or iterable)", "dlcheck_trainer")
+# ---- contracts: what a role's value must at least be. They only reject what no check could use (a
+# number for a model, a non-callable collator, a dict of splits for a dataset), never an unusual but
+# valid object.
+
+
+def _kind(value: Any) -> str:
+    text = repr(value)
+    return f"a {type(value).__name__} ({text if len(text) <= 40 else text[:37] + '...'})"
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (str, bytes, int, float, complex, bool))
+
+
+def an_object(what: str) -> Callable[[Any], str | None]:
+    def expect(value: Any) -> str | None:
+        return f"is {_kind(value)}, expected {what}" if _scalar(value) else None
+
+    return expect
+
+
+def _config_or_path(value: Any) -> str | None:
+    if isinstance(value, (str, os.PathLike)):
+        return None if os.path.exists(value) else f"is a path that does not exist ({str(value)[:80]!r})"
+    return an_object("the inference config (a PretrainedConfig, a dict or a config.json path)")(value)
+
+
+def a_callable(what: str) -> Callable[[Any], str | None]:
+    def expect(value: Any) -> str | None:
+        return None if callable(value) else f"is {_kind(value)}, expected {what} (a callable)"
+
+    return expect
+
+
+def _splits(value: Any) -> str | None:
+    if type(value).__name__ in ("DatasetDict", "IterableDatasetDict"):
+        return f"is a {type(value).__name__} with splits {list(value)}: return one split, e.g. ds[{next(iter(value), 'train')!r}]"
+    return None
+
+
+def data(what: str) -> Callable[[Any], str | None]:
+    from collections.abc import Mapping
+
+    def expect(value: Any) -> str | None:
+        if _scalar(value):
+            return f"is {_kind(value)}, expected {what}"
+        found = _splits(value)
+        if found:
+            return found
+        if isinstance(value, Mapping):
+            return f"is a {type(value).__name__} with keys {list(value)[:6]}, expected {what} (a sequence of examples)"
+        if not (hasattr(value, "__iter__") or hasattr(value, "__getitem__")):
+            return f"is {_kind(value)}, expected {what} (iterable, or indexable with a length)"
+        return None
+
+    return expect
+
+
+def loader(what: str) -> Callable[[Any], str | None]:
+    from collections.abc import Mapping
+
+    def expect(value: Any) -> str | None:
+        if _scalar(value) or isinstance(value, Mapping) or not hasattr(value, "__iter__"):
+            return f"is {_kind(value)}, expected {what} (an iterable of batches, e.g. a torch DataLoader)"
+        return None
+
+    return expect
+
+
+def _model(value: Any) -> str | None:
+    from collections.abc import Mapping
+
+    if isinstance(value, Mapping):
+        return (f"is a {type(value).__name__} with keys {list(value)[:4]} (a state_dict?), expected the model (a "
+                "torch.nn.Module): build the model and load_state_dict into it")
+    if _scalar(value) or not callable(value):
+        return f"is {_kind(value)}, expected the model (a torch.nn.Module, callable on a batch)"
+    return None
+
+
+def _tokenizer(value: Any) -> str | None:
+    if _scalar(value) or not (callable(value) or hasattr(value, "encode") or hasattr(value, "tokenizer")):
+        return f"is {_kind(value)}, expected a tokenizer or processor (callable on text, with encode/decode)"
+    return None
+
+
+def _optimizer(value: Any) -> str | None:
+    return None if hasattr(value, "param_groups") else f"is {_kind(value)}, expected an optimizer (with param_groups)"
+
+
+def _scheduler(value: Any) -> str | None:
+    return None if callable(getattr(value, "step", None)) else f"is {_kind(value)}, expected a learning-rate scheduler (with step())"
+
+
+def given(name: str, value: Any) -> Any:
+    """A value a user's fixture returned, as the checks may use it: None means "not provided" (MISSING);
+    one that breaks the role's contract raises RoleError naming the role and what is wrong."""
+    if value is None or value is MISSING:
+        return MISSING
+    spec = ROLES.get(name)
+    problem = spec.expect(value) if spec is not None and spec.expect is not None else None
+    if problem:
+        from .outcome import RoleError
+
+        raise RoleError(name, problem)
+    return value
+
+
+role("trainer", "a transformers Trainer or a TRL SFTTrainer/DPOTrainer/GRPOTrainer; derives the roles below",
+     expect=an_object("a trainer object"))
+role("model", "the model being trained (torch.nn.Module, e.g. AutoModelForCausalLM)", "dlcheck_trainer",
+     expect=_model)
+role("tokenizer", "the tokenizer or processor", "dlcheck_trainer", expect=_tokenizer)
+role("collator", "callable: list of examples -> batch dict", "dlcheck_trainer",
+     expect=a_callable("the collator: list of examples -> batch"))
+role("dataset", "the training examples, as the collator takes them (map-style or iterable)", "dlcheck_trainer",
+     expect=data("the training examples"))
 role("raw_dataset", "the training examples with every field (prompt, completion, messages) before a Trainer removes "
-     "unused columns; defaults to dlcheck_dataset", "dlcheck_dataset, or dlcheck_trainer")
-role("dataloader", "the training DataLoader", "dlcheck_collator + dlcheck_dataset, or dlcheck_trainer")
-role("eval_dataset", "the evaluation examples, as the collator takes them", "dlcheck_trainer")
-role("eval_dataloader", "the evaluation DataLoader", "dlcheck_collator + dlcheck_eval_dataset, or dlcheck_trainer")
-role("optimizer", "the optimizer", "dlcheck_trainer")
-role("lr_scheduler", "the learning-rate scheduler", "dlcheck_trainer")
-role("training_args", "transformers TrainingArguments / TRL config", "dlcheck_trainer")
-role("compute_metrics", "the eval metric function (EvalPrediction -> dict)", "dlcheck_trainer")
-role("preprocess_logits_for_metrics", "the Trainer's preprocess_logits_for_metrics (logits, labels) -> logits", "dlcheck_trainer")
-role("inference_config", "the model config used at inference (for train/inference comparisons)")
+     "unused columns; defaults to dlcheck_dataset", "dlcheck_dataset, or dlcheck_trainer",
+     expect=data("the training examples with every field"))
+role("dataloader", "the training DataLoader", "dlcheck_collator + dlcheck_dataset, or dlcheck_trainer",
+     expect=loader("the training dataloader"))
+role("eval_dataset", "the evaluation examples, as the collator takes them", "dlcheck_trainer",
+     expect=data("the evaluation examples"))
+role("eval_dataloader", "the evaluation DataLoader", "dlcheck_collator + dlcheck_eval_dataset, or dlcheck_trainer",
+     expect=loader("the evaluation dataloader"))
+role("optimizer", "the optimizer", "dlcheck_trainer", expect=_optimizer)
+role("lr_scheduler", "the learning-rate scheduler", "dlcheck_trainer", expect=_scheduler)
+role("training_args", "transformers TrainingArguments / TRL config", "dlcheck_trainer",
+     expect=an_object("the training arguments (TrainingArguments or a TRL config)"))
+role("compute_metrics", "the eval metric function (EvalPrediction -> dict)", "dlcheck_trainer",
+     expect=a_callable("the metric function: EvalPrediction -> dict"))
+role("preprocess_logits_for_metrics", "the Trainer's preprocess_logits_for_metrics (logits, labels) -> logits", "dlcheck_trainer",
+     expect=a_callable("preprocess_logits_for_metrics: (logits, labels) -> logits"))
+role("inference_config", "the model config used at inference (for train/inference comparisons): a "
+     "PretrainedConfig, a dict, or the path of a config.json / model directory",
+     expect=_config_or_path)
 
 
 def is_hf_trainer(obj: Any) -> bool:

@@ -1,0 +1,172 @@
+"""The floor: what a person's own smoke test of the same project has to do anyway. Given the project's
+``dlcheck_*`` fixtures (already built by pytest, as the checks get them), draw one batch the way training
+draws it and run one forward and one backward pass. Writes what it did to ``$DLBENCH_FLOOR_OUT``."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+
+def _first(fixtures: dict[str, Any], *names: str) -> Any:
+    for name in names:
+        if fixtures.get(name) is not None:
+            return fixtures[name]
+    return None
+
+
+def _rows(dataset: Any, n: int) -> list[Any]:
+    try:
+        return [dataset[i] for i in range(min(n, len(dataset)))]
+    except TypeError:  # iterable
+        out = []
+        for row in dataset:
+            out.append(row)
+            if len(out) == n:
+                break
+        return out
+
+
+def _device(model: Any):
+    import torch
+
+    return next(iter(model.parameters()), torch.empty(0)).device
+
+
+def _to(value: Any, device: Any) -> Any:
+    import torch
+
+    if torch.is_tensor(value):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to(v, device) for v in value)
+    return value
+
+
+def _accepted(fn: Callable, kwargs: dict[str, Any]) -> dict[str, Any]:
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def trainable_bytes(*models: Any) -> int:
+    seen, total = set(), 0
+    for model in models:
+        for p in model.parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel() * p.element_size()
+    return total
+
+
+# ---- one step per domain ----------------------------------------------------------------------------
+
+
+def llm_step(fixtures: dict[str, Any], batch_size: int = 4) -> dict[str, Any]:
+    """A causal LM: the trainer's own first batch (or the collator on the first examples), loss, backward."""
+    import torch
+
+    trainer = fixtures.get("dlcheck_trainer")
+    if trainer is not None:
+        model = trainer.model
+        batch = next(iter(trainer.get_train_dataloader()))
+    else:
+        model = fixtures["dlcheck_model"]
+        loader = fixtures.get("dlcheck_dataloader")
+        if loader is not None:
+            batch = next(iter(loader))
+        else:
+            batch = fixtures["dlcheck_collator"](_rows(fixtures["dlcheck_dataset"], batch_size))
+    batch = {k: v for k, v in dict(batch).items() if torch.is_tensor(v)}
+    batch.setdefault("labels", batch["input_ids"])
+    batch = _to(batch, _device(model))
+    loss = model(**_accepted(model.forward, batch)).loss
+    loss.backward()
+    return {"loss": float(loss.detach()), "batch": list(batch["input_ids"].shape), "trainable_bytes": trainable_bytes(model)}
+
+
+def vision_step(fixtures: dict[str, Any], batch_size: int = 4) -> dict[str, Any]:
+    """An image classifier: the dataloader's first batch, the project's loss, backward."""
+    import torch
+
+    model = fixtures["dlcheck_model"]
+    images, targets = next(iter(fixtures["dlcheck_dataloader"]))[:2]
+    device = _device(model)
+    logits = model(_to(images, device))
+    loss_fn = fixtures.get("dlcheck_loss_fn") or torch.nn.functional.cross_entropy
+    loss = loss_fn(logits, _to(targets, device))
+    loss.backward()
+    return {"loss": float(loss.detach()), "batch": list(images.shape), "trainable_bytes": trainable_bytes(model)}
+
+
+def diffusion_step(fixtures: dict[str, Any], batch_size: int = 4) -> dict[str, Any]:
+    """A latent-diffusion UNet: the collator on the first examples, the project's training inputs (noised
+    latents, timesteps, text states, target), the UNet's prediction, MSE, backward."""
+    import torch
+
+    pipe = fixtures.get("dlcheck_pipeline")
+    unet = _first(fixtures, "dlcheck_unet", "dlcheck_model") or pipe.unet
+    batch = fixtures["dlcheck_collator"](_rows(fixtures["dlcheck_dataset"], batch_size))
+    inputs = fixtures["dlcheck_training_inputs"](batch)
+    pred = unet(inputs["noisy_latents"], inputs["timesteps"], inputs["encoder_hidden_states"]).sample
+    loss = torch.nn.functional.mse_loss(pred.float(), inputs["target"].float())
+    loss.backward()
+    return {"loss": float(loss.detach()), "batch": list(inputs["noisy_latents"].shape), "trainable_bytes": trainable_bytes(unet)}
+
+
+def train_step(fixtures: dict[str, Any], batch_size: int = 4) -> dict[str, Any]:
+    """A plain PyTorch loop: a fresh model from the project's factory, the dataloader's first batch, the
+    project's loss, backward."""
+    import torch
+
+    objects = fixtures["dlcheck_make_training"]()
+    model = objects["model"] if isinstance(objects, dict) else objects
+    inputs, targets = next(iter(fixtures["dlcheck_dataloader"]))[:2]
+    device = _device(model)
+    loss_fn = fixtures.get("dlcheck_loss_fn") or torch.nn.functional.cross_entropy
+    loss = loss_fn(model(_to(inputs, device)), _to(targets, device))
+    loss.backward()
+    return {"loss": float(loss.detach()), "batch": list(inputs.shape), "trainable_bytes": trainable_bytes(model)}
+
+
+def rl_step(fixtures: dict[str, Any], batch_size: int = 4) -> dict[str, Any]:
+    """A Stable-Baselines3 on-policy algorithm: observations from its vectorised environment, the policy's
+    log-probabilities and values of actions it samples, a policy-gradient-shaped loss, backward."""
+    algo = fixtures["dlcheck_algorithm"]
+    policy = algo.policy
+    obs = algo.get_env().reset()
+    obs_t, _ = policy.obs_to_tensor(obs)
+    actions = policy.get_distribution(obs_t).get_actions()
+    values, log_prob, entropy = policy.evaluate_actions(obs_t, actions)
+    loss = -log_prob.mean() + values.pow(2).mean() - 0.01 * (entropy.mean() if entropy is not None else 0)
+    loss.backward()
+    return {"loss": float(loss.detach()), "batch": list(obs_t.shape), "trainable_bytes": trainable_bytes(policy)}
+
+
+STEPS: dict[str, Callable[[dict[str, Any], int], dict[str, Any]]] = {
+    "llm": llm_step,
+    "vlm": llm_step,  # a TRL SFTTrainer over a vision-language model: the same step, pixel values included
+    "vision": vision_step,
+    "diffusion": diffusion_step,
+    "train": train_step,
+    "rl": rl_step,
+}
+
+
+def run(domain: str, fixtures: dict[str, Any], batch_size: int = 4) -> dict[str, Any]:
+    from dlbench_probe import memory_mb
+
+    before = memory_mb()
+    info = STEPS[domain](fixtures, batch_size)
+    info.update(memory_before_step=before, memory_after_step=memory_mb())
+    path = os.environ.get("DLBENCH_FLOOR_OUT")
+    if path:
+        with open(path, "w") as fh:
+            json.dump(info, fh)
+    return info

@@ -1,0 +1,327 @@
+"""The projects the benchmark runs pytest on, written into a scratch directory: a plain test suite, a copy
+of an example project with its floor test, an SFT project whose dataset is produced lazily at any size,
+and the same project with a ~100M-parameter model."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+#: modules put on the benchmarked runs' PYTHONPATH: the probe plugin and the floor step
+INJECT = Path(__file__).resolve().parent / "inject"
+if str(INJECT) not in sys.path:
+    sys.path.insert(0, str(INJECT))
+
+import dlbench_floor
+
+FLOOR_TEST = "test_dlbench_floor.py"
+
+PYTEST_INI = "[pytest]\npythonpath = .\naddopts = -p no:cacheprovider\n"
+
+
+@dataclass
+class Project:
+    """A directory to run pytest in (``root``), the directory of the checks' conftest.py (``target``,
+    relative to root) and, when it has one, its floor test."""
+
+    root: Path
+    target: str
+    domain: str
+    floor_test: str | None = None
+
+    def active_args(self) -> list[str]:
+        args = [f"--dlcheck={self.domain}", self.target]
+        if self.floor_test:
+            args.append(f"--ignore={self.floor_test}")
+        return args
+
+    def floor_args(self) -> list[str]:
+        assert self.floor_test, "this project has no floor test"
+        return ["-p", "no:dlcheck", self.floor_test]
+
+
+# ---- 1. a plain suite ---------------------------------------------------------------------------------
+
+
+def plain_suite(dest: Path, n_tests: int = 300, per_file: int = 30) -> Path:
+    """A suite of exactly ``n_tests`` ordinary tests that know nothing of pytest-dlcheck: plain functions,
+    fixtures, parametrized tests and test classes, ``per_file`` to a module."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "pytest.ini").write_text(PYTEST_INI)
+    (dest / "conftest.py").write_text(textwrap.dedent('''\
+        import pytest
+
+
+        @pytest.fixture
+        def numbers():
+            return list(range(20))
+
+
+        @pytest.fixture(scope="session")
+        def table():
+            return {i: str(i) for i in range(100)}
+        '''))
+    left, module = n_tests, 0
+    while left > 0:
+        count = min(per_file, left)
+        (dest / f"test_plain_{module:03d}.py").write_text(_plain_module(module, count))
+        left -= count
+        module += 1
+    return dest
+
+
+def _plain_module(module: int, count: int) -> str:
+    """``count`` tests: groups of a plain test, a fixture test, a 3-way parametrized test and a class of
+    two (7 tests), then plain tests for the rest."""
+    lines = ["import pytest", ""]
+    n = g = 0
+    while count - n >= 7:
+        lines += [
+            f"def test_sum_{g}():",
+            f"    assert sum(range({g + 10})) == {sum(range(g + 10))}",
+            "",
+            f"def test_fixture_{g}(numbers, table):",
+            f"    assert numbers[{g % 20}] == {g % 20} and table[{g % 100}] == '{g % 100}'",
+            "",
+            "@pytest.mark.parametrize('x', [1, 2, 3])",
+            f"def test_param_{g}(x):",
+            f"    assert (x * {g + 1}) % (x) == 0",
+            "",
+            f"class TestGroup{g}:",
+            "    def test_upper(self):",
+            f"        assert 'module{module}'.upper() == 'MODULE{module}'",
+            "",
+            "    def test_sorted(self):",
+            f"        assert sorted([{g + 2}, {g}, {g + 1}]) == [{g}, {g + 1}, {g + 2}]",
+            "",
+        ]
+        n += 7
+        g += 1
+    while n < count:
+        lines += [f"def test_extra_{n}():", f"    assert {n} + 1 == {n + 1}", ""]
+        n += 1
+    return "\n".join(lines)
+
+
+# ---- 2. an example project and its floor --------------------------------------------------------------
+
+
+def example_domains() -> list[str]:
+    """Domains with an example project of a clean configuration (examples/<domain>/clean/conftest.py)."""
+    return sorted(p.parent.parent.name for p in EXAMPLES.glob("*/clean/conftest.py"))
+
+
+def fixture_names(conftest: Path) -> list[str]:
+    """The dlcheck_* fixtures a conftest.py defines."""
+    return sorted(set(re.findall(r"^def (dlcheck_\w+)\s*\(", conftest.read_text(), flags=re.MULTILINE)))
+
+
+def floor_test_source(domain: str, fixtures: list[str]) -> str:
+    return textwrap.dedent(f'''\
+        """The floor of the benchmark: the project's own fixtures, one batch, one forward and backward pass."""
+        import dlbench_floor
+
+        FIXTURES = {fixtures!r}
+
+
+        def test_dlbench_floor(request):
+            dlbench_floor.run({domain!r}, {{name: request.getfixturevalue(name) for name in FIXTURES}})
+        ''')
+
+
+def example_project(domain: str, dest: Path) -> Project:
+    """A copy of examples/<domain> with the floor test beside its clean conftest.py."""
+    if domain not in dlbench_floor.STEPS:
+        raise KeyError(f"no floor step for domain {domain!r} (benchmarks/inject/dlbench_floor.py STEPS)")
+    root = dest / domain
+    shutil.copytree(EXAMPLES / domain, root, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"),
+                    dirs_exist_ok=True)
+    names = fixture_names(root / "clean" / "conftest.py")
+    (root / "clean" / FLOOR_TEST).write_text(floor_test_source(domain, names))
+    return Project(root, "clean", domain, f"clean/{FLOOR_TEST}")
+
+
+# ---- 3. an SFT project whose dataset is produced lazily -------------------------------------------------
+
+SCALE_VARIANTS = ("trainer+iterable", "collator+map-style")
+
+_COMMON = '''\
+import os
+
+import pytest
+import tinyllm
+
+N = int(os.environ.get("DLBENCH_N", "1000"))
+DEVICE = os.environ.get("DLBENCH_DEVICE", "cpu")
+
+
+def pairs(n):
+    """n prompt/completion examples, produced one at a time on demand."""
+    for i in range(n):
+        yield example(i)
+
+
+def example(i):
+    prompt, completion = tinyllm.PAIRS[i % len(tinyllm.PAIRS)]
+    return {"prompt": prompt, "completion": completion}
+
+
+def watched(model):
+    import dlbench_probe
+
+    model = model.to(DEVICE)
+    dlbench_probe.watch(model)
+    return model
+'''
+
+_TRAINER_ITERABLE = _COMMON + '''
+
+@pytest.fixture(scope="session")
+def dlcheck_trainer(tmp_path_factory):
+    """TRL's SFTTrainer on a streaming dataset of N examples (tokenized lazily by the trainer's map)."""
+    from datasets import IterableDataset
+    from trl import SFTConfig, SFTTrainer
+
+    tok = tinyllm.build_tokenizer()
+    data = IterableDataset.from_generator(pairs, gen_kwargs={"n": N})
+    args = SFTConfig(**{**tinyllm.common_args(tmp_path_factory.mktemp("sft")), "use_cpu": DEVICE == "cpu"},
+                     activation_checkpointing=False)
+    return SFTTrainer(model=watched(tinyllm.build_model(tok)), args=args, processing_class=tok, train_dataset=data)
+'''
+
+_COLLATOR_MAP = _COMMON + '''
+
+class LazyExamples:
+    """A map-style dataset of N tokenized examples, each made when it is indexed (nothing is stored):
+    input_ids, attention_mask, and labels with the prompt masked."""
+
+    def __init__(self, tok, n):
+        self.tok, self.n = tok, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        ex = example(i % self.n)
+        prompt = self.tok(ex["prompt"])["input_ids"]
+        completion = self.tok(ex["completion"])["input_ids"] + [self.tok.eos_token_id]
+        ids = prompt + completion
+        return {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": [-100] * len(prompt) + completion}
+
+
+@pytest.fixture(scope="session")
+def tok():
+    return tinyllm.build_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def dlcheck_tokenizer(tok):
+    return tok
+
+
+@pytest.fixture(scope="session")
+def dlcheck_model(tok):
+    return watched(tinyllm.build_model(tok))
+
+
+@pytest.fixture(scope="session")
+def dlcheck_collator(tok):
+    from transformers import DataCollatorForSeq2Seq
+
+    return DataCollatorForSeq2Seq(tok, label_pad_token_id=-100)
+
+
+@pytest.fixture(scope="session")
+def dlcheck_dataset(tok):
+    return LazyExamples(tok, N)
+'''
+
+
+def _llm_base(root: Path) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pytest.ini").write_text(PYTEST_INI)
+    shutil.copy(EXAMPLES / "llm" / "tinyllm.py", root / "tinyllm.py")
+    (root / "clean").mkdir(exist_ok=True)
+
+
+def scale_project(dest: Path, variant: str) -> Project:
+    """An SFT project on the example's tokenizer and model whose dataset has ``$DLBENCH_N`` examples made
+    on demand: ``trainer+iterable`` (SFTTrainer on a datasets.IterableDataset) or ``collator+map-style``
+    (a collator and a map-style dataset that makes each example when indexed). With a floor test."""
+    if variant not in SCALE_VARIANTS:
+        raise KeyError(f"unknown scale variant {variant!r}; one of {SCALE_VARIANTS}")
+    root = dest / ("scale-" + variant.replace("+", "-"))
+    _llm_base(root)
+    source = _TRAINER_ITERABLE if variant == "trainer+iterable" else _COLLATOR_MAP
+    (root / "clean" / "conftest.py").write_text(source)
+    (root / "clean" / FLOOR_TEST).write_text(floor_test_source("llm", fixture_names(root / "clean" / "conftest.py")))
+    return Project(root, "clean", "llm", f"clean/{FLOOR_TEST}")
+
+
+# ---- 4. the same SFT project with a ~100M-parameter model ----------------------------------------------
+
+#: a Llama of 104M parameters: 11 layers of width 768 (4·768² attention + 3·768·3072 MLP each)
+BIG = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 11, "num_attention_heads": 12,
+       "num_key_value_heads": 12}
+
+_MEMORY = '''\
+import os
+
+import pytest
+import tinyllm
+
+DEVICE = os.environ.get("DLBENCH_DEVICE", "cpu")
+SIZE = {size!r}
+
+
+def build_model(tok):
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), max_position_embeddings=128, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id, **SIZE)
+    return AutoModelForCausalLM.from_config(config)
+
+
+@pytest.fixture(scope="session")
+def dlcheck_trainer(tmp_path_factory):
+    """The example's clean SFTTrainer, with a model built from a config of {size_name} parameters."""
+    import dlbench_probe
+    from trl import SFTConfig, SFTTrainer
+
+    tok = tinyllm.build_tokenizer()
+    model = build_model(tok).to(DEVICE)
+    dlbench_probe.watch(model)
+    args = SFTConfig(**{{**tinyllm.common_args(tmp_path_factory.mktemp("sft")), "use_cpu": DEVICE == "cpu"}},
+                     activation_checkpointing=False)
+    return SFTTrainer(model=model, args=args, processing_class=tok, train_dataset=tinyllm.prompt_completion_dataset())
+'''
+
+
+def llama_parameters(vocab: int, hidden_size: int, intermediate_size: int, num_hidden_layers: int,
+                     num_attention_heads: int, num_key_value_heads: int) -> int:
+    """Parameters of a LlamaForCausalLM (untied embeddings) of this size."""
+    head = hidden_size // num_attention_heads
+    attn = hidden_size * hidden_size * 2 + hidden_size * head * num_key_value_heads * 2
+    mlp = 3 * hidden_size * intermediate_size
+    return num_hidden_layers * (attn + mlp + 2 * hidden_size) + 2 * vocab * hidden_size + hidden_size
+
+
+def memory_project(dest: Path, size: dict | None = None) -> Project:
+    """examples/llm's clean SFT project with a model of ``size`` (default :data:`BIG`, ~100M parameters)."""
+    size = dict(BIG if size is None else size)
+    root = dest / "memory"
+    _llm_base(root)
+    n = llama_parameters(320, **size)
+    (root / "clean" / "conftest.py").write_text(_MEMORY.format(size=size, size_name=f"{n / 1e6:.0f}M"))
+    (root / "clean" / FLOOR_TEST).write_text(floor_test_source("llm", ["dlcheck_trainer"]))
+    return Project(root, "clean", "llm", f"clean/{FLOOR_TEST}")

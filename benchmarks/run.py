@@ -1,0 +1,515 @@
+"""pytest-dlcheck's performance benchmark: what the plugin costs, against what a person's own test of
+the same project costs anyway, on this machine. One command:
+
+    .venv/bin/python benchmarks/run.py                 # every figure, 5 interleaved repeats each
+    .venv/bin/python benchmarks/run.py --only inactive,scale --repeats 9
+    .venv/bin/python benchmarks/run.py --quick         # a reduced run (the test suite runs it)
+
+Prints a table of medians over repeated runs and the ratios taken in the same run, checks the budgets,
+and exits 1 when one fails. See benchmarks/README.md for what each figure measures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import measure, projects
+from benchmarks.measure import Measurement, Summary
+
+SECTIONS = ("inactive", "active", "scale", "memory", "gpu")
+
+#: the budgets (issue 10): inactive ≤ 3 % over -p no:dlcheck; active ≤ 2× the floor; 1,000,000 examples
+#: ≤ 10 % over 1,000; peak RSS ≤ the floor's plus one copy of the trainable state
+INACTIVE_MAX = 1.03
+ACTIVE_MAX = 2.0
+SCALE_MAX = 1.10
+MEMORY_MAX_COPIES = 1.0
+
+#: quick mode's model for the memory figure: the same architecture, ~2M parameters
+SMALL = {"hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
+         "num_key_value_heads": 4}
+
+
+@dataclass
+class Row:
+    """One line of the table."""
+
+    section: str
+    figure: str
+    measured: str
+    reference: str
+    ratio: str
+    budget: str
+    ok: bool | None  # None: informative, or not taken
+    note: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def verdict(self) -> str:
+        return {True: "ok", False: "OVER BUDGET", None: "-"}[self.ok]
+
+
+@dataclass
+class Context:
+    python: str
+    workdir: Path
+    repeats: int
+    warmup: int
+    threads: int
+    metric: str
+    verbose: bool
+    rows: list[Row] = field(default_factory=list)
+
+    def log(self, text: str) -> None:
+        if self.verbose:
+            print(f"  [{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The benchmarked runs' environment: offline, a fixed thread count, the probe importable, and
+        nothing from the caller's shell that switches the plugin on or adds pytest options. Bytecode is
+        cached as Python does by default (PYTHONDONTWRITEBYTECODE would make every run recompile, and
+        assertion-rewrite, the plugin's modules: a cost no installed plugin has); the warm-up writes it."""
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("PYTEST_DLCHECK", "PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD",
+                            "PYTHONDONTWRITEBYTECODE")}
+        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+                   HF_DATASETS_DISABLE_PROGRESS_BARS="1", TOKENIZERS_PARALLELISM="false",
+                   OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads),
+                   PYTHONPATH=os.pathsep.join([str(projects.INJECT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])))
+        env.update(extra)
+        return env
+
+    def pytest(self, project_root: Path, args: list[str], env: dict[str, str], ok_codes=(0,),
+               floor: bool = False) -> Callable[[], Measurement]:
+        """A closure running ``pytest args`` in ``project_root`` with the probe, returning the measurement
+        with the probe's (and the floor's) JSON in ``info``."""
+        counter = [0]
+
+        def go() -> Measurement:
+            counter[0] += 1
+            probe = self.workdir / f"probe-{os.getpid()}-{id(go)}-{counter[0]}.json"
+            floor_out = self.workdir / f"floor-{os.getpid()}-{id(go)}-{counter[0]}.json"
+            run_env = dict(env, DLBENCH_PROBE_OUT=str(probe), DLBENCH_FLOOR_OUT=str(floor_out))
+            cmd = [self.python, "-m", "pytest", "-q", "-p", "dlbench_probe", *args]
+            m = measure.run_command(cmd, cwd=project_root, env=run_env, ok_codes=ok_codes)
+            if probe.exists():
+                m.info["probe"] = json.loads(probe.read_text())
+                probe.unlink()
+            if floor_out.exists():
+                m.info["floor"] = json.loads(floor_out.read_text())
+                floor_out.unlink()
+            if floor and "floor" not in m.info:
+                raise measure.CommandFailed(cmd, m)
+            return m
+
+        return go
+
+    def measure(self, variants: dict[str, Callable[[], Measurement]], repeats: int | None = None) -> dict[str, list[Measurement]]:
+        return measure.interleaved(variants, self.repeats if repeats is None else repeats, self.warmup, self.log)
+
+
+# ---- formatting --------------------------------------------------------------------------------------
+
+
+def fmt_time(s: Summary) -> str:
+    return f"{s.cpu:.2f} s CPU, {s.wall:.2f} s wall"
+
+
+def fmt_ratios(a: list[Measurement], b: list[Measurement], metric: str) -> tuple[str, float]:
+    """Median paired ratios (each run against the other variant's run beside it) of CPU and wall time;
+    and the one the budgets judge."""
+    r_cpu, r_wall = measure.paired_ratio(a, b, "cpu"), measure.paired_ratio(a, b, "wall")
+    chosen = r_cpu if metric == "cpu" else r_wall
+    return f"{r_cpu:.3f} CPU, {r_wall:.3f} wall", chosen
+
+
+def outcomes(m: Measurement, prefix: str = "") -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for nodeid, item in m.info.get("probe", {}).get("items", {}).items():
+        if prefix and prefix not in nodeid:
+            continue
+        counts[item["outcome"]] = counts.get(item["outcome"], 0) + 1
+    return counts
+
+
+def fmt_outcomes(counts: dict[str, int]) -> str:
+    return ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no items"
+
+
+def broken(m: Measurement) -> str:
+    """On a clean project every check passes or skips: the failures and errors of a run, as pytest's short
+    summary names them, else ''."""
+    counts = outcomes(m)
+    bad = counts.get("failed", 0) + counts.get("error", 0)
+    if not bad and counts:
+        return ""
+    lines = [line for line in m.output.splitlines() if line.startswith(("FAILED ", "ERROR ", "E   "))]
+    what = f"{bad} check(s) failed or errored" if bad else "no check ran"
+    return f"{what} on a clean project: " + " | ".join(lines[:3])[:400]
+
+
+def phases(m: Measurement) -> dict[str, float]:
+    """Where one run's time went: start-up (interpreter, pytest, plugins, conftest imports), collection,
+    the items (fixtures built in the first one's setup), and the exit."""
+    p = m.info.get("probe") or {}
+    if not p.get("configured_at"):
+        return {}
+    items = sum(i["setup"] + i["call"] + i["teardown"] for i in p["items"].values())
+    return {
+        "startup": p["configured_at"] - m.started_at,
+        "collection": (p["collected_at"] or p["configured_at"]) - p["configured_at"],
+        "items": items,
+        "exit": m.started_at + m.wall - p["finished_at"],
+    }
+
+
+def slowest(m: Measurement, n: int = 3) -> list[tuple[str, float, float]]:
+    items = (m.info.get("probe") or {}).get("items", {})
+    ranked = sorted(items.items(), key=lambda kv: -(kv[1]["setup"] + kv[1]["call"]))
+    return [(nodeid.split("::")[-1], i["setup"], i["call"]) for nodeid, i in ranked[:n]]
+
+
+def median_run(ms: list[Measurement], metric: str) -> Measurement:
+    ranked = sorted(ms, key=lambda m: m.value(metric))
+    return ranked[(len(ranked) - 1) // 2]
+
+
+# ---- 1. inactive -------------------------------------------------------------------------------------
+
+
+def bench_inactive(ctx: Context, n_tests: int, repeats: int) -> None:
+    suite = projects.plain_suite(ctx.workdir / "plain", n_tests)
+    env = ctx.env()
+    runs = ctx.measure({
+        "installed": ctx.pytest(suite, ["."], env),
+        "no:dlcheck": ctx.pytest(suite, ["-p", "no:dlcheck", "."], env),
+    }, repeats)
+    a, b = Summary.of(runs["installed"]), Summary.of(runs["no:dlcheck"])
+    text, chosen = fmt_ratios(runs["installed"], runs["no:dlcheck"], ctx.metric)
+    heavy_a = sorted({m for r in runs["installed"] for m in r.info["probe"]["heavy_modules"]})
+    heavy_b = sorted({m for r in runs["no:dlcheck"] for m in r.info["probe"]["heavy_modules"]})
+    registered = all(r.info["probe"]["dlcheck_registered"] for r in runs["installed"])
+    disabled = not any(r.info["probe"]["dlcheck_registered"] for r in runs["no:dlcheck"])
+    passed = [outcomes(r).get("passed", 0) for r in runs["installed"] + runs["no:dlcheck"]]
+    # importing the plugin by itself, in a fresh interpreter
+    code = ("import sys, pytest_dlcheck, pytest_dlcheck.plugin\n"
+            f"print(','.join(m for m in {measure_heavy()!r} if m in sys.modules))")
+    alone = subprocess.run([ctx.python, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=False)
+    imported_alone = [m for m in alone.stdout.strip().split(",") if m]
+    extra = sorted(set(heavy_a) - set(heavy_b))
+    no_torch = alone.returncode == 0 and "torch" not in imported_alone and "torch" not in heavy_a and not extra
+    ok = chosen <= INACTIVE_MAX and registered and disabled and no_torch and all(p == n_tests for p in passed)
+    note = (f"plugin registered: {registered} (and absent with -p no:dlcheck: {disabled}); heavy modules imported "
+            f"by the installed run: {', '.join(heavy_a) or 'none'} (with -p no:dlcheck: {', '.join(heavy_b) or 'none'}); "
+            f"`import pytest_dlcheck.plugin` alone imports: {', '.join(imported_alone) or 'none of torch/transformers/…'}")
+    ctx.rows.append(Row("inactive", f"plain {n_tests}-test suite: installed, not enabled / -p no:dlcheck",
+                        fmt_time(a), fmt_time(b), text, f"≤ {INACTIVE_MAX:.2f}, no torch import", ok, note,
+                        {"installed": asdict(a), "no:dlcheck": asdict(b), "ratio": chosen, "heavy_installed": heavy_a,
+                         "heavy_disabled": heavy_b, "imported_alone": imported_alone}))
+
+
+def measure_heavy() -> tuple[str, ...]:
+    return ("torch", "numpy", "transformers", "trl", "datasets", "accelerate", "torchvision", "timm", "diffusers")
+
+
+# ---- 2. active against the floor ---------------------------------------------------------------------
+
+
+def bench_active(ctx: Context, domain: str) -> None:
+    try:
+        project = projects.example_project(domain, ctx.workdir / "examples")
+    except KeyError as exc:
+        ctx.rows.append(Row("active", f"--dlcheck={domain} on examples/{domain}/clean / floor", "-", "-", "-",
+                            f"≤ {ACTIVE_MAX:.1f}×", None, f"not measured: {exc.args[0]}"))
+        return
+    env = ctx.env()
+    try:
+        runs = ctx.measure({
+            "active": ctx.pytest(project.root, project.active_args(), env, ok_codes=(0, 1)),
+            "floor": ctx.pytest(project.root, project.floor_args(), env, floor=True),
+        })
+    except measure.CommandFailed as exc:
+        ctx.rows.append(Row("active", f"--dlcheck={domain} on examples/{domain}/clean / floor", "-", "-", "-",
+                            f"≤ {ACTIVE_MAX:.1f}×", False, "could not measure: " + " ".join(str(exc).split())[-600:]))
+        return
+    a, b = Summary.of(runs["active"]), Summary.of(runs["floor"])
+    text, chosen = fmt_ratios(runs["active"], runs["floor"], ctx.metric)
+    mid = median_run(runs["active"], ctx.metric)
+    counts = outcomes(mid)
+    problem = next((broken(m) for m in runs["active"] if broken(m)), "")
+    ph, ph_floor = phases(mid), phases(median_run(runs["floor"], ctx.metric))
+    note = (f"checks: {fmt_outcomes(counts)}; active run: " + ", ".join(f"{k} {v:.1f} s" for k, v in ph.items())
+            + "; floor: " + ", ".join(f"{k} {v:.1f} s" for k, v in ph_floor.items())
+            + "; slowest items: " + ", ".join(f"{n} {s:.1f}+{c:.1f} s" for n, s, c in slowest(mid)))
+    if problem:
+        note = f"NOT CLEAN: {problem}; " + note
+    ctx.rows.append(Row("active", f"--dlcheck={domain} on examples/{domain}/clean / floor", fmt_time(a), fmt_time(b),
+                        text, f"≤ {ACTIVE_MAX:.1f}×", chosen <= ACTIVE_MAX and not problem, note,
+                        {"active": asdict(a), "floor": asdict(b), "ratio": chosen, "outcomes": counts,
+                         "phases": ph, "floor_phases": ph_floor}))
+
+
+# ---- 3. scale ----------------------------------------------------------------------------------------
+
+
+def bench_scale(ctx: Context, variant: str, small: int, large: int) -> None:
+    project = projects.scale_project(ctx.workdir, variant)
+    runs = ctx.measure({
+        f"{small:,}": ctx.pytest(project.root, project.active_args(), ctx.env(DLBENCH_N=str(small)), ok_codes=(0, 1)),
+        f"{large:,}": ctx.pytest(project.root, project.active_args(), ctx.env(DLBENCH_N=str(large)), ok_codes=(0, 1)),
+    })
+    a, b = Summary.of(runs[f"{large:,}"]), Summary.of(runs[f"{small:,}"])
+    text, chosen = fmt_ratios(runs[f"{large:,}"], runs[f"{small:,}"], ctx.metric)
+    items_a = measure.median([phases(m).get("items", 0.0) for m in runs[f"{large:,}"]])
+    items_b = measure.median([phases(m).get("items", 0.0) for m in runs[f"{small:,}"]])
+    ca, cb = outcomes(median_run(runs[f"{large:,}"], ctx.metric)), outcomes(median_run(runs[f"{small:,}"], ctx.metric))
+    same = ca == cb
+    problem = next((broken(m) for ms in runs.values() for m in ms if broken(m)), "")
+    note = (("NOT CLEAN: " + problem + "; " if problem else "") + f"checks at {large:,}: {fmt_outcomes(ca)}; at {small:,}: {fmt_outcomes(cb)}"
+            + ("" if same else " (the outcomes differ with the dataset's size)")
+            + f"; fixtures+checks {items_a:.2f} s vs {items_b:.2f} s")
+    ctx.rows.append(Row("scale", f"{variant}: {large:,} / {small:,} lazily produced examples", fmt_time(a), fmt_time(b),
+                        text, f"≤ {SCALE_MAX:.2f}", chosen <= SCALE_MAX and same and not problem, note,
+                        {"large": asdict(a), "small": asdict(b), "ratio": chosen, "items_large": items_a,
+                         "items_small": items_b, "outcomes_large": ca, "outcomes_small": cb}))
+
+
+# ---- 4. memory ---------------------------------------------------------------------------------------
+
+
+def bench_memory(ctx: Context, size: dict, repeats: int, device: str = "cpu") -> Row:
+    project = projects.memory_project(ctx.workdir / device, size)
+    env = ctx.env(DLBENCH_DEVICE=device, DLBENCH_RSS="1")
+    runs = ctx.measure({
+        "active": ctx.pytest(project.root, project.active_args(), env, ok_codes=(0, 1)),
+        "floor": ctx.pytest(project.root, project.floor_args(), env, floor=True),
+    }, repeats)
+    a, b = Summary.of(runs["active"]), Summary.of(runs["floor"])
+    trainable = runs["floor"][0].info["floor"]["trainable_bytes"] / 2**20
+    n_params = projects.llama_parameters(320, **size)
+    extra = a.max_rss_mb - b.max_rss_mb
+    copies = extra / trainable if trainable else float("inf")
+    text, chosen = fmt_ratios(runs["active"], runs["floor"], ctx.metric)
+    mid = median_run(runs["active"], ctx.metric)
+    problem = next((broken(m) for m in runs["active"] if broken(m)), "")
+    own = measure.median([own_peak(m) for m in runs["active"]])
+    step = measure.median([own_peak(m) for m in runs["floor"]])
+    note = (f"model: Llama from a config, {n_params / 1e6:.0f}M parameters, trainable state {trainable:.0f} MiB; "
+            f"checks: {fmt_outcomes(outcomes(mid))}; over the RSS once the fixtures are built, the checks' own peak "
+            f"is {own:+.0f} MiB and the floor's forward+backward {step:+.0f} MiB; "
+            f"time {fmt_time(a)} vs floor {fmt_time(b)} ({text})")
+    if problem:
+        note = f"NOT CLEAN: {problem}; " + note
+    row = Row("memory" if device == "cpu" else "gpu", f"peak RSS, --dlcheck=llm on a {n_params / 1e6:.0f}M model / floor"
+              + ("" if device == "cpu" else f" ({device})"),
+              f"{a.max_rss_mb:.0f} MiB", f"{b.max_rss_mb:.0f} MiB", f"{extra:+.0f} MiB = {copies:+.2f} copies",
+              f"≤ +{MEMORY_MAX_COPIES:g} copy ({trainable * MEMORY_MAX_COPIES:.0f} MiB)",
+              copies <= MEMORY_MAX_COPIES and not problem,
+              note, {"active": asdict(a), "floor": asdict(b), "trainable_mib": trainable, "extra_mib": extra,
+                     "checks_own_peak_mib": own, "floor_step_peak_mib": step,
+                     "copies": copies, "parameters": n_params, "time_ratio": chosen})
+    row.data["runs"] = runs
+    return row
+
+
+def own_peak(m: Measurement) -> float:
+    """Peak RSS (VmHWM) at the end over the RSS once the fixtures were built: after the first check's setup
+    (which builds the session fixtures) in an active run, just before the step in the floor."""
+    probe, floor = m.info.get("probe") or {}, m.info.get("floor")
+    start = (floor or {}).get("memory_before_step") if floor else probe.get("memory_after_first_setup")
+    end = probe.get("memory_at_end") or {}
+    if not start or "vmrss" not in start or "vmhwm" not in end:
+        return float("nan")
+    return end["vmhwm"] - start["vmrss"]
+
+
+# ---- 5. GPU ------------------------------------------------------------------------------------------
+
+
+def cuda_available(ctx: Context) -> bool:
+    code = "import torch; print(torch.cuda.is_available())"
+    out = subprocess.run([ctx.python, "-c", code], capture_output=True, text=True, env=ctx.env(), timeout=300, check=False)
+    return out.stdout.strip() == "True"
+
+
+def device_findings(active: list[Measurement], floor: list[Measurement], device: str = "cuda") -> dict[str, Any]:
+    """From the probe: what moved a watched model to the CPU during the checks, which of its tensors are off
+    ``device`` at the end, and the median peak memory allocated on the device, active and floor."""
+    moved = sorted({x for m in active for x in (m.info.get("probe") or {}).get("moved_to_cpu", [])})
+    off = {}
+    for m in active:
+        for name, kinds in ((m.info.get("probe") or {}).get("devices") or {}).items():
+            if set(kinds) - {device}:
+                off[name] = kinds
+    peak = lambda ms: measure.median([(m.info.get("probe") or {}).get("cuda_peak_mb") or 0.0 for m in ms])
+    return {"moved": moved, "off_device": off, "peak_active": peak(active), "peak_floor": peak(floor)}
+
+
+def bench_gpu(ctx: Context, size: dict, repeats: int) -> None:
+    if not cuda_available(ctx):
+        ctx.rows.append(Row("gpu", "the same figures with the model on CUDA", "-", "-", "-",
+                            "same budgets; nothing moved to CPU", None,
+                            "not taken: torch.cuda.is_available() is False on this machine"))
+        return
+    row = bench_memory(ctx, size, repeats, device="cuda")
+    runs = row.data.pop("runs")
+    a, b = Summary.of(runs["active"]), Summary.of(runs["floor"])
+    found = device_findings(runs["active"], runs["floor"], "cuda")
+    text, chosen = fmt_ratios(runs["active"], runs["floor"], ctx.metric)
+    trainable = row.data["trainable_mib"]
+    ok_time = chosen <= ACTIVE_MAX
+    ok_gpu_mem = found["peak_active"] - found["peak_floor"] <= trainable * MEMORY_MAX_COPIES
+    row.ok = bool(row.ok and ok_time and ok_gpu_mem and not found["moved"] and not found["off_device"])
+    row.note += (f"; CUDA peak allocated {found['peak_active']:.0f} MiB vs floor {found['peak_floor']:.0f} MiB "
+                 f"(budget: + at most {trainable * MEMORY_MAX_COPIES:.0f} MiB); moved to CPU during the checks: "
+                 f"{', '.join(found['moved']) or 'nothing'}; tensors off the GPU at the end: {found['off_device'] or 'none'}")
+    row.data.update(time_ratio=chosen, **found)
+    ctx.rows.append(row)
+    ctx.rows.append(Row("gpu", "--dlcheck=llm on CUDA / floor on CUDA (time)", fmt_time(a), fmt_time(b), text,
+                        f"≤ {ACTIVE_MAX:.1f}×", ok_time, ""))
+
+
+# ---- a profile, to find where the plugin's time goes ------------------------------------------------
+
+
+def profile(ctx: Context, domain: str, top: int = 25) -> str:
+    """Run ``--dlcheck=<domain>`` on its example once under cProfile; the plugin's functions by cumulative
+    time (which includes the user's code they call: fixtures, forward passes) and its own time in total."""
+    import pstats
+
+    project = projects.example_project(domain, ctx.workdir / "profile")
+    out = ctx.workdir / f"{domain}.prof"
+    cmd = [ctx.python, "-m", "cProfile", "-o", str(out), "-m", "pytest", "-q", "-p", "dlbench_probe",
+           *project.active_args()]
+    measure.run_command(cmd, cwd=project.root, env=ctx.env(), ok_codes=(0, 1))
+    stats = pstats.Stats(str(out)).stats
+    package = str(Path(projects.REPO, "pytest_dlcheck"))
+    rows = [(ct, tt, nc, f"{f.removeprefix(package + '/')}:{line} {name}")
+            for (f, line, name), (_, nc, tt, ct, _) in stats.items() if f.startswith(package)]
+    total = sum(tt for _, tt, _, _ in rows)
+    whole = sum(v[2] for v in stats.values())
+    lines = [(f"cProfile of --dlcheck={domain} on examples/{domain}/clean: the plugin's own time {total:.3f} s "
+              f"(profiled; the whole run {whole:.1f} s)"),
+             "   cumulative      own    calls  function"]
+    lines += [f"{ct:11.3f} {tt:8.3f} {nc:8d}  {where}" for ct, tt, nc, where in sorted(rows, reverse=True)[:top]]
+    return "\n".join(lines)
+
+
+# ---- the table ---------------------------------------------------------------------------------------
+
+
+def table(rows: list[Row]) -> str:
+    head = ["figure", "measured (median)", "reference (median)", "ratio", "budget", "verdict"]
+    body = [[r.figure, r.measured, r.reference, r.ratio, r.budget, r.verdict] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+    out = [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(b) for b in body]
+    notes = [f"- {r.figure}: {r.note}" for r in rows if r.note]
+    return "\n".join(out + ([""] + notes if notes else []))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, comma-separated: {', '.join(SECTIONS)}")
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved runs per variant (medians are taken), default 5")
+    ap.add_argument("--warmup", type=int, default=1, help="discarded rounds before measuring, default 1")
+    ap.add_argument("--tests", type=int, default=300, help="tests in the plain suite, default 300")
+    ap.add_argument("--inactive-repeats", type=int, default=21,
+                    help="runs per variant for the inactive figure, default 21 (a ~1%% effect under a shared machine's noise)")
+    ap.add_argument("--domains", default="", help="domains for the active figure (default: every examples/<domain>/clean)")
+    ap.add_argument("--sizes", default="1000,1000000", help="dataset sizes for the scale figure, default 1000,1000000")
+    ap.add_argument("--scale-variants", default=",".join(projects.SCALE_VARIANTS), help="projects for the scale figure")
+    ap.add_argument("--memory-repeats", type=int, default=3, help="runs per variant for the memory figure, default 3")
+    ap.add_argument("--small-model", action="store_true", help="memory/GPU figures on a ~2M model instead of ~100M")
+    ap.add_argument("--threads", type=int, default=1, help="OMP/MKL threads of every benchmarked run, default 1")
+    ap.add_argument("--metric", choices=("cpu", "wall"), default="cpu",
+                    help="which time the budgets judge: CPU (user+system, robust on a shared machine; the default) or wall")
+    ap.add_argument("--quick", action="store_true",
+                    help="reduced sizes for a smoke run: 20 tests, 1 repeat, no warm-up, llm only, sizes 10,10000, the "
+                         "collator+map-style project, a ~2M model")
+    ap.add_argument("--python", default=sys.executable, help="the interpreter of the environment to benchmark")
+    ap.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
+    ap.add_argument("--json", default=None, help="also write every figure as JSON here")
+    ap.add_argument("--profile", default=None, metavar="DOMAIN",
+                    help="instead of the figures: profile --dlcheck=DOMAIN on its example once (cProfile) and print "
+                         "the plugin's functions by cumulative time")
+    ap.add_argument("--no-check", action="store_true", help="exit 0 even when a budget fails")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.tests, args.repeats, args.warmup, args.memory_repeats, args.inactive_repeats = 20, 1, 0, 1, 1
+        args.domains = args.domains or "llm"
+        args.sizes = "10,10000"
+        args.scale_variants = "collator+map-style"
+        args.small_model = True
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = set(only) - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"--only: unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+    small, large = (int(x) for x in args.sizes.split(","))
+    size = SMALL if args.small_model else projects.BIG
+    with tempfile.TemporaryDirectory(prefix="dlbench-", dir=args.workdir) as tmp:
+        ctx = Context(args.python, Path(tmp), args.repeats, args.warmup, args.threads, args.metric, not args.quiet)
+        if args.profile:
+            print(profile(ctx, args.profile))
+            return 0
+        machine = measure.Machine.here(args.python)
+        load_before = measure.load_average()
+        started = time.time()
+        if "inactive" in only:
+            ctx.log("inactive cost")
+            bench_inactive(ctx, args.tests, args.inactive_repeats)
+        if "active" in only:
+            for domain in [d for d in args.domains.split(",") if d] or projects.example_domains():
+                ctx.log(f"active cost: {domain}")
+                bench_active(ctx, domain)
+        if "scale" in only:
+            for variant in [v for v in args.scale_variants.split(",") if v]:
+                ctx.log(f"scale: {variant}")
+                bench_scale(ctx, variant, small, large)
+        if "memory" in only:
+            ctx.log("memory")
+            row = bench_memory(ctx, size, args.memory_repeats)
+            row.data.pop("runs")
+            ctx.rows.append(row)
+        if "gpu" in only:
+            ctx.log("gpu")
+            bench_gpu(ctx, size, args.memory_repeats)
+        load_after = measure.load_average()
+    header = (f"pytest-dlcheck benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {time.time() - started:.0f} s\n"
+              f"machine: {machine.describe()}\n"
+              f"load average (1/5/15 min) before {'/'.join(f'{x:.2f}' for x in load_before)}, "
+              f"after {'/'.join(f'{x:.2f}' for x in load_after)}\n"
+              f"medians of {args.repeats} interleaved runs ({args.inactive_repeats} for the inactive figure, "
+              f"{args.memory_repeats} for memory/GPU) after {args.warmup} warm-up; ratios are medians of paired runs; "
+              f"{args.threads} OMP thread(s); budgets judged on {'CPU' if args.metric == 'cpu' else 'wall'} time\n")
+    print(header)
+    print(table(ctx.rows))
+    failed = [r for r in ctx.rows if r.ok is False]
+    print(f"\n{len(failed)} budget(s) failed" if failed else "\nall budgets hold")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "machine": asdict(machine), "load_before": load_before, "load_after": load_after, "args": vars(args),
+            "rows": [asdict(r) | {"verdict": r.verdict} for r in ctx.rows]}, indent=2, default=str))
+    return 1 if failed and not args.no_check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,326 @@
+"""The benchmark's own logic (benchmarks/): measurement, interleaving, the generated projects, the floor
+steps on real tiny objects, the probe, the table, and one end-to-end run at a reduced size so the script
+cannot rot. The budgets themselves are checked by the benchmark, not here."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tiny
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks" / "inject")]
+
+import dlbench_floor
+import dlbench_probe
+
+from benchmarks import measure, projects, run
+from benchmarks.measure import Measurement, Summary
+
+PY = sys.executable
+
+
+# ---- measurement -------------------------------------------------------------------------------------
+
+
+def test_abba_alternates_the_order_of_the_variants():
+    assert measure.abba(["a", "b"], 4) == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert measure.abba(["a", "b", "c"], 2) == ["a", "b", "c", "c", "b", "a"]
+
+
+def test_interleaved_discards_the_warmup_and_keeps_the_order():
+    calls = []
+
+    def variant(name, wall):
+        def go():
+            calls.append(name)
+            return Measurement(wall, wall / 2, 10.0, 0)
+        return go
+
+    runs = measure.interleaved({"a": variant("a", 1.0), "b": variant("b", 3.0)}, repeats=3, warmup=1)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b"]
+    assert [len(runs["a"]), len(runs["b"])] == [3, 3]
+    s = Summary.of(runs["b"])
+    assert (s.n, s.wall, s.cpu, s.wall_spread) == (3, 3.0, 1.5, 0.0)
+
+
+def test_paired_ratio_compares_runs_taken_side_by_side():
+    # the load doubles between the repeats: each pair still says 1.1, the ratio of the medians would not
+    a = [Measurement(1.1, 1.1, 0, 0), Measurement(2.2, 2.2, 0, 0), Measurement(2.2, 2.2, 0, 0)]
+    b = [Measurement(1.0, 1.0, 0, 0), Measurement(2.0, 2.0, 0, 0), Measurement(2.0, 2.0, 0, 0)]
+    assert measure.paired_ratio(a, b, "cpu") == pytest.approx(1.1)
+    assert measure.paired_ratio(a, b, "wall") == pytest.approx(1.1)
+
+
+def test_median_spread_ratio():
+    assert measure.median([3, 1, 2]) == 2 and measure.median([1, 2, 3, 10]) == 2.5
+    assert measure.spread([10, 10, 11, 9, 10]) == 0.0
+    assert measure.spread([1.0, 1.1, 0.9]) == pytest.approx(0.1)
+    assert measure.ratio(3.0, 2.0) == 1.5 and measure.ratio(1.0, 0.0) == float("inf")
+
+
+def test_run_command_measures_cpu_and_peak_memory_of_the_child():
+    code = ("import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+            "x = bytearray(200 * 2**20)\nfor i in range(0, len(x), 4096): x[i] = 1\nprint('done')")
+    m = measure.run_command([PY, "-c", code])
+    assert m.rc == 0 and "done" in m.output
+    assert m.cpu >= 0.25 and m.wall >= m.cpu * 0.5
+    assert m.max_rss_mb >= 200
+    assert m.started_at > 0
+
+
+def test_run_command_reports_a_failure_with_its_output():
+    with pytest.raises(measure.CommandFailed, match=r"exit 3[\s\S]*boom"):
+        measure.run_command([PY, "-c", "import sys; print('boom'); sys.exit(3)"])
+    assert measure.run_command([PY, "-c", "import sys; sys.exit(1)"], ok_codes=(0, 1)).rc == 1
+
+
+def test_machine_description_names_cores_and_libraries():
+    m = measure.Machine.here(PY)
+    assert m.cores >= 1 and "torch" in m.versions and "pytest" in m.versions
+    assert f"{m.cores} cores" in m.describe()
+
+
+# ---- the generated projects --------------------------------------------------------------------------
+
+
+def test_plain_suite_has_exactly_the_requested_tests(tmp_path):
+    suite = projects.plain_suite(tmp_path / "plain", n_tests=37, per_file=15)
+    assert sorted(p.name for p in suite.glob("test_*.py")) == [f"test_plain_00{i}.py" for i in range(3)]
+    out = subprocess.run([PY, "-m", "pytest", "--collect-only", "-q", "-p", "no:dlcheck", "."], cwd=suite,
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert "37 tests collected" in out.stdout, out.stdout + out.stderr
+
+
+def test_example_project_copies_the_example_and_writes_its_floor_test(tmp_path):
+    assert {"llm", "vision"} <= set(projects.example_domains())
+    p = projects.example_project("llm", tmp_path)
+    assert (p.root / "tinyllm.py").exists() and (p.root / "clean" / "conftest.py").exists()
+    assert projects.fixture_names(p.root / "clean" / "conftest.py") == ["dlcheck_trainer"]
+    floor = (p.root / p.floor_test).read_text()
+    assert "dlbench_floor.run('llm'" in floor and "['dlcheck_trainer']" in floor
+    assert p.active_args() == ["--dlcheck=llm", "clean", "--ignore=clean/test_dlbench_floor.py"]
+    assert p.floor_args() == ["-p", "no:dlcheck", "clean/test_dlbench_floor.py"]
+    v = projects.example_project("vision", tmp_path)
+    assert projects.fixture_names(v.root / "clean" / "conftest.py") == [
+        "dlcheck_dataloader", "dlcheck_eval_dataloader", "dlcheck_eval_fn", "dlcheck_loss_fn", "dlcheck_model"]
+    with pytest.raises(KeyError, match="no floor step"):
+        projects.example_project("smoke", tmp_path)
+
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_scale_projects_produce_their_examples_lazily(tmp_path, monkeypatch):
+    for variant in projects.SCALE_VARIANTS:
+        p = projects.scale_project(tmp_path, variant)
+        compile((p.root / "clean" / "conftest.py").read_text(), "conftest.py", "exec")
+        assert (p.root / p.floor_test).exists()
+    monkeypatch.syspath_prepend(str(p.root))
+    monkeypatch.setenv("DLBENCH_N", "1000000")
+    try:
+        conf = _load(p.root / "clean" / "conftest.py", "dlbench_scale_conftest")
+        data = conf.LazyExamples(tiny.tokenizer(), conf.N)
+        assert len(data) == 1_000_000
+        last = data[999_999]
+        assert len(last["input_ids"]) == len(last["labels"]) and last["labels"][0] == -100
+        assert last["labels"][-1] == tiny.tokenizer().eos_token_id
+        with pytest.raises(IndexError):
+            data[1_000_000]
+        gen = conf.pairs(10**12)  # a generator: nothing is made before it is read
+        assert next(gen) == conf.example(0)
+    finally:
+        sys.modules.pop("tinyllm", None)
+
+
+def test_parameter_count_matches_a_real_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=320, max_position_embeddings=128, **run.SMALL))
+    assert projects.llama_parameters(320, **run.SMALL) == sum(p.numel() for p in model.parameters())
+    assert 95e6 <= projects.llama_parameters(320, **projects.BIG) <= 110e6
+
+
+def test_memory_project_builds_the_example_with_the_big_config(tmp_path):
+    p = projects.memory_project(tmp_path)
+    source = (p.root / "clean" / "conftest.py").read_text()
+    compile(source, "conftest.py", "exec")
+    assert "'num_hidden_layers': 11" in source and "104M" in source
+    assert p.active_args()[0] == "--dlcheck=llm"
+
+
+# ---- the floor steps, on real tiny objects -----------------------------------------------------------
+
+
+def _grads(model) -> bool:
+    return all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_llm_floor_step_with_a_trainer(tmp_path):
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    tok = tiny.tokenizer()
+    model = tiny.llama(tok)
+    data = Dataset.from_dict({"prompt": tiny.PROMPTS, "completion": tiny.COMPLETIONS})
+    trainer = SFTTrainer(model=model, args=tiny.trainer_args(tmp_path, SFTConfig), processing_class=tok,
+                         train_dataset=data)
+    info = dlbench_floor.llm_step({"dlcheck_trainer": trainer})
+    assert info["loss"] > 0 and info["batch"][0] == trainer.args.per_device_train_batch_size
+    assert info["trainable_bytes"] == 4 * sum(p.numel() for p in model.parameters())
+    assert _grads(model)
+
+
+def test_llm_floor_step_with_a_collator_and_dataset():
+    from transformers import DataCollatorForLanguageModeling
+
+    tok = tiny.tokenizer()
+    model = tiny.llama(tok)
+    info = dlbench_floor.llm_step({"dlcheck_model": model, "dlcheck_collator": DataCollatorForLanguageModeling(tok, mlm=False),
+                                   "dlcheck_dataset": tiny.tokenized(tok)}, batch_size=3)
+    assert info["batch"][0] == 3 and _grads(model)
+
+
+def test_vision_floor_step_and_floor_output(tmp_path, monkeypatch):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.LazyLinear(3))
+    data = TensorDataset(torch.randn(8, 3, 8, 8), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]))
+    out = tmp_path / "floor.json"
+    monkeypatch.setenv("DLBENCH_FLOOR_OUT", str(out))
+    info = dlbench_floor.run("vision", {"dlcheck_model": model, "dlcheck_dataloader": DataLoader(data, batch_size=4),
+                                        "dlcheck_loss_fn": torch.nn.CrossEntropyLoss()})
+    assert info["batch"] == [4, 3, 8, 8] and _grads(model)
+    assert json.loads(out.read_text())["trainable_bytes"] == info["trainable_bytes"] > 0
+
+
+def test_train_floor_step_uses_a_fresh_model_from_the_factory():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    made = []
+
+    def make():
+        made.append(torch.nn.Linear(4, 3))
+        return {"model": made[-1], "optimizer": torch.optim.SGD(made[-1].parameters(), lr=0.1)}
+
+    data = TensorDataset(torch.randn(8, 4), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]))
+    info = dlbench_floor.train_step({"dlcheck_make_training": make, "dlcheck_dataloader": DataLoader(data, batch_size=4)})
+    assert len(made) == 1 and _grads(made[0]) and info["trainable_bytes"] == 4 * 15
+
+
+# ---- the probe ---------------------------------------------------------------------------------------
+
+
+def test_probe_watch_records_a_move_to_the_cpu():
+    model = torch.nn.Linear(2, 2, device="meta")  # "elsewhere" than the CPU, on a machine without a GPU
+    original_to, original_cpu = torch.nn.Module.to, torch.nn.Module.cpu
+    try:
+        dlbench_probe.watch(model)
+        torch.nn.Linear(2, 2).to("cpu")  # not a watched model: not recorded
+        with pytest.raises(NotImplementedError):
+            model.to("cpu")  # a meta tensor cannot be copied, but the attempt is recorded first
+        with pytest.raises(NotImplementedError):
+            model.cpu()
+        assert dlbench_probe.MOVED == ["Linear.to('cpu')", "Linear.cpu()"]
+        assert dlbench_probe._devices() == {"0:Linear": {"meta": 2}}
+    finally:
+        torch.nn.Module.to, torch.nn.Module.cpu = original_to, original_cpu
+        del torch.nn.Module._dlbench_patched
+        dlbench_probe.MODELS.clear()
+        dlbench_probe.MOVED.clear()
+
+
+# ---- the report ----------------------------------------------------------------------------------------
+
+
+def _measured(wall, cpu, probe=None):
+    return Measurement(wall, cpu, 100.0, 0, "", started_at=1000.0, info={"probe": probe} if probe else {})
+
+
+def test_phases_and_outcomes_from_the_probe():
+    probe = {"configured_at": 1002.0, "collected_at": 1002.5, "finished_at": 1009.0,
+             "items": {"c/conftest.py::L1_x": {"setup": 4.0, "call": 1.0, "teardown": 0.0, "outcome": "passed"},
+                       "c/conftest.py::L2_y": {"setup": 0.0, "call": 0.5, "teardown": 0.1, "outcome": "skipped"}}}
+    m = _measured(10.0, 8.0, probe)
+    assert run.phases(m) == pytest.approx({"startup": 2.0, "collection": 0.5, "items": 5.6, "exit": 1.0})
+    assert run.outcomes(m) == {"passed": 1, "skipped": 1}
+    assert run.slowest(m, 1) == [("L1_x", 4.0, 1.0)]
+    assert run.median_run([_measured(3, 3), _measured(1, 1), _measured(2, 2)], "cpu").cpu == 2
+
+
+def test_a_clean_project_that_fails_or_errors_is_named():
+    ok = _measured(1, 1, {"items": {"c::L1": {"setup": 0, "call": 0, "teardown": 0, "outcome": "passed"}}})
+    assert run.broken(ok) == ""
+    bad = _measured(1, 1, {"items": {"c::L1": {"setup": 0, "call": 0, "teardown": 0, "outcome": "error"}}})
+    bad.output = "...\nERROR clean/conftest.py::L1_padding_side - ImportError: boom\n1 error"
+    assert run.broken(bad) == ("1 check(s) failed or errored on a clean project: "
+                               "ERROR clean/conftest.py::L1_padding_side - ImportError: boom")
+    assert run.broken(_measured(1, 1, {"items": {}})).startswith("no check ran")
+
+
+def test_device_findings_name_moves_and_tensors_left_off_the_gpu():
+    def probe(moved, devices, peak):
+        return {"moved_to_cpu": moved, "devices": devices, "cuda_peak_mb": peak, "items": {}}
+
+    clean = [_measured(1, 1, probe([], {"0:LlamaForCausalLM": {"cuda": 30}}, 900.0))]
+    floor = [_measured(1, 1, probe([], {"0:LlamaForCausalLM": {"cuda": 30}}, 1300.0))]
+    assert run.device_findings(clean, floor) == {"moved": [], "off_device": {}, "peak_active": 900.0, "peak_floor": 1300.0}
+    moved = [_measured(1, 1, probe(["LlamaForCausalLM.to('cpu')"], {"0:LlamaForCausalLM": {"cuda": 29, "cpu": 1}}, 950.0))]
+    found = run.device_findings(moved + clean, floor)
+    assert found["moved"] == ["LlamaForCausalLM.to('cpu')"]
+    assert found["off_device"] == {"0:LlamaForCausalLM": {"cuda": 29, "cpu": 1}}
+
+
+def test_table_and_verdicts():
+    ra, rb = [_measured(2.0, 1.1)], [_measured(1.0, 1.0)]
+    a, b = Summary.of(ra), Summary.of(rb)
+    text, chosen = run.fmt_ratios(ra, rb, "cpu")
+    assert text == "1.100 CPU, 2.000 wall" and chosen == pytest.approx(1.1)
+    assert run.fmt_ratios(ra, rb, "wall")[1] == 2.0
+    rows = [run.Row("scale", "x", run.fmt_time(a), run.fmt_time(b), text, "≤ 1.10", chosen <= run.SCALE_MAX, "a note"),
+            run.Row("gpu", "y", "-", "-", "-", "-", None, "not taken")]
+    out = run.table(rows)
+    lines = out.splitlines()
+    assert lines[0].startswith("| figure") and "verdict" in lines[0]
+    assert "1.10 s CPU, 2.00 s wall" in lines[2] and lines[2].rstrip(" |").endswith("ok")
+    assert lines[3].rstrip(" |").endswith("-")
+    assert "- x: a note" in out and "- y: not taken" in out
+    assert len({len(line) for line in lines[:4]}) == 1  # aligned columns
+
+
+def test_quick_mode_reduces_every_size():
+    args = run.parse_args(["--quick"])
+    assert (args.tests, args.repeats, args.warmup, args.domains, args.sizes, args.small_model) == (
+        20, 1, 0, "llm", "10,10000", True)
+    assert run.parse_args([]).tests == 300 and run.parse_args([]).sizes == "1000,1000000"
+
+
+# ---- end to end, reduced -------------------------------------------------------------------------------
+
+
+def test_benchmark_runs_end_to_end_at_a_reduced_size(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([PY, str(REPO / "benchmarks" / "run.py"), "--quick", "--only", "inactive,scale,gpu",
+                           "--no-check", "--quiet", "--json", str(out)], capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "| figure" in proc.stdout and "load average" in proc.stdout and "machine:" in proc.stdout
+    rows = {r["section"]: r for r in json.loads(out.read_text())["rows"]}
+    inactive = rows["inactive"]["data"]
+    assert "torch" not in inactive["heavy_installed"] and inactive["imported_alone"] == []
+    assert inactive["installed"]["n"] == inactive["no:dlcheck"]["n"] == 1 and inactive["ratio"] > 0
+    scale = rows["scale"]["data"]
+    assert scale["outcomes_large"] == scale["outcomes_small"] and scale["outcomes_small"].get("passed", 0) >= 3
+    assert "failed" not in scale["outcomes_small"]
+    if not torch.cuda.is_available():
+        assert rows["gpu"]["ok"] is None and "not taken" in rows["gpu"]["note"]
