@@ -950,3 +950,34 @@ def label_population(ctx: Any, sample: VisionSample, n: int) -> tuple[list[int],
         return labels, f"{len(labels)} examples from batches of dlcheck_dataloader", False
 
     return ctx.memo(ds if ds is not None else loader, f"vision:labels:{n}", make)
+
+
+def attach_images(ctx: Any, sample: VisionSample, norm: tuple[list[float], list[float], Any] | None,
+                  limit: int = 4, side: int = 64) -> None:
+    """The report's picture of a vision sample: each input de-normalised (by the Normalize found in the
+    transform, else by its own range), its boxes (xyxy pixels) and mask drawn, its channel statistics."""
+    torch = _torch()
+    shown = []
+    for item in [i for i in sample.items if i.image is not None and not i.pil][:limit]:
+        img = item.image.detach().float().cpu()
+        if img.ndim != 3:
+            continue
+        stats = channel_stats([img])
+        if norm is not None and len(norm[0]) == img.shape[0]:
+            mean, std = torch.tensor(norm[0])[:, None, None], torch.tensor(norm[1])[:, None, None]
+            img = img * std + mean
+        elif float(img.max()) > 1.5:
+            img = img / 255.0
+        h, w = img.shape[-2:]
+        step = max(1, max(h, w) // side)
+        pixels = img[:, ::step, ::step].clamp(0, 1).permute(1, 2, 0)
+        boxes = []
+        if item.boxes is not None and item.box_format is not None:
+            xyxy = to_xyxy(item.boxes, item.box_format, item.size)
+            boxes = (torch.as_tensor(xyxy, dtype=torch.float32) / step).tolist()
+        mask = item.mask[::step, ::step].tolist() if item.mask is not None else None
+        shown.append({"pixels": pixels.tolist(), "boxes": boxes, "mask": mask,
+                      "title": f"mean ({fmt_seq(stats.mean)})\nstd ({fmt_seq(stats.std)})" if stats else item.where})
+    if shown:
+        ctx.attach("images", images=shown, caption=f"{sample.source}, de-normalised"
+                   + (" with the transform's Normalize" if norm else ""))

@@ -5,6 +5,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 from html.parser import HTMLParser
 
 import jsonschema
@@ -125,7 +127,7 @@ def _chromium():
     return path
 
 
-def shows_in_chromium(out_html, tmp_path):
+def shows_in_chromium(out_html, tmp_path, expect="L11 end-of-sequence token is never supervised"):
     chromium = _chromium()
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -133,9 +135,30 @@ def shows_in_chromium(out_html, tmp_path):
     dom = subprocess.run([chromium, *flags, "--dump-dom", out_html.as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert "pytest-dlcheck report" in dom.stdout
-    assert "L11 end-of-sequence token is never supervised" in dom.stdout
+    assert expect in dom.stdout
     shot = tmp_path / "report.png"
     subprocess.run([chromium, *flags, "--window-size=1200,1600", f"--screenshot={shot}", out_html.as_uri()],
                    capture_output=True, timeout=120, check=True)
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000  # a drawn page, not a blank one
+
+
+def test_report_of_the_broken_vision_example_draws_its_inputs(project, tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent / "vision"))
+    import tiny_vision  # noqa: F401  (keeps torchvision imported across in-process runs)
+
+    examples = Path(__file__).parent.parent / "examples" / "vision"
+    shutil.copytree(examples, project.pytester.path, dirs_exist_ok=True)
+    out_json, out_html = tmp_path / "v.json", tmp_path / "v.html"
+    run = project.run("--dlcheck=V1", f"--dlcheck-json={out_json}", f"--dlcheck-report={out_html}")
+    doc = json.loads(out_json.read_text())
+    jsonschema.validate(doc, json.loads(schema_path().read_text()))
+    v1 = {r["nodeid"].split("/")[0]: r for r in doc["results"] if r["id"] == "V1"}
+    assert v1["broken"]["outcome"] == "failed" and v1["clean"]["outcome"] == "passed", run.text
+    images = [a for a in v1["broken"]["artifacts"] if a["kind"] == "images"]
+    assert images and images[0]["images"][0]["title"].startswith("mean (")
+    parser = Cards()
+    parser.feed(out_html.read_text())
+    assert "images" in parser.cards["V1"]["kinds"]
+    assert out_html.read_text().count("<svg") >= 2
+    shows_in_chromium(out_html, tmp_path, expect="V1 input normalization mismatch")

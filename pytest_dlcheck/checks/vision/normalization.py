@@ -33,6 +33,7 @@ def _split(dlcheck: Any, name: str) -> Split | None:
     norm = V.find_normalize(tf) if tf is not MISSING else None
     if sample is not None and sample.images and not all(i.pil for i in sample.items):
         stats = V.channel_stats([i.image for i in sample.items if not i.pil])
+        V.attach_images(dlcheck, sample, norm)
         return Split(name, sample.source, stats, tf, norm, True)
     if tf is not MISSING:
         def run() -> Any:
