@@ -126,12 +126,19 @@ def _owner_role(frame, roles: dict) -> str | None:
 
 def _copy_of(owner: object, value: object) -> bool:
     """``owner`` is a copy the check made of the user's object (same class, or a subclass the check
-    derived from it) — a Trainer cloned to train on fresh weights runs the user's configuration."""
+    derived from it) — a Trainer cloned to train on fresh weights runs the user's configuration — or a
+    module of a copy of the user's model (the role's own, or its ``.model``)."""
+    if _is_module(owner):
+        for model in (value, getattr(value, "model", None)):
+            if _is_module(model) and type(owner) in {type(m) for m in model.modules()} \
+                    and not type(owner).__module__.startswith("torch."):
+                return True
+        return False
     kind = type(value)
     module = getattr(kind, "__module__", "") or ""
     if module.startswith(("builtins", "torch", "numpy", "collections", "functools")) or kind in (type, object):
         return False
-    return owner is not value and isinstance(owner, kind) and not _is_module(owner)
+    return owner is not value and isinstance(owner, kind)
 
 
 def _roles_of(ctx) -> dict:

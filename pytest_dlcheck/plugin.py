@@ -464,6 +464,26 @@ def as_user():
         yield
 
 
+@contextlib.contextmanager
+def _hypothesis_home(config: pytest.Config):
+    """Hypothesis run by a check (property mode, R7's search) caches the constants of the code it
+    explores under its home directory, ``.hypothesis/`` in the user's working directory by default: point
+    it at the session's tmp path while the check runs."""
+    import sys
+
+    conf = sys.modules.get("hypothesis.configuration")
+    factory = getattr(config, "_tmp_path_factory", None)
+    if conf is None or factory is None or not hasattr(conf, "set_hypothesis_home_dir"):
+        yield
+        return
+    before = getattr(conf, "__hypothesis_home_directory", None)
+    conf.set_hypothesis_home_dir(factory.getbasetemp() / "dlcheck-hypothesis")
+    try:
+        yield
+    finally:
+        conf.set_hypothesis_home_dir(before)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef: Any, request: Any):
     """A user's fixture set up while a check runs is built with the user's own hub settings."""
@@ -570,7 +590,7 @@ class CheckItem(pytest.Function):
         what escaped it: a user's object that raised becomes that role's error; a crash of the check's
         own code on an unusable object names the object and what is wrong with it."""
         left = None if self._deadline is None else max(self._deadline - time.monotonic(), 1e-3)
-        with _check_frame():
+        with _check_frame(), _hypothesis_home(self.config):
             try:
                 with _time_bound(left, session_state(self.config).timeout):
                     yield

@@ -1,0 +1,152 @@
+"""Bad input never crashes a session: Hypothesis generates hostile role fixtures (None, wrong types,
+empty/endless/broken datasets and dataloaders, NaN/Inf, missing keys, ragged lists, wrong dtypes, meta
+tensors, fixtures and callables that raise or never return), each replacing one role of a valid tiny
+project of its domain, and every check that can meet that role runs on it. Every outcome must be a pass,
+a skip, or a failure in the house format — a check's evidence, or the error of the role that is wrong
+(or of what was derived from or fed by it) — never an INTERNALERROR, never a traceback into plugin
+internals, never a hang."""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import itertools
+import math
+import os
+import textwrap
+from pathlib import Path
+from dataclasses import replace
+
+import pytest
+import rel_hostile as H
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from rel_tracker import check_id
+
+from pytest_dlcheck import registry
+from pytest_dlcheck.outcome import Rendered
+
+CHECKS = registry.load_checks()
+CASES = [H.Case(d, r, k) for (d, r), kinds in H.KINDS.items() for k in kinds]
+_HALF = itertools.count()
+FIELDS = ("input_ids", "labels", "attention_mask", "pixel_values", "0", "1")
+
+
+def params(case: H.Case) -> st.SearchStrategy:
+    """Where the hostile value breaks: at batch/example k, at element `at`, which field, which
+    non-finite value, which dtype. Rotated so that Hypothesis' simplest draw is not the trivial one."""
+    return st.fixed_dictionaries({
+        "k": st.integers(0, 3).map(lambda k: (k + 1) % 4), "at": st.integers(0, 63).map(lambda a: (a + 5) % 64),
+        "cut": st.integers(1, 3), "field": st.sampled_from(FIELDS),
+        "value": st.sampled_from([math.inf, math.nan, -math.inf]),
+        "dtype": st.sampled_from(["float16", "float32", "int8", "bool"]),
+    }).map(lambda d: tuple(sorted(d.items())))
+
+
+def conftest(case: H.Case) -> str:
+    out = [f"import pytest, rel_hostile as H\nfrom math import inf, nan\nCASE = H.{case!r}\n"]
+    for role in H.roles_for(case.domain, case.role):
+        # a fixture that asks for a fixture nobody defines (a typo in the user's conftest)
+        needs = "no_such_fixture" if role == case.role and case.kind == "needs_missing" else ""
+        out.append(textwrap.dedent(f"""
+            @pytest.fixture(scope="session")
+            def dlcheck_{role}({needs}):
+                return H.value(CASE, {role!r})
+            """))
+    return "".join(out)
+
+
+class Verdicts:
+    """Keeps, per directory, the checks that can meet its hostile role, and judges every report."""
+
+    def __init__(self, cases: dict[str, H.Case]):
+        self.cases = cases
+        self.problems: list[str] = []
+        self.outcomes: dict[str, str] = {}
+
+    def case_of(self, nodeid: str) -> H.Case | None:
+        return self.cases.get(nodeid.split("/conftest.py")[0].rsplit("/", 1)[-1])
+
+    def pytest_collection_modifyitems(self, items, config):
+        keep, drop = [], []
+        for item in items:
+            case = self.case_of(item.nodeid)
+            (keep if case and check_id(item.nodeid) in H.selected(CHECKS, case) else drop).append(item)
+        items[:] = keep
+        config.hook.pytest_deselected(items=drop)
+
+    def pytest_runtest_logreport(self, report):
+        case = self.case_of(report.nodeid)
+        if case is None:
+            return
+        if report.passed and report.when == "call" or report.skipped:
+            self.outcomes.setdefault(report.nodeid, report.outcome)
+            return
+        if not report.failed:
+            return
+        self.outcomes[report.nodeid] = "failed"
+        text = str(report.longrepr)
+        where = f"{report.nodeid} ({case.kind} dlcheck_{case.role}, {report.when})"
+        if not isinstance(report.longrepr, Rendered):
+            self.problems.append(f"{where}: not in the house format:\n{text[-3000:]}")
+            return
+        if "pytest-dlcheck internal error" in text:
+            self.problems.append(f"{where}: internal error:\n{text}")
+        for line in text.splitlines():
+            if line.strip().startswith("role ") and "dlcheck_" in line:
+                named = line.split("dlcheck_", 1)[1].split()[0].rstrip(":")
+                if named not in H.related(case.role):
+                    self.problems.append(f"{where}: names dlcheck_{named}, not dlcheck_{case.role}:\n{text}")
+
+
+@contextlib.contextmanager
+def watchdog(seconds: float):
+    """A hang the plugin failed to bound kills this test run with every thread's stack, not CI's time."""
+    faulthandler.dump_traceback_later(seconds, exit=True)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def run_cases(pytester: pytest.Pytester, cases: list[H.Case], folder: str, *args: str) -> Verdicts:
+    root = pytester.path / folder
+    for case in cases:
+        (root / case.name).mkdir(parents=True)
+        (root / case.name / "conftest.py").write_text(conftest(case))
+    verdicts = Verdicts({c.name: c for c in cases})
+    with watchdog(300):
+        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--dlcheck=llm,vision,diffusion", *args,
+                                              *os.environ.get("DLCHECK_HOSTILE_ARGS", "").split(), str(root),
+                                              plugins=[verdicts])
+    text = result.stdout.str()
+    assert "INTERNALERROR" not in text, text[-5000:]
+    assert result.ret in (0, 1), text[-5000:]
+    seen = {n.split("/conftest.py")[0].rsplit("/", 1)[-1] for n in verdicts.outcomes}
+    verdicts.problems += [f"{name}: no check ran" for name in sorted({c.name for c in cases} - seen)]
+    return verdicts
+
+
+@settings(max_examples=int(os.environ.get('DLCHECK_HOSTILE_EXAMPLES', 2)), derandomize=True, database=None, deadline=None, phases=(Phase.explicit, Phase.generate),
+          suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_hostile_roles_fail_cleanly(pytester, data):
+    # two examples, each on half of the cases (every role/kind once per run) with the parameters drawn
+    half = next(_HALF) % 2
+    cases = [replace(c, params=data.draw(params(c), label=c.name)) for c in CASES[half::2]]
+    folder = f"run{len(list(pytester.path.iterdir()))}"
+    # DF5's 300 draws are about its statistics, not about bad input: 40 keep it cheap over ~100 cases
+    verdicts = run_cases(pytester, cases, folder, "--dlcheck-timeout=60", "--dlcheck-set=DF5.draws=40")
+    report = "\n\n".join(verdicts.problems)
+    if os.environ.get("DLCHECK_HOSTILE_REPORT"):
+        Path(os.environ["DLCHECK_HOSTILE_REPORT"]).write_text(report)
+    assert not verdicts.problems, f"{len(verdicts.problems)} unclean outcomes:\n\n{report}"
+
+
+HANGS = [H.Case("llm", "collator", "hang"), H.Case("llm", "dataloader", "hang"), H.Case("vision", "eval_fn", "hang"),
+         H.Case("diffusion", "condition", "hang")]
+
+
+def test_a_role_that_never_returns_is_stopped_and_named(pytester):
+    verdicts = run_cases(pytester, HANGS, "hangs", "--dlcheck-timeout=1", "--dlcheck=L14,V2,DF5")
+    assert not verdicts.problems, "\n\n".join(verdicts.problems)
