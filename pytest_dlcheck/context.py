@@ -3,14 +3,21 @@ and to fail or skip in the house format."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 import pytest
 
 from . import registry
-from .outcome import CheckFailed
-from .outcome import RoleError
-from .plugin import CHECK_KEY, CONTEXT_KEY, DlcheckState, session_state, user_call, where_raised
+from .outcome import CheckFailed, RoleError
+from .plugin import (
+    CHECK_KEY,
+    CONTEXT_KEY,
+    DlcheckState,
+    session_state,
+    user_call,
+    where_raised,
+)
 from .roles import MISSING, ROLES, derive, given
 
 
@@ -20,12 +27,15 @@ def fixture_role(request: pytest.FixtureRequest, name: str) -> Any:
     user's fixture; raises FixtureLookupError when nobody defines the fixture."""
     try:
         value = request.getfixturevalue(f"dlcheck_{name}")
-    except pytest.FixtureLookupError:
-        raise
+    except pytest.FixtureLookupError as exc:
+        if getattr(exc, "argname", None) in (None, f"dlcheck_{name}"):
+            raise  # nobody defines it: derive it, or skip
+        raise RoleError(name, f"the fixture needs fixture {exc.argname!r}, which nothing defines") from None
     except (RoleError, CheckFailed, pytest.skip.Exception, pytest.fail.Exception, KeyboardInterrupt, SystemExit):
         raise
     except Exception as exc:
-        raise RoleError(name, f"the fixture raised {type(exc).__name__}: {exc}{where_raised(exc)}") from exc
+        text = " ".join(str(exc).split())
+        raise RoleError(name, f"the fixture raised {type(exc).__name__}: {text}{where_raised(exc)}") from exc
     return given(name, value)
 
 
@@ -148,4 +158,4 @@ class CheckContext:
         return f"<dlcheck {self.check.id} roles={sorted(self._roles)}>"
 
 
-__all__ = ["CheckContext", "MISSING"]
+__all__ = ["MISSING", "CheckContext"]

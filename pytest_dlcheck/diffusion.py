@@ -7,9 +7,9 @@ Imports nothing heavy at module import; torch and diffusers are imported inside 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from .roles import MISSING
 
@@ -266,7 +266,13 @@ def redraw_batches(ctx: Any, calls: int) -> tuple[str, Iterator[tuple[list[Any],
     data path is missing."""
     from .guard import preserved_dataloader
     from .roles import ROLES
-    from .sampling import as_batch_dict, spread_positions
+    from .sampling import SampleError, as_batch_dict, spread_positions
+
+    def as_dict(batch: Any, role: str) -> Mapping[str, Any]:
+        try:
+            return as_batch_dict(batch, role)
+        except SampleError as exc:
+            ctx.skip(str(exc))
 
     collator, dataset = ctx.role("collator"), ctx.role("dataset")
     bs = ctx.batch_size
@@ -282,7 +288,7 @@ def redraw_batches(ctx: Any, calls: int) -> tuple[str, Iterator[tuple[list[Any],
                 idx = [positions[(k + j) % len(positions)] for j in range(bs)]
                 k += bs
                 rows = [ctx.call("dataset", lambda p=p: dataset[p]) for p in idx]
-                yield idx, as_batch_dict(ctx.call("collator", lambda rows=rows: collator(rows)), "collator")
+                yield idx, as_dict(ctx.call("collator", lambda rows=rows: collator(rows)), "collator")
 
         return f"batches freshly collated by dlcheck_collator from {len(positions)} examples of dlcheck_dataset", gen()
     loader = ctx.role("dataloader")
@@ -302,7 +308,7 @@ def redraw_batches(ctx: Any, calls: int) -> tuple[str, Iterator[tuple[list[Any],
                         it = iter(loader)
                         continue
                     made += 1
-                    yield None, as_batch_dict(batch, "dataloader")
+                    yield None, as_dict(batch, "dataloader")
                 del it
 
         return "fresh batches of dlcheck_dataloader", gen_loader()
@@ -326,7 +332,7 @@ def binom_cdf(k: int, n: int, p: float) -> float:
         return 0.0
     if k >= n:
         return 1.0
-    logs = [_log_pmf(i, n, p) for i in range(0, k + 1)]
+    logs = [_log_pmf(i, n, p) for i in range(k + 1)]
     m = max(logs)
     return 0.0 if m == -math.inf else min(1.0, math.exp(m) * sum(math.exp(x - m) for x in logs))
 

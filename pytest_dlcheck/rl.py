@@ -14,8 +14,9 @@ import dataclasses
 import hashlib
 import inspect
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -205,7 +206,11 @@ def parse_advantage_output(out: Any, shape: tuple[int, int]) -> tuple[np.ndarray
     def fit(x: Any, what: str) -> np.ndarray | None:
         if x is None:
             return None
-        a = to_numpy(x)
+        try:
+            a = to_numpy(x)
+        except (TypeError, ValueError) as exc:
+            raise RoleError("advantage_fn", f"returned {what} as a {type(x).__name__} that is not numeric "
+                            f"({' '.join(str(exc).split())[:120]}): expected an array of shape {shape} (steps, envs)") from None
         if a.shape == shape:
             return a
         if a.size == shape[0] * shape[1] and (a.shape == (shape[0],) or a.shape == shape + (1,)):
@@ -912,7 +917,7 @@ class Holder:
 
 
 def _rms_like(x: Any) -> bool:
-    return all(hasattr(x, a) for a in ("mean", "var", "count")) and not callable(getattr(x, "mean"))
+    return all(hasattr(x, a) for a in ("mean", "var", "count")) and not callable(x.mean)
 
 
 def _is_replay_buffer(x: Any) -> bool:

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from .guard import preserved_dataloader, preserved_rng
+from .outcome import RoleError
 from .roles import MISSING
 
 #: the seed every fresh run of a plain loop or a Lightning module starts from (a Trainer uses args.seed)
@@ -1006,7 +1007,7 @@ class LoopSetup:
 
     @property
     def sources(self) -> Any:
-        return (self.make_training, self.loader)
+        return (self.make_training, self.loader, self.train_step, self.compute_loss, self.loss_fn, self.save, self.load)
 
     def describe(self) -> str:
         step = "dlcheck_train_step" if self.train_step is not MISSING else "the default step (loss.backward(), optimizer.step())"
@@ -1160,7 +1161,13 @@ class LoopSetup:
         traj = Trajectory()
         with preserved_rng():
             seed_all(SEED + 1)  # a new process: the global RNGs are wherever they are
-            user_call("load_checkpoint", lambda: self.load(state, str(base.checkpoint)))
+            try:
+                user_call("load_checkpoint", lambda: self.load(state, str(base.checkpoint)))
+            except RoleError as exc:
+                if _wrote_nothing(base.checkpoint):
+                    raise RoleError("save_checkpoint", f"wrote nothing at the path it was given ({base.checkpoint}), "
+                                    f"so dlcheck_load_checkpoint {exc.message}") from None
+                raise
             _loop_restore(state, base.truth, restore)
             self.run(state, batches[saved_at:], saved_at, traj, digests=True)
         return ResumeRun(base.trajectory, traj, saved_at, base.checkpoint, base.pieces)
@@ -1190,6 +1197,11 @@ class LoopSetup:
                              "(raise C1.steps above your gradient accumulation)")
         pieces = {p: "" for p in truth if not p.startswith("_")}
         return Baseline(traj, truth, path, pieces)
+
+
+def _wrote_nothing(path: Path) -> bool:
+    """True when nothing named like ``path`` (the file, a directory, or ``path`` + a suffix) exists."""
+    return not path.exists() and not any(p.name.startswith(path.name) for p in path.parent.iterdir())
 
 
 def _loop_truth(state: dict[str, Any]) -> dict[str, Any]:
@@ -1223,7 +1235,8 @@ def get_setup(ctx: Any) -> Any:
     if make is not MISSING:
         loader = ctx.role("dataloader")
         parts = [ctx.role(n) for n in ("train_step", "compute_loss", "loss_fn", "save_checkpoint", "load_checkpoint")]
-        return ctx.memo((make, loader), "training:setup", lambda: LoopSetup(make, parts[0], parts[1], parts[2], loader,
+        # every part of the loop is in the key: two projects sharing a factory and a loader keep their own step/save
+        return ctx.memo((make, loader, *parts), "training:setup", lambda: LoopSetup(make, parts[0], parts[1], parts[2], loader,
                                                                            parts[3], parts[4], tmp))
     module = ctx.role("lightning_module")
     if module is not MISSING:

@@ -17,15 +17,15 @@ from typing import Any
 
 import rel_projects  # noqa: F401  (sys.path for tiny, tinydiff, tiny_vision; libraries imported once)
 import tiny
-import tinydiff
 import tiny_vision as tv
+import tinydiff
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 # ---- the valid projects (built once) --------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def base(domain: str) -> dict[str, Any]:
     if domain == "llm":
         from transformers import DataCollatorForLanguageModeling
@@ -44,6 +44,30 @@ def base(domain: str) -> dict[str, Any]:
     if domain == "diffusion":
         ns = tinydiff.setup()
         return {role: getattr(ns, role) for role in tinydiff.CLEAN_ROLES + ("condition",)}
+    if domain == "train":  # a plain loop; the train, ckpt and smoke checks
+        import tiny_train
+
+        def make():
+            model = tiny_train.MLP()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            return {"model": model, "optimizer": opt,
+                    "lr_scheduler": torch.optim.lr_scheduler.LambdaLR(opt, tiny_train.warmup(3))}
+        return dict(make_training=make, dataloader=tiny_train.loader(shuffle=True),
+                    eval_dataloader=tiny_train.loader(32, seed=1), loss_fn=torch.nn.CrossEntropyLoss(),
+                    save_checkpoint=tiny_train.save_atomic, load_checkpoint=tiny_train.load_all)
+    if domain == "rl":
+        import tiny_rl
+
+        from pytest_dlcheck.rl import advantage_fn
+
+        return dict(model=tiny_rl.shared_agent(), env=tiny_rl.make_envs,
+                    advantage_fn=advantage_fn(tiny_rl.compute_gae, arrays="torch"))
+    if domain == "vlm":
+        import tinyvlm
+
+        proc = tinyvlm.processor()
+        return dict(model=tinyvlm.llava(proc.tokenizer), tokenizer=proc, collator=tinyvlm.collator(proc),
+                    dataset=tinyvlm.rows(8), stages=tinyvlm.STAGES, stage_setup=tinyvlm.setup_clean(tinyvlm.STAGES))
     raise KeyError(domain)
 
 
@@ -53,7 +77,12 @@ ROLES = {
     "llm": ("tokenizer", "model", "collator", "dataset"),
     "vision": ("model", "dataloader", "eval_dataloader", "loss_fn", "eval_fn"),
     "diffusion": tinydiff.CLEAN_ROLES + ("condition",),
+    "train": ("make_training", "dataloader", "eval_dataloader", "loss_fn", "save_checkpoint", "load_checkpoint"),
+    "rl": ("model", "env", "advantage_fn"),
+    "vlm": ("model", "tokenizer", "collator", "dataset", "stages", "stage_setup"),
 }
+#: the checks a case's project runs: its domain's (train also runs ckpt and smoke)
+DOMAINS = {"train": ("train", "ckpt", "smoke")}
 
 
 def roles_for(domain: str, role: str) -> tuple[str, ...]:
@@ -309,33 +338,42 @@ def _nan_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def value(case: Case, role: str) -> Any:
-    """What fixture dlcheck_<role> of the case's project returns."""
+    """What fixture dlcheck_<role> of the case's project returns. The plain loop's factory is wrapped
+    per case: the plugin keys its training set-up on it (see test_a_shared_factory_keeps_each_projects_roles)."""
     if role == case.role:
         return hostile(case)
-    return base(case.domain)[role]
+    valid = base(case.domain)[role]
+    if role == "make_training":
+        return _FACTORIES.setdefault(case, lambda: valid())
+    return valid
+
+
+_FACTORIES: dict[Case, Any] = {}
 
 
 # ---- the cases ------------------------------------------------------------------------------------
 
 GENERIC = ("none", "int", "str", "dict", "object", "raises", "needs_missing")
+#: the core roles have contracts (roles.given): one wrong type is as good as another there
+CORE_GENERIC = ("none", "int", "dict", "raises", "needs_missing")
 LOADER = ("empty", "empty_list", "raise_at", "endless", "tuples", "strings", "none_batches", "nan", "wrong_dtype",
           "meta", "ragged", "missing_keys")
 DATA = ("empty", "missing_keys", "raise_at", "endless", "huge", "float_ids", "ragged")
 CALLABLE = ("raises_call", "returns_none", "returns_str", "nan", "meta", "ragged", "missing_keys")
 
 KINDS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("llm", "tokenizer"): GENERIC + ("swapped",),
-    ("llm", "model"): GENERIC + ("meta", "raises_forward", "swapped", "nan_weights"),
-    ("llm", "collator"): GENERIC + CALLABLE + ("wrong_dtype",),
-    ("llm", "dataset"): GENERIC + DATA,
+    ("llm", "tokenizer"): CORE_GENERIC + ("swapped",),
+    ("llm", "model"): CORE_GENERIC + ("meta", "raises_forward", "swapped", "nan_weights"),
+    ("llm", "collator"): CORE_GENERIC + CALLABLE + ("wrong_dtype",),
+    ("llm", "dataset"): CORE_GENERIC + DATA,
     ("llm", "raw_dataset"): ("none", "int", "dict", "empty", "missing_keys", "endless", "huge"),
-    ("llm", "dataloader"): GENERIC + LOADER,
+    ("llm", "dataloader"): CORE_GENERIC + LOADER,
     ("llm", "eval_dataset"): ("none", "int", "empty", "missing_keys", "raise_at"),
     ("llm", "compute_metrics"): ("int", "raises", "raises_call", "returns_none", "returns_str"),
     ("llm", "training_args"): ("int", "dict", "object", "raises"),
     ("llm", "trainer"): ("int", "str", "dict", "object", "raises"),
-    ("vision", "model"): GENERIC + ("meta", "raises_forward", "nan_weights"),
-    ("vision", "dataloader"): GENERIC + LOADER,
+    ("vision", "model"): CORE_GENERIC + ("object", "meta", "raises_forward", "nan_weights"),
+    ("vision", "dataloader"): CORE_GENERIC + LOADER,
     ("vision", "eval_dataloader"): ("none", "int", "empty", "raise_at", "nan", "meta", "tuples"),
     ("vision", "loss_fn"): ("int", "str", "raises", "raises_call", "returns_none"),
     ("vision", "eval_fn"): ("int", "raises", "raises_call", "returns_none", "returns_str"),
@@ -350,6 +388,15 @@ KINDS: dict[tuple[str, str], tuple[str, ...]] = {
     ("diffusion", "dataloader"): ("empty", "raise_at", "endless", "nan", "meta", "missing_keys", "none_batches"),
     ("diffusion", "ema"): GENERIC,
     ("diffusion", "sample_images"): ("int", "raises", "raises_call", "returns_none", "returns_str"),
+    ("train", "make_training"): ("none", "int", "dict", "raises", "raises_call", "returns_none", "returns_str"),
+    ("train", "dataloader"): ("empty", "raise_at", "endless", "nan", "strings", "none_batches"),
+    ("train", "save_checkpoint"): ("int", "raises_call", "returns_str"),
+    ("train", "load_checkpoint"): ("int", "raises_call"),
+    ("rl", "env"): ("none", "int", "str", "raises", "raises_call"),
+    ("rl", "advantage_fn"): ("int", "raises", "raises_call", "returns_none", "returns_str"),
+    ("vlm", "stages"): ("none", "int", "str", "list_of_ints", "raises"),
+    ("vlm", "stage_setup"): ("int", "raises_call", "returns_str"),
+    ("vlm", "dataset"): ("empty", "missing_keys", "raise_at"),
 }
 
 #: roles a RoleError may name for a case of this role: the role, what is derived from it, and the
@@ -389,5 +436,5 @@ DERIVED = {
 
 def selected(checks: dict, case: Case) -> list[str]:
     reach = set(DERIVED.get(case.role, (case.role,)))
-    return [cid for cid, c in checks.items() if c.domain == case.domain
+    return [cid for cid, c in checks.items() if c.domain in DOMAINS.get(case.domain, (case.domain,))
             and (reach & (set(c.roles) | set(c.optional_roles)) or not (c.roles or c.optional_roles))]

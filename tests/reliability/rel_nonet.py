@@ -121,7 +121,18 @@ _SESSION = NoNetwork()
 
 
 def pytest_configure(config) -> None:
-    """``-p rel_nonet``: block for the whole process (the controller and every xdist worker)."""
+    """``-p rel_nonet``: block for the whole process (the controller and every xdist worker). The hub
+    libraries are imported here, after the offline variables are gone, so that they start online even
+    when a project's module sets HF_HUB_OFFLINE later (tests/tiny.py and the examples do)."""
+    import importlib
+
+    for var in OFFLINE_VARS:
+        os.environ.pop(var, None)
+    for module in ("huggingface_hub.constants", "huggingface_hub.utils._telemetry", "datasets.config"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass
     _SESSION.install()
 
 
@@ -129,5 +140,5 @@ def pytest_unconfigure(config) -> None:
     log = os.environ.get("DLCHECK_NONET_LOG")
     if log and _SESSION.attempts:
         with open(log, "a") as f:
-            f.write("\n".join(_SESSION.attempts) + "\n")
+            f.write("\n".join(a.replace("\n", " ") for a in _SESSION.attempts) + "\n")
     _SESSION.uninstall()

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import itertools
 import math
 import os
 import textwrap
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import rel_hostile as H
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from rel_nonet import NoNetwork
 from rel_tracker import check_id
 
 from pytest_dlcheck import registry
@@ -28,7 +28,6 @@ from pytest_dlcheck.outcome import Rendered
 
 CHECKS = registry.load_checks()
 CASES = [H.Case(d, r, k) for (d, r), kinds in H.KINDS.items() for k in kinds]
-_HALF = itertools.count()
 FIELDS = ("input_ids", "labels", "attention_mask", "pixel_values", "0", "1")
 
 
@@ -110,37 +109,76 @@ def watchdog(seconds: float):
 
 
 def run_cases(pytester: pytest.Pytester, cases: list[H.Case], folder: str, *args: str) -> Verdicts:
-    root = pytester.path / folder
-    for case in cases:
-        (root / case.name).mkdir(parents=True)
-        (root / case.name / "conftest.py").write_text(conftest(case))
+    """One in-process run per domain (its checks collected only beside its own cases)."""
     verdicts = Verdicts({c.name: c for c in cases})
-    with watchdog(300):
-        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--dlcheck=llm,vision,diffusion", *args,
-                                              *os.environ.get("DLCHECK_HOSTILE_ARGS", "").split(), str(root),
-                                              plugins=[verdicts])
-    text = result.stdout.str()
-    assert "INTERNALERROR" not in text, text[-5000:]
-    assert result.ret in (0, 1), text[-5000:]
+    for domain in sorted({c.domain for c in cases}):
+        root = pytester.path / folder / domain
+        for case in (c for c in cases if c.domain == domain):
+            (root / case.name).mkdir(parents=True)
+            (root / case.name / "conftest.py").write_text(conftest(case))
+        selection = [a for a in args if a.startswith("--dlcheck=")] or [f"--dlcheck={','.join(H.DOMAINS.get(domain, (domain,)))}"]
+        with watchdog(300):
+            result = pytester.runpytest_inprocess(
+                "-p", "no:cacheprovider", *selection, *(a for a in args if not a.startswith("--dlcheck=")),
+                *os.environ.get("DLCHECK_HOSTILE_ARGS", "").split(), str(root), plugins=[verdicts, NoNetwork()])
+        text = result.stdout.str()
+        assert "INTERNALERROR" not in text, text[-5000:]
+        assert result.ret in (0, 1, 5), text[-5000:]
     seen = {n.split("/conftest.py")[0].rsplit("/", 1)[-1] for n in verdicts.outcomes}
     verdicts.problems += [f"{name}: no check ran" for name in sorted({c.name for c in cases} - seen)]
     return verdicts
 
 
-@settings(max_examples=int(os.environ.get('DLCHECK_HOSTILE_EXAMPLES', 2)), derandomize=True, database=None, deadline=None, phases=(Phase.explicit, Phase.generate),
-          suppress_health_check=list(HealthCheck))
-@given(data=st.data())
-def test_hostile_roles_fail_cleanly(pytester, data):
-    # two examples, each on half of the cases (every role/kind once per run) with the parameters drawn
-    half = next(_HALF) % 2
-    cases = [replace(c, params=data.draw(params(c), label=c.name)) for c in CASES[half::2]]
-    folder = f"run{len(list(pytester.path.iterdir()))}"
-    # DF5's 300 draws are about its statistics, not about bad input: 40 keep it cheap over ~100 cases
-    verdicts = run_cases(pytester, cases, folder, "--dlcheck-timeout=60", "--dlcheck-set=DF5.draws=40")
-    report = "\n\n".join(verdicts.problems)
+def generated_cases(examples: int = 2) -> list[list[H.Case]]:
+    """Hypothesis draws where each hostile value breaks (deterministic: derandomised, no database).
+    The checks run outside Hypothesis' own test loop: some of them (R7, property mode) run Hypothesis
+    themselves, and Hypothesis tests do not nest. Each example covers half of the role/kind cases, so
+    one test run meets every case once, half of them with non-trivial parameters."""
+    drawn: list[list[H.Case]] = []
+
+    @settings(max_examples=examples, derandomize=True, database=None, deadline=None, phases=(Phase.generate,),
+              suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def draw(data):
+        half = len(drawn) % 2
+        drawn.append([replace(c, params=data.draw(params(c), label=c.name)) for c in CASES[half::2]])
+
+    draw()
+    return drawn
+
+
+#: cases whose unclean outcome is a known gap: reported, not failed here, and proven open by
+#: test_known_open_cases (a strict xfail: fixing one makes it pass, then drop it). None open now.
+KNOWN_OPEN: dict[tuple[str, str, str, str], str] = {}
+
+
+def _open_key(problem: str) -> tuple | None:
+    for key in KNOWN_OPEN:
+        domain, role, kind, cid = key
+        if f"{domain}__{role}__{kind}/conftest.py::{cid}_" in problem:
+            return key
+    return None
+
+
+def test_hostile_roles_fail_cleanly(pytester):
+    problems: list[str] = []
+    for i, cases in enumerate(generated_cases(int(os.environ.get("DLCHECK_HOSTILE_EXAMPLES", 2)))):
+        # DF5's 300 draws are about its statistics, not about bad input: 40 keep it cheap over ~100 cases
+        verdicts = run_cases(pytester, cases, f"run{i}", "--dlcheck-timeout=60", "--dlcheck-set=DF5.draws=40")
+        problems += verdicts.problems
+    unexpected = [p for p in problems if _open_key(p) is None]
+    report = "\n\n".join(problems)
     if os.environ.get("DLCHECK_HOSTILE_REPORT"):
         Path(os.environ["DLCHECK_HOSTILE_REPORT"]).write_text(report)
-    assert not verdicts.problems, f"{len(verdicts.problems)} unclean outcomes:\n\n{report}"
+    assert not unexpected, f"{len(unexpected)} unclean outcomes:\n\n" + "\n\n".join(unexpected)
+
+
+def test_formerly_open_cases(pytester):
+    """Cases once listed in KNOWN_OPEN, kept as regressions: a non-numeric advantage_fn output (R7), a
+    save function that writes nothing (C1 names dlcheck_save_checkpoint, not the load)."""
+    cases = [H.Case("rl", "advantage_fn", "returns_str"), H.Case("train", "save_checkpoint", "returns_str")]
+    verdicts = run_cases(pytester, cases, "open", "--dlcheck-timeout=60")
+    assert not verdicts.problems, "\n\n".join(verdicts.problems)
 
 
 HANGS = [H.Case("llm", "collator", "hang"), H.Case("llm", "dataloader", "hang"), H.Case("vision", "eval_fn", "hang"),
@@ -150,3 +188,46 @@ HANGS = [H.Case("llm", "collator", "hang"), H.Case("llm", "dataloader", "hang"),
 def test_a_role_that_never_returns_is_stopped_and_named(pytester):
     verdicts = run_cases(pytester, HANGS, "hangs", "--dlcheck-timeout=1", "--dlcheck=L14,V2,DF5")
     assert not verdicts.problems, "\n\n".join(verdicts.problems)
+
+
+def test_a_shared_factory_keeps_each_projects_roles(pytester):
+    """Two projects that share the factory and the loader (a common module) but not their checkpoint save:
+    each is judged with its own."""
+    shared = """
+import pytest, rel_hostile as H
+
+@pytest.fixture(scope="session")
+def dlcheck_make_training():
+    return H.base("train")["make_training"]
+
+@pytest.fixture(scope="session")
+def dlcheck_dataloader():
+    return H.base("train")["dataloader"]
+
+@pytest.fixture(scope="session")
+def dlcheck_load_checkpoint():
+    return H.base("train")["load_checkpoint"]
+
+@pytest.fixture(scope="session")
+def dlcheck_loss_fn():
+    return H.base("train")["loss_fn"]
+"""
+    (pytester.path / "a").mkdir()
+    (pytester.path / "a" / "conftest.py").write_text(shared + """
+@pytest.fixture(scope="session")
+def dlcheck_save_checkpoint():
+    return H.base("train")["save_checkpoint"]
+""")
+    (pytester.path / "b").mkdir()
+    (pytester.path / "b" / "conftest.py").write_text(shared + """
+@pytest.fixture(scope="session")
+def dlcheck_save_checkpoint():
+    def save(state, path):
+        raise RuntimeError("disk full")
+    return save
+""")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--dlcheck=C1", "-p", "no:randomly", "-rA",
+                                          plugins=[NoNetwork()])
+    text = result.stdout.str()
+    assert "disk full" in text, "project b's own dlcheck_save_checkpoint never ran:\n" + text[-3000:]
+    assert "PASSED a/conftest.py::C1_resume" in text, text[-3000:]

@@ -1,6 +1,8 @@
 """A clean two-stage LLaVA set-up: TRL's SFTTrainer with no max_length cutting the 256 image tokens, and
 a stage set-up that freezes the whole model, unfreezes exactly the towers the recipe declares and gives
-each its own param group and learning rate.
+each its own param group and learning rate. The trainer also loads its checkpoints through LLaVA's
+key conversion: transformers 5 saves LLaVA's weights under their original names and the Trainer's
+resume loads them with load_state_dict(strict=False), which restores none of them (C1 catches it).
 
     pytest --dlcheck=vlm examples/vlm        # every vlm check passes here
 """
@@ -30,9 +32,14 @@ def setup_stage(model, stage):
 def dlcheck_trainer(tmp_path_factory):
     from trl import SFTConfig, SFTTrainer
 
+    class ResumableSFTTrainer(SFTTrainer):
+        def _load_from_checkpoint(self, checkpoint, model=None):
+            model = model or self.model  # from_pretrained applies the key conversion save_pretrained reverted
+            model.load_state_dict(type(model).from_pretrained(checkpoint, dtype=model.dtype).state_dict())
+
     processor = tinyllava.build_processor()
     args = SFTConfig(**tinyllava.common_args(tmp_path_factory.mktemp("sft")), max_length=None)
-    return SFTTrainer(model=tinyllava.build_model(processor), args=args, processing_class=processor,
+    return ResumableSFTTrainer(model=tinyllava.build_model(processor), args=args, processing_class=processor,
                       train_dataset=tinyllava.dataset())
 
 

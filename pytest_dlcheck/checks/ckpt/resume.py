@@ -173,4 +173,57 @@ def check_resume(dlcheck):
     evidence.append(f"putting back {' + '.join(missing)} from the uninterrupted run after the load makes the resumed run "
                     f"identical ({runs} diagnostic resumes)")
     cause = "the checkpoint does not restore " + "; nor ".join(WHAT.get(p, f"state['{p}']") for p in missing)
-    dlcheck.fail(evidence, cause, _fix(setup, missing))
+    fix = _fix(setup, missing)
+    renamed = _renamed_weights(setup, run.checkpoint) if setup.kind == "trainer" and "model" in missing else None
+    if renamed:
+        n_saved, n_foreign, saved_name, own_name = renamed
+        evidence.append(f"{n_foreign} of the {n_saved} tensor names in {run.checkpoint.name}'s weights file are not the "
+                        f"model's: e.g. {saved_name!r}" + (f" where the model has {own_name!r}" if own_name else ""))
+        cause = ("save_pretrained wrote the weights under the checkpoint's original (converted-back) names, and "
+                 "Trainer._load_from_checkpoint loads them with load_state_dict(strict=False), which skips every "
+                 "name it does not know: the resumed run trains on from its fresh initial weights, with only a logged "
+                 "warning (transformers issues #40187, #43701: models with a checkpoint conversion mapping, such as "
+                 "LLaVA and other VLMs)")
+        fix = ("load through the conversion in a Trainer subclass: def _load_from_checkpoint(self, checkpoint, model=None): "
+               "model = model or self.model; model.load_state_dict(type(model).from_pretrained(checkpoint, "
+               "dtype=model.dtype).state_dict()) — or upgrade transformers once the Trainer applies the mapping")
+    dlcheck.fail(evidence, cause, fix)
+
+
+def _renamed_weights(setup: Any, checkpoint: Any) -> tuple[int, int, str, str] | None:
+    """(saved names, names the model does not have, one of them, the model's closest name) when the
+    Trainer checkpoint's weights file names tensors the model does not have; None otherwise."""
+    import json
+    from pathlib import Path
+
+    folder = Path(checkpoint)
+    names: list[str] = []
+    index = folder / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            names = list(json.loads(index.read_text()).get("weight_map", {}))
+        elif (folder / "model.safetensors").is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+                names = list(f.keys())
+    except Exception:  # an unreadable file: no diagnosis, the generic one stands
+        return None
+    model = getattr(setup.trainer, "model", None)
+    if not names or model is None or not hasattr(model, "state_dict"):
+        return None
+    own = set(model.state_dict())
+    foreign = sorted(n for n in names if n not in own)
+    if not foreign:
+        return None
+    parts = foreign[0].split(".")
+
+    def shared_tail(name: str) -> int:
+        other = name.split(".")
+        k = 0
+        while k < min(len(parts), len(other)) and parts[-1 - k] == other[-1 - k]:
+            k += 1
+        return k
+
+    best = max(sorted(own), key=shared_tail, default="")
+    return len(names), len(foreign), foreign[0], best if best and shared_tail(best) >= 2 else ""

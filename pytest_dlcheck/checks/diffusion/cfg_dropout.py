@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ... import diffusion as D
 from ...registry import Setting, check
@@ -15,13 +15,19 @@ from ...roles import MISSING
 SAME_RTOL = 1e-2
 
 
+#: roles that mark a project as a diffusion training: without one, DF5 does not read another domain's data
+#: (an LLM's or VLM's dataloader, a processor taken for a text tokenizer) as captions
+#: (dlcheck_unet is not one: any project's dlcheck_model fills it)
+DIFFUSION_ROLES = ("condition", "training_inputs", "uncond", "pipeline", "noise_scheduler", "inference_scheduler",
+                   "vae", "text_encoder")
+
 #: numbers of calls after which DF5 may stop early, passing, when the rate is clearly inside the band
 LOOKS = (25, 50, 100, 200)
 #: confidence of the early-pass interval (stopping early cannot fail, so this only costs power)
 EARLY_ALPHA = 1e-3
 
 
-def _units(tally: "Tally") -> tuple[int, int, str]:
+def _units(tally: Tally) -> tuple[int, int, str]:
     """(n, k, unit): rows are independent draws when dropout varies within a batch; calls are counted
     when every batch is dropped or kept as a whole, and when no null was seen at all (the conservative
     reading, valid for per-batch dropout too)."""
@@ -29,7 +35,7 @@ def _units(tally: "Tally") -> tuple[int, int, str]:
     return (tally.calls, tally.null_calls, "calls") if per_batch else (tally.rows, tally.nulls, "rows")
 
 
-def _clearly_inside(tally: "Tally", low: float, high: float) -> bool:
+def _clearly_inside(tally: Tally, low: float, high: float) -> bool:
     n, k, _ = _units(tally)
     return (k > 0 and D.lower_bound(k, n, EARLY_ALPHA) >= low / 2
             and D.upper_bound(k, n, EARLY_ALPHA) <= min(1.0, 1.5 * high))
@@ -274,7 +280,9 @@ def check_cfg_dropout(dlcheck):
         It stops early, passing, after 25/50/100/200 calls once a 1 − 1e-3 confidence interval of the
         rate lies within [low/2, 1.5·high]; it fails only on the full draws, so the bound holds.
         Nulls that differ from the sampler's unconditional input (zeros in training, the empty prompt at
-        inference) fail too.
+        inference) fail too. It runs only in a project with a diffusion role (dlcheck_pipeline,
+        _noise_scheduler, _vae, _condition, _training_inputs, _uncond …), so that an LLM's or VLM's
+        data is never read as captions under ``--dlcheck=all``.
     Why it is bad
         Classifier-free guidance computes uncond + s·(cond − uncond). A model never trained on the
         unconditional input returns garbage for it, and guidance amplifies that garbage; a model trained
@@ -298,6 +306,9 @@ def check_cfg_dropout(dlcheck):
         encodes the images with the VAE: give dlcheck_condition (the caption → embeddings path alone)
         to make the 300 draws cheap, or lower DF5.draws.
     """
+    if not any(dlcheck.has(r) for r in DIFFUSION_ROLES):
+        dlcheck.skip("no diffusion role: DF5 judges the conditioning of a text-to-image training and needs one of "
+                     + ", ".join(f"dlcheck_{r}" for r in DIFFUSION_ROLES) + " beside the data")
     calls = dlcheck.setting("draws")
     alpha = dlcheck.setting("false_alarm")
     low, high = dlcheck.setting("low"), dlcheck.setting("high")

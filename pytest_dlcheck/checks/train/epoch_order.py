@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+import math
 import random
 import sys
 from typing import Any
@@ -7,11 +9,26 @@ from typing import Any
 import torch
 
 from ...guard import preserved_dataloader, preserved_rng
-from ...registry import check
+from ...registry import Setting, check
 from ...roles import MISSING
 from ...training import find_setup, memo_or_skip
 
-EPOCH_PASSES = 2
+#: entries of an epoch's order that are compared (the first ones): bounded cost on any dataset
+COMPARED = 64
+#: epochs read at most, for the shortest orders
+MAX_EPOCHS = 21
+
+
+def epochs_needed(order: list[Any], false_alarm: float) -> int:
+    """Epochs whose orders must all be equal for T7 to fail, so that a correct shuffle does that with
+    probability ≤ false_alarm: k distinct entries (indices, or disjoint batches) come in a given order
+    with probability ≤ 1/k!, so E epochs agree with probability ≤ (1/k!)^(E−1). Orders with repeated
+    entries (sampling with replacement) get the most epochs."""
+    k = len(order)
+    if k < 2 or len(set(order)) < k:
+        return MAX_EPOCHS
+    log_p = -math.lgamma(k + 1)  # log(1/k!)
+    return min(MAX_EPOCHS, 1 + math.ceil(math.log(false_alarm) / log_p - 1e-9))
 
 
 def _order(loader: Any, epoch: int) -> list[Any] | None:
@@ -26,7 +43,21 @@ def _order(loader: Any, epoch: int) -> list[Any] | None:
             owner.set_epoch(epoch)
     if sampler is None:
         return None
-    return [tuple(b) if isinstance(b, list) else b for b in sampler]
+    return [_entry(b) for b in itertools.islice(iter(sampler), COMPARED)]
+
+
+def _entry(b: Any) -> Any:
+    """A sampler's entry as a hashable, comparable value: an index, or a tuple of indices for a batch."""
+    if isinstance(b, (list, tuple)):
+        return tuple(_entry(x) for x in b)
+    if hasattr(b, "tolist"):  # a tensor or numpy scalar/array
+        b = b.tolist()
+        return tuple(b) if isinstance(b, list) else b
+    try:
+        hash(b)
+    except TypeError:
+        return repr(b)
+    return b
 
 
 def _shuffles(loader: Any) -> bool:
@@ -84,14 +115,22 @@ def _train_loader(dlcheck, setup) -> tuple[Any, str]:
     title="every epoch sees the same order, or every worker the same random stream",
     roles=(),
     optional_roles=("trainer", "lightning_module", "datamodule", "make_training", "dataloader"),
+    settings=(
+        Setting("false_alarm", 1e-6, "probability that a correct shuffle gives the same order in every epoch "
+                "compared; sets how many epochs are read (2 from 10 entries up, 21 for 2 entries)"),
+    ),
 )
 def check_epoch_order(dlcheck):
     """A shuffling dataloader gives a new order every epoch, and its workers get distinct random seeds.
 
     What it does
-        Reads the index order of the training dataloader's sampler for two epochs (``set_epoch`` applied
-        where the sampler has it, as the Trainer, Lightning and a correct loop do; no data is loaded) and
-        fails when a sampler that shuffles gives the same order both times. Then, when the loader has
+        Reads the index order of the training dataloader's sampler (its first 64 entries: indices, or
+        batches of indices) for consecutive epochs (``set_epoch`` applied where the sampler has it, as
+        the Trainer, Lightning and a correct loop do; no data is loaded) and fails when a sampler that
+        shuffles gives the same order in every one. k distinct entries repeat their order by chance with
+        probability 1/k!, so it reads E epochs with (1/k!)^(E−1) ≤ false_alarm: the false-alarm
+        probability of a correct shuffle is ≤ 1e-6 (2 epochs from 10 entries up, 9 for 3 entries, 21 for
+        2 or for samplers that draw with replacement). Then, when the loader has
         several workers and a ``worker_init_fn``, runs that function in-process as two workers of one
         epoch and one of the next would, and fails when it leaves python's and numpy's random state
         identical for all of them.
@@ -119,15 +158,24 @@ def check_epoch_order(dlcheck):
     judged = False
     if _shuffles(loader):
         with preserved_rng(), preserved_dataloader(loader):
-            orders = [_order(loader, e) for e in range(EPOCH_PASSES)]
-        if all(o is not None for o in orders):
+            orders = [_order(loader, 0)]
+            if orders[0] is not None and len(orders[0]) > 1:
+                for epoch in range(1, epochs_needed(orders[0], dlcheck.setting("false_alarm"))):
+                    orders.append(_order(loader, epoch))
+                    if orders[-1] != orders[0]:
+                        break
+        if len(orders) > 1 and all(o is not None for o in orders):
             judged = True
-            if orders[0] == orders[1] and len(orders[0]) > 1:
+            if all(o == orders[0] for o in orders):
                 sampler = getattr(loader, "batch_sampler", None) or loader.sampler
                 inner = getattr(sampler, "sampler", sampler)
                 first = orders[0][0]
-                dlcheck.fail([f"{where}: its {type(inner).__name__} gives the same order in epoch 0 and epoch 1 "
-                              f"({len(orders[0])} batches; the first is {list(first) if isinstance(first, tuple) else first} both times)",
+                dlcheck.fail([f"{where}: its {type(inner).__name__} gives the same order in epochs 0 to {len(orders) - 1} "
+                              f"(first {len(orders[0])} {'batches' if isinstance(first, tuple) else 'indices'} compared; "
+                              f"the first is {list(first) if isinstance(first, tuple) else first} every time"
+                              + (f"; a correct shuffle does that with probability ≤ "
+                                 f"{math.exp(-(len(orders) - 1) * math.lgamma(len(orders[0]) + 1)):.1e})"
+                                 if len(set(orders[0])) == len(orders[0]) else ")"),
                               "set_epoch(epoch) was called before each epoch" if hasattr(inner, "set_epoch") else
                               f"{type(inner).__name__} has no set_epoch"],
                              f"the {type(inner).__name__} re-seeds its shuffle identically every epoch (a fixed seed that ignores the epoch)",

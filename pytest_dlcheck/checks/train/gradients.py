@@ -12,6 +12,44 @@ def shape(t: torch.Tensor) -> str:
     return "x".join(str(d) for d in t.shape) or "scalar"
 
 
+LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def unused_by_design(model: torch.nn.Module):
+    """A predicate over parameter names: the vision tower's layers above the feature layer of a LLaVA-style
+    model (``config.vision_feature_layer``: the image features are the hidden states of an earlier
+    layer) and its final norm/pooling head, which run but feed nothing the loss sees."""
+    towers = []
+    for prefix, module in model.named_modules():
+        config = getattr(module, "config", None)
+        layer = getattr(config, "vision_feature_layer", None)
+        n_layers = getattr(getattr(config, "vision_config", None), "num_hidden_layers", None)
+        if layer is None or not isinstance(n_layers, int):
+            continue
+        wanted = [layer] if isinstance(layer, int) else [x for x in layer if isinstance(x, int)] if isinstance(layer, (list, tuple)) else []
+        if not wanted:
+            continue
+        used = max(i % (n_layers + 1) for i in wanted)  # hidden_states[k] is the output of layer k - 1
+        base = f"{prefix}." if prefix else ""
+        for name, sub in module.named_modules():
+            if name.endswith("vision_tower") or name.endswith("vision_model"):
+                towers.append((f"{base}{name}.", used))
+    if not towers:
+        return lambda name: False
+
+    def exempt(name: str) -> bool:
+        for tower, used in towers:
+            if name.startswith(tower):
+                rest = name[len(tower):]
+                m = LAYER.search("." + rest)
+                if m is not None:
+                    return int(m.group(1)) >= used
+                return "post_layernorm" in rest or rest.startswith(("head.", "vision_model.head.")) or ".head." in rest
+        return False
+
+    return exempt
+
+
 @check(
     "T3",
     domain="train",
@@ -49,7 +87,10 @@ def check_gradients(dlcheck):
     Known problems
         Zero gradients are allowed (a zero-initialised layer, such as LoRA's B matrix, gives its
         neighbours exact zeros at step 0). Parameters matching ``T3.ignore`` (MoE experts) are exempt.
-        Frozen parameters (``requires_grad=False``) are taken as intended.
+        Frozen parameters (``requires_grad=False``) are taken as intended. A LLaVA-style model's vision
+        layers above ``config.vision_feature_layer`` (and the tower's final norm / pooling head) run but
+        feed nothing by design; they are exempt (freeze them to save their optimizer state, and set
+        DDP's ``find_unused_parameters=True`` if they stay trainable).
     """
     fresh, batches, setup = probe(dlcheck)
     model = fresh.model
@@ -72,6 +113,8 @@ def check_gradients(dlcheck):
             h.remove()
     ignore = re.compile(dlcheck.setting("ignore")) if dlcheck.setting("ignore") else None
     orphans = [(n, p) for (n, p), g in zip(trainable, grads) if g is None and not (ignore and ignore.search(n))]
+    by_design = unused_by_design(model)
+    orphans = [(n, p) for n, p in orphans if not by_design(n)]
     frozen = sum(1 for p in model.parameters() if not p.requires_grad)
     frozen_note = f"; {frozen} parameter tensors are frozen (requires_grad=False) and not judged" if frozen else ""
 
