@@ -138,3 +138,18 @@ def train(unet, ema, training_inputs, batches):
         opt.step()
         opt.zero_grad()
         ema.step(unet.parameters())
+
+
+def role_fixtures(*roles):
+    """Session fixtures ``dlcheck_<role>`` returning ``project[role]`` from the ``project`` fixture:
+    ``globals().update(role_fixtures("pipeline", ...))`` in a conftest.py defines them there."""
+    import pytest
+
+    def fixture_for(role):
+        @pytest.fixture(scope="session", name=f"dlcheck_{role}")
+        def role_fixture(project):
+            return project[role]
+
+        return role_fixture
+
+    return {f"dlcheck_{role}": fixture_for(role) for role in roles}

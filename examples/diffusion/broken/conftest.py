@@ -49,41 +49,8 @@ def project():
                 sample_images=sample_images, dataset=data, collator=collate, condition=condition)
 
 
-@pytest.fixture(scope="session")
-def dlcheck_pipeline(project):
-    return project["pipeline"]
-
-
-@pytest.fixture(scope="session")
-def dlcheck_noise_scheduler(project):
-    return project["noise_scheduler"]
-
-
-@pytest.fixture(scope="session")
-def dlcheck_training_inputs(project):
-    return project["training_inputs"]
-
-
-@pytest.fixture(scope="session")
-def dlcheck_ema(project):
-    return project["ema"]
-
-
-@pytest.fixture(scope="session")
-def dlcheck_sample_images(project):
-    return project["sample_images"]
-
-
-@pytest.fixture(scope="session")
-def dlcheck_dataset(project):
-    return project["dataset"]
-
-
-@pytest.fixture(scope="session")
-def dlcheck_collator(project):
-    return project["collator"]
-
-
-@pytest.fixture(scope="session")
-def dlcheck_condition(project):
-    return project["condition"]
+# the roles pytest-dlcheck reads, one dlcheck_<role> fixture each over the session's project (written out
+# by hand they are eight two-line fixtures); the VAE, UNet, tokenizer, text encoder and sampler come from
+# the pipeline
+globals().update(tinysd.role_fixtures("pipeline", "noise_scheduler", "training_inputs", "ema", "sample_images",
+                                      "dataset", "collator", "condition"))
