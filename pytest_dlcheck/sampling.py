@@ -66,10 +66,12 @@ def as_batch_dict(batch: Any, role: str) -> dict[str, Any]:
     if isinstance(batch, (list, tuple)) and batch and all(isinstance(b, Mapping) for b in batch):
         raise SampleError(f"dlcheck_{role} returns the examples uncollated (a list of dicts, as TRL's GRPOTrainer, which "
                           "tokenizes inside its training step): there are no token batches to check")
-    if isinstance(batch, (list, tuple)) and batch and all(hasattr(b, "shape") for b in batch):
-        # (inputs, targets) tensors: a vision or plain training loader, legitimately not a token batch
-        shapes = ", ".join(str(tuple(b.shape)) for b in batch[:4])
-        raise SampleError(f"dlcheck_{role} yields {type(batch).__name__}s of tensors ({shapes}), not mappings of token "
+    if role != "collator" and isinstance(batch, (list, tuple)) and batch:
+        # (inputs, targets): a vision, detection or plain training loader, legitimately not a token batch (a
+        # collator, the llm/vlm role, must return a mapping: there a list is the user's error)
+        parts = ", ".join(str(tuple(b.shape)) if hasattr(b, "shape") else f"a {type(b).__name__}" for b in batch[:4])
+        what = "tensors" if all(hasattr(b, "shape") for b in batch) else "values"
+        raise SampleError(f"dlcheck_{role} yields {type(batch).__name__}s of {what} ({parts}), not mappings of token "
                           "fields (input_ids, labels, …): there are no token batches to check")
     raise RoleError(role, f"returned a {type(batch).__name__}, expected a mapping of batch fields (input_ids, labels, …)")
 

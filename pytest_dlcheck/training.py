@@ -492,14 +492,29 @@ class TrainerSetup:
 
     def _rebuild_optimizers(self, fresh_model: Any) -> tuple[Any, Any]:
         """An optimizer/scheduler the user passed in ``optimizers=`` rebuilt over the fresh model's
-        parameters (matched by name)."""
+        parameters (matched by name), as they were before any step: a trainer handed over after
+        ``train()`` holds the Trainer's own scheduler (made for that run's length, left, say, at LR 0)
+        and a used optimizer; the clone makes its own scheduler then, and starts the optimizer empty."""
+        import collections
+
         opt, sched = self.trainer.optimizer, self.trainer.lr_scheduler
         if opt is None:
             return None, None
+        if getattr(self.trainer, "_created_lr_scheduler", False):
+            sched = None  # the Trainer's, not the user's: the clone creates one for its own run
         by_name = dict(fresh_model.named_parameters())
         memo = {id(p): by_name[n] for n, p in self.trainer.model.named_parameters() if n in by_name}
         new_opt = copy.deepcopy(opt, memo)
+        new_opt.state = collections.defaultdict(dict)  # no moments or step counts from an earlier run
         new_sched = copy.deepcopy(sched, {**memo, id(opt): new_opt}) if sched is not None else None
+        if new_sched is not None and getattr(new_sched, "last_epoch", 0) > 0 and hasattr(new_sched, "_initial_step"):
+            for group in new_opt.param_groups:  # back to the schedule's first step
+                if "initial_lr" in group:
+                    group["lr"] = group["initial_lr"]
+            new_sched.last_epoch = -1
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                new_sched._initial_step()
         return new_opt, new_sched
 
     # ---- fresh objects --------------------------------------------------------------------------------

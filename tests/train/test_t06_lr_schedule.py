@@ -61,3 +61,32 @@ def test_trainer_warmup_counted_in_micro_batches(project):
 def test_trainer_warmup_in_optimizer_steps(project):
     project.conftest(SFT.format(warmup=2))
     project.run("--dlcheck=T6").assert_outcome("T6", "passed")
+
+
+TRAINED_FIRST = """
+    import pytest, tiny, torch
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        model = tiny.llama(tok)
+        data = Dataset.from_dict({{"prompt": tiny.PROMPTS * 4, "completion": tiny.COMPLETIONS * 4}})
+        args = tiny.trainer_args(tmp_path_factory.mktemp("o"), SFTConfig, max_steps=2, warmup_steps=1)
+        optimizers = {optimizers}
+        trainer = SFTTrainer(model=model, args=args, processing_class=tok, train_dataset=data, optimizers=optimizers)
+        trainer.train()  # handed over after a run: its scheduler has decayed to LR 0, its optimizer holds moments
+        return trainer
+"""
+
+
+def test_a_trainer_handed_over_after_train_is_judged_on_a_fresh_schedule(project):
+    """The Trainer's own scheduler of the finished run (linear to 0 at step 2) is not the clone's; a user's
+    stepped scheduler starts again from its first step. Neither is 'LR 0 at every step'."""
+    project.conftest(TRAINED_FIRST.format(optimizers="(None, None)"))
+    project.run("--dlcheck=T6").assert_outcome("T6", "passed")
+    project.conftest(TRAINED_FIRST.format(optimizers=(
+        "(lambda opt: (opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 2) * max(0.0, 1 - s / 2))))"
+        "(torch.optim.AdamW(model.parameters(), lr=1e-3))")))
+    project.run("--dlcheck=T6").assert_outcome("T6", "passed")
