@@ -129,9 +129,12 @@ def check_resume(dlcheck):
     Example
         TrainingArguments(..., save_only_model=True)                  # weights only
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)   # no scheduler
+        SFTTrainer(model=llava, ...).train(resume_from_checkpoint=...)   # transformers 5: no weight restored
     Use instead
         save and load the optimizer, the scheduler, the GradScaler, the RNG states and the step: the Trainer
-        does it unless save_only_model=True; Lightning does it for what configure_optimizers returns.
+        does it unless save_only_model=True; Lightning does it for what configure_optimizers returns. For
+        a model whose checkpoint names are converted (LLaVA and other VLMs in transformers 5), load the
+        weights through from_pretrained in a Trainer subclass's _load_from_checkpoint.
     Known problems
         Compares bitwise: on GPU, nondeterministic kernels can make even a complete resume differ; when
         restoring every piece still does not reproduce the run, the check skips. For a plain loop, the data
