@@ -1288,13 +1288,36 @@ def _n_batches(ctx: Any) -> int:
     return max(1, math.ceil(ctx.samples / max(1, ctx.batch_size)))
 
 
+#: what a model or trainer raises on batches whose fault another check names (root cause first): a
+#: part of the message -> (what it means, the check that fails with the cause)
+ROOT_CAUSES = (
+    ("image tokens do not match", "the image placeholder tokens do not match the image features", "X4"),
+    ("Image features and image tokens", "the image placeholder tokens do not match the image features", "X4"),
+    ("causes image placeholder tokens in `input_ids` to be truncated", "truncation cuts the image tokens", "X4"),
+)
+
+
+def root_cause(exc: BaseException) -> str | None:
+    """A skip reason naming the check that explains ``exc``, or None."""
+    text = str(exc)
+    for part, meaning, cid in ROOT_CAUSES:
+        if part in text:
+            return f"the model cannot run on the sampled batches: {meaning} (see {cid})"
+    return None
+
+
 def run_or_skip(ctx: Any, make: Callable[[], Any]) -> Any:
     """Run a piece of machinery; a :class:`SetupError` (the training cannot be run the way the check
-    needs) becomes a skip with its reason."""
+    needs) becomes a skip with its reason, and so does a user error another check explains (ROOT_CAUSES)."""
     try:
         return make()
     except SetupError as exc:
         ctx.skip(str(exc))
+    except Exception as exc:  # a RoleError, or a library's own error from a Trainer's compute_loss
+        reason = root_cause(exc)
+        if reason is None:
+            raise
+        ctx.skip(reason)
 
 
 def memo_or_skip(ctx: Any, sources: Any, key: str, make: Callable[[], Any]) -> Any:
@@ -1305,6 +1328,11 @@ def memo_or_skip(ctx: Any, sources: Any, key: str, make: Callable[[], Any]) -> A
             return make()
         except SetupError as exc:
             return exc
+        except Exception as exc:  # a RoleError, or a library's own error from a Trainer's compute_loss
+            reason = root_cause(exc)
+            if reason is None:
+                raise
+            return SetupError(reason)
 
     value = ctx.memo(sources, key, capture)
     if isinstance(value, SetupError):

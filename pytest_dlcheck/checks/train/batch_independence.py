@@ -13,6 +13,7 @@ from ...training import (
     modes,
     output_tensor,
     probe,
+    run_or_skip,
     to_device,
 )
 
@@ -127,7 +128,7 @@ def check_batch_independence(dlcheck):
                          "inputs nor token ids with input embeddings)")
         hooks = [m.register_forward_hook(record) for m in model.modules() if m is not model]
         try:
-            out = output_tensor(fresh.forward(run_batch))
+            out = output_tensor(run_or_skip(dlcheck, lambda: fresh.forward(run_batch)))
         finally:
             for h in hooks:
                 h.remove()
