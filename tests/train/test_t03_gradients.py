@@ -10,6 +10,7 @@ def test_detached_body_is_frozen_by_accident(project):
     text = tt.section(run, "T3")
     assert "2 of 4 trainable parameter tensors get no gradient" in text
     assert "body.0.weight [32x8]" in text and "module(s) that run but pass no gradient back: body.0" in text
+    assert "the last of them to run is body.0: the graph is cut at its output" in text
     assert "detach" in text
 
 

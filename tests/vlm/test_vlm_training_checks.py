@@ -55,4 +55,5 @@ def test_a_detached_projector_still_fails_t3(project):
     # layer 0 (16); layer 1 and the post-norm, unused by design (vision_feature_layer=-2), are not counted
     assert "25 of 64 trainable parameter tensors get no gradient from the loss on batch 0" in text
     assert "module(s) that run but pass no gradient back: model.multi_modal_projector.linear_1" in text
+    assert "the last of them to run is model.multi_modal_projector.linear_2: the graph is cut at its output" in text
     assert "model.vision_tower.encoder.layers.0.self_attn.k_proj.weight" in text

@@ -98,9 +98,9 @@ def check_gradients(dlcheck):
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not trainable:
         dlcheck.skip("the model has no parameter with requires_grad=True")
-    ran: set[str] = set()
+    ran: dict[str, int] = {}  # module name -> when its forward finished (first time)
     names = {m: n for n, m in model.named_modules()}
-    handles = [m.register_forward_hook(lambda mod, i, o: ran.add(names[mod])) for m in model.modules()]
+    handles = [m.register_forward_hook(lambda mod, i, o: None if names[mod] in ran else ran.update({names[mod]: len(ran)})) for m in model.modules()]
     try:
         with modes(model, train=True):
             loss = run_or_skip(dlcheck, lambda: fresh.loss(batch))
@@ -136,7 +136,11 @@ def check_gradients(dlcheck):
             fix = "call them in forward(), or delete them / set requires_grad_(False) and leave them out of the optimizer if they are unused on purpose"
         else:
             mods = sorted({owner(n) for n, _ in orphans if owner(n) in ran})
-            evidence.append(f"module(s) that run but pass no gradient back: {', '.join(mods[:6])}")
+            evidence.append(f"module(s) that run but pass no gradient back: {', '.join(mods[:6])}"
+                            + (f" … ({len(mods)})" if len(mods) > 6 else ""))
+            last = max(mods, key=lambda m: ran[m])
+            evidence.append(f"the last of them to run is {last}: the graph is cut at its output (or later, before "
+                            "the next module that gets a gradient)")
             cause = ("their output is cut from the autograd graph (a .detach(), a torch.no_grad() block, or a "
                      "round-trip through .item()/numpy in the forward): the layers are frozen by accident")
             fix = "remove the detach / no_grad around those modules; to freeze them on purpose, set requires_grad_(False) and leave them out of the optimizer"
