@@ -465,6 +465,8 @@ class TrainerSetup:
             "callbacks": self._user_callbacks(), "optimizers": (opt, sched),
             "peft_config": None, "formatting_func": None,
         }
+        if getattr(tr, "padding_free", False):
+            values["data_collator"] = None  # TRL makes its own in padding-free mode (and refuses one passed in)
         cls = type(tr)
         params = inspect.signature(cls.__init__).parameters
         kwargs = {}

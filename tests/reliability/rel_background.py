@@ -112,7 +112,7 @@ def xdist_projects(base: Path) -> Run:
             groups.update({d: domains for d in chosen})
         (root / "pytest.ini").write_text("[pytest]\n")
         (root / "conftest.py").write_text(textwrap.dedent(FILTER.format(groups=groups)))
-        _RUNS["xdist"] = _start("xdist", root, ["-n", "2", "--dlcheck=all", "-q", "-p", "no:randomly"])
+        _RUNS["xdist"] = _start("xdist", root, ["-n", "2", "--dlcheck=all", "-v", "-p", "no:randomly"])
     return _RUNS["xdist"]
 
 

@@ -52,6 +52,19 @@ GRPO = """
                            train_dataset=Dataset.from_dict({"prompt": tiny.PROMPTS}))
 """
 
+SFT_PACKED = """
+    import pytest, tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        args = tiny.trainer_args(tmp_path_factory.mktemp("packed"), SFTConfig, packing=True, max_length=64)
+        return SFTTrainer(model=tiny.llama(tok), args=args, processing_class=tok,
+                          train_dataset=Dataset.from_dict({"text": tiny.texts(12)}))
+"""
+
 LOOP = tt.loop_project(loader="tt.loader(shuffle=True)", extra="""
     @pytest.fixture(scope="session")
     def dlcheck_save_checkpoint():
@@ -62,7 +75,8 @@ LOOP = tt.loop_project(loader="tt.loader(shuffle=True)", extra="""
         return tt.load_all
 """)
 
-PROJECTS = {"sft-trainer": SFT, "dpo-trainer": DPO, "grpo-trainer": GRPO, "lightning": tl.project(), "plain-loop": LOOP}
+#: packing makes TRL's SFTTrainer padding-free: it refuses a collator passed in, so its clones get none
+PROJECTS = {"sft-trainer": SFT, "sft-packed-trainer": SFT_PACKED, "dpo-trainer": DPO, "grpo-trainer": GRPO, "lightning": tl.project(), "plain-loop": LOOP}
 #: GRPO generates inside every step: the T checks skip (its loss needs completions), the runs are real
 RAN = {"grpo-trainer": {"C1", "C18", "S1", "S3"}}
 

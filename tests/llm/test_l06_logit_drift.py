@@ -1,0 +1,94 @@
+"""L6 (information): the mean log Z of the logits, at initialisation and after the shared smoke run. It
+never fails; the numbers it reports are real measurements — a run with a strong z-loss pulls log Z
+down, a plain run at a high learning rate lets it rise."""
+
+import re
+
+import tiny  # noqa: F401
+
+LOOP = """
+    import pytest, tiny, torch
+    from torch.utils.data import DataLoader
+    from transformers import DataCollatorForLanguageModeling
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training(dlcheck_tokenizer):
+        def make():
+            model = tiny.llama(dlcheck_tokenizer)
+            return {{"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader(dlcheck_tokenizer):
+        return DataLoader(tiny.tokenized(dlcheck_tokenizer), batch_size=4, shuffle=True,
+                          collate_fn=DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_train_step():
+        def step(state, batch, index):
+            out = state["model"](**batch)
+            z = torch.logsumexp(out.logits.float(), dim=-1)
+            loss = out.loss + {z_loss} * (z[batch["labels"] != -100] ** 2).mean()
+            loss.backward()
+            state["optimizer"].step()
+            state["optimizer"].zero_grad()
+            return out.loss
+        return step
+"""
+
+DRIFT = re.compile(r"mean log Z ([\d.]+) \(range .*?\) at initialisation, ([\d.]+) \(range .*?\) after 20 smoke steps "
+                   r"of fresh objects from dlcheck_make_training, trained by dlcheck_train_step: ([-+][\d.]+)")
+
+
+def _drift(project, z_loss: float) -> tuple[float, float, float]:
+    project.conftest(LOOP.format(z_loss=z_loss))
+    run = project.run("--dlcheck=L6")
+    run.assert_outcome("L6", "skipped")
+    m = DRIFT.search(" ".join(run.text.split()))
+    assert m, run.text
+    assert "ln(vocabulary 300) = 5.7" in run.text and "z-loss (1e-4 · log²Z added to the loss)" in run.text
+    return float(m.group(1)), float(m.group(2)), float(m.group(3))
+
+
+def test_a_plain_run_lets_log_z_rise(project):
+    before, after, drift = _drift(project, 0.0)
+    assert 5.6 < before < 5.9  # small logits at initialisation: log Z near ln(vocabulary)
+    assert drift > 0.1 and abs((after - before) - drift) < 0.01
+
+
+def test_a_strong_z_loss_pulls_log_z_down(project):
+    before, after, drift = _drift(project, 0.1)
+    assert drift < -1.0 and after < before
+
+
+def test_a_model_alone_reports_its_current_weights(project):
+    project.conftest("""
+    import pytest, tiny
+    from transformers import DataCollatorForLanguageModeling
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model(dlcheck_tokenizer):
+        return tiny.llama(dlcheck_tokenizer)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        return DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_tokenizer):
+        return tiny.tokenized(dlcheck_tokenizer)
+    """)
+    run = project.run("--dlcheck=L6")
+    run.assert_outcome("L6", "skipped")
+    text = " ".join(run.text.split())
+    assert re.search(r"info: mean log Z 5\.\d+ \(range [\d.]+ to [\d.]+, \d+ positions\) on dlcheck_collator on 8 "
+                     r"examples of dlcheck_dataset with the current weights", text), text
+    assert "define dlcheck_trainer or dlcheck_make_training to see how a short run moves it" in text
