@@ -46,7 +46,7 @@ DRIFT = re.compile(r"mean log Z ([\d.]+) \(range .*?\) at initialisation, ([\d.]
 
 def _drift(project, z_loss: float) -> tuple[float, float, float]:
     project.conftest(LOOP.format(z_loss=z_loss))
-    run = project.run("--dlcheck=L6")
+    run = project.run("--dlcheck=L6,S1")
     run.assert_outcome("L6", "skipped")
     m = DRIFT.search(" ".join(run.text.split()))
     assert m, run.text
@@ -91,4 +91,14 @@ def test_a_model_alone_reports_its_current_weights(project):
     text = " ".join(run.text.split())
     assert re.search(r"info: mean log Z 5\.\d+ \(range [\d.]+ to [\d.]+, \d+ positions\) on dlcheck_collator on 8 "
                      r"examples of dlcheck_dataset with the current weights", text), text
-    assert "define dlcheck_trainer or dlcheck_make_training to see how a short run moves it" in text
+    assert "select the smoke checks too (--dlcheck=llm,smoke) to see how the smoke run moves it" in text
+
+
+def test_without_the_smoke_checks_nothing_is_trained(project):
+    """--dlcheck=llm alone must not pay for a training run: L6 reads the model the factory builds as it is."""
+    project.conftest(LOOP.format(z_loss=0.0))
+    run = project.run("--dlcheck=L6")
+    run.assert_outcome("L6", "skipped")
+    text = " ".join(run.text.split())
+    assert "after 20 smoke steps" not in text
+    assert "on 2 batches of dlcheck_dataloader with the current weights" in text

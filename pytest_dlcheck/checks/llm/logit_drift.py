@@ -103,11 +103,12 @@ def check_logit_drift(dlcheck):
 
     What it does
         Computes log Z = logsumexp(logits) over the vocabulary at the positions your training scores
-        (those predicting a supervised label) of a few sampled rows, in eval mode. With a training set-up
-        (``dlcheck_trainer``, ``dlcheck_make_training``, a Lightning module) it does so on the fresh model
-        and again after the shared smoke run (``S1.steps`` optimizer steps), and reports the drift;
-        with ``dlcheck_model`` alone it reports the current weights' value. It never fails: the item
-        skips with the numbers.
+        (those predicting a supervised label) of a few sampled rows, in eval mode. When the smoke checks
+        run too (``--dlcheck=llm,smoke``) and a training set-up is given (``dlcheck_trainer``,
+        ``dlcheck_make_training``, a Lightning module), it does so on the fresh model and again after the
+        shared smoke run (``S1.steps`` optimizer steps), and reports the drift; otherwise it reports the
+        current weights' value (``dlcheck_model``, derived from a Trainer), training nothing. It never
+        fails: the item skips with the numbers.
     Why it is bad
         The softmax ignores a constant added to every logit, so nothing in the cross-entropy stops log Z
         from wandering; in long runs (bf16 especially) the logits grow, the softmax saturates and the loss
@@ -124,7 +125,9 @@ def check_logit_drift(dlcheck):
         its logits are small), and 20 steps show a trend, not a long run.
     """
     rows, budget = dlcheck.setting("rows"), dlcheck.setting("max_logits_mb")
-    setup = find_setup(dlcheck)
+    # the drift rides on the smoke run only when the smoke checks make it anyway: an llm-only run trains nothing
+    smoke = any(c.domain == "smoke" for c in dlcheck.state.selected)
+    setup = find_setup(dlcheck) if smoke else None
     if setup is not None:
         fresh, batches, _ = probe(dlcheck)
         before = run_or_skip(dlcheck, lambda: measure(fresh.forward, fresh.model, batches, rows, budget))
@@ -163,5 +166,6 @@ def check_logit_drift(dlcheck):
     vocab = lm.embedding_rows(model)
     dlcheck.skip(f"info: mean log Z {now.text()} on {sample.source} with the current weights"
                  + (f"; ln(vocabulary {vocab}) = {math.log(vocab):.3g}" if vocab else "")
-                 + "; define dlcheck_trainer or dlcheck_make_training to see how a short run moves it (z-loss, "
-                 "1e-4 · log²Z added to the loss, keeps it near 0 in long runs)")
+                 + ("; select the smoke checks too (--dlcheck=llm,smoke) to see how the smoke run moves it"
+                    if not smoke else "; define dlcheck_trainer or dlcheck_make_training to see how a short run moves it")
+                 + " (z-loss, 1e-4 · log²Z added to the loss, keeps it near 0 in long runs)")
