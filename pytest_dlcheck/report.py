@@ -127,6 +127,14 @@ class Results:
         missing = Counter(r.reason for r in self.results.values() if r.outcome == "skipped" and r.reason.startswith("missing role"))
         for reason, n in sorted(missing.items()):
             tr.write_line(f"skipped:   {reason} ({n} check{'s' if n > 1 else ''})")
+        # information items (DF1, DF7, L6) skip with what they measured: shown here, not only under -rs
+        infos = sorted(((r.id, nodeid.split("::")[0], r.reason) for nodeid, r in self.results.items()
+                        if r.outcome == "skipped" and r.reason.startswith("info:")), key=lambda x: (_id_order(x[0]), x[1]))
+        several = len({where for _, where, _ in infos}) > 1
+        for cid, where, reason in infos:
+            text = reason[len("info:"):].strip()
+            text = f"{cid} ({where}) {text}" if several else f"{cid} {text}"
+            tr.write_line(f"info:      {text if len(text) <= 200 else text[:199] + '…'}")
         for option, label in (("dlcheck_json", "json"), ("dlcheck_report", "report")):
             path = getattr(self.config.option, option, None)
             if path:

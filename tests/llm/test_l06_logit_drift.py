@@ -92,6 +92,7 @@ def test_a_model_alone_reports_its_current_weights(project):
     assert re.search(r"info: mean log Z 5\.\d+ \(range [\d.]+ to [\d.]+, \d+ positions\) on dlcheck_collator on 8 "
                      r"examples of dlcheck_dataset with the current weights", text), text
     assert "select the smoke checks too (--dlcheck=llm,smoke) to see how the smoke run moves it" in text
+    run.fnmatch(["*dlcheck summary*", "info:      L6 mean log Z 5.* with the current weights; ln(vocabulary 300)*"])
 
 
 def test_without_the_smoke_checks_nothing_is_trained(project):
