@@ -94,17 +94,31 @@ def preserved_tokenizer(tok: Any) -> Iterator[Any]:
                 setattr(tok, name, value)
 
 
+#: plain attributes ``set_epoch`` writes on a dataloader or sampler
+EPOCH_COUNTERS = ("epoch", "iteration", "_epoch")
+_ABSENT = object()
+
+
 @contextlib.contextmanager
 def preserved_dataloader(dl: Any) -> Iterator[Any]:
-    """Iterating a DataLoader advances its (or its sampler's) explicit generator; restore them."""
-    gens = []
-    for owner in (dl, getattr(dl, "sampler", None), getattr(dl, "batch_sampler", None),
-                  getattr(getattr(dl, "batch_sampler", None), "sampler", None)):
+    """Iterating a DataLoader advances its (or its sampler's) explicit generator, and ``set_epoch`` moves
+    its (or its samplers') epoch counters (DistributedSampler.epoch, accelerate's iteration); restore them."""
+    gens, counters = [], []
+    inner = getattr(getattr(dl, "batch_sampler", None), "sampler", None)
+    for owner in (dl, getattr(dl, "sampler", None), getattr(dl, "batch_sampler", None), inner,
+                  getattr(inner, "sampler", None)):
         gen = getattr(owner, "generator", None)
         if gen is not None and hasattr(gen, "get_state"):
             gens.append((gen, gen.get_state()))
+        if owner is not None and hasattr(owner, "__dict__"):
+            counters += [(owner, name, owner.__dict__.get(name, _ABSENT)) for name in EPOCH_COUNTERS]
     try:
         yield dl
     finally:
         for gen, state in gens:
             gen.set_state(state)
+        for owner, name, value in counters:
+            if value is _ABSENT:
+                owner.__dict__.pop(name, None)  # set_epoch shadowed a class attribute: drop the shadow
+            else:
+                owner.__dict__[name] = value

@@ -1290,27 +1290,22 @@ def _n_batches(ctx: Any) -> int:
     return max(1, math.ceil(ctx.samples / max(1, ctx.batch_size)))
 
 
-#: what a model or trainer raises on batches whose fault another check names (root cause first): a
-#: part of the message -> (what it means, the check that fails with the cause)
-ROOT_CAUSES = (
-    ("image tokens do not match", "the image placeholder tokens do not match the image features", "X4"),
-    ("Image features and image tokens", "the image placeholder tokens do not match the image features", "X4"),
-    ("causes image placeholder tokens in `input_ids` to be truncated", "truncation cuts the image tokens", "X4"),
-)
-
-
 def root_cause(exc: BaseException) -> str | None:
-    """A skip reason naming the check that explains ``exc``, or None."""
+    """Root cause first: a skip reason naming the check that explains what a model or trainer raised on
+    the sampled batches (the VLM's image tokens cut or mismatched: X4), or None."""
+    from . import vlm
+
     text = str(exc)
-    for part, meaning, cid in ROOT_CAUSES:
-        if part in text:
-            return f"the model cannot run on the sampled batches: {meaning} (see {cid})"
+    if vlm.PLACEHOLDERS_TRUNCATED in text:
+        return "the model cannot run on the sampled batches: truncation cuts the image tokens (see X4)"
+    if vlm.is_feature_mismatch(exc):
+        return "the model cannot run on the sampled batches: the image placeholder tokens do not match the image features (see X4)"
     return None
 
 
 def run_or_skip(ctx: Any, make: Callable[[], Any]) -> Any:
     """Run a piece of machinery; a :class:`SetupError` (the training cannot be run the way the check
-    needs) becomes a skip with its reason, and so does a user error another check explains (ROOT_CAUSES)."""
+    needs) becomes a skip with its reason, and so does a user error another check explains (root_cause)."""
     try:
         return make()
     except SetupError as exc:

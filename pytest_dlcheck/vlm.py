@@ -519,9 +519,16 @@ def error_text(error: BaseException) -> str:
     return f"{type(inner).__name__}: {inner}"
 
 
+#: what a transformers VLM raises when the image placeholders and the image features disagree (the
+#: training checks read it too: training.root_cause)
+FEATURE_MISMATCH = ("image tokens do not match", "Image features and image tokens")
+#: what TRL's SFTTrainer raises when its max_length cuts the image placeholders
+PLACEHOLDERS_TRUNCATED = "causes image placeholder tokens in `input_ids` to be truncated"
+
+
 def is_feature_mismatch(error: BaseException | None) -> bool:
     text = str(error or "")
-    return "image tokens do not match" in text or "Image features and image tokens" in text
+    return any(part in text for part in FEATURE_MISMATCH)
 
 
 def image_batches(sample: Any, limit: int = 2) -> list[Mapping[str, Any]]:

@@ -52,3 +52,23 @@ def test_trainer_shuffles_every_epoch(project):
                           processing_class=tok, train_dataset=Dataset.from_dict({"text": tiny.texts()}))
     ''')
     project.run("--dlcheck=T7").assert_outcome("T7", "passed")
+
+
+def test_the_users_sampler_epoch_is_left_where_it_was(project):
+    """T7 calls set_epoch on the user's own loader; the epoch counters are put back afterwards (a
+    DistributedSampler resumed at epoch 3 stays at 3; a class-level default is not shadowed)."""
+    project.conftest(with_loader(
+        "tt.__dict__.setdefault('SEEN', {}).setdefault('loader', torch.utils.data.DataLoader(tt.blobs(), batch_size=8, "
+        "sampler=(lambda s: (s.set_epoch(3), s)[1])(torch.utils.data.DistributedSampler(tt.blobs(), num_replicas=1, "
+        "rank=0, shuffle=True))))"))
+    tt.__dict__.pop("SEEN", None)
+    run = project.run("--dlcheck=T7")
+    run.assert_outcome("T7", "passed")
+    sampler = tt.SEEN["loader"].sampler
+    assert sampler.epoch == 3, "T7 left the user's DistributedSampler at another epoch"
+
+    project.conftest(with_loader("tt.__dict__.setdefault('SEEN2', torch.utils.data.DataLoader(tt.blobs(), batch_size=8, "
+                                 "sampler=tt.EpochSeedSampler(64)))"))
+    tt.__dict__.pop("SEEN2", None)
+    project.run("--dlcheck=T7").assert_outcome("T7", "passed")
+    assert "epoch" not in vars(tt.SEEN2.sampler), "T7 left an epoch on the user's sampler"

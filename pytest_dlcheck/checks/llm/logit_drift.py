@@ -130,6 +130,8 @@ def check_logit_drift(dlcheck):
     setup = find_setup(dlcheck) if smoke else None
     if setup is not None:
         fresh, batches, _ = probe(dlcheck)
+        if all(isinstance(b, Mapping) for b in batches) and lm.has_token_batches(batches):
+            lm.forward_ready(dlcheck, fresh.model, batches)  # ids past the embedding table: L3's failure
         before = run_or_skip(dlcheck, lambda: measure(fresh.forward, fresh.model, batches, rows, budget))
         if before is None:
             dlcheck.skip("info: the training batches are not token batches with input_ids, or the model returns no "

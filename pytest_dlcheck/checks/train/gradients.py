@@ -18,34 +18,30 @@ LAYER = re.compile(r"\.layers\.(\d+)\.")
 def unused_by_design(model: torch.nn.Module):
     """A predicate over parameter names: the vision tower's layers above the feature layer of a LLaVA-style
     model (``config.vision_feature_layer``: the image features are the hidden states of an earlier
-    layer) and its final norm/pooling head, which run but feed nothing the loss sees."""
-    towers = []
-    for prefix, module in model.named_modules():
-        config = getattr(module, "config", None)
-        layer = getattr(config, "vision_feature_layer", None)
-        n_layers = getattr(getattr(config, "vision_config", None), "num_hidden_layers", None)
-        if layer is None or not isinstance(n_layers, int):
-            continue
-        wanted = [layer] if isinstance(layer, int) else [x for x in layer if isinstance(x, int)] if isinstance(layer, (list, tuple)) else []
-        if not wanted:
-            continue
-        used = max(i % (n_layers + 1) for i in wanted)  # hidden_states[k] is the output of layer k - 1
-        base = f"{prefix}." if prefix else ""
-        for name, sub in module.named_modules():
-            if name.endswith("vision_tower") or name.endswith("vision_model"):
-                towers.append((f"{base}{name}.", used))
-    if not towers:
+    layer) and its final norm/pooling head, which run but feed nothing the loss sees. The tower is the
+    one the vlm checks find (vlm.find_towers)."""
+    from ... import vlm
+
+    config = getattr(model, "config", None)
+    layer = getattr(config, "vision_feature_layer", None)
+    n_layers = getattr(getattr(config, "vision_config", None), "num_hidden_layers", None)
+    wanted = [layer] if isinstance(layer, int) else [x for x in layer if isinstance(x, int)] \
+        if isinstance(layer, (list, tuple)) else []
+    found = vlm.find_towers(model) if wanted and isinstance(n_layers, int) else None
+    if found is None:
         return lambda name: False
+    used = max(i % (n_layers + 1) for i in wanted)  # hidden_states[k] is the output of layer k - 1
+    towers = [f"{path}." for path in found.paths["vision"]]
 
     def exempt(name: str) -> bool:
-        for tower, used in towers:
-            if name.startswith(tower):
-                rest = name[len(tower):]
-                m = LAYER.search("." + rest)
-                if m is not None:
-                    return int(m.group(1)) >= used
-                return "post_layernorm" in rest or rest.startswith(("head.", "vision_model.head.")) or ".head." in rest
-        return False
+        tower = next((t for t in towers if name.startswith(t)), None)
+        if tower is None:
+            return False
+        rest = name[len(tower):]
+        m = LAYER.search("." + rest)
+        if m is not None:
+            return int(m.group(1)) >= used
+        return "post_layernorm" in rest or rest.startswith("head.") or ".head." in rest
 
     return exempt
 
