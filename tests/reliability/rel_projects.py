@@ -219,7 +219,10 @@ TRAIN_LOOP = _project("""
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         return {"model": model, "optimizer": optimizer,
                 "lr_scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, tiny_train.warmup(3))}
-    return dict(make_training=make, dataloader=tiny_train.loader(shuffle=True), eval_dataloader=tiny_train.loader(32, seed=1),
+    data = tiny_train.blobs(64)  # a DistributedSampler, as a multi-GPU loop has: its epoch must survive T7's set_epoch
+    sampler = torch.utils.data.DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=0)
+    return dict(make_training=make, dataloader=torch.utils.data.DataLoader(data, batch_size=8, sampler=sampler),
+                eval_dataloader=tiny_train.loader(32, seed=1),
                 loss_fn=nn.CrossEntropyLoss(), save_checkpoint=tiny_train.save_atomic,
                 load_checkpoint=tiny_train.load_all)
 """, "make_training", "dataloader", "eval_dataloader", "loss_fn", "save_checkpoint", "load_checkpoint",
