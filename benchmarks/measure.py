@@ -41,14 +41,20 @@ class CommandFailed(RuntimeError):
         self.measurement = m
 
 
-def run_command(cmd: Sequence[str], cwd: str | os.PathLike | None = None, env: dict[str, str] | None = None,
-                timeout: float = 900.0, ok_codes: Sequence[int] = (0,)) -> Measurement:
+def run_command(
+    cmd: Sequence[str],
+    cwd: str | os.PathLike | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 900.0,
+    ok_codes: Sequence[int] = (0,),
+) -> Measurement:
     """Run ``cmd`` to its end and measure it. The output goes to a file (no pipe to drain while timing)."""
     with tempfile.TemporaryFile(mode="w+b") as out:
         started_at = time.time()
         start = time.perf_counter()
-        proc = subprocess.Popen(list(map(str, cmd)), cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            list(map(str, cmd)), cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
         deadline = start + timeout
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -80,8 +86,12 @@ def abba(names: Sequence[str], repeats: int) -> list[str]:
     return order
 
 
-def interleaved(variants: dict[str, Callable[[], Measurement]], repeats: int, warmup: int = 1,
-                progress: Callable[[str], None] | None = None) -> dict[str, list[Measurement]]:
+def interleaved(
+    variants: dict[str, Callable[[], Measurement]],
+    repeats: int,
+    warmup: int = 1,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, list[Measurement]]:
     """Run every variant ``repeats`` times, interleaved (see :func:`abba`), after ``warmup`` discarded
     rounds (page cache, bytecode caches)."""
     names = list(variants)
@@ -93,7 +103,9 @@ def interleaved(variants: dict[str, Callable[[], Measurement]], repeats: int, wa
         m = variants[name]()
         out[name].append(m)
         if progress:
-            progress(f"{name} {i // len(names) + 1}/{repeats}: wall {m.wall:.2f}s cpu {m.cpu:.2f}s rss {m.max_rss_mb:.0f}MiB")
+            progress(
+                f"{name} {i // len(names) + 1}/{repeats}: wall {m.wall:.2f}s cpu {m.cpu:.2f}s rss {m.max_rss_mb:.0f}MiB"
+            )
     return out
 
 
@@ -123,7 +135,9 @@ class Summary:
     @classmethod
     def of(cls, ms: Sequence[Measurement]) -> Summary:
         walls, cpus = [m.wall for m in ms], [m.cpu for m in ms]
-        return cls(len(ms), median(walls), median(cpus), median([m.max_rss_mb for m in ms]), spread(walls), spread(cpus))
+        return cls(
+            len(ms), median(walls), median(cpus), median([m.max_rss_mb for m in ms]), spread(walls), spread(cpus)
+        )
 
     def value(self, metric: str) -> float:
         return {"wall": self.wall, "cpu": self.cpu, "rss": self.max_rss_mb}[metric]
@@ -181,19 +195,29 @@ class Machine:
     @classmethod
     def here(cls, python: str) -> Machine:
         versions = {}
-        code = ("import importlib.metadata as m\n"
-                "for p in ('pytest','torch','transformers','trl','datasets','torchvision','diffusers'):\n"
-                "    try: print(p, m.version(p))\n"
-                "    except Exception: pass\n")
+        code = (
+            "import importlib.metadata as m\n"
+            "for p in ('pytest','torch','transformers','trl','datasets','torchvision','diffusers'):\n"
+            "    try: print(p, m.version(p))\n"
+            "    except Exception: pass\n"
+        )
         try:
             out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=False).stdout
             versions = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
         except (OSError, subprocess.SubprocessError):
             pass
-        return cls(cpu_model(), os.cpu_count() or 0, memory_total_gib(), f"{platform.system()} {platform.release()}",
-                   platform.python_version(), versions)
+        return cls(
+            cpu_model(),
+            os.cpu_count() or 0,
+            memory_total_gib(),
+            f"{platform.system()} {platform.release()}",
+            platform.python_version(),
+            versions,
+        )
 
     def describe(self) -> str:
         libs = ", ".join(f"{k} {v}" for k, v in self.versions.items())
-        return (f"{self.cpu}, {self.cores} cores, {self.memory_gib:.0f} GiB RAM, {self.system}, "
-                f"Python {self.python}; {libs}")
+        return (
+            f"{self.cpu}, {self.cores} cores, {self.memory_gib:.0f} GiB RAM, {self.system}, "
+            f"Python {self.python}; {libs}"
+        )

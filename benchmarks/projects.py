@@ -54,7 +54,8 @@ def plain_suite(dest: Path, n_tests: int = 300, per_file: int = 30) -> Path:
     fixtures, parametrized tests and test classes, ``per_file`` to a module."""
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "pytest.ini").write_text(PYTEST_INI)
-    (dest / "conftest.py").write_text(textwrap.dedent('''\
+    (dest / "conftest.py").write_text(
+        textwrap.dedent("""\
         import pytest
 
 
@@ -66,7 +67,8 @@ def plain_suite(dest: Path, n_tests: int = 300, per_file: int = 30) -> Path:
         @pytest.fixture(scope="session")
         def table():
             return {i: str(i) for i in range(100)}
-        '''))
+        """)
+    )
     left, module = n_tests, 0
     while left > 0:
         count = min(per_file, left)
@@ -140,8 +142,9 @@ def example_project(domain: str, dest: Path) -> Project:
     if domain not in dlbench_floor.STEPS:
         raise KeyError(f"no floor step for domain {domain!r} (benchmarks/inject/dlbench_floor.py STEPS)")
     root = dest / domain
-    shutil.copytree(EXAMPLES / domain, root, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"),
-                    dirs_exist_ok=True)
+    shutil.copytree(
+        EXAMPLES / domain, root, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"), dirs_exist_ok=True
+    )
     names = fixture_names(root / "clean" / "conftest.py")
     (root / "clean" / FLOOR_TEST).write_text(floor_test_source(domain, names))
     return Project(root, "clean", domain, f"clean/{FLOOR_TEST}")
@@ -180,7 +183,9 @@ def watched(model):
     return model
 '''
 
-_TRAINER_ITERABLE = _COMMON + '''
+_TRAINER_ITERABLE = (
+    _COMMON
+    + '''
 
 @pytest.fixture(scope="session")
 def dlcheck_trainer(tmp_path_factory):
@@ -194,8 +199,11 @@ def dlcheck_trainer(tmp_path_factory):
                      activation_checkpointing=False)
     return SFTTrainer(model=watched(tinyllm.build_model(tok)), args=args, processing_class=tok, train_dataset=data)
 '''
+)
 
-_COLLATOR_MAP = _COMMON + '''
+_COLLATOR_MAP = (
+    _COMMON
+    + '''
 
 class LazyExamples:
     """A map-style dataset of N tokenized examples, each made when it is indexed (nothing is stored):
@@ -243,6 +251,7 @@ def dlcheck_collator(tok):
 def dlcheck_dataset(tok):
     return LazyExamples(tok, N)
 '''
+)
 
 
 def _llm_base(root: Path) -> None:
@@ -269,8 +278,13 @@ def scale_project(dest: Path, variant: str) -> Project:
 # ---- 4. the same SFT project with a ~100M-parameter model ----------------------------------------------
 
 #: a Llama of 104M parameters: 11 layers of width 768 (4·768² attention + 3·768·3072 MLP each)
-BIG = {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 11, "num_attention_heads": 12,
-       "num_key_value_heads": 12}
+BIG = {
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 11,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 12,
+}
 
 _MEMORY = '''\
 import os
@@ -307,8 +321,14 @@ def dlcheck_trainer(tmp_path_factory):
 '''
 
 
-def llama_parameters(vocab: int, hidden_size: int, intermediate_size: int, num_hidden_layers: int,
-                     num_attention_heads: int, num_key_value_heads: int) -> int:
+def llama_parameters(
+    vocab: int,
+    hidden_size: int,
+    intermediate_size: int,
+    num_hidden_layers: int,
+    num_attention_heads: int,
+    num_key_value_heads: int,
+) -> int:
     """Parameters of a LlamaForCausalLM (untied embeddings) of this size."""
     head = hidden_size // num_attention_heads
     attn = hidden_size * hidden_size * 2 + hidden_size * head * num_key_value_heads * 2

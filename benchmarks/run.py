@@ -38,8 +38,13 @@ SCALE_MAX = 1.10
 MEMORY_MAX_COPIES = 1.0
 
 #: quick mode's model for the memory figure: the same architecture, ~2M parameters
-SMALL = {"hidden_size": 128, "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
-         "num_key_value_heads": 4}
+SMALL = {
+    "hidden_size": 128,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+}
 
 
 @dataclass
@@ -81,18 +86,34 @@ class Context:
         nothing from the caller's shell that switches the plugin on or adds pytest options. Bytecode is
         cached as Python does by default (PYTHONDONTWRITEBYTECODE would make every run recompile, and
         assertion-rewrite, the plugin's modules: a cost no installed plugin has); the warm-up writes it."""
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("PYTEST_DLCHECK", "PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD",
-                            "PYTHONDONTWRITEBYTECODE")}
-        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-                   HF_DATASETS_DISABLE_PROGRESS_BARS="1", TOKENIZERS_PARALLELISM="false",
-                   OMP_NUM_THREADS=str(self.threads), MKL_NUM_THREADS=str(self.threads),
-                   PYTHONPATH=os.pathsep.join([str(projects.INJECT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])))
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k
+            not in (
+                "PYTEST_DLCHECK",
+                "PYTEST_ADDOPTS",
+                "PYTEST_PLUGINS",
+                "PYTEST_DISABLE_PLUGIN_AUTOLOAD",
+                "PYTHONDONTWRITEBYTECODE",
+            )
+        }
+        env.update(
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
+            HF_DATASETS_DISABLE_PROGRESS_BARS="1",
+            TOKENIZERS_PARALLELISM="false",
+            OMP_NUM_THREADS=str(self.threads),
+            MKL_NUM_THREADS=str(self.threads),
+            PYTHONPATH=os.pathsep.join([str(projects.INJECT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])),
+        )
         env.update(extra)
         return env
 
-    def pytest(self, project_root: Path, args: list[str], env: dict[str, str], ok_codes=(0,),
-               floor: bool = False) -> Callable[[], Measurement]:
+    def pytest(
+        self, project_root: Path, args: list[str], env: dict[str, str], ok_codes=(0,), floor: bool = False
+    ) -> Callable[[], Measurement]:
         """A closure running ``pytest args`` in ``project_root`` with the probe, returning the measurement
         with the probe's (and the floor's) JSON in ``info``."""
         counter = [0]
@@ -116,7 +137,9 @@ class Context:
 
         return go
 
-    def measure(self, variants: dict[str, Callable[[], Measurement]], repeats: int | None = None) -> dict[str, list[Measurement]]:
+    def measure(
+        self, variants: dict[str, Callable[[], Measurement]], repeats: int | None = None
+    ) -> dict[str, list[Measurement]]:
         return measure.interleaved(variants, self.repeats if repeats is None else repeats, self.warmup, self.log)
 
 
@@ -192,10 +215,13 @@ def median_run(ms: list[Measurement], metric: str) -> Measurement:
 def bench_inactive(ctx: Context, n_tests: int, repeats: int) -> None:
     suite = projects.plain_suite(ctx.workdir / "plain", n_tests)
     env = ctx.env()
-    runs = ctx.measure({
-        "installed": ctx.pytest(suite, ["."], env),
-        "no:dlcheck": ctx.pytest(suite, ["-p", "no:dlcheck", "."], env),
-    }, repeats)
+    runs = ctx.measure(
+        {
+            "installed": ctx.pytest(suite, ["."], env),
+            "no:dlcheck": ctx.pytest(suite, ["-p", "no:dlcheck", "."], env),
+        },
+        repeats,
+    )
     a, b = Summary.of(runs["installed"]), Summary.of(runs["no:dlcheck"])
     text, chosen = fmt_ratios(runs["installed"], runs["no:dlcheck"], ctx.metric)
     heavy_a = sorted({m for r in runs["installed"] for m in r.info["probe"]["heavy_modules"]})
@@ -204,20 +230,40 @@ def bench_inactive(ctx: Context, n_tests: int, repeats: int) -> None:
     disabled = not any(r.info["probe"]["dlcheck_registered"] for r in runs["no:dlcheck"])
     passed = [outcomes(r).get("passed", 0) for r in runs["installed"] + runs["no:dlcheck"]]
     # importing the plugin by itself, in a fresh interpreter
-    code = ("import sys, pytest_dlcheck, pytest_dlcheck.plugin\n"
-            f"print(','.join(m for m in {measure_heavy()!r} if m in sys.modules))")
+    code = (
+        "import sys, pytest_dlcheck, pytest_dlcheck.plugin\n"
+        f"print(','.join(m for m in {measure_heavy()!r} if m in sys.modules))"
+    )
     alone = subprocess.run([ctx.python, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=False)
     imported_alone = [m for m in alone.stdout.strip().split(",") if m]
     extra = sorted(set(heavy_a) - set(heavy_b))
     no_torch = alone.returncode == 0 and "torch" not in imported_alone and "torch" not in heavy_a and not extra
     ok = chosen <= INACTIVE_MAX and registered and disabled and no_torch and all(p == n_tests for p in passed)
-    note = (f"plugin registered: {registered} (and absent with -p no:dlcheck: {disabled}); heavy modules imported "
-            f"by the installed run: {', '.join(heavy_a) or 'none'} (with -p no:dlcheck: {', '.join(heavy_b) or 'none'}); "
-            f"`import pytest_dlcheck.plugin` alone imports: {', '.join(imported_alone) or 'none of torch/transformers/…'}")
-    ctx.rows.append(Row("inactive", f"plain {n_tests}-test suite: installed, not enabled / -p no:dlcheck",
-                        fmt_time(a), fmt_time(b), text, f"≤ {INACTIVE_MAX:.2f}, no torch import", ok, note,
-                        {"installed": asdict(a), "no:dlcheck": asdict(b), "ratio": chosen, "heavy_installed": heavy_a,
-                         "heavy_disabled": heavy_b, "imported_alone": imported_alone}))
+    note = (
+        f"plugin registered: {registered} (and absent with -p no:dlcheck: {disabled}); heavy modules imported "
+        f"by the installed run: {', '.join(heavy_a) or 'none'} (with -p no:dlcheck: {', '.join(heavy_b) or 'none'}); "
+        f"`import pytest_dlcheck.plugin` alone imports: {', '.join(imported_alone) or 'none of torch/transformers/…'}"
+    )
+    ctx.rows.append(
+        Row(
+            "inactive",
+            f"plain {n_tests}-test suite: installed, not enabled / -p no:dlcheck",
+            fmt_time(a),
+            fmt_time(b),
+            text,
+            f"≤ {INACTIVE_MAX:.2f}, no torch import",
+            ok,
+            note,
+            {
+                "installed": asdict(a),
+                "no:dlcheck": asdict(b),
+                "ratio": chosen,
+                "heavy_installed": heavy_a,
+                "heavy_disabled": heavy_b,
+                "imported_alone": imported_alone,
+            },
+        )
+    )
 
 
 def measure_heavy() -> tuple[str, ...]:
@@ -231,18 +277,40 @@ def bench_active(ctx: Context, domain: str) -> None:
     try:
         project = projects.example_project(domain, ctx.workdir / "examples")
     except KeyError as exc:
-        ctx.rows.append(Row("active", f"--dlcheck={domain} on examples/{domain}/clean / floor", "-", "-", "-",
-                            f"≤ {ACTIVE_MAX:.1f}×", None, f"not measured: {exc.args[0]}"))
+        ctx.rows.append(
+            Row(
+                "active",
+                f"--dlcheck={domain} on examples/{domain}/clean / floor",
+                "-",
+                "-",
+                "-",
+                f"≤ {ACTIVE_MAX:.1f}×",
+                None,
+                f"not measured: {exc.args[0]}",
+            )
+        )
         return
     env = ctx.env()
     try:
-        runs = ctx.measure({
-            "active": ctx.pytest(project.root, project.active_args(), env, ok_codes=(0, 1)),
-            "floor": ctx.pytest(project.root, project.floor_args(), env, floor=True),
-        })
+        runs = ctx.measure(
+            {
+                "active": ctx.pytest(project.root, project.active_args(), env, ok_codes=(0, 1)),
+                "floor": ctx.pytest(project.root, project.floor_args(), env, floor=True),
+            }
+        )
     except measure.CommandFailed as exc:
-        ctx.rows.append(Row("active", f"--dlcheck={domain} on examples/{domain}/clean / floor", "-", "-", "-",
-                            f"≤ {ACTIVE_MAX:.1f}×", False, "could not measure: " + " ".join(str(exc).split())[-600:]))
+        ctx.rows.append(
+            Row(
+                "active",
+                f"--dlcheck={domain} on examples/{domain}/clean / floor",
+                "-",
+                "-",
+                "-",
+                f"≤ {ACTIVE_MAX:.1f}×",
+                False,
+                "could not measure: " + " ".join(str(exc).split())[-600:],
+            )
+        )
         return
     a, b = Summary.of(runs["active"]), Summary.of(runs["floor"])
     text, chosen = fmt_ratios(runs["active"], runs["floor"], ctx.metric)
@@ -250,15 +318,36 @@ def bench_active(ctx: Context, domain: str) -> None:
     counts = outcomes(mid)
     problem = next((broken(m) for m in runs["active"] if broken(m)), "")
     ph, ph_floor = phases(mid), phases(median_run(runs["floor"], ctx.metric))
-    note = (f"checks: {fmt_outcomes(counts)}; active run: " + ", ".join(f"{k} {v:.1f} s" for k, v in ph.items())
-            + "; floor: " + ", ".join(f"{k} {v:.1f} s" for k, v in ph_floor.items())
-            + "; slowest items: " + ", ".join(f"{n} {s:.1f}+{c:.1f} s" for n, s, c in slowest(mid)))
+    note = (
+        f"checks: {fmt_outcomes(counts)}; active run: "
+        + ", ".join(f"{k} {v:.1f} s" for k, v in ph.items())
+        + "; floor: "
+        + ", ".join(f"{k} {v:.1f} s" for k, v in ph_floor.items())
+        + "; slowest items: "
+        + ", ".join(f"{n} {s:.1f}+{c:.1f} s" for n, s, c in slowest(mid))
+    )
     if problem:
         note = f"NOT CLEAN: {problem}; " + note
-    ctx.rows.append(Row("active", f"--dlcheck={domain} on examples/{domain}/clean / floor", fmt_time(a), fmt_time(b),
-                        text, f"≤ {ACTIVE_MAX:.1f}×", chosen <= ACTIVE_MAX and not problem, note,
-                        {"active": asdict(a), "floor": asdict(b), "ratio": chosen, "outcomes": counts,
-                         "phases": ph, "floor_phases": ph_floor}))
+    ctx.rows.append(
+        Row(
+            "active",
+            f"--dlcheck={domain} on examples/{domain}/clean / floor",
+            fmt_time(a),
+            fmt_time(b),
+            text,
+            f"≤ {ACTIVE_MAX:.1f}×",
+            chosen <= ACTIVE_MAX and not problem,
+            note,
+            {
+                "active": asdict(a),
+                "floor": asdict(b),
+                "ratio": chosen,
+                "outcomes": counts,
+                "phases": ph,
+                "floor_phases": ph_floor,
+            },
+        )
+    )
 
 
 # ---- 3. scale ----------------------------------------------------------------------------------------
@@ -266,10 +355,16 @@ def bench_active(ctx: Context, domain: str) -> None:
 
 def bench_scale(ctx: Context, variant: str, small: int, large: int) -> None:
     project = projects.scale_project(ctx.workdir, variant)
-    runs = ctx.measure({
-        f"{small:,}": ctx.pytest(project.root, project.active_args(), ctx.env(DLBENCH_N=str(small)), ok_codes=(0, 1)),
-        f"{large:,}": ctx.pytest(project.root, project.active_args(), ctx.env(DLBENCH_N=str(large)), ok_codes=(0, 1)),
-    })
+    runs = ctx.measure(
+        {
+            f"{small:,}": ctx.pytest(
+                project.root, project.active_args(), ctx.env(DLBENCH_N=str(small)), ok_codes=(0, 1)
+            ),
+            f"{large:,}": ctx.pytest(
+                project.root, project.active_args(), ctx.env(DLBENCH_N=str(large)), ok_codes=(0, 1)
+            ),
+        }
+    )
     a, b = Summary.of(runs[f"{large:,}"]), Summary.of(runs[f"{small:,}"])
     text, chosen = fmt_ratios(runs[f"{large:,}"], runs[f"{small:,}"], ctx.metric)
     items_a = measure.median([phases(m).get("items", 0.0) for m in runs[f"{large:,}"]])
@@ -277,13 +372,33 @@ def bench_scale(ctx: Context, variant: str, small: int, large: int) -> None:
     ca, cb = outcomes(median_run(runs[f"{large:,}"], ctx.metric)), outcomes(median_run(runs[f"{small:,}"], ctx.metric))
     same = ca == cb
     problem = next((broken(m) for ms in runs.values() for m in ms if broken(m)), "")
-    note = (("NOT CLEAN: " + problem + "; " if problem else "") + f"checks at {large:,}: {fmt_outcomes(ca)}; at {small:,}: {fmt_outcomes(cb)}"
-            + ("" if same else " (the outcomes differ with the dataset's size)")
-            + f"; fixtures+checks {items_a:.2f} s vs {items_b:.2f} s")
-    ctx.rows.append(Row("scale", f"{variant}: {large:,} / {small:,} lazily produced examples", fmt_time(a), fmt_time(b),
-                        text, f"≤ {SCALE_MAX:.2f}", chosen <= SCALE_MAX and same and not problem, note,
-                        {"large": asdict(a), "small": asdict(b), "ratio": chosen, "items_large": items_a,
-                         "items_small": items_b, "outcomes_large": ca, "outcomes_small": cb}))
+    note = (
+        ("NOT CLEAN: " + problem + "; " if problem else "")
+        + f"checks at {large:,}: {fmt_outcomes(ca)}; at {small:,}: {fmt_outcomes(cb)}"
+        + ("" if same else " (the outcomes differ with the dataset's size)")
+        + f"; fixtures+checks {items_a:.2f} s vs {items_b:.2f} s"
+    )
+    ctx.rows.append(
+        Row(
+            "scale",
+            f"{variant}: {large:,} / {small:,} lazily produced examples",
+            fmt_time(a),
+            fmt_time(b),
+            text,
+            f"≤ {SCALE_MAX:.2f}",
+            chosen <= SCALE_MAX and same and not problem,
+            note,
+            {
+                "large": asdict(a),
+                "small": asdict(b),
+                "ratio": chosen,
+                "items_large": items_a,
+                "items_small": items_b,
+                "outcomes_large": ca,
+                "outcomes_small": cb,
+            },
+        )
+    )
 
 
 # ---- 4. memory ---------------------------------------------------------------------------------------
@@ -292,10 +407,13 @@ def bench_scale(ctx: Context, variant: str, small: int, large: int) -> None:
 def bench_memory(ctx: Context, size: dict, repeats: int, device: str = "cpu") -> Row:
     project = projects.memory_project(ctx.workdir / device, size)
     env = ctx.env(DLBENCH_DEVICE=device, DLBENCH_RSS="1")
-    runs = ctx.measure({
-        "active": ctx.pytest(project.root, project.active_args(), env, ok_codes=(0, 1)),
-        "floor": ctx.pytest(project.root, project.floor_args(), env, floor=True),
-    }, repeats)
+    runs = ctx.measure(
+        {
+            "active": ctx.pytest(project.root, project.active_args(), env, ok_codes=(0, 1)),
+            "floor": ctx.pytest(project.root, project.floor_args(), env, floor=True),
+        },
+        repeats,
+    )
     a, b = Summary.of(runs["active"]), Summary.of(runs["floor"])
     trainable = runs["floor"][0].info["floor"]["trainable_bytes"] / 2**20
     n_params = projects.llama_parameters(320, **size)
@@ -306,20 +424,36 @@ def bench_memory(ctx: Context, size: dict, repeats: int, device: str = "cpu") ->
     problem = next((broken(m) for m in runs["active"] if broken(m)), "")
     own = measure.median([own_peak(m) for m in runs["active"]])
     step = measure.median([own_peak(m) for m in runs["floor"]])
-    note = (f"model: Llama from a config, {n_params / 1e6:.0f}M parameters, trainable state {trainable:.0f} MiB; "
-            f"checks: {fmt_outcomes(outcomes(mid))}; over the RSS once the fixtures are built, the checks' own peak "
-            f"is {own:+.0f} MiB and the floor's forward+backward {step:+.0f} MiB; "
-            f"time {fmt_time(a)} vs floor {fmt_time(b)} ({text})")
+    note = (
+        f"model: Llama from a config, {n_params / 1e6:.0f}M parameters, trainable state {trainable:.0f} MiB; "
+        f"checks: {fmt_outcomes(outcomes(mid))}; over the RSS once the fixtures are built, the checks' own peak "
+        f"is {own:+.0f} MiB and the floor's forward+backward {step:+.0f} MiB; "
+        f"time {fmt_time(a)} vs floor {fmt_time(b)} ({text})"
+    )
     if problem:
         note = f"NOT CLEAN: {problem}; " + note
-    row = Row("memory" if device == "cpu" else "gpu", f"peak RSS, --dlcheck=llm on a {n_params / 1e6:.0f}M model / floor"
-              + ("" if device == "cpu" else f" ({device})"),
-              f"{a.max_rss_mb:.0f} MiB", f"{b.max_rss_mb:.0f} MiB", f"{extra:+.0f} MiB = {copies:+.2f} copies",
-              f"≤ +{MEMORY_MAX_COPIES:g} copy ({trainable * MEMORY_MAX_COPIES:.0f} MiB)",
-              copies <= MEMORY_MAX_COPIES and not problem,
-              note, {"active": asdict(a), "floor": asdict(b), "trainable_mib": trainable, "extra_mib": extra,
-                     "checks_own_peak_mib": own, "floor_step_peak_mib": step,
-                     "copies": copies, "parameters": n_params, "time_ratio": chosen})
+    row = Row(
+        "memory" if device == "cpu" else "gpu",
+        f"peak RSS, --dlcheck=llm on a {n_params / 1e6:.0f}M model / floor"
+        + ("" if device == "cpu" else f" ({device})"),
+        f"{a.max_rss_mb:.0f} MiB",
+        f"{b.max_rss_mb:.0f} MiB",
+        f"{extra:+.0f} MiB = {copies:+.2f} copies",
+        f"≤ +{MEMORY_MAX_COPIES:g} copy ({trainable * MEMORY_MAX_COPIES:.0f} MiB)",
+        copies <= MEMORY_MAX_COPIES and not problem,
+        note,
+        {
+            "active": asdict(a),
+            "floor": asdict(b),
+            "trainable_mib": trainable,
+            "extra_mib": extra,
+            "checks_own_peak_mib": own,
+            "floor_step_peak_mib": step,
+            "copies": copies,
+            "parameters": n_params,
+            "time_ratio": chosen,
+        },
+    )
     row.data["runs"] = runs
     return row
 
@@ -340,7 +474,9 @@ def own_peak(m: Measurement) -> float:
 
 def cuda_available(ctx: Context) -> bool:
     code = "import torch; print(torch.cuda.is_available())"
-    out = subprocess.run([ctx.python, "-c", code], capture_output=True, text=True, env=ctx.env(), timeout=300, check=False)
+    out = subprocess.run(
+        [ctx.python, "-c", code], capture_output=True, text=True, env=ctx.env(), timeout=300, check=False
+    )
     return out.stdout.strip() == "True"
 
 
@@ -359,9 +495,18 @@ def device_findings(active: list[Measurement], floor: list[Measurement], device:
 
 def bench_gpu(ctx: Context, size: dict, repeats: int) -> None:
     if not cuda_available(ctx):
-        ctx.rows.append(Row("gpu", "the same figures with the model on CUDA", "-", "-", "-",
-                            "same budgets; nothing moved to CPU", None,
-                            "not taken: torch.cuda.is_available() is False on this machine"))
+        ctx.rows.append(
+            Row(
+                "gpu",
+                "the same figures with the model on CUDA",
+                "-",
+                "-",
+                "-",
+                "same budgets; nothing moved to CPU",
+                None,
+                "not taken: torch.cuda.is_available() is False on this machine",
+            )
+        )
         return
     row = bench_memory(ctx, size, repeats, device="cuda")
     runs = row.data.pop("runs")
@@ -372,13 +517,25 @@ def bench_gpu(ctx: Context, size: dict, repeats: int) -> None:
     ok_time = chosen <= ACTIVE_MAX
     ok_gpu_mem = found["peak_active"] - found["peak_floor"] <= trainable * MEMORY_MAX_COPIES
     row.ok = bool(row.ok and ok_time and ok_gpu_mem and not found["moved"] and not found["off_device"])
-    row.note += (f"; CUDA peak allocated {found['peak_active']:.0f} MiB vs floor {found['peak_floor']:.0f} MiB "
-                 f"(budget: + at most {trainable * MEMORY_MAX_COPIES:.0f} MiB); moved to CPU during the checks: "
-                 f"{', '.join(found['moved']) or 'nothing'}; tensors off the GPU at the end: {found['off_device'] or 'none'}")
+    row.note += (
+        f"; CUDA peak allocated {found['peak_active']:.0f} MiB vs floor {found['peak_floor']:.0f} MiB "
+        f"(budget: + at most {trainable * MEMORY_MAX_COPIES:.0f} MiB); moved to CPU during the checks: "
+        f"{', '.join(found['moved']) or 'nothing'}; tensors off the GPU at the end: {found['off_device'] or 'none'}"
+    )
     row.data.update(time_ratio=chosen, **found)
     ctx.rows.append(row)
-    ctx.rows.append(Row("gpu", "--dlcheck=llm on CUDA / floor on CUDA (time)", fmt_time(a), fmt_time(b), text,
-                        f"≤ {ACTIVE_MAX:.1f}×", ok_time, ""))
+    ctx.rows.append(
+        Row(
+            "gpu",
+            "--dlcheck=llm on CUDA / floor on CUDA (time)",
+            fmt_time(a),
+            fmt_time(b),
+            text,
+            f"≤ {ACTIVE_MAX:.1f}×",
+            ok_time,
+            "",
+        )
+    )
 
 
 # ---- a profile, to find where the plugin's time goes ------------------------------------------------
@@ -391,18 +548,36 @@ def profile(ctx: Context, domain: str, top: int = 25) -> str:
 
     project = projects.example_project(domain, ctx.workdir / "profile")
     out = ctx.workdir / f"{domain}.prof"
-    cmd = [ctx.python, "-m", "cProfile", "-o", str(out), "-m", "pytest", "-q", "-p", "dlbench_probe",
-           *project.active_args()]
+    cmd = [
+        ctx.python,
+        "-m",
+        "cProfile",
+        "-o",
+        str(out),
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "dlbench_probe",
+        *project.active_args(),
+    ]
     measure.run_command(cmd, cwd=project.root, env=ctx.env(), ok_codes=(0, 1))
     stats = pstats.Stats(str(out)).stats
     package = str(Path(projects.REPO, "pytest_dlcheck"))
-    rows = [(ct, tt, nc, f"{f.removeprefix(package + '/')}:{line} {name}")
-            for (f, line, name), (_, nc, tt, ct, _) in stats.items() if f.startswith(package)]
+    rows = [
+        (ct, tt, nc, f"{f.removeprefix(package + '/')}:{line} {name}")
+        for (f, line, name), (_, nc, tt, ct, _) in stats.items()
+        if f.startswith(package)
+    ]
     total = sum(tt for _, tt, _, _ in rows)
     whole = sum(v[2] for v in stats.values())
-    lines = [(f"cProfile of --dlcheck={domain} on examples/{domain}/clean: the plugin's own time {total:.3f} s "
-              f"(profiled; the whole run {whole:.1f} s)"),
-             "   cumulative      own    calls  function"]
+    lines = [
+        (
+            f"cProfile of --dlcheck={domain} on examples/{domain}/clean: the plugin's own time {total:.3f} s "
+            f"(profiled; the whole run {whole:.1f} s)"
+        ),
+        "   cumulative      own    calls  function",
+    ]
     lines += [f"{ct:11.3f} {tt:8.3f} {nc:8d}  {where}" for ct, tt, nc, where in sorted(rows, reverse=True)[:top]]
     return "\n".join(lines)
 
@@ -422,29 +597,50 @@ def table(rows: list[Row]) -> str:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", default=",".join(SECTIONS), help=f"sections to run, comma-separated: {', '.join(SECTIONS)}")
-    ap.add_argument("--repeats", type=int, default=5, help="interleaved runs per variant (medians are taken), default 5")
+    ap.add_argument(
+        "--only", default=",".join(SECTIONS), help=f"sections to run, comma-separated: {', '.join(SECTIONS)}"
+    )
+    ap.add_argument(
+        "--repeats", type=int, default=5, help="interleaved runs per variant (medians are taken), default 5"
+    )
     ap.add_argument("--warmup", type=int, default=1, help="discarded rounds before measuring, default 1")
     ap.add_argument("--tests", type=int, default=300, help="tests in the plain suite, default 300")
-    ap.add_argument("--inactive-repeats", type=int, default=21,
-                    help="runs per variant for the inactive figure, default 21 (a ~1%% effect under a shared machine's noise)")
-    ap.add_argument("--domains", default="", help="domains for the active figure (default: every examples/<domain>/clean)")
+    ap.add_argument(
+        "--inactive-repeats",
+        type=int,
+        default=21,
+        help="runs per variant for the inactive figure, default 21 (a ~1%% effect under a shared machine's noise)",
+    )
+    ap.add_argument(
+        "--domains", default="", help="domains for the active figure (default: every examples/<domain>/clean)"
+    )
     ap.add_argument("--sizes", default="1000,1000000", help="dataset sizes for the scale figure, default 1000,1000000")
     ap.add_argument("--scale-variants", default=",".join(projects.SCALE_VARIANTS), help="projects for the scale figure")
     ap.add_argument("--memory-repeats", type=int, default=3, help="runs per variant for the memory figure, default 3")
     ap.add_argument("--small-model", action="store_true", help="memory/GPU figures on a ~2M model instead of ~100M")
     ap.add_argument("--threads", type=int, default=1, help="OMP/MKL threads of every benchmarked run, default 1")
-    ap.add_argument("--metric", choices=("cpu", "wall"), default="cpu",
-                    help="which time the budgets judge: CPU (user+system, robust on a shared machine; the default) or wall")
-    ap.add_argument("--quick", action="store_true",
-                    help="reduced sizes for a smoke run: 20 tests, 1 repeat, no warm-up, llm only, sizes 10,10000, the "
-                         "collator+map-style project, a ~2M model")
+    ap.add_argument(
+        "--metric",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="which time the budgets judge: CPU (user+system, robust on a shared machine; the default) or wall",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="reduced sizes for a smoke run: 20 tests, 1 repeat, no warm-up, llm only, sizes 10,10000, the "
+        "collator+map-style project, a ~2M model",
+    )
     ap.add_argument("--python", default=sys.executable, help="the interpreter of the environment to benchmark")
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
     ap.add_argument("--json", default=None, help="also write every figure as JSON here")
-    ap.add_argument("--profile", default=None, metavar="DOMAIN",
-                    help="instead of the figures: profile --dlcheck=DOMAIN on its example once (cProfile) and print "
-                         "the plugin's functions by cumulative time")
+    ap.add_argument(
+        "--profile",
+        default=None,
+        metavar="DOMAIN",
+        help="instead of the figures: profile --dlcheck=DOMAIN on its example once (cProfile) and print "
+        "the plugin's functions by cumulative time",
+    )
     ap.add_argument("--no-check", action="store_true", help="exit 0 even when a budget fails")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     args = ap.parse_args(argv)
@@ -493,21 +689,33 @@ def main(argv: list[str] | None = None) -> int:
             ctx.log("gpu")
             bench_gpu(ctx, size, args.memory_repeats)
         load_after = measure.load_average()
-    header = (f"pytest-dlcheck benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {time.time() - started:.0f} s\n"
-              f"machine: {machine.describe()}\n"
-              f"load average (1/5/15 min) before {'/'.join(f'{x:.2f}' for x in load_before)}, "
-              f"after {'/'.join(f'{x:.2f}' for x in load_after)}\n"
-              f"medians of {args.repeats} interleaved runs ({args.inactive_repeats} for the inactive figure, "
-              f"{args.memory_repeats} for memory/GPU) after {args.warmup} warm-up; ratios are medians of paired runs; "
-              f"{args.threads} OMP thread(s); budgets judged on {'CPU' if args.metric == 'cpu' else 'wall'} time\n")
+    header = (
+        f"pytest-dlcheck benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {time.time() - started:.0f} s\n"
+        f"machine: {machine.describe()}\n"
+        f"load average (1/5/15 min) before {'/'.join(f'{x:.2f}' for x in load_before)}, "
+        f"after {'/'.join(f'{x:.2f}' for x in load_after)}\n"
+        f"medians of {args.repeats} interleaved runs ({args.inactive_repeats} for the inactive figure, "
+        f"{args.memory_repeats} for memory/GPU) after {args.warmup} warm-up; ratios are medians of paired runs; "
+        f"{args.threads} OMP thread(s); budgets judged on {'CPU' if args.metric == 'cpu' else 'wall'} time\n"
+    )
     print(header)
     print(table(ctx.rows))
     failed = [r for r in ctx.rows if r.ok is False]
     print(f"\n{len(failed)} budget(s) failed" if failed else "\nall budgets hold")
     if args.json:
-        Path(args.json).write_text(json.dumps({
-            "machine": asdict(machine), "load_before": load_before, "load_after": load_after, "args": vars(args),
-            "rows": [asdict(r) | {"verdict": r.verdict} for r in ctx.rows]}, indent=2, default=str))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "machine": asdict(machine),
+                    "load_before": load_before,
+                    "load_after": load_after,
+                    "args": vars(args),
+                    "rows": [asdict(r) | {"verdict": r.verdict} for r in ctx.rows],
+                },
+                indent=2,
+                default=str,
+            )
+        )
     return 1 if failed and not args.no_check else 0
 
 

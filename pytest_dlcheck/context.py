@@ -9,8 +9,11 @@ from typing import Any, NoReturn
 import pytest
 
 from . import registry
-from .outcome import CheckFailed, RoleError
-from .plugin import (
+from .errors import MISSING, CheckFailed, RoleError
+from .report import jsonable
+from .roles import ROLES, derive, given
+from .session import (
+    ARTIFACTS_KEY,
     CHECK_KEY,
     CONTEXT_KEY,
     DlcheckState,
@@ -18,7 +21,6 @@ from .plugin import (
     user_call,
     where_raised,
 )
-from .roles import MISSING, ROLES, derive, given
 
 
 def fixture_role(request: pytest.FixtureRequest, name: str) -> Any:
@@ -102,12 +104,16 @@ class CheckContext:
     def require(self, *names: str) -> list[Any]:
         """Resolve roles; skip with one line naming every missing fixture."""
         values = [self.role(n) for n in names]
-        missing = [ROLES[n].hint() if n in ROLES else f"dlcheck_{n}" for n, v in zip(names, values)
-                   if v is MISSING and n not in self._none]
+        missing = [
+            ROLES[n].hint() if n in ROLES else f"dlcheck_{n}"
+            for n, v in zip(names, values)
+            if v is MISSING and n not in self._none
+        ]
         nones = [f"dlcheck_{n}" for n, v in zip(names, values) if v is MISSING and n in self._none]
         if missing or nones:
-            parts = ([f"define fixture {'; '.join(missing)} in conftest.py"] if missing else []) + \
-                    [f"{n} returned None" for n in nones]
+            parts = ([f"define fixture {'; '.join(missing)} in conftest.py"] if missing else []) + [
+                f"{n} returned None" for n in nones
+            ]
             pytest.skip(f"missing role: {'; '.join(parts)}")
         return values
 
@@ -141,9 +147,6 @@ class CheckContext:
         """Record a picture's data for the HTML/JSON reports: ``tokens`` (an llm batch token by token),
         ``images`` (sample inputs with their boxes/masks and channel statistics), ``histogram``,
         ``series``. Payloads are plain data (tensors become lists)."""
-        from .plugin import ARTIFACTS_KEY
-        from .report import jsonable
-
         self.request.node.stash.setdefault(ARTIFACTS_KEY, []).append({"kind": kind, **jsonable(payload)})
 
     # ---- verdicts ----------------------------------------------------------------------------------

@@ -8,7 +8,10 @@ from typing import Any
 
 import pytest
 
-from .roles import MISSING, derive
+from .context import CheckContext, fixture_role
+from .errors import MISSING
+from .roles import derive
+from .session import session_state
 
 __all__ = [
     "dlcheck",
@@ -30,13 +33,9 @@ __all__ = [
 
 
 def _default(request: pytest.FixtureRequest, name: str) -> Any:
-    from .plugin import session_state
-
     state = session_state(request.config)
 
     def get(role: str) -> Any:
-        from .context import fixture_role
-
         try:
             return fixture_role(request, role)
         except pytest.FixtureLookupError:  # a domain's role has no default fixture
@@ -48,8 +47,6 @@ def _default(request: pytest.FixtureRequest, name: str) -> Any:
 @pytest.fixture
 def dlcheck(request: pytest.FixtureRequest):
     """The context of the running check: roles, settings, shared samples, ``fail``/``skip``."""
-    from .context import CheckContext
-
     return CheckContext.for_item(request)
 
 

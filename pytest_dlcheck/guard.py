@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import random
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -105,8 +106,13 @@ def preserved_dataloader(dl: Any) -> Iterator[Any]:
     its (or its samplers') epoch counters (DistributedSampler.epoch, accelerate's iteration); restore them."""
     gens, counters = [], []
     inner = getattr(getattr(dl, "batch_sampler", None), "sampler", None)
-    for owner in (dl, getattr(dl, "sampler", None), getattr(dl, "batch_sampler", None), inner,
-                  getattr(inner, "sampler", None)):
+    for owner in (
+        dl,
+        getattr(dl, "sampler", None),
+        getattr(dl, "batch_sampler", None),
+        inner,
+        getattr(inner, "sampler", None),
+    ):
         gen = getattr(owner, "generator", None)
         if gen is not None and hasattr(gen, "get_state"):
             gens.append((gen, gen.get_state()))

@@ -43,15 +43,17 @@ def _svg(fig) -> str:
     buf = io.StringIO()
     fig.savefig(buf, format="svg", bbox_inches="tight")
     text = buf.getvalue()
-    return text[text.index("<svg"):]
+    return text[text.index("<svg") :]
 
 
 def render_tokens(art: dict[str, Any]) -> str:
     """One line per example: supervised tokens green, label -100 grey, padding hatched, a blue bar where a
     packed document starts."""
-    out = ['<div class="legend"><span class="tok sup">supervised</span><span class="tok ign">label -100</span>'
-           '<span class="tok pad">padding (attention 0)</span><span class="tok doc">document start</span></div>',
-           '<div class="tokens">']
+    out = [
+        '<div class="legend"><span class="tok sup">supervised</span><span class="tok ign">label -100</span>'
+        '<span class="tok pad">padding (attention 0)</span><span class="tok doc">document start</span></div>',
+        '<div class="tokens">',
+    ]
     for row in art.get("rows", []):
         cells = []
         tokens, labels = row.get("tokens", []), row.get("labels")
@@ -129,16 +131,26 @@ RENDERERS = {"tokens": render_tokens, "images": render_images, "histogram": rend
 
 
 def render_card(res: dict[str, Any]) -> str:
-    parts = [f'<div class="card" id="{esc(res["nodeid"])}" data-check="{esc(res["id"])}" data-outcome="{esc(res["outcome"])}">',
-             f'<h2><span class="badge {esc(res["outcome"])}">{esc(res["outcome"])}</span> {esc(res["id"])} {esc(res["title"])} '
-             f'<span class="node">[{esc(res["domain"])}] {esc(res["nodeid"])} · {res["duration"]:.2f}s</span></h2>']
-    rows = [("evidence", "\n".join(res["evidence"])), ("cause", res["cause"]), ("fix", res["fix"]),
-            ("error", res["error"]), ("skipped", res["reason"])]
+    parts = [
+        f'<div class="card" id="{esc(res["nodeid"])}" data-check="{esc(res["id"])}" data-outcome="{esc(res["outcome"])}">',
+        f'<h2><span class="badge {esc(res["outcome"])}">{esc(res["outcome"])}</span> {esc(res["id"])} {esc(res["title"])} '
+        f'<span class="node">[{esc(res["domain"])}] {esc(res["nodeid"])} · {res["duration"]:.2f}s</span></h2>',
+    ]
+    rows = [
+        ("evidence", "\n".join(res["evidence"])),
+        ("cause", res["cause"]),
+        ("fix", res["fix"]),
+        ("error", res["error"]),
+        ("skipped", res["reason"]),
+    ]
     rows = [(k, v) for k, v in rows if v]
     if rows:
         parts.append('<dl class="why">' + "".join(f"<dt>{k}</dt><dd>{esc(v)}</dd>" for k, v in rows) + "</dl>")
-    pictures = [f'<div class="artifact" data-kind="{esc(a["kind"])}">{RENDERERS[a["kind"]](a)}</div>'
-                for a in res["artifacts"] if a.get("kind") in RENDERERS]
+    pictures = [
+        f'<div class="artifact" data-kind="{esc(a["kind"])}">{RENDERERS[a["kind"]](a)}</div>'
+        for a in res["artifacts"]
+        if a.get("kind") in RENDERERS
+    ]
     if pictures:
         # open where something is wrong; a click away where all is well
         opened = " open" if res["outcome"] in ("failed", "error") else ""
@@ -157,15 +169,13 @@ def render(doc: dict[str, Any]) -> str:
     )
     versions = ", ".join(f"{k} {v}" for k, v in doc["versions"].items())
     return (
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>pytest-dlcheck report</title>"
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>pytest-dlcheck report</title>'
         f"<style>{CSS}</style></head><body>"
-        f"<h1>pytest-dlcheck report</h1><div class=\"meta\">{esc(doc['created'])} · selection {esc(doc['selection'])} · "
+        f'<h1>pytest-dlcheck report</h1><div class="meta">{esc(doc["created"])} · selection {esc(doc["selection"])} · '
         f"{doc['duration']:.1f}s · python {esc(doc['python'])} · {esc(versions)}</div>"
-        f"<div class=\"counts\" id=\"summary\">{counts}</div>"
-        "<table class=\"results\"><thead><tr><th>ID</th><th>domain</th><th>title</th><th>outcome</th><th>where</th></tr></thead>"
-        f"<tbody>{table}</tbody></table>"
-        + "".join(render_card(r) for r in doc["results"])
-        + "</body></html>"
+        f'<div class="counts" id="summary">{counts}</div>'
+        '<table class="results"><thead><tr><th>ID</th><th>domain</th><th>title</th><th>outcome</th><th>where</th></tr></thead>'
+        f"<tbody>{table}</tbody></table>" + "".join(render_card(r) for r in doc["results"]) + "</body></html>"
     )
 
 

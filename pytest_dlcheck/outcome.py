@@ -7,28 +7,10 @@ import textwrap
 import traceback
 from dataclasses import dataclass, field
 
+from .errors import MISSING, CheckFailed, RoleError
+from .session import in_plugin
+
 WIDTH = 100
-
-
-class CheckFailed(AssertionError):
-    """Raised by :meth:`CheckContext.fail`; rendered without a traceback."""
-
-    def __init__(self, evidence: list[str], cause: str, fix: str, data: dict | None = None):
-        super().__init__(evidence[0] if evidence else cause)
-        self.evidence = evidence
-        self.cause = cause
-        self.fix = fix
-        self.data = data or {}
-
-
-class RoleError(Exception):
-    """A user's object (a role) raised or is unusable: reported as the user's error, naming the role,
-    without a traceback into plugin internals."""
-
-    def __init__(self, role: str, message: str):
-        super().__init__(f"dlcheck_{role}: {message}")
-        self.role = role
-        self.message = message
 
 
 @dataclass(eq=False)
@@ -49,7 +31,9 @@ class Rendered:
         for label, texts in self.rows:
             first = True
             for text in texts:
-                for piece in textwrap.wrap(text, WIDTH - 12, break_long_words=False, break_on_hyphens=False, replace_whitespace=False) or [""]:
+                for piece in textwrap.wrap(
+                    text, WIDTH - 12, break_long_words=False, break_on_hyphens=False, replace_whitespace=False
+                ) or [""]:
                     out.append((label if first else "", piece))
                     first = False
         return out
@@ -90,8 +74,16 @@ def render_role_error(check, exc: RoleError) -> Rendered:
 
 ID_FIELDS = ("input_ids", "labels", "attention_mask", "position_ids", "token_type_ids")
 #: batch fields that are tensors of one shape per batch in every pipeline we know
-TENSOR_FIELDS = ID_FIELDS + ("pixel_values", "latents", "noise", "noisy_latents", "timesteps", "target",
-                             "encoder_hidden_states", "images")
+TENSOR_FIELDS = ID_FIELDS + (
+    "pixel_values",
+    "latents",
+    "noise",
+    "noisy_latents",
+    "timesteps",
+    "target",
+    "encoder_hidden_states",
+    "images",
+)
 
 
 def _tb_frames(exc: BaseException) -> list:
@@ -130,8 +122,11 @@ def _copy_of(owner: object, value: object) -> bool:
     module of a copy of the user's model (the role's own, or its ``.model``)."""
     if _is_module(owner):
         for model in (value, getattr(value, "model", None)):
-            if _is_module(model) and type(owner) in {type(m) for m in model.modules()} \
-                    and not type(owner).__module__.startswith("torch."):
+            if (
+                _is_module(model)
+                and type(owner) in {type(m) for m in model.modules()}
+                and not type(owner).__module__.startswith("torch.")
+            ):
                 return True
         return False
     kind = type(value)
@@ -144,8 +139,6 @@ def _copy_of(owner: object, value: object) -> bool:
 def _roles_of(ctx) -> dict:
     if ctx is None:
         return {}
-    from .roles import MISSING
-
     return {n: v for n, v in getattr(ctx, "_roles", {}).items() if v is not MISSING and v is not None}
 
 
@@ -163,8 +156,10 @@ def _object_problem(value: object) -> str | None:
     if _is_module(value):
         for name, t in list(value.named_parameters()) + list(value.named_buffers()):
             if t.is_meta:
-                return (f"has tensors on the meta device (e.g. {name}): it holds no weights to run; materialise it "
-                        "(to_empty() and load the weights, or from_pretrained without device_map='meta')")
+                return (
+                    f"has tensors on the meta device (e.g. {name}): it holds no weights to run; materialise it "
+                    "(to_empty() and load the weights, or from_pretrained without device_map='meta')"
+                )
     return None
 
 
@@ -184,7 +179,12 @@ def _field_problem(key: str, value, strong: bool) -> str | None:
     if torch is not None and isinstance(value, torch.Tensor):
         if value.is_meta:
             return "is a tensor on the meta device (it holds no values)" if strong else None
-        if strong and key in ID_FIELDS and key != "attention_mask" and (value.is_floating_point() or value.is_complex()):
+        if (
+            strong
+            and key in ID_FIELDS
+            and key != "attention_mask"
+            and (value.is_floating_point() or value.is_complex())
+        ):
             return f"has dtype {value.dtype}, expected integer token ids"
         if not strong and value.is_floating_point() and value.numel():
             bad = int((~torch.isfinite(value)).sum())
@@ -198,8 +198,10 @@ def _field_problem(key: str, value, strong: bool) -> str | None:
     if strong and isinstance(value, (list, tuple)) and key in TENSOR_FIELDS and value:
         lengths = _lengths(value)
         if lengths and len(set(lengths)) > 1:
-            return (f"is a ragged {type(value).__name__} (rows of {min(lengths)} to {max(lengths)} items), expected "
-                    "rows padded to one length (a tensor)")
+            return (
+                f"is a ragged {type(value).__name__} (rows of {min(lengths)} to {max(lengths)} items), expected "
+                "rows padded to one length (a tensor)"
+            )
         if key in ID_FIELDS and any(isinstance(v, float) for v in value):
             return f"is a {type(value).__name__} of floats, expected integer token ids"
     if strong and isinstance(value, str) and key in ID_FIELDS:
@@ -233,8 +235,11 @@ def _find(value, exc: BaseException, strong: bool, depth: int = 3, budget: list 
         return None
     torch = _torch()
     if torch is not None and isinstance(value, torch.Tensor):
-        return ("is a tensor on the meta device (it holds no values)" if value.is_meta else None) if strong else \
-            _field_problem("", value, False)
+        return (
+            ("is a tensor on the meta device (it holds no values)" if value.is_meta else None)
+            if strong
+            else _field_problem("", value, False)
+        )
     if isinstance(value, Mapping):
         found = _mapping_problem(value, exc, strong)
         if found:
@@ -286,7 +291,7 @@ def _mentions(exc: BaseException, value: object) -> bool:
     return len(shown) >= 3 and shown in text
 
 
-def explain(ctx, exc: BaseException, package_dir: str) -> RoleError | None:
+def explain(ctx, exc: BaseException) -> RoleError | None:
     """A RoleError naming the role behind ``exc`` and what is wrong with it, or None (a plugin bug).
 
     In order: a broken value one of the user's objects returned or the data sample holds (a tensor on
@@ -296,7 +301,7 @@ def explain(ctx, exc: BaseException, package_dir: str) -> RoleError | None:
     (NaN, None) in what was returned."""
     roles = _roles_of(ctx)
     frames = _tb_frames(exc)
-    inside = [i for i, f in enumerate(frames) if f.f_code.co_filename.startswith(package_dir)]
+    inside = [i for i, f in enumerate(frames) if in_plugin(f.f_code.co_filename)]
     text = f"{type(exc).__name__}: {_exc_text(exc)}"
     check = getattr(getattr(ctx, "check", None), "id", "the check")
     stopped = f"{check} stopped on {text}"
@@ -309,7 +314,7 @@ def explain(ctx, exc: BaseException, package_dir: str) -> RoleError | None:
             problem = _find(value, exc, strong)
             if problem:
                 return RoleError(role, f"returned a value whose {problem} ({stopped})")
-        for sources, key, value in used:
+        for sources, _key, value in used:
             if isinstance(value, BaseException):
                 continue
             problem = _find(value, exc, strong)
@@ -321,12 +326,14 @@ def explain(ctx, exc: BaseException, package_dir: str) -> RoleError | None:
     def frame_problem(strong: bool) -> RoleError | None:
         """A failure while the shared data was being read: the partial data is in the plugin's frames, the
         objects it was read from in the memo() frame it happened under."""
-        from .context import CheckContext
-
-        memos = [f for f in frames if f.f_code is CheckContext.memo.__code__]
+        memos = [
+            f
+            for f in frames
+            if f.f_code.co_name == "memo" and in_plugin(f.f_code.co_filename) and "sources" in f.f_locals
+        ]
         sources = memos[-1].f_locals.get("sources") if memos else None
         for frame in reversed(frames):
-            if not frame.f_code.co_filename.startswith(package_dir) or frame.f_code.co_name in ("memo", "explain"):
+            if not in_plugin(frame.f_code.co_filename) or frame.f_code.co_name in ("memo", "explain"):
                 continue
             for local in list(frame.f_locals.values())[:32]:
                 if any(local is v for v in roles.values()):
@@ -334,7 +341,8 @@ def explain(ctx, exc: BaseException, package_dir: str) -> RoleError | None:
                 problem = _find(local, exc, strong, depth=2)
                 if problem:
                     name = (_role_for(sources, roles, DATA_ROLES) if sources is not None else None) or next(
-                        (r for r in DATA_ROLES if r in roles), None)
+                        (r for r in DATA_ROLES if r in roles), None
+                    )
                     if name is not None:
                         return RoleError(name, f"gave data whose {problem} ({stopped} in {_frame_text(frame)})")
         return None
@@ -347,7 +355,7 @@ def explain(ctx, exc: BaseException, package_dir: str) -> RoleError | None:
         if problem:
             return RoleError(name, f"{problem} ({stopped})")
     if inside and inside[-1] < len(frames) - 1:  # raised in code the check called: whose object?
-        for frame in reversed(frames[inside[-1] + 1:]):
+        for frame in reversed(frames[inside[-1] + 1 :]):
             name = _owner_role(frame, roles)
             if name is not None:
                 return RoleError(name, f"raised {text} (in {_frame_text(frames[-1])})")
@@ -382,24 +390,24 @@ def _role_types(roles: dict) -> str:
     return ", ".join(f"dlcheck_{n} = {type(v).__name__}" for n, v in roles.items()) or "none resolved"
 
 
-def internal_note(item, exc: BaseException, package_dir: str) -> str:
-    from .plugin import CONTEXT_KEY
-
-    frames = [f for f in _tb_frames(exc) if f.f_code.co_filename.startswith(package_dir)]
+def internal_note(check, ctx, exc: BaseException) -> str:
+    """What an internal error of the plugin says: where in pytest-dlcheck it happened, the roles the check
+    ``check`` had resolved (its context ``ctx``), and that it is ours to fix."""
+    frames = [f for f in _tb_frames(exc) if in_plugin(f.f_code.co_filename)]
     where = f" at {_frame_text(frames[-1])}" if frames else ""
-    roles = _roles_of(item.stash.get(CONTEXT_KEY, None))
-    return (f"{item.check.id} stopped on {type(exc).__name__}: {_exc_text(exc)} inside pytest-dlcheck{where}, not in "
-            f"your code. Roles it had: {_role_types(roles)}. If these objects are what the roles ask for "
-            f"(pytest --dlcheck-list {item.check.id}), this is a bug of pytest-dlcheck: please report it with this output.")
+    roles = _roles_of(ctx)
+    return (
+        f"{check.id} stopped on {type(exc).__name__}: {_exc_text(exc)} inside pytest-dlcheck{where}, not in "
+        f"your code. Roles it had: {_role_types(roles)}. If these objects are what the roles ask for "
+        f"(pytest --dlcheck-list {check.id}), this is a bug of pytest-dlcheck: please report it with this output."
+    )
 
 
-def timeout_rendered(item, exc: BaseException, package_dir: str) -> Rendered:
-    from .plugin import CONTEXT_KEY
-
-    check = item.check
-    roles = _roles_of(item.stash.get(CONTEXT_KEY, None))
+def timeout_rendered(check, ctx, exc: BaseException) -> Rendered:
+    """A check stopped by its time bound, in the house format: where it was, and whose object did not return."""
+    roles = _roles_of(ctx)
     frames = _tb_frames(exc)[:-1]  # the last one is the alarm handler
-    inside = [i for i, f in enumerate(frames) if f.f_code.co_filename.startswith(package_dir)]
+    inside = [i for i, f in enumerate(frames) if in_plugin(f.f_code.co_filename)]
     role = where = None
     start = inside[-1] + 1 if inside else 0
     for frame in frames[start:]:
@@ -409,11 +417,25 @@ def timeout_rendered(item, exc: BaseException, package_dir: str) -> Rendered:
     elif frames:
         where = f"in pytest-dlcheck's own code, {_frame_text(frames[-1])}"
     r = Rendered(check.id, check.title, check.domain)
-    r.rows.append(("error", [f"did not finish within {getattr(exc, 'seconds', 0):g} s (--dlcheck-timeout); it was "
-                             f"stopped {where or 'running'}"]))
+    r.rows.append(
+        (
+            "error",
+            [
+                f"did not finish within {getattr(exc, 'seconds', 0):g} s (--dlcheck-timeout); it was "
+                f"stopped {where or 'running'}"
+            ],
+        )
+    )
     if role:
         r.rows.append(("role", [f"dlcheck_{role}: it did not return (an endless iterator or loop, a hung worker?)"]))
-    r.rows.append(("fix", ["make the object return promptly on a few examples, or raise the bound: "
-                           "--dlcheck-timeout=SECONDS (ini dlcheck_timeout; 0 turns it off)"]))
+    r.rows.append(
+        (
+            "fix",
+            [
+                "make the object return promptly on a few examples, or raise the bound: "
+                "--dlcheck-timeout=SECONDS (ini dlcheck_timeout; 0 turns it off)"
+            ],
+        )
+    )
     r.rows.append(("see", [f"pytest --dlcheck-list {check.id}"]))
     return r

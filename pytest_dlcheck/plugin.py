@@ -4,29 +4,32 @@ use; importing this module imports neither torch nor any domain library."""
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
-import signal
-import threading
 import time
-import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-from . import registry
-from .outcome import CheckFailed, RoleError, render_failure, render_role_error
+from . import fixtures, registry
+from .errors import CheckFailed, RoleError
+from .isolation import CheckTimeout, as_user, check_frame, checking, hypothesis_home, time_bound
+from .listing import print_catalog
+from .outcome import explain, internal_note, render_failure, render_role_error, timeout_rendered
+from .property import run_property
+from .report import PROPERTY, Results, payload
+from .session import (
+    ARTIFACTS_KEY,
+    CHECK_KEY,
+    CONTEXT_KEY,
+    DEFAULT_TIMEOUT,
+    STATE_KEY,
+    DlcheckState,
+    session_state,
+)
 
-STATE_KEY = pytest.StashKey["DlcheckState"]()
-CHECK_KEY = pytest.StashKey["registry.Check"]()
-CONTEXT_KEY = pytest.StashKey[Any]()
-ARTIFACTS_KEY = pytest.StashKey[list]()
 PROPERTY_SUFFIX = "[property]"
-
 ENV_VAR = "PYTEST_DLCHECK"
-PACKAGE_DIR = str(Path(__file__).resolve().parent)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -43,10 +46,6 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
-
-
-#: seconds a check may run before it is stopped and reported (a hung dataloader, an endless user loop)
-DEFAULT_TIMEOUT = 300.0
 
 
 def _seconds(text: str) -> float:
@@ -162,88 +161,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # session state
 
 
-@dataclass
-class DlcheckState:
-    selected: list[registry.Check]
-    spec: str
-    spec_source: str
-    samples: int
-    batch_size: int
-    overrides: dict[tuple[str, str], Any]
-    property_examples: int = 0
-    #: seconds a check may run; 0: unbounded
-    timeout: float = DEFAULT_TIMEOUT
-    shared: dict[Any, Any] = field(default_factory=dict)
-    #: strong references to the objects whose ids key ``shared`` so an id is never reused
-    keep_alive: list[Any] = field(default_factory=list)
-
-    def memo(self, sources: Any, key: str, make: Callable[[], Any]) -> Any:
-        """Compute once per session per (source objects, key); the hub of work sharing across checks."""
-        objs = sources if isinstance(sources, tuple) else (sources,)
-        k = (tuple(id(o) for o in objs), key)
-        if k not in self.shared:
-            self.shared[k] = make()
-            self.keep_alive.append(objs)
-        return self.shared[k]
-
-    def derived(self, sources: Any, key: str, make: Callable[[], Any]) -> Any:
-        return self.memo(sources, "derive:" + key, make)
-
-    def guarded_user_call(self, role: str, call: Callable[[], Any]) -> Any:
-        return user_call(role, call)
-
-    def setting(self, check: registry.Check, name: str) -> Any:
-        return self.overrides.get((check.id, name), check.setting(name).default)
-
-
-def session_state(config: pytest.Config) -> DlcheckState:
-    return config.stash[STATE_KEY]
-
-
-def user_call(role: str, call: Callable[[], Any]) -> Any:
-    """Run a user's object. An exception raised in the user's code becomes a :class:`RoleError` naming
-    the role and where it was raised; one raised inside the plugin itself propagates as a plugin bug."""
-    try:
-        return call()
-    except (RoleError, CheckFailed, pytest.skip.Exception, pytest.fail.Exception, KeyboardInterrupt):
-        raise
-    except Exception as exc:
-        frames = traceback.extract_tb(exc.__traceback__)
-        if frames and frames[-1].filename.startswith(PACKAGE_DIR):
-            raise
-        raise RoleError(role, f"raised {type(exc).__name__}: {_text(exc)}{where_raised(exc)}") from exc
-
-
-def where_raised(exc: BaseException) -> str:
-    """`` (in fn at file:line)`` for the user's own frame (not a library's) where ``exc`` was raised, else
-    the innermost frame outside the plugin; '' when it was raised in the plugin itself."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    outside = [f for f in frames if not f.filename.startswith(PACKAGE_DIR)]
-    own = [f for f in outside if not _library(f.filename)]
-    frame = (own or outside or [None])[-1]
-    return "" if frame is None else f" (in {frame.name} at {_short_path(frame.filename)}:{frame.lineno})"
-
-
-def _library(filename: str) -> bool:
-    return "site-packages" in filename or "dist-packages" in filename or filename.startswith("<")
-
-
-def _text(exc: BaseException, limit: int = 300) -> str:
-    try:
-        text = str(exc)
-    except Exception:  # noqa: BLE001 - an exception whose __str__ fails still gets reported
-        text = f"<{type(exc).__name__} whose str() failed>"
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _short_path(path: str) -> str:
-    try:
-        return os.path.relpath(path)
-    except ValueError:
-        return path
-
-
 def _setting_source(config: pytest.Config) -> tuple[str, str]:
     if config.option.dlcheck:
         return config.option.dlcheck, "command line"
@@ -302,7 +219,9 @@ def _overrides(config: pytest.Config) -> dict[tuple[str, str], Any]:
             out[(check.id, name)] = setting.parse(value.strip())
         except KeyError:
             names = ", ".join(s.name for s in check.settings) or "none"
-            raise pytest.UsageError(f"--dlcheck-set {text!r}: {check.id} has no setting {name!r} (settings: {names})") from None
+            raise pytest.UsageError(
+                f"--dlcheck-set {text!r}: {check.id} has no setting {name!r} (settings: {names})"
+            ) from None
         except ValueError as exc:
             raise pytest.UsageError(f"--dlcheck-set {text!r}: {exc}") from None
     return out
@@ -319,7 +238,9 @@ def pytest_configure(config: pytest.Config) -> None:
     spec, source = _setting_source(config)
     if not spec or config.option.dlcheck_list:
         return
-    ignore = registry.split_tokens(config.getini("dlcheck_ignore")) + registry.split_tokens(config.option.dlcheck_ignore)
+    ignore = registry.split_tokens(config.getini("dlcheck_ignore")) + registry.split_tokens(
+        config.option.dlcheck_ignore
+    )
     try:
         selected = registry.select(registry.split_tokens(spec), ignore)
     except ValueError as exc:
@@ -331,23 +252,21 @@ def pytest_configure(config: pytest.Config) -> None:
         samples=_int_option(config, "dlcheck_samples", 8),
         batch_size=_int_option(config, "dlcheck_batch_size", 4),
         overrides=_overrides(config),
-        property_examples=(_int_option(config, "dlcheck_property_examples", 30)
-                           if config.option.dlcheck_property or config.getini("dlcheck_property") else 0),
+        property_examples=(
+            _int_option(config, "dlcheck_property_examples", 30)
+            if config.option.dlcheck_property or config.getini("dlcheck_property")
+            else 0
+        ),
         timeout=_timeout(config),
     )
     config.stash[STATE_KEY] = state
-    fixtures = importlib.import_module("pytest_dlcheck.fixtures")
     config.pluginmanager.register(fixtures, "dlcheck-fixtures")
-    from .report import Results
-
     config.pluginmanager.register(Results(config), "dlcheck-results")
 
 
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
     if config.option.dlcheck_list is None:
         return None
-    from .listing import print_catalog
-
     return print_catalog(config, config.option.dlcheck_list)
 
 
@@ -381,7 +300,9 @@ def _fixture_names(module: Any) -> set[str]:
 def _role_fixtures(config: pytest.Config, file_path: Path) -> set[str]:
     module = config.pluginmanager.get_plugin(str(file_path))
     if module is None:
-        module = next((p for p in config.pluginmanager.get_plugins() if getattr(p, "__file__", None) == str(file_path)), None)
+        module = next(
+            (p for p in config.pluginmanager.get_plugins() if getattr(p, "__file__", None) == str(file_path)), None
+        )
     if module is None:
         return set()
     return {n for n in _fixture_names(module) if n.startswith("dlcheck_")}
@@ -408,143 +329,13 @@ class DlcheckFile(pytest.File):
                 yield CheckItem.from_parent(self, name=check.item_name + PROPERTY_SUFFIX, callobj=check.func)
 
 
-#: the Hugging Face switches a check runs under: offline, no telemetry (a TRL trainer a check builds
-#: would otherwise ping the hub from a thread). Only modules already imported are touched.
-HUB_SWITCHES = (("huggingface_hub.constants", "HF_HUB_OFFLINE", True),
-                ("huggingface_hub.constants", "HF_HUB_DISABLE_TELEMETRY", True),
-                ("datasets.config", "HF_HUB_OFFLINE", True),
-                ("datasets.config", "HF_DATASETS_OFFLINE", True),
-                ("diffusers.utils.hub_utils", "HF_HUB_OFFLINE", True),
-                ("diffusers.utils.hub_utils", "HF_HUB_DISABLE_TELEMETRY", True))
-_HUB_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_DATASETS_OFFLINE": "1"}
-
-
-@contextlib.contextmanager
-def hub_switches(values: dict[tuple[str, str], Any] | None = None, env: dict[str, str | None] | None = None):
-    """Set the hub switches (offline, no telemetry) — or, given ``values``/``env`` saved by an outer
-    call, put the user's own back — and restore what was there afterwards."""
-    import sys
-
-    saved: list[tuple[Any, str, Any]] = []
-    saved_env = {k: os.environ.get(k) for k in (env or _HUB_ENV)}
-    for module, name, on in HUB_SWITCHES:
-        mod = sys.modules.get(module)
-        if mod is not None and isinstance(getattr(mod, name, None), bool):
-            saved.append((mod, name, getattr(mod, name)))
-            setattr(mod, name, on if values is None else values.get((module, name), getattr(mod, name)))
-    for key, value in (env or _HUB_ENV).items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
-    try:
-        yield {(m.__name__, n): v for m, n, v in saved}, saved_env
-    finally:
-        for mod, name, value in reversed(saved):
-            setattr(mod, name, value)
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-#: the user's hub switches while a check runs, so that their own fixtures are built as they configured
-_USER_HUB: list[tuple[dict, dict]] = []
-
-
-@contextlib.contextmanager
-def as_user():
-    """Inside a check: evaluate the user's own fixture with the user's hub settings, not the check's."""
-    if not _USER_HUB:
-        yield
-        return
-    values, env = _USER_HUB[-1]
-    with hub_switches(values, env):
-        yield
-
-
-@contextlib.contextmanager
-def _hypothesis_home(config: pytest.Config):
-    """Hypothesis run by a check (property mode, R7's search) caches the constants of the code it
-    explores under its home directory, ``.hypothesis/`` in the user's working directory by default: point
-    it at the session's tmp path while the check runs."""
-    import sys
-
-    conf = sys.modules.get("hypothesis.configuration")
-    factory = getattr(config, "_tmp_path_factory", None)
-    if conf is None or factory is None or not hasattr(conf, "set_hypothesis_home_dir"):
-        yield
-        return
-    before = getattr(conf, "__hypothesis_home_directory", None)
-    conf.set_hypothesis_home_dir(factory.getbasetemp() / "dlcheck-hypothesis")
-    try:
-        yield
-    finally:
-        conf.set_hypothesis_home_dir(before)
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_fixture_setup(fixturedef: Any, request: Any):
     """A user's fixture set up while a check runs is built with the user's own hub settings."""
-    if not _USER_HUB or str(getattr(fixturedef.func, "__module__", "")).startswith("pytest_dlcheck"):
+    if not checking() or str(getattr(fixturedef.func, "__module__", "")).startswith("pytest_dlcheck"):
         return (yield)
     with as_user():
         return (yield)
-
-
-@contextlib.contextmanager
-def _check_frame():
-    """Around a check's setup and call: the global RNGs start from a fixed seed (a check that draws
-    through the user's code gives the same verdict whatever ran before it) and are put back afterwards;
-    the hub libraries are offline (no download, no telemetry: pytest-dlcheck never reaches the
-    network); a skip is reported at the user's conftest.py rather than at the plugin line that raised it."""
-    from .guard import preserved_rng, seed_everything
-
-    try:
-        with preserved_rng(), hub_switches() as saved:
-            _USER_HUB.append(saved)
-            try:
-                seed_everything(0)
-                yield
-            finally:
-                _USER_HUB.pop()
-    except pytest.skip.Exception as exc:
-        exc._use_item_location = True
-        raise
-
-
-class CheckTimeout(BaseException):
-    """Raised by the alarm when a check runs past ``--dlcheck-timeout``. A BaseException, so that neither
-    a user's ``except Exception`` nor a check's swallows it on its way out."""
-
-    def __init__(self, seconds: float):
-        super().__init__(f"did not finish within {seconds:g} s")
-        self.seconds = seconds
-
-
-@contextlib.contextmanager
-def _time_bound(seconds: float | None, bound: float = 0.0):
-    """Raise CheckTimeout(bound) in the main thread after ``seconds``; a no-op off the main thread,
-    without SIGALRM (Windows), or when another plugin (pytest-timeout) already owns the alarm."""
-    usable = (seconds is not None and seconds > 0 and hasattr(signal, "setitimer")
-              and threading.current_thread() is threading.main_thread())
-    previous = signal.getsignal(signal.SIGALRM) if usable else None
-    if not usable or previous not in (signal.SIG_DFL, signal.SIG_IGN, None) \
-            or signal.getitimer(signal.ITIMER_REAL)[0] > 0:
-        yield
-        return
-
-    def alarm(signum: int, frame: Any) -> None:
-        raise CheckTimeout(bound or seconds)
-
-    signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 class CheckItem(pytest.Function):
@@ -571,8 +362,6 @@ class CheckItem(pytest.Function):
             if getattr(ctx, "error", None) is not None:
                 raise ctx.error
             if self.property_mode:
-                from .property import run_property
-
                 run_property(self.funcargs["dlcheck"], self.obj, session_state(self.config).property_examples)
             else:
                 super().runtest()
@@ -590,18 +379,16 @@ class CheckItem(pytest.Function):
         what escaped it: a user's object that raised becomes that role's error; a crash of the check's
         own code on an unusable object names the object and what is wrong with it."""
         left = None if self._deadline is None else max(self._deadline - time.monotonic(), 1e-3)
-        with _check_frame(), _hypothesis_home(self.config):
+        with check_frame(), hypothesis_home(self.config):
             try:
-                with _time_bound(left, session_state(self.config).timeout):
+                with time_bound(left, session_state(self.config).timeout):
                     yield
             except (CheckFailed, RoleError, pytest.exit.Exception):
                 raise
             except CheckTimeout as exc:
                 raise CheckStopped(self, exc) from None
             except Exception as exc:
-                from .outcome import explain
-
-                explained = explain(self.stash.get(CONTEXT_KEY, None), exc, PACKAGE_DIR)
+                explained = explain(self.stash.get(CONTEXT_KEY, None), exc)
                 if explained is None:
                     raise
                 raise explained from exc
@@ -614,10 +401,13 @@ class CheckItem(pytest.Function):
         if isinstance(excinfo.value, CheckStopped):
             return excinfo.value.rendered
         rendered = super().repr_failure(excinfo)
-        if hasattr(rendered, "addsection") and not isinstance(excinfo.value, (pytest.fail.Exception, pytest.exit.Exception)):
-            from .outcome import internal_note
-
-            rendered.addsection("pytest-dlcheck internal error", internal_note(self, excinfo.value, PACKAGE_DIR))
+        if hasattr(rendered, "addsection") and not isinstance(
+            excinfo.value, (pytest.fail.Exception, pytest.exit.Exception)
+        ):
+            rendered.addsection(
+                "pytest-dlcheck internal error",
+                internal_note(self.check, self.stash.get(CONTEXT_KEY, None), excinfo.value),
+            )
         return rendered
 
     def reportinfo(self):
@@ -628,9 +418,7 @@ class CheckStopped(Exception):
     """A check stopped by its time bound, rendered in the house format with where it was."""
 
     def __init__(self, item: CheckItem, exc: CheckTimeout):
-        from .outcome import timeout_rendered
-
-        self.rendered = timeout_rendered(item, exc, PACKAGE_DIR)
+        self.rendered = timeout_rendered(item.check, item.stash.get(CONTEXT_KEY, None), exc)
         super().__init__(str(self.rendered))
 
 
@@ -642,8 +430,6 @@ class CheckStopped(Exception):
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     report = yield
     if isinstance(item, CheckItem):
-        from .report import PROPERTY, payload
-
         exc = call.excinfo.value if call.excinfo is not None else None
         if isinstance(exc, (RoleError, CheckFailed, CheckStopped)) and report.when != "call":
             report.longrepr = item.repr_failure(call.excinfo)

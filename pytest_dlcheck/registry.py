@@ -9,8 +9,9 @@ import importlib.metadata
 import pkgutil
 import re
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 #: Domains in catalog order. Selecting one of these with no registered check is allowed (it selects
 #: nothing yet); any other name is an error.
@@ -20,6 +21,8 @@ DOMAINS = ("llm", "vision", "diffusion", "rl", "vlm", "train", "ckpt", "smoke")
 DOC_SECTIONS = ("What it does", "Why it is bad", "Example", "Use instead", "Known problems")
 
 ENTRY_POINT_GROUP = "pytest_dlcheck.checks"
+#: the package of the built-in checks (``checks/`` at the top of the source tree, installed here)
+BUILTIN_CHECKS = "pytest_dlcheck.checks"
 
 _ID_RE = re.compile(r"^([A-Z]+)(\d+)$")
 
@@ -117,8 +120,9 @@ def check(
         if old is not None and (old.func.__module__, old.func.__qualname__) != (func.__module__, func.__qualname__):
             raise ValueError(f"check id {id} registered twice ({_CHECKS[id].func.__module__}, {func.__module__})")
         summary, doc = parse_doc(func.__doc__)
-        _CHECKS[id] = Check(id, domain, title, tuple(roles), func, tuple(optional_roles), tuple(settings), summary, doc,
-                            property_mode)
+        _CHECKS[id] = Check(
+            id, domain, title, tuple(roles), func, tuple(optional_roles), tuple(settings), summary, doc, property_mode
+        )
         func.dlcheck_id = id
         return func
 
@@ -133,8 +137,8 @@ def load_checks() -> dict[str, Check]:
     ``pytest_dlcheck.checks``) once; return the registry sorted by domain and number."""
     global _loaded
     if not _loaded:
-        from . import checks as builtin
-
+        # the built-in checks are found like a pack, by name: the core imports no check module
+        builtin = importlib.import_module(BUILTIN_CHECKS)
         for info in pkgutil.walk_packages(builtin.__path__, builtin.__name__ + "."):
             importlib.import_module(info.name)
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):

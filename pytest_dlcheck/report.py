@@ -15,12 +15,28 @@ from typing import Any
 import pytest
 
 from . import __version__, registry
+from .errors import CheckFailed, RoleError
+from .html import write_html
 
 PROPERTY = "dlcheck"
 SCHEMA_VERSION = 1
 #: libraries whose versions a result names, when the run had imported them
-LIBRARIES = ("torch", "transformers", "trl", "tokenizers", "accelerate", "datasets", "torchvision", "timm",
-             "diffusers", "gymnasium", "stable_baselines3", "lightning", "numpy", "pytest")
+LIBRARIES = (
+    "torch",
+    "transformers",
+    "trl",
+    "tokenizers",
+    "accelerate",
+    "datasets",
+    "torchvision",
+    "timm",
+    "diffusers",
+    "gymnasium",
+    "stable_baselines3",
+    "lightning",
+    "numpy",
+    "pytest",
+)
 
 
 @dataclass
@@ -61,10 +77,15 @@ def jsonable(value: Any) -> Any:
 
 def payload(check: registry.Check, when: str, outcome: str, exc: BaseException | None, artifacts: list) -> dict:
     """What one report carries about its check (plain JSON, so xdist can ship it to the controller)."""
-    from .outcome import CheckFailed, RoleError
-
-    out: dict[str, Any] = {"id": check.id, "domain": check.domain, "title": check.title, "roles": list(check.roles),
-                           "when": when, "outcome": outcome, "artifacts": jsonable(artifacts)}
+    out: dict[str, Any] = {
+        "id": check.id,
+        "domain": check.domain,
+        "title": check.title,
+        "roles": list(check.roles),
+        "when": when,
+        "outcome": outcome,
+        "artifacts": jsonable(artifacts),
+    }
     if isinstance(exc, CheckFailed):
         out.update(evidence=list(exc.evidence), cause=exc.cause, fix=exc.fix, data=jsonable(exc.data))
     elif isinstance(exc, RoleError):
@@ -91,7 +112,9 @@ class Results:
             return
         res = self.results.get(report.nodeid)
         if res is None:
-            res = self.results[report.nodeid] = Result(report.nodeid, info["id"], info["domain"], info["title"], info["roles"])
+            res = self.results[report.nodeid] = Result(
+                report.nodeid, info["id"], info["domain"], info["title"], info["roles"]
+            )
         res.duration += report.duration
         res.artifacts.extend(info.get("artifacts", []))
         if report.outcome == "passed":
@@ -113,7 +136,12 @@ class Results:
         tr = terminalreporter
         tr.write_sep("=", "dlcheck summary")
         by = self.counts()
-        colours = {"passed": {"green": True}, "failed": {"red": True}, "error": {"red": True}, "skipped": {"yellow": True}}
+        colours = {
+            "passed": {"green": True},
+            "failed": {"red": True},
+            "error": {"red": True},
+            "skipped": {"yellow": True},
+        }
         for domain in registry.DOMAINS:
             counts = [(o, by[(domain, o)]) for o in ("passed", "failed", "error", "skipped") if by[(domain, o)]]
             if counts:
@@ -124,15 +152,23 @@ class Results:
         failed = sorted({r.id for r in self.results.values() if r.outcome in ("failed", "error")}, key=_id_order)
         if failed:
             tr.write_line("failed:    " + " ".join(failed), red=True)
-        missing = Counter(r.reason for r in self.results.values() if r.outcome == "skipped" and r.reason.startswith("missing role"))
+        missing = Counter(
+            r.reason for r in self.results.values() if r.outcome == "skipped" and r.reason.startswith("missing role")
+        )
         for reason, n in sorted(missing.items()):
             tr.write_line(f"skipped:   {reason} ({n} check{'s' if n > 1 else ''})")
         # information items (DF1, DF7, L6) skip with what they measured: shown here, not only under -rs
-        infos = sorted(((r.id, nodeid.split("::")[0], r.reason) for nodeid, r in self.results.items()
-                        if r.outcome == "skipped" and r.reason.startswith("info:")), key=lambda x: (_id_order(x[0]), x[1]))
+        infos = sorted(
+            (
+                (r.id, nodeid.split("::")[0], r.reason)
+                for nodeid, r in self.results.items()
+                if r.outcome == "skipped" and r.reason.startswith("info:")
+            ),
+            key=lambda x: (_id_order(x[0]), x[1]),
+        )
         several = len({where for _, where, _ in infos}) > 1
         for cid, where, reason in infos:
-            text = reason[len("info:"):].strip()
+            text = reason[len("info:") :].strip()
             text = f"{cid} ({where}) {text}" if several else f"{cid} {text}"
             tr.write_line(f"info:      {text if len(text) <= 200 else text[:199] + '…'}")
         for option, label in (("dlcheck_json", "json"), ("dlcheck_report", "report")):
@@ -148,8 +184,6 @@ class Results:
         if self.config.option.dlcheck_json:
             write_json(Path(self.config.option.dlcheck_json), doc)
         if self.config.option.dlcheck_report:
-            from .html import write_html
-
             write_html(Path(self.config.option.dlcheck_report), doc)
 
     def document(self) -> dict[str, Any]:

@@ -5,22 +5,11 @@ skips with one line naming the fixture to add."""
 from __future__ import annotations
 
 import os
-
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-
-class _Missing:
-    """The value of a role nobody provided. Falsy, and never a valid user object."""
-
-    def __bool__(self) -> bool:
-        return False
-
-    def __repr__(self) -> str:
-        return "MISSING"
-
-
-MISSING: Any = _Missing()
+from .errors import MISSING, RoleError
 
 
 @dataclass(frozen=True)
@@ -121,8 +110,10 @@ def _model(value: Any) -> str | None:
     from collections.abc import Mapping
 
     if isinstance(value, Mapping):
-        return (f"is a {type(value).__name__} with keys {list(value)[:4]} (a state_dict?), expected the model (a "
-                "torch.nn.Module): build the model and load_state_dict into it")
+        return (
+            f"is a {type(value).__name__} with keys {list(value)[:4]} (a state_dict?), expected the model (a "
+            "torch.nn.Module): build the model and load_state_dict into it"
+        )
     if _scalar(value) or not callable(value):
         return f"is {_kind(value)}, expected the model (a torch.nn.Module, callable on a batch)"
     return None
@@ -139,7 +130,11 @@ def _optimizer(value: Any) -> str | None:
 
 
 def _scheduler(value: Any) -> str | None:
-    return None if callable(getattr(value, "step", None)) else f"is {_kind(value)}, expected a learning-rate scheduler (with step())"
+    return (
+        None
+        if callable(getattr(value, "step", None))
+        else f"is {_kind(value)}, expected a learning-rate scheduler (with step())"
+    )
 
 
 def given(name: str, value: Any) -> Any:
@@ -150,45 +145,86 @@ def given(name: str, value: Any) -> Any:
     spec = ROLES.get(name)
     problem = spec.expect(value) if spec is not None and spec.expect is not None else None
     if problem:
-        from .outcome import RoleError
-
         raise RoleError(name, problem)
     return value
 
 
-role("trainer", "a transformers Trainer or a TRL SFTTrainer/DPOTrainer/GRPOTrainer; derives the roles below",
-     expect=an_object("a trainer object"))
-role("model", "the model being trained (torch.nn.Module, e.g. AutoModelForCausalLM)", "dlcheck_trainer",
-     expect=_model)
+role(
+    "trainer",
+    "a transformers Trainer or a TRL SFTTrainer/DPOTrainer/GRPOTrainer; derives the roles below",
+    expect=an_object("a trainer object"),
+)
+role("model", "the model being trained (torch.nn.Module, e.g. AutoModelForCausalLM)", "dlcheck_trainer", expect=_model)
 role("tokenizer", "the tokenizer or processor", "dlcheck_trainer", expect=_tokenizer)
-role("collator", "callable: list of examples -> batch dict", "dlcheck_trainer",
-     expect=a_callable("the collator: list of examples -> batch"))
-role("dataset", "the training examples, as the collator takes them (map-style or iterable)", "dlcheck_trainer",
-     expect=data("the training examples"))
-role("raw_dataset", "the training examples with every field (prompt, completion, messages) before a Trainer removes "
-     "unused columns; defaults to dlcheck_dataset", "dlcheck_dataset, or dlcheck_trainer",
-     expect=data("the training examples with every field"))
-role("dataloader", "the training DataLoader", "dlcheck_collator + dlcheck_dataset, or dlcheck_trainer",
-     expect=loader("the training dataloader"))
-role("eval_dataset", "the evaluation examples, as the collator takes them", "dlcheck_trainer",
-     expect=data("the evaluation examples"))
-role("eval_dataloader", "the evaluation DataLoader", "dlcheck_collator + dlcheck_eval_dataset, or dlcheck_trainer",
-     expect=loader("the evaluation dataloader"))
+role(
+    "collator",
+    "callable: list of examples -> batch dict",
+    "dlcheck_trainer",
+    expect=a_callable("the collator: list of examples -> batch"),
+)
+role(
+    "dataset",
+    "the training examples, as the collator takes them (map-style or iterable)",
+    "dlcheck_trainer",
+    expect=data("the training examples"),
+)
+role(
+    "raw_dataset",
+    "the training examples with every field (prompt, completion, messages) before a Trainer removes "
+    "unused columns; defaults to dlcheck_dataset",
+    "dlcheck_dataset, or dlcheck_trainer",
+    expect=data("the training examples with every field"),
+)
+role(
+    "dataloader",
+    "the training DataLoader",
+    "dlcheck_collator + dlcheck_dataset, or dlcheck_trainer",
+    expect=loader("the training dataloader"),
+)
+role(
+    "eval_dataset",
+    "the evaluation examples, as the collator takes them",
+    "dlcheck_trainer",
+    expect=data("the evaluation examples"),
+)
+role(
+    "eval_dataloader",
+    "the evaluation DataLoader",
+    "dlcheck_collator + dlcheck_eval_dataset, or dlcheck_trainer",
+    expect=loader("the evaluation dataloader"),
+)
 role("optimizer", "the optimizer", "dlcheck_trainer", expect=_optimizer)
 role("lr_scheduler", "the learning-rate scheduler", "dlcheck_trainer", expect=_scheduler)
-role("training_args", "transformers TrainingArguments / TRL config", "dlcheck_trainer",
-     expect=an_object("the training arguments (TrainingArguments or a TRL config)"))
-role("compute_metrics", "the eval metric function (EvalPrediction -> dict)", "dlcheck_trainer",
-     expect=a_callable("the metric function: EvalPrediction -> dict"))
-role("preprocess_logits_for_metrics", "the Trainer's preprocess_logits_for_metrics (logits, labels) -> logits", "dlcheck_trainer",
-     expect=a_callable("preprocess_logits_for_metrics: (logits, labels) -> logits"))
-role("inference_config", "the model config used at inference (for train/inference comparisons): a "
-     "PretrainedConfig, a dict, or the path of a config.json / model directory",
-     expect=_config_or_path)
+role(
+    "training_args",
+    "transformers TrainingArguments / TRL config",
+    "dlcheck_trainer",
+    expect=an_object("the training arguments (TrainingArguments or a TRL config)"),
+)
+role(
+    "compute_metrics",
+    "the eval metric function (EvalPrediction -> dict)",
+    "dlcheck_trainer",
+    expect=a_callable("the metric function: EvalPrediction -> dict"),
+)
+role(
+    "preprocess_logits_for_metrics",
+    "the Trainer's preprocess_logits_for_metrics (logits, labels) -> logits",
+    "dlcheck_trainer",
+    expect=a_callable("preprocess_logits_for_metrics: (logits, labels) -> logits"),
+)
+role(
+    "inference_config",
+    "the model config used at inference (for train/inference comparisons): a "
+    "PretrainedConfig, a dict, or the path of a config.json / model directory",
+    expect=_config_or_path,
+)
 
 
 def is_hf_trainer(obj: Any) -> bool:
-    return any(c.__module__.startswith(("transformers.", "trl.")) and c.__name__.endswith("Trainer") for c in type(obj).__mro__)
+    return any(
+        c.__module__.startswith(("transformers.", "trl.")) and c.__name__.endswith("Trainer") for c in type(obj).__mro__
+    )
 
 
 def _trainer_split(trainer: Any, split: str) -> Any:
@@ -295,7 +331,9 @@ def from_trainer(name: str, get: Callable[[str], Any], cache: Callable[[Any, str
 
 
 @deriver
-def from_collator_and_dataset(name: str, get: Callable[[str], Any], cache: Callable[[Any, str, Callable[[], Any]], Any]) -> Any:
+def from_collator_and_dataset(
+    name: str, get: Callable[[str], Any], cache: Callable[[Any, str, Callable[[], Any]], Any]
+) -> Any:
     if name == "raw_dataset":
         return get("dataset")
     if name in ("dataloader", "eval_dataloader"):

@@ -12,8 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import MISSING, RoleError
 from .guard import preserved_dataloader, preserved_rng
-from .roles import MISSING
+from .roles import ROLES
+from .session import user_call
 
 
 @dataclass
@@ -47,8 +49,6 @@ def spread_positions(length: int, n: int) -> list[int]:
 
 
 def sample_rows(dataset: Any, n: int, role: str = "dataset") -> tuple[list[Any], list[int] | None]:
-    from .plugin import user_call
-
     try:
         length = len(dataset)
         getitem = dataset.__getitem__
@@ -59,26 +59,28 @@ def sample_rows(dataset: Any, n: int, role: str = "dataset") -> tuple[list[Any],
 
 
 def as_batch_dict(batch: Any, role: str) -> dict[str, Any]:
-    from .outcome import RoleError
-
     if isinstance(batch, Mapping):
         return dict(batch.items())
     if isinstance(batch, (list, tuple)) and batch and all(isinstance(b, Mapping) for b in batch):
-        raise SampleError(f"dlcheck_{role} returns the examples uncollated (a list of dicts, as TRL's GRPOTrainer, which "
-                          "tokenizes inside its training step): there are no token batches to check")
+        raise SampleError(
+            f"dlcheck_{role} returns the examples uncollated (a list of dicts, as TRL's GRPOTrainer, which "
+            "tokenizes inside its training step): there are no token batches to check"
+        )
     if role != "collator" and isinstance(batch, (list, tuple)) and batch:
         # (inputs, targets): a vision, detection or plain training loader, legitimately not a token batch (a
         # collator, the llm/vlm role, must return a mapping: there a list is the user's error)
         parts = ", ".join(str(tuple(b.shape)) if hasattr(b, "shape") else f"a {type(b).__name__}" for b in batch[:4])
         what = "tensors" if all(hasattr(b, "shape") for b in batch) else "values"
-        raise SampleError(f"dlcheck_{role} yields {type(batch).__name__}s of {what} ({parts}), not mappings of token "
-                          "fields (input_ids, labels, …): there are no token batches to check")
-    raise RoleError(role, f"returned a {type(batch).__name__}, expected a mapping of batch fields (input_ids, labels, …)")
+        raise SampleError(
+            f"dlcheck_{role} yields {type(batch).__name__}s of {what} ({parts}), not mappings of token "
+            "fields (input_ids, labels, …): there are no token batches to check"
+        )
+    raise RoleError(
+        role, f"returned a {type(batch).__name__}, expected a mapping of batch fields (input_ids, labels, …)"
+    )
 
 
 def collate_rows(collator: Any, rows: list[Any], batch_size: int) -> tuple[list[dict[str, Any]], list[list[int]]]:
-    from .plugin import user_call
-
     batches, groups = [], []
     for start in range(0, len(rows), batch_size):
         idx = list(range(start, min(start + batch_size, len(rows))))
@@ -89,8 +91,6 @@ def collate_rows(collator: Any, rows: list[Any], batch_size: int) -> tuple[list[
 
 
 def draw_batches(dataloader: Any, n_examples: int, role: str = "dataloader") -> list[dict[str, Any]]:
-    from .plugin import user_call
-
     batches: list[dict[str, Any]] = []
     seen = 0
     with preserved_dataloader(dataloader):
@@ -144,8 +144,6 @@ def get_sample(ctx: Any, split: str = "train") -> Sample:
             return Sample(None, batches, None, f"{len(batches)} batches of dlcheck_{loader_role}")
 
         return _memo_sample(ctx, loader, f"sample:{split}:{n}", make_from_loader)
-    from .roles import ROLES
-
     ctx.skip(f"missing role: define fixture {ROLES[loader_role].hint()} in conftest.py")
 
 

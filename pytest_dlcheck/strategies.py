@@ -16,10 +16,12 @@ The same strategies drive the property mode of the data checks (``--dlcheck-prop
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from hypothesis import strategies as st
+
+from .sampling import sample_rows
 
 __all__ = [
     "edge_lengths",
@@ -50,25 +52,33 @@ def token_ids(tokenizer: Any, *, max_length: int | None = None, min_size: int = 
     """Lists of ordinary (non-special) token ids of ``tokenizer``, of edge lengths."""
     vocab = _vocabulary(tokenizer)
     return edge_lengths(max_length, low=min_size).flatmap(
-        lambda n: st.lists(st.sampled_from(vocab), min_size=n, max_size=n))
+        lambda n: st.lists(st.sampled_from(vocab), min_size=n, max_size=n)
+    )
 
 
 def texts(tokenizer: Any, *, max_tokens: int | None = None, min_tokens: int = 0) -> st.SearchStrategy[str]:
     """Text made of the tokenizer's own pieces (so it tokenizes to roughly the drawn length)."""
     return token_ids(tokenizer, max_length=max_tokens, min_size=min_tokens).map(
-        lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+    )
 
 
 def prompt_completion_pairs(tokenizer: Any, *, max_length: int = 32) -> st.SearchStrategy[dict[str, str]]:
     """``{"prompt", "completion"}`` pairs: empty prompts and completions, prompts that fill the window,
     pairs whose total is exactly ``max_length`` tokens."""
-    return st.fixed_dictionaries({
-        "prompt": texts(tokenizer, max_tokens=max_length),
-        "completion": texts(tokenizer, max_tokens=max_length).map(lambda t: t if not t or t.startswith(" ") else " " + t),
-    })
+    return st.fixed_dictionaries(
+        {
+            "prompt": texts(tokenizer, max_tokens=max_length),
+            "completion": texts(tokenizer, max_tokens=max_length).map(
+                lambda t: t if not t or t.startswith(" ") else " " + t
+            ),
+        }
+    )
 
 
-def conversations(tokenizer: Any, *, max_turns: int = 3, max_tokens: int = 16, system: bool = True) -> st.SearchStrategy[list[dict[str, str]]]:
+def conversations(
+    tokenizer: Any, *, max_turns: int = 3, max_tokens: int = 16, system: bool = True
+) -> st.SearchStrategy[list[dict[str, str]]]:
     """Chat conversations (``messages``) alternating user/assistant, optionally opened by a system turn,
     with empty and long turns."""
     turn = texts(tokenizer, max_tokens=max_tokens)
@@ -84,7 +94,9 @@ def conversations(tokenizer: Any, *, max_turns: int = 3, max_tokens: int = 16, s
     return st.tuples(heads, st.lists(st.tuples(turn, turn), min_size=1, max_size=max_turns)).map(build)
 
 
-def packed_documents(tokenizer: Any, *, max_length: int = 64, max_documents: int = 6) -> st.SearchStrategy[list[list[int]]]:
+def packed_documents(
+    tokenizer: Any, *, max_length: int = 64, max_documents: int = 6
+) -> st.SearchStrategy[list[list[int]]]:
     """Documents (token id lists ending with EOS) to pack into one row of at most ``max_length``:
     one-token documents and a document that fills the row are favoured."""
     eos = tokenizer.eos_token_id
@@ -154,7 +166,8 @@ def _perturb_row(row: Any, max_length: int | None) -> st.SearchStrategy[Any]:
             parts[key] = _perturb_text(value, max_length)
         elif isinstance(value, list) and value and all(isinstance(m, Mapping) and "content" in m for m in value):
             parts[key] = st.tuples(*[_perturb_text(m["content"], max_length) for m in value]).map(
-                lambda contents, msgs=value: [{**m, "content": c} for m, c in zip(msgs, contents)])
+                lambda contents, msgs=value: [{**m, "content": c} for m, c in zip(msgs, contents)]
+            )
         else:
             parts[key] = st.just(value)
 
@@ -168,20 +181,21 @@ def _perturb_row(row: Any, max_length: int | None) -> st.SearchStrategy[Any]:
     return st.fixed_dictionaries(parts).map(build)
 
 
-def examples_like(dataset: Any, *, tokenizer: Any = None, max_length: int | None = None, n: int = 8) -> st.SearchStrategy[Any]:
+def examples_like(
+    dataset: Any, *, tokenizer: Any = None, max_length: int | None = None, n: int = 8
+) -> st.SearchStrategy[Any]:
     """Examples drawn from ``dataset`` (a bounded, evenly spread sample of it, or a list of rows) and
     perturbed at the edges: per-token fields (input_ids with their attention_mask, labels, …) resized
     together to 1, max_length - 1, max_length, max_length + 1…; text fields emptied, cut or repeated;
     chat turns emptied or cut. ``tokenizer`` is accepted for symmetry with the other strategies."""
-    from .sampling import sample_rows
-
     rows = list(dataset) if isinstance(dataset, (list, tuple)) else sample_rows(dataset, n)[0]
     if not rows:
         raise ValueError("examples_like needs at least one example to shape the generated ones")
     return st.sampled_from(rows).flatmap(lambda row: _perturb_row(row, max_length))
 
 
-def collated_batches(collator: Callable[[list[Any]], Any], examples: st.SearchStrategy[Any], *,
-                     min_size: int = 1, max_size: int = 4) -> st.SearchStrategy[Any]:
+def collated_batches(
+    collator: Callable[[list[Any]], Any], examples: st.SearchStrategy[Any], *, min_size: int = 1, max_size: int = 4
+) -> st.SearchStrategy[Any]:
     """Batches made by *your* collator from lists of generated examples."""
     return st.lists(examples, min_size=min_size, max_size=max_size).map(collator)

@@ -62,7 +62,7 @@ class Project:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(textwrap.dedent(source))
 
-    def run(self, *args: str) -> "Run":
+    def run(self, *args: str) -> Run:
         result = self.pytester.runpytest_inprocess("-p", "no:cacheprovider", "-v", "-rs", *args)
         return Run(result)
 

@@ -41,6 +41,7 @@ def test_interleaved_discards_the_warmup_and_keeps_the_order():
         def go():
             calls.append(name)
             return Measurement(wall, wall / 2, 10.0, 0)
+
         return go
 
     runs = measure.interleaved({"a": variant("a", 1.0), "b": variant("b", 3.0)}, repeats=3, warmup=1)
@@ -66,8 +67,10 @@ def test_median_spread_ratio():
 
 
 def test_run_command_measures_cpu_and_peak_memory_of_the_child():
-    code = ("import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
-            "x = bytearray(200 * 2**20)\nfor i in range(0, len(x), 4096): x[i] = 1\nprint('done')")
+    code = (
+        "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+        "x = bytearray(200 * 2**20)\nfor i in range(0, len(x), 4096): x[i] = 1\nprint('done')"
+    )
     m = measure.run_command([PY, "-c", code])
     assert m.rc == 0 and "done" in m.output
     assert m.cpu >= 0.25 and m.wall >= m.cpu * 0.5
@@ -93,8 +96,14 @@ def test_machine_description_names_cores_and_libraries():
 def test_plain_suite_has_exactly_the_requested_tests(tmp_path):
     suite = projects.plain_suite(tmp_path / "plain", n_tests=37, per_file=15)
     assert sorted(p.name for p in suite.glob("test_*.py")) == [f"test_plain_00{i}.py" for i in range(3)]
-    out = subprocess.run([PY, "-m", "pytest", "--collect-only", "-q", "-p", "no:dlcheck", "."], cwd=suite,
-                         capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [PY, "-m", "pytest", "--collect-only", "-q", "-p", "no:dlcheck", "."],
+        cwd=suite,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert "37 tests collected" in out.stdout, out.stdout + out.stderr
 
 
@@ -109,7 +118,12 @@ def test_example_project_copies_the_example_and_writes_its_floor_test(tmp_path):
     assert p.floor_args() == ["-p", "no:dlcheck", "clean/test_dlbench_floor.py"]
     v = projects.example_project("vision", tmp_path)
     assert projects.fixture_names(v.root / "clean" / "conftest.py") == [
-        "dlcheck_dataloader", "dlcheck_eval_dataloader", "dlcheck_eval_fn", "dlcheck_loss_fn", "dlcheck_model"]
+        "dlcheck_dataloader",
+        "dlcheck_eval_dataloader",
+        "dlcheck_eval_fn",
+        "dlcheck_loss_fn",
+        "dlcheck_model",
+    ]
     with pytest.raises(KeyError, match="no floor step"):
         projects.example_project("smoke", tmp_path)
 
@@ -173,8 +187,9 @@ def test_llm_floor_step_with_a_trainer(tmp_path):
     tok = tiny.tokenizer()
     model = tiny.llama(tok)
     data = Dataset.from_dict({"prompt": tiny.PROMPTS, "completion": tiny.COMPLETIONS})
-    trainer = SFTTrainer(model=model, args=tiny.trainer_args(tmp_path, SFTConfig), processing_class=tok,
-                         train_dataset=data)
+    trainer = SFTTrainer(
+        model=model, args=tiny.trainer_args(tmp_path, SFTConfig), processing_class=tok, train_dataset=data
+    )
     info = dlbench_floor.llm_step({"dlcheck_trainer": trainer})
     assert info["loss"] > 0 and info["batch"][0] == trainer.args.per_device_train_batch_size
     assert info["trainable_bytes"] == 4 * sum(p.numel() for p in model.parameters())
@@ -186,8 +201,14 @@ def test_llm_floor_step_with_a_collator_and_dataset():
 
     tok = tiny.tokenizer()
     model = tiny.llama(tok)
-    info = dlbench_floor.llm_step({"dlcheck_model": model, "dlcheck_collator": DataCollatorForLanguageModeling(tok, mlm=False),
-                                   "dlcheck_dataset": tiny.tokenized(tok)}, batch_size=3)
+    info = dlbench_floor.llm_step(
+        {
+            "dlcheck_model": model,
+            "dlcheck_collator": DataCollatorForLanguageModeling(tok, mlm=False),
+            "dlcheck_dataset": tiny.tokenized(tok),
+        },
+        batch_size=3,
+    )
     assert info["batch"][0] == 3 and _grads(model)
 
 
@@ -198,8 +219,14 @@ def test_vision_floor_step_and_floor_output(tmp_path, monkeypatch):
     data = TensorDataset(torch.randn(8, 3, 8, 8), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]))
     out = tmp_path / "floor.json"
     monkeypatch.setenv("DLBENCH_FLOOR_OUT", str(out))
-    info = dlbench_floor.run("vision", {"dlcheck_model": model, "dlcheck_dataloader": DataLoader(data, batch_size=4),
-                                        "dlcheck_loss_fn": torch.nn.CrossEntropyLoss()})
+    info = dlbench_floor.run(
+        "vision",
+        {
+            "dlcheck_model": model,
+            "dlcheck_dataloader": DataLoader(data, batch_size=4),
+            "dlcheck_loss_fn": torch.nn.CrossEntropyLoss(),
+        },
+    )
     assert info["batch"] == [4, 3, 8, 8] and _grads(model)
     assert json.loads(out.read_text())["trainable_bytes"] == info["trainable_bytes"] > 0
 
@@ -214,7 +241,9 @@ def test_train_floor_step_uses_a_fresh_model_from_the_factory():
         return {"model": made[-1], "optimizer": torch.optim.SGD(made[-1].parameters(), lr=0.1)}
 
     data = TensorDataset(torch.randn(8, 4), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]))
-    info = dlbench_floor.train_step({"dlcheck_make_training": make, "dlcheck_dataloader": DataLoader(data, batch_size=4)})
+    info = dlbench_floor.train_step(
+        {"dlcheck_make_training": make, "dlcheck_dataloader": DataLoader(data, batch_size=4)}
+    )
     assert len(made) == 1 and _grads(made[0]) and info["trainable_bytes"] == 4 * 15
 
 
@@ -248,9 +277,15 @@ def _measured(wall, cpu, probe=None):
 
 
 def test_phases_and_outcomes_from_the_probe():
-    probe = {"configured_at": 1002.0, "collected_at": 1002.5, "finished_at": 1009.0,
-             "items": {"c/conftest.py::L1_x": {"setup": 4.0, "call": 1.0, "teardown": 0.0, "outcome": "passed"},
-                       "c/conftest.py::L2_y": {"setup": 0.0, "call": 0.5, "teardown": 0.1, "outcome": "skipped"}}}
+    probe = {
+        "configured_at": 1002.0,
+        "collected_at": 1002.5,
+        "finished_at": 1009.0,
+        "items": {
+            "c/conftest.py::L1_x": {"setup": 4.0, "call": 1.0, "teardown": 0.0, "outcome": "passed"},
+            "c/conftest.py::L2_y": {"setup": 0.0, "call": 0.5, "teardown": 0.1, "outcome": "skipped"},
+        },
+    }
     m = _measured(10.0, 8.0, probe)
     assert run.phases(m) == pytest.approx({"startup": 2.0, "collection": 0.5, "items": 5.6, "exit": 1.0})
     assert run.outcomes(m) == {"passed": 1, "skipped": 1}
@@ -263,8 +298,9 @@ def test_a_clean_project_that_fails_or_errors_is_named():
     assert run.broken(ok) == ""
     bad = _measured(1, 1, {"items": {"c::L1": {"setup": 0, "call": 0, "teardown": 0, "outcome": "error"}}})
     bad.output = "...\nERROR clean/conftest.py::L1_padding_side - ImportError: boom\n1 error"
-    assert run.broken(bad) == ("1 check(s) failed or errored on a clean project: "
-                               "ERROR clean/conftest.py::L1_padding_side - ImportError: boom")
+    assert run.broken(bad) == (
+        "1 check(s) failed or errored on a clean project: ERROR clean/conftest.py::L1_padding_side - ImportError: boom"
+    )
     assert run.broken(_measured(1, 1, {"items": {}})).startswith("no check ran")
 
 
@@ -274,8 +310,15 @@ def test_device_findings_name_moves_and_tensors_left_off_the_gpu():
 
     clean = [_measured(1, 1, probe([], {"0:LlamaForCausalLM": {"cuda": 30}}, 900.0))]
     floor = [_measured(1, 1, probe([], {"0:LlamaForCausalLM": {"cuda": 30}}, 1300.0))]
-    assert run.device_findings(clean, floor) == {"moved": [], "off_device": {}, "peak_active": 900.0, "peak_floor": 1300.0}
-    moved = [_measured(1, 1, probe(["LlamaForCausalLM.to('cpu')"], {"0:LlamaForCausalLM": {"cuda": 29, "cpu": 1}}, 950.0))]
+    assert run.device_findings(clean, floor) == {
+        "moved": [],
+        "off_device": {},
+        "peak_active": 900.0,
+        "peak_floor": 1300.0,
+    }
+    moved = [
+        _measured(1, 1, probe(["LlamaForCausalLM.to('cpu')"], {"0:LlamaForCausalLM": {"cuda": 29, "cpu": 1}}, 950.0))
+    ]
     found = run.device_findings(moved + clean, floor)
     assert found["moved"] == ["LlamaForCausalLM.to('cpu')"]
     assert found["off_device"] == {"0:LlamaForCausalLM": {"cuda": 29, "cpu": 1}}
@@ -287,8 +330,10 @@ def test_table_and_verdicts():
     text, chosen = run.fmt_ratios(ra, rb, "cpu")
     assert text == "1.100 CPU, 2.000 wall" and chosen == pytest.approx(1.1)
     assert run.fmt_ratios(ra, rb, "wall")[1] == 2.0
-    rows = [run.Row("scale", "x", run.fmt_time(a), run.fmt_time(b), text, "≤ 1.10", chosen <= run.SCALE_MAX, "a note"),
-            run.Row("gpu", "y", "-", "-", "-", "-", None, "not taken")]
+    rows = [
+        run.Row("scale", "x", run.fmt_time(a), run.fmt_time(b), text, "≤ 1.10", chosen <= run.SCALE_MAX, "a note"),
+        run.Row("gpu", "y", "-", "-", "-", "-", None, "not taken"),
+    ]
     out = run.table(rows)
     lines = out.splitlines()
     assert lines[0].startswith("| figure") and "verdict" in lines[0]
@@ -301,7 +346,13 @@ def test_table_and_verdicts():
 def test_quick_mode_reduces_every_size():
     args = run.parse_args(["--quick"])
     assert (args.tests, args.repeats, args.warmup, args.domains, args.sizes, args.small_model) == (
-        20, 1, 0, "llm", "10,10000", True)
+        20,
+        1,
+        0,
+        "llm",
+        "10,10000",
+        True,
+    )
     assert run.parse_args([]).tests == 300 and run.parse_args([]).sizes == "1000,1000000"
 
 
@@ -310,9 +361,23 @@ def test_quick_mode_reduces_every_size():
 
 def test_benchmark_runs_end_to_end_at_a_reduced_size(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([PY, str(REPO / "benchmarks" / "run.py"), "--quick", "--only", "inactive,scale,gpu",
-                           "--no-check", "--quiet", "--json", str(out)], capture_output=True, text=True, timeout=300,
-                          check=False)
+    proc = subprocess.run(
+        [
+            PY,
+            str(REPO / "benchmarks" / "run.py"),
+            "--quick",
+            "--only",
+            "inactive,scale,gpu",
+            "--no-check",
+            "--quiet",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "| figure" in proc.stdout and "load average" in proc.stdout and "machine:" in proc.stdout
     rows = {r["section"]: r for r in json.loads(out.read_text())["rows"]}

@@ -9,7 +9,10 @@ import pytest
 EXAMPLES = Path(__file__).parent.parent / "examples"
 
 # domain -> IDs the broken project must fail
-BROKEN = {"llm": {"L2", "L11"}, "vision": {"V1", "V2", "V3", "V7"}}  # diffusion: tests/diffusion/test_df_example_project.py
+BROKEN = {
+    "llm": {"L2", "L11"},
+    "vision": {"V1", "V2", "V3", "V7"},
+}  # diffusion: tests/diffusion/test_df_example_project.py
 
 
 @pytest.mark.parametrize("domain", sorted(BROKEN))

@@ -49,7 +49,11 @@ def test_nested_conftests_see_their_parents_fixtures(project):
     run = project.run("--dlcheck=L11")
     # the root sees only the tokenizer: L11 skips naming the missing role; sub sees both and runs
     run.fnmatch(["conftest.py::L11_eos_supervised SKIPPED*", "sub/conftest.py::L11_eos_supervised PASSED*"])
-    run.fnmatch(["*missing role: define fixture dlcheck_dataloader (or dlcheck_collator + dlcheck_dataset, or dlcheck_trainer)*"])
+    run.fnmatch(
+        [
+            "*missing role: define fixture dlcheck_dataloader (or dlcheck_collator + dlcheck_dataset, or dlcheck_trainer)*"
+        ]
+    )
 
 
 def test_two_models_get_the_checks_once_each(project):

@@ -6,9 +6,8 @@ import random
 
 import numpy as np
 import pytest
-import torch
-
 import tiny
+import torch
 
 PIPELINE = """
     import pytest, tiny
@@ -70,7 +69,12 @@ def assert_same_model(before, after):
 def snapshot_tokenizer(tok):
     from pytest_dlcheck.guard import tokenizer_settings
 
-    return {**tokenizer_settings(tok), "len": len(tok), "vocab": tok.get_vocab(), "special": dict(tok.special_tokens_map)}
+    return {
+        **tokenizer_settings(tok),
+        "len": len(tok),
+        "vocab": tok.get_vocab(),
+        "special": dict(tok.special_tokens_map),
+    }
 
 
 def rng_states():
@@ -102,8 +106,13 @@ def test_a_full_llm_session_leaves_a_hand_pipeline_untouched(project, shared):
     model.train()
     model.model.layers[0].eval()  # a user's own mixed modes must survive
     model.model.embed_tokens.weight.requires_grad_(False)
-    shared.update(tokenizer=tok, model=model, collator=DataCollatorForLanguageModeling(tok, mlm=False),
-                  dataset=tiny.tokenized(tok), compute_metrics=compute_metrics)
+    shared.update(
+        tokenizer=tok,
+        model=model,
+        collator=DataCollatorForLanguageModeling(tok, mlm=False),
+        dataset=tiny.tokenized(tok),
+        compute_metrics=compute_metrics,
+    )
     project.conftest(PIPELINE)
     before = snapshot_model(model), snapshot_tokenizer(tok), rng_states()
     run = project.run("--dlcheck=llm")
@@ -114,13 +123,15 @@ def test_a_full_llm_session_leaves_a_hand_pipeline_untouched(project, shared):
 
 
 def test_a_full_llm_session_leaves_a_trainer_untouched(project, shared, tmp_path):
-    from trl import SFTConfig, SFTTrainer
     from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
 
     tok = tiny.tokenizer()
     model = tiny.llama(tok)
     data = Dataset.from_dict({"prompt": tiny.PROMPTS, "completion": tiny.COMPLETIONS})
-    trainer = SFTTrainer(model=model, args=tiny.trainer_args(tmp_path, SFTConfig), processing_class=tok, train_dataset=data)
+    trainer = SFTTrainer(
+        model=model, args=tiny.trainer_args(tmp_path, SFTConfig), processing_class=tok, train_dataset=data
+    )
     shared.update(trainer=trainer)
     project.conftest(TRAINER)
     prepared = len(trainer.accelerator._dataloaders)

@@ -162,32 +162,45 @@ def test_catalog_lists_every_check(pytester):
     assert result.ret == 0
     lines = result.stdout.lines
     for check in registry.load_checks().values():
-        assert any(line.split()[:2] == [check.id, check.domain] and check.title in line for line in lines if line.strip()), check.id
+        assert any(
+            line.split()[:2] == [check.id, check.domain] and check.title in line for line in lines if line.strip()
+        ), check.id
     result.stdout.fnmatch_lines(["*dlcheck_trainer*", "Details of one check: pytest --dlcheck-list ID"])
 
 
 def test_catalog_explains_one_check(pytester):
     result = pytester.runpytest_inprocess("--dlcheck-list", "L11")
     assert result.ret == 0
-    result.stdout.fnmatch_lines(["L11 end-of-sequence token is never supervised  [[]llm[]]", "What it does", "Why it is bad",
-                                 "Example", "Use instead", "Known problems", "*L11.max_missing_share = 0.0"])
+    result.stdout.fnmatch_lines(
+        [
+            "L11 end-of-sequence token is never supervised  [[]llm[]]",
+            "What it does",
+            "Why it is bad",
+            "Example",
+            "Use instead",
+            "Known problems",
+            "*L11.max_missing_share = 0.0",
+        ]
+    )
     bad = pytester.runpytest_inprocess("--dlcheck-list", "Z9")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
 
 
 def test_help_shows_the_option_group(pytester):
     result = pytester.runpytest_inprocess("--help")
-    result.stdout.fnmatch_lines([
-        "deep-learning pipeline checks (pytest-dlcheck):",
-        "*--dlcheck=DOMAINS|IDS*",
-        "*--dlcheck-ignore=IDS*",
-        "*--dlcheck-list*",
-        "*--dlcheck-samples=N*",
-        "*--dlcheck-batch-size=N*",
-        "*--dlcheck-set=ID.NAME=VALUE*",
-        "*--dlcheck-json=PATH*",
-        "*--dlcheck-report=PATH*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "deep-learning pipeline checks (pytest-dlcheck):",
+            "*--dlcheck=DOMAINS|IDS*",
+            "*--dlcheck-ignore=IDS*",
+            "*--dlcheck-list*",
+            "*--dlcheck-samples=N*",
+            "*--dlcheck-batch-size=N*",
+            "*--dlcheck-set=ID.NAME=VALUE*",
+            "*--dlcheck-json=PATH*",
+            "*--dlcheck-report=PATH*",
+        ]
+    )
 
 
 # ---- errors and skips -----------------------------------------------------------------------------
@@ -197,18 +210,25 @@ def test_missing_roles_skip_naming_the_fixture(project):
     project.conftest("import pytest\n\n@pytest.fixture\ndef dlcheck_model():\n    return object()\n")
     run = project.run("--dlcheck=L11")
     run.assert_outcome("L11", "skipped")
-    run.fnmatch(["*missing role: define fixture dlcheck_tokenizer (or dlcheck_trainer); dlcheck_dataloader (or *) in conftest.py*"])
+    run.fnmatch(
+        [
+            "*missing role: define fixture dlcheck_tokenizer (or dlcheck_trainer); dlcheck_dataloader (or *) in conftest.py*"
+        ]
+    )
     run.fnmatch(["*dlcheck summary*", "llm *1 skipped", "skipped:   missing role: define fixture dlcheck_tokenizer*"])
 
 
 def test_a_collator_that_raises_is_the_users_error(project):
-    project.conftest(CLEAN + """
+    project.conftest(
+        CLEAN
+        + """
     @pytest.fixture(scope="session")
     def dlcheck_collator():
         def collate(examples):
             return {"input_ids": examples[0]["nope"]}
         return collate
-    """)
+    """
+    )
     run = project.run("--dlcheck=L11")
     run.assert_outcome("L11", "failed")
     text = run.section("L11")
@@ -218,22 +238,28 @@ def test_a_collator_that_raises_is_the_users_error(project):
 
 
 def test_a_batch_that_is_not_a_mapping_is_reported(project):
-    project.conftest(CLEAN + """
+    project.conftest(
+        CLEAN
+        + """
     @pytest.fixture(scope="session")
     def dlcheck_collator():
         return lambda examples: [e["input_ids"] for e in examples]
-    """)
+    """
+    )
     run = project.run("--dlcheck=L11")
     run.assert_outcome("L11", "failed")
     assert "returned a list, expected a mapping of batch fields" in run.section("L11")
 
 
 def test_an_empty_dataset_skips(project):
-    project.conftest(CLEAN + """
+    project.conftest(
+        CLEAN
+        + """
     @pytest.fixture(scope="session")
     def dlcheck_dataset():
         return []
-    """)
+    """
+    )
     run = project.run("--dlcheck=L11")
     run.assert_outcome("L11", "skipped")
     run.fnmatch(["*dlcheck_dataset is empty*"])

@@ -6,8 +6,8 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 from html.parser import HTMLParser
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -46,7 +46,9 @@ class Cards(HTMLParser):
             if attrs.get(key, "").startswith(("http:", "https:", "//")):
                 self.external.append(attrs[key])
         if tag == "div" and "data-check" in attrs:
-            self.current = self.cards.setdefault(attrs["data-check"], {"outcome": attrs["data-outcome"], "text": "", "kinds": [], "classes": []})
+            self.current = self.cards.setdefault(
+                attrs["data-check"], {"outcome": attrs["data-outcome"], "text": "", "kinds": [], "classes": []}
+            )
             self.depth = 0
         if self.current is not None and tag == "div":
             self.depth += 1
@@ -77,7 +79,9 @@ def broken_llm_reports(project, tmp_path):
 def test_reports_of_a_broken_llm_project(broken_llm_reports, tmp_path):
     run, doc, out_html = broken_llm_reports
     # terminal
-    run.fnmatch(["*= dlcheck summary =*", "llm *passed*failed*", "failed:    *L11*", "json: *r.json", "report: *r.html"])
+    run.fnmatch(
+        ["*= dlcheck summary =*", "llm *passed*failed*", "failed:    *L11*", "json: *r.json", "report: *r.html"]
+    )
     # json
     jsonschema.validate(doc, json.loads(schema_path().read_text()))
     by_id = {r["id"]: r for r in doc["results"]}
@@ -129,16 +133,30 @@ def _chromium():
 
 def shows_in_chromium(out_html, tmp_path, expect="L11 end-of-sequence token is never supervised"):
     chromium = _chromium()
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'chromium'}"]
-    dom = subprocess.run([chromium, *flags, "--dump-dom", out_html.as_uri()], capture_output=True, text=True, timeout=120)
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chromium'}",
+    ]
+    dom = subprocess.run(
+        [chromium, *flags, "--dump-dom", out_html.as_uri()], capture_output=True, text=True, timeout=120
+    )
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert "pytest-dlcheck report" in dom.stdout
     assert expect in dom.stdout
     shot = tmp_path / "report.png"
-    subprocess.run([chromium, *flags, "--window-size=1200,1600", f"--screenshot={shot}", out_html.as_uri()],
-                   capture_output=True, timeout=120, check=True)
+    subprocess.run(
+        [chromium, *flags, "--window-size=1200,1600", f"--screenshot={shot}", out_html.as_uri()],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000  # a drawn page, not a blank one
 

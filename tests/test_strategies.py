@@ -1,10 +1,10 @@
 """The public Hypothesis strategies: edge lengths are favoured, per-token fields keep one length, and
 the README's example property test runs as written."""
 
+import tiny
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tiny
 from pytest_dlcheck import strategies as dls
 
 TOK = tiny.tokenizer()
@@ -37,7 +37,9 @@ def test_examples_like_resizes_token_fields_together(row):
 
 
 @settings(max_examples=40, derandomize=True, database=None, deadline=None)
-@given(dls.examples_like([{"prompt": "what is 2+2?", "completion": " 4", "messages": [{"role": "user", "content": "hi"}]}]))
+@given(
+    dls.examples_like([{"prompt": "what is 2+2?", "completion": " 4", "messages": [{"role": "user", "content": "hi"}]}])
+)
 def test_examples_like_perturbs_text_and_turns(row):
     assert set(row) == {"prompt", "completion", "messages"}
     assert row["messages"][0]["role"] == "user"

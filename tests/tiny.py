@@ -38,11 +38,17 @@ CHAT_TEMPLATE = (
 )
 
 PROMPTS = ["what is 2+2?", "hello", "Name a colour.", "once upon a time", "the quick brown fox", "a b c"]
-COMPLETIONS = [" The answer is 4.", " world, how are you today?", " Blue is a colour.", " there was a tiny model",
-               " jumps over the lazy dog", " d e f g h"]
+COMPLETIONS = [
+    " The answer is 4.",
+    " world, how are you today?",
+    " Blue is a colour.",
+    " there was a tiny model",
+    " jumps over the lazy dog",
+    " d e f g h",
+]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bpe():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -52,8 +58,12 @@ def _bpe():
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     tok.train_from_iterator(
         CORPUS,
-        trainers.BpeTrainer(vocab_size=300, special_tokens=[EOS, PAD, BOS, USER, ASSISTANT, SYSTEM, END],
-                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False),
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=[EOS, PAD, BOS, USER, ASSISTANT, SYSTEM, END],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
     )
     return tok.to_str()
 
@@ -77,10 +87,20 @@ def llama(tok, seed: int = 0, max_positions: int = 256, attn: str = "sdpa", **ov
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, **overrides)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        **overrides,
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
 
@@ -89,8 +109,16 @@ def gpt2(tok, seed: int = 0, n_positions: int = 256, attn: str = "sdpa"):
     import torch
     from transformers import AutoModelForCausalLM, GPT2Config
 
-    cfg = GPT2Config(vocab_size=len(tok), n_embd=64, n_layer=2, n_head=4, n_positions=n_positions,
-                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    cfg = GPT2Config(
+        vocab_size=len(tok),
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        n_positions=n_positions,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
 
@@ -109,8 +137,18 @@ def trainer_args(tmp_path, cls=None, **kw):
     from transformers import TrainingArguments
 
     cls = cls or TrainingArguments
-    base = dict(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, fp16=False, max_steps=2,
-                per_device_train_batch_size=2, save_strategy="no", disable_tqdm=True, logging_steps=1)
+    base = dict(
+        output_dir=str(tmp_path),
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        max_steps=2,
+        per_device_train_batch_size=2,
+        save_strategy="no",
+        disable_tqdm=True,
+        logging_steps=1,
+    )
     if cls is not TrainingArguments:
         base["activation_checkpointing"] = False
     base.update(kw)

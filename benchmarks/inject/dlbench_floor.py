@@ -88,7 +88,11 @@ def llm_step(fixtures: dict[str, Any], batch_size: int = 4) -> dict[str, Any]:
     batch = _to(batch, _device(model))
     loss = model(**_accepted(model.forward, batch)).loss
     loss.backward()
-    return {"loss": float(loss.detach()), "batch": list(batch["input_ids"].shape), "trainable_bytes": trainable_bytes(model)}
+    return {
+        "loss": float(loss.detach()),
+        "batch": list(batch["input_ids"].shape),
+        "trainable_bytes": trainable_bytes(model),
+    }
 
 
 def vision_step(fixtures: dict[str, Any], batch_size: int = 4) -> dict[str, Any]:
@@ -117,7 +121,11 @@ def diffusion_step(fixtures: dict[str, Any], batch_size: int = 4) -> dict[str, A
     pred = unet(inputs["noisy_latents"], inputs["timesteps"], inputs["encoder_hidden_states"]).sample
     loss = torch.nn.functional.mse_loss(pred.float(), inputs["target"].float())
     loss.backward()
-    return {"loss": float(loss.detach()), "batch": list(inputs["noisy_latents"].shape), "trainable_bytes": trainable_bytes(unet)}
+    return {
+        "loss": float(loss.detach()),
+        "batch": list(inputs["noisy_latents"].shape),
+        "trainable_bytes": trainable_bytes(unet),
+    }
 
 
 def train_step(fixtures: dict[str, Any], batch_size: int = 4) -> dict[str, Any]:

@@ -11,8 +11,20 @@ import sys
 import time
 
 IMPORTED_AT = time.time()
-HEAVY = ("torch", "numpy", "transformers", "trl", "datasets", "accelerate", "torchvision", "timm", "diffusers",
-         "gymnasium", "matplotlib", "hypothesis")
+HEAVY = (
+    "torch",
+    "numpy",
+    "transformers",
+    "trl",
+    "datasets",
+    "accelerate",
+    "torchvision",
+    "timm",
+    "diffusers",
+    "gymnasium",
+    "matplotlib",
+    "hypothesis",
+)
 
 #: models a benchmark project registers with :func:`watch` (device checks)
 MODELS: list = []

@@ -54,8 +54,14 @@ def build_tokenizer():
     vocab = {"<pad>": 0, "<unk>": 1, "<bos>": 2, "<eos>": 3, **{w: i + 4 for i, w in enumerate(words)}}
     word_level = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     word_level.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=word_level, pad_token="<pad>", unk_token="<unk>",
-                                   bos_token="<bos>", eos_token="<eos>", model_max_length=8)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=word_level,
+        pad_token="<pad>",
+        unk_token="<unk>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        model_max_length=8,
+    )
 
 
 def build_text_encoder(tok):
@@ -63,9 +69,19 @@ def build_text_encoder(tok):
     from transformers import CLIPTextConfig, CLIPTextModel
 
     torch.manual_seed(0)
-    return CLIPTextModel(CLIPTextConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                       num_attention_heads=2, max_position_embeddings=8, pad_token_id=0,
-                                       bos_token_id=2, eos_token_id=3)).eval()
+    return CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(tok),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=8,
+            pad_token_id=0,
+            bos_token_id=2,
+            eos_token_id=3,
+        )
+    ).eval()
 
 
 def build_vae():
@@ -75,9 +91,17 @@ def build_vae():
     from diffusers import AutoencoderKL
 
     torch.manual_seed(0)
-    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, down_block_types=("DownEncoderBlock2D",) * 2,
-                        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), layers_per_block=1,
-                        norm_num_groups=4, sample_size=SIZE).eval()
+    vae = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        norm_num_groups=4,
+        sample_size=SIZE,
+    ).eval()
     with torch.no_grad():  # "pretraining": a sharp posterior, and latents of SD's scale
         vae.quant_conv.weight[4:] = 0
         vae.quant_conv.bias[4:] = -30.0
@@ -92,10 +116,18 @@ def build_unet():
     from diffusers import UNet2DConditionModel
 
     torch.manual_seed(0)
-    return UNet2DConditionModel(sample_size=SIZE // 2, in_channels=4, out_channels=4, layers_per_block=1,
-                                block_out_channels=(16, 32), norm_num_groups=8, cross_attention_dim=16,
-                                attention_head_dim=4, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-                                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"))
+    return UNet2DConditionModel(
+        sample_size=SIZE // 2,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(16, 32),
+        norm_num_groups=8,
+        cross_attention_dim=16,
+        attention_head_dim=4,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+    )
 
 
 def collate_fn(tok, proportion_empty_prompts):
@@ -104,8 +136,9 @@ def collate_fn(tok, proportion_empty_prompts):
 
     def collate(examples):
         captions = ["" if random.random() < proportion_empty_prompts else e["caption"] for e in examples]
-        input_ids = tok(captions, padding="max_length", max_length=tok.model_max_length, truncation=True,
-                        return_tensors="pt").input_ids
+        input_ids = tok(
+            captions, padding="max_length", max_length=tok.model_max_length, truncation=True, return_tensors="pt"
+        ).input_ids
         return {"pixel_values": torch.stack([e["pixel_values"] for e in examples]), "input_ids": input_ids}
 
     return collate
@@ -114,8 +147,16 @@ def collate_fn(tok, proportion_empty_prompts):
 def pipeline(vae, text_encoder, tok, unet, scheduler):
     from diffusers import StableDiffusionPipeline
 
-    pipe = StableDiffusionPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tok, unet=unet, scheduler=scheduler,
-                                   safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    pipe = StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tok,
+        unet=unet,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

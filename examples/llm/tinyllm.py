@@ -28,9 +28,15 @@ def build_tokenizer(pad_token="<|pad|>"):
     bpe.decoder = decoders.ByteLevel()
     bpe.post_processor = processors.ByteLevel(trim_offsets=False)
     corpus = [p + c for p, c in PAIRS] * 10
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=320, special_tokens=["<|endoftext|>", "<|pad|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    bpe.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=320,
+            special_tokens=["<|endoftext|>", "<|pad|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
     tok.pad_token = pad_token
     return tok
@@ -41,9 +47,17 @@ def build_model(tok):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
     return AutoModelForCausalLM.from_config(config)
 
 
@@ -54,5 +68,14 @@ def prompt_completion_dataset():
 
 
 def common_args(output_dir):
-    return dict(output_dir=str(output_dir), report_to="none", use_cpu=True, bf16=False, fp16=False, max_steps=10,
-                per_device_train_batch_size=4, save_strategy="no", disable_tqdm=True)
+    return dict(
+        output_dir=str(output_dir),
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        max_steps=10,
+        per_device_train_batch_size=4,
+        save_strategy="no",
+        disable_tqdm=True,
+    )

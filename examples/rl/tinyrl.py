@@ -15,8 +15,16 @@ def train_ppo():
     from stable_baselines3 import PPO
     from stable_baselines3.common.vec_env import VecNormalize
 
-    model = PPO("MlpPolicy", VecNormalize(make_env()), n_steps=64, batch_size=64, n_epochs=1, device="cpu", seed=0,
-                policy_kwargs=dict(net_arch=[32, 32]))
+    model = PPO(
+        "MlpPolicy",
+        VecNormalize(make_env()),
+        n_steps=64,
+        batch_size=64,
+        n_epochs=1,
+        device="cpu",
+        seed=0,
+        policy_kwargs=dict(net_arch=[32, 32]),
+    )
     model.learn(128)
     return model
 
@@ -27,8 +35,8 @@ def compute_gae(rewards, values, terminations, truncations, next_values, gamma, 
     advantages = torch.zeros_like(rewards)
     lastgaelam = 0
     for t in reversed(range(rewards.shape[0])):
-        nextnonterminal = 1.0 - terminations[t]                                 # bootstrap unless terminated
-        nextepisode = 1.0 - torch.maximum(terminations[t], truncations[t])   # cut the λ-chain at every end
+        nextnonterminal = 1.0 - terminations[t]  # bootstrap unless terminated
+        nextepisode = 1.0 - torch.maximum(terminations[t], truncations[t])  # cut the λ-chain at every end
         delta = rewards[t] + gamma * next_values[t] * nextnonterminal - values[t]
         advantages[t] = lastgaelam = delta + gamma * gae_lambda * nextepisode * lastgaelam
     return advantages, advantages + values

@@ -43,8 +43,15 @@ def eval_loader(data: TensorDataset) -> DataLoader:
 def save_checkpoint(state, path):
     """Everything a resume needs, written to a temporary file and renamed (atomic)."""
     tmp = f"{path}.tmp"
-    torch.save({"model": state["model"].state_dict(), "optimizer": state["optimizer"].state_dict(),
-                "lr_scheduler": state["lr_scheduler"].state_dict(), "rng": torch.random.get_rng_state()}, tmp)
+    torch.save(
+        {
+            "model": state["model"].state_dict(),
+            "optimizer": state["optimizer"].state_dict(),
+            "lr_scheduler": state["lr_scheduler"].state_dict(),
+            "rng": torch.random.get_rng_state(),
+        },
+        tmp,
+    )
     os.replace(tmp, path)
 
 

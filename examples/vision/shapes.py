@@ -7,7 +7,7 @@ from PIL import Image, ImageDraw
 from torchvision.datasets import VisionDataset
 
 CLASSES = ("circle", "square", "triangle")
-MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]   # ImageNet statistics
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]  # ImageNet statistics
 
 
 class Shapes(VisionDataset):

@@ -24,14 +24,30 @@ def build_processor():
     bpe.decoder = decoders.ByteLevel()
     bpe.post_processor = processors.ByteLevel(trim_offsets=False)
     corpus = [QUESTION + caption(c, s) for c in COLOURS for s in SHAPES] * 10
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>", "<|pad|>", "<image>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    bpe.train_from_iterator(
+        corpus,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<|endoftext|>", "<|pad|>", "<image>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False,
+        ),
+    )
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|pad|>")
-    images = CLIPImageProcessor(size={"shortest_edge": SIZE}, crop_size={"height": SIZE, "width": SIZE},
-                                image_mean=[0.5] * 3, image_std=[0.5] * 3)
-    return LlavaProcessor(image_processor=images, tokenizer=tok, patch_size=PATCH, image_token="<image>",
-                          vision_feature_select_strategy="default", num_additional_image_tokens=1)
+    images = CLIPImageProcessor(
+        size={"shortest_edge": SIZE},
+        crop_size={"height": SIZE, "width": SIZE},
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+    )
+    return LlavaProcessor(
+        image_processor=images,
+        tokenizer=tok,
+        patch_size=PATCH,
+        image_token="<image>",
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+    )
 
 
 def build_model(processor):
@@ -41,13 +57,29 @@ def build_model(processor):
     tok = processor.tokenizer
     torch.manual_seed(0)
     config = LlavaConfig(
-        vision_config=CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                       image_size=SIZE, patch_size=PATCH),
-        text_config=LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id),
-        image_token_id=tok.convert_tokens_to_ids("<image>"), vision_feature_layer=-2,
-        vision_feature_select_strategy="default")
+        vision_config=CLIPVisionConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            image_size=SIZE,
+            patch_size=PATCH,
+        ),
+        text_config=LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=512,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        ),
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+    )
     return LlavaForConditionalGeneration(config)
 
 
@@ -64,7 +96,9 @@ def picture(colour, shape, seed):
     r = int(rng.integers(10, 18))
     cy, cx = rng.integers(r + 2, SIZE - r - 2, 2)
     yy, xx = np.mgrid[:SIZE, :SIZE]
-    inside = (abs(yy - cy) <= r) & (abs(xx - cx) <= r) if shape == "square" else (yy - cy) ** 2 + (xx - cx) ** 2 <= r * r
+    inside = (
+        (abs(yy - cy) <= r) & (abs(xx - cx) <= r) if shape == "square" else (yy - cy) ** 2 + (xx - cx) ** 2 <= r * r
+    )
     a[inside] = COLOURS[colour]
     return Image.fromarray(a)
 
@@ -75,16 +109,34 @@ def dataset(n=16):
 
     pairs = [(c, s) for c in COLOURS for s in SHAPES]
     rows = [pairs[i % len(pairs)] for i in range(n)]
-    return Dataset.from_dict({"images": [[picture(c, s, i)] for i, (c, s) in enumerate(rows)],
-                              "prompt": [QUESTION] * n, "completion": [caption(c, s) for c, s in rows]})
+    return Dataset.from_dict(
+        {
+            "images": [[picture(c, s, i)] for i, (c, s) in enumerate(rows)],
+            "prompt": [QUESTION] * n,
+            "completion": [caption(c, s) for c, s in rows],
+        }
+    )
 
 
 def common_args(output_dir):
-    return dict(output_dir=str(output_dir), report_to="none", use_cpu=True, bf16=False, fp16=False, max_steps=10,
-                per_device_train_batch_size=4, save_strategy="no", disable_tqdm=True, activation_checkpointing=False)
+    return dict(
+        output_dir=str(output_dir),
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        max_steps=10,
+        per_device_train_batch_size=4,
+        save_strategy="no",
+        disable_tqdm=True,
+        activation_checkpointing=False,
+    )
 
 
 def tower_modules(model):
     """The three towers of a transformers 5 Llava: lm_head sits outside model.model.language_model."""
-    return {"vision": [model.model.vision_tower], "projector": [model.model.multi_modal_projector],
-            "language_model": [model.model.language_model, model.lm_head]}
+    return {
+        "vision": [model.model.vision_tower],
+        "projector": [model.model.multi_modal_projector],
+        "language_model": [model.model.language_model, model.lm_head],
+    }

@@ -22,7 +22,10 @@ def test_torch_save_onto_the_previous_checkpoint(project):
     run = project.run("--dlcheck=C2")
     run.assert_outcome("C2", "failed")
     text = tt.section(run, "C2")
-    assert "a save through dlcheck_save_checkpoint was interrupted half way while writing dlcheck-atomic0/checkpoint" in text
+    assert (
+        "a save through dlcheck_save_checkpoint was interrupted half way while writing dlcheck-atomic0/checkpoint"
+        in text
+    )
     assert "file sizes before and after the interrupted save: checkpoint: 10106 -> 7992 bytes" in text
     assert "loading dlcheck-atomic0/checkpoint afterwards raises" in text
     assert "os.replace(tmp, path)" in text
@@ -34,7 +37,7 @@ def test_save_to_a_temporary_file_then_rename(project):
 
 
 def test_trainer_checkpoint_directories_keep_the_previous_one(project):
-    project.conftest('''
+    project.conftest("""
     import pytest, tiny
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -44,5 +47,5 @@ def test_trainer_checkpoint_directories_keep_the_previous_one(project):
         tok = tiny.tokenizer()
         return SFTTrainer(model=tiny.llama(tok), args=tiny.trainer_args(tmp_path_factory.mktemp("o"), SFTConfig),
                           processing_class=tok, train_dataset=Dataset.from_dict({"text": tiny.texts()}))
-    ''')
+    """)
     project.run("--dlcheck=C2").assert_outcome("C2", "passed")

@@ -28,11 +28,16 @@ DDP = """
 
 
 def test_state_dict_of_a_compiled_model(project):
-    project.conftest(tt.loop_project(model="torch.compile(tt.MLP())", extra=SAVE.format(save="save_model_and_optimizer")))
+    project.conftest(
+        tt.loop_project(model="torch.compile(tt.MLP())", extra=SAVE.format(save="save_model_and_optimizer"))
+    )
     run = project.run("--dlcheck=C18")
     run.assert_outcome("C18", "failed")
     text = tt.section(run, "C18")
-    assert "4 of 4 keys of the state dict at checkpoint['model'] (written by dlcheck_save_checkpoint) carry a wrapper segment" in text
+    assert (
+        "4 of 4 keys of the state dict at checkpoint['model'] (written by dlcheck_save_checkpoint) carry a wrapper segment"
+        in text
+    )
     assert "'_orig_mod.body.0.bias' is 'body.0.bias' in the unwrapped model" in text
     assert "would miss 4 keys" in text and "torch.compile wrapper" in text and "model._orig_mod.state_dict()" in text
 
@@ -43,8 +48,12 @@ def test_unwrapped_state_dict_of_a_compiled_model_passes(project):
 
 
 def test_state_dict_of_a_ddp_wrapped_model(project):
-    project.conftest(tt.loop_project(model="torch.nn.parallel.DistributedDataParallel(tt.MLP())",
-                                     extra=DDP + SAVE.format(save="save_model_and_optimizer")))
+    project.conftest(
+        tt.loop_project(
+            model="torch.nn.parallel.DistributedDataParallel(tt.MLP())",
+            extra=DDP + SAVE.format(save="save_model_and_optimizer"),
+        )
+    )
     run = project.run("--dlcheck=C18")
     run.assert_outcome("C18", "failed")
     text = tt.section(run, "C18")
@@ -53,6 +62,9 @@ def test_state_dict_of_a_ddp_wrapped_model(project):
 
 
 def test_unwrapped_state_dict_of_a_ddp_model_passes(project):
-    project.conftest(tt.loop_project(model="torch.nn.parallel.DistributedDataParallel(tt.MLP())",
-                                     extra=DDP + SAVE.format(save="save_unwrapped")))
+    project.conftest(
+        tt.loop_project(
+            model="torch.nn.parallel.DistributedDataParallel(tt.MLP())", extra=DDP + SAVE.format(save="save_unwrapped")
+        )
+    )
     project.run("--dlcheck=C18").assert_outcome("C18", "passed")

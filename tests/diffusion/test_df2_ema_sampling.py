@@ -30,11 +30,14 @@ def test_ema_copied_in_and_never_restored(project):
 
 
 def test_an_ema_that_is_the_model_itself(project):
-    project.conftest(tinydiff.conftest(roles=("pipeline", "sample_images")) + """
+    project.conftest(
+        tinydiff.conftest(roles=("pipeline", "sample_images"))
+        + """
 @pytest.fixture(scope="session")
 def dlcheck_ema(sd):
     return sd.unet          # ema_model = model: not a copy
-""")
+"""
+    )
     run = project.run("--dlcheck=DF2")
     run.assert_outcome("DF2", "failed")
     text = tinydiff.flat(run.section("DF2"))
@@ -44,7 +47,9 @@ def dlcheck_ema(sd):
 
 def test_sampling_with_an_averaged_model_copy_passes(project):
     """The twin with torch's AveragedModel: the pipeline samples with the EMA module itself."""
-    project.conftest(tinydiff.conftest(roles=("noise_scheduler",)) + """
+    project.conftest(
+        tinydiff.conftest(roles=("noise_scheduler",))
+        + """
 import copy
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
@@ -64,6 +69,7 @@ def dlcheck_sample_images(sd, dlcheck_ema):
     pipe = copy.copy(sd.pipeline)
     pipe.register_modules(unet=dlcheck_ema.module)
     return lambda: pipe("a red square", num_inference_steps=2, height=16, width=16, output_type="pt").images
-""")
+"""
+    )
     run = project.run("--dlcheck=DF2")
     run.assert_outcome("DF2", "passed")

@@ -1,7 +1,6 @@
 """DF3: the latents the denoiser trains on have std ≈ 1, scaled by the factor the decoder undoes."""
 
 import pytest
-
 import tinydiff
 
 
@@ -24,7 +23,10 @@ def test_scaling_factor_omitted(project):
 def test_sd1_factor_kept_for_a_vae_of_other_statistics(project):
     """A VAE of unit latent std keeping AutoencoderKL's default 0.18215 (calibrated for SD's VAE)."""
     text = _fail(project, vae_stats="unit")
-    assert "latents from dlcheck_training_inputs: std 0.19" in text or "latents from dlcheck_training_inputs: std 0.2" in text
+    assert (
+        "latents from dlcheck_training_inputs: std 0.19" in text
+        or "latents from dlcheck_training_inputs: std 0.2" in text
+    )
     assert "(Stable Diffusion 1.x's value, calibrated for its VAE), which does not fit this VAE" in text
     assert "scaling_factor = 1 / std of its latents = 0.9" in text
     assert "vae.register_to_config(scaling_factor=0.9" in text

@@ -20,13 +20,16 @@ def test_v_prediction_model_sampled_as_epsilon(project):
 
 
 def test_num_train_timesteps_differ(project):
-    project.conftest(tinydiff.conftest(roles=("noise_scheduler",)) + """
+    project.conftest(
+        tinydiff.conftest(roles=("noise_scheduler",))
+        + """
 from diffusers import DDIMScheduler
 
 @pytest.fixture
 def dlcheck_inference_scheduler(sd):
     return DDIMScheduler.from_config(sd.noise_scheduler.config, num_train_timesteps=500)
-""")
+"""
+    )
     run = project.run("--dlcheck=DF4")
     run.assert_outcome("DF4", "failed")
     text = tinydiff.flat(run.section("DF4"))
@@ -38,22 +41,33 @@ def test_sampler_from_the_training_config_passes_with_v_prediction(project):
     project.run("--dlcheck=DF4,DF6").assert_outcome("DF4", "passed")
 
 
-SAMPLERS = ["EulerDiscreteScheduler", "DPMSolverMultistepScheduler", "UniPCMultistepScheduler", "PNDMScheduler",
-            "EulerAncestralDiscreteScheduler"]
+SAMPLERS = [
+    "EulerDiscreteScheduler",
+    "DPMSolverMultistepScheduler",
+    "UniPCMultistepScheduler",
+    "PNDMScheduler",
+    "EulerAncestralDiscreteScheduler",
+]
 
 
 def test_any_sampler_class_built_from_the_training_config_passes(project):
     """diffusers' usual swap, pipeline.scheduler = X.from_config(noise_scheduler.config), for five samplers
     (one directory each, one run): DF4 and DF6 pass for all of them."""
     for name in SAMPLERS:
-        project.conftest(tinydiff.conftest(roles=("noise_scheduler", "vae", "training_inputs", "dataset", "collator"),
-                                           scheduler=dict(prediction_type="v_prediction")) + f"""
+        project.conftest(
+            tinydiff.conftest(
+                roles=("noise_scheduler", "vae", "training_inputs", "dataset", "collator"),
+                scheduler=dict(prediction_type="v_prediction"),
+            )
+            + f"""
 import diffusers
 
 @pytest.fixture(scope="session")
 def dlcheck_inference_scheduler(sd):
     return diffusers.{name}.from_config(sd.noise_scheduler.config)
-""", path=f"{name}/conftest.py")
+""",
+            path=f"{name}/conftest.py",
+        )
     result = project.pytester.runpytest_inprocess("-p", "no:cacheprovider", "-v", "--dlcheck=DF4,DF6")
     text = result.stdout.str()
     for name in SAMPLERS:

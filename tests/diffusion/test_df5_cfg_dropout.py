@@ -4,9 +4,9 @@ import math
 import re
 
 import pytest
-
 import tinydiff
-from pytest_dlcheck import diffusion as D
+
+from pytest_dlcheck.checks.diffusion import measure as D
 
 WITH_CONDITION = tinydiff.CLEAN_ROLES + ("condition",)
 
@@ -45,7 +45,9 @@ def test_too_much_dropout(project):
     run = _run(project, WITH_CONDITION, p_empty=0.6)
     run.assert_outcome("DF5", "failed")
     text = tinydiff.flat(run.section("DF5"))
-    assert re.search(r"\d+ of 1200 embedding rows from 300 calls of dlcheck_condition were null \((5[5-9]|6\d)\.\d%\)", text)
+    assert re.search(
+        r"\d+ of 1200 embedding rows from 300 calls of dlcheck_condition were null \((5[5-9]|6\d)\.\d%\)", text
+    )
     assert "with a true null rate ≤ 20%" in text
     assert "starving the conditional model" in text
 

@@ -18,8 +18,13 @@ def test_target_hard_coded_to_noise_while_both_schedulers_say_v(project):
 
 
 def test_zero_snr_training_sampled_with_leading_spacing_and_clipped_latents(project):
-    project.conftest(tinydiff.conftest(roles=ROLES, scheduler=dict(rescale_betas_zero_snr=True, prediction_type="v_prediction"),
-                                       inference=dict(clip_sample=True)))
+    project.conftest(
+        tinydiff.conftest(
+            roles=ROLES,
+            scheduler=dict(rescale_betas_zero_snr=True, prediction_type="v_prediction"),
+            inference=dict(clip_sample=True),
+        )
+    )
     run = project.run("--dlcheck=DF6")
     run.assert_outcome("DF6", "failed")
     text = tinydiff.flat(run.section("DF6"))
@@ -31,8 +36,13 @@ def test_zero_snr_training_sampled_with_leading_spacing_and_clipped_latents(proj
 
 
 def test_zero_snr_with_trailing_spacing_passes(project):
-    project.conftest(tinydiff.conftest(roles=ROLES, scheduler=dict(rescale_betas_zero_snr=True, prediction_type="v_prediction"),
-                                       inference=dict(timestep_spacing="trailing")))
+    project.conftest(
+        tinydiff.conftest(
+            roles=ROLES,
+            scheduler=dict(rescale_betas_zero_snr=True, prediction_type="v_prediction"),
+            inference=dict(timestep_spacing="trailing"),
+        )
+    )
     run = project.run("--dlcheck=DF4,DF6")
     run.assert_outcome("DF4", "passed")
     run.assert_outcome("DF6", "passed")

@@ -1,12 +1,12 @@
 """DF8: timesteps uniform over [0, T), unit Gaussian noise, noisy latents from the scheduler's add_noise."""
 
-import re
 import random
+import re
 
 import pytest
-
 import tinydiff
-from pytest_dlcheck import diffusion as D
+
+from pytest_dlcheck.checks.diffusion import measure as D
 
 
 def _fail(project, **knobs) -> str:
@@ -59,7 +59,9 @@ def test_flow_matching_training_is_not_misjudged(project):
     """SD3-style rectified flow: logit-normal sigmas, t = 1000·σ, noisy = (1 − σ)·x0 + σ·noise, target
     noise − x0 with FlowMatchEulerDiscreteScheduler on both sides: no ᾱ_t, so DF8 tests range and
     spread only, and nothing fails."""
-    project.conftest(tinydiff.conftest(roles=("pipeline", "dataset", "collator")) + """
+    project.conftest(
+        tinydiff.conftest(roles=("pipeline", "dataset", "collator"))
+        + """
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
@@ -81,7 +83,8 @@ def dlcheck_training_inputs(sd):
         return {"latents": x0, "noise": noise, "timesteps": sigmas * 1000, "noisy_latents": noisy,
                 "target": noise - x0}
     return fn
-""")
+"""
+    )
     run = project.run("--dlcheck=DF3,DF4,DF6,DF8")
     for cid in ("DF3", "DF4", "DF6", "DF8"):
         run.assert_outcome(cid, "passed")

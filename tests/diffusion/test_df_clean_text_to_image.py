@@ -19,8 +19,20 @@ def test_clean_setup_passes_the_whole_domain(project):
 
 def test_clean_setup_with_explicit_roles_and_no_pipeline(project):
     """The same project handing over its parts one by one (no dlcheck_pipeline): still all clean."""
-    roles = ("vae", "model", "tokenizer", "text_encoder", "noise_scheduler", "inference_scheduler",
-             "training_inputs", "condition", "dataset", "collator", "ema", "sample_images")
+    roles = (
+        "vae",
+        "model",
+        "tokenizer",
+        "text_encoder",
+        "noise_scheduler",
+        "inference_scheduler",
+        "training_inputs",
+        "condition",
+        "dataset",
+        "collator",
+        "ema",
+        "sample_images",
+    )
     project.conftest(tinydiff.conftest(roles=roles))
     run = project.run("--dlcheck=DF2,DF3,DF4,DF5,DF6,DF8")
     for cid in ("DF2", "DF3", "DF4", "DF5", "DF6", "DF8"):

@@ -16,7 +16,12 @@ def test_example_project(project):
     for line in run.text.splitlines():
         if line.startswith("clean/conftest.py::"):
             assert "FAILED" not in line and "ERROR" not in line, run.text
-    assert "vae.config.scaling_factor = 0.18215 (Stable Diffusion 1.x's value, calibrated for its VAE) is never applied" in tinydiff.flat(run.section("DF3"))
-    assert "prediction_type: training DDPMScheduler 'v_prediction', inference DDIMScheduler 'epsilon'" in tinydiff.flat(run.section("DF4"))
+    assert (
+        "vae.config.scaling_factor = 0.18215 (Stable Diffusion 1.x's value, calibrated for its VAE) is never applied"
+        in tinydiff.flat(run.section("DF3"))
+    )
+    assert "prediction_type: training DDPMScheduler 'v_prediction', inference DDIMScheduler 'epsilon'" in tinydiff.flat(
+        run.section("DF4")
+    )
     assert "0 of 1200 embedding rows from 300 calls of dlcheck_condition were null" in tinydiff.flat(run.section("DF5"))
     assert "with the raw trained weights" in tinydiff.flat(run.section("DF2"))

@@ -2,7 +2,6 @@
 one line naming the fixture when missing."""
 
 import pytest
-
 import tinydiff
 
 
@@ -10,9 +9,19 @@ def test_list_documents_the_diffusion_roles_and_checks(project):
     project.conftest("")
     result = project.pytester.runpytest_inprocess("-p", "no:cacheprovider", "--dlcheck-list")
     text = result.stdout.str()
-    for fixture in ("dlcheck_pipeline", "dlcheck_unet", "dlcheck_vae", "dlcheck_text_encoder", "dlcheck_noise_scheduler",
-                    "dlcheck_inference_scheduler", "dlcheck_training_inputs", "dlcheck_condition", "dlcheck_uncond",
-                    "dlcheck_ema", "dlcheck_sample_images"):
+    for fixture in (
+        "dlcheck_pipeline",
+        "dlcheck_unet",
+        "dlcheck_vae",
+        "dlcheck_text_encoder",
+        "dlcheck_noise_scheduler",
+        "dlcheck_inference_scheduler",
+        "dlcheck_training_inputs",
+        "dlcheck_condition",
+        "dlcheck_uncond",
+        "dlcheck_ema",
+        "dlcheck_sample_images",
+    ):
         assert fixture in text, fixture
     for cid in ("DF1", "DF2", "DF3", "DF4", "DF5", "DF6", "DF7", "DF8"):
         assert f"\n{cid} " in text, cid
@@ -65,7 +74,9 @@ def test_pipeline_derives_its_components(sd):
     assert from_pipeline("inference_scheduler", get, memo) is sd.pipeline.scheduler
     assert from_pipeline("noise_scheduler", get, memo) is MISSING  # training side: only the user knows it
     uncond = from_pipeline("uncond", get, memo)
-    ids = sd.tokenizer([""], padding="max_length", max_length=sd.tokenizer.model_max_length, return_tensors="pt").input_ids
+    ids = sd.tokenizer(
+        [""], padding="max_length", max_length=sd.tokenizer.model_max_length, return_tensors="pt"
+    ).input_ids
     # what StableDiffusionPipeline.encode_prompt computes as negative_prompt_embeds for no negative prompt
     _, negative = sd.pipeline.encode_prompt("a red square", "cpu", 1, True)
     assert uncond.shape == negative.shape

@@ -19,19 +19,29 @@ from helpers import flat  # noqa: F401  (the diffusion tests use tinydiff.flat)
 
 def _import_once() -> None:
     import torch  # noqa: F401
-    from diffusers import (AutoencoderKL, DDIMScheduler, DDPMScheduler, StableDiffusionPipeline,  # noqa: F401
-                           UNet2DConditionModel)
+    from diffusers import AutoencoderKL, DDIMScheduler, DDPMScheduler, StableDiffusionPipeline, UNet2DConditionModel  # noqa: F401
     from diffusers.training_utils import EMAModel  # noqa: F401
     from transformers import CLIPTextConfig, CLIPTextModel  # noqa: F401
 
 
 _import_once()
 
-SIZE = 16           # image side in pixels; the VAE halves it, so latents are 4×8×8
+SIZE = 16  # image side in pixels; the VAE halves it, so latents are 4×8×8
 SD1_FACTOR = 0.18215
-CAPTIONS = ["a red square", "a blue circle", "the quick brown fox", "hello world", "a b c d e f",
-            "once upon a time", "Name a colour.", "Blue is a colour.", "the lazy dog", "what is 2+2?",
-            "a tiny model", "how are you today?"]
+CAPTIONS = [
+    "a red square",
+    "a blue circle",
+    "the quick brown fox",
+    "hello world",
+    "a b c d e f",
+    "once upon a time",
+    "Name a colour.",
+    "Blue is a colour.",
+    "the lazy dog",
+    "what is 2+2?",
+    "a tiny model",
+    "how are you today?",
+]
 
 
 def images(n: int = 12, seed: int = 0):
@@ -55,9 +65,17 @@ def text_encoder(tok, seed: int = 0):
     from transformers import CLIPTextConfig, CLIPTextModel
 
     torch.manual_seed(seed)
-    cfg = CLIPTextConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, max_position_embeddings=16, pad_token_id=tok.pad_token_id,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    cfg = CLIPTextConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=16,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     return CLIPTextModel(cfg).eval()
 
 
@@ -70,9 +88,18 @@ def vae(stats: str = "sd", scaling_factor: float | None = None, seed: int = 0):
 
     torch.manual_seed(seed)
     kw = {} if scaling_factor is None else {"scaling_factor": scaling_factor}
-    v = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=4, down_block_types=("DownEncoderBlock2D",) * 2,
-                      up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), layers_per_block=1,
-                      norm_num_groups=4, sample_size=SIZE, **kw).eval()
+    v = AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        norm_num_groups=4,
+        sample_size=SIZE,
+        **kw,
+    ).eval()
     if stats == "sd":
         with torch.no_grad():
             q = v.quant_conv
@@ -90,10 +117,18 @@ def unet(seed: int = 0):
     from diffusers import UNet2DConditionModel
 
     torch.manual_seed(seed)
-    return UNet2DConditionModel(sample_size=SIZE // 2, in_channels=4, out_channels=4, layers_per_block=1,
-                                block_out_channels=(16, 32), norm_num_groups=8, cross_attention_dim=16,
-                                attention_head_dim=4, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-                                up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"))
+    return UNet2DConditionModel(
+        sample_size=SIZE // 2,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(16, 32),
+        norm_num_groups=8,
+        cross_attention_dim=16,
+        attention_head_dim=4,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+    )
 
 
 def noise_scheduler(**kw):
@@ -115,15 +150,27 @@ def collator(tok, p_empty: float = 0.1):
 
     def collate(examples):
         caps = ["" if random.random() < p_empty else e["caption"] for e in examples]
-        ids = tok(caps, padding="max_length", max_length=tok.model_max_length, truncation=True,
-                  return_tensors="pt").input_ids
+        ids = tok(
+            caps, padding="max_length", max_length=tok.model_max_length, truncation=True, return_tensors="pt"
+        ).input_ids
         return {"pixel_values": torch.stack([e["pixel_values"] for e in examples]), "input_ids": ids}
 
     return collate
 
 
-def training_inputs(vae, text_encoder, sched, *, factor="config", timesteps="uniform", noise_scale=1.0,
-                    noising=None, target="config", null=None, p_null=0.0):
+def training_inputs(
+    vae,
+    text_encoder,
+    sched,
+    *,
+    factor="config",
+    timesteps="uniform",
+    noise_scale=1.0,
+    noising=None,
+    target="config",
+    null=None,
+    p_null=0.0,
+):
     """The body of a diffusers text-to-image training step up to the UNet call, with knobs for its bugs:
     factor None (omitted) or a number (hard-coded); timesteps "fixed" / "narrow"; noise_scale; noising (the
     scheduler add_noise is taken from); target "noise" (hard-coded); null "zeros"/"uncond" with p_null
@@ -159,13 +206,19 @@ def training_inputs(vae, text_encoder, sched, *, factor="config", timesteps="uni
             tgt = sched.get_velocity(lat, noise, t)
         else:
             tgt = lat
-        return {"latents": lat, "noise": noise, "timesteps": t, "noisy_latents": noisy,
-                "encoder_hidden_states": ehs, "target": tgt}
+        return {
+            "latents": lat,
+            "noise": noise,
+            "timesteps": t,
+            "noisy_latents": noisy,
+            "encoder_hidden_states": ehs,
+            "target": tgt,
+        }
 
     return fn
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _empty_ids():
     tok = tokenizer()
     return tok([""], padding="max_length", max_length=tok.model_max_length, return_tensors="pt").input_ids
@@ -196,8 +249,17 @@ def train(unet, vae, text_encoder, sched, ema, batch, steps: int = 2):
 LAST: list = []  # every setup() of this process, for the tests' leave-no-trace assertions
 
 
-def setup(*, vae_stats="sd", scaling_factor=None, scheduler=None, inference=None, p_empty=0.1,
-          ema_use="store", steps=0, **inputs_kw):
+def setup(
+    *,
+    vae_stats="sd",
+    scaling_factor=None,
+    scheduler=None,
+    inference=None,
+    p_empty=0.1,
+    ema_use="store",
+    steps=0,
+    **inputs_kw,
+):
     """Everything a clean small text-to-image training project has, with one knob per bug.
 
     scheduler: kwargs of the training DDPMScheduler (prediction_type, rescale_betas_zero_snr…).
@@ -221,7 +283,9 @@ def setup(*, vae_stats="sd", scaling_factor=None, scheduler=None, inference=None
         infer = DDIMScheduler(steps_offset=1)
     else:
         infer = DDIMScheduler.from_config(sched.config, steps_offset=1, **(inference or {}))
-    ema = EMAModel(u.parameters(), decay=0.999, use_ema_warmup=True, model_cls=UNet2DConditionModel, model_config=u.config)
+    ema = EMAModel(
+        u.parameters(), decay=0.999, use_ema_warmup=True, model_cls=UNet2DConditionModel, model_config=u.config
+    )
     data = dataset()
     collate = collator(tok, p_empty)
     rng = random.getstate()
@@ -232,9 +296,16 @@ def setup(*, vae_stats="sd", scaling_factor=None, scheduler=None, inference=None
         with torch.random.fork_rng():
             torch.manual_seed(0)
             train(u, v, te, sched, ema, batch, steps)
-    pipe = StableDiffusionPipeline(vae=v, text_encoder=te, tokenizer=tok, unet=u,
-                                   scheduler=type(infer).from_config(infer.config), safety_checker=None,
-                                   feature_extractor=None, requires_safety_checker=False)
+    pipe = StableDiffusionPipeline(
+        vae=v,
+        text_encoder=te,
+        tokenizer=tok,
+        unet=u,
+        scheduler=type(infer).from_config(infer.config),
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
     pipe.set_progress_bar_config(disable=True)
 
     def sample():
@@ -257,9 +328,21 @@ def setup(*, vae_stats="sd", scaling_factor=None, scheduler=None, inference=None
         return te(batch["input_ids"])[0]
 
     ns = SimpleNamespace(
-        tokenizer=tok, text_encoder=te, vae=v, unet=u, model=u, noise_scheduler=sched, inference_scheduler=infer,
-        ema=ema, dataset=data, collator=collate, pipeline=pipe, sample_images=sample_images, condition=condition,
-        training_inputs=training_inputs(v, te, sched, **inputs_kw))
+        tokenizer=tok,
+        text_encoder=te,
+        vae=v,
+        unet=u,
+        model=u,
+        noise_scheduler=sched,
+        inference_scheduler=infer,
+        ema=ema,
+        dataset=data,
+        collator=collate,
+        pipeline=pipe,
+        sample_images=sample_images,
+        condition=condition,
+        training_inputs=training_inputs(v, te, sched, **inputs_kw),
+    )
     ns.snapshot = snapshot_state(ns)
     LAST.append(ns)
     random.seed(0)  # the user's conftest seeds its run: the statistical checks draw the same way every time
@@ -301,13 +384,15 @@ CLEAN_ROLES = ("pipeline", "noise_scheduler", "training_inputs", "dataset", "col
 
 def conftest(roles=CLEAN_ROLES, **knobs) -> str:
     """A user conftest.py exposing ``setup(**knobs)``'s objects as dlcheck_<role> fixtures."""
-    out = [f"""
+    out = [
+        f"""
         import pytest, tinydiff
 
         @pytest.fixture(scope="session")
         def sd():
             return tinydiff.setup(**{knobs!r})
-        """]
+        """
+    ]
     for role in roles:
         out.append(f"""
         @pytest.fixture(scope="session")
@@ -315,5 +400,3 @@ def conftest(roles=CLEAN_ROLES, **knobs) -> str:
             return sd.{role}
         """)
     return "\n".join(textwrap.dedent(block) for block in out)
-
-

@@ -137,10 +137,14 @@ def test_batched_generation_with_left_padding_passes(project):
 
 def test_user_batch_for_generate_is_used_as_given(project):
     # a right-padding training tokenizer, but the inference code pads prompts on the left itself
-    project.conftest(GENERATE.format(side="right", arch="gpt2").replace(
-        "return tiny.PROMPTS[:4]",
-        "return dlcheck_tokenizer(tiny.PROMPTS[:4], padding=True, padding_side='left', return_tensors='pt')",
-    ).replace("def dlcheck_generation_prompts():", "def dlcheck_generation_prompts(dlcheck_tokenizer):"))
+    project.conftest(
+        GENERATE.format(side="right", arch="gpt2")
+        .replace(
+            "return tiny.PROMPTS[:4]",
+            "return dlcheck_tokenizer(tiny.PROMPTS[:4], padding=True, padding_side='left', return_tensors='pt')",
+        )
+        .replace("def dlcheck_generation_prompts():", "def dlcheck_generation_prompts(dlcheck_tokenizer):")
+    )
     run = project.run("--dlcheck=L1")
     run.assert_outcome("L1", "passed")
 
@@ -183,26 +187,35 @@ def test_grpo_trainer_generation_is_left_padded_by_trl(project):
 
 
 def test_no_trace_on_model_and_tokenizer(project):
-    project.conftest(train_project("left", "gpt2").replace(
-        "return tiny.gpt2(dlcheck_tokenizer)", "return tiny.gpt2(dlcheck_tokenizer).train()"))
-    project.pytester.makepyfile(test_user="""
+    project.conftest(
+        train_project("left", "gpt2").replace(
+            "return tiny.gpt2(dlcheck_tokenizer)", "return tiny.gpt2(dlcheck_tokenizer).train()"
+        )
+    )
+    project.pytester.makepyfile(
+        test_user="""
         def test_state(dlcheck_model, dlcheck_tokenizer):
             assert all(m.training for m in dlcheck_model.modules())
             assert dlcheck_tokenizer.padding_side == "left"
             assert all(p.requires_grad and p.grad is None for p in dlcheck_model.parameters())
-    """)
+    """
+    )
     run = project.run("--dlcheck=L1")
     run.assert_outcome("L1", "failed")
     run.fnmatch(["*test_user.py::test_state PASSED*"])
 
 
 def test_generation_leaves_no_trace(project):
-    project.conftest(GENERATE.format(side="right", arch="gpt2").replace(
-        "return tiny.gpt2(dlcheck_tokenizer)",
-        """model = tiny.gpt2(dlcheck_tokenizer).train()
+    project.conftest(
+        GENERATE.format(side="right", arch="gpt2").replace(
+            "return tiny.gpt2(dlcheck_tokenizer)",
+            """model = tiny.gpt2(dlcheck_tokenizer).train()
         model.before = (model.generation_config.to_dict(), {k: v.clone() for k, v in model.state_dict().items()})
-        return model"""))
-    project.pytester.makepyfile(test_user="""
+        return model""",
+        )
+    )
+    project.pytester.makepyfile(
+        test_user="""
         import torch
 
         def test_state(dlcheck_model, dlcheck_tokenizer):
@@ -211,7 +224,8 @@ def test_generation_leaves_no_trace(project):
             assert all(torch.equal(v, weights[k]) for k, v in dlcheck_model.state_dict().items())
             assert all(m.training for m in dlcheck_model.modules())
             assert dlcheck_tokenizer.padding_side == "right"
-    """)
+    """
+    )
     run = project.run("--dlcheck=L1")
     run.assert_outcome("L1", "failed")
     run.fnmatch(["*test_user.py::test_state PASSED*"])

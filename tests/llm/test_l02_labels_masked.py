@@ -27,7 +27,9 @@ HEAD = """
 
 # transformers Trainer + DataCollatorForLanguageModeling(mlm=False) on a dataset tokenized from
 # prompt+completion that keeps its prompt/completion columns: the prompt is trained too
-HF_LM_COLLATOR_ON_PROMPT_COMPLETION = HEAD.format(pad="tiny.PAD") + """
+HF_LM_COLLATOR_ON_PROMPT_COMPLETION = (
+    HEAD.format(pad="tiny.PAD")
+    + """
     from transformers import DataCollatorForLanguageModeling, Trainer
 
     @pytest.fixture(scope="session")
@@ -38,9 +40,12 @@ HF_LM_COLLATOR_ON_PROMPT_COMPLETION = HEAD.format(pad="tiny.PAD") + """
                        train_dataset=ds, processing_class=tok,
                        data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
 """
+)
 
 # the same without a Trainer: the collated columns as dlcheck_dataset, every column as dlcheck_raw_dataset
-HF_LM_COLLATOR_FIXTURES = HEAD.format(pad="tiny.PAD") + """
+HF_LM_COLLATOR_FIXTURES = (
+    HEAD.format(pad="tiny.PAD")
+    + """
     from transformers import DataCollatorForLanguageModeling
 
     @pytest.fixture(scope="session")
@@ -60,11 +65,14 @@ HF_LM_COLLATOR_FIXTURES = HEAD.format(pad="tiny.PAD") + """
     def dlcheck_dataset(dlcheck_raw_dataset):
         return dlcheck_raw_dataset.remove_columns(["prompt", "completion"])
 """
+)
 
 # a user collator that formats and tokenizes prompt+completion itself; it masks the prompt fully
 # ("full"), two tokens short ("short") or not at all ("none"); labels aligned with input_ids, or
 # pre-shifted by one for a custom loss (shift=True)
-USER_COLLATOR = HEAD.format(pad="tiny.PAD") + """
+USER_COLLATOR = (
+    HEAD.format(pad="tiny.PAD")
+    + """
     class PromptCompletionCollator:
         def __init__(self, tok, template, mask, shift):
             self.tok, self.template, self.mask, self.shift = tok, template, mask, shift
@@ -96,17 +104,23 @@ USER_COLLATOR = HEAD.format(pad="tiny.PAD") + """
     def dlcheck_dataset():
         return [dict(prompt=p, completion=c) for p, c in zip(tiny.PROMPTS * 2, tiny.COMPLETIONS * 2)]
 """
+)
 PLAIN = "{prompt}{completion}"
 FORMATTED = "### Question: {prompt}\n### Answer:{completion}"
 
 
 def user_collator(template=PLAIN, mask="full", shift=False):
-    return (USER_COLLATOR.replace("{template!r}", repr(template)).replace("{mask!r}", repr(mask))
-            .replace("{shift}", str(shift)))
+    return (
+        USER_COLLATOR.replace("{template!r}", repr(template))
+        .replace("{mask!r}", repr(mask))
+        .replace("{shift}", str(shift))
+    )
 
 
 # a hand collator over pre-tokenized text: labels = input_ids (padding kept) or masked by attention
-HAND_PAD_COLLATOR = HEAD.format(pad="{pad}") + """
+HAND_PAD_COLLATOR = (
+    HEAD.format(pad="{pad}")
+    + """
     class Collate:
         def __init__(self, tok):
             self.tok = tok
@@ -130,8 +144,11 @@ HAND_PAD_COLLATOR = HEAD.format(pad="{pad}") + """
     def dlcheck_dataset(tok):
         return tiny.tokenized(tok)
 """
+)
 
-TRL_SFT = HEAD.format(pad="tiny.PAD") + """
+TRL_SFT = (
+    HEAD.format(pad="tiny.PAD")
+    + """
     from trl import SFTConfig, SFTTrainer
 
     MESSAGES = [[{{"role": "user", "content": p}}, {{"role": "assistant", "content": c.strip()}}]
@@ -146,9 +163,12 @@ TRL_SFT = HEAD.format(pad="tiny.PAD") + """
         args = tiny.trainer_args(tmp_path_factory.mktemp("out"), SFTConfig, {kwargs})
         return SFTTrainer(model=tiny.llama(tok), args=args, train_dataset=ds, processing_class=tok)
 """
+)
 
 # a hand collator over conversations: chat template applied, labels copied (padding masked)
-CHAT_COLLATOR = HEAD.format(pad="tiny.PAD") + """
+CHAT_COLLATOR = (
+    HEAD.format(pad="tiny.PAD")
+    + """
     MESSAGES = [[{"role": "system", "content": "be brief"}, {"role": "user", "content": p},
                  {"role": "assistant", "content": c.strip()}] for p, c in zip(tiny.PROMPTS, tiny.COMPLETIONS)]
 
@@ -174,14 +194,15 @@ CHAT_COLLATOR = HEAD.format(pad="tiny.PAD") + """
     def dlcheck_dataset():
         return [{"messages": m} for m in MESSAGES * 2]
 """
-
+)
 
 
 # ---- buggy ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("conftest", [HF_LM_COLLATOR_ON_PROMPT_COMPLETION, HF_LM_COLLATOR_FIXTURES],
-                         ids=["trainer", "raw_dataset"])
+@pytest.mark.parametrize(
+    "conftest", [HF_LM_COLLATOR_ON_PROMPT_COMPLETION, HF_LM_COLLATOR_FIXTURES], ids=["trainer", "raw_dataset"]
+)
 def test_hf_lm_collator_trains_the_prompt(project, conftest):
     project.conftest(conftest)
     run = project.run("--dlcheck=L2")
@@ -282,7 +303,9 @@ def test_pad_eq_eos_masked_by_attention_is_fine(project):
 
 
 def test_packed_batches_without_split_skip_naming_why(project):
-    project.conftest(HEAD.format(pad="tiny.PAD") + """
+    project.conftest(
+        HEAD.format(pad="tiny.PAD")
+        + """
     from transformers import DataCollatorWithFlattening
 
     @pytest.fixture(scope="session")
@@ -296,7 +319,8 @@ def test_packed_batches_without_split_skip_naming_why(project):
     @pytest.fixture(scope="session")
     def dlcheck_dataset(tok):
         return tiny.tokenized(tok)
-""")
+"""
+    )
     run = project.run("--dlcheck=L2")
     run.assert_outcome("L2", "skipped")
     assert "no attention_mask to tell padding, and the data has no prompt/completion or messages split" in run.text

@@ -87,8 +87,12 @@ NO_PAD = """
 
 
 def test_tokenizer_without_pad_token(project):
-    project.conftest(NO_PAD.format(collator="DataCollatorForLanguageModeling",
-                                   make="DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)"))
+    project.conftest(
+        NO_PAD.format(
+            collator="DataCollatorForLanguageModeling",
+            make="DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)",
+        )
+    )
     run = project.run("--dlcheck=L3")
     run.assert_outcome("L3", "failed")
     text = flat(run.section("L3"))
@@ -129,8 +133,10 @@ def test_collator_padding_with_an_id_of_its_own(project):
     run = project.run("--dlcheck=L3")
     run.assert_outcome("L3", "failed")
     text = flat(run.section("L3"))
-    assert "tokenizer.pad_token is None (eos_token is '<|endoftext|>'(id 0)), yet the sampled batches are padded: " \
-           "batch 0: 3 of 4 rows are padded" in text
+    assert (
+        "tokenizer.pad_token is None (eos_token is '<|endoftext|>'(id 0)), yet the sampled batches are padded: "
+        "batch 0: 3 of 4 rows are padded" in text
+    )
     assert "pads with an id of its own" in text
 
 

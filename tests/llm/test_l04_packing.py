@@ -171,12 +171,16 @@ def test_trl_sft_packing_passes(project):
 
 
 def test_unpacked_padded_batches_skip(project):
-    project.conftest(COMMON + MODEL.format(arch="llama", use_cache=True) + """
+    project.conftest(
+        COMMON
+        + MODEL.format(arch="llama", use_cache=True)
+        + """
     @pytest.fixture(scope="session")
     def dlcheck_collator(dlcheck_tokenizer):
         from transformers import DataCollatorForLanguageModeling
         return DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)
-    """)
+    """
+    )
     run = project.run("--dlcheck=L4")
     run.assert_outcome("L4", "skipped")
     assert "no packed row among the 8 sampled rows" in run.text
@@ -184,17 +188,24 @@ def test_unpacked_padded_batches_skip(project):
 
 def test_eos_ending_chat_turns_is_not_packing(project):
     # a Qwen-style template ends every turn with the EOS token: a multi-turn chat is one document
-    project.conftest(COMMON.replace("return tiny.tokenizer()", """tok = tiny.tokenizer()
+    project.conftest(
+        COMMON.replace(
+            "return tiny.tokenizer()",
+            """tok = tiny.tokenizer()
         tok.chat_template = tiny.CHAT_TEMPLATE.replace("<|end|>", "<|endoftext|>")
-        return tok""") + MODEL.format(arch="llama", use_cache=True) + NAIVE)
+        return tok""",
+        )
+        + MODEL.format(arch="llama", use_cache=True)
+        + NAIVE
+    )
     run = project.run("--dlcheck=L4")
     run.assert_outcome("L4", "skipped")
     assert "EOS is not read as a separator: the chat template ends turns with the EOS token" in run.text
 
 
 def test_isolated_positions_restart_at_documents_and_padding():
-    from pytest_dlcheck import lm
     from pytest_dlcheck.checks.llm.packing import _isolated_positions, _split_by_eos
+    from pytest_dlcheck.checks.shared import lm
 
     row = lm.Row(0, 0, [1, 0, 2, 3, 0, 9, 9], [1, 1, 1, 1, 1, 0, 0], None, None)
     docs = _split_by_eos(row, eos=0, pad=9)
@@ -235,5 +246,7 @@ def test_eos_is_ambiguous_in_chats():
     tok.chat_template = "{% for m in messages %}{{ m['content'] + eos_token }}{% endfor %}"  # Llama-2 / Mistral style
     assert "inserts eos_token between turns" in _eos_ambiguous(tok, None)
     tok.chat_template = None
-    assert _eos_ambiguous(tok, [{"prompt": [{"role": "user", "content": "hi"}], "completion": "x"}]) == \
-        "the examples are conversations"
+    assert (
+        _eos_ambiguous(tok, [{"prompt": [{"role": "user", "content": "hi"}], "completion": "x"}])
+        == "the examples are conversations"
+    )

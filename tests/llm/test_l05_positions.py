@@ -37,8 +37,10 @@ def test_128_token_rows_on_64_positions_fail(project):
     run = project.run("--dlcheck=L5")
     run.assert_outcome("L5", "failed")
     text = flat(run.section("L5"))
-    assert ("longest sampled training sequence: 128 positions (tokens) > 64 = max_position_embeddings 64 "
-            "(rope_type 'default', no scaling)") in text
+    assert (
+        "longest sampled training sequence: 128 positions (tokens) > 64 = max_position_embeddings 64 "
+        "(rope_type 'default', no scaling)"
+    ) in text
     assert "example 0.0: 'what is 2+2?" in text
     assert "rotary positions beyond them were never trained" in text
     assert "max_length=64" in text and "'rope_type': 'yarn', 'factor': 2" in text
@@ -92,7 +94,9 @@ def test_inference_without_the_training_rope_scaling_fails(project):
 
 
 def test_inference_with_another_rope_theta_fails(project):
-    project.conftest(INFERENCE.format(train={}, infer="return LlamaConfig(max_position_embeddings=64, rope_theta=500000.0)"))
+    project.conftest(
+        INFERENCE.format(train={}, infer="return LlamaConfig(max_position_embeddings=64, rope_theta=500000.0)")
+    )
     run = project.run("--dlcheck=L5")
     run.assert_outcome("L5", "failed")
     assert "rope_theta: training 10000.0, inference 500000.0" in flat(run.section("L5"))
@@ -108,23 +112,30 @@ def test_inference_config_json_in_transformers_4_layout_passes(project, tmp_path
     # the same settings written the transformers 4 way: rope_scaling {"type": ...} + a top-level rope_theta
     (tmp_path / "config.json").write_text(
         '{"model_type": "llama", "max_position_embeddings": 64, "rope_theta": 10000, '
-        '"rope_scaling": {"type": "linear", "factor": 2}}')
+        '"rope_scaling": {"type": "linear", "factor": 2}}'
+    )
     project.conftest(INFERENCE.format(train=LINEAR2, infer=f"return {str(tmp_path)!r}"))
     run = project.run("--dlcheck=L5")
     run.assert_outcome("L5", "passed")
 
 
 def test_training_free_yarn_at_inference_passes(project):
-    infer = ("return LlamaConfig(max_position_embeddings=64, rope_parameters={'rope_type': 'yarn', 'factor': 4.0, "
-             "'original_max_position_embeddings': 64})")
+    infer = (
+        "return LlamaConfig(max_position_embeddings=64, rope_parameters={'rope_type': 'yarn', 'factor': 4.0, "
+        "'original_max_position_embeddings': 64})"
+    )
     project.conftest(INFERENCE.format(train={}, infer=infer))
     run = project.run("--dlcheck=L5")
     run.assert_outcome("L5", "passed")
 
 
 def test_nothing_to_compare_skips(project):
-    project.conftest(INFERENCE.format(train={}, infer="return None").replace(
-        "@pytest.fixture(scope=\"session\")\n    def dlcheck_inference_config(dlcheck_model):\n        return None", ""))
+    project.conftest(
+        INFERENCE.format(train={}, infer="return None").replace(
+            '@pytest.fixture(scope="session")\n    def dlcheck_inference_config(dlcheck_model):\n        return None',
+            "",
+        )
+    )
     run = project.run("--dlcheck=L5")
     run.assert_outcome("L5", "skipped")
     assert "no dlcheck_inference_config to compare rope settings with" in run.text
@@ -175,14 +186,27 @@ def test_rope_settings_normalize_across_layouts():
     assert rope_settings(v5) == rope_settings(v4) == {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
     assert compare_rope(v5, v4) == ([], None)
     assert position_limit(v5).positions == 128
-    yarn = {"max_position_embeddings": 32768,
-            "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
+    yarn = {
+        "max_position_embeddings": 32768,
+        "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    }
     assert position_limit(yarn).positions == 131072
-    llama3 = {"max_position_embeddings": 131072, "rope_parameters": {
-        "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192, "rope_theta": 500000.0}}
+    llama3 = {
+        "max_position_embeddings": 131072,
+        "rope_parameters": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "original_max_position_embeddings": 8192,
+            "rope_theta": 500000.0,
+        },
+    }
     assert position_limit(llama3).positions == 131072
-    per_layer = {"max_position_embeddings": 64, "rope_parameters": {
-        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}
+    per_layer = {
+        "max_position_embeddings": 64,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    }
     assert rope_settings(per_layer)["full_attention.factor"] == 2.0
     assert position_limit(per_layer).positions == 128

@@ -40,8 +40,10 @@ LOOP = """
         return step
 """
 
-DRIFT = re.compile(r"mean log Z ([\d.]+) \(range .*?\) at initialisation, ([\d.]+) \(range .*?\) after 20 smoke steps "
-                   r"of fresh objects from dlcheck_make_training, trained by dlcheck_train_step: ([-+][\d.]+)")
+DRIFT = re.compile(
+    r"mean log Z ([\d.]+) \(range .*?\) at initialisation, ([\d.]+) \(range .*?\) after 20 smoke steps "
+    r"of fresh objects from dlcheck_make_training, trained by dlcheck_train_step: ([-+][\d.]+)"
+)
 
 
 def _drift(project, z_loss: float) -> tuple[float, float, float]:
@@ -89,8 +91,11 @@ def test_a_model_alone_reports_its_current_weights(project):
     run = project.run("--dlcheck=L6")
     run.assert_outcome("L6", "skipped")
     text = " ".join(run.text.split())
-    assert re.search(r"info: mean log Z 5\.\d+ \(range [\d.]+ to [\d.]+, \d+ positions\) on dlcheck_collator on 8 "
-                     r"examples of dlcheck_dataset with the current weights", text), text
+    assert re.search(
+        r"info: mean log Z 5\.\d+ \(range [\d.]+ to [\d.]+, \d+ positions\) on dlcheck_collator on 8 "
+        r"examples of dlcheck_dataset with the current weights",
+        text,
+    ), text
     assert "select the smoke checks too (--dlcheck=llm,smoke) to see how the smoke run moves it" in text
     run.fnmatch(["*dlcheck summary*", "info:      L6 mean log Z 5.* with the current weights; ln(vocabulary 300)*"])
 

@@ -69,7 +69,7 @@ def accuracy_only(p):
     return {{"accuracy": 0.5}}
 '''
 
-TRAINER = '''
+TRAINER = """
 import pytest, tiny
 from transformers import DataCollatorForLanguageModeling, Trainer
 from l7_metrics import *
@@ -81,9 +81,9 @@ def dlcheck_trainer(tmp_path_factory):
     return Trainer(model=tiny.llama(tok), args=tiny.trainer_args(tmp_path_factory.mktemp("out"), {args}),
                    data_collator=DataCollatorForLanguageModeling(tok, mlm=False), processing_class=tok,
                    train_dataset=data, eval_dataset={eval}, compute_metrics={metrics})
-'''
+"""
 
-SFT = '''
+SFT = """
 import pytest, tiny
 from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
@@ -96,9 +96,9 @@ def dlcheck_trainer(tmp_path_factory):
     return SFTTrainer(model=tiny.llama(tok), processing_class=tok, train_dataset=data, eval_dataset=data,
                       args=tiny.trainer_args(tmp_path_factory.mktemp("out"), SFTConfig, max_length=64),
                       compute_metrics={metrics})
-'''
+"""
 
-FIXTURES = '''
+FIXTURES = """
 import pytest, tiny
 from transformers import DataCollatorForLanguageModeling
 from l7_metrics import *
@@ -122,8 +122,7 @@ def dlcheck_eval_dataset(dlcheck_tokenizer):
 @pytest.fixture(scope="session")
 def dlcheck_compute_metrics():
     return {metrics}
-'''
-
+"""
 
 
 def _project(project, template: str, metrics: str, **kw) -> None:
@@ -213,7 +212,7 @@ def test_train_sample_stands_in_without_eval_data(project):
     assert "the training sample stands in" in flat(run.section("L7"))
 
 
-LOSS_FUNC = '''
+LOSS_FUNC = """
 import pytest, tiny, torch
 import torch.nn.functional as F
 from transformers import DataCollatorForLanguageModeling, Trainer
@@ -234,7 +233,7 @@ def dlcheck_trainer(tmp_path_factory):
     return Trainer(model=tiny.llama(tok), args=tiny.trainer_args(tmp_path_factory.mktemp("out")),
                    data_collator=DataCollatorForLanguageModeling(tok, mlm=False), processing_class=tok,
                    train_dataset=data, eval_dataset=data, compute_loss_func={fn})
-'''
+"""
 
 
 def test_compute_loss_func_over_every_position(project):

@@ -12,7 +12,7 @@ from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTr
 
 import pytest_dlcheck.checks.llm.schema  # noqa: F401,E402
 
-DATA = '''
+DATA = """
 import pytest
 
 import tiny
@@ -24,11 +24,11 @@ REJECTED = [" I do not know.", " Go away.", " Green is a number.", " nothing hap
 
 def plain_join(messages):
     return "\\n".join(f"{m['role']}: {m['content']}" for m in messages)
-'''
+"""
 
 # ---- TRL trainers (built once per run: session-scoped fixtures) -----------------------------------
 
-SFT = '''
+SFT = """
 import pytest, tiny
 from datasets import Dataset
 from trl import SFTConfig, SFTTrainer
@@ -39,9 +39,9 @@ def dlcheck_trainer(tmp_path_factory):
     tok = tiny.tokenizer()
     return SFTTrainer(model=tiny.llama(tok), processing_class=tok, train_dataset=Dataset.from_dict({data}),
                       args=tiny.trainer_args(tmp_path_factory.mktemp("out"), SFTConfig, max_length=64))
-'''
+"""
 
-DPO = '''
+DPO = """
 import copy, pytest, tiny
 from datasets import Dataset
 from trl import DPOConfig, DPOTrainer
@@ -54,9 +54,9 @@ def dlcheck_trainer(tmp_path_factory):
     return DPOTrainer(model=model, ref_model=copy.deepcopy(model), processing_class=tok,
                       train_dataset=Dataset.from_dict({data}),
                       args=tiny.trainer_args(tmp_path_factory.mktemp("out"), DPOConfig, max_length=64))
-'''
+"""
 
-GRPO = '''
+GRPO = """
 import pytest, tiny
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
@@ -72,11 +72,11 @@ def dlcheck_trainer(tmp_path_factory):
                        train_dataset=Dataset.from_dict({data}),
                        args=tiny.trainer_args(tmp_path_factory.mktemp("out"), GRPOConfig, num_generations=2,
                                               max_completion_length=8, beta=0.0, per_device_train_batch_size=4))
-'''
+"""
 
 # ---- hand pipelines: a plain transformers Trainer, or bare fixtures --------------------------------
 
-HAND_TRAINER = '''
+HAND_TRAINER = """
 import pytest, tiny
 from datasets import Dataset
 from transformers import DataCollatorForLanguageModeling, Trainer
@@ -90,9 +90,9 @@ def dlcheck_trainer(tmp_path_factory):
     return Trainer(model=tiny.llama(tok), processing_class=tok, train_dataset=data,
                    data_collator=DataCollatorForLanguageModeling(tok, mlm=False),
                    args=tiny.trainer_args(tmp_path_factory.mktemp("out")))
-'''
+"""
 
-HAND_FIXTURES = '''
+HAND_FIXTURES = """
 import pytest, tiny
 from transformers import DataCollatorForLanguageModeling
 from l8_data import *
@@ -113,8 +113,7 @@ def dlcheck_dataset(dlcheck_tokenizer, dlcheck_raw_dataset):
 @pytest.fixture(scope="session")
 def dlcheck_collator(dlcheck_tokenizer):
     return DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)
-'''
-
+"""
 
 
 def _run(project, conftest: str, **kw):
@@ -155,8 +154,12 @@ def test_messages_joined_as_plain_text_in_a_trainer(project):
 
 
 def test_preference_rows_in_a_plain_trainer_drop_rejected(project):
-    run = _run(project, HAND_TRAINER, data='{"prompt": P, "chosen": C, "rejected": REJECTED}',
-               text='ex["prompt"] + ex["chosen"]')
+    run = _run(
+        project,
+        HAND_TRAINER,
+        data='{"prompt": P, "chosen": C, "rejected": REJECTED}',
+        text='ex["prompt"] + ex["chosen"]',
+    )
     run.assert_outcome("L8", "failed")
     text = flat(run.section("L8"))
     assert "column 'rejected' never reaches the model" in text
@@ -165,8 +168,11 @@ def test_preference_rows_in_a_plain_trainer_drop_rejected(project):
 
 
 def test_dpo_chosen_and_rejected_repeat_the_prompt(project):
-    run = _run(project, DPO, data='{"prompt": P, "chosen": [p + c for p, c in zip(P, C)], '
-                                  '"rejected": [p + r for p, r in zip(P, REJECTED)]}')
+    run = _run(
+        project,
+        DPO,
+        data='{"prompt": P, "chosen": [p + c for p, c in zip(P, C)], "rejected": [p + r for p, r in zip(P, REJECTED)]}',
+    )
     run.assert_outcome("L8", "failed")
     text = flat(run.section("L8"))
     assert "both start with the 'prompt' DPOTrainer puts in front of them" in text
@@ -195,23 +201,31 @@ def test_grpo_conversational_prompts_without_a_chat_template(project):
 # ---- correct twins ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("data", [
-    '{"messages": MESSAGES}',
-    '{"prompt": P, "completion": C}',
-    '{"prompt": [m[:1] for m in MESSAGES], "completion": [m[1:] for m in MESSAGES]}',
-    '{"text": [p + c for p, c in zip(P, C)]}',
-], ids=["messages", "prompt-completion", "conversational-prompt-completion", "text"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        '{"messages": MESSAGES}',
+        '{"prompt": P, "completion": C}',
+        '{"prompt": [m[:1] for m in MESSAGES], "completion": [m[1:] for m in MESSAGES]}',
+        '{"text": [p + c for p, c in zip(P, C)]}',
+    ],
+    ids=["messages", "prompt-completion", "conversational-prompt-completion", "text"],
+)
 def test_sft_trainer_schemas_pass(project, data):
     run = _run(project, SFT, data=data)
     run.assert_outcome("L8", "passed")
 
 
-@pytest.mark.parametrize("data", [
-    '{"prompt": P, "chosen": C, "rejected": REJECTED}',
-    '{"chosen": [p + c for p, c in zip(P, C)], "rejected": [p + r for p, r in zip(P, REJECTED)]}',
-    '{"prompt": [m[:1] for m in MESSAGES], "chosen": [m[1:] for m in MESSAGES], '
-    '"rejected": [[{"role": "assistant", "content": r}] for r in REJECTED]}',
-], ids=["explicit-prompt", "implicit-prompt", "conversational"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        '{"prompt": P, "chosen": C, "rejected": REJECTED}',
+        '{"chosen": [p + c for p, c in zip(P, C)], "rejected": [p + r for p, r in zip(P, REJECTED)]}',
+        '{"prompt": [m[:1] for m in MESSAGES], "chosen": [m[1:] for m in MESSAGES], '
+        '"rejected": [[{"role": "assistant", "content": r}] for r in REJECTED]}',
+    ],
+    ids=["explicit-prompt", "implicit-prompt", "conversational"],
+)
 def test_dpo_trainer_schemas_pass(project, data):
     run = _run(project, DPO, data=data)
     run.assert_outcome("L8", "passed")
@@ -229,7 +243,7 @@ def test_hand_pipeline_with_apply_chat_template_passes(project):
 
 def test_tokenized_only_dataset_skips(project):
     project.conftest(DATA, "l8_data.py")
-    project.conftest('''
+    project.conftest("""
         import pytest, tiny
         from transformers import DataCollatorForLanguageModeling
 
@@ -244,7 +258,7 @@ def test_tokenized_only_dataset_skips(project):
         @pytest.fixture(scope="session")
         def dlcheck_collator(dlcheck_tokenizer):
             return DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)
-    ''')
+    """)
     run = project.run("--dlcheck=L8")
     run.assert_outcome("L8", "skipped")
     assert "nothing to judge" in run.text

@@ -28,7 +28,10 @@ def test_shallow_copy_reference_shares_the_policys_weights(project):
     run = project.run("--dlcheck=L9")
     run.assert_outcome("L9", "failed")
     text = tt.section(run, "L9")
-    assert "20 of 20 reference parameter tensors share storage with the policy's: ref model.embed_tokens.weight is policy model.embed_tokens.weight" in text
+    assert (
+        "20 of 20 reference parameter tensors share storage with the policy's: ref model.embed_tokens.weight is policy model.embed_tokens.weight"
+        in text
+    )
     assert "moved the reference's log-probs of batch 0 by" in text and "a frozen one moves by 0" in text
     assert "0.69315 before the step, 0.69315 after (ln 2 = 0.69315)" in text
     assert "batch 0, row 0: 'what is 2+2? The answer is 4." in text
@@ -49,7 +52,7 @@ def test_deep_copy_reference_is_frozen_and_the_policy_is_restored(project):
 
 
 def test_sft_trainer_skips(project):
-    project.conftest('''
+    project.conftest("""
     import pytest, tiny
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -59,5 +62,5 @@ def test_sft_trainer_skips(project):
         tok = tiny.tokenizer()
         return SFTTrainer(model=tiny.llama(tok), args=tiny.trainer_args(tmp_path_factory.mktemp("o"), SFTConfig),
                           processing_class=tok, train_dataset=Dataset.from_dict({"text": tiny.texts()}))
-    ''')
+    """)
     project.run("--dlcheck=L9").assert_outcome("L9", "skipped")

@@ -1,6 +1,5 @@
 """L11: the EOS token must be a supervised label."""
 
-
 LM_COLLATOR = """
     import pytest, tiny
     from transformers import DataCollatorForLanguageModeling
@@ -74,5 +73,9 @@ def test_chat_turns_end_with_a_token_generation_does_not_stop_on(project):
 
 
 def test_chat_end_of_turn_declared_as_a_stop_token_passes(project):
-    project.conftest(CHAT_SFT.format(stop="model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids(tiny.END)]"))
+    project.conftest(
+        CHAT_SFT.format(
+            stop="model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids(tiny.END)]"
+        )
+    )
     project.run("--dlcheck=L11").assert_outcome("L11", "passed")

@@ -77,8 +77,10 @@ def test_hand_written_format_differs_from_the_template(project):
     run = project.run("--dlcheck=L12")
     run.assert_outcome("L12", "failed")
     text = flat(run.section("L12"))
-    assert "6 of 6 sampled conversations tokenize differently in training than with " \
-           "tokenizer.apply_chat_template(messages, tokenize=True)" in text
+    assert (
+        "6 of 6 sampled conversations tokenize differently in training than with "
+        "tokenizer.apply_chat_template(messages, tokenize=True)" in text
+    )
     assert "first difference at token 0: training '#'" in text and "template '<|bos|>'(2)" in text
     assert "training: '### User: what is 2+2?" in text
     assert "template: '<|bos|><|user|>what is 2+2?<|end|><|assistant|> The answer is 4.<|end|>'" in text
@@ -160,10 +162,10 @@ def test_skips_without_bos_or_conversations(project):
 def test_compare_accepts_trailing_eos_and_truncation():
     ref = [2, 3, 10, 11, 6]
     assert compare([2, 3, 10, 11, 6], ref, {0, 1}) == ("match", 5)
-    assert compare([2, 3, 10, 11, 6, 0], ref, {0, 1}) == ("match", 5)      # EOS appended after the template
-    assert compare([2, 3, 10], ref, {0, 1}) == ("prefix", 3)               # cut short
-    assert compare([2, 3, 10, 11, 6, 42], ref, {0, 1}) == ("differ", 5)    # extra content
-    assert compare([2, 2, 3, 10, 11, 6], ref, {0, 1}) == ("differ", 1)     # doubled BOS
+    assert compare([2, 3, 10, 11, 6, 0], ref, {0, 1}) == ("match", 5)  # EOS appended after the template
+    assert compare([2, 3, 10], ref, {0, 1}) == ("prefix", 3)  # cut short
+    assert compare([2, 3, 10, 11, 6, 42], ref, {0, 1}) == ("differ", 5)  # extra content
+    assert compare([2, 2, 3, 10, 11, 6], ref, {0, 1}) == ("differ", 1)  # doubled BOS
 
 
 def test_conversation_formats():

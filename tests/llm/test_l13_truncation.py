@@ -11,7 +11,7 @@ from trl import SFTConfig, SFTTrainer  # noqa: F401
 
 from pytest_dlcheck.checks.llm.labels_masked import Example, _relation
 from pytest_dlcheck.checks.llm.truncation import _infer_limit
-from pytest_dlcheck.lm import Row
+from pytest_dlcheck.checks.shared.lm import Row
 
 # TRL SFTTrainer, prompt/completion data, completion-only loss (the default), SFTConfig.max_length=N
 TRL_SFT = """
@@ -66,7 +66,6 @@ PROMPTS = "tiny.PROMPTS * 2"
 COMPLETIONS = "tiny.COMPLETIONS * 2"
 
 
-
 # ---- buggy ----------------------------------------------------------------------------------------
 
 
@@ -76,13 +75,17 @@ def test_trl_max_length_shorter_than_prompts(project):
     run = project.run("--dlcheck=L13")
     run.assert_outcome("L13", "failed")
     text = flat(run.section("L13"))
-    assert ("TRL SFTTrainer dropped 8 of 12 training examples (67%) while preparing the dataset: after "
-            "truncation to SFTConfig.max_length=6 every label was -100") in text
+    assert (
+        "TRL SFTTrainer dropped 8 of 12 training examples (67%) while preparing the dataset: after "
+        "truncation to SFTConfig.max_length=6 every label was -100"
+    ) in text
     assert "dropped: row 0 of the data given to SFTTrainer, prompt 'what is 2+2?' is 7 tokens, max_length 6" in text
     assert "TRL silently filters the examples out" in text
     assert "4 of 4 sampled examples (100%) lost the end of their completion, EOS included" in text
-    assert ("max_length 6 (SFTConfig.max_length) example 0.0 (dataset row 0): 'hello wor' (6 of its 22 tokens "
-            "kept, the prompt alone is 3)") in text
+    assert (
+        "max_length 6 (SFTConfig.max_length) example 0.0 (dataset row 0): 'hello wor' (6 of its 22 tokens "
+        "kept, the prompt alone is 3)"
+    ) in text
     assert "cut off: 'ld, how are you today?<|endoftext|>'" in text
     assert "raise SFTConfig(max_length=...)" in text
     assert "Traceback" not in run.text
@@ -103,8 +106,10 @@ def test_hand_collator_truncating_into_the_completion(project):
     run.assert_outcome("L13", "failed")
     text = flat(run.section("L13"))
     assert "4 of 8 sampled examples have no supervised token: every label is -100" in text
-    assert ("max_length 16 (every cut example holds exactly 16 tokens) example 0.2 (dataset row 3): "
-            "'read this and answer:' (16 of its 40 tokens kept, the prompt alone is 26)") in text
+    assert (
+        "max_length 16 (every cut example holds exactly 16 tokens) example 0.2 (dataset row 3): "
+        "'read this and answer:' (16 of its 40 tokens kept, the prompt alone is 26)"
+    ) in text
     assert "cut off: ' once upon a time there was a tiny model<|endoftext|>'" in text
     assert "truncation to 16 tokens keeps the start of prompt+completion" in text
     assert "the prompt alone is 26 tokens, so nothing of the completion survives" in text
@@ -118,8 +123,9 @@ def test_cut_share_threshold_is_a_setting(project):
     run = project.run("--dlcheck=L13")
     run.assert_outcome("L13", "failed")
     assert "lost the end of their completion" in flat(run.section("L13"))
-    run = project.run("--dlcheck=L13", "--dlcheck-set", "L13.max_cut_share=1.0",
-                      "--dlcheck-set", "L13.max_unsupervised_share=1.0")
+    run = project.run(
+        "--dlcheck=L13", "--dlcheck-set", "L13.max_cut_share=1.0", "--dlcheck-set", "L13.max_unsupervised_share=1.0"
+    )
     run.assert_outcome("L13", "passed")
 
 
@@ -172,13 +178,20 @@ CLEAN_LEFT_PADDED = """
 """
 
 
-@pytest.mark.parametrize("conftest", [
-    CLEAN_TRL.format(data='{"text": tiny.texts(12)}', kwargs=""),
-    CLEAN_TRL.format(data='{"prompt": [m[:1] for m in MESSAGES] * 2, "completion": [m[1:] for m in MESSAGES] * 2}',
-                     kwargs=""),
-    CLEAN_TRL.format(data='{"messages": MESSAGES * 2}', kwargs="packing=True, max_length=32, assistant_only_loss=True"),
-    CLEAN_LEFT_PADDED,
-], ids=["trl-text", "trl-conversational-prompt-completion", "trl-packed-assistant-only", "left-padded-lm-collator"])
+@pytest.mark.parametrize(
+    "conftest",
+    [
+        CLEAN_TRL.format(data='{"text": tiny.texts(12)}', kwargs=""),
+        CLEAN_TRL.format(
+            data='{"prompt": [m[:1] for m in MESSAGES] * 2, "completion": [m[1:] for m in MESSAGES] * 2}', kwargs=""
+        ),
+        CLEAN_TRL.format(
+            data='{"messages": MESSAGES * 2}', kwargs="packing=True, max_length=32, assistant_only_loss=True"
+        ),
+        CLEAN_LEFT_PADDED,
+    ],
+    ids=["trl-text", "trl-conversational-prompt-completion", "trl-packed-assistant-only", "left-padded-lm-collator"],
+)
 def test_clean_pipelines_do_not_fail(project, conftest):
     project.conftest(conftest)
     run = project.run("--dlcheck=L2,L13")
@@ -194,23 +207,29 @@ def _example(ids, eos=0):
     return Example(row, list(range(len(ids))), None, targets=list(range(1, len(ids))))
 
 
-@pytest.mark.parametrize("lengths,ends,expected", [
-    ([8, 8, 8, 5], [9, 9, 9, 0], 8),     # three stop at 8 without EOS, a shorter one ends with EOS
-    ([8, 7, 6, 5], [9, 0, 0, 0], None),  # one at the longest length: a long example, not a limit
-    ([8, 8, 6, 5], [9, 9, 9, 9], None),  # the pipeline appends no EOS at all: no evidence of a limit
-])
+@pytest.mark.parametrize(
+    "lengths,ends,expected",
+    [
+        ([8, 8, 8, 5], [9, 9, 9, 0], 8),  # three stop at 8 without EOS, a shorter one ends with EOS
+        ([8, 7, 6, 5], [9, 0, 0, 0], None),  # one at the longest length: a long example, not a limit
+        ([8, 8, 6, 5], [9, 9, 9, 9], None),  # the pipeline appends no EOS at all: no evidence of a limit
+    ],
+)
 def test_inferred_truncation_limit(lengths, ends, expected):
     examples = [_example([5] * (n - 1) + [e]) for n, e in zip(lengths, ends)]
     assert _infer_limit(examples, eos=0) == expected
 
 
-@pytest.mark.parametrize("content,full,expected", [
-    ([1, 2, 3, 0], [1, 2, 3, 0], "none"),     # complete
-    ([1, 2, 3, 0], [1, 2, 3], "none"),        # the collator appended EOS itself
-    ([7, 1, 2, 3], [1, 2, 3], "none"),        # a BOS the reference tokenization lacks
-    ([1, 2], [1, 2, 3, 0], "end"),            # keep_start truncation: end and EOS cut
-    ([3, 0], [1, 2, 3, 0], "start"),          # truncation_side="left"
-    ([1, 5, 3], [1, 2, 3, 0], None),          # not this example's tokens: undecided
-])
+@pytest.mark.parametrize(
+    "content,full,expected",
+    [
+        ([1, 2, 3, 0], [1, 2, 3, 0], "none"),  # complete
+        ([1, 2, 3, 0], [1, 2, 3], "none"),  # the collator appended EOS itself
+        ([7, 1, 2, 3], [1, 2, 3], "none"),  # a BOS the reference tokenization lacks
+        ([1, 2], [1, 2, 3, 0], "end"),  # keep_start truncation: end and EOS cut
+        ([3, 0], [1, 2, 3, 0], "start"),  # truncation_side="left"
+        ([1, 5, 3], [1, 2, 3, 0], None),  # not this example's tokens: undecided
+    ],
+)
 def test_relation_to_the_complete_tokenization(content, full, expected):
     assert _relation(content, full) == expected

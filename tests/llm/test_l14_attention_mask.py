@@ -15,7 +15,7 @@ from transformers import (  # noqa: F401
 from trl import DPOConfig, DPOTrainer  # noqa: F401
 
 from pytest_dlcheck.checks.llm.attention_mask import expected_mask, fill_ids, structural
-from pytest_dlcheck.lm import Row
+from pytest_dlcheck.checks.shared.lm import Row
 
 # Pre-tokenized examples (true lengths known); the first one has an EOS inside it, as documents joined
 # with the EOS separator do.
@@ -65,7 +65,10 @@ def test_mask_built_from_pad_id_when_pad_is_eos(project):
     assert "8 of 8 sampled rows: attention_mask is 0 on 9 real tokens" in text
     assert "judged by: the true length of each pre-tokenized example (8 of 8 rows)" in text
     assert "example 0.0: 'hello<|endoftext|>world<|endoftext|>'" in text
-    assert "the example has 10 tokens, the mask has 8 ones; masked: '<|endoftext|>'(0) at 3, '<|endoftext|>'(0) at 9" in text
+    assert (
+        "the example has 10 tokens, the mask has 8 ones; masked: '<|endoftext|>'(0) at 3, '<|endoftext|>'(0) at 9"
+        in text
+    )
     assert "pad_token == eos_token and the attention mask is built as input_ids != pad_token_id" in text
     assert "DataCollatorWithPadding" in text and "tokenizer.pad" in text
     assert "Traceback" not in run.text
@@ -78,8 +81,10 @@ def test_collator_that_pads_with_a_mask_of_ones(project):
     text = flat(run.section("L14"))
     assert "6 of 8 sampled rows:" in text and "padding positions have attention_mask 1" in text
     assert "6 of 8 sampled rows: 91 padding positions have attention_mask 1" in text
-    assert "example 0.0: 'hello<|endoftext|>world<|endoftext|>' + 21 x '<|pad|>'(1) with attention_mask 1; " \
-           "the example has 10 tokens, the mask has 31 ones" in text
+    assert (
+        "example 0.0: 'hello<|endoftext|>world<|endoftext|>' + 21 x '<|pad|>'(1) with attention_mask 1; "
+        "the example has 10 tokens, the mask has 31 ones" in text
+    )
     assert "pads input_ids but returns an attention_mask of ones" in text
     assert "0 on every padded position" in text
 
@@ -92,8 +97,11 @@ def test_left_padding_with_a_mask_of_ones(project):
 
 
 def test_tokenizer_padding_is_right_when_pad_is_eos(project):
-    project.conftest(PRETOKENIZED.format(pad="tiny.EOS", side="right",
-                                         collator="return DataCollatorForLanguageModeling(tok, mlm=False)"))
+    project.conftest(
+        PRETOKENIZED.format(
+            pad="tiny.EOS", side="right", collator="return DataCollatorForLanguageModeling(tok, mlm=False)"
+        )
+    )
     run = project.run("--dlcheck=L14")
     run.assert_outcome("L14", "passed")
 
@@ -128,8 +136,11 @@ TEXT_LOADER = """
 
 
 def test_structure_finds_a_masked_eos_inside_the_sequence(project):
-    project.conftest(TEXT_LOADER.format(side="right",
-                                        fix_mask='batch["attention_mask"] = (batch["input_ids"] != tok.pad_token_id).long()'))
+    project.conftest(
+        TEXT_LOADER.format(
+            side="right", fix_mask='batch["attention_mask"] = (batch["input_ids"] != tok.pad_token_id).long()'
+        )
+    )
     run = project.run("--dlcheck=L14")
     run.assert_outcome("L14", "failed")
     text = flat(run.section("L14"))
@@ -209,8 +220,8 @@ def test_expected_mask_right_left_and_truncated():
     ex = [5, 6, EOS]
     assert expected_mask([5, 6, EOS, EOS, EOS], [1, 1, 0, 0, 0], ex) == [1, 1, 1, 0, 0]
     assert expected_mask([EOS, EOS, 5, 6, EOS], [0, 0, 1, 1, 1], ex) == [0, 0, 1, 1, 1]
-    assert expected_mask([5, 6], [1, 1], ex) == [1, 1]                # the collator truncated
-    assert expected_mask([5, 9, 6, EOS], [1, 1, 1, 1], ex) is None    # the collator rewrote the ids
+    assert expected_mask([5, 6], [1, 1], ex) == [1, 1]  # the collator truncated
+    assert expected_mask([5, 9, 6, EOS], [1, 1, 1, 1], ex) is None  # the collator rewrote the ids
 
 
 def test_structural_rules():
@@ -240,8 +251,12 @@ def test_fill_id_of_a_collator_padding_with_zero():
 # ---- property: tokenizer-style padding is never flagged, an id-based mask always is ---------------
 
 WORD = st.sampled_from([5, 6, 7])
-EXAMPLE = st.builds(lambda head, body, last: [head] + body + [last, EOS], WORD,
-                    st.lists(st.sampled_from([EOS, 5, 6, 7]), max_size=6), WORD)
+EXAMPLE = st.builds(
+    lambda head, body, last: [head] + body + [last, EOS],
+    WORD,
+    st.lists(st.sampled_from([EOS, 5, 6, 7]), max_size=6),
+    WORD,
+)
 
 
 def _pad(examples, side):
@@ -265,5 +280,6 @@ def test_pad_equal_to_eos_property(examples, side):
         # the mask input_ids != pad: every real EOS is reported, nothing else
         wrong = [int(t != EOS) for t in ids]
         exp = expected_mask(ids, wrong, e)
-        assert [p for p in range(len(ids)) if exp[p] and not wrong[p]] == \
-               [p for p in range(len(ids)) if mask[p] and ids[p] == EOS]
+        assert [p for p in range(len(ids)) if exp[p] and not wrong[p]] == [
+            p for p in range(len(ids)) if mask[p] and ids[p] == EOS
+        ]

@@ -48,7 +48,7 @@ COLLATORS = '''
         return tiny.tokenizer()
 '''
 
-TOKENIZED = '''
+TOKENIZED = """
     @pytest.fixture(scope="session")
     def dlcheck_dataset(dlcheck_tokenizer):
         return [dlcheck_tokenizer(t) for t in ["hello world", "what is 2+2?", "a b c d", "Name a colour."]]
@@ -56,9 +56,9 @@ TOKENIZED = '''
     @pytest.fixture(scope="session")
     def dlcheck_collator(dlcheck_tokenizer):
         return {collator}(dlcheck_tokenizer)
-'''
+"""
 
-PAIRS = '''
+PAIRS = """
     @pytest.fixture(scope="session")
     def dlcheck_dataset():
         return [{{"prompt": p, "completion": c}} for p, c in zip(tiny.PROMPTS, tiny.COMPLETIONS)]
@@ -66,7 +66,7 @@ PAIRS = '''
     @pytest.fixture(scope="session")
     def dlcheck_collator(dlcheck_tokenizer):
         return CompletionOnly(dlcheck_tokenizer)
-'''
+"""
 
 
 def conftest(search_from=0, data=TOKENIZED, collator="TruncateThenEos"):

@@ -6,8 +6,12 @@ from __future__ import annotations
 import rel_background
 
 #: tests that wait for a background run: last, so that the run overlaps everything else
-WAITING = ("test_two_runs_in_two_processes_under_xdist_agree", "test_every_check_on_every_example_runs_offline",
-           "test_no_check_crashes_on_an_example", "test_clean_examples_pass_every_domain")
+WAITING = (
+    "test_two_runs_in_two_processes_under_xdist_agree",
+    "test_every_check_on_every_example_runs_offline",
+    "test_no_check_crashes_on_an_example",
+    "test_clean_examples_pass_every_domain",
+)
 
 
 def pytest_collection_modifyitems(config, items):

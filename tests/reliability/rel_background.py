@@ -39,10 +39,18 @@ _RUNS: dict[str, Run] = {}
 
 
 def _env(log: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTEST_", "HF_", "TRANSFORMERS_OFFLINE", "HYPOTHESIS_"))}
-    env.update(PYTHONPATH=os.pathsep.join(str(p) for p in [HERE, TESTS, *(TESTS / d for d in (
-        "vision", "diffusion", "rl", "vlm", "train"))]), DLCHECK_NONET_LOG=str(log), PYTHONHASHSEED="12345")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PYTEST_", "HF_", "TRANSFORMERS_OFFLINE", "HYPOTHESIS_"))
+    }
+    env.update(
+        PYTHONPATH=os.pathsep.join(
+            str(p) for p in [HERE, TESTS, *(TESTS / d for d in ("vision", "diffusion", "rl", "vlm", "train"))]
+        ),
+        DLCHECK_NONET_LOG=str(log),
+        PYTHONHASHSEED="12345",
+    )
     return env
 
 
@@ -51,9 +59,24 @@ def _start(name: str, root: Path, args: list[str], extra_path: list[Path] = ()) 
     env = _env(log)
     env["PYTHONPATH"] = os.pathsep.join([*map(str, extra_path), env["PYTHONPATH"]])
     with open(out, "w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "rel_nonet",
-                                 f"--junitxml={junit}", f"--dlcheck-json={report}", *args],
-                                cwd=root, env=env, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "rel_nonet",
+                f"--junitxml={junit}",
+                f"--dlcheck-json={report}",
+                *args,
+            ],
+            cwd=root,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
     return Run(proc, out, {"log": log, "junit": junit, "json": report})
 
 
@@ -67,10 +90,14 @@ def examples(base: Path) -> Run:
         root.mkdir(parents=True)
         (root / "pytest.ini").write_text("[pytest]\n")  # one rootdir: nodeids start with the domain
         for domain in domains:
-            shutil.copytree(EXAMPLES / domain, root / domain, ignore=shutil.ignore_patterns(
-                ".hypothesis", "__pycache__", ".pytest_cache", "pytest.ini"))
-        _RUNS["examples"] = _start("examples", root, ["--dlcheck=all", "--dlcheck-timeout=120", "-q", *domains],
-                                   [root / d for d in domains])  # the examples' modules (their pytest.ini pythonpath)
+            shutil.copytree(
+                EXAMPLES / domain,
+                root / domain,
+                ignore=shutil.ignore_patterns(".hypothesis", "__pycache__", ".pytest_cache", "pytest.ini"),
+            )
+        _RUNS["examples"] = _start(
+            "examples", root, ["--dlcheck=all", "--dlcheck-timeout=120", "-q", *domains], [root / d for d in domains]
+        )  # the examples' modules (their pytest.ini pythonpath)
     return _RUNS["examples"]
 
 
@@ -82,7 +109,7 @@ def examples(base: Path) -> Run:
 SECOND_RUN = ("llm_broken", "vision_cls_broken", "diffusion_clean", "rl_cleanrl", "train_loop")
 
 FILTER = '''
-from pytest_dlcheck.plugin import CHECK_KEY
+from pytest_dlcheck.session import CHECK_KEY
 
 GROUPS = {groups!r}
 
@@ -122,8 +149,15 @@ def junit_outcomes(path: Path) -> dict[str, tuple[str, str]]:
     for case in ET.parse(path).getroot().iter("testcase"):
         nodeid = case.get("classname").replace(".", "/") + ".py::" + case.get("name")
         kinds = {child.tag: child for child in case}
-        outcome = ("failed" if "failure" in kinds else "error" if "error" in kinds
-                   else "skipped" if "skipped" in kinds else "passed")
+        outcome = (
+            "failed"
+            if "failure" in kinds
+            else "error"
+            if "error" in kinds
+            else "skipped"
+            if "skipped" in kinds
+            else "passed"
+        )
         node = kinds.get("failure", kinds.get("error"))
         out[nodeid] = (outcome, (node.text or "") if node is not None else "")
     return out

@@ -33,14 +33,23 @@ def base(domain: str) -> dict[str, Any]:
         tok = tiny.tokenizer()
         collator = DataCollatorForLanguageModeling(tok, mlm=False)
         data = tiny.tokenized(tok)
-        return dict(tokenizer=tok, model=tiny.llama(tok), collator=collator, dataset=data,
-                    dataloader=DataLoader(data, batch_size=4, collate_fn=collator))
+        return dict(
+            tokenizer=tok,
+            model=tiny.llama(tok),
+            collator=collator,
+            dataset=data,
+            dataloader=DataLoader(data, batch_size=4, collate_fn=collator),
+        )
     if domain == "vision":
         ds = tv.Shapes([i % 4 for i in range(16)], size=32, transform=tv.classification_tf(train=True))
         ev = tv.Shapes([i % 4 for i in range(8)], size=32, transform=tv.classification_tf(train=False))
-        return dict(model=tv.resnet18(4), dataloader=DataLoader(ds, batch_size=8),
-                    eval_dataloader=DataLoader(ev, batch_size=8), loss_fn=torch.nn.CrossEntropyLoss(),
-                    eval_fn=lambda model, loader: [model(x) for x, _ in loader])
+        return dict(
+            model=tv.resnet18(4),
+            dataloader=DataLoader(ds, batch_size=8),
+            eval_dataloader=DataLoader(ev, batch_size=8),
+            loss_fn=torch.nn.CrossEntropyLoss(),
+            eval_fn=lambda model, loader: [model(x) for x, _ in loader],
+        )
     if domain == "diffusion":
         ns = tinydiff.setup()
         return {role: getattr(ns, role) for role in tinydiff.CLEAN_ROLES + ("condition",)}
@@ -50,24 +59,42 @@ def base(domain: str) -> dict[str, Any]:
         def make():
             model = tiny_train.MLP()
             opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-            return {"model": model, "optimizer": opt,
-                    "lr_scheduler": torch.optim.lr_scheduler.LambdaLR(opt, tiny_train.warmup(3))}
-        return dict(make_training=make, dataloader=tiny_train.loader(shuffle=True),
-                    eval_dataloader=tiny_train.loader(32, seed=1), loss_fn=torch.nn.CrossEntropyLoss(),
-                    save_checkpoint=tiny_train.save_atomic, load_checkpoint=tiny_train.load_all)
+            return {
+                "model": model,
+                "optimizer": opt,
+                "lr_scheduler": torch.optim.lr_scheduler.LambdaLR(opt, tiny_train.warmup(3)),
+            }
+
+        return dict(
+            make_training=make,
+            dataloader=tiny_train.loader(shuffle=True),
+            eval_dataloader=tiny_train.loader(32, seed=1),
+            loss_fn=torch.nn.CrossEntropyLoss(),
+            save_checkpoint=tiny_train.save_atomic,
+            load_checkpoint=tiny_train.load_all,
+        )
     if domain == "rl":
         import tiny_rl
 
         from pytest_dlcheck.rl import advantage_fn
 
-        return dict(model=tiny_rl.shared_agent(), env=tiny_rl.make_envs,
-                    advantage_fn=advantage_fn(tiny_rl.compute_gae, arrays="torch"))
+        return dict(
+            model=tiny_rl.shared_agent(),
+            env=tiny_rl.make_envs,
+            advantage_fn=advantage_fn(tiny_rl.compute_gae, arrays="torch"),
+        )
     if domain == "vlm":
         import tinyvlm
 
         proc = tinyvlm.processor()
-        return dict(model=tinyvlm.llava(proc.tokenizer), tokenizer=proc, collator=tinyvlm.collator(proc),
-                    dataset=tinyvlm.rows(8), stages=tinyvlm.STAGES, stage_setup=tinyvlm.setup_clean(tinyvlm.STAGES))
+        return dict(
+            model=tinyvlm.llava(proc.tokenizer),
+            tokenizer=proc,
+            collator=tinyvlm.collator(proc),
+            dataset=tinyvlm.rows(8),
+            stages=tinyvlm.STAGES,
+            stage_setup=tinyvlm.setup_clean(tinyvlm.STAGES),
+        )
     raise KeyError(domain)
 
 
@@ -119,8 +146,11 @@ class UserBug(RuntimeError):
 
 def _batches(domain: str) -> list[Any]:
     """A few valid batches of the domain, as the valid dataloader gives them."""
-    loader = base(domain)["dataloader"] if domain != "diffusion" else DataLoader(
-        base(domain)["dataset"], batch_size=4, collate_fn=base(domain)["collator"])
+    loader = (
+        base(domain)["dataloader"]
+        if domain != "diffusion"
+        else DataLoader(base(domain)["dataset"], batch_size=4, collate_fn=base(domain)["collator"])
+    )
     return [b for b, _ in zip(loader, range(3))]
 
 
@@ -180,8 +210,11 @@ def _map_batch(batch: Any, fn) -> Any:
     if isinstance(batch, dict) or hasattr(batch, "keys"):
         return {k: fn(k, v) for k, v in batch.items()}
     if isinstance(batch, (list, tuple)):
-        return type(batch)(fn(str(i), v) for i, v in enumerate(batch)) if not isinstance(batch, tuple) or \
-            not hasattr(batch, "_fields") else batch
+        return (
+            type(batch)(fn(str(i), v) for i, v in enumerate(batch))
+            if not isinstance(batch, tuple) or not hasattr(batch, "_fields")
+            else batch
+        )
     return batch
 
 
@@ -226,8 +259,15 @@ def _poison(case: Case, batch: Any) -> Any:
 
 def hostile(case: Case) -> Any:
     kind, domain = case.kind, case.domain
-    generic = {"none": None, "int": 42, "str": "gpt2", "float": 0.5, "dict": {"name": "my-thing", "size": 3},
-               "object": object(), "list_of_ints": [1, 2, 3]}
+    generic = {
+        "none": None,
+        "int": 42,
+        "str": "gpt2",
+        "float": 0.5,
+        "dict": {"name": "my-thing", "size": 3},
+        "object": object(),
+        "list_of_ints": [1, 2, 3],
+    }
     if kind in generic:
         return generic[kind]
     if kind == "raises":
@@ -250,10 +290,12 @@ def hostile(case: Case) -> Any:
         if kind == "none_batches":
             return [None, None]
         if kind == "hang":
+
             def never():
                 while True:
                     pass
-                yield  # noqa: unreachable - a generator that never yields
+                yield  # unreachable: a generator that never yields
+
             return never()
         return [_poison(case, b) for b in batches]
     if case.role in ("dataset", "eval_dataset", "raw_dataset"):
@@ -271,11 +313,16 @@ def hostile(case: Case) -> Any:
         if kind == "float_ids":
             return [{k: [float(x) for x in v] if isinstance(v, list) else v for k, v in it.items()} for it in items]
         if kind == "ragged":  # input_ids and attention_mask of different lengths
-            return [{**it, "attention_mask": list(it["attention_mask"])[:-case.p("cut", 1)]} for it in items] \
-                if items and "attention_mask" in items[0] else items
+            return (
+                [{**it, "attention_mask": list(it["attention_mask"])[: -case.p("cut", 1)]} for it in items]
+                if items and "attention_mask" in items[0]
+                else items
+            )
         if kind == "nan":
-            return [{k: v * math.nan if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                     for k, v in it.items()} for it in items]
+            return [
+                {k: v * math.nan if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in it.items()}
+                for it in items
+            ]
         raise KeyError(kind)
     if case.role == "model":
         if kind == "meta":
@@ -284,6 +331,7 @@ def hostile(case: Case) -> Any:
                     return tiny.llama(valid["tokenizer"])
             return _meta_copy(valid["model"])
         if kind == "raises_forward":
+
             class Broken(torch.nn.Module):
                 def __init__(self):
                     super().__init__()
@@ -291,6 +339,7 @@ def hostile(case: Case) -> Any:
 
                 def forward(self, *args, **kwargs):
                     raise UserBug("CUDA error: device-side assert triggered")
+
             return Broken()
         if kind == "swapped":
             return base("llm")["tokenizer"]
@@ -303,17 +352,21 @@ def hostile(case: Case) -> Any:
         raise KeyError(kind)
     # callables: collator, loss_fn, eval_fn, training_inputs, condition, sample_images, compute_metrics
     if kind == "raises_call":
+
         def fn(*args, **kwargs):
             raise UserBug(f"dlcheck_{case.role} failed on its input")
+
         return fn
     if kind == "returns_none":
         return lambda *args, **kwargs: None
     if kind == "returns_str":
         return lambda *args, **kwargs: "ok"
     if kind == "hang":
+
         def forever(*args, **kwargs):
             while True:
                 pass
+
         return forever
     if kind in ("nan", "wrong_dtype", "meta", "ragged", "missing_keys"):
         original = valid[case.role]
@@ -356,8 +409,20 @@ _FACTORIES: dict[Case, Any] = {}
 GENERIC = ("none", "int", "str", "dict", "object", "raises", "needs_missing")
 #: the core roles have contracts (roles.given): one wrong type is as good as another there
 CORE_GENERIC = ("none", "int", "dict", "raises", "needs_missing")
-LOADER = ("empty", "empty_list", "raise_at", "endless", "tuples", "strings", "none_batches", "nan", "wrong_dtype",
-          "meta", "ragged", "missing_keys")
+LOADER = (
+    "empty",
+    "empty_list",
+    "raise_at",
+    "endless",
+    "tuples",
+    "strings",
+    "none_batches",
+    "nan",
+    "wrong_dtype",
+    "meta",
+    "ragged",
+    "missing_keys",
+)
 DATA = ("empty", "missing_keys", "raise_at", "endless", "huge", "float_ids", "ragged")
 CALLABLE = ("raises_call", "returns_none", "returns_str", "nan", "meta", "ragged", "missing_keys")
 
@@ -426,8 +491,20 @@ DERIVED = {
     "raw_dataset": ("raw_dataset",),
     "collator": ("collator", "dataloader", "eval_dataloader"),
     "eval_dataset": ("eval_dataset", "eval_dataloader"),
-    "trainer": ("trainer", "model", "tokenizer", "collator", "dataset", "dataloader", "training_args", "optimizer",
-                "lr_scheduler", "compute_metrics", "eval_dataset", "raw_dataset"),
+    "trainer": (
+        "trainer",
+        "model",
+        "tokenizer",
+        "collator",
+        "dataset",
+        "dataloader",
+        "training_args",
+        "optimizer",
+        "lr_scheduler",
+        "compute_metrics",
+        "eval_dataset",
+        "raw_dataset",
+    ),
     "pipeline": ("pipeline", "unet", "vae", "text_encoder", "tokenizer", "inference_scheduler", "uncond", "model"),
     "model": ("model", "unet", "num_classes"),
     "training_inputs": ("training_inputs", "condition"),
@@ -436,5 +513,9 @@ DERIVED = {
 
 def selected(checks: dict, case: Case) -> list[str]:
     reach = set(DERIVED.get(case.role, (case.role,)))
-    return [cid for cid, c in checks.items() if c.domain in DOMAINS.get(case.domain, (case.domain,))
-            and (reach & (set(c.roles) | set(c.optional_roles)) or not (c.roles or c.optional_roles))]
+    return [
+        cid
+        for cid, c in checks.items()
+        if c.domain in DOMAINS.get(case.domain, (case.domain,))
+        and (reach & (set(c.roles) | set(c.optional_roles)) or not (c.roles or c.optional_roles))
+    ]

@@ -22,8 +22,7 @@ class Blocked(ConnectionRefusedError):
 
 
 def _library(filename: str) -> bool:
-    return "site-packages" in filename or "/lib/python" in filename or filename.startswith("<") \
-        or filename == __file__
+    return "site-packages" in filename or "/lib/python" in filename or filename.startswith("<") or filename == __file__
 
 
 def _who() -> str:
@@ -94,9 +93,11 @@ class NoNetwork:
         for var in OFFLINE_VARS:
             if var in os.environ:
                 self._env[var] = os.environ.pop(var)
-        for module, names in (("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
-                              ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")),
-                              ("transformers.utils.hub", ("_is_offline_mode",))):
+        for module, names in (
+            ("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
+            ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")),
+            ("transformers.utils.hub", ("_is_offline_mode",)),
+        ):
             mod = sys.modules.get(module)
             for name in names:
                 if mod is not None and isinstance(getattr(mod, name, None), bool):

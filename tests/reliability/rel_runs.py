@@ -39,7 +39,14 @@ def run_group(pytester: pytest.Pytester, domain: str) -> tuple[Tracker, pytest.R
         root = pytester.path / "-".join(domains)
         write_projects(root, projects)
         tracker = Tracker(pytester.path, pytest_tmp_paths(pytester), pytester.path.parent / "tmp-no-trace")
-        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", f"--dlcheck={','.join(domains)}", "-rs",
-                                              f"--rootdir={root}", str(root), plugins=[tracker, NoNetwork()])
+        result = pytester.runpytest_inprocess(
+            "-p",
+            "no:cacheprovider",
+            f"--dlcheck={','.join(domains)}",
+            "-rs",
+            f"--rootdir={root}",
+            str(root),
+            plugins=[tracker, NoNetwork()],
+        )
         _RUNS[domains] = tracker, result
     return _RUNS[domains]

@@ -82,7 +82,12 @@ def diff(before: dict[str, Any], after: dict[str, Any], limit: int = 8) -> list[
             out.append(f"{key}: new ({_short(after[key])})")
         elif not _same(before[key], after[key]):
             a, b = before[key], after[key]
-            if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype:
+            if (
+                isinstance(a, torch.Tensor)
+                and isinstance(b, torch.Tensor)
+                and a.shape == b.shape
+                and a.dtype == b.dtype
+            ):
                 if a.is_floating_point() and a.numel():
                     gap = (a.double() - b.double()).abs().max().item()
                     out.append(f"{key}: changed (largest change {gap:.3g})")
@@ -101,7 +106,9 @@ def diff(before: dict[str, Any], after: dict[str, Any], limit: int = 8) -> list[
 
 
 def _is_tokenizer(obj: Any) -> bool:
-    return any(c.__name__ in ("PreTrainedTokenizerBase", "TokenizersBackend", "PythonBackend") for c in type(obj).__mro__)
+    return any(
+        c.__name__ in ("PreTrainedTokenizerBase", "TokenizersBackend", "PythonBackend") for c in type(obj).__mro__
+    )
 
 
 def _is_diffusers(obj: Any, base: str) -> bool:
@@ -109,7 +116,9 @@ def _is_diffusers(obj: Any, base: str) -> bool:
 
 
 def _is_trainer(obj: Any) -> bool:
-    return any(c.__module__.startswith(("transformers.", "trl.")) and c.__name__.endswith("Trainer") for c in type(obj).__mro__)
+    return any(
+        c.__module__.startswith(("transformers.", "trl.")) and c.__name__.endswith("Trainer") for c in type(obj).__mro__
+    )
 
 
 class _Walk:
@@ -155,8 +164,16 @@ class _Walk:
             self.visit(list(obj.shadow_params), path + ".shadow_params", depth)
             for name in ("optimization_step", "cur_decay_value", "decay", "temp_stored_params"):
                 value = getattr(obj, name, None)
-                self.put(f"{path}.{name}", None if value is None else value if isinstance(value, SCALARS) else
-                         [_tensor(t) for t in value] if isinstance(value, list) else repr(value))
+                self.put(
+                    f"{path}.{name}",
+                    None
+                    if value is None
+                    else value
+                    if isinstance(value, SCALARS)
+                    else [_tensor(t) for t in value]
+                    if isinstance(value, list)
+                    else repr(value),
+                )
         elif type(obj).__module__.startswith("datasets.") and hasattr(obj, "_fingerprint"):
             self.put(path + "._fingerprint", obj._fingerprint)
             self.put(path + ".format", repr(obj.format))
@@ -207,9 +224,20 @@ class _Walk:
         for name, sub in m.named_modules():
             at = f"{path}.{name}" if name else path
             self.put(at + ".training", sub.training)
-            self.put(at + ".hooks", tuple(sum(1 for f in getattr(sub, h, {}).values() if not _library_hook(f)) for h in (
-                "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-                "_state_dict_hooks", "_load_state_dict_pre_hooks")))
+            self.put(
+                at + ".hooks",
+                tuple(
+                    sum(1 for f in getattr(sub, h, {}).values() if not _library_hook(f))
+                    for h in (
+                        "_forward_hooks",
+                        "_forward_pre_hooks",
+                        "_backward_hooks",
+                        "_backward_pre_hooks",
+                        "_state_dict_hooks",
+                        "_load_state_dict_pre_hooks",
+                    )
+                ),
+            )
             per_call = PER_CALL.get(type(sub).__name__, ()) + (LAZY_HOOKS,)
             self.put(at + ".attributes", tuple(sorted(k for k in vars(sub) if k not in per_call)))
             for key, value in vars(sub).items():
@@ -238,8 +266,12 @@ class _Walk:
         self.put(path + ".attributes", tuple(sorted(vars(tok))))
 
     def dataloader(self, dl: Any, path: str, depth: int) -> None:
-        for owner, at in ((dl, ""), (dl.sampler, ".sampler"), (dl.batch_sampler, ".batch_sampler"),
-                          (getattr(dl.batch_sampler, "sampler", None), ".batch_sampler.sampler")):
+        for owner, at in (
+            (dl, ""),
+            (dl.sampler, ".sampler"),
+            (dl.batch_sampler, ".batch_sampler"),
+            (getattr(dl.batch_sampler, "sampler", None), ".batch_sampler.sampler"),
+        ):
             gen = getattr(owner, "generator", None)
             if isinstance(gen, torch.Generator):
                 self.put(f"{path}{at}.generator", gen.get_state())
@@ -255,8 +287,15 @@ class _Walk:
 
     def trainer(self, tr: Any, path: str, depth: int) -> None:
         self.visit(tr.model, path + ".model", depth)
-        for name in ("ref_model", "processing_class", "optimizer", "lr_scheduler", "train_dataset", "eval_dataset",
-                     "data_collator"):
+        for name in (
+            "ref_model",
+            "processing_class",
+            "optimizer",
+            "lr_scheduler",
+            "train_dataset",
+            "eval_dataset",
+            "data_collator",
+        ):
             value = getattr(tr, name, None)
             if value is not None:
                 self.visit(value, f"{path}.{name}", depth - 1)
@@ -264,8 +303,10 @@ class _Walk:
         self.put(path + ".args", repr(sorted(tr.args.to_dict().items())))
         acc = getattr(tr, "accelerator", None)
         if acc is not None:
-            self.put(path + ".accelerator.prepared", tuple(len(getattr(acc, n, ())) for n in (
-                "_dataloaders", "_models", "_optimizers", "_schedulers")))
+            self.put(
+                path + ".accelerator.prepared",
+                tuple(len(getattr(acc, n, ())) for n in ("_dataloaders", "_models", "_optimizers", "_schedulers")),
+            )
         self.put(path + ".callbacks", repr([type(c).__name__ for c in tr.callback_handler.callbacks]))
         self.put(path + ".attributes", tuple(sorted(vars(tr))))
 
@@ -369,14 +410,25 @@ def global_state() -> dict[str, Any]:
 
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-_PATH_EVENTS = {"os.mkdir": 0, "os.rename": 1, "os.replace": 1, "os.symlink": 1, "os.link": 1, "os.truncate": 0,
-                "shutil.copyfile": 1, "shutil.copytree": 1, "shutil.move": 1, "os.chmod": 0, "os.utime": 0}
+_PATH_EVENTS = {
+    "os.mkdir": 0,
+    "os.rename": 1,
+    "os.replace": 1,
+    "os.symlink": 1,
+    "os.link": 1,
+    "os.truncate": 0,
+    "shutil.copyfile": 1,
+    "shutil.copytree": 1,
+    "shutil.move": 1,
+    "os.chmod": 0,
+    "os.utime": 0,
+}
 
 
 class FileWrites:
     """Records paths written while ``active`` (one audit hook per process, installed once)."""
 
-    _installed: list["FileWrites"] = []
+    _installed: list[FileWrites] = []
 
     def __init__(self) -> None:
         self.active = False
@@ -419,8 +471,10 @@ class FileWrites:
         self.active = False  # the stack walk below raises audit events of its own
         try:
             frames = traceback.extract_stack()[:-3]
-            where = next((f"{f.filename}:{f.lineno} in {f.name}" for f in reversed(frames)
-                          if "pytest_dlcheck" in f.filename), frames[-1].filename if frames else "?")
+            where = next(
+                (f"{f.filename}:{f.lineno} in {f.name}" for f in reversed(frames) if "pytest_dlcheck" in f.filename),
+                frames[-1].filename if frames else "?",
+            )
         finally:
             self.active = True
         self.paths.append((path, where))

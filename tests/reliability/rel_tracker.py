@@ -48,8 +48,9 @@ def _listing(root: Path, skip: list[Path]) -> dict[str, tuple[int, int]]:
         return out
     for dirpath, dirnames, filenames in os.walk(root):
         here = Path(dirpath)
-        dirnames[:] = [d for d in dirnames if d != "__pycache__" and not any(
-            rel_state.inside(str(here / d), [s]) for s in skip)]
+        dirnames[:] = [
+            d for d in dirnames if d != "__pycache__" and not any(rel_state.inside(str(here / d), [s]) for s in skip)
+        ]
         for name in filenames:
             p = here / name
             try:
@@ -142,7 +143,9 @@ class Tracker:
         elif report.when == "call" or (report.when == "setup" and report.skipped):
             self.outcomes.setdefault(report.nodeid, report.outcome)
             if report.skipped:
-                self.reasons[report.nodeid] = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+                self.reasons[report.nodeid] = (
+                    report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+                )
             if report.failed:
                 self.errors[report.nodeid] = str(report.longrepr)
         elif report.failed:

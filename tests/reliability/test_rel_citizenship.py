@@ -7,9 +7,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 import pytest
-from rel_nonet import NoNetwork
-
 import tiny  # noqa: F401
+from rel_nonet import NoNetwork
 
 CONFTEST = r"""
 import pathlib, pytest, tiny
@@ -75,20 +74,32 @@ def outcomes(result) -> dict[str, str]:
 def test_collect_only_builds_nothing(user_project):
     result = run(user_project, "-p", "no:cacheprovider", SELECT, "--collect-only", "-q")
     assert result.ret == 0, result.stdout.str()
-    result.stdout.fnmatch_lines(["conftest.py::L3_special_tokens", "conftest.py::L11_eos_supervised",
-                                 "conftest.py::L14_attention_mask", "test_user.py::test_users_own_test", "*5 tests*"])
+    result.stdout.fnmatch_lines(
+        [
+            "conftest.py::L3_special_tokens",
+            "conftest.py::L11_eos_supervised",
+            "conftest.py::L14_attention_mask",
+            "test_user.py::test_users_own_test",
+            "*5 tests*",
+        ]
+    )
     assert not (user_project.path / "built.txt").exists(), "collecting built the user's objects"
 
 
 def test_k_and_m_select_check_items(user_project):
-    assert outcomes(run(user_project, "-p", "no:cacheprovider", SELECT, "-k", "L11")) == {"L11_eos_supervised": "failed"}
+    assert outcomes(run(user_project, "-p", "no:cacheprovider", SELECT, "-k", "L11")) == {
+        "L11_eos_supervised": "failed"
+    }
     assert outcomes(run(user_project, "-p", "no:cacheprovider", SELECT, "-k", "L14 or users_own")) == {
-        "L14_attention_mask": "passed", "test_users_own_test": "passed"}
+        "L14_attention_mask": "passed",
+        "test_users_own_test": "passed",
+    }
     checks = outcomes(run(user_project, "-p", "no:cacheprovider", SELECT, "-m", "dlcheck"))
     assert set(checks) == {"L3_special_tokens", "L11_eos_supervised", "L14_attention_mask"}
     assert set(outcomes(run(user_project, "-p", "no:cacheprovider", SELECT, "-m", "dlcheck_llm"))) == set(checks)
     assert set(outcomes(run(user_project, "-p", "no:cacheprovider", SELECT, "-m", "not dlcheck and not slow"))) == {
-        "test_users_own_test"}
+        "test_users_own_test"
+    }
 
 
 def test_last_failed_reruns_the_failed_check(user_project):
@@ -102,8 +113,13 @@ def test_last_failed_reruns_the_failed_check(user_project):
 def test_junitxml_carries_the_house_format(user_project):
     run(user_project, "-p", "no:cacheprovider", SELECT, "--junitxml=junit.xml")
     cases = {c.get("name"): c for c in ET.parse(user_project.path / "junit.xml").getroot().iter("testcase")}
-    assert set(cases) == {"L3_special_tokens", "L11_eos_supervised", "L14_attention_mask", "test_users_own_test",
-                          "test_users_slow_test"}
+    assert set(cases) == {
+        "L3_special_tokens",
+        "L11_eos_supervised",
+        "L14_attention_mask",
+        "test_users_own_test",
+        "test_users_slow_test",
+    }
     failure = cases["L11_eos_supervised"].find("failure")
     assert failure is not None and failure.get("message", "").startswith("L11")
     for row in ("evidence", "cause", "fix", "see       pytest --dlcheck-list L11"):

@@ -15,7 +15,7 @@ EXPECTED = {
     ("llm_hand", "T8"): "its eval set, tiny.tokenized(tok, 8), is the first 8 of its 12 training examples",
     ("llm_sft", "T8"): "the SFTTrainer is given eval_dataset=data, its training data",
     ("llm_packed", "L4"): "a hand model on DataCollatorWithFlattening with config.use_cache=True: documents attend "
-                          "to each other (no Trainer sets use_cache=False for it)",
+    "to each other (no Trainer sets use_cache=False for it)",
     ("vision_cls", "V2"): "its eval_fn runs the model without model.eval()",
     ("vision_det", "V2"): "its eval_fn runs the model without model.eval()",
     ("vision_seg", "V2"): "its eval_fn runs the model without model.eval()",
@@ -44,13 +44,22 @@ def test_every_domain_on_every_clean_project(pytester):
     write_projects(pytester.path, projects)
     (pytester.path / "pytest.ini").write_text("[pytest]\n")
     failures = Failures()
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--dlcheck=all", "-p", "no:randomly",
-                                          str(pytester.path), plugins=[failures, NoNetwork()])
+    result = pytester.runpytest_inprocess(
+        "-p",
+        "no:cacheprovider",
+        "--dlcheck=all",
+        "-p",
+        "no:randomly",
+        str(pytester.path),
+        plugins=[failures, NoNetwork()],
+    )
     text = result.stdout.str()
     assert "INTERNALERROR" not in text, text[-5000:]
     assert failures.ran == set(projects), text[-3000:]
     unexpected = {k: v for k, v in failures.failed.items() if k not in EXPECTED}
-    assert not unexpected, "false alarms:\n\n" + "\n\n".join(f"{p} {c}:\n{t[-2000:]}" for (p, c), t in unexpected.items())
+    assert not unexpected, "false alarms:\n\n" + "\n\n".join(
+        f"{p} {c}:\n{t[-2000:]}" for (p, c), t in unexpected.items()
+    )
     missed = set(EXPECTED) - set(failures.failed)
     assert not missed, f"true positives no longer caught: {sorted(missed)}"
     internal = [k for k, t in failures.failed.items() if "pytest-dlcheck internal error" in t or " error " in t[:300]]

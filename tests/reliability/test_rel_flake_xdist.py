@@ -31,11 +31,13 @@ def test_two_runs_in_two_processes_under_xdist_agree(pytester, tmp_path_factory)
     junit = rel_background.junit_outcomes(run.files["junit"])
     second = {n: o for n, (o, _) in junit.items()}
     assert second == baseline, "outcomes differ between the two runs:\n" + "\n".join(
-        f"{n}: {baseline.get(n)} in-process, {second.get(n)} under -n 2" for n in sorted(baseline.keys() | second.keys())
-        if baseline.get(n) != second.get(n))
+        f"{n}: {baseline.get(n)} in-process, {second.get(n)} under -n 2"
+        for n in sorted(baseline.keys() | second.keys())
+        if baseline.get(n) != second.get(n)
+    )
 
     # the junit failure text is the house format, and the JSON report saw every item across the workers
-    for nodeid, (outcome, body) in junit.items():
+    for _nodeid, (outcome, body) in junit.items():
         if outcome == "failed":
             assert "pytest-dlcheck internal error" not in body, body
             assert "see       pytest --dlcheck-list" in body, body

@@ -34,12 +34,16 @@ FIELDS = ("input_ids", "labels", "attention_mask", "pixel_values", "0", "1")
 def params(case: H.Case) -> st.SearchStrategy:
     """Where the hostile value breaks: at batch/example k, at element `at`, which field, which
     non-finite value, which dtype. Rotated so that Hypothesis' simplest draw is not the trivial one."""
-    return st.fixed_dictionaries({
-        "k": st.integers(0, 3).map(lambda k: (k + 1) % 4), "at": st.integers(0, 63).map(lambda a: (a + 5) % 64),
-        "cut": st.integers(1, 3), "field": st.sampled_from(FIELDS),
-        "value": st.sampled_from([math.inf, math.nan, -math.inf]),
-        "dtype": st.sampled_from(["float16", "float32", "int8", "bool"]),
-    }).map(lambda d: tuple(sorted(d.items())))
+    return st.fixed_dictionaries(
+        {
+            "k": st.integers(0, 3).map(lambda k: (k + 1) % 4),
+            "at": st.integers(0, 63).map(lambda a: (a + 5) % 64),
+            "cut": st.integers(1, 3),
+            "field": st.sampled_from(FIELDS),
+            "value": st.sampled_from([math.inf, math.nan, -math.inf]),
+            "dtype": st.sampled_from(["float16", "float32", "int8", "bool"]),
+        }
+    ).map(lambda d: tuple(sorted(d.items())))
 
 
 def conftest(case: H.Case) -> str:
@@ -47,11 +51,13 @@ def conftest(case: H.Case) -> str:
     for role in H.roles_for(case.domain, case.role):
         # a fixture that asks for a fixture nobody defines (a typo in the user's conftest)
         needs = "no_such_fixture" if role == case.role and case.kind == "needs_missing" else ""
-        out.append(textwrap.dedent(f"""
+        out.append(
+            textwrap.dedent(f"""
             @pytest.fixture(scope="session")
             def dlcheck_{role}({needs}):
                 return H.value(CASE, {role!r})
-            """))
+            """)
+        )
     return "".join(out)
 
 
@@ -116,11 +122,19 @@ def run_cases(pytester: pytest.Pytester, cases: list[H.Case], folder: str, *args
         for case in (c for c in cases if c.domain == domain):
             (root / case.name).mkdir(parents=True)
             (root / case.name / "conftest.py").write_text(conftest(case))
-        selection = [a for a in args if a.startswith("--dlcheck=")] or [f"--dlcheck={','.join(H.DOMAINS.get(domain, (domain,)))}"]
+        selection = [a for a in args if a.startswith("--dlcheck=")] or [
+            f"--dlcheck={','.join(H.DOMAINS.get(domain, (domain,)))}"
+        ]
         with watchdog(300):
             result = pytester.runpytest_inprocess(
-                "-p", "no:cacheprovider", *selection, *(a for a in args if not a.startswith("--dlcheck=")),
-                *os.environ.get("DLCHECK_HOSTILE_ARGS", "").split(), str(root), plugins=[verdicts, NoNetwork()])
+                "-p",
+                "no:cacheprovider",
+                *selection,
+                *(a for a in args if not a.startswith("--dlcheck=")),
+                *os.environ.get("DLCHECK_HOSTILE_ARGS", "").split(),
+                str(root),
+                plugins=[verdicts, NoNetwork()],
+            )
         text = result.stdout.str()
         assert "INTERNALERROR" not in text, text[-5000:]
         assert result.ret in (0, 1, 5), text[-5000:]
@@ -136,8 +150,14 @@ def generated_cases(examples: int = 2) -> list[list[H.Case]]:
     one test run meets every case once, half of them with non-trivial parameters."""
     drawn: list[list[H.Case]] = []
 
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None, phases=(Phase.generate,),
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=(Phase.generate,),
+        suppress_health_check=list(HealthCheck),
+    )
     @given(data=st.data())
     def draw(data):
         half = len(drawn) % 2
@@ -181,8 +201,12 @@ def test_formerly_open_cases(pytester):
     assert not verdicts.problems, "\n\n".join(verdicts.problems)
 
 
-HANGS = [H.Case("llm", "collator", "hang"), H.Case("llm", "dataloader", "hang"), H.Case("vision", "eval_fn", "hang"),
-         H.Case("diffusion", "condition", "hang")]
+HANGS = [
+    H.Case("llm", "collator", "hang"),
+    H.Case("llm", "dataloader", "hang"),
+    H.Case("vision", "eval_fn", "hang"),
+    H.Case("diffusion", "condition", "hang"),
+]
 
 
 def test_a_role_that_never_returns_is_stopped_and_named(pytester):
@@ -213,21 +237,28 @@ def dlcheck_loss_fn():
     return H.base("train")["loss_fn"]
 """
     (pytester.path / "a").mkdir()
-    (pytester.path / "a" / "conftest.py").write_text(shared + """
+    (pytester.path / "a" / "conftest.py").write_text(
+        shared
+        + """
 @pytest.fixture(scope="session")
 def dlcheck_save_checkpoint():
     return H.base("train")["save_checkpoint"]
-""")
+"""
+    )
     (pytester.path / "b").mkdir()
-    (pytester.path / "b" / "conftest.py").write_text(shared + """
+    (pytester.path / "b" / "conftest.py").write_text(
+        shared
+        + """
 @pytest.fixture(scope="session")
 def dlcheck_save_checkpoint():
     def save(state, path):
         raise RuntimeError("disk full")
     return save
-""")
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--dlcheck=C1", "-p", "no:randomly", "-rA",
-                                          plugins=[NoNetwork()])
+"""
+    )
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "--dlcheck=C1", "-p", "no:randomly", "-rA", plugins=[NoNetwork()]
+    )
     text = result.stdout.str()
     assert "disk full" in text, "project b's own dlcheck_save_checkpoint never ran:\n" + text[-3000:]
     assert "PASSED a/conftest.py::C1_resume" in text, text[-3000:]

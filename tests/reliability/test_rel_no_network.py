@@ -64,4 +64,6 @@ def test_clean_examples_pass_every_domain(tmp_path_factory):
     """--dlcheck=all on a clean project: the checks of other domains skip, none fails."""
     outcomes, attempts, text = examples_run(tmp_path_factory)
     clean = {n: t for n, (o, t) in outcomes.items() if "/clean" in n and o in ("failed", "error")}
-    assert not clean, "failures on clean example projects:\n\n" + "\n\n".join(f"{n}:\n{t[-1500:]}" for n, t in clean.items())
+    assert not clean, "failures on clean example projects:\n\n" + "\n\n".join(
+        f"{n}:\n{t[-1500:]}" for n, t in clean.items()
+    )

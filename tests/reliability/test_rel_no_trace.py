@@ -22,9 +22,12 @@ CHECKS = registry.load_checks()
 def test_check_leaves_no_trace(pytester, cid):
     check = CHECKS[cid]
     if check.domain not in rel_projects.PROJECTS:
-        pytest.fail(f"{cid} ({check.domain}) has no real project to prove it leaves no trace: add a group for "
-                    f"{check.domain!r} to GROUPS in tests/reliability/rel_projects.py (conftest.py sources building real "
-                    f"{check.domain} objects, e.g. from tests/{check.domain}/'s helpers)", pytrace=False)
+        pytest.fail(
+            f"{cid} ({check.domain}) has no real project to prove it leaves no trace: add a group for "
+            f"{check.domain!r} to GROUPS in tests/reliability/rel_projects.py (conftest.py sources building real "
+            f"{check.domain} objects, e.g. from tests/{check.domain}/'s helpers)",
+            pytrace=False,
+        )
     tracker, result = run_group(pytester, check.domain)
     text = result.stdout.str()
     assert "INTERNALERROR" not in text, text
@@ -34,9 +37,14 @@ def test_check_leaves_no_trace(pytester, cid):
     assert not traces, f"{cid} left a trace:\n" + "\n".join(f"{n}:\n  " + "\n  ".join(t) for n, t in traces.items())
     errors = {n: tracker.errors[n] for n in items if tracker.outcomes[n] == "error"}
     assert not errors, f"{cid} errored:\n" + "\n".join(errors.values())
-    ran = [n for n in items if tracker.outcomes[n] != "skipped" or not tracker.reasons.get(n, "").startswith("missing role")]
-    assert ran, f"{cid} skipped for a missing role on every {check.domain} project: " + \
-        "; ".join(f"{n}: {tracker.reasons.get(n)}" for n in items)
+    ran = [
+        n
+        for n in items
+        if tracker.outcomes[n] != "skipped" or not tracker.reasons.get(n, "").startswith("missing role")
+    ]
+    assert ran, f"{cid} skipped for a missing role on every {check.domain} project: " + "; ".join(
+        f"{n}: {tracker.reasons.get(n)}" for n in items
+    )
 
 
 def test_the_tracker_sees_each_kind_of_trace(pytester, monkeypatch):
@@ -47,8 +55,8 @@ def test_the_tracker_sees_each_kind_of_trace(pytester, monkeypatch):
 
     import torch
 
+    import pytest_dlcheck.checks.shared.lm
     import pytest_dlcheck.guard
-    import pytest_dlcheck.lm
 
     @contextlib.contextmanager
     def leaky_eval_mode(model):
@@ -60,7 +68,7 @@ def test_the_tracker_sees_each_kind_of_trace(pytester, monkeypatch):
         with open("leak.txt", "w") as f:
             f.write("x")
 
-    monkeypatch.setattr(pytest_dlcheck.lm, "eval_mode", leaky_eval_mode)
+    monkeypatch.setattr(pytest_dlcheck.checks.shared.lm, "eval_mode", leaky_eval_mode)
     monkeypatch.setattr(pytest_dlcheck.guard, "preserved_rng", contextlib.nullcontext)
     (pytester.path / "p").mkdir()
     (pytester.path / "p" / "conftest.py").write_text(rel_projects.LLM_HAND)

@@ -19,9 +19,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from pytest_dlcheck import diffusion as D
 from pytest_dlcheck import registry
 from pytest_dlcheck.checks.diffusion import cfg_dropout
+from pytest_dlcheck.checks.diffusion import measure as D
 
 CHECKS = registry.load_checks()
 BOUND = 1e-6
@@ -39,7 +39,10 @@ def test_every_check_with_a_false_alarm_setting_is_known_here():
 def test_statistical_check_states_its_false_alarm_bound(cid):
     check = CHECKS[cid]
     text = " ".join((check.func.__doc__ or "").split())
-    stated = [float(x) for x in re.findall(r"(?:false[- ]alarm|probability)[^.]{0,80}?≤ ?([0-9.]+e-?\d+)", text, re.IGNORECASE)]
+    stated = [
+        float(x)
+        for x in re.findall(r"(?:false[- ]alarm|probability)[^.]{0,80}?≤ ?([0-9.]+e-?\d+)", text, re.IGNORECASE)
+    ]
     assert stated and max(stated) <= BOUND, f"{cid}'s doc must state its false-alarm probability (≤ {BOUND:g}):\n{text}"
     for s in check.settings:
         if s.name == "false_alarm":
@@ -70,8 +73,8 @@ def test_df5_false_alarm_exactly(n):
     assert lo_region and hi_region and max(lo_region) < min(hi_region)
     assert lo_region == list(range(max(lo_region) + 1)) and hi_region == list(range(min(hi_region), n + 1))
     p_low, p_high = Fraction(low).limit_denominator(1000), Fraction(high).limit_denominator(1000)
-    fa_low = exact_cdf(max(lo_region), n, p_low)              # P(K <= k_lo | p = low)
-    fa_high = 1 - exact_cdf(min(hi_region) - 1, n, p_high)    # P(K >= k_hi | p = high)
+    fa_low = exact_cdf(max(lo_region), n, p_low)  # P(K <= k_lo | p = low)
+    fa_high = 1 - exact_cdf(min(hi_region) - 1, n, p_high)  # P(K >= k_hi | p = high)
     assert fa_low <= Fraction(alpha) / 2 and fa_high <= Fraction(alpha) / 2, (float(fa_low), float(fa_high))
     assert float(fa_low + fa_high) <= BOUND
     # and the test has power: a path that never drops (k = 0) fails

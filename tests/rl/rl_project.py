@@ -25,7 +25,7 @@ class MultiRun:
         for (d, cid), head in zip(failed, heads):
             assert head.group(1) == cid, self.text
             end = re.compile(r"^(_+ [A-Z]+\d+ |={3,})", re.M).search(self.text, head.end())
-            self.sections[(d, cid)] = self.text[head.end():end.start() if end else None]
+            self.sections[(d, cid)] = self.text[head.end() : end.start() if end else None]
         self.skips: dict[str, str] = {}  # directory -> its skip reasons, joined
         for d, reason in SKIP_RE.findall(self.text):
             self.skips[d] = self.skips.get(d, "") + reason + "\n"
@@ -35,7 +35,9 @@ class MultiRun:
         return self.outcomes[(d, cid)]
 
     def assert_outcome(self, d: str, cid: str, expected: str) -> None:
-        assert self.outcome(d, cid) == expected, f"{d}: {cid} expected {expected}, got {self.outcome(d, cid)}\n{self.text}"
+        assert self.outcome(d, cid) == expected, (
+            f"{d}: {cid} expected {expected}, got {self.outcome(d, cid)}\n{self.text}"
+        )
 
     def section(self, d: str, cid: str) -> str:
         assert (d, cid) in self.sections, f"{d}: no failure section for {cid}:\n{self.text}"

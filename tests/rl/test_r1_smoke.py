@@ -26,11 +26,17 @@ LOG = """
 
 
 def test_reward_hacking_signature_in_a_run_log(project, tmp_path_factory):
-    run = run_configs(project, {
-        "hacked": LOG.format(log=repr(HACKED)),
-        "real_noisy_run": LOG.format(log=f"list(tiny_rl.grpo_noisy_run_log({str(tmp_path_factory.mktemp('g'))!r}))"),
-        "too_short": LOG.format(log=repr(HACKED[:3])),
-    }, "--dlcheck=R1,R5")
+    run = run_configs(
+        project,
+        {
+            "hacked": LOG.format(log=repr(HACKED)),
+            "real_noisy_run": LOG.format(
+                log=f"list(tiny_rl.grpo_noisy_run_log({str(tmp_path_factory.mktemp('g'))!r}))"
+            ),
+            "too_short": LOG.format(log=repr(HACKED[:3])),
+        },
+        "--dlcheck=R1,R5",
+    )
     run.assert_outcome("hacked", "R1", "failed")
     text = run.flat("hacked", "R1")
     assert "step 6: reward jumps to 0.91 from a median 0.13" in text
@@ -47,11 +53,16 @@ def test_reward_hacking_signature_in_a_run_log(project, tmp_path_factory):
 
 
 def test_information_items(project):
-    run = run_configs(project, {
-        "sb3": "import pytest, tiny_rl\n\n@pytest.fixture\ndef dlcheck_algorithm():\n    return tiny_rl.sb3_ppo()\n\n"
-               "@pytest.fixture\ndef dlcheck_train_log():\n    return [{'train/value_loss': 0.8, 'rollout/ep_rew_mean': 21.0, "
-               "'step': 2048}, {'train/value_loss': 45.0, 'rollout/ep_rew_mean': 480.0, 'step': 100000}]\n",
-    }, "--dlcheck=R5,R6", "-rs")
+    run = run_configs(
+        project,
+        {
+            "sb3": "import pytest, tiny_rl\n\n@pytest.fixture\ndef dlcheck_algorithm():\n    return tiny_rl.sb3_ppo()\n\n"
+            "@pytest.fixture\ndef dlcheck_train_log():\n    return [{'train/value_loss': 0.8, 'rollout/ep_rew_mean': 21.0, "
+            "'step': 2048}, {'train/value_loss': 45.0, 'rollout/ep_rew_mean': 480.0, 'step': 100000}]\n",
+        },
+        "--dlcheck=R5,R6",
+        "-rs",
+    )
     run.assert_outcome("sb3", "R5", "skipped")
     run.assert_outcome("sb3", "R6", "skipped")
     assert "train/value_loss went from 0.8 (step 2048) to 45 (step 100000)" in run.text

@@ -52,24 +52,35 @@ GRPO = """
 
 
 def test_reference_models(project):
-    run = run_configs(project, {
-        "deepcopy": HAND.format(ref=FROZEN, kl=0.04, params=POLICY_ONLY),
-        "shallow_copy": HAND.format(ref="copy.copy(dlcheck_model)", kl=0.04, params=POLICY_ONLY),
-        "in_optimizer": HAND.format(ref="copy.deepcopy(dlcheck_model)", kl=0.04,
-                                    params="[*dlcheck_model.parameters(), *dlcheck_ref_model.parameters()]"),
-        "kl_off": HAND.format(ref=FROZEN, kl=0.0, params=POLICY_ONLY),
-        "frozen_body_shared": FROZEN_BODY_SHARED,
-        "grpo_beta": GRPO.format(make='tiny_rl.grpo_trainer_with_reference(tmp_path_factory.mktemp("g"))'),
-        "grpo_no_kl": GRPO.format(make='tiny_rl.grpo_trainer(tmp_path_factory.mktemp("g"), [tiny_rl.reward_brevity])'),
-    }, "--dlcheck=R2")
+    run = run_configs(
+        project,
+        {
+            "deepcopy": HAND.format(ref=FROZEN, kl=0.04, params=POLICY_ONLY),
+            "shallow_copy": HAND.format(ref="copy.copy(dlcheck_model)", kl=0.04, params=POLICY_ONLY),
+            "in_optimizer": HAND.format(
+                ref="copy.deepcopy(dlcheck_model)",
+                kl=0.04,
+                params="[*dlcheck_model.parameters(), *dlcheck_ref_model.parameters()]",
+            ),
+            "kl_off": HAND.format(ref=FROZEN, kl=0.0, params=POLICY_ONLY),
+            "frozen_body_shared": FROZEN_BODY_SHARED,
+            "grpo_beta": GRPO.format(make='tiny_rl.grpo_trainer_with_reference(tmp_path_factory.mktemp("g"))'),
+            "grpo_no_kl": GRPO.format(
+                make='tiny_rl.grpo_trainer(tmp_path_factory.mktemp("g"), [tiny_rl.reward_brevity])'
+            ),
+        },
+        "--dlcheck=R2",
+    )
     run.assert_outcome("deepcopy", "R2", "passed")
     run.assert_outcome("grpo_beta", "R2", "passed")
     run.assert_outcome("frozen_body_shared", "R2", "passed")
 
     run.assert_outcome("shallow_copy", "R2", "failed")
     text = run.flat("shallow_copy", "R2")
-    assert ("dlcheck_ref_model is a LlamaForCausalLM that shares tensors: 20 of 20 reference parameter tensors have "
-            "the same storage as a trainable policy parameter") in text
+    assert (
+        "dlcheck_ref_model is a LlamaForCausalLM that shares tensors: 20 of 20 reference parameter tensors have "
+        "the same storage as a trainable policy parameter"
+    ) in text
     assert "reference model.embed_tokens.weight is policy model.embed_tokens.weight" in text
     assert "KL(policy || reference) stays 0" in text and "copy.deepcopy(model)" in text
 

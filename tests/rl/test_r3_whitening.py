@@ -4,7 +4,7 @@ import numpy as np
 import tiny_rl  # noqa: F401  (gymnasium, SB3 imported once, before the in-process runs)
 from rl_project import run_configs
 
-from pytest_dlcheck import rl
+from pytest_dlcheck.checks.rl import measure as rl
 
 CLEANRL = """
     import pytest, tiny_rl
@@ -44,15 +44,19 @@ GRPO = """
 
 
 def test_ppo_minibatch_whitening(project):
-    run = run_configs(project, {
-        "cleanrl_minibatch": CLEANRL.format(norm="minibatch"),
-        "cleanrl_none": CLEANRL.format(norm="none"),
-        "cleanrl_buffer": CLEANRL.format(norm="buffer"),
-        "sb3_default": SB3.format(flag=True),
-        "sb3_off": SB3.format(flag=False),
-        "sb3_a2c": "import pytest\nfrom stable_baselines3 import A2C\n\n@pytest.fixture\ndef dlcheck_algorithm():\n"
-                   "    return A2C('MlpPolicy', 'CartPole-v1', n_steps=8, device='cpu', seed=0)\n",
-    }, "--dlcheck=R3")
+    run = run_configs(
+        project,
+        {
+            "cleanrl_minibatch": CLEANRL.format(norm="minibatch"),
+            "cleanrl_none": CLEANRL.format(norm="none"),
+            "cleanrl_buffer": CLEANRL.format(norm="buffer"),
+            "sb3_default": SB3.format(flag=True),
+            "sb3_off": SB3.format(flag=False),
+            "sb3_a2c": "import pytest\nfrom stable_baselines3 import A2C\n\n@pytest.fixture\ndef dlcheck_algorithm():\n"
+            "    return A2C('MlpPolicy', 'CartPole-v1', n_steps=8, device='cpu', seed=0)\n",
+        },
+        "--dlcheck=R3",
+    )
     run.assert_outcome("cleanrl_minibatch", "R3", "passed")
     run.assert_outcome("sb3_default", "R3", "passed")
 
@@ -69,7 +73,10 @@ def test_ppo_minibatch_whitening(project):
 
     run.assert_outcome("sb3_off", "R3", "failed")
     text = run.flat("sb3_off", "R3")
-    assert "PPO.train()'s minibatches of 32 from 256 steps of PPO's policy on a copy of its env, normalize_advantage=False" in text
+    assert (
+        "PPO.train()'s minibatches of 32 from 256 steps of PPO's policy on a copy of its env, normalize_advantage=False"
+        in text
+    )
     assert "normalize_advantage=True" in text
 
     # A2C's recipe does not whiten: nothing to hold it to
@@ -78,13 +85,17 @@ def test_ppo_minibatch_whitening(project):
 
 
 def test_grpo_group_normalisation_and_reward_functions(project):
-    run = run_configs(project, {
-        "trl_formula": GROUPS.format(name="group_advantages_trl"),
-        "no_eps": GROUPS.format(name="group_advantages_no_eps"),
-        "whole_batch": GROUPS.format(name="group_advantages_whole_batch"),
-        "grpo_ok": GRPO.format(funcs="tiny_rl.reward_brevity, tiny_rl.reward_matches_solution"),
-        "grpo_prompt_only": GRPO.format(funcs="tiny_rl.reward_brevity, tiny_rl.reward_prompt_length"),
-    }, "--dlcheck=R3")
+    run = run_configs(
+        project,
+        {
+            "trl_formula": GROUPS.format(name="group_advantages_trl"),
+            "no_eps": GROUPS.format(name="group_advantages_no_eps"),
+            "whole_batch": GROUPS.format(name="group_advantages_whole_batch"),
+            "grpo_ok": GRPO.format(funcs="tiny_rl.reward_brevity, tiny_rl.reward_matches_solution"),
+            "grpo_prompt_only": GRPO.format(funcs="tiny_rl.reward_brevity, tiny_rl.reward_prompt_length"),
+        },
+        "--dlcheck=R3",
+    )
     run.assert_outcome("trl_formula", "R3", "passed")
     run.assert_outcome("grpo_ok", "R3", "passed")
 
@@ -105,12 +116,16 @@ def test_grpo_group_normalisation_and_reward_functions(project):
 
 
 def test_flat_groups_in_every_logged_step_fail(project):
-    run = run_configs(project, {
-        "flat": "import pytest\n\n@pytest.fixture\ndef dlcheck_train_log():\n"
-                "    return [{'reward': 0.0, 'frac_reward_zero_std': 1.0, 'step': s} for s in range(1, 5)]\n",
-        "some_signal": "import pytest\n\n@pytest.fixture\ndef dlcheck_train_log():\n"
-                       "    return [{'reward': 0.1, 'frac_reward_zero_std': 0.5, 'step': s} for s in range(1, 5)]\n",
-    }, "--dlcheck=R3")
+    run = run_configs(
+        project,
+        {
+            "flat": "import pytest\n\n@pytest.fixture\ndef dlcheck_train_log():\n"
+            "    return [{'reward': 0.0, 'frac_reward_zero_std': 1.0, 'step': s} for s in range(1, 5)]\n",
+            "some_signal": "import pytest\n\n@pytest.fixture\ndef dlcheck_train_log():\n"
+            "    return [{'reward': 0.1, 'frac_reward_zero_std': 0.5, 'step': s} for s in range(1, 5)]\n",
+        },
+        "--dlcheck=R3",
+    )
     run.assert_outcome("flat", "R3", "failed")
     assert "frac_reward_zero_std = [1, 1, 1, 1] over 4 logged steps" in run.section("flat", "R3")
     run.assert_outcome("some_signal", "R3", "passed")

@@ -28,8 +28,10 @@ PPO_VECNORMALIZE = """
         return load
 """
 
-CORRECT = dict(save_stats='dlcheck_algorithm.get_vec_normalize_env().save(d / "vecnormalize.pkl")',
-               load_env='venv = VecNormalize.load(d / "vecnormalize.pkl", make_vec_env("CartPole-v1", n_envs=2))')
+CORRECT = dict(
+    save_stats='dlcheck_algorithm.get_vec_normalize_env().save(d / "vecnormalize.pkl")',
+    load_env='venv = VecNormalize.load(d / "vecnormalize.pkl", make_vec_env("CartPole-v1", n_envs=2))',
+)
 MODEL_ONLY = dict(save_stats="pass", load_env='venv = VecNormalize(make_vec_env("CartPole-v1", n_envs=2))')
 
 DQN = """
@@ -94,17 +96,21 @@ GYM_WRAPPER = """
 
 
 def test_checkpoint_round_trips(project):
-    run = run_configs(project, {
-        "ppo_correct": PPO_VECNORMALIZE.format(**CORRECT),
-        "ppo_model_only": PPO_VECNORMALIZE.format(**MODEL_ONLY),
-        "dqn_with_buffer": DQN.format(with_buffer=True),
-        "dqn_model_only": DQN.format(with_buffer=False),
-        "gym_kept": GYM_WRAPPER.format(keep=True),
-        "gym_lost": GYM_WRAPPER.format(keep=False),
-        "fresh": "import pytest, tiny_rl\n\n@pytest.fixture\ndef dlcheck_algorithm():\n    return tiny_rl.sb3_ppo()\n\n"
-                 "@pytest.fixture\ndef dlcheck_save_agent():\n    return lambda d: None\n\n"
-                 "@pytest.fixture\ndef dlcheck_load_agent():\n    return lambda d: None\n",
-    }, "--dlcheck=R4")
+    run = run_configs(
+        project,
+        {
+            "ppo_correct": PPO_VECNORMALIZE.format(**CORRECT),
+            "ppo_model_only": PPO_VECNORMALIZE.format(**MODEL_ONLY),
+            "dqn_with_buffer": DQN.format(with_buffer=True),
+            "dqn_model_only": DQN.format(with_buffer=False),
+            "gym_kept": GYM_WRAPPER.format(keep=True),
+            "gym_lost": GYM_WRAPPER.format(keep=False),
+            "fresh": "import pytest, tiny_rl\n\n@pytest.fixture\ndef dlcheck_algorithm():\n    return tiny_rl.sb3_ppo()\n\n"
+            "@pytest.fixture\ndef dlcheck_save_agent():\n    return lambda d: None\n\n"
+            "@pytest.fixture\ndef dlcheck_load_agent():\n    return lambda d: None\n",
+        },
+        "--dlcheck=R4",
+    )
     for ok in ("ppo_correct", "dqn_with_buffer", "gym_kept"):
         run.assert_outcome(ok, "R4", "passed")
 

@@ -4,10 +4,9 @@ import numpy as np
 import pytest
 import tiny_rl  # noqa: F401  (gymnasium, SB3 imported once, before the in-process runs)
 import torch
-
-from pytest_dlcheck import rl
-
 from rl_project import run_configs
+
+from pytest_dlcheck.checks.rl import measure as rl
 
 HAND_GAE = """
     import pytest, tiny_rl
@@ -41,13 +40,17 @@ AMBIGUOUS_DONES = """
 
 
 def test_hand_written_gae_functions(project):
-    run = run_configs(project, {
-        "correct": HAND_GAE.format(name="compute_gae"),
-        "done_bootstrap": HAND_GAE.format(name="compute_gae_done_bootstrap"),
-        "ignores_dones": HAND_GAE.format(name="compute_gae_ignoring_dones"),
-        "hard_coded_gamma": HARD_CODED_GAMMA,
-        "dones_param": AMBIGUOUS_DONES,
-    }, "--dlcheck=R7")
+    run = run_configs(
+        project,
+        {
+            "correct": HAND_GAE.format(name="compute_gae"),
+            "done_bootstrap": HAND_GAE.format(name="compute_gae_done_bootstrap"),
+            "ignores_dones": HAND_GAE.format(name="compute_gae_ignoring_dones"),
+            "hard_coded_gamma": HARD_CODED_GAMMA,
+            "dones_param": AMBIGUOUS_DONES,
+        },
+        "--dlcheck=R7",
+    )
     run.assert_outcome("correct", "R7", "passed")
 
     # done = terminated or truncated: the shrunk rollout is one truncated step, the final value dropped
@@ -113,14 +116,18 @@ NEXT_STEP_ENV = """
 
 
 def test_sb3_rollout_buffers_and_next_step_rollouts(project):
-    run = run_configs(project, {
-        "sb3_ppo": "import pytest, tiny_rl\n\n@pytest.fixture(scope='session')\n"
-                   "def dlcheck_algorithm():\n    return tiny_rl.sb3_ppo()\n",
-        "sb3_custom_buffer": SB3_CUSTOM_BUFFER,
-        # a GAE that reads the final observation's value from next_values handles reset steps too
-        "next_step_ok": NEXT_STEP_ENV.format(name="compute_gae"),
-        "next_step_bad": NEXT_STEP_ENV.format(name="compute_gae_ignoring_dones"),
-    }, "--dlcheck=R7")
+    run = run_configs(
+        project,
+        {
+            "sb3_ppo": "import pytest, tiny_rl\n\n@pytest.fixture(scope='session')\n"
+            "def dlcheck_algorithm():\n    return tiny_rl.sb3_ppo()\n",
+            "sb3_custom_buffer": SB3_CUSTOM_BUFFER,
+            # a GAE that reads the final observation's value from next_values handles reset steps too
+            "next_step_ok": NEXT_STEP_ENV.format(name="compute_gae"),
+            "next_step_bad": NEXT_STEP_ENV.format(name="compute_gae_ignoring_dones"),
+        },
+        "--dlcheck=R7",
+    )
     run.assert_outcome("sb3_ppo", "R7", "passed")
     run.assert_outcome("sb3_custom_buffer", "R7", "failed")
     text = run.section("sb3_custom_buffer", "R7")
@@ -144,10 +151,17 @@ def test_reference_matches_sb3_rollout_buffer_on_generated_rollouts():
 
 def test_reference_matches_hand_computed_values():
     f = np.float32
-    r = rl.Rollout(rewards=np.array([[1.0], [1.0], [1.0]], f), values=np.array([[0.5], [0.5], [2.0]], f),
-                   terminated=np.array([[False], [True], [False]]), truncated=np.array([[False], [False], [True]]),
-                   next_values=np.array([[0.5], [9.0], [3.0]], f), episode_starts=np.zeros((3, 1), bool),
-                   reset_steps=np.zeros((3, 1), bool), gamma=0.5, gae_lambda=0.5)
+    r = rl.Rollout(
+        rewards=np.array([[1.0], [1.0], [1.0]], f),
+        values=np.array([[0.5], [0.5], [2.0]], f),
+        terminated=np.array([[False], [True], [False]]),
+        truncated=np.array([[False], [False], [True]]),
+        next_values=np.array([[0.5], [9.0], [3.0]], f),
+        episode_starts=np.zeros((3, 1), bool),
+        reset_steps=np.zeros((3, 1), bool),
+        gamma=0.5,
+        gae_lambda=0.5,
+    )
     adv, ret = rl.reference_gae(r)
     # t=2 truncated: 1 + 0.5*3 - 2 = 0.5; t=1 terminated: 1 - 0.5 = 0.5 (9.0 unused);
     # t=0: delta = 1 + 0.5*0.5 - 0.5 = 0.75, plus 0.25 * 0.5

@@ -4,7 +4,7 @@ import numpy as np
 import tiny_rl  # noqa: F401  (gymnasium, SB3 imported once, before the in-process runs)
 from rl_project import run_configs
 
-from pytest_dlcheck import rl
+from pytest_dlcheck.checks.rl import measure as rl
 
 FACTORY = """
     import pytest
@@ -76,18 +76,22 @@ RUNNING_NORM = """
 
 
 def test_observation_scales(project):
-    run = run_configs(project, {
-        "cartpole_raw": FACTORY.format(make='gym.make("CartPole-v1")'),
-        "mountaincar_raw": FACTORY.format(make='gym.make("MountainCar-v0")'),
-        "mountaincar_wrapped": FACTORY.format(make='gym.wrappers.NormalizeObservation(gym.make("MountainCar-v0"))'),
-        "sb3_raw": SB3.format(normalize=False),
-        "sb3_vecnormalize": SB3.format(normalize=True),
-        "pixels": PIXEL_ENV.format(preprocess=""),
-        "pixels_scaled": PIXEL_ENV.format(preprocess=SCALED),
-        "rollout_raw": CLEANRL_ROLLOUT.format(preprocess=""),
-        "rollout_normalised": CLEANRL_ROLLOUT.format(preprocess=RUNNING_NORM),
-        "discrete": FACTORY.format(make='gym.make("FrozenLake-v1")'),
-    }, "--dlcheck=R8")
+    run = run_configs(
+        project,
+        {
+            "cartpole_raw": FACTORY.format(make='gym.make("CartPole-v1")'),
+            "mountaincar_raw": FACTORY.format(make='gym.make("MountainCar-v0")'),
+            "mountaincar_wrapped": FACTORY.format(make='gym.wrappers.NormalizeObservation(gym.make("MountainCar-v0"))'),
+            "sb3_raw": SB3.format(normalize=False),
+            "sb3_vecnormalize": SB3.format(normalize=True),
+            "pixels": PIXEL_ENV.format(preprocess=""),
+            "pixels_scaled": PIXEL_ENV.format(preprocess=SCALED),
+            "rollout_raw": CLEANRL_ROLLOUT.format(preprocess=""),
+            "rollout_normalised": CLEANRL_ROLLOUT.format(preprocess=RUNNING_NORM),
+            "discrete": FACTORY.format(make='gym.make("FrozenLake-v1")'),
+        },
+        "--dlcheck=R8",
+    )
     for ok in ("cartpole_raw", "mountaincar_wrapped", "sb3_vecnormalize", "pixels_scaled", "rollout_normalised"):
         run.assert_outcome(ok, "R8", "passed")
 

@@ -106,18 +106,36 @@ def test_clean_pipelines_pass_the_rl_domain_and_leave_no_trace(project, tmp_path
     grpo_dir = str(tmp_path_factory.mktemp("grpo"))
     grpo = tiny_rl.trained_grpo(grpo_dir)
     before = _snapshot()
-    grpo_before = ({k: v.clone() for k, v in grpo.model.state_dict().items()}, grpo.state.global_step,
-                   len(grpo.state.log_history), grpo.model.training)
+    grpo_before = (
+        {k: v.clone() for k, v in grpo.model.state_dict().items()},
+        grpo.state.global_step,
+        len(grpo.state.log_history),
+        grpo.model.training,
+    )
     run = run_configs(project, {"cleanrl": CLEANRL, "sb3": SB3, "grpo": GRPO.format(tmp=grpo_dir)}, "--dlcheck=rl")
     failed = [k for k, o in run.outcomes.items() if o in ("failed", "error")]
     assert not failed, run.text
     # what each pipeline actually exercises (the rest skips, naming the role it lacks)
-    for d, cid in [("cleanrl", "R3"), ("cleanrl", "R7"), ("cleanrl", "R8"), ("sb3", "R3"), ("sb3", "R4"),
-                   ("sb3", "R7"), ("sb3", "R8"), ("grpo", "R1"), ("grpo", "R2"), ("grpo", "R3")]:
+    for d, cid in [
+        ("cleanrl", "R3"),
+        ("cleanrl", "R7"),
+        ("cleanrl", "R8"),
+        ("sb3", "R3"),
+        ("sb3", "R4"),
+        ("sb3", "R7"),
+        ("sb3", "R8"),
+        ("grpo", "R1"),
+        ("grpo", "R2"),
+        ("grpo", "R3"),
+    ]:
         run.assert_outcome(d, cid, "passed")
     assert _same(before, _snapshot())
-    after = ({k: v.clone() for k, v in grpo.model.state_dict().items()}, grpo.state.global_step,
-             len(grpo.state.log_history), grpo.model.training)
+    after = (
+        {k: v.clone() for k, v in grpo.model.state_dict().items()},
+        grpo.state.global_step,
+        len(grpo.state.log_history),
+        grpo.model.training,
+    )
     assert _same(grpo_before, after)
 
 
@@ -127,12 +145,30 @@ def test_rolling_out_an_untrained_algorithm_leaves_its_env_alone(project):
     algo = tiny_rl.untrained_ppo()
     venv = algo.get_vec_normalize_env()
     venv.reset()
-    before = ([np.array(e.unwrapped.state) for e in venv.venv.envs], venv.obs_rms.mean.copy(), venv.obs_rms.count,
-              {k: v.clone() for k, v in algo.policy.state_dict().items()}, algo.policy.training, algo.num_timesteps)
-    run = run_configs(project, {"sb3": "import pytest, tiny_rl\n\n@pytest.fixture\ndef dlcheck_algorithm():\n"
-                                       "    return tiny_rl.untrained_ppo()\n"}, "--dlcheck=R3,R8")
+    before = (
+        [np.array(e.unwrapped.state) for e in venv.venv.envs],
+        venv.obs_rms.mean.copy(),
+        venv.obs_rms.count,
+        {k: v.clone() for k, v in algo.policy.state_dict().items()},
+        algo.policy.training,
+        algo.num_timesteps,
+    )
+    run = run_configs(
+        project,
+        {
+            "sb3": "import pytest, tiny_rl\n\n@pytest.fixture\ndef dlcheck_algorithm():\n"
+            "    return tiny_rl.untrained_ppo()\n"
+        },
+        "--dlcheck=R3,R8",
+    )
     run.assert_outcome("sb3", "R3", "passed")
     run.assert_outcome("sb3", "R8", "passed")
-    after = ([np.array(e.unwrapped.state) for e in venv.venv.envs], venv.obs_rms.mean.copy(), venv.obs_rms.count,
-             {k: v.clone() for k, v in algo.policy.state_dict().items()}, algo.policy.training, algo.num_timesteps)
+    after = (
+        [np.array(e.unwrapped.state) for e in venv.venv.envs],
+        venv.obs_rms.mean.copy(),
+        venv.obs_rms.count,
+        {k: v.clone() for k, v in algo.policy.state_dict().items()},
+        algo.policy.training,
+        algo.num_timesteps,
+    )
     assert _same(before, after)

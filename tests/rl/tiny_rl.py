@@ -101,20 +101,29 @@ def compute_gae_ignoring_dones(rewards, values, next_value, gamma, gae_lambda):
     return advantages, advantages + values
 
 
-def ppo_minibatches(agent: Agent, envs, norm_adv: str = "minibatch", num_steps: int = 64, minibatch_size: int = 32,
-                    gamma: float = 0.99, gae_lambda: float = 0.95):
+def ppo_minibatches(
+    agent: Agent,
+    envs,
+    norm_adv: str = "minibatch",
+    num_steps: int = 64,
+    minibatch_size: int = 32,
+    gamma: float = 0.99,
+    gae_lambda: float = 0.95,
+):
     """The advantages of each minibatch of one PPO update as the loss sees them. norm_adv: 'minibatch'
     (CleanRL's norm_adv=True), 'buffer' (whitened once over the whole rollout), or 'none'."""
     r = collect_rollout(agent, envs, num_steps)
     with torch.no_grad():
-        adv, _ = compute_gae(r["rewards"], r["values"], r["terminations"], r["truncations"], r["next_values"], gamma, gae_lambda)
+        adv, _ = compute_gae(
+            r["rewards"], r["values"], r["terminations"], r["truncations"], r["next_values"], gamma, gae_lambda
+        )
     b_adv = adv.reshape(-1)
     if norm_adv == "buffer":
         b_adv = (b_adv - b_adv.mean()) / (b_adv.std() + 1e-8)
     order = torch.randperm(len(b_adv), generator=torch.Generator().manual_seed(1))
     out = []
     for start in range(0, len(b_adv), minibatch_size):
-        mb_adv = b_adv[order[start:start + minibatch_size]]
+        mb_adv = b_adv[order[start : start + minibatch_size]]
         if norm_adv == "minibatch":
             mb_adv = (mb_adv - mb_adv.mean()) / (mb_adv.std() + 1e-8)
         out.append({"advantages": mb_adv})
@@ -138,7 +147,7 @@ def sb3_ppo(env_id: str = "CartPole-v1", normalize: bool = True, n_envs: int = 2
     return PPO("MlpPolicy", env, **args)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def trained_ppo():
     """SB3 PPO with VecNormalize on CartPole after 256 steps (about 3.5 s): shared, never modified."""
     algo = sb3_ppo()
@@ -146,13 +155,21 @@ def trained_ppo():
     return algo
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def trained_dqn():
     from stable_baselines3 import DQN
     from stable_baselines3.common.env_util import make_vec_env
 
-    algo = DQN("MlpPolicy", make_vec_env("CartPole-v1", n_envs=1, seed=0), buffer_size=500, learning_starts=50,
-               train_freq=4, device="cpu", policy_kwargs=dict(net_arch=[32]), seed=0)
+    algo = DQN(
+        "MlpPolicy",
+        make_vec_env("CartPole-v1", n_envs=1, seed=0),
+        buffer_size=500,
+        learning_starts=50,
+        train_freq=4,
+        device="cpu",
+        policy_kwargs=dict(net_arch=[32]),
+        seed=0,
+    )
     algo.learn(120)
     return algo
 
@@ -189,8 +206,13 @@ def grpo_trainer(tmp_path, reward_funcs, beta: float = 0.0, model=None, **kw):
     tok = tiny.tokenizer()
     kw = dict(dict(num_generations=2, max_completion_length=8, per_device_train_batch_size=4), **kw)
     args = tiny.trainer_args(tmp_path, GRPOConfig, beta=beta, **kw)
-    return GRPOTrainer(model=model if model is not None else tiny.llama(tok), reward_funcs=reward_funcs, args=args,
-                       train_dataset=grpo_dataset(), processing_class=tok)
+    return GRPOTrainer(
+        model=model if model is not None else tiny.llama(tok),
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=grpo_dataset(),
+        processing_class=tok,
+    )
 
 
 def group_advantages_trl(rewards, group_size):
@@ -223,34 +245,41 @@ def reward_letter_e(completions, **kw):
     return [c.count("e") / max(len(c), 1) for c in completions]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def grpo_noisy_run_log(tmp_dir: str) -> tuple:
     """log_history of a real 10-step GRPO run with a high learning rate (0.05) and a KL term: rewards and KL
     jump around step to step (KL 0 -> 1.95 at step 3), as short runs of tiny models do."""
     import pathlib
 
-    trainer = grpo_trainer_with_reference(pathlib.Path(tmp_dir), reward_funcs=(reward_letter_e,), learning_rate=0.05,
-                                          max_steps=10, num_generations=4, per_device_train_batch_size=8)
+    trainer = grpo_trainer_with_reference(
+        pathlib.Path(tmp_dir),
+        reward_funcs=(reward_letter_e,),
+        learning_rate=0.05,
+        max_steps=10,
+        num_generations=4,
+        per_device_train_batch_size=8,
+    )
     trainer.train()
     return tuple(trainer.state.log_history)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def trained_grpo(tmp_dir: str):
     """A tiny GRPO run with a KL term, trained 6 steps (logging every step): shared, never modified."""
     import pathlib
 
-    trainer = grpo_trainer_with_reference(pathlib.Path(tmp_dir), reward_funcs=(reward_brevity, reward_matches_solution),
-                                          max_steps=6)
+    trainer = grpo_trainer_with_reference(
+        pathlib.Path(tmp_dir), reward_funcs=(reward_brevity, reward_matches_solution), max_steps=6
+    )
     trainer.train()
     return trainer
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def shared_agent():
     return Agent()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def untrained_ppo():
     return sb3_ppo()

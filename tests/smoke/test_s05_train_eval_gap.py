@@ -15,7 +15,8 @@ def with_train_data(data: str) -> str:
     @pytest.fixture(scope="session")
     def dlcheck_eval_dataloader():
         return torch.utils.data.DataLoader(tt.blobs(32, seed=9), batch_size=8)
-    """)
+    """,
+    )
 
 
 def test_labels_misaligned_with_their_inputs_are_memorised(project):

@@ -65,7 +65,9 @@ SFT_PACKED = """
                           train_dataset=Dataset.from_dict({"text": tiny.texts(12)}))
 """
 
-LOOP = tt.loop_project(loader="tt.loader(shuffle=True)", extra="""
+LOOP = tt.loop_project(
+    loader="tt.loader(shuffle=True)",
+    extra="""
     @pytest.fixture(scope="session")
     def dlcheck_save_checkpoint():
         return tt.save_atomic
@@ -73,10 +75,18 @@ LOOP = tt.loop_project(loader="tt.loader(shuffle=True)", extra="""
     @pytest.fixture(scope="session")
     def dlcheck_load_checkpoint():
         return tt.load_all
-""")
+""",
+)
 
 #: packing makes TRL's SFTTrainer padding-free: it refuses a collator passed in, so its clones get none
-PROJECTS = {"sft-trainer": SFT, "sft-packed-trainer": SFT_PACKED, "dpo-trainer": DPO, "grpo-trainer": GRPO, "lightning": tl.project(), "plain-loop": LOOP}
+PROJECTS = {
+    "sft-trainer": SFT,
+    "sft-packed-trainer": SFT_PACKED,
+    "dpo-trainer": DPO,
+    "grpo-trainer": GRPO,
+    "lightning": tl.project(),
+    "plain-loop": LOOP,
+}
 #: GRPO generates inside every step: the T checks skip (its loss needs completions), the runs are real
 RAN = {"grpo-trainer": {"C1", "C18", "S1", "S3"}}
 
@@ -84,7 +94,9 @@ RAN = {"grpo-trainer": {"C1", "C18", "S1", "S3"}}
 @pytest.mark.parametrize("kind", sorted(PROJECTS))
 def test_clean_project_fails_no_check(project, kind):
     project.conftest(PROJECTS[kind])
-    run = project.run("--dlcheck=train,ckpt,smoke,L9,L10", *(["--dlcheck-set=S1.steps=6"] if kind == "grpo-trainer" else []))
+    run = project.run(
+        "--dlcheck=train,ckpt,smoke,L9,L10", *(["--dlcheck-set=S1.steps=6"] if kind == "grpo-trainer" else [])
+    )
     failed = {cid for cid, outs in run.outcomes.items() if set(outs) & {"failed", "error"}}
     assert not failed, run.text
     ran = {cid for cid, outs in run.outcomes.items() if "passed" in outs}

@@ -32,11 +32,15 @@ def test_default_initialisation_passes(project):
 
 
 def test_summed_loss_in_a_plain_loop(project):
-    project.conftest(tt.loop_project(extra="""
+    project.conftest(
+        tt.loop_project(
+            extra="""
     @pytest.fixture(scope="session")
     def dlcheck_loss_fn():
         return nn.CrossEntropyLoss(reduction="sum")
-    """))
+    """
+        )
+    )
     run = project.run("--dlcheck=T1")
     run.assert_outcome("T1", "failed")
     text = tt.section(run, "T1")

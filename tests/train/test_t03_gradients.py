@@ -18,8 +18,10 @@ def swap_head(where: str) -> str:
     """Transfer learning: a new head for the task's classes, swapped in before or after the optimizer."""
     build = "tt.MLP()"
     swap = "model.head = nn.Linear(32, 4)"
-    return tt.loop_project(model=build + (f"; {swap}" if where == "before" else ""),
-                           optimizer="torch.optim.AdamW(model.parameters(), lr=1e-2)" + (f"; {swap}" if where == "after" else ""))
+    return tt.loop_project(
+        model=build + (f"; {swap}" if where == "before" else ""),
+        optimizer="torch.optim.AdamW(model.parameters(), lr=1e-2)" + (f"; {swap}" if where == "after" else ""),
+    )
 
 
 def test_head_swapped_after_building_the_optimizer(project):
@@ -27,7 +29,10 @@ def test_head_swapped_after_building_the_optimizer(project):
     run = project.run("--dlcheck=T3")
     run.assert_outcome("T3", "failed")
     text = tt.section(run, "T3")
-    assert "2 of 4 parameter tensors that get a gradient are in no param group of the AdamW: head.weight [4x32], head.bias [4]" in text
+    assert (
+        "2 of 4 parameter tensors that get a gradient are in no param group of the AdamW: head.weight [4x32], head.bias [4]"
+        in text
+    )
     assert "no longer parameters of the model: [4x32], [4]" in text
     assert "build the optimizer after every change to the model" in text
 

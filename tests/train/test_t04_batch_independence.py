@@ -11,7 +11,10 @@ def test_transformer_layer_without_batch_first_attends_across_the_batch(project)
     run.assert_outcome("T4", "failed")
     text = tt.section(run, "T4")
     assert "the output of example 0 depends on the input of example" in text
-    assert "first module whose output mixes the examples: encoder.layers.0.self_attn (MultiheadAttention, batch_first=False)" in text
+    assert (
+        "first module whose output mixes the examples: encoder.layers.0.self_attn (MultiheadAttention, batch_first=False)"
+        in text
+    )
     assert "TransformerEncoderLayer has batch_first=False" in text or "MultiheadAttention has batch_first=False" in text
     assert "batch_first=True" in text
 
@@ -36,7 +39,7 @@ def test_a_real_transpose_passes(project):
 
 
 def test_causal_lm_trainer_passes(project):
-    project.conftest('''
+    project.conftest("""
     import pytest, tiny
     from transformers import DataCollatorForLanguageModeling, Trainer
 
@@ -45,5 +48,5 @@ def test_causal_lm_trainer_passes(project):
         tok = tiny.tokenizer()
         return Trainer(model=tiny.llama(tok), args=tiny.trainer_args(tmp_path_factory.mktemp("o")),
                        train_dataset=tiny.tokenized(tok), data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
-    ''')
+    """)
     project.run("--dlcheck=T4,T5").assert_outcome("T4", "passed")

@@ -24,7 +24,10 @@ def test_scheduler_stepped_every_micro_batch(project):
     run = project.run("--dlcheck=T6")
     run.assert_outcome("T6", "failed")
     text = tt.section(run, "T6")
-    assert "in 20 micro-batches of your step: optimizer.step() ran 5 times, lr_scheduler.step() 20 times (4.0 scheduler steps per optimizer step)" in text
+    assert (
+        "in 20 micro-batches of your step: optimizer.step() ran 5 times, lr_scheduler.step() 20 times (4.0 scheduler steps per optimizer step)"
+        in text
+    )
     assert "warmup and decay run 4x too fast" in text and "inside the gradient-accumulation branch" in text
 
 
@@ -54,7 +57,10 @@ def test_trainer_warmup_counted_in_micro_batches(project):
     run = project.run("--dlcheck=T6")
     run.assert_outcome("T6", "failed")
     text = tt.section(run, "T6")
-    assert "warmup of 24 optimizer steps for a run of 6 optimizer steps, 12 micro-batches per epoch with gradient_accumulation_steps=4" in text
+    assert (
+        "warmup of 24 optimizer steps for a run of 6 optimizer steps, 12 micro-batches per epoch with gradient_accumulation_steps=4"
+        in text
+    )
     assert "never reaches its peak" in text and "warmup_ratio" in text
 
 
@@ -86,7 +92,12 @@ def test_a_trainer_handed_over_after_train_is_judged_on_a_fresh_schedule(project
     stepped scheduler starts again from its first step. Neither is 'LR 0 at every step'."""
     project.conftest(TRAINED_FIRST.format(optimizers="(None, None)"))
     project.run("--dlcheck=T6").assert_outcome("T6", "passed")
-    project.conftest(TRAINED_FIRST.format(optimizers=(
-        "(lambda opt: (opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 2) * max(0.0, 1 - s / 2))))"
-        "(torch.optim.AdamW(model.parameters(), lr=1e-3))")))
+    project.conftest(
+        TRAINED_FIRST.format(
+            optimizers=(
+                "(lambda opt: (opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 2) * max(0.0, 1 - s / 2))))"
+                "(torch.optim.AdamW(model.parameters(), lr=1e-3))"
+            )
+        )
+    )
     project.run("--dlcheck=T6").assert_outcome("T6", "passed")

@@ -8,24 +8,34 @@ def with_loader(loader: str) -> str:
 
 
 def test_sampler_reseeded_identically_every_epoch(project):
-    project.conftest(with_loader("torch.utils.data.DataLoader(tt.blobs(), batch_size=8, sampler=tt.FixedSeedSampler(64))"))
+    project.conftest(
+        with_loader("torch.utils.data.DataLoader(tt.blobs(), batch_size=8, sampler=tt.FixedSeedSampler(64))")
+    )
     run = project.run("--dlcheck=T7")
     run.assert_outcome("T7", "failed")
     text = tt.section(run, "T7")
-    assert ("dlcheck_dataloader: its FixedSeedSampler gives the same order in epochs 0 to 2 (first 8 batches compared"
-            in text)
+    assert (
+        "dlcheck_dataloader: its FixedSeedSampler gives the same order in epochs 0 to 2 (first 8 batches compared"
+        in text
+    )
     assert "a correct shuffle does that with probability ≤ 6.2e-10" in text
     assert "FixedSeedSampler has no set_epoch" in text and "seed + epoch" in text
 
 
 def test_sampler_seeded_with_the_epoch(project):
-    project.conftest(with_loader("torch.utils.data.DataLoader(tt.blobs(), batch_size=8, sampler=tt.EpochSeedSampler(64))"))
+    project.conftest(
+        with_loader("torch.utils.data.DataLoader(tt.blobs(), batch_size=8, sampler=tt.EpochSeedSampler(64))")
+    )
     project.run("--dlcheck=T7").assert_outcome("T7", "passed")
 
 
 def test_workers_seeded_with_a_constant(project):
-    project.conftest(with_loader("torch.utils.data.DataLoader(tt.blobs(), batch_size=8, shuffle=True, num_workers=2, "
-                                 "worker_init_fn=tt.seed_workers_constant)"))
+    project.conftest(
+        with_loader(
+            "torch.utils.data.DataLoader(tt.blobs(), batch_size=8, shuffle=True, num_workers=2, "
+            "worker_init_fn=tt.seed_workers_constant)"
+        )
+    )
     run = project.run("--dlcheck=T7")
     run.assert_outcome("T7", "failed")
     text = tt.section(run, "T7")
@@ -34,13 +44,17 @@ def test_workers_seeded_with_a_constant(project):
 
 
 def test_workers_seeded_from_torch(project):
-    project.conftest(with_loader("torch.utils.data.DataLoader(tt.blobs(), batch_size=8, shuffle=True, num_workers=2, "
-                                 "worker_init_fn=tt.seed_workers_from_torch)"))
+    project.conftest(
+        with_loader(
+            "torch.utils.data.DataLoader(tt.blobs(), batch_size=8, shuffle=True, num_workers=2, "
+            "worker_init_fn=tt.seed_workers_from_torch)"
+        )
+    )
     project.run("--dlcheck=T7").assert_outcome("T7", "passed")
 
 
 def test_trainer_shuffles_every_epoch(project):
-    project.conftest('''
+    project.conftest("""
     import pytest, tiny
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -50,25 +64,32 @@ def test_trainer_shuffles_every_epoch(project):
         tok = tiny.tokenizer()
         return SFTTrainer(model=tiny.llama(tok), args=tiny.trainer_args(tmp_path_factory.mktemp("o"), SFTConfig),
                           processing_class=tok, train_dataset=Dataset.from_dict({"text": tiny.texts()}))
-    ''')
+    """)
     project.run("--dlcheck=T7").assert_outcome("T7", "passed")
 
 
 def test_the_users_sampler_epoch_is_left_where_it_was(project):
     """T7 calls set_epoch on the user's own loader; the epoch counters are put back afterwards (a
     DistributedSampler resumed at epoch 3 stays at 3; a class-level default is not shadowed)."""
-    project.conftest(with_loader(
-        "tt.__dict__.setdefault('SEEN', {}).setdefault('loader', torch.utils.data.DataLoader(tt.blobs(), batch_size=8, "
-        "sampler=(lambda s: (s.set_epoch(3), s)[1])(torch.utils.data.DistributedSampler(tt.blobs(), num_replicas=1, "
-        "rank=0, shuffle=True))))"))
+    project.conftest(
+        with_loader(
+            "tt.__dict__.setdefault('SEEN', {}).setdefault('loader', torch.utils.data.DataLoader(tt.blobs(), batch_size=8, "
+            "sampler=(lambda s: (s.set_epoch(3), s)[1])(torch.utils.data.DistributedSampler(tt.blobs(), num_replicas=1, "
+            "rank=0, shuffle=True))))"
+        )
+    )
     tt.__dict__.pop("SEEN", None)
     run = project.run("--dlcheck=T7")
     run.assert_outcome("T7", "passed")
     sampler = tt.SEEN["loader"].sampler
     assert sampler.epoch == 3, "T7 left the user's DistributedSampler at another epoch"
 
-    project.conftest(with_loader("tt.__dict__.setdefault('SEEN2', torch.utils.data.DataLoader(tt.blobs(), batch_size=8, "
-                                 "sampler=tt.EpochSeedSampler(64)))"))
+    project.conftest(
+        with_loader(
+            "tt.__dict__.setdefault('SEEN2', torch.utils.data.DataLoader(tt.blobs(), batch_size=8, "
+            "sampler=tt.EpochSeedSampler(64)))"
+        )
+    )
     tt.__dict__.pop("SEEN2", None)
     project.run("--dlcheck=T7").assert_outcome("T7", "passed")
     assert "epoch" not in vars(tt.SEEN2.sampler), "T7 left an epoch on the user's sampler"

@@ -33,11 +33,15 @@ def test_held_out_eval_split_passes(project):
 
 
 def test_plain_loop_eval_loader_over_training_examples(project):
-    project.conftest(tt.loop_project(extra="""
+    project.conftest(
+        tt.loop_project(
+            extra="""
     @pytest.fixture(scope="session")
     def dlcheck_eval_dataloader():
         return torch.utils.data.DataLoader(torch.utils.data.Subset(tt.blobs(), range(8, 16)), batch_size=8)
-    """))
+    """
+        )
+    )
     run = project.run("--dlcheck=T8")
     run.assert_outcome("T8", "failed")
     assert "8 of 8 eval examples (100%) are also in the 64 training examples" in tt.section(run, "T8")

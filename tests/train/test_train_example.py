@@ -6,8 +6,12 @@ from pathlib import Path
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train"
 
-PROMISED = {"clean": set(), "clean_trainer": set(), "broken": {"T3", "T6", "T8", "C1", "C2"},
-            "broken_trainer": {"T6", "T8", "C1"}}
+PROMISED = {
+    "clean": set(),
+    "clean_trainer": set(),
+    "broken": {"T3", "T6", "T8", "C1", "C2"},
+    "broken_trainer": {"T6", "T8", "C1"},
+}
 
 
 def test_train_example(project):

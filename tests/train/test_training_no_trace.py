@@ -20,10 +20,12 @@ KEEP = """
 
 
 def snapshot(model):
-    return ({k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()},
-            {n: p.requires_grad for n, p in model.named_parameters()},
-            {n: m.training for n, m in model.named_modules()},
-            {n: p.grad for n, p in model.named_parameters()})
+    return (
+        {k: v.detach().clone() for k, v in model.state_dict(keep_vars=True).items()},
+        {n: p.requires_grad for n, p in model.named_parameters()},
+        {n: m.training for n, m in model.named_modules()},
+        {n: p.grad for n, p in model.named_parameters()},
+    )
 
 
 def assert_same(before, model):
@@ -58,13 +60,28 @@ def test_a_trainer_is_left_as_it_was(project, keep, tmp_path, kind):
     model.model.layers[0].eval()  # the user's own mixed modes survive
     if kind == "sft":
         data = Dataset.from_dict({"prompt": tiny.PROMPTS, "completion": tiny.COMPLETIONS})
-        trainer = SFTTrainer(model=model, args=tiny.trainer_args(tmp_path / "out", SFTConfig, eval_strategy="no"),
-                             processing_class=tok, train_dataset=data, eval_dataset=data)
+        trainer = SFTTrainer(
+            model=model,
+            args=tiny.trainer_args(tmp_path / "out", SFTConfig, eval_strategy="no"),
+            processing_class=tok,
+            train_dataset=data,
+            eval_dataset=data,
+        )
     else:
-        data = Dataset.from_dict({"prompt": tiny.PROMPTS, "chosen": tiny.COMPLETIONS,
-                                  "rejected": tiny.COMPLETIONS[1:] + tiny.COMPLETIONS[:1]})
-        trainer = DPOTrainer(model=model, ref_model=copy.deepcopy(model), processing_class=tok, train_dataset=data,
-                             args=tiny.trainer_args(tmp_path / "out", DPOConfig, max_length=64))
+        data = Dataset.from_dict(
+            {
+                "prompt": tiny.PROMPTS,
+                "chosen": tiny.COMPLETIONS,
+                "rejected": tiny.COMPLETIONS[1:] + tiny.COMPLETIONS[:1],
+            }
+        )
+        trainer = DPOTrainer(
+            model=model,
+            ref_model=copy.deepcopy(model),
+            processing_class=tok,
+            train_dataset=data,
+            args=tiny.trainer_args(tmp_path / "out", DPOConfig, max_length=64),
+        )
     keep["trainer"] = trainer
     models = [m for m in (trainer.model, getattr(trainer, "ref_model", None)) if m is not None]
     before = [snapshot(m) for m in models]

@@ -27,8 +27,12 @@ def blobs(n: int = 64, dim: int = 8, classes: int = 4, seed: int = 0, scale: flo
 
 
 def loader(n: int = 64, batch_size: int = 8, seed: int = 0, shuffle: bool = False, **kw) -> DataLoader:
-    return DataLoader(blobs(n, seed=seed, **kw), batch_size=batch_size, shuffle=shuffle,
-                      generator=torch.Generator().manual_seed(seed) if shuffle else None)
+    return DataLoader(
+        blobs(n, seed=seed, **kw),
+        batch_size=batch_size,
+        shuffle=shuffle,
+        generator=torch.Generator().manual_seed(seed) if shuffle else None,
+    )
 
 
 class MLP(nn.Module):
@@ -47,8 +51,15 @@ def warmup(steps: int):
 
 def save_all(state, path):
     """A complete checkpoint: model, optimizer, scheduler, RNG."""
-    torch.save({"model": state["model"].state_dict(), "optimizer": state["optimizer"].state_dict(),
-                "lr_scheduler": state["lr_scheduler"].state_dict(), "rng": torch.random.get_rng_state()}, path)
+    torch.save(
+        {
+            "model": state["model"].state_dict(),
+            "optimizer": state["optimizer"].state_dict(),
+            "lr_scheduler": state["lr_scheduler"].state_dict(),
+            "rng": torch.random.get_rng_state(),
+        },
+        path,
+    )
 
 
 def load_all(state, path):
@@ -60,8 +71,14 @@ def load_all(state, path):
 
 
 def save_no_scheduler(state, path):
-    torch.save({"model": state["model"].state_dict(), "optimizer": state["optimizer"].state_dict(),
-                "rng": torch.random.get_rng_state()}, path)
+    torch.save(
+        {
+            "model": state["model"].state_dict(),
+            "optimizer": state["optimizer"].state_dict(),
+            "rng": torch.random.get_rng_state(),
+        },
+        path,
+    )
 
 
 def load_no_scheduler(state, path):
@@ -104,8 +121,12 @@ LOOP = """
 """
 
 
-def loop_project(model: str = "tt.MLP()", optimizer: str = "torch.optim.AdamW(model.parameters(), lr=1e-2)",
-                 loader: str = "tt.loader()", extra: str = "") -> str:
+def loop_project(
+    model: str = "tt.MLP()",
+    optimizer: str = "torch.optim.AdamW(model.parameters(), lr=1e-2)",
+    loader: str = "tt.loader()",
+    extra: str = "",
+) -> str:
     return LOOP.format(model=model, optimizer=optimizer, loader=loader) + extra
 
 
@@ -137,7 +158,9 @@ def llm_loader(tok, batch_size: int = 4):
     import tiny
     from transformers import DataCollatorForLanguageModeling
 
-    return DataLoader(tiny.tokenized(tok), batch_size=batch_size, collate_fn=DataCollatorForLanguageModeling(tok, mlm=False))
+    return DataLoader(
+        tiny.tokenized(tok), batch_size=batch_size, collate_fn=DataCollatorForLanguageModeling(tok, mlm=False)
+    )
 
 
 def sequences(n: int = 32, length: int = 6, dim: int = 8, classes: int = 4, seed: int = 0) -> TensorDataset:
@@ -173,8 +196,8 @@ class SeqPooler(nn.Module):
         self.head = nn.Linear(width, classes)
 
     def forward(self, x):
-        h = torch.relu(self.feat(x))                                   # (B, T, W)
-        h = h.view(h.size(1), h.size(0), -1) if self.use_view else h.transpose(0, 1)   # (T, B, W)
+        h = torch.relu(self.feat(x))  # (B, T, W)
+        h = h.view(h.size(1), h.size(0), -1) if self.use_view else h.transpose(0, 1)  # (T, B, W)
         return self.head(h.mean(dim=0))
 
 

@@ -21,8 +21,10 @@ CLASSIFIER = """
         return tv.Shapes([i % 4 for i in range(8)], transform={eval_tf})
 """
 
-TRAIN_UNSCALED = ("T.Compose([T.ToImage(), T.RandomResizedCrop(32), T.ToDtype(torch.float32), "
-                  "T.Normalize(list(tv.IMAGENET_MEAN), list(tv.IMAGENET_STD))])")
+TRAIN_UNSCALED = (
+    "T.Compose([T.ToImage(), T.RandomResizedCrop(32), T.ToDtype(torch.float32), "
+    "T.Normalize(list(tv.IMAGENET_MEAN), list(tv.IMAGENET_STD))])"
+)
 TRAIN_SCALED = TRAIN_UNSCALED.replace("T.ToDtype(torch.float32)", "T.ToDtype(torch.float32, scale=True)")
 EVAL_OK = "tv.classification_tf(train=False)"
 
@@ -47,8 +49,13 @@ def test_todtype_with_scale_passes(project):
 
 
 def test_toimage_alone_gives_uint8(project):
-    project.conftest(CLASSIFIER.format(model="tv.resnet18(4)", train_tf="T.Compose([T.ToImage(), T.RandomResizedCrop(32)])",
-                                       eval_tf="T.Compose([T.ToImage(), T.CenterCrop(32)])"))
+    project.conftest(
+        CLASSIFIER.format(
+            model="tv.resnet18(4)",
+            train_tf="T.Compose([T.ToImage(), T.RandomResizedCrop(32)])",
+            eval_tf="T.Compose([T.ToImage(), T.CenterCrop(32)])",
+        )
+    )
     run = project.run("--dlcheck=V1")
     run.assert_outcome("V1", "failed")
     text = section(run, "V1")
@@ -59,7 +66,9 @@ def test_toimage_alone_gives_uint8(project):
 @pytest.mark.parametrize("eval_mean, outcome", [("(0.5, 0.5, 0.5)", "failed"), ("tv.IMAGENET_MEAN", "passed")])
 def test_eval_normalised_with_other_stats_than_train(project, eval_mean, outcome):
     eval_tf = f"tv.classification_tf(train=False, mean={eval_mean}, std={eval_mean.replace('MEAN', 'STD')})"
-    project.conftest(CLASSIFIER.format(model="tv.resnet18(4)", train_tf="tv.classification_tf(train=True)", eval_tf=eval_tf))
+    project.conftest(
+        CLASSIFIER.format(model="tv.resnet18(4)", train_tf="tv.classification_tf(train=True)", eval_tf=eval_tf)
+    )
     run = project.run("--dlcheck=V1")
     run.assert_outcome("V1", outcome)
     if outcome == "failed":
@@ -79,7 +88,10 @@ def test_timm_pretrained_cfg_declares_other_stats(project):
     run.assert_outcome("V1", "failed")
     text = section(run, "V1")
     assert "train transform Normalize(mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))" in text
-    assert "the model expects mean=(0.485, 0.456, 0.406) std=(0.229, 0.224, 0.225) (timm pretrained_cfg of resnet18" in text
+    assert (
+        "the model expects mean=(0.485, 0.456, 0.406) std=(0.229, 0.224, 0.225) (timm pretrained_cfg of resnet18"
+        in text
+    )
     # the user may train from scratch with their own stats: the documented knob turns the comparison off
     run = project.run("--dlcheck=V1", "--dlcheck-set", "V1.compare_declared=false")
     run.assert_outcome("V1", "passed")

@@ -15,7 +15,9 @@ EVAL_DATA = """
 """
 
 
-@pytest.mark.parametrize("crop, outcome", [("T.RandomResizedCrop(32)", "failed"), ("T.Resize(36), T.CenterCrop(32)", "passed")])
+@pytest.mark.parametrize(
+    "crop, outcome", [("T.RandomResizedCrop(32)", "failed"), ("T.Resize(36), T.CenterCrop(32)", "passed")]
+)
 def test_random_resized_crop_in_the_eval_transform(project, crop, outcome):
     project.conftest(EVAL_DATA.format(crop=crop))
     run = project.run("--dlcheck=V2")

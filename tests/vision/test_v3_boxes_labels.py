@@ -52,7 +52,10 @@ def test_xywh_bounding_boxes_reaching_fasterrcnn(project):
     run = project.run("--dlcheck=V3")
     run.assert_outcome("V3", "failed")
     text = section(run, "V3")
-    assert "carry boxes as tv_tensors.BoundingBoxes(format=XYWH); FasterRCNN reads target['boxes'] as absolute xyxy" in text
+    assert (
+        "carry boxes as tv_tensors.BoundingBoxes(format=XYWH); FasterRCNN reads target['boxes'] as absolute xyxy"
+        in text
+    )
     assert "T.ConvertBoundingBoxFormat('XYXY')" in text
 
 

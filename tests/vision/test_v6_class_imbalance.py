@@ -28,11 +28,18 @@ PROJECT = """
 """
 
 
-@pytest.mark.parametrize("loss, sampling, outcome", [
-    ("torch.nn.CrossEntropyLoss()", "shuffle=True", "failed"),
-    ("torch.nn.CrossEntropyLoss(weight=torch.tensor([0.53, 10.0]))", "shuffle=True", "passed"),
-    ("torch.nn.CrossEntropyLoss()", "sampler=WeightedRandomSampler([19.0 if y else 1.0 for y in LABELS], 200)", "passed"),
-])
+@pytest.mark.parametrize(
+    "loss, sampling, outcome",
+    [
+        ("torch.nn.CrossEntropyLoss()", "shuffle=True", "failed"),
+        ("torch.nn.CrossEntropyLoss(weight=torch.tensor([0.53, 10.0]))", "shuffle=True", "passed"),
+        (
+            "torch.nn.CrossEntropyLoss()",
+            "sampler=WeightedRandomSampler([19.0 if y else 1.0 for y in LABELS], 200)",
+            "passed",
+        ),
+    ],
+)
 def test_95_5_split_with_an_unweighted_loss(project, loss, sampling, outcome):
     project.conftest(PROJECT.format(loss=loss, sampling=sampling))
     run = project.run("--dlcheck=V6")
@@ -49,9 +56,12 @@ def test_95_5_split_with_an_unweighted_loss(project, loss, sampling, outcome):
 
 def test_labels_read_through_a_target_transform(project):
     # no cheap .targets when a target_transform rewrites them: the labels are read from the examples
-    project.conftest(PROJECT.format(loss="torch.nn.CrossEntropyLoss()", sampling="shuffle=True").replace(
-        "transform=tv.classification_tf(train=True, size=16))",
-        "transform=tv.classification_tf(train=True, size=16), target_transform=int)"))
+    project.conftest(
+        PROJECT.format(loss="torch.nn.CrossEntropyLoss()", sampling="shuffle=True").replace(
+            "transform=tv.classification_tf(train=True, size=16))",
+            "transform=tv.classification_tf(train=True, size=16), target_transform=int)",
+        )
+    )
     run = project.run("--dlcheck=V6")
     run.assert_outcome("V6", "failed")
     assert "label histogram over 200 examples read from dlcheck_dataset" in section(run, "V6")

@@ -33,7 +33,9 @@ def test_batch_size_2_resnet_fine_tune(project, bs, freeze, outcome):
     if outcome == "failed":
         text = section(run, "V7")
         assert "dlcheck_dataloader batch_size=2: each BatchNorm step normalises over 2 images (limit 8)" in text
-        assert "20 of 20 BatchNorm2d layers are in training mode (20 with trainable affine parameters), e.g. bn1" in text
+        assert (
+            "20 of 20 BatchNorm2d layers are in training mode (20 with trainable affine parameters), e.g. bn1" in text
+        )
         assert "normalises with the statistics of 2 images" in text
         assert "timm.layers.freeze_batch_norm_2d(model)" in text and "SyncBatchNorm" in text
 

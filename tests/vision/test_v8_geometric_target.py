@@ -24,8 +24,10 @@ def test_horizontal_flip_applied_to_the_image_only(project, how, outcome):
     if outcome == "failed":
         text = section(run, "V8")
         assert "synthetic 128×96 image, object at [12.0, 12.0, 44.0, 40.0] with a matching box" in text
-        assert "the object is at [84.0, 12.0, 116.0, 40.0] in the 128×96 output but the target has box " \
-               "[12.0, 12.0, 44.0, 40.0] (IoU 0.00)" in text
+        assert (
+            "the object is at [84.0, 12.0, 116.0, 40.0] in the 128×96 output but the target has box "
+            "[12.0, 12.0, 44.0, 40.0] (IoU 0.00)" in text
+        )
         assert "trials leave the target behind; train transform: ToImage → RandomHorizontalFlip" in text
         assert "the dataset was given transform= (image only) with target_transform=None" in text
         assert "pass a joint transforms=T.Compose([...])" in text
@@ -48,7 +50,10 @@ def test_plain_tensor_masks_are_not_flipped_by_transforms_v2(project, mask, outc
     if outcome == "failed":
         text = section(run, "V8")
         assert "with a matching mask (Tensor target shaped like dlcheck_dataset[0])" in text
-        assert "the object covers [84.0, 12.0, 116.0, 40.0] in the output but the mask covers [12.0, 12.0, 44.0, 40.0]" in text
+        assert (
+            "the object covers [84.0, 12.0, 116.0, 40.0] in the output but the mask covers [12.0, 12.0, 44.0, 40.0]"
+            in text
+        )
         assert "the masks are plain tensors, which transforms v2 pass through untouched" in text
         assert "tv_tensors.Mask(mask)" in text
 
@@ -93,7 +98,9 @@ def test_custom_dataset_flips_the_image_not_the_boxes(project, flip_boxes, outco
     run.assert_outcome("V8", outcome)
     if outcome == "failed":
         text = section(run, "V8")
-        assert "] read 6 times: one read is the other mirrored horizontally (correlation 1.00 after flipping back" in text
+        assert (
+            "] read 6 times: one read is the other mirrored horizontally (correlation 1.00 after flipping back" in text
+        )
         assert "but its target is identical: boxes [" in text
         assert "the dataset flips the image but not its boxes/masks" in text
 

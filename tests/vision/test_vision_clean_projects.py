@@ -37,7 +37,9 @@ COMMON = """
 CLASSIFICATION = dict(
     train="tv.Shapes([i % 4 for i in range(32)], transform=tv.classification_tf(train=True))",
     eval="tv.Shapes([i % 4 for i in range(16)], transform=tv.classification_tf(train=False))",
-    collate="", batch="images")
+    collate="",
+    batch="images",
+)
 LOSS = """
     @pytest.fixture(scope="session")
     def dlcheck_loss_fn():
@@ -45,25 +47,44 @@ LOSS = """
 """
 
 PROJECTS = {
-    "timm resnet18": (dict(CLASSIFICATION, model="tv.timm_resnet(4)") , LOSS.format(loss="torch.nn.CrossEntropyLoss()"),
-                      {"V1", "V2", "V3", "V6", "V7"}),
-    "torchvision resnet18": (dict(CLASSIFICATION, model="tv.resnet18(4)"), LOSS.format(loss="torch.nn.CrossEntropyLoss()") + """
+    "timm resnet18": (
+        dict(CLASSIFICATION, model="tv.timm_resnet(4)"),
+        LOSS.format(loss="torch.nn.CrossEntropyLoss()"),
+        {"V1", "V2", "V3", "V6", "V7"},
+    ),
+    "torchvision resnet18": (
+        dict(CLASSIFICATION, model="tv.resnet18(4)"),
+        LOSS.format(loss="torch.nn.CrossEntropyLoss()")
+        + """
     @pytest.fixture(scope="session")
     def dlcheck_weights():
         from torchvision.models import ResNet18_Weights
         return ResNet18_Weights.IMAGENET1K_V1   # read offline: only its transforms() are used
-    """, {"V1", "V2", "V3", "V6", "V7"}),
-    "fasterrcnn_mobilenet_v3_large_320_fpn": (dict(
-        model="tv.fasterrcnn(3)",
-        train="tv.ShapesDetection(16, transforms=tv.detection_tf(train=True))",
-        eval="tv.ShapesDetection(8, transforms=tv.detection_tf(train=False))",
-        collate=", collate_fn=tv.detection_collate", batch="list(images)"), "", {"V1", "V2", "V3", "V4", "V7", "V8"}),
-    "lraspp_mobilenet_v3_large": (dict(
-        model="tv.lraspp(3)",
-        train="tv.ShapesSegmentation(16, transforms=tv.segmentation_tf(train=True))",
-        eval="tv.ShapesSegmentation(8, transforms=tv.segmentation_tf(train=False))",
-        collate="", batch="images"), LOSS.format(loss="torch.nn.CrossEntropyLoss(ignore_index=255)"),
-        {"V1", "V2", "V5", "V7", "V8"}),
+    """,
+        {"V1", "V2", "V3", "V6", "V7"},
+    ),
+    "fasterrcnn_mobilenet_v3_large_320_fpn": (
+        dict(
+            model="tv.fasterrcnn(3)",
+            train="tv.ShapesDetection(16, transforms=tv.detection_tf(train=True))",
+            eval="tv.ShapesDetection(8, transforms=tv.detection_tf(train=False))",
+            collate=", collate_fn=tv.detection_collate",
+            batch="list(images)",
+        ),
+        "",
+        {"V1", "V2", "V3", "V4", "V7", "V8"},
+    ),
+    "lraspp_mobilenet_v3_large": (
+        dict(
+            model="tv.lraspp(3)",
+            train="tv.ShapesSegmentation(16, transforms=tv.segmentation_tf(train=True))",
+            eval="tv.ShapesSegmentation(8, transforms=tv.segmentation_tf(train=False))",
+            collate="",
+            batch="images",
+        ),
+        LOSS.format(loss="torch.nn.CrossEntropyLoss(ignore_index=255)"),
+        {"V1", "V2", "V5", "V7", "V8"},
+    ),
 }
 
 
@@ -80,8 +101,16 @@ def test_clean_project_passes_the_vision_domain(project, name):
 
 def test_vision_roles_are_listed(project):
     run = project.run("--dlcheck-list")
-    for fixture in ("dlcheck_train_transform", "dlcheck_eval_transform", "dlcheck_loss_fn", "dlcheck_num_classes",
-                    "dlcheck_box_format", "dlcheck_ignore_index", "dlcheck_eval_fn", "dlcheck_weights"):
+    for fixture in (
+        "dlcheck_train_transform",
+        "dlcheck_eval_transform",
+        "dlcheck_loss_fn",
+        "dlcheck_num_classes",
+        "dlcheck_box_format",
+        "dlcheck_ignore_index",
+        "dlcheck_eval_fn",
+        "dlcheck_weights",
+    ):
         assert fixture in run.text
     for cid in ("V1", "V2", "V3", "V4", "V5", "V6", "V7", "V8"):
         assert f"\n{cid} " in run.text

@@ -1,12 +1,12 @@
-"""Unit tests of pytest_dlcheck.vision: reading (image, target) examples whatever their shape, box
+"""Unit tests of the vision measurement (pytest_dlcheck.checks.vision.measure): reading (image, target) examples whatever their shape, box
 formats, transform introspection."""
 
 import pytest
-import torch
 import tiny_vision as tv
+import torch
 from torchvision import tv_tensors
 
-from pytest_dlcheck import vision as V
+from pytest_dlcheck.checks.vision import measure as V
 
 
 def test_tuple_with_bounding_boxes_dict():
@@ -24,12 +24,17 @@ def test_coco_annotation_list_is_xywh():
     assert item.kind == "detection" and item.box_format == "xywh" and item.labels.tolist() == [3]
 
 
-@pytest.mark.parametrize("target, kind", [
-    (3, "classification"), (torch.tensor(2), "classification"), (torch.tensor([0.1, 0.9]), "classification"),
-    (tv_tensors.Mask(torch.zeros(8, 8, dtype=torch.uint8)), "segmentation"),
-    (torch.zeros(8, 8, dtype=torch.long), "segmentation"),
-    (tv_tensors.BoundingBoxes([[1, 1, 4, 4]], format="CXCYWH", canvas_size=(8, 8)), "detection"),
-])
+@pytest.mark.parametrize(
+    "target, kind",
+    [
+        (3, "classification"),
+        (torch.tensor(2), "classification"),
+        (torch.tensor([0.1, 0.9]), "classification"),
+        (tv_tensors.Mask(torch.zeros(8, 8, dtype=torch.uint8)), "segmentation"),
+        (torch.zeros(8, 8, dtype=torch.long), "segmentation"),
+        (tv_tensors.BoundingBoxes([[1, 1, 4, 4]], format="CXCYWH", canvas_size=(8, 8)), "detection"),
+    ],
+)
 def test_target_kinds(target, kind):
     assert V.make_item((torch.zeros(3, 8, 8), target), "x").kind == kind
 
@@ -65,11 +70,15 @@ def test_box_validity_and_formats():
     assert V.box_problems(V.to_xyxy(xywh, "xyxy"), (64, 64), 0.02) == ["x2 <= x1, y2 <= y1"]
     assert V.box_problems(V.to_xyxy(xywh, "xywh"), (64, 64), 0.02) == [""]
     assert "ends outside" in V.box_problems(torch.tensor([[0.0, 0.0, 90.0, 10.0]]), (64, 64), 0.02)[0]
-    assert V.to_xyxy(torch.tensor([[0.5, 0.5, 0.5, 0.5]]), "cxcywh", (10, 20), normalized=True).tolist() == [[5.0, 2.5, 15.0, 7.5]]
+    assert V.to_xyxy(torch.tensor([[0.5, 0.5, 0.5, 0.5]]), "cxcywh", (10, 20), normalized=True).tolist() == [
+        [5.0, 2.5, 15.0, 7.5]
+    ]
 
 
-@pytest.mark.parametrize("text, parsed", [("xyxy", ("xyxy", False)), ("XYWH", ("xywh", False)),
-                                          ("cxcywh-normalized", ("cxcywh", True)), (None, None)])
+@pytest.mark.parametrize(
+    "text, parsed",
+    [("xyxy", ("xyxy", False)), ("XYWH", ("xywh", False)), ("cxcywh-normalized", ("cxcywh", True)), (None, None)],
+)
 def test_parse_box_format(text, parsed):
     assert V.parse_box_format(text) == parsed
 
@@ -79,7 +88,9 @@ def test_transform_introspection():
     mean, std, _ = V.find_normalize(tf)
     assert mean == [0.5] * 3 and std == [0.25] * 3
     assert [type(t).__name__ for t in V.random_transforms(tf)] == ["RandomResizedCrop", "RandomHorizontalFlip"]
-    assert V.pipeline(tf).startswith("ToImage → RandomResizedCrop → RandomHorizontalFlip → ToDtype(float32, scale=True)")
+    assert V.pipeline(tf).startswith(
+        "ToImage → RandomResizedCrop → RandomHorizontalFlip → ToDtype(float32, scale=True)"
+    )
     ds = tv.Shapes([0], transform=tf, target_transform=int)
     assert V.find_normalize(ds.transforms) is not None  # through StandardTransform
 

@@ -5,26 +5,25 @@ tests write, which run in the same process."""
 
 from __future__ import annotations
 
-import numpy as np
-import torch
-from PIL import Image, ImageDraw
-
 # pytester's in-process runs drop every module first imported inside a run. Import here, once, what the
 # runs use: torchvision/timm/hypothesis (re-importing them per run costs seconds) and the plugin's role machinery
 # (a roles module re-imported inside a run would come with a new MISSING and without the vision derivers).
 import hypothesis.internal.observability  # noqa: E402,F401  (hypothesis' pytest plugin imports it in every run)
+import numpy as np
 import timm  # noqa: E402,F401
+import torch
 import torchvision.models.detection  # noqa: E402,F401
 import torchvision.models.segmentation  # noqa: E402,F401
+from PIL import Image, ImageDraw
 from torchvision import tv_tensors  # noqa: E402
 from torchvision.datasets import VisionDataset  # noqa: E402
 from torchvision.transforms import v2 as T  # noqa: E402
 
 import pytest_dlcheck.checks.vision  # noqa: E402,F401
+import pytest_dlcheck.checks.vision.measure  # noqa: E402,F401
 import pytest_dlcheck.context  # noqa: E402,F401
 import pytest_dlcheck.fixtures  # noqa: E402,F401
 import pytest_dlcheck.roles  # noqa: E402,F401
-import pytest_dlcheck.vision  # noqa: E402,F401
 
 torch.set_num_threads(1)
 
@@ -87,8 +86,9 @@ class ShapesDetection(VisionDataset):
     "coco_xywh" -> BoundingBoxes(format="XYWH") (correct, convert in the transform).
     label_offset: added to the 1-based labels (-1 gives 0-based labels)."""
 
-    def __init__(self, n=16, boxes="tv", label_offset=0, h=64, w=80, transforms=None, transform=None,
-                 target_transform=None):
+    def __init__(
+        self, n=16, boxes="tv", label_offset=0, h=64, w=80, transforms=None, transform=None, target_transform=None
+    ):
         super().__init__(None, transforms=transforms, transform=transform, target_transform=target_transform)
         self.n, self.box_style, self.label_offset, self.h, self.w = n, boxes, label_offset, h, w
 
@@ -137,9 +137,9 @@ class ShapesSegmentation(VisionDataset):
         img = _noise(index, s, s) // 4
         for k in range(1, self.classes):
             x, y = int(rng.integers(2, s - 20)), int(rng.integers(2, s - 20))
-            mask[max(0, y - 2):y + 18, max(0, x - 2):x + 18] = 255
-            mask[y:y + 16, x:x + 16] = k
-            img[y:y + 16, x:x + 16] = (60 * k, 200, 120)
+            mask[max(0, y - 2) : y + 18, max(0, x - 2) : x + 18] = 255
+            mask[y : y + 16, x : x + 16] = k
+            img[y : y + 16, x : x + 16] = (60 * k, 200, 120)
         image = Image.fromarray(img, "RGB")
         if self.mask_kind == "tv":
             target = tv_tensors.Mask(torch.from_numpy(mask))
@@ -160,9 +160,19 @@ def fasterrcnn(num_classes=3, **kw):
     """torchvision's fasterrcnn_mobilenet_v3_large_320_fpn, untrained, sized for a 2-core CPU."""
     from torchvision.models.detection import fasterrcnn_mobilenet_v3_large_320_fpn
 
-    args = dict(weights=None, weights_backbone=None, num_classes=num_classes, min_size=64, max_size=96,
-                rpn_pre_nms_top_n_train=50, rpn_post_nms_top_n_train=20, rpn_pre_nms_top_n_test=50,
-                rpn_post_nms_top_n_test=20, rpn_batch_size_per_image=16, box_batch_size_per_image=16)
+    args = dict(
+        weights=None,
+        weights_backbone=None,
+        num_classes=num_classes,
+        min_size=64,
+        max_size=96,
+        rpn_pre_nms_top_n_train=50,
+        rpn_post_nms_top_n_train=20,
+        rpn_pre_nms_top_n_test=50,
+        rpn_post_nms_top_n_test=20,
+        rpn_batch_size_per_image=16,
+        box_batch_size_per_image=16,
+    )
     args.update(kw)
     torch.manual_seed(0)
     return fasterrcnn_mobilenet_v3_large_320_fpn(**args)
@@ -188,7 +198,11 @@ def timm_resnet(num_classes=4, name="resnet18"):
 
 
 def classification_tf(train=True, mean=IMAGENET_MEAN, std=IMAGENET_STD, scale=True, size=32):
-    head = [T.RandomResizedCrop(size, antialias=True), T.RandomHorizontalFlip()] if train else [T.Resize(size + 4), T.CenterCrop(size)]
+    head = (
+        [T.RandomResizedCrop(size, antialias=True), T.RandomHorizontalFlip()]
+        if train
+        else [T.Resize(size + 4), T.CenterCrop(size)]
+    )
     return T.Compose([T.ToImage(), *head, T.ToDtype(torch.float32, scale=scale), T.Normalize(list(mean), list(std))])
 
 
@@ -204,8 +218,11 @@ def segmentation_tf(train=True, mean=IMAGENET_MEAN, std=IMAGENET_STD):
 
 def state_snapshot(model):
     """Everything a check must leave untouched: weights/buffers, requires_grad, train/eval modes."""
-    return ({k: v.detach().clone() for k, v in model.state_dict().items()},
-            [p.requires_grad for p in model.parameters()], [m.training for m in model.modules()])
+    return (
+        {k: v.detach().clone() for k, v in model.state_dict().items()},
+        [p.requires_grad for p in model.parameters()],
+        [m.training for m in model.modules()],
+    )
 
 
 def same_state(model, snap) -> str:

@@ -100,8 +100,11 @@ def test_example_project_under_every_domain_fails_its_root_causes_only(project):
     impossible, skip naming X4 instead of repeating the trainer's error."""
     shutil.copytree(EXAMPLES / "vlm", project.pytester.path, dirs_exist_ok=True)
     run = project.run("--dlcheck=all")
-    failed = {line.split("::")[0].split("/")[0] + ":" + line.split("::")[1].split("_")[0]
-              for line in run.text.splitlines() if " FAILED" in line and "::" in line}
+    failed = {
+        line.split("::")[0].split("/")[0] + ":" + line.split("::")[1].split("_")[0]
+        for line in run.text.splitlines()
+        if " FAILED" in line and "::" in line
+    }
     assert failed == {"broken:L13", "broken:X1", "broken:X3", "broken:X4"}, run.text
     assert "the model cannot run on the sampled batches: truncation cuts the image tokens (see X4)" in run.text
     assert "clean/conftest.py::C1_resume PASSED" in run.text

@@ -6,44 +6,120 @@ import pytest
 import tinyvlm
 from helpers import flat
 
-from pytest_dlcheck import vlm
+from pytest_dlcheck.checks.vlm import measure as vlm
 
 
 def _qwen2_vl():
-    return tinyvlm.Qwen2VLForConditionalGeneration(tinyvlm.Qwen2VLConfig(
-        text_config=dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                         num_key_value_heads=2, rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]}),
-        vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=4, patch_size=4, spatial_merge_size=2,
-                           temporal_patch_size=2)))
+    return tinyvlm.Qwen2VLForConditionalGeneration(
+        tinyvlm.Qwen2VLConfig(
+            text_config=dict(
+                vocab_size=300,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]},
+            ),
+            vision_config=dict(
+                depth=1,
+                embed_dim=32,
+                hidden_size=32,
+                num_heads=4,
+                patch_size=4,
+                spatial_merge_size=2,
+                temporal_patch_size=2,
+            ),
+        )
+    )
 
 
 def _paligemma():
-    return tinyvlm.PaliGemmaForConditionalGeneration(tinyvlm.PaliGemmaConfig(
-        text_config=dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                         num_key_value_heads=1, head_dim=8),
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=16,
-                           patch_size=8), projection_dim=32))
+    return tinyvlm.PaliGemmaForConditionalGeneration(
+        tinyvlm.PaliGemmaConfig(
+            text_config=dict(
+                vocab_size=300,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=4,
+                num_key_value_heads=1,
+                head_dim=8,
+            ),
+            vision_config=dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=4,
+                image_size=16,
+                patch_size=8,
+            ),
+            projection_dim=32,
+        )
+    )
 
 
 def _idefics3():
-    return tinyvlm.Idefics3ForConditionalGeneration(tinyvlm.Idefics3Config(
-        text_config=dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                         num_key_value_heads=1),
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4, image_size=16,
-                           patch_size=8)))
+    return tinyvlm.Idefics3ForConditionalGeneration(
+        tinyvlm.Idefics3Config(
+            text_config=dict(
+                vocab_size=300,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=4,
+                num_key_value_heads=1,
+            ),
+            vision_config=dict(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=4,
+                image_size=16,
+                patch_size=8,
+            ),
+        )
+    )
 
 
-@pytest.mark.parametrize("build, paths", [
-    (lambda: tinyvlm.llava_next(tinyvlm.tokenizer()),
-     {"vision": ["model.vision_tower"], "projector": ["model.multi_modal_projector", "model.image_newline"],
-      "language_model": ["model.language_model", "lm_head"]}),
-    (_qwen2_vl, {"vision": ["model.visual"], "projector": ["model.visual.merger"],
-                 "language_model": ["model.language_model", "lm_head"]}),
-    (_paligemma, {"vision": ["model.vision_tower"], "projector": ["model.multi_modal_projector"],
-                  "language_model": ["model.language_model", "lm_head"]}),
-    (_idefics3, {"vision": ["model.vision_model"], "projector": ["model.connector"],
-                 "language_model": ["model.text_model", "lm_head"]}),
-], ids=["llava_next", "qwen2_vl", "paligemma", "idefics3"])
+@pytest.mark.parametrize(
+    "build, paths",
+    [
+        (
+            lambda: tinyvlm.llava_next(tinyvlm.tokenizer()),
+            {
+                "vision": ["model.vision_tower"],
+                "projector": ["model.multi_modal_projector", "model.image_newline"],
+                "language_model": ["model.language_model", "lm_head"],
+            },
+        ),
+        (
+            _qwen2_vl,
+            {
+                "vision": ["model.visual"],
+                "projector": ["model.visual.merger"],
+                "language_model": ["model.language_model", "lm_head"],
+            },
+        ),
+        (
+            _paligemma,
+            {
+                "vision": ["model.vision_tower"],
+                "projector": ["model.multi_modal_projector"],
+                "language_model": ["model.language_model", "lm_head"],
+            },
+        ),
+        (
+            _idefics3,
+            {
+                "vision": ["model.vision_model"],
+                "projector": ["model.connector"],
+                "language_model": ["model.text_model", "lm_head"],
+            },
+        ),
+    ],
+    ids=["llava_next", "qwen2_vl", "paligemma", "idefics3"],
+)
 def test_towers_found_by_name(build, paths):
     model = build()
     found = vlm.find_towers(model)
@@ -102,7 +178,10 @@ def test_llava_next_truncation_is_judged_per_image_size(project):
     run.assert_outcome("X4", "failed")
     text = flat(run.section("X4"))
     assert "4 of 8 sampled examples carry a different number of <image> tokens" in text
-    assert "example 0.1: 40 <image> tokens, expected 52 (1 image × 52); the example is 40 tokens long, ending on <image> (max_length=40)" in text
+    assert (
+        "example 0.1: 40 <image> tokens, expected 52 (1 image × 52); the example is 40 tokens long, ending on <image> (max_length=40)"
+        in text
+    )
 
 
 LOADER = """
@@ -124,8 +203,11 @@ def test_dataloader_alone_truncated(project):
     run = project.run("--dlcheck=X4")
     run.assert_outcome("X4", "failed")
     text = flat(run.section("X4"))
-    assert "example 0.0: 12 <image> tokens, expected 16 (1 image × 16); the example is 12 tokens long, ending on <image>" in text
-    assert "before collation" not in text   # a dataloader alone does not show its raw examples
+    assert (
+        "example 0.0: 12 <image> tokens, expected 16 (1 image × 16); the example is 12 tokens long, ending on <image>"
+        in text
+    )
+    assert "before collation" not in text  # a dataloader alone does not show its raw examples
 
 
 def test_dataloader_alone_text_cut_but_not_the_image(project):

@@ -34,8 +34,10 @@ def test_resume_of_a_llava_trainer_restores_no_weight(project):
     run.assert_outcome("T3", "passed")  # the vision layer above vision_feature_layer=-2 is unused by design
     text = flat(run.section("C1"))
     assert "putting back model from the uninterrupted run after the load makes the resumed run identical" in text
-    assert ("64 of the 64 tensor names in checkpoint-2's weights file are not the model's: e.g. "
-            "'language_model.lm_head.weight' where the model has 'lm_head.weight'") in text
+    assert (
+        "64 of the 64 tensor names in checkpoint-2's weights file are not the model's: e.g. "
+        "'language_model.lm_head.weight' where the model has 'lm_head.weight'"
+    ) in text
     assert "load_state_dict(strict=False), which skips every name it does not know" in text
     assert "def _load_from_checkpoint(self, checkpoint, model=None)" in text
 

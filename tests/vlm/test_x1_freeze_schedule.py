@@ -4,8 +4,8 @@ import pytest
 import tinyvlm
 from helpers import flat
 
-from pytest_dlcheck import vlm
-from pytest_dlcheck.outcome import RoleError
+from pytest_dlcheck.checks.vlm import measure as vlm
+from pytest_dlcheck.errors import RoleError
 
 PROJECT = """
     import pytest, torch, tinyvlm
@@ -29,7 +29,9 @@ SETUP = """
 
 
 def test_vision_tower_left_trainable_in_stage_1(project):
-    project.conftest(PROJECT.format(stages="tinyvlm.STAGES", extra=SETUP.format(setup="tinyvlm.setup_vision_left_trainable")))
+    project.conftest(
+        PROJECT.format(stages="tinyvlm.STAGES", extra=SETUP.format(setup="tinyvlm.setup_vision_left_trainable"))
+    )
     run = project.run("--dlcheck=X1")
     run.assert_outcome("X1", "failed")
     text = flat(run.section("X1"))
@@ -43,7 +45,9 @@ def test_vision_tower_left_trainable_in_stage_1(project):
 
 
 def test_lm_head_outside_language_model_trains_in_stage_1(project):
-    project.conftest(PROJECT.format(stages="tinyvlm.STAGES", extra=SETUP.format(setup="tinyvlm.setup_lm_head_left_trainable")))
+    project.conftest(
+        PROJECT.format(stages="tinyvlm.STAGES", extra=SETUP.format(setup="tinyvlm.setup_lm_head_left_trainable"))
+    )
     run = project.run("--dlcheck=X1")
     run.assert_outcome("X1", "failed")
     text = flat(run.section("X1"))
@@ -56,7 +60,14 @@ def test_lm_head_outside_language_model_trains_in_stage_1(project):
 
 def test_language_model_left_frozen_in_stage_2(project):
     """A stage-2 script that reuses the stage-1 freezing code and forgets to unfreeze the LM."""
-    project.conftest(PROJECT.format(stages="tinyvlm.STAGES", extra=SETUP.format(setup="tinyvlm.setup_clean({'align': {'projector': 1e-3}, 'instruct': {'projector': 2e-5}})")))
+    project.conftest(
+        PROJECT.format(
+            stages="tinyvlm.STAGES",
+            extra=SETUP.format(
+                setup="tinyvlm.setup_clean({'align': {'projector': 1e-3}, 'instruct': {'projector': 2e-5}})"
+            ),
+        )
+    )
     run = project.run("--dlcheck=X1")
     run.assert_outcome("X1", "failed")
     text = flat(run.section("X1"))
@@ -66,7 +77,9 @@ def test_language_model_left_frozen_in_stage_2(project):
 
 
 def test_clean_two_stage_setup_passes(project):
-    project.conftest(PROJECT.format(stages="tinyvlm.STAGES", extra=SETUP.format(setup="tinyvlm.setup_clean(tinyvlm.STAGES)")))
+    project.conftest(
+        PROJECT.format(stages="tinyvlm.STAGES", extra=SETUP.format(setup="tinyvlm.setup_clean(tinyvlm.STAGES)"))
+    )
     run = project.run("--dlcheck=X1,X3")
     run.assert_outcome("X1", "passed")
     run.assert_outcome("X3", "passed")
@@ -81,9 +94,12 @@ CURRENT = """
 
 def test_current_stage_of_a_model_set_up_by_hand(project):
     """No set-up callable: the model as given is read for dlcheck_stage; declared as lists (no LRs)."""
-    project.conftest(PROJECT.format(stages="{'align': ['projector'], 'instruct': ['projector', 'lm']}", extra=CURRENT)
-                     .replace("return tinyvlm.llava(tinyvlm.tokenizer())",
-                              "m = tinyvlm.llava(tinyvlm.tokenizer()); m.model.vision_tower.requires_grad_(False); return m"))
+    project.conftest(
+        PROJECT.format(stages="{'align': ['projector'], 'instruct': ['projector', 'lm']}", extra=CURRENT).replace(
+            "return tinyvlm.llava(tinyvlm.tokenizer())",
+            "m = tinyvlm.llava(tinyvlm.tokenizer()); m.model.vision_tower.requires_grad_(False); return m",
+        )
+    )
     run = project.run("--dlcheck=X1,X3")
     run.assert_outcome("X1", "failed")
     text = flat(run.section("X1"))
@@ -160,8 +176,11 @@ def model():
 
 def test_towers_found_on_llava(model):
     found = vlm.find_towers(model)
-    assert found.paths == {"vision": ["model.vision_tower"], "projector": ["model.multi_modal_projector"],
-                           "language_model": ["model.language_model", "lm_head"]}
+    assert found.paths == {
+        "vision": ["model.vision_tower"],
+        "projector": ["model.multi_modal_projector"],
+        "language_model": ["model.language_model", "lm_head"],
+    }
     state = vlm.count(model, found)
     assert state.counts["other"].total == 0
     assert sum(c.total for c in state.counts.values()) == sum(p.numel() for p in model.parameters())
@@ -181,8 +200,11 @@ def test_stage_setup_leaves_no_trace(model):
 
 def test_parse_stages_forms():
     stages = vlm.parse_stages({"a": "mm_projector", "b": ["projector", "llm"], "c": {"vision_tower": 2e-6, "lm": None}})
-    assert [(s.name, s.lrs) for s in stages] == [("a", {"projector": None}), ("b", {"projector": None, "language_model": None}),
-                                                 ("c", {"vision": 2e-6, "language_model": None})]
+    assert [(s.name, s.lrs) for s in stages] == [
+        ("a", {"projector": None}),
+        ("b", {"projector": None, "language_model": None}),
+        ("c", {"vision": 2e-6, "language_model": None}),
+    ]
     with pytest.raises(RoleError, match="positive number"):
         vlm.parse_stages({"a": {"projector": 0}})
     with pytest.raises(RoleError, match="stage:"):

@@ -26,8 +26,10 @@ PROJECT = """
 """
 
 #: a projector written by hand for another LM size: 48 wide, while the LM is 64 wide
-HAND_PROJECTOR = ("model.model.multi_modal_projector = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.GELU(), "
-                  "torch.nn.Linear(48, 48))")
+HAND_PROJECTOR = (
+    "model.model.multi_modal_projector = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.GELU(), "
+    "torch.nn.Linear(48, 48))"
+)
 
 
 def test_projector_built_for_another_lm_width(project):
@@ -35,9 +37,14 @@ def test_projector_built_for_another_lm_width(project):
     run = project.run("--dlcheck=X2,X4,X5")
     run.assert_outcome("X2", "failed")
     text = flat(run.section("X2"))
-    assert "the projector model.model.multi_modal_projector outputs image tokens of width 48 (on a sampled batch)" in text
+    assert (
+        "the projector model.model.multi_modal_projector outputs image tokens of width 48 (on a sampled batch)" in text
+    )
     assert "model.model.language_model.embed_tokens are Embedding(301, 64): hidden size 64" in text
-    assert "the forward pass raises ValueError: Image features and image tokens do not match, tokens: 64, features: 3072" in text
+    assert (
+        "the forward pass raises ValueError: Image features and image tokens do not match, tokens: 64, features: 3072"
+        in text
+    )
     assert "reads like truncation" in text
     assert "out_features=64 (model.config.text_config.hidden_size = 64)" in text
     # the counts are right (X4 passes); the forward cannot run, so X5 names the owners
@@ -46,8 +53,12 @@ def test_projector_built_for_another_lm_width(project):
 
 
 def test_projector_width_without_data_is_read_from_its_last_linear(project):
-    project.conftest(PROJECT.format(change=HAND_PROJECTOR).split("@pytest.fixture(scope=\"session\")\ndef dlcheck_dataset")[0]
-                     .replace("def dlcheck_dataset", "def _unused_dataset").replace("def dlcheck_collator", "def _unused_collator"))
+    project.conftest(
+        PROJECT.format(change=HAND_PROJECTOR)
+        .split('@pytest.fixture(scope="session")\ndef dlcheck_dataset')[0]
+        .replace("def dlcheck_dataset", "def _unused_dataset")
+        .replace("def dlcheck_collator", "def _unused_collator")
+    )
     run = project.run("--dlcheck=X2")
     run.assert_outcome("X2", "failed")
     text = flat(run.section("X2"))
@@ -55,7 +66,9 @@ def test_projector_width_without_data_is_read_from_its_last_linear(project):
 
 
 def test_projector_initialised_at_std_1_drowns_the_text(project):
-    project.conftest(PROJECT.format(change="[torch.nn.init.normal_(p) for p in model.model.multi_modal_projector.parameters()]"))
+    project.conftest(
+        PROJECT.format(change="[torch.nn.init.normal_(p) for p in model.model.multi_modal_projector.parameters()]")
+    )
     run = project.run("--dlcheck=X2")
     run.assert_outcome("X2", "failed")
     text = flat(run.section("X2"))

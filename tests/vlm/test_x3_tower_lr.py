@@ -30,8 +30,10 @@ def test_one_global_lr_trains_the_vision_tower_ten_times_too_fast(project):
     assert "stage 'instruct': 1 param group at lr 2e-05" in text
     assert "vision 23,936 at lr 2e-05 declared 2e-06 ✗" in text
     assert "language_model 112,576 at lr 2e-05 declared 2e-05" in text
-    assert ("one learning rate for every tower: the optimizer of stage 'instruct' trains all its parameters at lr 2e-05, "
-            "so the vision tower trains at 2e-05 instead of its declared 2e-06 (10× higher)") in text
+    assert (
+        "one learning rate for every tower: the optimizer of stage 'instruct' trains all its parameters at lr 2e-05, "
+        "so the vision tower trains at 2e-05 instead of its declared 2e-06 (10× higher)"
+    ) in text
     assert "{'params': model.model.vision_tower.parameters(), 'lr': 2e-06}" in text
     assert "[*model.model.language_model.parameters(), *model.lm_head.parameters()]" in text
     assert "optimizers=(optimizer, None)" in text
@@ -71,7 +73,11 @@ CURRENT = """
 
 
 def test_parameters_unfrozen_after_the_optimizer_was_built(project):
-    project.conftest(CURRENT.format(optimizer="optimizer = torch.optim.AdamW(dlcheck_model.model.multi_modal_projector.parameters(), lr=2e-5)"))
+    project.conftest(
+        CURRENT.format(
+            optimizer="optimizer = torch.optim.AdamW(dlcheck_model.model.multi_modal_projector.parameters(), lr=2e-5)"
+        )
+    )
     run = project.run("--dlcheck=X3")
     run.assert_outcome("X3", "failed")
     text = flat(run.section("X3"))
@@ -82,7 +88,11 @@ def test_parameters_unfrozen_after_the_optimizer_was_built(project):
 
 
 def test_scheduler_warmup_reads_the_initial_lr(project):
-    project.conftest(CURRENT.format(optimizer="optimizer = torch.optim.AdamW(tinyvlm.groups(dlcheck_model, tinyvlm.STAGES['instruct']))"))
+    project.conftest(
+        CURRENT.format(
+            optimizer="optimizer = torch.optim.AdamW(tinyvlm.groups(dlcheck_model, tinyvlm.STAGES['instruct']))"
+        )
+    )
     run = project.run("--dlcheck=X1,X3")
     run.assert_outcome("X1", "passed")
     run.assert_outcome("X3", "passed")

@@ -30,11 +30,15 @@ def test_max_length_cuts_the_image_placeholders(project):
     run = project.run("--dlcheck=X4,X5")
     run.assert_outcome("X4", "failed")
     text = flat(run.section("X4"))
-    assert ("8 of 8 sampled examples carry a different number of <image> tokens than their images expand to; the "
-            "processor expands one <image> into 16 tokens, as the model's config says: vision_config.image_size 32 / "
-            "patch_size 8 = 16 patch features, the CLS feature dropped by vision_feature_select_strategy='default'") in text
-    assert ("example 0.0: 12 <image> tokens, expected 16 (1 image × 16); the example is 12 tokens long, ending on <image> "
-            "(max_length=12)") in text
+    assert (
+        "8 of 8 sampled examples carry a different number of <image> tokens than their images expand to; the "
+        "processor expands one <image> into 16 tokens, as the model's config says: vision_config.image_size 32 / "
+        "patch_size 8 = 16 patch features, the CLS feature dropped by vision_feature_select_strategy='default'"
+    ) in text
+    assert (
+        "example 0.0: 12 <image> tokens, expected 16 (1 image × 16); the example is 12 tokens long, ending on <image> "
+        "(max_length=12)"
+    ) in text
     assert "collated: '<image>×12' before collation: '<image>what is 2+2? The answer is 4.'" in text
     assert "truncation to max_length=12 runs after the processor expanded each image into 16 placeholder tokens" in text
     assert "DataCollatorForVisionLanguageModeling(max_length=None)" in text
@@ -45,8 +49,14 @@ def test_max_length_cuts_the_image_placeholders(project):
 
 def test_processor_truncation_refuses_the_batch(project):
     """The language-modeling path calls the processor with truncation=True: it raises, X4 explains."""
-    project.conftest(DATA.format(processor="", collator="tinyvlm.collator(dlcheck_tokenizer, 12, completion_only_loss=False)")
-                     .replace("return tinyvlm.rows(8)", "return [{'images': r['images'], 'text': r['prompt'] + r['completion']} for r in tinyvlm.rows(8)]"))
+    project.conftest(
+        DATA.format(
+            processor="", collator="tinyvlm.collator(dlcheck_tokenizer, 12, completion_only_loss=False)"
+        ).replace(
+            "return tinyvlm.rows(8)",
+            "return [{'images': r['images'], 'text': r['prompt'] + r['completion']} for r in tinyvlm.rows(8)]",
+        )
+    )
     run = project.run("--dlcheck=X4")
     run.assert_outcome("X4", "failed")
     text = flat(run.section("X4"))

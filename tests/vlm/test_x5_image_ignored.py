@@ -1,10 +1,10 @@
 """X5: the logits move when the image is replaced."""
 
-import torch
 import tinyvlm
+import torch
 from helpers import flat
 
-from pytest_dlcheck import vlm
+from pytest_dlcheck.checks.vlm import measure as vlm
 
 PROJECT = """
     import pytest, torch, tinyvlm
@@ -36,8 +36,10 @@ def test_zeroed_projector_ignores_the_image(project):
     run = project.run("--dlcheck=X2,X5")
     run.assert_outcome("X5", "failed")
     text = flat(run.section("X5"))
-    assert ("the logits at 154 text positions after the image move by 0 with another example's image; 0 with noise "
-            "(mean ‖Δ logits‖ / ‖logits‖; at least 0.01 expected)") in text
+    assert (
+        "the logits at 154 text positions after the image move by 0 with another example's image; 0 with noise "
+        "(mean ‖Δ logits‖ / ‖logits‖; at least 0.01 expected)"
+    ) in text
     assert "example 0: '<image>×16what is 2+2? The answer is 4.'" in text
     assert "the projector outputs zeros for every image" in text
     assert "strict=True" in text
@@ -47,8 +49,10 @@ def test_zeroed_projector_ignores_the_image(project):
 
 
 def test_projector_with_zero_weights_but_a_bias_ignores_the_image(project):
-    change = ("proj = model.model.multi_modal_projector; torch.nn.init.zeros_(proj.linear_2.weight); "
-              "torch.nn.init.constant_(proj.linear_2.bias, 0.05)")
+    change = (
+        "proj = model.model.multi_modal_projector; torch.nn.init.zeros_(proj.linear_2.weight); "
+        "torch.nn.init.constant_(proj.linear_2.bias, 0.05)"
+    )
     project.conftest(PROJECT.format(change=change, collator="tinyvlm.collator(dlcheck_tokenizer)"))
     run = project.run("--dlcheck=X5")
     run.assert_outcome("X5", "failed")
@@ -64,7 +68,10 @@ def test_collator_that_drops_pixel_values(project):
     run = project.run("--dlcheck=X5")
     run.assert_outcome("X5", "failed")
     text = flat(run.section("X5"))
-    assert "2 of 2 sampled batches carry 64 <image> placeholders but no pixel_values (batch keys: attention_mask, input_ids, labels)" in text
+    assert (
+        "2 of 2 sampled batches carry 64 <image> placeholders but no pixel_values (batch keys: attention_mask, input_ids, labels)"
+        in text
+    )
     assert "embeds <image> as an ordinary token" in text
     assert "remove_unused_columns=False" in text
 

@@ -6,23 +6,35 @@ written the way people write them. Imported by the tests and by the throwaway us
 
 from __future__ import annotations
 
-import tiny  # noqa: F401  (offline environment first)
-
 # pytester's in-process runs put sys.modules back afterwards: import the libraries (and the plugin's
 # vlm modules) here, outside any run, so nothing is half re-imported by the next run
 import PIL.Image  # noqa: E402
+import tiny  # noqa: F401  (offline environment first)
 import torch  # noqa: E402
 from transformers import (  # noqa: E402,F401
-    CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel, Idefics3Config, Idefics3ForConditionalGeneration, LlamaConfig,
-    LlavaConfig, LlavaForConditionalGeneration, LlavaNextConfig, LlavaNextForConditionalGeneration,
-    LlavaNextImageProcessor, LlavaNextProcessor, LlavaProcessor, PaliGemmaConfig, PaliGemmaForConditionalGeneration,
-    Qwen2VLConfig, Qwen2VLForConditionalGeneration,
+    CLIPImageProcessor,
+    CLIPVisionConfig,
+    CLIPVisionModel,
+    Idefics3Config,
+    Idefics3ForConditionalGeneration,
+    LlamaConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaNextConfig,
+    LlavaNextForConditionalGeneration,
+    LlavaNextImageProcessor,
+    LlavaNextProcessor,
+    LlavaProcessor,
+    PaliGemmaConfig,
+    PaliGemmaForConditionalGeneration,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
 )
 from transformers.models.llava import modeling_llava  # noqa: E402,F401
 from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling  # noqa: E402
 
+import pytest_dlcheck.checks.vlm.measure  # noqa: E402,F401
 import pytest_dlcheck.context  # noqa: E402,F401
-import pytest_dlcheck.vlm  # noqa: E402,F401
 from pytest_dlcheck import registry as _registry  # noqa: E402
 
 _registry.load_checks()
@@ -34,8 +46,7 @@ TOKENS_PER_IMAGE = (SIZE // PATCH) ** 2  # 16: the CLS feature is dropped ("defa
 #: the LLaVA-1.5 recipe: stage 1 aligns the projector, stage 2 adds the LM; the vision tower stays frozen
 STAGES = {"align": {"projector": 1e-3}, "instruct": {"projector": 2e-5, "language_model": 2e-5}}
 #: a recipe that also tunes the vision tower in stage 2, ten times slower (LLaVA-OneVision style)
-STAGES_VISION = {"align": {"projector": 1e-3},
-                 "instruct": {"vision": 2e-6, "projector": 2e-5, "language_model": 2e-5}}
+STAGES_VISION = {"align": {"projector": 1e-3}, "instruct": {"vision": 2e-6, "projector": 2e-5, "language_model": 2e-5}}
 
 
 def tokenizer():
@@ -46,22 +57,49 @@ def tokenizer():
 
 def processor(tok=None, strategy: str = "default", additional: int = 1):
     tok = tok or tokenizer()
-    ip = CLIPImageProcessor(size={"shortest_edge": SIZE}, crop_size={"height": SIZE, "width": SIZE},
-                            image_mean=[0.5] * 3, image_std=[0.5] * 3)
-    return LlavaProcessor(image_processor=ip, tokenizer=tok, patch_size=PATCH, vision_feature_select_strategy=strategy,
-                          image_token=IMAGE, num_additional_image_tokens=additional)
+    ip = CLIPImageProcessor(
+        size={"shortest_edge": SIZE},
+        crop_size={"height": SIZE, "width": SIZE},
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+    )
+    return LlavaProcessor(
+        image_processor=ip,
+        tokenizer=tok,
+        patch_size=PATCH,
+        vision_feature_select_strategy=strategy,
+        image_token=IMAGE,
+        num_additional_image_tokens=additional,
+    )
 
 
 def llava(tok, seed: int = 0, hidden: int = 64):
     cfg = LlavaConfig(
-        vision_config=CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                       image_size=SIZE, patch_size=PATCH, projection_dim=32),
-        text_config=LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
-                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                max_position_embeddings=256, pad_token_id=tok.pad_token_id,
-                                bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id),
-        image_token_id=tok.convert_tokens_to_ids(IMAGE), vision_feature_layer=-2,
-        vision_feature_select_strategy="default")
+        vision_config=CLIPVisionConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            image_size=SIZE,
+            patch_size=PATCH,
+            projection_dim=32,
+        ),
+        text_config=LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            pad_token_id=tok.pad_token_id,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+        ),
+        image_token_id=tok.convert_tokens_to_ids(IMAGE),
+        vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+    )
     torch.manual_seed(seed)
     return LlavaForConditionalGeneration(cfg)
 
@@ -72,20 +110,47 @@ GRID = [[SIZE, SIZE], [SIZE, 2 * SIZE], [2 * SIZE, SIZE], [2 * SIZE, 2 * SIZE]]
 def processor_next(tok=None):
     """LLaVA-NeXT's any-resolution processor: the token count depends on each image's size."""
     tok = tok or tokenizer()
-    ip = LlavaNextImageProcessor(size={"shortest_edge": SIZE}, crop_size={"height": SIZE, "width": SIZE},
-                                 image_grid_pinpoints=GRID, image_mean=[0.5] * 3, image_std=[0.5] * 3)
-    return LlavaNextProcessor(image_processor=ip, tokenizer=tok, patch_size=PATCH, vision_feature_select_strategy="default",
-                              image_token=IMAGE, num_additional_image_tokens=1)
+    ip = LlavaNextImageProcessor(
+        size={"shortest_edge": SIZE},
+        crop_size={"height": SIZE, "width": SIZE},
+        image_grid_pinpoints=GRID,
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+    )
+    return LlavaNextProcessor(
+        image_processor=ip,
+        tokenizer=tok,
+        patch_size=PATCH,
+        vision_feature_select_strategy="default",
+        image_token=IMAGE,
+        num_additional_image_tokens=1,
+    )
 
 
 def llava_next(tok, seed: int = 0):
     cfg = LlavaNextConfig(
-        vision_config=CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                       image_size=SIZE, patch_size=PATCH),
-        text_config=LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                pad_token_id=tok.pad_token_id),
-        image_token_id=tok.convert_tokens_to_ids(IMAGE), image_grid_pinpoints=GRID, vision_feature_layer=-2)
+        vision_config=CLIPVisionConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            image_size=SIZE,
+            patch_size=PATCH,
+        ),
+        text_config=LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            pad_token_id=tok.pad_token_id,
+        ),
+        image_token_id=tok.convert_tokens_to_ids(IMAGE),
+        image_grid_pinpoints=GRID,
+        vision_feature_layer=-2,
+    )
     torch.manual_seed(seed)
     return LlavaNextForConditionalGeneration(cfg)
 
@@ -106,7 +171,7 @@ def image(i: int):
     a = np.zeros((SIZE, SIZE, 3), np.uint8)
     a[:] = r.randint(0, 255, 3)
     x, y = r.randint(0, SIZE - 10, 2)
-    a[y:y + 10, x:x + 10] = 255 - a[0, 0]
+    a[y : y + 10, x : x + 10] = 255 - a[0, 0]
     return PIL.Image.fromarray(a)
 
 
@@ -133,7 +198,11 @@ def dataset(n: int = 8):
 
 def towers(model) -> dict:
     m = model.model
-    return {"vision": [m.vision_tower], "projector": [m.multi_modal_projector], "language_model": [m.language_model, model.lm_head]}
+    return {
+        "vision": [m.vision_tower],
+        "projector": [m.multi_modal_projector],
+        "language_model": [m.language_model, model.lm_head],
+    }
 
 
 def groups(model, stage_lrs: dict) -> list[dict]:
@@ -177,7 +246,9 @@ def setup_one_lr(model, stage):
     for tower in STAGES_VISION[stage]:
         for mod in towers(model)[tower]:
             mod.requires_grad_(True)
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-5 if stage == "instruct" else 1e-3)
+    return torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=2e-5 if stage == "instruct" else 1e-3
+    )
 
 
 #: objects the throwaway projects hand back to the test that ran them (same process)

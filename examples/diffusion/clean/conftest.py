@@ -13,12 +13,18 @@ def project():
 
     tok = tinysd.build_tokenizer()
     text_encoder, vae, unet = tinysd.build_text_encoder(tok), tinysd.build_vae(), tinysd.build_unet()
-    noise_scheduler = DDPMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012,
-                                    prediction_type="v_prediction", clip_sample=False)
+    noise_scheduler = DDPMScheduler(
+        beta_schedule="scaled_linear",
+        beta_start=0.00085,
+        beta_end=0.012,
+        prediction_type="v_prediction",
+        clip_sample=False,
+    )
     # the sampler inherits the training scheduler's noise process and prediction type
     sampler = DDIMScheduler.from_config(noise_scheduler.config, steps_offset=1)
-    ema = EMAModel(unet.parameters(), decay=0.999, use_ema_warmup=True, model_cls=UNet2DConditionModel,
-                   model_config=unet.config)
+    ema = EMAModel(
+        unet.parameters(), decay=0.999, use_ema_warmup=True, model_cls=UNet2DConditionModel, model_config=unet.config
+    )
     data = tinysd.dataset()
     collate = tinysd.collate_fn(tok, proportion_empty_prompts=0.1)
 
@@ -29,8 +35,14 @@ def project():
         noisy_latents = noise_scheduler.add_noise(latents, noise, timesteps)
         encoder_hidden_states = text_encoder(batch["input_ids"])[0]
         target = noise_scheduler.get_velocity(latents, noise, timesteps)  # prediction_type "v_prediction"
-        return {"latents": latents, "noise": noise, "timesteps": timesteps, "noisy_latents": noisy_latents,
-                "encoder_hidden_states": encoder_hidden_states, "target": target}
+        return {
+            "latents": latents,
+            "noise": noise,
+            "timesteps": timesteps,
+            "noisy_latents": noisy_latents,
+            "encoder_hidden_states": encoder_hidden_states,
+            "target": target,
+        }
 
     def condition(batch):  # the conditioning path alone (cheap: DF5 draws it 300 times)
         return text_encoder(batch["input_ids"])[0]
@@ -46,12 +58,23 @@ def project():
             ema.restore(unet.parameters())
 
     tinysd.train(unet, ema, training_inputs, [collate(data[:4]), collate(data[4:8])])
-    return dict(pipeline=pipe, noise_scheduler=noise_scheduler, training_inputs=training_inputs, ema=ema,
-                sample_images=sample_images, dataset=data, collator=collate, condition=condition)
+    return dict(
+        pipeline=pipe,
+        noise_scheduler=noise_scheduler,
+        training_inputs=training_inputs,
+        ema=ema,
+        sample_images=sample_images,
+        dataset=data,
+        collator=collate,
+        condition=condition,
+    )
 
 
 # the roles pytest-dlcheck reads, one dlcheck_<role> fixture each over the session's project (written out
 # by hand they are eight two-line fixtures); the VAE, UNet, tokenizer, text encoder and sampler come from
 # the pipeline
-globals().update(tinysd.role_fixtures("pipeline", "noise_scheduler", "training_inputs", "ema", "sample_images",
-                                      "dataset", "collator", "condition"))
+globals().update(
+    tinysd.role_fixtures(
+        "pipeline", "noise_scheduler", "training_inputs", "ema", "sample_images", "dataset", "collator", "condition"
+    )
+)

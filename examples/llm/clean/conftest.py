@@ -11,5 +11,9 @@ def dlcheck_trainer(tmp_path_factory):
 
     tok = tinyllm.build_tokenizer()
     args = SFTConfig(**tinyllm.common_args(tmp_path_factory.mktemp("sft")), activation_checkpointing=False)
-    return SFTTrainer(model=tinyllm.build_model(tok), args=args, processing_class=tok,
-                      train_dataset=tinyllm.prompt_completion_dataset())
+    return SFTTrainer(
+        model=tinyllm.build_model(tok),
+        args=args,
+        processing_class=tok,
+        train_dataset=tinyllm.prompt_completion_dataset(),
+    )

@@ -7,6 +7,7 @@
 import pytest
 import tinyrl
 import torch
+
 from pytest_dlcheck.rl import advantage_fn
 
 

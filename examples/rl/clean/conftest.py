@@ -3,6 +3,7 @@ a hand-written GAE that bootstraps time-limit truncations from the final observa
 
 import pytest
 import tinyrl
+
 from pytest_dlcheck.rl import advantage_fn
 
 

@@ -20,6 +20,7 @@ def dlcheck_make_training():
         model.head = torch.nn.Linear(32, 4)  # the task has 4 classes: a new head, after the optimizer
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, tinytrain.warmup(3))
         return {"model": model, "optimizer": optimizer, "lr_scheduler": scheduler}
+
     return make
 
 
@@ -34,6 +35,7 @@ def dlcheck_train_step():
             state["optimizer"].zero_grad()
         state["lr_scheduler"].step()
         return loss
+
     return step
 
 
@@ -60,8 +62,15 @@ def dlcheck_eval_dataloader(train_data):
 @pytest.fixture(scope="session")
 def dlcheck_save_checkpoint():
     def save(state, path):
-        torch.save({"model": state["model"].state_dict(), "optimizer": state["optimizer"].state_dict(),
-                    "rng": torch.random.get_rng_state()}, path)
+        torch.save(
+            {
+                "model": state["model"].state_dict(),
+                "optimizer": state["optimizer"].state_dict(),
+                "rng": torch.random.get_rng_state(),
+            },
+            path,
+        )
+
     return save
 
 
@@ -72,4 +81,5 @@ def dlcheck_load_checkpoint():
         state["model"].load_state_dict(ckpt["model"])
         state["optimizer"].load_state_dict(ckpt["optimizer"])
         torch.random.set_rng_state(ckpt["rng"])
+
     return load

@@ -13,6 +13,7 @@ def dlcheck_make_training():
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, tinytrain.warmup(3))
         return {"model": model, "optimizer": optimizer, "lr_scheduler": scheduler}
+
     return make
 
 

@@ -12,10 +12,24 @@ from torch.utils.data import DataLoader
 from torchvision.models import resnet18
 from torchvision.transforms import v2 as T
 
-train_tf = T.Compose([T.ToImage(), T.RandomResizedCrop(64, scale=(0.6, 1.0)), T.RandomHorizontalFlip(),
-                      T.ToDtype(torch.float32, scale=True), T.Normalize(shapes.MEAN, shapes.STD)])
-eval_tf = T.Compose([T.ToImage(), T.Resize(72), T.CenterCrop(64),
-                     T.ToDtype(torch.float32, scale=True), T.Normalize(shapes.MEAN, shapes.STD)])
+train_tf = T.Compose(
+    [
+        T.ToImage(),
+        T.RandomResizedCrop(64, scale=(0.6, 1.0)),
+        T.RandomHorizontalFlip(),
+        T.ToDtype(torch.float32, scale=True),
+        T.Normalize(shapes.MEAN, shapes.STD),
+    ]
+)
+eval_tf = T.Compose(
+    [
+        T.ToImage(),
+        T.Resize(72),
+        T.CenterCrop(64),
+        T.ToDtype(torch.float32, scale=True),
+        T.Normalize(shapes.MEAN, shapes.STD),
+    ]
+)
 
 
 @pytest.fixture(scope="session")

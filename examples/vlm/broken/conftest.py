@@ -33,8 +33,9 @@ def dlcheck_trainer(tmp_path_factory):
 
     processor = tinyllava.build_processor()
     args = SFTConfig(**tinyllava.common_args(tmp_path_factory.mktemp("sft")), max_length=128)
-    return SFTTrainer(model=tinyllava.build_model(processor), args=args, processing_class=processor,
-                      train_dataset=tinyllava.dataset())
+    return SFTTrainer(
+        model=tinyllava.build_model(processor), args=args, processing_class=processor, train_dataset=tinyllava.dataset()
+    )
 
 
 @pytest.fixture(scope="session")

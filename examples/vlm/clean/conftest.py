@@ -12,7 +12,7 @@ import tinyllava
 import torch
 
 STAGES = {
-    "align": {"projector": 1e-3},                                             # stage 1: feature alignment
+    "align": {"projector": 1e-3},  # stage 1: feature alignment
     "instruct": {"vision": 2e-6, "projector": 2e-5, "language_model": 2e-5},  # stage 2: instruction tuning
 }
 
@@ -39,8 +39,9 @@ def dlcheck_trainer(tmp_path_factory):
 
     processor = tinyllava.build_processor()
     args = SFTConfig(**tinyllava.common_args(tmp_path_factory.mktemp("sft")), max_length=None)
-    return ResumableSFTTrainer(model=tinyllava.build_model(processor), args=args, processing_class=processor,
-                      train_dataset=tinyllava.dataset())
+    return ResumableSFTTrainer(
+        model=tinyllava.build_model(processor), args=args, processing_class=processor, train_dataset=tinyllava.dataset()
+    )
 
 
 @pytest.fixture(scope="session")

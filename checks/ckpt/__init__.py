@@ -1,0 +1,19 @@
+"""Checks of checkpointing and resuming: the run continued from a checkpoint is the run that was saved.
+
+A transformers / TRL Trainer is checked through its own ``checkpoint-*`` directories and
+``resume_from_checkpoint``, a Lightning module through its ``.ckpt`` files and ``fit(ckpt_path=...)``;
+a plain loop hands over its save and load functions (roles declared here)."""
+
+from __future__ import annotations
+
+from ...roles import role
+
+role(
+    "save_checkpoint",
+    "callable (state, path): your checkpoint save, given the dict from dlcheck_make_training and "
+    "a path under pytest's tmp dir (a file or a directory, as you like)",
+)
+role(
+    "load_checkpoint",
+    "callable (state, path): your resume, loading that path into the fresh dict from dlcheck_make_training",
+)

@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...registry import check
+from ...training import get_setup, memo_or_skip
+
+
+def _short(path: str) -> str:
+    parts = Path(path).parts
+    return str(Path(*parts[-2:])) if len(parts) >= 2 else path
+
+
+@check(
+    "C2",
+    domain="ckpt",
+    title="a save interrupted half way leaves no loadable checkpoint",
+    roles=(),
+    optional_roles=("trainer", "lightning_module", "make_training", "save_checkpoint", "load_checkpoint"),
+)
+def check_atomic_save(dlcheck):
+    """An interruption in the middle of a save leaves the previous checkpoint loadable.
+
+    What it does
+        Saves a checkpoint through your own path, trains a step, saves again — and interrupts that second
+        save half way, the way a kill, a preemption or a full disk does: ``torch.save`` and safetensors'
+        ``save_file`` write the first half of their bytes and stop. Then loads what is on disk into fresh
+        objects (your ``dlcheck_load_checkpoint``; for a Trainer, ``resume_from_checkpoint`` of the previous
+        ``checkpoint-*``; for Lightning, the previous ``.ckpt``). Fails when the load raises, or loads weights
+        that are neither the previous nor the new ones.
+    Why it is bad
+        Saving straight onto the path of the only checkpoint (``torch.save(state, "last.pt")``) truncates it
+        first: a job killed during the save — the usual moment for preemption, since saves are slow — has
+        lost both the old checkpoint and the new one, and days of training with them.
+    Example
+        torch.save(state, "checkpoint.pt")       # overwrites the previous checkpoint in place
+    Use instead
+        write to a temporary file in the same directory, then ``os.replace(tmp, path)`` (atomic on POSIX);
+        or keep the previous checkpoint until the new one is complete (versioned names, as the Trainer's
+        checkpoint-N directories).
+    Known problems
+        Only writes through ``torch.save`` and safetensors' ``save_file`` can be interrupted; others skip. A
+        Trainer's interrupted ``checkpoint-N`` directory stays on disk, and ``resume_from_checkpoint=True``
+        picks the newest directory: resume from an explicit path after a crash during a save.
+    """
+    setup = get_setup(dlcheck)
+    result = memo_or_skip(dlcheck, setup.sources, "ckpt:interrupted-save", setup.interrupted_save)
+    if result.error is None and result.loaded in ("previous", "new"):
+        return
+    evidence = [f"a save through {result.how} was interrupted half way while writing {_short(result.target)}"]
+    if result.sizes:
+        evidence.append(f"file sizes before and after the interrupted save: {result.sizes}")
+    if result.error is not None:
+        evidence.append(f"loading {_short(result.previous)} afterwards raises {result.error}")
+        cause = (
+            "the save writes straight onto the previous checkpoint's path: the file is truncated first, so an "
+            "interruption leaves neither the old checkpoint nor the new one"
+        )
+    else:
+        evidence.append(
+            f"loading {_short(result.previous)} afterwards gives weights that are neither the previous nor the new ones"
+        )
+        cause = "the checkpoint is written piece by piece onto the previous one: an interruption leaves a mix of both"
+    fix = (
+        "save to a temporary file in the same directory and rename it: torch.save(state, tmp); os.replace(tmp, path) "
+        "(or keep the previous checkpoint until the new one is complete)"
+    )
+    dlcheck.fail(evidence, cause, fix)

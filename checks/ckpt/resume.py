@@ -1,0 +1,276 @@
+from __future__ import annotations
+
+from typing import Any
+
+from ...registry import Setting, check
+from ...training import get_setup, memo_or_skip, run_or_skip
+
+#: the order pieces are tried in: the usual culprits first, the weights last
+ORDER = ("optimizer", "lr_scheduler", "scaler", "rng", "data position", "ema", "model")
+
+WHAT = {
+    "optimizer": "the optimizer state (Adam's moments and step counts): the resumed run restarts them from zero",
+    "lr_scheduler": "the LR scheduler's position: the resumed run restarts the warmup/decay from its first step",
+    "scaler": "the GradScaler's loss scale and growth tracker",
+    "rng": "the random number generators (python, numpy, torch): dropout masks and shuffling differ after the resume",
+    "data position": "the dataloader position: the resumed run starts again from the first batch of the epoch",
+    "ema": "the EMA weights",
+    "model": "the model weights",
+}
+
+
+def _candidates(setup: Any, pieces: dict[str, str]) -> list[str]:
+    names = list(pieces) + (["rng"] if "rng" not in pieces else [])
+    return sorted(set(names), key=lambda p: (ORDER.index(p) if p in ORDER else len(ORDER), p))
+
+
+def _diagnose(dlcheck, setup, total: int, candidates: list[str], suspects: list[str]) -> tuple[list[str] | None, int]:
+    """The smallest set of pieces that, put back from the uninterrupted run after the user's own loading,
+    makes the resumed run identical. When the checkpoint visibly lacks some pieces (``suspects``), they
+    are put back together and then dropped one at a time; otherwise each piece is tried alone, then
+    cumulatively (then pruned one at a time)."""
+    runs = 0
+
+    def matches(pieces: list[str]) -> bool:
+        nonlocal runs
+        runs += 1
+        return run_or_skip(dlcheck, lambda: setup.resume(total, frozenset(pieces))).mismatch() is None
+
+    def prune(chosen: list[str]) -> list[str]:
+        for p in list(chosen):
+            rest = [x for x in chosen if x != p]
+            if rest and matches(rest):
+                chosen = rest
+        return chosen
+
+    if suspects and matches(suspects):
+        return prune(list(suspects)), runs
+    for piece in candidates:
+        if matches([piece]):
+            return [piece], runs
+    chosen: list[str] = []
+    for piece in candidates:
+        chosen.append(piece)
+        if len(chosen) > 1 and matches(chosen):
+            return prune(chosen), runs
+    return None, runs
+
+
+def _fix(setup: Any, missing: list[str]) -> str:
+    if setup.kind == "trainer":
+        args = setup.trainer.args
+        parts = []
+        if getattr(args, "save_only_model", False) and set(missing) & {"optimizer", "lr_scheduler", "rng", "scaler"}:
+            parts.append(
+                "drop save_only_model=True from the training arguments: it saves the weights only, and "
+                "resume_from_checkpoint needs optimizer.pt, scheduler.pt and rng_state.pth"
+            )
+        if getattr(args, "ignore_data_skip", False) and "data position" in missing:
+            parts.append("set ignore_data_skip=False so resume_from_checkpoint skips the batches already trained on")
+        if not parts:
+            parts.append(
+                "let the Trainer save and load every piece (a custom _save_checkpoint/_load_* override or a "
+                "callback holding state must save it too: make such a callback an ExportableState)"
+            )
+        return "; ".join(parts)
+    if setup.kind == "lightning":
+        parts = []
+        if "rng" in missing:
+            parts.append(
+                "Lightning checkpoints hold no RNG state: save torch/numpy/python RNG states in "
+                "on_save_checkpoint(checkpoint) and restore them in on_load_checkpoint (or set C1.check_rng=false "
+                "if an exact resume does not matter to you)"
+            )
+        if set(missing) & {"optimizer", "lr_scheduler"}:
+            parts.append(
+                "return the optimizer and the scheduler from configure_optimizers (a scheduler stepped by hand is "
+                "not saved) and do not checkpoint with save_weights_only=True"
+            )
+        if "model" in missing:
+            parts.append("keep every trained tensor registered (a Parameter or buffer) so it lands in state_dict")
+        return "; ".join(parts) or "save and restore every piece of the training state in the checkpoint"
+    saves = [p for p in missing if p not in ("rng", "data position")]
+    parts = []
+    if saves:
+        parts.append(
+            "in dlcheck_save_checkpoint save "
+            + ", ".join(f"state['{p}'].state_dict()" for p in saves)
+            + ", and load_state_dict them in dlcheck_load_checkpoint"
+        )
+    if "rng" in missing:
+        parts.append(
+            "save torch.get_rng_state() (and random.getstate(), numpy.random.get_state(), the CUDA states) and "
+            "restore them on load"
+        )
+    return "; ".join(parts)
+
+
+@check(
+    "C1",
+    domain="ckpt",
+    title="resuming from a checkpoint does not continue the same run",
+    roles=(),
+    optional_roles=(
+        "trainer",
+        "lightning_module",
+        "datamodule",
+        "make_training",
+        "save_checkpoint",
+        "load_checkpoint",
+        "dataloader",
+    ),
+    settings=(
+        Setting(
+            "steps",
+            4,
+            "steps of the uninterrupted run (calls of dlcheck_train_step for a plain loop); the checkpoint "
+            "is saved half way (after an "
+            "optimizer step, at an epoch boundary for Lightning) and the resumed run continues to the end",
+        ),
+        Setting(
+            "check_rng",
+            True,
+            "fail when the only piece missing is the RNG state (dropout masks and shuffling "
+            "then differ after a resume); false accepts a resume that is exact but for random draws",
+        ),
+    ),
+)
+def check_resume(dlcheck):
+    """A run resumed from a checkpoint continues exactly as the uninterrupted run does.
+
+    What it does
+        Runs your training for ``steps`` optimizer steps on fresh objects, saving half way through your own
+        checkpoint path: the Trainer's ``checkpoint-*`` directory, Lightning's ``ModelCheckpoint`` .ckpt, or
+        your ``dlcheck_save_checkpoint``. Then builds fresh objects again (a new Trainer clone, a new module
+        copy, a new ``dlcheck_make_training()``, with the global RNGs elsewhere, as in a new process),
+        resumes (``train(resume_from_checkpoint=...)``, ``fit(ckpt_path=...)``, your
+        ``dlcheck_load_checkpoint``) and continues. The losses, learning rates and weights of the resumed
+        steps must equal the uninterrupted run's, bitwise (on CPU). On a mismatch, the pieces of the state
+        (optimizer, LR scheduler, GradScaler, RNG, dataloader position, EMA, weights) are put back one at a
+        time from the uninterrupted run after your own loading, and the check names the piece(s) that make
+        the runs identical.
+    Why it is bad
+        A resume that restores the weights only is a different run: Adam restarts with zero moments (a
+        jolt of large updates), the LR schedule starts over (warmup again, or no decay), dropout and
+        shuffling repeat. Preemptible and time-limited jobs resume dozens of times, and the final model is
+        not the one the recipe describes.
+    Example
+        TrainingArguments(..., save_only_model=True)                  # weights only
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)   # no scheduler
+        SFTTrainer(model=llava, ...).train(resume_from_checkpoint=...)   # transformers 5: no weight restored
+    Use instead
+        save and load the optimizer, the scheduler, the GradScaler, the RNG states and the step: the Trainer
+        does it unless save_only_model=True; Lightning does it for what configure_optimizers returns. For
+        a model whose checkpoint names are converted (LLaVA and other VLMs in transformers 5), load the
+        weights through from_pretrained in a Trainer subclass's _load_from_checkpoint.
+    Known problems
+        Compares bitwise: on GPU, nondeterministic kernels can make even a complete resume differ; when
+        restoring every piece still does not reproduce the run, the check skips. For a plain loop, the data
+        order is dlcheck's (the same batches are fed to both runs): your loop's own data position is not
+        tested. Lightning is resumed at an epoch boundary.
+    """
+    setup = get_setup(dlcheck)
+    total = dlcheck.setting("steps")
+    if total < 2:
+        dlcheck.skip("C1.steps must be at least 2")
+    run = memo_or_skip(dlcheck, setup.sources, f"resume:{total}", lambda: setup.resume(total))
+    bad = run.mismatch()
+    if bad is None:
+        return
+    step, what = bad
+    candidates = _candidates(setup, run.pieces)
+    suspects = [p for p in candidates if p in run.pieces and not run.pieces[p]] if setup.kind == "trainer" else []
+    missing, runs = _diagnose(dlcheck, setup, total, candidates, suspects)
+    if missing is None:
+        dlcheck.skip(
+            f"the resumed run differs from the uninterrupted one at step {step} ({what}) even with every piece "
+            f"({', '.join(candidates)}) put back: the run is not reproducible (nondeterministic ops, or state "
+            "outside these pieces) and cannot be judged"
+        )
+    if missing == ["rng"] and not dlcheck.setting("check_rng"):
+        return
+    base = {s.step: s.loss for s in run.uninterrupted.steps}
+    resumed = [(s.step, s.loss) for s in run.resumed.steps if s.step > run.saved_at and s.loss is not None]
+    side = ", ".join(f"step {s}: {v:.6g} vs {base.get(s, float('nan')):.6g}" for s, v in resumed[:4])
+    how = {
+        "trainer": f"the Trainer's {run.checkpoint.name} directory and train(resume_from_checkpoint=...)",
+        "lightning": f"ModelCheckpoint's {run.checkpoint.name} and fit(ckpt_path=...)",
+        "loop": "dlcheck_save_checkpoint / dlcheck_load_checkpoint",
+    }[setup.kind]
+    evidence = [
+        f"{total} steps, saved after step {run.saved_at} through {how}, resumed on fresh objects: at step {step} "
+        f"{what}",
+        f"losses resumed vs uninterrupted: {side}" if side else "the resumed run logged no loss",
+    ]
+    if setup.kind == "trainer":
+        held = [f for f in run.pieces.values() if f]
+        lacking = [p for p, f in run.pieces.items() if not f]
+        evidence.append(
+            f"{run.checkpoint.name} holds: {', '.join(held) or 'nothing'}"
+            + (f"; nothing for: {', '.join(lacking)}" if lacking else "")
+        )
+    evidence.append(
+        f"putting back {' + '.join(missing)} from the uninterrupted run after the load makes the resumed run "
+        f"identical ({runs} diagnostic resumes)"
+    )
+    cause = "the checkpoint does not restore " + "; nor ".join(WHAT.get(p, f"state['{p}']") for p in missing)
+    fix = _fix(setup, missing)
+    renamed = _renamed_weights(setup, run.checkpoint) if setup.kind == "trainer" and "model" in missing else None
+    if renamed:
+        n_saved, n_foreign, saved_name, own_name = renamed
+        evidence.append(
+            f"{n_foreign} of the {n_saved} tensor names in {run.checkpoint.name}'s weights file are not the "
+            f"model's: e.g. {saved_name!r}" + (f" where the model has {own_name!r}" if own_name else "")
+        )
+        cause = (
+            "save_pretrained wrote the weights under the checkpoint's original (converted-back) names, and "
+            "Trainer._load_from_checkpoint loads them with load_state_dict(strict=False), which skips every "
+            "name it does not know: the resumed run trains on from its fresh initial weights, with only a logged "
+            "warning (transformers issues #40187, #43701: models with a checkpoint conversion mapping, such as "
+            "LLaVA and other VLMs)"
+        )
+        fix = (
+            "load through the conversion in a Trainer subclass: def _load_from_checkpoint(self, checkpoint, model=None): "
+            "model = model or self.model; model.load_state_dict(type(model).from_pretrained(checkpoint, "
+            "dtype=model.dtype).state_dict()) — or upgrade transformers once the Trainer applies the mapping"
+        )
+    dlcheck.fail(evidence, cause, fix)
+
+
+def _renamed_weights(setup: Any, checkpoint: Any) -> tuple[int, int, str, str] | None:
+    """(saved names, names the model does not have, one of them, the model's closest name) when the
+    Trainer checkpoint's weights file names tensors the model does not have; None otherwise."""
+    import json
+    from pathlib import Path
+
+    folder = Path(checkpoint)
+    names: list[str] = []
+    index = folder / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            names = list(json.loads(index.read_text()).get("weight_map", {}))
+        elif (folder / "model.safetensors").is_file():
+            from safetensors import safe_open
+
+            with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+                names = list(f.keys())
+    except Exception:  # an unreadable file: no diagnosis, the generic one stands
+        return None
+    model = getattr(setup.trainer, "model", None)
+    if not names or model is None or not hasattr(model, "state_dict"):
+        return None
+    own = set(model.state_dict())
+    foreign = sorted(n for n in names if n not in own)
+    if not foreign:
+        return None
+    parts = foreign[0].split(".")
+
+    def shared_tail(name: str) -> int:
+        other = name.split(".")
+        k = 0
+        while k < min(len(parts), len(other)) and parts[-1 - k] == other[-1 - k]:
+            k += 1
+        return k
+
+    best = max(sorted(own), key=shared_tail, default="")
+    return len(names), len(foreign), foreign[0], best if best and shared_tail(best) >= 2 else ""

@@ -1,0 +1,463 @@
+"""DF5: conditioning dropout, so that classifier-free guidance has an unconditional model to use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import MISSING
+from ...registry import Setting, check
+from . import measure as D
+
+#: relative L2 distance under which a training row is the inference unconditional input (bf16 text
+#: encoders reproduce an embedding to ~4e-3; two different prompts differ by 0.1 or more)
+SAME_RTOL = 1e-2
+
+
+#: roles that mark a project as a diffusion training: without one, DF5 does not read another domain's data
+#: (an LLM's or VLM's dataloader, a processor taken for a text tokenizer) as captions
+#: (dlcheck_unet is not one: any project's dlcheck_model fills it)
+DIFFUSION_ROLES = (
+    "condition",
+    "training_inputs",
+    "uncond",
+    "pipeline",
+    "noise_scheduler",
+    "inference_scheduler",
+    "vae",
+    "text_encoder",
+)
+
+#: numbers of calls after which DF5 may stop early, passing, when the rate is clearly inside the band
+LOOKS = (25, 50, 100, 200)
+#: confidence of the early-pass interval (stopping early cannot fail, so this only costs power)
+EARLY_ALPHA = 1e-3
+
+
+def _units(tally: Tally) -> tuple[int, int, str]:
+    """(n, k, unit): rows are independent draws when dropout varies within a batch; calls are counted
+    when every batch is dropped or kept as a whole, and when no null was seen at all (the conservative
+    reading, valid for per-batch dropout too)."""
+    per_batch = tally.nulls == 0 or (tally.uniform_calls == tally.calls and tally.rows > tally.calls)
+    return (tally.calls, tally.null_calls, "calls") if per_batch else (tally.rows, tally.nulls, "rows")
+
+
+def _clearly_inside(tally: Tally, low: float, high: float) -> bool:
+    n, k, _ = _units(tally)
+    return (
+        k > 0
+        and D.lower_bound(k, n, EARLY_ALPHA) >= low / 2
+        and D.upper_bound(k, n, EARLY_ALPHA) <= min(1.0, 1.5 * high)
+    )
+
+
+@dataclass
+class Tally:
+    kind: str = ""
+    rows: int = 0
+    calls: int = 0
+    null_u: int = 0  # rows equal to the inference unconditional input
+    null_other: int = 0  # rows that are another null (all-zero embedding, all-pad ids)
+    other_what: str = ""
+    uniform_calls: int = 0  # calls whose rows are all null or all kept
+    null_calls: int = 0  # calls with at least one null row
+    kept_example: str = ""  # a caption that was never dropped, for the evidence
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def nulls(self) -> int:
+        return self.null_u + self.null_other
+
+
+def _kind(c: Any) -> str:
+    import torch
+
+    if isinstance(c, (list, tuple)) and c and all(isinstance(s, str) for s in c):
+        return "caption"
+    if isinstance(c, torch.Tensor):
+        if not c.is_floating_point():
+            return "class" if c.dim() == 1 else "ids" if c.dim() == 2 else ""
+        return "embeddings" if c.dim() >= 2 else ""
+    return ""
+
+
+KIND_WORDS = {"caption": "captions", "ids": "token-id rows", "class": "class labels", "embeddings": "embedding rows"}
+
+
+def _cond_from_inputs(out: Any) -> Any:
+    if not isinstance(out, Mapping):
+        return None
+    for alias in D.INPUT_KEYS["encoder_hidden_states"]:
+        if out.get(alias) is not None:
+            return out[alias]
+    return None
+
+
+def _caption_field(batch: Mapping[str, Any]) -> tuple[str, Any] | None:
+    for key in D.CAPTION_KEYS:
+        if key in batch and _kind(batch[key]) in ("caption", "ids"):
+            return key, batch[key]
+    return None
+
+
+def _caption_text(tok: Any, batch: Mapping[str, Any], i: int) -> str:
+    found = _caption_field(batch)
+    if found is None:
+        return ""
+    value = found[1][i]
+    if isinstance(value, str):
+        return value
+    if tok is MISSING or not hasattr(tok, "decode"):
+        return ""
+    try:
+        return tok.decode([int(x) for x in value], skip_special_tokens=True)
+    except Exception:  # noqa: BLE001 - only for the evidence line
+        return ""
+
+
+class Nulls:
+    """Recognises the null condition in one representation and compares it with the sampler's."""
+
+    def __init__(self, kind: str, uncond: Any, tok: Any, first: Any):
+        import torch
+
+        self.kind = kind
+        self.u = None  # the inference unconditional input in this representation
+        self.u_what = ""
+        self.pad = None
+        if kind == "caption":
+            self.u = uncond if isinstance(uncond, str) else ""
+            self.u_what = f"the caption {self.u!r}"
+        elif kind == "class":
+            if isinstance(uncond, int) or (
+                isinstance(uncond, torch.Tensor) and uncond.numel() == 1 and not uncond.is_floating_point()
+            ):
+                self.u = int(uncond)
+                self.u_what = f"the class id {self.u}"
+        elif kind == "ids":
+            length = first.shape[1]
+            if isinstance(uncond, torch.Tensor) and not uncond.is_floating_point() and uncond.numel() == length:
+                self.u = uncond.flatten().cpu()
+                self.u_what = "dlcheck_uncond's token ids"
+            elif tok is not MISSING and callable(tok):
+                ids = tok([""], padding="max_length", max_length=length, truncation=True)["input_ids"][0]
+                self.u = torch.tensor(ids)
+                self.u_what = f"the empty prompt tokenized to {length} ids"
+            self.pad = getattr(tok, "pad_token_id", None) if tok is not MISSING else None
+        elif kind == "embeddings":
+            if isinstance(uncond, torch.Tensor) and uncond.is_floating_point():
+                u = uncond.detach().float().cpu()
+                while u.dim() > first.dim() - 1 and u.shape[0] == 1:
+                    u = u[0]
+                if tuple(u.shape) == tuple(first.shape[1:]):
+                    self.u = u
+                    self.u_what = (
+                        f"dlcheck_uncond, an embedding of norm {float(u.norm()):.3g} (the empty prompt's, "
+                        "when derived from the pipeline)"
+                    )
+                else:
+                    self.u_what = (
+                        f"dlcheck_uncond of shape {tuple(uncond.shape)}, which does not match the training "
+                        f"rows {tuple(first.shape[1:])}"
+                    )
+
+    def classify(self, c: Any) -> list[str]:
+        """For each row: 'u' (the inference null), 'other' (another null) or '' (conditioned)."""
+        import torch
+
+        out = []
+        if self.kind == "caption":
+            return ["u" if s.strip() == self.u.strip() or not s.strip() else "" for s in c]
+        c = c.detach().cpu()
+        if self.kind == "class":
+            return ["u" if self.u is not None and int(v) == self.u else "" for v in c]
+        if self.kind == "ids":
+            for row in c:
+                if self.u is not None and torch.equal(row, self.u.to(row.dtype)):
+                    out.append("u")
+                elif (self.pad is not None and bool(torch.all(row == self.pad))) or not bool(row.any()):
+                    out.append("other")
+                else:
+                    out.append("")
+            return out
+        c = c.float()
+        for row in c:
+            norm = float(row.norm())
+            if self.u is not None and float((row - self.u).norm()) <= SAME_RTOL * max(float(self.u.norm()), 1e-12):
+                out.append("u")
+            elif norm == 0.0:
+                out.append("other")
+            else:
+                out.append("")
+        return out
+
+    @property
+    def other_what(self) -> str:
+        return {"ids": "all-pad (or all-zero) token rows", "embeddings": "all-zero embeddings"}.get(self.kind, "")
+
+
+@dataclass
+class _State:
+    get: Any
+    source: str
+    from_batch: bool = False
+    nulls: Any = None
+    early: bool = False
+
+
+def _draw(dlcheck, batches, tally: Tally, state: _State, low: float, high: float, tok: Any) -> None:
+    """Draw the conditioning path on each fresh batch, classify every row, stop early when clearly fine."""
+    import torch
+
+    for _keys, batch in batches:
+        c = None
+        if state.get is None:
+            if dlcheck.has("training_inputs"):
+                fn_in = D.user_callable(dlcheck, "training_inputs", dlcheck.role("training_inputs"))
+
+                def get_from_inputs(b, fn_in=fn_in):
+                    with torch.no_grad():
+                        return _cond_from_inputs(dlcheck.call("training_inputs", lambda: fn_in(b)))
+
+                c = get_from_inputs(batch)
+                if c is not None:
+                    state.get, state.source = get_from_inputs, "the 'encoder_hidden_states' of dlcheck_training_inputs"
+            if state.get is None:
+                found = _caption_field(batch)
+                if found is None:
+                    dlcheck.skip(
+                        f"no conditioning to draw: the batches ({', '.join(map(str, batch))}) carry no captions "
+                        "or input_ids; define dlcheck_condition (callable batch -> conditioning)"
+                    )
+                key = found[0]
+                state.get, state.source, state.from_batch = (lambda b, key=key: b[key]), f"the batch's {key!r}", True
+                c = None
+        if c is None:
+            with torch.no_grad():
+                c = state.get(batch)
+        if state.nulls is None:
+            kind = _kind(c)
+            if not kind:
+                dlcheck.skip(
+                    f"{state.source} returned a {type(c).__name__}"
+                    f"{' of shape ' + str(tuple(c.shape)) if hasattr(c, 'shape') else ''}; DF5 reads "
+                    "embeddings (B, seq, dim), token ids (B, seq), class ids (B,) or a list of captions"
+                )
+            uncond = dlcheck.role("uncond")
+            state.nulls = Nulls(kind, uncond, tok, c)
+            tally.kind = kind
+            if kind == "class" and state.nulls.u is None:
+                dlcheck.skip(
+                    "class-label conditioning: define dlcheck_uncond as the class id your sampler uses as "
+                    "the unconditional input, so DF5 can recognise the null"
+                )
+        labels = state.nulls.classify(c)
+        tally.calls += 1
+        tally.rows += len(labels)
+        tally.null_u += labels.count("u")
+        tally.null_other += labels.count("other")
+        dropped = sum(1 for x in labels if x)
+        tally.null_calls += dropped > 0
+        tally.uniform_calls += dropped in (0, len(labels))
+        if not tally.kept_example and labels and not labels[0]:
+            tally.kept_example = _caption_text(tok, batch, 0)
+        if tally.calls in LOOKS and _clearly_inside(tally, low, high):
+            state.early = True
+            return  # stopping early only passes the rate, so the false-alarm bound of the full test holds
+
+
+@check(
+    "DF5",
+    domain="diffusion",
+    title="no conditioning dropout, so classifier-free guidance does nothing",
+    roles=("dataloader",),
+    optional_roles=("condition", "training_inputs", "uncond", "tokenizer"),
+    settings=(
+        Setting(
+            "low",
+            0.05,
+            "lowest acceptable share of null conditions; 10% is the usual choice (Stable "
+            "Diffusion v1, Imagen, DiT, diffusers' proportion_empty_prompts examples), 5% the lowest in common use",
+        ),
+        Setting(
+            "high",
+            0.2,
+            "highest acceptable share; above 20% the conditional model is starved for little gain in guidance quality",
+        ),
+        Setting(
+            "draws",
+            300,
+            "calls of the conditioning path, each on a freshly collated batch. 300 makes a "
+            "path that never drops fail at low = 5% even when the dropout were decided per batch: "
+            "0.95^300 = 2e-7 < false_alarm / 2",
+        ),
+        Setting(
+            "false_alarm",
+            1e-6,
+            "probability of failing a path whose true null rate lies within [low, high]: "
+            "each side's exact binomial test runs at false_alarm / 2",
+        ),
+    ),
+)
+def check_cfg_dropout(dlcheck):
+    """The training conditioning path drops the condition 5–20% of the time, to the sampler's null.
+
+    What it does
+        Draws the training conditioning path ``draws`` times (default 300), each time on a batch freshly
+        collated from the dataset (so dropout in a dataset transform or collator is redrawn), through
+        ``dlcheck_condition(batch)``, else the 'encoder_hidden_states' of ``dlcheck_training_inputs(batch)``,
+        else the batch's own captions / input_ids. A row is null when it equals the sampler's
+        unconditional input (``dlcheck_uncond``, derived from the pipeline as the empty prompt's
+        embedding; "" for captions; the empty prompt's ids for token ids), or is another null (an
+        all-zero embedding, an all-pad token row). The null rate is tested against [low, high] with
+        exact one-sided binomial tests at false_alarm / 2 each, so a path whose true rate lies in the
+        band fails with probability ≤ 1e-6 (rows are counted when dropout varies within a batch;
+        calls are counted when every batch is dropped or kept as a whole, and when nothing is dropped).
+        It stops early, passing, after 25/50/100/200 calls once a 1 − 1e-3 confidence interval of the
+        rate lies within [low/2, 1.5·high]; it fails only on the full draws, so the bound holds.
+        Nulls that differ from the sampler's unconditional input (zeros in training, the empty prompt at
+        inference) fail too. It runs only in a project with a diffusion role (dlcheck_pipeline,
+        _noise_scheduler, _vae, _condition, _training_inputs, _uncond …), so that an LLM's or VLM's
+        data is never read as captions under ``--dlcheck=all``.
+    Why it is bad
+        Classifier-free guidance computes uncond + s·(cond − uncond). A model never trained on the
+        unconditional input returns garbage for it, and guidance amplifies that garbage; a model trained
+        on a zero embedding as its null but sampled with the empty prompt's embedding has the same
+        problem. Too much dropout starves the conditional model.
+    Example
+        caption = example["text"]                       # no dropout anywhere: proportion_empty_prompts = 0
+        ehs = torch.where(drop[:, None, None], torch.zeros_like(ehs), ehs)   # null = zeros, sampler uses ""
+    Use instead
+        caption = "" if random.random() < 0.1 else caption (dataset transform or collator), or
+        ehs = torch.where((torch.rand(B, device=d) < 0.1)[:, None, None], null_ehs, ehs) with null_ehs the
+        text encoder's output for "" (what StableDiffusionPipeline uses as negative_prompt_embeds).
+    Known problems
+        A learned null embedding (an nn.Parameter) is recognised only when dlcheck_uncond returns it;
+        likewise for pipelines whose unconditional input is not the first text encoder's encoding of ""
+        (SDXL: two encoders, force_zeros_for_empty_prompt) — the derived one does not match the
+        training rows' shape, and the check skips unless dlcheck_uncond is given.
+        With only the batch's own captions and no null seen, the check skips: dropout applied later in the
+        training step is invisible there (give dlcheck_condition). Ignore DF5 if you never sample with
+        guidance_scale > 1. Each draw reads the dataset again, and through dlcheck_training_inputs also
+        encodes the images with the VAE: give dlcheck_condition (the caption → embeddings path alone)
+        to make the 300 draws cheap, or lower DF5.draws.
+    """
+    if not any(dlcheck.has(r) for r in DIFFUSION_ROLES):
+        dlcheck.skip(
+            "no diffusion role: DF5 judges the conditioning of a text-to-image training and needs one of "
+            + ", ".join(f"dlcheck_{r}" for r in DIFFUSION_ROLES)
+            + " beside the data"
+        )
+    calls = dlcheck.setting("draws")
+    alpha = dlcheck.setting("false_alarm")
+    low, high = dlcheck.setting("low"), dlcheck.setting("high")
+    tok = dlcheck.role("tokenizer")
+
+    desc, batches = D.redraw_batches(dlcheck, calls)
+    get: Callable[[Mapping[str, Any]], Any] | None = None
+    source = ""
+    if dlcheck.has("condition"):
+        fn = D.user_callable(dlcheck, "condition", dlcheck.role("condition"))
+        get, source = (lambda b: dlcheck.call("condition", lambda: fn(b))), "dlcheck_condition"
+    tally = Tally()
+    state = _State(get, source)
+    try:
+        _draw(dlcheck, batches, tally, state, low, high, tok)
+    finally:
+        batches.close()  # a dataloader's generator is put back now, not at garbage collection
+    source, from_batch, nulls, early = state.source, state.from_batch, state.nulls, state.early
+
+    if nulls is None or tally.rows == 0:
+        dlcheck.skip(f"{desc} gave no batch")
+    what = KIND_WORDS[tally.kind]
+    if tally.kind == "embeddings" and nulls.u is None and tally.nulls == 0:
+        dlcheck.skip(
+            f"no all-zero embedding in {tally.rows} {what} from {source}, and the sampler's unconditional "
+            f"input is unknown ({nulls.u_what or 'no dlcheck_uncond, dlcheck_pipeline or tokenizer + text encoder'}): "
+            "define dlcheck_uncond (or dlcheck_pipeline) so DF5 can recognise the null"
+        )
+    if tally.kind == "ids" and nulls.u is None and tally.nulls == 0:
+        dlcheck.skip(
+            f"no all-pad row in {tally.rows} {what} from {source} and no tokenizer to encode the empty "
+            "prompt: define dlcheck_tokenizer (or dlcheck_uncond)"
+        )
+    if from_batch and tally.nulls == 0:
+        dlcheck.skip(
+            f"no null caption in {tally.rows} {what} of {tally.calls} {desc}; caption dropout applied inside the training "
+            "step is invisible there: define dlcheck_condition (or dlcheck_training_inputs returning "
+            "'encoder_hidden_states') so DF5 can decide"
+        )
+
+    # ---- the rate --------------------------------------------------------------------------------------
+    n, k, unit = _units(tally)
+    rate = tally.nulls / tally.rows
+    head = (
+        f"{tally.nulls} of {tally.rows} {what} from {tally.calls} calls of {source} were null ({rate:.1%}) — on {desc}"
+    )
+    null_words = f"null = {nulls.u_what or 'unknown'}" + (f" or {nulls.other_what}" if nulls.other_what else "")
+    findings: list[tuple[list[str], str, str]] = []
+    p_low = D.binom_cdf(k, n, low)
+    p_high = D.binom_sf(k, n, high)
+    fix_rate = (
+        "replace the condition by the empty prompt for ~10% of training examples: caption = '' if "
+        "random.random() < 0.1 else caption (dataset transform or collator; proportion_empty_prompts=0.1 in "
+        "diffusers scripts), or ehs = torch.where((torch.rand(B) < 0.1)[:, None, None], null_ehs, ehs) with "
+        "null_ehs the text encoder's output for ''; set DF5.low/DF5.high if you intend another rate"
+    )
+    if early:
+        pass  # the rate is inside the band (checked above); only the null itself is left to compare
+    elif p_low <= alpha / 2:
+        ub = D.upper_bound(k, n, alpha / 2)
+        example = f"; e.g. {tally.kept_example!r} was kept" if tally.kept_example else ""
+        findings.append(
+            (
+                [
+                    head,
+                    f"{null_words}{example}",
+                    f"with a true null rate ≥ {low:.0%}, {f'{k} or fewer null {unit}' if k else f'no null {unit[:-1]}'} "
+                    f"in {n} has probability {p_low:.1e} "
+                    f"(≤ {alpha / 2:g}): the rate is below {ub:.1%} with confidence 1 − {alpha / 2:g}",
+                ],
+                "the training conditioning path (almost) never replaces the condition by the unconditional input, so the "
+                "model never learns the unconditional prediction that classifier-free guidance extrapolates from",
+                fix_rate,
+            )
+        )
+    elif p_high <= alpha / 2:
+        lb = D.lower_bound(k, n, alpha / 2)
+        findings.append(
+            (
+                [
+                    head,
+                    null_words,
+                    f"with a true null rate ≤ {high:.0%}, {k} or more null {unit} in {n} has probability {p_high:.1e} "
+                    f"(≤ {alpha / 2:g}): the rate is above {lb:.1%} with confidence 1 − {alpha / 2:g}",
+                ],
+                "the conditioning is dropped far more often than needed, starving the conditional model",
+                "lower the dropout probability (proportion_empty_prompts, conditioning_dropout_prob) to ~0.1; set "
+                "DF5.low/DF5.high if you intend this rate",
+            )
+        )
+
+    # ---- the null itself -------------------------------------------------------------------------------
+    if tally.null_other and nulls.u is not None and tally.kind in ("embeddings", "ids"):
+        u_is_zero = tally.kind == "embeddings" and float(nulls.u.norm()) == 0.0
+        if not u_is_zero:
+            findings.append(
+                (
+                    [
+                        f"{tally.null_other} of {tally.nulls} null rows are {nulls.other_what}; the sampler's unconditional "
+                        f"input is {nulls.u_what}"
+                    ]
+                    + ([head] if not findings else []),
+                    "the model learns its unconditional prediction for another input than the one classifier-free "
+                    "guidance feeds at inference",
+                    "use the empty prompt's encoding as the training null (null_ehs = text_encoder(tokenizer('', "
+                    "padding='max_length', max_length=tokenizer.model_max_length, return_tensors='pt').input_ids)[0]), "
+                    "or give the sampler the same null (negative_prompt_embeds=torch.zeros_like(prompt_embeds))",
+                )
+            )
+    if findings:
+        evidence = [line for f in findings for line in f[0]]
+        dlcheck.fail(evidence, "; ".join(f[1] for f in findings), "; ".join(f[2] for f in findings))

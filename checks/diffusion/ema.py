@@ -1,0 +1,210 @@
+"""DF2: sampling from the raw weights instead of the EMA."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...registry import check
+from . import measure as D
+
+
+def ema_tensors(ema: Any) -> tuple[list[Any], Any, str]:
+    """(the EMA's tensors, the EMA module if it is one, a description) for diffusers EMAModel, torch
+    AveragedModel, or a module kept as an EMA copy."""
+    import torch
+
+    if isinstance(getattr(ema, "shadow_params", None), list):
+        step = getattr(ema, "optimization_step", "?")
+        return list(ema.shadow_params), None, f"EMAModel (decay {getattr(ema, 'decay', '?')}, optimization_step {step})"
+    if isinstance(ema, torch.nn.Module):
+        inner = getattr(ema, "module", None)
+        if type(ema).__name__ == "AveragedModel" and isinstance(inner, torch.nn.Module):
+            return list(inner.parameters()), inner, f"AveragedModel of {type(inner).__name__}"
+        return list(ema.parameters()), ema, f"{type(ema).__name__} module"
+    return [], None, type(ema).__name__
+
+
+def _align(model: Any, tensors: list[Any]) -> list[Any] | None:
+    params = list(model.parameters())
+    for candidate in (params, [p for p in params if p.requires_grad]):
+        if len(candidate) == len(tensors) and all(p.shape == t.shape for p, t in zip(candidate, tensors)):
+            return candidate
+    return None
+
+
+def _nudge(t: Any) -> None:
+    """Change one element of ``t`` in place by a relative 1e-3 (more if the dtype rounds that away)."""
+    if t.numel() == 0:
+        return
+    idx = (0,) * t.dim()
+    x = t[idx].clone()
+    for rel in (1e-3, 1e-2, 1e-1, 1.0):
+        t[idx] = x + rel * (x.abs() + 1e-3)
+        if bool(t[idx] != x):
+            return
+
+
+def _equal_all(params: list[Any], refs: list[Any]) -> bool:
+    return all(p.shape == r.shape and bool((p.detach() == r.to(p.device, p.dtype)).all()) for p, r in zip(params, refs))
+
+
+@check(
+    "DF2",
+    domain="diffusion",
+    title="sampling from the raw weights instead of the EMA",
+    roles=("ema", "unet", "sample_images"),
+)
+def check_ema_used(dlcheck):
+    """The sampling routine runs the denoiser with the EMA weights, and leaves the trained weights alone.
+
+    What it does
+        Makes the EMA's tensors distinguishable from the trained ones (their first element is nudged for
+        the duration of the check), runs ``dlcheck_sample_images()`` once while a forward pre-hook records
+        the weights of every module of the denoiser's class that runs, and compares them with the EMA's
+        and with the trained (``dlcheck_unet``) weights, exactly. Fails when the denoiser ran with the
+        raw trained weights, when the sampling routine left other weights in the trained model (copy_to
+        without restore), or when the EMA shares its tensors with the model (an "EMA" that is the model).
+        Every weight, the EMA's state (temp_stored_params, optimization_step) and the RNG are restored.
+    Why it is bad
+        The EMA is kept because its samples are better than the raw weights' (noisy from the last
+        updates); validating and saving the raw weights throws that away, and a raw copy is silently
+        what ends up in the saved pipeline. A sampler that copies the EMA in and never restores makes
+        training continue from the EMA weights.
+    Example
+        ema = EMAModel(unet.parameters(), model_cls=UNet2DConditionModel, model_config=unet.config)
+        ...; ema.step(unet.parameters())
+        images = pipeline(prompts, num_inference_steps=25).images    # pipeline.unet holds the raw weights
+    Use instead
+        ema.store(unet.parameters()); ema.copy_to(unet.parameters())
+        images = pipeline(prompts, num_inference_steps=25).images
+        ema.restore(unet.parameters())          # and ema.copy_to(unet.parameters()) before save_pretrained
+    Known problems
+        Runs the user's sampling routine once: keep it cheap (one prompt, two steps). The denoiser is
+        recognised by its class (dlcheck_unet's); a sampler that runs a compiled or differently-typed copy
+        is not seen (the check skips). Whether the training loop calls ema.step is not observed; a decay
+        of 1 (an EMA that never moves) is reported.
+    """
+    import torch
+
+    ema, model, sample = dlcheck.require("ema", "unet", "sample_images")
+    sample = D.user_callable(dlcheck, "sample_images", sample)
+    if not isinstance(model, torch.nn.Module):
+        dlcheck.skip(f"dlcheck_unet is a {type(model).__name__}, not a torch module")
+    tensors, ema_module, ema_desc = ema_tensors(ema)
+    if not tensors:
+        dlcheck.skip(f"dlcheck_ema is a {ema_desc}: DF2 reads diffusers EMAModel, torch AveragedModel or a module")
+    params = _align(model, tensors)
+    if params is None:
+        dlcheck.skip(
+            f"dlcheck_ema ({ema_desc}) holds {len(tensors)} tensors that do not line up with the "
+            f"{len(list(model.parameters()))} parameters of dlcheck_unet ({type(model).__name__})"
+        )
+    name = type(model).__name__
+    shared = sum(t.data_ptr() == p.data_ptr() for t, p in zip(tensors, params))
+    if shared:
+        dlcheck.fail(
+            [f"dlcheck_ema ({ema_desc}) shares {shared} of {len(params)} tensors with dlcheck_unet ({name})"],
+            "the EMA is the model itself (ema_model = model), not a copy, so it never averages anything",
+            "ema_model = copy.deepcopy(model).requires_grad_(False) (or EMAModel(model.parameters(), ...))",
+        )
+    decay = getattr(ema, "decay", None)
+    if isinstance(decay, (int, float)) and decay >= 1.0:
+        dlcheck.fail(
+            [f"dlcheck_ema ({ema_desc}) has decay {decay}: every ema.step keeps the old average entirely"],
+            "an EMA with decay ≥ 1 never moves from its initial weights",
+            "EMAModel(unet.parameters(), decay=0.9999, use_ema_warmup=True) (0.999 for short runs)",
+        )
+
+    # snapshot everything the sampling routine, or this check, may change
+    # (copies on the CPU: a GPU-sized model must not be doubled on the GPU)
+    model_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict(keep_vars=True).items()}
+    ema_state = [t.detach().to("cpu", copy=True) for t in tensors]
+    ema_attrs = {
+        k: getattr(ema, k) for k in ("temp_stored_params", "optimization_step", "cur_decay_value") if hasattr(ema, k)
+    }
+    names = {id(p): n for n, p in model.named_parameters()}
+    raw = [
+        model_state[names[id(p)]] if names.get(id(p)) in model_state else p.detach().to("cpu", copy=True)
+        for p in params
+    ]
+
+    seen: dict[int, str] = {}
+    order: list[tuple[str, str]] = []
+
+    def pre_hook(module, args):
+        if id(module) in seen or type(module) is not type(model):
+            return
+        mod_params = _align(module, tensors)
+        if mod_params is None:
+            verdict = "other"
+        elif _equal_all(mod_params, tensors):
+            verdict = "ema"
+        elif _equal_all(mod_params, raw):
+            verdict = "raw"
+        else:
+            verdict = "other"
+        seen[id(module)] = verdict
+        order.append(
+            (verdict, "dlcheck_unet" if module is model else ("the EMA module" if module is ema_module else "a copy"))
+        )
+
+    try:
+        with torch.no_grad():
+            for t in tensors:  # make the EMA distinguishable from the trained weights
+                _nudge(t)
+        handle = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
+        try:
+            dlcheck.call("sample_images", sample)
+        finally:
+            handle.remove()
+        drifted = not _equal_all(params, raw)
+        drift_is_ema = drifted and _equal_all(params, tensors)
+    finally:
+        with torch.no_grad():
+            for t, s in zip(tensors, ema_state):
+                t.copy_(s)
+            current = model.state_dict(keep_vars=True)
+            for k, v in model_state.items():
+                current[k].data.copy_(v)
+        for k, v in ema_attrs.items():
+            setattr(ema, k, v)
+
+    if not order:
+        dlcheck.skip(
+            f"dlcheck_sample_images ran no {name} module (the class of dlcheck_unet): DF2 cannot see which "
+            "weights the sampler uses"
+        )
+    raw_runs = [who for verdict, who in order if verdict == "raw"]
+    ema_runs = [who for verdict, who in order if verdict == "ema"]
+    findings: list[tuple[list[str], str, str]] = []
+    if raw_runs and not ema_runs:
+        findings.append(
+            (
+                [
+                    f"dlcheck_sample_images ran {name} ({raw_runs[0]}) with the raw trained weights: all {len(params)} tensors "
+                    f"equal dlcheck_unet's, none the EMA's (dlcheck_ema: {ema_desc})"
+                ],
+                "the sampling routine never copies the EMA weights in (ema.copy_to) nor samples with the EMA module, so "
+                "validation images, and a pipeline saved the same way, show the raw weights",
+                "ema.store(unet.parameters()); ema.copy_to(unet.parameters()); sample; ema.restore(unet.parameters()) "
+                "(and ema.copy_to(unet.parameters()) before pipeline.save_pretrained)",
+            )
+        )
+    if drifted:
+        held = "the EMA weights" if drift_is_ema else "weights that are neither its own nor the EMA's"
+        findings.append(
+            (
+                [f"after dlcheck_sample_images, dlcheck_unet ({name}) holds {held}"],
+                "the sampling routine copies weights into the trained model and does not put them back, so training "
+                "continues from them",
+                "ema.store(unet.parameters()) before ema.copy_to(...), and ema.restore(unet.parameters()) after sampling",
+            )
+        )
+    if findings:
+        evidence = [line for f in findings for line in f[0]]
+        dlcheck.fail(evidence, "; ".join(f[1] for f in findings), "; ".join(f[2] for f in findings))
+    if not ema_runs:
+        dlcheck.skip(
+            f"dlcheck_sample_images ran {name} with weights that are neither the EMA's nor dlcheck_unet's "
+            "(a loaded checkpoint?): DF2 cannot tell"
+        )

@@ -1,0 +1,207 @@
+"""DF3: the VAE latent scale the training path really produces."""
+
+from __future__ import annotations
+
+import math
+
+from ...guard import eval_mode
+from ...registry import Setting, check
+from ...sampling import get_sample
+from . import measure as D
+
+SD1_FACTOR = 0.18215
+
+
+def _raw_latents(dlcheck, vae, images):
+    """The VAE's own latents (a posterior sample, as training scripts draw them) for the sampled images."""
+    import torch
+
+    device, dtype = D.module_device_dtype(vae)
+    out = []
+    with eval_mode(vae), torch.no_grad():
+        for start in range(0, images.shape[0], dlcheck.batch_size):
+            chunk = images[start : start + dlcheck.batch_size].to(device, dtype)
+            enc = dlcheck.call("vae", lambda chunk=chunk: vae.encode(chunk))
+            dist = getattr(enc, "latent_dist", None)
+            z = dist.sample() if dist is not None else (enc.latents if hasattr(enc, "latents") else enc[0])
+            out.append(z.detach().float().cpu())
+    return torch.cat(out)
+
+
+@check(
+    "DF3",
+    domain="diffusion",
+    title="VAE latent scale is wrong",
+    roles=("vae",),
+    optional_roles=("training_inputs",),
+    settings=(
+        Setting(
+            "max_std_ratio",
+            2.0,
+            "the latents the denoiser trains on may have a std between 1/r and r. A "
+            "calibrated factor gives std ≈ 1 on the images it was computed on (SD 1.x's 0.18215 gives 0.8–1.2 on "
+            "natural images); a factor of 2 leaves room for unusual data, and still catches the real bugs, which "
+            "are off by ×5 (factor omitted on SD's VAE: std ≈ 5.5; SD's 0.18215 on a VAE with unit latents: 0.18)",
+        ),
+        Setting(
+            "factor_rtol",
+            0.25,
+            "relative gap allowed between the factor the training path applies (measured "
+            "as std(training latents) / std(VAE latents) on the same images) and vae.config.scaling_factor, which "
+            "the pipeline divides by when decoding; sampling noise of the two stds is a few percent, SDXL's 0.13025 "
+            "against SD's 0.18215 is 40%",
+        ),
+    ),
+)
+def check_latent_scale(dlcheck):
+    """The latents the denoiser is trained on have std near 1, scaled by the factor the decoder undoes.
+
+    What it does
+        Encodes the sampled training images (the batch's pixel_values) with the VAE and measures the std
+        of its latents, raw and multiplied by ``vae.config.scaling_factor`` (shift_factor subtracted).
+        When ``dlcheck_training_inputs`` is given it measures the std of the 'latents' the training step
+        really produces on the same batches, and the factor it applied (their std over the raw std).
+        Fails when the trained-on latents have a std outside [1/r, r] (r = max_std_ratio), naming the
+        cause (factor omitted, a factor calibrated for another VAE, or another factor), or when the
+        training factor differs from vae.config.scaling_factor, which the pipeline divides by on decode.
+    Why it is bad
+        The noise schedule assumes data of unit variance: latents of std 5.5 (SD's VAE without its
+        0.18215) keep a visible signal at t = 999, so sampling from pure noise starts off-distribution;
+        latents of std 0.2 (SD's factor on a VAE whose latents already have unit std) are drowned after a
+        few hundred steps and the model learns mostly noise. Either way the loss looks fine and the
+        samples are washed out or saturated. A training factor that differs from the config's makes the
+        pipeline decode latents at the wrong scale.
+    Example
+        latents = vae.encode(pixel_values).latent_dist.sample()            # scaling_factor never applied
+        vae = AutoencoderKL(...)                                             # own VAE, default factor 0.18215 kept
+        latents = vae.encode(px).latent_dist.sample() * 0.18215             # hard-coded, config says otherwise
+    Use instead
+        latents = (vae.encode(px).latent_dist.sample() - (vae.config.shift_factor or 0)) * vae.config.scaling_factor,
+        and for a VAE of your own compute the factor once as 1 / latents.std() over a few hundred training
+        images and store it: AutoencoderKL(..., scaling_factor=f) or vae.register_to_config(scaling_factor=f).
+    Known problems
+        Measured on the sampled batches only (dlcheck_samples images). A denoiser pretrained on a VAE
+        must keep the factor it was trained with even when your data's latent std differs; the band is
+        wide for that reason. Needs pixel images in the batches (skips with precomputed latents unless
+        dlcheck_training_inputs is given). The decode side is read from vae.config (what diffusers
+        pipelines use); a hand-written sampler that decodes without dividing is not observed. The VAE's
+        latents are drawn as training scripts draw them (latent_dist.sample()); a training path using
+        .mode() on a VAE with a wide posterior (a freshly initialised one) is measured at another scale.
+    """
+    import torch
+
+    vae = dlcheck.role("vae")
+    config = D.sched_config(vae)
+    sf = config.get("scaling_factor")
+    shift = config.get("shift_factor") or 0.0
+    r = dlcheck.setting("max_std_ratio")
+    rtol = dlcheck.setting("factor_rtol")
+    has_train = dlcheck.has("training_inputs")
+
+    sample = get_sample(dlcheck)
+    channels = config.get("in_channels")
+    found = [D.pixel_values(b, channels) for b in sample.batches]
+    images = torch.cat([f[1] for f in found]) if found and all(found) else None
+    raw_std = None
+    if images is not None:
+        raw = _raw_latents(dlcheck, vae, images)
+        raw_std = D.std(raw - shift)
+    train_std = None
+    if has_train:
+        draws = D.training_draws(dlcheck)
+        if all(d.get("latents") is not None for d in draws):
+            train_std = D.std(D.cat(draws, "latents"))
+    if raw_std is None and train_std is None:
+        keys = ", ".join(map(str, sample.batches[0])) if sample.batches else "none"
+        dlcheck.skip(
+            f"no pixel images in the batches of {sample.source} (keys: {keys}) and no 'latents' from "
+            "dlcheck_training_inputs: define dlcheck_training_inputs returning 'latents' so DF3 sees the latents "
+            "the training step produces"
+        )
+    if sf is None:
+        dlcheck.skip(f"{D.describe(vae)} has no config.scaling_factor")
+
+    def in_band(s: float) -> bool:
+        return 1 / r <= s <= r
+
+    sf_name = f"vae.config.scaling_factor = {sf:g}" + (
+        " (Stable Diffusion 1.x's value, calibrated for its VAE)" if math.isclose(sf, SD1_FACTOR, rel_tol=1e-4) else ""
+    )
+    n_img = images.shape[0] if images is not None else 0
+    raw_line = (
+        (
+            f"{D.describe(vae)} latents of {n_img} sampled images ({sample.source}): std {D.fmt(raw_std)} raw, "
+            f"{D.fmt(raw_std * sf)} × scaling_factor {sf:g}"
+        )
+        if raw_std is not None
+        else None
+    )
+    calibrated = f"{1 / raw_std:.4g}" if raw_std else "1 / latents.std()"
+    fix_factor = (
+        f"calibrate the factor for this VAE: scaling_factor = 1 / std of its latents = {calibrated} "
+        f"(AutoencoderKL(..., scaling_factor={calibrated}) or vae.register_to_config(scaling_factor={calibrated})); "
+        "keep the original factor only for a denoiser pretrained with it on this VAE"
+    )
+
+    if train_std is not None:
+        train_line = f"latents from dlcheck_training_inputs: std {D.fmt(train_std)} (wanted about 1, within [{1 / r:.3g}, {r:g}])"
+        implied = train_std / raw_std if raw_std else None
+        if not in_band(train_std):
+            evidence = [train_line] + ([raw_line] if raw_line else [])
+            if implied is not None and abs(implied - 1) <= rtol and abs(sf - 1) > rtol:
+                evidence.append(
+                    f"the training path scales the VAE latents by {implied:.3g}: {sf_name} is never applied"
+                )
+                dlcheck.fail(
+                    evidence,
+                    "the training step feeds the VAE's raw latents to the denoiser; the scaling factor "
+                    "that brings them to unit variance (and that the pipeline divides by when decoding) is "
+                    "never applied",
+                    "latents = vae.encode(pixel_values).latent_dist.sample() * vae.config.scaling_factor "
+                    "(subtract vae.config.shift_factor first when it is set)",
+                )
+            if implied is not None and abs(implied - sf) <= rtol * sf:
+                evidence.append(
+                    f"the training path applies {sf_name}, which does not fit this VAE: "
+                    f"its latents have std {D.fmt(raw_std)}, not {1 / sf:.3g}"
+                )
+                dlcheck.fail(
+                    evidence,
+                    f"the scaling factor {sf:g} was calibrated for another VAE; on this one it gives "
+                    f"latents of std {D.fmt(train_std)}, far from the unit variance the noise schedule assumes",
+                    fix_factor,
+                )
+            if implied is not None:
+                evidence.append(f"the training path scales the VAE latents by {implied:.3g}, neither 1 nor {sf_name}")
+            dlcheck.fail(
+                evidence,
+                "the training step scales the latents by a factor that does not bring them to unit variance",
+                "latents = vae.encode(pixel_values).latent_dist.sample() * vae.config.scaling_factor, "
+                "with a scaling_factor calibrated for this VAE (1 / std of its latents)",
+            )
+        if implied is not None and abs(implied - sf) > rtol * sf:
+            dlcheck.fail(
+                [
+                    train_line,
+                    raw_line,
+                    f"the training path scales the VAE latents by {implied:.3g}, but {sf_name}: the pipeline "
+                    f"decodes latents / {sf:g}, so decoded samples are off by ×{implied / sf:.3g}",
+                ],
+                "the training step applies a factor of its own (hard-coded) instead of vae.config.scaling_factor, "
+                "so encode and decode disagree",
+                f"use vae.config.scaling_factor in the training step (latents * vae.config.scaling_factor), "
+                f"or, if {implied:.4g} is the factor you mean, store it where the pipeline reads it: "
+                f"vae.register_to_config(scaling_factor={implied:.4g})",
+            )
+        return
+    if not in_band(raw_std * sf):
+        dlcheck.fail(
+            [
+                raw_line,
+                f"{sf_name} gives latents of std {D.fmt(raw_std * sf)}, outside [{1 / r:.3g}, {r:g}]",
+                "(the training path was not observed: define dlcheck_training_inputs to measure it)",
+            ],
+            f"the scaling factor {sf:g} does not fit this VAE's latents, so the denoiser would be trained on "
+            f"latents of std {D.fmt(raw_std * sf)} instead of about 1",
+            fix_factor,
+        )

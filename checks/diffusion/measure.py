@@ -1,0 +1,415 @@
+"""What the diffusion checks share: the user's diffusers objects read the way a training script uses
+them, the shared draws of the training path (``dlcheck_training_inputs``), fresh redraws of the data
+path for statistics, and the exact binomial / DKW bounds the statistical checks use.
+
+Imports nothing heavy at module import; torch and diffusers are imported inside functions."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import MISSING
+
+# ---- the user's objects ------------------------------------------------------------------------------
+
+#: keys of the ``dlcheck_training_inputs`` dict, canonical name first, then the aliases diffusers'
+#: own training scripts use (SD/SDXL: latents…, SD3/Flux: model_input…)
+INPUT_KEYS: dict[str, tuple[str, ...]] = {
+    "latents": ("latents", "model_input", "x0", "clean_latents"),
+    "noise": ("noise",),
+    "timesteps": ("timesteps", "timestep", "t"),
+    "noisy_latents": ("noisy_latents", "noisy_model_input", "noisy_input", "noisy"),
+    "target": ("target",),
+    "encoder_hidden_states": ("encoder_hidden_states", "prompt_embeds", "condition", "class_labels"),
+    "loss_weights": ("loss_weights", "weights", "mse_loss_weights"),
+}
+
+#: batch fields that hold images in pixel space, in order of preference
+PIXEL_KEYS = ("pixel_values", "images", "image", "pixels", "input", "x")
+#: batch fields that hold the caption-side conditioning
+CAPTION_KEYS = ("input_ids", "prompt_ids", "captions", "caption", "text", "prompt", "prompts")
+
+
+def is_diffusers(obj: Any) -> bool:
+    return any(c.__module__.startswith("diffusers.") for c in type(obj).__mro__)
+
+
+def is_pipeline(obj: Any) -> bool:
+    return (
+        is_diffusers(obj)
+        and hasattr(obj, "components")
+        and any(c.__name__ == "DiffusionPipeline" for c in type(obj).__mro__)
+    )
+
+
+def denoiser_of(pipeline: Any) -> Any:
+    for name in ("unet", "transformer", "prior"):
+        module = getattr(pipeline, name, None)
+        if module is not None:
+            return module
+    return MISSING
+
+
+def describe(obj: Any) -> str:
+    return type(obj).__name__
+
+
+def sched_config(sched: Any) -> Mapping[str, Any]:
+    config = getattr(sched, "config", None)
+    return config if isinstance(config, Mapping) else {}
+
+
+def alphas_cumprod(sched: Any):
+    """The scheduler's cumulative signal share ᾱ_t as a float64 CPU tensor, or None (flow matching)."""
+    import torch
+
+    a = getattr(sched, "alphas_cumprod", None)
+    return a.detach().to("cpu", torch.float64) if isinstance(a, torch.Tensor) else None
+
+
+def noising_coefficients(sched: Any, timesteps: Any) -> tuple[Any, Any] | None:
+    """(a_t, b_t) with ``add_noise(x0, noise, t) = a_t·x0 + b_t·noise`` for the given integer timesteps,
+    read from ``alphas_cumprod`` (DDPM family) without touching the user's scheduler; None when the
+    scheduler has no such schedule."""
+    ac = alphas_cumprod(sched)
+    if ac is None:
+        return None
+    t = timesteps.to("cpu").long().clamp(0, len(ac) - 1)
+    return ac[t].sqrt(), (1 - ac[t]).sqrt()
+
+
+def fresh_scheduler(sched: Any) -> Any:
+    """A new scheduler of the same class and config: set_timesteps on it leaves the user's alone."""
+    return type(sched).from_config(sched.config)
+
+
+def first_timesteps(sched: Any, steps: int) -> list[int]:
+    s = fresh_scheduler(sched)
+    s.set_timesteps(steps)
+    return [int(round(float(t))) for t in s.timesteps[:2]]
+
+
+def pixel_values(batch: Mapping[str, Any], channels: int | None = None) -> tuple[str, Any] | None:
+    """(key, images) of the batch: a 4-D float tensor (B, C, H, W), preferring the usual names."""
+    import torch
+
+    keys = [k for k in PIXEL_KEYS if k in batch] + [k for k in batch if k not in PIXEL_KEYS]
+    for key in keys:
+        v = batch[key]
+        if isinstance(v, torch.Tensor) and v.dim() == 4 and v.is_floating_point():
+            if channels is None or v.shape[1] == channels:
+                return key, v
+    return None
+
+
+def module_device_dtype(module: Any) -> tuple[Any, Any]:
+    import torch
+
+    for p in module.parameters():
+        return p.device, p.dtype
+    return torch.device("cpu"), torch.float32
+
+
+def std(x: Any) -> float:
+    return float(x.detach().double().std())
+
+
+def fmt(x: float) -> str:
+    return f"{x:.3g}" if abs(x) < 1e4 else f"{x:.2e}"
+
+
+# ---- the training path -------------------------------------------------------------------------------
+
+
+@dataclass
+class Draw:
+    """One call of ``dlcheck_training_inputs`` on one sampled batch, as CPU float tensors."""
+
+    batch: int
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, key: str) -> Any:
+        return self.values.get(key)
+
+
+def normalize_inputs(out: Any, role: str = "training_inputs") -> dict[str, Any]:
+    """The user's dict under canonical keys; tensors detached to CPU (timesteps kept integral)."""
+    import torch
+
+    from ...errors import RoleError
+
+    if not isinstance(out, Mapping):
+        raise RoleError(
+            role,
+            f"returned a {type(out).__name__}, expected a dict like "
+            "{'latents', 'noise', 'timesteps', 'noisy_latents', 'target', 'encoder_hidden_states'}",
+        )
+    values: dict[str, Any] = {}
+    for canon, aliases in INPUT_KEYS.items():
+        for alias in aliases:
+            if alias in out and out[alias] is not None:
+                v = out[alias]
+                if isinstance(v, torch.Tensor):
+                    v = v.detach().to("cpu")
+                    if v.is_floating_point() and canon != "timesteps":
+                        v = v.float()
+                values[canon] = v
+                break
+    return values
+
+
+def batch_size_of(values: dict[str, Any]) -> int:
+    for key in ("latents", "noise", "noisy_latents"):
+        v = values.get(key)
+        if v is not None and hasattr(v, "shape") and len(v.shape) > 0:
+            return int(v.shape[0])
+    return 1
+
+
+def timesteps_of(values: dict[str, Any]) -> Any:
+    """The draw's timesteps as a 1-D tensor of one per example (a scalar is expanded)."""
+    import torch
+
+    t = values.get("timesteps")
+    if t is None:
+        return None
+    t = torch.as_tensor(t).detach().to("cpu").flatten()
+    b = batch_size_of(values)
+    if t.numel() == 1 and b > 1:
+        t = t.expand(b)
+    return t
+
+
+def training_draws(ctx: Any, min_rows: int = 64) -> list[Draw]:
+    """Calls of the user's ``dlcheck_training_inputs`` on the shared sample batches, cycling over them
+    until ``min_rows`` examples were drawn (at least 2 calls); computed once per session and shared by
+    DF3, DF4, DF6, DF7 and DF8. Runs without gradients; the check item restores every RNG afterwards."""
+    from ...sampling import get_sample
+
+    fn = user_callable(ctx, "training_inputs", ctx.role("training_inputs"))
+    sample = get_sample(ctx)
+    batches = sample.batches
+
+    def make() -> list[Draw]:
+        import torch
+
+        draws: list[Draw] = []
+        rows = 0
+        i = 0
+        while rows < min_rows or len(draws) < 2:
+            b = i % len(batches)
+            with torch.no_grad():
+                out = ctx.call("training_inputs", lambda b=b: fn(batches[b]))
+            values = normalize_inputs(out)
+            draws.append(Draw(b, values))
+            rows += batch_size_of(values)
+            i += 1
+            if i >= 4 * min_rows:  # batches of size 0: give up rather than loop
+                break
+        return draws
+
+    return ctx.memo((fn, sample), f"dlcheck.diffusion.draws:{min_rows}", make)
+
+
+def require_keys(ctx: Any, draws: list[Draw], *keys: str) -> None:
+    got = sorted(draws[0].values) if draws else []
+    missing = [k for k in keys if any(d.get(k) is None for d in draws)]
+    if missing:
+        names = ", ".join(f"'{k}'" for k in missing)
+        ctx.skip(
+            f"dlcheck_training_inputs returns no {names} (it returns: {', '.join(got) or 'nothing'}); "
+            f"add {names} to its dict"
+        )
+
+
+def cat(draws: list[Draw], key: str) -> Any:
+    import torch
+
+    return torch.cat([d.get(key) for d in draws if d.get(key) is not None])
+
+
+# ---- the trained objective -----------------------------------------------------------------------------
+
+OBJECTIVES = ("epsilon", "v_prediction", "sample")
+OBJECTIVE_WORDS = {
+    "epsilon": "the noise (epsilon)",
+    "v_prediction": "the velocity v (v_prediction)",
+    "sample": "the clean latents x0 (sample)",
+}
+
+
+def measured_objective(draws: list[Draw], sched: Any, rtol: float) -> tuple[str | None, dict[str, int], int]:
+    """What the training target really is, per example: the noise, the velocity
+    ``sqrt(ᾱ)·noise − sqrt(1−ᾱ)·x0``, or x0. Returns (majority label or None, counts, examples judged)."""
+    counts = {k: 0 for k in OBJECTIVES}
+    judged = 0
+    for d in draws:
+        x0, noise, target, t = d.get("latents"), d.get("noise"), d.get("target"), timesteps_of(d.values)
+        if x0 is None or noise is None or target is None or t is None or target.shape != noise.shape:
+            continue
+        coef = noising_coefficients(sched, t)
+        cands = {"epsilon": noise, "sample": x0}
+        if coef is not None:
+            a, b = (c.float().view(-1, *([1] * (x0.dim() - 1))) for c in coef)
+            cands["v_prediction"] = a * noise - b * x0
+        for i in range(target.shape[0]):
+            judged += 1
+            tn = target[i].double().norm()
+            for name, c in cands.items():
+                if (target[i].double() - c[i].double()).norm() <= rtol * max(tn, c[i].double().norm(), 1e-12):
+                    counts[name] += 1
+                    break
+    best = max(counts, key=counts.get) if judged else None
+    if best is not None and counts[best] < 0.9 * judged:
+        best = None
+    return best, counts, judged
+
+
+# ---- fresh redraws of the data path (DF5) ---------------------------------------------------------------
+
+
+def redraw_batches(ctx: Any, calls: int) -> tuple[str, Iterator[tuple[list[Any], Mapping[str, Any]]]]:
+    """``calls`` freshly collated batches: the dataset's examples are read again (so random caption
+    dropout in a dataset transform or in the collator is drawn anew each time), spread over as many
+    distinct examples as the dataset has. Yields (example keys, batch). Skips naming the roles if the
+    data path is missing."""
+    from ...guard import preserved_dataloader
+    from ...roles import ROLES
+    from ...sampling import SampleError, as_batch_dict, spread_positions
+
+    def as_dict(batch: Any, role: str) -> Mapping[str, Any]:
+        try:
+            return as_batch_dict(batch, role)
+        except SampleError as exc:
+            ctx.skip(str(exc))
+
+    collator, dataset = ctx.role("collator"), ctx.role("dataset")
+    bs = ctx.batch_size
+    if (
+        collator is not MISSING
+        and dataset is not MISSING
+        and hasattr(dataset, "__len__")
+        and hasattr(dataset, "__getitem__")
+    ):
+        n = len(dataset)
+        if n == 0:
+            ctx.skip("dlcheck_dataset is empty")
+        positions = spread_positions(n, min(n, calls * bs))
+
+        def gen():
+            k = 0
+            for _ in range(calls):
+                idx = [positions[(k + j) % len(positions)] for j in range(bs)]
+                k += bs
+                rows = [ctx.call("dataset", lambda p=p: dataset[p]) for p in idx]
+                yield idx, as_dict(ctx.call("collator", lambda rows=rows: collator(rows)), "collator")
+
+        return f"batches freshly collated by dlcheck_collator from {len(positions)} examples of dlcheck_dataset", gen()
+    loader = ctx.role("dataloader")
+    if loader is not MISSING:
+
+        def gen_loader():
+            with preserved_dataloader(loader):
+                it = iter(loader)
+                made = 0
+                restarts = 0
+                while made < calls:
+                    batch = ctx.call("dataloader", lambda it=it: next(it, None))
+                    if batch is None:
+                        restarts += 1
+                        if restarts > calls:
+                            return
+                        it = iter(loader)
+                        continue
+                    made += 1
+                    yield None, as_dict(batch, "dataloader")
+                del it
+
+        return "fresh batches of dlcheck_dataloader", gen_loader()
+    ctx.skip(f"missing role: define fixture {ROLES['dataloader'].hint()} in conftest.py")
+
+
+# ---- statistics ---------------------------------------------------------------------------------------
+
+
+def _log_pmf(k: int, n: int, p: float) -> float:
+    if p <= 0.0:
+        return 0.0 if k == 0 else -math.inf
+    if p >= 1.0:
+        return 0.0 if k == n else -math.inf
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * math.log(p) + (n - k) * math.log1p(-p)
+
+
+def binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X ≤ k) for X ~ Binomial(n, p), exact (log-space sum)."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    logs = [_log_pmf(i, n, p) for i in range(k + 1)]
+    m = max(logs)
+    return 0.0 if m == -math.inf else min(1.0, math.exp(m) * sum(math.exp(x - m) for x in logs))
+
+
+def binom_sf(k: int, n: int, p: float) -> float:
+    """P(X ≥ k) for X ~ Binomial(n, p), exact: summed over the upper tail itself, so that tiny tails
+    keep their precision."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    logs = [_log_pmf(i, n, p) for i in range(k, n + 1)]
+    m = max(logs)
+    return 0.0 if m == -math.inf else min(1.0, math.exp(m) * sum(math.exp(x - m) for x in logs))
+
+
+def upper_bound(k: int, n: int, alpha: float) -> float:
+    """One-sided Clopper–Pearson upper bound: the largest p with P(X ≤ k | p) ≥ alpha."""
+    lo, hi = k / n if n else 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if binom_cdf(k, n, mid) >= alpha else (lo, mid)
+    return hi
+
+
+def lower_bound(k: int, n: int, alpha: float) -> float:
+    """One-sided Clopper–Pearson lower bound: the smallest p with P(X ≥ k | p) ≥ alpha."""
+    lo, hi = 0.0, k / n if n else 0.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if binom_sf(k, n, mid) >= alpha else (mid, hi)
+    return lo
+
+
+def dkw_epsilon(n: int, alpha: float) -> float:
+    """Dvoretzky–Kiefer–Wolfowitz (Massart): P(sup|F_n − F| > ε) ≤ 2·exp(−2nε²) = alpha, for any F."""
+    return math.sqrt(math.log(2.0 / alpha) / (2.0 * n))
+
+
+def uniform_cdf_gap(values: list[int], T: int) -> tuple[float, int]:
+    """sup over integers x of |F_n(x) − F(x)| against the discrete uniform law on {0…T−1}; and the x
+    where it is reached."""
+    xs = sorted(values)
+    n = len(xs)
+    best, where = 0.0, 0
+    i = 0
+    for v in sorted(set(xs)):
+        below = i  # count < v
+        while i < n and xs[i] == v:
+            i += 1
+        for x, fn in ((v - 1, below / n), (v, i / n)):
+            f = min(max((x + 1) / T, 0.0), 1.0)
+            if abs(fn - f) > best:
+                best, where = abs(fn - f), x
+    return best, where
+
+
+def user_callable(ctx: Any, name: str, obj: Any) -> Callable[..., Any]:
+    from ...errors import RoleError
+
+    if not callable(obj):
+        raise RoleError(name, f"is a {type(obj).__name__}, expected a callable")
+    return obj

@@ -1,0 +1,201 @@
+"""DF8: timesteps or noise drawn wrongly in the training step."""
+
+from __future__ import annotations
+
+from ...registry import Setting, check
+from . import measure as D
+
+
+def _fit(noisy, x0, noise):
+    """Least-squares (a, b) with noisy ≈ a·x0 + b·noise, per example."""
+    import torch
+
+    n = noisy.shape[0]
+    X = torch.stack([x0.reshape(n, -1), noise.reshape(n, -1)], dim=2).double()  # (n, D, 2)
+    y = noisy.reshape(n, -1, 1).double()
+    sol = torch.linalg.lstsq(X, y).solution.squeeze(-1)  # (n, 2)
+    return sol[:, 0], sol[:, 1]
+
+
+@check(
+    "DF8",
+    domain="diffusion",
+    title="timesteps or noise drawn wrongly",
+    roles=("training_inputs", "noise_scheduler"),
+    settings=(
+        Setting(
+            "timestep_draws",
+            64,
+            "training timesteps drawn (dlcheck_training_inputs is called until it has "
+            "produced this many); 64 draws put the DKW bound at 0.34, enough to see a fixed timestep, a range cut "
+            "to a tenth or a half, or continuous times in [0, 1) fed to a 1000-step scheduler",
+        ),
+        Setting(
+            "require_uniform",
+            True,
+            "test the timesteps against the uniform law on [0, T); set false when you "
+            "bias the timestep draw on purpose (timestep_bias_strategy, importance sampling): only a fixed or "
+            "out-of-range timestep is then reported",
+        ),
+        Setting(
+            "false_alarm",
+            1e-6,
+            "probability that uniform timesteps fail the DKW test (the bound holds for "
+            "any law, discrete ones included)",
+        ),
+        Setting(
+            "noise_std_tol",
+            0.1,
+            "allowed |std(noise) − 1|: randn noise over a few thousand values is within "
+            "0.03; offset noise 0.1 gives 1.005; a scaled noise (× 0.1, × 2) is far out",
+        ),
+        Setting(
+            "coef_atol",
+            0.05,
+            "allowed gap between the per-example fit noisy ≈ a·x0 + b·noise and the noise "
+            "scheduler's (sqrt(ᾱ_t), sqrt(1 − ᾱ_t)); input perturbation 0.1 moves b by < 0.01, another beta "
+            "schedule moves a or b by 0.1–0.3",
+        ),
+    ),
+)
+def check_noising(dlcheck):
+    """The training step draws t uniformly over [0, T), unit Gaussian noise, and noises with add_noise.
+
+    What it does
+        Calls ``dlcheck_training_inputs`` on the sampled batches until it has drawn ``timestep_draws``
+        timesteps, then checks: every timestep lies in [0, num_train_timesteps); they are not all equal;
+        their empirical CDF is within the DKW bound of the uniform law (false alarm ≤ 1e-6; when a call
+        shares one timestep across its batch, calls are counted, not examples); the noise has mean 0 and
+        std 1; and each example's noisy latents equal a·latents + b·noise with the noise scheduler's own
+        coefficients (sqrt(ᾱ_t), sqrt(1 − ᾱ_t)), fitted by least squares, i.e. they come from the same
+        scheduler's ``add_noise``.
+    Why it is bad
+        A fixed or narrow timestep range trains the denoiser on a few noise levels only: the loss falls,
+        and sampling, which walks through all of them, produces mush. Scaled noise, or noisy latents from
+        another schedule (another scheduler object, a hand-written formula, continuous times in [0, 1))
+        train the model on a noise process the sampler does not invert.
+    Example
+        timesteps = torch.full((bsz,), 500)                                 # fixed timestep
+        timesteps = torch.randint(0, 50, (bsz,))                            # num_inference_steps, not T
+        noise = torch.randn_like(latents) * 0.1                            # scaled noise
+        noisy = other_scheduler.add_noise(latents, noise, timesteps)        # another beta schedule
+    Use instead
+        noise = torch.randn_like(latents)
+        timesteps = torch.randint(0, noise_scheduler.config.num_train_timesteps, (bsz,), device=latents.device)
+        noisy_latents = noise_scheduler.add_noise(latents, noise, timesteps)
+    Known problems
+        Needs 'latents', 'noise', 'timesteps' and 'noisy_latents' in the dict of dlcheck_training_inputs.
+        Schedulers without ᾱ_t (flow matching, which draws sigmas, often logit-normal on purpose) are
+        covered only in part: the timesteps must lie in [0, T] and not all be equal; the uniform test and
+        the noising fit are skipped. Deliberately biased timestep
+        sampling fails the uniform test: set DF8.require_uniform=false.
+    """
+    import torch
+
+    sched = dlcheck.role("noise_scheduler")
+    config = D.sched_config(sched)
+    T = config.get("num_train_timesteps")
+    if T is None:
+        dlcheck.skip(f"{D.describe(sched)} has no config.num_train_timesteps")
+    n_want = dlcheck.setting("timestep_draws")
+    draws = D.training_draws(dlcheck, n_want)
+    D.require_keys(dlcheck, draws, "timesteps", "noise")
+
+    findings: list[tuple[list[str], str, str]] = []
+
+    # ---- timesteps --------------------------------------------------------------------------------
+    per_call = [D.timesteps_of(d.values) for d in draws]
+    ts = torch.cat(per_call)
+    as_float = ts.double()
+    integral = bool(torch.all(as_float == as_float.round()))
+    lo, hi = float(as_float.min()), float(as_float.max())
+    shown = ", ".join(str(int(v)) if integral else f"{float(v):.3g}" for v in ts[:8])
+    where = f"{len(ts)} timesteps from {len(draws)} calls of dlcheck_training_inputs"
+    randint = f"torch.randint(0, noise_scheduler.config.num_train_timesteps, (bsz,))  (T = {T})"
+    top = T - 1 if D.alphas_cumprod(sched) is not None else T  # flow matching draws t = 1000·σ, σ ∈ [0, 1]
+    if lo < 0 or hi > top:
+        findings.append(
+            (
+                [f"{where} range over [{lo:g}, {hi:g}], outside the scheduler's [0, {top}] (first: {shown})"],
+                f"timesteps outside [0, {T}) index past the noise schedule of {D.describe(sched)}",
+                f"timesteps = {randint}",
+            )
+        )
+    elif len(torch.unique(ts)) == 1:
+        findings.append(
+            (
+                [f"{where}: all equal {shown.split(',')[0]}"],
+                "the timestep is fixed, so the denoiser only ever learns one noise level",
+                f"timesteps = {randint}",
+            )
+        )
+    elif dlcheck.setting("require_uniform") and D.alphas_cumprod(sched) is not None:
+        shared = all(len(torch.unique(t)) == 1 for t in per_call) and max(len(t) for t in per_call) > 1
+        values = [int(round(float(t[0]))) for t in per_call] if shared else [int(round(float(v))) for v in ts]
+        alpha = dlcheck.setting("false_alarm")
+        gap, at = D.uniform_cdf_gap(values, T)
+        eps = D.dkw_epsilon(len(values), alpha)
+        if not integral or gap > eps:
+            unit = f"{len(values)} calls (one timestep per batch)" if shared else f"{len(values)} draws"
+            findings.append(
+                (
+                    [
+                        f"{where} lie in [{lo:.4g}, {hi:.4g}] ({len(torch.unique(ts))} distinct; first: {shown}), "
+                        f"{'not integers, ' if not integral else ''}for a scheduler of T = {T} steps",
+                        f"empirical CDF vs uniform on [0, {T}): largest gap {gap:.2f} at t = {at}, above the DKW bound "
+                        f"{eps:.2f} for {unit} (false alarm ≤ {alpha:g})",
+                    ],
+                    "the training timesteps do not cover [0, T) uniformly (a narrowed range, num_inference_steps used as T, "
+                    "or continuous times in [0, 1) fed to a discrete scheduler), so most noise levels the sampler visits are "
+                    "never trained",
+                    f"timesteps = {randint}; if the bias is intended, set DF8.require_uniform=false",
+                )
+            )
+
+    # ---- noise --------------------------------------------------------------------------------------
+    noise = D.cat(draws, "noise")
+    n_std, n_mean = D.std(noise), float(noise.double().mean())
+    tol = dlcheck.setting("noise_std_tol")
+    if abs(n_std - 1) > tol or abs(n_mean) > tol:
+        findings.append(
+            (
+                [
+                    f"noise from dlcheck_training_inputs: std {n_std:.3g}, mean {n_mean:.3g} over "
+                    f"{noise.numel()} values (wanted std 1 ± {tol:g}, mean 0)"
+                ],
+                "the noise is not a standard Gaussian (scaled, shifted, or uniform), but the scheduler's "
+                "add_noise and the sampler's starting noise are",
+                "noise = torch.randn_like(latents) (offset noise adds at most ~0.1·randn(B, C, 1, 1))",
+            )
+        )
+
+    # ---- add_noise --------------------------------------------------------------------------------
+    if all(d.get(k) is not None for d in draws for k in ("latents", "noisy_latents")):
+        x0, noisy = D.cat(draws, "latents"), D.cat(draws, "noisy_latents")
+        if x0.shape == noisy.shape == noise.shape and integral and 0 <= lo and hi <= T - 1:
+            coef = D.noising_coefficients(sched, ts)
+            if coef is not None:
+                a, b = _fit(noisy, x0, noise)
+                ea, eb = coef
+                err = torch.maximum((a - ea).abs(), (b - eb).abs())
+                atol = dlcheck.setting("coef_atol")
+                bad = (err > atol).nonzero().flatten().tolist()
+                if bad:
+                    i = max(bad, key=lambda j: float(err[j]))
+                    findings.append(
+                        (
+                            [
+                                f"{len(bad)} of {len(err)} examples: noisy_latents ≠ noise_scheduler.add_noise(latents, noise, timesteps)",
+                                f"example {i} at t = {int(ts[i])}: noisy = {float(a[i]):.3f}·latents + {float(b[i]):.3f}·noise; "
+                                f"{D.describe(sched)}.add_noise gives {float(ea[i]):.3f}·latents + {float(eb[i]):.3f}·noise",
+                            ],
+                            f"the noisy latents come from another noise schedule or formula than dlcheck_noise_scheduler's "
+                            f"({config.get('beta_schedule')}, β {config.get('beta_start')}→{config.get('beta_end')}), so the "
+                            "model learns a process the sampler (built from that scheduler's config) does not invert",
+                            "noisy_latents = noise_scheduler.add_noise(latents, noise, timesteps) with the scheduler whose "
+                            "config the pipeline is built from",
+                        )
+                    )
+    if findings:
+        evidence = [line for f in findings for line in f[0]]
+        dlcheck.fail(evidence, "; ".join(f[1] for f in findings), "; ".join(f[2] for f in findings))

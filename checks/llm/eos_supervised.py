@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+from ...registry import Setting, check
+from ..shared import lm
+from .common import labelled_rows, token_sample
+
+
+@check(
+    "L11",
+    domain="llm",
+    title="end-of-sequence token is never supervised",
+    roles=("tokenizer", "dataloader"),
+    optional_roles=("model",),
+    property_mode=True,
+    settings=(
+        Setting(
+            "max_missing_share",
+            0.0,
+            "share of sampled, untruncated documents allowed to end without a "
+            "supervised EOS; 0 because one masked EOS is already a collator that masks the real EOS",
+        ),
+    ),
+)
+def check_eos_supervised(dlcheck):
+    """Every training document ends with an EOS token whose label is supervised.
+
+    What it does
+        On the sampled training batches, finds the last real token of every document (by attention
+        mask, and by position_ids restarts for packed rows) and checks that it is a stop token and
+        that its label is not -100 (labels aligned with input_ids, or pre-shifted by one). Stop tokens
+        are the tokenizer's EOS plus the model's ``generation_config.eos_token_id`` (chat models stop
+        on an end-of-turn token such as ``<|im_end|>``). Documents that fill the whole row without a
+        stop token are counted as truncated and left to L13.
+    Why it is bad
+        A model that never sees EOS as a target never learns to stop: generation runs to max_new_tokens
+        and rambles. The classic cause: ``tokenizer.pad_token = tokenizer.eos_token`` with
+        ``DataCollatorForLanguageModeling(mlm=False)``, which sets the label of every pad id to -100,
+        the real EOS included. Another: a tokenizer (Llama, Mistral) that appends no EOS.
+    Example
+        tok.pad_token = tok.eos_token
+        collator = DataCollatorForLanguageModeling(tok, mlm=False)   # masks the real EOS too
+    Use instead
+        tok.add_special_tokens({"pad_token": "<|pad|>"}); model.resize_token_embeddings(len(tok)),
+        or mask labels by attention_mask instead of by token id; append tok.eos_token to every text.
+    Known problems
+        Needs labels in the batch; skips when the collator leaves them to the model. A pipeline that
+        deliberately trains without EOS (pure continuation pretraining) should ignore L11.
+    """
+    tok = dlcheck.role("tokenizer")
+    eos = lm.special_id(tok, "eos")
+    if eos is None:
+        dlcheck.skip("the tokenizer has no eos_token_id; L3 owns a missing special token")
+    stops = {eos} | lm.generation_stop_ids(dlcheck.role("model"))
+    sample = token_sample(dlcheck)
+    rows = labelled_rows(dlcheck, sample)
+    pad = lm.special_id(tok, "pad")
+
+    docs = []  # (row, real positions, packed?)
+    for row in rows:
+        if row.labels is None:
+            continue
+        content = set(row.content)
+        spans = row.documents()
+        for start, end in spans:
+            real = [p for p in range(start, end) if p in content]
+            if real:
+                docs.append((row, real, end, len(spans) > 1))
+    longest = max((len(real) for _, real, _, _ in docs), default=0)
+
+    masked, no_eos, outside_mask, truncated, judged = [], [], [], 0, 0
+    for row, real, end, packed in docs:
+        last = real[-1]
+        if row.input_ids[last] not in stops:
+            # the EOS right after the content, shut out by the attention mask, is L14's bug
+            if last + 1 < end and row.input_ids[last + 1] in stops and (last + 1) not in row.content:
+                outside_mask.append((row, last + 1))
+                judged += 1
+            elif len(real) == longest or (packed and last == len(row.input_ids) - 1):
+                truncated += 1  # the longest document, or a packed row's cut tail: L13's business
+            else:
+                no_eos.append((row, last))
+                judged += 1
+            continue
+        judged += 1
+        shifted_ok = last > 0 and row.labels[last - 1] == row.input_ids[last]
+        if row.labels[last] == lm.IGNORE and not shifted_ok:
+            masked.append((row, last))
+
+    if judged == 0:
+        dlcheck.skip(f"all {truncated} sampled documents fill their row without EOS (truncated?); see L13")
+    bad = masked + no_eos + outside_mask
+    if len(bad) / judged <= dlcheck.setting("max_missing_share"):
+        return
+
+    row, pos = bad[0]
+    ending = lm.token_text(tok, row.input_ids[pos])
+    window = list(range(max(0, pos - 3), min(len(row.input_ids), pos + 2)))
+    example = [
+        f"example {row.batch}.{row.index}: {lm.decode(tok, [row.input_ids[p] for p in row.content] or row.input_ids)}",
+        f"labels at the end: {lm.show_labels(tok, row, window)}",
+    ]
+    if masked and len(masked) >= len(no_eos):
+        evidence = [
+            f"{len(masked)} of {judged} sampled documents: final token {ending} (id {row.input_ids[pos]}) has label -100"
+        ] + example
+        if pad is not None and pad == eos:
+            cause = "pad_token == eos_token and the collator masks every pad id, so the real EOS is masked too"
+            fix = (
+                "give the tokenizer its own pad token (tok.add_special_tokens({'pad_token': '<|pad|>'}) + "
+                "model.resize_token_embeddings(len(tok))), or mask labels by attention_mask, not by token id"
+            )
+        else:
+            cause = "the collator or the labelling code sets the label of the final EOS to -100"
+            fix = "keep labels[i] = input_ids[i] at the EOS position; mask only padding (attention_mask == 0) and prompt tokens"
+    elif outside_mask and len(outside_mask) >= len(no_eos):
+        evidence = [
+            f"{len(outside_mask)} of {judged} sampled documents: the EOS after the last real token has "
+            f"attention_mask 0, so it is treated as padding"
+        ] + example
+        cause = "pad_token == eos_token and the attention mask was built as input_ids != pad_token_id (see L14)"
+        fix = "take attention_mask from the tokenizer's padding (tokenizer.pad / DataCollatorWithPadding), or give the tokenizer its own pad token"
+    else:
+        stop_text = ", ".join(f"{lm.token_text(tok, s)} (id {s})" for s in sorted(stops))
+        evidence = [
+            f"{len(no_eos)} of {judged} sampled documents end without a stop token [{stop_text}]; "
+            f"{truncated} more fill the row (truncated?)"
+        ] + example
+        if row.input_ids[pos] in lm.special_ids(tok):
+            cause = (
+                f"the documents end with the special token {ending}, but generation stops only on [{stop_text}]: "
+                "the model learns to end its turn with a token that never stops generation"
+            )
+            fix = (
+                f"add {ending} to model.generation_config.eos_token_id (a list may hold several ids), or make it the "
+                "tokenizer's eos_token, as chat models do"
+            )
+        else:
+            cause = "the tokenizer appends no EOS (add_eos_token is off, as for Llama/Mistral) and the data pipeline does not add one"
+            fix = "append tokenizer.eos_token to every training text (or completion) before tokenizing, or enable the tokenizer's EOS post-processor"
+    dlcheck.fail(evidence, cause, fix)

@@ -1,0 +1,693 @@
+"""L2: labels are -100 on padding and, under completion-only training, on the prompt.
+
+The first half of this module is the per-example analysis L2 and L13 share (which collated tokens belong
+to which sampled example, which of them are supervised, where the prompt ends, whether the example was
+cut); it is computed once per sample and tokenizer through ``dlcheck.memo``. It belongs in
+``checks/llm/common.py`` once the lead integrates it."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...guard import preserved_tokenizer
+from ...registry import Setting, check
+from ...sampling import Sample
+from ..shared import lm
+from .common import labelled_rows, token_sample
+
+# --------------------------------------------------------------------------------------------------
+# shared analysis (L2, L13)
+
+PROMPT_COMPLETION, MESSAGES, COMPLETION_MASK, ASSISTANT_MASKS, TEXT = (
+    "prompt/completion",
+    "messages",
+    "completion_mask",
+    "assistant_masks",
+    "text",
+)
+#: the kinds that carry a prompt/completion (or user/assistant) split
+SPLIT_KINDS = (PROMPT_COMPLETION, MESSAGES, COMPLETION_MASK, ASSISTANT_MASKS)
+
+
+@dataclass
+class Example:
+    """One sampled example inside the collated batches, with what its raw row says about it."""
+
+    row: lm.Row
+    #: row positions of this example's real tokens, in order
+    positions: list[int]
+    #: index into ``Sample.rows`` / ``Sample.raw_rows``, None when unknown (dataloader batches)
+    index: int | None
+    raw: Any = None
+    #: its position in the dataset, when known
+    position: int | None = None
+    #: the row positions whose label is a training target (label shift undone; position 0 dropped for
+    #: aligned labels, since a causal LM never predicts the first token)
+    targets: list[int] = field(default_factory=list)
+    kind: str | None = None
+    #: positions of this example that hold prompt (non-completion / non-assistant) tokens; None: unknown
+    prompt_side: list[int] | None = None
+    prompt_text: str = ""
+    #: the completion (or the assistant turns) as text, for evidence
+    expected: str = ""
+    #: tokens of the prompt alone, when known
+    n_prompt: int | None = None
+    #: the example's complete tokenization (prompt+completion, text, conversation), when known
+    full: list[int] | None = None
+    #: another candidate for ``full`` (prompt and completion tokenized apart), when there is one
+    alt_full: list[int] | None = None
+    #: how the collated tokens relate to ``full``: "none" (complete), "end" (the end is cut), "start"
+    #: (the start is cut), None (unknown)
+    cut: str | None = None
+
+    @property
+    def ids(self) -> list[int]:
+        return [self.row.input_ids[p] for p in self.positions]
+
+
+@dataclass
+class Analysis:
+    examples: list[Example]
+    #: 1 when labels are pre-shifted (labels[i] == input_ids[i + 1]), else 0
+    shift: int
+    #: whether the pipeline ends sequences with EOS (some sampled example does)
+    appends_eos: bool
+
+
+def tokenizer_of(tok: Any) -> Any:
+    """The text tokenizer of a tokenizer or processor."""
+    inner = getattr(tok, "tokenizer", None)
+    return inner if inner is not None and callable(inner) else tok
+
+
+def _as_ids(value: Any) -> list[int] | None:
+    if value is None:
+        return None
+    if isinstance(value, Mapping) or hasattr(value, "keys"):
+        value = value["input_ids"]
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if value and isinstance(value[0], (list, tuple)):
+        value = value[0]
+    return [int(v) for v in value]
+
+
+def encode(tok: Any, text: str, special: bool = True) -> list[int] | None:
+    try:
+        return _as_ids(tokenizer_of(tok)(text, add_special_tokens=special))
+    except Exception:
+        return None
+
+
+def chat_encode(tok: Any, messages: list, **kwargs: Any) -> Any:
+    """apply_chat_template as a dict (input_ids, maybe assistant_masks), or None without a template."""
+    t = tokenizer_of(tok)
+    if not getattr(t, "chat_template", None):
+        return None
+    try:
+        out = t.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs)
+        return {k: (v.tolist() if hasattr(v, "tolist") else list(v)) for k, v in out.items()}
+    except Exception:
+        return None
+
+
+def text_of(tok: Any, ids: Sequence[int]) -> str:
+    """Decoded text with special tokens kept; token by token when decoding fails (ids past the vocabulary
+    are L3's to report)."""
+    try:
+        return tokenizer_of(tok).decode([int(i) for i in ids], skip_special_tokens=False)
+    except Exception:
+        return " ".join(lm.token_text(tok, i) for i in ids)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _tolist(value: Any) -> list[list[Any]] | None:
+    if value is None:
+        return None
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)) and value and not isinstance(value[0], (list, tuple)):
+        return [list(value)]
+    return [list(v) for v in value]
+
+
+def label_shift(rows: Sequence[lm.Row]) -> int:
+    """1 when the labels are pre-shifted for the loss (labels[i] == input_ids[i+1]), 0 when aligned with
+    input_ids as transformers models expect (they shift inside the loss)."""
+    aligned = shifted = 0
+    for row in rows:
+        if row.labels is None:
+            continue
+        n = len(row.input_ids)
+        for i in row.supervised:
+            aligned += row.labels[i] == row.input_ids[i]
+            shifted += i + 1 < n and row.labels[i] == row.input_ids[i + 1]
+    return 1 if shifted > aligned else 0
+
+
+def row_targets(row: lm.Row, shift: int) -> list[int]:
+    """Positions whose token is a training target."""
+    if row.labels is None:
+        return []
+    n = len(row.input_ids)
+    out = [i + shift for i in row.supervised if i + shift < n]
+    return [t for t in out if t > 0] if shift == 0 else out
+
+
+def label_position(t: int, shift: int) -> int:
+    return t - shift
+
+
+def mask_is_flat(row: lm.Row) -> bool:
+    m = row.attention_mask
+    return m is not None and (not m or isinstance(m[0], (int, bool)))
+
+
+def _units(row: lm.Row) -> list[list[int]]:
+    """The examples in a collated row: one, or the documents of a packed row (position_ids restarts)."""
+    content = set(row.content) if mask_is_flat(row) else set(range(len(row.input_ids)))
+    packed = row.position_ids is not None and bool(row.position_ids) and isinstance(row.position_ids[0], int)
+    spans = row.documents() if packed else [(0, len(row.input_ids))]
+    out = [[p for p in range(s, e) if p in content] for s, e in spans]
+    return [u for u in out if u]
+
+
+def examples_of(sample: Sample, rows: list[lm.Row]) -> list[Example]:
+    """Every sampled example as it sits in the collated batches, mapped back to its (raw) row when the
+    sample knows which rows each batch was collated from."""
+    by_batch: dict[int, list[lm.Row]] = {}
+    for row in rows:
+        by_batch.setdefault(row.batch, []).append(row)
+    raw_rows = sample.raw_rows if sample.raw_rows is not None else sample.rows
+    out: list[Example] = []
+    for b, brows in sorted(by_batch.items()):
+        units = [(row, u) for row in brows for u in _units(row)]
+        group = sample.batch_rows[b] if sample.batch_rows is not None and b < len(sample.batch_rows) else None
+        mapped = group is not None and len(units) == len(group)
+        for k, (row, u) in enumerate(units):
+            index = group[k] if mapped else None
+            raw = raw_rows[index] if index is not None and raw_rows is not None and index < len(raw_rows) else None
+            position = sample.positions[index] if index is not None and sample.positions is not None else None
+            out.append(Example(row, u, index, raw, position=position))
+    return out
+
+
+class Decoded:
+    """Character spans of tokens, from decoding prefixes (binary searched, so a few decodes per span)."""
+
+    def __init__(self, tok: Any, ids: Sequence[int]):
+        self.tok = tokenizer_of(tok)
+        self.ids = list(ids)
+        self._len: dict[int, int] = {}
+        self.text = self._decode(len(self.ids))
+
+    def _decode(self, k: int) -> str:
+        return self.tok.decode(self.ids[:k], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def prefix_len(self, k: int) -> int:
+        if k not in self._len:
+            self._len[k] = len(self._decode(k))
+        return self._len[k]
+
+    def tokens_within(self, a: int, b: int) -> list[int]:
+        """Indices of the tokens whose text lies entirely inside characters [a, b)."""
+        n = len(self.ids)
+        lo, hi = 0, n
+        while lo < hi:  # first k whose start >= a
+            mid = (lo + hi) // 2
+            if self.prefix_len(mid) >= a:
+                hi = mid
+            else:
+                lo = mid + 1
+        start = lo
+        lo, hi = start, n
+        while lo < hi:  # last k whose end (prefix_len(k + 1)) <= b
+            mid = (lo + hi + 1) // 2
+            if self.prefix_len(mid) <= b:
+                lo = mid
+            else:
+                hi = mid - 1
+        return list(range(start, lo))
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # multimodal content parts
+        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str))
+    return ""
+
+
+def _is_messages(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(m, Mapping) and "role" in m and "content" in m for m in value)
+    )
+
+
+def raw_kind(raw: Any) -> str | None:
+    """What a raw row says about its example: a prompt/completion (or user/assistant) split, or text."""
+    if not isinstance(raw, Mapping):
+        return None
+    if "prompt" in raw and "completion" in raw:
+        return PROMPT_COMPLETION
+    if _is_messages(raw.get("messages")):
+        return MESSAGES
+    if "completion_mask" in raw and "input_ids" in raw:
+        return COMPLETION_MASK
+    if "assistant_masks" in raw and "input_ids" in raw:
+        return ASSISTANT_MASKS
+    if isinstance(raw.get("text"), str):
+        return TEXT
+    return None
+
+
+def _spans_in(text: str, pieces: Sequence[tuple[bool, str]]) -> list[tuple[bool, int, int]] | None:
+    """Locate each (is_prompt_side, piece) in order in ``text``; None if one is missing."""
+    out, cursor = [], 0
+    for side, piece in pieces:
+        if not piece.strip():
+            continue
+        at = text.find(piece, cursor)
+        if at < 0:
+            piece = piece.strip()
+            at = text.find(piece, cursor)
+            if at < 0:
+                return None
+        out.append((side, at, at + len(piece)))
+        cursor = at + len(piece)
+    return out
+
+
+def _text_prompt_side(tok: Any, ids: list[int], pieces: Sequence[tuple[bool, str]]) -> list[int] | None:
+    """Token indices lying entirely inside the prompt-side pieces' text, the pieces located in order in
+    the decoded example (conservative: template tokens between them are not judged). A truncated
+    example is judged on the leading pieces it still holds."""
+    try:
+        dec = Decoded(tok, ids)
+    except Exception:  # ids the tokenizer cannot decode: not judged here (L3 reports them)
+        return None
+    spans = _spans_in(dec.text, pieces)
+    if spans is None:
+        spans = []
+        cursor = 0
+        for side, piece in pieces:
+            at = dec.text.find(piece.strip(), cursor) if piece.strip() else -1
+            if at < 0:
+                break
+            spans.append((side, at, at + len(piece.strip())))
+            cursor = at + len(piece.strip())
+        if not spans:
+            return None
+    out: list[int] = []
+    for side, a, b in spans:
+        if side:
+            out += dec.tokens_within(a, b)
+    return out
+
+
+def _relation(content: list[int], full: list[int]) -> str | None:
+    """How the collated tokens relate to the complete tokenization."""
+    if not content or not full:
+        return None
+    for oc, of in ((0, 0), (1, 0), (0, 1), (1, 1)):
+        c, f = content[oc:], full[of:]
+        if not c or not f:
+            continue
+        cp = common_prefix(c, f)
+        if cp == len(f):
+            return "none"
+        if cp == len(c):
+            return "end"
+    for oc in (0, 1):
+        c = content[oc:]
+        if c and len(c) < len(full) and full[-len(c) :] == c:
+            return "start"
+    return None
+
+
+def _analyse_example(tok: Any, ex: Example, specials: set[int], eos: int | None, appends_eos: bool) -> None:
+    raw = ex.raw
+    ids = ex.ids
+    kind = raw_kind(raw)
+    ex.kind = kind
+    if kind is None:
+        return
+    if kind in (COMPLETION_MASK, ASSISTANT_MASKS):
+        mask, own = raw.get(kind), raw.get("input_ids")
+        if mask is None or own is None:
+            return
+        mask, own = list(mask), [int(i) for i in own]
+        o = next(
+            (o for o in (0, 1) if len(ids) > o and common_prefix(ids[o:], own) >= min(len(ids) - o, len(own))), None
+        )
+        if o is None or len(mask) != len(own):
+            return
+        n = min(len(own), len(ids) - o)
+        ex.prompt_side = [o + j for j in range(n) if not mask[j] and ids[o + j] not in specials]
+        ex.expected = text_of(tok, [own[j] for j in range(len(own)) if mask[j]])
+        ex.full, ex.n_prompt = own, next((j for j, m in enumerate(mask) if m), len(mask))
+    elif kind == PROMPT_COMPLETION:
+        prompt, completion = raw["prompt"], raw["completion"]
+        if isinstance(prompt, str) and isinstance(completion, str):
+            ex.prompt_text, ex.expected = prompt, completion
+            best = None
+            for special in (True, False):
+                p = encode(tok, prompt, special)
+                if not p:
+                    continue
+                for o in (0, 1, 2):
+                    cp = common_prefix(p, ids[o:])
+                    whole = cp >= max(1, len(p) - 1) or (cp and cp == len(ids) - o)
+                    if whole and (best is None or cp > best[1]):
+                        best = (o, cp, len(p))
+            if best is not None:
+                o, cp, n_prompt = best
+                ex.prompt_side = [o + j for j in range(cp) if ids[o + j] not in specials]
+                ex.n_prompt = n_prompt
+            else:
+                ex.prompt_side = _text_prompt_side(tok, ids, [(True, prompt), (False, completion)])
+                ex.n_prompt = len(encode(tok, prompt) or []) or None
+            ex.full = encode(tok, prompt + completion)
+            # a collator may tokenize the two parts apart and concatenate them
+            p, c = encode(tok, prompt), encode(tok, completion, special=False)
+            ex.alt_full = p + c if p and c else None
+        elif _is_messages(prompt) and _is_messages(completion):
+            pieces = [(m["role"] != "assistant", _content_text(m["content"])) for m in prompt + completion]
+            ex.prompt_text = " | ".join(t for side, t in pieces if side)
+            ex.expected = " | ".join(_content_text(m["content"]) for m in completion)
+            ex.prompt_side = _text_prompt_side(tok, ids, pieces)
+            p = chat_encode(tok, prompt, add_generation_prompt=True)
+            ex.n_prompt = len(p["input_ids"]) if p else None
+            full = chat_encode(tok, prompt + completion)
+            ex.full = full["input_ids"] if full else None
+    elif kind == MESSAGES:
+        msgs = raw["messages"]
+        pieces = [(m["role"] != "assistant", _content_text(m["content"])) for m in msgs]
+        ex.prompt_text = " | ".join(t for side, t in pieces if side)
+        ex.expected = " | ".join(t for side, t in pieces if not side)
+        ex.prompt_side = _text_prompt_side(tok, ids, pieces)
+        full = chat_encode(tok, msgs)
+        ex.full = full["input_ids"] if full else None
+    elif kind == TEXT:
+        ex.full = encode(tok, raw["text"])
+    for full in (ex.full, ex.alt_full):
+        if not full:
+            continue
+        if appends_eos and eos is not None and full[-1] != eos:
+            full = full + [eos]  # the pipeline ends every sequence with EOS (some sampled one shows it)
+        cut = _relation(ids, full)
+        if cut is not None:
+            ex.full, ex.cut = full, cut
+            break
+
+
+def analyse(ctx: Any, sample: Sample, tok: Any) -> Analysis:
+    """The shared per-example analysis of the sample (memoised per sample and tokenizer)."""
+
+    def make() -> Analysis:
+        rows = lm.rows(sample.batches)
+        shift = label_shift(rows)
+        examples = examples_of(sample, rows)
+        eos = lm.special_id(tok, "eos")
+        specials = set(getattr(tokenizer_of(tok), "all_special_ids", []) or [])
+        appends_eos = eos is not None and any(ex.ids and ex.ids[-1] == eos for ex in examples)
+        with preserved_tokenizer(tok):
+            for ex in examples:
+                own = set(ex.positions)
+                ex.targets = [t for t in row_targets(ex.row, shift) if t in own]
+                _analyse_example(tok, ex, specials, eos, appends_eos)
+        return Analysis(examples, shift, appends_eos)
+
+    return ctx.memo((sample, tok), "llm:label-analysis", make)
+
+
+def example_name(ex: Example) -> str:
+    where = f" (dataset row {ex.position})" if ex.position is not None else ""
+    return f"example {ex.row.batch}.{ex.row.index}{where}"
+
+
+def short(text: str, limit: int = 100) -> str:
+    if len(text) > limit:
+        text = text[: limit // 2 - 2] + " … " + text[-(limit // 2 - 2) :]
+    return repr(text)
+
+
+# --------------------------------------------------------------------------------------------------
+# L2
+
+
+def _pad_positions(row: lm.Row, pad: int | None, eos: int | None) -> list[int] | None:
+    """Padding positions: attention_mask 0 (never the pad id, which may be the EOS); without a mask,
+    leading/trailing runs of a pad id distinct from EOS; None when padding cannot be told."""
+    if mask_is_flat(row):
+        return [i for i, m in enumerate(row.attention_mask) if not m]
+    if row.attention_mask is not None or pad is None or pad == eos or row.position_ids is not None:
+        return None
+    ids = row.input_ids
+    n = len(ids)
+    lead = next((i for i, t in enumerate(ids) if t != pad), n)
+    trail = next((i for i, t in enumerate(reversed(ids)) if t != pad), n)
+    return sorted(set(range(lead)) | set(range(n - trail, n)))
+
+
+def _prompt_opt_out(ctx: Any, kinds: set[str]) -> str | None:
+    if not ctx.setting("completion_only"):
+        return "L2.completion_only is false"
+    args = ctx.role("training_args") if ctx.has("training_args") else None
+    if args is None:
+        return None
+    if kinds & {PROMPT_COMPLETION, COMPLETION_MASK} and getattr(args, "completion_only_loss", None) is False:
+        return f"{type(args).__name__}(completion_only_loss=False)"
+    if kinds & {MESSAGES, ASSISTANT_MASKS} and getattr(args, "assistant_only_loss", None) is False:
+        return f"{type(args).__name__}(assistant_only_loss=False)"
+    return None
+
+
+def _is_hf_lm_collator(collator: Any) -> bool:
+    return any(
+        c.__module__.startswith("transformers.") and c.__name__ == "DataCollatorForLanguageModeling"
+        for c in type(collator).__mro__
+    )
+
+
+@check(
+    "L2",
+    domain="llm",
+    property_mode=True,
+    title="labels not -100 on padding or on the prompt",
+    roles=("tokenizer", "dataloader"),
+    optional_roles=("raw_dataset", "training_args", "collator"),
+    settings=(
+        Setting(
+            "max_padding_share",
+            0.0,
+            "share of sampled examples allowed to carry a supervised label on a "
+            "padding position (attention_mask 0); 0 because a correct collator never supervises padding, "
+            "so one such example is already the bug",
+        ),
+        Setting(
+            "max_prompt_share",
+            0.0,
+            "share of judged examples allowed to supervise a token of the prompt "
+            "(or of a non-assistant turn) under completion-only training; 0 because the prompt boundary is "
+            "taken where TRL takes it (common token prefix, boundary merges count as completion) and only "
+            "tokens inside the prompt's own text are judged, so a correct collator supervises none",
+        ),
+        Setting(
+            "completion_only",
+            True,
+            "train on the completion / assistant turns only when the data has a "
+            "prompt/completion or messages split; set false when whole-sequence training is intended "
+            "(SFTConfig(completion_only_loss=False) / assistant_only_loss=False are read as that too)",
+        ),
+    ),
+)
+def check_labels_masked(dlcheck):
+    """Padding, and the prompt under completion-only training, carry label -100.
+
+    What it does
+        On the sampled training batches: every position with attention_mask 0 must have label -100
+        (padding is told by the attention mask, never by the pad id, which may be the EOS). When the
+        data has a prompt/completion split (raw rows with "prompt" and "completion", a
+        "completion_mask" column, or "messages" with roles / an "assistant_masks" column), no token
+        of the prompt (or of a system/user turn) may be supervised: the prompt boundary is found as
+        TRL finds it (the tokenized prompt as a prefix of the example), or by locating the prompt's
+        text in the decoded example; labels pre-shifted by one are recognised.
+    Why it is bad
+        Supervised padding trains the model to emit pad tokens (with pad == eos, to emit EOS after
+        EOS) and dilutes the loss with free tokens. Supervised prompts turn an instruction tune into
+        a language model of the prompts: capacity goes to predicting questions, the loss is
+        dominated by prompt tokens, and a completion-only objective silently becomes a full-sequence
+        one.
+    Example
+        collator = DataCollatorForLanguageModeling(tok, mlm=False)     # labels = input_ids
+        Trainer(model, args, train_dataset=prompt_completion_tokenized, data_collator=collator)
+        # or a hand collator: batch["labels"] = batch["input_ids"].clone()  (padding supervised)
+    Use instead
+        TRL SFTTrainer on the prompt/completion dataset (SFTConfig.completion_only_loss defaults to
+        True for it), SFTConfig(assistant_only_loss=True) on messages with a {% generation %}
+        template; in a hand collator labels[:n_prompt] = -100 and labels[attention_mask == 0] = -100.
+        Whole-sequence training on such data is a choice: say so with
+        SFTConfig(completion_only_loss=False) / assistant_only_loss=False, or
+        --dlcheck-set L2.completion_only=false.
+    Known problems
+        Needs labels in the batch (skips when the model derives them) and, for the prompt half, the
+        raw rows behind the sample (a dlcheck_dataset / dlcheck_raw_dataset with the prompt/completion
+        or messages fields, or a Trainer): batches drawn from a bare dataloader are judged on padding
+        only. Only tokens inside the prompt's own text are judged, so supervised template tokens
+        (role headers, separators) are not reported. TRL's default assistant_only_loss=False is read
+        as a deliberate choice to train on whole conversations.
+    """
+    tok = dlcheck.role("tokenizer")
+    sample = token_sample(dlcheck)
+    rows = labelled_rows(dlcheck, sample)
+    analysis = analyse(dlcheck, sample, tok)
+    shift = analysis.shift
+    pad, eos = lm.special_id(tok, "pad"), lm.special_id(tok, "eos")
+
+    # (a) padding
+    pad_judged, pad_bad = 0, []  # (row, offending target positions)
+    for row in rows:
+        if row.labels is None:
+            continue
+        pads = _pad_positions(row, pad, eos)
+        if pads is None:
+            continue
+        pad_judged += 1
+        bad = sorted(set(row_targets(row, shift)) & set(pads))
+        if bad:
+            pad_bad.append((row, bad))
+
+    # (b) prompt
+    examples = [ex for ex in analysis.examples if ex.row.labels is not None]
+    kinds = {ex.kind for ex in examples if ex.kind in SPLIT_KINDS}
+    opt_out = _prompt_opt_out(dlcheck, kinds) if kinds else None
+    judged = [] if opt_out else [ex for ex in examples if ex.kind in SPLIT_KINDS and ex.prompt_side is not None]
+    prompt_bad = [(ex, sorted(set(ex.targets) & set(ex.prompt_side))) for ex in judged]
+    prompt_bad = [(ex, bad) for ex, bad in prompt_bad if bad]
+
+    if pad_judged == 0 and not judged:
+        if opt_out:
+            dlcheck.skip(
+                f"batches from {sample.source} have no attention_mask to tell padding, and completion-only "
+                f"training is off ({opt_out})"
+            )
+        if kinds:
+            dlcheck.skip(
+                f"batches from {sample.source} have no attention_mask to tell padding, and the prompt of "
+                f"no sampled {'/'.join(sorted(kinds))} example could be located in its tokens"
+            )
+        dlcheck.skip(
+            f"batches from {sample.source} have no attention_mask to tell padding, and the data has no "
+            "prompt/completion or messages split (give dlcheck_raw_dataset with those fields)"
+        )
+
+    pad_fail = bool(pad_bad) and len(pad_bad) / pad_judged > dlcheck.setting("max_padding_share")
+    prompt_fail = bool(prompt_bad) and len(prompt_bad) / len(judged) > dlcheck.setting("max_prompt_share")
+    if not pad_fail and not prompt_fail:
+        return
+
+    evidence, causes, fixes = [], [], []
+    if pad_fail:
+        n_pos = sum(len(b) for _, b in pad_bad)
+        row, bad = pad_bad[0]
+        values = Counter(r.labels[label_position(t, shift)] for r, b in pad_bad for t in b)
+        shown = ", ".join(
+            f"{v} ({lm.token_text(tok, v)!r}) ×{k}" if v >= 0 else f"{v} ×{k}" for v, k in values.most_common(3)
+        )
+        evidence += [
+            f"{len(pad_bad)} of {pad_judged} sampled examples supervise padding: {n_pos} positions with "
+            f"attention_mask 0 have labels != -100 (label values there: {shown})",
+            f"example {row.batch}.{row.index}: {lm.decode(tok, row.input_ids)} "
+            f"({len(row.content)} real tokens, {len(row.input_ids) - len(row.content)} padding)",
+            f"labels at the padding: {lm.show_labels(tok, row, [label_position(t, shift) for t in bad[:4]])}",
+        ]
+        copied = all(r.labels[label_position(t, shift)] == r.input_ids[t] for r, b in pad_bad for t in b)
+        if copied:
+            cause = "the collator copies input_ids into labels and never sets the padding to -100"
+            if pad is not None and pad == eos:
+                cause += (
+                    " (here pad_token == eos_token: masking by token id would also mask the real EOS, "
+                    "see L11, so mask by attention_mask)"
+                )
+        elif len(values) == 1:
+            cause = f"the labels are padded with {next(iter(values))} instead of -100"
+        else:
+            cause = "labels at padded positions (attention_mask 0) are not -100"
+        causes.append(cause)
+        fixes.append(
+            "after padding set labels[attention_mask == 0] = -100 (by attention_mask, not by pad id), "
+            "or pad labels with -100 (DataCollatorForSeq2Seq(label_pad_token_id=-100))"
+        )
+    if prompt_fail:
+        ex, bad = prompt_bad[0]
+        n_pos = sum(len(b) for _, b in prompt_bad)
+        eligible = {id(e): [p for p in e.prompt_side if shift or p > 0] for e, _ in prompt_bad}
+        n_prompt_pos = sum(len(v) for v in eligible.values())
+        kind = ex.kind
+        what = "prompt" if kind in (PROMPT_COMPLETION, COMPLETION_MASK) else "user/system-turn"
+        whole = [e for e, b in prompt_bad if set(eligible[id(e)]) <= set(b)]
+        labelled = [i + shift for i in ex.row.supervised if i + shift in set(ex.positions)]
+        shown = [label_position(t, shift) for t in labelled if t in set(ex.prompt_side)][:5]
+        supervised_text = text_of(tok, [ex.row.input_ids[t] for t in labelled])
+        evidence += [
+            f"{len(prompt_bad)} of {len(judged)} sampled {kind} examples supervise {what} tokens: {n_pos} of "
+            f"{n_prompt_pos} {what} positions carry labels != -100",
+            f"{example_name(ex)}: {lm.decode(tok, ex.ids)}",
+            f"  supervised:    {short(supervised_text)}",
+            f"  expected only: {short(ex.expected)}"
+            + (f"   ({what} text: {short(ex.prompt_text, 60)})" if ex.prompt_text else ""),
+            f"  labels on the {what}: {lm.show_labels(tok, ex.row, shown)}",
+        ]
+        collator = dlcheck.role("collator") if dlcheck.has("collator") else None
+        if collator is not None and _is_hf_lm_collator(collator):
+            causes.append(
+                "transformers DataCollatorForLanguageModeling(mlm=False) copies input_ids into labels and "
+                f"masks only padding: on {kind} data the {what} is trained as well"
+            )
+        elif len(whole) == len(prompt_bad):
+            causes.append(
+                f"the labels are a copy of input_ids over the whole example: no {what} token is masked, "
+                "so the completion-only objective became a full-sequence one"
+            )
+        else:
+            causes.append(
+                f"the {what} masking stops short: some {what} tokens keep their labels (an off-by-one, or a "
+                "prompt length counted without the BOS/template tokens)"
+            )
+        if kind in (MESSAGES, ASSISTANT_MASKS) or (
+            kind == PROMPT_COMPLETION and not isinstance(ex.raw.get("prompt"), str)
+        ):
+            fixes.append(
+                "train with TRL SFTConfig(assistant_only_loss=True) and a chat template with {% generation %}, "
+                "or set labels to -100 where tokenizer.apply_chat_template(messages, return_dict=True, "
+                "return_assistant_tokens_mask=True)['assistant_masks'] is 0; if whole-conversation training is "
+                "intended, set assistant_only_loss=False or --dlcheck-set L2.completion_only=false"
+            )
+        elif kind == COMPLETION_MASK:
+            fixes.append(
+                "set labels to -100 where completion_mask is 0 (TRL SFTTrainer does it with "
+                "completion_only_loss=True); if whole-sequence training is intended, "
+                "SFTConfig(completion_only_loss=False) or --dlcheck-set L2.completion_only=false"
+            )
+        else:
+            fixes.append(
+                "train with TRL SFTTrainer on the prompt/completion dataset (SFTConfig.completion_only_loss "
+                "defaults to True for it), or in your collator set labels[:n_prompt] = -100 with n_prompt = "
+                "len(tokenizer(prompt)['input_ids']); if whole-sequence training is intended, "
+                "SFTConfig(completion_only_loss=False) or --dlcheck-set L2.completion_only=false"
+            )
+    dlcheck.fail(evidence, "; and ".join(causes), "; and ".join(fixes))

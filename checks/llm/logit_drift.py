@@ -1,0 +1,190 @@
+"""L6: information on the logits' normaliser log Z, the quantity z-loss keeps near 0 in long runs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...registry import Setting, check
+from ...training import find_setup, modes, probe, run_or_skip, smoke_run
+from ..shared import lm
+from .common import token_sample
+
+
+@dataclass
+class LogZ:
+    mean: float
+    low: float
+    high: float
+    positions: int
+
+    def text(self) -> str:
+        return f"{self.mean:.3g} (range {self.low:.3g} to {self.high:.3g}, {self.positions} positions)"
+
+
+def _logits(out: Any) -> torch.Tensor | None:
+    logits = getattr(out, "logits", None)
+    if logits is None and isinstance(out, Mapping):
+        logits = out.get("logits")
+    if logits is None and isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        logits = out[0]
+    if logits is None and isinstance(out, torch.Tensor):
+        logits = out
+    return logits if isinstance(logits, torch.Tensor) and logits.dim() == 3 and logits.shape[-1] > 1 else None
+
+
+def _positions(row: Mapping[str, Any], length: int) -> torch.Tensor:
+    """The positions whose logits a training step scores: those predicting a supervised label, else every
+    attended position, else all."""
+    labels = row.get("labels")
+    if isinstance(labels, torch.Tensor) and labels.dim() == 2 and labels.shape[1] == length:
+        keep = torch.zeros(length, dtype=torch.bool)
+        keep[:-1] = labels[0, 1:].cpu() != -100
+        if keep.any():
+            return keep
+    mask = row.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[1] == length:
+        return mask[0].cpu().bool()
+    return torch.ones(length, dtype=torch.bool)
+
+
+def measure(forward: Any, model: Any, batches: list[Any], rows: int, budget_mb: float) -> LogZ | None:
+    """log Z = logsumexp of the logits over the vocabulary, at the scored positions of the first ``rows``
+    rows, one row at a time (a row's logits cut to ``budget_mb``); eval mode, no gradients."""
+    values = []
+    seen = 0
+    with modes(model, train=False), torch.no_grad():
+        for batch in batches:
+            if not isinstance(batch, Mapping) or not isinstance(batch.get("input_ids"), torch.Tensor):
+                return None
+            size = batch["input_ids"].shape[0]
+            for i in range(size):
+                if seen >= rows:
+                    break
+                row = {
+                    k: v[i : i + 1] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == size else v
+                    for k, v in batch.items()
+                }
+                out = _logits(forward(row))
+                if out is None:
+                    return None
+                length = out.shape[1]
+                keep = _positions(row, length)
+                cap = max(1, int(budget_mb * 2**20 / (4 * out.shape[-1])))
+                keep[cap:] = False
+                z = torch.logsumexp(out[0, :length][keep.to(out.device)].float(), dim=-1)
+                values.append(z.cpu())
+                seen += 1
+    if not values:
+        return None
+    z = torch.cat(values)
+    z = z[torch.isfinite(z)]
+    if z.numel() == 0:
+        return None
+    return LogZ(float(z.mean()), float(z.min()), float(z.max()), int(z.numel()))
+
+
+@check(
+    "L6",
+    domain="llm",
+    title="logit drift in long runs (info: reports log Z, what z-loss keeps near 0)",
+    roles=(),
+    optional_roles=("trainer", "make_training", "lightning_module", "model", "collator", "dataset", "dataloader"),
+    settings=(
+        Setting("rows", 4, "sampled rows whose logits are measured"),
+        Setting(
+            "max_logits_mb",
+            256.0,
+            "float32 logits of one row at most (longer rows are measured on their first positions)",
+        ),
+    ),
+)
+def check_logit_drift(dlcheck):
+    """Information: the mean log Z of the logits, and how a short run of your training moves it.
+
+    What it does
+        Computes log Z = logsumexp(logits) over the vocabulary at the positions your training scores
+        (those predicting a supervised label) of a few sampled rows, in eval mode. When the smoke checks
+        run too (``--dlcheck=llm,smoke``) and a training set-up is given (``dlcheck_trainer``,
+        ``dlcheck_make_training``, a Lightning module), it does so on the fresh model and again after the
+        shared smoke run (``S1.steps`` optimizer steps), and reports the drift; otherwise it reports the
+        current weights' value (``dlcheck_model``, derived from a Trainer), training nothing. It never
+        fails: the item skips with the numbers.
+    Why it is bad
+        The softmax ignores a constant added to every logit, so nothing in the cross-entropy stops log Z
+        from wandering; in long runs (bf16 especially) the logits grow, the softmax saturates and the loss
+        spikes or diverges. PaLM's z-loss, 1e-4 · log²Z added to the loss, keeps log Z near 0 at no cost
+        to quality (OLMo 2, Chameleon and many pretraining recipes use it). A steady drift over a
+        20-step smoke run is the early sign.
+    Example
+        loss = F.cross_entropy(logits.view(-1, V), labels.view(-1))               # log Z left free
+    Use instead
+        z = torch.logsumexp(logits.float(), dim=-1); loss = ce + 1e-4 * (z[labels != -100] ** 2).mean()
+        (torchtune / OLMo expose it as a z-loss multiplier; in a Trainer, override compute_loss)
+    Known problems
+        Information only: the right log Z depends on the model (a fresh model sits near ln(vocab) when
+        its logits are small), and 20 steps show a trend, not a long run.
+    """
+    rows, budget = dlcheck.setting("rows"), dlcheck.setting("max_logits_mb")
+    # the drift rides on the smoke run only when the smoke checks make it anyway: an llm-only run trains nothing
+    smoke = any(c.domain == "smoke" for c in dlcheck.state.selected)
+    setup = find_setup(dlcheck) if smoke else None
+    if setup is not None:
+        fresh, batches, _ = probe(dlcheck)
+        if all(isinstance(b, Mapping) for b in batches) and lm.has_token_batches(batches):
+            lm.forward_ready(dlcheck, fresh.model, batches)  # ids past the embedding table: L3's failure
+        before = run_or_skip(dlcheck, lambda: measure(fresh.forward, fresh.model, batches, rows, budget))
+        if before is None:
+            dlcheck.skip(
+                "info: the training batches are not token batches with input_ids, or the model returns no "
+                "(batch, positions, vocabulary) logits: no log Z to report"
+            )
+        run = smoke_run(dlcheck)
+        trained = run.trained
+        after = run_or_skip(dlcheck, lambda: measure(trained.forward, trained.model, batches, rows, budget))
+        if after is None:
+            dlcheck.skip(f"info: mean log Z {before.text()} at initialisation; not measurable after the smoke run")
+        drift = after.mean - before.mean
+        vocab = lm.embedding_rows(fresh.model)
+        parts = [
+            f"info: mean log Z {before.text()} at initialisation, {after.text()} after {run.steps} smoke steps "
+            f"of {setup.describe()}: {drift:+.3g} ({drift / max(run.steps, 1):+.2g} per step)"
+        ]
+        if vocab:
+            parts.append(f"ln(vocabulary {vocab}) = {math.log(vocab):.3g}")
+        parts.append("z-loss (1e-4 · log²Z added to the loss) keeps it near 0 in long runs")
+        dlcheck.skip("; ".join(parts))
+
+    model = dlcheck.require("model")[0]
+    if not isinstance(model, torch.nn.Module):
+        dlcheck.skip(f"dlcheck_model is a {type(model).__name__}, not a torch.nn.Module")
+    sample = token_sample(dlcheck)
+    lm.forward_ready(dlcheck, model, sample.batches)
+
+    def forward(row: Mapping[str, Any]) -> Any:
+        device = lm.model_device(model)
+        kwargs = {
+            k: row[k].to(device)
+            for k in ("input_ids", "attention_mask", "position_ids")
+            if isinstance(row.get(k), torch.Tensor)
+        }
+        return dlcheck.call("model", lambda: model(**kwargs))
+
+    now = measure(forward, model, sample.batches, rows, budget)
+    if now is None:
+        dlcheck.skip("info: dlcheck_model returns no (batch, positions, vocabulary) logits: no log Z to report")
+    vocab = lm.embedding_rows(model)
+    dlcheck.skip(
+        f"info: mean log Z {now.text()} on {sample.source} with the current weights"
+        + (f"; ln(vocabulary {vocab}) = {math.log(vocab):.3g}" if vocab else "")
+        + (
+            "; select the smoke checks too (--dlcheck=llm,smoke) to see how the smoke run moves it"
+            if not smoke
+            else "; define dlcheck_trainer or dlcheck_make_training to see how a short run moves it"
+        )
+        + " (z-loss, 1e-4 · log²Z added to the loss, keeps it near 0 in long runs)"
+    )

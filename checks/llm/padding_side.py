@@ -1,0 +1,501 @@
+"""L1: wrong padding side. Training: an example's loss inside a padded batch equals its loss alone.
+Generation: greedy ``generate`` of a padded batch of prompts equals each prompt generated alone."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+
+from ...errors import MISSING
+from ...guard import eval_mode
+from ...registry import Setting, check
+from ..shared import lm
+from .common import online_trainer, token_sample
+
+
+@dataclass
+class Half:
+    """The verdict of one half of the check: decided (passed/failed) or not, with its lines."""
+
+    name: str
+    decided: bool = False
+    failed: bool = False
+    reason: str = ""
+    evidence: list[str] = field(default_factory=list)
+    cause: str = ""
+    fix: str = ""
+
+
+def _accepts(model: Any, name: str) -> bool:
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _half_precision(model: Any) -> bool:
+    for p in model.parameters():
+        return p.dtype in (torch.float16, torch.bfloat16)
+    return False
+
+
+def _rope_model(model: Any) -> bool:
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return False
+    get_text = getattr(cfg, "get_text_config", None)
+    cfg = get_text() if callable(get_text) else cfg
+    return bool(
+        getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_theta", None)
+    )
+
+
+# ---- training half ---------------------------------------------------------------------------------
+
+
+@dataclass
+class RowLoss:
+    row: lm.Row
+    pads: int
+    side: str
+    in_batch: float
+    alone: float
+    control: float | None
+    first_target_from_pad: bool
+
+    @property
+    def delta(self) -> float:
+        return abs(self.in_batch - self.alone)
+
+    @property
+    def control_delta(self) -> float | None:
+        return None if self.control is None else abs(self.control - self.alone)
+
+
+def _as_labels(batch: dict, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    labels = batch.get("labels")
+    if labels is not None:
+        labels = torch.as_tensor(labels)
+        if labels.shape == ids.shape:
+            return labels
+    labels = ids.clone()
+    if mask is not None:
+        labels[mask == 0] = lm.IGNORE
+    return labels
+
+
+def _measure_training(dlcheck: Any, model: Any, batches: list[dict]) -> list[RowLoss]:
+    out: list[RowLoss] = []
+    control_ok = _accepts(model, "position_ids")
+    for b, batch in enumerate(batches):
+        if batch.get("attention_mask") is None:
+            continue  # without a mask nothing tells padding from content (L14's business)
+        ids = torch.as_tensor(batch["input_ids"])
+        if ids.dim() != 2:
+            continue
+        mask = torch.as_tensor(batch["attention_mask"])
+        if mask.shape != ids.shape or bool(mask.all()):
+            continue
+        labels = _as_labels(batch, ids, mask)
+        pos = batch.get("position_ids")
+        padded = []
+        for r in lm.rows([{**batch, "labels": labels}]):
+            r.batch = b
+            content = r.content
+            if not content or len(content) == len(r.input_ids) or lm.packed(r):
+                continue  # unpadded, empty, or packed (L4's business)
+            if content != list(range(content[0], content[-1] + 1)):
+                continue  # holes in the mask: L14's business
+            side = "left" if content[0] > 0 else "right"
+            padded.append((r, content, side))
+        if not padded:
+            continue
+        nll_batch = lm.token_nll(model, ids, labels, mask, pos)
+        nll_control = None
+        if pos is None and control_ok and any(side == "left" for _, _, side in padded):
+            control_pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+            nll_control = lm.token_nll(model, ids, labels, mask, control_pos)
+        for r, content, side in padded:
+            sup = [j for j in range(len(content) - 1) if r.labels[content[j + 1]] != lm.IGNORE]
+            if not sup:
+                continue
+            alone_ids = torch.tensor([[r.input_ids[c] for c in content]])
+            alone_labels = torch.tensor([[r.labels[c] for c in content]])
+            nll_alone = lm.token_nll(model, alone_ids, alone_labels)[0]
+            at = [content[j] for j in sup]
+            in_batch = float(nll_batch[r.index, at].mean())
+            alone = float(nll_alone[sup].mean())
+            control = float(nll_control[r.index, at].mean()) if nll_control is not None and side == "left" else None
+            first_from_pad = side == "left" and r.labels[content[0]] != lm.IGNORE
+            out.append(RowLoss(r, len(r.input_ids) - len(content), side, in_batch, alone, control, first_from_pad))
+    return out
+
+
+def _training_half(dlcheck: Any, model: Any, tok: Any) -> Half:
+    half = Half("training")
+    trainer_kind = online_trainer(dlcheck.role("trainer"))
+    if trainer_kind:
+        half.reason = f"{trainer_kind} builds its training batches inside the trainer (from generations)"
+        return half
+    try:
+        sample = token_sample(dlcheck)
+    except pytest.skip.Exception as exc:
+        half.reason = exc.msg
+        return half
+    lm.forward_ready(dlcheck, model, sample.batches)
+    measured = _measure_training(dlcheck, model, sample.batches)
+    if not measured:
+        n = len(lm.rows(sample.batches))
+        half.reason = f"no padded, unpacked row with an attention_mask among the {n} sampled rows of {sample.source}"
+        return half
+    half.decided = True
+    atol, ratio = dlcheck.setting("atol"), dlcheck.setting("noise_ratio")
+    left = [m for m in measured if m.side == "left"]
+    bad = [m for m in left if m.delta > atol and (m.control_delta is None or m.delta > ratio * m.control_delta)]
+    if not bad:
+        return half
+    half.failed = True
+    bad.sort(key=lambda m: -m.delta)
+    has_pos = any("position_ids" in b for b in sample.batches)
+    half.evidence.append(
+        f"{len(bad)} of {len(left)} left-padded sampled examples have another loss in the batch than alone "
+        f"(mean NLL over the same supervised tokens, tolerance {atol:g} nats); padding side: left, "
+        f"position_ids {'given' if has_pos else 'not given'}; source: {sample.source}"
+    )
+    shown: set[tuple[int, ...]] = set()
+    for m in bad:
+        r = m.row
+        key = tuple(r.input_ids[c] for c in r.content)
+        if key in shown or len(shown) == 3:
+            continue
+        shown.add(key)
+        half.evidence.append(
+            f"example {r.batch}.{r.index} ({m.pads} pad tokens on the left): loss in batch {m.in_batch:.4f}, "
+            f"alone {m.alone:.4f} (Δ {m.delta:.4f}): {lm.decode(tok, [r.input_ids[c] for c in r.content])}"
+        )
+    fixed = [m for m in bad if m.control_delta is not None and m.control_delta <= atol]
+    if fixed:
+        worst = max(m.control_delta for m in fixed)
+        half.evidence.append(
+            f"the same batches with position_ids = attention_mask.cumsum(-1) - 1: Δ at most {worst:.1e} "
+            f"({len(fixed)} of {len(bad)} examples back within tolerance)"
+        )
+    if any(m.first_target_from_pad for m in bad):
+        half.evidence.append(
+            "also: the first real token of each left-padded row is a target predicted from a pad position"
+        )
+    model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+    if fixed:
+        kind = "rotary" if _rope_model(model) else "learned absolute"
+        half.cause = (
+            f"left padding without position_ids: {model_type} numbers positions from the first pad token "
+            f"({kind} position embeddings), so every real token of a left-padded example sits as many positions "
+            f"later as there are pads, unlike alone or at inference"
+        )
+    else:
+        half.cause = (
+            "the loss of left-padded examples depends on their padding, and position_ids from the attention mask "
+            "do not remove the difference: the model attends to the pads or places tokens by row index"
+        )
+    half.fix = (
+        "pad training batches on the right: tokenizer.padding_side = 'right' before the collator pads "
+        "(DataCollatorForLanguageModeling / DataCollatorWithPadding pad on the tokenizer's side); keep 'left' for "
+        "generation only"
+        + (
+            " — or pass position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0) with every left-padded batch"
+            if fixed
+            else ""
+        )
+    )
+    return half
+
+
+# ---- generation half -------------------------------------------------------------------------------
+
+
+def _pad_left(seqs: list[list[int]], pad: int) -> dict[str, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs])
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs])
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _user_prompts(dlcheck: Any, prompts: Any, tok: Any) -> tuple[dict, str]:
+    if isinstance(prompts, Mapping):
+        if "input_ids" not in prompts:
+            dlcheck.skip("dlcheck_generation_prompts is a mapping without input_ids")
+        ids = torch.as_tensor(prompts["input_ids"])
+        mask = prompts.get("attention_mask")
+        mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask)
+        return {"input_ids": ids, "attention_mask": mask}, "the batch dlcheck_generation_prompts feeds to generate"
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    prompts = list(prompts)
+    if not all(isinstance(p, str) for p in prompts):
+        dlcheck.skip("dlcheck_generation_prompts must be prompt strings or a batch with input_ids and attention_mask")
+    prompts = prompts[: dlcheck.samples]
+    if getattr(tok, "pad_token", None) is None:
+        dlcheck.skip("generation: the tokenizer has no pad token, so the prompts cannot be padded (see L3)")
+    enc = dlcheck.call("tokenizer", lambda: tok(prompts, padding=True, return_tensors="pt"))
+    return (
+        {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]},
+        f"dlcheck_generation_prompts tokenized with tokenizer.padding_side={tok.padding_side!r}",
+    )
+
+
+def _trainer_prompts(dlcheck: Any, trainer: Any, kind: str, tok: Any) -> tuple[dict, str] | None:
+    from ...sampling import sample_rows
+
+    dataset = dlcheck.role("raw_dataset")
+    if dataset is MISSING:
+        return None
+    rows, _ = sample_rows(dataset, dlcheck.samples, "raw_dataset")
+    prompts = [r.get("prompt") for r in rows if isinstance(r, Mapping)]
+    if not prompts or any(p is None for p in prompts):
+        return None
+    seqs = []
+    for p in prompts:
+        if isinstance(p, str):
+            enc = dlcheck.call("tokenizer", lambda p=p: tok(text=p))
+        else:  # conversational, as TRL renders it
+            enc = dlcheck.call(
+                "tokenizer",
+                lambda p=p: tok.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=True),
+            )
+        ids = enc["input_ids"]
+        seqs.append([int(i) for i in (ids[0] if ids and isinstance(ids[0], list) else ids)])
+    pad = lm.special_id(tok, "pad")
+    pad = lm.special_id(tok, "eos") if pad is None else pad
+    return _pad_left(seqs, pad), f"the prompts of the {kind}'s dataset, padded on the left as {kind} does itself"
+
+
+def _side(mask: torch.Tensor) -> str:
+    left = bool((mask[:, 0] == 0).any())
+    right = bool((mask[:, -1] == 0).any())
+    return "left" if left and not right else "right" if right and not left else "mixed" if left else "none"
+
+
+def _eos_ids(model: Any, tok: Any) -> set[int]:
+    out = set()
+    gen = getattr(model, "generation_config", None)
+    value = getattr(gen, "eos_token_id", None)
+    for v in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(v, int):
+            out.add(v)
+    eos = lm.special_id(tok, "eos")
+    if eos is not None:
+        out.add(eos)
+    return out
+
+
+def _cut(tokens: list[int], eos: set[int]) -> list[int]:
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+def _generation_half(dlcheck: Any, model: Any, tok: Any) -> Half:
+    half = Half("generation")
+    prompts, trainer = dlcheck.role("generation_prompts"), dlcheck.role("trainer")
+    kind = online_trainer(trainer)
+    if prompts is not MISSING:
+        enc, how = _user_prompts(dlcheck, prompts, tok)
+    elif kind:
+        got = _trainer_prompts(dlcheck, trainer, kind, tok)
+        if got is None:
+            half.reason = f"the {kind}'s dataset has no 'prompt' column to sample"
+            return half
+        enc, how = got
+    else:
+        half.reason = (
+            "the pipeline does not generate in batches (no TRL GRPOTrainer/RLOOTrainer); define "
+            "dlcheck_generation_prompts to check batched generation"
+        )
+        return half
+    if not hasattr(model, "generate"):
+        half.reason = f"{type(model).__name__} has no generate()"
+        return half
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    if ids.dim() != 2 or ids.size(0) < 2 or bool(mask.all()):
+        half.reason = (
+            f"the generation prompts make no padded batch ({tuple(ids.shape)} ids, {int((mask == 0).sum())} pads)"
+        )
+        return half
+    lm.forward_ready(dlcheck, model, [{"input_ids": ids}])
+    pad = lm.special_id(tok, "pad")
+    pad = lm.special_id(tok, "eos") if pad is None else pad
+    new = dlcheck.setting("max_new_tokens")
+    device = lm.model_device(model)
+    kwargs = {
+        "do_sample": False,
+        "num_beams": 1,
+        "max_new_tokens": new,
+        "min_new_tokens": 0,
+        "pad_token_id": pad,
+        "output_scores": True,
+        "return_dict_in_generate": True,
+    }
+
+    def generate(i: torch.Tensor, m: torch.Tensor) -> Any:
+        return dlcheck.call(
+            "model", lambda: model.generate(input_ids=i.to(device), attention_mask=m.to(device), **kwargs)
+        )
+
+    with eval_mode(model):
+        batch_out = generate(ids, mask)
+        alone_out = []
+        for r in range(ids.size(0)):
+            keep = mask[r].bool()
+            alone_out.append(generate(ids[r][keep][None], torch.ones(1, int(keep.sum()), dtype=mask.dtype)))
+    half.decided = True
+    eos = _eos_ids(model, tok)
+    margin = dlcheck.setting("tie_margin_half" if _half_precision(model) else "tie_margin")
+    width = ids.size(1)
+    diverged = []
+    for r, alone in enumerate(alone_out):
+        prompt = ids[r][mask[r].bool()].tolist()
+        a = _cut(alone.sequences[0, len(prompt) :].tolist(), eos)
+        b = _cut(batch_out.sequences[r, width:].tolist(), eos)
+        if a == b:
+            continue
+        k = next(i for i in range(min(len(a), len(b))) if a[i] != b[i])
+        scores = alone.scores[k][0].float()
+        gap = float(scores[a[k]] - scores[b[k]])
+        if gap <= margin:
+            continue  # a near-tie flipped by rounding, not by padding
+        first = (
+            (torch.log_softmax(alone.scores[0][0].float(), -1) - torch.log_softmax(batch_out.scores[0][r].float(), -1))
+            .abs()
+            .max()
+        )
+        diverged.append((r, prompt, a, b, k, gap, float(first)))
+    if not diverged:
+        return half
+    half.failed = True
+    side = _side(mask)
+    n = ids.size(0)
+    half.evidence.append(
+        f"greedy generate of {n} prompts padded together (padding side: {side}; {how}) differs from each prompt "
+        f"generated alone for {len(diverged)} of {n} prompts ({new} new tokens)"
+    )
+    for r, prompt, a, b, k, gap, first in diverged[:3]:
+        pads = int((mask[r] == 0).sum())
+        half.evidence.append(
+            f"prompt {r} {lm.decode(tok, prompt, 60)} ({pads} pads): alone → {lm.decode(tok, a, 60)} | "
+            f"in batch → {lm.decode(tok, b, 60)}"
+        )
+        half.evidence.append(
+            f"  first new token: max |Δ log-prob| {first:.3f} between batch and alone; the continuations part at "
+            f"new token {k} (logit gap {gap:.3f} > tie margin {margin:g})"
+        )
+    if side == "right":
+        half.cause = (
+            "padding_side='right' for generation: the shorter prompts end in pad tokens, so generate reads the "
+            "next-token distribution at a pad position and appends the continuation after the pads"
+        )
+        half.fix = (
+            "tokenizer.padding_side = 'left' before tokenizing prompts for generate (or "
+            "tok(prompts, padding=True, padding_side='left')); keep right padding for training"
+        )
+    else:
+        half.cause = (
+            f"batched generation differs from single-prompt generation although the prompts are padded on the {side}: "
+            "the model does not ignore the pads in generate (attention_mask or position_ids not honoured)"
+        )
+        half.fix = (
+            "pass the attention_mask to generate and left-pad the prompts; if the model is custom, let "
+            "prepare_inputs_for_generation derive position_ids from the attention mask"
+        )
+    return half
+
+
+@check(
+    "L1",
+    domain="llm",
+    title="wrong padding side",
+    roles=("model", "tokenizer"),
+    optional_roles=("dataloader", "generation_prompts", "trainer"),
+    settings=(
+        Setting(
+            "atol",
+            1e-3,
+            "largest |Δ| (nats) allowed between an example's mean NLL in the padded batch and "
+            "alone; float32 rounding gives < 1e-5, while a position shift moves a trained GPT-2's loss by "
+            "tenths of a nat and even a random-init one by > 5e-3",
+        ),
+        Setting(
+            "noise_ratio",
+            10.0,
+            "a left-padded example fails only when its Δ is this many times the Δ left "
+            "with position_ids from the attention mask (the rounding noise of the model's dtype)",
+        ),
+        Setting("max_new_tokens", 8, "greedy tokens generated per prompt in the generation half"),
+        Setting("tie_margin", 0.05, "logit gap under which a float32 greedy divergence counts as a rounding tie"),
+        Setting("tie_margin_half", 0.5, "the same for bfloat16/float16 models, whose logits round ~100x coarser"),
+    ),
+)
+def check_padding_side(dlcheck):
+    """Padded batches behave like their examples alone, in training and in batched generation.
+
+    What it does
+        Training half: on the sampled training batches, every padded row (attention_mask has zeros,
+        not packed) is forwarded inside its batch exactly as collated (input_ids, attention_mask,
+        position_ids if given) and alone (its real tokens only); the mean NLL over the same
+        supervised next-token predictions must agree within `atol`. For left-padded rows the batch is
+        forwarded again with position_ids = attention_mask.cumsum(-1) - 1: a row fails only when its
+        difference is also `noise_ratio` times larger than what remains with correct positions.
+        Generation half: runs only when the pipeline really generates in batches — the user defines
+        `dlcheck_generation_prompts` (prompt strings, tokenized with `dlcheck_tokenizer` as configured,
+        or the padded batch fed to generate), or the trainer is a TRL GRPOTrainer/RLOOTrainer (its
+        dataset's prompts, left-padded as TRL does itself). Greedy `generate` of the padded batch must
+        give each prompt the same continuation as generating it alone (a divergence at a near-tie,
+        logit gap <= `tie_margin`, is rounding and is ignored).
+    Why it is bad
+        Models with learned absolute positions (GPT-2, OPT, BLOOM-style wpe) number positions from the
+        row start when no position_ids are given: a left-padded example's tokens sit as many positions
+        later as it has pads, so training sees shifted positions it will never see alone or at
+        inference. Rotary models (Llama, Qwen, Mistral) are invariant to that shift: measured in
+        transformers 5.23, a left-padded tiny Llama without position_ids matches its examples alone to
+        1e-6, so it passes. For generation the opposite side is wrong: with right padding the
+        shorter prompts end in pads, generate reads the next token off a pad position and continues
+        after the pads, so batched outputs differ from single-prompt outputs.
+    Example
+        tok.padding_side = "left"
+        collator = DataCollatorForLanguageModeling(tok, mlm=False)     # GPT-2 trained on left pads
+        ...
+        enc = tok(prompts, padding=True, return_tensors="pt")          # padding_side="right"
+        model.generate(**enc)                                          # batched generation
+    Use instead
+        tok.padding_side = "right" for training collators (or pass position_ids =
+        (attention_mask.cumsum(-1) - 1).clamp(min=0)); tok.padding_side = "left" (or
+        tok(prompts, padding=True, padding_side="left")) for batched generation. TRL GRPOTrainer and
+        RLOOTrainer left-pad prompts themselves, whatever the tokenizer says.
+    Known problems
+        The training half needs padded, unpacked rows with an attention_mask (packed rows are L4's,
+        masks that disagree with padding L14's); without them it does not decide. Left-padded rows
+        also make the first real token a target predicted from a pad position; that is reported as
+        evidence but not failed on its own (it is one token of noise per row). The generation half
+        never runs for plain SFT/DPO training: right-padded training batches are correct there. When
+        your inference code pads differently from dlcheck_tokenizer, return the exact batch you feed
+        to generate from dlcheck_generation_prompts. With neither half applicable the check skips.
+    """
+    model, tok = dlcheck.require("model", "tokenizer")
+    halves = [_training_half(dlcheck, model, tok), _generation_half(dlcheck, model, tok)]
+    failed = [h for h in halves if h.failed]
+    if failed:
+        many = len(failed) > 1
+        evidence, causes, fixes = [], [], []
+        for h in failed:
+            evidence += [f"[{h.name}] {line}" if many and i == 0 else line for i, line in enumerate(h.evidence)]
+            causes.append(f"{h.name}: {h.cause}" if many else h.cause)
+            fixes.append(f"{h.name}: {h.fix}" if many else h.fix)
+        dlcheck.fail(evidence, "; ".join(causes), "; ".join(fixes))
+    if not any(h.decided for h in halves):
+        dlcheck.skip("; ".join(f"{h.name}: {h.reason}" for h in halves))

@@ -1,0 +1,122 @@
+"""R4: normalisation statistics or replay buffer not saved with the checkpoint."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from ...errors import MISSING
+from ...registry import Setting, check
+from . import measure as rl
+
+
+@check(
+    "R4",
+    domain="rl",
+    title="normalisation statistics or replay buffer not saved with the checkpoint",
+    roles=("save_agent", "load_agent"),
+    optional_roles=("normalizer", "replay_buffer", "algorithm", "env"),
+    settings=(
+        Setting(
+            "rtol",
+            1e-6,
+            "relative tolerance between a statistic before the save and after the load; a pickle "
+            "or torch.save round trip is exact, 1e-6 allows a float32 cast",
+        ),
+    ),
+)
+def check_checkpoint_round_trip(dlcheck):
+    """Your save → load round trip restores the running normalisation statistics and the replay buffer.
+
+    What it does
+        Reads the running statistics (obs_rms / ret_rms mean, var and count: SB3 VecNormalize, gymnasium
+        NormalizeObservation / NormalizeReward and their vector versions, any object with obs_rms or
+        ret_rms) and the replay buffer (transitions and a content digest) of dlcheck_normalizer and
+        dlcheck_replay_buffer (derived from dlcheck_algorithm, or from the wrappers of dlcheck_env), calls
+        dlcheck_save_agent(dir), swaps those live statistics for fresh ones (so a load that writes
+        into the live objects is seen too), calls dlcheck_load_agent(dir), and compares what the
+        loaded objects hold with what was saved. The live statistics are put back afterwards.
+    Why it is bad
+        A policy trained on normalised observations sees other inputs when it is evaluated or resumed
+        with fresh statistics (mean 0, var 1): returns collapse after loading and nothing says why. SB3's
+        model.save() stores neither the VecNormalize statistics nor the replay buffer; an off-policy run
+        resumed with an empty buffer restarts its learning from scratch.
+    Example
+        model.save(path)                                          # VecNormalize statistics lost
+        model = PPO.load(path, env=VecNormalize(make_vec_env("CartPole-v1")))
+    Use instead
+        model.save(d / "model"); model.get_vec_normalize_env().save(d / "vecnormalize.pkl")
+        venv = VecNormalize.load(d / "vecnormalize.pkl", make_vec_env("CartPole-v1"))
+        model = PPO.load(d / "model", env=venv)
+        Off-policy: model.save_replay_buffer(d / "replay.pkl"); model.load_replay_buffer(d / "replay.pkl").
+    Known problems
+        Needs statistics that have seen data (a count above 1): it skips on a freshly built normaliser.
+        Statistics kept inside the policy network (a running-norm layer) are part of its state_dict and
+        are not checked here.
+    """
+    save, load = dlcheck.role("save_agent"), dlcheck.role("load_agent")
+    sources = [dlcheck.role(name) for name in ("normalizer", "replay_buffer")]
+    if dlcheck.has("algorithm"):
+        sources.append(dlcheck.role("algorithm"))
+    sources = [s for s in sources if s is not MISSING]
+    before, holders = rl.running_statistics(sources)
+    if not before:
+        dlcheck.skip(
+            "missing role: define fixture dlcheck_normalizer (or dlcheck_algorithm, or a normalising wrapper "
+            "in dlcheck_env) in conftest.py: no running statistics or replay buffer to round-trip"
+        )
+    if rl.fresh_statistics(before):
+        dlcheck.skip(
+            "the running statistics are at their initial values (count ≤ 1) and no buffer holds data: a "
+            "round trip cannot tell restored statistics from fresh ones; run a few steps in the fixture"
+        )
+
+    rtol = dlcheck.setting("rtol")
+    originals = [(h, getattr(h.owner, h.attr)) for h in holders]
+    with tempfile.TemporaryDirectory(prefix="dlcheck-R4-") as tmp:
+        directory = Path(tmp)
+        dlcheck.call("save_agent", lambda: save(directory))
+        saved_files = sorted(p.name for p in directory.rglob("*") if p.is_file())
+        try:
+            for h, value in originals:
+                setattr(h.owner, h.attr, rl.blank_copy(value))
+            loaded = dlcheck.call("load_agent", lambda: load(directory))
+            after, _ = rl.running_statistics(loaded)
+        finally:
+            for h, value in originals:
+                setattr(h.owner, h.attr, value)
+
+    lost = [k for k in before if k not in after or not rl.same_value(before[k], after[k], rtol)]
+    if not lost:
+        return
+    evidence = [f"saved {len(saved_files)} file(s) ({', '.join(saved_files[:4]) or 'none'}); after the load:"]
+    for k in lost:
+        if k == "replay_buffer.content" and "replay_buffer.transitions" in lost:
+            continue
+        now = rl.fmt_values(after[k]) if k in after else "absent from the loaded objects"
+        evidence.append(f"{k}: {rl.fmt_values(before[k])} before the save, {now} after the load")
+    buffer_lost = any(k.startswith("replay_buffer") for k in lost)
+    stats_lost = any(not k.startswith("replay_buffer") for k in lost)
+    causes, fixes = [], []
+    if stats_lost:
+        causes.append(
+            "the checkpoint does not carry the running normalisation statistics (SB3's model.save() stores "
+            "the policy, not VecNormalize's obs_rms/ret_rms): the loaded run normalises observations with "
+            "fresh statistics, so the policy sees inputs on another scale than it was trained on"
+        )
+        fixes.append(
+            "save them beside the model: model.get_vec_normalize_env().save(d / 'vecnormalize.pkl'); load with "
+            "venv = VecNormalize.load(d / 'vecnormalize.pkl', make_vec_env(...)) and PPO.load(d / 'model', "
+            "env=venv) (for evaluation set venv.training = False, venv.norm_reward = False); gymnasium "
+            "NormalizeObservation: save wrapper.obs_rms (mean, var, count) and assign it after building the env"
+        )
+    if buffer_lost:
+        causes.append(
+            "the checkpoint does not carry the replay buffer (model.save() excludes it): a resumed off-policy "
+            "run starts from an empty buffer"
+        )
+        fixes.append(
+            "model.save_replay_buffer(d / 'replay_buffer.pkl') beside model.save(), and "
+            "model.load_replay_buffer(d / 'replay_buffer.pkl') after PPO/SAC/DQN.load"
+        )
+    dlcheck.fail(evidence, "; ".join(causes), "; ".join(fixes))

@@ -1,0 +1,1272 @@
+"""Shared measurement of the rl domain: the rollout convention of the user's advantage function, the
+reference GAE/returns implementation and the mistakes it recognises, Hypothesis strategies for rollouts
+and GRPO reward groups, Stable-Baselines3 adapters (rollout buffer GAE, a short policy rollout on a copy
+of the user's env), running-statistics extraction for checkpoint round-trips, and observation scales.
+
+Importing this module imports numpy only; hypothesis, torch, gymnasium and stable_baselines3 are imported
+inside the functions that need them. Users may use :func:`rollouts` and :func:`reward_groups` in their
+own Hypothesis tests, and :func:`advantage_fn` to declare how R7 calls their function."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import inspect
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...errors import RoleError
+from ...guard import eval_mode
+
+SAME_STEP, NEXT_STEP = "same_step", "next_step"
+AUTORESET_MODES = (SAME_STEP, NEXT_STEP)
+
+
+# --------------------------------------------------------------------------------------------------
+# the rollout convention
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One rollout of ``T`` steps on ``N`` environments, as a PPO-style loop stores it. Arrays are
+    ``(T, N)``: float32 for numbers; flags are bool numpy arrays (as gymnasium returns them), or float32
+    tensors of 0/1 after :meth:`as_torch` (as CleanRL stores them).
+
+    - ``rewards[t]``: the reward of step t.
+    - ``values[t]``: V(obs_t), the critic's value of the observation step t acted on.
+    - ``terminated[t]``, ``truncated[t]``: the flags ``env.step`` returned at step t (both may be set;
+      termination wins: no bootstrap).
+    - ``next_values[t]``: the value of the observation step t led to: V(obs_t+1) inside an episode;
+      V(final observation) where step t ended the episode (SB3's ``info["terminal_observation"]``,
+      gymnasium's ``info["final_obs"]``); V(observation after the rollout) at t = T-1.
+    - ``episode_starts[t]``: obs_t is the first observation of an episode (CleanRL's ``dones[t]``, SB3's
+      ``episode_starts[t]``); row 0 comes from the previous rollout.
+    - ``reset_steps[t]``: only with ``autoreset == "next_step"`` (gymnasium 1.x vector envs' default):
+      step t is the autoreset step after an episode end (action ignored, reward 0, obs_t the final
+      observation); its advantage is not compared and should be masked out of the loss.
+    - ``gamma``, ``gae_lambda``: the discount and the GAE λ to use.
+    """
+
+    rewards: Any
+    values: Any
+    terminated: Any
+    truncated: Any
+    next_values: Any
+    episode_starts: Any
+    reset_steps: Any
+    gamma: float
+    gae_lambda: float
+    autoreset: str = SAME_STEP
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.rewards.shape[0])
+
+    @property
+    def num_envs(self) -> int:
+        return int(self.rewards.shape[1])
+
+    @property
+    def dones(self) -> Any:
+        """terminated | truncated: the episode ended at step t (0./1. tensors after :meth:`as_torch`)."""
+        if isinstance(self.terminated, np.ndarray):
+            return np.logical_or(self.terminated, self.truncated)
+        return (self.terminated + self.truncated).clamp(max=1.0)
+
+    @property
+    def last_values(self) -> Any:
+        """V(observation after the rollout), per env: ``next_values[-1]``."""
+        return self.next_values[-1]
+
+    @property
+    def last_dones(self) -> Any:
+        """The episode ended at the rollout's last step, per env (SB3's ``dones`` argument)."""
+        return self.dones[-1]
+
+    def copy(self) -> Rollout:
+        return dataclasses.replace(self, **{f: np.array(getattr(self, f)) for f in ARRAY_FIELDS})
+
+    def as_torch(self) -> Rollout:
+        """The same rollout as float32 torch tensors, flags as 0./1. (CleanRL's storage)."""
+        import torch
+
+        return dataclasses.replace(
+            self, **{f: torch.tensor(np.asarray(getattr(self, f), np.float32)) for f in ARRAY_FIELDS}
+        )
+
+
+ARRAY_FIELDS = ("rewards", "values", "terminated", "truncated", "next_values", "episode_starts", "reset_steps")
+
+#: parameter names R7 fills by keyword when the user's function takes them
+PARAMETERS = {
+    "rewards": "rewards",
+    "values": "values",
+    "terminated": "terminated",
+    "terminations": "terminated",
+    "truncated": "truncated",
+    "truncations": "truncated",
+    "next_values": "next_values",
+    "episode_starts": "episode_starts",
+    "reset_steps": "reset_steps",
+    "last_values": "last_values",
+    "next_value": "last_values",
+    "last_dones": "last_dones",
+    "gamma": "gamma",
+    "gae_lambda": "gae_lambda",
+    "lam": "gae_lambda",
+    "lmbda": "gae_lambda",
+}
+
+
+@dataclass(frozen=True)
+class AdvantageFn:
+    """How R7 calls the user's advantage function (see :func:`advantage_fn`)."""
+
+    fn: Callable[..., Any]
+    arrays: str = "numpy"
+    autoreset: str | None = None
+    gamma: float | None = None
+    gae_lambda: float | None = None
+    source: str = "dlcheck_advantage_fn"
+
+    def __call__(self, rollout: Rollout) -> Any:
+        return call_advantage_fn(self, rollout)
+
+
+def advantage_fn(
+    fn: Callable[..., Any] | None = None,
+    *,
+    arrays: str = "numpy",
+    autoreset: str | None = None,
+    gamma: float | None = None,
+    gae_lambda: float | None = None,
+) -> Any:
+    """Declare how R7 calls your GAE/returns function; usable as a decorator.
+
+    ``fn`` takes either one :class:`Rollout`, or keyword parameters named after its fields
+    (``rewards, values, terminated|terminations, truncated|truncations, next_values, episode_starts,
+    reset_steps, last_values|next_value, last_dones, gamma, gae_lambda|lam``), and returns the
+    advantages, ``(advantages, returns)``, or a dict with those keys, each ``(T, N)``.
+    ``arrays="torch"`` passes float32 tensors; ``autoreset="next_step"`` generates rollouts laid out as
+    gymnasium 1.x vector envs' default autoreset makes them (else inferred from dlcheck_env, or
+    "same_step"); ``gamma``/``gae_lambda`` fix the discount your function uses."""
+    if arrays not in ("numpy", "torch"):
+        raise ValueError(f"arrays must be 'numpy' or 'torch', not {arrays!r}")
+    if autoreset not in (None,) + AUTORESET_MODES:
+        raise ValueError(f"autoreset must be one of {AUTORESET_MODES}, not {autoreset!r}")
+
+    def wrap(f: Callable[..., Any]) -> AdvantageFn:
+        return AdvantageFn(f, arrays, autoreset, gamma, gae_lambda)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def as_advantage_fn(obj: Any) -> AdvantageFn:
+    if isinstance(obj, AdvantageFn):
+        return obj
+    if not callable(obj):
+        raise RoleError("advantage_fn", f"is a {type(obj).__name__}, expected a callable (Rollout -> advantages)")
+    return AdvantageFn(obj)
+
+
+def _signature_plan(fn: Callable[..., Any]) -> list[str] | None:
+    """Keyword parameters to fill, or None to pass the Rollout positionally."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    named = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    required = [p for p in named if p.default is p.empty]
+    if "dones" in [p.name for p in required]:
+        raise RoleError(
+            "advantage_fn",
+            "takes a parameter named 'dones', which is ambiguous (CleanRL's dones are "
+            "episode starts, gymnasium's are terminated|truncated): wrap it, e.g. "
+            "lambda r: f(..., dones=r.episode_starts), see pytest_dlcheck.rl.Rollout",
+        )
+    if len(required) == 1 and required[0].name not in PARAMETERS:
+        return None
+    unknown = [p.name for p in required if p.name not in PARAMETERS]
+    if unknown:
+        raise RoleError(
+            "advantage_fn",
+            f"has required parameters {unknown} that R7 cannot fill: take one Rollout, or "
+            f"parameters named {sorted(set(PARAMETERS))} (see pytest_dlcheck.rl.Rollout)",
+        )
+    return [p.name for p in named if p.name in PARAMETERS]
+
+
+def call_advantage_fn(spec: AdvantageFn, rollout: Rollout) -> Any:
+    r = rollout.copy()  # the function may work in place
+    if spec.arrays == "torch":
+        r = r.as_torch()
+    plan = _signature_plan(spec.fn)
+    if plan is None:
+        return spec.fn(r)
+    return spec.fn(**{name: getattr(r, PARAMETERS[name]) for name in plan})
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().float().cpu().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def parse_advantage_output(out: Any, shape: tuple[int, int]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(advantages, returns) from what the user's function returned; either may be None."""
+    if isinstance(out, dict):
+        adv, ret = out.get("advantages"), out.get("returns")
+    elif isinstance(out, (tuple, list)) and len(out) == 2:
+        adv, ret = out
+    else:
+        adv, ret = out, None
+    if adv is None and ret is None:
+        raise RoleError("advantage_fn", "returned neither advantages nor returns")
+
+    def fit(x: Any, what: str) -> np.ndarray | None:
+        if x is None:
+            return None
+        try:
+            a = to_numpy(x)
+        except (TypeError, ValueError) as exc:
+            raise RoleError(
+                "advantage_fn",
+                f"returned {what} as a {type(x).__name__} that is not numeric "
+                f"({' '.join(str(exc).split())[:120]}): expected an array of shape {shape} (steps, envs)",
+            ) from None
+        if a.shape == shape:
+            return a
+        if a.size == shape[0] * shape[1] and (a.shape == (shape[0],) or a.shape == shape + (1,)):
+            return a.reshape(shape)
+        raise RoleError(
+            "advantage_fn",
+            f"returned {what} of shape {a.shape} for a rollout of {shape[0]} steps × "
+            f"{shape[1]} envs; expected {shape} (steps, envs)",
+        )
+
+    return fit(adv, "advantages"), fit(ret, "returns")
+
+
+# --------------------------------------------------------------------------------------------------
+# the reference and the mistakes it recognises
+
+#: mistakes a GAE commonly makes at episode ends: name -> the cause a failure names
+VARIANTS = {
+    "truncation_not_bootstrapped": (
+        "done = terminated or truncated used for bootstrapping: a time-limit truncation is treated as a termination, "
+        "so the value of the final observation is dropped and the cut-off episode looks like a real ending"
+    ),
+    "ends_ignored": (
+        "the GAE ignores episode ends: it bootstraps from the next stored observation (the next episode's first "
+        "one) and carries the λ-accumulation across the boundary"
+    ),
+    "chain_not_cut": (
+        "the λ-accumulation (lastgaelam) is not reset at episode ends: advantages leak from the next episode into "
+        "the last steps of this one, although each step's TD error is right"
+    ),
+    "reset_obs_bootstrapped": (
+        "at a truncation the bootstrap uses values[t+1], the value of the next episode's first observation (the "
+        "autoreset one), instead of the value of the final observation"
+    ),
+    "termination_bootstrapped": (
+        "a termination is bootstrapped like a truncation: the value of the terminal observation is added where "
+        "the episode really ended (its value is 0)"
+    ),
+    "last_step_not_bootstrapped": (
+        "the rollout's last step is not bootstrapped from the value of the observation after the rollout: an "
+        "episode still running at the end of the rollout is treated as terminated"
+    ),
+    "flags_shifted": (
+        "the episode-end flags are off by one step: the flag of obs_t (an episode start, CleanRL's dones[t]) is "
+        "used where the end of step t (dones[t+1]) is meant"
+    ),
+}
+
+FIX = (
+    "delta_t = r_t + γ·V(s'_t)·(1 − terminated_t) − V(s_t) and A_t = delta_t + γλ·(1 − done_t)·A_t+1 with "
+    "done_t = terminated_t | truncated_t, V(s'_t) the value of the final observation at an episode end (SB3 "
+    "info['terminal_observation'], gymnasium info['final_obs']) and of the observation after the rollout at "
+    "the last step; or keep done in the GAE and add γ·V(final observation) to the reward of truncated steps, "
+    "as SB3's collect_rollouts does"
+)
+
+
+def _continuation_values(r: Rollout) -> np.ndarray:
+    """What a loop finds stored 'next' for step t: values[t+1], and the last value at the end."""
+    v = np.asarray(r.values, np.float64)
+    nxt = np.empty_like(v)
+    nxt[:-1] = v[1:]
+    nxt[-1] = np.asarray(r.next_values, np.float64)[-1]
+    return nxt
+
+
+def reference_gae(
+    r: Rollout, variant: str | None = None, gae_lambda: float | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """GAE advantages and λ-returns (advantages + values), float64; ``variant`` computes one of the
+    :data:`VARIANTS` instead. Reset steps (NEXT_STEP autoreset) get advantage 0 and no transition."""
+    rewards = np.asarray(r.rewards, np.float64)
+    values = np.asarray(r.values, np.float64)
+    next_values = np.asarray(r.next_values, np.float64)
+    term = np.asarray(r.terminated, bool)
+    trunc = np.asarray(r.truncated, bool)
+    ended = term | trunc
+    starts = np.asarray(r.episode_starts, bool)
+    reset = np.asarray(r.reset_steps, bool)
+    cont = _continuation_values(r)
+    gamma, lam = float(r.gamma), float(r.gae_lambda if gae_lambda is None else gae_lambda)
+    steps = rewards.shape[0]
+    adv = np.zeros_like(rewards)
+    last = np.zeros(rewards.shape[1])
+    for t in reversed(range(steps)):
+        boot, cut = np.where(term[t], 0.0, next_values[t]), ended[t]
+        if variant == "truncation_not_bootstrapped":
+            boot = np.where(ended[t], 0.0, next_values[t])
+        elif variant == "ends_ignored":
+            boot, cut = cont[t], np.zeros_like(cut)
+        elif variant == "chain_not_cut":
+            cut = np.zeros_like(cut)
+        elif variant == "reset_obs_bootstrapped":
+            boot = np.where(term[t], 0.0, np.where(trunc[t], cont[t], next_values[t]))
+        elif variant == "termination_bootstrapped":
+            boot = next_values[t]
+        elif variant == "last_step_not_bootstrapped" and t == steps - 1:
+            boot = np.zeros_like(boot)
+        elif variant == "flags_shifted" and t < steps - 1:  # the last step has its own flag (next_done)
+            boot, cut = np.where(starts[t], 0.0, cont[t]), starts[t]
+        delta = rewards[t] + gamma * boot - values[t]
+        last = delta + gamma * lam * np.where(cut, 0.0, 1.0) * last
+        if variant not in ("ends_ignored", "chain_not_cut"):  # those treat a reset step as a transition
+            last = np.where(reset[t], 0.0, last)
+        adv[t] = last
+    return adv, adv + values
+
+
+@dataclass
+class Comparison:
+    """The user's output on one rollout next to the reference's."""
+
+    rollout: Rollout
+    advantages: np.ndarray | None
+    returns: np.ndarray | None
+    ref_advantages: np.ndarray
+    ref_returns: np.ndarray
+    mc_returns: np.ndarray  # λ = 1: discounted returns bootstrapped the same way
+    mask: np.ndarray  # steps compared (not reset steps)
+    rtol: float
+    atol: float
+
+    def _close(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.isclose(a, b, rtol=self.rtol, atol=self.atol) | ~self.mask
+
+    @property
+    def advantages_ok(self) -> bool:
+        return self.advantages is None or bool(self._close(self.advantages, self.ref_advantages).all())
+
+    @property
+    def returns_ok(self) -> bool:
+        if self.returns is None:
+            return True
+        return bool(
+            self._close(self.returns, self.ref_returns).all() or self._close(self.returns, self.mc_returns).all()
+        )
+
+    @property
+    def agrees(self) -> bool:
+        return self.advantages_ok and self.returns_ok
+
+    @property
+    def what(self) -> str:
+        """'advantages' or 'returns': the output shown."""
+        return "advantages" if not self.advantages_ok else "returns"
+
+    def mismatches(self) -> np.ndarray:
+        if not self.advantages_ok:
+            return ~self._close(self.advantages, self.ref_advantages)
+        return ~(self._close(self.returns, self.ref_returns))
+
+
+def folded(r: Rollout) -> Rollout:
+    """The rollout as SB3's RolloutBuffer sees it: γ·V(final observation) added to the reward of
+    time-limit truncations, which then count as plain episode ends (dones)."""
+    timeout = np.asarray(r.truncated, bool) & ~np.asarray(r.terminated, bool)
+    rewards = np.asarray(r.rewards, np.float64) + r.gamma * np.asarray(r.next_values, np.float64) * timeout
+    return dataclasses.replace(r, rewards=rewards, terminated=np.asarray(r.dones), truncated=np.zeros_like(r.dones))
+
+
+def matches_variant(
+    r: Rollout, advantages: np.ndarray | None, returns: np.ndarray | None, variant: str, rtol: float, atol: float
+) -> bool:
+    """The user's output on ``r`` equals what the :data:`VARIANTS` mistake ``variant`` computes."""
+    mask = ~np.asarray(r.reset_steps, bool)
+
+    def close(a: np.ndarray, b: np.ndarray) -> bool:
+        return bool((np.isclose(a, b, rtol=rtol, atol=atol) | ~mask).all())
+
+    adv, ret = reference_gae(r, variant)
+    if advantages is not None and not close(advantages, adv):
+        return False
+    return returns is None or close(returns, ret) or close(returns, reference_gae(r, variant, gae_lambda=1.0)[1])
+
+
+def identify_mistake(
+    outputs: list[tuple[Rollout, np.ndarray | None, np.ndarray | None]], rtol: float, atol: float
+) -> str | None:
+    """The :data:`VARIANTS` mistake the user's function makes on every one of ``outputs``
+    ((rollout, advantages, returns) triples of varied rollouts), if one explains them all, on the
+    rollouts as given or as an SB3-style buffer sees them (:func:`folded`)."""
+    for name in VARIANTS:
+        for view in (lambda r: r, folded):
+            if all(matches_variant(view(r), adv, ret, name, rtol, atol) for r, adv, ret in outputs):
+                return name
+    return None
+
+
+def compare(
+    rollout: Rollout, advantages: np.ndarray | None, returns: np.ndarray | None, rtol: float, atol: float
+) -> Comparison:
+    ref_adv, ref_ret = reference_gae(rollout)
+    _, mc = reference_gae(rollout, gae_lambda=1.0)
+    mask = ~np.asarray(rollout.reset_steps, bool)
+    return Comparison(rollout, advantages, returns, ref_adv, ref_ret, mc, mask, rtol, atol)
+
+
+# --------------------------------------------------------------------------------------------------
+# Hypothesis strategies
+
+END_KINDS = ("-", "-", "terminated", "truncated", "both")
+CARRIED = ("running", "start", "reset")
+
+
+def rollouts(
+    *, max_steps: int = 8, max_envs: int = 2, gamma: float = 0.99, gae_lambda: float = 0.95, autoreset: str = SAME_STEP
+) -> Any:
+    """Hypothesis strategy of :class:`Rollout`: 1..max_steps steps on 1..max_envs envs, small integer
+    rewards and values, and episode ends (termination, truncation, both) at any step, the last one
+    included. The rollout is decoded from one byte string (4 bytes per step and env), which keeps
+    generation cheap; shrinking the bytes toward zero gives fewer steps, fewer ends and zero values."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def build(draw: Any) -> Rollout:
+        envs = draw(st.integers(1, max_envs), label="envs")
+        head = 2 * envs  # per env: where the previous rollout left it, V(obs after the rollout)
+        data = draw(st.binary(min_size=head + 4 * envs, max_size=head + 4 * envs * max_steps), label="rollout bytes")
+        return decode_rollout(data, envs, gamma, gae_lambda, autoreset)
+
+    return build()
+
+
+#: byte -> small integer, 0 first so that shrinking toward zero bytes gives zero values
+NUMBERS = (0.0, 1.0, -1.0, 2.0, -2.0, 3.0, -3.0)
+
+
+def decode_rollout(data: bytes, envs: int, gamma: float, gae_lambda: float, autoreset: str) -> Rollout:
+    """The rollout :func:`rollouts` draws: 2 bytes per env (previous rollout, value after the rollout),
+    then 4 per step and env (end kind, reward, value, value of the final observation)."""
+    head = 2 * envs
+    steps = max(1, (len(data) - head) // (4 * envs))
+    data = bytes(data) + bytes(max(0, head + 4 * envs * steps - len(data)))
+    cols = []
+    for n in range(envs):
+        records = []
+        for t in range(steps):
+            b = data[head + 4 * (t * envs + n) : head + 4 * (t * envs + n) + 4]
+            records.append((END_KINDS[b[0] % len(END_KINDS)], NUMBERS[b[1] % 7], NUMBERS[b[2] % 7], NUMBERS[b[3] % 7]))
+        cols.append(_env_column(records, CARRIED[data[2 * n] % len(CARRIED)], NUMBERS[data[2 * n + 1] % 7], autoreset))
+    return _assemble(cols, gamma, gae_lambda, autoreset)
+
+
+def sample_rollouts(
+    count: int,
+    *,
+    seed: int = 0,
+    max_steps: int = 8,
+    max_envs: int = 2,
+    gamma: float = 0.99,
+    gae_lambda: float = 0.95,
+    autoreset: str = SAME_STEP,
+) -> list[Rollout]:
+    """``count`` rollouts drawn like :func:`rollouts`, from a seeded numpy generator (no shrinking)."""
+    rng = np.random.default_rng(seed)
+
+    def number() -> float:
+        return float(rng.integers(-3, 4))
+
+    out = []
+    for _ in range(count):
+        steps, envs = int(rng.integers(2, max_steps + 1)), int(rng.integers(1, max_envs + 1))
+        cols = []
+        for _ in range(envs):
+            records = [
+                (END_KINDS[int(rng.integers(len(END_KINDS)))], number(), number(), number()) for _ in range(steps)
+            ]
+            cols.append(_env_column(records, CARRIED[int(rng.integers(len(CARRIED)))], number(), autoreset))
+        out.append(_assemble(cols, gamma, gae_lambda, autoreset))
+    return out
+
+
+def _assemble(cols: list[dict[str, np.ndarray]], gamma: float, gae_lambda: float, autoreset: str) -> Rollout:
+    arrays = {f: np.stack([c[f] for c in cols], axis=1) for f in ARRAY_FIELDS}
+    for f in ("terminated", "truncated", "episode_starts", "reset_steps"):
+        arrays[f] = arrays[f].astype(bool)
+    for f in ("rewards", "values", "next_values"):
+        arrays[f] = arrays[f].astype(np.float32)
+    return Rollout(gamma=gamma, gae_lambda=gae_lambda, autoreset=autoreset, **arrays)
+
+
+def _env_column(
+    records: list[tuple[str, float, float, float]], carried: str, after: float, autoreset: str
+) -> dict[str, np.ndarray]:
+    """One env's arrays from per-step records (end kind, reward, value, value of the final observation),
+    ``carried`` (where the previous rollout left the env: mid-episode, at an episode start, or, under
+    NEXT_STEP, right after an episode end so that this rollout opens with a reset step) and ``after``,
+    V(observation after the rollout)."""
+    steps = len(records)
+    col = {f: np.zeros(steps) for f in ARRAY_FIELDS}
+    final = np.zeros(steps)
+    pending_reset = autoreset == NEXT_STEP and carried == "reset"
+    start = carried == "start"
+    for t, (kind, reward, value, final_value) in enumerate(records):
+        col["episode_starts"][t] = start
+        if pending_reset:  # the reset step: action ignored, reward 0, its observation the final one
+            col["reset_steps"][t] = 1
+            col["values"][t] = final_value
+            pending_reset, start = False, True
+            continue
+        col["rewards"][t], col["values"][t], final[t] = reward, value, final_value
+        col["terminated"][t] = kind in ("terminated", "both")
+        col["truncated"][t] = kind in ("truncated", "both")
+        start = kind != "-"
+        if start and autoreset == NEXT_STEP:
+            pending_reset, start = True, False
+    for t in range(steps):
+        if autoreset == SAME_STEP and (col["terminated"][t] or col["truncated"][t]):
+            col["next_values"][t] = final[t]  # V(final observation), stored apart from the reset one
+        else:  # the next stored observation is the one step t led to (the final one under NEXT_STEP)
+            col["next_values"][t] = col["values"][t + 1] if t + 1 < steps else after
+    return col
+
+
+def reward_groups(*, max_groups: int = 4, max_group_size: int = 6) -> Any:
+    """Hypothesis strategy of (rewards, group_size): ``rewards`` a list of floats, consecutive runs of
+    ``group_size`` being the completions of one prompt (TRL's layout). Groups whose rewards are all
+    equal are the simplest values, so shrinking finds them first."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def build(draw: Any) -> tuple[list[float], int]:
+        size = draw(st.integers(2, max_group_size), label="group_size")
+        groups = draw(st.integers(1, max_groups), label="groups")
+        rewards = draw(st.lists(st.integers(-2, 3).map(float), min_size=size * groups, max_size=size * groups))
+        return rewards, size
+
+    return build()
+
+
+def hypothesis_missing() -> str | None:
+    """The skip reason when Hypothesis, which R3 and R7 search with, is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("hypothesis") is None:
+        return "Hypothesis is not installed: pip install 'pytest-dlcheck[rl]' (or hypothesis)"
+    return None
+
+
+def search(strategy: Any, disagrees: Callable[[Any], bool], max_examples: int) -> Any:
+    """The smallest generated value for which ``disagrees`` holds (Hypothesis shrinking), or None.
+    Derandomised and without an example database, so every run explores the same values."""
+    from hypothesis import HealthCheck, Phase, find, settings
+    from hypothesis.errors import NoSuchExample
+
+    # no explain phase: it re-runs the function hundreds of times to annotate a report we do not print
+    conf = settings(
+        derandomize=True,
+        database=None,
+        deadline=None,
+        max_examples=max_examples,
+        suppress_health_check=list(HealthCheck),
+        print_blob=False,
+        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
+    )
+    try:
+        return find(strategy, disagrees, settings=conf)
+    except NoSuchExample:
+        return None
+
+
+def sub_rollout(r: Rollout, steps: slice, envs: list[int]) -> Rollout:
+    """The steps ``steps`` of envs ``envs``: still a valid rollout (a cut before step t leaves obs_t's
+    flags as carried state; a cut after step t makes next_values[t] the value after the rollout)."""
+    return dataclasses.replace(r, **{f: np.asarray(getattr(r, f))[steps][:, envs] for f in ARRAY_FIELDS})
+
+
+def reduce_rollout(r: Rollout, disagrees: Callable[[Rollout], bool]) -> Rollout:
+    """Greedy cuts after Hypothesis' shrinking, which keeps a few needless leading steps or a second env
+    when the failing step sits late in a wide rollout: one env, then fewer leading and trailing steps,
+    as long as the disagreement stays."""
+    for n in range(r.num_envs):
+        if r.num_envs > 1 and disagrees(one := sub_rollout(r, slice(None), [n])):
+            r = one
+            break
+    while r.num_steps > 1 and disagrees(shorter := sub_rollout(r, slice(1, None), list(range(r.num_envs)))):
+        r = shorter
+    while r.num_steps > 1 and disagrees(shorter := sub_rollout(r, slice(None, -1), list(range(r.num_envs)))):
+        r = shorter
+    return r
+
+
+# --------------------------------------------------------------------------------------------------
+# showing a rollout
+
+
+def _cell(x: Any) -> str:
+    if isinstance(x, str):
+        return f"{x:>7}"
+    x = float(x)
+    if not math.isfinite(x):
+        return f"{x!s:>7}"
+    return f"{x:>7.4g}" if x != 0 else f"{0:>7}"
+
+
+def end_label(r: Rollout, t: int, n: int) -> str:
+    term, trunc = bool(r.terminated[t, n]), bool(r.truncated[t, n])
+    if r.reset_steps[t, n]:
+        return "reset"
+    return {(True, True): "both", (True, False): "term", (False, True): "trunc"}.get((term, trunc), "-")
+
+
+def show_rollout(c: Comparison, label: str = "yours") -> list[str]:
+    """Evidence lines: the rollout, env by env (those that disagree), with the user's output and the
+    reference side by side, '^' under the steps that differ."""
+    r = c.rollout
+    what = c.what
+    mine = c.advantages if what == "advantages" else c.returns
+    ref = c.ref_advantages if what == "advantages" else c.ref_returns
+    bad = c.mismatches()
+    lines = [
+        f"rollout of {r.num_steps} step{'s' * (r.num_steps > 1)} × {r.num_envs} env{'s' * (r.num_envs > 1)}, "
+        f"gamma {r.gamma:g}, gae_lambda {r.gae_lambda:g}, {r.autoreset} autoreset:"
+    ]
+    for n in range(r.num_envs):
+        if not bad[:, n].any() and r.num_envs > 1:
+            continue
+        steps = range(r.num_steps)
+        rows = [
+            ("step", [str(t) for t in steps]),
+            ("reward", [r.rewards[t, n] for t in steps]),
+            ("value", [r.values[t, n] for t in steps]),
+            ("end", [end_label(r, t, n) for t in steps]),
+            ("next value", [r.next_values[t, n] for t in steps]),
+            (f"{what[:3]}. {label}", [mine[t, n] for t in steps]),
+            (f"{what[:3]}. reference", [ref[t, n] for t in steps]),
+            ("", ["^" if bad[t, n] else "" for t in steps]),
+        ]
+        if r.num_envs > 1:
+            lines.append(f"env {n}:")
+        for name, cells in rows:
+            lines.append(f"  {name:<14}" + " ".join(_cell(x) for x in cells))
+    return lines
+
+
+def describe(r: Rollout) -> str:
+    """One line: '2 steps × 1 env, ends: env 0 step 1 trunc'."""
+    ends = [
+        f"env {n} step {t} {end_label(r, t, n)}"
+        for t in range(r.num_steps)
+        for n in range(r.num_envs)
+        if end_label(r, t, n) != "-"
+    ]
+    return (
+        f"of {r.num_steps} step{'s' * (r.num_steps > 1)} × {r.num_envs} env{'s' * (r.num_envs > 1)} "
+        f"({r.autoreset}), ends: {', '.join(ends) or 'none'}"
+    )
+
+
+def describe_kinds(r: Rollout, mask: np.ndarray) -> str:
+    """Which kinds of steps the disagreement sits at: 'a truncated step', 'the last step', …"""
+    kinds = []
+    for t, n in zip(*np.nonzero(mask)):
+        label = end_label(r, t, n)
+        if label in ("trunc", "term", "both"):
+            kinds.append({"trunc": "a truncated step", "term": "a terminated step", "both": "a terminated step"}[label])
+        elif t == r.num_steps - 1:
+            kinds.append("the rollout's last step")
+    return ", ".join(dict.fromkeys(kinds)) or "steps inside an episode"
+
+
+# --------------------------------------------------------------------------------------------------
+# Stable-Baselines3
+
+
+def is_sb3_algorithm(obj: Any) -> bool:
+    return any(
+        c.__name__ == "BaseAlgorithm" and c.__module__.startswith("stable_baselines3") for c in type(obj).__mro__
+    )
+
+
+def is_on_policy(algo: Any) -> bool:
+    return any(c.__name__ == "OnPolicyAlgorithm" for c in type(algo).__mro__)
+
+
+def _zeros_for(space: Any, n: int) -> Any:
+    from stable_baselines3.common.preprocessing import get_obs_shape
+
+    shape = get_obs_shape(space)
+    if isinstance(shape, dict):
+        return {k: np.zeros((n, *s), np.float32) for k, s in shape.items()}
+    return np.zeros((n, *shape), np.float32)
+
+
+def _buffer_class(algo: Any) -> tuple[type, dict]:
+    from stable_baselines3.common.buffers import DictRolloutBuffer, RolloutBuffer
+
+    cls = getattr(algo, "rollout_buffer_class", None)
+    if cls is None:
+        buf = getattr(algo, "rollout_buffer", None)
+        cls = type(buf) if buf is not None else None
+    if cls is None:
+        from gymnasium import spaces
+
+        cls = DictRolloutBuffer if isinstance(algo.observation_space, spaces.Dict) else RolloutBuffer
+    return cls, dict(getattr(algo, "rollout_buffer_kwargs", None) or {})
+
+
+def sb3_advantage_fn(algo: Any) -> AdvantageFn:
+    """R7's view of an SB3 on-policy algorithm: its rollout buffer class computes the advantages, the
+    time-limit bootstrap folded into the reward of truncated steps as ``collect_rollouts`` does."""
+    import torch
+    from stable_baselines3.common.preprocessing import get_action_dim
+
+    cls, kwargs = _buffer_class(algo)
+
+    def gae(r: Rollout) -> tuple[np.ndarray, np.ndarray]:
+        steps, envs = r.num_steps, r.num_envs
+        buf = cls(
+            steps,
+            algo.observation_space,
+            algo.action_space,
+            device="cpu",
+            gamma=r.gamma,
+            gae_lambda=r.gae_lambda,
+            n_envs=envs,
+            **kwargs,
+        )
+        timeout = np.asarray(r.truncated, bool) & ~np.asarray(r.terminated, bool)
+        rewards = np.asarray(r.rewards, np.float32) + r.gamma * np.asarray(r.next_values, np.float32) * timeout
+        obs = _zeros_for(algo.observation_space, envs)
+        actions = np.zeros((envs, get_action_dim(algo.action_space)), np.float32)
+        for t in range(steps):
+            buf.add(
+                obs,
+                actions,
+                rewards[t],
+                np.asarray(r.episode_starts[t], np.float32),
+                torch.as_tensor(np.asarray(r.values[t], np.float32)),
+                torch.zeros(envs),
+            )
+        buf.compute_returns_and_advantage(
+            last_values=torch.as_tensor(np.asarray(r.last_values, np.float32)), dones=np.asarray(r.last_dones, bool)
+        )
+        return buf.advantages, buf.returns
+
+    return AdvantageFn(
+        gae,
+        "numpy",
+        SAME_STEP,
+        float(algo.gamma),
+        float(algo.gae_lambda),
+        source=f"{type(algo).__name__}'s {cls.__name__}.compute_returns_and_advantage",
+    )
+
+
+@dataclass
+class PolicyRollout:
+    """Observations as the policy saw them, and (on-policy) the raw GAE advantages of the same steps."""
+
+    observations: np.ndarray
+    advantages: np.ndarray | None
+    source: str
+
+
+class RolloutUnavailable(Exception):
+    """No rollout can be had without touching the user's objects; the check skips with this reason."""
+
+
+def sb3_policy_rollout(algo: Any, steps: int) -> PolicyRollout:
+    """The algorithm's last rollout if its buffer is full; else ``steps`` env steps collected with its
+    policy on a deep copy of its env, the way ``OnPolicyAlgorithm.collect_rollouts`` collects them
+    (the user's env, buffer and counters are left alone)."""
+    name = type(algo).__name__
+    buf = getattr(algo, "rollout_buffer", None)
+    if buf is not None and getattr(buf, "full", False) and not isinstance(buf.observations, dict):
+        obs = np.array(buf.observations).reshape(-1, *algo.observation_space.shape)
+        return PolicyRollout(
+            obs, np.array(buf.advantages).reshape(-1), f"the last rollout in {name}.rollout_buffer ({len(obs)} steps)"
+        )
+    rb = getattr(algo, "replay_buffer", None)
+    if rb is not None and (rb.full or rb.pos > 0) and not isinstance(rb.observations, dict):
+        n = rb.buffer_size if rb.full else rb.pos
+        obs = np.array(rb.observations[:n]).reshape(-1, *algo.observation_space.shape)[-steps:]
+        vec_norm = algo.get_vec_normalize_env()
+        if vec_norm is not None:
+            obs = vec_norm.normalize_obs(obs)
+        return PolicyRollout(obs, None, f"the last {len(obs)} observations in {name}.replay_buffer")
+    return collect_sb3(algo, steps)
+
+
+def collect_sb3(algo: Any, steps: int) -> PolicyRollout:
+    import torch
+    from gymnasium import spaces
+    from stable_baselines3.common.utils import obs_as_tensor
+
+    env = algo.get_env()
+    if env is None:
+        raise RolloutUnavailable(f"{type(algo).__name__} has no env to roll out (define dlcheck_env)")
+    if isinstance(algo.observation_space, spaces.Dict):
+        raise RolloutUnavailable("Dict observation spaces are not sampled")
+    try:
+        env = copy_vec_env(env)
+    except Exception as exc:  # noqa: BLE001 - subprocess vector envs cannot be copied
+        raise RolloutUnavailable(
+            f"cannot copy {type(env).__name__} to roll it out ({type(exc).__name__}); "
+            "define dlcheck_env as a factory (a function returning a fresh env)"
+        ) from None
+    policy, on_policy = algo.policy, is_on_policy(algo)
+    per_env = max(1, math.ceil(steps / env.num_envs))
+    buf = None
+    if on_policy:
+        cls, kwargs = _buffer_class(algo)
+        buf = cls(
+            per_env,
+            algo.observation_space,
+            algo.action_space,
+            device="cpu",
+            gamma=algo.gamma,
+            gae_lambda=algo.gae_lambda,
+            n_envs=env.num_envs,
+            **kwargs,
+        )
+    seen = []
+    try:
+        obs = env.reset()
+        starts = np.ones(env.num_envs, dtype=np.float32)
+        with eval_mode(policy), torch.no_grad():
+            for _ in range(per_env):
+                seen.append(np.array(obs))
+                if not on_policy:
+                    actions, _ = policy.predict(obs, deterministic=False)
+                    obs, _, _, _ = env.step(actions)
+                    continue
+                actions, values, log_probs = policy(obs_as_tensor(obs, algo.device))
+                actions = actions.cpu().numpy()
+                clipped = actions
+                if isinstance(algo.action_space, spaces.Box):
+                    clipped = (
+                        policy.unscale_action(actions)
+                        if policy.squash_output
+                        else np.clip(actions, algo.action_space.low, algo.action_space.high)
+                    )
+                new_obs, rewards, dones, infos = env.step(clipped)
+                if isinstance(algo.action_space, spaces.Discrete):
+                    actions = actions.reshape(-1, 1)
+                for i, done in enumerate(dones):
+                    if (
+                        done
+                        and infos[i].get("terminal_observation") is not None
+                        and infos[i].get("TimeLimit.truncated", False)
+                    ):
+                        final = policy.obs_to_tensor(infos[i]["terminal_observation"])[0]
+                        rewards[i] += algo.gamma * policy.predict_values(final)[0].item()
+                buf.add(obs, actions, rewards, starts, values, log_probs)
+                obs, starts = new_obs, dones.astype(np.float32)
+            if on_policy:
+                buf.compute_returns_and_advantage(policy.predict_values(obs_as_tensor(obs, algo.device)), dones)
+    finally:
+        env.close()
+    observations = np.concatenate(seen).reshape(-1, *algo.observation_space.shape)
+    advantages = np.array(buf.advantages).reshape(-1) if buf is not None else None
+    return PolicyRollout(
+        observations, advantages, f"{len(observations)} steps of {type(algo).__name__}'s policy on a copy of its env"
+    )
+
+
+def copy_vec_env(env: Any) -> Any:
+    """A deep copy of an SB3 VecEnv wrapper chain. VecNormalize pickles without its inner env (its
+    ``__getstate__`` drops ``venv``), so each wrapper is copied around a copy of the env it wraps."""
+    inner = getattr(env, "venv", None)
+    if inner is None:
+        return copy.deepcopy(env)
+    inner_copy = copy_vec_env(inner)
+    out = copy.deepcopy(env, {id(inner): inner_copy})
+    if getattr(out, "venv", None) is not inner_copy:
+        out.set_venv(inner_copy)
+        if hasattr(env, "returns"):
+            out.returns = np.array(env.returns)
+    return out
+
+
+def sb3_preprocess(algo: Any, obs: np.ndarray) -> np.ndarray:
+    """What the policy network takes: SB3 scales image observations by 1/255 and one-hots discrete ones."""
+    import torch
+    from stable_baselines3.common.preprocessing import preprocess_obs
+
+    policy = algo.policy
+    out = preprocess_obs(
+        torch.as_tensor(obs), algo.observation_space, normalize_images=getattr(policy, "normalize_images", True)
+    )
+    return out.float().cpu().numpy()
+
+
+# --------------------------------------------------------------------------------------------------
+# observations from a gymnasium / SB3 env
+
+
+def is_env(obj: Any) -> bool:
+    names = {c.__name__ for c in type(obj).__mro__}
+    return bool(names & {"Env", "VectorEnv", "VecEnv", "Wrapper", "VectorWrapper", "VecEnvWrapper"})
+
+
+def env_name(env: Any) -> str:
+    """The registered id (``MountainCar-v0``) of an env, a vector env or an SB3 VecEnv, else its class."""
+    for candidate in (env, getattr(env, "unwrapped", None), *(getattr(env, "envs", None) or [])[:1]):
+        spec = getattr(candidate, "spec", None)
+        if getattr(spec, "id", None):
+            return spec.id
+    inner = getattr(env, "venv", None)
+    return env_name(inner) if inner is not None else type(env).__name__
+
+
+def env_observations(env_or_factory: Any, steps: int, seed: int = 0) -> tuple[np.ndarray, str]:
+    """``steps`` observations of a fresh env from the factory (or a deep copy of the env), acting
+    uniformly at random; the user's env is never stepped."""
+    from ...session import user_call
+
+    if callable(env_or_factory) and not is_env(env_or_factory):
+        env = user_call("env", env_or_factory)
+        where = f"a fresh env from dlcheck_env ({env_name(env)})"
+    else:
+        try:
+            env = copy_vec_env(env_or_factory) if hasattr(env_or_factory, "venv") else copy.deepcopy(env_or_factory)
+        except Exception as exc:  # noqa: BLE001
+            raise RolloutUnavailable(
+                f"cannot copy {type(env_or_factory).__name__} to roll it out ({type(exc).__name__}); "
+                "define dlcheck_env as a factory (a function returning a fresh env)"
+            ) from None
+        where = f"a copy of dlcheck_env ({env_name(env)})"
+    names = {c.__name__ for c in type(env).__mro__}
+    seen = []
+    try:
+        space = getattr(env, "single_observation_space", None) or env.observation_space
+        if type(space).__name__ != "Box":
+            raise RolloutUnavailable(f"R8 measures Box observation spaces; {env_name(env)} has {type(space).__name__}")
+        if "VecEnv" in names:  # SB3: reset() -> obs; step -> 4-tuple, autoreset on the same step
+            env.seed(seed)
+            env.action_space.seed(seed)
+            obs = env.reset()
+            for _ in range(max(1, math.ceil(steps / env.num_envs))):
+                seen.append(np.array(obs))
+                obs = env.step(np.stack([env.action_space.sample() for _ in range(env.num_envs)]))[0]
+        elif "VectorEnv" in names:
+            obs, _ = env.reset(seed=seed)
+            env.action_space.seed(seed)
+            for _ in range(max(1, math.ceil(steps / env.num_envs))):
+                seen.append(np.array(obs))
+                obs = env.step(env.action_space.sample())[0]
+        else:
+            obs, _ = env.reset(seed=seed)
+            env.action_space.seed(seed)
+            for _ in range(steps):
+                seen.append(np.array(obs)[None])
+                obs, _, term, trunc, _ = env.step(env.action_space.sample())
+                if term or trunc:
+                    obs, _ = env.reset()
+    finally:
+        env.close()
+    return np.concatenate(seen), f"{sum(len(s) for s in seen)} observations of {where}, random actions"
+
+
+@dataclass
+class Scale:
+    index: int
+    scale: float  # 90th percentile of |x|
+    mean: float
+    std: float
+
+
+def rollout_observations(rollout: Any) -> np.ndarray:
+    """The observations of a user's rollout ('obs' or 'observations', key or attribute), flattened over
+    steps and envs: a (steps, envs, features) buffer becomes (samples, features)."""
+    for key in ("obs", "observations"):
+        value = rollout.get(key) if isinstance(rollout, dict) else getattr(rollout, key, None)
+        if value is not None:
+            x = to_numpy(value)
+            return x.reshape(-1, x.shape[-1]) if x.ndim == 3 else x
+    raise RoleError("rollout", f"has no 'obs' or 'observations' ({type(rollout).__name__})")
+
+
+def observation_matrix(obs: np.ndarray) -> np.ndarray:
+    """(samples, dimensions) for flat observations (or small arrays), (values, 1) for image-like ones."""
+    x = np.asarray(obs, np.float64)
+    if x.ndim == 2 or (x.ndim > 2 and x[0].size <= 64):
+        return x.reshape(len(x), -1)
+    return x.reshape(-1, 1)[:: max(1, x.size // 1_000_000)]
+
+
+def observation_scales(obs: np.ndarray) -> list[Scale]:
+    """Per-dimension scale of flat observations (one entry for image-like ones): the 90th percentile of
+    |x|, robust to rare outliers, with the mean and std for the evidence."""
+    x = observation_matrix(obs)
+    p90 = np.percentile(np.abs(x), 90, axis=0)
+    return [Scale(i, float(p90[i]), float(x[:, i].mean()), float(x[:, i].std())) for i in range(x.shape[1])]
+
+
+# --------------------------------------------------------------------------------------------------
+# running statistics and buffers, for checkpoint round-trips
+
+
+@dataclass
+class Holder:
+    """Where a statistic lives on a live object, so that R4 can swap it out and put it back."""
+
+    owner: Any
+    attr: str
+
+
+def _rms_like(x: Any) -> bool:
+    return all(hasattr(x, a) for a in ("mean", "var", "count")) and not callable(x.mean)
+
+
+def _is_replay_buffer(x: Any) -> bool:
+    return any(
+        c.__name__ == "ReplayBuffer" and c.__module__.startswith("stable_baselines3") for c in type(x).__mro__
+    ) or (hasattr(x, "observations") and hasattr(x, "pos") and hasattr(x, "full") and hasattr(x, "buffer_size"))
+
+
+RMS_ATTRS = ("obs_rms", "ret_rms", "return_rms", "reward_rms")
+
+
+def running_statistics(root: Any, depth: int = 6) -> tuple[dict[str, Any], list[Holder]]:
+    """Running normalisation statistics and replay buffers reachable from ``root`` (an SB3 algorithm,
+    VecNormalize or any VecEnv wrapper chain, gymnasium Normalize* wrappers, objects with ``obs_rms`` /
+    ``ret_rms`` / ``return_rms``, replay buffers, and dicts/lists/tuples of those): name -> value, and
+    where each lives."""
+    stats: dict[str, Any] = {}
+    holders: list[Holder] = []
+    seen: set[int] = set()
+
+    def add(name: str, value: Any) -> None:
+        key, i = name, 2
+        while key in stats:
+            key, i = f"{name}#{i}", i + 1
+        stats[key] = value
+
+    def visit(obj: Any, d: int) -> None:
+        if obj is None or d < 0 or id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool, np.ndarray)):
+            return
+        seen.add(id(obj))
+        if isinstance(obj, dict):
+            for v in obj.values():
+                visit(v, d - 1)
+            return
+        if isinstance(obj, (list, tuple)):
+            for v in obj[:16]:
+                visit(v, d - 1)
+            return
+        own = getattr(obj, "__dict__", {})  # SB3 VecEnvWrapper forwards unknown attributes to the inner env
+        for attr in RMS_ATTRS:
+            rms = own.get(attr)
+            if isinstance(rms, dict):
+                holders.append(Holder(obj, attr))
+                for k, v in rms.items():
+                    if _rms_like(v):
+                        _add_rms(add, f"{attr}[{k}]", v)
+            elif rms is not None and _rms_like(rms):
+                holders.append(Holder(obj, attr))
+                _add_rms(add, "ret_rms" if attr in ("return_rms", "reward_rms") else attr, rms)
+        rb = own.get("replay_buffer")
+        if rb is not None and _is_replay_buffer(rb):
+            holders.append(Holder(obj, "replay_buffer"))
+            if id(rb) not in seen:
+                seen.add(id(rb))
+                _add_buffer(add, rb)
+        elif _is_replay_buffer(obj):
+            _add_buffer(add, obj)
+        for attr in ("venv", "env"):  # SB3 VecEnvWrapper, gymnasium (vector) wrappers, an algorithm's env
+            inner = own.get(attr)
+            if inner is not None and is_env(inner):
+                visit(inner, d - 1)
+
+    visit(root, depth)
+    return stats, holders
+
+
+def _add_rms(add: Callable[[str, Any], None], name: str, rms: Any) -> None:
+    add(f"{name}.mean", np.array(rms.mean, np.float64))
+    add(f"{name}.var", np.array(rms.var, np.float64))
+    add(f"{name}.count", float(np.asarray(rms.count)))
+
+
+def _add_buffer(add: Callable[[str, Any], None], rb: Any) -> None:
+    n = int(rb.buffer_size if rb.full else rb.pos)
+    digest = hashlib.sha1()
+    for field in ("observations", "actions", "rewards", "dones"):
+        arr = getattr(rb, field, None)
+        if isinstance(arr, dict):
+            for k in sorted(arr):
+                digest.update(np.ascontiguousarray(arr[k][:n]).tobytes())
+        elif arr is not None:
+            digest.update(np.ascontiguousarray(arr[:n]).tobytes())
+    add("replay_buffer.transitions", n)
+    add("replay_buffer.content", digest.hexdigest()[:12])
+
+
+def fresh_statistics(stats: dict[str, Any]) -> bool:
+    """Every running statistic still at its initial value (count ~1e-4) and every buffer empty."""
+    counts = [v for k, v in stats.items() if k.endswith(".count")]
+    transitions = [v for k, v in stats.items() if k.endswith(".transitions")]
+    return all(c <= 1 for c in counts) and all(n == 0 for n in transitions)
+
+
+def blank_copy(value: Any) -> Any:
+    """A copy of a statistics holder's value reset to its initial state (mean 0, var 1, count 1e-4; an
+    empty buffer), to stand in for the live one while the user's load runs."""
+    if isinstance(value, dict):
+        return {k: blank_copy(v) for k, v in value.items()}
+    out = copy.deepcopy(value)
+    if _rms_like(out):
+        out.mean = np.zeros_like(np.asarray(out.mean, np.float64))
+        out.var = np.ones_like(np.asarray(out.var, np.float64))
+        out.count = 1e-4
+    elif _is_replay_buffer(out):
+        out.pos, out.full = 0, False
+    return out
+
+
+def same_value(a: Any, b: Any, rtol: float) -> bool:
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=rtol, atol=0.0))
+
+
+def fmt_values(v: Any, limit: int = 5) -> str:
+    if isinstance(v, str):
+        return v
+    a = np.asarray(v, np.float64).reshape(-1)
+    if a.size == 1:
+        return f"{a[0]:.4g}"
+    body = ", ".join(f"{x:.4g}" for x in a[:limit])
+    return f"[{body}{', …' if a.size > limit else ''}]"
+
+
+# --------------------------------------------------------------------------------------------------
+# logs of a short run (TRL log_history, or any list of dicts)
+
+LOG_KEYS = {
+    "reward": ("reward", "rewards/mean", "rollout/ep_rew_mean", "ep_rew_mean", "env/reward_mean"),
+    "kl": ("kl", "objective/kl", "train/approx_kl", "approx_kl"),
+    "length": ("completions/mean_length", "rollout/ep_len_mean", "ep_len_mean", "completion_length"),
+    "value_loss": ("train/value_loss", "value_loss", "loss/value", "vf_loss"),
+    "zero_std": ("frac_reward_zero_std",),
+}
+
+
+def log_series(log: Any, what: str) -> tuple[str | None, list[tuple[int, float]]]:
+    """(key found, [(step, value)]) of one quantity in a list-of-dicts log."""
+    entries = list(log or [])
+    for key in LOG_KEYS[what]:
+        points = [
+            (int(e.get("step", i)), float(e[key]))
+            for i, e in enumerate(entries)
+            if isinstance(e, dict) and isinstance(e.get(key), (int, float)) and math.isfinite(float(e[key]))
+        ]
+        if points:
+            return key, points
+    return None, []
+
+
+def iter_minibatches(value: Any) -> Iterator[Any]:
+    """The advantages of each minibatch from dlcheck_advantage_minibatches: an iterable, or a callable
+    returning one, of arrays/tensors or of dicts with an 'advantages' entry."""
+    from ...session import user_call
+
+    items = user_call("advantage_minibatches", value) if callable(value) else value
+    for item in user_call("advantage_minibatches", lambda: list(items)):
+        if isinstance(item, dict):
+            if "advantages" not in item:
+                raise RoleError(
+                    "advantage_minibatches", f"yields dicts without an 'advantages' entry (keys: {sorted(item)})"
+                )
+            item = item["advantages"]
+        elif hasattr(item, "advantages"):  # SB3 RolloutBufferSamples
+            item = item.advantages
+        yield to_numpy(item).reshape(-1)
+
+
+@dataclass
+class Minibatches:
+    """Derived dlcheck_advantage_minibatches of an SB3 algorithm: the minibatches its ``train()`` would
+    form from a rollout, with its advantage normalisation applied; ``recipe`` is the level the
+    algorithm's recipe whitens at ("minibatch" for PPO, None for A2C without normalize_advantage)."""
+
+    batches: list[np.ndarray]
+    source: str
+    recipe: str | None
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return iter(self.batches)
+
+
+def sb3_minibatches(algo: Any, rollout: PolicyRollout) -> Minibatches:
+    adv = rollout.advantages
+    batch_size = getattr(algo, "batch_size", None) or len(adv)
+    order = np.random.default_rng(0).permutation(len(adv))
+    normalize = bool(getattr(algo, "normalize_advantage", False))
+    batches = []
+    for start in range(0, len(adv), batch_size):
+        mb = adv[order[start : start + batch_size]].astype(np.float32)
+        if normalize and len(mb) > 1:  # PPO.train / A2C.train: (a - mean) / (std + 1e-8), std unbiased
+            mb = (mb - mb.mean()) / (mb.std(ddof=1) + 1e-8)
+        batches.append(mb.astype(np.float64))
+    name = type(algo).__name__
+    recipe = "minibatch" if getattr(algo, "batch_size", None) is not None or normalize else None
+    source = f"{name}.train()'s minibatches of {batch_size} from {rollout.source}, normalize_advantage={normalize}"
+    return Minibatches(batches, source, recipe)
+
+
+def minibatch_stats(mb: np.ndarray) -> tuple[int, float, float]:
+    n = len(mb)
+    return n, float(mb.mean()), float(mb.std(ddof=1)) if n > 1 else 0.0
+
+
+def whitened(mb: np.ndarray, tol: float) -> bool:
+    """Mean 0 and std 1 (with either the biased or the unbiased std) within ``tol``."""
+    n, mean, std = minibatch_stats(mb)
+    if n < 2:
+        return True
+    gap = math.sqrt(n / (n - 1)) - 1
+    return abs(mean) <= tol and (1 - gap - tol) <= std <= 1 + tol
+
+
+__all__ = [
+    "AdvantageFn",
+    "Comparison",
+    "Minibatches",
+    "PolicyRollout",
+    "Rollout",
+    "Scale",
+    "advantage_fn",
+    "compare",
+    "reference_gae",
+    "reward_groups",
+    "rollouts",
+    "running_statistics",
+    "search",
+    "show_rollout",
+]

@@ -1,0 +1,120 @@
+"""R2: the KL reference shares the policy's parameters, is trained, or is unused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...errors import MISSING
+from ...registry import check
+
+
+@check(
+    "R2",
+    domain="rl",
+    title="reference model trained with the policy, or KL to it switched off",
+    roles=("model",),
+    optional_roles=("ref_model", "kl_coef", "optimizer", "trainer"),
+)
+def check_frozen_reference(dlcheck):
+    """The reference model of the KL penalty is separate from the policy, frozen, and used.
+
+    What it does
+        Compares the storage of every parameter tensor of dlcheck_ref_model with the policy's
+        (dlcheck_model; both derived from a TRL GRPOTrainer): a shared tensor means the reference moves
+        with every update. Fails too when reference parameters sit in the optimizer's param groups, when
+        they carry a non-zero .grad (gradients reached the reference), or when a reference is given but
+        the KL coefficient (dlcheck_kl_coef, GRPO's beta) is 0. Skips when there is no reference and the
+        KL coefficient is 0 (TRL's GRPO default beta=0.0: no KL term, nothing to check).
+    Why it is bad
+        A reference that shares the policy's tensors (ref_model = model, copy.copy(model), the same
+        submodules reassigned) is updated with the policy: the KL term is 0 at every step, never pulls
+        the policy back, and the run drifts into reward hacking with a KL plot that looks perfect. A
+        reference in the optimizer is trained; one that gets gradients costs memory and time.
+    Example
+        ref_model = copy.copy(model)                   # shallow: same parameter tensors
+        kl = (logp - ref_model(**batch).logits.log_softmax(-1)...).mean()   # always 0
+    Use instead
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False), or AutoModelForCausalLM.
+        from_pretrained(the same checkpoint); with TRL, GRPOConfig(beta=0.04) builds its own reference
+        (pass the model as a path or a saved directory); PEFT uses the adapter-disabled base model.
+    Known problems
+        Tensors the policy does not train (a LoRA base model shared as the reference) are allowed to be
+        shared. Static: it does not run an update step, so a reference refreshed by hand from the policy
+        (TR-DPO's sync_ref_model is deliberate) is not judged. With PEFT, TRL keeps no separate
+        reference and the check skips.
+    """
+    policy = dlcheck.role("model")
+    ref = dlcheck.role("ref_model")
+    kl = dlcheck.role("kl_coef")
+    if ref is MISSING:
+        if kl is not MISSING and float(kl) == 0.0:
+            dlcheck.skip(
+                "no reference model and the KL coefficient is 0 (GRPO's default beta=0.0): no KL term to check"
+            )
+        dlcheck.skip(
+            "missing role: define fixture dlcheck_ref_model (or dlcheck_trainer: a GRPOTrainer with beta > 0) "
+            "in conftest.py"
+        )
+    if not hasattr(ref, "named_parameters") or not hasattr(policy, "named_parameters"):
+        dlcheck.skip("dlcheck_model and dlcheck_ref_model must be torch modules")
+
+    # a tensor the policy does not train (a LoRA base, a frozen tower) may be shared: it never moves
+    policy_storage = {_storage(p): name for name, p in policy.named_parameters() if _has_storage(p) and p.requires_grad}
+    ref_params = list(ref.named_parameters())
+    shared = [
+        (name, policy_storage[_storage(p)])
+        for name, p in ref_params
+        if _has_storage(p) and _storage(p) in policy_storage
+    ]
+    evidence: list[str] = []
+    causes: list[str] = []
+    fixes: list[str] = []
+    if shared:
+        same = "is the policy object itself" if ref is policy else f"is a {type(ref).__name__} that shares tensors"
+        evidence.append(
+            f"dlcheck_ref_model {same}: {len(shared)} of {len(ref_params)} reference parameter tensors "
+            f"have the same storage as a trainable policy parameter"
+        )
+        evidence += [f"reference {r} is policy {p}" for r, p in shared[:3]]
+        causes.append(
+            "the reference shares the policy's parameter tensors (ref = model, or a shallow copy.copy): every "
+            "optimizer step moves it with the policy, so KL(policy || reference) stays 0 and never restrains "
+            "the policy"
+        )
+        fixes.append(
+            "ref_model = copy.deepcopy(model).eval().requires_grad_(False) (or load the reference from the same "
+            "checkpoint); with TRL, set beta > 0 and let GRPOTrainer build the reference"
+        )
+    opt = dlcheck.role("optimizer")
+    if opt is not MISSING and hasattr(opt, "param_groups"):
+        in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
+        trained = [name for name, p in ref_params if id(p) in in_opt]
+        if trained and not shared:
+            evidence.append(
+                f"{len(trained)} of {len(ref_params)} reference parameters are in the optimizer's param "
+                f"groups, e.g. {trained[0]}"
+            )
+            causes.append("the optimizer updates the reference: it drifts with training and the KL loses its anchor")
+            fixes.append("build the optimizer from the policy's parameters only: torch.optim.AdamW(model.parameters())")
+    with_grad = [name for name, p in ref_params if p.grad is not None and bool(p.grad.abs().sum() > 0)]
+    if with_grad and not shared:
+        evidence.append(f"{len(with_grad)} reference parameters carry a non-zero .grad, e.g. {with_grad[0]}")
+        causes.append("gradients flow into the reference: its log-probs are computed with autograd on")
+        fixes.append("compute the reference log-probs under torch.no_grad() and ref_model.requires_grad_(False)")
+    if kl is not MISSING and float(kl) == 0.0:
+        evidence.append("dlcheck_kl_coef is 0 while a reference model is given")
+        causes.append("the KL coefficient is 0: the reference is built and run but its term is multiplied away")
+        fixes.append(
+            "set the KL coefficient you intended (GRPOConfig(beta=0.04), PPO-RLHF kl_coef), or drop the reference model"
+        )
+    if causes:
+        dlcheck.fail(evidence, "; ".join(causes), "; ".join(fixes))
+
+
+def _has_storage(p: Any) -> bool:
+    # meta tensors (offloaded or not yet materialised) and empty ones all report data_ptr 0
+    return p.numel() > 0 and p.device.type != "meta" and p.untyped_storage().data_ptr() != 0
+
+
+def _storage(p: Any) -> tuple[str, int]:
+    return (str(p.device), p.untyped_storage().data_ptr())

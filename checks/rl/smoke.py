@@ -1,0 +1,130 @@
+"""R1: reward collapse / hacking, seen in the log of a short run."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...registry import Setting, check
+from . import measure as rl
+
+
+@check(
+    "R1",
+    domain="rl",
+    title="reward hacking or collapse in a short run",
+    roles=("train_log",),
+    settings=(
+        Setting(
+            "min_points",
+            5,
+            "logged steps needed before the detector judges: a baseline of at least 3 steps before the step it tests",
+        ),
+        Setting(
+            "reward_jump",
+            5.0,
+            "how many baseline spreads (median absolute deviation, at least 5% of the "
+            "reward scale) a reward must move in one logged step to count as a jump; steady learning moves "
+            "a little every step",
+        ),
+        Setting("kl_spike", 10.0, "factor over the baseline median KL (at least 1e-3) that counts as a KL spike"),
+        Setting(
+            "length_collapse",
+            0.5,
+            "a completion / episode length below this fraction of its baseline median counts as a collapse",
+        ),
+    ),
+)
+def check_reward_hacking(dlcheck):
+    """A short run shows no reward jump together with a KL spike or a length collapse.
+
+    What it does
+        Reads reward, KL and completion (or episode) length per logged step from dlcheck_train_log (TRL's
+        trainer.state.log_history: reward, kl, completions/mean_length; SB3-style keys rollout/ep_rew_mean,
+        train/approx_kl, rollout/ep_len_mean are understood too). At each step after the first 3 it
+        compares with the median of the steps before: a reward that moves by more than R1.reward_jump
+        spreads in one step, at the same step as a KL above R1.kl_spike × its median or a length below
+        R1.length_collapse × its median, fails.
+    Why it is bad
+        A policy that finds a flaw in the reward (an empty answer that a format reward accepts, a
+        repeated token a reward model likes) raises the reward abruptly while it leaves the reference
+        distribution (KL spike) or shortens its outputs to almost nothing; the mean reward curve alone
+        looks like success.
+    Example
+        GRPO with a brevity reward and beta=0.0: at step 6 reward 0.12 -> 0.91, mean length 58 -> 3 tokens.
+    Use instead
+        Fix the reward (score the content, cap length terms, penalise empty answers), keep a KL term
+        (GRPOConfig(beta=0.04)), and look at sampled completions at the step the jump happens.
+    Known problems
+        A smoke detector on a few logged steps: it needs the log of a run (trainer.train() with
+        logging_steps=1 in the fixture) and at least R1.min_points logged steps; a gradual drift is not
+        a jump. Fast genuine learning with a new behaviour can trip it: look at the completions.
+    """
+    log = dlcheck.role("train_log")
+    reward_key, rewards = rl.log_series(log, "reward")
+    if len(rewards) < dlcheck.setting("min_points"):
+        dlcheck.skip(
+            f"dlcheck_train_log has {len(rewards)} logged reward(s); R1 needs {dlcheck.setting('min_points')} "
+            f"(train a few more steps with logging_steps=1)"
+        )
+    kl_key, kls = rl.log_series(log, "kl")
+    len_key, lengths = rl.log_series(log, "length")
+    kl_at, len_at = dict(kls), dict(lengths)
+    steps = [s for s, _ in rewards]
+    r = np.array([v for _, v in rewards])
+    for i in range(3, len(r)):
+        base = r[:i]
+        median = float(np.median(base))
+        spread = max(float(np.median(np.abs(base - median))), 0.05 * max(float(np.abs(base).max()), 1e-3), 1e-6)
+        z = (r[i] - median) / spread
+        if abs(z) < dlcheck.setting("reward_jump"):
+            continue
+        step, signs = steps[i], []
+        prior = [s for s in steps[:i]]
+        kl_base = [kl_at[s] for s in prior if s in kl_at]
+        if step in kl_at and kl_base:
+            kl_med = max(float(np.median(kl_base)), 1e-3)
+            if kl_at[step] > dlcheck.setting("kl_spike") * kl_med:
+                signs.append(f"{kl_key} {kl_at[step]:.3g} vs median {kl_med:.3g} before ({kl_at[step] / kl_med:.3g}×)")
+        len_base = [len_at[s] for s in prior if s in len_at]
+        if step in len_at and len_base:
+            len_med = float(np.median(len_base))
+            if len_med > 0 and len_at[step] < dlcheck.setting("length_collapse") * len_med:
+                signs.append(f"{len_key} {len_at[step]:.3g} vs median {len_med:.3g} before")
+        if not signs:
+            continue
+        direction = "jumps" if z > 0 else "drops"
+        evidence = [
+            f"dlcheck_train_log, step {step}: {reward_key} {direction} to {r[i]:.3g} from a median {median:.3g} "
+            f"({z:+.3g} spreads) while " + " and ".join(signs)
+        ]
+        window = range(max(0, i - 3), min(len(r), i + 2))
+        for j in window:
+            s = steps[j]
+            parts = (
+                [f"{reward_key} {r[j]:.3g}"]
+                + ([f"{kl_key} {kl_at[s]:.3g}"] if s in kl_at else [])
+                + ([f"{len_key} {len_at[s]:.3g}"] if s in len_at else [])
+            )
+            evidence.append(f"step {s}: " + ", ".join(parts))
+        if z > 0:
+            cause = (
+                "the reward rose abruptly exactly when the policy left its reference distribution or shortened its "
+                "outputs: the signature of reward hacking — the policy found a flaw in the reward, not the task"
+            )
+        else:
+            cause = "the reward collapsed together with the outputs (mode collapse): the policy degenerated"
+        fix = (
+            "read sampled completions at that step; fix the reward (score the content, penalise empty or repeated "
+            "outputs, cap length terms) and keep a KL term to the reference (GRPOConfig(beta=0.04))"
+        )
+        series = {reward_key: list(r)}
+        for key, points in ((kl_key, kls), (len_key, lengths)):
+            if points:
+                series[key] = [v for _, v in points]
+        dlcheck.attach(
+            "series",
+            series=series,
+            title=f"dlcheck_train_log: the jump at step {step}",
+            caption="reward, KL and length per logged step",
+        )
+        dlcheck.fail(evidence, cause, fix)

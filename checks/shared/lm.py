@@ -1,0 +1,220 @@
+"""Shared measurement for causal-LM checks: reading rows out of a collated batch, decoding evidence,
+and per-example losses computed once and reused. Imports torch; used only by the llm checks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ...guard import eval_mode
+
+IGNORE = -100
+
+
+@dataclass
+class Row:
+    """One example of a collated batch, as python lists."""
+
+    batch: int
+    index: int
+    input_ids: list[int]
+    attention_mask: list[int] | None
+    labels: list[int] | None
+    position_ids: list[int] | None
+
+    @property
+    def content(self) -> list[int]:
+        """Positions the attention mask marks as real (every position when there is no mask)."""
+        if self.attention_mask is None:
+            return list(range(len(self.input_ids)))
+        return [i for i, m in enumerate(self.attention_mask) if m]
+
+    @property
+    def supervised(self) -> list[int]:
+        return [] if self.labels is None else [i for i, lab in enumerate(self.labels) if lab != IGNORE]
+
+    def documents(self) -> list[tuple[int, int]]:
+        """(start, end) spans of the documents packed in this row: position_ids restart at 0."""
+        if self.position_ids is None:
+            return [(0, len(self.input_ids))]
+        starts = [i for i, p in enumerate(self.position_ids) if p == 0] or [0]
+        if starts[0] != 0:
+            starts.insert(0, 0)
+        return [(s, e) for s, e in zip(starts, starts[1:] + [len(self.input_ids)])]
+
+
+def _tolist(value: Any, n: int) -> list[list[int]] | None:
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 1:
+            value = value.unsqueeze(0)
+        return value.tolist()
+    if isinstance(value, (list, tuple)) and value and not isinstance(value[0], (list, tuple)):
+        return [list(value)]
+    return [list(v) for v in value]
+
+
+def has_token_batches(batches: Sequence[dict]) -> bool:
+    return bool(batches) and all("input_ids" in b for b in batches)
+
+
+def rows(batches: Sequence[dict[str, Any]]) -> list[Row]:
+    """Every example of the sampled batches as a :class:`Row`."""
+    out = []
+    for b, batch in enumerate(batches):
+        ids = _tolist(batch["input_ids"], 0)
+        masks = _tolist(batch.get("attention_mask"), len(ids))
+        labels = _tolist(batch.get("labels"), len(ids))
+        pos = _tolist(batch.get("position_ids"), len(ids))
+        for i, row_ids in enumerate(ids):
+            out.append(
+                Row(b, i, row_ids, masks[i] if masks else None, labels[i] if labels else None, pos[i] if pos else None)
+            )
+    return out
+
+
+def text_tokenizer(tok: Any) -> Any:
+    """The text tokenizer of a tokenizer or a processor (a processor keeps it as ``.tokenizer``)."""
+    if not hasattr(tok, "convert_ids_to_tokens") and hasattr(tok, "tokenizer"):
+        return tok.tokenizer
+    return tok
+
+
+def token_text(tok: Any, token_id: int) -> str:
+    """The token's own text; ``<id N>`` for an id the tokenizer does not know (ids beyond the vocabulary
+    are exactly what some checks report; convert_ids_to_tokens gives None or raises for them)."""
+    if tok is None:
+        return str(token_id)
+    try:
+        text = text_tokenizer(tok).convert_ids_to_tokens(int(token_id))
+    except Exception:
+        text = None
+    return text if isinstance(text, str) else f"<id {token_id}>"
+
+
+def token_piece(tok: Any, token_id: int) -> str:
+    """One token as text a person reads (spaces shown as ·), for token-by-token pictures."""
+    if tok is None:
+        return str(token_id)
+    try:
+        text = tok.decode([int(token_id)], skip_special_tokens=False)
+    except Exception:
+        return token_text(tok, token_id)
+    return text.replace(" ", "·").replace("\n", "⏎") or token_text(tok, token_id)
+
+
+def decode(tok: Any, ids: Sequence[int], limit: int = 120) -> str:
+    """The text of ``ids`` with special tokens kept, shortened in the middle to ``limit`` characters."""
+    try:
+        text = tok.decode([int(i) for i in ids], skip_special_tokens=False)
+    except Exception:
+        text = " ".join(token_text(tok, i) for i in ids)
+    if len(text) > limit:
+        text = text[: limit // 2 - 2] + " … " + text[-(limit // 2 - 2) :]
+    return repr(text)
+
+
+def show_labels(tok: Any, row: Row, positions: Sequence[int]) -> str:
+    """``'tok'(id)→label`` for the given positions, the way evidence shows a label decision."""
+    parts = []
+    for p in positions:
+        label = row.labels[p] if row.labels is not None else None
+        parts.append(f"{token_text(tok, row.input_ids[p])!r}({row.input_ids[p]})→{label}")
+    return ", ".join(parts)
+
+
+def special_id(tok: Any, name: str) -> int | None:
+    value = getattr(tok, f"{name}_token_id", None)
+    return int(value) if isinstance(value, int) else None
+
+
+def packed(row: Row) -> bool:
+    """Several documents in one row: the position_ids of its real tokens restart (go down)."""
+    if row.position_ids is None:
+        return False
+    pos = [row.position_ids[c] for c in row.content]
+    return any(b <= a for a, b in zip(pos, pos[1:]))
+
+
+def special_ids(tok: Any) -> set[int]:
+    try:
+        return {int(i) for i in tok.all_special_ids}
+    except Exception:
+        return set()
+
+
+def generation_stop_ids(model: Any) -> set[int]:
+    """The ids generation stops on, from the model's generation config and config (either may be a list)."""
+    out: set[int] = set()
+    for cfg in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        value = getattr(cfg, "eos_token_id", None)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, int):
+                out.add(v)
+    return out
+
+
+def embedding_rows(model: Any) -> int | None:
+    try:
+        return int(model.get_input_embeddings().num_embeddings)
+    except Exception:
+        return None
+
+
+def model_device(model: Any) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def out_of_range_ids(model: Any, batches: Sequence[dict]) -> tuple[int, int] | None:
+    """(largest id, embedding rows) when some token id has no embedding row, else None."""
+    rows_ = embedding_rows(model)
+    if rows_ is None:
+        return None
+    top = max(int(torch.as_tensor(b["input_ids"]).max()) for b in batches)
+    return (top, rows_) if top >= rows_ else None
+
+
+def forward_ready(ctx: Any, model: Any, batches: Sequence[dict]) -> None:
+    """Root cause first: a forward pass with ids past the embedding table is L3's failure, so the checks
+    that need a forward skip and name it instead of crashing inside the model."""
+    bad = out_of_range_ids(model, batches)
+    if bad:
+        ctx.skip(f"cannot run the model: token id {bad[0]} >= {bad[1]} embedding rows (see L3)")
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    return torch.as_tensor(value).to(device)
+
+
+def token_nll(
+    model: Any, input_ids: Any, labels: Any, attention_mask: Any = None, position_ids: Any = None, **extra: Any
+) -> torch.Tensor:
+    """Per-token NLL (B, T-1) of next-token prediction, 0 where the shifted label is -100; in eval mode,
+    without gradients, on the model's device, leaving the model as it was. ``extra`` forward keywords
+    (``use_cache=False``…) are passed through."""
+    device = model_device(model)
+    kwargs = {"input_ids": _to(input_ids, device), **extra}
+    if attention_mask is not None:
+        kwargs["attention_mask"] = _to(attention_mask, device)
+    if position_ids is not None:
+        kwargs["position_ids"] = _to(position_ids, device)
+    with eval_mode(model):
+        logits = model(**kwargs).logits.float()
+    labels = _to(labels, device)
+    shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
+    nll = torch.nn.functional.cross_entropy(
+        shift_logits.reshape(-1, shift_logits.size(-1)), shift_labels.reshape(-1), ignore_index=IGNORE, reduction="none"
+    )
+    return nll.view(shift_labels.shape).cpu()
+
+
+def mean_nll(nll: torch.Tensor, labels: Any) -> torch.Tensor:
+    """Per-example mean NLL over supervised (label != -100) next-token positions."""
+    mask = (torch.as_tensor(labels)[:, 1:] != IGNORE).float()
+    return (nll * mask).sum(1) / mask.sum(1).clamp(min=1)

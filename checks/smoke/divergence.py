@@ -1,0 +1,145 @@
+from __future__ import annotations
+
+import math
+import statistics
+
+from ...registry import Setting, check
+from ...training import show_losses, smoke_run
+
+
+def _lr_text(rec) -> str:
+    return f"lr {rec.lr:.3g}" if rec.lr is not None else "lr unknown"
+
+
+@check(
+    "S2",
+    domain="smoke",
+    title="loss spike in a short real run",
+    roles=(),
+    optional_roles=("trainer", "lightning_module", "make_training", "dataloader"),
+    settings=(
+        Setting(
+            "factor",
+            3.0,
+            "a step's loss above this multiple of the mean of the previous steps is a spike; batch to "
+            "batch noise of a healthy run stays well within 2x",
+        ),
+        Setting("window", 5, "how many previous steps the running mean covers"),
+        Setting("warmup", 3, "first steps never judged (the running mean needs a few values)"),
+    ),
+)
+def check_loss_spike(dlcheck):
+    """No step of a short real run has a loss far above the mean of the steps before it.
+
+    What it does
+        Uses the shared smoke run (see S1): for every step after ``warmup``, compares its loss with the
+        mean of the ``window`` previous finite losses, and fails at the first one above ``factor`` x.
+    Why it is bad
+        A loss that jumps several-fold within a few steps is a run diverging: a learning rate too high for
+        the model, no warmup, no gradient clipping, or a bad batch. It usually ends in NaN or in a model
+        that never recovers, after hours of compute.
+    Example
+        torch.optim.AdamW(model.parameters(), lr=1.0)       # or TrainingArguments(learning_rate=1e-1)
+    Use instead
+        a learning rate in the usual range for the optimizer (1e-5 to 1e-3 for AdamW), a warmup, and
+        gradient clipping (max_grad_norm=1.0 / clip_grad_norm_).
+    Known problems
+        Judges positive losses only: a loss that crosses zero (GRPO, some RL objectives) skips. Non-finite
+        losses are S1's.
+    """
+    run = smoke_run(dlcheck)
+    losses = [(s, v) for s, v in run.trajectory.losses() if v is not None and math.isfinite(v)]
+    if len(losses) < dlcheck.setting("warmup") + 1:
+        dlcheck.skip(f"the smoke run logged {len(losses)} finite losses: too few to judge spikes (raise S1.steps)")
+    if any(v <= 0 for _, v in losses):
+        dlcheck.skip(
+            "the loss is not positive throughout (it crosses zero): spikes relative to its mean are meaningless"
+        )
+    factor, window = dlcheck.setting("factor"), dlcheck.setting("window")
+    recs = {r.step: r for r in run.trajectory.steps}
+    for idx in range(dlcheck.setting("warmup"), len(losses)):
+        step, value = losses[idx]
+        previous = [v for _, v in losses[max(0, idx - window) : idx]]
+        mean = sum(previous) / len(previous)
+        if value > factor * mean:
+            rec = recs[step]
+            evidence = [
+                f"step {step} of {run.steps}: loss {value:.4g} = {value / mean:.1f} x the mean {mean:.4g} of the "
+                f"{len(previous)} steps before it (limit {factor} x)",
+                f"losses: {show_losses(run.trajectory, upto=step, last=window + 1)}; {_lr_text(rec)}",
+            ]
+            if rec.grad_norm is not None:
+                evidence.append(f"gradient norm at step {step}: {rec.grad_norm:.4g}")
+            cause = (
+                f"the run diverges: each update overshoots, so the loss climbs instead of falling ({_lr_text(rec)} is "
+                "too high for this model and optimizer, or there is no warmup / gradient clipping)"
+            )
+            fix = (
+                "lower the learning rate (by 10x to start), add warmup (warmup_steps / a LambdaLR ramp) and clip "
+                "gradients (max_grad_norm=1.0, torch.nn.utils.clip_grad_norm_)"
+            )
+            dlcheck.fail(evidence, cause, fix)
+
+
+@check(
+    "S3",
+    domain="smoke",
+    title="gradient norm explodes in a short real run",
+    roles=(),
+    optional_roles=("trainer", "lightning_module", "make_training", "dataloader"),
+    settings=(
+        Setting(
+            "factor",
+            10.0,
+            "a step's gradient norm above this multiple of the median of the first steps is an "
+            "explosion; healthy runs drift by a few x at most over a short run",
+        ),
+        Setting("baseline", 3, "how many first steps give the reference median"),
+    ),
+)
+def check_grad_explosion(dlcheck):
+    """The gradient norm of a short real run stays within a multiple of its starting level.
+
+    What it does
+        Uses the shared smoke run (see S1): the total gradient 2-norm at every optimizer step (before
+        clipping: the Trainer's logged ``grad_norm``, the norm at ``optimizer.step()`` otherwise) is
+        compared with the median of the first ``baseline`` steps; the first step above ``factor`` x fails.
+    Why it is bad
+        Exploding gradients precede a divergence (S2) or a NaN (S1): updates grow, the weights leave the
+        region where the loss is smooth, and training is lost. Clipping hides it in the updates but not in
+        the norm.
+    Example
+        torch.optim.SGD(model.parameters(), lr=5.0)
+    Use instead
+        lower the learning rate, add warmup, clip gradients (max_grad_norm=1.0), and check that the loss
+        is averaged, not summed, over tokens/examples.
+    Known problems
+        Needs gradient norms: a run that does not expose them (a Trainer with max_grad_norm=0 still logs
+        them; a custom loop whose optimizer is not in dlcheck_make_training does not) skips.
+    """
+    run = smoke_run(dlcheck)
+    norms = [
+        (r.step, r.grad_norm, r) for r in run.trajectory.steps if r.grad_norm is not None and math.isfinite(r.grad_norm)
+    ]
+    base_n = dlcheck.setting("baseline")
+    if len(norms) <= base_n:
+        dlcheck.skip(f"the smoke run recorded {len(norms)} finite gradient norms: too few to judge (raise S1.steps)")
+    reference = statistics.median(n for _, n, _ in norms[:base_n])
+    if reference <= 0:
+        dlcheck.skip("the first gradient norms are 0: nothing to compare against (see T3)")
+    factor = dlcheck.setting("factor")
+    for step, norm, rec in norms[base_n:]:
+        if norm > factor * reference:
+            series = ", ".join(f"{s}: {n:.3g}" for s, n, _ in norms if s <= step)
+            evidence = [
+                f"step {step} of {run.steps}: gradient norm {norm:.4g} = {norm / reference:.0f} x the median "
+                f"{reference:.4g} of steps 1-{base_n} (limit {factor} x)",
+                f"gradient norms: {series}",
+                f"losses: {show_losses(run.trajectory, upto=step)}; {_lr_text(rec)}",
+            ]
+            cause = (
+                f"the gradients explode: the updates at {_lr_text(rec)} push the weights to where the loss is steep, "
+                "and each step makes the next gradient larger"
+            )
+            fix = "lower the learning rate, add warmup, and clip gradients (max_grad_norm=1.0 / torch.nn.utils.clip_grad_norm_(…, 1.0))"
+            dlcheck.fail(evidence, cause, fix)

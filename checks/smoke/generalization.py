@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+from ...registry import Setting, check
+from ...training import (
+    eval_batches,
+    mean_loss,
+    probe,
+    run_or_skip,
+    smoke_run,
+    training_batches,
+)
+
+
+@check(
+    "S5",
+    domain="smoke",
+    title="train/eval loss gap beyond a threshold after a short run",
+    roles=(),
+    optional_roles=("trainer", "lightning_module", "make_training", "dataloader", "eval_dataloader", "eval_dataset"),
+    settings=(
+        Setting(
+            "max_ratio",
+            1.5,
+            "eval loss / train loss above which the gap fails (both in eval mode on sampled "
+            "batches); a model that generalises keeps them within a few tens of percent over a short run",
+        ),
+        Setting(
+            "min_gap",
+            0.3,
+            "and the eval loss must exceed the train loss by at least this many nats, so that "
+            "near-zero losses do not make the ratio meaningless",
+        ),
+    ),
+)
+def check_train_eval_gap(dlcheck):
+    """After a short real run, the eval loss stays close to the train loss.
+
+    What it does
+        After the shared smoke run (see S1), computes the mean loss in eval mode on the sampled training
+        batches and on the sampled eval batches (``dlcheck_eval_dataloader``, or derived from the Trainer's
+        eval_dataset / the datamodule's val_dataloader), and the same before training, on the initial
+        model. Fails when the eval loss is above ``max_ratio`` x the train loss and ``min_gap`` nats above it,
+        telling a gap that was there before training (the eval data differs) from one that grew (the
+        model memorises the training data).
+    Why it is bad
+        A gap that opens within a few dozen steps means the model learns the training examples, not the
+        task: labels misaligned with their inputs (it can only memorise them), a tiny or duplicated
+        training set, or a model far too large for the data. A gap at step 0 means the eval data is
+        preprocessed or distributed differently from the training data, and the eval metric measures
+        something else.
+    Example
+        labels shuffled against their inputs by a misaligned join: train loss falls, eval loss rises
+    Use instead
+        check that every label belongs to its input; use more data, regularisation or early stopping;
+        preprocess eval exactly as train.
+    Known problems
+        Needs eval data; skips without it. Short runs see only fast overfitting: slow overfitting over
+        epochs is for the eval metric of the real run.
+    """
+    run = smoke_run(dlcheck)
+    ev = run_or_skip(dlcheck, lambda: eval_batches(dlcheck, run.setup))
+    if not ev:
+        dlcheck.skip(
+            "missing role: define fixture dlcheck_eval_dataloader (or dlcheck_eval_dataset, or a Trainer with "
+            "eval_dataset, or a datamodule with val_dataloader) in conftest.py"
+        )
+    tr = run_or_skip(dlcheck, lambda: training_batches(dlcheck, run.setup))
+    initial, _, _ = probe(dlcheck)
+    before = (mean_loss(initial, tr), mean_loss(initial, ev))
+    after = (mean_loss(run.trained, tr), mean_loss(run.trained, ev))
+    if None in after:
+        dlcheck.skip("the loss could not be computed on the sampled batches in eval mode")
+    train_loss, eval_loss = after
+    ratio = eval_loss / train_loss if train_loss > 0 else float("inf")
+    if not (ratio > dlcheck.setting("max_ratio") and eval_loss - train_loss > dlcheck.setting("min_gap")):
+        return
+    evidence = [
+        f"after {run.steps} steps: eval loss {eval_loss:.4g} vs train loss {train_loss:.4g} on the sampled batches "
+        f"= {ratio:.2f} x (limit {dlcheck.setting('max_ratio')} x and {dlcheck.setting('min_gap')} nats)"
+    ]
+    if None not in before:
+        evidence.append(f"before training: eval {before[1]:.4g}, train {before[0]:.4g}")
+    gap_before = None if None in before else before[1] - before[0]
+    if (
+        gap_before is not None
+        and gap_before > dlcheck.setting("min_gap")
+        and before[1] > dlcheck.setting("max_ratio") * before[0]
+    ):
+        cause = (
+            "the gap is there before any step: the eval data is preprocessed or distributed differently from the "
+            "training data, so the eval loss measures something else"
+        )
+        fix = "build the eval data with the same preprocessing (tokenisation, normalisation, label masking) as the training data"
+    else:
+        cause = (
+            f"the model memorises the training batches: their loss fell to {train_loss:.4g} while the eval loss "
+            f"{'rose' if before[1] is not None and eval_loss > before[1] else 'stayed at'} {eval_loss:.4g} within "
+            f"{run.steps} steps (labels that do not belong to their inputs can only be memorised; so can a tiny "
+            "or duplicated training set)"
+        )
+        fix = (
+            "check that each label belongs to its input (a misaligned join or shuffle), use more (deduplicated) "
+            "training data, regularise (weight decay, dropout) or stop earlier"
+        )
+    dlcheck.fail(evidence, cause, fix)

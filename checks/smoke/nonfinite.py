@@ -1,0 +1,119 @@
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...registry import Setting, check
+from ...training import show_losses, smoke_run
+
+ADAM_LIKE = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam")
+FLOAT16_TINY = 6e-8  # the smallest float16 subnormal: a smaller eps rounds to 0
+
+
+def _num(value) -> str:
+    return "not logged" if value is None else f"{value:.4g}"
+
+
+def _param_dtypes(optimizer) -> set:
+    return {p.dtype for g in optimizer.param_groups for p in g["params"]} if optimizer is not None else set()
+
+
+@check(
+    "S1",
+    domain="smoke",
+    title="NaN/Inf loss, gradients or weights in a short real run",
+    roles=(),
+    optional_roles=("trainer", "lightning_module", "make_training", "dataloader"),
+    settings=(
+        Setting(
+            "steps",
+            20,
+            "optimizer steps of the shared smoke run (sets the run of every smoke check, S1-S5): enough "
+            "for a divergence or an fp16 update to show, a few seconds for a small model",
+        ),
+    ),
+)
+def check_nonfinite_run(dlcheck):
+    """A short real run of your training keeps its loss, gradients and weights finite.
+
+    What it does
+        Runs ``S1.steps`` optimizer steps of your own training on fresh objects (a clone of your Trainer and
+        its ``train()``, a Lightning ``fit`` on a copy of your module, or your ``dlcheck_train_step`` on
+        ``dlcheck_make_training``), recording at every step the loss, the gradient norm and which
+        gradients and weights hold NaN/Inf. Fails at the first step that shows one, naming what went
+        non-finite first: the loss (the forward), the gradients (the backward) or the weights (the
+        optimizer update).
+    Why it is bad
+        A NaN is absorbing: once in the weights, every later step is NaN, and a long run is lost (the
+        Trainer's ``logging_nan_inf_filter`` even hides NaN losses from the logs). Typical causes: a pure
+        float16 model with Adam, whose ``eps=1e-8`` rounds to 0 in float16 so a zero gradient gives 0/0;
+        a learning rate that diverges; an fp16 overflow.
+    Example
+        model.half(); optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)   # eps 1e-8 == 0 in fp16
+    Use instead
+        keep float32 master weights and use autocast + GradScaler (or bfloat16); for pure fp16 weights use
+        eps >= 1e-4; lower the learning rate or add warmup and gradient clipping when the loss diverges.
+    Known problems
+        A step a GradScaler skips because of Inf gradients is expected and not reported (its update never
+        happens). The run is short: a NaN that needs thousands of steps to appear is out of reach.
+    """
+    run = smoke_run(dlcheck)
+    traj = run.trajectory
+    for rec in traj.steps:
+        loss_bad = rec.loss is not None and not math.isfinite(rec.loss)
+        if not (loss_bad or rec.nonfinite_grads or rec.nonfinite_params):
+            continue
+        before = show_losses(traj, upto=rec.step - 1) if rec.step > 1 else "none (the first step)"
+        evidence = [
+            f"step {rec.step} of {run.steps}: loss {_num(rec.loss)}, gradient norm {_num(rec.grad_norm)}, "
+            f"lr {_num(rec.lr)}; losses before it: {before}"
+        ]
+        opt = traj.notes.get("optimizer")
+        dtypes = _param_dtypes(opt)
+        if rec.nonfinite_params and not rec.nonfinite_grads and not loss_bad:
+            shown = ", ".join(rec.nonfinite_params[:5])
+            evidence.append(
+                f"the gradients of step {rec.step} were finite, but after the optimizer update the weights hold "
+                f"NaN/Inf: {shown}"
+            )
+            eps = opt.param_groups[0].get("eps") if opt is not None else None
+            if (
+                opt is not None
+                and type(opt).__name__ in ADAM_LIKE
+                and torch.float16 in dtypes
+                and eps is not None
+                and eps < FLOAT16_TINY
+            ):
+                cause = (
+                    f"{type(opt).__name__}(eps={eps:g}) on float16 weights: eps rounds to 0 in float16, so a "
+                    "parameter whose gradient is 0 (an unused embedding row, a dead unit) gets the update "
+                    "0 / (0 + 0) = NaN"
+                )
+                fix = (
+                    "keep the weights in float32 and train with autocast + GradScaler (or in bfloat16); if the "
+                    f"weights must stay float16, use eps=1e-4 ({type(opt).__name__}(..., eps=1e-4))"
+                )
+            else:
+                cause = "the optimizer update itself produced NaN/Inf from finite gradients (an overflow in its state, or an eps too small for the dtype)"
+                fix = "keep float32 master weights (autocast + GradScaler, or bfloat16), and check the optimizer's eps and learning rate"
+        elif rec.nonfinite_grads and not loss_bad:
+            evidence.append(
+                f"the loss was finite but the gradients of {len(rec.nonfinite_grads)} parameters hold NaN/Inf: "
+                + ", ".join(rec.nonfinite_grads[:5])
+            )
+            cause = "the backward pass overflowed (float16 gradients beyond 65504, or the derivative of sqrt/log at 0)"
+            fix = "scale the loss with a GradScaler (torch.amp.GradScaler) or train in bfloat16; clip gradients; add eps inside sqrt/log/norm"
+        else:
+            finite = [v for _, v in traj.losses() if v is not None and math.isfinite(v)]
+            rising = len(finite) >= 3 and finite[-1] > 2 * finite[0]
+            if rising:
+                evidence.append(f"the loss rose from {finite[0]:.4g} to {finite[-1]:.4g} before turning non-finite")
+                cause = f"the training diverges: at learning rate {rec.lr} the loss grows until it overflows"
+                fix = "lower the learning rate (or add warmup and gradient clipping, e.g. max_grad_norm=1.0)"
+            else:
+                cause = "the forward pass produced a non-finite loss (an overflow or an undefined operation; T5 finds the module)"
+                fix = "run pytest --dlcheck=T5 to find the first module with a non-finite output; normalise the inputs, train in bfloat16 or float32"
+        dlcheck.fail(evidence, cause, fix)
+    if not traj.steps:
+        dlcheck.skip("the smoke run recorded no step")

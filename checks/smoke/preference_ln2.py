@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import math
+
+from ...errors import MISSING
+from ...registry import Setting, check
+from ...training import is_preference, smoke_run
+
+LN2 = math.log(2)
+
+
+def shared_parameters(policy, ref) -> list[str]:
+    """Names of the reference's parameters that share storage with the policy's."""
+    if policy is None or ref is None:
+        return []
+    ptrs = {p.data_ptr() for p in policy.parameters()}
+    return [n for n, p in ref.named_parameters() if p.data_ptr() in ptrs]
+
+
+@check(
+    "S4",
+    domain="smoke",
+    title="DPO loss pinned at ln 2 / preference accuracy at chance",
+    roles=(),
+    optional_roles=("trainer",),
+    settings=(
+        Setting(
+            "tol",
+            1e-3,
+            "a step's loss within this of ln 2 = 0.6931 counts as pinned; a DPO run that learns "
+            "leaves ln 2 by far more within its first steps",
+        ),
+    ),
+)
+def check_preference_pinned(dlcheck):
+    """A short real DPO run moves its loss away from ln 2 and its preference accuracy away from 0.
+
+    What it does
+        For a preference trainer (TRL's DPOTrainer and subclasses), uses the shared smoke run (see S1) and
+        fails when every step's loss stays within ``tol`` of ln 2 (the DPO loss when policy and reference
+        agree) and the logged ``rewards/accuracies`` never rises above 0: the policy never gets ahead of
+        the reference. Names the cause it can see: a reference sharing parameters with the policy, beta 0,
+        a learning rate of 0, chosen identical to rejected.
+    Why it is bad
+        At step 0 the policy equals the reference, so the loss is ln 2 and the implicit rewards are 0.
+        Training must move the policy away; if the loss stays pinned, the reference moves with the policy
+        (shared weights), the preference signal is zero, or nothing is updated — and the run learns nothing.
+    Example
+        ref_model = copy.copy(model)          # a shallow copy: the same parameter tensors
+        DPOTrainer(model=model, ref_model=ref_model, ...)
+    Use instead
+        ref_model=copy.deepcopy(model) (or ref_model=None with a model loaded from a path, or PEFT, whose
+        reference is the adapter-free base), a beta > 0, a non-zero learning rate.
+    Known problems
+        Only preference trainers; others skip. L9 tests the reference's freezing directly in one step.
+    """
+    trainer = dlcheck.role("trainer")
+    if trainer is MISSING or not is_preference(trainer):
+        dlcheck.skip("S4 applies to a preference trainer (TRL's DPOTrainer), given as dlcheck_trainer")
+    run = smoke_run(dlcheck)
+    losses = [(s, v) for s, v in run.trajectory.losses() if v is not None and math.isfinite(v)]
+    if len(losses) < 2:
+        dlcheck.skip(f"the smoke run logged {len(losses)} finite losses (raise S1.steps)")
+    tol = dlcheck.setting("tol")
+    if any(abs(v - LN2) > tol for _, v in losses):
+        return
+    accs = [
+        r.metrics.get("rewards/accuracies")
+        for r in run.trajectory.steps
+        if r.metrics.get("rewards/accuracies") is not None
+    ]
+    margins = [
+        r.metrics.get("rewards/margins") for r in run.trajectory.steps if r.metrics.get("rewards/margins") is not None
+    ]
+    if accs and max(accs) > 0.5:
+        return
+    evidence = [
+        f"all {len(losses)} steps of the smoke run: loss within {tol:g} of ln 2 = {LN2:.4f} "
+        f"({', '.join(f'{s}: {v:.5f}' for s, v in losses[:6])}{' …' if len(losses) > 6 else ''})"
+    ]
+    if accs:
+        evidence.append(
+            f"rewards/accuracies: max {max(accs):.2f}; largest |rewards/margins|: {max(abs(m) for m in margins):.3g}"
+            if margins
+            else f"rewards/accuracies: max {max(accs):.2f}"
+        )
+    grads = [r.grad_norm for r in run.trajectory.steps if r.grad_norm is not None]
+    if grads:
+        evidence.append(f"the policy does get gradients: norms {', '.join(f'{g:.3g}' for g in grads[:4])}")
+    shared = shared_parameters(trainer.model, getattr(trainer, "ref_model", None))
+    args = trainer.args
+    if shared:
+        evidence.append(
+            f"{len(shared)} of {sum(1 for _ in trainer.ref_model.parameters())} reference parameters share "
+            f"storage with the policy's (e.g. {shared[0]})"
+        )
+        cause = (
+            "the reference model shares its parameters with the policy (a shallow copy, or the same submodules): every "
+            "update moves the reference too, so policy/reference log-ratios stay 0 and the loss stays ln 2"
+        )
+        fix = "give DPOTrainer an independent reference: ref_model=copy.deepcopy(model), or ref_model=None with a model loaded from a path"
+    elif getattr(args, "beta", None) == 0:
+        cause = "beta=0: the DPO logits are beta x (log-ratio difference) = 0 whatever the policy does"
+        fix = "set DPOConfig(beta=0.1) (the usual range is 0.01-0.5)"
+    elif args.learning_rate == 0:
+        cause = "learning_rate=0: the policy never moves away from the reference"
+        fix = "set a learning rate (DPOConfig(learning_rate=5e-7 ... 5e-6) for full fine-tuning, higher for LoRA)"
+    else:
+        cause = (
+            "the policy does not move away from the reference: chosen and rejected completions are identical, the "
+            "updates are too small to show, or the reference follows the policy"
+        )
+        fix = "check that chosen and rejected differ, the learning rate, and that ref_model is an independent copy"
+    dlcheck.fail(evidence, cause, fix)

@@ -1,0 +1,108 @@
+"""Domain-free checks of any training loop (train), shared by the ckpt and smoke domains.
+
+Besides the core roles (``dlcheck_trainer``, ``dlcheck_model``, ``dlcheck_dataloader``, …) a user hands
+over their training in one of three ways; the training roles are declared here:
+
+- transformers / TRL: ``dlcheck_trainer`` alone;
+- Lightning: ``dlcheck_lightning_module`` and ``dlcheck_datamodule`` (or ``dlcheck_dataloader``);
+- a plain loop: ``dlcheck_make_training`` and the data (``dlcheck_dataloader``, or ``dlcheck_collator`` +
+  ``dlcheck_dataset``), optionally ``dlcheck_train_step`` and ``dlcheck_compute_loss``; the ckpt domain
+  adds ``dlcheck_save_checkpoint`` / ``dlcheck_load_checkpoint``."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from ...errors import MISSING
+from ...roles import deriver, role
+
+role(
+    "lightning_module",
+    "your LightningModule (training_step, configure_optimizers); checks train deep copies of it",
+    "dlcheck_model when it is a LightningModule",
+)
+role("datamodule", "your LightningDataModule; checks call setup('fit') and train_dataloader() on a copy of it")
+role(
+    "make_training",
+    "callable () -> dict of fresh training objects: {'model', 'optimizer'} and optionally "
+    "'lr_scheduler', 'scaler' (GradScaler), 'ema', …; called for every fresh run, under a fixed seed",
+)
+role(
+    "train_step",
+    "callable (state, batch[, index]) -> loss: one micro-step of your loop on the dict from "
+    "dlcheck_make_training (backward, and the optimizer/scheduler steps when due); index counts micro-steps "
+    "from 0; default: loss.backward(), optimizer.step(), lr_scheduler.step(), zero_grad()",
+)
+role(
+    "compute_loss",
+    "callable (model, batch) -> scalar loss tensor, the forward half of your step; default: "
+    "model(**batch).loss for mapping batches, dlcheck_loss_fn(model(inputs), targets) for (inputs, targets)",
+)
+
+Get = Callable[[str], Any]
+Cache = Callable[[Any, str, Callable[[], Any]], Any]
+
+
+def get_role(get: Get, name: str) -> Any:
+    # a core default fixture resolves roles by fixture lookup, and a domain role may have no fixture
+    try:
+        return get(name)
+    except pytest.FixtureLookupError:
+        return MISSING
+
+
+def _prepared_datamodule(dm: Any) -> Any:
+    """A copy of the user's datamodule, set up for fitting (the user's own stays as it was)."""
+    prepared = copy.deepcopy(dm)
+    prepared.prepare_data()
+    prepared.setup("fit")
+    return prepared
+
+
+@deriver
+def from_lightning(name: str, get: Get, cache: Cache) -> Any:
+    from ...training import is_lightning_module
+
+    if name == "lightning_module":
+        model = get_role(get, "model")
+        return model if model is not MISSING and is_lightning_module(model) else MISSING
+    if name == "model":
+        module = get_role(get, "lightning_module")
+        return module if module is not MISSING else MISSING
+    if name in ("dataloader", "eval_dataloader"):
+        dm = get_role(get, "datamodule")
+        if dm is MISSING:
+            return MISSING
+        prepared = cache(dm, "lightning:prepared", lambda: _prepared_datamodule(dm))
+        method = "train_dataloader" if name == "dataloader" else "val_dataloader"
+        try:
+            return cache(dm, f"lightning:{method}", getattr(prepared, method))
+        except Exception:  # noqa: BLE001 - a datamodule without val_dataloader raises MisconfigurationException
+            if name == "dataloader":
+                raise
+            return MISSING
+    return MISSING
+
+
+@deriver
+def from_make_training(name: str, get: Get, cache: Cache) -> Any:
+    if name not in ("model", "optimizer", "lr_scheduler"):
+        return MISSING
+    make = get_role(get, "make_training")
+    if make is MISSING:
+        return MISSING
+    from ...guard import preserved_rng
+    from ...training import SEED, seed_all
+
+    def build() -> Any:
+        with preserved_rng():
+            seed_all(SEED)
+            return make()
+
+    state = cache(make, "make_training:state", build)
+    value = state.get(name) if isinstance(state, dict) else None
+    return value if value is not None else MISSING

@@ -1,0 +1,219 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ...registry import Setting, check
+from ...training import (
+    batch_len,
+    describe_batch,
+    device_of,
+    modes,
+    output_tensor,
+    probe,
+    run_or_skip,
+    to_device,
+)
+
+ATTENTION = (
+    torch.nn.MultiheadAttention,
+    torch.nn.TransformerEncoderLayer,
+    torch.nn.TransformerDecoderLayer,
+    torch.nn.Transformer,
+)
+MAX_MODULES = 400
+
+
+def _inputs(model: Any, batch: Any) -> tuple[Any, Any, Any]:
+    """(batch to run, the input tensor to differentiate against or None, hook handle). Token batches are
+    differentiated at the input embeddings' output; float inputs directly."""
+    if isinstance(batch, Mapping) and "input_ids" in batch and hasattr(model, "get_input_embeddings"):
+        emb = model.get_input_embeddings()
+        holder: dict[str, torch.Tensor] = {}
+
+        def hook(mod, args, out):
+            leaf = out.detach().requires_grad_(True)
+            holder.setdefault("x", leaf)
+            return leaf
+
+        return batch, holder, emb.register_forward_hook(hook)
+    if (
+        isinstance(batch, (list, tuple))
+        and batch
+        and isinstance(batch[0], torch.Tensor)
+        and batch[0].is_floating_point()
+    ):
+        x = batch[0].detach().clone().requires_grad_(True)
+        return type(batch)([x, *batch[1:]]) if isinstance(batch, list) else (x, *batch[1:]), {"x": x}, None
+    if isinstance(batch, torch.Tensor) and batch.is_floating_point():
+        x = batch.detach().clone().requires_grad_(True)
+        return x, {"x": x}, None
+    if isinstance(batch, Mapping):
+        key = next(
+            (
+                k
+                for k in ("pixel_values", "inputs_embeds", "input_values", "x", "inputs")
+                if isinstance(batch.get(k), torch.Tensor) and batch[k].is_floating_point()
+            ),
+            None,
+        )
+        if key is not None:
+            x = batch[key].detach().clone().requires_grad_(True)
+            return {**batch, key: x}, {"x": x}, None
+    return batch, None, None
+
+
+def _mixing(out: torch.Tensor, x: torch.Tensor, i: int, rtol: float) -> tuple[int, float, float] | None:
+    """(j, |d out_i / d x_j|max, |d out_i / d x_i|max) for the most influential other example j, if any
+    other example influences example i beyond ``rtol`` of its own input."""
+    gen = torch.Generator(device="cpu").manual_seed(i)
+    weights = torch.randn(out[i].shape, generator=gen).to(out.device, out.dtype)
+    (grad,) = torch.autograd.grad((out[i] * weights).sum(), x, retain_graph=True, allow_unused=True)
+    if grad is None:
+        return None
+    per = grad.detach().abs().flatten(1).amax(1)
+    own = float(per[i])
+    others = per.clone()
+    others[i] = 0
+    j = int(others.argmax())
+    if float(others[j]) > rtol * max(own, 1e-12) and float(others[j]) > 0:
+        return j, float(others[j]), own
+    return None
+
+
+@check(
+    "T4",
+    domain="train",
+    title="examples leak into each other across the batch",
+    roles=(),
+    optional_roles=("trainer", "lightning_module", "make_training", "model", "dataloader"),
+    settings=(
+        Setting(
+            "rtol",
+            1e-6,
+            "influence of another example's input on an example's output, relative to its own "
+            "input's, above which the batch is mixed; independent examples give exactly 0",
+        ),
+    ),
+)
+def check_batch_independence(dlcheck):
+    """With the model in eval mode, an example's output does not depend on the other examples' inputs.
+
+    What it does
+        Runs the model in eval mode on a sampled batch and asks autograd for the gradient of example i's
+        output (a fixed random projection of it) with respect to every example's input — the float inputs
+        themselves, or the input embeddings for token ids — for the first and the last example. Any
+        influence from another example fails. The module where the mixing starts is found the same way
+        on every module's output, in execution order.
+    Why it is bad
+        Each example must be computed on its own: a reshape or view across the batch dimension, attention
+        over the wrong axis (``nn.TransformerEncoderLayer`` defaults to ``batch_first=False`` and reads your
+        batch as the sequence), or a mean over dim 0 lets examples see each other. The model then learns
+        from its neighbours — at evaluation and at batch size 1 it behaves differently, and it can cheat by
+        copying a target from another example.
+    Example
+        layer = nn.TransformerEncoderLayer(d_model=16, nhead=2)   # batch_first=False, fed (batch, seq, dim)
+        h = h.view(h.size(1), h.size(0), -1)                       # a transpose written as a view
+    Use instead
+        nn.TransformerEncoderLayer(..., batch_first=True) (or feed (seq, batch, dim)); permute/transpose
+        instead of view/reshape to move axes; reduce over the sequence, never over dim 0.
+    Known problems
+        Batch statistics in train mode (BatchNorm) are by design and are not judged: the model runs in eval
+        mode (V7 owns BatchNorm). Needs a batch of at least 2 examples whose inputs are float tensors or
+        token ids with input embeddings; others skip.
+    """
+    fresh, batches, _ = probe(dlcheck)
+    model = fresh.model
+    batch = next((b for b in batches if (batch_len(b) or 0) >= 2), None)
+    if batch is None:
+        dlcheck.skip("no sampled batch holds 2 examples or more")
+    batch = to_device(batch, device_of(model))
+    rtol = dlcheck.setting("rtol")
+    names = {m: n for n, m in model.named_modules()}
+    outputs: list[tuple[str, Any, torch.Tensor]] = []
+    size = batch_len(batch)
+
+    def record(mod, args, out):
+        t = output_tensor(out)
+        if (
+            isinstance(t, torch.Tensor)
+            and t.requires_grad
+            and t.dim() >= 1
+            and t.shape[0] == size
+            and len(outputs) < MAX_MODULES
+        ):
+            outputs.append((names.get(mod, "?"), mod, t))
+
+    with modes(model, train=False), torch.enable_grad():
+        run_batch, holder, handle = _inputs(model, batch)
+        if holder is None:
+            dlcheck.skip(
+                f"cannot differentiate the model's inputs: the batch is {describe_batch(batch)} (neither float "
+                "inputs nor token ids with input embeddings)"
+            )
+        hooks = [m.register_forward_hook(record) for m in model.modules() if m is not model]
+        try:
+            out = output_tensor(run_or_skip(dlcheck, lambda: fresh.forward(run_batch)))
+        finally:
+            for h in hooks:
+                h.remove()
+            if handle is not None:
+                handle.remove()
+        x = holder.get("x")
+        if out is None or x is None or out.shape[0] != size:
+            dlcheck.skip(
+                f"the model's output is not batch-first ({None if out is None else tuple(out.shape)} for {size} examples)"
+            )
+        found = None
+        for i in sorted({0, size - 1}):
+            found = _mixing(out, x, i, rtol)
+            if found:
+                found = (i, *found)
+                break
+        if not found:
+            return
+        culprit = None
+        for name, mod, t in outputs:
+            if _mixing(t, x, found[0], rtol):
+                culprit = (name, mod)
+                break
+
+    i, j, other, own = found
+    evidence = [
+        f"in eval mode, the output of example {i} depends on the input of example {j} of the same batch: max "
+        f"|d out[{i}] / d in[{j}]| = {other:.3g}, against {own:.3g} for its own input (independent examples give 0)",
+        f"batch: {describe_batch(batch)}",
+    ]
+    if culprit is not None:
+        name, mod = culprit
+        detail = f", batch_first={mod.batch_first}" if hasattr(mod, "batch_first") else ""
+        evidence.append(f"the first module whose output mixes the examples: {name} ({type(mod).__name__}{detail})")
+    attention = None
+    if culprit is not None:
+        owners = [culprit[1]] + [
+            m for n, m in model.named_modules() if culprit[0].startswith(n + ".") or n == culprit[0]
+        ]
+        attention = next((m for m in owners if isinstance(m, ATTENTION) and not getattr(m, "batch_first", True)), None)
+    if attention is None:
+        attention = next(
+            (m for m in model.modules() if isinstance(m, ATTENTION) and not getattr(m, "batch_first", True)), None
+        )
+    if attention is not None:
+        cause = (
+            f"{type(attention).__name__} has batch_first=False: it reads dim 0 of your (batch, seq, dim) input as "
+            "the sequence, so every example attends to the other examples"
+        )
+        fix = f"build it with batch_first=True (nn.{type(attention).__name__}(..., batch_first=True)), or feed it (seq, batch, dim)"
+    else:
+        where = f" at {culprit[0]}" if culprit else ""
+        cause = (
+            f"an operation mixes the batch dimension{where}: a view/reshape that moves data across dim 0 (a "
+            "transpose written as a view), a reduction over dim 0, or attention/normalisation over the wrong axis"
+        )
+        fix = (
+            "move axes with permute/transpose (then .contiguous()), never with view/reshape; reduce over the "
+            "sequence or feature dimensions only; keep dim 0 the batch in every tensor"
+        )
+    dlcheck.fail(evidence, cause, fix)

@@ -1,0 +1,220 @@
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import sys
+from typing import Any
+
+import torch
+
+from ...errors import MISSING
+from ...guard import preserved_dataloader, preserved_rng
+from ...registry import Setting, check
+from ...training import find_setup, memo_or_skip
+
+#: entries of an epoch's order that are compared (the first ones): bounded cost on any dataset
+COMPARED = 64
+#: epochs read at most, for the shortest orders
+MAX_EPOCHS = 21
+
+
+def epochs_needed(order: list[Any], false_alarm: float) -> int:
+    """Epochs whose orders must all be equal for T7 to fail, so that a correct shuffle does that with
+    probability ≤ false_alarm: k distinct entries (indices, or disjoint batches) come in a given order
+    with probability ≤ 1/k!, so E epochs agree with probability ≤ (1/k!)^(E−1). Orders with repeated
+    entries (sampling with replacement) get the most epochs."""
+    k = len(order)
+    if k < 2 or len(set(order)) < k:
+        return MAX_EPOCHS
+    log_p = -math.lgamma(k + 1)  # log(1/k!)
+    return min(MAX_EPOCHS, 1 + math.ceil(math.log(false_alarm) / log_p - 1e-9))
+
+
+def _order(loader: Any, epoch: int) -> list[Any] | None:
+    """The index order the loader's sampler gives in ``epoch`` (``set_epoch`` applied, as the Trainer,
+    Lightning and a correct loop do), read from the sampler without loading any data."""
+    if hasattr(loader, "set_epoch"):
+        loader.set_epoch(epoch)
+    sampler = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None)
+    inner = getattr(sampler, "sampler", sampler)
+    for owner in (sampler, inner, getattr(inner, "sampler", None)):
+        if hasattr(owner, "set_epoch"):
+            owner.set_epoch(epoch)
+    if sampler is None:
+        return None
+    return [_entry(b) for b in itertools.islice(iter(sampler), COMPARED)]
+
+
+def _entry(b: Any) -> Any:
+    """A sampler's entry as a hashable, comparable value: an index, or a tuple of indices for a batch."""
+    if isinstance(b, (list, tuple)):
+        return tuple(_entry(x) for x in b)
+    if hasattr(b, "tolist"):  # a tensor or numpy scalar/array
+        b = b.tolist()
+        return tuple(b) if isinstance(b, list) else b
+    try:
+        hash(b)
+    except TypeError:
+        return repr(b)
+    return b
+
+
+def _shuffles(loader: Any) -> bool:
+    sampler = getattr(loader, "sampler", None)
+    inner = getattr(getattr(loader, "batch_sampler", None), "sampler", sampler)
+    for s in (sampler, inner):
+        if s is None or isinstance(s, torch.utils.data.SequentialSampler):
+            continue
+        if getattr(s, "shuffle", True) is False:
+            continue
+        return True
+    return False
+
+
+def _worker_states(fn: Any) -> list[tuple] | None:
+    """Run ``worker_init_fn`` in-process as three workers would start (two ids, two epochs' base seeds) and
+    return the python/numpy RNG states it leaves; None when it needs a real worker."""
+    np = sys.modules.get("numpy")
+    states = []
+    for base, wid in ((1000, 0), (1000, 1), (2000, 0)):
+        torch.manual_seed(base + wid)
+        random.seed(12345)
+        if np is not None:
+            np.random.seed(12345)
+        try:
+            fn(wid)
+        except Exception:  # noqa: BLE001 - it reads get_worker_info() or the like: cannot be simulated
+            return None
+        states.append((random.getstate()[1][:4], tuple(np.random.get_state()[1][:4]) if np is not None else None))
+    return states
+
+
+def _pristine() -> tuple:
+    np = sys.modules.get("numpy")
+    random.seed(12345)
+    if np is not None:
+        np.random.seed(12345)
+    return random.getstate()[1][:4], tuple(np.random.get_state()[1][:4]) if np is not None else None
+
+
+def _train_loader(dlcheck, setup) -> tuple[Any, str]:
+    if setup is not None and setup.kind == "trainer":
+
+        def make() -> Any:
+            clone = setup.clone("order")
+            return clone.get_train_dataloader()
+
+        return memo_or_skip(dlcheck, setup.sources, "t7:trainer-loader", make), f"your {setup.name}'s train dataloader"
+    loader = dlcheck.role("dataloader")
+    return (
+        loader,
+        "dlcheck_dataloader" if setup is None or setup.kind == "loop" else "the datamodule's train_dataloader()",
+    )
+
+
+@check(
+    "T7",
+    domain="train",
+    title="every epoch sees the same order, or every worker the same random stream",
+    roles=(),
+    optional_roles=("trainer", "lightning_module", "datamodule", "make_training", "dataloader"),
+    settings=(
+        Setting(
+            "false_alarm",
+            1e-6,
+            "probability that a correct shuffle gives the same order in every epoch "
+            "compared; sets how many epochs are read (2 from 10 entries up, 21 for 2 entries)",
+        ),
+    ),
+)
+def check_epoch_order(dlcheck):
+    """A shuffling dataloader gives a new order every epoch, and its workers get distinct random seeds.
+
+    What it does
+        Reads the index order of the training dataloader's sampler (its first 64 entries: indices, or
+        batches of indices) for consecutive epochs (``set_epoch`` applied where the sampler has it, as
+        the Trainer, Lightning and a correct loop do; no data is loaded) and fails when a sampler that
+        shuffles gives the same order in every one. k distinct entries repeat their order by chance with
+        probability 1/k!, so it reads E epochs with (1/k!)^(E−1) ≤ false_alarm: the false-alarm
+        probability of a correct shuffle is ≤ 1e-6 (2 epochs from 10 entries up, 9 for 3 entries, 21 for
+        2 or for samplers that draw with replacement). Then, when the loader has
+        several workers and a ``worker_init_fn``, runs that function in-process as two workers of one
+        epoch and one of the next would, and fails when it leaves python's and numpy's random state
+        identical for all of them.
+    Why it is bad
+        The same order every epoch makes the batches — and the gradient noise — repeat: the model sees
+        the same neighbours and the same last batch each epoch, which biases it and can look like an
+        epoch-periodic loss. A ``worker_init_fn`` that seeds every worker with a constant gives all workers
+        the same augmentations: with 8 workers, 8 copies of each random crop per epoch, and again the next
+        epoch.
+    Example
+        class Sampler: __iter__: g = torch.Generator(); g.manual_seed(self.seed)   # ignores the epoch
+        DataLoader(..., num_workers=4, worker_init_fn=lambda wid: numpy.random.seed(42))
+    Use instead
+        seed the sampler with seed + epoch and call ``sampler.set_epoch(epoch)`` each epoch (as
+        DistributedSampler does); seed workers from torch: ``numpy.random.seed(torch.initial_seed() % 2**32)``
+        (torch already seeds each worker differently).
+    Known problems
+        For a plain loop, dlcheck calls ``set_epoch`` itself, as a correct loop does: whether your own loop
+        calls it is not seen. Iterable datasets and ``worker_init_fn``s that need a real worker are skipped.
+    """
+    setup = find_setup(dlcheck)
+    loader, where = _train_loader(dlcheck, setup)
+    if loader is MISSING or not hasattr(loader, "__iter__"):
+        dlcheck.skip("missing role: define fixture dlcheck_dataloader (or a training set-up) in conftest.py")
+    judged = False
+    if _shuffles(loader):
+        with preserved_rng(), preserved_dataloader(loader):
+            orders = [_order(loader, 0)]
+            if orders[0] is not None and len(orders[0]) > 1:
+                for epoch in range(1, epochs_needed(orders[0], dlcheck.setting("false_alarm"))):
+                    orders.append(_order(loader, epoch))
+                    if orders[-1] != orders[0]:
+                        break
+        if len(orders) > 1 and all(o is not None for o in orders):
+            judged = True
+            if all(o == orders[0] for o in orders):
+                sampler = getattr(loader, "batch_sampler", None) or loader.sampler
+                inner = getattr(sampler, "sampler", sampler)
+                first = orders[0][0]
+                dlcheck.fail(
+                    [
+                        f"{where}: its {type(inner).__name__} gives the same order in epochs 0 to {len(orders) - 1} "
+                        f"(first {len(orders[0])} {'batches' if isinstance(first, tuple) else 'indices'} compared; "
+                        f"the first is {list(first) if isinstance(first, tuple) else first} every time"
+                        + (
+                            f"; a correct shuffle does that with probability ≤ "
+                            f"{math.exp(-(len(orders) - 1) * math.lgamma(len(orders[0]) + 1)):.1e})"
+                            if len(set(orders[0])) == len(orders[0])
+                            else ")"
+                        ),
+                        "set_epoch(epoch) was called before each epoch"
+                        if hasattr(inner, "set_epoch")
+                        else f"{type(inner).__name__} has no set_epoch",
+                    ],
+                    f"the {type(inner).__name__} re-seeds its shuffle identically every epoch (a fixed seed that ignores the epoch)",
+                    "seed the shuffle with seed + epoch and give the sampler a set_epoch(epoch) method (or use RandomSampler / "
+                    "DistributedSampler, and call sampler.set_epoch(epoch) at the start of each epoch)",
+                )
+    fn = getattr(loader, "worker_init_fn", None)
+    if fn is not None and getattr(loader, "num_workers", 0) > 1:
+        with preserved_rng():
+            pristine = _pristine()
+            states = _worker_states(fn)
+        if states is not None:
+            judged = True
+            if len(set(states)) == 1 and states[0] != pristine:
+                dlcheck.fail(
+                    [
+                        f"{where}: num_workers={loader.num_workers}; its worker_init_fn "
+                        f"({getattr(fn, '__qualname__', type(fn).__name__)}) leaves the same python/numpy random "
+                        "state in worker 0 and worker 1, and again in the next epoch's worker 0"
+                    ],
+                    "worker_init_fn seeds every worker with the same constant: all workers draw the same random "
+                    "augmentations, and every epoch repeats them",
+                    "derive the seed from torch's per-worker seed: numpy.random.seed(torch.initial_seed() % 2**32); "
+                    "random.seed(torch.initial_seed()) — or drop worker_init_fn (torch seeds each worker)",
+                )
+    if not judged:
+        dlcheck.skip(f"{where} does not shuffle and has no multi-worker worker_init_fn: nothing to judge")

@@ -1,0 +1,212 @@
+from __future__ import annotations
+
+import re
+
+import torch
+
+from ...registry import Setting, check
+from ...training import modes, probe, run_or_skip
+
+
+def shape(t: torch.Tensor) -> str:
+    return "x".join(str(d) for d in t.shape) or "scalar"
+
+
+LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def unused_by_design(model: torch.nn.Module):
+    """A predicate over parameter names: the vision tower's layers above the feature layer of a LLaVA-style
+    model (``config.vision_feature_layer``: the image features are the hidden states of an earlier
+    layer) and its final norm/pooling head, which run but feed nothing the loss sees. The tower is the
+    one the vlm checks find (vlm.find_towers)."""
+    from ..shared import multimodal as vlm
+
+    config = getattr(model, "config", None)
+    layer = getattr(config, "vision_feature_layer", None)
+    n_layers = getattr(getattr(config, "vision_config", None), "num_hidden_layers", None)
+    wanted = (
+        [layer]
+        if isinstance(layer, int)
+        else [x for x in layer if isinstance(x, int)]
+        if isinstance(layer, (list, tuple))
+        else []
+    )
+    found = vlm.find_towers(model) if wanted and isinstance(n_layers, int) else None
+    if found is None:
+        return lambda name: False
+    used = max(i % (n_layers + 1) for i in wanted)  # hidden_states[k] is the output of layer k - 1
+    towers = [f"{path}." for path in found.paths["vision"]]
+
+    def exempt(name: str) -> bool:
+        tower = next((t for t in towers if name.startswith(t)), None)
+        if tower is None:
+            return False
+        rest = name[len(tower) :]
+        m = LAYER.search("." + rest)
+        if m is not None:
+            return int(m.group(1)) >= used
+        return "post_layernorm" in rest or rest.startswith("head.") or ".head." in rest
+
+    return exempt
+
+
+@check(
+    "T3",
+    domain="train",
+    title="trainable parameters get no gradient, or the optimizer never updates them",
+    roles=(),
+    optional_roles=("trainer", "lightning_module", "make_training", "model", "dataloader"),
+    settings=(
+        Setting(
+            "ignore",
+            r"(^|\.)experts?\.",
+            "regular expression of parameter names exempt from the 'no gradient' "
+            "rule: mixture-of-experts experts that no token was routed to in the batch legitimately get none",
+        ),
+    ),
+)
+def check_gradients(dlcheck):
+    """Every trainable parameter gets a gradient from the loss, and the optimizer holds every one of them.
+
+    What it does
+        Computes the loss of the first sampled batch as your training does (train mode) on fresh objects
+        (or on ``dlcheck_model`` with ``torch.autograd.grad``, which fills no ``.grad``), and asks autograd
+        for the gradient of every parameter with ``requires_grad=True``. A parameter with no gradient at
+        all is off the loss's autograd path: its module never ran, or its output was detached. Then,
+        when a training set-up gives the optimizer, every parameter that gets a gradient must be in one of
+        its param groups, with a non-zero learning rate; tensors the optimizer holds that are no longer
+        parameters of the model are reported.
+    Why it is bad
+        Those parameters are frozen by accident: the layer trains for nothing, silently, and the model
+        behaves like a smaller one. Classic causes: ``.detach()`` / ``torch.no_grad()`` in a forward, a
+        head defined but not called, or an optimizer built before a parameter was replaced — a new
+        classification head swapped in after ``AdamW(model.parameters())`` leaves the optimizer updating
+        the old head, which is no longer in the model.
+    Example
+        optimizer = AdamW(model.parameters()); model.head = nn.Linear(512, num_classes)
+        def forward(self, x): return self.head(self.body(x).detach())
+    Use instead
+        build the optimizer after every change to the model's parameters; remove the detach (or set
+        ``requires_grad_(False)`` on what you mean to freeze, and leave it out of the optimizer).
+    Known problems
+        Zero gradients are allowed (a zero-initialised layer, such as LoRA's B matrix, gives its
+        neighbours exact zeros at step 0). Parameters matching ``T3.ignore`` (MoE experts) are exempt.
+        Frozen parameters (``requires_grad=False``) are taken as intended. A LLaVA-style model's vision
+        layers above ``config.vision_feature_layer`` (and the tower's final norm / pooling head) run but
+        feed nothing by design; they are exempt (freeze them to save their optimizer state, and set
+        DDP's ``find_unused_parameters=True`` if they stay trainable).
+    """
+    fresh, batches, setup = probe(dlcheck)
+    model = fresh.model
+    batch = batches[0]
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not trainable:
+        dlcheck.skip("the model has no parameter with requires_grad=True")
+    ran: dict[str, int] = {}  # module name -> when its forward finished (first time)
+    names = {m: n for n, m in model.named_modules()}
+    handles = [
+        m.register_forward_hook(lambda mod, i, o: None if names[mod] in ran else ran.update({names[mod]: len(ran)}))
+        for m in model.modules()
+    ]
+    try:
+        with modes(model, train=True):
+            loss = run_or_skip(dlcheck, lambda: fresh.loss(batch))
+            if not loss.requires_grad:
+                grads = [None] * len(trainable)
+            else:
+                grads = torch.autograd.grad(loss, [p for _, p in trainable], allow_unused=True)
+    finally:
+        for h in handles:
+            h.remove()
+    ignore = re.compile(dlcheck.setting("ignore")) if dlcheck.setting("ignore") else None
+    orphans = [(n, p) for (n, p), g in zip(trainable, grads) if g is None and not (ignore and ignore.search(n))]
+    by_design = unused_by_design(model)
+    orphans = [(n, p) for n, p in orphans if not by_design(n)]
+    frozen = sum(1 for p in model.parameters() if not p.requires_grad)
+    frozen_note = f"; {frozen} parameter tensors are frozen (requires_grad=False) and not judged" if frozen else ""
+
+    if orphans:
+
+        def owner(name: str) -> str:
+            return name.rsplit(".", 1)[0] if "." in name else ""
+
+        never_ran = [n for n, _ in orphans if owner(n) not in ran]
+        shown = ", ".join(f"{n} [{shape(p)}]" for n, p in orphans[:6]) + (" …" if len(orphans) > 6 else "")
+        evidence = [
+            f"{len(orphans)} of {len(trainable)} trainable parameter tensors get no gradient from the loss on "
+            f"batch 0 (loss {float(loss.detach()):.4g}){frozen_note}: {shown}"
+        ]
+        if not loss.requires_grad:
+            cause = "the loss itself carries no gradient: it was computed under torch.no_grad() or from detached tensors (.detach(), .item(), numpy)"
+            fix = "compute the loss from the model's output with autograd enabled"
+        elif never_ran and len(never_ran) == len(orphans):
+            mods = sorted({owner(n) for n in never_ran})
+            evidence.append(f"module(s) never called by the forward: {', '.join(mods[:6])}")
+            cause = "these modules are defined (and trainable) but the forward never calls them: they train for nothing"
+            fix = "call them in forward(), or delete them / set requires_grad_(False) and leave them out of the optimizer if they are unused on purpose"
+        else:
+            mods = sorted({owner(n) for n, _ in orphans if owner(n) in ran})
+            evidence.append(
+                f"module(s) that run but pass no gradient back: {', '.join(mods[:6])}"
+                + (f" … ({len(mods)})" if len(mods) > 6 else "")
+            )
+            last = max(mods, key=lambda m: ran[m])
+            evidence.append(
+                f"the last of them to run is {last}: the graph is cut at its output (or later, before "
+                "the next module that gets a gradient)"
+            )
+            cause = (
+                "their output is cut from the autograd graph (a .detach(), a torch.no_grad() block, or a "
+                "round-trip through .item()/numpy in the forward): the layers are frozen by accident"
+            )
+            fix = "remove the detach / no_grad around those modules; to freeze them on purpose, set requires_grad_(False) and leave them out of the optimizer"
+        dlcheck.fail(evidence, cause, fix)
+
+    if setup is None:
+        return
+    opt, _ = run_or_skip(dlcheck, fresh.make_optimizer)
+    if opt is None:
+        return
+    held = {}
+    for gi, group in enumerate(opt.param_groups):
+        for p in group["params"]:
+            held[id(p)] = (gi, group.get("lr", 0.0), p)
+    graded = [(n, p) for (n, p), g in zip(trainable, grads) if g is not None]
+    outside = [(n, p) for n, p in graded if id(p) not in held]
+    zero_lr = [
+        (n, p, held[id(p)][0])
+        for n, p in graded
+        if id(p) in held and held[id(p)][1] == 0 and opt.param_groups[held[id(p)][0]].get("initial_lr", 0) == 0
+    ]
+    model_ids = {id(p) for p in model.parameters()}
+    stale = [p for _, _, p in held.values() if id(p) not in model_ids]
+    if not outside and not zero_lr:
+        return
+    evidence = []
+    if outside:
+        shown = ", ".join(f"{n} [{shape(p)}]" for n, p in outside[:6]) + (" …" if len(outside) > 6 else "")
+        evidence.append(
+            f"{len(outside)} of {len(graded)} parameter tensors that get a gradient are in no param group of "
+            f"the {type(opt).__name__}: {shown}"
+        )
+    if zero_lr:
+        shown = ", ".join(f"{n} (group {gi})" for n, _, gi in zero_lr[:6])
+        evidence.append(f"{len(zero_lr)} parameter tensors sit in param groups with lr 0: {shown}")
+    if stale:
+        evidence.append(
+            f"the optimizer holds {len(stale)} tensor(s) that are no longer parameters of the model: "
+            + ", ".join(f"[{shape(p)}]" for p in stale[:4])
+        )
+        cause = (
+            "the optimizer was built before these parameters were replaced (a new head, a re-assigned Parameter or "
+            "submodule): it keeps updating the old tensors, and the model's own ones stay frozen"
+        )
+        fix = "build the optimizer after every change to the model's parameters (head replacement, re-assigned modules or Parameters)"
+    elif outside:
+        cause = "the optimizer was built over a subset of the trainable parameters: the others get gradients but are never updated"
+        fix = "pass every trainable parameter to the optimizer (model.parameters(), or every param group you intend), or freeze the rest with requires_grad_(False)"
+    else:
+        cause = "a param group with learning rate 0 freezes its parameters while they still get gradients"
+        fix = "give the group a non-zero lr, or freeze its parameters with requires_grad_(False)"
+    dlcheck.fail(evidence, cause, fix)

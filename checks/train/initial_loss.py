@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...registry import Setting, check
+from ...training import (
+    decode_example,
+    modes,
+    output_tensor,
+    probe,
+    run_or_skip,
+    targets_of,
+)
+
+
+@check(
+    "T1",
+    domain="train",
+    title="loss at initialisation far above ln(number of classes)",
+    roles=(),
+    optional_roles=("trainer", "lightning_module", "make_training", "model", "dataloader", "num_classes", "tokenizer"),
+    settings=(
+        Setting(
+            "max_ratio",
+            1.5,
+            "initial loss / ln(classes) above which the start is wrong: a model that predicts "
+            "near-uniformly starts at 1.0x, a pretrained one below; random logits of std s cost about "
+            "ln(C) + s^2/2, so 1.5x (std ~2.6 logits for 300 classes) is already a broken start",
+        ),
+        Setting(
+            "min_excess",
+            1.0,
+            "and the loss must exceed ln(classes) by this many nats: with few classes ln(C) is "
+            "small, and logits of std ~1 (a normal init on unnormalised inputs) already cost +0.5",
+        ),
+    ),
+)
+def check_initial_loss(dlcheck):
+    """The loss on a first batch, before any step, is near ln(number of classes) or below it.
+
+    What it does
+        Runs the model as your training does (the Trainer's ``compute_loss``, your LightningModule's
+        ``training_step``, your ``dlcheck_compute_loss``; the model of ``dlcheck_model`` by itself
+        otherwise) on the first sampled batch, in eval mode and without gradients, and compares the loss
+        with ln(C), C being the last dimension of the model's output (the vocabulary of a language model,
+        the classes of a classifier; ``dlcheck_num_classes`` when given). Fails when it is above
+        ``max_ratio`` x ln(C) (and ``min_excess`` nats above it), and names the likely cause: logits far too large (the initialisation scale),
+        or a loss summed instead of averaged.
+    Why it is bad
+        A cross-entropy over C classes starts at ln(C) when the model predicts near-uniformly, as a
+        freshly initialised one should. Far above it, the model starts confidently wrong: the first
+        hundreds of steps are spent undoing the initialisation (or the loss scale is off by the batch
+        size, and the learning rate with it), and fp16 runs overflow.
+    Example
+        LlamaConfig(..., initializer_range=1.0)          # logits of std ~10 at step 0
+        nn.CrossEntropyLoss(reduction="sum")             # loss x batch size
+    Use instead
+        keep the default initializer_range (0.02) / initialise the output head small (or at zero), and
+        average the loss (reduction="mean").
+    Known problems
+        Applies to classification and language-model losses (integer targets); a regression, a DPO or
+        a GRPO loss skips. A pretrained model starts below ln(C) and passes; the check does not tell a
+        pretrained start from a leak.
+    """
+    fresh, batches, _ = probe(dlcheck)
+    batch = batches[0]
+    targets = targets_of(batch)
+    if not isinstance(targets, torch.Tensor) or targets.is_floating_point():
+        dlcheck.skip(
+            "the batch carries no integer targets/labels (a regression, DPO or GRPO loss): ln(classes) does not apply"
+        )
+    model = fresh.model
+    with modes(model, train=False), torch.no_grad():
+        loss = run_or_skip(dlcheck, lambda: fresh.loss(batch))
+        # a plain forward for the logits: a trainer's loss path may never materialise them (TRL's fused head)
+        try:
+            logits = output_tensor(fresh.forward(batch))
+        except Exception:  # noqa: BLE001 - the model takes the batch only through the user's loss
+            logits = None
+    classes = dlcheck.role("num_classes")
+    if not isinstance(classes, int):
+        if logits is None or logits.dim() < 2:
+            dlcheck.skip(
+                "cannot tell the number of classes from the model's output: define fixture dlcheck_num_classes"
+            )
+        classes = int(logits.shape[-1])
+    if classes < 2:
+        dlcheck.skip(f"the model outputs {classes} value per example: not a classification over classes")
+    value = float(loss)
+    if not math.isfinite(value):
+        dlcheck.skip(f"the initial loss is {value}: T5 owns non-finite values")
+    ln_c = math.log(classes)
+    ratio = value / ln_c
+    if ratio <= dlcheck.setting("max_ratio") or value - ln_c <= dlcheck.setting("min_excess"):
+        return
+
+    evidence = [
+        f"initial loss {value:.4g} on batch 0 = {ratio:.2f} x ln({classes}) = {ln_c:.3f}; a model that predicts "
+        f"near-uniformly starts at 1.0 x (limit {dlcheck.setting('max_ratio')} x)"
+    ]
+    example = decode_example(dlcheck, batch)
+    if example:
+        evidence.append(f"batch 0, example 0: {example}")
+    supervised = int((targets != -100).sum())
+    std = float(logits.float().std()) if logits is not None and logits.numel() > 1 else None
+    if std is not None:
+        evidence.append(
+            f"output logits: std {std:.3g}, max |logit| {float(logits.float().abs().max()):.3g} "
+            f"over {tuple(logits.shape)}"
+        )
+    if std is not None and std > 2.0:
+        cause = (
+            f"the logits are far too large at initialisation (std {std:.3g}; near-uniform predictions need std "
+            "well below 1): the initialisation scale of the weights (or of the output head) is too big"
+        )
+        fix = (
+            "initialise as the architecture expects: keep config.initializer_range at its default (0.02 for "
+            "transformers models), initialise the output head small or at zero, do not scale embeddings up; "
+            "normalise the inputs"
+        )
+    elif supervised > 1 and abs(ratio - supervised) / supervised < 0.35:
+        cause = (
+            f"the loss is about {ratio:.0f} x ln(C) with {supervised} supervised targets in the batch: it is "
+            "summed over the batch instead of averaged"
+        )
+        fix = "average the loss: nn.CrossEntropyLoss(reduction='mean') (the default), or divide the summed loss by the number of targets"
+    else:
+        cause = "the loss at step 0 is far above a near-uniform prediction's: the model starts confidently wrong or the loss is scaled"
+        fix = (
+            "check the loss scaling (reduction='mean', no extra multiplier), the initialisation scale of the output "
+            "layer, and that the targets are the ones the outputs predict"
+        )
+    dlcheck.fail(evidence, cause, fix)

@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+import math
+
+from ...registry import Setting, check
+from ...training import get_setup, smoke_run
+
+
+def _trainer_schedule(trainer) -> tuple[int, int, int, int] | None:
+    """(optimizer steps of the run, warmup steps, micro-batches per epoch, accumulation) of a Trainer."""
+    args = trainer.args
+    try:
+        per_epoch = len(trainer.train_dataset) // max(1, args.per_device_train_batch_size)
+    except TypeError:
+        per_epoch = None
+    accum = max(1, args.gradient_accumulation_steps)
+    if args.max_steps and args.max_steps > 0:
+        total = args.max_steps
+    elif per_epoch:
+        total = math.ceil(per_epoch / accum) * math.ceil(args.num_train_epochs)
+    else:
+        return None
+    return total, int(args.get_warmup_steps(total)), per_epoch or 0, accum
+
+
+@check(
+    "T6",
+    domain="train",
+    title="LR schedule counted in the wrong units (micro-batches), or the LR never ramps",
+    roles=(),
+    optional_roles=("trainer", "lightning_module", "make_training", "train_step", "dataloader"),
+    settings=(
+        Setting(
+            "max_sched_per_opt",
+            1.5,
+            "lr_scheduler.step() calls per optimizer.step() above which the schedule "
+            "advances in micro-batches; a per-step schedule makes exactly 1",
+        ),
+    ),
+)
+def check_lr_schedule(dlcheck):
+    """The LR schedule advances once per optimizer step, warms up within the run, and the LR is not stuck at 0.
+
+    What it does
+        On the shared smoke run (see S1) of a plain loop, counts ``optimizer.step()`` and
+        ``lr_scheduler.step()`` calls (a GradScaler-skipped step counts as taken): more scheduler steps than
+        optimizer steps means the schedule is counted in micro-batches. For a Trainer, compares the warmup
+        (``warmup_steps`` / ``warmup_ratio``) with the optimizer steps of the run (max_steps, or epochs x
+        micro-batches / gradient_accumulation_steps). For every kind, fails when the learning rate is 0 at
+        every optimizer step of the smoke run.
+    Why it is bad
+        With gradient accumulation of k, a scheduler stepped every micro-batch runs k times too fast: a
+        1000-step warmup ends after 1000/k updates and the decay reaches its floor at 1/k of the run.
+        Counting warmup in micro-batches or samples (``len(dataloader) * epochs``) makes it k times too long:
+        the LR may never reach its peak. A warmup scheduler that is never stepped keeps the LR at 0.
+    Example
+        loss.backward()
+        if (i + 1) % accum == 0: optimizer.step(); optimizer.zero_grad()
+        scheduler.step()                       # every micro-batch
+    Use instead
+        step the scheduler right after optimizer.step(), inside the accumulation branch; compute
+        warmup/total steps in optimizer steps: len(dataloader) // accum * epochs.
+    Known problems
+        A scheduler stepped per epoch in your own epoch loop is not seen by the short run (it is not
+        reported). ReduceLROnPlateau is not judged.
+    """
+    setup = get_setup(dlcheck)
+    evidence, cause, fix = [], "", ""
+    if setup.kind == "trainer":
+        sched = _trainer_schedule(setup.trainer)
+        if sched is not None:
+            total, warmup, per_epoch, accum = sched
+            if warmup > total:
+                micro = (
+                    f", {per_epoch} micro-batches per epoch with gradient_accumulation_steps={accum}"
+                    if per_epoch
+                    else ""
+                )
+                evidence = [
+                    f"warmup of {warmup} optimizer steps for a run of {total} optimizer steps{micro}",
+                    f"the LR ends the run at {warmup and min(1.0, total / warmup):.0%} of learning_rate="
+                    f"{setup.trainer.args.learning_rate:g}: it never reaches its peak",
+                ]
+                cause = (
+                    "the warmup is longer than the run: warmup counted in micro-batches or samples instead of "
+                    "optimizer steps (each optimizer step is gradient_accumulation_steps micro-batches)"
+                )
+                fix = (
+                    "set warmup_steps in optimizer steps (len(train_dataloader) // gradient_accumulation_steps x "
+                    "epochs x ratio), or use warmup_ratio"
+                )
+                dlcheck.fail(evidence, cause, fix)
+    run = smoke_run(dlcheck)
+    traj = run.trajectory
+    opt_steps, sched_steps = traj.calls.count("opt"), traj.calls.count("sched")
+    lrs = [r.lr for r in traj.steps if r.lr is not None]
+    scheduler = traj.notes.get("scheduler")
+    if setup.kind == "loop" and scheduler is not None and opt_steps > 0:
+        ratio = sched_steps / opt_steps
+        if ratio > dlcheck.setting("max_sched_per_opt"):
+            micro = len(traj.steps)
+            evidence = [
+                f"in {micro} micro-batches of your step: optimizer.step() ran {opt_steps} times, "
+                f"lr_scheduler.step() {sched_steps} times ({ratio:.1f} scheduler steps per optimizer step)",
+                f"learning rates at the optimizer steps: {', '.join(f'{v:.3g}' for v in lrs[:8])}",
+            ]
+            cause = (
+                f"the scheduler is stepped every micro-batch while the optimizer steps every {round(ratio)}: "
+                f"warmup and decay run {ratio:.0f}x too fast (a 1000-step warmup ends after {1000 / ratio:.0f} updates)"
+            )
+            fix = "call lr_scheduler.step() right after optimizer.step(), inside the gradient-accumulation branch"
+            dlcheck.fail(evidence, cause, fix)
+    if lrs and all(v == 0 for v in lrs):
+        evidence = [
+            f"the learning rate is 0 at all {len(lrs)} optimizer steps of the smoke run",
+            f"scheduler: {type(scheduler).__name__ if scheduler is not None else 'none'}; "
+            f"lr_scheduler.step() calls: {sched_steps}",
+        ]
+        if scheduler is not None and sched_steps == 0:
+            cause = "the LR scheduler starts at 0 (a warmup) and is never stepped, so the LR stays 0 and nothing trains"
+            fix = "call lr_scheduler.step() after every optimizer.step()"
+        else:
+            cause = "the learning rate is 0: the model never changes"
+            fix = "set a non-zero learning rate (and a warmup that starts above 0 or is stepped)"
+        dlcheck.fail(evidence, cause, fix)
+    if not lrs:
+        dlcheck.skip("the smoke run recorded no learning rate (no optimizer step was seen)")

@@ -1,0 +1,154 @@
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ...registry import Setting, check
+from ...training import (
+    ModuleSnapshot,
+    base_lr,
+    decode_example,
+    get_setup,
+    modes,
+    output_tensor,
+    probe,
+    run_or_skip,
+)
+
+LR_MULTIPLIERS = (1, 10, 100)
+
+
+@check(
+    "T2",
+    domain="train",
+    title="the model cannot overfit one batch",
+    roles=(),
+    optional_roles=("trainer", "lightning_module", "make_training", "dataloader", "tokenizer"),
+    settings=(
+        Setting(
+            "steps",
+            30,
+            "optimizer steps on the one batch per attempt; a working pipeline halves a batch's loss "
+            "in far fewer (the tiny models of the test suite need 5-15)",
+        ),
+        Setting(
+            "min_reduction",
+            0.5,
+            "share of the first-batch loss the steps must remove; memorising a single batch "
+            "is the easiest thing a model can do, so half is a low bar",
+        ),
+    ),
+)
+def check_overfit_batch(dlcheck):
+    """Repeated optimizer steps on a single batch cut its loss by at least half.
+
+    What it does
+        Takes fresh objects (a clone of the Trainer's model and optimizer, a copy of your
+        LightningModule with its ``configure_optimizers``, or ``dlcheck_make_training``), and trains on
+        the first sampled batch only, ``steps`` times, with your optimizer at its base learning rate (the
+        scheduler is left out, so a warmup does not hide the result), measuring the batch's loss in eval
+        mode before and after. When the loss does not fall by ``min_reduction``, it tries again at 10x and
+        100x the learning rate: the check fails only when no learning rate lets the model memorise the batch.
+    Why it is bad
+        A model that cannot memorise eight examples cannot learn the dataset: the loss is detached from
+        the parameters, the outputs are squashed (a softmax before ``CrossEntropyLoss``), the targets do
+        not match the outputs, or the optimizer never moves the weights. Such pipelines train for days with
+        a flat loss curve.
+    Example
+        def forward(self, x): return torch.softmax(self.head(self.body(x)), -1)   # then CrossEntropyLoss
+    Use instead
+        return logits from the model (CrossEntropyLoss applies log-softmax itself); make sure the loss is
+        computed from the model's output with gradients, against the right targets.
+    Known problems
+        Needs a training set-up (dlcheck_trainer, dlcheck_lightning_module, or dlcheck_make_training).
+        GRPO skips (its loss needs generated completions). Models with heavy regularisation (large weight
+        decay, strong dropout in train mode) may need more steps: raise ``T2.steps``.
+    """
+    setup = get_setup(dlcheck)
+    fresh, batches, _ = probe(dlcheck)
+    batch = batches[0]
+    model = fresh.model
+    start = ModuleSnapshot.take(model)
+
+    def eval_loss() -> float:
+        with modes(model, train=False), torch.no_grad():
+            return float(fresh.loss(batch))
+
+    first = run_or_skip(dlcheck, eval_loss)
+    if not math.isfinite(first) or first <= 0:
+        dlcheck.skip(
+            f"the first-batch loss is {first:.4g}: T5 owns non-finite values, and a zero loss has nothing to cut"
+        )
+    target = first * (1 - dlcheck.setting("min_reduction"))
+    steps = dlcheck.setting("steps")
+    attempts = []
+    try:
+        for mult in LR_MULTIPLIERS:
+            start.restore(model)
+            opt, _ = run_or_skip(dlcheck, fresh.make_optimizer)
+            if opt is None:
+                dlcheck.skip(f"{setup.describe()} gives no optimizer")
+            base_lr(opt)
+            for g in opt.param_groups:
+                g["lr"] = g["lr"] * mult
+            lr = opt.param_groups[0]["lr"]
+            with modes(model, train=True):
+                for _ in range(steps):
+                    opt.zero_grad(set_to_none=True)
+                    loss = fresh.loss(batch)
+                    loss.backward()
+                    opt.step()
+            opt.zero_grad(set_to_none=True)
+            last = eval_loss()
+            attempts.append((mult, lr, last))
+            if math.isfinite(last) and last <= target:
+                return
+    finally:
+        start.restore(model)
+
+    tried = "; ".join(f"lr {lr:.3g} ({mult}x): {last:.4g}" for mult, lr, last in attempts)
+    evidence = [
+        f"batch 0 loss {first:.4g} before, after {steps} steps on that batch alone: {tried}; the target was "
+        f"{target:.4g} ({dlcheck.setting('min_reduction'):.0%} less)"
+    ]
+    example = decode_example(dlcheck, batch)
+    if example:
+        evidence.append(f"batch 0, example 0: {example}")
+    with modes(model, train=False), torch.no_grad():
+        try:
+            out = output_tensor(fresh.forward(batch))
+        except Exception:  # noqa: BLE001 - the model takes the batch only through the user's loss
+            out = None
+    best = (
+        min(last for _, _, last in attempts if math.isfinite(last))
+        if any(math.isfinite(a[2]) for a in attempts)
+        else first
+    )
+    if (
+        out is not None
+        and out.dim() >= 2
+        and out.is_floating_point()
+        and bool((out >= 0).all())
+        and torch.allclose(out.float().sum(-1), torch.ones(out.shape[:-1]), atol=1e-3)
+    ):
+        evidence.append(f"the model's outputs are probabilities: every row of its {tuple(out.shape)} output sums to 1")
+        cause = (
+            "the model ends with a softmax and the loss applies log-softmax again (CrossEntropyLoss expects "
+            "logits): the loss can only move within a narrow band, whatever the weights"
+        )
+        fix = "return logits: drop the final softmax (nn.Softmax / torch.softmax) from the model; apply it only at inference"
+    elif abs(best - first) <= 1e-6 * max(1.0, abs(first)):
+        cause = (
+            "the loss does not move at all: the optimizer steps change nothing the loss depends on (a learning "
+            "rate of 0, parameters outside the optimizer, or a loss detached from the outputs; see T3)"
+        )
+        fix = "check the optimizer's param groups and learning rate, and that the loss is computed from the model's output with gradients"
+    else:
+        cause = (
+            f"even at 100x the learning rate the model reaches only {best:.4g} on a batch it sees over and over: the "
+            "outputs cannot express the targets (targets misaligned with the inputs, a squashing output, or "
+            "a loss that does not match the task)"
+        )
+        fix = "check that the targets belong to the inputs, that the model returns raw scores (logits), and that the loss matches the output"
+    dlcheck.fail(evidence, cause, fix)

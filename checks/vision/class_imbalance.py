@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from ...errors import MISSING
+from ...registry import Setting, check
+from . import measure as V
+
+
+def _balancing(loss_fn: Any, loader: Any) -> str | None:
+    """How the pipeline compensates for imbalance, if it visibly does."""
+    if loss_fn is not MISSING:
+        name = type(loss_fn).__name__
+        for attr in ("weight", "pos_weight", "alpha", "class_weights"):
+            if getattr(loss_fn, attr, None) is not None:
+                return f"{name}.{attr} is set"
+        if "focal" in name.lower() or "balanced" in name.lower() or "ldam" in name.lower():
+            return f"{name} is an imbalance-aware loss"
+    sampler = getattr(loader, "sampler", None) if loader is not MISSING else None
+    if type(sampler).__name__ in ("WeightedRandomSampler",) or "balanc" in type(sampler).__name__.lower():
+        return f"the dataloader samples with {type(sampler).__name__}"
+    return None
+
+
+@check(
+    "V6",
+    domain="vision",
+    title="severe class imbalance trained with an unweighted loss",
+    optional_roles=("dataset", "dataloader", "loss_fn", "num_classes", "model"),
+    settings=(
+        Setting(
+            "max_ratio",
+            10.0,
+            "largest allowed ratio between the most and least frequent class; beyond 10:1 "
+            "an unweighted loss is known to collapse onto the majority class",
+        ),
+        Setting(
+            "label_samples",
+            256,
+            "labels read (spread over the dataset) when it exposes none cheaply "
+            "(ImageFolder/CIFAR .targets, a datasets label column)",
+        ),
+        Setting("min_labels", 40, "fewer labels than this cannot show a ratio reliably: skip"),
+    ),
+)
+def check_class_imbalance(dlcheck):
+    """A heavily imbalanced classification dataset is trained with class weights or a balanced sampler.
+
+    What it does
+        Builds the label histogram of the training data — from labels the dataset exposes (``targets``,
+        through Subsets, or a datasets label column), else from up to 256 examples read at spread
+        positions — and fails when the most frequent class outnumbers the least frequent by more than
+        10:1 while dlcheck_loss_fn has no class weights (weight, pos_weight, alpha, focal loss) and the
+        dataloader does not sample with a WeightedRandomSampler.
+    Why it is bad
+        With 95 % of one class a model reaches 95 % accuracy by never predicting the other: the loss is
+        dominated by the majority and the minority class, usually the one that matters, is not learned.
+    Example
+        95/5 split, loss_fn = nn.CrossEntropyLoss()
+    Use instead
+        nn.CrossEntropyLoss(weight=torch.tensor(inverse_frequencies)) (weights printed in the failure), or
+        DataLoader(..., sampler=WeightedRandomSampler(1 / counts[labels], num_samples=len(labels))),
+        or a focal loss; report per-class recall / balanced accuracy.
+    Known problems
+        Classification only: pixel imbalance in segmentation and box imbalance in detection are normal
+        and left alone. Without dlcheck_loss_fn the check skips (it cannot see the weighting).
+        Imbalance handled by oversampling in the dataset itself is seen only through the labels drawn.
+    """
+    loss_fn, loader = dlcheck.role("loss_fn"), dlcheck.role("dataloader")
+    sample = V.get_vision_sample(dlcheck, "train")
+    if sample.task != "classification" or any(i.soft for i in sample.items):
+        dlcheck.skip(
+            f"V6 judges single-label classification; the sampled targets are {sample.task}"
+            + (" with soft labels" if any(i.soft for i in sample.items) else "")
+        )
+    balancing = _balancing(loss_fn, loader)
+    if balancing:
+        return
+    if loss_fn is MISSING:
+        dlcheck.skip("missing role: define fixture dlcheck_loss_fn in conftest.py (V6 reads its class weights)")
+    labels, source, complete = V.label_population(dlcheck, sample, dlcheck.setting("label_samples"))
+    if not complete and len(labels) < dlcheck.setting("min_labels"):
+        dlcheck.skip(
+            f"only {len(labels)} labels could be read ({source or sample.source}); V6 needs "
+            f"{dlcheck.setting('min_labels')}"
+        )
+    counts = Counter(labels)
+    if len(set(labels)) < 2 and not complete:
+        dlcheck.skip(f"all {len(labels)} labels read ({source}) are one class; V6 cannot see a ratio")
+    n_classes, _ = V.num_classes(dlcheck, sample)
+    classes = sorted(set(counts) | (set(range(n_classes)) if n_classes else set()))
+    present = {c: counts[c] for c in classes if counts[c] > 0}
+    most, least = max(present, key=present.get), min(present, key=present.get)
+    ratio = present[most] / present[least]
+    if ratio <= dlcheck.setting("max_ratio"):
+        return
+    total = sum(counts.values())
+    shown = sorted(present.items(), key=lambda kv: -kv[1])
+    hist = ", ".join(f"class {c}: {k} ({100 * k / total:.1f}%)" for c, k in shown[:8]) + (
+        " …" if len(shown) > 8 else ""
+    )
+    absent = [c for c in classes if counts[c] == 0]
+    evidence = [
+        f"label histogram over {source}: {hist}",
+        f"class {most} outnumbers class {least} {ratio:.0f}:1 (limit {dlcheck.setting('max_ratio'):g}:1)",
+    ]
+    if absent:
+        evidence.append(f"classes never seen: {', '.join(map(str, absent[:10]))}")
+    loss_desc = type(loss_fn).__name__ + " with weight=None"
+    sampler = type(getattr(loader, "sampler", None)).__name__ if loader is not MISSING else "no dlcheck_dataloader"
+    evidence.append(f"dlcheck_loss_fn is {loss_desc}; sampler: {sampler}")
+    k = len(present)
+    weights = [round(total / (k * present.get(c, 1)), 3) for c in range(max(present) + 1)]
+    dlcheck.fail(
+        evidence,
+        "the loss weighs every example equally, so the majority class dominates the gradient and the model "
+        "can score high accuracy by never predicting the rare class",
+        f"{type(loss_fn).__name__}(weight=torch.tensor({weights})) (inverse class frequency), or "
+        "sampler=WeightedRandomSampler(weights=1.0 / counts[labels], num_samples=len(labels)) in the DataLoader",
+    )

@@ -1,0 +1,284 @@
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ...errors import MISSING, RoleError
+from ...guard import preserved_dataloader
+from ...registry import Setting, check
+from ...sampling import spread_positions
+from . import measure as V
+
+NORM_TYPES = (
+    torch.nn.modules.batchnorm._BatchNorm,
+    torch.nn.modules.dropout._DropoutNd,
+    torch.nn.modules.instancenorm._InstanceNorm,
+)
+
+
+def _image_of(out: Any) -> Any:
+    if isinstance(out, (tuple, list)) and out:
+        out = out[0]
+    elif isinstance(out, dict):
+        out = next((out[k] for k in V.IMAGE_KEYS if k in out), None)
+    img, _ = V.as_image(out)
+    return img
+
+
+def _transform_reads(dlcheck: Any, tol: float) -> tuple[list[str], bool] | None:
+    """Read the eval data twice at the same positions (or run the eval transform twice on one synthetic
+    image); evidence lines of the differences and whether it was judged at all."""
+    ds = V.map_dataset(dlcheck, "eval")
+    tf = dlcheck.role("eval_transform")
+    role = "eval_dataset" if dlcheck.has("eval_dataset") else "eval_dataloader"
+    reads: list[tuple[str, Any, Any]] = []
+    if ds is not None and len(ds) > 0:
+        for pos in spread_positions(len(ds), min(3, dlcheck.samples)):
+            pair = []
+            for seed in (1, 2):
+                with V.seeded(seed):
+                    pair.append(dlcheck.call(role, lambda p=pos: ds[p]))
+            reads.append(
+                (
+                    f"dlcheck_{role}[{pos}]" if role == "eval_dataset" else f"dlcheck_eval_dataloader.dataset[{pos}]",
+                    _image_of(pair[0]),
+                    _image_of(pair[1]),
+                )
+            )
+    elif tf is not MISSING:
+        img = V.synthetic_pil()
+        pair = []
+        for seed in (1, 2):
+            with V.seeded(seed):
+                pair.append(dlcheck.call("eval_transform", lambda: V.apply_image_transform(tf, img)))
+        reads.append(("dlcheck_eval_transform on one synthetic image", _image_of(pair[0]), _image_of(pair[1])))
+    else:
+        return None
+    judged = [(w, a, b) for w, a, b in reads if a is not None and b is not None]
+    if not judged:
+        return None
+    lines = []
+    for where, a, b in judged:
+        if a.shape != b.shape:
+            lines.append(f"{where} read twice: shapes {tuple(a.shape)} and {tuple(b.shape)}")
+            continue
+        diff = (a.double() - b.double()).abs()
+        if float(diff.max()) > tol:
+            lines.append(
+                f"{where} read twice: max |Δ| {float(diff.max()):.3g}, "
+                f"{100 * float((diff > tol).double().mean()):.0f}% of pixel values differ"
+            )
+    return lines, True
+
+
+def _zip_collate(batch: list) -> tuple:
+    return tuple(zip(*batch))
+
+
+def _mode_problems(dlcheck: Any, model: Any, eval_fn: Any) -> tuple[list[str], str] | None:
+    """Run the user's eval function (twice) with the model in train mode, as it is when called from a
+    training loop; report modules that ran in training mode, BatchNorm statistics it moved, and
+    outputs that differ between the two runs. Everything is restored afterwards."""
+    from torch.utils.data import DataLoader, Subset
+
+    split = "eval" if V.map_dataset(dlcheck, "eval") is not None or dlcheck.has("eval_dataloader") else "train"
+    ds = V.map_dataset(dlcheck, split)
+    user_loader = dlcheck.role("eval_dataloader" if split == "eval" else "dataloader")
+    if ds is not None and len(ds) > 0:
+        collate = getattr(user_loader, "collate_fn", None) if user_loader is not MISSING else None
+        if collate is None:
+            sample = V.get_vision_sample(dlcheck, split, required=False)
+            if sample is not None and sample.task == "detection":
+                collate = _zip_collate  # torchvision's detection convention: (images, targets) tuples
+        loader = DataLoader(Subset(ds, spread_positions(len(ds), 2)), batch_size=2, shuffle=False, collate_fn=collate)
+    elif user_loader is not MISSING:
+        with preserved_dataloader(user_loader):
+            batch = next(iter(user_loader), None)
+        if batch is None:
+            return None
+        loader = [batch]
+    else:
+        return None
+
+    modes = [(m, m.training) for m in model.modules()]
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    bn = {
+        n: m
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats and m.running_mean is not None
+    }
+    seen_training: dict[str, str] = {}
+    outputs: list[list[Any]] = [[], []]
+    run_index = [0]
+
+    def pre_hook(name: str):
+        def hook(mod: Any, args: Any) -> None:
+            if mod.training:
+                seen_training.setdefault(name, type(mod).__name__)
+
+        return hook
+
+    def out_hook(mod: Any, args: Any, out: Any) -> None:
+        outputs[run_index[0]].extend(V.tensors_in(out))
+
+    handles = [m.register_forward_pre_hook(pre_hook(n)) for n, m in model.named_modules() if isinstance(m, NORM_TYPES)]
+    handles.append(model.register_forward_hook(out_hook))
+    moved: list[tuple[str, float]] = []
+    error = None
+    raised_training = [False]
+    try:
+        for i, seed in enumerate((3, 4)):
+            run_index[0] = i
+            model.train()
+            before = {n: m.running_mean.detach().clone() for n, m in bn.items()}
+            with V.seeded(seed):
+                try:
+                    eval_fn(model, loader)
+                except Exception as exc:  # noqa: BLE001 - reported below, as the user's error or as evidence
+                    error = exc
+                    raised_training[0] = model.training and "train" in str(exc).lower()
+            if i == 0:
+                for n, m in bn.items():
+                    delta = (
+                        float((m.running_mean.detach() - before[n]).abs().max()) if m.running_mean is not None else 0.0
+                    )
+                    if delta > 0:
+                        moved.append((n, delta))
+            if error is not None:
+                break
+    finally:
+        for h in handles:
+            h.remove()
+        model.load_state_dict(state)
+        for m, training in modes:
+            m.training = training
+    if error is not None and not seen_training and not raised_training[0]:
+        raise RoleError("eval_fn", f"raised {type(error).__name__}: {error}") from error
+    if not seen_training and not moved and error is None:
+        return [], ""
+    lines = []
+    if seen_training:
+        names = sorted(set(seen_training.values()))
+        lines.append(
+            f"dlcheck_eval_fn ran {len(seen_training)} {'/'.join(names)} modules in training mode "
+            f"(e.g. {next(iter(seen_training))}), called after model.train() as in a training loop"
+        )
+    if moved:
+        worst = max(moved, key=lambda x: x[1])
+        lines.append(
+            f"it moved the BatchNorm running_mean of {len(moved)} of {len(bn)} layers (max |Δ| {worst[1]:.3g} "
+            f"in {worst[0]})"
+        )
+    if error is not None:
+        lines.append(
+            f"dlcheck_eval_fn raised {type(error).__name__}: {str(error)[:160]} — with the model still in "
+            "training mode (called after model.train(), as in a training loop)"
+        )
+    else:
+        d = V.max_abs_diff(outputs[0], outputs[1])
+        if d is not None and d > 0:
+            lines.append(
+                "two runs on the same examples give different outputs (max |Δ| "
+                f"{'shape differs' if math.isinf(d) else f'{d:.3g}'})"
+            )
+    return lines, "dlcheck_eval_fn"
+
+
+@check(
+    "V2",
+    domain="vision",
+    title="random augmentation at eval, or eval without model.eval()",
+    optional_roles=("eval_dataset", "eval_dataloader", "eval_transform", "model", "eval_fn"),
+    settings=(
+        Setting(
+            "atol",
+            1e-6,
+            "largest pixel difference between two reads of one eval example that still counts "
+            "as identical (deterministic transforms reproduce exactly)",
+        ),
+    ),
+)
+def check_eval_determinism(dlcheck):
+    """Evaluation is deterministic: the eval transform has no randomness and the model runs in eval mode.
+
+    What it does
+        Reads up to 3 evaluation examples twice each under different seeds (dlcheck_eval_dataset, or the
+        eval dataloader's dataset; else runs dlcheck_eval_transform twice on one synthetic image) and
+        fails when the two reads differ, naming the random transforms found in the eval transform. With
+        dlcheck_model and dlcheck_eval_fn, calls eval_fn(model, loader) twice on 2 eval examples right
+        after model.train() (as a training loop would), with hooks on every BatchNorm/Dropout module:
+        fails when any ran in training mode or a BatchNorm running mean moved. The model's weights,
+        buffers and modes are restored.
+    Why it is bad
+        A random crop or flip at eval makes the metric noisy and biased (objects cropped away), and a
+        model evaluated in training mode uses batch statistics and active dropout — and updates its
+        BatchNorm running statistics with eval data, corrupting the model it is measuring. A train/eval
+        split made with random_split of one dataset shares the train transform silently.
+    Example
+        eval_tf = T.Compose([T.ToImage(), T.RandomResizedCrop(224), T.ToDtype(torch.float32, scale=True)])
+        def evaluate(model, loader):          # no model.eval()
+            with torch.no_grad(): return [model(x) for x, _ in loader]
+    Use instead
+        eval_tf = T.Compose([T.ToImage(), T.Resize(256), T.CenterCrop(224), T.ToDtype(torch.float32, scale=True), T.Normalize(...)])
+        (timm: create_transform(**cfg, is_training=False)); give the eval split its own dataset object;
+        call model.eval() (and torch.inference_mode()) at the start of evaluate, model.train() after.
+    Known problems
+        Test-time augmentation on purpose should ignore V2. Without dlcheck_eval_fn the eval-mode half is
+        not checked: the model's mode during your eval loop cannot be seen otherwise.
+    """
+    tol = dlcheck.setting("atol")
+    reads = _transform_reads(dlcheck, tol)
+    model, eval_fn = dlcheck.role("model"), dlcheck.role("eval_fn")
+    mode = _mode_problems(dlcheck, model, eval_fn) if model is not MISSING and eval_fn is not MISSING else None
+    if reads is None and mode is None:
+        dlcheck.skip(
+            "missing role: define fixture dlcheck_eval_dataloader or dlcheck_eval_dataset (or "
+            "dlcheck_eval_transform); dlcheck_model + dlcheck_eval_fn to check model.eval()"
+        )
+    evidence: list[str] = []
+    cause = fix = ""
+    if reads is not None and reads[0]:
+        evidence += reads[0]
+        tf = dlcheck.role("eval_transform")
+        randoms = V.random_transforms(tf) if tf is not MISSING else []
+        if randoms:
+            evidence.append("random transforms in the eval transform: " + "; ".join(V.short(r, 70) for r in randoms))
+        train_ds, eval_ds = V.map_dataset(dlcheck, "train"), V.map_dataset(dlcheck, "eval")
+        shared = (
+            train_ds is not None
+            and eval_ds is not None
+            and train_ds is not eval_ds
+            and V.base_dataset(train_ds) is V.base_dataset(eval_ds)
+        )
+        if shared:
+            evidence.append("the eval and train splits are Subsets of one dataset object, so they share its transform")
+            cause = (
+                "the eval split is a Subset of the training dataset (random_split) and inherits its random augmentation"
+            )
+            fix = (
+                "build the eval dataset separately with a deterministic transform (e.g. two dataset objects with "
+                "transform=train_tf / eval_tf, then Subset each with the same indices)"
+            )
+        else:
+            what = ", ".join(sorted({type(r).__name__ for r in randoms})) or "a random transform"
+            cause = f"the eval transform applies {what}, so the same image gives a different input on every pass"
+            fix = (
+                "use a deterministic eval transform: T.Resize(size) + T.CenterCrop(crop) instead of "
+                "RandomResizedCrop, no flips/jitter (timm: create_transform(**data_cfg, is_training=False))"
+            )
+    if mode is not None and mode[0]:
+        evidence += mode[0]
+        m_cause = (
+            "the eval function runs the model in training mode: BatchNorm uses batch statistics and updates "
+            "its running stats with eval data, dropout stays active"
+        )
+        m_fix = (
+            "call model.eval() at the start of the eval function (with torch.inference_mode()), and "
+            "model.train() again before training resumes"
+        )
+        cause = f"{cause}; and {m_cause}" if cause else m_cause
+        fix = f"{fix}; and {m_fix}" if fix else m_fix
+    if evidence:
+        dlcheck.fail(evidence, cause, fix)

@@ -1,0 +1,412 @@
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ...errors import MISSING
+from ...guard import preserved_rng
+from ...registry import Setting, check
+from . import measure as V
+
+W, H = 128, 96
+OBJECT = (12, 12, 44, 40)  # xyxy, away from the centre so flips and rotations move it
+BG, FG = 40, 220
+
+
+def _synthetic_image() -> Any:
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (W, H), (BG, BG, BG))
+    x1, y1, x2, y2 = OBJECT
+    ImageDraw.Draw(img).rectangle((x1, y1, x2 - 1, y2 - 1), fill=(FG, FG, FG))
+    return img
+
+
+def _object_mask() -> Any:
+    m = torch.zeros(H, W, dtype=torch.uint8)
+    x1, y1, x2, y2 = OBJECT
+    m[y1:y2, x1:x2] = 1
+    return m
+
+
+def _like_boxes(template: Any, fmt: str | None, declared: tuple[str, bool] | None) -> Any:
+    from torchvision import tv_tensors
+    from torchvision.ops import box_convert
+
+    box = torch.tensor([OBJECT], dtype=torch.float32)
+    if isinstance(template, tv_tensors.BoundingBoxes):
+        f = V._fmt_name(template.format)
+        data = box_convert(box, "xyxy", f) if f in V.BOX_FORMATS else box
+        return tv_tensors.BoundingBoxes(data.to(template.dtype), format=template.format, canvas_size=(H, W))
+    f, normalized = declared or (fmt or "xyxy", False)
+    data = box_convert(box, "xyxy", f) if f != "xyxy" else box
+    if normalized:
+        data = data / torch.tensor([W, H, W, H])
+    return data.to(template.dtype) if isinstance(template, torch.Tensor) else data
+
+
+def _like_mask(template: Any) -> Any:
+    from torchvision import tv_tensors
+
+    m = _object_mask()
+    if isinstance(template, tv_tensors.Mask):
+        return tv_tensors.Mask(m.to(template.dtype) if template.ndim == 2 else m[None].to(template.dtype))
+    if V._is_pil(template):
+        from PIL import Image
+
+        return Image.fromarray(m.numpy(), "L")
+    if isinstance(template, torch.Tensor):
+        return m.to(template.dtype) if template.ndim == 2 else m[None].to(template.dtype)
+    return tv_tensors.Mask(m)
+
+
+def _synthetic_target(item: V.Item, declared: tuple[str, bool] | None) -> Any:
+    """A target for the synthetic image with the same structure and types as a sampled one."""
+    t = item.target
+    if item.kind == "detection":
+        if isinstance(t, Mapping):
+            out = dict(t)
+            key = next(k for k in ("boxes", "bboxes", "bbox") if k in t)
+            out[key] = _like_boxes(t[key], item.box_format, declared)
+            for lk in ("labels", "label", "class_labels"):
+                if lk in t:
+                    lab = torch.as_tensor(V._plain(t[lk]))
+                    out[lk] = lab.reshape(-1)[:1].clone() if lab.numel() else torch.ones(1, dtype=torch.int64)
+            for mk in ("masks",):
+                if mk in t and isinstance(t[mk], torch.Tensor) and t[mk].ndim == 3:
+                    out[mk] = (
+                        type(t[mk])(_object_mask()[None].to(t[mk].dtype))
+                        if type(t[mk]) is not torch.Tensor
+                        else _object_mask()[None].to(t[mk].dtype)
+                    )
+            if "area" in t:
+                out["area"] = torch.tensor([float((OBJECT[2] - OBJECT[0]) * (OBJECT[3] - OBJECT[1]))])
+            if "iscrowd" in t:
+                out["iscrowd"] = torch.zeros(1, dtype=torch.int64)
+            return out
+        return _like_boxes(t, item.box_format, declared)
+    if item.kind == "segmentation":
+        if isinstance(t, Mapping):
+            out = dict(t)
+            key = next(
+                k
+                for k in ("mask", "masks", "semantic_mask", "segmentation", "label_mask", "labels", "label", "target")
+                if k in t
+            )
+            out[key] = _like_mask(t[key])
+            return out
+        return _like_mask(t)
+    return None
+
+
+def _object_extent(img: Any) -> Any:
+    """The bright synthetic object in a transformed image: a boolean (H, W) map, or None when the image is
+    uniform (the object was cropped away, or fills it)."""
+    x = img.double()
+    score = x.sum(0) if x.ndim == 3 else x
+    lo, hi = float(score.min()), float(score.max())
+    if hi - lo < 1e-3 * max(1.0, abs(hi)):
+        return None
+    found = score > (lo + hi) / 2
+    if float(found.double().mean()) > 0.6:
+        return None  # "brighter than the middle" covers most of the image: it is not the object (e.g. erased)
+    return found
+
+
+def _box_of(pixels: Any) -> list[float]:
+    ys, xs = torch.nonzero(pixels, as_tuple=True)
+    return [float(xs.min()), float(ys.min()), float(xs.max()) + 1, float(ys.max()) + 1]
+
+
+def _target_region(out_target: Any, declared: tuple[str, bool] | None, size: tuple[int, int]) -> tuple[str, Any] | None:
+    """('box', xyxy) or ('mask', bool map) of the transformed synthetic target."""
+    probe = V.Item(None, out_target, "synthetic")
+    probe.canvas = None
+    V.parse_target(probe, out_target)
+    if probe.boxes is not None:
+        if not len(probe.boxes):
+            return "box", None
+        fmt = probe.box_format or (declared[0] if declared else "xyxy")
+        normalized = bool(declared and declared[1]) and probe.box_format is None
+        return "box", V.to_xyxy(probe.boxes[:1], fmt, probe.canvas or size, normalized)[0]
+    if probe.mask is not None:
+        return "mask", probe.mask > 0
+    return None
+
+
+def _iou_boxes(a: list[float], b: Any) -> float:
+    from torchvision.ops import box_iou
+
+    return float(box_iou(torch.tensor([a]), b.reshape(1, 4).float())[0, 0])
+
+
+class _Rejected(Exception):
+    pass
+
+
+def _synthetic_trials(dlcheck: Any, tf: Any, template: V.Item, trials: int) -> tuple[list[str], int, str]:
+    declared = V.parse_box_format(dlcheck.role("box_format"))
+    bad: list[str] = []
+    judged = 0
+    kind = ""
+    for trial in range(trials):
+        image, target = _synthetic_image(), _synthetic_target(template, declared)
+        with V.seeded(trial):
+            try:
+                out = tf(image, copy.deepcopy(target))
+            except Exception as exc:  # noqa: BLE001 - a transform that wants other input types: cannot judge
+                raise _Rejected(f"{type(exc).__name__}: {str(exc)[:120]}") from exc
+        if not (isinstance(out, (tuple, list)) and len(out) == 2):
+            return [], 0, ""
+        out_img, _ = V.as_image(out[0])
+        if out_img is None:
+            return [], 0, ""
+        size = (int(out_img.shape[-2]), int(out_img.shape[-1]))
+        region = _target_region(out[1], declared, size)
+        if region is None:
+            return [], 0, ""
+        kind = region[0]
+        obj = _object_extent(out_img)
+        if obj is None:
+            continue  # uniform image: the object fills it or was cropped away; undecidable
+        judged += 1
+        if kind == "box":
+            box = region[1]
+            if box is None or float((box[2] - box[0]) * (box[3] - box[1])) <= 0:
+                iou = 0.0
+                where = "no box"
+            else:
+                iou = _iou_boxes(_box_of(obj), box)
+                where = f"box {V.fmt_box(box)}"
+            if iou < dlcheck.setting("min_iou"):
+                bad.append(
+                    f"trial {trial}: the object is at {V.fmt_box(_box_of(obj))} in the {size[1]}×{size[0]} "
+                    f"output but the target has {where} (IoU {iou:.2f})"
+                )
+        else:
+            mask = region[1]
+            if mask.shape != obj.shape:
+                bad.append(
+                    f"trial {trial}: the output image is {size[1]}×{size[0]} but the mask is "
+                    f"{mask.shape[-1]}×{mask.shape[-2]}"
+                )
+                continue
+            inter = float((mask & obj).sum())
+            union = float((mask | obj).sum())
+            iou = inter / union if union else 1.0
+            if iou < dlcheck.setting("min_iou"):
+                mbox = _box_of(mask) if mask.any() else None
+                bad.append(
+                    f"trial {trial}: the object covers {V.fmt_box(_box_of(obj))} in the output but the mask "
+                    f"covers {V.fmt_box(mbox) if mbox else 'nothing'} (IoU {iou:.2f})"
+                )
+    return bad, judged, kind
+
+
+def _flip_rereads(dlcheck: Any, ds: Any, items: list[V.Item], reads: int) -> list[str]:
+    """Read the same example several times: an image that comes back mirrored while its target stays put
+    is a flip applied to the image only."""
+    role = "dataset" if dlcheck.has("dataset") else "dataloader"
+    for it in items[:2]:
+        if it.position is None:
+            continue
+        got = []
+        for seed in range(reads):
+            with V.seeded(100 + seed):
+                got.append(V.make_item(dlcheck.call(role, lambda p=it.position: ds[p]), f"read {seed}", it.position))
+        base = got[0]
+        if base.image is None or base.pil:
+            continue
+        a = base.image.double().flatten()
+        for other in got[1:]:
+            if other.image is None or other.image.shape != base.image.shape:
+                continue
+            for dim, name in ((-1, "horizontally"), (-2, "vertically")):
+                b = other.image.double()
+                flipped = b.flip(dim).flatten()
+                c_same = float(torch.corrcoef(torch.stack([a, b.flatten()]))[0, 1])
+                c_flip = float(torch.corrcoef(torch.stack([a, flipped]))[0, 1])
+                if not (c_flip > 0.95 and c_same < 0.8):
+                    continue
+                same_target = _same_target(base, other)
+                if same_target:
+                    return [
+                        f"dlcheck_{role}[{it.position}] read {reads} times: one read is the other mirrored "
+                        f"{name} (correlation {c_flip:.2f} after flipping back, {c_same:.2f} before) but its "
+                        f"target is identical: {same_target}"
+                    ]
+    return []
+
+
+def _plain_mask(target: Any) -> bool:
+    if isinstance(target, Mapping):
+        target = next(
+            (
+                target[k]
+                for k in ("mask", "masks", "semantic_mask", "segmentation", "label_mask", "labels", "label", "target")
+                if k in target
+            ),
+            None,
+        )
+    return type(target) is torch.Tensor
+
+
+def _same_target(a: V.Item, b: V.Item) -> str:
+    if a.boxes is not None and b.boxes is not None and a.boxes.shape == b.boxes.shape and len(a.boxes):
+        if torch.allclose(a.boxes, b.boxes):
+            return f"boxes {V.fmt_box(a.boxes[0])}{' …' if len(a.boxes) > 1 else ''} in both"
+        return ""
+    if a.mask is not None and b.mask is not None and a.mask.shape == b.mask.shape:
+        if torch.equal(a.mask, b.mask) and not torch.equal(a.mask, a.mask.flip(-1)):
+            return "the same mask in both"
+    return ""
+
+
+@check(
+    "V8",
+    domain="vision",
+    title="geometric augmentation moves the image but not its target",
+    optional_roles=("dataset", "dataloader", "train_transform", "box_format"),
+    settings=(
+        Setting(
+            "trials",
+            8,
+            "seeded passes of the synthetic image through the train transform; a p=0.5 flip is "
+            "missed by all 8 with probability 1/256",
+        ),
+        Setting(
+            "min_iou",
+            0.5,
+            "IoU between the object found in the transformed image and its transformed box/mask "
+            "below which they no longer match (crops and resizes keep it near 1)",
+        ),
+        Setting("rereads", 6, "reads of one dataset example used to spot an image mirrored while its target stays"),
+    ),
+)
+def check_geometric_target(dlcheck):
+    """Flips, crops, resizes and rotations move the boxes/masks together with the image.
+
+    What it does
+        Builds a synthetic 128×96 image with one bright rectangle at a known place and a target of the
+        same structure and types as a sampled one (a dict with tv_tensors.BoundingBoxes or plain boxes,
+        a Mask…), passes both 8 times (seeded) through the joint train transform (dlcheck_train_transform,
+        or the dataset's torchvision ``transforms``, a StandardTransform when transform/target_transform
+        were given separately), finds the object in each output image and fails when its transformed
+        box or mask no longer covers it (IoU < 0.5). Also re-reads one sampled example 6 times and fails
+        when the image comes back mirrored while the target stays identical (a custom dataset flipping
+        only the image).
+    Why it is bad
+        A flip applied to the image only teaches the detector that objects sit where they are not: half
+        the training boxes are wrong, silently. The same happens to plain-tensor boxes with transforms v2
+        (they pass through untouched) and to masks not wrapped as tv_tensors.Mask.
+    Example
+        VOCDetection(root, transform=T.RandomHorizontalFlip())     # image only; boxes stay
+        target = {"boxes": torch.tensor(boxes), ...}; T.RandomHorizontalFlip()(img, target)   # plain boxes untouched
+    Use instead
+        a joint transform: dataset(transforms=T.Compose([T.RandomHorizontalFlip(), ...])) with boxes wrapped as
+        tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(H, W)) and masks as tv_tensors.Mask
+        (or torchvision.datasets.wrap_dataset_for_transforms_v2(dataset)).
+    Known problems
+        A custom dataset whose transform attribute is applied to the image only cannot be told from a joint
+        one by calling it; only the re-read test sees its flips (not its crops). A transform that rejects a
+        PIL image with the synthetic target skips. Classification has no spatial target (skip).
+    """
+    sample = V.get_vision_sample(dlcheck, "train")
+    spatial = [i for i in sample.items if i.kind in ("detection", "segmentation")]
+    if not spatial:
+        dlcheck.skip(f"the sampled targets have no boxes or masks ({sample.task}): nothing to move with the image")
+    spatial = [i for i in spatial if i.mask_as_image is None]
+    if not spatial:
+        dlcheck.skip("the sampled masks come out of the transform as images: V5 owns that; fix it first")
+    template = next((i for i in spatial if (i.boxes is not None and len(i.boxes)) or i.mask is not None), spatial[0])
+    ds = V.map_dataset(dlcheck, "train")
+    if sample.role == "dataloader" and ds is not None and len(ds):
+        # collation turns tv_tensors into plain tensors: take the target types from the dataset itself
+        role = "dataset" if dlcheck.has("dataset") else "dataloader"
+        with preserved_rng():
+            raw = V.make_item(dlcheck.call(role, lambda: ds[0]), "dlcheck_dataloader.dataset[0]", 0)
+        if raw.kind == template.kind and raw.mask_as_image is None:
+            template = raw
+    evidence: list[str] = []
+    cause = fix = ""
+    judged_any = False
+
+    tf = dlcheck.role("train_transform")
+    base = V.base_dataset(ds) if ds is not None else None
+    ambiguous = (
+        base is not None
+        and tf is getattr(base, "transform", None)
+        and getattr(base, "transforms", None) is None
+        and not V.user_defined(dlcheck, "train_transform")
+    )
+    rejected = ""
+    if tf is not MISSING and not ambiguous:
+        try:
+            bad, judged, kind = _synthetic_trials(dlcheck, tf, template, dlcheck.setting("trials"))
+        except _Rejected as exc:
+            bad, judged, kind = [], 0, ""
+            rejected = f"; the train transform rejects a synthetic (PIL image, target) pair ({exc})"
+        if judged:
+            judged_any = True
+        if bad:
+            evidence.append(
+                f"synthetic {W}×{H} image, object at {V.fmt_box(OBJECT)} with a matching "
+                f"{'box' if kind == 'box' else 'mask'} ({type(_synthetic_target(template, None)).__name__} "
+                f"target shaped like {template.where}), through the train transform {judged} times:"
+            )
+            evidence += [f"  {b}" for b in bad[:3]]
+            evidence.append(f"{len(bad)} of {judged} trials leave the target behind; train transform: {V.pipeline(tf)}")
+            if type(tf).__name__ == "StandardTransform":
+                cause = (
+                    "the dataset was given transform= (image only) with target_transform="
+                    f"{V.short(tf.target_transform, 40) if tf.target_transform is not None else 'None'}: "
+                    "geometric transforms move the image and leave the target where it was"
+                )
+                fix = (
+                    "pass a joint transforms=T.Compose([...]) to the dataset instead of transform=, with boxes as "
+                    "tv_tensors.BoundingBoxes / masks as tv_tensors.Mask (or torchvision.datasets."
+                    "wrap_dataset_for_transforms_v2(dataset))"
+                )
+            elif kind == "box" and template.box_format is None:
+                cause = (
+                    "the boxes are plain tensors, which transforms v2 pass through untouched while the image "
+                    "is flipped/cropped/resized"
+                )
+                fix = (
+                    "wrap them: target['boxes'] = tv_tensors.BoundingBoxes(boxes, format='XYXY', "
+                    "canvas_size=(H, W)) before the transform"
+                )
+            elif kind == "mask" and _plain_mask(template.target):
+                cause = "the masks are plain tensors, which transforms v2 pass through untouched while the image moves"
+                fix = "wrap them: tv_tensors.Mask(mask) before the transform"
+            else:
+                cause = "the train transform moves the image but does not apply the same geometry to the target"
+                fix = (
+                    "use one joint torchvision v2 transform on (image, target) with tv_tensors.BoundingBoxes / "
+                    "tv_tensors.Mask targets, so every geometric op is applied to both with the same parameters"
+                )
+    if not evidence and ds is not None and len(ds):
+        positioned = [i for i in spatial if i.position is not None]
+        if not positioned:  # sampled from the dataloader: take the first examples of its dataset
+            positioned = [V.Item(None, None, "", p) for p in range(min(2, len(ds)))]
+        reread = dlcheck.memo(
+            ds, "vision:V8:reread", lambda: _flip_rereads(dlcheck, ds, positioned, dlcheck.setting("rereads"))
+        )
+        judged_any = True
+        if reread:
+            evidence += reread
+            cause = "the dataset flips the image but not its boxes/masks"
+            fix = (
+                "apply the flip to image and target together: a joint torchvision v2 transform on (image, target) "
+                "with tv_tensors.BoundingBoxes / tv_tensors.Mask targets"
+            )
+    if evidence:
+        dlcheck.fail(evidence, cause, fix)
+    if not judged_any:
+        dlcheck.skip(
+            "missing role: define fixture dlcheck_train_transform (a joint transform(image, target)) in "
+            "conftest.py, or hand over a map-style dlcheck_dataset" + rejected
+        )

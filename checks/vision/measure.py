@@ -1,0 +1,1041 @@
+"""Shared vision measurement: a bounded sample of (image, target) examples from the user's dataset or
+dataloader, understood whatever its shape (tuples, dicts, torchvision ``tv_tensors``, COCO annotation
+lists, HF ``pixel_values`` batches), plus what the vision checks share: per-channel image statistics,
+transform introspection, box formats, the normalisation a model declares, the number of classes.
+
+Everything here is imported only when a vision check runs; torch/torchvision are imported lazily so
+that importing this module costs nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import itertools
+import math
+import random
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...errors import MISSING, RoleError
+from ...guard import eval_mode, preserved_dataloader, preserved_rng
+from ...sampling import sample_rows
+
+IMAGE_KEYS = ("image", "img", "pixel_values", "images", "imgs", "input", "inputs", "x")
+TARGET_KEYS = (
+    "target",
+    "targets",
+    "label",
+    "labels",
+    "mask",
+    "masks",
+    "segmentation",
+    "semantic_mask",
+    "label_mask",
+    "y",
+    "class",
+    "category",
+)
+BOX_FORMATS = ("xyxy", "xywh", "cxcywh")
+#: an image-shaped target with at most this many distinct values is a class mask, not a photo
+MAX_MASK_VALUES = 64
+
+
+class VisionSampleError(Exception):
+    """The data cannot be read as (image, target) examples; the checks skip with this reason."""
+
+
+# --------------------------------------------------------------------------------------------------
+# one example
+
+
+@dataclass
+class Item:
+    """One sampled example, as the model receives it (after the dataset's transform)."""
+
+    image: Any  # torch.Tensor (C, H, W) or None
+    target: Any  # the target exactly as the data gives it
+    where: str  # "dlcheck_dataset[5]" / "batch 0 item 3 of dlcheck_dataloader"
+    position: int | None = None
+    pil: bool = False  # the image came as a PIL image (not yet a tensor)
+    label: int | None = None  # classification
+    soft: bool = False  # classification with a soft / one-hot target
+    boxes: Any = None  # (N, 4) float tensor, values as given
+    box_format: str | None = None  # "xyxy"/"xywh"/"cxcywh" when the data says (BoundingBoxes, COCO lists)
+    format_source: str = ""  # what says so
+    canvas: tuple[int, int] | None = None  # (H, W) the boxes live on
+    labels: Any = None  # detection labels (N,)
+    mask: Any = None  # (H, W) int64 segmentation mask
+    mask_as_image: Any = None  # a mask that went through the transform as an image (few distinct float values)
+
+    @property
+    def kind(self) -> str:
+        if self.boxes is not None:
+            return "detection"
+        if self.mask is not None or self.mask_as_image is not None:
+            return "segmentation"
+        if self.label is not None or self.soft:
+            return "classification"
+        return "unknown"
+
+    @property
+    def size(self) -> tuple[int, int] | None:
+        if self.canvas is not None:
+            return self.canvas
+        if self.image is not None and getattr(self.image, "ndim", 0) >= 2:
+            return int(self.image.shape[-2]), int(self.image.shape[-1])
+        if self.mask is not None:
+            return int(self.mask.shape[-2]), int(self.mask.shape[-1])
+        return None
+
+
+@dataclass
+class VisionSample:
+    items: list[Item]
+    source: str  # "8 examples of dlcheck_dataset"
+    role: str  # the role read: dataset / dataloader / eval_dataset / eval_dataloader
+    dataset: Any = None  # the map-style dataset behind the sample, when there is one
+    batch_size: int | None = None
+    task: str = "unknown"
+    notes: list[str] = field(default_factory=list)
+
+    def of_kind(self, kind: str) -> list[Item]:
+        return [i for i in self.items if i.kind == kind]
+
+    @property
+    def images(self) -> list[Any]:
+        return [i.image for i in self.items if i.image is not None]
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def as_image(x: Any) -> tuple[Any, bool]:
+    """An image as a (C, H, W) tensor, and whether it was a PIL image; (None, False) if it is not one."""
+    torch = _torch()
+    if _is_pil(x):
+        from torchvision.transforms.functional import pil_to_tensor
+
+        return pil_to_tensor(x.convert("RGB") if x.mode not in ("RGB", "L") else x), True
+    if type(x).__module__ == "numpy":
+        x = torch.from_numpy(x)
+        if x.ndim == 3 and x.shape[-1] in (1, 3, 4) and x.shape[0] not in (1, 3, 4):
+            x = x.permute(2, 0, 1)
+    if isinstance(x, torch.Tensor):
+        x = x.as_subclass(torch.Tensor)
+        if x.ndim == 2:
+            x = x[None]
+        if x.ndim == 3:
+            return x, False
+    return None, False
+
+
+def _is_pil(x: Any) -> bool:
+    return type(x).__module__.startswith("PIL.") and hasattr(x, "getbands")
+
+
+def _plain(t: Any) -> Any:
+    torch = _torch()
+    return t.as_subclass(torch.Tensor) if isinstance(t, torch.Tensor) else t
+
+
+def parse_target(item: Item, target: Any) -> None:
+    """Fill the item's task fields from its target, whatever its shape."""
+    torch = _torch()
+    from torchvision import tv_tensors
+
+    if isinstance(target, tv_tensors.BoundingBoxes):
+        item.boxes = _plain(target).float().reshape(-1, 4)
+        item.box_format = _fmt_name(target.format)
+        item.format_source = f"tv_tensors.BoundingBoxes(format={item.box_format.upper()})"
+        item.canvas = tuple(int(v) for v in target.canvas_size)
+        return
+    if isinstance(target, tv_tensors.Mask):
+        item.mask = _mask(target)
+        return
+    if isinstance(target, tv_tensors.Image) or (
+        isinstance(target, torch.Tensor)
+        and target.ndim == 3
+        and target.is_floating_point()
+        and item.image is not None
+        and tuple(target.shape[-2:]) == tuple(item.image.shape[-2:])
+    ):
+        # an image-shaped target: a mask that the transform treated as an image has few distinct values
+        if torch.unique(_plain(target)).numel() <= MAX_MASK_VALUES:
+            item.mask_as_image = _plain(target)
+        return
+    if isinstance(target, Mapping):
+        boxes = next((target[k] for k in ("boxes", "bboxes", "bbox") if k in target), None)
+        if boxes is not None:
+            if isinstance(boxes, tv_tensors.BoundingBoxes):
+                item.box_format = _fmt_name(boxes.format)
+                item.format_source = f"tv_tensors.BoundingBoxes(format={item.box_format.upper()})"
+                item.canvas = tuple(int(v) for v in boxes.canvas_size)
+            item.boxes = torch.as_tensor(_plain(boxes), dtype=torch.float32).reshape(-1, 4)
+            labels = next((target[k] for k in ("labels", "label", "class_labels", "category_id") if k in target), None)
+            if labels is not None:
+                item.labels = torch.as_tensor(_plain(labels)).reshape(-1).long()
+            return
+        for key in ("mask", "masks", "semantic_mask", "segmentation", "label_mask", "labels", "label", "target"):
+            if key in target:
+                parse_target(item, target[key])
+                return
+        return
+    if isinstance(target, (list, tuple)) and target and all(isinstance(a, Mapping) and "bbox" in a for a in target):
+        # raw COCO annotations: bbox is [x, y, w, h] by the COCO spec
+        item.boxes = torch.tensor([list(a["bbox"]) for a in target], dtype=torch.float32).reshape(-1, 4)
+        item.box_format = "xywh"
+        item.format_source = "the COCO annotation spec (bbox = [x, y, w, h])"
+        item.labels = torch.tensor([int(a.get("category_id", 0)) for a in target]).long()
+        return
+    if isinstance(target, (list, tuple)) and not target:
+        return
+    if _is_pil(target):
+        import numpy as np
+
+        item.mask = torch.from_numpy(np.array(target)).long()
+        if item.mask.ndim == 3:
+            item.mask = None
+        return
+    if isinstance(target, bool):
+        return
+    if isinstance(target, int) or type(target).__module__ == "numpy" and getattr(target, "ndim", 1) == 0:
+        item.label = int(target)
+        return
+    if isinstance(target, torch.Tensor):
+        t = _plain(target)
+        if t.numel() == 1 and t.ndim <= 1 and not t.is_floating_point():
+            item.label = int(t.reshape(()).item())
+        elif t.ndim == 1 and t.is_floating_point():
+            item.soft = True
+        elif t.ndim >= 2 and not t.is_floating_point():
+            item.mask = _mask(t)
+        elif t.ndim >= 2 and t.is_floating_point() and item.image is not None and t.shape[-2:] == item.image.shape[-2:]:
+            item.mask = _mask(t)  # a float mask: V5 will show its values
+        return
+
+
+def _mask(t: Any) -> Any:
+    t = _plain(t)
+    if t.ndim == 3 and t.shape[0] == 1:
+        t = t[0]
+    return t if t.ndim == 2 else None
+
+
+def type_name(obj: Any) -> str:
+    """``tv_tensors.Image``, ``Tensor``, ``PIL Image``… for evidence lines."""
+    mod = type(obj).__module__
+    if mod.startswith("torchvision.tv_tensors"):
+        return f"tv_tensors.{type(obj).__name__}"
+    if mod.startswith("PIL."):
+        return "PIL image"
+    return type(obj).__name__
+
+
+def _fmt_name(fmt: Any) -> str:
+    return str(getattr(fmt, "name", fmt)).lower()
+
+
+def make_item(example: Any, where: str, position: int | None = None) -> Item:
+    if isinstance(example, Mapping):
+        ikey = next((k for k in IMAGE_KEYS if k in example), None)
+        image = example.get(ikey) if ikey else None
+        rest = {k: v for k, v in example.items() if k != ikey}
+        if any(k in rest for k in ("boxes", "bboxes", "bbox")):
+            target = rest
+        else:
+            tkey = next((k for k in TARGET_KEYS if k in rest), None)
+            target = rest[tkey] if tkey else None
+    elif isinstance(example, (list, tuple)) and len(example) >= 2:
+        image, target = example[0], example[1]
+    else:
+        raise VisionSampleError(
+            f"{where} is a {type(example).__name__}, not an (image, target) pair or a dict with an image"
+        )
+    tensor, pil = as_image(image)
+    item = Item(tensor, target, where, position, pil=pil)
+    parse_target(item, target)
+    return item
+
+
+def _rows_of(value: Any, n: int) -> list[Any] | None:
+    torch = _torch()
+    if isinstance(value, torch.Tensor) and value.ndim >= 1 and len(value) == n:
+        return list(value)
+    if isinstance(value, (list, tuple)) and len(value) == n:
+        return list(value)
+    return None
+
+
+def unbatch(batch: Any, where: str) -> list[tuple[Any, Any]]:
+    """The examples of one collated batch, as (image, target) pairs."""
+    torch = _torch()
+    if isinstance(batch, Mapping):
+        ikey = next((k for k in IMAGE_KEYS if k in batch), None)
+        if ikey is None:
+            raise VisionSampleError(f"{where} has no image field (keys: {', '.join(map(str, batch))})")
+        images = batch[ikey]
+        n = len(images)
+        per_key = {k: _rows_of(v, n) for k, v in batch.items() if k != ikey}
+        per_key = {k: v for k, v in per_key.items() if v is not None}
+        out = []
+        for i in range(n):
+            out.append((images[i], {k: v[i] for k, v in per_key.items()}))
+        return out
+    if isinstance(batch, (list, tuple)) and len(batch) >= 2:
+        images, targets = batch[0], batch[1]
+        column = isinstance(images, (list, tuple)) and all(_image_like(x) for x in images)
+        if isinstance(images, torch.Tensor) and images.ndim == 4 or column:
+            n = len(images)
+            if isinstance(targets, Mapping):
+                cols = {k: _rows_of(v, n) for k, v in targets.items()}
+                rows = [{k: v[i] for k, v in cols.items() if v is not None} for i in range(n)]
+            else:
+                rows = _rows_of(targets, n)
+            if rows is None:
+                raise VisionSampleError(f"{where}: {n} images but targets of type {type(targets).__name__}")
+            return list(zip(list(images), rows))
+    if isinstance(batch, (list, tuple)) and batch and all(isinstance(b, (list, tuple)) and len(b) >= 2 for b in batch):
+        return [(b[0], b[1]) for b in batch]  # a list of examples (collate_fn=list)
+    raise VisionSampleError(
+        f"{where} is a {type(batch).__name__}: expected (images, targets) or a dict with pixel_values"
+    )
+
+
+def _image_like(x: Any) -> bool:
+    torch = _torch()
+    return _is_pil(x) or isinstance(x, torch.Tensor) and x.ndim == 3
+
+
+def base_dataset(ds: Any) -> Any:
+    """Through Subset / torchvision's tv_tensors wrapper to the dataset that owns the transforms."""
+    seen = 0
+    while seen < 10:
+        seen += 1
+        if type(ds).__name__ == "Subset" and hasattr(ds, "dataset") and hasattr(ds, "indices"):
+            ds = ds.dataset
+            continue
+        inner = getattr(ds, "_dataset", None) if type(ds).__name__ == "VisionDatasetTVTensorWrapper" else None
+        if inner is not None:
+            return ds  # the wrapper holds the transforms it took from the inner dataset
+        break
+    return ds
+
+
+def user_defined(ctx: Any, name: str) -> bool:
+    """Whether the user's conftest defines ``dlcheck_<name>`` (not derived)."""
+    import pytest
+
+    try:
+        ctx.request.getfixturevalue(f"dlcheck_{name}")
+    except pytest.FixtureLookupError:
+        return False
+    return True
+
+
+def split_roles(split: str) -> tuple[str, str]:
+    return ("dataset", "dataloader") if split == "train" else ("eval_dataset", "eval_dataloader")
+
+
+def data_source(ctx: Any, split: str = "train") -> tuple[str, Any]:
+    """(role, object) of the data a split can be read from: the dataset, else the dataloader."""
+    ds_role, dl_role = split_roles(split)
+    ds = ctx.role(ds_role)
+    if ds is not MISSING:
+        return ds_role, ds
+    dl = ctx.role(dl_role)
+    if dl is not MISSING:
+        return dl_role, dl
+    return "", MISSING
+
+
+def map_dataset(ctx: Any, split: str = "train") -> Any:
+    """A map-style dataset for the split: the dataset role, or the dataloader's own dataset."""
+    ds_role, dl_role = split_roles(split)
+    ds = ctx.role(ds_role)
+    if ds is MISSING:
+        dl = ctx.role(dl_role)
+        ds = getattr(dl, "dataset", None) if dl is not MISSING else None
+    if ds is None or ds is MISSING:
+        return None
+    try:
+        len(ds)
+    except TypeError:
+        return None
+    return ds if hasattr(ds, "__getitem__") else None
+
+
+def missing_data_reason(split: str = "train") -> str:
+    ds_role, dl_role = split_roles(split)
+    return f"missing role: define fixture dlcheck_{dl_role} or dlcheck_{ds_role} in conftest.py"
+
+
+def _read_dataset(dataset: Any, n: int, role: str) -> tuple[list[Item], list[int] | None]:
+    rows, positions = sample_rows(dataset, n, role)
+    items = []
+    for k, row in enumerate(rows):
+        pos = positions[k] if positions is not None else k
+        items.append(make_item(row, f"dlcheck_{role}[{pos}]", pos))
+    return items, positions
+
+
+def _read_loader(loader: Any, n: int, role: str) -> list[Item]:
+    from ...session import user_call
+
+    items: list[Item] = []
+    with preserved_dataloader(loader):
+        it = user_call(role, lambda: iter(loader))
+        b = 0
+        while len(items) < n and b < n:
+            batch = user_call(role, lambda: next(it, None))
+            if batch is None:
+                break
+            for i, (image, target) in enumerate(unbatch(batch, f"batch {b} of dlcheck_{role}")):
+                items.append(make_item((image, target), f"dlcheck_{role} batch {b} item {i}"))
+            b += 1
+        it = None  # stop worker processes now
+    return items[:n]
+
+
+def loader_batch_size(loader: Any) -> int | None:
+    bs = getattr(loader, "batch_size", None)
+    if bs is None:
+        bs = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return int(bs) if isinstance(bs, int) else None
+
+
+def _task(items: list[Item]) -> str:
+    kinds = [i.kind for i in items if i.kind != "unknown"]
+    if not kinds:
+        return "unknown"
+    return max(set(kinds), key=kinds.count)
+
+
+def get_vision_sample(ctx: Any, split: str = "train", required: bool = True) -> VisionSample | None:
+    """The shared, memoised sample of (image, target) examples of a split. Reads the dataset (at
+    ``ctx.samples`` spread positions) when it yields tensors, else the dataloader's first batches.
+    Skips (``required``) or returns None when there is no data or it cannot be read."""
+    ds_role, dl_role = split_roles(split)
+    ds, dl = ctx.role(ds_role), ctx.role(dl_role)
+    if ds is MISSING and dl is MISSING:
+        if required:
+            ctx.skip(missing_data_reason(split))
+        return None
+    n = ctx.samples
+    sources = tuple(o for o in (ds, dl) if o is not MISSING)
+
+    def make() -> VisionSample:
+        with preserved_rng():
+            if ds is not MISSING:
+                items, _ = _read_dataset(ds, n, ds_role)
+                if not items:
+                    raise VisionSampleError(f"dlcheck_{ds_role} is empty")
+                untensored = all(i.image is None or i.pil for i in items)
+                if not (untensored and dl is not MISSING):
+                    sample = VisionSample(items, f"{len(items)} examples of dlcheck_{ds_role}", ds_role, ds)
+                    if untensored:
+                        sample.notes.append(f"dlcheck_{ds_role} yields PIL images, not tensors")
+                    return sample
+            items = _read_loader(dl, n, dl_role)
+            if not items:
+                raise VisionSampleError(f"dlcheck_{dl_role} yielded no batch")
+            return VisionSample(
+                items, f"{len(items)} examples from batches of dlcheck_{dl_role}", dl_role, getattr(dl, "dataset", None)
+            )
+
+    result = ctx.memo(sources, f"vision:sample:{split}:{n}", lambda: _capture(make))
+    if isinstance(result, BaseException):
+        if isinstance(result, VisionSampleError):
+            if required:
+                ctx.skip(str(result))
+            return None
+        raise result
+    if dl is not MISSING:
+        result.batch_size = loader_batch_size(dl)
+    result.task = _task(result.items)
+    return result
+
+
+def _capture(make: Callable[[], Any]) -> Any:
+    try:
+        return make()
+    except (VisionSampleError, RoleError) as exc:
+        return exc
+
+
+# --------------------------------------------------------------------------------------------------
+# image statistics
+
+
+@dataclass
+class Stats:
+    mean: list[float]
+    std: list[float]
+    min: float
+    max: float
+    dtype: str
+    n: int
+
+    @property
+    def absmax(self) -> float:
+        return max(abs(self.min), abs(self.max))
+
+    def describe(self) -> str:
+        return (
+            f"dtype {self.dtype}, per-channel mean ({fmt_seq(self.mean)}) std ({fmt_seq(self.std)}), "
+            f"range {self.min:.3g} to {self.max:.3g}"
+        )
+
+
+def fmt_num(v: float) -> str:
+    if v == 0:
+        return "0"
+    if abs(v) >= 100:
+        return f"{v:.1f}"
+    return f"{v:.3g}"
+
+
+def fmt_seq(values: Any) -> str:
+    return ", ".join(fmt_num(float(v)) for v in values)
+
+
+def channel_stats(images: list[Any]) -> Stats | None:
+    """Per-channel mean/std and the overall range of some (C, H, W) images (all of one channel count)."""
+    torch = _torch()
+    imgs = [i for i in images if isinstance(i, torch.Tensor) and i.ndim == 3]
+    if not imgs:
+        return None
+    c = imgs[0].shape[0]
+    imgs = [i for i in imgs if i.shape[0] == c]
+    dtype = str(imgs[0].dtype).removeprefix("torch.")
+    flat = torch.cat([i.detach().to("cpu", torch.float64).reshape(c, -1) for i in imgs], dim=1)
+    return Stats(flat.mean(1).tolist(), flat.std(1).tolist(), float(flat.min()), float(flat.max()), dtype, len(imgs))
+
+
+# --------------------------------------------------------------------------------------------------
+# transforms
+
+
+def transform_children(t: Any) -> list[Any]:
+    kids: list[Any] = []
+    name = type(t).__name__
+    if name == "StandardTransform":
+        return [x for x in (t.transform, t.target_transform) if x is not None]
+    inner = getattr(t, "transforms", None)
+    if isinstance(inner, (list, tuple)) or type(inner).__name__ in ("ModuleList", "Sequential"):
+        kids.extend(list(inner))
+    elif callable(inner) and inner is not t:
+        kids.append(inner)
+    if not kids and type(t).__name__ == "Sequential":
+        kids.extend(list(t.children()))
+    for attr in ("transform", "base_transform"):
+        sub = getattr(t, attr, None)
+        if sub is not None and callable(sub) and sub is not t and not kids and not inspect.ismethod(sub):
+            kids.append(sub)
+    return kids
+
+
+def walk_transforms(t: Any, depth: int = 0) -> Iterator[Any]:
+    if t is None or t is MISSING or depth > 12:
+        return
+    kids = transform_children(t)
+    if not kids:
+        yield t
+        return
+    yield t
+    for k in kids:
+        yield from walk_transforms(k, depth + 1)
+
+
+def image_transform(t: Any) -> Any:
+    """The part of a (joint) transform that touches the image."""
+    if type(t).__name__ == "StandardTransform":
+        return t.transform
+    return t
+
+
+def find_normalize(t: Any) -> tuple[list[float], list[float], Any] | None:
+    for leaf in walk_transforms(image_transform(t)):
+        if type(leaf).__name__ in ("Normalize", "NormalizeImage") and hasattr(leaf, "mean") and hasattr(leaf, "std"):
+            return [float(v) for v in _seq(leaf.mean)], [float(v) for v in _seq(leaf.std)], leaf
+    return None
+
+
+def _seq(v: Any) -> list[Any]:
+    if hasattr(v, "tolist"):
+        v = v.tolist()
+    if isinstance(v, (int, float)):
+        return [v]
+    return list(v)
+
+
+RANDOM_NAMES = {
+    "ColorJitter",
+    "RandAugment",
+    "TrivialAugmentWide",
+    "AutoAugment",
+    "AugMix",
+    "GaussianBlur",
+    "GaussianNoise",
+    "ElasticTransform",
+    "MixUp",
+    "CutMix",
+    "ScaleJitter",
+    "JPEG",
+}
+
+
+def random_transforms(t: Any) -> list[Any]:
+    out = []
+    for leaf in walk_transforms(image_transform(t)):
+        name = type(leaf).__name__
+        if name.startswith("Random") or name in RANDOM_NAMES:
+            p = getattr(leaf, "p", None)
+            if isinstance(p, (int, float)) and p == 0:
+                continue
+            out.append(leaf)
+    return out
+
+
+def short(t: Any, width: int = 90) -> str:
+    text = " ".join(repr(t).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def pipeline(t: Any) -> str:
+    """A one-line description of a transform pipeline: leaf class names in order."""
+    leaves = [leaf for leaf in walk_transforms(t) if not transform_children(leaf)]
+    names = []
+    for leaf in leaves:
+        name = type(leaf).__name__
+        if name == "ToDtype":
+            dt = getattr(leaf, "dtype", None)
+            dt = str(dt).removeprefix("torch.") if not isinstance(dt, Mapping) else "…"
+            name = f"ToDtype({dt}, scale={getattr(leaf, 'scale', False)})"
+        elif name == "Normalize":
+            name = f"Normalize(mean=({fmt_seq(_seq(leaf.mean))}), std=({fmt_seq(_seq(leaf.std))}))"
+        names.append(name)
+    return " → ".join(names) if names else type(t).__name__
+
+
+def synthetic_pil(width: int = 96, height: int = 96, seed: int = 0) -> Any:
+    """A deterministic noise RGB image, like a decoded photo (uint8)."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8), "RGB")
+
+
+def apply_image_transform(t: Any, image: Any) -> Any:
+    """Run a (possibly joint) transform on an image alone; returns the transformed image."""
+    if type(t).__name__ == "StandardTransform":
+        return t.transform(image) if t.transform is not None else image
+    out = t(image)
+    if isinstance(out, tuple) and len(out) == 2 and not _looks_like_image(out):
+        out = out[0]
+    return out
+
+
+def _looks_like_image(x: Any) -> bool:
+    return as_image(x)[0] is not None
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Seed python/numpy/torch for one reproducible draw, restoring the states afterwards."""
+    torch = _torch()
+    with preserved_rng():
+        random.seed(seed)
+        torch.manual_seed(seed)
+        try:
+            import numpy as np
+
+            np.random.seed(seed)
+        except ImportError:
+            pass
+        yield
+
+
+# --------------------------------------------------------------------------------------------------
+# boxes
+
+
+def parse_box_format(text: Any) -> tuple[str, bool] | None:
+    """'xyxy', 'XYWH', 'cxcywh-normalized', BoundingBoxFormat.XYXY… -> (format, normalized)."""
+    if text is None or text is MISSING:
+        return None
+    s = _fmt_name(text).lower().replace("_", "").replace("-", "").replace(" ", "")
+    normalized = "norm" in s or "relative" in s or "rel" == s[:3]
+    for f in ("cxcywh", "xyxy", "xywh"):
+        if f in s:
+            return f, normalized
+    return None
+
+
+def to_xyxy(boxes: Any, fmt: str, size: tuple[int, int] | None = None, normalized: bool = False) -> Any:
+    from torchvision.ops import box_convert
+
+    b = _plain(boxes).float().reshape(-1, 4)
+    if normalized and size is not None:
+        h, w = size
+        b = b * b.new_tensor([w, h, w, h])
+    return box_convert(b, fmt, "xyxy") if fmt != "xyxy" else b.clone()
+
+
+def box_problems(xyxy: Any, size: tuple[int, int] | None, tol: float) -> list[str]:
+    """Why each xyxy box is invalid ('' when valid): positive width/height, inside the image."""
+    out = []
+    for x1, y1, x2, y2 in xyxy.tolist():
+        why = []
+        if not (x2 > x1):
+            why.append("x2 <= x1")
+        if not (y2 > y1):
+            why.append("y2 <= y1")
+        if size is not None:
+            h, w = size
+            tx, ty = tol * w + 1.0, tol * h + 1.0
+            if min(x1, x2) < -tx or min(y1, y2) < -ty:
+                why.append("starts left/above the image")
+            if max(x1, x2) > w + tx or max(y1, y2) > h + ty:
+                why.append(f"ends outside the {w}×{h} image")
+        out.append(", ".join(why))
+    return out
+
+
+def fmt_box(b: Any) -> str:
+    return "[" + ", ".join(f"{float(v):.1f}" for v in _seq(b)) + "]"
+
+
+def is_tv_detection(model: Any) -> bool:
+    mod = type(model).__module__
+    return mod.startswith("torchvision.models.detection") and hasattr(model, "transform") and hasattr(model, "backbone")
+
+
+def is_rcnn(model: Any) -> bool:
+    return is_tv_detection(model) and hasattr(model, "roi_heads") and hasattr(model, "rpn")
+
+
+def model_name(model: Any) -> str:
+    cfg = getattr(model, "pretrained_cfg", None)
+    arch = cfg.get("architecture") if isinstance(cfg, Mapping) else None
+    return f"{type(model).__name__}" + (f" ({arch})" if arch and arch.lower() != type(model).__name__.lower() else "")
+
+
+# --------------------------------------------------------------------------------------------------
+# what the model expects
+
+
+@dataclass
+class Declared:
+    mean: list[float] | None
+    std: list[float] | None
+    source: str
+    internal: bool = False  # the model normalises its inputs itself (torchvision detection)
+
+
+def declared_normalization(ctx: Any) -> Declared | None:
+    """The input normalisation the model declares, read offline from what the library ships."""
+    model = ctx.role("model")
+    if model is not MISSING and is_tv_detection(model):
+        t = model.transform
+        return Declared(
+            list(map(float, t.image_mean)),
+            list(map(float, t.image_std)),
+            f"{type(model).__name__}.transform (GeneralizedRCNNTransform) normalises inputs itself",
+            True,
+        )
+    weights = ctx.role("weights")
+    if weights is not MISSING:
+        try:
+            tf = weights.transforms()
+        except Exception:  # noqa: BLE001 - a weights object without transforms
+            tf = None
+        mean, std = getattr(tf, "mean", None), getattr(tf, "std", None)
+        if mean is not None and std is not None:
+            return Declared(list(map(float, mean)), list(map(float, std)), f"dlcheck_weights {weights}.transforms()")
+    proc = ctx.role("image_processor")
+    if proc is not MISSING and getattr(proc, "image_mean", None) is not None:
+        if getattr(proc, "do_normalize", True):
+            return Declared(
+                list(map(float, _seq(proc.image_mean))),
+                list(map(float, _seq(proc.image_std))),
+                f"{type(proc).__name__}.image_mean/image_std",
+            )
+    if model is not MISSING:
+        cfg = getattr(model, "pretrained_cfg", None)
+        if isinstance(cfg, Mapping) and cfg.get("mean") is not None and cfg.get("std") is not None:
+            tag = cfg.get("architecture", "") + ("." + cfg["tag"] if cfg.get("tag") else "")
+            return Declared(
+                list(map(float, cfg["mean"])),
+                list(map(float, cfg["std"])),
+                f"timm pretrained_cfg of {tag or type(model).__name__}",
+            )
+    return None
+
+
+def head_classes(model: Any) -> tuple[int | None, str]:
+    """The number of classes a model's head predicts, from its structure (no forward pass)."""
+    if model is MISSING or model is None:
+        return None, ""
+    torch = _torch()
+    nn = torch.nn
+    if is_rcnn(model):
+        pred = getattr(model.roi_heads, "box_predictor", None)
+        cls = getattr(pred, "cls_score", None)
+        if isinstance(cls, nn.Linear):
+            return cls.out_features, "roi_heads.box_predictor.cls_score.out_features (background included)"
+    if is_tv_detection(model):
+        head = getattr(getattr(model, "head", None), "classification_head", None)
+        n = getattr(head, "num_classes", None)
+        if isinstance(n, int):
+            return n, "head.classification_head.num_classes (background included)"
+    if type(model).__module__.startswith("timm.") and isinstance(getattr(model, "num_classes", None), int):
+        return model.num_classes, "timm model.num_classes"
+    cfg = getattr(model, "config", None)
+    if cfg is not None and isinstance(getattr(cfg, "num_labels", None), int) and hasattr(cfg, "id2label"):
+        return cfg.num_labels, "model.config.num_labels"
+    if type(model).__module__.startswith("torchvision.models") and "segmentation" not in type(model).__module__:
+        for attr in ("fc", "classifier", "heads", "head"):
+            sub = getattr(model, attr, None)
+            lin = sub if isinstance(sub, nn.Linear) else None
+            if lin is None and isinstance(sub, nn.Module):
+                lins = [m for m in sub.modules() if isinstance(m, nn.Linear)]
+                lin = lins[-1] if lins else None
+            if lin is not None:
+                return lin.out_features, f"{attr} out_features" if attr == "fc" else f"{attr} Linear out_features"
+    return None, ""
+
+
+def model_device(model: Any) -> Any:
+    torch = _torch()
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def model_input(img: Any, model: Any) -> Any:
+    torch = _torch()
+    x = img.detach()
+    if not x.is_floating_point():
+        x = x.float() / 255.0
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    return x.to(model_device(model), dtype)
+
+
+def output_tensor(out: Any) -> Any:
+    torch = _torch()
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, Mapping):
+        for k in ("out", "logits"):
+            if k in out:
+                return out[k]
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(out, (list, tuple)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    return None
+
+
+def num_classes(ctx: Any, sample: VisionSample | None = None) -> tuple[int | None, str]:
+    """(number of classes, where it was read): dlcheck_num_classes, the model head, or one forward
+    pass of the model on one sampled image (its output channels)."""
+    given = ctx.role("num_classes")
+    if given is not MISSING and given is not None:
+        return int(given), "dlcheck_num_classes"
+    model = ctx.role("model")
+    if model is MISSING:
+        return None, ""
+    n, where = head_classes(model)
+    if n is not None:
+        return n, f"model head {where}"
+    if sample is None or not sample.images or is_tv_detection(model):
+        return None, ""
+    image = sample.images[0]
+
+    def forward() -> Any:
+        with preserved_rng(), eval_mode(model):
+            out = output_tensor(ctx.call("model", lambda: model(model_input(image, model)[None])))
+        return None if out is None or out.ndim < 2 else int(out.shape[1])
+
+    c = ctx.memo(model, f"vision:out-channels:{tuple(image.shape)}", forward)
+    return (c, "the model's output channels on a sampled image") if c else (None, "")
+
+
+# --------------------------------------------------------------------------------------------------
+# comparing outputs
+
+
+def tensors_in(obj: Any, depth: int = 0) -> list[Any]:
+    torch = _torch()
+    if depth > 6:
+        return []
+    if isinstance(obj, torch.Tensor):
+        return [obj.detach().to("cpu").as_subclass(torch.Tensor)]
+    if isinstance(obj, Mapping):
+        return [t for v in obj.values() for t in tensors_in(v, depth + 1)]
+    if isinstance(obj, (list, tuple)):
+        return [t for v in obj for t in tensors_in(v, depth + 1)]
+    if hasattr(obj, "to_tuple"):
+        return tensors_in(obj.to_tuple(), depth + 1)
+    if isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        return [torch.tensor(float(obj))]
+    return []
+
+
+def max_abs_diff(a: list[Any], b: list[Any]) -> float | None:
+    """Largest |a-b| over paired tensors; inf when shapes differ; None when nothing to compare."""
+    if not a or not b:
+        return None
+    if len(a) != len(b):
+        return math.inf
+    worst = 0.0
+    for x, y in zip(a, b):
+        if x.shape != y.shape:
+            return math.inf
+        if x.numel():
+            worst = max(worst, float((x.double() - y.double()).abs().max()))
+    return worst
+
+
+def first(iterable: Any, n: int) -> list[Any]:
+    return list(itertools.islice(iterable, n))
+
+
+# --------------------------------------------------------------------------------------------------
+# class labels beyond the shared sample (V3, V6)
+
+LABEL_ATTRS = ("targets", "labels", "_labels", "y")
+#: labels read (spread) when a dataset exposes none cheaply; V6.label_samples defaults to the same
+LABEL_SAMPLES = 256
+
+
+def _cheap_labels(ds: Any) -> tuple[list[int], str] | None:
+    """Labels a dataset exposes without loading images: ImageFolder/CIFAR/MNIST ``targets`` (through
+    Subsets), a datasets.Dataset label column. Not when a target_transform rewrites them."""
+    torch = _torch()
+    indices = None
+    base = ds
+    while type(base).__name__ == "Subset" and hasattr(base, "indices"):
+        idx = list(base.indices)
+        indices = idx if indices is None else [idx[i] for i in indices]
+        base = base.dataset
+    if getattr(base, "target_transform", None) is not None:
+        return None
+    datasets = sys.modules.get("datasets")  # a datasets.Dataset means the library is imported already
+    if datasets is not None and hasattr(datasets, "Dataset"):
+        if isinstance(base, datasets.Dataset):
+            col = next((c for c in ("label", "labels") if c in base.column_names), None)
+            if col is None:
+                return None
+            values = base.data.column(col).to_pylist()
+            if not values or not isinstance(values[0], int):
+                return None
+            return ([values[i] for i in indices] if indices is not None else values), f"the '{col}' column"
+    for attr in LABEL_ATTRS:
+        values = getattr(base, attr, None)
+        if isinstance(values, torch.Tensor) and values.ndim == 1 and not values.is_floating_point():
+            values = values.tolist()
+        if isinstance(values, (list, tuple)) and values and all(isinstance(v, int) for v in values[:100]):
+            try:
+                if len(values) != len(base):
+                    continue
+            except TypeError:
+                continue
+            sel = [values[i] for i in indices] if indices is not None else list(values)
+            return sel, f"{type(base).__name__}.{attr}" + (" through the Subset" if indices is not None else "")
+    return None
+
+
+def label_population(ctx: Any, sample: VisionSample, n: int) -> tuple[list[int], str, bool]:
+    """Classification labels of the training data: every label when the dataset exposes them (checked
+    against the sampled examples), else up to ``n`` labels read at spread positions (or from the
+    dataloader's batches). Returns (labels, where from, complete)."""
+    from ...sampling import spread_positions
+
+    ds = map_dataset(ctx, "train")
+    loader = ctx.role("dataloader")
+    role = "dataset" if ctx.has("dataset") else "dataloader"
+
+    def make() -> tuple[list[int], str, bool]:
+        if ds is not None:
+            cheap = _cheap_labels(ds)
+            if cheap is not None and sample.role == role:
+                values, where = cheap
+                agree = all(
+                    i.position is None
+                    or i.label is None
+                    or (0 <= i.position < len(values) and values[i.position] == i.label)
+                    for i in sample.items
+                )
+                if agree:
+                    return list(values), where, True
+            labels = []
+            with preserved_rng():
+                for p in spread_positions(len(ds), n):
+                    item = make_item(ctx.call(role, lambda p=p: ds[p]), f"dlcheck_{role}[{p}]", p)
+                    if item.label is None:
+                        break
+                    labels.append(item.label)
+            where = f"dlcheck_{role}" if role == "dataset" else "dlcheck_dataloader.dataset"
+            return labels, f"{len(labels)} examples read from {where}", len(labels) == len(ds)
+        labels = []
+        with preserved_rng(), preserved_dataloader(loader):
+            for b, batch in enumerate(loader):
+                for image, target in unbatch(batch, f"batch {b} of dlcheck_dataloader"):
+                    item = make_item((image, target), f"batch {b}")
+                    if item.label is None:
+                        return labels, "", False
+                    labels.append(item.label)
+                if len(labels) >= n:
+                    break
+        return labels, f"{len(labels)} examples from batches of dlcheck_dataloader", False
+
+    return ctx.memo(ds if ds is not None else loader, f"vision:labels:{n}", make)
+
+
+def attach_images(
+    ctx: Any, sample: VisionSample, norm: tuple[list[float], list[float], Any] | None, limit: int = 4, side: int = 64
+) -> None:
+    """The report's picture of a vision sample: each input de-normalised (by the Normalize found in the
+    transform, else by its own range), its boxes (xyxy pixels) and mask drawn, its channel statistics."""
+    torch = _torch()
+    shown = []
+    for item in [i for i in sample.items if i.image is not None and not i.pil][:limit]:
+        img = item.image.detach().float().cpu()
+        if img.ndim != 3:
+            continue
+        stats = channel_stats([img])
+        if norm is not None and len(norm[0]) == img.shape[0]:
+            mean, std = torch.tensor(norm[0])[:, None, None], torch.tensor(norm[1])[:, None, None]
+            img = img * std + mean
+        elif float(img.max()) > 1.5:
+            img = img / 255.0
+        h, w = img.shape[-2:]
+        step = max(1, max(h, w) // side)
+        pixels = img[:, ::step, ::step].clamp(0, 1).permute(1, 2, 0)
+        boxes = []
+        if item.boxes is not None and item.box_format is not None:
+            xyxy = to_xyxy(item.boxes, item.box_format, item.size)
+            boxes = (torch.as_tensor(xyxy, dtype=torch.float32) / step).tolist()
+        mask = item.mask[::step, ::step].tolist() if item.mask is not None else None
+        shown.append(
+            {
+                "pixels": pixels.tolist(),
+                "boxes": boxes,
+                "mask": mask,
+                "title": f"mean ({fmt_seq(stats.mean)})\nstd ({fmt_seq(stats.std)})" if stats else item.where,
+            }
+        )
+    if shown:
+        ctx.attach(
+            "images",
+            images=shown,
+            caption=f"{sample.source}, de-normalised" + (" with the transform's Normalize" if norm else ""),
+        )

@@ -1,0 +1,271 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ...errors import MISSING
+from ...registry import Setting, check
+from . import measure as V
+
+
+@dataclass
+class Split:
+    name: str  # "train" / "eval"
+    source: str
+    stats: Any  # V.Stats
+    transform: Any  # the transform (or MISSING)
+    norm: tuple | None  # (mean, std, leaf) of its Normalize
+    real: bool  # measured on the user's data (not on synthetic images through the transform)
+
+
+def _close(a: list[float], b: list[float], tol: float) -> bool:
+    if len(a) != len(b):
+        if len(a) == 1 or len(b) == 1:
+            a, b = a * len(b) if len(a) == 1 else a, b * len(a) if len(b) == 1 else b
+        else:
+            return False
+    return all(abs(x - y) <= tol for x, y in zip(a, b))
+
+
+def _split(dlcheck: Any, name: str) -> Split | None:
+    tf = dlcheck.role("train_transform" if name == "train" else "eval_transform")
+    sample = V.get_vision_sample(dlcheck, name, required=False)
+    norm = V.find_normalize(tf) if tf is not MISSING else None
+    if sample is not None and sample.images and not all(i.pil for i in sample.items):
+        stats = V.channel_stats([i.image for i in sample.items if not i.pil])
+        V.attach_images(dlcheck, sample, norm)
+        return Split(name, sample.source, stats, tf, norm, True)
+    if tf is not MISSING:
+
+        def run() -> Any:
+            imgs = []
+            for seed in range(3):
+                with V.seeded(seed):
+                    out = dlcheck.call(
+                        f"{name}_transform", lambda s=seed: V.apply_image_transform(tf, V.synthetic_pil(seed=s))
+                    )
+                img, pil = V.as_image(out)
+                if img is None or pil:
+                    return None
+                imgs.append(img)
+            return V.channel_stats(imgs)
+
+        try:
+            stats = dlcheck.memo(tf, "vision:synthetic-stats", run)
+        except Exception:  # noqa: BLE001 - a transform that needs another input type: nothing to measure
+            stats = None
+        if stats is not None:
+            return Split(name, f"3 synthetic noise images through dlcheck_{name}_transform", stats, tf, norm, False)
+    return None
+
+
+def _unscaled_cause(tf: Any) -> tuple[str, str]:
+    leaves = [type(t).__name__ for t in V.walk_transforms(tf)] if tf is not MISSING else []
+    dtypes = [t for t in V.walk_transforms(tf) if type(t).__name__ == "ToDtype"] if tf is not MISSING else []
+    unscaled = [t for t in dtypes if not getattr(t, "scale", False)]
+    fix = (
+        "put ToDtype(torch.float32, scale=True) right after ToImage() (v1 transforms: ToTensor(), or "
+        "ConvertImageDtype(torch.float) after PILToTensor()), before Normalize"
+    )
+    if unscaled:
+        return ("ToDtype(torch.float32) without scale=True changes the dtype but keeps the 0–255 pixel values", fix)
+    if ("ToImage" in leaves or "PILToTensor" in leaves) and not dtypes and "ConvertImageDtype" not in leaves:
+        return ("ToImage()/PILToTensor() give uint8 tensors in 0–255 and nothing scales them to [0, 1]", fix)
+    return ("the images reach the model as raw 0–255 pixel values: no step scales them to [0, 1]", fix)
+
+
+@check(
+    "V1",
+    domain="vision",
+    title="input normalization mismatch or unscaled [0,255] pixels",
+    optional_roles=(
+        "dataset",
+        "dataloader",
+        "eval_dataset",
+        "eval_dataloader",
+        "train_transform",
+        "eval_transform",
+        "model",
+        "weights",
+        "image_processor",
+    ),
+    settings=(
+        Setting(
+            "max_abs_value",
+            20.0,
+            "an input value beyond this magnitude means 0–255 pixels: a [0, 1] image "
+            "normalised with any std >= 0.05 stays below 20, while raw pixels reach ~255",
+        ),
+        Setting(
+            "tolerance",
+            0.02,
+            "largest difference between Normalize mean/std values that still counts as "
+            "equal: rounded ImageNet stats differ by < 0.005, CLIP's std differs from ImageNet's by 0.04",
+        ),
+        Setting(
+            "max_split_shift",
+            1.0,
+            "without two Normalize transforms to compare, eval inputs whose per-channel "
+            "mean moved by more than this many train stds count as differently normalised",
+        ),
+        Setting("max_split_std_ratio", 2.0, "… or whose per-channel std differs from train's by more than this factor"),
+        Setting(
+            "compare_declared",
+            True,
+            "compare with the normalisation the model declares (timm pretrained_cfg, "
+            "image processor, torchvision weights); turn off for a from-scratch model",
+        ),
+    ),
+)
+def check_normalization(dlcheck):
+    """Images reach the model scaled and normalised as the backbone expects, the same in train and eval.
+
+    What it does
+        Measures the per-channel mean/std and range of the sampled training and evaluation images as the
+        model receives them (after the dataset's transform; without data, of synthetic images through
+        dlcheck_train_transform / dlcheck_eval_transform). Fails when values reach the 0–255 range,
+        when the Normalize mean/std differ from what the model declares (timm ``pretrained_cfg``, a
+        transformers image processor, ``dlcheck_weights.transforms()``), when a torchvision detector —
+        which normalises internally — gets already-normalised inputs, when a model that declares stats
+        gets un-normalised [0, 1] inputs, and when train and eval normalise differently.
+    Why it is bad
+        ``ToImage()`` gives uint8 and ``ToDtype(torch.float32)`` without ``scale=True`` keeps 0–255, so
+        Normalize produces values in the hundreds: a pretrained backbone sees saturated garbage, and a
+        fresh one trains on a badly conditioned input. A pretrained backbone fed other stats than it was
+        trained with loses accuracy silently, and eval stats that differ from train shift every feature.
+    Example
+        T.Compose([T.ToImage(), T.ToDtype(torch.float32), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+        eval_tf = T.Compose([..., T.Normalize([0.5] * 3, [0.5] * 3)])   # train used ImageNet stats
+    Use instead
+        T.Compose([T.ToImage(), T.ToDtype(torch.float32, scale=True), T.Normalize(mean, std)]) with the
+        mean/std of ``timm.data.resolve_data_config({}, model=model)`` (or the weights' transforms), the
+        same Normalize in the train and eval transforms; no Normalize before a torchvision detector.
+    Known problems
+        Channel order (BGR from OpenCV) is not detected. A timm model built with pretrained=False still
+        declares its pretrained tag's stats: set V1.compare_declared=false when training from scratch
+        with other stats. Needs tensor images from the data or a transform that accepts a PIL image.
+    """
+    splits = [s for s in (_split(dlcheck, "train"), _split(dlcheck, "eval")) if s is not None and s.stats is not None]
+    if not splits:
+        dlcheck.skip(V.missing_data_reason("train") + " (or dlcheck_train_transform)")
+    declared = V.declared_normalization(dlcheck)
+    tol, limit = dlcheck.setting("tolerance"), dlcheck.setting("max_abs_value")
+    evidence: list[str] = []
+    problems: list[tuple[str, str]] = []  # (cause, fix)
+
+    def stats_line(s: Split) -> str:
+        return f"{s.name}: {s.source}: {s.stats.describe()}"
+
+    for s in splits:
+        if s.stats.absmax > limit:
+            evidence.append(stats_line(s))
+            if s.transform is not MISSING:
+                evidence.append(f"{s.name} transform: {V.pipeline(V.image_transform(s.transform))}")
+            if s.norm is not None:
+                mean, std, _ = s.norm
+                lo = [s.stats.min * sd + m for m, sd in zip(mean, std)]
+                hi = [s.stats.max * sd + m for m, sd in zip(mean, std)]
+                evidence.append(
+                    f"undoing its Normalize gives pixel values {min(lo):.1f} to {max(hi):.1f}: "
+                    f"the images were never scaled to [0, 1]"
+                )
+            problems.append(_unscaled_cause(s.transform))
+            continue
+        if declared is not None and declared.internal:
+            if s.norm is not None or s.stats.min < -0.01:
+                evidence.append(stats_line(s))
+                what = (
+                    f"its transform applies Normalize(mean=({V.fmt_seq(s.norm[0])}), std=({V.fmt_seq(s.norm[1])}))"
+                    if s.norm is not None
+                    else f"the inputs go down to {s.stats.min:.3g}, so they are already normalised"
+                )
+                evidence.append(
+                    f"{s.name}: {what}; {declared.source} with mean=({V.fmt_seq(declared.mean)}) "
+                    f"std=({V.fmt_seq(declared.std)})"
+                )
+                problems.append(
+                    (
+                        "the images are normalised twice: by the data transform and again inside the "
+                        "torchvision detection model (GeneralizedRCNNTransform)",
+                        "remove Normalize from the data transform and give the detector float images in "
+                        "[0, 1] (T.ToDtype(torch.float32, scale=True)); set image_mean/image_std on the "
+                        "model if you need other stats",
+                    )
+                )
+            continue
+        if declared is not None and dlcheck.setting("compare_declared"):
+            if s.norm is not None:
+                mean, std, _ = s.norm
+                if not (_close(mean, declared.mean, tol) and _close(std, declared.std, tol)):
+                    evidence.append(f"{s.name} transform Normalize(mean=({V.fmt_seq(mean)}), std=({V.fmt_seq(std)}))")
+                    evidence.append(
+                        f"the model expects mean=({V.fmt_seq(declared.mean)}) std=({V.fmt_seq(declared.std)}) "
+                        f"({declared.source})"
+                    )
+                    problems.append(
+                        (
+                            "the data is normalised with other statistics than the backbone was pretrained "
+                            "with, so every input feature is shifted and scaled",
+                            f"T.Normalize(mean={[round(v, 4) for v in declared.mean]}, "
+                            f"std={[round(v, 4) for v in declared.std]}) in the train and eval transforms "
+                            "(timm: timm.data.resolve_data_config({}, model=model))",
+                        )
+                    )
+                continue
+            identity = _close(declared.mean, [0.0], 1e-6) and _close(declared.std, [1.0], 1e-6)
+            if not identity and s.stats.min >= -1e-6 and s.stats.max <= 1.0 + 1e-6 and s.real:
+                evidence.append(stats_line(s))
+                evidence.append(
+                    f"the inputs are in [0, 1], not normalised; the model expects mean=({V.fmt_seq(declared.mean)}) "
+                    f"std=({V.fmt_seq(declared.std)}) ({declared.source})"
+                )
+                problems.append(
+                    (
+                        "the images are scaled to [0, 1] but never normalised with the backbone's statistics",
+                        f"append T.Normalize(mean={[round(v, 4) for v in declared.mean]}, "
+                        f"std={[round(v, 4) for v in declared.std]}) to the train and eval transforms",
+                    )
+                )
+
+    by = {s.name: s for s in splits}
+    tr, ev = by.get("train"), by.get("eval")
+    if tr is not None and ev is not None and not problems:
+        if tr.norm is not None and ev.norm is not None:
+            if not (_close(tr.norm[0], ev.norm[0], tol) and _close(tr.norm[1], ev.norm[1], tol)):
+                evidence.append(
+                    f"train transform Normalize(mean=({V.fmt_seq(tr.norm[0])}), std=({V.fmt_seq(tr.norm[1])}))"
+                )
+                evidence.append(
+                    f"eval transform  Normalize(mean=({V.fmt_seq(ev.norm[0])}), std=({V.fmt_seq(ev.norm[1])}))"
+                )
+                evidence.append(stats_line(tr))
+                evidence.append(stats_line(ev))
+                problems.append(
+                    (
+                        "the eval transform normalises with other statistics than the train transform, so "
+                        "the model is evaluated on inputs shifted from what it trained on",
+                        f"use the same T.Normalize(mean={[round(v, 4) for v in tr.norm[0]]}, "
+                        f"std={[round(v, 4) for v in tr.norm[1]]}) in the eval transform (define the stats once)",
+                    )
+                )
+        elif tr.real and ev.real and len(tr.stats.mean) == len(ev.stats.mean):
+            shift = max(abs(a - b) / max(sd, 1e-6) for a, b, sd in zip(tr.stats.mean, ev.stats.mean, tr.stats.std))
+            ratio = max(
+                max(a, 1e-6) / max(b, 1e-6)
+                for a, b in list(zip(tr.stats.std, ev.stats.std)) + list(zip(ev.stats.std, tr.stats.std))
+            )
+            if shift > dlcheck.setting("max_split_shift") or ratio > dlcheck.setting("max_split_std_ratio"):
+                evidence.append(stats_line(tr))
+                evidence.append(stats_line(ev))
+                evidence.append(f"eval mean moved by {shift:.2f} train stds; std ratio {ratio:.2f}")
+                problems.append(
+                    (
+                        "train and eval inputs are scaled or normalised differently",
+                        "apply the same ToDtype(scale=True) and Normalize(mean, std) in the eval transform "
+                        "as in the train transform",
+                    )
+                )
+    if not problems:
+        return
+    cause, fix = problems[0]
+    dlcheck.fail(evidence, cause, fix)

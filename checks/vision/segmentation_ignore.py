@@ -1,0 +1,210 @@
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...errors import MISSING
+from ...registry import Setting, check
+from . import measure as V
+
+
+def _ignore_of(obj: Any) -> int | None:
+    if obj is MISSING or obj is None:
+        return None
+    v = getattr(obj, "ignore_index", None)
+    if isinstance(v, torch.Tensor):
+        v = int(v)
+    return v if isinstance(v, int) else None
+
+
+def _ranges(values: list[int]) -> str:
+    out, start, prev = [], None, None
+    for v in values:
+        if start is None:
+            start = prev = v
+        elif v == prev + 1:
+            prev = v
+        else:
+            out.append(f"{start}" if start == prev else f"{start}–{prev}")
+            start = prev = v
+    if start is not None:
+        out.append(f"{start}" if start == prev else f"{start}–{prev}")
+    return ", ".join(out)
+
+
+@check(
+    "V5",
+    domain="vision",
+    title="segmentation mask values vs num_classes and ignore_index",
+    optional_roles=("dataset", "dataloader", "model", "num_classes", "loss_fn", "ignore_index", "metric"),
+    settings=(Setting("max_values_shown", 12, "distinct mask values listed in the evidence"),),
+)
+def check_segmentation_ignore(dlcheck):
+    """Mask values are classes 0..C-1 or the ignore index, and the loss, metric and data agree on it.
+
+    What it does
+        Collects the distinct values of the sampled segmentation masks (tv_tensors.Mask, integer
+        tensors, PIL masks) with their pixel shares (and fails at once when the targets come out as
+        float images: masks that transforms v2 treated as a second image), and compares them with num_classes (dlcheck_num_classes,
+        else the model's output channels) and with the ignore index of dlcheck_loss_fn (CrossEntropyLoss
+        ignores -100 by default), of dlcheck_ignore_index (the data's declared void value) and of
+        dlcheck_metric. Fails on a value that is neither a class nor ignored by the loss, and on an
+        ignore index that differs between loss, data and metric.
+    Why it is bad
+        VOC/Cityscapes-style masks mark void pixels 255. CrossEntropyLoss() ignores -100, so the void
+        pixels are targets of class 255: an error ("Target 255 is out of bounds") or a CUDA device-side
+        assert, or — with 256+ classes — void trained as a class. A metric that does not ignore void
+        scores the model on unlabelled pixels. Masks resized bilinearly get in-between values that are
+        no class at all.
+    Example
+        loss_fn = nn.CrossEntropyLoss()          # masks: 0..20 and 255 for void
+    Use instead
+        nn.CrossEntropyLoss(ignore_index=255), and the same ignore_index in the metric
+        (MulticlassJaccardIndex(num_classes=21, ignore_index=255)); wrap masks as tv_tensors.Mask so v2
+        transforms resize them with NEAREST.
+    Known problems
+        Without dlcheck_loss_fn or dlcheck_ignore_index a value outside 0..C-1 cannot be judged (skip).
+        Only semantic masks (one class id per pixel) are read; instance masks of detection targets are not.
+    """
+    sample = V.get_vision_sample(dlcheck, "train")
+    as_image = [i for i in sample.of_kind("segmentation") if i.mask_as_image is not None]
+    if as_image:
+        it = as_image[0]
+        t = it.mask_as_image
+        vals = torch.unique(t)
+        shown = ", ".join(f"{float(v):.3g}" for v in vals[:8]) + (" …" if vals.numel() > 8 else "")
+        dlcheck.fail(
+            [
+                f"{len(as_image)} of {len(sample.items)} sampled targets are images, not masks: {it.where} target "
+                f"is a {V.type_name(it.target)} {str(t.dtype).removeprefix('torch.')} {'×'.join(map(str, t.shape))} "
+                f"with {vals.numel()} distinct values ({shown})"
+            ],
+            "the masks reach the transforms v2 as PIL images (or plain tensors), so they are treated as a second "
+            "image: ToImage/ToDtype(scale=True)/Normalize rescale the class ids and resizing interpolates them",
+            "wrap each mask as tv_tensors.Mask(torch.as_tensor(np.array(mask), dtype=torch.long)) before the "
+            "transform (or torchvision.datasets.wrap_dataset_for_transforms_v2(dataset) for VOCSegmentation)",
+        )
+    masks = [i for i in sample.of_kind("segmentation") if i.mask is not None]
+    if not masks:
+        dlcheck.skip(f"no segmentation masks in {sample.source} (task: {sample.task})")
+    n, where = V.num_classes(dlcheck, sample)
+    if n is None:
+        dlcheck.skip(
+            "missing role: the number of classes is unknown: define fixture dlcheck_num_classes (or "
+            "dlcheck_model) in conftest.py"
+        )
+    loss_fn, metric = dlcheck.role("loss_fn"), dlcheck.role("metric")
+    loss_ignore, metric_ignore = _ignore_of(loss_fn), _ignore_of(metric)
+    declared = dlcheck.role("ignore_index")
+    declared = None if declared is MISSING or declared is None else int(declared)
+
+    float_masks = [i for i in masks if i.mask.is_floating_point()]
+    counts: dict[float, int] = {}
+    holder: dict[float, int] = {}
+    total = 0
+    for i in masks:
+        vals, cnt = torch.unique(i.mask, return_counts=True)
+        total += int(cnt.sum())
+        for v, c in zip(vals.tolist(), cnt.tolist()):
+            counts[v] = counts.get(v, 0) + c
+            holder[v] = holder.get(v, 0) + 1
+    values = sorted(counts)
+    allowed = set(range(n))
+    ignored = {v for v in (loss_ignore, declared) if v is not None}
+    outside = [v for v in values if v not in allowed and v not in ignored]
+    shown = values[: dlcheck.setting("max_values_shown")]
+    found = ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in shown) + (
+        " …" if len(values) > len(shown) else ""
+    )
+    evidence = [f"mask values found in {len(masks)} sampled masks ({sample.source}): {found}"]
+
+    def share(v: Any) -> str:
+        return f"{v:g}: {100 * counts[v] / total:.1f}% of pixels, in {holder[v]} of {len(masks)} masks"
+
+    loss_name = type(loss_fn).__name__ if loss_fn is not MISSING else None
+    allowed_line = f"allowed: classes 0–{n - 1} (num_classes {n} from {where})"
+    if loss_name:
+        allowed_line += (
+            f" and {loss_name}(ignore_index={loss_ignore})"
+            if loss_ignore is not None
+            else f" ({loss_name} ignores nothing)"
+        )
+    if declared is not None:
+        allowed_line += f"; dlcheck_ignore_index={declared}"
+
+    if float_masks:
+        dlcheck.fail(
+            evidence
+            + [
+                f"{float_masks[0].where}: the mask is {str(float_masks[0].mask.dtype).removeprefix('torch.')}, "
+                "not an integer class map"
+            ],
+            "the mask went through an image conversion (ToDtype(scale=True)/ToTensor) that made it float",
+            "wrap the mask as tv_tensors.Mask before the v2 transforms (they leave masks' dtype alone), or "
+            "convert with torch.as_tensor(np.array(mask), dtype=torch.long)",
+        )
+    if outside:
+        if loss_fn is MISSING and declared is None:
+            dlcheck.skip(
+                f"masks contain {', '.join(map(str, outside[:5]))}, outside classes 0–{n - 1}: define fixture "
+                "dlcheck_loss_fn (or dlcheck_ignore_index) in conftest.py so V5 can tell whether it is ignored"
+            )
+        evidence.append(allowed_line)
+        evidence += [f"  {share(v)}" for v in outside[:4]]
+        non_int = [v for v in outside if float(v) != int(v)]
+        big = [v for v in outside if v >= n]
+        between = [v for v in outside if 0 < v < max(values)]
+        if len(outside) == 1 and outside[0] in (255, -1) and loss_fn is not MISSING:
+            v = outside[0]
+            cause = (
+                f"void pixels are {v} but {loss_name} ignores "
+                f"{loss_ignore if loss_ignore is not None else 'nothing'}"
+                f"{' (its default)' if loss_ignore == -100 else ''}: they become targets of class {v}, an "
+                "out-of-bounds error (CUDA: device-side assert) or a class of its own"
+            )
+            fix = f"{loss_name}(ignore_index={v})" + (
+                " and the same ignore_index in the metric" if metric is not MISSING else ""
+            )
+        elif non_int or (len(outside) > 2 and between and len(values) > n + 2):
+            cause = (
+                "the masks hold values between class ids: they were resized or rotated with bilinear "
+                "interpolation, as if they were images"
+            )
+            fix = (
+                "wrap masks as tv_tensors.Mask before the v2 transforms (NEAREST for masks), or pass "
+                "interpolation=InterpolationMode.NEAREST when resizing them"
+            )
+        elif min(values) >= 1 and n in values and 0 not in values:
+            cause = "the mask classes are 1-based (1..C) but the model predicts 0..C-1"
+            fix = "subtract 1 from the mask classes (and map the void value to the loss's ignore_index)"
+        else:
+            cause = (
+                f"mask values {', '.join(map(str, big[:5] or outside[:5]))} are neither a class of the "
+                f"{n}-class head nor ignored by the loss"
+            )
+            fix = (
+                f"set num_classes to cover them, remap them to 0..{n - 1}, or give the loss "
+                f"ignore_index={outside[0]} if they mark void"
+            )
+        dlcheck.fail(evidence, cause, fix)
+
+    # the ignore index must agree between data, loss and metric
+    if declared is not None and loss_ignore is not None and declared != loss_ignore:
+        dlcheck.fail(
+            evidence + [allowed_line],
+            f"the data marks void pixels {declared} but {loss_name} ignores {loss_ignore}",
+            f"{loss_name}(ignore_index={declared})",
+        )
+    reference = loss_ignore if loss_ignore is not None and loss_ignore in counts else declared
+    if metric is not MISSING and reference is not None and metric_ignore != reference:
+        dlcheck.fail(
+            evidence
+            + [
+                f"dlcheck_metric {type(metric).__name__} ignore_index={metric_ignore}; "
+                f"void value {reference} ({'ignored by the loss' if reference == loss_ignore else 'dlcheck_ignore_index'})"
+            ],
+            "the metric scores the void pixels that the loss ignores, so the reported mIoU/accuracy "
+            "counts unlabelled regions",
+            f"{type(metric).__name__}(..., ignore_index={reference})",
+        )

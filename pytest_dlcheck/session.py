@@ -1,0 +1,128 @@
+"""The session's state and how a user's object is called: the stash keys, the state every check
+shares (selection, settings, the memo of shared work), and :func:`user_call`, which tells the user's
+exception from the plugin's own. Imported by the context, the sampling and the training machinery; it
+imports only the bottom of the core."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .errors import CheckFailed, RoleError
+
+if TYPE_CHECKING:
+    from .registry import Check
+
+STATE_KEY = pytest.StashKey["DlcheckState"]()
+CHECK_KEY = pytest.StashKey["Check"]()
+CONTEXT_KEY = pytest.StashKey[Any]()
+ARTIFACTS_KEY = pytest.StashKey[list]()
+
+#: seconds a check may run before it is stopped and reported (a hung dataloader, an endless user loop)
+DEFAULT_TIMEOUT = 300.0
+
+
+def _plugin_dirs() -> tuple[str, ...]:
+    """Where pytest-dlcheck's own code lives: the core, and the checks (installed as
+    ``pytest_dlcheck.checks``, kept at the top of the source tree: another directory in a checkout)."""
+    core = str(Path(__file__).resolve().parent)
+    spec = importlib.util.find_spec("pytest_dlcheck.checks")
+    extra = [str(Path(p).resolve()) for p in (spec.submodule_search_locations or [])] if spec else []
+    return tuple(dict.fromkeys([core, *extra]))
+
+
+#: directories of the plugin's code: a frame there is pytest-dlcheck's, not the user's
+PLUGIN_DIRS = _plugin_dirs()
+
+
+def in_plugin(filename: str) -> bool:
+    return filename.startswith(PLUGIN_DIRS)
+
+
+@dataclass
+class DlcheckState:
+    selected: list[Check]
+    spec: str
+    spec_source: str
+    samples: int
+    batch_size: int
+    overrides: dict[tuple[str, str], Any]
+    property_examples: int = 0
+    #: seconds a check may run; 0: unbounded
+    timeout: float = DEFAULT_TIMEOUT
+    shared: dict[Any, Any] = field(default_factory=dict)
+    #: strong references to the objects whose ids key ``shared`` so an id is never reused
+    keep_alive: list[Any] = field(default_factory=list)
+
+    def memo(self, sources: Any, key: str, make: Callable[[], Any]) -> Any:
+        """Compute once per session per (source objects, key); the hub of work sharing across checks."""
+        objs = sources if isinstance(sources, tuple) else (sources,)
+        k = (tuple(id(o) for o in objs), key)
+        if k not in self.shared:
+            self.shared[k] = make()
+            self.keep_alive.append(objs)
+        return self.shared[k]
+
+    def derived(self, sources: Any, key: str, make: Callable[[], Any]) -> Any:
+        return self.memo(sources, "derive:" + key, make)
+
+    def guarded_user_call(self, role: str, call: Callable[[], Any]) -> Any:
+        return user_call(role, call)
+
+    def setting(self, check: Check, name: str) -> Any:
+        return self.overrides.get((check.id, name), check.setting(name).default)
+
+
+def session_state(config: pytest.Config) -> DlcheckState:
+    return config.stash[STATE_KEY]
+
+
+def user_call(role: str, call: Callable[[], Any]) -> Any:
+    """Run a user's object. An exception raised in the user's code becomes a :class:`RoleError` naming
+    the role and where it was raised; one raised inside the plugin itself propagates as a plugin bug."""
+    try:
+        return call()
+    except (RoleError, CheckFailed, pytest.skip.Exception, pytest.fail.Exception, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        frames = traceback.extract_tb(exc.__traceback__)
+        if frames and in_plugin(frames[-1].filename):
+            raise
+        raise RoleError(role, f"raised {type(exc).__name__}: {_text(exc)}{where_raised(exc)}") from exc
+
+
+def where_raised(exc: BaseException) -> str:
+    """`` (in fn at file:line)`` for the user's own frame (not a library's) where ``exc`` was raised, else
+    the innermost frame outside the plugin; '' when it was raised in the plugin itself."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    outside = [f for f in frames if not in_plugin(f.filename)]
+    own = [f for f in outside if not _library(f.filename)]
+    frame = (own or outside or [None])[-1]
+    return "" if frame is None else f" (in {frame.name} at {_short_path(frame.filename)}:{frame.lineno})"
+
+
+def _library(filename: str) -> bool:
+    return "site-packages" in filename or "dist-packages" in filename or filename.startswith("<")
+
+
+def _text(exc: BaseException, limit: int = 300) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - an exception whose __str__ fails still gets reported
+        text = f"<{type(exc).__name__} whose str() failed>"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _short_path(path: str) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return path

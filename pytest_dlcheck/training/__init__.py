@@ -1,0 +1,82 @@
+"""Running a user's training for the train, ckpt and smoke checks (and the llm checks that need a step).
+
+The package, from the bottom up:
+
+- :mod:`.runs` — the shared machinery: recognising the user's objects, fresh copies and snapshots, RNG
+  states, batches and model calls, what a run records (:class:`~.runs.Trajectory`);
+- :mod:`.resume` — resume runs and saves: the uninterrupted baseline, the resumed run, the state dicts
+  a checkpoint holds, a save interrupted half way;
+- one module per kind of user, each a setup class with the same small interface (``kind``,
+  ``sources``, ``describe``, ``fresh``, ``smoke``, ``resume``, ``saved_state``, ``interrupted_save``):
+  :mod:`.trainer` (transformers / TRL ``Trainer``), :mod:`.lightning`, :mod:`.loop` (a plain loop);
+- :mod:`.setup` — which kind a check is given, sampled batches, probes and the shared smoke run.
+
+The user's own objects are never trained: every run works on fresh objects, and every file is written
+under pytest's tmp paths. This module re-exports what the checks use."""
+
+from .resume import strip_wrapper_prefix, unwrapped_keys
+from .runs import (
+    SEED,
+    ModuleSnapshot,
+    SetupError,
+    base_lr,
+    batch_len,
+    device_of,
+    draw_batches,
+    fresh_modules,
+    is_lightning_module,
+    is_preference,
+    output_tensor,
+    seed_all,
+    targets_of,
+    to_device,
+)
+from .setup import (
+    decode_example,
+    describe_batch,
+    eval_batches,
+    explains_failures,
+    find_setup,
+    get_setup,
+    mean_loss,
+    memo_or_skip,
+    modes,
+    probe,
+    run_or_skip,
+    show_losses,
+    smoke_run,
+    training_batches,
+)
+
+__all__ = [
+    "SEED",
+    "ModuleSnapshot",
+    "SetupError",
+    "base_lr",
+    "batch_len",
+    "decode_example",
+    "describe_batch",
+    "device_of",
+    "draw_batches",
+    "eval_batches",
+    "explains_failures",
+    "find_setup",
+    "fresh_modules",
+    "get_setup",
+    "is_lightning_module",
+    "is_preference",
+    "mean_loss",
+    "memo_or_skip",
+    "modes",
+    "output_tensor",
+    "probe",
+    "run_or_skip",
+    "seed_all",
+    "show_losses",
+    "smoke_run",
+    "strip_wrapper_prefix",
+    "targets_of",
+    "to_device",
+    "training_batches",
+    "unwrapped_keys",
+]

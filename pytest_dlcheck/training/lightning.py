@@ -1,0 +1,313 @@
+"""Kind 2: a Lightning user (``dlcheck_lightning_module`` + ``dlcheck_datamodule``): runs are real
+``lightning.Trainer.fit`` calls on deep copies of the module and the datamodule."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from ..errors import MISSING
+from .resume import Baseline, InterruptedSave, ResumeRun, SaveInterrupted, interrupted_saves, read_saved
+from .runs import (
+    SEED,
+    Fresh,
+    SetupError,
+    Trajectory,
+    as_float,
+    device_of,
+    digest,
+    fresh_modules,
+    grad_report,
+    loss_tensor,
+    nonfinite_params,
+    rng_state,
+    seed_all,
+    set_rng_state,
+    to_device,
+)
+
+# --------------------------------------------------------------------------------------------------
+# kind 2: Lightning
+
+
+class LightningSetup:
+    kind = "lightning"
+
+    def interrupted_save(self) -> InterruptedSave:
+        """A checkpoint saved over an earlier one and interrupted half way (C2)."""
+        return lightning_interrupted_save(self)
+
+    def __init__(self, module: Any, datamodule: Any, l_trainer: Any, tmp: Any):
+        self.module = module
+        self.datamodule = datamodule
+        self.l_trainer = l_trainer
+        self.tmp = tmp
+        self.name = type(module).__name__
+
+    @property
+    def sources(self) -> Any:
+        return (self.module, self.datamodule) if self.datamodule is not MISSING else self.module
+
+    def describe(self) -> str:
+        return f"a copy of your LightningModule {self.name}"
+
+    def _copies(self) -> tuple[Any, Any]:
+        trainer_ref = getattr(self.module, "_trainer", None)
+        memo = {id(trainer_ref): None} if trainer_ref is not None else {}
+        module = fresh_modules([self.module], memo)[0]
+        dm = (
+            copy.deepcopy(self.datamodule, {id(trainer_ref): None} if trainer_ref is not None else {})
+            if self.datamodule is not MISSING
+            else None
+        )
+        return module, dm
+
+    def fresh(self) -> Fresh:
+        module, _ = self._copies()
+
+        def loss(batch: Any) -> torch.Tensor:
+            batch = to_device(batch, device_of(module))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return loss_tensor(module.training_step(batch, 0))
+
+        def make_optimizer() -> tuple[Any, Any]:
+            opt, sched, _ = lightning_optimizers(module)
+            return opt, sched
+
+        return Fresh(module, loss, make_optimizer, owner=module)
+
+    def _fit(self, module: Any, dm: Any, callbacks: list[Any], ckpt_path: str | None = None, **kwargs: Any) -> Any:
+        import lightning.pytorch as pl
+
+        settings = dict(
+            accelerator="cpu" if device_of(module).type == "cpu" else "auto",
+            devices=1,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            limit_val_batches=0,
+            enable_checkpointing=any(type(c).__name__ == "ModelCheckpoint" for c in callbacks),
+            default_root_dir=str(self.tmp.mktemp("dlcheck-lightning")),
+        )
+        if self.l_trainer not in (MISSING, None):
+            t = self.l_trainer
+            settings.update(
+                accumulate_grad_batches=t.accumulate_grad_batches,
+                gradient_clip_val=t.gradient_clip_val,
+                gradient_clip_algorithm=t.gradient_clip_algorithm,
+                precision=t.precision,
+            )
+        settings.update(kwargs)
+        trainer = pl.Trainer(callbacks=callbacks, **settings)
+        with _lightning_quiet():
+            if dm is not None:
+                trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+            else:
+                raise SetupError("no datamodule: define fixture dlcheck_datamodule")
+        return trainer
+
+    def _recorder(self, traj: Trajectory, digests: bool = False, truth_at_epoch_end: dict | None = None):
+        import lightning.pytorch as pl
+
+        class Record(pl.Callback):
+            def __init__(self) -> None:
+                self.params: list = []
+
+            def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+                if not self.params:
+                    self.params = [(n, p) for n, p in pl_module.named_parameters() if p.requires_grad]
+                rec = traj.record(trainer.global_step + 1)
+                rec.grad_norm, rec.nonfinite_grads = grad_report(self.params)
+                rec.lr = float(optimizer.param_groups[0]["lr"])
+
+            def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+                rec = traj.record(trainer.global_step)
+                loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+                rec.loss = as_float(loss)
+                bad = nonfinite_params(self.params)
+                if bad:
+                    rec.nonfinite_params = bad
+                if digests:
+                    traj.digests.append((trainer.global_step, digest(pl_module)))
+
+            def on_train_epoch_end(self, trainer, pl_module):
+                if truth_at_epoch_end is not None and trainer.current_epoch == 0:
+                    truth_at_epoch_end.update(_lightning_truth(trainer, pl_module))
+
+        return Record()
+
+    def smoke(self, steps: int) -> tuple[Trajectory, Fresh]:
+        module, dm = self._copies()
+        traj = Trajectory()
+        trainer = self._fit(module, dm, [self._recorder(traj)], max_steps=steps)
+        traj.notes["optimizer"] = trainer.optimizers[0] if trainer.optimizers else None
+        traj.notes["scheduler"] = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
+        module._trainer = None  # detached: its training_step (and self.log) is called again on its own
+
+        def loss(batch: Any) -> torch.Tensor:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return loss_tensor(module.training_step(to_device(batch, device_of(module)), 0))
+
+        return traj, Fresh(module, loss, lambda: (traj.notes["optimizer"], None), owner=(module, trainer))
+
+    def saved_state(self) -> tuple[Any, list[tuple[str, Any]], str]:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        module, dm = self._copies()
+        ckdir = self.tmp.mktemp("dlcheck-save")
+        self._fit(module, dm, [ModelCheckpoint(dirpath=str(ckdir), every_n_train_steps=1, save_top_k=-1)], max_steps=1)
+        return module, read_saved(ckdir), "Lightning's ModelCheckpoint (.ckpt 'state_dict')"
+
+    def resume(self, total: int, restore: frozenset[str] = frozenset()) -> ResumeRun:
+        """Two epochs of ``total // 2`` batches; Lightning's ModelCheckpoint saves the ``.ckpt`` at the end
+        of the first (an epoch boundary: Lightning does not fast-forward a dataloader mid-epoch); a fresh
+        copy resumes from it with ``fit(ckpt_path=...)``."""
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        k = max(1, total // 2)
+        cache = self.__dict__.setdefault("_baselines", {})
+        if k not in cache:
+            module, dm = self._copies()
+            traj, truth = Trajectory(), {}
+            ckdir = self.tmp.mktemp("dlcheck-ckpt")
+            seed_all(SEED)
+            self._fit(
+                module,
+                dm,
+                [
+                    self._recorder(traj, True, truth),
+                    ModelCheckpoint(dirpath=str(ckdir), every_n_epochs=1, save_top_k=-1),
+                ],
+                max_epochs=2,
+                limit_train_batches=k,
+            )
+            ckpts = sorted(ckdir.glob(f"*step={k}.ckpt"))
+            if not ckpts:
+                raise SetupError(f"Lightning's ModelCheckpoint wrote no .ckpt after {k} steps")
+            saved = torch.load(ckpts[0], map_location="cpu", weights_only=False)
+            pieces = {
+                "model": "state_dict" if saved.get("state_dict") else "",
+                "optimizer": "optimizer_states" if saved.get("optimizer_states") else "",
+                "lr_scheduler": "lr_schedulers" if saved.get("lr_schedulers") or not truth.get("lr_scheduler") else "",
+                "rng": "",
+            }
+            cache[k] = Baseline(traj, truth, ckpts[0], pieces)
+        base = cache[k]
+        module, dm = self._copies()
+        traj = Trajectory()
+        callbacks = [self._recorder(traj, True)]
+        if restore:
+            callbacks.insert(0, _lightning_restorer(base.truth, restore))
+        seed_all(SEED)
+        self._fit(module, dm, callbacks, ckpt_path=str(base.checkpoint), max_epochs=2, limit_train_batches=k)
+        return ResumeRun(base.trajectory, traj, k, base.checkpoint, base.pieces)
+
+
+def _lightning_truth(trainer: Any, module: Any) -> dict[str, Any]:
+    truth = {"model": {k: v.detach().clone() for k, v in module.state_dict().items()}, "rng": rng_state()}
+    if trainer.optimizers:
+        truth["optimizer"] = [copy.deepcopy(o.state_dict()) for o in trainer.optimizers]
+    if trainer.lr_scheduler_configs:
+        truth["lr_scheduler"] = [copy.deepcopy(c.scheduler.state_dict()) for c in trainer.lr_scheduler_configs]
+    return truth
+
+
+def _lightning_restorer(truth: dict[str, Any], restore: frozenset[str]) -> Any:
+    import lightning.pytorch as pl
+
+    class Restore(pl.Callback):
+        def on_load_checkpoint(self, trainer, pl_module, checkpoint):
+            # where a user's own RNG callback restores: before the fit loop builds its dataloader iterator
+            if "rng" in restore:
+                set_rng_state(truth["rng"])
+
+        def on_train_start(self, trainer, pl_module):
+            if "model" in restore:
+                pl_module.load_state_dict(truth["model"])
+            if "optimizer" in restore:
+                for o, s in zip(trainer.optimizers, truth.get("optimizer", [])):
+                    o.load_state_dict(copy.deepcopy(s))
+            if "lr_scheduler" in restore:
+                for c, s in zip(trainer.lr_scheduler_configs, truth.get("lr_scheduler", [])):
+                    c.scheduler.load_state_dict(copy.deepcopy(s))
+
+    return Restore()
+
+
+@contextlib.contextmanager
+def _lightning_quiet() -> Iterator[None]:
+    import logging
+
+    names = ["lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning"]
+    names += [n for n in logging.root.manager.loggerDict if n.startswith(("lightning", "pytorch_lightning"))]
+    loggers = [logging.getLogger(n) for n in dict.fromkeys(names)]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def lightning_optimizers(module: Any) -> tuple[Any, Any, str | None]:
+    """(first optimizer, first scheduler, its interval) from ``configure_optimizers`` of a module copy."""
+    conf = module.configure_optimizers()
+    try:
+        from lightning.pytorch.core.optimizer import _configure_optimizers
+
+        optimizers, schedulers, _ = _configure_optimizers(conf)
+    except Exception as exc:  # noqa: BLE001 - an unusual return value: say so
+        raise SetupError(f"configure_optimizers() returned {type(conf).__name__}: {exc}") from exc
+    if not optimizers:
+        raise SetupError("configure_optimizers() returned no optimizer")
+    sched, interval = None, None
+    if schedulers:
+        first = schedulers[0]
+        sched = first.get("scheduler") if isinstance(first, Mapping) else first
+        interval = first.get("interval", "epoch") if isinstance(first, Mapping) else "epoch"
+    return optimizers[0], sched, interval
+
+
+def lightning_interrupted_save(setup: LightningSetup) -> InterruptedSave:
+    """ModelCheckpoint after steps 1 and 2, the second save interrupted; the first .ckpt must load."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    module, dm = setup._copies()
+    ckdir = setup.tmp.mktemp("dlcheck-atomic")
+    arm = {"on": False}
+
+    class Arm(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            arm["on"] = trainer.global_step >= 2
+
+    with interrupted_saves(lambda: arm["on"]) as hits:
+        try:
+            setup._fit(
+                module,
+                dm,
+                [Arm(), ModelCheckpoint(dirpath=str(ckdir), every_n_train_steps=1, save_top_k=-1)],
+                max_steps=2,
+            )
+        except SaveInterrupted:
+            pass
+    first = sorted(ckdir.glob("*step=1.ckpt"))
+    if not hits or not first:
+        raise SetupError("Lightning's second checkpoint was not written through torch.save: it cannot be interrupted")
+    try:
+        torch.load(first[0], map_location="cpu", weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - the finding
+        return InterruptedSave("ModelCheckpoint", hits[0], str(first[0]), f"{type(exc).__name__}: {exc}")
+    return InterruptedSave("ModelCheckpoint", hits[0], str(first[0]), None, "previous")

@@ -1,0 +1,367 @@
+"""Kind 3: a plain loop (``dlcheck_make_training`` + data, optionally ``dlcheck_train_step``,
+``dlcheck_compute_loss``, ``dlcheck_save_checkpoint`` / ``dlcheck_load_checkpoint``): runs call the
+user's step on fresh objects from the user's factory."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import MISSING, RoleError
+from ..guard import preserved_rng
+from ..session import user_call
+from .resume import Baseline, InterruptedSave, ResumeRun, SaveInterrupted, interrupted_saves, read_saved, same_weights
+from .runs import (
+    SEED,
+    Fresh,
+    SetupError,
+    Trajectory,
+    as_float,
+    device_of,
+    digest,
+    draw_batches,
+    loss_tensor,
+    model_call,
+    param_names,
+    rng_state,
+    scheduler_count,
+    seed_all,
+    set_rng_state,
+    to_device,
+    watch_optimizer,
+)
+
+# --------------------------------------------------------------------------------------------------
+# kind 3: a plain loop
+
+
+class LoopSetup:
+    kind = "loop"
+
+    def interrupted_save(self) -> InterruptedSave:
+        """A checkpoint saved over an earlier one and interrupted half way (C2)."""
+        return loop_interrupted_save(self)
+
+    def __init__(
+        self,
+        make_training: Any,
+        train_step: Any,
+        compute_loss: Any,
+        loss_fn: Any,
+        loader: Any,
+        save: Any,
+        load: Any,
+        tmp: Any,
+    ):
+        self.make_training = make_training
+        self.train_step = train_step
+        self.compute_loss = compute_loss
+        self.loss_fn = loss_fn
+        self.loader = loader
+        self.save = save
+        self.load = load
+        self.tmp = tmp
+        self.name = "dlcheck_make_training"
+        self._batches: list[Any] = []
+
+    @property
+    def sources(self) -> Any:
+        return (self.make_training, self.loader, self.train_step, self.compute_loss, self.loss_fn, self.save, self.load)
+
+    def describe(self) -> str:
+        step = (
+            "dlcheck_train_step"
+            if self.train_step is not MISSING
+            else "the default step (loss.backward(), optimizer.step())"
+        )
+        return f"fresh objects from dlcheck_make_training, trained by {step}"
+
+    def state(self) -> dict[str, Any]:
+        with preserved_rng():
+            seed_all(SEED)
+            state = user_call("make_training", self.make_training)
+        if not isinstance(state, Mapping) or "model" not in state:
+            raise SetupError(
+                "dlcheck_make_training must return a dict with at least 'model' and 'optimizer', "
+                f"got {type(state).__name__}"
+            )
+        return dict(state)
+
+    def loss_of(self, model: Any, batch: Any) -> torch.Tensor:
+        if self.compute_loss is not MISSING:
+            return loss_tensor(user_call("compute_loss", lambda: self.compute_loss(model, batch)))
+        out_call = model_call(model, batch)
+        if isinstance(batch, Mapping):
+            return loss_tensor(user_call("make_training", out_call))
+        if self.loss_fn is not MISSING and isinstance(batch, (list, tuple)) and len(batch) >= 2:
+            return loss_tensor(user_call("loss_fn", lambda: self.loss_fn(out_call(), batch[1])))
+        raise SetupError(
+            "the batches are not mappings the model takes by keyword: define fixture dlcheck_compute_loss "
+            "(model, batch) -> loss, or dlcheck_loss_fn for (inputs, targets) batches"
+        )
+
+    def fresh(self) -> Fresh:
+        state = self.state()
+        model = state["model"]
+
+        def make_optimizer() -> tuple[Any, Any]:
+            again = self.state()
+            opt = state.get("optimizer")
+            # the factory built the optimizer for its own model; map it onto this one by parameter name
+            by_name = dict(model.named_parameters())
+            memo = {id(p): by_name[n] for n, p in again["model"].named_parameters() if n in by_name}
+            new_opt = copy.deepcopy(again.get("optimizer"), memo) if again.get("optimizer") is not None else opt
+            sched = again.get("lr_scheduler")
+            new_sched = copy.deepcopy(sched, {**memo, id(again["optimizer"]): new_opt}) if sched is not None else None
+            return new_opt, new_sched
+
+        return Fresh(model, lambda b: self.loss_of(model, to_device(b, device_of(model))), make_optimizer, owner=state)
+
+    def batches(self, n: int) -> list[Any]:
+        if len(self._batches) < n:
+            if self.loader is MISSING:
+                raise SetupError(
+                    "no training data: define fixture dlcheck_dataloader (or dlcheck_collator + dlcheck_dataset)"
+                )
+            self._batches = draw_batches(self.loader, n)
+            if not self._batches:
+                raise SetupError("dlcheck_dataloader yielded no batch")
+        return [self._batches[i % len(self._batches)] for i in range(n)]
+
+    def step(self, state: dict[str, Any], batch: Any, index: int) -> float | None:
+        """One call of the user's step (or the default one) on a batch."""
+        batch = to_device(batch, device_of(state["model"]))
+        if self.train_step is not MISSING:
+            fn = self.train_step
+            try:
+                takes_index = len(inspect.signature(fn).parameters) >= 3
+            except (TypeError, ValueError):
+                takes_index = False
+            out = user_call(
+                "train_step", (lambda: fn(state, batch, index)) if takes_index else (lambda: fn(state, batch))
+            )
+            return as_float(out if not isinstance(out, Mapping) else out.get("loss"))
+        model, opt, sched, scaler = (
+            state["model"],
+            state.get("optimizer"),
+            state.get("lr_scheduler"),
+            state.get("scaler"),
+        )
+        if opt is None:
+            raise SetupError("dlcheck_make_training returned no 'optimizer' (and no dlcheck_train_step was given)")
+        model.train()
+        loss = self.loss_of(model, batch)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+        if sched is not None:
+            sched.step()
+        opt.zero_grad(set_to_none=True)
+        return as_float(loss)
+
+    def run(
+        self,
+        state: dict[str, Any],
+        batches: list[Any],
+        start: int,
+        traj: Trajectory,
+        digests: bool = False,
+        after: Callable[[int], None] | None = None,
+    ) -> None:
+        """Micro-steps ``start .. start+len(batches)-1`` of the user's loop on ``state``, recorded."""
+        model, opt = state["model"], state.get("optimizer")
+        names = param_names(model)
+        current = {"i": start}
+        undo = watch_optimizer(opt, names, traj, lambda: current["i"] + 1) if opt is not None else (lambda: None)
+        sched = state.get("lr_scheduler")
+        try:
+            for offset, batch in enumerate(batches):
+                i = start + offset
+                current["i"] = i
+                before = scheduler_count(sched)
+                loss = self.step(state, batch, i)
+                after_count = scheduler_count(sched)
+                if before is not None and after_count is not None:
+                    traj.calls.extend(["sched"] * max(0, after_count - before))
+                traj.record(i + 1).loss = loss
+                if digests:
+                    traj.digests.append((i + 1, digest(model)))
+                if after is not None:
+                    after(i)
+        finally:
+            undo()
+
+    def smoke(self, steps: int) -> tuple[Trajectory, Fresh]:
+        state = self.state()
+        traj = Trajectory()
+        with preserved_rng():
+            seed_all(SEED)
+            self.run(state, self.batches(steps), 0, traj)
+        traj.notes["optimizer"] = state.get("optimizer")
+        traj.notes["scheduler"] = state.get("lr_scheduler")
+        model = state["model"]
+        return traj, Fresh(
+            model,
+            lambda b: self.loss_of(model, to_device(b, device_of(model))),
+            lambda: (state.get("optimizer"), state.get("lr_scheduler")),
+            owner=state,
+        )
+
+    # ---- checkpoint and resume -------------------------------------------------------------------------
+
+    def saved_state(self) -> tuple[Any, list[tuple[str, Any]], str]:
+        if self.save is MISSING:
+            raise SetupError("missing role: define fixture dlcheck_save_checkpoint (state, path) in conftest.py")
+        state = self.state()
+        path = self.tmp.mktemp("dlcheck-save") / "checkpoint"
+        user_call("save_checkpoint", lambda: self.save(state, str(path)))
+        return state["model"], read_saved(path), "dlcheck_save_checkpoint"
+
+    def resume(self, total: int, restore: frozenset[str] = frozenset()) -> ResumeRun:
+        """Run ``total`` micro-steps, saving with the user's save function after the first optimizer step
+        at or past half way; fresh objects from the factory load it with the user's load function (the
+        global RNGs first moved elsewhere, as in a new process) and continue on the same batches."""
+        if self.save is MISSING or self.load is MISSING:
+            raise SetupError(
+                "missing role: define fixtures dlcheck_save_checkpoint and dlcheck_load_checkpoint "
+                "(state, path) in conftest.py"
+            )
+        batches = self.batches(total)
+        cache = self.__dict__.setdefault("_baselines", {})
+        if total not in cache:
+            cache[total] = self._uninterrupted(batches, total)
+        base = cache[total]
+        saved_at = base.truth["_saved_at"]
+        state = self.state()
+        traj = Trajectory()
+        with preserved_rng():
+            seed_all(SEED + 1)  # a new process: the global RNGs are wherever they are
+            try:
+                user_call("load_checkpoint", lambda: self.load(state, str(base.checkpoint)))
+            except RoleError as exc:
+                if _wrote_nothing(base.checkpoint):
+                    raise RoleError(
+                        "save_checkpoint",
+                        f"wrote nothing at the path it was given ({base.checkpoint}), "
+                        f"so dlcheck_load_checkpoint {exc.message}",
+                    ) from None
+                raise
+            _loop_restore(state, base.truth, restore)
+            self.run(state, batches[saved_at:], saved_at, traj, digests=True)
+        return ResumeRun(base.trajectory, traj, saved_at, base.checkpoint, base.pieces)
+
+    def _uninterrupted(self, batches: list[Any], total: int) -> Baseline:
+        state = self.state()
+        traj, truth = Trajectory(), {}
+        path = self.tmp.mktemp("dlcheck-ckpt") / "checkpoint"
+        seen = {"opt": 0}
+
+        def after(i: int) -> None:
+            stepped = traj.calls.count("opt") > seen["opt"]
+            seen["opt"] = traj.calls.count("opt")
+            # save right after an optimizer step (never inside a gradient accumulation) at or past half way
+            if "_saved_at" not in truth and i + 1 >= total // 2 and stepped:
+                user_call("save_checkpoint", lambda: self.save(state, str(path)))
+                truth.update(_loop_truth(state))
+                truth["_saved_at"] = i + 1
+
+        with preserved_rng():
+            seed_all(SEED)
+            self.run(state, batches, 0, traj, digests=True, after=after)
+        if "_saved_at" not in truth or truth["_saved_at"] >= total:
+            raise SetupError(
+                f"no optimizer step happened between micro-steps {total // 2} and {total - 1} to save after "
+                "(raise C1.steps above your gradient accumulation)"
+            )
+        pieces = {p: "" for p in truth if not p.startswith("_")}
+        return Baseline(traj, truth, path, pieces)
+
+
+def _wrote_nothing(path: Path) -> bool:
+    """True when nothing named like ``path`` (the file, a directory, or ``path`` + a suffix) exists."""
+    return not path.exists() and not any(p.name.startswith(path.name) for p in path.parent.iterdir())
+
+
+def _loop_truth(state: dict[str, Any]) -> dict[str, Any]:
+    truth: dict[str, Any] = {"rng": rng_state()}
+    for key, obj in state.items():
+        if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
+            sd = obj.state_dict()
+            truth[key] = (
+                {k: v.detach().clone() for k, v in sd.items()}
+                if isinstance(obj, torch.nn.Module)
+                else copy.deepcopy(sd)
+            )
+    return truth
+
+
+def _loop_restore(state: dict[str, Any], truth: dict[str, Any], restore: frozenset[str]) -> None:
+    for piece in restore:
+        if piece == "rng":
+            set_rng_state(truth["rng"])
+        elif piece in truth and piece in state:
+            state[piece].load_state_dict(copy.deepcopy(truth[piece]))
+
+
+def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
+    """Save a checkpoint, train a step, save again to the same path and interrupt that save half way; then
+    load the path into fresh objects with the user's load function."""
+    if setup.save is MISSING or setup.load is MISSING:
+        raise SetupError(
+            "missing role: define fixtures dlcheck_save_checkpoint and dlcheck_load_checkpoint in conftest.py"
+        )
+    path = setup.tmp.mktemp("dlcheck-atomic") / "checkpoint"
+    first = setup.state()
+    user_call("save_checkpoint", lambda: setup.save(first, str(path)))
+    old_weights = {k: v.detach().clone() for k, v in first["model"].state_dict().items()}
+    sizes = {
+        p.name: p.stat().st_size
+        for p in ([path] if path.is_file() else path.parent.glob(path.name + "*"))
+        if p.is_file()
+    }
+    second = setup.state()
+    with preserved_rng():
+        setup.run(second, setup.batches(1), 0, Trajectory())
+    new_weights = {k: v.detach().clone() for k, v in second["model"].state_dict().items()}
+    with interrupted_saves() as hits:
+        try:
+            user_call("save_checkpoint", lambda: setup.save(second, str(path)))
+        except SaveInterrupted:
+            pass
+    if not hits:
+        raise SetupError(
+            "dlcheck_save_checkpoint does not write through torch.save or safetensors' save_file: it "
+            "cannot be interrupted half way"
+        )
+    after = {
+        p.name: p.stat().st_size
+        for p in ([path] if path.is_file() else path.parent.glob(path.name + "*"))
+        if p.is_file()
+    }
+    size_text = "; ".join(f"{n}: {sizes.get(n, 0)} -> {after.get(n, 0)} bytes" for n in sorted(set(sizes) | set(after)))
+    third = setup.state()
+    try:
+        with preserved_rng():
+            setup.load(third, str(path))
+    except SaveInterrupted:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's load failing is the finding
+        return InterruptedSave(
+            "dlcheck_save_checkpoint",
+            hits[0],
+            str(path),
+            f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+            sizes=size_text,
+        )
+    loaded = {k: v.detach() for k, v in third["model"].state_dict().items()}
+    which = "previous" if same_weights(loaded, old_weights) else "new" if same_weights(loaded, new_weights) else "mixed"
+    return InterruptedSave("dlcheck_save_checkpoint", hits[0], str(path), None, which, size_text)

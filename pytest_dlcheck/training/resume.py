@@ -1,0 +1,228 @@
+"""Resume runs and what a checkpoint holds: the uninterrupted baseline and the resumed run every kind
+of user produces, the state dicts found in saved files, and a save interrupted half way (C2)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .runs import Trajectory
+
+
+@dataclass
+class Baseline:
+    trajectory: Trajectory
+    truth: dict[str, Any]
+    checkpoint: Path
+    #: piece -> where the checkpoint keeps it ("" when it does not)
+    pieces: dict[str, str]
+
+
+@dataclass
+class ResumeRun:
+    uninterrupted: Trajectory
+    resumed: Trajectory
+    saved_at: int
+    checkpoint: Path
+    pieces: dict[str, str]
+
+    def mismatch(self) -> tuple[int, str] | None:
+        """The first step after the save where the resumed run differs from the uninterrupted one."""
+        base = {s.step: s for s in self.uninterrupted.steps}
+        based = dict(self.uninterrupted.digests)
+        for rec in self.resumed.steps:
+            ref = base.get(rec.step)
+            if ref is None or rec.step <= self.saved_at:
+                continue
+            if rec.loss is not None and ref.loss is not None and rec.loss != ref.loss:
+                return rec.step, f"loss {rec.loss:.6g} resumed vs {ref.loss:.6g} uninterrupted"
+            if rec.lr is not None and ref.lr is not None and rec.lr != ref.lr:
+                return rec.step, f"learning rate {rec.lr:.6g} resumed vs {ref.lr:.6g} uninterrupted"
+        for step, value in self.resumed.digests:
+            if step > self.saved_at and step in based and value != based[step]:
+                return step, f"weights differ after the step (digest {value:.9g} resumed vs {based[step]:.9g})"
+        if not any(s.step > self.saved_at for s in self.resumed.steps) and not any(
+            st > self.saved_at for st, _ in self.resumed.digests
+        ):
+            return self.saved_at + 1, "the resumed run trained no step"
+        return None
+
+
+# --------------------------------------------------------------------------------------------------
+# what a checkpoint holds
+
+
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".tar")
+
+
+def read_saved(path: Path) -> list[tuple[str, Any]]:
+    """(where, mapping of str -> tensor) for every state dict found in the file(s) at ``path``: a file, or
+    the checkpoint files of a directory; nested dicts are searched a few levels deep."""
+    path = Path(path)
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in CHECKPOINT_SUFFIXES)
+    else:  # the save function appended its own suffix
+        files = sorted(p for p in path.parent.glob(path.name + "*") if p.is_file())
+    found: list[tuple[str, Any]] = []
+    for f in files:
+        rel = f.name
+        if f.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(f), framework="pt") as handle:
+                found.append((rel, dict.fromkeys(handle.keys())))
+            continue
+        try:
+            obj = torch.load(f, map_location="cpu", weights_only=False)
+        except Exception:  # noqa: BLE001 - not a torch file: nothing to read there
+            continue
+        _collect_state_dicts(obj, rel, found, depth=0)
+    return found
+
+
+def _collect_state_dicts(obj: Any, where: str, out: list[tuple[str, Any]], depth: int) -> None:
+    if isinstance(obj, torch.nn.Module):
+        out.append((where, obj.state_dict()))
+        return
+    if not isinstance(obj, Mapping) or depth > 4:
+        return
+    tensors = {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+    if tensors and len(tensors) == len(obj) and len(tensors) > 1:
+        out.append((where, tensors))
+        return
+    for key, value in obj.items():
+        _collect_state_dicts(value, f"{where}['{key}']", out, depth + 1)
+
+
+WRAPPERS = {
+    "OptimizedModule": "_orig_mod",
+    "DistributedDataParallel": "module",
+    "DataParallel": "module",
+    "FullyShardedDataParallel": "_fsdp_wrapped_module",
+}
+
+
+def unwrapped_keys(model: Any) -> set[str]:
+    """The model's state-dict keys as the unwrapped model has them (no torch.compile / DDP segments)."""
+    keys = set(model.state_dict().keys())
+    segments = []
+    for name, mod in model.named_modules():
+        attr = WRAPPERS.get(type(mod).__name__)
+        if attr:
+            segments.append(f"{name}.{attr}." if name else f"{attr}.")
+    out = set()
+    for key in keys:
+        for seg in segments:
+            if seg in key and (key.startswith(seg) or f".{seg}" in key):
+                head, _, tail = key.partition(seg)
+                key = head + tail
+        out.add(key)
+    return out
+
+
+def strip_wrapper_prefix(key: str, clean: set[str]) -> str | None:
+    """The clean key a saved key maps to once a wrapper segment is dropped, or None."""
+    for attr in set(WRAPPERS.values()):
+        seg = attr + "."
+        start = 0
+        while True:
+            at = key.find(seg, start)
+            if at < 0:
+                break
+            if at == 0 or key[at - 1] == ".":
+                candidate = key[:at] + key[at + len(seg) :]
+                if candidate in clean:
+                    return candidate
+                deeper = strip_wrapper_prefix(candidate, clean)
+                if deeper:
+                    return deeper
+            start = at + 1
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# interrupting a save (C2)
+
+
+class SaveInterrupted(BaseException):
+    """Raised by dlcheck in the middle of a save, as a kill would stop it (a BaseException, so a user's
+    ``except Exception`` does not swallow it)."""
+
+
+@contextlib.contextmanager
+def interrupted_saves(armed: Callable[[], bool] = lambda: True) -> Iterator[list[str]]:
+    """While active (and ``armed()``), ``torch.save`` and safetensors' ``save_file`` write the first half of
+    what they would write to their target, then raise :class:`SaveInterrupted`. Yields the list of
+    interrupted targets."""
+    import io
+    import os
+
+    import torch.serialization
+
+    hits: list[str] = []
+    real_save = torch.save
+
+    def half(target: Any, data: bytes) -> None:
+        if isinstance(target, (str, os.PathLike)):
+            with open(target, "wb") as fh:
+                fh.write(data[: len(data) // 2])
+        else:
+            target.write(data[: len(data) // 2])
+
+    def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        if not armed():
+            return real_save(obj, f, *args, **kwargs)
+        buf = io.BytesIO()
+        real_save(obj, buf, *args, **kwargs)
+        half(f, buf.getvalue())
+        hits.append(str(f) if isinstance(f, (str, os.PathLike)) else type(f).__name__)
+        raise SaveInterrupted(hits[-1])
+
+    patches = [(torch, "save", save), (torch.serialization, "save", save)]
+    try:
+        import safetensors.torch as st
+
+        real_file = st.save_file
+
+        def save_file(tensors: Any, filename: Any, metadata: Any = None) -> None:
+            if not armed():
+                return real_file(tensors, filename, metadata=metadata)
+            half(filename, st.save(tensors, metadata=metadata))
+            hits.append(str(filename))
+            raise SaveInterrupted(str(filename))
+
+        patches.append((st, "save_file", save_file))
+    except ImportError:
+        pass
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, value in patches:
+        setattr(owner, name, value)
+    try:
+        yield hits
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+@dataclass
+class InterruptedSave:
+    how: str
+    #: what was interrupted (the file being written)
+    target: str
+    #: the checkpoint that must still load, and the error loading it raised (None when it loaded)
+    previous: str
+    error: str | None
+    #: when it loaded: "previous", "new" or "mixed" weights
+    loaded: str | None = None
+    sizes: str = ""
+
+
+def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -1,0 +1,414 @@
+"""The shared run machinery every kind of user builds on: recognising the user's objects, fresh copies of
+modules (dropping instance-level method patches: TRL binds a patched ``forward`` to the original module,
+so a deep copy would keep calling the original; copies are verified to share no storage with the
+original), snapshots, RNG states, batches and model calls, and what a run records."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import random
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..guard import preserved_dataloader, preserved_rng
+
+#: the seed every fresh run of a plain loop or a Lightning module starts from (a Trainer uses args.seed)
+SEED = 0
+
+
+class SetupError(Exception):
+    """The user's training cannot be run the way a check needs: the check skips with this reason."""
+
+
+# --------------------------------------------------------------------------------------------------
+# recognising the user's objects
+
+
+def is_hf_trainer(obj: Any) -> bool:
+    return any(
+        c.__module__.startswith(("transformers.", "trl.")) and c.__name__.endswith("Trainer") for c in type(obj).__mro__
+    )
+
+
+def is_lightning_module(obj: Any) -> bool:
+    return any(
+        c.__name__ == "LightningModule" and c.__module__.startswith(("lightning.", "pytorch_lightning."))
+        for c in type(obj).__mro__
+    )
+
+
+def is_lightning_trainer(obj: Any) -> bool:
+    return any(
+        c.__name__ == "Trainer" and c.__module__.startswith(("lightning.pytorch", "pytorch_lightning"))
+        for c in type(obj).__mro__
+    )
+
+
+def is_grpo(trainer: Any) -> bool:
+    return any(c.__name__ == "GRPOTrainer" for c in type(trainer).__mro__)
+
+
+def is_preference(trainer: Any) -> bool:
+    return any(c.__name__ == "DPOTrainer" for c in type(trainer).__mro__)
+
+
+# --------------------------------------------------------------------------------------------------
+# fresh copies, snapshots, RNG
+
+
+def _strip_instance_patches(copied: torch.nn.Module) -> list[str]:
+    """Drop callables set on module instances that shadow a class method (a patched ``forward``): in a deep
+    copy they are the original's closures, still bound to the original module."""
+    dropped = []
+    for name, mod in copied.named_modules():
+        for attr, value in list(vars(mod).items()):
+            if (
+                callable(value)
+                and not isinstance(value, (torch.nn.Module, torch.Tensor, type))
+                and callable(getattr(type(mod), attr, None))
+            ):
+                delattr(mod, attr)
+                dropped.append(f"{name or type(copied).__name__}.{attr}")
+    return dropped
+
+
+def fresh_modules(modules: list[Any], extra_memo: dict[int, Any] | None = None) -> list[Any]:
+    """Independent copies of ``modules`` (copied together, so parameters they share stay shared between
+    the copies), without instance-level method patches, verified to share no storage with the originals."""
+    memo = dict(extra_memo or {})
+    copies = copy.deepcopy(list(modules), memo)
+    originals = {p.data_ptr() for m in modules if m is not None for p in m.parameters()}
+    for cp in copies:
+        if cp is None:
+            continue
+        _strip_instance_patches(cp)
+        shared = [n for n, p in cp.named_parameters() if p.data_ptr() in originals]
+        if shared:
+            raise SetupError(
+                f"a copy of the model still shares storage with the original ({shared[0]}): "
+                "dlcheck trains only copies, never your objects"
+            )
+    return copies
+
+
+@dataclass
+class ModuleSnapshot:
+    """Everything a step may change on a module: tensors, grads, requires_grad, train/eval flags."""
+
+    tensors: dict[str, torch.Tensor]
+    grads: dict[str, torch.Tensor | None]
+    requires_grad: dict[str, bool]
+    training: dict[str, bool]
+
+    @classmethod
+    def take(cls, module: torch.nn.Module) -> ModuleSnapshot:
+        return cls(
+            {k: v.detach().clone() for k, v in module.state_dict(keep_vars=True).items()},
+            {n: None if p.grad is None else p.grad.detach().clone() for n, p in module.named_parameters()},
+            {n: p.requires_grad for n, p in module.named_parameters()},
+            {n: m.training for n, m in module.named_modules()},
+        )
+
+    def restore(self, module: torch.nn.Module) -> None:
+        with torch.no_grad():
+            for k, v in module.state_dict(keep_vars=True).items():
+                if k in self.tensors:
+                    v.copy_(self.tensors[k])
+        for n, p in module.named_parameters():
+            if n in self.grads:
+                p.grad = self.grads[n]
+            if n in self.requires_grad:
+                p.requires_grad_(self.requires_grad[n])
+        for n, m in module.named_modules():
+            if n in self.training:
+                m.training = self.training[n]
+
+
+def rng_state() -> dict[str, Any]:
+    np = sys.modules.get("numpy")
+    state = {"python": random.getstate(), "torch": torch.random.get_rng_state()}
+    if np is not None:
+        state["numpy"] = np.random.get_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.random.set_rng_state(state["torch"])
+    if "numpy" in state and sys.modules.get("numpy") is not None:
+        sys.modules["numpy"].random.set_state(state["numpy"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(seed % 2**32)
+
+
+# --------------------------------------------------------------------------------------------------
+# batches and model calls
+
+
+def to_device(batch: Any, device: Any) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, Mapping):
+        return (
+            type(batch)({k: to_device(v, device) for k, v in batch.items()})
+            if isinstance(batch, dict)
+            else {k: to_device(v, device) for k, v in batch.items()}
+        )
+    if isinstance(batch, (list, tuple)) and not (batch and isinstance(batch[0], Mapping)):
+        moved = [to_device(v, device) for v in batch]
+        return type(batch)(moved) if isinstance(batch, list) else tuple(moved)
+    return batch
+
+
+def batch_len(batch: Any) -> int | None:
+    first = None
+    if isinstance(batch, torch.Tensor):
+        first = batch
+    elif isinstance(batch, Mapping):
+        first = next((v for v in batch.values() if isinstance(v, torch.Tensor) and v.dim() > 0), None)
+    elif isinstance(batch, (list, tuple)) and batch:
+        if isinstance(batch[0], torch.Tensor):
+            first = batch[0]
+        else:
+            return len(batch)
+    return int(first.shape[0]) if first is not None else None
+
+
+def draw_batches(loader: Any, n: int) -> list[Any]:
+    """The first ``n`` batches of a dataloader, whatever their shape, re-iterating it (a new epoch,
+    ``set_epoch`` applied when the sampler has it) when it runs out. The loader's generators and the
+    global RNGs are left as they were."""
+    out: list[Any] = []
+    with preserved_rng(), preserved_dataloader(loader):
+        epoch = 0
+        while len(out) < n:
+            sampler = getattr(loader, "sampler", None)
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+            got = 0
+            for batch in loader:
+                out.append(batch)
+                got += 1
+                if len(out) >= n:
+                    break
+            if got == 0:
+                break
+            epoch += 1
+    return out
+
+
+def device_of(model: Any) -> Any:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def loss_tensor(out: Any) -> torch.Tensor:
+    """The loss a step returned: a tensor, a mapping with 'loss', or an HF ModelOutput."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, Mapping) and "loss" in out:
+        return loss_tensor(out["loss"])
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(out, (list, tuple)) and out and isinstance(out[0], torch.Tensor) and out[0].dim() == 0:
+        return out[0]
+    raise SetupError(f"the loss is a {type(out).__name__}, not a scalar tensor")
+
+
+def as_float(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        return float(value.detach().float().mean()) if value.numel() else None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def output_tensor(out: Any) -> torch.Tensor | None:
+    """The prediction tensor of a model output (HF ``logits``, a tensor, the first tensor of a tuple)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    for key in ("logits", "last_hidden_state", "out"):
+        value = out.get(key) if isinstance(out, Mapping) else getattr(out, key, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    if isinstance(out, Mapping):
+        return next((v for v in out.values() if isinstance(v, torch.Tensor) and v.dim() > 0), None)
+    if isinstance(out, (list, tuple)):
+        return next((v for v in out if isinstance(v, torch.Tensor) and v.dim() > 0), None)
+    return None
+
+
+def _forward_params(model: Any) -> set[str] | None:
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return named or None
+
+
+def model_call(model: Any, batch: Any) -> Callable[[], Any]:
+    """How a model is called on a batch: a mapping by keyword (keys the forward does not name are left
+    out), ``(inputs, targets, …)`` with its first element, a tensor as it is."""
+    if isinstance(batch, Mapping):
+        names = _forward_params(model)
+        kwargs = {k: v for k, v in batch.items() if names is None or k in names}
+        return lambda: model(**kwargs)
+    if isinstance(batch, (list, tuple)) and batch:
+        return lambda: model(batch[0])
+    return lambda: model(batch)
+
+
+def targets_of(batch: Any) -> Any:
+    if isinstance(batch, Mapping):
+        return batch.get("labels", batch.get("label"))
+    if isinstance(batch, (list, tuple)) and len(batch) >= 2:
+        return batch[1]
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# what a run records
+
+
+@dataclass
+class StepRecord:
+    step: int
+    loss: float | None = None
+    grad_norm: float | None = None
+    lr: float | None = None
+    nonfinite_grads: list[str] = field(default_factory=list)
+    nonfinite_params: list[str] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    steps: list[StepRecord] = field(default_factory=list)
+    #: per step, a digest of the model's parameters after it (for bitwise comparisons)
+    digests: list[tuple[int, float]] = field(default_factory=list)
+    #: optimizer.step() and lr_scheduler.step() calls, in order ("opt" / "sched")
+    calls: list[str] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def losses(self) -> list[tuple[int, float]]:
+        return [(s.step, s.loss) for s in self.steps if s.loss is not None]
+
+    def record(self, step: int) -> StepRecord:
+        if not self.steps or self.steps[-1].step != step:
+            self.steps.append(StepRecord(step))
+        return self.steps[-1]
+
+
+def digest(model: Any) -> float:
+    with torch.no_grad():
+        return float(
+            sum(p.detach().double().sum() + p.detach().double().abs().sum() * 1e-3 for p in model.parameters())
+        )
+
+
+def grad_report(params: list[tuple[str, torch.Tensor]]) -> tuple[float, list[str]]:
+    """Total gradient 2-norm and the names of parameters whose gradient holds NaN/Inf."""
+    total, bad = 0.0, []
+    for name, p in params:
+        if p.grad is None:
+            continue
+        g = p.grad.detach()
+        if not torch.isfinite(g).all():
+            bad.append(name)
+            continue
+        total += float(g.double().pow(2).sum())
+    return (math.inf if bad else math.sqrt(total)), bad
+
+
+def nonfinite_params(params: list[tuple[str, torch.Tensor]]) -> list[str]:
+    return [n for n, p in params if not torch.isfinite(p.detach()).all()]
+
+
+def param_names(model: Any) -> dict[int, str]:
+    return {id(p): n for n, p in model.named_parameters()}
+
+
+def optimizer_params(optimizer: Any, names: dict[int, str]) -> list[tuple[str, torch.Tensor]]:
+    return [(names.get(id(p), f"param{i}"), p) for g in optimizer.param_groups for i, p in enumerate(g["params"])]
+
+
+def scheduler_count(scheduler: Any) -> int | None:
+    """How many times a torch LR scheduler has stepped (its own counter; nothing is patched on it, so its
+    state_dict stays picklable)."""
+    if scheduler is None:
+        return None
+    count = getattr(scheduler, "_step_count", None)
+    if count is None:
+        count = getattr(scheduler, "last_epoch", None)
+    return int(count) if isinstance(count, int) else None
+
+
+def watch_optimizer(
+    optimizer: Any, names: dict[int, str], traj: Trajectory, step_of: Callable[[], int]
+) -> Callable[[], None]:
+    """Record, at every optimizer step, the gradient norm, non-finite gradients and parameters, the LR,
+    and the optimizer steps in ``traj.calls``. Returns the function that removes the watch."""
+    params = optimizer_params(optimizer, names)
+
+    def pre(opt, args, kwargs):
+        rec = traj.record(step_of())
+        rec.grad_norm, rec.nonfinite_grads = grad_report(params)
+        rec.lr = float(opt.param_groups[0]["lr"])
+
+    def post(opt, args, kwargs):
+        traj.calls.append("opt")
+        bad = nonfinite_params(params)
+        if bad:
+            traj.record(step_of()).nonfinite_params = bad
+
+    handles = [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]
+    return lambda: [h.remove() for h in handles]
+
+
+# --------------------------------------------------------------------------------------------------
+# the fresh objects a check trains
+
+
+@dataclass
+class Fresh:
+    """Fresh objects at the initial state: the model, how the user's training computes its loss on a
+    batch, and a factory of a fresh optimizer (and scheduler) for this model."""
+
+    model: Any
+    loss: Callable[[Any], torch.Tensor]
+    make_optimizer: Callable[[], tuple[Any, Any]]
+    #: what produced them (a cloned trainer, a module copy, a loop state), kept alive with them
+    owner: Any = None
+
+    def forward(self, batch: Any) -> Any:
+        return model_call(self.model, to_device(batch, device_of(self.model)))()
+
+
+def base_lr(optimizer: Any) -> None:
+    """Put every param group at its base LR (a scheduler built on it may have moved it, e.g. a warmup
+    that starts at 0)."""
+    for g in optimizer.param_groups:
+        if "initial_lr" in g:
+            g["lr"] = g["initial_lr"]

@@ -1,0 +1,279 @@
+"""The user's training as a check gets it: which kind of user this is, the sampled batches, probes (a
+model, its loss and batches, for the checks that need no training run) and the smoke run S1-S5 share.
+A kind of user is a module of this package with a setup class (``kind``, ``sources``, ``describe``,
+``fresh``, ``smoke``, ``resume``, ``saved_state``, ``interrupted_save``) chosen here."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import MISSING
+from ..session import user_call
+from .lightning import LightningSetup
+from .loop import LoopSetup
+from .runs import (
+    Fresh,
+    SetupError,
+    Trajectory,
+    device_of,
+    draw_batches,
+    is_hf_trainer,
+    is_lightning_trainer,
+    loss_tensor,
+    model_call,
+    to_device,
+)
+from .trainer import TrainerSetup
+
+# --------------------------------------------------------------------------------------------------
+# choosing the kind
+
+
+def get_setup(ctx: Any) -> Any:
+    """The user's training, whichever kind they gave; skips naming the fixtures when none is given."""
+    tmp = ctx.request.getfixturevalue("tmp_path_factory")
+    trainer = ctx.role("trainer")
+    if trainer is not MISSING and is_hf_trainer(trainer):
+        return ctx.memo(trainer, "training:setup", lambda: TrainerSetup(trainer, tmp))
+    make = ctx.role("make_training")
+    if make is not MISSING:
+        loader = ctx.role("dataloader")
+        parts = [ctx.role(n) for n in ("train_step", "compute_loss", "loss_fn", "save_checkpoint", "load_checkpoint")]
+        # every part of the loop is in the key: two projects sharing a factory and a loader keep their own step/save
+        return ctx.memo(
+            (make, loader, *parts),
+            "training:setup",
+            lambda: LoopSetup(make, parts[0], parts[1], parts[2], loader, parts[3], parts[4], tmp),
+        )
+    module = ctx.role("lightning_module")
+    if module is not MISSING:
+        dm = ctx.role("datamodule")
+        l_trainer = trainer if trainer is not MISSING and is_lightning_trainer(trainer) else MISSING
+        return ctx.memo((module, dm), "training:setup", lambda: LightningSetup(module, dm, l_trainer, tmp))
+    ctx.skip(
+        "missing role: define fixture dlcheck_trainer (transformers/TRL), or dlcheck_lightning_module + "
+        "dlcheck_datamodule (Lightning), or dlcheck_make_training + dlcheck_dataloader (plain loop) in conftest.py"
+    )
+
+
+def training_batches(ctx: Any, setup: Any, n: int | None = None) -> list[Any]:
+    """Sampled training batches as the user's step takes them (shared across checks)."""
+    if setup.kind == "loop":
+        return setup.batches(n or _n_batches(ctx))
+    loader = ctx.role("dataloader")
+    if loader is MISSING:
+        raise SetupError("no training dataloader could be derived: define fixture dlcheck_dataloader")
+    want = n or _n_batches(ctx)
+    got = ctx.memo(loader, f"training:batches:{want}", lambda: draw_batches(loader, want))
+    if not got:
+        raise SetupError("the training dataloader yielded no batch")
+    return got
+
+
+def eval_batches(ctx: Any, setup: Any) -> list[Any] | None:
+    loader = ctx.role("eval_dataloader")
+    if loader is MISSING:
+        return None
+    want = _n_batches(ctx)
+    return ctx.memo(loader, f"training:batches:{want}", lambda: draw_batches(loader, want)) or None
+
+
+def _n_batches(ctx: Any) -> int:
+    return max(1, math.ceil(ctx.samples / max(1, ctx.batch_size)))
+
+
+#: explainers of what a model or trainer raised on the sampled batches, registered by the domain whose
+#: check owns the root cause (the vlm domain: image tokens cut or mismatched, X4)
+_ROOT_CAUSES: list[Callable[[BaseException], str | None]] = []
+
+
+def explains_failures(explainer: Callable[[BaseException], str | None]) -> Callable[[BaseException], str | None]:
+    """Register ``explainer(exc) -> skip reason naming the check that owns the cause, or None``."""
+    _ROOT_CAUSES.append(explainer)
+    return explainer
+
+
+def root_cause(exc: BaseException) -> str | None:
+    """Root cause first: a skip reason naming the check that explains what a model or trainer raised on
+    the sampled batches, or None."""
+    for explainer in _ROOT_CAUSES:
+        reason = explainer(exc)
+        if reason:
+            return reason
+    return None
+
+
+def run_or_skip(ctx: Any, make: Callable[[], Any]) -> Any:
+    """Run a piece of machinery; a :class:`SetupError` (the training cannot be run the way the check
+    needs) becomes a skip with its reason, and so does a user error another check explains (root_cause)."""
+    try:
+        return make()
+    except SetupError as exc:
+        ctx.skip(str(exc))
+    except Exception as exc:  # a RoleError, or a library's own error from a Trainer's compute_loss
+        reason = root_cause(exc)
+        if reason is None:
+            raise
+        ctx.skip(reason)
+
+
+def memo_or_skip(ctx: Any, sources: Any, key: str, make: Callable[[], Any]) -> Any:
+    """``ctx.memo`` that remembers a SetupError too (so every check sharing the work skips with it)."""
+
+    def capture() -> Any:
+        try:
+            return make()
+        except SetupError as exc:
+            return exc
+        except Exception as exc:  # a RoleError, or a library's own error from a Trainer's compute_loss
+            reason = root_cause(exc)
+            if reason is None:
+                raise
+            return SetupError(reason)
+
+    value = ctx.memo(sources, key, capture)
+    if isinstance(value, SetupError):
+        ctx.skip(str(value))
+    return value
+
+
+# --------------------------------------------------------------------------------------------------
+# probes: a model, its loss and sample batches, for the checks that need no training run
+
+
+def find_setup(ctx: Any) -> Any:
+    """Like :func:`get_setup`, but None instead of a skip when the user gave no training."""
+    if (
+        ctx.has("trainer")
+        and is_hf_trainer(ctx.role("trainer"))
+        or ctx.has("make_training")
+        or ctx.has("lightning_module")
+    ):
+        return get_setup(ctx)
+    return None
+
+
+def probe(ctx: Any) -> tuple[Fresh, list[Any], Any]:
+    """(fresh objects, sample batches, setup or None). Without a training setup, the user's own
+    ``dlcheck_model`` is used as it is, for forward/autograd-only measurements that leave no trace
+    (``torch.autograd.grad`` fills no ``.grad``; train/eval flags are restored by the caller)."""
+    setup = find_setup(ctx)
+    if setup is not None:
+        fresh = memo_or_skip(ctx, setup.sources, "training:fresh-probe", setup.fresh)
+        return fresh, run_or_skip(ctx, lambda: training_batches(ctx, setup)), setup
+    model, loader = ctx.require("model", "dataloader")
+    if not isinstance(model, torch.nn.Module):
+        ctx.skip(f"dlcheck_model is a {type(model).__name__}, not a torch.nn.Module")
+
+    def loss(batch: Any) -> torch.Tensor:
+        batch = to_device(batch, device_of(model))
+        if not isinstance(batch, Mapping):
+            raise SetupError(
+                "the batches are (inputs, targets): define fixture dlcheck_make_training (and "
+                "dlcheck_compute_loss) so the loss can be computed"
+            )
+        return loss_tensor(user_call("model", model_call(model, batch)))
+
+    batches = run_or_skip(
+        ctx,
+        lambda: ctx.memo(loader, f"training:batches:{_n_batches(ctx)}", lambda: draw_batches(loader, _n_batches(ctx))),
+    )
+    if not batches:
+        ctx.skip("dlcheck_dataloader yielded no batch")
+    return Fresh(model, loss, lambda: (None, None), owner=None), batches, None
+
+
+@contextlib.contextmanager
+def modes(model: Any, train: bool) -> Iterator[Any]:
+    """Put the model in train or eval mode, restoring every submodule's own flag afterwards."""
+    saved = [(m, m.training) for m in model.modules()]
+    model.train(train)
+    try:
+        yield model
+    finally:
+        for m, flag in saved:
+            m.training = flag
+
+
+def decode_example(ctx: Any, batch: Any, row: int = 0, limit: int = 120) -> str | None:
+    """The row of a batch as text (token batches and a tokenizer) or as its shape, for evidence lines."""
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    tok = ctx.role("tokenizer")
+    if isinstance(ids, torch.Tensor) and tok is not MISSING:
+        try:
+            mask = batch.get("attention_mask")
+            row_ids = ids[row][mask[row].bool()] if isinstance(mask, torch.Tensor) else ids[row]
+            text = tok.decode(row_ids.tolist())
+        except Exception:  # noqa: BLE001 - a processor without decode: fall back to shapes
+            text = None
+        if text is not None:
+            return repr(text if len(text) <= limit else text[:limit] + "…")
+    return describe_batch(batch)
+
+
+def describe_batch(batch: Any) -> str:
+    def one(v: Any) -> str:
+        if isinstance(v, torch.Tensor):
+            return f"{v.dtype} {tuple(v.shape)}".replace("torch.", "")
+        return type(v).__name__
+
+    if isinstance(batch, Mapping):
+        return "{" + ", ".join(f"{k}: {one(v)}" for k, v in batch.items()) + "}"
+    if isinstance(batch, (list, tuple)):
+        return "(" + ", ".join(one(v) for v in batch) + ")"
+    return one(batch)
+
+
+# --------------------------------------------------------------------------------------------------
+# the smoke run shared by S1-S5
+
+
+@dataclass
+class SmokeRun:
+    setup: Any
+    trajectory: Trajectory
+    trained: Fresh
+    steps: int
+
+
+def smoke_steps(ctx: Any) -> int:
+    """The length of the shared smoke run: the setting ``S1.steps`` (it sets every smoke check's run)."""
+    from ..registry import load_checks
+
+    return int(ctx.state.setting(load_checks()["S1"], "steps"))
+
+
+def smoke_run(ctx: Any) -> SmokeRun:
+    setup = get_setup(ctx)
+    steps = smoke_steps(ctx)
+
+    def make() -> SmokeRun:
+        traj, trained = setup.smoke(steps)
+        return SmokeRun(setup, traj, trained, steps)
+
+    return memo_or_skip(ctx, setup.sources, f"smoke:{steps}", make)
+
+
+def mean_loss(fresh: Fresh, batches: list[Any]) -> float | None:
+    """Mean eval-mode loss of ``fresh`` over ``batches`` (no gradients, modes restored)."""
+    values = []
+    with modes(fresh.model, train=False), torch.no_grad():
+        for batch in batches:
+            try:
+                values.append(float(fresh.loss(batch)))
+            except SetupError:
+                return None
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else None
+
+
+def show_losses(traj: Trajectory, upto: int | None = None, last: int = 6) -> str:
+    pairs = [(s, v) for s, v in traj.losses() if upto is None or s <= upto]
+    shown = pairs[-last:]
+    return ", ".join(f"{s}: {v:.4g}" for s, v in shown) or "none logged"

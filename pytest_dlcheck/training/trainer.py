@@ -1,0 +1,425 @@
+"""Kind 1: a transformers / TRL ``Trainer``. Runs go through a clone of it (same class, arguments,
+datasets, collator and callbacks, around a fresh copy of the model), so the real ``train()`` loop,
+checkpoint-* directories and ``resume_from_checkpoint`` are exercised."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .resume import Baseline, InterruptedSave, ResumeRun, SaveInterrupted, interrupted_saves, read_saved
+from .runs import (
+    Fresh,
+    SetupError,
+    Trajectory,
+    as_float,
+    digest,
+    fresh_modules,
+    grad_report,
+    is_grpo,
+    is_preference,
+    nonfinite_params,
+    rng_state,
+    set_rng_state,
+)
+
+# --------------------------------------------------------------------------------------------------
+# kind 1: a transformers / TRL Trainer
+
+
+_FRAMEWORK_CALLBACKS = ("transformers.", "trl.", "accelerate.")
+
+
+class TrainerSetup:
+    kind = "trainer"
+
+    def interrupted_save(self) -> InterruptedSave:
+        """A checkpoint saved over an earlier one and interrupted half way (C2)."""
+        return trainer_interrupted_save(self)
+
+    def __init__(self, trainer: Any, tmp: Any):
+        self.trainer = trainer
+        self.tmp = tmp
+        self.name = type(trainer).__name__
+        self.preference = is_preference(trainer)
+        self.grpo = is_grpo(trainer)
+
+    @property
+    def sources(self) -> Any:
+        return self.trainer
+
+    def describe(self) -> str:
+        return f"a clone of your {self.name} (fresh model copy, same args, data and callbacks)"
+
+    # ---- cloning ------------------------------------------------------------------------------------
+
+    def clone(self, tag: str, **overrides: Any) -> Any:
+        """A new trainer of the user's class around fresh copies of the model (and reference model),
+        writing under a tmp dir, reporting and pushing nothing."""
+        from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+        tr = self.trainer
+        ref = getattr(tr, "ref_model", None)
+        models = fresh_modules([tr.model] + ([ref] if ref is not None else []))
+        out = self.tmp.mktemp(f"dlcheck-{tag}")
+        base = dict(
+            output_dir=str(out),
+            report_to="none",
+            push_to_hub=False,
+            disable_tqdm=True,
+            logging_steps=1,
+            logging_nan_inf_filter=False,
+            eval_strategy="no",
+            save_strategy="no",
+            load_best_model_at_end=False,
+            hub_token=None,
+        )
+        base.update(overrides)
+        args = clone_args(tr.args, base)
+        opt, sched = self._rebuild_optimizers(models[0])
+        values = {
+            "model": models[0],
+            "ref_model": models[1] if ref is not None else None,
+            "args": args,
+            "data_collator": tr.data_collator,
+            "train_dataset": tr.train_dataset,
+            "eval_dataset": tr.eval_dataset,
+            "processing_class": getattr(tr, "processing_class", None),
+            "compute_metrics": tr.compute_metrics,
+            "callbacks": self._user_callbacks(),
+            "optimizers": (opt, sched),
+            "peft_config": None,
+            "formatting_func": None,
+        }
+        if getattr(tr, "padding_free", False):
+            values["data_collator"] = None  # TRL makes its own in padding-free mode (and refuses one passed in)
+        cls = type(tr)
+        params = inspect.signature(cls.__init__).parameters
+        kwargs = {}
+        for name in params:
+            if name == "self" or params[name].kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+                continue
+            if name in values:
+                kwargs[name] = values[name]
+            elif hasattr(tr, name):
+                kwargs[name] = getattr(tr, name)
+        # the datasets are already prepared (tokenized, packed): TRL must not prepare them again
+        attrs = {"_prepare_dataset": lambda self, dataset, *a, **k: dataset} if hasattr(cls, "_prepare_dataset") else {}
+        clone_cls = type(cls.__name__, (cls,), attrs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            clone = clone_cls(**kwargs)
+        for cb in (PrinterCallback, ProgressCallback):
+            clone.remove_callback(cb)
+        return clone
+
+    def _user_callbacks(self) -> list[Any]:
+        own = [
+            cb
+            for cb in self.trainer.callback_handler.callbacks
+            if not type(cb).__module__.startswith(_FRAMEWORK_CALLBACKS)
+        ]
+        return [copy.deepcopy(cb) for cb in own]
+
+    def _rebuild_optimizers(self, fresh_model: Any) -> tuple[Any, Any]:
+        """An optimizer/scheduler the user passed in ``optimizers=`` rebuilt over the fresh model's
+        parameters (matched by name), as they were before any step: a trainer handed over after
+        ``train()`` holds the Trainer's own scheduler (made for that run's length, left, say, at LR 0)
+        and a used optimizer; the clone makes its own scheduler then, and starts the optimizer empty."""
+        import collections
+
+        opt, sched = self.trainer.optimizer, self.trainer.lr_scheduler
+        if opt is None:
+            return None, None
+        if getattr(self.trainer, "_created_lr_scheduler", False):
+            sched = None  # the Trainer's, not the user's: the clone creates one for its own run
+        by_name = dict(fresh_model.named_parameters())
+        memo = {id(p): by_name[n] for n, p in self.trainer.model.named_parameters() if n in by_name}
+        new_opt = copy.deepcopy(opt, memo)
+        new_opt.state = collections.defaultdict(dict)  # no moments or step counts from an earlier run
+        new_sched = copy.deepcopy(sched, {**memo, id(opt): new_opt}) if sched is not None else None
+        if new_sched is not None and getattr(new_sched, "last_epoch", 0) > 0 and hasattr(new_sched, "_initial_step"):
+            for group in new_opt.param_groups:  # back to the schedule's first step
+                if "initial_lr" in group:
+                    group["lr"] = group["initial_lr"]
+            new_sched.last_epoch = -1
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                new_sched._initial_step()
+        return new_opt, new_sched
+
+    # ---- fresh objects --------------------------------------------------------------------------------
+
+    def fresh(self) -> Fresh:
+        if self.grpo:
+            raise SetupError(
+                "GRPOTrainer computes its loss on completions it generates inside the step; the "
+                "smoke checks (S1-S3) run it for real"
+            )
+        clone = self.clone("fresh")
+
+        def loss(batch: Any) -> torch.Tensor:
+            inputs = clone._prepare_inputs(batch)
+            with clone.compute_loss_context_manager():
+                return clone.compute_loss(clone.model, inputs)
+
+        def make_optimizer() -> tuple[Any, Any]:
+            if self.trainer.optimizer is not None:  # passed in optimizers=(...): rebuilt over the clone's model
+                return self._rebuild_optimizers(clone.model)
+            clone.optimizer = None
+            return clone.create_optimizer(), None
+
+        return Fresh(clone.model, loss, make_optimizer, owner=clone)
+
+    # ---- runs -----------------------------------------------------------------------------------------
+
+    def _recorder(self, traj: Trajectory, digests: bool = False):
+        from transformers import TrainerCallback
+
+        class Record(TrainerCallback):
+            def __init__(self) -> None:
+                self.params: list = []
+
+            def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+                if model is not None and not self.params:
+                    self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+                rec = traj.record(state.global_step + 1)
+                rec.grad_norm, rec.nonfinite_grads = grad_report(self.params)
+
+            def on_optimizer_step(self, args, state, control, **kw):
+                traj.calls.append("opt")
+                bad = nonfinite_params(self.params)
+                if bad:
+                    traj.record(state.global_step + 1).nonfinite_params = bad
+
+            def on_step_end(self, args, state, control, model=None, **kw):
+                if digests and model is not None:
+                    traj.digests.append((state.global_step, digest(model)))
+
+            def on_log(self, args, state, control, logs=None, **kw):
+                logs = logs or {}
+                if "loss" not in logs:
+                    return
+                rec = traj.record(state.global_step)
+                rec.loss = as_float(logs["loss"])
+                rec.lr = as_float(logs.get("learning_rate", rec.lr))
+                if logs.get("grad_norm") is not None:
+                    rec.grad_norm = as_float(logs["grad_norm"])
+                rec.metrics = {
+                    k: as_float(v) for k, v in logs.items() if k not in ("loss", "learning_rate", "grad_norm", "epoch")
+                }
+
+        return Record()
+
+    def saved_state(self) -> tuple[Any, list[tuple[str, Any]], str]:
+        """(the model, the state dicts found in what the Trainer saves, how it was saved)."""
+        return _trainer_saved(self)
+
+    def smoke(self, steps: int) -> tuple[Trajectory, Fresh]:
+        clone = self.clone("smoke", max_steps=steps)
+        traj = Trajectory()
+        clone.add_callback(self._recorder(traj))
+        traj.notes["optimizer"] = None
+        with _quiet():
+            clone.train()
+        traj.notes["optimizer"] = clone.optimizer
+        traj.notes["scheduler"] = clone.lr_scheduler
+        fresh = Fresh(
+            clone.model, lambda b: _trainer_loss(clone, b), lambda: (clone.optimizer, clone.lr_scheduler), owner=clone
+        )
+        return traj, fresh
+
+    def resume(self, total: int, restore: frozenset[str] = frozenset()) -> ResumeRun:
+        """Train ``total`` steps saving at half way (the Trainer's own checkpoint-* directory), then a
+        second clone resumes with ``resume_from_checkpoint``; ``restore`` names pieces put back from the
+        uninterrupted run's in-memory truth after the Trainer's own loading (for the diagnosis)."""
+        k = max(1, total // 2)
+        base = self._uninterrupted(total, k)
+        clone = self.clone(
+            "resume", max_steps=total, **({"ignore_data_skip": False} if "data position" in restore else {})
+        )
+        traj = Trajectory()
+        clone.add_callback(self._recorder(traj, digests=True))
+        truth = base.truth
+        if restore:
+            _patch_trainer_restore(clone, truth, restore)
+        with _quiet():
+            clone.train(resume_from_checkpoint=str(base.checkpoint))
+        return ResumeRun(base.trajectory, traj, k, base.checkpoint, base.pieces)
+
+    def _uninterrupted(self, total: int, k: int) -> Baseline:
+        key = (total, k)
+        cache = self.__dict__.setdefault("_baselines", {})
+        if key not in cache:
+            clone = self.clone("run", max_steps=total, save_strategy="steps", save_steps=k, save_total_limit=None)
+            traj = Trajectory()
+            clone.add_callback(self._recorder(traj, digests=True))
+            truth: dict[str, Any] = {}
+            from transformers import TrainerCallback
+
+            class Truth(TrainerCallback):
+                def on_step_end(self, args, state, control, model=None, **kw):
+                    if state.global_step == k:
+                        truth.update(_trainer_truth(clone))
+
+            clone.add_callback(Truth())
+            with _quiet():
+                clone.train()
+            ckpt = Path(clone.args.output_dir) / f"checkpoint-{k}"
+            if not ckpt.is_dir():
+                raise SetupError(f"the Trainer wrote no {ckpt.name} directory after {k} steps")
+            pieces = _trainer_pieces(clone, ckpt)
+            cache[key] = Baseline(traj, truth, ckpt, pieces)
+        return cache[key]
+
+
+def clone_args(args: Any, overrides: dict[str, Any]) -> Any:
+    """A copy of a TrainingArguments / TRL config with some fields changed. Set on a deep copy, not through
+    ``dataclasses.replace``: re-running ``__post_init__`` on already post-processed values fails for some
+    configs (GRPOConfig derives generation_batch_size from steps_per_generation)."""
+    import enum
+
+    new = copy.deepcopy(args)
+    for name, value in overrides.items():
+        if not hasattr(new, name):
+            continue
+        current = getattr(new, name)
+        if isinstance(current, enum.Enum) and isinstance(value, str):
+            value = type(current)(value)
+        if name == "report_to":
+            value = [] if value in (None, "none") else [value] if isinstance(value, str) else list(value)
+        object.__setattr__(new, name, value)
+    return new
+
+
+def _trainer_saved(setup: TrainerSetup) -> tuple[Any, list[tuple[str, Any]], str]:
+    clone = setup.clone("save")
+    out = Path(clone.args.output_dir) / "saved"
+    with _quiet():
+        clone.save_model(str(out))
+    return clone.model, read_saved(out), f"the Trainer's save_model ({out.name}/)"
+
+
+def _trainer_loss(clone: Any, batch: Any) -> torch.Tensor:
+    inputs = clone._prepare_inputs(batch)
+    with clone.compute_loss_context_manager():
+        return clone.compute_loss(clone.model, inputs)
+
+
+def _trainer_truth(clone: Any) -> dict[str, Any]:
+    truth = {"model": {k: v.detach().clone() for k, v in clone.model.state_dict().items()}, "rng": rng_state()}
+    if clone.optimizer is not None:
+        truth["optimizer"] = copy.deepcopy(clone.optimizer.state_dict())
+    if clone.lr_scheduler is not None:
+        truth["lr_scheduler"] = copy.deepcopy(clone.lr_scheduler.state_dict())
+    return truth
+
+
+def _trainer_pieces(clone: Any, ckpt: Path) -> dict[str, str]:
+    """Which pieces of the training state the checkpoint directory holds, by the Trainer's file names."""
+    files = {p.name for p in ckpt.iterdir()}
+    weights = any(f.startswith(("model", "pytorch_model", "adapter_model")) for f in files)
+    pieces = {
+        "model": "model weights file" if weights else "",
+        "optimizer": "optimizer.pt" if "optimizer.pt" in files or "optimizer.bin" in files else "",
+        "lr_scheduler": "scheduler.pt" if "scheduler.pt" in files else "",
+        "rng": "rng_state.pth" if any(f.startswith("rng_state") for f in files) else "",
+        "data position": "" if clone.args.ignore_data_skip else "trainer_state.json global_step (batches skipped)",
+    }
+    return pieces
+
+
+def _patch_trainer_restore(clone: Any, truth: dict[str, Any], restore: frozenset[str]) -> None:
+    """After the Trainer loads its checkpoint, put back the named pieces from the uninterrupted run."""
+    load_opt, load_rng, load_model = (
+        clone._load_optimizer_and_scheduler,
+        clone._load_rng_state,
+        clone._load_from_checkpoint,
+    )
+
+    def load_optimizer_and_scheduler(checkpoint):
+        load_opt(checkpoint)
+        if "optimizer" in restore and "optimizer" in truth:
+            clone.optimizer.load_state_dict(copy.deepcopy(truth["optimizer"]))
+        if "lr_scheduler" in restore and "lr_scheduler" in truth:
+            clone.lr_scheduler.load_state_dict(copy.deepcopy(truth["lr_scheduler"]))
+
+    def load_rng_state(checkpoint):
+        load_rng(checkpoint)
+        if "rng" in restore:
+            set_rng_state(truth["rng"])
+
+    def load_from_checkpoint(checkpoint, model=None):
+        load_model(checkpoint, model) if model is not None else load_model(checkpoint)
+        if "model" in restore:
+            clone.model.load_state_dict(truth["model"])
+
+    clone._load_optimizer_and_scheduler = load_optimizer_and_scheduler
+    clone._load_rng_state = load_rng_state
+    clone._load_from_checkpoint = load_from_checkpoint
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            from transformers.utils import logging as hf_logging
+
+            level, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+            hf_logging.set_verbosity_error()
+            hf_logging.disable_progress_bar()
+        except ImportError:
+            hf_logging = None
+        try:
+            yield
+        finally:
+            if hf_logging is not None:
+                hf_logging.set_verbosity(level)
+                if bars:
+                    hf_logging.enable_progress_bar()
+
+
+def trainer_interrupted_save(setup: TrainerSetup) -> InterruptedSave:
+    """Checkpoint after steps 1 and 2; the second save is interrupted half way; a fresh clone must resume
+    from checkpoint-1."""
+    from transformers import TrainerCallback
+
+    clone = setup.clone("atomic", max_steps=2, save_strategy="steps", save_steps=1, save_total_limit=None)
+    arm = {"on": False}
+
+    class Arm(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            arm["on"] = state.global_step == 2
+
+    clone.add_callback(Arm())
+    with interrupted_saves(lambda: arm["on"]) as hits, _quiet():
+        try:
+            clone.train()
+        except SaveInterrupted:
+            pass
+    out = Path(clone.args.output_dir)
+    previous = out / "checkpoint-1"
+    if not hits or not previous.is_dir():
+        raise SetupError(
+            "the Trainer's second checkpoint was not written through torch.save/safetensors: it cannot be interrupted"
+        )
+    resume = setup.clone("atomic-resume", max_steps=2)
+    try:
+        with _quiet():
+            resume.train(resume_from_checkpoint=str(previous))
+    except Exception as exc:  # noqa: BLE001 - the resume failing is the finding
+        return InterruptedSave(
+            "the Trainer's checkpoint-* directories",
+            hits[0],
+            str(previous),
+            f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+        )
+    return InterruptedSave("the Trainer's checkpoint-* directories", hits[0], str(previous), None, "previous")
