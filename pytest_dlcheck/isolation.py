@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from .guard import preserved_rng, seed_everything
+from . import guard
 
 #: the Hugging Face switches a check runs under: offline, no telemetry (a TRL trainer a check builds
 #: would otherwise ping the hub from a thread). Only modules already imported are touched.
@@ -103,10 +103,10 @@ def check_frame():
     the hub libraries are offline (no download, no telemetry: pytest-dlcheck never reaches the
     network); a skip is reported at the user's conftest.py rather than at the plugin line that raised it."""
     try:
-        with preserved_rng(), hub_switches() as saved:
+        with guard.preserved_rng(), hub_switches() as saved:
             _USER_HUB.append(saved)
             try:
-                seed_everything(0)
+                guard.seed_everything(0)
                 yield
             finally:
                 _USER_HUB.pop()

@@ -79,18 +79,35 @@ def test_the_wheel_installs_the_checks_inside_the_plugin_and_lists_them_all(tmp_
     assert "pytest_dlcheck/checks/llm/eos_supervised.py" in names
     assert "pytest_dlcheck/checks/shared/multimodal.py" in names
     assert "pytest_dlcheck/report.schema.json" in names
-    site = tmp_path / "site"
-    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True)
-    # the wheel's copy comes first on the path (its entry point and its modules), the dependencies from .venv
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    # a fresh venv: the wheel installed into its own site-packages; the dependencies (pytest, torch…) seen
+    # through a plain path line to the test venv's site-packages (a plain line runs none of that
+    # directory's .pth files, so this checkout's editable install stays out of it)
+    venv = tmp_path / "fresh"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
+    deps = subprocess.run(
+        [sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (site / "zz-test-dependencies.pth").write_text(deps + "\n")
+    subprocess.run([*pip, "--python", str(python), "install", "--no-deps", str(wheel)], check=True)
     where = subprocess.run(
         [
-            sys.executable,
+            str(python),
             "-c",
             "import pytest_dlcheck.checks as c, pytest_dlcheck.registry as r; "
             "print(c.__path__[0]); print(len(r.load_checks()))",
         ],
-        env=env,
         capture_output=True,
         text=True,
         check=True,
@@ -98,8 +115,7 @@ def test_the_wheel_installs_the_checks_inside_the_plugin_and_lists_them_all(tmp_
     ).stdout.split()
     assert where[0] == str(site / "pytest_dlcheck" / "checks")
     listed = subprocess.run(
-        [sys.executable, "-m", "pytest", "--dlcheck-list", "-p", "no:cacheprovider"],
-        env=env,
+        [str(python), "-m", "pytest", "--dlcheck-list", "-p", "no:cacheprovider"],
         capture_output=True,
         text=True,
         cwd=tmp_path,

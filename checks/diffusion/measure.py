@@ -11,7 +11,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import MISSING
+from ...errors import MISSING, RoleError
+from ...guard import preserved_dataloader
+from ...roles import ROLES
+from ...sampling import SampleError, as_batch_dict, get_sample, spread_positions
 
 # ---- the user's objects ------------------------------------------------------------------------------
 
@@ -139,8 +142,6 @@ def normalize_inputs(out: Any, role: str = "training_inputs") -> dict[str, Any]:
     """The user's dict under canonical keys; tensors detached to CPU (timesteps kept integral)."""
     import torch
 
-    from ...errors import RoleError
-
     if not isinstance(out, Mapping):
         raise RoleError(
             role,
@@ -187,8 +188,6 @@ def training_draws(ctx: Any, min_rows: int = 64) -> list[Draw]:
     """Calls of the user's ``dlcheck_training_inputs`` on the shared sample batches, cycling over them
     until ``min_rows`` examples were drawn (at least 2 calls); computed once per session and shared by
     DF3, DF4, DF6, DF7 and DF8. Runs without gradients; the check item restores every RNG afterwards."""
-    from ...sampling import get_sample
-
     fn = user_callable(ctx, "training_inputs", ctx.role("training_inputs"))
     sample = get_sample(ctx)
     batches = sample.batches
@@ -276,9 +275,6 @@ def redraw_batches(ctx: Any, calls: int) -> tuple[str, Iterator[tuple[list[Any],
     dropout in a dataset transform or in the collator is drawn anew each time), spread over as many
     distinct examples as the dataset has. Yields (example keys, batch). Skips naming the roles if the
     data path is missing."""
-    from ...guard import preserved_dataloader
-    from ...roles import ROLES
-    from ...sampling import SampleError, as_batch_dict, spread_positions
 
     def as_dict(batch: Any, role: str) -> Mapping[str, Any]:
         try:
@@ -408,8 +404,6 @@ def uniform_cdf_gap(values: list[int], T: int) -> tuple[float, int]:
 
 
 def user_callable(ctx: Any, name: str, obj: Any) -> Callable[..., Any]:
-    from ...errors import RoleError
-
     if not callable(obj):
         raise RoleError(name, f"is a {type(obj).__name__}, expected a callable")
     return obj

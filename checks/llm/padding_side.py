@@ -14,6 +14,7 @@ import torch
 from ...errors import MISSING
 from ...guard import eval_mode
 from ...registry import Setting, check
+from ...sampling import sample_rows
 from ..shared import lm
 from .common import online_trainer, token_sample
 
@@ -250,8 +251,6 @@ def _user_prompts(dlcheck: Any, prompts: Any, tok: Any) -> tuple[dict, str]:
 
 
 def _trainer_prompts(dlcheck: Any, trainer: Any, kind: str, tok: Any) -> tuple[dict, str] | None:
-    from ...sampling import sample_rows
-
     dataset = dlcheck.role("raw_dataset")
     if dataset is MISSING:
         return None

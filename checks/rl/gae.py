@@ -8,6 +8,7 @@ import numpy as np
 
 from ...errors import MISSING, RoleError
 from ...registry import Setting, check
+from ...session import user_call
 from . import measure as rl
 
 
@@ -176,6 +177,4 @@ def _autoreset_of(env: Any) -> str | None:
 
 
 def _build_env(factory: Any) -> Any:
-    from ...session import user_call
-
     return user_call("env", factory)

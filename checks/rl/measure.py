@@ -22,6 +22,7 @@ import numpy as np
 
 from ...errors import RoleError
 from ...guard import eval_mode
+from ...session import user_call
 
 SAME_STEP, NEXT_STEP = "same_step", "next_step"
 AUTORESET_MODES = (SAME_STEP, NEXT_STEP)
@@ -945,8 +946,6 @@ def env_name(env: Any) -> str:
 def env_observations(env_or_factory: Any, steps: int, seed: int = 0) -> tuple[np.ndarray, str]:
     """``steps`` observations of a fresh env from the factory (or a deep copy of the env), acting
     uniformly at random; the user's env is never stepped."""
-    from ...session import user_call
-
     if callable(env_or_factory) and not is_env(env_or_factory):
         env = user_call("env", env_or_factory)
         where = f"a fresh env from dlcheck_env ({env_name(env)})"
@@ -1194,8 +1193,6 @@ def log_series(log: Any, what: str) -> tuple[str | None, list[tuple[int, float]]
 def iter_minibatches(value: Any) -> Iterator[Any]:
     """The advantages of each minibatch from dlcheck_advantage_minibatches: an iterable, or a callable
     returning one, of arrays/tensors or of dicts with an 'advantages' entry."""
-    from ...session import user_call
-
     items = user_call("advantage_minibatches", value) if callable(value) else value
     for item in user_call("advantage_minibatches", lambda: list(items)):
         if isinstance(item, dict):

@@ -20,7 +20,8 @@ from typing import Any
 
 from ...errors import MISSING, RoleError
 from ...guard import eval_mode, preserved_dataloader, preserved_rng
-from ...sampling import sample_rows
+from ...sampling import sample_rows, spread_positions
+from ...session import user_call
 
 IMAGE_KEYS = ("image", "img", "pixel_values", "images", "imgs", "input", "inputs", "x")
 TARGET_KEYS = (
@@ -384,8 +385,6 @@ def _read_dataset(dataset: Any, n: int, role: str) -> tuple[list[Item], list[int
 
 
 def _read_loader(loader: Any, n: int, role: str) -> list[Item]:
-    from ...session import user_call
-
     items: list[Item] = []
     with preserved_dataloader(loader):
         it = user_call(role, lambda: iter(loader))
@@ -957,8 +956,6 @@ def label_population(ctx: Any, sample: VisionSample, n: int) -> tuple[list[int],
     """Classification labels of the training data: every label when the dataset exposes them (checked
     against the sampled examples), else up to ``n`` labels read at spread positions (or from the
     dataloader's batches). Returns (labels, where from, complete)."""
-    from ...sampling import spread_positions
-
     ds = map_dataset(ctx, "train")
     loader = ctx.role("dataloader")
     role = "dataset" if ctx.has("dataset") else "dataloader"

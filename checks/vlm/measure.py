@@ -21,10 +21,16 @@ from ...errors import MISSING, RoleError
 from ...guard import eval_mode, preserved_tokenizer
 from ...session import user_call
 from ..shared.lm import model_device, token_text
-from ..shared.multimodal import (
+
+# the towers of a multimodal model are shared with T3; the vlm checks read them through this module
+from ..shared.multimodal import (  # noqa: F401
     ALIASES,
+    AUTO_NAMES,
+    DISPLAY,
+    PROJECTOR_PARAMS,
     TOWERS,
     Towers,
+    find_towers,
     tower_of,
 )
 

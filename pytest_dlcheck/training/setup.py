@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..errors import MISSING
+from ..registry import load_checks
 from ..session import user_call
 from .lightning import LightningSetup
 from .loop import LoopSetup
@@ -244,8 +245,6 @@ class SmokeRun:
 
 def smoke_steps(ctx: Any) -> int:
     """The length of the shared smoke run: the setting ``S1.steps`` (it sets every smoke check's run)."""
-    from ..registry import load_checks
-
     return int(ctx.state.setting(load_checks()["S1"], "steps"))
 
 

@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from pytest_dlcheck.session import in_plugin
+
 #: library state that every call rewrites from its arguments, not a setting a check could leave behind:
 #: torchvision's MultiScaleRoIAlign recomputes scales/map_levels from the feature maps on each forward
 PER_CALL = {"MultiScaleRoIAlign": ("scales", "map_levels")}
@@ -472,7 +474,7 @@ class FileWrites:
         try:
             frames = traceback.extract_stack()[:-3]
             where = next(
-                (f"{f.filename}:{f.lineno} in {f.name}" for f in reversed(frames) if "pytest_dlcheck" in f.filename),
+                (f"{f.filename}:{f.lineno} in {f.name}" for f in reversed(frames) if in_plugin(f.filename)),
                 frames[-1].filename if frames else "?",
             )
         finally:

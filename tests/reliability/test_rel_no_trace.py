@@ -81,4 +81,4 @@ def test_the_tracker_sees_each_kind_of_trace(pytester, monkeypatch):
     assert "weight: changed (largest change 0.0" in traces, traces
     assert ".training: True -> False" in traces, traces
     assert "process state torch.random: changed" in traces, traces
-    assert "leak.txt (written at /" in traces and "pytest_dlcheck/lm.py" in traces, traces
+    assert "leak.txt (written at /" in traces and "checks/shared/lm.py" in traces, traces
