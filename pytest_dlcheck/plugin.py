@@ -18,6 +18,7 @@ from .listing import print_catalog
 from .outcome import explain, internal_note, render_failure, render_role_error, timeout_rendered
 from .property import run_property
 from .report import PROPERTY, Results, payload
+from .roles import ROLES
 from .session import (
     ARTIFACTS_KEY,
     CHECK_KEY,
@@ -161,9 +162,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # session state
 
 
-def _setting_source(config: pytest.Config) -> tuple[str, str]:
-    if config.option.dlcheck:
-        return config.option.dlcheck, "command line"
+def _setting_source(config: pytest.Config, options: Any = None) -> tuple[str, str]:
+    options = config.option if options is None else options
+    if getattr(options, "dlcheck", None):
+        return options.dlcheck, "command line"
     if os.environ.get(ENV_VAR):
         return os.environ[ENV_VAR], f"env {ENV_VAR}"
     value = config.getini("dlcheck")
@@ -260,8 +262,22 @@ def pytest_configure(config: pytest.Config) -> None:
         timeout=_timeout(config),
     )
     config.stash[STATE_KEY] = state
-    config.pluginmanager.register(fixtures, "dlcheck-fixtures")
+    if not config.pluginmanager.has_plugin(FIXTURES_PLUGIN):
+        config.pluginmanager.register(fixtures, FIXTURES_PLUGIN)
     config.pluginmanager.register(Results(config), "dlcheck-results")
+
+
+FIXTURES_PLUGIN = "dlcheck-fixtures"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """With --dlcheck on, the default role fixtures are registered before the initial conftest.py files
+    load: a role fixture from a module they name in ``pytest_plugins`` (global, like ours) is registered
+    after ours then, and overrides the default as the user's own fixture must."""
+    options = early_config.known_args_namespace
+    if getattr(options, "dlcheck_list", None) is None and _setting_source(early_config, options)[0]:
+        early_config.pluginmanager.register(fixtures, FIXTURES_PLUGIN)
 
 
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
@@ -282,19 +298,51 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     ]
 
 
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str] | None:
+    state = config.stash.get(STATE_KEY, None)
+    xdist_controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    if state is None or state.role_files or xdist_controller or not state.selected:
+        return None
+    return [NO_CHECK_COLLECTED]
+
+
+#: said after collection and in the summary when --dlcheck is on and no conftest.py hands over a role
+NO_CHECK_COLLECTED = (
+    "dlcheck: no check collected: no conftest.py defines dlcheck_* fixtures (e.g. dlcheck_model, "
+    "dlcheck_trainer); the checks are collected beside the conftest.py that defines them"
+)
+
+
 # --------------------------------------------------------------------------------------------------
 # collection: the checks are collected beside each conftest.py that defines dlcheck_* fixtures
 
 
 def _fixture_names(module: Any) -> set[str]:
+    """The fixtures a module defines, named as pytest registers them: the explicit ``name=``, else the
+    attribute the fixture is bound to (``dlcheck_model = pytest.fixture(build)`` is ``dlcheck_model``)."""
     names = set()
     for attr, obj in vars(module).items():
-        name = getattr(obj, "name", None) if type(obj).__name__ == "FixtureFunctionDefinition" else None
-        if name is None and hasattr(obj, "_pytestfixturefunction"):  # pytest < 8.4
-            name = getattr(obj._pytestfixturefunction, "name", None) or attr
-        if name:
-            names.add(name)
+        marker = getattr(obj, "_fixture_function_marker", None)
+        if marker is None and hasattr(obj, "_pytestfixturefunction"):  # pytest < 8.4
+            marker = obj._pytestfixturefunction
+        if marker is not None:
+            names.add(getattr(marker, "name", None) or attr)
     return names
+
+
+def _plugin_modules(config: pytest.Config, module: Any) -> list[Any]:
+    """The modules a conftest.py brings in with ``pytest_plugins`` (their fixtures are the conftest's too)."""
+    import sys
+
+    declared = getattr(module, "pytest_plugins", ())
+    names = [declared] if isinstance(declared, str) else list(declared or ())
+    found = []
+    for name in names:
+        plugin = config.pluginmanager.get_plugin(name) if isinstance(name, str) else None
+        plugin = plugin if plugin is not None else sys.modules.get(name) if isinstance(name, str) else None
+        if plugin is not None:
+            found.append(plugin)
+    return found
 
 
 def _role_fixtures(config: pytest.Config, file_path: Path) -> set[str]:
@@ -305,7 +353,22 @@ def _role_fixtures(config: pytest.Config, file_path: Path) -> set[str]:
         )
     if module is None:
         return set()
-    return {n for n in _fixture_names(module) if n.startswith("dlcheck_")}
+    names = _fixture_names(module)
+    for plugin in _plugin_modules(config, module):
+        names |= _fixture_names(plugin)
+    return {n for n in names if n.startswith("dlcheck_")}
+
+
+def _unknown_roles(names: set[str]) -> list[str]:
+    """``dlcheck_*`` fixtures that are no role, each with the closest role's fixture when there is one."""
+    import difflib
+
+    known = {ROLES[r].fixture for r in ROLES}
+    out = []
+    for name in sorted(names - known):
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+        out.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    return out
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -323,6 +386,13 @@ class DlcheckFile(pytest.File):
 
     def collect(self):
         state = session_state(self.config)
+        unknown = _unknown_roles(_role_fixtures(self.config, self.path))
+        if unknown:
+            raise self.CollectError(
+                f"{self.path.name}: {'; '.join(unknown)}: no pytest-dlcheck role of that name (fixtures named "
+                "dlcheck_* hand objects to the checks; the roles: pytest --dlcheck-list)"
+            )
+        state.role_files.append(str(self.path))
         for check in state.selected:
             yield CheckItem.from_parent(self, name=check.item_name, callobj=check.func)
             if check.property_mode and state.property_examples:

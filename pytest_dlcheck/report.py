@@ -131,9 +131,16 @@ class Results:
         return Counter((r.domain, r.outcome) for r in self.results.values())
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        if not self.results:
-            return
         tr = terminalreporter
+        if not self.results:
+            if not hasattr(self.config, "workerinput"):
+                tr.write_sep("=", "dlcheck summary")
+                tr.write_line(
+                    "no check ran: no conftest.py defines dlcheck_* fixtures (or -k/-m deselected every check); "
+                    "the checks are collected beside the conftest.py that defines them",
+                    yellow=True,
+                )
+            return
         tr.write_sep("=", "dlcheck summary")
         by = self.counts()
         colours = {

@@ -60,6 +60,8 @@ class DlcheckState:
     shared: dict[Any, Any] = field(default_factory=dict)
     #: strong references to the objects whose ids key ``shared`` so an id is never reused
     keep_alive: list[Any] = field(default_factory=list)
+    #: the conftest.py files whose checks this process collected
+    role_files: list[str] = field(default_factory=list)
 
     def memo(self, sources: Any, key: str, make: Callable[[], Any]) -> Any:
         """Compute once per session per (source objects, key); the hub of work sharing across checks."""
