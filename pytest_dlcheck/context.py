@@ -16,6 +16,9 @@ from .session import (
     ARTIFACTS_KEY,
     CHECK_KEY,
     CONTEXT_KEY,
+    MEASURED_KEY,
+    MISSING_ROLE,
+    NOT_APPLICABLE,
     DlcheckState,
     session_state,
     user_call,
@@ -114,7 +117,7 @@ class CheckContext:
             parts = ([f"define fixture {'; '.join(missing)} in conftest.py"] if missing else []) + [
                 f"{n} returned None" for n in nones
             ]
-            pytest.skip(f"missing role: {'; '.join(parts)}")
+            pytest.skip(f"{MISSING_ROLE} {'; '.join(parts)}")
         return values
 
     def call(self, role: str, fn: Callable[[], Any]) -> Any:
@@ -150,6 +153,19 @@ class CheckContext:
         self.request.node.stash.setdefault(ARTIFACTS_KEY, []).append({"kind": kind, **jsonable(payload)})
 
     # ---- verdicts ----------------------------------------------------------------------------------
+
+    def measured(self, *evidence: str, **data: Any) -> None:
+        """Record what a passing check measured — counts, the numbers compared, what was looked at. A pass
+        carries this evidence (``-v``/``-rA``, the JSON and the HTML report); a check that found nothing
+        to judge does not pass: it skips (``not_applicable`` or a missing role) instead."""
+        record = self.request.node.stash.setdefault(MEASURED_KEY, {"evidence": [], "data": {}})
+        record["evidence"].extend(str(e) for e in evidence)
+        record["data"].update(jsonable(data))
+
+    def not_applicable(self, reason: str) -> NoReturn:
+        """The check does not concern this kind of pipeline (PPO has no KL reference, a pixel-space model
+        has no VAE): said as such, and summarised apart from missing roles."""
+        pytest.skip(f"{NOT_APPLICABLE} {reason}")
 
     def fail(self, evidence: list[str] | str, cause: str, fix: str, **data: Any) -> NoReturn:
         raise CheckFailed([evidence] if isinstance(evidence, str) else list(evidence), cause, fix, data)

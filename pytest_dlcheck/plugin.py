@@ -24,6 +24,7 @@ from .session import (
     CHECK_KEY,
     CONTEXT_KEY,
     DEFAULT_TIMEOUT,
+    MEASURED_KEY,
     STATE_KEY,
     DlcheckState,
     session_state,
@@ -504,10 +505,26 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
         if isinstance(exc, (RoleError, CheckFailed, CheckStopped)) and report.when != "call":
             report.longrepr = item.repr_failure(call.excinfo)
         artifacts = item.stash.get(ARTIFACTS_KEY, []) if report.when == "call" else []
+        measured = item.stash.get(MEASURED_KEY, None) if report.when == "call" and report.passed else None
+        if measured and measured["evidence"]:
+            report.sections.append(("dlcheck evidence", "\n".join(measured["evidence"])))
         try:
-            info = payload(item.check, report.when, report.outcome, exc, artifacts)
+            info = payload(item.check, report.when, report.outcome, exc, artifacts, measured)
         except Exception as err:  # noqa: BLE001 - a report must never turn into an INTERNALERROR
             info = payload(item.check, report.when, report.outcome, None, [])
             info["error"] = f"(could not record the outcome's details: {type(err).__name__})"
         report.user_properties.append((PROPERTY, info))
     return report
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
+    """``-v`` shows what a passing check measured, in one line, beside PASSED."""
+    if report.when != "call" or not report.passed:
+        return None
+    info = next((v for k, v in report.user_properties if k == PROPERTY), None)
+    evidence = (info or {}).get("evidence") or []
+    if not evidence:
+        return None
+    text = " ".join(evidence[0].split())
+    text = text if len(text) <= 70 else text[:69] + "…"
+    return "passed", ".", (f"PASSED ({text})", {"green": True})

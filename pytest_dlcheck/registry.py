@@ -17,8 +17,9 @@ from typing import Any
 #: nothing yet); any other name is an error.
 DOMAINS = ("llm", "vision", "diffusion", "rl", "vlm", "train", "ckpt", "smoke")
 
-#: Sections every check's doc must have, in this order (the ruff rule-doc sections).
-DOC_SECTIONS = ("What it does", "Why it is bad", "Example", "Use instead", "Known problems")
+#: Sections every check's doc must have, in this order (the ruff rule-doc sections, and when the check does
+#: not concern a pipeline: it then skips "not applicable").
+DOC_SECTIONS = ("What it does", "Why it is bad", "Example", "Use instead", "Known problems", "Not applicable")
 
 ENTRY_POINT_GROUP = "pytest_dlcheck.checks"
 #: the package of the built-in checks (``checks/`` at the top of the source tree, installed here)

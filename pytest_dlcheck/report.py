@@ -17,6 +17,7 @@ import pytest
 from . import __version__, registry
 from .errors import CheckFailed, RoleError
 from .html import write_html
+from .session import MISSING_ROLE, NOT_APPLICABLE
 
 PROPERTY = "dlcheck"
 SCHEMA_VERSION = 1
@@ -75,7 +76,14 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def payload(check: registry.Check, when: str, outcome: str, exc: BaseException | None, artifacts: list) -> dict:
+def payload(
+    check: registry.Check,
+    when: str,
+    outcome: str,
+    exc: BaseException | None,
+    artifacts: list,
+    measured: dict | None = None,
+) -> dict:
     """What one report carries about its check (plain JSON, so xdist can ship it to the controller)."""
     out: dict[str, Any] = {
         "id": check.id,
@@ -94,6 +102,8 @@ def payload(check: registry.Check, when: str, outcome: str, exc: BaseException |
         out.update(reason=str(exc.msg))
     elif exc is not None:
         out.update(error=f"{type(exc).__name__}: {exc}")
+    elif measured:
+        out.update(evidence=list(measured["evidence"]), data=jsonable(measured["data"]))
     return out
 
 
@@ -118,6 +128,9 @@ class Results:
         res.duration += report.duration
         res.artifacts.extend(info.get("artifacts", []))
         if report.outcome == "passed":
+            for key in ("evidence", "data"):
+                if info.get(key):
+                    setattr(res, key, info[key])
             return
         if report.failed:
             res.outcome = "failed" if report.when == "call" else "error"
@@ -159,11 +172,12 @@ class Results:
         failed = sorted({r.id for r in self.results.values() if r.outcome in ("failed", "error")}, key=_id_order)
         if failed:
             tr.write_line("failed:    " + " ".join(failed), red=True)
-        missing = Counter(
-            r.reason for r in self.results.values() if r.outcome == "skipped" and r.reason.startswith("missing role")
-        )
-        for reason, n in sorted(missing.items()):
-            tr.write_line(f"skipped:   {reason} ({n} check{'s' if n > 1 else ''})")
+        for prefix, label in ((MISSING_ROLE, "skipped:  "), (NOT_APPLICABLE, "n/a:      ")):
+            grouped = Counter(
+                r.reason for r in self.results.values() if r.outcome == "skipped" and r.reason.startswith(prefix)
+            )
+            for reason, n in sorted(grouped.items()):
+                tr.write_line(f"{label} {reason} ({n} check{'s' if n > 1 else ''})")
         # information items (DF1, DF7, L6) skip with what they measured: shown here, not only under -rs
         infos = sorted(
             (

@@ -24,6 +24,12 @@ STATE_KEY = pytest.StashKey["DlcheckState"]()
 CHECK_KEY = pytest.StashKey["Check"]()
 CONTEXT_KEY = pytest.StashKey[Any]()
 ARTIFACTS_KEY = pytest.StashKey[list]()
+#: what a passing check measured: {"evidence": [lines], "data": {name: number}}
+MEASURED_KEY = pytest.StashKey[dict]()
+
+#: the reason prefixes of the outcomes that are skips in pytest's terms
+MISSING_ROLE = "missing role:"
+NOT_APPLICABLE = "not applicable:"
 
 #: seconds a check may run before it is stopped and reported (a hung dataloader, an endless user loop)
 DEFAULT_TIMEOUT = 300.0

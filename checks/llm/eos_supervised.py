@@ -45,6 +45,8 @@ def check_eos_supervised(dlcheck):
     Known problems
         Needs labels in the batch; skips when the collator leaves them to the model. A pipeline that
         deliberately trains without EOS (pure continuation pretraining) should ignore L11.
+    Not applicable
+        Batches that are not token batches (images, (inputs, targets) tuples).
     """
     tok = dlcheck.role("tokenizer")
     eos = lm.special_id(tok, "eos")
@@ -90,6 +92,14 @@ def check_eos_supervised(dlcheck):
         dlcheck.skip(f"all {truncated} sampled documents fill their row without EOS (truncated?); see L13")
     bad = masked + no_eos + outside_mask
     if len(bad) / judged <= dlcheck.setting("max_missing_share"):
+        stop_names = ", ".join(sorted({lm.token_text(tok, i) for i in stops}))
+        dlcheck.measured(
+            f"{judged - len(bad)} of {judged} sampled documents end with a supervised stop token ({stop_names})"
+            + (f"; {truncated} cut at the row's end left to L13" if truncated else ""),
+            documents=judged,
+            unsupervised=len(bad),
+            truncated=truncated,
+        )
         return
 
     row, pos = bad[0]

@@ -1,0 +1,70 @@
+"""The four honest outcomes: a pass carries what it measured (-v, -rA, the JSON report), "not applicable"
+is said as such and summarised apart from missing roles, a missing role names the fixture."""
+
+import json
+
+from llm.test_l11_eos_supervised import LM_COLLATOR
+
+from pytest_dlcheck import registry
+
+NOT_APPLICABLE = """
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        import tiny
+        return tiny.tokenizer()
+"""
+
+
+def test_a_pass_shows_what_it_measured(project, tmp_path):
+    project.conftest(LM_COLLATOR.format(pad="tiny.PAD", eos=True))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=L11", "-rA", f"--dlcheck-json={out}")
+    run.assert_outcome("L11", "passed")
+    # -v: one line beside PASSED; -rA: the whole evidence under the passes
+    run.fnmatch(["*::L11_eos_supervised PASSED (8 of 8 sampled documents end with a supervised stop token*"])
+    run.fnmatch(["*dlcheck evidence*", "8 of 8 sampled documents end with a supervised stop token (<|endoftext|>)"])
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["outcome"] == "passed"
+    assert result["evidence"] == ["8 of 8 sampled documents end with a supervised stop token (<|endoftext|>)"]
+    assert result["data"] == {"documents": 8, "unsupervised": 0, "truncated": 0}
+
+
+def test_not_applicable_and_missing_role_are_summarised_apart(project, monkeypatch):
+    # the throwaway check registers in this process: the registry is put back afterwards
+    monkeypatch.setattr(registry, "_CHECKS", dict(registry._CHECKS))
+    project.conftest(
+        NOT_APPLICABLE
+        + """
+    from pytest_dlcheck.registry import check
+
+    @check("L99", domain="llm", title="a check that concerns other pipelines", roles=("tokenizer",))
+    def check_other_kind(dlcheck):
+        '''Not applicable to this one.
+
+        What it does
+            x
+        Why it is bad
+            x
+        Example
+            x
+        Use instead
+            x
+        Known problems
+            x
+        Not applicable
+            x
+        '''
+        dlcheck.not_applicable("this tokenizer has no image processor (a text-only pipeline)")
+    """
+    )
+    run = project.run("--dlcheck=L99,L1")
+    run.fnmatch(["*L99_other_kind SKIPPED (not applicable: *"])
+    run.fnmatch(
+        [
+            "*dlcheck summary*",
+            "skipped:   missing role: define fixture dlcheck_model (or dlcheck_trainer) in conftest.py (1 check)",
+            "n/a:       not applicable: this tokenizer has no image processor (a text-only pipeline) (1 check)",
+        ]
+    )
