@@ -101,9 +101,11 @@ def check_frame():
     """Around a check's setup and call: the global RNGs start from a fixed seed (a check that draws
     through the user's code gives the same verdict whatever ran before it) and are put back afterwards;
     the hub libraries are offline (no download, no telemetry: pytest-dlcheck never reaches the
-    network); a skip is reported at the user's conftest.py rather than at the plugin line that raised it."""
+    network); ``torch.compile``'d modules run eagerly (a check judges what the model computes, and
+    compiling under its probes — autograd transforms, many shapes — fails or only costs time); a skip is
+    reported at the user's conftest.py rather than at the plugin line that raised it."""
     try:
-        with guard.preserved_rng(), hub_switches() as saved:
+        with guard.preserved_rng(), hub_switches() as saved, _eager_compile():
             _USER_HUB.append(saved)
             try:
                 guard.seed_everything(0)
@@ -113,6 +115,15 @@ def check_frame():
     except pytest.skip.Exception as exc:
         exc._use_item_location = True
         raise
+
+
+def _eager_compile() -> contextlib.AbstractContextManager:
+    """``torch.compiler.set_stance("force_eager")`` when torch is imported and has it (torch >= 2.6)."""
+    import sys
+
+    compiler = getattr(sys.modules.get("torch"), "compiler", None)
+    stance = getattr(compiler, "set_stance", None)
+    return stance("force_eager") if stance is not None else contextlib.nullcontext()
 
 
 class CheckTimeout(BaseException):

@@ -71,10 +71,7 @@ class LightningSetup:
         module, _ = self._copies()
 
         def loss(batch: Any) -> torch.Tensor:
-            batch = to_device(batch, device_of(module))
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                return loss_tensor(module.training_step(batch, 0))
+            return step_loss(module, batch)
 
         def make_optimizer() -> tuple[Any, Any]:
             opt, sched, _ = lightning_optimizers(module)
@@ -127,9 +124,23 @@ class LightningSetup:
                 rec.grad_norm, rec.nonfinite_grads = grad_report(self.params)
                 rec.lr = float(optimizer.param_groups[0]["lr"])
 
+            def on_train_start(self, trainer, pl_module):
+                self.manual: list[torch.Tensor] = []
+                if not pl_module.automatic_optimization:  # the loss goes to manual_backward, not out
+                    backward = pl_module.manual_backward
+
+                    def manual_backward(loss, *args, **kwargs):
+                        self.manual.append(loss.detach())
+                        return backward(loss, *args, **kwargs)
+
+                    pl_module.manual_backward = manual_backward
+
             def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
                 rec = traj.record(trainer.global_step)
                 loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
+                if loss is None and getattr(self, "manual", None):
+                    loss = sum(self.manual) / len(self.manual)
+                    self.manual.clear()
                 rec.loss = as_float(loss)
                 bad = nonfinite_params(self.params)
                 if bad:
@@ -152,9 +163,7 @@ class LightningSetup:
         module._trainer = None  # detached: its training_step (and self.log) is called again on its own
 
         def loss(batch: Any) -> torch.Tensor:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                return loss_tensor(module.training_step(to_device(batch, device_of(module)), 0))
+            return step_loss(module, batch)
 
         return traj, Fresh(module, loss, lambda: (traj.notes["optimizer"], None), owner=(module, trainer))
 
@@ -259,6 +268,58 @@ def _lightning_quiet() -> Iterator[None]:
     finally:
         for lg, level in zip(loggers, levels):
             lg.setLevel(level)
+
+
+class _NoStep:
+    """An optimizer or scheduler a manual-optimization ``training_step`` is handed when a check only
+    wants its loss: ``step``/``zero_grad`` do nothing, everything else is the real object's."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def zero_grad(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def step_loss(module: Any, batch: Any) -> torch.Tensor:
+    """The loss of the module's own ``training_step`` on ``batch``, outside a Trainer. Under manual
+    optimization (``automatic_optimization = False``) the step computes its loss, hands it to
+    ``self.manual_backward`` and steps its optimizers itself: the loss is taken from
+    ``manual_backward`` (no backward runs), and ``self.optimizers()`` / ``self.lr_schedulers()`` give
+    objects whose ``step`` does nothing, so nothing is trained."""
+    batch = to_device(batch, device_of(module))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if module.automatic_optimization:
+            return loss_tensor(module.training_step(batch, 0))
+        captured: list[torch.Tensor] = []
+        opt, sched, _ = lightning_optimizers(module)
+        patches = {
+            "manual_backward": lambda loss, *a, **k: captured.append(loss),
+            "optimizers": lambda *a, **k: _NoStep(opt),
+            "lr_schedulers": lambda *a, **k: _NoStep(sched) if sched is not None else None,
+            "toggle_optimizer": lambda *a, **k: None,
+            "untoggle_optimizer": lambda *a, **k: None,
+        }
+        saved = {name: vars(module)[name] for name in patches if name in vars(module)}
+        for name, fn in patches.items():
+            setattr(module, name, fn)
+        try:
+            out = module.training_step(batch, 0)
+        finally:
+            for name in patches:
+                delattr(module, name)
+            for name, fn in saved.items():
+                setattr(module, name, fn)
+        if captured:
+            return captured[0] if len(captured) == 1 else torch.stack([c.reshape(()) for c in captured]).mean()
+        return loss_tensor(out)
 
 
 def lightning_optimizers(module: Any) -> tuple[Any, Any, str | None]:

@@ -67,6 +67,8 @@ def _strip_instance_patches(copied: torch.nn.Module) -> list[str]:
     copy they are the original's closures, still bound to the original module."""
     dropped = []
     for name, mod in copied.named_modules():
+        if _compiled(mod):
+            continue  # a torch.compile'd module's forward is its own, rebuilt on the copy by its __setstate__
         for attr, value in list(vars(mod).items()):
             if (
                 callable(value)
@@ -76,6 +78,11 @@ def _strip_instance_patches(copied: torch.nn.Module) -> list[str]:
                 delattr(mod, attr)
                 dropped.append(f"{name or type(copied).__name__}.{attr}")
     return dropped
+
+
+def _compiled(mod: torch.nn.Module) -> bool:
+    kind = type(mod)
+    return kind.__name__ == "OptimizedModule" and kind.__module__.startswith("torch._dynamo")
 
 
 def fresh_modules(modules: list[Any], extra_memo: dict[int, Any] | None = None) -> list[Any]:

@@ -1,0 +1,100 @@
+"""Two Lightning users the train/ckpt/smoke checks must run as they are written: manual optimization
+(Lightning's docs: ``automatic_optimization = False``, ``self.optimizers()``, ``manual_backward``,
+gradient accumulation by hand, the scheduler stepped on the accumulation boundary) and a module holding a
+``torch.compile``'d submodule (Lightning's torch.compile guide; the eager backend keeps it fast on CPU)."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def blobs(n: int, seed: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, 3, (n,), generator=g)
+    centres = torch.tensor([[2.0, 0.0], [-2.0, 0.0], [0.0, 2.0]])
+    return TensorDataset(centres[y] + 0.3 * torch.randn(n, 2, generator=g), y)
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+class ManualClassifier(pl.LightningModule):
+    def __init__(self, lr: float = 1e-2, accumulate: int = 2):
+        super().__init__()
+        self.automatic_optimization = False
+        self.accumulate = accumulate
+        self.lr = lr
+        self.net = mlp()
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        sched = self.lr_schedulers()
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.manual_backward(loss / self.accumulate)
+        if (batch_idx + 1) % self.accumulate == 0:
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+        self.log("train_loss", loss)
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=self.lr)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 3))
+        return [opt], [sched]
+
+
+class CompiledClassifier(pl.LightningModule):
+    def __init__(self, lr: float = 1e-2):
+        super().__init__()
+        self.lr = lr
+        self.net = torch.compile(mlp(), backend="eager")
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", F.cross_entropy(self(x), y))
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=self.lr)
+
+
+class Blobs(pl.LightningDataModule):
+    def setup(self, stage=None):
+        self.train_set, self.val_set = blobs(64, seed=0), blobs(32, seed=1)
+
+    def train_dataloader(self):
+        return DataLoader(self.train_set, batch_size=8)
+
+    def val_dataloader(self):
+        return DataLoader(self.val_set, batch_size=8)
+
+
+PROJECT = """
+    import pytest, torch, lightning_kinds as lk
+
+    @pytest.fixture(scope="session")
+    def dlcheck_lightning_module():
+        torch.manual_seed(0)
+        return lk.{module}()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_datamodule():
+        return lk.Blobs()
+"""

@@ -1,0 +1,35 @@
+"""Lightning manual optimization and a compiled submodule run through the train, ckpt and smoke checks:
+no check blames the user's module for being used outside a Trainer, and none loses the compiled forward."""
+
+import lightning_kinds as lk
+import pytest
+
+CHECKS = "T1,T2,T3,T4,T5,S1,S2,S3,C1,C2,C18"
+
+
+@pytest.mark.parametrize("module", ["ManualClassifier", "CompiledClassifier"])
+def test_train_ckpt_smoke_run_on_the_module_as_written(project, module):
+    project.conftest(lk.PROJECT.format(module=module))
+    run = project.run(f"--dlcheck={CHECKS}")
+    assert "not attached to a `Trainer`" not in run.text and "internal error" not in run.text, run.text
+    assert "has no attribute 'forward'" not in run.text and "_forward_unimplemented" not in run.text, run.text
+    for cid in ("T1", "T3", "T5", "S1", "S3"):
+        run.assert_outcome(cid, "passed")
+    assert run.result.ret == 0, run.text
+
+
+def test_the_manual_step_trains_nothing_when_a_check_only_wants_its_loss(project):
+    from pytest_dlcheck.training.lightning import step_loss
+
+    module = lk.ManualClassifier()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    x, y = lk.blobs(8, seed=3).tensors
+    loss = step_loss(module, (x, y))
+    assert loss.requires_grad and loss.item() > 0.5  # three classes, an untrained net: about ln 3
+    assert all(p.grad is None for p in module.parameters())
+    assert all(torch_equal(before[k], v) for k, v in module.state_dict().items())
+    assert "optimizers" not in vars(module) and "manual_backward" not in vars(module)
+
+
+def torch_equal(a, b):
+    return bool((a == b).all())
