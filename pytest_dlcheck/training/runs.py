@@ -361,11 +361,23 @@ def optimizer_params(optimizer: Any, names: dict[int, str]) -> list[tuple[str, t
     return [(names.get(id(p), f"param{i}"), p) for g in optimizer.param_groups for i, p in enumerate(g["params"])]
 
 
+def unwrap_prepared(obj: Any) -> Any:
+    """The torch optimizer or LR scheduler inside what ``accelerator.prepare`` returned
+    (``AcceleratedOptimizer.optimizer``, ``AcceleratedScheduler.scheduler``), else ``obj``. The wrappers
+    step the inner object only when gradients are synchronised (the end of an accumulation), so the inner
+    one's counters and hooks see the real steps."""
+    kind = type(obj)
+    if kind.__module__.startswith("accelerate.") and kind.__name__ in ("AcceleratedOptimizer", "AcceleratedScheduler"):
+        return getattr(obj, "optimizer", None) or getattr(obj, "scheduler", None) or obj
+    return obj
+
+
 def scheduler_count(scheduler: Any) -> int | None:
     """How many times a torch LR scheduler has stepped (its own counter; nothing is patched on it, so its
     state_dict stays picklable)."""
     if scheduler is None:
         return None
+    scheduler = unwrap_prepared(scheduler)
     count = getattr(scheduler, "_step_count", None)
     if count is None:
         count = getattr(scheduler, "last_epoch", None)
@@ -377,6 +389,7 @@ def watch_optimizer(
 ) -> Callable[[], None]:
     """Record, at every optimizer step, the gradient norm, non-finite gradients and parameters, the LR,
     and the optimizer steps in ``traj.calls``. Returns the function that removes the watch."""
+    optimizer = unwrap_prepared(optimizer)
     params = optimizer_params(optimizer, names)
 
     def pre(opt, args, kwargs):
