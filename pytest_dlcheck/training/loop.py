@@ -19,6 +19,7 @@ from .resume import Baseline, InterruptedSave, ResumeRun, SaveInterrupted, inter
 from .runs import (
     SEED,
     Fresh,
+    NotTheBatch,
     SetupError,
     Trajectory,
     as_float,
@@ -95,7 +96,13 @@ class LoopSetup:
     def loss_of(self, model: Any, batch: Any) -> torch.Tensor:
         if self.compute_loss is not MISSING:
             return loss_tensor(user_call("compute_loss", lambda: self.compute_loss(model, batch)))
-        out_call = model_call(model, batch)
+        try:
+            out_call = model_call(model, batch)
+        except NotTheBatch as exc:
+            raise SetupError(
+                f"missing role: define fixture dlcheck_compute_loss (model, batch) -> loss: {type(model).__name__} "
+                f"does not take the batch ({str(exc).split(': ', 1)[1].split(', which')[0]})"
+            ) from None
         if isinstance(batch, Mapping):
             return loss_tensor(user_call("make_training", out_call))
         if self.loss_fn is not MISSING and isinstance(batch, (list, tuple)) and len(batch) >= 2:

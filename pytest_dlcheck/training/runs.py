@@ -266,20 +266,40 @@ def output_tensor(out: Any) -> torch.Tensor | None:
     return None
 
 
-def _forward_params(model: Any) -> set[str] | None:
+def _forward_params(model: Any) -> tuple[set[str], list[str]] | None:
+    """(the parameters the forward names, those it requires), or None when it cannot be read."""
     try:
         params = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
         return None
-    named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return named or None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    named = {n for n, p in params.items() if p.kind in kinds}
+    required = [n for n, p in params.items() if p.kind in kinds and p.default is inspect.Parameter.empty]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None  # **kwargs: the forward takes any field
+    return (named, required) if named else None
+
+
+class NotTheBatch(SetupError):
+    """The model's forward does not take the batch as it comes (a UNet called on a text-to-image batch
+    needs noisy latents, timesteps and text states the user's loss computes): the checks that call the
+    model on a batch do not concern this pipeline."""
 
 
 def model_call(model: Any, batch: Any) -> Callable[[], Any]:
     """How a model is called on a batch: a mapping by keyword (keys the forward does not name are left
-    out), ``(inputs, targets, …)`` with its first element, a tensor as it is."""
+    out), ``(inputs, targets, …)`` with its first element, a tensor as it is. A mapping without a field
+    the forward requires raises :class:`NotTheBatch` (the check says "not applicable")."""
     if isinstance(batch, Mapping):
-        names = _forward_params(model)
+        found = _forward_params(model)
+        names, required = found if found is not None else (None, [])
+        lacking = [n for n in required if n not in batch]
+        if lacking:
+            raise NotTheBatch(
+                f"not applicable: {type(model).__name__}.forward requires {', '.join(lacking)}, which the batches "
+                f"(fields: {', '.join(map(str, batch)) or 'none'}) do not hold: the model is called by your loss "
+                "(dlcheck_compute_loss / dlcheck_train_step), not on the batch"
+            )
         kwargs = {k: v for k, v in batch.items() if names is None or k in names}
         return lambda: model(**kwargs)
     if isinstance(batch, (list, tuple)) and batch:
