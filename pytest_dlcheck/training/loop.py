@@ -330,6 +330,19 @@ def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
     first = setup.state()
     user_call("save_checkpoint", lambda: setup.save(first, str(path)))
     old_weights = {k: v.detach().clone() for k, v in first["model"].state_dict().items()}
+    # the control: the checkpoint must load when nothing interrupts anything, or an interrupted save is
+    # not what would break the resume (torch >= 2.6 loads with weights_only=True: a checkpoint holding an
+    # argparse.Namespace, as torchvision's references save, fails to load either way)
+    control = setup.state()
+    try:
+        with preserved_rng():
+            setup.load(control, str(path))
+    except Exception as exc:  # noqa: BLE001 - the user's load failing is reported, not raised
+        raise SetupError(
+            f"cannot judge an interrupted save: dlcheck_load_checkpoint fails on the checkpoint "
+            f"dlcheck_save_checkpoint has just written, with no interruption: {type(exc).__name__}: "
+            f"{' '.join(str(exc).split())[:240]} (C1 reports the failing resume)"
+        ) from None
     sizes = {
         p.name: p.stat().st_size
         for p in ([path] if path.is_file() else path.parent.glob(path.name + "*"))
