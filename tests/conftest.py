@@ -98,3 +98,8 @@ class Run:
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> Project:
     return Project(pytester)
+
+
+# the real-code corpus: user projects (each a conftest.py with dlcheck_* fixtures), run by
+# tests/reliability/test_rel_realcode.py with --dlcheck=all, not collected as this suite's own conftests
+collect_ignore = ["realcode/projects"]
