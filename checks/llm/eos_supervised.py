@@ -69,12 +69,16 @@ def check_eos_supervised(dlcheck):
                 docs.append((row, real, end, len(spans) > 1))
     longest = max((len(real) for _, real, _, _ in docs), default=0)
 
+    # a pad token that is also a generation stop (Qwen's <|endoftext|> in generation_config.eos_token_id)
+    # fills the padding: after the content it is padding, not an EOS shut out by the attention mask
+    pad_is_eos = pad is not None and pad == eos
+    shut_out = stops if pad_is_eos or pad is None else stops - {pad}
     masked, no_eos, outside_mask, truncated, judged = [], [], [], 0, 0
     for row, real, end, packed in docs:
-        last = real[-1]
+        last = _end_of_document(tok, row, real, stops)
         if row.input_ids[last] not in stops:
             # the EOS right after the content, shut out by the attention mask, is L14's bug
-            if last + 1 < end and row.input_ids[last + 1] in stops and (last + 1) not in row.content:
+            if last + 1 < end and row.input_ids[last + 1] in shut_out and (last + 1) not in row.content:
                 outside_mask.append((row, last + 1))
                 judged += 1
             elif len(real) == longest or (packed and last == len(row.input_ids) - 1):
@@ -148,3 +152,29 @@ def check_eos_supervised(dlcheck):
             cause = "the tokenizer appends no EOS (add_eos_token is off, as for Llama/Mistral) and the data pipeline does not add one"
             fix = "append tokenizer.eos_token to every training text (or completion) before tokenizing, or enable the tokenizer's EOS post-processor"
     dlcheck.fail(evidence, cause, fix)
+
+
+#: blank tokens a chat template may put after a turn's stop token (ChatML renders "<|im_end|>\n")
+MAX_TRAILING_BLANKS = 2
+
+
+def _end_of_document(tok, row, real: list[int], stops: set[int]) -> int:
+    """The position that ends a document: its last real token, or a stop token followed only by the
+    template's blank tokens (ChatML's newline after <|im_end|>) — the stop token is what the model must
+    learn to emit; the newline after it is never generated."""
+    last = real[-1]
+    for back in range(1, MAX_TRAILING_BLANKS + 1):
+        if back >= len(real) or row.input_ids[real[-back]] in stops:
+            break
+        if not _blank(tok, row.input_ids[real[-back]]):
+            break  # a word, not the template's newline
+        if row.input_ids[real[-back - 1]] in stops:
+            return real[-back - 1]
+    return last
+
+
+def _blank(tok, token_id: int) -> bool:
+    try:
+        return not lm.text_tokenizer(tok).decode([int(token_id)]).strip()
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot decode one id: not known to be blank
+        return False
