@@ -157,14 +157,17 @@ def check_attention_mask(dlcheck):
         position_ids instead). Without pre-tokenized examples (a collator that tokenizes text, or a
         bare dataloader), a masked final EOS that looks exactly like padding (pad == eos, at the end
         of the row) cannot be told apart; L11 reports an EOS outside the mask.
+    Not applicable
+        Batches without an attention_mask (padding-free or packed batches that rely on position_ids,
+        or a model that builds its mask itself), and batches that are not token batches.
     """
     tok = lm.text_tokenizer(dlcheck.role("tokenizer"))
     sample = token_sample(dlcheck)
     rows = [r for r in lm.rows(sample.batches) if r.attention_mask is not None]
     if not rows:
-        dlcheck.skip(
+        dlcheck.not_applicable(
             f"batches from {sample.source} carry no attention_mask (padding-free or packed batches, "
-            "or the model builds the mask itself): nothing to compare"
+            "or the model builds the mask itself): no mask to disagree with padding"
         )
     pad = lm.special_id(tok, "pad")
     eos = lm.special_id(tok, "eos")
@@ -247,29 +250,40 @@ def check_attention_mask(dlcheck):
             evidence.append(f"also: {len(unmasked)} rows have padding with attention_mask 1")
         evidence.append(how)
         dlcheck.fail(evidence, cause, fix)
-    if unmasked:
-        row, bad, true_len, mask = unmasked[0]
-        total = sum(len(b) for _, b, _, _ in unmasked)
-        content = [row.input_ids[p] for p in range(len(row.input_ids)) if p not in set(bad)]
-        pad_tok = Counter(row.input_ids[p] for p in bad).most_common(1)[0][0]
-        evidence = [
-            f"{len(unmasked)} of {len(rows)} sampled rows: {total} padding positions have attention_mask 1",
-            f"example {row.batch}.{row.index}: {lm.decode(tok, content)} + {len(bad)} x "
-            f"{lm.token_text(tok, pad_tok)!r}({pad_tok}) with attention_mask 1"
-            + (f"; the example has {true_len} tokens, the mask has {sum(mask)} ones" if true_len is not None else ""),
-            how,
-        ]
-        all_ones = all(all(m) for _, _, _, m in unmasked)
-        cause = (
-            "the collator pads input_ids but returns an attention_mask of ones"
-            if all_ones
-            else "the collator's attention_mask marks padding as real tokens"
-        ) + (
-            ", so every real token attends to the pads: with left padding they change every token's context, and the "
-            "results differ from the unpadded run"
+    if not unmasked:
+        padding = sum(len(r.attention_mask) - sum(1 for m in r.attention_mask if m) for r in rows)
+        real = sum(1 for r in rows for m in r.attention_mask if m)
+        dlcheck.measured(
+            f"{len(rows)} of {len(rows)} sampled rows: attention_mask is 0 on the {padding} padding positions only "
+            f"and 1 on all {real} real tokens ({how})",
+            rows=len(rows),
+            padding_positions=padding,
+            real_tokens=real,
+            judged_by_length=by_length,
         )
-        fix = (
-            "return the attention_mask of tokenizer.pad(features, return_tensors='pt') / DataCollatorWithPadding, "
-            "0 on every padded position (or build it from the sequence lengths when padding by hand)"
-        )
-        dlcheck.fail(evidence, cause, fix)
+        return
+    row, bad, true_len, mask = unmasked[0]
+    total = sum(len(b) for _, b, _, _ in unmasked)
+    content = [row.input_ids[p] for p in range(len(row.input_ids)) if p not in set(bad)]
+    pad_tok = Counter(row.input_ids[p] for p in bad).most_common(1)[0][0]
+    evidence = [
+        f"{len(unmasked)} of {len(rows)} sampled rows: {total} padding positions have attention_mask 1",
+        f"example {row.batch}.{row.index}: {lm.decode(tok, content)} + {len(bad)} x "
+        f"{lm.token_text(tok, pad_tok)!r}({pad_tok}) with attention_mask 1"
+        + (f"; the example has {true_len} tokens, the mask has {sum(mask)} ones" if true_len is not None else ""),
+        how,
+    ]
+    all_ones = all(all(m) for _, _, _, m in unmasked)
+    cause = (
+        "the collator pads input_ids but returns an attention_mask of ones"
+        if all_ones
+        else "the collator's attention_mask marks padding as real tokens"
+    ) + (
+        ", so every real token attends to the pads: with left padding they change every token's context, and the "
+        "results differ from the unpadded run"
+    )
+    fix = (
+        "return the attention_mask of tokenizer.pad(features, return_tensors='pt') / DataCollatorWithPadding, "
+        "0 on every padded position (or build it from the sequence lengths when padding by hand)"
+    )
+    dlcheck.fail(evidence, cause, fix)

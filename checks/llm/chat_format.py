@@ -6,7 +6,10 @@ from typing import Any
 
 from ...registry import Setting, check
 from ..shared import lm
-from .common import locate, token_sample
+from .common import locate, packed_examples, raw_view, token_sample, unmatched
+
+#: batch keys that carry images: token ids beside them, without labels, are captions conditioning an image model
+IMAGE_KEYS = ("pixel_values", "images", "image")
 
 
 def _flat_ids(value: Any) -> list[int] | None:
@@ -111,6 +114,37 @@ def _template_source(tok: Any) -> str:
     return template if isinstance(template, str) else ""
 
 
+def captions(batches: list[dict], rows: list[lm.Row]) -> str | None:
+    """The image key of batches whose token ids are captions (images beside them, no labels), else None."""
+    keys = {k for b in batches for k in b}
+    image = next((k for k in IMAGE_KEYS if k in keys), None)
+    return image if image is not None and all(r.labels is None for r in rows) else None
+
+
+def _chat_not_judged(ctx: Any, sample: Any, rows: list[lm.Row]) -> tuple[str, bool]:
+    """(why no conversation was compared, whether that is because the data has none) when the sampled raw
+    rows carry no conversation."""
+    view = raw_view(ctx, sample)
+    if view is None:  # a bare dataloader
+        return f"no conversations L12 can see: {unmatched(sample)}", False
+    if any(conversation(r) is not None for r in view.rows):  # rows the batches cannot be matched to
+        return f"the data holds conversations, but {unmatched(sample)}", False
+    if view.pre_tokenized():
+        if not view.aligned:
+            return f"no conversations L12 can see: {unmatched(sample)}", False
+        if packed_examples(sample) or not locate(sample, rows):
+            return (
+                "the sampled rows pack several examples each: no raw conversation can be matched to its tokens",
+                False,
+            )
+        return (
+            "the examples hold token ids only; if they were conversations before tokenization, define "
+            "dlcheck_raw_dataset with those rows, in the same order",
+            False,
+        )
+    return "the sampled examples carry no conversations ('messages', or a conversational prompt + completion)", True
+
+
 def _adds_bos(tok: Any, bos: int) -> bool:
     try:
         ids = tok("a")["input_ids"]
@@ -165,22 +199,36 @@ def check_chat_format(dlcheck):
         conversations with tokenizers; processors (VLMs) get the BOS check only. A pipeline that
         appends EOS after the template's end-of-turn token passes. When the BOS id is also the EOS id
         (GPT-2), two in a row are a document boundary in packed text, so the BOS check is off.
+        Batches drawn from a dataloader alone cannot be matched to their conversations: the chat
+        comparison then needs dlcheck_collator + dlcheck_dataset (or a Trainer).
+    Not applicable
+        Caption token ids beside images (text-to-image or CLIP training: batches with pixel_values
+        and no labels). Tokenizers without a distinct BOS token (none, or BOS == EOS) on data without
+        conversations, or with conversations but no chat template to compare them with (or a
+        processor): there is neither a BOS to double nor a template to match.
     """
     role = dlcheck.role("tokenizer")
     tok = lm.text_tokenizer(role)
     sample = token_sample(dlcheck)
     rows = lm.rows(sample.batches)
+    image = captions(sample.batches, rows)
+    if image is not None:
+        dlcheck.not_applicable(
+            f"the batches of {sample.source} pair token ids with {image!r} and carry no labels: the ids are captions "
+            "conditioning an image model (text-to-image, CLIP), not a language model's training text"
+        )
     bos = lm.special_id(tok, "bos")
     pad = lm.special_id(tok, "pad")
     eos = lm.special_id(tok, "eos")
 
     # 1. doubled BOS --------------------------------------------------------------------------------
-    doubled, seen = [], 0
+    doubled, seen, single = [], 0, 0
     # with bos == eos (GPT-2 style) two of them in a row are also a document end and the next start
     if bos is not None and bos != eos:
         for row in rows:
             for s in sequence_starts(row, bos, pad):
                 seen += 1
+                single += row.input_ids[s] == bos
                 if s + 1 < len(row.input_ids) and row.input_ids[s] == bos and row.input_ids[s + 1] == bos:
                     if row.attention_mask is None or row.attention_mask[s + 1]:
                         doubled.append((row, s))
@@ -299,22 +347,48 @@ def check_chat_format(dlcheck):
             )
         dlcheck.fail(evidence, cause, fix)
 
-    no_bos = (
+    # 3. what was judged ----------------------------------------------------------------------------
+    bos_na = bos is None or bos == eos  # no distinct BOS that could be doubled
+    bos_why = (
         "the tokenizer has no BOS token"
         if bos is None
         else f"the BOS token is also the EOS ({lm.token_text(tok, bos)!r}), so a doubled BOS cannot be told from a document end"
+        if bos == eos
+        else "no sequence start can be told (no attention_mask, and the pad id is the BOS id)"
     )
-    if (bos is None or bos == eos) and not convs:
-        dlcheck.skip(
-            f"{no_bos}, and the sampled examples carry no conversations ('messages'); define "
-            "dlcheck_raw_dataset with the rows before tokenization"
+    chat_na = False
+    if convs and is_processor:
+        chat_why, chat_na = (
+            "the tokenizer is a processor: conversations of a multimodal pipeline are not compared",
+            True,
         )
-    if (bos is None or bos == eos) and not judged:
-        why = (
-            "the tokenizer has no chat template"
-            if not template
-            else "the tokenizer is a processor"
-            if is_processor
-            else f"{truncated} truncated, {failed_render} not renderable, none located in the batches"
+    elif convs and not template:
+        chat_why, chat_na = "the tokenizer has no chat template to compare the conversations with", True
+    elif convs:
+        chat_why = f"{truncated} truncated, {failed_render} not renderable, none located in the batches"
+    else:
+        chat_why, chat_na = _chat_not_judged(dlcheck, sample, rows)
+    if not seen and not judged:
+        reason = f"{bos_why}; and no conversation compared: {chat_why}"
+        if bos_na and chat_na:
+            dlcheck.not_applicable(reason)
+        dlcheck.skip(reason)
+    lines = []
+    if seen:
+        lines.append(
+            f"BOS: 0 of {seen} sampled sequences start with two BOS tokens {lm.token_text(tok, bos)!r} (id {bos}); "
+            f"{single} start with one"
         )
-        dlcheck.skip(f"{no_bos}, and no conversation could be compared: {why}")
+    else:
+        lines.append(f"BOS: not judged, {bos_why}")
+    if judged:
+        lines.append(
+            f"chat format: {judged - len(differ)} of {judged} sampled conversations tokenize as "
+            "tokenizer.apply_chat_template(messages, tokenize=True)"
+            + (f"; {truncated} truncated inside the template left out" if truncated else "")
+        )
+    else:
+        lines.append(f"chat format: not judged, {chat_why}")
+    dlcheck.measured(
+        *lines, sequences=seen, doubled_bos=0, conversations=judged, differ=len(differ), truncated=truncated
+    )

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ...errors import MISSING
-from ...sampling import Sample, get_sample
+from ...sampling import Sample, get_sample, sample_rows
 from ..shared import lm
 
 
 def token_sample(ctx: Any, split: str = "train") -> Sample:
-    """The shared sample; skips unless its batches carry input_ids (a GRPO prompt loader does not)."""
+    """The shared sample; not applicable unless its batches carry input_ids (image batches, a GRPO prompt
+    loader do not)."""
     sample = get_sample(ctx, split)
     if not lm.has_token_batches(sample.batches):
         keys = sorted(sample.batches[0]) if sample.batches else []
-        ctx.skip(f"batches from {sample.source} carry no input_ids (keys: {', '.join(map(str, keys)) or 'none'})")
+        ctx.not_applicable(
+            f"batches from {sample.source} carry no input_ids (keys: {', '.join(map(str, keys)) or 'none'}): "
+            "they are not token batches"
+        )
     attach_tokens(ctx, sample)
     return sample
 
@@ -41,7 +47,7 @@ def attach_tokens(ctx: Any, sample: Sample, max_rows: int = 8, max_tokens: int =
 def labelled_rows(ctx: Any, sample: Sample) -> list[lm.Row]:
     rows = lm.rows(sample.batches)
     if all(r.labels is None for r in rows):
-        ctx.skip(f"batches from {sample.source} carry no labels (the model derives them itself)")
+        ctx.skip(f"batches from {sample.source} carry no labels (the model or the trainer derives its targets itself)")
     return rows
 
 
@@ -77,3 +83,55 @@ def online_trainer(trainer: Any) -> str | None:
         if cls.__module__.startswith("trl.") and cls.__name__ in ONLINE_TRAINERS:
             return type(trainer).__name__
     return None
+
+
+#: fields of a raw example that hold its text before tokenization; a row with none of them is pre-tokenized
+TEXT_FIELDS = ("text", "prompt", "completion", "messages", "conversations", "chosen", "rejected")
+
+
+@dataclass
+class RawView:
+    """The raw examples behind the sample, and whether they line up with its batches."""
+
+    rows: list[Any]
+    #: True: ``rows[i]`` is the example of ``sample.rows[i]`` (collator + dataset); False: a few rows of
+    #: dlcheck_raw_dataset that tell what the data holds, but cannot be matched to dataloader batches
+    aligned: bool
+
+    def pre_tokenized(self) -> bool:
+        """No row carries text (only token ids): what the data was before tokenization is unknown."""
+        return not any(isinstance(r, Mapping) and any(f in r for f in TEXT_FIELDS) for r in self.rows)
+
+
+def raw_view(ctx: Any, sample: Sample) -> RawView | None:
+    """The sample's raw rows (every field, even those a Trainer removed before collation) when the sample
+    knows its examples; else a few rows of dlcheck_raw_dataset (given, or derived from a Trainer); None
+    when there is neither (a bare dataloader)."""
+    if sample.raw_rows is not None:
+        return RawView(list(sample.raw_rows), True)
+    rows = raw_rows(ctx)
+    return None if rows is None else RawView(rows, False)
+
+
+def raw_rows(ctx: Any) -> list[Any] | None:
+    """A few rows of dlcheck_raw_dataset (given, or derived from dlcheck_dataset or a Trainer), or None."""
+    raw = ctx.role("raw_dataset")
+    if raw is MISSING:
+        return None
+    return list(ctx.memo(raw, f"llm:raw_rows:{ctx.samples}", lambda: sample_rows(raw, ctx.samples, "raw_dataset")[0]))
+
+
+def packed_examples(sample: Sample) -> bool:
+    """The dataset's own rows pack several examples each (TRL's SFTConfig(packing=True) keeps their lengths
+    in seq_lengths): no raw example lines up with them."""
+    return any(isinstance(r, Mapping) and len(r.get("seq_lengths") or []) > 1 for r in sample.rows or [])
+
+
+def unmatched(sample: Sample) -> str:
+    """Why dataloader batches cannot be judged against their raw examples, naming the fixtures that would let
+    the check match them."""
+    return (
+        f"the rows of {sample.source} cannot be matched to their raw examples: define "
+        "dlcheck_collator and dlcheck_dataset (the examples as the collator takes them; dlcheck_raw_dataset in the "
+        "same order when the dataset lost its text columns), or dlcheck_trainer"
+    )

@@ -17,6 +17,7 @@ from ...training import (
     is_preference,
     to_device,
 )
+from .common import raw_rows
 
 if "ref_model" not in ROLES:  # the rl domain declares it too (the KL reference)
     role("ref_model", "the frozen reference model of DPO (or of a KL penalty)", "dlcheck_trainer")
@@ -43,7 +44,7 @@ def dpo_loss(policy_logps: torch.Tensor, ref_logps: torch.Tensor, beta: float) -
     "L9",
     domain="llm",
     title="DPO reference model moves with the policy; loss stays at ln 2",
-    roles=("trainer",),
+    optional_roles=("trainer", "training_args", "raw_dataset"),
     settings=(
         Setting(
             "step_size",
@@ -77,14 +78,30 @@ def check_dpo_reference(dlcheck):
         independent reference), or a PEFT adapter (the reference is the adapter-free base).
     Known problems
         Skips when the reference log-probs are precomputed (precompute_ref_log_probs=True) or come from a
-        PEFT model with its adapters disabled: both are frozen by construction. Non-DPO trainers skip.
+        PEFT model with its adapters disabled: both are frozen by construction. Without a preference
+        batch (input_ids, attention_mask, completion_mask) to probe it skips, even when no parameter is
+        shared: a reference can move without sharing storage.
+    Not applicable
+        Trainers that are not DPO trainers (SFT, GRPO/RLOO, a plain Trainer); DPO without a separate
+        reference model (precomputed reference log-probs, PEFT with the adapters disabled); pipelines
+        with no trainer and no sign of DPO (DPO training arguments, chosen/rejected examples). DPO data
+        without its trainer is a missing dlcheck_trainer.
     """
     trainer = dlcheck.role("trainer")
+    if trainer is MISSING:
+        if _preference_pipeline(dlcheck):
+            dlcheck.require("trainer")  # DPO without its trainer: the DPOTrainer would let L9 run
+        dlcheck.not_applicable(
+            "no DPO training in the given fixtures: no dlcheck_trainer, no DPO training arguments, no "
+            "chosen/rejected examples"
+        )
     if not is_preference(trainer):
-        dlcheck.skip("not a preference (DPO) trainer: L9 applies to TRL's DPOTrainer")
+        dlcheck.not_applicable(
+            f"{type(trainer).__name__} is not a preference (DPO) trainer: L9 concerns TRL's DPOTrainer"
+        )
     policy, ref = trainer.model, getattr(trainer, "ref_model", None)
     if ref is None:
-        dlcheck.skip(
+        dlcheck.not_applicable(
             "the trainer has no separate reference model (precomputed reference log-probs, or PEFT with the "
             "adapters disabled): frozen by construction"
         )
@@ -114,6 +131,23 @@ def check_dpo_reference(dlcheck):
                 "no preference batch (input_ids, attention_mask, completion_mask) to probe, and no shared "
                 "parameters found"
             )
+        n_ref = sum(1 for _ in ref.parameters())
+        optimizer = (
+            "the trainer's optimizer holds none of them" if trainer.optimizer is not None else "no optimizer built yet"
+        )
+        dlcheck.measured(
+            f"one SGD step on the policy (its chosen+rejected log-likelihood moved by {probe['policy_delta']:.4g} nats) "
+            f"left the reference's log-probs of batch 0 unchanged (max |Δ| {probe['ref_delta']:g})",
+            f"0 of {n_ref} reference parameter tensors share storage with the policy's; {optimizer}",
+            f"DPO loss on batch 0 (beta {trainer.beta}): {probe['loss_before']:.5f} before the step, "
+            f"{probe['loss_after']:.5f} after (ln 2 = {LN2:.5f})",
+            reference_tensors=n_ref,
+            shared=0,
+            policy_delta=probe["policy_delta"],
+            reference_delta=probe["ref_delta"],
+            loss_before=probe["loss_before"],
+            loss_after=probe["loss_after"],
+        )
         return
 
     evidence = []
@@ -153,6 +187,15 @@ def check_dpo_reference(dlcheck):
         cause = "the reference model's parameters are in the optimizer: it is trained along with the policy"
         fix = "build the optimizer over the policy's parameters only (leave the reference out; TRL's default optimizer does)"
     dlcheck.fail(evidence, cause, fix)
+
+
+def _preference_pipeline(dlcheck) -> bool:
+    """DPO training shows without its trainer: DPO training arguments, or chosen/rejected examples."""
+    args = dlcheck.optional("training_args")
+    if args is not None and any(c.__name__ == "DPOConfig" for c in type(args).__mro__):
+        return True
+    rows = raw_rows(dlcheck) or []
+    return any(isinstance(r, Mapping) and "chosen" in r and "rejected" in r for r in rows)
 
 
 def _probe_step(policy, ref, batch, beta: float, step_size: float) -> dict:

@@ -218,6 +218,42 @@ def describe_row(tok: Any, row: lm.Row, limit: int = 60) -> list[str]:
     return parts
 
 
+def objective_trainer(trainer: Any) -> str | None:
+    """The class name of a TRL trainer whose eval loss is its own objective (DPO's preference loss, GRPO's
+    policy loss…), not a next-token NLL; None for transformers' Trainer and TRL's SFTTrainer."""
+    if trainer is None:
+        return None
+    classes = [c for c in type(trainer).__mro__ if c.__module__.startswith("trl.") and c.__name__.endswith("Trainer")]
+    if not classes or any(c.__name__ == "SFTTrainer" for c in classes):
+        return None
+    return type(trainer).__name__
+
+
+def own_compute_loss(trainer: Any) -> str | None:
+    """The class that overrides Trainer.compute_loss outside transformers/TRL (its eval_loss is the user's
+    own), else None."""
+    for cls in type(trainer).__mro__:
+        if "compute_loss" in vars(cls):
+            return None if cls.__module__.startswith(("transformers.", "trl.")) else cls.__name__
+    return None
+
+
+def model_loss(model: Any) -> Any:
+    """The model's own loss from logits and labels (transformers' ``loss_function``), or None."""
+    try:
+        fn = getattr(model, "loss_function", None)
+    except Exception:  # noqa: BLE001 - a model whose loss_type cannot be resolved has none
+        return None
+    if not callable(fn):
+        return None
+
+    def loss(outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
+        logits = outputs.logits
+        return fn(logits, labels, vocab_size=logits.shape[-1], num_items_in_batch=num_items_in_batch)
+
+    return loss
+
+
 # --------------------------------------------------------------------------------------------------
 # the check
 
@@ -298,24 +334,48 @@ def check_eval_metric(dlcheck):
         Skips when compute_metrics reports no key naming a perplexity or loss, when the batches carry
         no labels (the Trainer then never calls compute_metrics), when prediction_loss_only is set, and
         when one row's logits exceed max_logits_mb. Labels are read as the model reads them (unshifted,
-        shifted by one inside the loss). The model's own eval_loss is not checked: it masks -100 by
-        construction, and wrong labels are L2's business. A metric using EvalPrediction.inputs sees
-        the sampled input_ids.
+        shifted by one inside the loss). A Trainer reports eval_loss, the model's own loss, with or
+        without compute_metrics: it is checked through model.loss_function on both probes (a Trainer
+        subclass with its own compute_loss is not); wrong labels are L2's business. Without a Trainer
+        the check needs dlcheck_compute_metrics. A metric using EvalPrediction.inputs sees the sampled
+        input_ids.
+    Not applicable
+        TRL trainers whose eval loss is their own objective, not a next-token NLL: DPOTrainer,
+        GRPOTrainer, RLOOTrainer, KTOTrainer, RewardTrainer. Batches that are not token batches.
     """
     model = dlcheck.role("model")
     metrics_fn = dlcheck.optional("compute_metrics")
     trainer = dlcheck.optional("trainer")
     trainer = trainer if trainer is not None and is_hf_trainer(trainer) else None
+    other = objective_trainer(trainer)
+    if other:
+        dlcheck.not_applicable(
+            f"{other} evaluates its own objective (a preference or policy loss), not a next-token NLL: its eval "
+            "loss and metrics are no perplexity over supervised tokens"
+        )
     args = dlcheck.optional("training_args")
     loss_fn = getattr(trainer, "compute_loss_func", None) if trainer is not None else None
+    # a Trainer reports eval_loss, the model's own loss, beside (or without) compute_metrics
+    own = own_compute_loss(trainer) if trainer is not None else None
+    eval_loss = model_loss(model) if trainer is not None and loss_fn is None and own is None else None
     if args is not None and getattr(args, "prediction_loss_only", False) and metrics_fn is not None:
         metrics_fn = None
-        if loss_fn is None:
+        if loss_fn is None and eval_loss is None:
             dlcheck.skip("prediction_loss_only=True: the Trainer never calls compute_metrics")
-    if metrics_fn is None and loss_fn is None:
+    if metrics_fn is None and loss_fn is None and eval_loss is None:
+        if trainer is None:
+            dlcheck.skip(
+                "missing role: define fixture dlcheck_compute_metrics (or dlcheck_trainer with compute_metrics) "
+                "in conftest.py"
+            )
+        if own:
+            dlcheck.skip(
+                f"the Trainer has no compute_metrics, and its eval_loss comes from {own}.compute_loss, which L7 "
+                "cannot feed the probe logits"
+            )
         dlcheck.skip(
-            "missing role: define fixture dlcheck_compute_metrics (or dlcheck_trainer with compute_metrics) "
-            "in conftest.py"
+            f"the Trainer has no compute_metrics, and {type(model).__name__} has no loss_function to evaluate its "
+            "eval_loss on the probe logits"
         )
 
     eval_given = (dlcheck.has("collator") and dlcheck.has("eval_dataset")) or dlcheck.has("eval_dataloader")
@@ -359,6 +419,9 @@ def check_eval_metric(dlcheck):
     tok = dlcheck.optional("tokenizer")
 
     findings: list[list[str]] = []
+    passed: list[str] = []  # what was judged and matched
+    names: list[str] = []
+    numbers: dict[str, Any] = {}
     if metrics_fn is not None:
         keys = None
         preprocess = dlcheck.optional("preprocess_logits_for_metrics")
@@ -369,12 +432,14 @@ def check_eval_metric(dlcheck):
             found = metric_keys(result)
             if keys is None:
                 keys = found
-                if not found and loss_fn is None:
-                    names = ", ".join(map(str, result)) or "none"
+                reported = ", ".join(map(str, result)) or "none"
+                if not found and loss_fn is None and eval_loss is None:
                     dlcheck.skip(
-                        f"compute_metrics reports no perplexity or loss (keys: {names}); L7 compares only "
+                        f"compute_metrics reports no perplexity or loss (keys: {reported}); L7 compares only "
                         "keys naming perplexity/ppl or loss/nll"
                     )
+                if not found:
+                    passed.append(f"compute_metrics reports no perplexity or loss (keys: {reported}): not judged")
             for key, kind, value in found:
                 probe.results[key] = as_nll(kind, value)
                 probe.raw[key] = value
@@ -388,11 +453,54 @@ def check_eval_metric(dlcheck):
         ]
         if bad:
             findings.append(_metric_evidence(bad, {k: kd for k, kd, _ in keys}, probes, tok, model))
+        for key, kind, _ in keys or []:
+            if key in bad:
+                continue
+            a, b = probes[0], probes[1]
+            passed.append(
+                f"compute_metrics()[{key!r}] = {_fmt(kind, a.raw[key])} on the model's logits, "
+                f"{_fmt(kind, b.raw[key])} on the contrast probe; NLL over the supervised positions "
+                f"{a.valid['token-weighted mean']:.4f} and {b.valid['token-weighted mean']:.4f}"
+            )
+            names.append(f"compute_metrics()[{key!r}]")
+            numbers[key] = a.raw[key]
+            numbers[f"{key} (contrast probe)"] = b.raw[key]
     if loss_fn is not None:
-        bad_loss = _check_loss_func(dlcheck, loss_fn, probes, atol, rtol)
+        bad_loss, line = _check_loss_func(
+            dlcheck, loss_fn, probes, atol, rtol, "the Trainer's compute_loss_func", "trainer"
+        )
         if bad_loss:
             findings.append(bad_loss)
+        else:
+            passed.append(line)
+            names.append("compute_loss_func")
+    if eval_loss is not None:
+        bad_loss, line = _check_loss_func(
+            dlcheck,
+            eval_loss,
+            probes,
+            atol,
+            rtol,
+            "the model's own loss (model.loss_function: the Trainer's eval_loss)",
+            "model",
+        )
+        if bad_loss:
+            findings.append(bad_loss)
+        else:
+            passed.append(line)
+            names.append("eval_loss")
     if not findings:
+        dlcheck.measured(
+            f"{', '.join(names)} {'averages' if len(names) == 1 else 'each average'} the NLL over the "
+            f"{probes[0].supervised} supervised (label != -100) of "
+            f"{probes[0].positions} positions, on the model's logits and on the contrast probe (tolerance {atol:g} "
+            f"nats + {rtol:.0%}); source: {source}",
+            *passed,
+            supervised=probes[0].supervised,
+            positions=probes[0].positions,
+            nll=probes[0].valid["token-weighted mean"],
+            **numbers,
+        )
         return
 
     rows = [r for r in lm.rows(batches) if r.labels is not None]
@@ -418,7 +526,14 @@ def check_eval_metric(dlcheck):
     culprit = findings[0][-1] if findings[0] and findings[0][-1].startswith("cause:") else ""
     evidence = [line for line in evidence if not line.startswith("cause:")]
     uses_metrics = metrics_fn is not None and len(findings) and findings[0][0].startswith("compute_metrics")
-    where = "compute_metrics" if uses_metrics else "the Trainer's compute_loss_func"
+    uses_model = not uses_metrics and findings[0][0].startswith("the model's own loss")
+    where = (
+        "compute_metrics"
+        if uses_metrics
+        else "the model's own loss (what the Trainer reports as eval_loss)"
+        if uses_model
+        else "the Trainer's compute_loss_func"
+    )
     if "not shifted" in culprit and "every position" not in culprit:
         cause = (
             f"{where} scores logits[t] against labels[t]; a causal LM's logits at t predict token t+1 "
@@ -443,7 +558,12 @@ def check_eval_metric(dlcheck):
         "(F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)); perplexity = exp(that mean)"
         ", or report exp(eval_loss)"
     )
-    if not uses_metrics:
+    if uses_model:
+        fix = (
+            "compute the model's loss like transformers' ForCausalLMLoss: logits[:, :-1] against labels[:, 1:] with "
+            "ignore_index=-100 (do not override model.loss_function), or report a compute_metrics that does"
+        )
+    elif not uses_metrics:
         fix = (
             "in compute_loss_func: loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), "
             "ignore_index=-100, reduction='sum') / num_items_in_batch (or drop compute_loss_func: the model's own "
@@ -560,9 +680,14 @@ def _metric_evidence(bad: list[str], kinds: dict[str, str], probes: list[Probe],
     return lines
 
 
-def _check_loss_func(dlcheck: Any, loss_fn: Any, probes: list[Probe], atol: float, rtol: float) -> list[str] | None:
+def _check_loss_func(
+    dlcheck: Any, loss_fn: Any, probes: list[Probe], atol: float, rtol: float, what: str, role: str
+) -> tuple[list[str] | None, str]:
+    """(the failure's lines, or None; what was compared) for a loss computed from logits and labels, batch
+    by batch on both probes; ``role`` owns the loss (its exceptions are that role's)."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
+    compared, worst = 0, 0.0
     for probe in probes:
         for i, (logits, labels) in enumerate(zip(probe.logits, probe.labels)):
             nll, mask = supervised_nll(logits, labels)
@@ -572,17 +697,22 @@ def _check_loss_func(dlcheck: Any, loss_fn: Any, probes: list[Probe], atol: floa
             ref = float(nll.sum() / n)
             outputs = CausalLMOutputWithPast(logits=logits)
             count, target = torch.tensor(n, device=labels.device), labels.clone()
-            value = dlcheck.call("trainer", lambda o=outputs, y=target, c=count: loss_fn(o, y, num_items_in_batch=c))
+            value = dlcheck.call(role, lambda o=outputs, y=target, c=count: loss_fn(o, y, num_items_in_batch=c))
             value = float(value.detach().float().mean()) if isinstance(value, torch.Tensor) else float(value)
             if not close(value, ref, atol, rtol):
                 cand = candidates(logits.cpu(), labels.cpu(), {"token id 0": 0})
                 match = next((k for k, (c, _) in cand.items() if close(value, c, 0.01, 0.005)), None)
                 lines = [
-                    f"the Trainer's compute_loss_func gives {value:.4f} on batch {i} ({probe.name}); "
+                    f"{what} gives {value:.4f} on batch {i} ({probe.name}); "
                     f"NLL over its {n} supervised (label != -100) positions = {ref:.4f} "
                     f"({labels.numel()} positions in the batch)"
                 ]
                 if match:
                     lines.append(f"cause: {match}")
-                return lines
-    return None
+                return lines, ""
+            compared += 1
+            worst = max(worst, abs(value - ref))
+    return None, (
+        f"{what} equals the supervised-token NLL batch by batch ({compared} batch-probe pairs, largest |Δ| "
+        f"{worst:.1e} nats)"
+    )

@@ -33,7 +33,7 @@ def _token_source(args) -> tuple[str | None, str]:
     "L10",
     domain="llm",
     title="push_to_hub without a token or with an invalid repo id",
-    roles=("training_args",),
+    optional_roles=("training_args",),
 )
 def check_hub_preflight(dlcheck):
     """When the training pushes to the Hub, a token is available and the repo id is valid — checked offline.
@@ -57,12 +57,20 @@ def check_hub_preflight(dlcheck):
         Runs where pytest runs: on a CI machine without the training machine's token, L10 fails; ignore it
         there (``--dlcheck-ignore=L10``) or export HF_TOKEN. Whether the token can write to the namespace
         needs the Hub, and is not checked.
+    Not applicable
+        Training that does not push to the Hub (push_to_hub=False, the default), and pipelines without
+        TrainingArguments (a hand-written loop pushes, if at all, by its own code).
     """
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-    args = dlcheck.role("training_args")
+    args = dlcheck.optional("training_args")
+    if args is None:
+        dlcheck.not_applicable(
+            "no training arguments (dlcheck_training_args or dlcheck_trainer): nothing in the given fixtures "
+            "configures a push to the Hub"
+        )
     if not getattr(args, "push_to_hub", False):
-        dlcheck.skip("push_to_hub is off: nothing to preflight")
+        dlcheck.not_applicable("push_to_hub is off: the training pushes nothing to the Hub")
     explicit = getattr(args, "hub_model_id", None)
     repo = explicit or Path(args.output_dir).absolute().name
     what = (
@@ -81,6 +89,11 @@ def check_hub_preflight(dlcheck):
         problems.append(f"the repo id {repo!r} is invalid: {str(exc).splitlines()[0]}")
         fixes.append("set hub_model_id='your-name/your-model' (letters, digits, '-', '_', '.'; one '/')")
     if not problems:
+        dlcheck.measured(
+            f"push_to_hub=True, {what}: a valid repo id; the push finds a token in {source}",
+            repo_id=repo,
+            token_source=source,
+        )
         return
     evidence = [f"push_to_hub=True, {what}"] + problems
     cause = "the Trainer creates the Hub repo at construction and pushes at every save and at the end of training: " + (

@@ -16,7 +16,7 @@ from ...guard import preserved_tokenizer
 from ...registry import Setting, check
 from ...sampling import Sample
 from ..shared import lm
-from .common import labelled_rows, token_sample
+from .common import labelled_rows, packed_examples, raw_view, token_sample, unmatched
 
 # --------------------------------------------------------------------------------------------------
 # shared analysis (L2, L13)
@@ -476,6 +476,36 @@ def _prompt_opt_out(ctx: Any, kinds: set[str]) -> str | None:
     return None
 
 
+NO_SPLIT = "the data has no prompt/completion or messages split"
+
+
+def _prompt_not_judged(ctx: Any, sample: Sample, examples: list[Example], kinds: set[str], opt_out: str | None) -> str:
+    """Why the prompt half judged nothing: completion-only training is off, the prompts could not be located,
+    the split exists in the raw data but not in rows matched to the batches, or there is no split at all."""
+    if opt_out:
+        return f"completion-only training is off ({opt_out})"
+    if kinds:
+        return f"the prompt of no sampled {'/'.join(sorted(kinds))} example could be located in its tokens"
+    view = raw_view(ctx, sample)
+    split = view is not None and any(raw_kind(r) in SPLIT_KINDS for r in view.rows)
+    if split and not view.aligned:
+        return unmatched(sample)
+    if split:
+        return "the sampled rows pack several examples each, so no raw example can be matched to its tokens"
+    if view is None:  # a bare dataloader
+        return f"{NO_SPLIT} that L2 can see: {unmatched(sample)}"
+    if view.pre_tokenized():
+        if not view.aligned:
+            return f"{NO_SPLIT} that L2 can see: {unmatched(sample)}"
+        if packed_examples(sample) or not any(ex.index is not None for ex in examples):
+            return "the sampled rows pack several examples each, so no raw example can be matched to its tokens"
+        return (
+            f"{NO_SPLIT} that L2 can see: the examples hold token ids only; if they were prompt/completion or "
+            "messages before tokenization, define dlcheck_raw_dataset with those rows, in the same order"
+        )
+    return NO_SPLIT
+
+
 def _is_hf_lm_collator(collator: Any) -> bool:
     return any(
         c.__module__.startswith("transformers.") and c.__name__ == "DataCollatorForLanguageModeling"
@@ -549,7 +579,14 @@ def check_labels_masked(dlcheck):
         or messages fields, or a Trainer): batches drawn from a bare dataloader are judged on padding
         only. Only tokens inside the prompt's own text are judged, so supervised template tokens
         (role headers, separators) are not reported. TRL's default assistant_only_loss=False is read
-        as a deliberate choice to train on whole conversations.
+        as a deliberate choice to train on whole conversations. Batches drawn from a dataloader
+        alone cannot be matched to their raw examples: the prompt half then needs dlcheck_collator +
+        dlcheck_dataset (or a Trainer); rows packed by TRL (SFTConfig(packing=True)) keep no raw
+        example to match either.
+    Not applicable
+        Padding-free (flattened, position_ids and no attention_mask) batches of data with no
+        prompt/completion or messages split, or with completion-only training switched off: there
+        is neither padding nor a prompt to mask. Batches that are not token batches.
     """
     tok = dlcheck.role("tokenizer")
     sample = token_sample(dlcheck)
@@ -559,14 +596,17 @@ def check_labels_masked(dlcheck):
     pad, eos = lm.special_id(tok, "pad"), lm.special_id(tok, "eos")
 
     # (a) padding
-    pad_judged, pad_bad = 0, []  # (row, offending target positions)
+    pad_judged, pad_positions, pad_bad = 0, 0, []  # (row, offending target positions)
+    padding_free = True  # no row can hold padding: no attention_mask, position_ids given (flattened rows)
     for row in rows:
         if row.labels is None:
             continue
+        padding_free &= row.attention_mask is None and row.position_ids is not None
         pads = _pad_positions(row, pad, eos)
         if pads is None:
             continue
         pad_judged += 1
+        pad_positions += len(pads)
         bad = sorted(set(row_targets(row, shift)) & set(pads))
         if bad:
             pad_bad.append((row, bad))
@@ -579,25 +619,55 @@ def check_labels_masked(dlcheck):
     prompt_bad = [(ex, sorted(set(ex.targets) & set(ex.prompt_side))) for ex in judged]
     prompt_bad = [(ex, bad) for ex, bad in prompt_bad if bad]
 
+    prompt_why = "" if judged else _prompt_not_judged(dlcheck, sample, examples, kinds, opt_out)
     if pad_judged == 0 and not judged:
-        if opt_out:
-            dlcheck.skip(
-                f"batches from {sample.source} have no attention_mask to tell padding, and completion-only "
-                f"training is off ({opt_out})"
-            )
-        if kinds:
-            dlcheck.skip(
-                f"batches from {sample.source} have no attention_mask to tell padding, and the prompt of "
-                f"no sampled {'/'.join(sorted(kinds))} example could be located in its tokens"
-            )
-        dlcheck.skip(
-            f"batches from {sample.source} have no attention_mask to tell padding, and the data has no "
-            "prompt/completion or messages split (give dlcheck_raw_dataset with those fields)"
+        padding = (
+            f"batches from {sample.source} are padding-free (position_ids, no attention_mask): no padding to judge"
+            if padding_free
+            else f"batches from {sample.source} have no attention_mask to tell padding"
         )
+        reason = f"{padding}, and {prompt_why}"
+        if padding_free and (opt_out or prompt_why == NO_SPLIT):
+            dlcheck.not_applicable(reason)
+        dlcheck.skip(reason)
 
     pad_fail = bool(pad_bad) and len(pad_bad) / pad_judged > dlcheck.setting("max_padding_share")
     prompt_fail = bool(prompt_bad) and len(prompt_bad) / len(judged) > dlcheck.setting("max_prompt_share")
     if not pad_fail and not prompt_fail:
+        lines = []
+        if pad_judged:
+            lines.append(
+                f"padding: {len(pad_bad)} of {pad_judged} sampled rows supervise any of their {pad_positions} padding "
+                f"positions (attention_mask 0); source: {sample.source}"
+            )
+        elif padding_free:
+            lines.append("padding: none to judge, the batches are padding-free (position_ids, no attention_mask)")
+        else:
+            lines.append("padding: not judged, the batches have no attention_mask to tell padding")
+        if judged:
+            judged_kinds = {ex.kind for ex in judged}
+            side = " or ".join(
+                name
+                for name, group in (
+                    ("prompt", {PROMPT_COMPLETION, COMPLETION_MASK}),
+                    ("user/system-turn", {MESSAGES, ASSISTANT_MASKS}),
+                )
+                if judged_kinds & group
+            )
+            n_prompt = sum(len(ex.prompt_side) for ex in judged)
+            lines.append(
+                f"prompt: {len(prompt_bad)} of {len(judged)} sampled {'/'.join(sorted(judged_kinds))} examples "
+                f"supervise any of their {n_prompt} {side} tokens"
+            )
+        else:
+            lines.append(f"prompt: not judged, {prompt_why}")
+        dlcheck.measured(
+            *lines,
+            padded_rows=pad_judged,
+            padding_positions=pad_positions,
+            prompt_examples=len(judged),
+            prompt_positions=sum(len(ex.prompt_side) for ex in judged),
+        )
         return
 
     evidence, causes, fixes = [], [], []

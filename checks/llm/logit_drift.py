@@ -128,6 +128,9 @@ def check_logit_drift(dlcheck):
     Known problems
         Information only: the right log Z depends on the model (a fresh model sits near ln(vocab) when
         its logits are small), and 20 steps show a trend, not a long run.
+    Not applicable
+        Models that are not torch.nn.Module or return no (batch, positions, vocabulary) logits, and
+        batches that are not token batches: there is no log Z to report.
     """
     rows, budget = dlcheck.setting("rows"), dlcheck.setting("max_logits_mb")
     # the drift rides on the smoke run only when the smoke checks make it anyway: an llm-only run trains nothing
@@ -161,7 +164,7 @@ def check_logit_drift(dlcheck):
 
     model = dlcheck.require("model")[0]
     if not isinstance(model, torch.nn.Module):
-        dlcheck.skip(f"dlcheck_model is a {type(model).__name__}, not a torch.nn.Module")
+        dlcheck.not_applicable(f"dlcheck_model is a {type(model).__name__}, not a torch.nn.Module: no logits to read")
     sample = token_sample(dlcheck)
     lm.forward_ready(dlcheck, model, sample.batches)
 

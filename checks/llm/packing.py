@@ -106,6 +106,15 @@ def _labels(batch: dict, ids: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return labels, False
 
 
+def _found_by(plan: list[Packed], tok: Any, eos: int | None) -> str:
+    modes_seen = sorted({m for item in plan for m in item.modes.values()})
+    how = {
+        "restart": "position_ids restarts",
+        "eos": f"EOS separators ({lm.token_text(tok, eos)!r}, id {eos}) with no position_ids restart",
+    }
+    return " and ".join(how[m] for m in modes_seen)
+
+
 def _isolated_positions(rows: list[lm.Row], docs: dict[int, list[list[int]]], width: int) -> torch.Tensor:
     """position_ids that restart at 0 at every document and at every run of padding, so that with no
     attention_mask transformers isolates each of them."""
@@ -192,14 +201,21 @@ def check_packing(dlcheck):
         EOS is not read as a separator when the chat template ends turns with it (Qwen-style
         <|im_end|>, Llama-2/Mistral-style eos_token) or the examples are conversations: a multi-turn
         chat is one document. Labels are
-        assumed aligned with input_ids (the model shifts them). Skips when no sampled row is packed.
+        assumed aligned with input_ids (the model shifts them).
+    Not applicable
+        Pipelines that do not pack: no sampled row has position_ids restarts or several
+        EOS-separated documents (padded or one-example rows); GRPO/RLOO trainers, which build their
+        batches from generations; a concatenated pretraining stream with allow_cross_document=true;
+        batches that are not token batches.
     """
     model = dlcheck.role("model")
     tok = dlcheck.role("tokenizer")
     tok = None if tok is MISSING else tok
     kind = online_trainer(dlcheck.role("trainer"))
     if kind:
-        dlcheck.skip(f"{kind} builds its training batches inside the trainer, from generations: nothing is packed")
+        dlcheck.not_applicable(
+            f"{kind} builds its training batches inside the trainer, from generations: nothing is packed"
+        )
     sample = token_sample(dlcheck)
     eos = lm.special_id(tok, "eos") if tok is not None else None
     if eos is None:
@@ -234,7 +250,7 @@ def check_packing(dlcheck):
             plan.append(item)
     if not plan:
         why = f" (EOS is not read as a separator: {ambiguous})" if ambiguous else ""
-        dlcheck.skip(
+        dlcheck.not_applicable(
             f"no packed row among the {n_rows} sampled rows of {sample.source}: no position_ids restart "
             f"and no several EOS-separated documents in one row{why}"
         )
@@ -291,25 +307,51 @@ def check_packing(dlcheck):
     cross = [(row, d, prev, mode) for row, d, prev, mode in starts if row.labels[d[0]] != lm.IGNORE]
     if not leaks and not cross:
         if not measured and not starts:
+            if allow and all(m == "eos" for item in plan for m in item.modes.values()):
+                dlcheck.not_applicable(
+                    f"the packed rows of {sample.source} are EOS-separated documents of a concatenated stream, "
+                    "where cross-document attention is allowed (L4.allow_cross_document=true)"
+                )
             dlcheck.skip(
-                f"the packed rows of {sample.source} have no later document to compare"
-                + (" (cross-document attention allowed by L4.allow_cross_document)" if allow else "")
+                f"the packed rows of {sample.source} have no later document with a supervised token to compare"
             )
+        n_rows_packed = sum(len(item.docs) for item in plan)
+        found_by = f"documents found by {_found_by(plan, tok, eos)} in {sample.source}"
+        if measured:
+            worst = max(measured, key=lambda d: d.delta)
+            lines = [
+                f"{len(measured)} later documents in {n_rows_packed} packed rows lose the same packed as alone: max "
+                f"|Δ| {worst.delta:.1e} <= atol {atol:g} nats (mean NLL over the same supervised tokens); {found_by}",
+                f"  document {worst.order + 1} of row {worst.row.batch}.{worst.row.index}: packed {worst.packed:.4f}, "
+                f"alone {worst.alone:.4f}",
+            ]
+            noisy = [d for d in measured if d.delta > atol]
+            if noisy:
+                lines.append(
+                    f"  {len(noisy)} above tolerance are within {ratio:g}x the Δ left with attention isolated per "
+                    "document (rounding of the model's dtype)"
+                )
+        else:
+            lines = [f"{n_rows_packed} packed rows, no later document with a supervised token to compare; {found_by}"]
+        if starts:
+            lines.append(f"{len(starts)} of {len(starts)} later document starts have label -100")
+        elif unlabelled:
+            lines.append("document starts not checked: the batches carry no labels")
+        dlcheck.measured(
+            *lines,
+            packed_rows=n_rows_packed,
+            documents_compared=len(measured),
+            max_delta=max((d.delta for d in measured), default=None),
+            atol=atol,
+            document_starts=len(starts),
+        )
         return
 
     # ---- report ----------------------------------------------------------------------------------
-    modes_seen = sorted({m for item in plan for m in item.modes.values()})
-    how = {
-        "restart": "position_ids restarts",
-        "eos": f"EOS separators ({lm.token_text(tok, eos)!r}, id {eos}) with no position_ids restart",
-    }
     n_rows_packed = sum(len(item.docs) for item in plan)
     n_docs = sum(len(found) for item in plan for found in item.docs.values())
     evidence = [
-        (
-            f"{n_rows_packed} packed rows holding {n_docs} documents (found by "
-            f"{' and '.join(how[m] for m in modes_seen)}) in {sample.source}"
-        )
+        f"{n_rows_packed} packed rows holding {n_docs} documents (found by {_found_by(plan, tok, eos)}) in {sample.source}"
     ]
     causes, fixes = [], []
     if leaks:

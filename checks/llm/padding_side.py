@@ -15,6 +15,7 @@ from ...errors import MISSING
 from ...guard import eval_mode
 from ...registry import Setting, check
 from ...sampling import sample_rows
+from ...session import NOT_APPLICABLE
 from ..shared import lm
 from .common import online_trainer, token_sample
 
@@ -27,7 +28,12 @@ class Half:
     decided: bool = False
     failed: bool = False
     reason: str = ""
+    #: False when the half does not concern the pipeline (nothing padded, no batched generation)
+    applicable: bool = True
     evidence: list[str] = field(default_factory=list)
+    #: what a passing half measured, and its numbers
+    measured: list[str] = field(default_factory=list)
+    numbers: dict[str, Any] = field(default_factory=dict)
     cause: str = ""
     fix: str = ""
 
@@ -143,23 +149,49 @@ def _training_half(dlcheck: Any, model: Any, tok: Any) -> Half:
     trainer_kind = online_trainer(dlcheck.role("trainer"))
     if trainer_kind:
         half.reason = f"{trainer_kind} builds its training batches inside the trainer (from generations)"
+        half.applicable = False
         return half
     try:
         sample = token_sample(dlcheck)
     except pytest.skip.Exception as exc:
-        half.reason = exc.msg
+        half.applicable = not exc.msg.startswith(NOT_APPLICABLE)
+        half.reason = exc.msg.removeprefix(NOT_APPLICABLE).strip()
         return half
     lm.forward_ready(dlcheck, model, sample.batches)
     measured = _measure_training(dlcheck, model, sample.batches)
     if not measured:
         n = len(lm.rows(sample.batches))
         half.reason = f"no padded, unpacked row with an attention_mask among the {n} sampled rows of {sample.source}"
+        # batches without a mask (nor position_ids, as padding-free ones have) may be padded all the same
+        unmasked = [b for b in sample.batches if b.get("attention_mask") is None and b.get("position_ids") is None]
+        if unmasked:
+            half.reason += f" ({len(unmasked)} batches carry no attention_mask, so their padding cannot be told)"
+        half.applicable = bool(unmasked)
         return half
     half.decided = True
     atol, ratio = dlcheck.setting("atol"), dlcheck.setting("noise_ratio")
     left = [m for m in measured if m.side == "left"]
     bad = [m for m in left if m.delta > atol and (m.control_delta is None or m.delta > ratio * m.control_delta)]
     if not bad:
+        worst = max(measured, key=lambda m: m.delta)
+        sides = ", ".join(
+            f"{n} {side}-padded" for side in ("right", "left") if (n := sum(m.side == side for m in measured))
+        )
+        half.measured.append(
+            f"training: {len(measured)} padded examples ({sides}) lose as alone: max |Δ| {worst.delta:.1e} <= atol "
+            f"{atol:g} nats (mean NLL over the same supervised tokens in the batch and alone); source: {sample.source}"
+        )
+        half.measured.append(
+            f"  example {worst.row.batch}.{worst.row.index} ({worst.pads} pad tokens on the {worst.side}): loss in "
+            f"batch {worst.in_batch:.4f}, alone {worst.alone:.4f}"
+        )
+        noisy = [m for m in left if m.delta > atol]
+        if noisy:
+            half.measured.append(
+                f"  {len(noisy)} left-padded examples above tolerance are within {ratio:g}x the Δ left with "
+                "position_ids from the attention mask (rounding of the model's dtype)"
+            )
+        half.numbers.update(padded_examples=len(measured), left_padded=len(left), max_delta=worst.delta, atol=atol)
         return half
     half.failed = True
     bad.sort(key=lambda m: -m.delta)
@@ -314,9 +346,10 @@ def _generation_half(dlcheck: Any, model: Any, tok: Any) -> Half:
         enc, how = got
     else:
         half.reason = (
-            "the pipeline does not generate in batches (no TRL GRPOTrainer/RLOOTrainer); define "
+            "the pipeline does not generate in batches (no TRL GRPOTrainer/RLOOTrainer); if it does, define "
             "dlcheck_generation_prompts to check batched generation"
         )
+        half.applicable = False
         return half
     if not hasattr(model, "generate"):
         half.reason = f"{type(model).__name__} has no generate()"
@@ -357,7 +390,7 @@ def _generation_half(dlcheck: Any, model: Any, tok: Any) -> Half:
     eos = _eos_ids(model, tok)
     margin = dlcheck.setting("tie_margin_half" if _half_precision(model) else "tie_margin")
     width = ids.size(1)
-    diverged = []
+    diverged, ties = [], 0
     for r, alone in enumerate(alone_out):
         prompt = ids[r][mask[r].bool()].tolist()
         a = _cut(alone.sequences[0, len(prompt) :].tolist(), eos)
@@ -368,6 +401,7 @@ def _generation_half(dlcheck: Any, model: Any, tok: Any) -> Half:
         scores = alone.scores[k][0].float()
         gap = float(scores[a[k]] - scores[b[k]])
         if gap <= margin:
+            ties += 1
             continue  # a near-tie flipped by rounding, not by padding
         first = (
             (torch.log_softmax(alone.scores[0][0].float(), -1) - torch.log_softmax(batch_out.scores[0][r].float(), -1))
@@ -375,11 +409,17 @@ def _generation_half(dlcheck: Any, model: Any, tok: Any) -> Half:
             .max()
         )
         diverged.append((r, prompt, a, b, k, gap, float(first)))
-    if not diverged:
-        return half
-    half.failed = True
     side = _side(mask)
     n = ids.size(0)
+    if not diverged:
+        half.measured.append(
+            f"generation: greedy generate of {n} prompts padded together (padding side: {side}; {how}) gives every "
+            f"prompt the continuation it gets alone ({new} new tokens, {int((mask == 0).sum())} pads in the batch)"
+            + (f"; {ties} divergences at a near-tie (logit gap <= {margin:g}) ignored" if ties else "")
+        )
+        half.numbers.update(prompts=n, diverged=0, near_ties=ties, max_new_tokens=new)
+        return half
+    half.failed = True
     half.evidence.append(
         f"greedy generate of {n} prompts padded together (padding side: {side}; {how}) differs from each prompt "
         f"generated alone for {len(diverged)} of {n} prompts ({new} new tokens)"
@@ -483,7 +523,13 @@ def check_padding_side(dlcheck):
         evidence but not failed on its own (it is one token of noise per row). The generation half
         never runs for plain SFT/DPO training: right-padded training batches are correct there. When
         your inference code pads differently from dlcheck_tokenizer, return the exact batch you feed
-        to generate from dlcheck_generation_prompts. With neither half applicable the check skips.
+        to generate from dlcheck_generation_prompts. A half that concerns the pipeline but cannot
+        decide (prompts that make no padded batch, a model without generate) makes the check skip
+        when the other half does not decide either.
+    Not applicable
+        Pipelines that neither pad their training batches (packed or padding-free rows, equal-length
+        rows, a GRPO/RLOO trainer that builds its batches from generations) nor generate in batches
+        (no dlcheck_generation_prompts, no GRPO/RLOO trainer); batches that are not token batches.
     """
     model, tok = dlcheck.require("model", "tokenizer")
     halves = [_training_half(dlcheck, model, tok), _generation_half(dlcheck, model, tok)]
@@ -497,4 +543,13 @@ def check_padding_side(dlcheck):
             fixes.append(f"{h.name}: {h.fix}" if many else h.fix)
         dlcheck.fail(evidence, "; ".join(causes), "; ".join(fixes))
     if not any(h.decided for h in halves):
-        dlcheck.skip("; ".join(f"{h.name}: {h.reason}" for h in halves))
+        reasons = "; ".join(f"{h.name}: {h.reason}" for h in halves)
+        if not any(h.applicable for h in halves):
+            dlcheck.not_applicable(reasons)
+        dlcheck.skip(reasons)
+    numbers: dict[str, Any] = {}
+    for h in halves:
+        numbers.update(h.numbers)
+    lines = [line for h in halves if h.decided for line in h.measured]
+    lines += [f"{h.name}: not checked, {h.reason}" for h in halves if not h.decided]
+    dlcheck.measured(*lines, **numbers)

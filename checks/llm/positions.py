@@ -282,6 +282,9 @@ def check_positions(dlcheck):
         exceed the limit; tokenizer.model_max_length is shown but not judged (many tokenizers carry a
         wrong one). Adding dynamic NTK or YaRN only at inference is a training-free extension and
         passes. Without data and without an inference config the check skips.
+    Not applicable
+        Models whose config declares no position limit (ALiBi, relative positions) when no
+        dlcheck_inference_config is given: there is no limit to exceed and no rope to compare.
     """
     model = dlcheck.require("model")[0]
     tok = dlcheck.role("tokenizer")
@@ -290,6 +293,7 @@ def check_positions(dlcheck):
         dlcheck.skip(f"{type(model).__name__} has no config to read positions from")
     limit = position_limit(train_cfg)
     evidence, causes, fixes, decided, reasons = [], [], [], False, []
+    lines, numbers = [], {}  # what a pass measured
 
     # ---- (1) training lengths against the limit ---------------------------------------------------
     measured = _measure(dlcheck)
@@ -304,6 +308,11 @@ def check_positions(dlcheck):
         longest, row, how, source = measured
         declared = _declared_lengths(dlcheck) if dlcheck.setting("check_declared_lengths") else []
         over = [(name, n) for name, n in declared if n > limit.positions]
+        lines.append(
+            f"longest sampled training sequence: {longest} positions ({how}) <= {limit.positions} = {limit.how}; "
+            f"source: {source}" + "".join(f"; {name} = {n} <= {limit.positions}" for name, n in declared)
+        )
+        numbers.update(longest=longest, position_limit=limit.positions, **{name: n for name, n in declared})
         if longest > limit.positions or over:
             if longest > limit.positions:
                 evidence.append(
@@ -351,6 +360,15 @@ def check_positions(dlcheck):
         infer_cfg = dlcheck.call("inference_config", lambda: _as_dict(infer))
         decided = True
         diffs, ok = compare_rope(train_cfg, infer_cfg)
+        if not diffs:
+            settings = ", ".join(f"{k}={v!r}" for k, v in sorted(rope_settings(train_cfg).items()))
+            lines.append(
+                "rope settings and max_position_embeddings of dlcheck_inference_config equal the training model's"
+                + (f" ({settings}, max_position_embeddings {max_positions(train_cfg)})" if settings else "")
+            )
+        elif ok is not None:
+            lines.append(f"rope settings of dlcheck_inference_config differ acceptably, {ok}: {'; '.join(diffs)}")
+        numbers.update(rope_differences=len(diffs))
         if diffs and ok is None:
             evidence.append(
                 f"rope settings differ between the training model's config and dlcheck_inference_config "
@@ -372,4 +390,10 @@ def check_positions(dlcheck):
     if causes:
         dlcheck.fail(evidence, "; ".join(causes), "; ".join(fixes))
     if not decided:
+        if limit is None and infer is MISSING:
+            dlcheck.not_applicable(
+                f"{reasons[0]} (ALiBi or relative positions): no position limit to exceed and no rope settings "
+                "to compare"
+            )
         dlcheck.skip("; ".join(reasons))
+    dlcheck.measured(*lines, *[f"not checked: {r}" for r in reasons], **numbers)

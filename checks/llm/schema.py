@@ -14,6 +14,7 @@ from ...registry import Setting, check
 from ...roles import is_hf_trainer
 from ...sampling import get_sample, sample_rows
 from ..shared import lm
+from .common import unmatched
 
 #: columns whose text is meant to reach the model (a column of any name holding a conversation too)
 PAYLOAD = (
@@ -287,7 +288,12 @@ def check_schema(dlcheck):
         template markers are checked. A text column with fewer than min_words distinct words, a
         truncated example, and a TRL trainer with its own schema (distillation, ...) are not judged. Text
         joined as "user: ..." with no conversation column left in the data cannot be told from a plain
-        corpus and passes.
+        corpus and passes. With batches from a dataloader alone only the chat template markers are
+        judged; without conversations there it skips, naming dlcheck_collator + dlcheck_dataset.
+    Not applicable
+        Examples with neither text, conversations nor token ids (images, tabular rows) when no LLM
+        trainer kind is known. Pre-tokenized examples are a skip instead: their rows before
+        tokenization (dlcheck_raw_dataset) would let the check run.
     """
     tok, raw = dlcheck.require("tokenizer", "raw_dataset")
     trainer = dlcheck.optional("trainer")
@@ -325,7 +331,9 @@ def check_schema(dlcheck):
     # ---- 1. the columns the trainer reads ---------------------------------------------------------
     if kind in NEEDS:
         problem = _schema(kind, told_by, columns, rows, args, template)
-        judged.append(f"{told_by} schema")
+        judged.append(
+            f"schema: {told_by} reads {NEEDS[kind]}; the {len(rows)} sampled examples have {', '.join(columns)}"
+        )
         if problem:
             problems.append(problem)
         if kind in ("preference",):
@@ -353,13 +361,30 @@ def check_schema(dlcheck):
         first = problems[0]
         evidence = list(first.evidence) + [f"also: {p.evidence[0]}" for p in problems[1:]]
         dlcheck.fail(evidence, first.cause, first.fix)
-    if not judged:
-        why = "no trainer kind (dlcheck_trainer or dlcheck_training_args) and " if kind is None else ""
+    if judged:
+        dlcheck.measured(*judged, examples=len(rows), aligned=aligned)
+        return
+    why = "no trainer kind (dlcheck_trainer or dlcheck_training_args), and " if kind is None else ""
+    texts = [c for c in columns if c in PAYLOAD or any(is_conversation(r.get(c)) for r in rows)]
+    if not texts:
+        if kind is None and "input_ids" not in columns:
+            dlcheck.not_applicable(
+                f"{why}the examples carry no text or conversation column (columns: {', '.join(columns)})"
+            )
         dlcheck.skip(
-            f"nothing to judge: {why}no text or conversation column reached a decodable batch "
-            f"(columns: {', '.join(columns)}); define dlcheck_collator + dlcheck_dataset with "
-            "dlcheck_raw_dataset (the examples before tokenization)"
+            f"nothing to judge: {why}the examples hold token ids only (columns: {', '.join(columns)}); if they were "
+            "text or conversations before tokenization, define dlcheck_raw_dataset with those rows, in the same order"
         )
+    if units is None:
+        got = "no sampled token batch" if sample is None else f"the batches of {sample.source} cannot be decoded"
+        dlcheck.skip(f"nothing to judge: {why}{got} to look for the columns {', '.join(texts)} in")
+    if not aligned:
+        dlcheck.skip(f"nothing to judge: {why}{unmatched(sample)}")
+    dlcheck.skip(
+        f"nothing to judge: {why}the text columns ({', '.join(texts)}) hold fewer than "
+        f"{dlcheck.setting('min_words')} distinct words each, or none of the sampled examples could be recognised "
+        f"in its batch ({sample.source})"
+    )
 
 
 def _example(row: Mapping, limit: int = 70) -> str:
@@ -511,9 +536,14 @@ def _template(dlcheck: Any, tok: Any, template: Any, rows: list, units: list) ->
     if not markers or not reached:
         return None, ""
     hits = [m for m in markers if m in hay]
-    note = "chat template markers"
-    if hits or len(reached) < min(dlcheck.setting("min_examples"), len(convs)):
-        return None, note
+    if hits:
+        shown = ", ".join(repr(m) for m in hits[:4])
+        return None, (
+            f"chat template: {len(reached)} of {len(convs)} sampled conversations reach the batches, which carry "
+            f"its markers ({shown})"
+        )
+    if len(reached) < min(dlcheck.setting("min_examples"), len(convs)):
+        return None, ""
     i, rendered, cols = example
     unit = max(
         (u for batch in units for u in batch),
@@ -532,7 +562,7 @@ def _template(dlcheck: Any, tok: Any, template: Any, rows: list, units: list) ->
         "with at inference",
         "pass the 'messages' column to trl.SFTTrainer (it applies the template), or build the training text with "
         "tokenizer.apply_chat_template(example['messages'], tokenize=False)",
-    ), note
+    ), ""
 
 
 def _ignored_columns(
@@ -585,7 +615,13 @@ def _ignored_columns(
         and len(missing[c]) >= min(dlcheck.setting("min_examples"), judged[c])
         and len(missing[c]) / judged[c] >= dlcheck.setting("min_share")
     ]
-    note = "text columns reach the model" if any(judged.values()) else ""
+    note = (
+        "text columns reach the model: "
+        + ", ".join(f"{c!r} in {judged[c] - len(missing[c])} of {judged[c]}" for c in payload if judged[c])
+        + " sampled examples judged"
+        if any(judged.values())
+        else ""
+    )
     if not ignored:
         return None, note
     col = ignored[0]

@@ -159,6 +159,9 @@ def check_special_tokens(dlcheck):
         dlcheck_collator + dlcheck_dataset, or dlcheck_trainer) to know whether batches are padded;
         skips naming what is missing when the other parts find nothing. An embedding table larger
         than the tokenizer (rounded up to a multiple of 64) is normal and passes.
+    Not applicable
+        None among token pipelines: every tokenizer and token model is judged. A model without
+        get_input_embeddings() cannot be compared and skips.
     """
     tok = lm.text_tokenizer(dlcheck.role("tokenizer"))
     model = dlcheck.role("model") if dlcheck.has("model") else None
@@ -174,6 +177,7 @@ def check_special_tokens(dlcheck):
     problems = []  # (evidence lines, cause, fix), the root cause first
 
     # 1. ids beyond the embedding table -----------------------------------------------------------
+    largest, n_ids = None, 0  # the largest id and the number of ids the sampled batches carry
     if table is not None:
         emb = model.get_input_embeddings()
         emitted: Counter = Counter()  # id -> positions
@@ -185,6 +189,10 @@ def check_special_tokens(dlcheck):
                     t = _ids(batch, key)
                     if t is None:
                         continue
+                    real = t[t != lm.IGNORE] if key == "labels" else t
+                    if real.numel():
+                        largest = max(int(real.max()), largest if largest is not None else -1)
+                        n_ids += int(real.numel())
                     if key == "input_ids" and bool((t < 0).any()):
                         negative.append((b, int(t.min()), int((t < 0).sum())))
                     bad = t >= table
@@ -246,6 +254,7 @@ def check_special_tokens(dlcheck):
             )
 
     # 2. no pad token -----------------------------------------------------------------------------
+    padded, how = _padded(sample) if sample is not None else (False, "")
     if pad is None and dlcheck.setting("require_pad_token"):
         eos_hint = f" (eos_token is {_name(tok, eos)})" if eos is not None else ""
         fix = (
@@ -263,7 +272,6 @@ def check_special_tokens(dlcheck):
                 )
             )
         elif sample is not None:
-            padded, how = _padded(sample)
             if padded:
                 problems.append(
                     (
@@ -316,13 +324,44 @@ def check_special_tokens(dlcheck):
 
     if isinstance(no_sample, RoleError):
         raise no_sample
+    if model is None:
+        dlcheck.require("model")  # the embedding comparison, the heart of L3, needs it
     if table is None:
-        why = "dlcheck_model is missing" if model is None else "the model has no get_input_embeddings()"
         dlcheck.skip(
-            f"{why}: cannot compare token ids with the embedding table (define dlcheck_model or dlcheck_trainer)"
+            f"{type(model).__name__} has no get_input_embeddings(): cannot compare token ids with an embedding table"
         )
     if sample is None and pad is None:
         dlcheck.skip(
             f"the tokenizer has no pad token and no data was sampled ({no_sample}); "
             "cannot tell whether batches are padded"
         )
+    lines = [
+        f"every id has an embedding row: {table} rows in model.get_input_embeddings(), len(tokenizer) = {vocab}"
+        + (
+            f"; largest id in the sampled batches {largest} ({n_ids} input_ids and labels other than -100)"
+            if largest is not None
+            else f"; no data sampled ({no_sample})"
+        )
+    ]
+    if pad is not None:
+        agree = (
+            f"model.config.pad_token_id = {config_pad} too"
+            if config_pad is not None
+            else "model.config.pad_token_id unset (harmless: collators use the tokenizer's)"
+        )
+        lines.append(f"pad token {_name(tok, pad)}; {agree}")
+    else:
+        lines.append(
+            f"no pad token; the sampled batches are padded ({how}), accepted: L3.require_pad_token is off"
+            if padded
+            else "no pad token, and the sampled batches are not padded (no attention_mask zero, no examples of "
+            "different lengths collated together)"
+        )
+    dlcheck.measured(
+        *lines,
+        embedding_rows=table,
+        tokenizer_length=vocab,
+        largest_id=largest,
+        pad_token_id=pad,
+        config_pad=config_pad,
+    )

@@ -166,6 +166,9 @@ def check_truncation(dlcheck):
         Trainer) or a max_length to compare with; packed rows without raw text are judged by
         max_length only. Deliberate truncation of long pretraining documents counts as cut: raise
         max_cut_share or ignore L13 there.
+    Not applicable
+        Batches that are not token batches. (Every labelled token pipeline is judged for examples left
+        without supervision.)
     """
     tok = dlcheck.role("tokenizer")
     args = dlcheck.role("training_args") if dlcheck.has("training_args") else None
@@ -334,3 +337,32 @@ def check_truncation(dlcheck):
 
     if evidence:
         dlcheck.fail(evidence, "; and ".join(dict.fromkeys(causes)), "; and ".join(dict.fromkeys(fixes)))
+    if not examples:
+        dlcheck.skip(f"no labelled example to judge in the batches of {sample.source}")
+    lines = [
+        f"{len(examples) - len(unsupervised)} of {len(examples)} sampled examples keep supervised tokens after "
+        f"truncation; source: {sample.source}"
+    ]
+    if judged:
+        lines.append(
+            f"{len(cut)} of {len(judged)} judged examples lost the end of their completion (threshold "
+            f"{_pct(dlcheck.setting('max_cut_share'))})"
+            + (f"; {limit_line}" if limit_line else "")
+            + (f"; longest complete sequence {longest} tokens" if longest else "")
+        )
+    else:
+        lines.append(
+            "cut completions not judged: no raw text to compare with and no max_length (give dlcheck_raw_dataset, "
+            "or a Trainer whose arguments set max_length)"
+        )
+    if dropped:
+        lines.append(f"TRL SFTTrainer dropped {dropped[0]} of {dropped[1]} examples while preparing the dataset")
+    dlcheck.measured(
+        *lines,
+        examples=len(examples),
+        unsupervised=len(unsupervised),
+        judged=len(judged),
+        cut=len(cut),
+        max_length=limit,
+        trl_dropped=dropped[0] if dropped else 0,
+    )

@@ -1,6 +1,8 @@
 """No false alarms: clean, correctly configured pipelines from the real libraries run the whole llm
 domain with zero failures, from a single `dlcheck_trainer` fixture."""
 
+import json
+
 import pytest
 
 TRAINERS = {
@@ -81,10 +83,32 @@ TRAINERS = {
 
 
 @pytest.mark.parametrize("kind", sorted(TRAINERS))
-def test_clean_trainer_passes_the_whole_llm_domain(project, kind):
+def test_clean_trainer_passes_the_whole_llm_domain(project, kind, tmp_path):
     project.conftest("        import pytest, tiny\n" + TRAINERS[kind])
-    run = project.run("--dlcheck=llm", "-rs")
+    out = tmp_path / "report.json"
+    run = project.run("--dlcheck=llm", "-rs", f"--dlcheck-json={out}")
     assert run.result.ret == 0, run.text
     assert not [c for c, outs in run.outcomes.items() if "failed" in outs or "error" in outs], run.text
     passed = [cid for cid, outs in run.outcomes.items() if outs == ["passed"]]
     assert passed, f"nothing ran for {kind}:\n{run.text}"
+    results = json.loads(out.read_text())["results"]
+    # every pass carries what it measured; a whole Trainer leaves no llm check asking for a fixture
+    assert all(r["evidence"] for r in results if r["outcome"] == "passed"), results
+    assert not [r for r in results if r.get("reason", "").startswith("missing role:")], results
+
+
+def test_clean_sft_trainer_reports_what_each_check_measured(project, tmp_path):
+    project.conftest("        import pytest, tiny\n" + TRAINERS["sft_prompt_completion"])
+    out = tmp_path / "report.json"
+    project.run("--dlcheck=llm", f"--dlcheck-json={out}")
+    evidence = {r["id"]: r.get("evidence") or r.get("reason") for r in json.loads(out.read_text())["results"]}
+    assert (
+        evidence["L2"][1] == "prompt: 0 of 8 sampled prompt/completion examples supervise any of their 50 prompt tokens"
+    )
+    assert evidence["L4"].startswith("not applicable: no packed row among the 8 sampled rows")
+    assert evidence["L7"][0].startswith("eval_loss averages the NLL over the 86 supervised (label != -100)")
+    assert (
+        evidence["L9"] == "not applicable: SFTTrainer is not a preference (DPO) trainer: L9 concerns TRL's DPOTrainer"
+    )
+    assert evidence["L11"] == ["8 of 8 sampled documents end with a supervised stop token (<|endoftext|>)"]
+    assert evidence["L14"][0].startswith("8 of 8 sampled rows: attention_mask is 0 on the 48 padding positions only")

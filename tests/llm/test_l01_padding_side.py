@@ -54,24 +54,41 @@ def test_gpt2_trained_on_left_padding_fails(project):
 
 def test_gpt2_right_padding_passes(project):
     project.conftest(train_project("right", "gpt2"))
-    run = project.run("--dlcheck=L1")
+    run = project.run("--dlcheck=L1", "-rA")
     run.assert_outcome("L1", "passed")
+    run.fnmatch(["*::L1_padding_side PASSED (training: 6 padded examples (6 right-padded) lose as alone*"])
+    run.fnmatch(
+        [
+            "training: 6 padded examples (6 right-padded) lose as alone: max |Δ| 0.0e+00 <= atol 0.001 nats (mean NLL "
+            "over the same supervised tokens in the batch and alone); source: dlcheck_collator on 8 examples of "
+            "dlcheck_dataset",
+            "  example 0.0 (4 pad tokens on the right): loss in batch 5.7297, alone 5.7297",
+            "generation: not checked, the pipeline does not generate in batches (no TRL GRPOTrainer/RLOOTrainer)*",
+        ]
+    )
 
 
 def test_gpt2_left_padding_with_position_ids_passes(project):
     project.conftest(train_project("left", "gpt2", positions=True))
-    run = project.run("--dlcheck=L1")
+    run = project.run("--dlcheck=L1", "-rA")
     run.assert_outcome("L1", "passed")
+    run.fnmatch(["training: 6 padded examples (6 left-padded) lose as alone: max |Δ| 0.0e+00 <= atol 0.001 nats*"])
 
 
 def test_llama_left_padding_is_position_invariant(project):
-    # rotary positions: a constant shift changes nothing; measured equal, so no false alarm
+    # rotary positions: a constant shift changes nothing; measured equal (to rounding), so no false alarm
     project.conftest(train_project("left", "llama"))
-    run = project.run("--dlcheck=L1")
+    run = project.run("--dlcheck=L1", "-rA")
     run.assert_outcome("L1", "passed")
+    run.fnmatch(
+        [
+            "training: 6 padded examples (6 left-padded) lose as alone: max |Δ| ?.?e-0? <= atol 0.001 nats*",
+            "  example 0.0 (4 pad tokens on the left): loss in batch 5.7007, alone 5.7007",
+        ]
+    )
 
 
-def test_unpadded_batches_skip(project):
+def test_unpadded_batches_without_a_mask_skip(project):
     project.conftest("""
         import pytest, tiny
 
@@ -94,8 +111,35 @@ def test_unpadded_batches_skip(project):
     """)
     run = project.run("--dlcheck=L1")
     run.assert_outcome("L1", "skipped")
-    assert "no padded, unpacked row" in run.text
-    assert "define dlcheck_generation_prompts" in run.text
+    # without an attention_mask padding cannot be told from content: unsure, not "not applicable"
+    run.fnmatch(
+        [
+            "SKIPPED * training: no padded, unpacked row with an attention_mask among the 8 sampled rows of "
+            "dlcheck_collator on 8 examples of dlcheck_dataset (2 batches carry no attention_mask, so their padding "
+            "cannot be told); generation: the pipeline does not generate in batches*define "
+            "dlcheck_generation_prompts*"
+        ]
+    )
+    assert "not applicable" not in run.text
+
+
+def test_packed_batches_and_no_generation_are_not_applicable(project):
+    # DataCollatorWithFlattening: no padding at all, and nothing generates in batches
+    project.conftest(
+        train_project("right", "llama").replace(
+            "base = DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)",
+            "from transformers import DataCollatorWithFlattening\n        base = DataCollatorWithFlattening()",
+        )
+    )
+    run = project.run("--dlcheck=L1")
+    run.fnmatch(
+        [
+            "*::L1_padding_side SKIPPED (not applicable: *",
+            "SKIPPED * not applicable: training: no padded, unpacked row with an attention_mask among the 2 sampled "
+            "rows of dlcheck_collator on 8 examples of dlcheck_dataset; generation: the pipeline does not generate "
+            "in batches*",
+        ]
+    )
 
 
 GENERATE = """
@@ -131,8 +175,16 @@ def test_batched_generation_with_right_padding_fails(project, arch):
 
 def test_batched_generation_with_left_padding_passes(project):
     project.conftest(GENERATE.format(side="left", arch="gpt2"))
-    run = project.run("--dlcheck=L1")
+    run = project.run("--dlcheck=L1", "-rA")
     run.assert_outcome("L1", "passed")
+    run.fnmatch(
+        [
+            "generation: greedy generate of 4 prompts padded together (padding side: left; dlcheck_generation_prompts "
+            "tokenized with tokenizer.padding_side='left') gives every prompt the continuation it gets alone (8 new "
+            "tokens, 11 pads in the batch)",
+            "training: not checked, missing role: define fixture dlcheck_dataloader*",
+        ]
+    )
 
 
 def test_user_batch_for_generate_is_used_as_given(project):
@@ -162,8 +214,14 @@ def test_right_padded_sft_trainer_is_not_flagged_by_generation(project):
             args = tiny.trainer_args(tmp_path_factory.mktemp("sft"), SFTConfig, max_length=64)
             return SFTTrainer(model=tiny.gpt2(tok), args=args, train_dataset=ds, processing_class=tok)
     """)
-    run = project.run("--dlcheck=L1")
+    run = project.run("--dlcheck=L1", "-rA")
     run.assert_outcome("L1", "passed")
+    run.fnmatch(
+        [
+            "training: 6 padded examples (6 right-padded) lose as alone*",
+            "generation: not checked, the pipeline does not generate in batches*",
+        ]
+    )
 
 
 def test_grpo_trainer_generation_is_left_padded_by_trl(project):
@@ -182,8 +240,16 @@ def test_grpo_trainer_generation_is_left_padded_by_trl(project):
             return GRPOTrainer(model=tiny.gpt2(tok), reward_funcs=lambda completions, **kw: [0.0] * len(completions),
                                args=args, train_dataset=ds, processing_class=tok)
     """)
-    run = project.run("--dlcheck=L1")
+    run = project.run("--dlcheck=L1", "-rA")
     run.assert_outcome("L1", "passed")
+    run.fnmatch(
+        [
+            "generation: greedy generate of 6 prompts padded together (padding side: left; the prompts of the "
+            "GRPOTrainer's dataset, padded on the left as GRPOTrainer does itself) gives every prompt the continuation "
+            "it gets alone*",
+            "training: not checked, GRPOTrainer builds its training batches inside the trainer (from generations)",
+        ]
+    )
 
 
 def test_no_trace_on_model_and_tokenizer(project):

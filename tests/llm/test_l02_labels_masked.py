@@ -273,33 +273,99 @@ def test_chat_collator_trains_user_turns(project):
 
 def test_trl_sft_prompt_completion_is_completion_only(project):
     project.conftest(TRL_SFT.format(messages=False, kwargs=""))
-    run = project.run("--dlcheck=L2")
+    run = project.run("--dlcheck=L2", "-rA")
     run.assert_outcome("L2", "passed")
+    run.fnmatch(["*::L2_labels_masked PASSED (padding: 0 of 8 sampled rows supervise any of their 48 paddin*"])
+    run.fnmatch(
+        [
+            "padding: 0 of 8 sampled rows supervise any of their 48 padding positions (attention_mask 0); source: "
+            "dlcheck_collator on 8 examples of dlcheck_dataset",
+            "prompt: 0 of 8 sampled prompt/completion examples supervise any of their 50 prompt tokens",
+        ]
+    )
 
 
 def test_trl_sft_assistant_only_loss_on_messages(project):
+    # TRL drops the messages column before collation (remove_unused_columns); the raw_dataset role derived
+    # from the trainer still holds it, so the user turns are located and judged
     project.conftest(TRL_SFT.format(messages=True, kwargs="assistant_only_loss=True"))
-    run = project.run("--dlcheck=L2")
+    run = project.run("--dlcheck=L2", "-rA")
     run.assert_outcome("L2", "passed")
+    run.fnmatch(["prompt: 0 of 8 sampled messages examples supervise any of their 50 user/system-turn tokens"])
+
+
+# the same messages training, handed over as TRL's own train dataloader and the raw examples beside it
+TRL_DATALOADER = """
+    import pytest, tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    @pytest.fixture(scope="session")
+    def trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        {bos}
+        ds = Dataset.from_dict({{"messages": [[{{"role": "user", "content": p}}, {{"role": "assistant", "content": c}}]
+                                             for p, c in zip(tiny.PROMPTS, tiny.COMPLETIONS)]}})
+        args = tiny.trainer_args(tmp_path_factory.mktemp("out"), SFTConfig, assistant_only_loss=True)
+        return SFTTrainer(model=tiny.llama(tok), args=args, train_dataset=ds, processing_class=tok)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer(trainer):
+        return trainer.processing_class
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader(trainer):
+        return trainer.get_train_dataloader()   # the messages column is dropped before collation
+
+    @pytest.fixture(scope="session")
+    def dlcheck_raw_dataset(trainer):
+        return trainer.train_dataset            # still holds it
+"""
+
+
+def test_dataloader_batches_do_not_ask_for_the_raw_dataset_already_given(project):
+    project.conftest(TRL_DATALOADER.format(bos="pass"))
+    run = project.run("--dlcheck=L2", "-rA")
+    run.assert_outcome("L2", "passed")
+    run.fnmatch(
+        [
+            "padding: 0 of 6 sampled rows supervise any of their * padding positions (attention_mask 0); source: "
+            "3 batches of dlcheck_dataloader",
+            "prompt: not judged, the rows of 3 batches of dlcheck_dataloader cannot be matched to their raw examples: "
+            "define dlcheck_collator and dlcheck_dataset (the examples as the collator takes them; "
+            "dlcheck_raw_dataset in the same order when the dataset lost its text columns), or dlcheck_trainer",
+        ]
+    )
+    assert "no prompt/completion or messages split" not in run.text
 
 
 def test_hand_collator_masking_prompt_and_padding(project):
     project.conftest(user_collator(mask="full"))
-    run = project.run("--dlcheck=L2")
+    run = project.run("--dlcheck=L2", "-rA")
     run.assert_outcome("L2", "passed")
+    run.fnmatch(["prompt: 0 of 8 sampled prompt/completion examples supervise any of their 50 prompt tokens"])
 
 
-@pytest.mark.parametrize("template,shift", [(FORMATTED, False), (PLAIN, True)])
-def test_formatted_or_pre_shifted_labels_masking_the_prompt(project, template, shift):
+@pytest.mark.parametrize("template,shift,n_prompt", [(FORMATTED, False, 46), (PLAIN, True, 50)])
+def test_formatted_or_pre_shifted_labels_masking_the_prompt(project, template, shift, n_prompt):
     project.conftest(user_collator(template=template, mask="full", shift=shift))
-    run = project.run("--dlcheck=L2")
+    run = project.run("--dlcheck=L2", "-rA")
     run.assert_outcome("L2", "passed")
+    run.fnmatch([f"prompt: 0 of 8 sampled prompt/completion examples supervise any of their {n_prompt} prompt tokens"])
 
 
 def test_pad_eq_eos_masked_by_attention_is_fine(project):
     project.conftest(HAND_PAD_COLLATOR.replace("{pad}", "tiny.EOS").replace("{mask_pad}", "True"))
-    run = project.run("--dlcheck=L2")
+    run = project.run("--dlcheck=L2", "-rA")
     run.assert_outcome("L2", "passed")
+    run.fnmatch(
+        [
+            "padding: 0 of 8 sampled rows supervise any of their 48 padding positions (attention_mask 0)*",
+            "prompt: not judged, the data has no prompt/completion or messages split that L2 can see: the examples "
+            "hold token ids only; if they were prompt/completion or messages before tokenization, define "
+            "dlcheck_raw_dataset with those rows, in the same order",
+        ]
+    )
 
 
 def test_packed_batches_without_split_skip_naming_why(project):
@@ -323,7 +389,53 @@ def test_packed_batches_without_split_skip_naming_why(project):
     )
     run = project.run("--dlcheck=L2")
     run.assert_outcome("L2", "skipped")
-    assert "no attention_mask to tell padding, and the data has no prompt/completion or messages split" in run.text
+    # padding-free rows hold no padding; whether the pre-tokenized examples had a prompt is unknown: unsure
+    run.fnmatch(
+        [
+            "SKIPPED * batches from dlcheck_collator on 8 examples of dlcheck_dataset are padding-free "
+            "(position_ids, no attention_mask): no padding to judge, and the data has no prompt/completion or "
+            "messages split that L2 can see: the examples hold token ids only*define dlcheck_raw_dataset*"
+        ]
+    )
+    assert "not applicable" not in run.text
+
+
+def test_packed_plain_text_is_not_applicable(project):
+    # flattened rows of plain text: no padding to supervise, no prompt to mask
+    project.conftest(
+        HEAD.format(pad="tiny.PAD")
+        + """
+    from transformers import DataCollatorWithFlattening
+
+    class TokenizeText:
+        def __init__(self, tok):
+            self.tok, self.flatten = tok, DataCollatorWithFlattening()
+
+        def __call__(self, rows):
+            return self.flatten([self.tok(r["text"] + self.tok.eos_token) for r in rows])
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer(tok):
+        return tok
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(tok):
+        return TokenizeText(tok)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return [{"text": t} for t in tiny.texts()]
+"""
+    )
+    run = project.run("--dlcheck=L2")
+    run.fnmatch(
+        [
+            "*::L2_labels_masked SKIPPED (not applicable: *",
+            "SKIPPED * not applicable: batches from dlcheck_collator on 8 examples of dlcheck_dataset are "
+            "padding-free (position_ids, no attention_mask): no padding to judge, and the data has no "
+            "prompt/completion or messages split",
+        ]
+    )
 
 
 # ---- explicit opt-outs ----------------------------------------------------------------------------
@@ -331,12 +443,17 @@ def test_packed_batches_without_split_skip_naming_why(project):
 
 def test_setting_opts_out_of_completion_only(project):
     project.conftest(HF_LM_COLLATOR_ON_PROMPT_COMPLETION)
-    run = project.run("--dlcheck=L2", "--dlcheck-set", "L2.completion_only=false")
+    run = project.run("--dlcheck=L2", "-rA", "--dlcheck-set", "L2.completion_only=false")
     run.assert_outcome("L2", "passed")
+    run.fnmatch(["prompt: not judged, completion-only training is off (L2.completion_only is false)"])
 
 
-@pytest.mark.parametrize("messages,kwargs", [(False, "completion_only_loss=False"), (True, "")])
-def test_trl_full_sequence_training_is_respected(project, messages, kwargs):
+@pytest.mark.parametrize(
+    "messages,kwargs,opt_out",
+    [(False, "completion_only_loss=False", "completion_only_loss=False"), (True, "", "assistant_only_loss=False")],
+)
+def test_trl_full_sequence_training_is_respected(project, messages, kwargs, opt_out):
     project.conftest(TRL_SFT.format(messages=messages, kwargs=kwargs))
-    run = project.run("--dlcheck=L2")
+    run = project.run("--dlcheck=L2", "-rA")
     run.assert_outcome("L2", "passed")
+    run.fnmatch([f"prompt: not judged, completion-only training is off (SFTConfig({opt_out}))"])

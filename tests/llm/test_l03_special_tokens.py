@@ -60,8 +60,16 @@ def test_added_pad_token_without_resizing_the_embeddings(project):
 
 def test_resized_embeddings_pass(project):
     project.conftest(ADDED_PAD.format(resize=True))
-    run = project.run("--dlcheck=L3")
+    run = project.run("--dlcheck=L3", "-rA")
     run.assert_outcome("L3", "passed")
+    run.fnmatch(["*::L3_special_tokens PASSED (every id has an embedding row: 301 rows in model.get_input_em*"])
+    run.fnmatch(
+        [
+            "every id has an embedding row: 301 rows in model.get_input_embeddings(), len(tokenizer) = 301; largest "
+            "id in the sampled batches 300 (320 input_ids and labels other than -100)",
+            "pad token '<pad>'(id 300); model.config.pad_token_id unset (harmless: collators use the tokenizer's)",
+        ]
+    )
 
 
 NO_PAD = """
@@ -143,8 +151,14 @@ def test_collator_padding_with_an_id_of_its_own(project):
 def test_no_pad_token_is_fine_when_nothing_is_padded(project):
     # padding-free (flattening) batches never pad: a missing pad token is no bug there
     project.conftest(NO_PAD.format(collator="DataCollatorWithFlattening", make="DataCollatorWithFlattening()"))
-    run = project.run("--dlcheck=L3")
+    run = project.run("--dlcheck=L3", "-rA")
     run.assert_outcome("L3", "passed")
+    run.fnmatch(
+        [
+            "no pad token, and the sampled batches are not padded (no attention_mask zero, no examples of different "
+            "lengths collated together)"
+        ]
+    )
 
 
 CONFIG_PAD = """
@@ -191,8 +205,9 @@ def test_config_pad_id_disagrees_with_the_tokenizer(project):
 
 def test_pad_equal_to_eos_is_not_an_L3_bug(project):
     project.conftest(CONFIG_PAD.format(switch=False))
-    run = project.run("--dlcheck=L3")
+    run = project.run("--dlcheck=L3", "-rA")
     run.assert_outcome("L3", "passed")
+    run.fnmatch(["pad token '<|endoftext|>'(id 0); model.config.pad_token_id = 0 too"])
 
 
 TRL_SFT = """
@@ -211,8 +226,15 @@ TRL_SFT = """
 
 def test_trl_sft_trainer_passes(project):
     project.conftest(TRL_SFT)
-    run = project.run("--dlcheck=L3")
+    run = project.run("--dlcheck=L3", "-rA")
     run.assert_outcome("L3", "passed")
+    run.fnmatch(
+        [
+            "every id has an embedding row: 300 rows in model.get_input_embeddings(), len(tokenizer) = 300; largest "
+            "id in the sampled batches 299 (378 input_ids and labels other than -100)",
+            "pad token '<|pad|>'(id 1); model.config.pad_token_id = 1 too",
+        ]
+    )
 
 
 def test_skips_without_a_model(project):
@@ -225,4 +247,4 @@ def test_skips_without_a_model(project):
     """)
     run = project.run("--dlcheck=L3")
     run.assert_outcome("L3", "skipped")
-    assert "dlcheck_model" in run.text
+    run.fnmatch(["SKIPPED * missing role: define fixture dlcheck_model (or dlcheck_trainer) in conftest.py"])

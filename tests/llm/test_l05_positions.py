@@ -2,6 +2,9 @@
 
 from helpers import flat
 
+# imported here, outside pytester's in-process runs (a run unloads the modules first imported inside it)
+from transformers import BloomConfig, BloomForCausalLM  # noqa: F401
+
 LONG_ROWS = """
     import copy, pytest, tiny
     from transformers import DataCollatorForLanguageModeling, LlamaConfig
@@ -58,14 +61,28 @@ def test_gpt2_rows_past_its_position_table_fail(project):
 
 def test_enough_positions_pass(project):
     project.conftest(long_rows(positions=256))
-    run = project.run("--dlcheck=L5")
+    run = project.run("--dlcheck=L5", "-rA")
     run.assert_outcome("L5", "passed")
+    run.fnmatch(["*::L5_positions PASSED (longest sampled training sequence: 128 positions (tokens) <= 256 =*"])
+    run.fnmatch(
+        [
+            "longest sampled training sequence: 128 positions (tokens) <= 256 = max_position_embeddings 256 "
+            "(rope_type 'default', no scaling); source: dlcheck_collator on 4 examples of dlcheck_dataset",
+            "not checked: no dlcheck_inference_config to compare rope settings with",
+        ]
+    )
 
 
 def test_linear_rope_scaling_covers_the_rows(project):
     project.conftest(long_rows(positions=64, overrides=LINEAR2))
-    run = project.run("--dlcheck=L5")
+    run = project.run("--dlcheck=L5", "-rA")
     run.assert_outcome("L5", "passed")
+    run.fnmatch(
+        [
+            "longest sampled training sequence: 128 positions (tokens) <= 128 = max_position_embeddings 64 x rope "
+            "factor 2 (linear)*"
+        ]
+    )
 
 
 INFERENCE = """
@@ -104,8 +121,15 @@ def test_inference_with_another_rope_theta_fails(project):
 
 def test_inference_with_the_training_config_passes(project):
     project.conftest(INFERENCE.format(train=LINEAR2, infer="return copy.deepcopy(dlcheck_model.config)"))
-    run = project.run("--dlcheck=L5")
+    run = project.run("--dlcheck=L5", "-rA")
     run.assert_outcome("L5", "passed")
+    run.fnmatch(
+        [
+            "rope settings and max_position_embeddings of dlcheck_inference_config equal the training model's "
+            "(factor=2.0, rope_theta=10000.0, rope_type='linear', max_position_embeddings 64)",
+            "not checked: training data: missing role: define fixture dlcheck_dataloader*",
+        ]
+    )
 
 
 def test_inference_config_json_in_transformers_4_layout_passes(project, tmp_path):
@@ -125,8 +149,14 @@ def test_training_free_yarn_at_inference_passes(project):
         "'original_max_position_embeddings': 64})"
     )
     project.conftest(INFERENCE.format(train={}, infer=infer))
-    run = project.run("--dlcheck=L5")
+    run = project.run("--dlcheck=L5", "-rA")
     run.assert_outcome("L5", "passed")
+    run.fnmatch(
+        [
+            "rope settings of dlcheck_inference_config differ acceptably, the inference config adds a training-free "
+            "context extension (dynamic NTK / YaRN): factor: training '(unset)', inference 4.0*"
+        ]
+    )
 
 
 def test_nothing_to_compare_skips(project):
@@ -139,6 +169,27 @@ def test_nothing_to_compare_skips(project):
     run = project.run("--dlcheck=L5")
     run.assert_outcome("L5", "skipped")
     assert "no dlcheck_inference_config to compare rope settings with" in run.text
+    assert "not applicable" not in run.text
+
+
+def test_alibi_model_without_inference_config_is_not_applicable(project):
+    # BLOOM places tokens with ALiBi: its config declares no position limit, and it has no rope
+    project.conftest(
+        LONG_ROWS.format(arch="llama", size="", overrides={}).replace(
+            "return tiny.llama(dlcheck_tokenizer, , **{})",
+            "from transformers import BloomConfig, BloomForCausalLM\n"
+            "        return BloomForCausalLM(BloomConfig(vocab_size=len(dlcheck_tokenizer), hidden_size=64, n_layer=2, "
+            "n_head=4))",
+        )
+    )
+    run = project.run("--dlcheck=L5")
+    run.fnmatch(
+        [
+            "*::L5_positions SKIPPED (not applicable: *",
+            "SKIPPED * not applicable: bloom config declares no max_position_embeddings (ALiBi or relative "
+            "positions): no position limit to exceed and no rope settings to compare",
+        ]
+    )
 
 
 SFT = """
@@ -167,8 +218,15 @@ def test_explicit_max_length_beyond_the_positions_fails(project):
 def test_trl_default_max_length_is_not_judged(project):
     # SFTConfig's default max_length (1024) is larger than the tiny model's 256 positions, but not a choice
     project.conftest(SFT.format(max_length=""))
-    run = project.run("--dlcheck=L5")
+    run = project.run("--dlcheck=L5", "-rA")
     run.assert_outcome("L5", "passed")
+    run.fnmatch(
+        [
+            "longest sampled training sequence: 31 positions (tokens) <= 256 = max_position_embeddings 256 "
+            "(rope_type 'default', no scaling); source: dlcheck_collator on 8 examples of dlcheck_dataset"
+        ]
+    )
+    assert "SFTConfig.max_length" not in run.text
 
 
 def test_rope_settings_normalize_across_layouts():

@@ -147,14 +147,27 @@ def test_numpy_metric_reads_every_position(project):
 
 def test_masked_shifted_metric_passes(project):
     _project(project, TRAINER, "masked_shifted", args="", eval="data")
-    run = project.run("--dlcheck=L7")
+    run = project.run("--dlcheck=L7", "-rA")
     run.assert_outcome("L7", "passed")
+    run.fnmatch(["*::L7_eval_metric PASSED (compute_metrics()[[]'perplexity'], eval_loss each average the NLL*"])
+    run.fnmatch(
+        [
+            "compute_metrics()[[]'perplexity'], eval_loss each average the NLL over the 128 supervised (label != -100) "
+            "of 184 positions, on the model's logits and on the contrast probe (tolerance 0.05 nats + 2%); source: "
+            "dlcheck_collator on 8 examples of dlcheck_eval_dataset",
+            "compute_metrics()[[]'perplexity'] = 309.9 (NLL 5.7364) on the model's logits, 1.01 (NLL 0.0101) on the "
+            "contrast probe; NLL over the supervised positions 5.7364 and 0.0101",
+            "the model's own loss (model.loss_function: the Trainer's eval_loss) equals the supervised-token NLL batch "
+            "by batch (4 batch-probe pairs, largest |Δ| *)",
+        ]
+    )
 
 
 def test_per_example_mean_is_a_valid_reduction(project):
     _project(project, TRAINER, "per_example_mean", args="", eval="data")
-    run = project.run("--dlcheck=L7")
+    run = project.run("--dlcheck=L7", "-rA")
     run.assert_outcome("L7", "passed")
+    run.fnmatch(["compute_metrics()[[]'loss'] = 5.73 on the model's logits, 0.01005 on the contrast probe*"])
 
 
 def test_batch_eval_metrics_and_losses_are_fed_like_the_trainer(project):
@@ -177,8 +190,61 @@ def test_sft_completion_only_metric_fills_prompt_with_pad(project):
 
 def test_sft_completion_only_clean_metric_passes(project):
     _project(project, SFT, "masked_shifted")
-    run = project.run("--dlcheck=L7")
+    run = project.run("--dlcheck=L7", "-rA")
     run.assert_outcome("L7", "passed")
+    run.fnmatch(
+        [
+            "compute_metrics()[[]'perplexity'], eval_loss each average the NLL over the 79 supervised (label != -100) "
+            "of 154 positions*"
+        ]
+    )
+
+
+def test_sft_trainer_without_compute_metrics_judges_its_eval_loss(project):
+    # an SFTTrainer evaluates eval_loss alone: that is judged, no dlcheck_compute_metrics is asked for
+    _project(project, SFT, "None")
+    run = project.run("--dlcheck=L7", "-rA")
+    run.assert_outcome("L7", "passed")
+    run.fnmatch(
+        [
+            "eval_loss averages the NLL over the 79 supervised (label != -100) of 154 positions, on the model's "
+            "logits and on the contrast probe (tolerance 0.05 nats + 2%); source: dlcheck_collator on 6 examples of "
+            "dlcheck_eval_dataset",
+            "the model's own loss (model.loss_function: the Trainer's eval_loss) equals the supervised-token NLL batch "
+            "by batch (4 batch-probe pairs, largest |Δ| *)",
+        ]
+    )
+    assert "dlcheck_compute_metrics" not in run.text
+
+
+DPO = """
+import copy, pytest, tiny
+from datasets import Dataset
+from trl import DPOConfig, DPOTrainer
+
+@pytest.fixture(scope="session")
+def dlcheck_trainer(tmp_path_factory):
+    tok = tiny.tokenizer()
+    model = tiny.llama(tok)
+    data = Dataset.from_dict({"prompt": tiny.PROMPTS, "chosen": tiny.COMPLETIONS,
+                              "rejected": tiny.COMPLETIONS[1:] + tiny.COMPLETIONS[:1]})
+    return DPOTrainer(model=model, ref_model=copy.deepcopy(model), processing_class=tok, train_dataset=data,
+                      eval_dataset=data, args=tiny.trainer_args(tmp_path_factory.mktemp("out"), DPOConfig, max_length=64))
+"""
+
+
+def test_dpo_trainer_is_not_applicable(project):
+    # DPO evaluates its preference loss: there is no perplexity over supervised tokens to ask a metric for
+    project.conftest(DPO)
+    run = project.run("--dlcheck=L7")
+    run.fnmatch(
+        [
+            "*::L7_eval_metric SKIPPED (not applicable: *",
+            "SKIPPED * not applicable: DPOTrainer evaluates its own objective (a preference or policy loss), not a "
+            "next-token NLL: its eval loss and metrics are no perplexity over supervised tokens",
+        ]
+    )
+    assert "dlcheck_compute_metrics" not in run.text
 
 
 def test_unshifted_metric_from_plain_fixtures(project):
@@ -198,11 +264,25 @@ def test_no_perplexity_key_skips(project):
     assert "reports no perplexity or loss (keys: accuracy)" in run.text
 
 
-def test_no_compute_metrics_skips(project):
+def test_trainer_without_compute_metrics_judges_its_eval_loss(project):
     project.conftest(TRAINER.format(metrics="None", args="", eval="data").replace("from l7_metrics import *", ""))
+    run = project.run("--dlcheck=L7", "-rA")
+    run.assert_outcome("L7", "passed")
+    run.fnmatch(["eval_loss averages the NLL over the 128 supervised (label != -100) of 184 positions*"])
+    assert "dlcheck_compute_metrics" not in run.text
+
+
+def test_hand_pipeline_without_a_metric_asks_for_it(project):
+    # no Trainer: the user's own eval metric is only reachable through the fixture
+    project.conftest(FIXTURES.replace("{metrics}", "None").replace("from l7_metrics import *", ""))
     run = project.run("--dlcheck=L7")
     run.assert_outcome("L7", "skipped")
-    assert "dlcheck_compute_metrics" in run.text
+    run.fnmatch(
+        [
+            "SKIPPED * missing role: define fixture dlcheck_compute_metrics (or dlcheck_trainer with "
+            "compute_metrics) in conftest.py"
+        ]
+    )
 
 
 def test_train_sample_stands_in_without_eval_data(project):
@@ -248,8 +328,14 @@ def test_compute_loss_func_over_every_position(project):
 
 def test_compute_loss_func_masked_passes(project):
     project.conftest(LOSS_FUNC.format(fn="masked_loss"))
-    run = project.run("--dlcheck=L7")
+    run = project.run("--dlcheck=L7", "-rA")
     run.assert_outcome("L7", "passed")
+    run.fnmatch(
+        [
+            "compute_loss_func averages the NLL over the 128 supervised (label != -100) of 184 positions*",
+            "the Trainer's compute_loss_func equals the supervised-token NLL batch by batch (4 batch-probe pairs*",
+        ]
+    )
 
 
 # ---- unit tests of the probe ----------------------------------------------------------------------

@@ -119,7 +119,7 @@ def dlcheck_collator(dlcheck_tokenizer):
 def _run(project, conftest: str, **kw):
     project.conftest(DATA, "l8_data.py")
     project.conftest(conftest.format(**kw))
-    return project.run("--dlcheck=L8")
+    return project.run("--dlcheck=L8", "-rA")
 
 
 # ---- buggy configurations ---------------------------------------------------------------------------
@@ -201,44 +201,97 @@ def test_grpo_conversational_prompts_without_a_chat_template(project):
 # ---- correct twins ------------------------------------------------------------------------------------
 
 
+SFT_SCHEMA = "schema: SFTTrainer reads 'text' (or SFTConfig.dataset_text_field), 'messages', or 'prompt' + 'completion'"
+DPO_SCHEMA = "schema: DPOTrainer reads 'chosen' + 'rejected' (with an optional 'prompt' they do not repeat)"
+MARKERS = (
+    "chat template: 5 of 6 sampled conversations reach the batches, which carry its markers ('<|user|>', "
+    "'<|end|><|assistant|>', '<|end|>')"
+)
+
+
 @pytest.mark.parametrize(
-    "data",
+    "data,evidence",
     [
-        '{"messages": MESSAGES}',
-        '{"prompt": P, "completion": C}',
-        '{"prompt": [m[:1] for m in MESSAGES], "completion": [m[1:] for m in MESSAGES]}',
-        '{"text": [p + c for p, c in zip(P, C)]}',
+        (
+            '{"messages": MESSAGES}',
+            [
+                f"{SFT_SCHEMA}; the 6 sampled examples have messages, input_ids, labels",
+                MARKERS,
+                "text columns reach the model: 'messages' in 5 of 5 sampled examples judged",
+            ],
+        ),
+        (
+            '{"prompt": P, "completion": C}',
+            [
+                f"{SFT_SCHEMA}; the 6 sampled examples have prompt, completion, input_ids, labels",
+                "text columns reach the model: 'prompt' in 2 of 2, 'completion' in 5 of 5 sampled examples judged",
+            ],
+        ),
+        (
+            '{"prompt": [m[:1] for m in MESSAGES], "completion": [m[1:] for m in MESSAGES]}',
+            [f"{SFT_SCHEMA}; the 6 sampled examples have prompt, completion, input_ids, labels", MARKERS],
+        ),
+        (
+            '{"text": [p + c for p, c in zip(P, C)]}',
+            [
+                f"{SFT_SCHEMA}; the 6 sampled examples have text, input_ids, labels",
+                "text columns reach the model: 'text' in 5 of 5 sampled examples judged",
+            ],
+        ),
     ],
     ids=["messages", "prompt-completion", "conversational-prompt-completion", "text"],
 )
-def test_sft_trainer_schemas_pass(project, data):
+def test_sft_trainer_schemas_pass(project, data, evidence):
     run = _run(project, SFT, data=data)
     run.assert_outcome("L8", "passed")
+    run.fnmatch(evidence)
 
 
 @pytest.mark.parametrize(
-    "data",
+    "data,evidence",
     [
-        '{"prompt": P, "chosen": C, "rejected": REJECTED}',
-        '{"chosen": [p + c for p, c in zip(P, C)], "rejected": [p + r for p, r in zip(P, REJECTED)]}',
-        '{"prompt": [m[:1] for m in MESSAGES], "chosen": [m[1:] for m in MESSAGES], '
-        '"rejected": [[{"role": "assistant", "content": r}] for r in REJECTED]}',
+        (
+            '{"prompt": P, "chosen": C, "rejected": REJECTED}',
+            [
+                f"{DPO_SCHEMA}; the 6 sampled examples have prompt, chosen, rejected, prompt_ids, chosen_ids, "
+                "rejected_ids",
+                "text columns reach the model: 'prompt' in 2 of 2, 'chosen' in 4 of 4, 'rejected' in 3 of 3 sampled "
+                "examples judged",
+            ],
+        ),
+        (
+            '{"chosen": [p + c for p, c in zip(P, C)], "rejected": [p + r for p, r in zip(P, REJECTED)]}',
+            [f"{DPO_SCHEMA}; the 6 sampled examples have chosen, rejected, prompt, *"],
+        ),
+        (
+            '{"prompt": [m[:1] for m in MESSAGES], "chosen": [m[1:] for m in MESSAGES], '
+            '"rejected": [[{"role": "assistant", "content": r}] for r in REJECTED]}',
+            [f"{DPO_SCHEMA}*", MARKERS],
+        ),
     ],
     ids=["explicit-prompt", "implicit-prompt", "conversational"],
 )
-def test_dpo_trainer_schemas_pass(project, data):
+def test_dpo_trainer_schemas_pass(project, data, evidence):
     run = _run(project, DPO, data=data)
     run.assert_outcome("L8", "passed")
+    run.fnmatch(evidence)
 
 
 def test_grpo_prompt_passes(project):
     run = _run(project, GRPO, template="tiny.CHAT_TEMPLATE", data='{"prompt": P, "answer": C}')
     run.assert_outcome("L8", "passed")
+    run.fnmatch(
+        [
+            "schema: GRPOTrainer reads 'prompt' (a string, or a list of messages; other columns go to the reward "
+            "functions); the 6 sampled examples have prompt, answer"
+        ]
+    )
 
 
 def test_hand_pipeline_with_apply_chat_template_passes(project):
     run = _run(project, HAND_FIXTURES, text='tok.apply_chat_template(ex["messages"], tokenize=False)')
     run.assert_outcome("L8", "passed")
+    run.fnmatch([MARKERS, "text columns reach the model: 'messages' in 5 of 5 sampled examples judged"])
 
 
 def test_tokenized_only_dataset_skips(project):
@@ -261,7 +314,13 @@ def test_tokenized_only_dataset_skips(project):
     """)
     run = project.run("--dlcheck=L8")
     run.assert_outcome("L8", "skipped")
-    assert "nothing to judge" in run.text
+    run.fnmatch(
+        [
+            "SKIPPED * nothing to judge: no trainer kind (dlcheck_trainer or dlcheck_training_args), and the examples "
+            "hold token ids only (columns: input_ids, attention_mask); if they were text or conversations before "
+            "tokenization, define dlcheck_raw_dataset with those rows, in the same order"
+        ]
+    )
 
 
 # ---- unit tests of the detection logic ---------------------------------------------------------------

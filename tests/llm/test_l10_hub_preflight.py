@@ -52,9 +52,38 @@ def test_repo_named_after_an_output_dir_with_a_space(project, no_token):
 def test_token_in_the_environment_and_a_valid_id_pass(project, no_token):
     no_token.setenv("HF_TOKEN", "hf_" + "x" * 34)
     project.conftest(ARGS.format(out="sft", push=True, hub="hub_model_id='me/tiny-sft'"))
-    project.run("--dlcheck=L10").assert_outcome("L10", "passed")
+    run = project.run("--dlcheck=L10", "-rA")
+    run.assert_outcome("L10", "passed")
+    run.fnmatch(
+        [
+            "*::L10_hub_preflight PASSED (push_to_hub=True, hub_model_id='me/tiny-sft': a valid repo*",
+            "push_to_hub=True, hub_model_id='me/tiny-sft': a valid repo id; the push finds a token in the HF_TOKEN "
+            "environment variable",
+        ]
+    )
 
 
 def test_no_push_skips(project, no_token):
     project.conftest(ARGS.format(out="sft", push=False, hub="hub_model_id=None"))
-    project.run("--dlcheck=L10").assert_outcome("L10", "skipped")
+    run = project.run("--dlcheck=L10")
+    run.assert_outcome("L10", "skipped")
+    run.fnmatch(["SKIPPED * not applicable: push_to_hub is off: the training pushes nothing to the Hub"])
+
+
+def test_hand_loop_without_training_arguments_is_not_applicable(project, no_token):
+    project.conftest("""
+    import pytest, tiny
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+    """)
+    run = project.run("--dlcheck=L10")
+    run.assert_outcome("L10", "skipped")
+    run.fnmatch(
+        [
+            "SKIPPED * not applicable: no training arguments (dlcheck_training_args or dlcheck_trainer): nothing in "
+            "the given fixtures configures a push to the Hub"
+        ]
+    )
+    assert "missing role" not in run.text

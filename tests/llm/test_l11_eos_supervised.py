@@ -41,8 +41,9 @@ def test_tokenizer_that_appends_no_eos(project):
 
 def test_own_pad_token_keeps_the_eos_label(project):
     project.conftest(LM_COLLATOR.format(pad="tiny.PAD", eos=True))
-    run = project.run("--dlcheck=L11")
+    run = project.run("--dlcheck=L11", "-rA")
     run.assert_outcome("L11", "passed")
+    run.fnmatch(["8 of 8 sampled documents end with a supervised stop token (<|endoftext|>)"])
 
 
 CHAT_SFT = """
@@ -78,4 +79,6 @@ def test_chat_end_of_turn_declared_as_a_stop_token_passes(project):
             stop="model.generation_config.eos_token_id = [tok.eos_token_id, tok.convert_tokens_to_ids(tiny.END)]"
         )
     )
-    project.run("--dlcheck=L11").assert_outcome("L11", "passed")
+    run = project.run("--dlcheck=L11", "-rA")
+    run.assert_outcome("L11", "passed")
+    run.fnmatch(["6 of 6 sampled documents end with a supervised stop token (<|endoftext|>, <|end|>)"])

@@ -2,9 +2,10 @@
 
 # Imported here, outside pytester's in-process runs (a run unloads the modules first imported inside it).
 import datasets  # noqa: F401
+import pytest
 import tokenizers.processors  # noqa: F401
 from helpers import flat
-from transformers import DataCollatorForLanguageModeling  # noqa: F401
+from transformers import CLIPTokenizer, DataCollatorForLanguageModeling  # noqa: F401
 from trl import SFTConfig, SFTTrainer  # noqa: F401
 
 from pytest_dlcheck.checks.llm.chat_format import compare, conversation
@@ -99,16 +100,19 @@ def test_bos_added_by_tokenization_but_not_by_the_template(project):
     assert "adds a BOS '<|bos|>' (add_special_tokens=True) that apply_chat_template does not" in text
 
 
-def test_apply_chat_template_tokenization_passes(project):
-    project.conftest(CHAT.format(tokenize=TEMPLATE_TOKENIZE))
-    run = project.run("--dlcheck=L12")
+@pytest.mark.parametrize("tokenize", [TEMPLATE_TOKENIZE, RENDER_NO_SPECIAL], ids=["template", "no-special-tokens"])
+def test_one_bos_and_the_template_format_pass(project, tokenize):
+    project.conftest(CHAT.format(tokenize=tokenize))
+    run = project.run("--dlcheck=L12", "-rA")
     run.assert_outcome("L12", "passed")
-
-
-def test_rendered_text_without_special_tokens_passes(project):
-    project.conftest(CHAT.format(tokenize=RENDER_NO_SPECIAL))
-    run = project.run("--dlcheck=L12")
-    run.assert_outcome("L12", "passed")
+    run.fnmatch(["*::L12_chat_format PASSED (BOS: 0 of 6 sampled sequences start with two BOS tokens*"])
+    run.fnmatch(
+        [
+            "BOS: 0 of 6 sampled sequences start with two BOS tokens '<|bos|>' (id 2); 6 start with one",
+            "chat format: 6 of 6 sampled conversations tokenize as tokenizer.apply_chat_template(messages, "
+            "tokenize=True)",
+        ]
+    )
 
 
 TRL_MESSAGES = """
@@ -127,9 +131,124 @@ TRL_MESSAGES = """
 
 
 def test_trl_sft_trainer_on_messages_passes(project):
+    # TRL drops the messages column before collation; the raw_dataset role (the trainer's train_dataset) keeps it
     project.conftest(TRL_MESSAGES)
-    run = project.run("--dlcheck=L12")
+    run = project.run("--dlcheck=L12", "-rA")
     run.assert_outcome("L12", "passed")
+    run.fnmatch(
+        [
+            "BOS: 0 of 6 sampled sequences start with two BOS tokens '<|bos|>' (id 2); 0 start with one",
+            "chat format: 6 of 6 sampled conversations tokenize as tokenizer.apply_chat_template(messages, "
+            "tokenize=True)",
+        ]
+    )
+
+
+# the same training handed over as TRL's own dataloader, the raw examples beside it, and a tokenizer without BOS
+# (Qwen-style): the batches cannot be matched to their conversations, which dlcheck_raw_dataset does not change
+TRL_DATALOADER = (
+    TRL_MESSAGES.replace(
+        "def dlcheck_trainer(tmp_path_factory):\n        tok = tiny.tokenizer()",
+        "def trainer(tmp_path_factory):\n        tok = tiny.tokenizer()\n        tok.bos_token = None",
+    )
+    + """
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer(trainer):
+        return trainer.processing_class
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader(trainer):
+        return trainer.get_train_dataloader()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_raw_dataset(trainer):
+        return trainer.train_dataset
+"""
+)
+
+
+def test_dataloader_batches_name_the_fixtures_that_match_them(project):
+    project.conftest(TRL_DATALOADER)
+    run = project.run("--dlcheck=L12")
+    run.assert_outcome("L12", "skipped")
+    run.fnmatch(
+        [
+            "SKIPPED * the tokenizer has no BOS token; and no conversation compared: the data holds conversations, "
+            "but the rows of 3 batches of dlcheck_dataloader cannot be matched to their raw examples: define "
+            "dlcheck_collator and dlcheck_dataset (the examples as the collator takes them; dlcheck_raw_dataset in "
+            "the same order when the dataset lost its text columns), or dlcheck_trainer"
+        ]
+    )
+    assert "carry no conversations" not in run.text
+
+
+# a text-to-image training set-up as diffusers' train_text_to_image.py builds it: a real CLIP tokenizer (vocabulary
+# made in place: bytes, no merges) tokenizes captions padded to max_length, beside the images
+CLIP_CAPTIONS = """
+    import pytest, torch
+    from tokenizers import pre_tokenizers
+    from transformers import CLIPTokenizer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        chars = sorted(set(pre_tokenizers.ByteLevel.alphabet()))
+        tokens = chars + [c + "</w>" for c in chars] + ["<|startoftext|>", "<|endoftext|>"]
+        return CLIPTokenizer(vocab={t: i for i, t in enumerate(tokens)}, merges=[], model_max_length=16)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        captions = ["a red square", "a blue circle", "a green triangle", "a yellow star"] * 2
+        images = torch.rand(len(captions), 3, 8, 8, generator=torch.Generator().manual_seed(0)) * 2 - 1
+        return [{"pixel_values": images[i], "caption": c} for i, c in enumerate(captions)]
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        def collate(examples):
+            ids = dlcheck_tokenizer([e["caption"] for e in examples], padding="max_length",
+                                    max_length=dlcheck_tokenizer.model_max_length, truncation=True,
+                                    return_tensors="pt").input_ids
+            return {"pixel_values": torch.stack([e["pixel_values"] for e in examples]), "input_ids": ids}
+        return collate
+"""
+
+
+def test_clip_caption_ids_are_not_applicable(project):
+    # CLIP's tokenizer has a BOS of its own (<|startoftext|>) and no chat template: its caption ids are no
+    # language-model training text, so L12 does not pass on them, it says it does not concern them
+    project.conftest(CLIP_CAPTIONS)
+    run = project.run("--dlcheck=L12")
+    run.fnmatch(
+        [
+            "*::L12_chat_format SKIPPED (not applicable: *",
+            "SKIPPED * not applicable: the batches of dlcheck_collator on 8 examples of dlcheck_dataset pair token "
+            "ids with 'pixel_values' and carry no labels: the ids are captions conditioning an image model "
+            "(text-to-image, CLIP), not a language model's training text",
+        ]
+    )
+
+
+def test_plain_text_without_bos_is_not_applicable(project):
+    # a GPT-2-style tokenizer (no BOS of its own) on plain text: no BOS to double, no conversation to compare
+    project.conftest("""
+        import pytest, tiny
+        from datasets import Dataset
+        from trl import SFTConfig, SFTTrainer
+
+        @pytest.fixture(scope="session")
+        def dlcheck_trainer(tmp_path_factory):
+            tok = tiny.tokenizer()
+            tok.bos_token = None
+            return SFTTrainer(model=tiny.llama(tok), processing_class=tok,
+                              train_dataset=Dataset.from_dict({"text": tiny.texts(8)}),
+                              args=tiny.trainer_args(tmp_path_factory.mktemp("out"), SFTConfig))
+    """)
+    run = project.run("--dlcheck=L12")
+    run.fnmatch(
+        [
+            "SKIPPED * not applicable: the tokenizer has no BOS token; and no conversation compared: the sampled "
+            "examples carry no conversations ('messages', or a conversational prompt + completion)"
+        ]
+    )
 
 
 def test_skips_without_bos_or_conversations(project):
@@ -153,7 +272,15 @@ def test_skips_without_bos_or_conversations(project):
     """)
     run = project.run("--dlcheck=L12")
     run.assert_outcome("L12", "skipped")
-    assert "no BOS token" in run.text and "dlcheck_raw_dataset" in run.text
+    # pre-tokenized examples: the rows before tokenization would let the chat comparison run
+    run.fnmatch(
+        [
+            "SKIPPED * the tokenizer has no BOS token; and no conversation compared: the examples hold token ids "
+            "only; if they were conversations before tokenization, define dlcheck_raw_dataset with those rows, in "
+            "the same order"
+        ]
+    )
+    assert "not applicable" not in run.text
 
 
 # ---- unit tests of the comparison ----------------------------------------------------------------

@@ -124,9 +124,21 @@ def test_cut_share_threshold_is_a_setting(project):
     run.assert_outcome("L13", "failed")
     assert "lost the end of their completion" in flat(run.section("L13"))
     run = project.run(
-        "--dlcheck=L13", "--dlcheck-set", "L13.max_cut_share=1.0", "--dlcheck-set", "L13.max_unsupervised_share=1.0"
+        "--dlcheck=L13",
+        "-rA",
+        "--dlcheck-set",
+        "L13.max_cut_share=1.0",
+        "--dlcheck-set",
+        "L13.max_unsupervised_share=1.0",
     )
     run.assert_outcome("L13", "passed")
+    run.fnmatch(
+        [
+            "6 of 8 judged examples lost the end of their completion (threshold 100%); max_length 12 "
+            "(SFTConfig.max_length); longest complete sequence 23 tokens",
+            "TRL SFTTrainer dropped 2 of 12 examples while preparing the dataset",
+        ]
+    )
 
 
 # ---- clean twins ----------------------------------------------------------------------------------
@@ -134,14 +146,39 @@ def test_cut_share_threshold_is_a_setting(project):
 
 def test_trl_max_length_that_fits(project):
     project.conftest(TRL_SFT.format(prompts=PROMPTS, completions=COMPLETIONS, max_length=64))
-    run = project.run("--dlcheck=L13")
+    run = project.run("--dlcheck=L13", "-rA")
     run.assert_outcome("L13", "passed")
+    run.fnmatch(["*::L13_truncation PASSED (8 of 8 sampled examples keep supervised tokens after truncation*"])
+    run.fnmatch(
+        [
+            "8 of 8 sampled examples keep supervised tokens after truncation; source: dlcheck_collator on 8 examples "
+            "of dlcheck_dataset",
+            "0 of 8 judged examples lost the end of their completion (threshold 25%); max_length 64 "
+            "(SFTConfig.max_length); longest complete sequence 23 tokens",
+        ]
+    )
 
 
 def test_hand_collator_max_length_that_fits(project):
     project.conftest(HAND_COLLATOR.format(max_length=64))
-    run = project.run("--dlcheck=L13")
+    run = project.run("--dlcheck=L13", "-rA")
     run.assert_outcome("L13", "passed")
+    run.fnmatch(
+        ["0 of 8 judged examples lost the end of their completion (threshold 25%); longest complete sequence 40 tokens"]
+    )
+
+
+def test_without_raw_text_or_max_length_the_cut_share_is_not_judged(project):
+    project.conftest(CLEAN_LEFT_PADDED)
+    run = project.run("--dlcheck=L13", "-rA")
+    run.assert_outcome("L13", "passed")
+    run.fnmatch(
+        [
+            "8 of 8 sampled examples keep supervised tokens after truncation*",
+            "cut completions not judged: no raw text to compare with and no max_length (give dlcheck_raw_dataset, or "
+            "a Trainer whose arguments set max_length)",
+        ]
+    )
 
 
 # clean real pipelines of other shapes: neither L2 nor L13 may fail on them

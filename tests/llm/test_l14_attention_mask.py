@@ -102,14 +102,23 @@ def test_tokenizer_padding_is_right_when_pad_is_eos(project):
             pad="tiny.EOS", side="right", collator="return DataCollatorForLanguageModeling(tok, mlm=False)"
         )
     )
-    run = project.run("--dlcheck=L14")
+    run = project.run("--dlcheck=L14", "-rA")
     run.assert_outcome("L14", "passed")
+    run.fnmatch(["*::L14_attention_mask PASSED (8 of 8 sampled rows: attention_mask is 0 on the 91 padding pos*"])
+    run.fnmatch(
+        [
+            "8 of 8 sampled rows: attention_mask is 0 on the 91 padding positions only and 1 on all 157 real tokens "
+            "(judged by: the true length of each pre-tokenized example (8 of 8 rows), the mask's structure for the "
+            "rest)"
+        ]
+    )
 
 
 def test_left_padding_with_data_collator_with_padding_passes(project):
     project.conftest(PRETOKENIZED.format(pad="tiny.EOS", side="left", collator="return DataCollatorWithPadding(tok)"))
-    run = project.run("--dlcheck=L14")
+    run = project.run("--dlcheck=L14", "-rA")
     run.assert_outcome("L14", "passed")
+    run.fnmatch(["8 of 8 sampled rows: attention_mask is 0 on the 91 padding positions only and 1 on all 157 real*"])
 
 
 # A bare dataloader over raw text whose collate_fn tokenizes: no true lengths, the structure decides.
@@ -162,8 +171,15 @@ def test_structure_finds_unmasked_left_padding(project):
 
 def test_structure_passes_the_tokenizer_mask(project):
     project.conftest(TEXT_LOADER.format(side="left", fix_mask="pass"))
-    run = project.run("--dlcheck=L14")
+    run = project.run("--dlcheck=L14", "-rA")
     run.assert_outcome("L14", "passed")
+    run.fnmatch(
+        [
+            "8 of 8 sampled rows: attention_mask is 0 on the 62 padding positions only and 1 on all 150 real tokens "
+            "(judged by: the mask's structure (the collator's examples carry no input_ids, so their lengths are "
+            "unknown))"
+        ]
+    )
 
 
 TRL_DPO = """
@@ -185,11 +201,12 @@ TRL_DPO = """
 def test_trl_dpo_batches_pass(project):
     # chosen and rejected stacked, pad == eos: judged by structure, and right
     project.conftest(TRL_DPO)
-    run = project.run("--dlcheck=L14")
+    run = project.run("--dlcheck=L14", "-rA")
     run.assert_outcome("L14", "passed")
+    run.fnmatch(["12 of 12 sampled rows: attention_mask is 0 on the 74 padding positions only and 1 on all 242 real*"])
 
 
-def test_skips_padding_free_batches(project):
+def test_padding_free_batches_are_not_applicable(project):
     project.conftest("""
         import pytest, tiny
         from transformers import DataCollatorWithFlattening
@@ -208,7 +225,14 @@ def test_skips_padding_free_batches(project):
     """)
     run = project.run("--dlcheck=L14")
     run.assert_outcome("L14", "skipped")
-    assert "carry no attention_mask" in run.text
+    run.fnmatch(
+        [
+            "*::L14_attention_mask SKIPPED (not applicable: *",
+            "SKIPPED * not applicable: batches from dlcheck_collator on 8 examples of dlcheck_dataset carry no "
+            "attention_mask (padding-free or packed batches, or the model builds the mask itself): no mask to "
+            "disagree with padding",
+        ]
+    )
 
 
 # ---- unit tests of the detection logic -----------------------------------------------------------
