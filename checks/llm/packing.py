@@ -130,6 +130,17 @@ def _isolated_positions(rows: list[lm.Row], docs: dict[int, list[list[int]]], wi
     return out
 
 
+def _pretraining_stream(plan: list[Packed]) -> bool:
+    """Every packed row is an EOS-separated stream (no position_ids restart) whose every real token is
+    supervised: plain causal-LM pretraining on concatenated text, not packed fine-tuning examples."""
+    for item in plan:
+        for r, mode in item.modes.items():
+            row = item.rows[r]
+            if mode != "eos" or len(set(row.supervised)) < len(row.content) - 1:
+                return False
+    return True
+
+
 @check(
     "L4",
     domain="llm",
@@ -150,6 +161,13 @@ def _isolated_positions(rows: list[lm.Row], docs: dict[int, list[list[int]]], wi
             10.0,
             "a document fails only when its Δ is this many times the Δ left once attention "
             "is isolated per document (the rounding noise of the model's dtype)",
+        ),
+        Setting(
+            "judge_streams",
+            False,
+            "true to judge a fully supervised stream of EOS-separated documents (run_clm's group_texts with EOS "
+            "between texts) as packing; by default such a pretraining stream attends across documents by design "
+            "(GPT-2 style) and L4 is not applicable to it",
         ),
         Setting(
             "allow_cross_document",
@@ -205,7 +223,9 @@ def check_packing(dlcheck):
     Not applicable
         Pipelines that do not pack: no sampled row has position_ids restarts or several
         EOS-separated documents (padded or one-example rows); GRPO/RLOO trainers, which build their
-        batches from generations; a concatenated pretraining stream with allow_cross_document=true;
+        batches from generations; a pretraining stream (EOS-separated documents, no position_ids
+        restart, every token supervised: run_clm's group_texts), whose documents attend across EOS by
+        design (L4.judge_streams=true judges it anyway), or any EOS stream with allow_cross_document=true;
         batches that are not token batches.
     """
     model = dlcheck.role("model")
@@ -248,6 +268,12 @@ def check_packing(dlcheck):
                 item.docs[r], item.modes[r] = found, mode
         if item.docs:
             plan.append(item)
+    if plan and not allow and not dlcheck.setting("judge_streams") and _pretraining_stream(plan):
+        dlcheck.not_applicable(
+            f"the rows of {sample.source} are a pretraining stream: documents joined by EOS with no position_ids "
+            "restart and every token supervised (run_clm's group_texts); its documents attend across EOS by "
+            "design — L4 judges packing that isolates documents (set L4.judge_streams=true to judge this one)"
+        )
     if not plan:
         why = f" (EOS is not read as a separator: {ambiguous})" if ambiguous else ""
         dlcheck.not_applicable(

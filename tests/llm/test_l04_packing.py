@@ -69,8 +69,9 @@ FLATTENING_WITH_MASK = """
 
 
 def test_naive_concatenation_leaks(project):
+    # judged as packing on request: by default a fully supervised EOS stream is pretraining (next test)
     project.conftest(packer_project(NAIVE, "gpt2"))
-    run = project.run("--dlcheck=L4")
+    run = project.run("--dlcheck=L4", "--dlcheck-set", "L4.judge_streams=true")
     run.assert_outcome("L4", "failed")
     text = flat(run.section("L4"))
     assert "2 packed rows holding 8 documents (found by EOS separators ('<|endoftext|>', id 0)" in text
@@ -83,6 +84,14 @@ def test_naive_concatenation_leaks(project):
     assert "concatenated with EOS and nothing marks their boundaries" in text
     assert "DataCollatorWithFlattening()" in text and "L4.allow_cross_document=true" in text
     assert "Traceback" not in run.text
+
+
+def test_a_fully_supervised_eos_stream_is_pretraining_by_default(project):
+    # run_clm's group_texts with EOS between texts: GPT-2-style pretraining attends across documents
+    project.conftest(packer_project(NAIVE, "gpt2"))
+    run = project.run("--dlcheck=L4")
+    run.assert_outcome("L4", "skipped")
+    run.fnmatch(["SKIPPED * not applicable: the rows of * are a pretraining stream: documents joined by EOS*"])
 
 
 def test_naive_concatenation_allowed_for_stream_pretraining(project):

@@ -26,7 +26,6 @@ TRUE_FINDINGS = {
 KNOWN_FALSE_ALARMS = {
     ("nanogpt", "T7"): "an IterableDataset loader has no index order; T7 compares None per example",
     ("makemore_mlp", "T8"): "3-character contexts repeat inside the training split too; the split is by name",
-    ("run_clm_eos", "L4"): "cross-document attention is the group_texts pretraining recipe, not a packing leak",
     ("trl_sft_chatml", "T2"): "the LR ladder is relative to 2e-5; the loss falls steadily and passes with more steps",
     ("trl_sft_chatml_packed", "T2"): "the same as trl_sft_chatml",
     ("trl_dpo", "T2"): "5e-7 × 100 is still tiny, and halving a DPO loss from ln 2 depends on beta",
