@@ -12,6 +12,7 @@ import pytest
 
 from .errors import MISSING, CheckFailed
 from .sampling import Sample, collate_rows, get_sample
+from .session import MEASURED_KEY
 
 #: the seed of the generated examples (runs are deterministic and independent of the code's layout)
 PROPERTY_SEED = 2
@@ -62,6 +63,7 @@ def run_property(ctx: Any, check_func: Callable[[Any], None], examples: int) -> 
     @given(st.lists(examples_st, min_size=1, max_size=ctx.batch_size))
     def holds_for(rows: list[Any]) -> None:
         tried["n"] += 1
+        _forget_measured(ctx)  # each generated batch is judged on its own
         batches, groups = collate_rows(collator, rows, len(rows))
         ctx.sample_override = Sample(
             rows, batches, groups, f"dlcheck_collator on {len(rows)} generated examples", None, rows
@@ -79,6 +81,7 @@ def run_property(ctx: Any, check_func: Callable[[Any], None], examples: int) -> 
 
     try:
         holds_for()
+        _forget_measured(ctx)
     except CheckFailed as exc:
         exc.evidence.insert(
             0,
@@ -89,6 +92,19 @@ def run_property(ctx: Any, check_func: Callable[[Any], None], examples: int) -> 
         raise
     except Unsatisfiable:
         ctx.skip(f"property mode: the check applies to none of {tried['n']} generated batches")
+    ctx.measured(
+        f"property mode: the invariant held on all {tried['applied']} of {tried['n']} generated batches it applies "
+        f"to, shaped like dlcheck_dataset (max_length {max_length}, edge lengths favoured)",
+        generated=tried["n"],
+        judged=tried["applied"],
+        max_length=max_length,
+    )
+
+
+def _forget_measured(ctx: Any) -> None:
+    stash = ctx.request.node.stash
+    if MEASURED_KEY in stash:
+        del stash[MEASURED_KEY]
 
 
 def _short(rows: Any, limit: int = 400) -> str:

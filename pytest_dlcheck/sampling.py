@@ -36,7 +36,12 @@ class Sample:
 
 
 class SampleError(Exception):
-    """The data could not be sampled for a reason a check should skip on."""
+    """The sample cannot be drawn (an empty loader, no token batches): the check skips with this reason;
+    ``not_applicable`` when the data are of another kind than the check concerns (images, generations)."""
+
+    def __init__(self, message: str, not_applicable: bool = False):
+        super().__init__(message)
+        self.not_applicable = not_applicable
 
 
 def spread_positions(length: int, n: int) -> list[int]:
@@ -64,7 +69,8 @@ def as_batch_dict(batch: Any, role: str) -> dict[str, Any]:
     if isinstance(batch, (list, tuple)) and batch and all(isinstance(b, Mapping) for b in batch):
         raise SampleError(
             f"dlcheck_{role} returns the examples uncollated (a list of dicts, as TRL's GRPOTrainer, which "
-            "tokenizes inside its training step): there are no token batches to check"
+            "tokenizes inside its training step): there are no token batches to check",
+            not_applicable=True,
         )
     if role != "collator" and isinstance(batch, (list, tuple)) and batch:
         # (inputs, targets): a vision, detection or plain training loader, legitimately not a token batch (a
@@ -73,7 +79,8 @@ def as_batch_dict(batch: Any, role: str) -> dict[str, Any]:
         what = "tensors" if all(hasattr(b, "shape") for b in batch) else "values"
         raise SampleError(
             f"dlcheck_{role} yields {type(batch).__name__}s of {what} ({parts}), not mappings of token "
-            "fields (input_ids, labels, …): there are no token batches to check"
+            "fields (input_ids, labels, …): there are no token batches to check",
+            not_applicable=True,
         )
     raise RoleError(
         role, f"returned a {type(batch).__name__}, expected a mapping of batch fields (input_ids, labels, …)"
@@ -151,6 +158,8 @@ def _memo_sample(ctx: Any, sources: Any, key: str, make: Any) -> Sample:
     result = ctx.memo(sources, key, lambda: _capture(make))
     if isinstance(result, BaseException):
         if isinstance(result, SampleError):
+            if result.not_applicable:
+                ctx.not_applicable(str(result))
             ctx.skip(str(result))
         raise result
     return result

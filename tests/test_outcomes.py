@@ -68,3 +68,15 @@ def test_not_applicable_and_missing_role_are_summarised_apart(project, monkeypat
             "n/a:       not applicable: this tokenizer has no image processor (a text-only pipeline) (1 check)",
         ]
     )
+
+
+def test_a_property_mode_pass_says_how_many_generated_batches_it_judged(project, tmp_path):
+    project.conftest(LM_COLLATOR.format(pad="tiny.PAD", eos=True))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=L11", "--dlcheck-property", "--dlcheck-property-examples=10", f"--dlcheck-json={out}")
+    run.assert_outcome("L11[property]", "passed")
+    (generated,) = [r for r in json.loads(out.read_text())["results"] if r["nodeid"].endswith("[property]")]
+    # one line for the whole search, not the evidence of every generated batch piled up
+    assert len(generated["evidence"]) == 1, generated["evidence"]
+    assert generated["evidence"][0].startswith("property mode: the invariant held on all ")
+    assert generated["data"]["generated"] >= generated["data"]["judged"] >= 1
