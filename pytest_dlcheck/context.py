@@ -113,6 +113,10 @@ class CheckContext:
             if v is MISSING and n not in self._none
         ]
         nones = [f"dlcheck_{n}" for n, v in zip(names, values) if v is MISSING and n in self._none]
+        if missing:
+            reason = registry.not_concerned(self.check.domain, self)
+            if reason:
+                self.not_applicable(reason)
         if missing or nones:
             parts = ([f"define fixture {'; '.join(missing)} in conftest.py"] if missing else []) + [
                 f"{n} returned None" for n in nones

@@ -79,6 +79,27 @@ class Check:
 
 _CHECKS: dict[str, Check] = {}
 
+#: domain -> ``concerns(ctx) -> reason or None``: asked when a check of that domain misses a role, so a
+#: pipeline of another kind hears "not applicable" rather than a request for a fixture that would not make
+#: the check run (a vision project is not asked for a tokenizer); registered by the domain's package
+_APPLICABILITY: dict[str, Callable[[Any], str | None]] = {}
+
+
+def applicability(domain: str) -> Callable[[Callable[[Any], str | None]], Callable[[Any], str | None]]:
+    """Register the predicate that tells whether ``domain``'s checks concern the pipeline at all."""
+
+    def register(fn: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+        _APPLICABILITY[domain] = fn
+        return fn
+
+    return register
+
+
+def not_concerned(domain: str, ctx: Any) -> str | None:
+    """Why ``domain``'s checks do not concern the pipeline of ``ctx``, or None (they do, or cannot tell)."""
+    fn = _APPLICABILITY.get(domain)
+    return fn(ctx) if fn is not None else None
+
 
 def parse_doc(text: str | None) -> tuple[str, dict[str, str]]:
     """Split a check docstring into its summary line and its titled sections."""

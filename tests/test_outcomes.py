@@ -80,3 +80,26 @@ def test_a_property_mode_pass_says_how_many_generated_batches_it_judged(project,
     assert len(generated["evidence"]) == 1, generated["evidence"]
     assert generated["evidence"][0].startswith("property mode: the invariant held on all ")
     assert generated["data"]["generated"] >= generated["data"]["judged"] >= 1
+
+
+VISION_LOOP = """
+    import pytest, torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model():
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 8 * 8, 4))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return DataLoader(TensorDataset(torch.randn(16, 3, 8, 8), torch.randint(0, 4, (16,))), batch_size=4)
+"""
+
+
+def test_a_pipeline_of_another_kind_is_not_asked_for_a_tokenizer(project):
+    project.conftest(VISION_LOOP)
+    run = project.run("--dlcheck=L2,L11,L3", "-rs")
+    for cid in ("L2", "L11", "L3"):
+        run.assert_outcome(cid, "skipped")
+    assert "define fixture dlcheck_tokenizer" not in run.text, run.text
+    run.fnmatch(["*not applicable: dlcheck_dataloader yields lists of tensors*no token batches to check*"])

@@ -1,5 +1,7 @@
 """Checks of causal-LM data and training (SFT, DPO, GRPO, pretraining)."""
 
+from ...errors import MISSING
+from ...registry import applicability
 from ...roles import role
 
 role(
@@ -9,3 +11,17 @@ role(
     "feeds to generate (a dict/BatchEncoding with input_ids and attention_mask)",
     "a TRL GRPOTrainer/RLOOTrainer as dlcheck_trainer",
 )
+
+
+@applicability("llm")
+def concerns_token_data(ctx) -> str | None:
+    """The llm checks do not concern a pipeline with no tokenizer and no Trainer whose training data are
+    not token batches (images and labels, rollouts): drawing its sample says so ("not applicable")."""
+    if ctx.role("tokenizer") is not MISSING or ctx.role("trainer") is not MISSING:
+        return None
+    if ctx.role("dataloader") is MISSING and ctx.role("collator") is MISSING:
+        return None  # nothing to look at: the missing role is the honest answer
+    from ...sampling import get_sample
+
+    get_sample(ctx)  # not applicable when its batches are no token batches; else the role is really missing
+    return None
