@@ -69,6 +69,7 @@ class LightningSetup:
 
     def fresh(self) -> Fresh:
         module, _ = self._copies()
+        configured(module)
 
         def loss(batch: Any) -> torch.Tensor:
             return step_loss(module, batch)
@@ -287,6 +288,33 @@ class _NoStep:
         return getattr(self._real, name)
 
 
+def configured(module: Any) -> Any:
+    """A module copy used outside a Trainer gets what ``fit`` would give it first: its ``configure_model``
+    hook (where Lightning's guides build, or compile, the model's layers; the hook is idempotent)."""
+    hook = getattr(module, "configure_model", None)
+    if callable(hook):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hook()
+    return module
+
+
+def _step(module: Any, batch: Any) -> Any:
+    """``training_step(batch, batch_idx)``, or ``training_step(batch)`` for a step that takes no index."""
+    import inspect
+
+    try:
+        params = [
+            p
+            for p in inspect.signature(module.training_step).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+        ]
+    except (TypeError, ValueError):
+        params = []
+    takes_index = len(params) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params) or not params
+    return module.training_step(batch, 0) if takes_index else module.training_step(batch)
+
+
 def step_loss(module: Any, batch: Any) -> torch.Tensor:
     """The loss of the module's own ``training_step`` on ``batch``, outside a Trainer. Under manual
     optimization (``automatic_optimization = False``) the step computes its loss, hands it to
@@ -297,7 +325,7 @@ def step_loss(module: Any, batch: Any) -> torch.Tensor:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if module.automatic_optimization:
-            return loss_tensor(module.training_step(batch, 0))
+            return loss_tensor(_step(module, batch))
         captured: list[torch.Tensor] = []
         opt, sched, _ = lightning_optimizers(module)
         patches = {
@@ -311,7 +339,7 @@ def step_loss(module: Any, batch: Any) -> torch.Tensor:
         for name, fn in patches.items():
             setattr(module, name, fn)
         try:
-            out = module.training_step(batch, 0)
+            out = _step(module, batch)
         finally:
             for name in patches:
                 delattr(module, name)

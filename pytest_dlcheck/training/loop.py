@@ -302,7 +302,10 @@ def _loop_truth(state: dict[str, Any]) -> dict[str, Any]:
     truth: dict[str, Any] = {"rng": rng_state()}
     for key, obj in state.items():
         if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
-            sd = obj.state_dict()
+            try:
+                sd = obj.state_dict()
+            except Exception:  # noqa: BLE001 - e.g. Accelerate's DataLoaderShard without a stateful loader
+                continue  # an object whose state cannot be read is not a piece the diagnosis can put back
             truth[key] = (
                 {k: v.detach().clone() for k, v in sd.items()}
                 if isinstance(obj, torch.nn.Module)
