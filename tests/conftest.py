@@ -18,6 +18,10 @@ import datasets  # noqa: E402,F401
 import hypothesis.internal.observability  # noqa: E402,F401  (imported by hypothesis' plugin at summary time)
 import hypothesis.strategies._internal.flatmapped  # noqa: E402,F401
 import torch._dynamo  # noqa: E402,F401  (torch.manual_seed imports it lazily; a re-import inside a run crashes)
+
+# torch.compile imports its caches on first use: a second import inside another in-process run registers them
+# twice ("Artifact of type=autotune already registered")
+torch.compile(torch.nn.Linear(1, 1), backend="eager")
 import transformers  # noqa: E402,F401
 from tokenizers import processors  # noqa: E402,F401
 from transformers import (  # noqa: E402,F401

@@ -42,10 +42,24 @@ def check_atomic_save(dlcheck):
         Only writes through ``torch.save`` and safetensors' ``save_file`` can be interrupted; others skip. A
         Trainer's interrupted ``checkpoint-N`` directory stays on disk, and ``resume_from_checkpoint=True``
         picks the newest directory: resume from an explicit path after a crash during a save.
+    Not applicable
+        None: every run that saves checkpoints can be interrupted while saving.
     """
     setup = get_setup(dlcheck)
     result = memo_or_skip(dlcheck, setup.sources, "ckpt:interrupted-save", setup.interrupted_save)
     if result.error is None and result.loaded in ("previous", "new"):
+        same = result.previous == result.target
+        dlcheck.measured(
+            f"a save through {result.how} was interrupted half way while writing {_short(result.target)}: "
+            + (
+                f"{_short(result.previous)} still loads afterwards"
+                if same
+                else f"the previous checkpoint {_short(result.previous)} still loads afterwards"
+            )
+            + (f", with the {result.loaded} weights" if setup.kind == "loop" else ""),
+            *([f"file sizes before and after the interrupted save: {result.sizes}"] if result.sizes else []),
+            loaded=result.loaded,
+        )
         return
     evidence = [f"a save through {result.how} was interrupted half way while writing {_short(result.target)}"]
     if result.sizes:

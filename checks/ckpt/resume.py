@@ -168,14 +168,48 @@ def check_resume(dlcheck):
         restoring every piece still does not reproduce the run, the check skips. For a plain loop, the data
         order is dlcheck's (the same batches are fed to both runs): your loop's own data position is not
         tested. Lightning is resumed at an epoch boundary.
+    Not applicable
+        None: every run that saves checkpoints may be resumed from one.
     """
     setup = get_setup(dlcheck)
     total = dlcheck.setting("steps")
     if total < 2:
         dlcheck.skip("C1.steps must be at least 2")
     run = memo_or_skip(dlcheck, setup.sources, f"resume:{total}", lambda: setup.resume(total))
+    how = {
+        "trainer": f"the Trainer's {run.checkpoint.name} directory and train(resume_from_checkpoint=...)",
+        "lightning": f"ModelCheckpoint's {run.checkpoint.name} and fit(ckpt_path=...)",
+        "loop": "dlcheck_save_checkpoint / dlcheck_load_checkpoint",
+    }[setup.kind]
     bad = run.mismatch()
     if bad is None:
+        base = {s.step: s for s in run.uninterrupted.steps}
+        after = [s for s in run.resumed.steps if s.step > run.saved_at]
+        losses = ", ".join(f"step {s.step}: {s.loss:.6g}" for s in after[:4] if s.loss is not None)
+        compared = [
+            what
+            for what, ok in (
+                (
+                    "losses",
+                    any(s.loss is not None and base.get(s.step) and base[s.step].loss is not None for s in after),
+                ),
+                (
+                    "learning rates",
+                    any(s.lr is not None and base.get(s.step) and base[s.step].lr is not None for s in after),
+                ),
+                ("weights", any(st > run.saved_at for st, _ in run.resumed.digests)),
+            )
+            if ok
+        ]
+        dlcheck.measured(
+            f"{total} steps, saved after step {run.saved_at} through {how}, resumed on fresh objects: the "
+            f"{', '.join(compared) or 'steps'} of steps {run.saved_at + 1}-{total} equal the uninterrupted run's, "
+            "bitwise",
+            *([f"resumed losses: {losses}"] if losses else []),
+            steps=total,
+            saved_at=run.saved_at,
+            resumed_steps=len(after),
+        )
         return
     step, what = bad
     candidates = _candidates(setup, run.pieces)
@@ -188,15 +222,19 @@ def check_resume(dlcheck):
             "outside these pieces) and cannot be judged"
         )
     if missing == ["rng"] and not dlcheck.setting("check_rng"):
+        dlcheck.measured(
+            f"{total} steps, saved after step {run.saved_at} through {how}, resumed on fresh objects: the resumed "
+            f"run differs at step {step} ({what}) only by the RNG state, which C1.check_rng=false accepts",
+            f"putting back rng from the uninterrupted run after the load makes the resumed run identical ({runs} "
+            "diagnostic resumes)",
+            steps=total,
+            saved_at=run.saved_at,
+            missing=["rng"],
+        )
         return
     base = {s.step: s.loss for s in run.uninterrupted.steps}
     resumed = [(s.step, s.loss) for s in run.resumed.steps if s.step > run.saved_at and s.loss is not None]
     side = ", ".join(f"step {s}: {v:.6g} vs {base.get(s, float('nan')):.6g}" for s, v in resumed[:4])
-    how = {
-        "trainer": f"the Trainer's {run.checkpoint.name} directory and train(resume_from_checkpoint=...)",
-        "lightning": f"ModelCheckpoint's {run.checkpoint.name} and fit(ckpt_path=...)",
-        "loop": "dlcheck_save_checkpoint / dlcheck_load_checkpoint",
-    }[setup.kind]
     evidence = [
         f"{total} steps, saved after step {run.saved_at} through {how}, resumed on fresh objects: at step {step} "
         f"{what}",

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from ...registry import check
 from ...training import get_setup, memo_or_skip, strip_wrapper_prefix, unwrapped_keys
 
@@ -37,6 +39,8 @@ def check_wrapper_prefix(dlcheck):
     Known problems
         Reads torch and safetensors files. Only wrapper segments are judged: a checkpoint that lacks some
         weights altogether is not this check's business.
+    Not applicable
+        None: any checkpoint's weights may be loaded into the unwrapped model.
     """
     setup = get_setup(dlcheck)
     model, found, how = memo_or_skip(dlcheck, setup.sources, "ckpt:saved-state", setup.saved_state)
@@ -56,15 +60,23 @@ def check_wrapper_prefix(dlcheck):
             f"none of the state dicts {how} wrote matches the model's keys ({', '.join(w for _, w, _, _ in scored)})"
         )
     if not prefixed:
+        direct = len(keys & clean)
+        dlcheck.measured(
+            f"the state dict at {where} (written by {how}): {direct} of its {len(keys)} keys are the unwrapped "
+            f"{_inner_name(model)}'s own keys, none carries a module. / _orig_mod. wrapper segment",
+            keys=len(keys),
+            model_keys=direct,
+            prefixed=0,
+        )
         return
     example = min(prefixed.items())
     missing = sorted(clean - keys)
-    segments = sorted({k[: len(k) - len(v)] if k.endswith(v) else k.split(".")[0] + "." for k, v in prefixed.items()})
+    segments = sorted({_segment(k, v) for k, v in prefixed.items()})
     wrapper = "torch.compile" if any("_orig_mod" in s for s in segments) else "DistributedDataParallel/DataParallel"
     evidence = [
         f"{len(prefixed)} of {len(keys)} keys of the state dict at {where} (written by {how}) carry a wrapper "
         f"segment: {example[0]!r} is {example[1]!r} in the unwrapped model",
-        f"a strict load_state_dict into the unwrapped {type(model).__name__ if not hasattr(model, '_orig_mod') else type(model._orig_mod).__name__} "
+        f"a strict load_state_dict into the unwrapped {_inner_name(model)} "
         f"would miss {len(missing)} keys (e.g. {missing[0]!r}) and reject {len(prefixed)} unexpected ones"
         if missing
         else f"a strict load into the unwrapped model rejects {len(prefixed)} unexpected keys",
@@ -79,3 +91,24 @@ def check_wrapper_prefix(dlcheck):
         "checkpoints, torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state_dict, prefix)"
     )
     dlcheck.fail(evidence, cause, fix)
+
+
+def _inner_name(model: Any) -> str:
+    """The class name of the model inside its torch.compile / DDP / DataParallel wrappers."""
+    for _ in range(4):
+        inner = getattr(model, "_orig_mod", None)
+        if inner is None and type(model).__name__ in ("DistributedDataParallel", "DataParallel"):
+            inner = getattr(model, "module", None)
+        if inner is None:
+            break
+        model = inner
+    return type(model).__name__
+
+
+def _segment(saved: str, clean: str) -> str:
+    """The wrapper segment a saved key has and the clean key lacks (``_orig_mod.`` of a compiled submodule sits
+    in the middle of the key: ``model._orig_mod.decoder.bias``)."""
+    for attr in ("_orig_mod", "module"):
+        if f".{attr}." in f".{saved}" and f".{attr}." not in f".{clean}":
+            return attr + "."
+    return saved.split(".")[0] + "."

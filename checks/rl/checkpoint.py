@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any, NoReturn
 
 from ...errors import MISSING
 from ...registry import Setting, check
+from ...session import user_call
 from . import measure as rl
 
 
@@ -14,8 +16,8 @@ from . import measure as rl
     "R4",
     domain="rl",
     title="normalisation statistics or replay buffer not saved with the checkpoint",
-    roles=("save_agent", "load_agent"),
-    optional_roles=("normalizer", "replay_buffer", "algorithm", "env"),
+    roles=(),
+    optional_roles=("save_agent", "load_agent", "normalizer", "replay_buffer", "algorithm", "env"),
     settings=(
         Setting(
             "rtol",
@@ -53,23 +55,24 @@ def check_checkpoint_round_trip(dlcheck):
         Needs statistics that have seen data (a count above 1): it skips on a freshly built normaliser.
         Statistics kept inside the policy network (a running-norm layer) are part of its state_dict and
         are not checked here.
+    Not applicable
+        Pipelines with no running statistics and no replay buffer: an on-policy SB3 algorithm without
+        VecNormalize, an env (or env factory) without a normalising wrapper. Their checkpoint is the
+        policy's weights alone (C1 checks a resume).
     """
-    save, load = dlcheck.role("save_agent"), dlcheck.role("load_agent")
     sources = [dlcheck.role(name) for name in ("normalizer", "replay_buffer")]
     if dlcheck.has("algorithm"):
         sources.append(dlcheck.role("algorithm"))
     sources = [s for s in sources if s is not MISSING]
     before, holders = rl.running_statistics(sources)
     if not before:
-        dlcheck.skip(
-            "missing role: define fixture dlcheck_normalizer (or dlcheck_algorithm, or a normalising wrapper "
-            "in dlcheck_env) in conftest.py: no running statistics or replay buffer to round-trip"
-        )
+        _nothing_to_round_trip(dlcheck)
     if rl.fresh_statistics(before):
         dlcheck.skip(
             "the running statistics are at their initial values (count ≤ 1) and no buffer holds data: a "
             "round trip cannot tell restored statistics from fresh ones; run a few steps in the fixture"
         )
+    save, load = dlcheck.require("save_agent", "load_agent")
 
     rtol = dlcheck.setting("rtol")
     originals = [(h, getattr(h.owner, h.attr)) for h in holders]
@@ -88,6 +91,18 @@ def check_checkpoint_round_trip(dlcheck):
 
     lost = [k for k in before if k not in after or not rl.same_value(before[k], after[k], rtol)]
     if not lost:
+        kept = []
+        for k, v in before.items():
+            if k.endswith(".count"):
+                kept.append(f"{k[: -len('.count')]} (mean, var, count {float(v):.4g})")
+            elif k == "replay_buffer.transitions":
+                kept.append(f"the replay buffer ({int(v)} transitions, same content)")
+        dlcheck.measured(
+            f"save_agent wrote {len(saved_files)} file(s) ({', '.join(saved_files[:4]) or 'none'}); after "
+            f"load_agent all {len(before)} values are as saved (rtol {rtol:g}): " + ", ".join(kept),
+            statistics=len(before),
+            files=len(saved_files),
+        )
         return
     evidence = [f"saved {len(saved_files)} file(s) ({', '.join(saved_files[:4]) or 'none'}); after the load:"]
     for k in lost:
@@ -120,3 +135,47 @@ def check_checkpoint_round_trip(dlcheck):
             "model.load_replay_buffer(d / 'replay_buffer.pkl') after PPO/SAC/DQN.load"
         )
     dlcheck.fail(evidence, "; ".join(causes), "; ".join(fixes))
+
+
+def _nothing_to_round_trip(dlcheck) -> NoReturn:
+    """No running statistics and no replay buffer: not applicable to what the user gave, or name the fixture."""
+    algo, env = dlcheck.role("algorithm"), dlcheck.role("env")
+    if dlcheck.has("normalizer"):
+        dlcheck.skip(
+            f"dlcheck_normalizer ({type(dlcheck.role('normalizer')).__name__}) holds no running statistics "
+            "(obs_rms / ret_rms with mean, var, count) R4 can read"
+        )
+    if algo is not MISSING and rl.is_sb3_algorithm(algo):
+        dlcheck.not_applicable(
+            f"{type(algo).__name__} has no VecNormalize and no replay buffer: its checkpoint is the policy alone, with "
+            "no running statistics to lose"
+        )
+    if env is not MISSING:
+        built = dlcheck.memo(env, "rl:normalising-wrapper", lambda: _factory_statistics(env))
+        if built is None:
+            dlcheck.not_applicable(
+                "dlcheck_env has no normalising wrapper (NormalizeObservation / NormalizeReward / VecNormalize): no "
+                "running statistics for a checkpoint to lose"
+            )
+        dlcheck.skip(
+            f"missing role: define fixture dlcheck_normalizer in conftest.py: dlcheck_env is a factory whose env "
+            f"normalises ({built}), and R4 needs the live statistics your run updated"
+        )
+    dlcheck.skip(
+        "missing role: define fixture dlcheck_normalizer (or dlcheck_algorithm, or a normalising wrapper "
+        "in dlcheck_env) in conftest.py: no running statistics or replay buffer to round-trip"
+    )
+
+
+def _factory_statistics(env: Any) -> str | None:
+    """When dlcheck_env is a factory, what one env it builds normalises (the statistics' names), else None."""
+    if rl.is_env(env) or not callable(env):
+        return None
+    built = user_call("env", env)
+    try:
+        stats, _ = rl.running_statistics(built)
+    finally:
+        if hasattr(built, "close"):
+            built.close()
+    names = sorted({k.split(".")[0] for k in stats})
+    return ", ".join(names) or None

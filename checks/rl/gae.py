@@ -8,6 +8,7 @@ import numpy as np
 
 from ...errors import MISSING, RoleError
 from ...registry import Setting, check
+from ...roles import is_hf_trainer
 from ...session import user_call
 from . import measure as rl
 
@@ -16,8 +17,8 @@ from . import measure as rl
     "R7",
     domain="rl",
     title="GAE / returns wrong at episode ends",
-    roles=("advantage_fn",),
-    optional_roles=("algorithm", "env"),
+    roles=(),
+    optional_roles=("advantage_fn", "algorithm", "env", "trainer"),
     settings=(
         Setting(
             "max_examples",
@@ -89,7 +90,12 @@ def check_gae_episode_ends(dlcheck):
         (mask them out of the loss yourself). Functions with gamma/λ baked in must say so
         (advantage_fn(gamma=..., gae_lambda=...)) or match R7.gamma / R7.gae_lambda. Monte-Carlo returns
         over complete episodes (REINFORCE) never bootstrap: R7 is for value-bootstrapped estimators.
+    Not applicable
+        Off-policy algorithms (SB3 DQN, SAC, TD3: one-step TD targets from a replay buffer, no GAE) and
+        critic-free RL on language models (a TRL trainer such as GRPOTrainer: group-normalised rewards, R3).
     """
+    if not dlcheck.has("advantage_fn"):
+        _without_advantage_fn(dlcheck)
     spec = rl.as_advantage_fn(dlcheck.role("advantage_fn"))
     if rl.hypothesis_missing():
         dlcheck.skip(rl.hypothesis_missing())
@@ -108,7 +114,12 @@ def check_gae_episode_ends(dlcheck):
     def run(r: rl.Rollout) -> tuple[Any, Any]:
         return rl.parse_advantage_output(spec(r), (r.num_steps, r.num_envs))
 
+    seen = {"rollouts": 0, "terminated": 0, "truncated": 0}
+
     def disagrees(r: rl.Rollout) -> bool:
+        seen["rollouts"] += 1
+        seen["terminated"] += int(np.asarray(r.terminated).sum())
+        seen["truncated"] += int(np.asarray(r.truncated).sum())
         try:
             adv, ret = run(r)
         except Exception:  # noqa: BLE001 - a rollout the function cannot take is a counterexample too
@@ -118,6 +129,18 @@ def check_gae_episode_ends(dlcheck):
     examples = dlcheck.setting("max_examples")
     smallest = rl.search(rl.rollouts(**shape_kw), disagrees, examples)
     if smallest is None:
+        dlcheck.measured(
+            f"{spec.source} agrees with the float64 reference GAE on {seen['rollouts']} Hypothesis-generated "
+            f"rollouts (1-{shape_kw['max_steps']} steps × 1-{shape_kw['max_envs']} envs, {seen['terminated']} "
+            f"terminated and {seen['truncated']} truncated steps among them) within rtol {rtol:g} / atol {atol:g}",
+            f"gamma {gamma:g}, gae_lambda {lam:g}, {autoreset} autoreset",
+            rollouts=seen["rollouts"],
+            terminated_steps=seen["terminated"],
+            truncated_steps=seen["truncated"],
+            gamma=gamma,
+            gae_lambda=lam,
+            autoreset=autoreset,
+        )
         return
     smallest = rl.reduce_rollout(smallest, disagrees)
     try:
@@ -151,6 +174,22 @@ def check_gae_episode_ends(dlcheck):
     else:
         cause = f"the {comparison.what} are wrong at {where}: episode ends are bootstrapped or accumulated wrongly"
     dlcheck.fail(evidence, cause, rl.FIX)
+
+
+def _without_advantage_fn(dlcheck) -> None:
+    """No advantage function: the pipeline has none to check, or the skip names the fixture."""
+    algo, trainer = dlcheck.role("algorithm"), dlcheck.role("trainer")
+    if algo is not MISSING and rl.is_sb3_algorithm(algo) and not rl.is_on_policy(algo):
+        dlcheck.not_applicable(
+            f"{type(algo).__name__} is off-policy: it learns from one-step TD targets on its replay buffer, with no "
+            "GAE or returns over rollouts"
+        )
+    if trainer is not MISSING and is_hf_trainer(trainer):
+        dlcheck.not_applicable(
+            f"dlcheck_trainer is a {type(trainer).__name__}: it has no value function, so no GAE (GRPO's advantages "
+            "are group-normalised rewards, which R3 checks)"
+        )
+    dlcheck.require("advantage_fn")  # skips, naming the fixture
 
 
 def _env_autoreset(dlcheck) -> str | None:

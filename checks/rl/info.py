@@ -33,6 +33,9 @@ def check_critic_loss_trend(dlcheck):
         targets on a stable scale.
     Known problems
         Not a test: it skips with the report by design.
+    Not applicable
+        Runs without a critic (GRPO and other critic-free methods): a dlcheck_train_log without a value
+        loss.
     """
     log = dlcheck.role("train_log")
     if log is MISSING:
@@ -43,7 +46,10 @@ def check_critic_loss_trend(dlcheck):
     key, values = rl.log_series(log, "value_loss")
     reward_key, rewards = rl.log_series(log, "reward")
     if not values:
-        dlcheck.skip("info: dlcheck_train_log has no value loss (a GRPO run has no critic); nothing to report")
+        dlcheck.not_applicable(
+            "dlcheck_train_log logs no value loss (train/value_loss, value_loss, loss/value, vf_loss): a run "
+            "without a critic (GRPO) has no critic loss to read"
+        )
     parts = [
         f"info: {key} went from {values[0][1]:.3g} (step {values[0][0]}) to {values[-1][1]:.3g} (step {values[-1][0]})"
     ]
@@ -76,6 +82,8 @@ def check_single_seed(dlcheck):
         intervals (rliable), or at least mean ± standard error over seeds.
     Known problems
         Not a test: it skips with the note by design; the checks cannot see runs outside this session.
+    Not applicable
+        None: the note concerns every RL result.
     """
     algo = dlcheck.role("algorithm")
     seed = getattr(algo, "seed", None) if algo is not MISSING else None

@@ -711,6 +711,12 @@ def is_sb3_algorithm(obj: Any) -> bool:
     )
 
 
+def rewarded(trainer: Any) -> bool:
+    """Whether a transformers/TRL trainer trains on rewards (GRPO, RLOO, online DPO, PPO): it holds reward
+    functions or a reward model. SFT, DPO and a plain Trainer do not."""
+    return bool(getattr(trainer, "reward_funcs", None) or getattr(trainer, "reward_model", None))
+
+
 def is_on_policy(algo: Any) -> bool:
     return any(c.__name__ == "OnPolicyAlgorithm" for c in type(algo).__mro__)
 
@@ -797,6 +803,10 @@ class PolicyRollout:
 
 class RolloutUnavailable(Exception):
     """No rollout can be had without touching the user's objects; the check skips with this reason."""
+
+
+class NotBoxSpace(RolloutUnavailable):
+    """The env's observations are not a Box (Discrete, MultiDiscrete): R8 does not concern them."""
 
 
 def sb3_policy_rollout(algo: Any, steps: int) -> PolicyRollout:
@@ -963,7 +973,9 @@ def env_observations(env_or_factory: Any, steps: int, seed: int = 0) -> tuple[np
     try:
         space = getattr(env, "single_observation_space", None) or env.observation_space
         if type(space).__name__ != "Box":
-            raise RolloutUnavailable(f"R8 measures Box observation spaces; {env_name(env)} has {type(space).__name__}")
+            if type(space).__name__ == "Dict":
+                raise RolloutUnavailable(f"R8 does not sample Dict observation spaces ({env_name(env)})")
+            raise NotBoxSpace(f"R8 measures Box observation spaces; {env_name(env)} has {type(space).__name__}")
         if "VecEnv" in names:  # SB3: reset() -> obs; step -> 4-tuple, autoreset on the same step
             env.seed(seed)
             env.action_space.seed(seed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ...errors import MISSING
 from ...registry import Setting, check
+from ...roles import is_hf_trainer
 from ...session import user_call
 from . import measure as rl
 from . import policy_rollout
@@ -13,7 +14,7 @@ from . import policy_rollout
     "R8",
     domain="rl",
     title="observations reach the policy unnormalised",
-    optional_roles=("algorithm", "rollout", "env", "preprocess_obs"),
+    optional_roles=("algorithm", "rollout", "env", "preprocess_obs", "trainer"),
     settings=(
         Setting(
             "rollout_steps",
@@ -61,14 +62,21 @@ def check_observation_scale(dlcheck):
         gymnasium: gym.wrappers.NormalizeObservation(env) / gym.wrappers.vector.NormalizeObservation(envs)
     Known problems
         Random actions visit other states than a trained policy. Normalisation inside your agent is seen
-        only through dlcheck_preprocess_obs. Dict, Discrete and other non-Box spaces are skipped.
+        only through dlcheck_preprocess_obs. Dict observation spaces are skipped.
+    Not applicable
+        Observation spaces that are not Box (Discrete, MultiDiscrete: SB3 one-hot encodes them), and RL on
+        language models (a TRL trainer: the policy reads token ids).
     """
     steps = dlcheck.setting("rollout_steps")
     algo = dlcheck.role("algorithm")
     if algo is not MISSING and rl.is_sb3_algorithm(algo):
         space = algo.observation_space
+        if type(space).__name__ == "Dict":
+            dlcheck.skip(f"R8 does not sample Dict observation spaces ({type(algo).__name__})")
         if type(space).__name__ != "Box":
-            dlcheck.skip(f"R8 measures Box observation spaces; {type(algo).__name__} has {type(space).__name__}")
+            dlcheck.not_applicable(
+                f"R8 measures Box observation spaces; {type(algo).__name__} has {type(space).__name__}"
+            )
         sample = policy_rollout(dlcheck.state.derived, algo)
         if isinstance(sample, rl.RolloutUnavailable):
             dlcheck.skip(str(sample))
@@ -83,9 +91,17 @@ def check_observation_scale(dlcheck):
             env = dlcheck.role("env")
             try:
                 obs, source = dlcheck.memo(env, f"rl:observations:{steps}", lambda: rl.env_observations(env, steps))
+            except rl.NotBoxSpace as exc:
+                dlcheck.not_applicable(str(exc))
             except rl.RolloutUnavailable as exc:
                 dlcheck.skip(str(exc))
         else:
+            trainer = dlcheck.role("trainer")
+            if trainer is not MISSING and is_hf_trainer(trainer):
+                dlcheck.not_applicable(
+                    f"dlcheck_trainer is a {type(trainer).__name__}: its policy reads token ids, not vector "
+                    "observations whose scale could be off"
+                )
             dlcheck.skip(
                 "missing role: define fixture dlcheck_env (a function returning a fresh env), dlcheck_rollout "
                 "or dlcheck_algorithm in conftest.py"
@@ -102,6 +118,14 @@ def check_observation_scale(dlcheck):
     ratio = hi.scale / lo.scale
     wide = ratio > dlcheck.setting("max_scale_ratio")
     if not big and not wide:
+        dlcheck.measured(
+            f"{source}; {len(scales)} dimension(s): largest scale (90% of |x|) {hi.scale:.3g} at dim {hi.index} "
+            f"≤ R8.max_scale {dlcheck.setting('max_scale'):g}; dims {hi.index} and {lo.index} are {ratio:.3g}× "
+            f"apart ≤ R8.max_scale_ratio {dlcheck.setting('max_scale_ratio'):g}",
+            dimensions=len(scales),
+            largest_scale=round(hi.scale, 6),
+            scale_ratio=round(ratio, 4),
+        )
         return
     keep = {s.index for s in big[:4]} | {lo.index, hi.index} | {s.index for s in scales[:6]}
     shown = [s for s in scales if s.index in keep][:8]

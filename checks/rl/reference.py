@@ -6,14 +6,26 @@ from typing import Any
 
 from ...errors import MISSING
 from ...registry import check
+from ...roles import is_hf_trainer
+from . import measure as rl
 
 
 @check(
     "R2",
     domain="rl",
     title="reference model trained with the policy, or KL to it switched off",
-    roles=("model",),
-    optional_roles=("ref_model", "kl_coef", "optimizer", "trainer"),
+    roles=(),
+    optional_roles=(
+        "model",
+        "ref_model",
+        "kl_coef",
+        "optimizer",
+        "trainer",
+        "algorithm",
+        "env",
+        "advantage_fn",
+        "advantage_minibatches",
+    ),
 )
 def check_frozen_reference(dlcheck):
     """The reference model of the KL penalty is separate from the policy, frozen, and used.
@@ -41,31 +53,33 @@ def check_frozen_reference(dlcheck):
         Tensors the policy does not train (a LoRA base model shared as the reference) are allowed to be
         shared. Static: it does not run an update step, so a reference refreshed by hand from the policy
         (TR-DPO's sync_ref_model is deliberate) is not judged. With PEFT, TRL keeps no separate
-        reference and the check skips.
+        reference and the check is not applicable.
+    Not applicable
+        Pipelines without a KL penalty to a frozen reference: PPO/A2C/DQN/SAC (Stable-Baselines3, or a
+        CleanRL-style loop given as dlcheck_env / dlcheck_advantage_fn) clip or regularise against the
+        rollout policy instead; GRPO with beta=0.0; a supervised trainer (SFT); a TRL trainer on a PEFT
+        model, whose reference is the policy with its adapters disabled.
     """
-    policy = dlcheck.role("model")
     ref = dlcheck.role("ref_model")
     kl = dlcheck.role("kl_coef")
     if ref is MISSING:
-        if kl is not MISSING and float(kl) == 0.0:
-            dlcheck.skip(
-                "no reference model and the KL coefficient is 0 (GRPO's default beta=0.0): no KL term to check"
-            )
-        dlcheck.skip(
-            "missing role: define fixture dlcheck_ref_model (or dlcheck_trainer: a GRPOTrainer with beta > 0) "
-            "in conftest.py"
-        )
+        _without_reference(dlcheck, kl)
+    policy = dlcheck.require("model")[0]
     if not hasattr(ref, "named_parameters") or not hasattr(policy, "named_parameters"):
         dlcheck.skip("dlcheck_model and dlcheck_ref_model must be torch modules")
 
     # a tensor the policy does not train (a LoRA base, a frozen tower) may be shared: it never moves
     policy_storage = {_storage(p): name for name, p in policy.named_parameters() if _has_storage(p) and p.requires_grad}
+    frozen_storage = {
+        _storage(p): name for name, p in policy.named_parameters() if _has_storage(p) and not p.requires_grad
+    }
     ref_params = list(ref.named_parameters())
     shared = [
         (name, policy_storage[_storage(p)])
         for name, p in ref_params
         if _has_storage(p) and _storage(p) in policy_storage
     ]
+    shared_frozen = [name for name, p in ref_params if _has_storage(p) and _storage(p) in frozen_storage]
     evidence: list[str] = []
     causes: list[str] = []
     fixes: list[str] = []
@@ -86,6 +100,7 @@ def check_frozen_reference(dlcheck):
             "checkpoint); with TRL, set beta > 0 and let GRPOTrainer build the reference"
         )
     opt = dlcheck.role("optimizer")
+    trained: list[str] = []
     if opt is not MISSING and hasattr(opt, "param_groups"):
         in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
         trained = [name for name, p in ref_params if id(p) in in_opt]
@@ -109,6 +124,71 @@ def check_frozen_reference(dlcheck):
         )
     if causes:
         dlcheck.fail(evidence, "; ".join(causes), "; ".join(fixes))
+
+    trainable = len(policy_storage)
+    lines = [
+        f"dlcheck_ref_model ({type(ref).__name__}, {len(ref_params)} parameter tensors) shares no storage with the "
+        f"policy's {trainable} trainable parameter tensors"
+        + (f"; {len(shared_frozen)} share a frozen policy tensor (allowed: it never moves)" if shared_frozen else "")
+    ]
+    if opt is not MISSING and hasattr(opt, "param_groups"):
+        lines.append(f"none of its parameters is in the {type(opt).__name__}'s {len(opt.param_groups)} param group(s)")
+    else:
+        lines.append("no dlcheck_optimizer: whether the optimizer holds reference parameters is not judged")
+    lines.append(
+        "none carries a non-zero .grad; "
+        + (
+            f"KL coefficient {float(kl):g}"
+            if kl is not MISSING
+            else "no dlcheck_kl_coef: the coefficient is not judged"
+        )
+    )
+    dlcheck.measured(
+        *lines,
+        reference_tensors=len(ref_params),
+        policy_trainable_tensors=trainable,
+        shared=0,
+        shared_frozen=len(shared_frozen),
+        in_optimizer=len(trained) if opt is not MISSING else None,
+        with_grad=0,
+        kl_coef=float(kl) if kl is not MISSING else None,
+    )
+
+
+def _without_reference(dlcheck, kl: Any) -> None:
+    """No reference model: say why the check does not concern this pipeline, or name the fixture."""
+    if kl is not MISSING and float(kl) == 0.0:
+        dlcheck.not_applicable(
+            "no reference model and the KL coefficient is 0 (GRPO's default beta=0.0): the loss has no KL term"
+        )
+    trainer = dlcheck.role("trainer")
+    if trainer is not MISSING and is_hf_trainer(trainer):
+        name = type(trainer).__name__
+        if hasattr(getattr(trainer, "model", None), "peft_config"):
+            dlcheck.not_applicable(
+                f"{name} trains a PEFT model: its reference is the same model with the adapters disabled, so there "
+                "is no separate reference model whose tensors could be shared or trained"
+            )
+        if not rl.rewarded(trainer) and not hasattr(trainer, "ref_model"):
+            dlcheck.not_applicable(f"dlcheck_trainer is a {name}: it trains with no reference model and no KL penalty")
+    if kl is MISSING:
+        algo = dlcheck.role("algorithm")
+        if algo is not MISSING and rl.is_sb3_algorithm(algo):
+            dlcheck.not_applicable(
+                f"{type(algo).__name__} (Stable-Baselines3) has no reference model: "
+                + (
+                    "PPO/A2C anchor each update to the rollout policy (clipping, target_kl), not to a frozen reference"
+                    if rl.is_on_policy(algo)
+                    else "it learns from TD targets, with no KL penalty to a frozen reference"
+                )
+            )
+        given = [f"dlcheck_{n}" for n in ("env", "advantage_fn", "advantage_minibatches") if dlcheck.has(n)]
+        if given:
+            dlcheck.not_applicable(
+                f"a classic RL pipeline ({', '.join(given)}) with no dlcheck_ref_model or dlcheck_kl_coef: PPO's "
+                "clipped objective anchors each update to the rollout policy, not to a frozen reference model"
+            )
+    dlcheck.require("ref_model")
 
 
 def _has_storage(p: Any) -> bool:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...errors import MISSING
 from ...registry import Setting, check
+from ...roles import is_hf_trainer
 from . import measure as rl
 
 
@@ -12,7 +14,8 @@ from . import measure as rl
     "R1",
     domain="rl",
     title="reward hacking or collapse in a short run",
-    roles=("train_log",),
+    roles=(),
+    optional_roles=("train_log", "trainer"),
     settings=(
         Setting(
             "min_points",
@@ -57,40 +60,73 @@ def check_reward_hacking(dlcheck):
     Known problems
         A smoke detector on a few logged steps: it needs the log of a run (trainer.train() with
         logging_steps=1 in the fixture) and at least R1.min_points logged steps; a gradual drift is not
-        a jump. Fast genuine learning with a new behaviour can trip it: look at the completions.
+        a jump. Fast genuine learning with a new behaviour can trip it: look at the completions. A log
+        with rewards but neither KL nor lengths cannot tell a jump from hacking: the check skips.
+    Not applicable
+        Runs that log no reward: a supervised or DPO trainer given as dlcheck_trainer, a log without reward
+        keys.
     """
     log = dlcheck.role("train_log")
+    if log is MISSING:
+        trainer = dlcheck.role("trainer")
+        if trainer is not MISSING and is_hf_trainer(trainer) and not rl.rewarded(trainer):
+            dlcheck.not_applicable(
+                f"dlcheck_trainer is a {type(trainer).__name__}: it trains without rewards, so its log has no reward "
+                "to watch for hacking"
+            )
+        dlcheck.require("train_log")
     reward_key, rewards = rl.log_series(log, "reward")
-    if len(rewards) < dlcheck.setting("min_points"):
+    if not rewards:
+        dlcheck.not_applicable(
+            "dlcheck_train_log logs no reward (reward, rewards/mean, rollout/ep_rew_mean): not the log of an RL run"
+        )
+    need = max(4, dlcheck.setting("min_points"))  # a baseline of 3 steps before the one tested
+    if len(rewards) < need:
         dlcheck.skip(
-            f"dlcheck_train_log has {len(rewards)} logged reward(s); R1 needs {dlcheck.setting('min_points')} "
+            f"dlcheck_train_log has {len(rewards)} logged reward(s); R1 needs {need} "
             f"(train a few more steps with logging_steps=1)"
         )
     kl_key, kls = rl.log_series(log, "kl")
     len_key, lengths = rl.log_series(log, "length")
+    if not kls and not lengths:
+        dlcheck.skip(
+            f"dlcheck_train_log logs {reward_key} but neither a KL nor a completion/episode length: a reward jump "
+            "cannot be told from reward hacking without them"
+        )
     kl_at, len_at = dict(kls), dict(lengths)
     steps = [s for s, _ in rewards]
     r = np.array([v for _, v in rewards])
+    jump = dlcheck.setting("reward_jump")
+    largest = (0.0, steps[3])  # (z, step): the largest one-step move judged
+    kl_most, len_least = None, None  # (ratio, step): the largest KL and the smallest length against their medians
+    unpaired: list[int] = []  # steps whose reward jumped with neither a KL spike nor a length collapse
     for i in range(3, len(r)):
         base = r[:i]
         median = float(np.median(base))
         spread = max(float(np.median(np.abs(base - median))), 0.05 * max(float(np.abs(base).max()), 1e-3), 1e-6)
         z = (r[i] - median) / spread
-        if abs(z) < dlcheck.setting("reward_jump"):
-            continue
         step, signs = steps[i], []
+        if abs(z) > abs(largest[0]):
+            largest = (float(z), step)
         prior = [s for s in steps[:i]]
         kl_base = [kl_at[s] for s in prior if s in kl_at]
         if step in kl_at and kl_base:
             kl_med = max(float(np.median(kl_base)), 1e-3)
+            if kl_most is None or kl_at[step] / kl_med > kl_most[0]:
+                kl_most = (kl_at[step] / kl_med, step)
             if kl_at[step] > dlcheck.setting("kl_spike") * kl_med:
                 signs.append(f"{kl_key} {kl_at[step]:.3g} vs median {kl_med:.3g} before ({kl_at[step] / kl_med:.3g}×)")
         len_base = [len_at[s] for s in prior if s in len_at]
         if step in len_at and len_base:
             len_med = float(np.median(len_base))
+            if len_med > 0 and (len_least is None or len_at[step] / len_med < len_least[0]):
+                len_least = (len_at[step] / len_med, step)
             if len_med > 0 and len_at[step] < dlcheck.setting("length_collapse") * len_med:
                 signs.append(f"{len_key} {len_at[step]:.3g} vs median {len_med:.3g} before")
+        if abs(z) < jump:
+            continue
         if not signs:
+            unpaired.append(step)
             continue
         direction = "jumps" if z > 0 else "drops"
         evidence = [
@@ -128,3 +164,31 @@ def check_reward_hacking(dlcheck):
             caption="reward, KL and length per logged step",
         )
         dlcheck.fail(evidence, cause, fix)
+
+    evidence = [
+        f"{len(r)} logged steps of dlcheck_train_log: {reward_key} {r[0]:.3g} -> {r[-1]:.3g}; largest one-step move "
+        f"{largest[0]:+.3g} spreads (step {largest[1]}; a jump is ±{jump:g}), none together with a KL spike or a "
+        f"length collapse"
+    ]
+    if kl_most is not None:
+        evidence.append(
+            f"{kl_key}: at most {kl_most[0]:.3g}× its median before (step {kl_most[1]}; a spike is "
+            f"{dlcheck.setting('kl_spike'):g}×)"
+        )
+    if len_least is not None:
+        evidence.append(
+            f"{len_key}: at least {len_least[0]:.3g}× its median before (step {len_least[1]}; a collapse is below "
+            f"{dlcheck.setting('length_collapse'):g}×)"
+        )
+    if unpaired:
+        evidence.append(
+            f"reward jump(s) at step(s) {', '.join(map(str, unpaired[:6]))} came with neither: learning, not hacking"
+        )
+    dlcheck.measured(
+        *evidence,
+        logged_steps=len(r),
+        largest_reward_move=round(largest[0], 4),
+        largest_kl_ratio=None if kl_most is None else round(kl_most[0], 4),
+        smallest_length_ratio=None if len_least is None else round(len_least[0], 4),
+        unpaired_jumps=len(unpaired),
+    )

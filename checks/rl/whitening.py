@@ -9,6 +9,7 @@ import numpy as np
 
 from ...errors import MISSING, RoleError
 from ...registry import Setting, check
+from ...roles import is_hf_trainer
 from ...sampling import sample_rows
 from ...session import user_call
 from . import measure as rl
@@ -102,32 +103,30 @@ def check_advantage_whitening(dlcheck):
         Sees only what the roles hand over: a CleanRL-style loop must expose its minibatch advantages.
         A reward function that gives the same reward to every probe completion (a format reward no probe
         matches) cannot be judged and is reported, not failed. Whitening twice is harmless and not flagged.
+        When one part is judged and another cannot be, the check passes and its evidence names the part
+        left unjudged.
+    Not applicable
+        Off-policy algorithms (SB3 DQN, SAC, TD3: they learn from TD targets, with no advantages); A2C,
+        whose recipe does not whiten advantages (normalize_advantage=False); trainers without rewards
+        (SFT, DPO) given as dlcheck_trainer.
     """
     findings: list[Finding] = []
-    notes: list[str] = []
-    ran = False
+    judged: list[str] = []  # what was measured and passed
+    notes: list[str] = []  # parts the check concerns but cannot decide
+    na: list[str] = []  # parts the check does not concern
     if dlcheck.has("advantage_minibatches"):
-        ran = True
-        _ppo_minibatches(dlcheck, findings, notes)
+        _ppo_minibatches(dlcheck, findings, judged, notes, na)
     if dlcheck.has("group_advantages"):
-        ran = True
         if rl.hypothesis_missing():
             notes.append(rl.hypothesis_missing())
         else:
-            _group_advantages(dlcheck, findings)
+            _group_advantages(dlcheck, findings, judged)
     if dlcheck.has("reward_funcs"):
-        ran = True
-        _reward_funcs(dlcheck, findings, notes)
+        _reward_funcs(dlcheck, findings, judged, notes)
     if dlcheck.has("train_log"):
         key, points = rl.log_series(dlcheck.role("train_log"), "zero_std")
         if points:
-            ran = True
-            _flat_groups_in_log(dlcheck, key, points, findings)
-    if not ran:
-        dlcheck.skip(
-            "missing role: define fixture dlcheck_advantage_minibatches (PPO; or dlcheck_algorithm), "
-            "dlcheck_group_advantages or dlcheck_reward_funcs (GRPO; or dlcheck_trainer) in conftest.py"
-        )
+            _flat_groups_in_log(dlcheck, key, points, findings, judged)
     if findings:
         evidence = [line for f in findings for line in f.evidence]
         dlcheck.fail(
@@ -135,15 +134,35 @@ def check_advantage_whitening(dlcheck):
             "; ".join(dict.fromkeys(f.cause for f in findings)),
             "; ".join(dict.fromkeys(f.fix for f in findings)),
         )
+    if judged:
+        dlcheck.measured(*judged, *(f"not judged: {n}" for n in notes + na), parts=len(judged))
+        return
     if notes:
         dlcheck.skip("; ".join(notes))
+    if na:
+        dlcheck.not_applicable("; ".join(na))
+    algo, trainer = dlcheck.role("algorithm"), dlcheck.role("trainer")
+    if algo is not MISSING and rl.is_sb3_algorithm(algo) and not rl.is_on_policy(algo):
+        dlcheck.not_applicable(
+            f"{type(algo).__name__} is off-policy: it learns from TD targets on its replay buffer, so it has no "
+            "advantages to whiten and no reward groups"
+        )
+    if trainer is not MISSING and is_hf_trainer(trainer) and not rl.rewarded(trainer):
+        dlcheck.not_applicable(
+            f"dlcheck_trainer is a {type(trainer).__name__}: it trains without rewards, so it has no advantages to "
+            "whiten and no reward groups"
+        )
+    dlcheck.skip(
+        "missing role: define fixture dlcheck_advantage_minibatches (PPO; or dlcheck_algorithm), "
+        "dlcheck_group_advantages or dlcheck_reward_funcs (GRPO; or dlcheck_trainer) in conftest.py"
+    )
 
 
 # --------------------------------------------------------------------------------------------------
 # PPO: whitening level of the minibatch advantages
 
 
-def _ppo_minibatches(dlcheck, findings: list[Finding], notes: list[str]) -> None:
+def _ppo_minibatches(dlcheck, findings: list[Finding], judged: list[str], notes: list[str], na: list[str]) -> None:
     value = dlcheck.role("advantage_minibatches")
     if isinstance(value, rl.RolloutUnavailable):
         notes.append(str(value))
@@ -155,7 +174,7 @@ def _ppo_minibatches(dlcheck, findings: list[Finding], notes: list[str]) -> None
     if isinstance(value, rl.Minibatches):
         source = value.source
         if value.recipe is None:
-            notes.append("A2C's recipe does not whiten advantages (normalize_advantage=False): nothing to check")
+            na.append("A2C's recipe does not whiten advantages (normalize_advantage=False): nothing to hold them to")
             return
         expected = value.recipe
     batches = [mb for mb in rl.iter_minibatches(value) if len(mb) > 1]
@@ -170,6 +189,16 @@ def _ppo_minibatches(dlcheck, findings: list[Finding], notes: list[str]) -> None
     per_minibatch = all(rl.whitened(mb, tol) for mb in batches)
     level = "minibatch" if per_minibatch else "buffer" if rl.whitened(whole, tol) else "none"
     if level == expected or (expected == "buffer" and level == "minibatch" and len(batches) == 1):
+        stats = [rl.minibatch_stats(mb) for mb in batches]
+        sizes = sorted({s[0] for s in stats})
+        size_text = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+        n, mean, std = rl.minibatch_stats(whole)
+        judged.append(
+            f"{source}: {len(batches)} minibatches of {size_text} advantages, whitened at the level '{level}' as "
+            f"the recipe says ('{expected}'): minibatch means within "
+            f"±{max(abs(s[1]) for s in stats):.2g}, stds {min(s[2] for s in stats):.3f} to "
+            f"{max(s[2] for s in stats):.3f}; all {n} together: mean {mean:.2g}, std {std:.3f} (tolerance {tol:g})"
+        )
         return
     rows = []
     for i, mb in enumerate(batches[:4]):
@@ -216,7 +245,7 @@ def _ppo_minibatches(dlcheck, findings: list[Finding], notes: list[str]) -> None
 # GRPO: group normalisation, reward functions, flat groups in a run
 
 
-def _group_advantages(dlcheck, findings: list[Finding]) -> None:
+def _group_advantages(dlcheck, findings: list[Finding], judged: list[str]) -> None:
     import torch
 
     fn = dlcheck.role("group_advantages")
@@ -228,7 +257,12 @@ def _group_advantages(dlcheck, findings: list[Finding]) -> None:
             raise RoleError("group_advantages", f"returned {out.shape[0]} advantages for {len(rewards)} rewards")
         return out
 
+    seen = {"examples": 0, "flat": 0}
+
     def bad(example: tuple[list[float], int]) -> bool:
+        seen["examples"] += 1
+        rewards, size = example
+        seen["flat"] += sum(len(set(rewards[g : g + size])) == 1 for g in range(0, len(rewards), size))
         try:
             return _group_problem(example, run(example)) is not None
         except Exception:  # noqa: BLE001 - a group the function cannot take is a counterexample too
@@ -236,6 +270,10 @@ def _group_advantages(dlcheck, findings: list[Finding]) -> None:
 
     smallest = rl.search(rl.reward_groups(), bad, dlcheck.setting("max_examples"))
     if smallest is None:
+        judged.append(
+            f"dlcheck_group_advantages on {seen['examples']} Hypothesis-generated batches of reward groups (group "
+            f"sizes 2-6, {seen['flat']} flat groups among them): finite advantages averaging 0 within every group"
+        )
         return
     adv = dlcheck.call("group_advantages", lambda: run(smallest))
     rewards, size = smallest
@@ -286,7 +324,7 @@ def _group_problem(example: tuple[list[float], int], adv: np.ndarray) -> str | N
     return None
 
 
-def _reward_funcs(dlcheck, findings: list[Finding], notes: list[str]) -> None:
+def _reward_funcs(dlcheck, findings: list[Finding], judged: list[str], notes: list[str]) -> None:
     funcs = dlcheck.role("reward_funcs")
     funcs = list(funcs) if isinstance(funcs, (list, tuple)) else [funcs]
     dataset = dlcheck.role("raw_dataset")
@@ -321,8 +359,9 @@ def _reward_funcs(dlcheck, findings: list[Finding], notes: list[str]) -> None:
         log_metric=lambda *a, **k: None,
     )
     for i, func in enumerate(funcs):
-        if not callable(func) or _is_module(func):
-            continue  # a reward model: scored inside the trainer
+        if not callable(func) or _is_module(func):  # a reward model: scored inside the trainer
+            notes.append(f"reward_funcs[{i}] is a reward model ({type(func).__name__}): not probed")
+            continue
         name = getattr(func, "__name__", type(func).__name__)
         out = user_call("reward_funcs", lambda: func(prompts=prompts, completions=comp, **extras, **columns))
         scores = np.array([np.nan if v is None else float(v) for v in out], np.float64)
@@ -331,10 +370,16 @@ def _reward_funcs(dlcheck, findings: list[Finding], notes: list[str]) -> None:
         grid = scores.reshape(len(rows), len(completions))
         finite = grid[np.isfinite(grid).sum(1) >= 2]
         if len(finite) == 0:
+            notes.append(f"reward_funcs[{i}] {name} gave no finite reward (None/NaN) to the probe completions")
             continue
         within = np.array([np.nanstd(g) for g in finite])
         across = float(np.nanstd([np.nanmean(g) for g in finite]))
         if (within > 0).any():
+            judged.append(
+                f"reward_funcs[{i}] {name}: the rewards of a prompt's completions differ on {int((within > 0).sum())} "
+                f"of {len(finite)} sampled prompts ({len(completions)} probe completions each; largest within-prompt "
+                f"std {float(within.max()):.3g})"
+            )
             continue
         if across == 0:
             notes.append(
@@ -363,9 +408,15 @@ def _reward_funcs(dlcheck, findings: list[Finding], notes: list[str]) -> None:
         )
 
 
-def _flat_groups_in_log(dlcheck, key: str, points: list[tuple[int, float]], findings: list[Finding]) -> None:
+def _flat_groups_in_log(
+    dlcheck, key: str, points: list[tuple[int, float]], findings: list[Finding], judged: list[str]
+) -> None:
     share = float(np.mean([v for _, v in points]))
     if share < dlcheck.setting("max_zero_std_share"):
+        judged.append(
+            f"dlcheck_train_log: {key} averages {share:.3g} over {len(points)} logged steps (the run had no signal "
+            f"at {dlcheck.setting('max_zero_std_share'):g})"
+        )
         return
     findings.append(
         Finding(

@@ -44,23 +44,32 @@ def check_loss_spike(dlcheck):
         a learning rate in the usual range for the optimizer (1e-5 to 1e-3 for AdamW), a warmup, and
         gradient clipping (max_grad_norm=1.0 / clip_grad_norm_).
     Known problems
-        Judges positive losses only: a loss that crosses zero (GRPO, some RL objectives) skips. Non-finite
-        losses are S1's.
+        Non-finite losses are S1's. A loss that reaches exactly 0 skips.
+    Not applicable
+        Losses that take negative values (GRPO and other policy-gradient objectives, a loss with a
+        negative offset): a multiple of their running mean means nothing.
     """
     run = smoke_run(dlcheck)
     losses = [(s, v) for s, v in run.trajectory.losses() if v is not None and math.isfinite(v)]
     if len(losses) < dlcheck.setting("warmup") + 1:
         dlcheck.skip(f"the smoke run logged {len(losses)} finite losses: too few to judge spikes (raise S1.steps)")
-    if any(v <= 0 for _, v in losses):
-        dlcheck.skip(
-            "the loss is not positive throughout (it crosses zero): spikes relative to its mean are meaningless"
+    negative = [(s, v) for s, v in losses if v < 0]
+    if negative:
+        dlcheck.not_applicable(
+            f"the loss takes negative values (step {negative[0][0]}: {negative[0][1]:.4g}; a policy-gradient "
+            "objective such as GRPO's): a spike as a multiple of its running mean means nothing"
         )
+    if any(v == 0 for _, v in losses):
+        dlcheck.skip("the loss reaches 0 in the smoke run: spikes relative to its mean cannot be judged")
     factor, window = dlcheck.setting("factor"), dlcheck.setting("window")
     recs = {r.step: r for r in run.trajectory.steps}
+    worst = (0.0, losses[dlcheck.setting("warmup")][0])  # (loss / running mean, step)
     for idx in range(dlcheck.setting("warmup"), len(losses)):
         step, value = losses[idx]
         previous = [v for _, v in losses[max(0, idx - window) : idx]]
         mean = sum(previous) / len(previous)
+        if value / mean > worst[0]:
+            worst = (value / mean, step)
         if value > factor * mean:
             rec = recs[step]
             evidence = [
@@ -79,6 +88,15 @@ def check_loss_spike(dlcheck):
                 "gradients (max_grad_norm=1.0, torch.nn.utils.clip_grad_norm_)"
             )
             dlcheck.fail(evidence, cause, fix)
+    dlcheck.measured(
+        f"{run.steps}-step smoke run: losses {losses[0][1]:.4g} -> {losses[-1][1]:.4g}; the highest loss against "
+        f"the mean of the {window} steps before it is {worst[0]:.2f} x (step {worst[1]}; a spike is {factor} x)",
+        losses=len(losses),
+        first_loss=losses[0][1],
+        last_loss=losses[-1][1],
+        largest_ratio=round(worst[0], 4),
+        at_step=worst[1],
+    )
 
 
 @check(
@@ -116,6 +134,8 @@ def check_grad_explosion(dlcheck):
     Known problems
         Needs gradient norms: a run that does not expose them (a Trainer with max_grad_norm=0 still logs
         them; a custom loop whose optimizer is not in dlcheck_make_training does not) skips.
+    Not applicable
+        None: every run that takes optimizer steps has gradients.
     """
     run = smoke_run(dlcheck)
     norms = [
@@ -143,3 +163,13 @@ def check_grad_explosion(dlcheck):
             )
             fix = "lower the learning rate, add warmup, and clip gradients (max_grad_norm=1.0 / torch.nn.utils.clip_grad_norm_(…, 1.0))"
             dlcheck.fail(evidence, cause, fix)
+    highest = max(norms[base_n:], key=lambda t: t[1])
+    dlcheck.measured(
+        f"{run.steps}-step smoke run: gradient norms {norms[0][1]:.3g} -> {norms[-1][1]:.3g}, at most "
+        f"{highest[1]:.3g} = {highest[1] / reference:.2f} x the median {reference:.3g} of steps 1-{base_n} "
+        f"(step {highest[0]}; an explosion is {factor} x)",
+        norms=len(norms),
+        reference=reference,
+        largest=highest[1],
+        largest_ratio=round(highest[1] / reference, 4),
+    )

@@ -56,6 +56,8 @@ def check_train_eval_gap(dlcheck):
     Known problems
         Needs eval data; skips without it. Short runs see only fast overfitting: slow overfitting over
         epochs is for the eval metric of the real run.
+    Not applicable
+        None: any run with eval data can overfit.
     """
     run = smoke_run(dlcheck)
     ev = run_or_skip(dlcheck, lambda: eval_batches(dlcheck, run.setup))
@@ -73,6 +75,15 @@ def check_train_eval_gap(dlcheck):
     train_loss, eval_loss = after
     ratio = eval_loss / train_loss if train_loss > 0 else float("inf")
     if not (ratio > dlcheck.setting("max_ratio") and eval_loss - train_loss > dlcheck.setting("min_gap")):
+        dlcheck.measured(
+            f"after {run.steps} steps: eval loss {eval_loss:.4g} vs train loss {train_loss:.4g} on the sampled batches "
+            f"= {ratio:.2f} x, {eval_loss - train_loss:.3g} nats apart (fails when above {dlcheck.setting('max_ratio')} x "
+            f"and more than {dlcheck.setting('min_gap')} nats apart)",
+            *([f"before training: eval {before[1]:.4g}, train {before[0]:.4g}"] if None not in before else []),
+            train_loss=train_loss,
+            eval_loss=eval_loss,
+            ratio=round(ratio, 4),
+        )
         return
     evidence = [
         f"after {run.steps} steps: eval loss {eval_loss:.4g} vs train loss {train_loss:.4g} on the sampled batches "

@@ -57,6 +57,8 @@ def check_nonfinite_run(dlcheck):
     Known problems
         A step a GradScaler skips because of Inf gradients is expected and not reported (its update never
         happens). The run is short: a NaN that needs thousands of steps to appear is out of reach.
+    Not applicable
+        None: every run's loss, gradients and weights must stay finite.
     """
     run = smoke_run(dlcheck)
     traj = run.trajectory
@@ -117,3 +119,20 @@ def check_nonfinite_run(dlcheck):
         dlcheck.fail(evidence, cause, fix)
     if not traj.steps:
         dlcheck.skip("the smoke run recorded no step")
+    losses = [v for _, v in traj.losses() if v is not None]
+    norms = [r.grad_norm for r in traj.steps if r.grad_norm is not None]
+    opt_steps = traj.calls.count("opt") or len(traj.steps)
+    dlcheck.measured(
+        f"{run.steps}-step smoke run: "
+        + (
+            f"losses {losses[0]:.4g} -> {losses[-1]:.4g} ({len(losses)} logged), all finite"
+            if losses
+            else "no loss logged"
+        )
+        + (f"; gradient norm ≤ {max(norms):.3g} at {len(norms)} steps, all finite" if norms else "")
+        + f"; weights finite after {opt_steps} optimizer steps",
+        steps=len(traj.steps),
+        first_loss=losses[0] if losses else None,
+        last_loss=losses[-1] if losses else None,
+        max_grad_norm=max(norms) if norms else None,
+    )

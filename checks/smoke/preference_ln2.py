@@ -52,17 +52,42 @@ def check_preference_pinned(dlcheck):
         ref_model=copy.deepcopy(model) (or ref_model=None with a model loaded from a path, or PEFT, whose
         reference is the adapter-free base), a beta > 0, a non-zero learning rate.
     Known problems
-        Only preference trainers; others skip. L9 tests the reference's freezing directly in one step.
+        Only TRL's preference trainers are recognised: a DPO loss written by hand in a plain loop is not
+        judged. L9 tests the reference's freezing directly in one step.
+    Not applicable
+        Every other kind of training: SFT, GRPO, a plain Trainer, a Lightning module, a plain loop. Their
+        loss has no reason to start at ln 2.
     """
     trainer = dlcheck.role("trainer")
-    if trainer is MISSING or not is_preference(trainer):
-        dlcheck.skip("S4 applies to a preference trainer (TRL's DPOTrainer), given as dlcheck_trainer")
+    if trainer is not MISSING and not is_preference(trainer):
+        dlcheck.not_applicable(
+            f"dlcheck_trainer is a {type(trainer).__name__}, not a preference trainer (DPOTrainer): its loss has no "
+            "reason to start at ln 2"
+        )
+    if trainer is MISSING:
+        others = [f"dlcheck_{n}" for n in ("lightning_module", "make_training") if dlcheck.has(n)]
+        if others:
+            dlcheck.not_applicable(
+                f"the training is given as {', '.join(others)}: S4 judges TRL's preference trainers (DPOTrainer), "
+                "whose loss starts at ln 2"
+            )
+        dlcheck.skip("missing role: define fixture dlcheck_trainer (a TRL DPOTrainer) in conftest.py")
     run = smoke_run(dlcheck)
     losses = [(s, v) for s, v in run.trajectory.losses() if v is not None and math.isfinite(v)]
     if len(losses) < 2:
         dlcheck.skip(f"the smoke run logged {len(losses)} finite losses (raise S1.steps)")
     tol = dlcheck.setting("tol")
-    if any(abs(v - LN2) > tol for _, v in losses):
+    left = [(s, v) for s, v in losses if abs(v - LN2) > tol]
+    if left:
+        dlcheck.measured(
+            f"{run.steps}-step DPO smoke run: loss {losses[0][1]:.5f} -> {losses[-1][1]:.5f}; it leaves ln 2 = "
+            f"{LN2:.4f} by more than {tol:g} at step {left[0][0]} ({left[0][1]:.5f}), and at {len(left)} of "
+            f"{len(losses)} steps",
+            steps=len(losses),
+            first_loss=losses[0][1],
+            last_loss=losses[-1][1],
+            first_step_off_ln2=left[0][0],
+        )
         return
     accs = [
         r.metrics.get("rewards/accuracies")
@@ -73,6 +98,12 @@ def check_preference_pinned(dlcheck):
         r.metrics.get("rewards/margins") for r in run.trajectory.steps if r.metrics.get("rewards/margins") is not None
     ]
     if accs and max(accs) > 0.5:
+        dlcheck.measured(
+            f"{run.steps}-step DPO smoke run: the loss stays within {tol:g} of ln 2, but rewards/accuracies reaches "
+            f"{max(accs):.2f} (> 0.5): the policy does get ahead of the reference",
+            steps=len(losses),
+            max_accuracy=max(accs),
+        )
         return
     evidence = [
         f"all {len(losses)} steps of the smoke run: loss within {tol:g} of ln 2 = {LN2:.4f} "

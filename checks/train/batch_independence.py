@@ -65,9 +65,9 @@ def _inputs(model: Any, batch: Any) -> tuple[Any, Any, Any]:
     return batch, None, None
 
 
-def _mixing(out: torch.Tensor, x: torch.Tensor, i: int, rtol: float) -> tuple[int, float, float] | None:
-    """(j, |d out_i / d x_j|max, |d out_i / d x_i|max) for the most influential other example j, if any
-    other example influences example i beyond ``rtol`` of its own input."""
+def _influence(out: torch.Tensor, x: torch.Tensor, i: int) -> tuple[int, float, float] | None:
+    """(j, |d out_i / d x_j|max, |d out_i / d x_i|max) for the most influential other example j; None when
+    example i's output does not depend on the inputs at all."""
     gen = torch.Generator(device="cpu").manual_seed(i)
     weights = torch.randn(out[i].shape, generator=gen).to(out.device, out.dtype)
     (grad,) = torch.autograd.grad((out[i] * weights).sum(), x, retain_graph=True, allow_unused=True)
@@ -78,8 +78,15 @@ def _mixing(out: torch.Tensor, x: torch.Tensor, i: int, rtol: float) -> tuple[in
     others = per.clone()
     others[i] = 0
     j = int(others.argmax())
-    if float(others[j]) > rtol * max(own, 1e-12) and float(others[j]) > 0:
-        return j, float(others[j]), own
+    return j, float(others[j]), own
+
+
+def _mixing(out: torch.Tensor, x: torch.Tensor, i: int, rtol: float) -> tuple[int, float, float] | None:
+    """The influence of the most influential other example j on example i, if it is beyond ``rtol`` of
+    example i's own input's."""
+    found = _influence(out, x, i)
+    if found is not None and found[1] > rtol * max(found[2], 1e-12) and found[1] > 0:
+        return found
     return None
 
 
@@ -123,6 +130,9 @@ def check_batch_independence(dlcheck):
         Batch statistics in train mode (BatchNorm) are by design and are not judged: the model runs in eval
         mode (V7 owns BatchNorm). Needs a batch of at least 2 examples whose inputs are float tensors or
         token ids with input embeddings; others skip.
+    Not applicable
+        A model that is not called on the batch (its forward requires fields the batch lacks, the user's
+        loss builds them: a denoiser), said by the training machinery.
     """
     fresh, batches, _ = probe(dlcheck)
     model = fresh.model
@@ -167,12 +177,31 @@ def check_batch_independence(dlcheck):
                 f"the model's output is not batch-first ({None if out is None else tuple(out.shape)} for {size} examples)"
             )
         found = None
+        measured = []  # (i, other, own) of the examples judged
         for i in sorted({0, size - 1}):
+            influence = _influence(out, x, i)
+            if influence is not None:
+                measured.append((i, influence[1], influence[2]))
             found = _mixing(out, x, i, rtol)
             if found:
                 found = (i, *found)
                 break
         if not found:
+            if not measured or all(own == 0 for _, _, own in measured):
+                dlcheck.skip(
+                    f"the model's output does not depend on its inputs (no gradient to them): batch independence "
+                    f"cannot be measured ({describe_batch(batch)})"
+                )
+            dlcheck.measured(
+                f"in eval mode, the outputs of examples {' and '.join(str(i) for i, _, _ in measured)} of a batch of "
+                f"{size} depend on no other example's input: max |d out[i] / d in[j]| "
+                f"{max(o for _, o, _ in measured):.3g} for j != i, against "
+                f"{min(own for _, _, own in measured):.3g} or more for their own input (rtol {rtol:g})",
+                f"batch: {describe_batch(batch)}",
+                batch_size=size,
+                max_cross_influence=max(o for _, o, _ in measured),
+                min_own_influence=min(own for _, _, own in measured),
+            )
             return
         culprit = None
         for name, mod, t in outputs:

@@ -60,6 +60,14 @@ def _entry(b: Any) -> Any:
     return b
 
 
+def _iterable(loader: Any) -> bool:
+    """A loader over an IterableDataset: its order is the dataset's own, its sampler a placeholder that
+    yields None forever."""
+    return isinstance(getattr(loader, "dataset", None), torch.utils.data.IterableDataset) or (
+        type(getattr(loader, "sampler", None)).__name__ == "_InfiniteConstantSampler"
+    )
+
+
 def _shuffles(loader: Any) -> bool:
     sampler = getattr(loader, "sampler", None)
     inner = getattr(getattr(loader, "batch_sampler", None), "sampler", sampler)
@@ -157,14 +165,34 @@ def check_epoch_order(dlcheck):
         (torch already seeds each worker differently).
     Known problems
         For a plain loop, dlcheck calls ``set_epoch`` itself, as a correct loop does: whether your own loop
-        calls it is not seen. Iterable datasets and ``worker_init_fn``s that need a real worker are skipped.
+        calls it is not seen. The order of an IterableDataset is its own (no sampler to read without loading
+        data) and is not judged; ``worker_init_fn``s that need a real worker are not judged either: with
+        nothing else to judge, the check skips.
+    Not applicable
+        A training loader that does not shuffle (a SequentialSampler, ``shuffle=False``) and has no
+        multi-worker ``worker_init_fn``: there is no random order or worker stream to judge.
     """
     setup = find_setup(dlcheck)
     loader, where = _train_loader(dlcheck, setup)
     if loader is MISSING or not hasattr(loader, "__iter__"):
-        dlcheck.skip("missing role: define fixture dlcheck_dataloader (or a training set-up) in conftest.py")
-    judged = False
-    if _shuffles(loader):
+        dlcheck.skip(
+            "missing role: define fixture dlcheck_dataloader"
+            + (" (or dlcheck_datamodule)" if setup is not None and setup.kind == "lightning" else "")
+            + " in conftest.py"
+        )
+    judged: list[str] = []
+    unjudged: list[str] = []
+    if _iterable(loader):
+        unjudged.append(
+            f"{where} reads {type(getattr(loader, 'dataset', None)).__name__}, an IterableDataset: its order is the "
+            "dataset's own, with no sampler to read it from without loading the data"
+        )
+    elif getattr(loader, "sampler", None) is None and getattr(loader, "batch_sampler", None) is None:
+        unjudged.append(
+            f"{where} is a {type(loader).__name__} without a sampler: its order is its own, not readable without "
+            "loading the data"
+        )
+    elif _shuffles(loader):
         with preserved_rng(), preserved_dataloader(loader):
             orders = [_order(loader, 0)]
             if orders[0] is not None and len(orders[0]) > 1:
@@ -173,7 +201,6 @@ def check_epoch_order(dlcheck):
                     if orders[-1] != orders[0]:
                         break
         if len(orders) > 1 and all(o is not None for o in orders):
-            judged = True
             if all(o == orders[0] for o in orders):
                 sampler = getattr(loader, "batch_sampler", None) or loader.sampler
                 inner = getattr(sampler, "sampler", sampler)
@@ -197,13 +224,27 @@ def check_epoch_order(dlcheck):
                     "seed the shuffle with seed + epoch and give the sampler a set_epoch(epoch) method (or use RandomSampler / "
                     "DistributedSampler, and call sampler.set_epoch(epoch) at the start of each epoch)",
                 )
+            sampler = getattr(loader, "batch_sampler", None) or loader.sampler
+            inner = getattr(sampler, "sampler", sampler)
+            kind = "batches" if isinstance(orders[0][0], tuple) else "indices"
+            judged.append(
+                f"{where}: its {type(inner).__name__} gives epoch {len(orders) - 1} an order other than epoch 0's "
+                f"(first {len(orders[0])} {kind} compared)"
+            )
+        elif orders[0] is None:
+            unjudged.append(f"{where}: its sampler's order could not be read")
+        else:
+            unjudged.append(f"{where}: fewer than 2 entries per epoch, no order to compare")
     fn = getattr(loader, "worker_init_fn", None)
     if fn is not None and getattr(loader, "num_workers", 0) > 1:
         with preserved_rng():
             pristine = _pristine()
             states = _worker_states(fn)
-        if states is not None:
-            judged = True
+        if states is None:
+            unjudged.append(
+                f"worker_init_fn ({getattr(fn, '__qualname__', type(fn).__name__)}) needs a real worker: not run"
+            )
+        else:
             if len(set(states)) == 1 and states[0] != pristine:
                 dlcheck.fail(
                     [
@@ -216,5 +257,22 @@ def check_epoch_order(dlcheck):
                     "derive the seed from torch's per-worker seed: numpy.random.seed(torch.initial_seed() % 2**32); "
                     "random.seed(torch.initial_seed()) — or drop worker_init_fn (torch seeds each worker)",
                 )
-    if not judged:
-        dlcheck.skip(f"{where} does not shuffle and has no multi-worker worker_init_fn: nothing to judge")
+            judged.append(
+                f"num_workers={loader.num_workers}: worker_init_fn "
+                f"({getattr(fn, '__qualname__', type(fn).__name__)}) leaves "
+                + (
+                    "python's and numpy's random state alone (torch seeds each worker differently)"
+                    if states[0] == pristine and len(set(states)) == 1
+                    else f"{len(set(states))} distinct python/numpy random states in workers 0, 1 and the next "
+                    "epoch's worker 0"
+                )
+            )
+    if judged:
+        dlcheck.measured(*judged, *(f"not judged: {u}" for u in unjudged), judged=len(judged))
+        return
+    if unjudged:
+        dlcheck.skip("; ".join(unjudged))
+    dlcheck.not_applicable(
+        f"{where} does not shuffle ({type(getattr(loader, 'sampler', None)).__name__}) and has no multi-worker "
+        "worker_init_fn: no random order or worker stream to judge"
+    )

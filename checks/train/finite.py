@@ -64,6 +64,10 @@ def check_finite(dlcheck):
         Sees only what a module returns (an overflow inside a module shows in its output). Runs in the
         model's own dtype: a mixed-precision autocast set up by a trainer is exercised by the smoke run
         (S1), not here.
+    Not applicable
+        A model given as dlcheck_model whose forward needs fields the batches lack (a denoiser that your
+        loss calls): it is not called on the batch (give dlcheck_make_training + dlcheck_compute_loss and T5
+        runs your loss). Every other trained model: its loss, activations and gradients must be finite.
     """
     fresh, batches, _ = probe(dlcheck)
     model = fresh.model
@@ -82,6 +86,9 @@ def check_finite(dlcheck):
                 )
     names = {m: n for n, m in model.named_modules()}
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    fields = sum(len(_float_fields(b)) for b in batches)
+    losses: list[float] = []
+    checked_grads, outputs = 0, 0
     for bi, batch in enumerate(batches[:MAX_BATCHES]):
         first: list[tuple[str, Any, Any, torch.Tensor]] = []
         last_finite: list[str] = []
@@ -165,6 +172,9 @@ def check_finite(dlcheck):
                 "use F.cross_entropy/log_softmax rather than log(softmax), make sure every batch has supervised targets, add eps to divisions",
             )
         bad = [n for (n, _), g in zip(trainable, grads) if g is not None and not torch.isfinite(g).all()]
+        losses.append(float(loss.detach()))
+        checked_grads = max(checked_grads, sum(g is not None for g in grads))
+        outputs = max(outputs, len(last_finite))
         if bad:
             dlcheck.fail(
                 [
@@ -174,3 +184,17 @@ def check_finite(dlcheck):
                 "the backward pass overflows (float16 gradients beyond 65504, or the derivative of sqrt/log at 0)",
                 "train with a GradScaler (torch.amp.GradScaler) or in bfloat16, and add eps inside sqrt/log/norm",
             )
+    dlcheck.measured(
+        f"{len(batches)} sampled batch(es): "
+        + (f"{fields} float field(s) finite" if fields else "no float field (token ids)")
+        + f"; on {len(losses)} batch(es) in train mode, every module output finite ({outputs} outputs), loss "
+        f"{', '.join(f'{v:.4g}' for v in losses)}, "
+        + (
+            f"the gradients of {checked_grads} parameter tensors finite"
+            if checked_grads
+            else "no gradient to check (the loss carries none, or nothing is trainable)"
+        ),
+        batches=len(losses),
+        losses=[round(v, 6) for v in losses],
+        gradients_checked=checked_grads,
+    )

@@ -96,13 +96,17 @@ def check_gradients(dlcheck):
         layers above ``config.vision_feature_layer`` (and the tower's final norm / pooling head) run but
         feed nothing by design; they are exempt (freeze them to save their optimizer state, and set
         DDP's ``find_unused_parameters=True`` if they stay trainable).
+    Not applicable
+        A model with no trainable parameter (everything frozen): nothing is trained. A model given as
+        dlcheck_model whose forward needs fields the batches lack (a denoiser that your loss calls): it is
+        not called on the batch (give dlcheck_make_training + dlcheck_compute_loss and T3 runs your loss).
     """
     fresh, batches, setup = probe(dlcheck)
     model = fresh.model
     batch = batches[0]
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not trainable:
-        dlcheck.skip("the model has no parameter with requires_grad=True")
+        dlcheck.not_applicable(f"{type(model).__name__} has no parameter with requires_grad=True: nothing is trained")
     ran: dict[str, int] = {}  # module name -> when its forward finished (first time)
     names = {m: n for n, m in model.named_modules()}
     handles = [
@@ -120,9 +124,11 @@ def check_gradients(dlcheck):
         for h in handles:
             h.remove()
     ignore = re.compile(dlcheck.setting("ignore")) if dlcheck.setting("ignore") else None
-    orphans = [(n, p) for (n, p), g in zip(trainable, grads) if g is None and not (ignore and ignore.search(n))]
+    gradless = [(n, p) for (n, p), g in zip(trainable, grads) if g is None]
+    orphans = [(n, p) for n, p in gradless if not (ignore and ignore.search(n))]
     by_design = unused_by_design(model)
     orphans = [(n, p) for n, p in orphans if not by_design(n)]
+    exempt = len(gradless) - len(orphans)
     frozen = sum(1 for p in model.parameters() if not p.requires_grad)
     frozen_note = f"; {frozen} parameter tensors are frozen (requires_grad=False) and not judged" if frozen else ""
 
@@ -163,10 +169,23 @@ def check_gradients(dlcheck):
             fix = "remove the detach / no_grad around those modules; to freeze them on purpose, set requires_grad_(False) and leave them out of the optimizer"
         dlcheck.fail(evidence, cause, fix)
 
+    graded_line = (
+        f"all {len(trainable) - exempt} trainable parameter tensors get a gradient from the loss on batch 0 (loss "
+        f"{float(loss.detach()):.4g})"
+        + (f"; {exempt} exempt ({dlcheck.setting('ignore')!r} or unused by design) get none" if exempt else "")
+        + frozen_note
+    )
+    numbers = dict(trainable=len(trainable), with_gradient=len(trainable) - len(gradless), exempt=exempt, frozen=frozen)
     if setup is None:
+        dlcheck.measured(
+            graded_line, "no training set-up gives an optimizer: whether it holds them is not judged", **numbers
+        )
         return
     opt, _ = run_or_skip(dlcheck, fresh.make_optimizer)
     if opt is None:
+        dlcheck.measured(
+            graded_line, f"{setup.describe()} gives no optimizer: whether it holds them is not judged", **numbers
+        )
         return
     held = {}
     for gi, group in enumerate(opt.param_groups):
@@ -182,6 +201,14 @@ def check_gradients(dlcheck):
     model_ids = {id(p) for p in model.parameters()}
     stale = [p for _, _, p in held.values() if id(p) not in model_ids]
     if not outside and not zero_lr:
+        lrs = sorted({float(g.get("initial_lr", g.get("lr", 0.0))) for g in opt.param_groups})
+        dlcheck.measured(
+            graded_line,
+            f"the {type(opt).__name__} holds all {len(graded)} of them in {len(opt.param_groups)} param group(s) with "
+            f"lr {', '.join(f'{v:.3g}' for v in lrs[:4])}",
+            optimizer_groups=len(opt.param_groups),
+            **numbers,
+        )
         return
     evidence = []
     if outside:

@@ -4,15 +4,19 @@ import math
 
 import torch
 
+from ...errors import MISSING
 from ...registry import Setting, check
 from ...training import (
     decode_example,
+    describe_batch,
+    is_preference,
     modes,
     output_tensor,
     probe,
     run_or_skip,
     targets_of,
 )
+from ...training.runs import is_grpo
 
 
 @check(
@@ -60,16 +64,37 @@ def check_initial_loss(dlcheck):
         keep the default initializer_range (0.02) / initialise the output head small (or at zero), and
         average the loss (reduction="mean").
     Known problems
-        Applies to classification and language-model losses (integer targets); a regression, a DPO or
-        a GRPO loss skips. A pretrained model starts below ln(C) and passes; the check does not tell a
-        pretrained start from a leak.
+        Applies to classification and language-model losses (integer targets). A batch whose targets it
+        cannot find (no ``labels``/``label`` field, not an ``(inputs, targets)`` pair) skips. A pretrained
+        model starts below ln(C) and passes; the check does not tell a pretrained start from a leak.
+    Not applicable
+        Losses that are not a cross-entropy over classes: regression (float targets), a model with a
+        single output per example, DPO and other preference losses, GRPO. A model given as dlcheck_model
+        whose forward needs fields the batches lack (a denoiser that your loss calls): it is not called on
+        the batch.
     """
+    trainer = dlcheck.role("trainer")
+    if trainer is not MISSING and (is_preference(trainer) or is_grpo(trainer)):
+        dlcheck.not_applicable(
+            f"{type(trainer).__name__}'s loss is "
+            + (
+                "a sigmoid of policy/reference log-ratio margins"
+                if is_preference(trainer)
+                else "a policy-gradient objective on generated completions"
+            )
+            + ", not a cross-entropy over classes: ln(classes) does not apply"
+        )
     fresh, batches, _ = probe(dlcheck)
     batch = batches[0]
     targets = targets_of(batch)
-    if not isinstance(targets, torch.Tensor) or targets.is_floating_point():
+    if isinstance(targets, torch.Tensor) and targets.is_floating_point():
+        dlcheck.not_applicable(
+            f"the targets are floats ({describe_batch(targets)}): a regression loss, not a cross-entropy over classes"
+        )
+    if not isinstance(targets, torch.Tensor):
         dlcheck.skip(
-            "the batch carries no integer targets/labels (a regression, DPO or GRPO loss): ln(classes) does not apply"
+            f"cannot find integer targets in the batch ({describe_batch(batch)}): no labels/label field, not an "
+            "(inputs, targets) pair"
         )
     model = fresh.model
     with modes(model, train=False), torch.no_grad():
@@ -83,17 +108,25 @@ def check_initial_loss(dlcheck):
     if not isinstance(classes, int):
         if logits is None or logits.dim() < 2:
             dlcheck.skip(
-                "cannot tell the number of classes from the model's output: define fixture dlcheck_num_classes"
+                "missing role: define fixture dlcheck_num_classes in conftest.py: the model's output does not tell "
+                "the number of classes"
             )
         classes = int(logits.shape[-1])
     if classes < 2:
-        dlcheck.skip(f"the model outputs {classes} value per example: not a classification over classes")
+        dlcheck.not_applicable(f"the model outputs {classes} value per example: not a classification over classes")
     value = float(loss)
     if not math.isfinite(value):
         dlcheck.skip(f"the initial loss is {value}: T5 owns non-finite values")
     ln_c = math.log(classes)
     ratio = value / ln_c
     if ratio <= dlcheck.setting("max_ratio") or value - ln_c <= dlcheck.setting("min_excess"):
+        dlcheck.measured(
+            f"initial loss {value:.4g} on batch 0 = {ratio:.2f} x ln({classes}) = {ln_c:.3f} (fails above "
+            f"{dlcheck.setting('max_ratio')} x and {dlcheck.setting('min_excess')} nats over ln({classes}))",
+            initial_loss=round(value, 6),
+            classes=classes,
+            ratio=round(ratio, 4),
+        )
         return
 
     evidence = [

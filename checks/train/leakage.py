@@ -1,14 +1,17 @@
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ...errors import MISSING
+from ...guard import preserved_dataloader, preserved_rng
 from ...registry import Setting, check
-from ...training import describe_batch
+from ...training import batch_len, describe_batch
 
 #: fields that are targets or derived from the inputs, not content
 NOT_CONTENT = {
@@ -27,11 +30,22 @@ NOT_CONTENT = {
 
 
 def _bytes(value: Any) -> bytes:
+    """Bytes that identify a value. Integer sequences (token ids) hash alike whether they come as a list, a
+    numpy array or a tensor row of any integer dtype: a dataset's rows and a collated batch's rows match."""
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().contiguous().numpy().tobytes() + str(value.dtype).encode()
+        value = value.detach().cpu()
+        if not value.is_floating_point() and not value.is_complex() and value.dtype != torch.bool:
+            return b"i" + value.to(torch.int64).contiguous().numpy().tobytes()
+        return value.contiguous().numpy().tobytes() + str(value.dtype).encode()
     if hasattr(value, "tobytes"):
+        kind = getattr(getattr(value, "dtype", None), "kind", "")
+        if kind in ("i", "u"):
+            return b"i" + value.astype("int64").tobytes()
         return value.tobytes()
     if isinstance(value, (list, tuple)):
+        if value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            with contextlib.suppress(OverflowError, RuntimeError, ValueError):  # beyond int64: as written below
+                return b"i" + torch.tensor(value, dtype=torch.int64).numpy().tobytes()
         return b"[" + b",".join(_bytes(v) for v in value) + b"]"
     if isinstance(value, Mapping):
         return b"{" + b",".join(k.encode() + b":" + _bytes(v) for k, v in sorted(value.items())) + b"}"
@@ -69,15 +83,98 @@ def _examples(dataset: Any, limit: int) -> tuple[list[Any] | None, bool]:
     return [dataset[i] for i in range(take)], take < n
 
 
-def _source(dlcheck, split: str) -> tuple[Any, str]:
+def _sized(data: Any) -> bool:
+    try:
+        len(data)
+    except TypeError:
+        return False
+    return hasattr(data, "__getitem__")
+
+
+@dataclass
+class Split:
+    """Where one split's examples come from: a dataset with a length (read by index), or what can only be
+    iterated (an IterableDataset, a loader without ``.dataset``, a generator-backed loader)."""
+
+    dataset: Any  # a dataset with a length and __getitem__, or MISSING
+    dataset_name: str
+    iterable: Any  # an iterable dataset, or MISSING
+    iterable_name: str
+    loader: Any  # the dataloader, or MISSING
+    loader_name: str
+
+    @property
+    def given(self) -> bool:
+        return any(v is not MISSING for v in (self.dataset, self.iterable, self.loader))
+
+
+def _split(dlcheck, split: str) -> Split:
     ds_role, dl_role = ("dataset", "dataloader") if split == "train" else ("eval_dataset", "eval_dataloader")
-    ds = dlcheck.role(ds_role)
-    if ds is not MISSING:
-        return ds, f"dlcheck_{ds_role}"
-    dl = dlcheck.role(dl_role)
-    if dl is not MISSING and getattr(dl, "dataset", None) is not None:
-        return dl.dataset, f"dlcheck_{dl_role}.dataset"
-    return MISSING, ""
+    ds, dl = dlcheck.role(ds_role), dlcheck.role(dl_role)
+    dataset, dataset_name, iterable, iterable_name = MISSING, "", MISSING, ""
+    for candidate, name in ((ds, f"dlcheck_{ds_role}"), (getattr(dl, "dataset", None), f"dlcheck_{dl_role}.dataset")):
+        if candidate is None or candidate is MISSING:
+            continue
+        if _sized(candidate):
+            dataset, dataset_name = candidate, name
+            break
+        if iterable is MISSING:
+            iterable, iterable_name = candidate, name
+    return Split(dataset, dataset_name, iterable, iterable_name, dl, f"dlcheck_{dl_role}")
+
+
+def _one_shot(obj: Any) -> bool:
+    """An iterator (a generator object): reading it consumes the user's data."""
+    return hasattr(obj, "__next__") and iter(obj) is obj
+
+
+def unbatch(batch: Any) -> list[Any]:
+    """The examples of a collated batch: one mapping / (inputs, targets) / tensor per row; token ids with an
+    attention mask keep only their attended positions (padding depends on the batch)."""
+    n = batch_len(batch)
+    if n is None:
+        return [batch]
+    if isinstance(batch, torch.Tensor):
+        return list(batch)
+    if isinstance(batch, Mapping):
+        rows = []
+        mask = batch.get("attention_mask")
+        for i in range(n):
+            row = {
+                k: v[i]
+                for k, v in batch.items()
+                if (isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n)
+                or (isinstance(v, (list, tuple)) and len(v) == n)
+            }
+            ids = row.get("input_ids")
+            if (
+                isinstance(ids, torch.Tensor)
+                and isinstance(mask, torch.Tensor)
+                and mask.shape == batch["input_ids"].shape
+            ):
+                row["input_ids"] = ids[mask[i].bool()]
+            rows.append(row)
+        return rows
+    if isinstance(batch, (list, tuple)):
+        if batch and isinstance(batch[0], torch.Tensor):
+            return [
+                tuple(v[i] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n else v for v in batch)
+                for i in range(n)
+            ]
+        return list(batch)  # collate_fn=lambda rows: rows: the examples themselves
+    return [batch]
+
+
+def _iterated(data: Any, limit: int, batched: bool) -> tuple[list[Any], bool]:
+    """Up to ``limit`` examples from one pass over an iterable dataset, or over a loader's batches split into
+    examples; (examples, truncated). The loader's generators, epoch counters and the global RNGs are put back."""
+    out: list[Any] = []
+    with preserved_rng(), preserved_dataloader(data) if batched else contextlib.nullcontext():
+        for item in data:
+            out.extend(unbatch(item) if batched else [item])
+            if len(out) > limit:
+                return out[:limit], True
+    return out, False
 
 
 @check(
@@ -94,6 +191,12 @@ def _source(dlcheck, split: str) -> tuple[Any, str]:
             "every shared example inflates the eval metric (deduplicate natural duplicates, or raise it)",
         ),
         Setting("max_examples", 50000, "examples hashed per split (the first ones); bounds the cost on large datasets"),
+        Setting(
+            "max_drawn",
+            2048,
+            "examples drawn per split from data without a length (an IterableDataset, a loader without "
+            ".dataset); drawing runs the loader's whole pipeline, so fewer than max_examples",
+        ),
     ),
 )
 def check_train_eval_leakage(dlcheck):
@@ -116,31 +219,77 @@ def check_train_eval_leakage(dlcheck):
         examples, or a held-out file.
     Known problems
         Exact duplicates only (after the dataset's own transforms: random augmentations hide duplicates).
-        Reads at most ``max_examples`` per split.
+        Reads at most ``max_examples`` per split. Data without a length (an IterableDataset, a loader
+        without ``.dataset``) is read by iterating it once, at most ``max_drawn`` examples per split; when
+        either split has to be read that way and both have dataloaders, both splits are drawn from their
+        loaders, so that both are compared as the same collator makes them (padding dropped). A one-shot
+        iterator (a generator object) is never read: it would consume your data.
+    Not applicable
+        None: any pipeline with eval data can leak it into training.
     """
-    train, train_src = _source(dlcheck, "train")
-    ev, eval_src = _source(dlcheck, "eval")
-    if train is MISSING or ev is MISSING:
-        dlcheck.skip(
-            "missing role: define fixtures dlcheck_dataset and dlcheck_eval_dataset (or the dataloaders, or a "
-            "Trainer with an eval_dataset) in conftest.py"
+    train, ev = _split(dlcheck, "train"), _split(dlcheck, "eval")
+    lacking = [
+        hint
+        for side, hint in (
+            (train, "dlcheck_dataset or dlcheck_dataloader"),
+            (ev, "dlcheck_eval_dataset or dlcheck_eval_dataloader (or a Trainer with an eval_dataset)"),
         )
-    if train is ev:
-        dlcheck.fail(
-            [f"{eval_src} is the very object of {train_src}"],
-            "the model is evaluated on its training data",
-            "hold out an eval split: dataset.train_test_split(test_size=0.1, seed=0)",
-        )
-    limit = dlcheck.setting("max_examples")
-    train_rows, train_cut = dlcheck.memo(train, f"t8:rows:{limit}", lambda: _examples(train, limit))
-    eval_rows, eval_cut = dlcheck.memo(ev, f"t8:rows:{limit}", lambda: _examples(ev, limit))
-    if train_rows is None or eval_rows is None:
-        dlcheck.skip("the data is iterable without a length: cannot be hashed in bounded time")
+        if not side.given
+    ]
+    if lacking:
+        dlcheck.skip(f"missing role: define fixture {'; '.join(lacking)} in conftest.py")
+    for a, b, a_name, b_name in (
+        (train.dataset, ev.dataset, train.dataset_name, ev.dataset_name),
+        (train.iterable, ev.iterable, train.iterable_name, ev.iterable_name),
+        (train.loader, ev.loader, train.loader_name, ev.loader_name),
+    ):
+        if a is not MISSING and a is b:
+            dlcheck.fail(
+                [f"{b_name} is the very object of {a_name}"],
+                "the model is evaluated on its training data",
+                "hold out an eval split: dataset.train_test_split(test_size=0.1, seed=0)",
+            )
+    both_sized = train.dataset is not MISSING and ev.dataset is not MISSING
+    both_loaders = train.loader is not MISSING and ev.loader is not MISSING
+    limit, drawn = dlcheck.setting("max_examples"), dlcheck.setting("max_drawn")
+
+    def read(side: Split, from_loader: bool) -> tuple[list[Any], bool, str]:
+        if not from_loader and side.dataset is not MISSING:
+            rows, cut = dlcheck.memo(side.dataset, f"t8:rows:{limit}", lambda: _examples(side.dataset, limit))
+            return rows, cut, side.dataset_name
+        if not from_loader and side.iterable is not MISSING:
+            source, name, batched = side.iterable, side.iterable_name, False
+        else:
+            source, name, batched = side.loader, side.loader_name, True
+        if _one_shot(source):
+            dlcheck.skip(
+                f"{name} is a one-shot iterator ({type(source).__name__}): reading it would consume your data; "
+                "return a re-iterable loader (a DataLoader, or an object whose __iter__ starts over) to compare "
+                "the splits"
+            )
+        rows, cut = dlcheck.memo(source, f"t8:drawn:{drawn}:{batched}", lambda: _iterated(source, drawn, batched))
+        how = "batches split into examples, padding dropped" if batched else "iterated once"
+        return rows, cut, f"{name} ({len(rows)} examples drawn: {how})"
+
+    from_loaders = not both_sized and both_loaders
+    train_rows, train_cut, train_src = read(train, from_loaders)
+    eval_rows, eval_cut, eval_src = read(ev, from_loaders)
+    if not eval_rows:
+        dlcheck.skip(f"{eval_src} holds no example")
     seen: dict[str, int] = {}
     for i, row in enumerate(train_rows):
         seen.setdefault(fingerprint(row), i)
     shared = [(j, seen[h]) for j, row in enumerate(eval_rows) if (h := fingerprint(row)) in seen]
-    if not eval_rows or len(shared) / len(eval_rows) <= dlcheck.setting("max_shared_share"):
+    if len(shared) / len(eval_rows) <= dlcheck.setting("max_shared_share"):
+        cut = " (the first examples only)" if train_cut or eval_cut else ""
+        dlcheck.measured(
+            f"{len(shared)} of {len(eval_rows)} eval examples ({eval_src}) are among the {len(train_rows)} training "
+            f"examples ({train_src}){cut}, by the content of their inputs (targets ignored); "
+            f"{dlcheck.setting('max_shared_share'):.0%} allowed",
+            eval_examples=len(eval_rows),
+            train_examples=len(train_rows),
+            shared=len(shared),
+        )
         return
     j, i = shared[0]
     tok = dlcheck.role("tokenizer")
@@ -156,7 +305,7 @@ def check_train_eval_leakage(dlcheck):
         shown = f"{describe_batch(shown)} [{values}{', …' if shown.numel() > 6 else ''}]"
     else:
         shown = describe_batch(shown) if isinstance(shown, (torch.Tensor, Mapping)) else repr(shown)[:120]
-    cut = " (first examples only: raise T8.max_examples to read more)" if train_cut or eval_cut else ""
+    cut = " (first examples only: raise T8.max_examples / T8.max_drawn to read more)" if train_cut or eval_cut else ""
     pairs = ", ".join(f"eval #{a} = train #{b}" for a, b in shared[:5])
     evidence = [
         f"{len(shared)} of {len(eval_rows)} eval examples ({len(shared) / len(eval_rows):.0%}) are also in the "

@@ -63,9 +63,12 @@ def check_lr_schedule(dlcheck):
     Known problems
         A scheduler stepped per epoch in your own epoch loop is not seen by the short run (it is not
         reported). ReduceLROnPlateau is not judged.
+    Not applicable
+        None among runs that take optimizer steps: each has a learning rate to follow.
     """
     setup = get_setup(dlcheck)
     evidence, cause, fix = [], "", ""
+    judged: list[str] = []
     if setup.kind == "trainer":
         sched = _trainer_schedule(setup.trainer)
         if sched is not None:
@@ -90,6 +93,10 @@ def check_lr_schedule(dlcheck):
                     "epochs x ratio), or use warmup_ratio"
                 )
                 dlcheck.fail(evidence, cause, fix)
+            judged.append(
+                f"the Trainer's warmup of {warmup} optimizer steps fits in its run of {total} optimizer steps"
+                + (f" (gradient_accumulation_steps={accum})" if accum > 1 else "")
+            )
     run = smoke_run(dlcheck)
     traj = run.trajectory
     opt_steps, sched_steps = traj.calls.count("opt"), traj.calls.count("sched")
@@ -110,6 +117,11 @@ def check_lr_schedule(dlcheck):
             )
             fix = "call lr_scheduler.step() right after optimizer.step(), inside the gradient-accumulation branch"
             dlcheck.fail(evidence, cause, fix)
+        judged.append(
+            f"in {len(traj.steps)} micro-batches of your step: optimizer.step() ran {opt_steps} times, "
+            f"lr_scheduler.step() {sched_steps} times ({ratio:.2g} per optimizer step; more than "
+            f"{dlcheck.setting('max_sched_per_opt'):g} counts micro-batches)"
+        )
     if lrs and all(v == 0 for v in lrs):
         evidence = [
             f"the learning rate is 0 at all {len(lrs)} optimizer steps of the smoke run",
@@ -125,3 +137,14 @@ def check_lr_schedule(dlcheck):
         dlcheck.fail(evidence, cause, fix)
     if not lrs:
         dlcheck.skip("the smoke run recorded no learning rate (no optimizer step was seen)")
+    shown = ", ".join(f"{v:.3g}" for v in lrs[:4]) + (f", …, {lrs[-1]:.3g}" if len(lrs) > 4 else "")
+    dlcheck.measured(
+        f"smoke run of {run.steps} steps: the learning rate at its {len(lrs)} optimizer steps is {shown} "
+        f"(not 0 throughout; scheduler: {type(scheduler).__name__ if scheduler is not None else 'none seen'})",
+        *judged,
+        optimizer_steps=opt_steps if opt_steps else len(lrs),
+        scheduler_steps=sched_steps,
+        first_lr=lrs[0],
+        last_lr=lrs[-1],
+        max_lr=max(lrs),
+    )

@@ -4,6 +4,7 @@ import math
 
 import torch
 
+from ...errors import MISSING
 from ...registry import Setting, check
 from ...training import (
     ModuleSnapshot,
@@ -15,6 +16,7 @@ from ...training import (
     probe,
     run_or_skip,
 )
+from ...training.runs import is_grpo
 
 LR_MULTIPLIERS = (1, 10, 100)
 
@@ -62,9 +64,18 @@ def check_overfit_batch(dlcheck):
         computed from the model's output with gradients, against the right targets.
     Known problems
         Needs a training set-up (dlcheck_trainer, dlcheck_lightning_module, or dlcheck_make_training).
-        GRPO skips (its loss needs generated completions). Models with heavy regularisation (large weight
-        decay, strong dropout in train mode) may need more steps: raise ``T2.steps``.
+        Models with heavy regularisation (large weight decay, strong dropout in train mode) may need more
+        steps: raise ``T2.steps``.
+    Not applicable
+        GRPO: its loss is computed on completions generated inside each step, so there is no fixed batch
+        to memorise.
     """
+    trainer = dlcheck.role("trainer")
+    if trainer is not MISSING and is_grpo(trainer):
+        dlcheck.not_applicable(
+            f"{type(trainer).__name__}'s loss is computed on completions it generates inside each step: there is no "
+            "fixed batch to memorise"
+        )
     setup = get_setup(dlcheck)
     fresh, batches, _ = probe(dlcheck)
     batch = batches[0]
@@ -103,6 +114,17 @@ def check_overfit_batch(dlcheck):
             last = eval_loss()
             attempts.append((mult, lr, last))
             if math.isfinite(last) and last <= target:
+                before = "; ".join(f"lr {a_lr:.3g} ({a_mult}x): {a_last:.4g}" for a_mult, a_lr, a_last in attempts[:-1])
+                dlcheck.measured(
+                    f"batch 0 loss {first:.4g} -> {last:.4g} after {steps} steps on that batch alone at lr {lr:.3g} "
+                    f"({mult}x your base LR): {1 - last / first:.0%} less, {dlcheck.setting('min_reduction'):.0%} needed"
+                    + (f" (lower learning rates reached: {before})" if before else ""),
+                    first_loss=round(first, 6),
+                    last_loss=round(last, 6),
+                    lr=lr,
+                    lr_multiplier=mult,
+                    steps=steps,
+                )
                 return
     finally:
         start.restore(model)

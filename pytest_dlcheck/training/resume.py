@@ -110,19 +110,22 @@ WRAPPERS = {
 
 
 def unwrapped_keys(model: Any) -> set[str]:
-    """The model's state-dict keys as the unwrapped model has them (no torch.compile / DDP segments)."""
+    """The model's state-dict keys as the unwrapped model has them (no torch.compile / DDP segments): a
+    wrapper at ``net`` turns ``net._orig_mod.0.weight`` back into ``net.0.weight``."""
     keys = set(model.state_dict().keys())
-    segments = []
+    segments = []  # (the wrapped path, what it is unwrapped)
     for name, mod in model.named_modules():
         attr = WRAPPERS.get(type(mod).__name__)
         if attr:
-            segments.append(f"{name}.{attr}." if name else f"{attr}.")
+            segments.append((f"{name}.{attr}.", f"{name}.") if name else (f"{attr}.", ""))
     out = set()
     for key in keys:
-        for seg in segments:
-            if seg in key and (key.startswith(seg) or f".{seg}" in key):
-                head, _, tail = key.partition(seg)
-                key = head + tail
+        for seg, plain in segments:
+            if key.startswith(seg):
+                key = plain + key[len(seg) :]
+            elif f".{seg}" in key:
+                head, _, tail = key.partition(f".{seg}")
+                key = f"{head}.{plain}{tail}"
         out.add(key)
     return out
 

@@ -33,7 +33,16 @@ def test_trainer_saving_the_model_only(project):
 
 def test_trainer_default_checkpoints_resume_exactly(project):
     project.conftest(SFT.format(args="save_only_model=False"))
-    project.run("--dlcheck=C1").assert_outcome("C1", "passed")
+    run = project.run("--dlcheck=C1", "-rA")
+    run.fnmatch(["*::C1_resume PASSED (4 steps, saved after step 2 through the Trainer's checkpoint-2 dire*"])
+    run.fnmatch(
+        [
+            "4 steps, saved after step 2 through the Trainer's checkpoint-2 directory and "
+            "train(resume_from_checkpoint=...), resumed on fresh objects: the losses, learning rates, weights of steps "
+            "3-4 equal the uninterrupted run's, bitwise",
+            "resumed losses: step 3: *, step 4: *",
+        ]
+    )
 
 
 def test_trainer_ignoring_the_data_position(project):
@@ -68,4 +77,12 @@ def test_plain_loop_that_does_not_save_the_scheduler(project):
 
 def test_plain_loop_saving_everything_passes(project):
     project.conftest(tt.loop_project(extra=LOOP_SAVE.format(save="save_all", load="load_all")))
-    project.run("--dlcheck=C1").assert_outcome("C1", "passed")
+    run = project.run("--dlcheck=C1", "-rA")
+    run.assert_outcome("C1", "passed")
+    run.fnmatch(
+        [
+            "4 steps, saved after step 2 through dlcheck_save_checkpoint / dlcheck_load_checkpoint, resumed on fresh "
+            "objects: the losses, learning rates, weights of steps 3-4 equal the uninterrupted run's, bitwise",
+            "resumed losses: step 3: *, step 4: *",
+        ]
+    )

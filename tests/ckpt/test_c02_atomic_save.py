@@ -33,7 +33,16 @@ def test_torch_save_onto_the_previous_checkpoint(project):
 
 def test_save_to_a_temporary_file_then_rename(project):
     project.conftest(tt.loop_project(extra=SAVE.format(save="save_atomic")))
-    project.run("--dlcheck=C2").assert_outcome("C2", "passed")
+    run = project.run("--dlcheck=C2", "-rA")
+    run.fnmatch(["*::C2_atomic_save PASSED (a save through dlcheck_save_checkpoint was interrupted half way*"])
+    run.fnmatch(
+        [
+            "a save through dlcheck_save_checkpoint was interrupted half way while writing "
+            "dlcheck-atomic0/checkpoint.tmp: the previous checkpoint dlcheck-atomic0/checkpoint still loads "
+            "afterwards, with the previous weights",
+            "file sizes before and after the interrupted save: checkpoint: 10106 -> 10106 bytes",
+        ]
+    )
 
 
 def test_trainer_checkpoint_directories_keep_the_previous_one(project):
@@ -48,4 +57,11 @@ def test_trainer_checkpoint_directories_keep_the_previous_one(project):
         return SFTTrainer(model=tiny.llama(tok), args=tiny.trainer_args(tmp_path_factory.mktemp("o"), SFTConfig),
                           processing_class=tok, train_dataset=Dataset.from_dict({"text": tiny.texts()}))
     """)
-    project.run("--dlcheck=C2").assert_outcome("C2", "passed")
+    run = project.run("--dlcheck=C2", "-rA")
+    run.assert_outcome("C2", "passed")
+    run.fnmatch(
+        [
+            "a save through the Trainer's checkpoint-* directories was interrupted half way while writing "
+            "checkpoint-2/*: the previous checkpoint dlcheck-atomic0/checkpoint-1 still loads afterwards"
+        ]
+    )

@@ -44,7 +44,14 @@ def test_state_dict_of_a_compiled_model(project):
 
 def test_unwrapped_state_dict_of_a_compiled_model_passes(project):
     project.conftest(tt.loop_project(model="torch.compile(tt.MLP())", extra=SAVE.format(save="save_unwrapped")))
-    project.run("--dlcheck=C18").assert_outcome("C18", "passed")
+    run = project.run("--dlcheck=C18", "-rA")
+    run.fnmatch(["*::C18_wrapper_prefix PASSED (the state dict at checkpoint*"])
+    run.fnmatch(
+        [
+            "the state dict at checkpoint['model'] (written by dlcheck_save_checkpoint): 4 of its 4 keys are the "
+            "unwrapped MLP's own keys, none carries a module. / _orig_mod. wrapper segment"
+        ]
+    )
 
 
 def test_state_dict_of_a_ddp_wrapped_model(project):
@@ -67,4 +74,9 @@ def test_unwrapped_state_dict_of_a_ddp_model_passes(project):
             model="torch.nn.parallel.DistributedDataParallel(tt.MLP())", extra=DDP + SAVE.format(save="save_unwrapped")
         )
     )
-    project.run("--dlcheck=C18").assert_outcome("C18", "passed")
+    run = project.run("--dlcheck=C18", "-rA")
+    run.assert_outcome("C18", "passed")
+    assert (
+        "the state dict at checkpoint['model'] (written by dlcheck_save_checkpoint): 4 of its 4 keys are the "
+        "unwrapped MLP's own keys, none carries a module. / _orig_mod. wrapper segment"
+    ) in run.text.splitlines()

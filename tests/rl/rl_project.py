@@ -43,6 +43,14 @@ class MultiRun:
         assert (d, cid) in self.sections, f"{d}: no failure section for {cid}:\n{self.text}"
         return self.sections[(d, cid)]
 
+    def passed(self, d: str, cid: str) -> str:
+        """The first line of what a passing check measured, as ``-v`` shows it beside PASSED (its first 69
+        characters, then "…")."""
+        self.assert_outcome(d, cid, "passed")
+        m = re.search(rf"^{re.escape(d)}/conftest\.py::{cid}_\w+ PASSED \((.*)\)(?:\s+\[\s*\d+%\])?$", self.text, re.M)
+        assert m, f"{d}: {cid} passed without evidence:\n{self.text}"
+        return m.group(1)
+
     def flat(self, d: str, cid: str) -> str:
         """The failure section with its line wrapping undone (whitespace runs become one space)."""
         return flat(self.section(d, cid))

@@ -16,6 +16,19 @@ HACKED = [
     {"step": 7, "reward": 0.93, "kl": 1.10, "completions/mean_length": 2.9},
 ]
 
+SFT = """
+    import pytest, tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        data = Dataset.from_dict({"prompt": tiny.PROMPTS, "completion": tiny.COMPLETIONS})
+        args = tiny.trainer_args(tmp_path_factory.mktemp("sft"), SFTConfig)
+        return SFTTrainer(model=tiny.llama(tok), args=args, processing_class=tok, train_dataset=data)
+"""
+
 LOG = """
     import pytest, tiny_rl
 
@@ -34,8 +47,18 @@ def test_reward_hacking_signature_in_a_run_log(project, tmp_path_factory):
                 log=f"list(tiny_rl.grpo_noisy_run_log({str(tmp_path_factory.mktemp('g'))!r}))"
             ),
             "too_short": LOG.format(log=repr(HACKED[:3])),
+            # a log with rewards alone: a jump cannot be told from hacking
+            "reward_only": LOG.format(log=repr([{"step": e["step"], "reward": e["reward"]} for e in HACKED])),
+            # the log_history of a supervised run: nothing R1 reads
+            "sft_log": LOG.format(
+                log=repr(
+                    [{"step": s, "loss": 5.7 - s / 10, "grad_norm": 1.2, "learning_rate": 1e-3} for s in range(1, 8)]
+                )
+            ),
+            "sft_trainer": SFT,
         },
         "--dlcheck=R1,R5",
+        "-rA",
     )
     run.assert_outcome("hacked", "R1", "failed")
     text = run.flat("hacked", "R1")
@@ -46,10 +69,30 @@ def test_reward_hacking_signature_in_a_run_log(project, tmp_path_factory):
     assert "signature of reward hacking" in text and "beta=0.04" in text
 
     # a real 10-step GRPO run at lr 0.05: KL jumps 0 -> 1.95 and the reward moves, but never together
-    run.assert_outcome("real_noisy_run", "R1", "passed")
+    assert run.passed("real_noisy_run", "R1").startswith("10 logged steps of dlcheck_train_log: reward ")
+    run.run.fnmatch(
+        [
+            "10 logged steps of dlcheck_train_log: reward * -> *; largest one-step move * spreads (step *; a jump "
+            "is ±5), none together with a KL spike or a length collapse",
+            "kl: at most *× its median before (step *; a spike is 10×)",
+            "completions/mean_length: at least *× its median before (step *; a collapse is below 0.5×)",
+        ]
+    )
     run.assert_outcome("too_short", "R1", "skipped")
     assert "R1 needs 5" in run.skips["too_short"]
+    run.assert_outcome("reward_only", "R1", "skipped")
+    assert "logs reward but neither a KL nor a completion/episode length" in run.skips["reward_only"]
+    run.assert_outcome("sft_log", "R1", "skipped")
+    assert "not applicable: dlcheck_train_log logs no reward" in run.skips["sft_log"]
+    run.assert_outcome("sft_trainer", "R1", "skipped")
+    assert (
+        "not applicable: dlcheck_trainer is a SFTTrainer: it trains without rewards, so its log has no reward"
+        in run.skips["sft_trainer"]
+    )
     run.assert_outcome("hacked", "R5", "skipped")
+    # R5 reads a critic loss: a GRPO log has none
+    run.assert_outcome("real_noisy_run", "R5", "skipped")
+    assert "not applicable: dlcheck_train_log logs no value loss" in run.skips["real_noisy_run"]
 
 
 def test_information_items(project):

@@ -56,9 +56,24 @@ def test_ppo_minibatch_whitening(project):
             "    return A2C('MlpPolicy', 'CartPole-v1', n_steps=8, device='cpu', seed=0)\n",
         },
         "--dlcheck=R3",
+        "-rA",
     )
-    run.assert_outcome("cleanrl_minibatch", "R3", "passed")
-    run.assert_outcome("sb3_default", "R3", "passed")
+    assert run.passed("cleanrl_minibatch", "R3").startswith("dlcheck_advantage_minibatches: 4 minibatches of 32")
+    assert run.passed("sb3_default", "R3").startswith("PPO.train()'s minibatches of 32 from 256 steps of PPO's")
+    run.run.fnmatch(
+        [
+            "dlcheck_advantage_minibatches: 4 minibatches of 32 advantages, whitened at the level 'minibatch' as the "
+            "recipe says ('minibatch'): minibatch means within ±*, stds 1.000 to 1.000; all 128 together: mean *, "
+            "std 0.988 (tolerance 0.02)",
+        ]
+    )
+    run.run.fnmatch(
+        [
+            "PPO.train()'s minibatches of 32 from 256 steps of PPO's policy on a copy of its env, "
+            "normalize_advantage=True: 8 minibatches of 32 advantages, whitened at the level 'minibatch' as the "
+            "recipe says ('minibatch'): *",
+        ]
+    )
 
     run.assert_outcome("cleanrl_none", "R3", "failed")
     text = run.flat("cleanrl_none", "R3")
@@ -81,7 +96,61 @@ def test_ppo_minibatch_whitening(project):
 
     # A2C's recipe does not whiten: nothing to hold it to
     run.assert_outcome("sb3_a2c", "R3", "skipped")
-    assert "A2C's recipe does not whiten advantages" in run.skips["sb3_a2c"]
+    assert "not applicable: A2C's recipe does not whiten advantages (normalize_advantage=False)" in run.skips["sb3_a2c"]
+
+
+OFF_POLICY = """
+    import pytest
+    from stable_baselines3 import {algo}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_algorithm():
+        return {algo}("MlpPolicy", "{env}", buffer_size=1000, learning_starts=10, device="cpu", seed=0,
+                      policy_kwargs=dict(net_arch=[16]))
+"""
+
+
+def test_off_policy_algorithms_and_supervised_trainers_are_not_applicable(project):
+    """SAC and DQN learn from TD targets, an SFTTrainer from labels: no advantages, no reward groups. R3 says so
+    instead of asking for dlcheck_algorithm, which the user already defined."""
+    run = run_configs(
+        project,
+        {
+            "sac": OFF_POLICY.format(algo="SAC", env="Pendulum-v1"),
+            "dqn": OFF_POLICY.format(algo="DQN", env="CartPole-v1"),
+            "sft": """
+    import pytest, tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        data = Dataset.from_dict({"prompt": tiny.PROMPTS, "completion": tiny.COMPLETIONS})
+        args = tiny.trainer_args(tmp_path_factory.mktemp("sft"), SFTConfig)
+        return SFTTrainer(model=tiny.llama(tok), args=args, processing_class=tok, train_dataset=data)
+""",
+        },
+        "--dlcheck=R3,R7",
+    )
+    for d in ("sac", "dqn", "sft"):
+        run.assert_outcome(d, "R3", "skipped")
+        run.assert_outcome(d, "R7", "skipped")
+        assert "missing role" not in run.skips[d], run.skips[d]
+    assert (
+        "not applicable: SAC is off-policy: it learns from TD targets on its replay buffer, so it has no advantages to "
+        "whiten and no reward groups" in run.skips["sac"]
+    )
+    assert "not applicable: DQN is off-policy" in run.skips["dqn"]
+    assert (
+        "not applicable: SAC is off-policy: it learns from one-step TD targets on its replay buffer, with no GAE or "
+        "returns over rollouts" in run.skips["sac"]
+    )
+    assert (
+        "not applicable: dlcheck_trainer is a SFTTrainer: it trains without rewards, so it has no advantages to "
+        "whiten and no reward groups" in run.skips["sft"]
+    )
+    assert "not applicable: dlcheck_trainer is a SFTTrainer: it has no value function, so no GAE" in run.skips["sft"]
 
 
 def test_grpo_group_normalisation_and_reward_functions(project):
@@ -95,9 +164,23 @@ def test_grpo_group_normalisation_and_reward_functions(project):
             "grpo_prompt_only": GRPO.format(funcs="tiny_rl.reward_brevity, tiny_rl.reward_prompt_length"),
         },
         "--dlcheck=R3",
+        "-rA",
     )
-    run.assert_outcome("trl_formula", "R3", "passed")
-    run.assert_outcome("grpo_ok", "R3", "passed")
+    assert run.passed("trl_formula", "R3").startswith("dlcheck_group_advantages on 100 Hypothesis-generated")
+    run.run.fnmatch(
+        [
+            "dlcheck_group_advantages on 100 Hypothesis-generated batches of reward groups (group sizes 2-6, * flat "
+            "groups among them): finite advantages averaging 0 within every group"
+        ]
+    )
+    assert run.passed("grpo_ok", "R3").startswith("reward_funcs[0] reward_brevity: the rewards of a prompt's")
+    for line in (
+        "reward_funcs[0] reward_brevity: the rewards of a prompt's completions differ on 4 of 4 sampled prompts "
+        "(9 probe completions each; largest within-prompt std 1.47)",
+        "reward_funcs[1] reward_matches_solution: the rewards of a prompt's completions differ on 4 of 4 sampled "
+        "prompts (9 probe completions each; largest within-prompt std 0.314)",
+    ):
+        assert line in run.text.splitlines(), run.text
 
     run.assert_outcome("no_eps", "R3", "failed")
     text = run.flat("no_eps", "R3")
@@ -128,7 +211,7 @@ def test_flat_groups_in_every_logged_step_fail(project):
     )
     run.assert_outcome("flat", "R3", "failed")
     assert "frac_reward_zero_std = [1, 1, 1, 1] over 4 logged steps" in run.section("flat", "R3")
-    run.assert_outcome("some_signal", "R3", "passed")
+    assert run.passed("some_signal", "R3").startswith("dlcheck_train_log: frac_reward_zero_std averages 0.5 over 4")
 
 
 def test_whitening_levels():

@@ -110,9 +110,25 @@ def test_checkpoint_round_trips(project):
             "@pytest.fixture\ndef dlcheck_load_agent():\n    return lambda d: None\n",
         },
         "--dlcheck=R4",
+        "-rA",
     )
-    for ok in ("ppo_correct", "dqn_with_buffer", "gym_kept"):
-        run.assert_outcome(ok, "R4", "passed")
+    assert run.passed("ppo_correct", "R4").startswith("save_agent wrote 2 file(s) (model.zip, vecnormalize.pkl)")
+    lines = run.text.splitlines()
+    assert (
+        "save_agent wrote 2 file(s) (model.zip, vecnormalize.pkl); after load_agent all 6 values are as saved (rtol "
+        "1e-06): obs_rms (mean, var, count 258), ret_rms (mean, var, count 256)"
+    ) in lines, run.text
+    assert (
+        "save_agent wrote 2 file(s) (model.zip, replay_buffer.pkl); after load_agent all 2 values are as saved (rtol "
+        "1e-06): the replay buffer (120 transitions, same content)"
+    ) in lines, run.text
+    # the env took 50 random steps: its count is 50 plus the observations of its resets
+    run.run.fnmatch(
+        [
+            "save_agent wrote 2 file(s) (agent.txt, obs_rms.pkl); after load_agent all 3 values are as saved (rtol "
+            "1e-06): obs_rms (mean, var, count 5?)"
+        ]
+    )
 
     run.assert_outcome("ppo_model_only", "R4", "failed")
     text = run.flat("ppo_model_only", "R4")
@@ -135,6 +151,41 @@ def test_checkpoint_round_trips(project):
     run.assert_outcome("fresh", "R4", "skipped")
     assert "at their initial values" in run.skips["fresh"]
     assert "Traceback" not in run.text
+
+
+def test_pipelines_without_running_statistics(project):
+    """Nothing but the policy to checkpoint: R4 is not applicable (it asks for no save_agent it would not use);
+    a factory whose envs normalise names the fixture that would hand over the live statistics."""
+    run = run_configs(
+        project,
+        {
+            # SB3 PPO on a plain VecEnv, no save/load fixtures given: nothing R4 could round-trip
+            "ppo_plain": "import pytest, tiny_rl\n\n@pytest.fixture\ndef dlcheck_algorithm():\n"
+            "    return tiny_rl.sb3_ppo(normalize=False)\n",
+            # a CleanRL-style loop: raw CartPole envs from a factory, the agent's weights saved by hand
+            "cleanrl": "import pytest, torch, tiny_rl\n\n@pytest.fixture\ndef dlcheck_env():\n    return tiny_rl.make_envs\n\n"
+            "@pytest.fixture\ndef dlcheck_save_agent():\n    return lambda d: torch.save(tiny_rl.shared_agent().state_dict(), "
+            "d / 'agent.pt')\n\n@pytest.fixture\ndef dlcheck_load_agent():\n    return lambda d: torch.load(d / 'agent.pt')\n",
+            "factory_normalised": "import pytest\nimport gymnasium as gym\n\n@pytest.fixture\ndef dlcheck_env():\n"
+            "    return lambda: gym.wrappers.NormalizeObservation(gym.make('CartPole-v1'))\n",
+        },
+        "--dlcheck=R4",
+    )
+    run.assert_outcome("ppo_plain", "R4", "skipped")
+    assert (
+        "not applicable: PPO has no VecNormalize and no replay buffer: its checkpoint is the policy alone, with no "
+        "running statistics to lose" in run.skips["ppo_plain"]
+    )
+    run.assert_outcome("cleanrl", "R4", "skipped")
+    assert (
+        "not applicable: dlcheck_env has no normalising wrapper (NormalizeObservation / NormalizeReward / "
+        "VecNormalize): no running statistics for a checkpoint to lose" in run.skips["cleanrl"]
+    )
+    run.assert_outcome("factory_normalised", "R4", "skipped")
+    assert (
+        "missing role: define fixture dlcheck_normalizer in conftest.py: dlcheck_env is a factory whose env "
+        "normalises (obs_rms), and R4 needs the live statistics your run updated" in run.skips["factory_normalised"]
+    )
 
 
 def test_the_live_statistics_are_left_as_they_were(project):

@@ -48,10 +48,26 @@ def test_hand_written_gae_functions(project):
             "ignores_dones": HAND_GAE.format(name="compute_gae_ignoring_dones"),
             "hard_coded_gamma": HARD_CODED_GAMMA,
             "dones_param": AMBIGUOUS_DONES,
+            "grpo": "import pytest, tiny_rl\n\n@pytest.fixture\ndef dlcheck_trainer(tmp_path_factory):\n"
+            "    return tiny_rl.grpo_trainer(tmp_path_factory.mktemp('g'), [tiny_rl.reward_brevity])\n",
         },
         "--dlcheck=R7",
+        "-rA",
     )
-    run.assert_outcome("correct", "R7", "passed")
+    assert run.passed("correct", "R7").startswith("dlcheck_advantage_fn agrees with the float64 reference GAE on")
+    run.run.fnmatch(
+        [
+            "dlcheck_advantage_fn agrees with the float64 reference GAE on 200 Hypothesis-generated rollouts (1-8 "
+            "steps × 1-2 envs, * terminated and * truncated steps among them) within rtol 0.0001 / atol 0.0001",
+            "gamma 0.99, gae_lambda 0.95, same_step autoreset",
+        ]
+    )
+    # GRPO has no value function: no GAE to check, and no dlcheck_advantage_fn to ask for
+    run.assert_outcome("grpo", "R7", "skipped")
+    assert (
+        "not applicable: dlcheck_trainer is a GRPOTrainer: it has no value function, so no GAE (GRPO's advantages "
+        "are group-normalised rewards, which R3 checks)" in run.skips["grpo"]
+    )
 
     # done = terminated or truncated: the shrunk rollout is one truncated step, the final value dropped
     run.assert_outcome("done_bootstrap", "R7", "failed")
@@ -127,13 +143,15 @@ def test_sb3_rollout_buffers_and_next_step_rollouts(project):
             "next_step_bad": NEXT_STEP_ENV.format(name="compute_gae_ignoring_dones"),
         },
         "--dlcheck=R7",
+        "-rA",
     )
-    run.assert_outcome("sb3_ppo", "R7", "passed")
+    assert run.passed("sb3_ppo", "R7").startswith("PPO's RolloutBuffer.compute_returns_and_advantage agrees with")
+    run.run.fnmatch(["gamma 0.99, gae_lambda 0.95, next_step autoreset"])
     run.assert_outcome("sb3_custom_buffer", "R7", "failed")
     text = run.section("sb3_custom_buffer", "R7")
     assert "PPO's MyBuffer.compute_returns_and_advantage disagrees with the reference GAE" in text
     assert "the episode-end flags are off by one step" in run.flat("sb3_custom_buffer", "R7")
-    run.assert_outcome("next_step_ok", "R7", "passed")
+    assert run.passed("next_step_ok", "R7").startswith("dlcheck_advantage_fn agrees with the float64 reference GAE")
     run.assert_outcome("next_step_bad", "R7", "failed")
     assert "next_step autoreset" in run.section("next_step_bad", "R7")
 

@@ -89,11 +89,30 @@ def test_observation_scales(project):
             "rollout_raw": CLEANRL_ROLLOUT.format(preprocess=""),
             "rollout_normalised": CLEANRL_ROLLOUT.format(preprocess=RUNNING_NORM),
             "discrete": FACTORY.format(make='gym.make("FrozenLake-v1")'),
+            "sb3_discrete": "import pytest\nfrom stable_baselines3 import DQN\n\n@pytest.fixture\ndef dlcheck_algorithm():\n"
+            "    return DQN('MlpPolicy', 'FrozenLake-v1', buffer_size=100, device='cpu', seed=0)\n",
+            "grpo": "import pytest, tiny_rl\n\n@pytest.fixture\ndef dlcheck_trainer(tmp_path_factory):\n"
+            "    return tiny_rl.grpo_trainer(tmp_path_factory.mktemp('g'), [tiny_rl.reward_brevity])\n",
         },
         "--dlcheck=R8",
+        "-rA",
     )
     for ok in ("cartpole_raw", "mountaincar_wrapped", "sb3_vecnormalize", "pixels_scaled", "rollout_normalised"):
         run.assert_outcome(ok, "R8", "passed")
+    assert run.passed("cartpole_raw", "R8").startswith("256 observations of a fresh env from dlcheck_env (CartPole-v1)")
+    # raw CartPole stays within the limits: its largest dimension about 1.5, its scales about 12x apart
+    run.run.fnmatch(
+        [
+            "256 observations of a fresh env from dlcheck_env (CartPole-v1), random actions; 4 dimension(s): largest "
+            "scale (90% of |x|) * at dim * ≤ R8.max_scale 10; dims * and * are *× apart ≤ R8.max_scale_ratio 30",
+        ]
+    )
+    assert run.passed("pixels_scaled", "R8").startswith(
+        "256 observations of a fresh env from dlcheck_env (PointOnScreen)"
+    )
+    assert run.passed("sb3_vecnormalize", "R8").startswith(
+        "256 steps of PPO's policy on a copy of its env; 2 dimension(s)"
+    )
 
     run.assert_outcome("mountaincar_raw", "R8", "failed")
     text = run.flat("mountaincar_raw", "R8")
@@ -118,7 +137,14 @@ def test_observation_scales(project):
     assert "dlcheck_rollout; scale of each of 2 dimension(s)" in text and "× dim 1 > R8.max_scale_ratio" in text
 
     run.assert_outcome("discrete", "R8", "skipped")
-    assert "FrozenLake-v1 has Discrete" in run.skips["discrete"]
+    assert "not applicable: R8 measures Box observation spaces; FrozenLake-v1 has Discrete" in run.skips["discrete"]
+    run.assert_outcome("sb3_discrete", "R8", "skipped")
+    assert "not applicable: R8 measures Box observation spaces; DQN has Discrete" in run.skips["sb3_discrete"]
+    run.assert_outcome("grpo", "R8", "skipped")
+    assert (
+        "not applicable: dlcheck_trainer is a GRPOTrainer: its policy reads token ids, not vector observations"
+        in run.skips["grpo"]
+    )
     assert "Traceback" not in run.text
 
 

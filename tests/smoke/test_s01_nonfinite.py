@@ -38,4 +38,11 @@ def test_float16_weights_with_adam_eps_1e8(project):
 
 def test_float16_weights_with_a_representable_eps_pass(project):
     project.conftest(TEXT.format(dtype="float16", eps=", eps=1e-4"))
-    project.run("--dlcheck=S1").assert_outcome("S1", "passed")
+    run = project.run("--dlcheck=S1", "-rA")
+    run.fnmatch(["*::S1_nonfinite_run PASSED (20-step smoke run: losses * -> * (20 logged), all finite;*"])
+    run.fnmatch(
+        [
+            "20-step smoke run: losses * -> * (20 logged), all finite; gradient norm ≤ * at 20 steps, all finite; "
+            "weights finite after 20 optimizer steps"
+        ]
+    )

@@ -26,6 +26,46 @@ def test_a_diverging_learning_rate(project):
 
 def test_a_sane_learning_rate(project):
     project.conftest(project_with_lr("0.05"))
-    run = project.run("--dlcheck=S1,S2,S3")
+    run = project.run("--dlcheck=S1,S2,S3", "-rA")
     for cid in ("S1", "S2", "S3"):
         run.assert_outcome(cid, "passed")
+    run.fnmatch(
+        [
+            "20-step smoke run: losses * -> *; the highest loss against the mean of the 5 steps before it is * x "
+            "(step *; a spike is 3.0 x)"
+        ]
+    )
+    run.fnmatch(
+        [
+            "20-step smoke run: gradient norms * -> *, at most * = * x the median * of steps 1-3 (step *; an "
+            "explosion is 10.0 x)"
+        ]
+    )
+
+
+REINFORCE = """
+    @pytest.fixture(scope="session")
+    def dlcheck_compute_loss():
+        def loss(model, batch):
+            # REINFORCE on the blobs: sample a class, reward 1 when it is right, baseline the batch mean
+            x, y = batch
+            logp = torch.log_softmax(model(x), -1)
+            action = torch.multinomial(logp.exp().detach(), 1, generator=torch.Generator().manual_seed(0)).squeeze(1)
+            reward = (action == y).float()
+            return -(logp.gather(1, action[:, None]).squeeze(1) * (reward - reward.mean())).mean()
+        return loss
+"""
+
+
+def test_a_policy_gradient_loss_is_not_judged_by_spikes(project):
+    """A REINFORCE loss is centred on 0 and negative half the time: a spike as a multiple of its running mean
+    means nothing, and S2 says so instead of passing or failing."""
+    project.conftest(project_with_lr("0.05") + REINFORCE)
+    run = project.run("--dlcheck=S2")
+    run.assert_outcome("S2", "skipped")
+    run.fnmatch(
+        [
+            "*not applicable: the loss takes negative values (step *: -*; a policy-gradient objective such as "
+            "GRPO's): a spike as a multiple of its running mean means nothing*"
+        ]
+    )

@@ -35,4 +35,42 @@ def test_reference_sharing_the_policys_parameters(project):
 
 def test_independent_reference_leaves_ln2(project):
     project.conftest(DPO.format(copy="deepcopy"))
-    project.run("--dlcheck=S4", "--dlcheck-set=S1.steps=6").assert_outcome("S4", "passed")
+    run = project.run("--dlcheck=S4", "--dlcheck-set=S1.steps=6", "-rA")
+    run.fnmatch(["*::S4_preference_pinned PASSED (6-step DPO smoke run: loss 0.69315 -> *"])
+    run.fnmatch(
+        [
+            "6-step DPO smoke run: loss 0.69315 -> *; it leaves ln 2 = 0.6931 by more than 0.001 at step 2 (*), and "
+            "at * of 6 steps"
+        ]
+    )
+
+
+SFT = """
+    import pytest, tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        data = Dataset.from_dict({"prompt": tiny.PROMPTS, "completion": tiny.COMPLETIONS})
+        return SFTTrainer(model=tiny.llama(tok), args=tiny.trainer_args(tmp_path_factory.mktemp("o"), SFTConfig),
+                          processing_class=tok, train_dataset=data)
+"""
+
+
+def test_other_kinds_of_training_are_not_applicable(project):
+    """S4 concerns the DPO loss: an SFTTrainer or a plain loop says so, with no smoke run spent on it."""
+    project.conftest(SFT)
+    run = project.run("--dlcheck=S4")
+    run.assert_outcome("S4", "skipped")
+    run.fnmatch(
+        [
+            "*not applicable: dlcheck_trainer is a SFTTrainer, not a preference trainer (DPOTrainer): its loss has no "
+            "reason to start at ln 2*"
+        ]
+    )
+    project.conftest(tt.loop_project())
+    run = project.run("--dlcheck=S4")
+    run.assert_outcome("S4", "skipped")
+    run.fnmatch(["*not applicable: the training is given as dlcheck_make_training: S4 judges TRL's preference*"])

@@ -1,6 +1,8 @@
 """Clean training set-ups of the three kinds of users pass every check of train, ckpt and smoke (a check
 that does not apply skips, saying why); none fails."""
 
+import re
+
 import pytest
 import tiny_lightning as tl
 import tiny_train as tt
@@ -101,3 +103,10 @@ def test_clean_project_fails_no_check(project, kind):
     assert not failed, run.text
     ran = {cid for cid, outs in run.outcomes.items() if "passed" in outs}
     assert RAN.get(kind, {"T3", "T5", "C1", "C18", "S1"}) <= ran, run.text
+    # every pass says what it measured (-v shows it beside PASSED)
+    passes = [line for line in run.text.splitlines() if re.search(r"::[A-Z]+\d+_\w+ PASSED", line)]
+    assert passes and all(" PASSED (" in line for line in passes), run.text
+    if kind == "grpo-trainer":  # no classes, no fixed batch, no DPO loss: said as such
+        for cid in ("T1", "T2", "S4"):
+            run.assert_outcome(cid, "skipped")
+        assert "not applicable: GRPOTrainer's loss is computed on completions it generates inside each step" in run.text

@@ -27,8 +27,9 @@ def test_huge_initializer_range_starts_confidently_wrong(project):
 
 def test_default_initialisation_passes(project):
     project.conftest(SFT.format(init=""))
-    run = project.run("--dlcheck=T1")
-    run.assert_outcome("T1", "passed")
+    run = project.run("--dlcheck=T1", "-rA")
+    run.fnmatch(["*::T1_initial_loss PASSED (initial loss * on batch 0 = 1.0* x ln(300) = 5.704*"])
+    run.fnmatch(["initial loss * on batch 0 = 1.0? x ln(300) = 5.704 (fails above 1.5 x and 1.0 nats over ln(300))"])
 
 
 def test_summed_loss_in_a_plain_loop(project):
@@ -49,4 +50,63 @@ def test_summed_loss_in_a_plain_loop(project):
 
 def test_plain_loop_mean_loss_passes(project):
     project.conftest(tt.loop_project())
-    project.run("--dlcheck=T1").assert_outcome("T1", "passed")
+    run = project.run("--dlcheck=T1", "-rA")
+    run.assert_outcome("T1", "passed")
+    run.fnmatch(["initial loss 1.493 on batch 0 = 1.08 x ln(4) = 1.386 (fails above 1.5 x and 1.0 nats over ln(4))"])
+
+
+REGRESSION = """
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0))
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_loss_fn():
+        return nn.MSELoss()
+"""
+
+DPO = """
+    import copy, pytest, tiny
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        model = tiny.llama(tok)
+        data = Dataset.from_dict({"prompt": tiny.PROMPTS, "chosen": tiny.COMPLETIONS,
+                                  "rejected": tiny.COMPLETIONS[1:] + tiny.COMPLETIONS[:1]})
+        args = tiny.trainer_args(tmp_path_factory.mktemp("dpo"), DPOConfig, max_length=64)
+        return DPOTrainer(model=model, ref_model=copy.deepcopy(model), args=args, processing_class=tok,
+                          train_dataset=data)
+"""
+
+
+def test_a_regression_loss_is_not_applicable(project):
+    # a plain loop regressing a float target with MSELoss: no classes, no ln(C)
+    project.conftest(
+        tt.loop_project(model="tt.MLP(classes=1)")
+        .replace("def dlcheck_dataloader", "def _unused_loader")
+        .replace("def dlcheck_loss_fn", "def _unused_loss_fn")
+        + REGRESSION
+    )
+    run = project.run("--dlcheck=T1")
+    run.assert_outcome("T1", "skipped")
+    run.fnmatch(
+        [
+            "*not applicable: the targets are floats (float32 (8, 1)): a regression loss, not a cross-entropy over classes*"
+        ]
+    )
+
+
+def test_a_dpo_loss_is_not_applicable(project):
+    project.conftest(DPO)
+    run = project.run("--dlcheck=T1")
+    run.assert_outcome("T1", "skipped")
+    run.fnmatch(
+        [
+            "*not applicable: DPOTrainer's loss is a sigmoid of policy/reference log-ratio margins, not a "
+            "cross-entropy over classes: ln(classes) does not apply*"
+        ]
+    )

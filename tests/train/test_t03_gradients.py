@@ -39,9 +39,36 @@ def test_head_swapped_after_building_the_optimizer(project):
 
 def test_head_swapped_before_building_the_optimizer_passes(project):
     project.conftest(swap_head("before"))
-    project.run("--dlcheck=T3").assert_outcome("T3", "passed")
+    run = project.run("--dlcheck=T3", "-rA")
+    run.assert_outcome("T3", "passed")
+    run.fnmatch(["the AdamW holds all 4 of them in 1 param group(s) with lr 0.01"])
 
 
 def test_clean_mlp_passes(project):
     project.conftest(tt.loop_project())
-    project.run("--dlcheck=T3").assert_outcome("T3", "passed")
+    run = project.run("--dlcheck=T3", "-rA")
+    run.fnmatch(["*::T3_gradients PASSED (all 4 trainable parameter tensors get a gradient from the loss on*"])
+    run.fnmatch(
+        [
+            "all 4 trainable parameter tensors get a gradient from the loss on batch 0 (loss 1.493)",
+            "the AdamW holds all 4 of them in 1 param group(s) with lr 0.01",
+        ]
+    )
+
+
+def test_a_frozen_body_is_reported_as_not_judged(project):
+    project.conftest(
+        tt.loop_project(
+            model="tt.MLP(); model.body.requires_grad_(False)",
+            optimizer="torch.optim.AdamW(model.head.parameters(), lr=1e-2)",
+        )
+    )
+    run = project.run("--dlcheck=T3", "-rA")
+    run.assert_outcome("T3", "passed")
+    run.fnmatch(
+        [
+            "all 2 trainable parameter tensors get a gradient from the loss on batch 0 (loss 1.493); 2 parameter "
+            "tensors are frozen (requires_grad=False) and not judged",
+            "the AdamW holds all 2 of them in 1 param group(s) with lr 0.01",
+        ]
+    )

@@ -35,7 +35,14 @@ def test_float16_sum_pooling_overflows(project):
 
 def test_bfloat16_has_the_range(project):
     project.conftest(POINTS.format(dtype="bfloat16"))
-    project.run("--dlcheck=T5").assert_outcome("T5", "passed")
+    run = project.run("--dlcheck=T5", "-rA")
+    run.assert_outcome("T5", "passed")
+    run.fnmatch(
+        [
+            "2 sampled batch(es): 2 float field(s) finite; on 2 batch(es) in train mode, every module output finite "
+            "(5 outputs), loss *, *, the gradients of 4 parameter tensors finite"
+        ]
+    )
 
 
 def test_nan_in_the_data(project):
@@ -49,4 +56,11 @@ def test_nan_in_the_data(project):
 
 def test_clean_mlp_passes(project):
     project.conftest(tt.loop_project())
-    project.run("--dlcheck=T5").assert_outcome("T5", "passed")
+    run = project.run("--dlcheck=T5", "-rA")
+    run.fnmatch(["*::T5_finite PASSED (2 sampled batch(es): 2 float field(s) finite; on 2 batch(es) in train*"])
+    run.fnmatch(
+        [
+            "2 sampled batch(es): 2 float field(s) finite; on 2 batch(es) in train mode, every module output finite "
+            "(6 outputs), loss 1.493, 1.51, the gradients of 4 parameter tensors finite"
+        ]
+    )

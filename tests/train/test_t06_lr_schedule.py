@@ -33,7 +33,16 @@ def test_scheduler_stepped_every_micro_batch(project):
 
 def test_scheduler_stepped_with_the_optimizer(project):
     project.conftest(tt.loop_project(extra=ACCUM.format(inside='state["lr_scheduler"].step()', outside="pass")))
-    project.run("--dlcheck=T6").assert_outcome("T6", "passed")
+    run = project.run("--dlcheck=T6", "-rA")
+    run.fnmatch(["*::T6_lr_schedule PASSED (smoke run of 20 steps: the learning rate at its 5 optimizer steps is*"])
+    run.fnmatch(
+        [
+            "smoke run of 20 steps: the learning rate at its 5 optimizer steps is 0.00333, 0.00667, 0.01, 0.01, …, "
+            "0.01 (not 0 throughout; scheduler: LambdaLR)",
+            "in 20 micro-batches of your step: optimizer.step() ran 5 times, lr_scheduler.step() 5 times (1 per "
+            "optimizer step; more than 1.5 counts micro-batches)",
+        ]
+    )
 
 
 SFT = """
@@ -66,7 +75,13 @@ def test_trainer_warmup_counted_in_micro_batches(project):
 
 def test_trainer_warmup_in_optimizer_steps(project):
     project.conftest(SFT.format(warmup=2))
-    project.run("--dlcheck=T6").assert_outcome("T6", "passed")
+    run = project.run("--dlcheck=T6", "-rA")
+    run.assert_outcome("T6", "passed")
+    run.fnmatch(
+        [
+            "the Trainer's warmup of 2 optimizer steps fits in its run of 6 optimizer steps (gradient_accumulation_steps=4)"
+        ]
+    )
 
 
 TRAINED_FIRST = """

@@ -26,7 +26,13 @@ def test_sampler_seeded_with_the_epoch(project):
     project.conftest(
         with_loader("torch.utils.data.DataLoader(tt.blobs(), batch_size=8, sampler=tt.EpochSeedSampler(64))")
     )
-    project.run("--dlcheck=T7").assert_outcome("T7", "passed")
+    run = project.run("--dlcheck=T7", "-rA")
+    run.fnmatch(["*::T7_epoch_order PASSED (dlcheck_dataloader: its EpochSeedSampler gives epoch 1 an order other*"])
+    run.fnmatch(
+        [
+            "dlcheck_dataloader: its EpochSeedSampler gives epoch 1 an order other than epoch 0's (first 8 batches compared)"
+        ]
+    )
 
 
 def test_workers_seeded_with_a_constant(project):
@@ -50,7 +56,41 @@ def test_workers_seeded_from_torch(project):
             "worker_init_fn=tt.seed_workers_from_torch)"
         )
     )
-    project.run("--dlcheck=T7").assert_outcome("T7", "passed")
+    run = project.run("--dlcheck=T7", "-rA")
+    run.assert_outcome("T7", "passed")
+    run.fnmatch(
+        [
+            "dlcheck_dataloader: its RandomSampler gives epoch 1 an order other than epoch 0's (first 8 batches compared)",
+            "num_workers=2: worker_init_fn (seed_workers_from_torch) leaves 3 distinct python/numpy random states in "
+            "workers 0, 1 and the next epoch's worker 0",
+        ]
+    )
+
+
+def test_a_loader_that_does_not_shuffle_is_not_applicable(project):
+    project.conftest(with_loader("tt.loader(shuffle=False)"))
+    run = project.run("--dlcheck=T7")
+    run.assert_outcome("T7", "skipped")
+    run.fnmatch(
+        [
+            "*not applicable: dlcheck_dataloader does not shuffle (SequentialSampler) and has no multi-worker "
+            "worker_init_fn: no random order or worker stream to judge*"
+        ]
+    )
+
+
+def test_an_iterable_dataset_is_not_read_as_a_repeated_order(project):
+    """The placeholder sampler of an IterableDataset loader yields None every time: that is no repeated shuffle
+    (it used to fail); its order is the dataset's own, which T7 cannot read without loading the data."""
+    project.conftest(with_loader("torch.utils.data.DataLoader(tt.Stream(tt.blobs()), batch_size=8)"))
+    run = project.run("--dlcheck=T7")
+    run.assert_outcome("T7", "skipped")
+    run.fnmatch(
+        [
+            "*dlcheck_dataloader reads Stream, an IterableDataset: its order is the dataset's own, with no sampler to "
+            "read it from without loading the data*"
+        ]
+    )
 
 
 def test_trainer_shuffles_every_epoch(project):

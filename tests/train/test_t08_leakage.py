@@ -29,7 +29,16 @@ def test_eval_split_taken_from_the_training_data(project):
 
 def test_held_out_eval_split_passes(project):
     project.conftest(SFT.format(eval="held_out"))
-    project.run("--dlcheck=T8").assert_outcome("T8", "passed")
+    run = project.run("--dlcheck=T8", "-rA")
+    run.fnmatch(
+        ["*::T8_train_eval_leakage PASSED (0 of 2 eval examples (dlcheck_eval_dataset) are among the 6 training*"]
+    )
+    run.fnmatch(
+        [
+            "0 of 2 eval examples (dlcheck_eval_dataset) are among the 6 training examples (dlcheck_dataset), by the "
+            "content of their inputs (targets ignored); 0% allowed"
+        ]
+    )
 
 
 def test_plain_loop_eval_loader_over_training_examples(project):
@@ -49,4 +58,113 @@ def test_plain_loop_eval_loader_over_training_examples(project):
 
 def test_plain_loop_disjoint_eval_passes(project):
     project.conftest(tt.loop_project())
-    project.run("--dlcheck=T8").assert_outcome("T8", "passed")
+    run = project.run("--dlcheck=T8", "-rA")
+    run.assert_outcome("T8", "passed")
+    run.fnmatch(
+        [
+            "0 of 32 eval examples (dlcheck_eval_dataloader.dataset) are among the 64 training examples "
+            "(dlcheck_dataloader.dataset), by the content of their inputs (targets ignored); 0% allowed"
+        ]
+    )
+
+
+LOADERS = """
+    import pytest, torch, tiny_train as tt
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return {train}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataloader():
+        return {eval}
+"""
+
+OVERLAP = "torch.utils.data.Subset(tt.blobs(), range(8, 16))"
+
+
+def test_iterable_dataset_loaders_are_compared_by_what_they_yield(project):
+    """Loaders over IterableDatasets have a .dataset without a length: T8 compares the examples drawn from the
+    loaders (it used to skip, asking for dataloaders the user had defined)."""
+    stream = "torch.utils.data.DataLoader(tt.Stream({}), batch_size=8)"
+    project.conftest(LOADERS.format(train=stream.format("tt.blobs()"), eval=stream.format(OVERLAP)))
+    run = project.run("--dlcheck=T8")
+    run.assert_outcome("T8", "failed")
+    text = tt.section(run, "T8")
+    assert "8 of 8 eval examples (100%) are also in the 64 training examples, by content: eval #0 = train #8" in text
+    assert (
+        "eval #0 (dlcheck_eval_dataloader (8 examples drawn: batches split into examples, padding dropped)): "
+        "float32 (8,)" in text
+    )
+    project.conftest(LOADERS.format(train=stream.format("tt.blobs()"), eval=stream.format("tt.blobs(32, seed=1)")))
+    run = project.run("--dlcheck=T8", "-rA")
+    run.assert_outcome("T8", "passed")
+    run.fnmatch(
+        [
+            "0 of 32 eval examples (dlcheck_eval_dataloader (32 examples drawn: batches split into examples, padding "
+            "dropped)) are among the 64 training examples (dlcheck_dataloader (64 examples drawn: batches split into "
+            "examples, padding dropped)), by the content of their inputs (targets ignored); 0% allowed"
+        ]
+    )
+
+
+def test_generator_backed_loaders_without_a_dataset(project):
+    """A hand-written loader (a generator of batches, no .dataset): T8 draws from it instead of asking for the
+    dlcheck_dataset / dlcheck_eval_dataset the user cannot give."""
+    project.conftest(LOADERS.format(train="tt.GeneratorLoader(tt.blobs())", eval=f"tt.GeneratorLoader({OVERLAP})"))
+    run = project.run("--dlcheck=T8")
+    run.assert_outcome("T8", "failed")
+    assert "8 of 8 eval examples (100%) are also in the 64 training examples" in tt.section(run, "T8")
+    project.conftest(
+        LOADERS.format(train="tt.GeneratorLoader(tt.blobs())", eval="tt.GeneratorLoader(tt.blobs(32, seed=1))")
+    )
+    run = project.run("--dlcheck=T8", "-rA")
+    run.fnmatch(
+        ["*::T8_train_eval_leakage PASSED (0 of 32 eval examples (dlcheck_eval_dataloader (32 examples drawn:*"]
+    )
+
+
+TOKENS = """
+    import pytest, tiny, tiny_train as tt
+    from transformers import DataCollatorWithPadding
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader(dlcheck_tokenizer):
+        return tt.llm_loader(dlcheck_tokenizer, batch_size=4)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataloader(dlcheck_tokenizer):
+        # a hand-written eval loop over a slice of the training texts, batched 3 at a time: other padding
+        data = tiny.tokenized(dlcheck_tokenizer)[2:8]
+        return tt.GeneratorLoader(data, batch_size=3, collate=DataCollatorWithPadding(dlcheck_tokenizer))
+"""
+
+
+def test_token_batches_match_whatever_their_padding(project):
+    """The training loader has a dataset, the eval loader does not: both are drawn from their loaders, and
+    the same text padded to another length in another batch is still the same example."""
+    project.conftest(TOKENS)
+    run = project.run("--dlcheck=T8")
+    run.assert_outcome("T8", "failed")
+    text = tt.section(run, "T8")
+    assert "6 of 6 eval examples (100%) are also in the 12 training examples, by content: eval #0 = train #2" in text
+    assert (
+        "eval #0 (dlcheck_eval_dataloader (6 examples drawn: batches split into examples, padding dropped)): "
+        "'Name a colour. Blue is a colour.<|endoftext|>'" in text
+    )
+
+
+def test_a_one_shot_generator_is_not_consumed(project):
+    project.conftest(LOADERS.format(train="tt.loader()", eval="iter(tt.GeneratorLoader(tt.blobs(32, seed=1)))"))
+    run = project.run("--dlcheck=T8")
+    run.assert_outcome("T8", "skipped")
+    run.fnmatch(
+        [
+            "*dlcheck_eval_dataloader is a one-shot iterator (generator): reading it would consume your data; return "
+            "a re-iterable loader*"
+        ]
+    )

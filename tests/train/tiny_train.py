@@ -309,3 +309,27 @@ def seed_workers_from_torch(worker_id: int) -> None:
 
     np.random.seed(torch.initial_seed() % 2**32)
     random.seed(torch.initial_seed())
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """The examples of a dataset streamed in order, with no length (as a webdataset or a streaming
+    ``datasets`` split gives them)."""
+
+    def __init__(self, ds):
+        self.ds = ds
+
+    def __iter__(self):
+        return (self.ds[i] for i in range(len(self.ds)))
+
+
+class GeneratorLoader:
+    """A hand-written loader, as custom loops iterate their data: a generator of collated batches, re-started
+    by every ``iter()``, with no ``.dataset`` and no sampler."""
+
+    def __init__(self, ds, batch_size: int = 8, collate=None):
+        self.ds, self.batch_size = ds, batch_size
+        self.collate = collate or (lambda rows: tuple(torch.stack(col) for col in zip(*rows)))
+
+    def __iter__(self):
+        for start in range(0, len(self.ds), self.batch_size):
+            yield self.collate([self.ds[i] for i in range(start, min(start + self.batch_size, len(self.ds)))])

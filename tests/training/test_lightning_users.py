@@ -4,7 +4,7 @@ no check blames the user's module for being used outside a Trainer, and none los
 import lightning_kinds as lk
 import pytest
 
-CHECKS = "T1,T2,T3,T4,T5,S1,S2,S3,C1,C2,C18"
+CHECKS = "T1,T2,T3,T4,T5,S1,S2,S3,C1,C2"
 
 
 @pytest.mark.parametrize("module", ["ManualClassifier", "CompiledClassifier"])
@@ -16,6 +16,16 @@ def test_train_ckpt_smoke_run_on_the_module_as_written(project, module):
     for cid in ("T1", "T3", "T5", "S1", "S3"):
         run.assert_outcome(cid, "passed")
     assert run.result.ret == 0, run.text
+
+
+def test_a_compiled_submodule_saves_its_keys_with_the_compile_prefix(project):
+    # a true finding: Lightning saves the state dict of the module holding the compiled net as net._orig_mod.*
+    project.conftest(lk.PROJECT.format(module="CompiledClassifier"))
+    run = project.run("--dlcheck=C18")
+    run.assert_outcome("C18", "failed")
+    text = " ".join(run.section("C18").split())
+    assert "'net._orig_mod.0.bias' is 'net.0.bias' in the unwrapped model" in text, text
+    assert "taken from the torch.compile wrapper" in text and "('_orig_mod.')" in text, text
 
 
 def test_the_manual_step_trains_nothing_when_a_check_only_wants_its_loss(project):
