@@ -38,12 +38,6 @@ TRUE_FINDINGS = {
 #: (project, check) -> the false alarm still open (issue 16); remove an entry when its fix lands
 KNOWN_FALSE_ALARMS = {
     ("makemore_mlp", "T8"): "3-character contexts repeat inside the training split too; the split is by name",
-    ("trl_sft_chatml", "T2"): "the LR ladder is relative to 2e-5; the loss falls steadily and passes with more steps",
-    ("trl_sft_chatml_packed", "T2"): "the same as trl_sft_chatml",
-    ("trl_dpo", "T2"): "5e-7 × 100 is still tiny, and halving a DPO loss from ln 2 depends on beta",
-    ("tv_classification", "T2"): "the ladder only goes up from lr 0.1 and measures in eval mode (BatchNorm's running "
-    "statistics lag); at lr 0.01 in train mode the batch is memorised",
-    ("diffusers_t2i", "T2"): "noise and timesteps are redrawn on every loss call; with them held fixed it overfits",
     ("tv_classification", "S5"): "the short run diverged (train loss ~1000x): S5 calls that memorisation",
 }
 

@@ -1,6 +1,7 @@
 """T2: repeated steps on one batch memorise it."""
 
 import tiny_train as tt
+from helpers import flat
 
 
 def test_softmax_before_cross_entropy_cannot_overfit(project):
@@ -18,8 +19,8 @@ def test_logits_model_overfits(project):
     run.fnmatch(["*::T2_overfit_batch PASSED (batch 0 loss 1.493 -> *"])
     run.fnmatch(
         [
-            "batch 0 loss 1.493 -> 0.001883 after 30 steps on that batch alone at lr 0.01 (1x your base LR): 100% less, "
-            "50% needed"
+            "batch 0 loss 1.493 -> 0.001883 after 30 steps on that batch alone at lr 0.01 (1x your base LR), train mode, "
+            "the model's randomness held fixed: 100% less, 50% needed"
         ]
     )
 
@@ -44,7 +45,9 @@ def test_sft_trainer_overfits_and_leaves_the_users_model_alone(project):
     for cid in ("T1", "T2", "T3"):
         run.assert_outcome(cid, "passed")
     run.fnmatch(
-        ["batch 0 loss * -> * after 30 steps on that batch alone at lr * (*x your base LR): *% less, 50% needed*"]
+        [
+            "batch 0 loss * -> * after 30 steps on that batch alone at lr * (*x your base LR), train mode*: *% less, 50% needed*"
+        ]
     )
     run.fnmatch(["all 20 trainable parameter tensors get a gradient from the loss on batch 0 (loss *)"])
 
@@ -84,3 +87,63 @@ def test_grpo_has_no_batch_to_memorise_nor_classes(project):
             "cross-entropy over classes*"
         ]
     )
+
+
+STOCHASTIC = """
+    import pytest, torch
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Dropout(0.2))
+            self.head = nn.Linear(33, 8)
+
+        def forward(self, sample, timestep):
+            return self.head(torch.cat([self.body(sample), timestep.float().reshape(-1, 1) / 1000], dim=1))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = Net()
+            return {{"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr={lr})}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        g = torch.Generator().manual_seed(0)
+        return DataLoader([{{"pixel_values": torch.randn(8, generator=g)}} for _ in range(32)], batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_compute_loss():
+        def loss(model, batch):
+            # a diffusion-style objective: fresh noise and timesteps at every call
+            x = batch["pixel_values"]
+            noise = torch.randn_like(x)
+            t = torch.randint(0, 1000, (x.shape[0],))
+            a = (1 - t.float() / 1000).reshape(-1, 1)
+            return nn.functional.mse_loss(model(a.sqrt() * x + (1 - a).sqrt() * noise, t), noise)
+        return loss
+"""
+
+
+def test_batchnorm_dropout_and_redrawn_noise_overfit_with_the_randomness_held_fixed(project):
+    project.conftest(STOCHASTIC.format(lr=1e-2))
+    run = project.run("--dlcheck=T2", "-rA")
+    run.assert_outcome("T2", "passed")
+    run.fnmatch(["*train mode, the model's randomness held fixed: *% less, 50% needed*"])
+
+
+def test_a_loss_that_falls_too_slowly_is_not_conclusive(project):
+    project.conftest(STOCHASTIC.format(lr=1e-6))  # a fine-tuning rate: the loss moves, slowly
+    run = project.run("--dlcheck=T2", "--dlcheck-set", "T2.steps=5", "-rs")
+    run.assert_outcome("T2", "skipped")
+    run.fnmatch(["*not conclusive: batch 0 loss * fell to * at best * raise T2.steps to judge it*"])
+
+
+def test_a_loss_that_does_not_move_at_any_rate_fails(project):
+    project.conftest(STOCHASTIC.format(lr=0.0))
+    run = project.run("--dlcheck=T2")
+    run.assert_outcome("T2", "failed")
+    assert "the loss does not move at all" in flat(run.section("T2"))
