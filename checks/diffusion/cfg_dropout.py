@@ -15,20 +15,6 @@ from . import measure as D
 SAME_RTOL = 1e-2
 
 
-#: roles that mark a project as a diffusion training: without one, DF5 does not read another domain's data
-#: (an LLM's or VLM's dataloader, a processor taken for a text tokenizer) as captions
-#: (dlcheck_unet is not one: any project's dlcheck_model fills it)
-DIFFUSION_ROLES = (
-    "condition",
-    "training_inputs",
-    "uncond",
-    "pipeline",
-    "noise_scheduler",
-    "inference_scheduler",
-    "vae",
-    "text_encoder",
-)
-
 #: numbers of calls after which DF5 may stop early, passing, when the rate is clearly inside the band
 LOOKS = (25, 50, 100, 200)
 #: confidence of the early-pass interval (stopping early cannot fail, so this only costs power)
@@ -227,8 +213,8 @@ def _draw(dlcheck, batches, tally: Tally, state: _State, low: float, high: float
                 found = _caption_field(batch)
                 if found is None:
                     dlcheck.skip(
-                        f"no conditioning to draw: the batches ({', '.join(map(str, batch))}) carry no captions "
-                        "or input_ids; define dlcheck_condition (callable batch -> conditioning)"
+                        "missing role: define fixture dlcheck_condition (callable batch -> conditioning) in "
+                        f"conftest.py: the batches ({', '.join(map(str, batch))}) carry no captions or input_ids"
                     )
                 key = found[0]
                 state.get, state.source, state.from_batch = (lambda b, key=key: b[key]), f"the batch's {key!r}", True
@@ -271,8 +257,7 @@ def _draw(dlcheck, batches, tally: Tally, state: _State, low: float, high: float
     "DF5",
     domain="diffusion",
     title="no conditioning dropout, so classifier-free guidance does nothing",
-    roles=("dataloader",),
-    optional_roles=("condition", "training_inputs", "uncond", "tokenizer"),
+    optional_roles=("dataloader", "condition", "training_inputs", "uncond", "tokenizer", "unet"),
     settings=(
         Setting(
             "low",
@@ -342,13 +327,21 @@ def check_cfg_dropout(dlcheck):
         guidance_scale > 1. Each draw reads the dataset again, and through dlcheck_training_inputs also
         encodes the images with the VAE: give dlcheck_condition (the caption → embeddings path alone)
         to make the 300 draws cheap, or lower DF5.draws.
+    Not applicable
+        Unconditional diffusion (a UNet2DModel without class embeddings, DDPMPipeline): there is no
+        condition to drop. Projects that are not a diffusion training (no diffusion role: an LLM's or
+        VLM's data is never read as captions).
     """
-    if not any(dlcheck.has(r) for r in DIFFUSION_ROLES):
-        dlcheck.skip(
+    if not D.diffusion_roles(dlcheck):
+        dlcheck.not_applicable(
             "no diffusion role: DF5 judges the conditioning of a text-to-image training and needs one of "
-            + ", ".join(f"dlcheck_{r}" for r in DIFFUSION_ROLES)
+            + ", ".join(f"dlcheck_{r}" for r in D.DIFFUSION_ROLES)
             + " beside the data"
         )
+    if not dlcheck.has("condition"):
+        reason = D.unconditional(dlcheck)
+        if reason is not None:
+            dlcheck.not_applicable(f"{reason}: classifier-free guidance has no condition to drop")
     calls = dlcheck.setting("draws")
     alpha = dlcheck.setting("false_alarm")
     low, high = dlcheck.setting("low"), dlcheck.setting("high")
@@ -461,3 +454,32 @@ def check_cfg_dropout(dlcheck):
     if findings:
         evidence = [line for f in findings for line in f[0]]
         dlcheck.fail(evidence, "; ".join(f[1] for f in findings), "; ".join(f[2] for f in findings))
+    lb, ub = (
+        D.lower_bound(k, n, EARLY_ALPHA if early else alpha / 2),
+        D.upper_bound(k, n, EARLY_ALPHA if early else alpha / 2),
+    )
+    dlcheck.measured(
+        f"{tally.nulls} of {tally.rows} {what} null ({rate:.1%}) from {tally.calls} calls of {source}, within "
+        f"[{low:.0%}, {high:.0%}]",
+        head,
+        null_words
+        + (
+            f"; every null row is the sampler's unconditional input ({tally.null_u} of {tally.nulls})"
+            if nulls.u is not None and not tally.null_other
+            else ""
+        ),
+        (
+            f"stopped early after {tally.calls} calls: the rate lies in [{lb:.1%}, {ub:.1%}] with confidence "
+            f"1 − {EARLY_ALPHA:g}, inside [{low / 2:.1%}, {min(1.0, 1.5 * high):.0%}]"
+            if early
+            else f"neither bound rejected at {alpha / 2:g}: P(≤ {k} null {unit} | {low:.0%}) = {p_low:.2g}, "
+            f"P(≥ {k} | {high:.0%}) = {p_high:.2g}"
+        ),
+        nulls=tally.nulls,
+        rows=tally.rows,
+        calls=tally.calls,
+        rate=round(rate, 4),
+        low=low,
+        high=high,
+        early=early,
+    )

@@ -52,7 +52,7 @@ def _equal_all(params: list[Any], refs: list[Any]) -> bool:
     "DF2",
     domain="diffusion",
     title="sampling from the raw weights instead of the EMA",
-    roles=("ema", "unet", "sample_images"),
+    optional_roles=("ema", "unet", "sample_images", "training_args"),
 )
 def check_ema_used(dlcheck):
     """The sampling routine runs the denoiser with the EMA weights, and leaves the trained weights alone.
@@ -83,13 +83,25 @@ def check_ema_used(dlcheck):
         recognised by its class (dlcheck_unet's); a sampler that runs a compiled or differently-typed copy
         is not seen (the check skips). Whether the training loop calls ema.step is not observed; a decay
         of 1 (an EMA that never moves) is reported.
+    Not applicable
+        Trainings that keep no EMA of the denoiser (no dlcheck_ema, and no use_ema in dlcheck_training_args),
+        and projects that are not a diffusion training.
     """
     import torch
 
+    if not dlcheck.has("ema"):
+        D.require_diffusion(dlcheck)
+        args = dlcheck.role("training_args")
+        if getattr(args, "use_ema", None) is True:
+            dlcheck.require("ema")  # declared: the fixture that hands it over is missing
+        dlcheck.not_applicable(
+            "no EMA configured (no dlcheck_ema): DF2 concerns trainings that sample from an EMA of the denoiser; "
+            "define dlcheck_ema (and dlcheck_sample_images) if yours keeps one"
+        )
     ema, model, sample = dlcheck.require("ema", "unet", "sample_images")
     sample = D.user_callable(dlcheck, "sample_images", sample)
     if not isinstance(model, torch.nn.Module):
-        dlcheck.skip(f"dlcheck_unet is a {type(model).__name__}, not a torch module")
+        dlcheck.not_applicable(f"DF2 compares torch weights; dlcheck_unet is a {type(model).__name__}")
     tensors, ema_module, ema_desc = ema_tensors(ema)
     if not tensors:
         dlcheck.skip(f"dlcheck_ema is a {ema_desc}: DF2 reads diffusers EMAModel, torch AveragedModel or a module")
@@ -208,3 +220,13 @@ def check_ema_used(dlcheck):
             f"dlcheck_sample_images ran {name} with weights that are neither the EMA's nor dlcheck_unet's "
             "(a loaded checkpoint?): DF2 cannot tell"
         )
+    dlcheck.measured(
+        f"dlcheck_sample_images ran {name} ({ema_runs[0]}) with the EMA weights: all {len(params)} tensors equal "
+        f"dlcheck_ema's ({ema_desc}), none the raw trained ones",
+        f"{len(order)} {name} module(s) ran while sampling: "
+        + ", ".join(f"{who} with {'the EMA' if v == 'ema' else v} weights" for v, who in order),
+        f"after sampling dlcheck_unet holds its own trained weights again (all {len(params)} tensors unchanged)",
+        tensors=len(params),
+        ema_runs=len(ema_runs),
+        raw_runs=len(raw_runs),
+    )

@@ -26,6 +26,9 @@ def check_low_loss_bad_samples(dlcheck):
         dlcheck_training_inputs, dlcheck_ema and dlcheck_sample_images defined.
     Known problems
         Not a test: it skips by design.
+    Not applicable
+        Nothing: it is an information item for diffusion training, not a verdict, and says so under any
+        selection that includes it.
     """
     dlcheck.skip(
         "info: DF1 is not a test; low loss with bad samples is usually EMA unused (DF2), latent scale (DF3), "
@@ -37,8 +40,7 @@ def check_low_loss_bad_samples(dlcheck):
     "DF7",
     domain="diffusion",
     title="uniform timestep weighting (info: reports the loss weighting)",
-    roles=("noise_scheduler",),
-    optional_roles=("training_inputs",),
+    optional_roles=("noise_scheduler", "training_inputs"),
 )
 def check_timestep_weighting(dlcheck):
     """Information: the SNR range of the training schedule and the loss weighting in use.
@@ -60,8 +62,11 @@ def check_timestep_weighting(dlcheck):
     Known problems
         Not a test: it skips with the report by design. The weights are seen only when returned as
         'loss_weights' by dlcheck_training_inputs.
+    Not applicable
+        Projects that are not a diffusion training (no diffusion role: an LLM, a vision classifier, RL).
     """
-    sched = dlcheck.role("noise_scheduler")
+    D.require_diffusion(dlcheck)
+    (sched,) = dlcheck.require("noise_scheduler")
     ac = D.alphas_cumprod(sched)
     if ac is None:
         dlcheck.skip(f"info: {D.describe(sched)} has no ᾱ_t schedule (flow matching): no SNR report")

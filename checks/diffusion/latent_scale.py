@@ -32,8 +32,7 @@ def _raw_latents(dlcheck, vae, images):
     "DF3",
     domain="diffusion",
     title="VAE latent scale is wrong",
-    roles=("vae",),
-    optional_roles=("training_inputs",),
+    optional_roles=("vae", "training_inputs"),
     settings=(
         Setting(
             "max_std_ratio",
@@ -87,10 +86,19 @@ def check_latent_scale(dlcheck):
         pipelines use); a hand-written sampler that decodes without dividing is not observed. The VAE's
         latents are drawn as training scripts draw them (latent_dist.sample()); a training path using
         .mode() on a VAE with a wide posterior (a freshly initialised one) is measured at another scale.
+    Not applicable
+        Pixel-space diffusion (DDPMPipeline, a UNet2DModel with in_channels=3, a training step whose
+        'latents' are 3-channel images): there is no VAE and no latent scale. Projects that are not a
+        diffusion training.
     """
     import torch
 
-    vae = dlcheck.role("vae")
+    if not dlcheck.has("vae"):
+        D.require_diffusion(dlcheck)
+        pixels = D.pixel_space(dlcheck)
+        if pixels is not None:
+            dlcheck.not_applicable(f"{pixels}; there is no VAE, so no latent scale to check")
+    (vae,) = dlcheck.require("vae")
     config = D.sched_config(vae)
     sf = config.get("scaling_factor")
     shift = config.get("shift_factor") or 0.0
@@ -113,10 +121,14 @@ def check_latent_scale(dlcheck):
             train_std = D.std(D.cat(draws, "latents"))
     if raw_std is None and train_std is None:
         keys = ", ".join(map(str, sample.batches[0])) if sample.batches else "none"
+        if not has_train:
+            dlcheck.skip(
+                "missing role: define fixture dlcheck_training_inputs (returning 'latents') in conftest.py: the "
+                f"batches of {sample.source} carry no pixel images (keys: {keys}) for DF3 to encode"
+            )
         dlcheck.skip(
             f"no pixel images in the batches of {sample.source} (keys: {keys}) and no 'latents' from "
-            "dlcheck_training_inputs: define dlcheck_training_inputs returning 'latents' so DF3 sees the latents "
-            "the training step produces"
+            "dlcheck_training_inputs: add 'latents' to its dict so DF3 sees the latents the training step produces"
         )
     if sf is None:
         dlcheck.skip(f"{D.describe(vae)} has no config.scaling_factor")
@@ -179,21 +191,35 @@ def check_latent_scale(dlcheck):
                 "latents = vae.encode(pixel_values).latent_dist.sample() * vae.config.scaling_factor, "
                 "with a scaling_factor calibrated for this VAE (1 / std of its latents)",
             )
-        if implied is not None and abs(implied - sf) > rtol * sf:
-            dlcheck.fail(
-                [
-                    train_line,
-                    raw_line,
-                    f"the training path scales the VAE latents by {implied:.3g}, but {sf_name}: the pipeline "
-                    f"decodes latents / {sf:g}, so decoded samples are off by ×{implied / sf:.3g}",
-                ],
-                "the training step applies a factor of its own (hard-coded) instead of vae.config.scaling_factor, "
-                "so encode and decode disagree",
-                f"use vae.config.scaling_factor in the training step (latents * vae.config.scaling_factor), "
-                f"or, if {implied:.4g} is the factor you mean, store it where the pipeline reads it: "
-                f"vae.register_to_config(scaling_factor={implied:.4g})",
+        if implied is None or abs(implied - sf) <= rtol * sf:
+            dlcheck.measured(
+                f"latents from dlcheck_training_inputs: std {D.fmt(train_std)}, within [{1 / r:.3g}, {r:g}]"
+                + (
+                    f"; the training path scales the VAE latents by {implied:.3g}, vae.config.scaling_factor = "
+                    f"{sf:g} (rtol {rtol:g})"
+                    if implied is not None
+                    else "; no pixel images in the batches to measure the factor applied"
+                ),
+                *([raw_line] if raw_line else []),
+                train_std=round(train_std, 4),
+                raw_std=round(raw_std, 4) if raw_std is not None else None,
+                factor=round(implied, 5) if implied is not None else None,
+                scaling_factor=sf,
             )
-        return
+            return
+        dlcheck.fail(
+            [
+                train_line,
+                raw_line,
+                f"the training path scales the VAE latents by {implied:.3g}, but {sf_name}: the pipeline "
+                f"decodes latents / {sf:g}, so decoded samples are off by ×{implied / sf:.3g}",
+            ],
+            "the training step applies a factor of its own (hard-coded) instead of vae.config.scaling_factor, "
+            "so encode and decode disagree",
+            f"use vae.config.scaling_factor in the training step (latents * vae.config.scaling_factor), "
+            f"or, if {implied:.4g} is the factor you mean, store it where the pipeline reads it: "
+            f"vae.register_to_config(scaling_factor={implied:.4g})",
+        )
     if not in_band(raw_std * sf):
         dlcheck.fail(
             [
@@ -205,3 +231,11 @@ def check_latent_scale(dlcheck):
             f"latents of std {D.fmt(raw_std * sf)} instead of about 1",
             fix_factor,
         )
+    dlcheck.measured(
+        f"{sf_name} gives latents of std {D.fmt(raw_std * sf)}, within [{1 / r:.3g}, {r:g}]",
+        raw_line,
+        "the training path was not observed (define dlcheck_training_inputs to measure the factor it applies)",
+        raw_std=round(raw_std, 4),
+        scaled_std=round(raw_std * sf, 4),
+        scaling_factor=sf,
+    )

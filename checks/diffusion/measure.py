@@ -60,6 +60,80 @@ def describe(obj: Any) -> str:
     return type(obj).__name__
 
 
+# ---- which pipelines a check concerns ------------------------------------------------------------------
+
+#: roles that mark a project as a diffusion training: without one, the diffusion checks are not applicable
+#: (dlcheck_unet is not one by itself: any project's dlcheck_model fills it; a diffusers one counts)
+DIFFUSION_ROLES = (
+    "pipeline",
+    "noise_scheduler",
+    "inference_scheduler",
+    "vae",
+    "training_inputs",
+    "condition",
+    "uncond",
+    "text_encoder",
+    "ema",
+    "sample_images",
+)
+
+
+def diffusion_roles(ctx: Any) -> list[str]:
+    """The diffusion roles the project gives (a diffusers dlcheck_model / dlcheck_unet counts as one)."""
+    found = [f"dlcheck_{r}" for r in DIFFUSION_ROLES if ctx.has(r)]
+    unet = ctx.role("unet")
+    if unet is not MISSING and is_diffusers(unet):
+        found.append(f"dlcheck_unet ({describe(unet)})")
+    return found
+
+
+def require_diffusion(ctx: Any) -> None:
+    """Not applicable unless the project is a diffusion training (one of the diffusion roles is given)."""
+    if not diffusion_roles(ctx):
+        ctx.not_applicable(
+            f"{ctx.check.id} concerns diffusion training, and no diffusion role is given (dlcheck_pipeline, "
+            "dlcheck_noise_scheduler, dlcheck_vae, dlcheck_training_inputs, … or a diffusers dlcheck_model)"
+        )
+
+
+def pixel_space(ctx: Any) -> str | None:
+    """Why the denoiser works on pixels, not VAE latents (a pipeline without a VAE, a denoiser whose
+    in_channels are an image's, 'latents' of an image's channel count from the training step), else None."""
+    pipe = ctx.role("pipeline")
+    if pipe is not MISSING and is_pipeline(pipe) and getattr(pipe, "vae", None) is None:
+        return f"dlcheck_pipeline is a {describe(pipe)}, which has no VAE: it denoises pixels"
+    unet = ctx.role("unet")
+    if unet is not MISSING and is_diffusers(unet):
+        channels = sched_config(unet).get("in_channels")
+        if channels in (1, 3):
+            return f"the denoiser {describe(unet)} takes in_channels={channels}: it denoises pixels"
+        if channels is not None:
+            return None
+    if ctx.has("training_inputs"):
+        draws = training_draws(ctx)
+        lat = draws[0].get("latents") if draws else None
+        if lat is not None and getattr(lat, "dim", lambda: 0)() == 4 and lat.shape[1] in (1, 3):
+            return (
+                f"the training step's 'latents' have {lat.shape[1]} channels ({tuple(lat.shape)}): it denoises pixels"
+            )
+    return None
+
+
+def unconditional(ctx: Any) -> str | None:
+    """Why the denoiser takes no condition (a UNet2DModel without class embeddings), else None."""
+    unet = ctx.role("unet")
+    if unet is MISSING or not is_diffusers(unet):
+        return None
+    config = sched_config(unet)
+    if (
+        describe(unet) == "UNet2DModel"
+        and config.get("num_class_embeds") is None
+        and not config.get("class_embed_type")
+    ):
+        return f"the denoiser {describe(unet)} is unconditional (no cross-attention, no class embedding)"
+    return None
+
+
 def sched_config(sched: Any) -> Mapping[str, Any]:
     config = getattr(sched, "config", None)
     return config if isinstance(config, Mapping) else {}

@@ -21,7 +21,7 @@ def _fit(noisy, x0, noise):
     "DF8",
     domain="diffusion",
     title="timesteps or noise drawn wrongly",
-    roles=("training_inputs", "noise_scheduler"),
+    optional_roles=("training_inputs", "noise_scheduler"),
     settings=(
         Setting(
             "timestep_draws",
@@ -89,10 +89,13 @@ def check_noising(dlcheck):
         covered only in part: the timesteps must lie in [0, T] and not all be equal; the uniform test and
         the noising fit are skipped. Deliberately biased timestep
         sampling fails the uniform test: set DF8.require_uniform=false.
+    Not applicable
+        Projects that are not a diffusion training (no diffusion role: an LLM, a vision classifier, RL).
     """
     import torch
 
-    sched = dlcheck.role("noise_scheduler")
+    D.require_diffusion(dlcheck)
+    _, sched = dlcheck.require("training_inputs", "noise_scheduler")
     config = D.sched_config(sched)
     T = config.get("num_train_timesteps")
     if T is None:
@@ -129,12 +132,22 @@ def check_noising(dlcheck):
                 f"timesteps = {randint}",
             )
         )
-    elif dlcheck.setting("require_uniform") and D.alphas_cumprod(sched) is not None:
+    ok: list[str] = []  # what a pass measured
+    uniform_line = (
+        "not tested against the uniform law (DF8.require_uniform=false)"
+        if not dlcheck.setting("require_uniform")
+        else "not tested against the uniform law: the scheduler has no ᾱ_t (flow matching)"
+    )
+    if dlcheck.setting("require_uniform") and D.alphas_cumprod(sched) is not None and not findings:
         shared = all(len(torch.unique(t)) == 1 for t in per_call) and max(len(t) for t in per_call) > 1
         values = [int(round(float(t[0]))) for t in per_call] if shared else [int(round(float(v))) for v in ts]
         alpha = dlcheck.setting("false_alarm")
         gap, at = D.uniform_cdf_gap(values, T)
         eps = D.dkw_epsilon(len(values), alpha)
+        uniform_line = (
+            f"empirical CDF within {gap:.2f} of uniform on [0, {T}) (DKW bound {eps:.2f} for {len(values)} "
+            f"{'calls' if shared else 'draws'}, false alarm ≤ {alpha:g})"
+        )
         if not integral or gap > eps:
             unit = f"{len(values)} calls (one timestep per batch)" if shared else f"{len(values)} draws"
             findings.append(
@@ -152,10 +165,16 @@ def check_noising(dlcheck):
                 )
             )
 
+    if not findings:
+        ok.append(f"{where} lie in [{lo:g}, {hi:g}] ⊂ [0, {top}], {len(torch.unique(ts))} distinct; {uniform_line}")
+
     # ---- noise --------------------------------------------------------------------------------------
     noise = D.cat(draws, "noise")
     n_std, n_mean = D.std(noise), float(noise.double().mean())
     tol = dlcheck.setting("noise_std_tol")
+    ok.append(
+        f"noise: std {n_std:.3g}, mean {n_mean:.3g} over {noise.numel()} values (std 1 ± {tol:g}, mean 0 ± {tol:g})"
+    )
     if abs(n_std - 1) > tol or abs(n_mean) > tol:
         findings.append(
             (
@@ -180,6 +199,10 @@ def check_noising(dlcheck):
                 err = torch.maximum((a - ea).abs(), (b - eb).abs())
                 atol = dlcheck.setting("coef_atol")
                 bad = (err > atol).nonzero().flatten().tolist()
+                ok.append(
+                    f"noisy_latents = a·latents + b·noise with {D.describe(sched)}.add_noise's coefficients in "
+                    f"{len(err) - len(bad)} of {len(err)} examples (largest gap {float(err.max()):.3g} ≤ {atol:g})"
+                )
                 if bad:
                     i = max(bad, key=lambda j: float(err[j]))
                     findings.append(
@@ -199,3 +222,12 @@ def check_noising(dlcheck):
     if findings:
         evidence = [line for f in findings for line in f[0]]
         dlcheck.fail(evidence, "; ".join(f[1] for f in findings), "; ".join(f[2] for f in findings))
+    if not any(line.startswith("noisy_latents") for line in ok):
+        ok.append("add_noise not fitted: dlcheck_training_inputs returns no 'latents' and 'noisy_latents' (or no ᾱ_t)")
+    dlcheck.measured(
+        *ok,
+        timesteps=len(ts),
+        distinct=len(torch.unique(ts)),
+        noise_std=round(n_std, 4),
+        noise_mean=round(n_mean, 4),
+    )

@@ -54,8 +54,7 @@ def _objective(dlcheck, sched) -> tuple[str | None, str]:
     "DF4",
     domain="diffusion",
     title="train and inference schedulers disagree",
-    roles=("noise_scheduler", "inference_scheduler"),
-    optional_roles=("training_inputs",),
+    optional_roles=("noise_scheduler", "inference_scheduler", "training_inputs"),
     settings=(
         Setting(
             "alphas_atol",
@@ -92,7 +91,10 @@ def check_scheduler_agreement(dlcheck):
         against DDPM) is reported as a different noise process. Between two flow-matching schedulers only
         num_train_timesteps and prediction_type are compared (not shift). The pipeline's scheduler is
         read as it is when the check runs.
+    Not applicable
+        Projects that are not a diffusion training (no diffusion role: an LLM, a vision classifier, RL).
     """
+    D.require_diffusion(dlcheck)
     train, infer = dlcheck.require("noise_scheduler", "inference_scheduler")
     tc, ic = D.sched_config(train), D.sched_config(infer)
     tn, iname = _which(train, infer)
@@ -132,6 +134,14 @@ def check_scheduler_agreement(dlcheck):
     tp, ip = tc.get("prediction_type", "epsilon"), ic.get("prediction_type", "epsilon")
     measured_line = ""
     measured = None
+    agreed_noise = (
+        f"ᾱ_t equal over {len(ta)} timesteps (max gap {float((ta - ia).abs().max()):.2g} ≤ "
+        f"{dlcheck.setting('alphas_atol'):g})"
+        if ta is not None and ia is not None and len(ta) == len(ia)
+        else "no ᾱ_t on either side (flow matching): the noise schedules are not compared"
+        if ta is None and ia is None
+        else ""
+    )
     if tp != ip:
         diffs.append(f"prediction_type: {tn} {tp!r}, {iname} {ip!r}")
         fields.append("prediction_type")
@@ -139,6 +149,16 @@ def check_scheduler_agreement(dlcheck):
         if measured_line:
             diffs.append(measured_line)
     if not diffs:
+        dlcheck.measured(
+            f"{iname} agrees with {tn}: num_train_timesteps {tc.get('num_train_timesteps')}, "
+            f"prediction_type {tp!r}, {agreed_noise}",
+            "beta fields: "
+            + ", ".join(f"{f}={_show(_get(tc, f))}" for f in BETA_FIELDS if f in tc or f in ic)
+            + (f" (written differently: {', '.join(named)}; same ᾱ_t)" if named else ""),
+            num_train_timesteps=tc.get("num_train_timesteps"),
+            prediction_type=tp,
+            alphas_compared=len(ta) if ta is not None else 0,
+        )
         return
     if measured is not None and measured == ip and measured != tp:
         fix = (
@@ -163,8 +183,7 @@ def check_scheduler_agreement(dlcheck):
     "DF6",
     domain="diffusion",
     title="sampler settings do not match the trained objective",
-    roles=("noise_scheduler", "inference_scheduler"),
-    optional_roles=("training_inputs", "vae"),
+    optional_roles=("noise_scheduler", "inference_scheduler", "training_inputs", "vae"),
     settings=(
         Setting(
             "target_rtol",
@@ -209,11 +228,15 @@ def check_sampler_settings(dlcheck):
     Known problems
         Without 'target' the objective is not measured (DF4 still compares the configs). Pixel-space
         models (no VAE role) may clip: (3) runs only when dlcheck_vae or dlcheck_pipeline is given.
+    Not applicable
+        Projects that are not a diffusion training (no diffusion role: an LLM, a vision classifier, RL).
     """
+    D.require_diffusion(dlcheck)
     train, infer = dlcheck.require("noise_scheduler", "inference_scheduler")
     tc, ic = D.sched_config(train), D.sched_config(infer)
     tn, iname = _which(train, infer)
     findings: list[tuple[list[str], str, str]] = []
+    judged: list[str] = []  # what a pass measured
 
     # (1) the objective really trained
     tp, ip = tc.get("prediction_type", "epsilon"), ic.get("prediction_type", "epsilon")
@@ -221,13 +244,23 @@ def check_sampler_settings(dlcheck):
     if dlcheck.has("training_inputs"):
         draws = D.training_draws(dlcheck)
         if all(d.get("target") is not None for d in draws) and tp == ip:
-            best, counts, judged = D.measured_objective(draws, train, dlcheck.setting("target_rtol"))
+            best, counts, n_judged = D.measured_objective(draws, train, dlcheck.setting("target_rtol"))
+            if best is not None and best == ip:
+                judged.append(
+                    f"(1) the training target equals {D.OBJECTIVE_WORDS[best]} in {counts[best]} of {n_judged} "
+                    f"examples, as prediction_type={ip!r} says"
+                )
+            elif best is None:
+                judged.append(
+                    f"(1) the training target matches no single objective in {n_judged} examples "
+                    f"({', '.join(f'{k} {v}' for k, v in counts.items())}): not judged"
+                )
             if best is not None and best != ip:
                 findings.append(
                     (
                         [
                             f"the training target of dlcheck_training_inputs equals {D.OBJECTIVE_WORDS[best]} in "
-                            f"{counts[best]} of {judged} examples",
+                            f"{counts[best]} of {n_judged} examples",
                             f"both schedulers say prediction_type={ip!r} ({tn}, {iname})",
                         ],
                         f"the model learns to predict {best!r} but the sampler reads its output as {ip!r}",
@@ -237,16 +270,46 @@ def check_sampler_settings(dlcheck):
                     )
                 )
 
+    if not any(x.startswith("(1)") for x in judged):
+        judged.append(
+            "(1) the trained objective was not measured: "
+            + (
+                "no 'target' from dlcheck_training_inputs"
+                if draws is not None and tp == ip
+                else "the schedulers' prediction_type differ (DF4's finding)"
+                if tp != ip
+                else "define dlcheck_training_inputs returning 'target'"
+            )
+        )
+
     # (2) zero terminal SNR needs trailing spacing
     ta = D.alphas_cumprod(train)
     spacing = _get(ic, "timestep_spacing")
     T = tc.get("num_train_timesteps")
+    if ta is None:
+        judged.append(f"(2) {tn} has no ᾱ_t schedule (flow matching): the zero-terminal-SNR spacing is not judged")
+    elif float(ta[-1]) >= 1e-6:
+        judged.append(
+            f"(2) {tn} ᾱ at t = {len(ta) - 1} is {float(ta[-1]):.2g} > 0: not zero terminal SNR, any "
+            f"timestep_spacing fits ({iname}: {spacing!r})"
+        )
+    elif spacing == "trailing":
+        try:
+            start = D.first_timesteps(infer, dlcheck.setting("probe_steps"))[0]
+        except Exception:  # noqa: BLE001 - a sampler that cannot be rebuilt from its config: the spacing says enough
+            start = None
+        judged.append(
+            "(2) zero terminal SNR sampled with timestep_spacing='trailing'"
+            + (f": {dlcheck.setting('probe_steps')}-step sampling starts at t = {start}" if start is not None else "")
+        )
     if ta is not None and float(ta[-1]) < 1e-6 and spacing != "trailing" and hasattr(infer, "set_timesteps") and T:
         steps = dlcheck.setting("probe_steps")
         try:
             first = D.first_timesteps(infer, steps)
         except Exception:  # noqa: BLE001 - a sampler that cannot be rebuilt from its config: say so below
             first = None
+        if first is not None and first[0] >= T - 1:
+            judged.append(f"(2) zero terminal SNR: {steps}-step sampling starts at t = {first[0]}")
         if first is not None and first[0] < T - 1:
             findings.append(
                 (
@@ -264,6 +327,21 @@ def check_sampler_settings(dlcheck):
 
     # (3) clipping in latent space
     latent_space = dlcheck.has("vae")
+    clips = [f for f in ("clip_sample", "thresholding") if _get(ic, f)]
+    pixels = None if latent_space else D.pixel_space(dlcheck)
+    if pixels is not None:
+        judged.append(
+            f"(3) {pixels}: "
+            + (
+                f"{', '.join(clips)} clamps the predicted x0 to ±1, which fits [-1, 1] images"
+                if clips
+                else "no clipping (clip_sample=False, thresholding=False)"
+            )
+        )
+    elif not latent_space:
+        judged.append("(3) no VAE known and the denoiser's input space is unknown: clipping not judged")
+    elif not clips:
+        judged.append(f"(3) latent space (dlcheck_vae): {iname} clip_sample=False, thresholding=False")
     if latent_space:
         lat = None
         if draws is not None and all(d.get("latents") is not None for d in draws):
@@ -291,6 +369,16 @@ def check_sampler_settings(dlcheck):
                     )
                 )
     if not findings:
+        decided = [x for x in judged if "not judged" not in x and "not measured" not in x]
+        if not decided:
+            dlcheck.skip("DF6 cannot decide: " + "; ".join(judged))
+        dlcheck.measured(
+            f"{iname} fits what {tn} trains: " + "; ".join(x.split(") ", 1)[1] for x in decided[:2]),
+            *judged,
+            prediction_type=ip,
+            timestep_spacing=spacing,
+            latent_space=latent_space,
+        )
         return
     notes = [
         f"{f}: {tn} {_show(_get(tc, f))}, {iname} {_show(_get(ic, f))}"

@@ -26,8 +26,7 @@ def _batch_size(dlcheck: Any) -> tuple[int | None, str]:
     "V7",
     domain="vision",
     title="BatchNorm trained with tiny per-device batches",
-    roles=("model",),
-    optional_roles=("dataloader", "training_args"),
+    optional_roles=("model", "dataloader", "training_args"),
     settings=(
         Setting(
             "min_batch_size",
@@ -59,27 +58,76 @@ def check_batchnorm_batch(dlcheck):
         The model is judged in the mode it is handed over: a training loop that calls model.train() and
         then freezes BatchNorm itself is not seen (hand over the model as it trains). Gradient
         accumulation does not help BatchNorm and is not taken into account.
+    Not applicable
+        Models without BatchNorm: transformers (ViT, language models, CLIP towers: LayerNorm), diffusion
+        UNets (GroupNorm), models normalised with GroupNorm/LayerNorm only; models that are not a
+        torch.nn.Module; data without images (a language model's token batches).
     """
     model = dlcheck.role("model")
+    if model is MISSING and V.diffusion_marker(dlcheck) is not None:
+        model = dlcheck.role("unet")  # a diffusion training hands its denoiser over as dlcheck_unet / _pipeline
+    if model is MISSING:
+        V.get_vision_sample(dlcheck, "train", required=False)  # not applicable when the data holds no image
+        dlcheck.require("model")
     if not isinstance(model, torch.nn.Module):
-        dlcheck.skip(f"dlcheck_model is a {type(model).__name__}, not a torch.nn.Module")
-    bns = [
-        (n, m)
-        for n, m in model.named_modules()
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(m, torch.nn.SyncBatchNorm)
-    ]
-    if not bns:
+        dlcheck.not_applicable(f"V7 judges torch BatchNorm layers; dlcheck_model is a {type(model).__name__}")
+    all_bn = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    frozen = [n for n, m in model.named_modules() if type(m).__name__.startswith("FrozenBatchNorm")]
+    if not all_bn and frozen:
+        dlcheck.measured(
+            f"all {len(frozen)} BatchNorm layers of {type(model).__name__} are frozen "
+            f"({type(model.get_submodule(frozen[0])).__name__}: fixed statistics, whatever the batch size)",
+            batchnorm_layers=len(frozen),
+            training=0,
+        )
         return
+    if not all_bn:
+        norms = sorted(
+            {type(m).__name__ for m in model.modules() if "norm" in type(m).__name__.lower() and not list(m.children())}
+        )
+        dlcheck.not_applicable(
+            f"{type(model).__name__} has no BatchNorm layer"
+            + (f" (it normalises with {', '.join(norms[:4])})" if norms else "")
+            + ": the per-device batch size does not affect its normalisation"
+        )
+    sync = [n for n, m in all_bn if isinstance(m, torch.nn.SyncBatchNorm)]
+    bns = [(n, m) for n, m in all_bn if not isinstance(m, torch.nn.SyncBatchNorm)]
     training = [(n, m) for n, m in bns if m.training]
     if not training:
+        dlcheck.measured(
+            f"none of the {len(all_bn)} BatchNorm layers of {type(model).__name__} normalises with per-device batch "
+            "statistics: "
+            + "; ".join(
+                x
+                for x in (
+                    f"{len(bns)} in eval mode (frozen)" if bns else "",
+                    f"{len(sync)} SyncBatchNorm (statistics over the global batch)" if sync else "",
+                )
+                if x
+            ),
+            batchnorm_layers=len(all_bn),
+            training=0,
+            sync=len(sync),
+        )
         return
     bs, where = _batch_size(dlcheck)
     if bs is None:
-        dlcheck.skip("missing role: the batch size is unknown: define fixture dlcheck_dataloader in conftest.py")
+        dlcheck.skip(
+            "missing role: define fixture dlcheck_dataloader (or dlcheck_training_args) in conftest.py: "
+            f"{len(training)} BatchNorm layers train and the per-device batch size is unknown"
+        )
     limit = dlcheck.setting("min_batch_size")
-    if bs >= limit:
-        return
     kinds = sorted({type(m).__name__ for _, m in training})
+    if bs >= limit:
+        dlcheck.measured(
+            f"{where}: each BatchNorm step normalises over {bs} images, at least {limit}; "
+            f"{len(training)} of {len(all_bn)} {'/'.join(kinds)} layers are in training mode",
+            batch_size=bs,
+            limit=limit,
+            batchnorm_layers=len(all_bn),
+            training=len(training),
+        )
+        return
     trainable = sum(1 for _, m in training if any(p.requires_grad for p in m.parameters(recurse=False)))
     names = ", ".join(n for n, _ in training[:3])
     evidence = [

@@ -118,13 +118,18 @@ def check_boxes_labels(dlcheck):
         Plain-tensor boxes with no dlcheck_box_format and a model that is not a torchvision detector
         cannot be judged (skip). A dataset whose sampled boxes are all valid in the wrong format too
         (x2 > x1 by chance on every box) passes; the sample size (--dlcheck-samples) helps.
+    Not applicable
+        Segmentation (V5 judges mask values), data without targets (a diffusion or self-supervised
+        training), vision-language batches (token targets), and data without images.
     """
     sample = V.get_vision_sample(dlcheck, "train")
+    V.require_task(dlcheck, sample, ("detection", "classification"), "boxes and class ids")
     model = dlcheck.role("model")
     tv_det = model is not MISSING and V.is_tv_detection(model)
     n_classes, where = V.num_classes(dlcheck, sample)
     tol = dlcheck.setting("edge_tolerance")
     judged = False
+    passed: list[str] = []  # what a pass measured
 
     det = [i for i in sample.of_kind("detection") if i.boxes is not None and len(i.boxes)]
     if det:
@@ -219,6 +224,10 @@ def check_boxes_labels(dlcheck):
                         "(T.ClampBoundingBoxes()), and transform boxes together with the image (tv_tensors.BoundingBoxes)"
                     )
                 dlcheck.fail(ev, cause, fix)
+            passed.append(
+                f"{total} boxes of {len(items)} sampled images are valid read as {label} (declared by {src}): "
+                f"x2 > x1, y2 > y1, inside the image ± {tol:g}"
+            )
             if not normalized:
                 coords = [float(i.boxes.abs().max()) for i in items]
                 sizes = [min(i.size) for i in items if i.size]
@@ -242,11 +251,26 @@ def check_boxes_labels(dlcheck):
             problem = _label_problem(values, n_classes, where, background=tv_det)
             if problem:
                 dlcheck.fail(*problem)
+            lo = 1 if tv_det else 0
+            passed.append(
+                f"{len(values)} box labels ({min(values)}–{max(values)}) lie in {lo}..{n_classes - 1} "
+                f"(num_classes {n_classes} from {where}"
+                + ("; 0 is a torchvision detector's background" if tv_det else "")
+                + ")"
+            )
+        elif values:
+            passed.append(
+                f"{len(values)} box labels not judged: the number of classes is unknown (define dlcheck_num_classes)"
+            )
         if not judged and unknown:
             dlcheck.skip(
-                "missing role: the boxes are plain tensors and nothing declares their format: define "
-                "fixture dlcheck_box_format ('xyxy', 'xywh' or 'cxcywh') in conftest.py"
+                "missing role: define fixture dlcheck_box_format ('xyxy', 'xywh' or 'cxcywh') in conftest.py: the "
+                "boxes are plain tensors and nothing declares their format"
             )
+        if unknown:
+            passed.append(f"{len(unknown)} images with plain-tensor boxes of undeclared format not judged")
+        boxes = sum(len(i.boxes) for i in det)
+        dlcheck.measured(*passed, images=len(det), boxes=boxes, labels=len(values), num_classes=n_classes)
         return
 
     cls = [i for i in sample.of_kind("classification") if i.label is not None]
@@ -266,10 +290,17 @@ def check_boxes_labels(dlcheck):
             if bad is not None:
                 ev.append(f"e.g. {bad.where}: label {bad.label}")
             dlcheck.fail(ev, cause, fix)
+        found = sorted(set(values))
+        dlcheck.measured(
+            f"{len(values)} labels ({source or sample.source}) take {len(found)} values {min(found)}–{max(found)}, "
+            f"all in 0..{n_classes - 1} (num_classes {n_classes} from {where})",
+            labels=len(values),
+            min_label=min(found),
+            max_label=max(found),
+            num_classes=n_classes,
+        )
         return
-    if sample.task == "segmentation":
-        dlcheck.skip("segmentation masks: their values are checked by V5")
     dlcheck.skip(
-        f"the sampled targets carry no boxes or class labels ({sample.source}: target "
-        f"{type(sample.items[0].target).__name__})"
+        f"the sampled {sample.task} targets carry no boxes or class labels ({sample.source}: target "
+        f"{V.type_name(sample.items[0].target)})"
     )

@@ -41,7 +41,12 @@ def _balancing(loss_fn: Any, loader: Any) -> str | None:
             "labels read (spread over the dataset) when it exposes none cheaply "
             "(ImageFolder/CIFAR .targets, a datasets label column)",
         ),
-        Setting("min_labels", 40, "fewer labels than this cannot show a ratio reliably: skip"),
+        Setting(
+            "min_labels",
+            40,
+            "fewer labels than this cannot show a ratio reliably, even when they are the whole dataset "
+            "(a 32-example fixture is a slice of the real data): skip, saying how many were read",
+        ),
     ),
 )
 def check_class_imbalance(dlcheck):
@@ -66,40 +71,71 @@ def check_class_imbalance(dlcheck):
         Classification only: pixel imbalance in segmentation and box imbalance in detection are normal
         and left alone. Without dlcheck_loss_fn the check skips (it cannot see the weighting).
         Imbalance handled by oversampling in the dataset itself is seen only through the labels drawn.
+        Fewer than 40 labels (V6.min_labels) skip, even when they are the whole dataset.
+    Not applicable
+        Detection and segmentation data, data without targets (a diffusion or self-supervised training),
+        vision-language batches, and data without images.
     """
     loss_fn, loader = dlcheck.role("loss_fn"), dlcheck.role("dataloader")
     sample = V.get_vision_sample(dlcheck, "train")
-    if sample.task != "classification" or any(i.soft for i in sample.items):
+    V.require_task(dlcheck, sample, ("classification",), "single-label class imbalance")
+    if any(i.soft for i in sample.items):
         dlcheck.skip(
-            f"V6 judges single-label classification; the sampled targets are {sample.task}"
-            + (" with soft labels" if any(i.soft for i in sample.items) else "")
+            f"the sampled classification targets ({sample.source}) are soft labels (mixup/cutmix or one-hot): V6 "
+            "reads one class id per example"
         )
     balancing = _balancing(loss_fn, loader)
-    if balancing:
-        return
-    if loss_fn is MISSING:
+    if loss_fn is MISSING and not balancing:
         dlcheck.skip("missing role: define fixture dlcheck_loss_fn in conftest.py (V6 reads its class weights)")
     labels, source, complete = V.label_population(dlcheck, sample, dlcheck.setting("label_samples"))
-    if not complete and len(labels) < dlcheck.setting("min_labels"):
+    min_labels = dlcheck.setting("min_labels")
+    if len(labels) < min_labels:
+        if balancing:
+            dlcheck.measured(
+                f"the imbalance is compensated: {balancing} (only {len(labels)} labels could be read, "
+                f"{source or sample.source}: too few to measure the ratio)",
+                labels=len(labels),
+                balancing=balancing,
+            )
+            return
         dlcheck.skip(
-            f"only {len(labels)} labels could be read ({source or sample.source}); V6 needs "
-            f"{dlcheck.setting('min_labels')}"
+            f"only {len(labels)} labels ({source or sample.source}"
+            + (", the whole dataset" if complete else "")
+            + f"), below V6.min_labels = {min_labels}: too few to measure a class ratio; hand over the full "
+            "training dataset"
         )
     counts = Counter(labels)
-    if len(set(labels)) < 2 and not complete:
+    if len(set(labels)) < 2:
         dlcheck.skip(f"all {len(labels)} labels read ({source}) are one class; V6 cannot see a ratio")
     n_classes, _ = V.num_classes(dlcheck, sample)
     classes = sorted(set(counts) | (set(range(n_classes)) if n_classes else set()))
     present = {c: counts[c] for c in classes if counts[c] > 0}
     most, least = max(present, key=present.get), min(present, key=present.get)
     ratio = present[most] / present[least]
-    if ratio <= dlcheck.setting("max_ratio"):
-        return
     total = sum(counts.values())
     shown = sorted(present.items(), key=lambda kv: -kv[1])
     hist = ", ".join(f"class {c}: {k} ({100 * k / total:.1f}%)" for c, k in shown[:8]) + (
         " …" if len(shown) > 8 else ""
     )
+    limit = dlcheck.setting("max_ratio")
+    if ratio <= limit or balancing:
+        head = (
+            f"the {len(present)} classes are equally frequent ({present[most]} labels each) over {total} labels, "
+            f"ratio 1:1"
+            if present[most] == present[least]
+            else f"class {most} outnumbers class {least} {ratio:.3g}:1 over {total} labels"
+        )
+        dlcheck.measured(
+            head + (f" (limit {limit:g}:1)" if ratio <= limit else f", compensated: {balancing}"),
+            f"label histogram over {source}: {hist}",
+            *([f"compensated: {balancing}"] if balancing and ratio <= limit else []),
+            labels=total,
+            ratio=round(ratio, 4),
+            limit=limit,
+            classes=len(present),
+            balancing=balancing,
+        )
+        return
     absent = [c for c in classes if counts[c] == 0]
     evidence = [
         f"label histogram over {source}: {hist}",

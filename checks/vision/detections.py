@@ -4,6 +4,7 @@ from typing import Any
 
 import torch
 
+from ...errors import MISSING
 from ...guard import eval_mode, preserved_rng
 from ...registry import Setting, check
 from . import measure as V
@@ -73,8 +74,7 @@ def _anchor_sizes(model: Any) -> str:
     "V4",
     domain="vision",
     title="detections vanish after thresholds, or anchors cannot reach the objects",
-    roles=("model",),
-    optional_roles=("dataset", "dataloader", "box_format"),
+    optional_roles=("model", "dataset", "dataloader", "box_format"),
     settings=(
         Setting(
             "max_score_thresh",
@@ -124,11 +124,20 @@ def check_detections(dlcheck):
     Known problems
         An untrained model with a moderate threshold may output nothing: that skips rather than fails.
         FCOS is anchor-free (anchor part skipped). Only torchvision detection models are inspected.
+    Not applicable
+        Models that are not torchvision detectors (classifiers, segmenters, language or diffusion models,
+        detectors of other libraries), and data whose targets are not boxes.
     """
     model = dlcheck.role("model")
+    if model is MISSING:
+        found = V.get_vision_sample(dlcheck, "train", required=False)  # not applicable: RL, data without images
+        if found is not None:
+            V.require_task(dlcheck, found, ("detection",), "a detector's outputs")
+        dlcheck.require("model")
     if not V.is_tv_detection(model):
-        dlcheck.skip(f"dlcheck_model is a {type(model).__name__}, not a torchvision detection model")
+        dlcheck.not_applicable(f"V4 inspects torchvision detection models; dlcheck_model is a {type(model).__name__}")
     sample = V.get_vision_sample(dlcheck, "train")
+    V.require_task(dlcheck, sample, ("detection",), "a detector's outputs")
     items = [i for i in sample.of_kind("detection") if i.image is not None and not i.pil and len(i.boxes)]
     if not items:
         dlcheck.skip(f"no sampled image with boxes in {sample.source}")
@@ -178,18 +187,37 @@ def check_detections(dlcheck):
             + ": the model looks untrained, so the threshold cannot be judged"
         )
 
+    kept = sum(1 for c in counts if c)
+    post_line = (
+        f"{kept} of {len(counts)} sampled images keep detections after post-processing ({sum(counts)} in all; "
+        f"score_thresh={thresh:g}, detections_per_img={per_img})"
+    )
+    post_data = dict(images=len(counts), images_with_detections=kept, score_thresh=thresh, detections_per_img=per_img)
+
     # 2. anchors (FCOS is anchor-free: its generator only places points)
     if type(model).__name__ == "FCOS" or (
         getattr(model, "anchor_generator", None) is None
         and getattr(getattr(model, "rpn", None), "anchor_generator", None) is None
     ):
+        dlcheck.measured(post_line, f"{type(model).__name__} is anchor-free: no anchors to judge", **post_data)
         return
     ious = dlcheck.memo(model, f"vision:V4:anchors:{id(sample)}", lambda: _anchor_ious(dlcheck, model, items))
     all_ious = torch.cat([r[2] for r in ious]) if ious else torch.zeros(0)
     if not all_ious.numel():
+        dlcheck.measured(post_line, "no ground-truth box reached the anchor comparison", **post_data)
         return
     low = float((all_ious < dlcheck.setting("min_anchor_iou")).double().mean())
     if low <= dlcheck.setting("max_unreachable_share"):
+        dlcheck.measured(
+            post_line,
+            f"{100 * (1 - low):.0f}% of {all_ious.numel()} ground-truth boxes have a best anchor IoU ≥ "
+            f"{dlcheck.setting('min_anchor_iou'):g} (median {float(all_ious.median()):.2f}; at most "
+            f"{100 * dlcheck.setting('max_unreachable_share'):.0f}% may fall below); {_anchor_sizes(model)}",
+            **post_data,
+            boxes=int(all_ious.numel()),
+            median_anchor_iou=round(float(all_ious.median()), 4),
+            unreachable_share=round(low, 4),
+        )
         return
     it, boxes, best, anchors = min(ious, key=lambda r: float(r[2].min()))
     k = int(best.argmin())

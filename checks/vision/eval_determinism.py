@@ -27,9 +27,10 @@ def _image_of(out: Any) -> Any:
     return img
 
 
-def _transform_reads(dlcheck: Any, tol: float) -> tuple[list[str], bool] | None:
+def _transform_reads(dlcheck: Any, tol: float) -> tuple[list[str], str] | None:
     """Read the eval data twice at the same positions (or run the eval transform twice on one synthetic
-    image); evidence lines of the differences and whether it was judged at all."""
+    image): evidence lines of the differences, and what was compared (for a pass). None when there is no
+    eval data or transform; not applicable when the eval examples hold no image."""
     ds = V.map_dataset(dlcheck, "eval")
     tf = dlcheck.role("eval_transform")
     role = "eval_dataset" if dlcheck.has("eval_dataset") else "eval_dataloader"
@@ -58,19 +59,23 @@ def _transform_reads(dlcheck: Any, tol: float) -> tuple[list[str], bool] | None:
         return None
     judged = [(w, a, b) for w, a, b in reads if a is not None and b is not None]
     if not judged:
-        return None
+        dlcheck.not_applicable(f"{reads[0][0]} holds no image: V2 judges an image pipeline's eval transform")
     lines = []
+    worst = 0.0
     for where, a, b in judged:
         if a.shape != b.shape:
             lines.append(f"{where} read twice: shapes {tuple(a.shape)} and {tuple(b.shape)}")
             continue
         diff = (a.double() - b.double()).abs()
+        worst = max(worst, float(diff.max()))
         if float(diff.max()) > tol:
             lines.append(
                 f"{where} read twice: max |Δ| {float(diff.max()):.3g}, "
                 f"{100 * float((diff > tol).double().mean()):.0f}% of pixel values differ"
             )
-    return lines, True
+    what = judged[0][0] if len(judged) == 1 else f"{len(judged)} eval examples ({', '.join(w for w, _, _ in judged)})"
+    compared = f"{what} read twice under different seeds: identical (max |Δ| {worst:.3g} ≤ {tol:g})"
+    return lines, compared
 
 
 def _zip_collate(batch: list) -> tuple:
@@ -157,7 +162,19 @@ def _mode_problems(dlcheck: Any, model: Any, eval_fn: Any) -> tuple[list[str], s
     if error is not None and not seen_training and not raised_training[0]:
         raise RoleError("eval_fn", f"raised {type(error).__name__}: {error}") from error
     if not seen_training and not moved and error is None:
-        return [], ""
+        hooked = sum(1 for m in model.modules() if isinstance(m, NORM_TYPES))
+        d = V.max_abs_diff(outputs[0], outputs[1])
+        same = (
+            "two runs give identical outputs"
+            if d == 0
+            else "its outputs were not captured"
+            if d is None
+            else f"two runs' outputs differ by {'shape' if math.isinf(d) else f'{d:.3g}'}"
+        )
+        return [], (
+            f"dlcheck_eval_fn called twice right after model.train(): 0 of {hooked} BatchNorm/Dropout/InstanceNorm "
+            f"modules ran in training mode, no BatchNorm running mean moved ({len(bn)} tracked), {same}"
+        )
     lines = []
     if seen_training:
         names = sorted(set(seen_training.values()))
@@ -183,7 +200,7 @@ def _mode_problems(dlcheck: Any, model: Any, eval_fn: Any) -> tuple[list[str], s
                 "two runs on the same examples give different outputs (max |Δ| "
                 f"{'shape differs' if math.isinf(d) else f'{d:.3g}'})"
             )
-    return lines, "dlcheck_eval_fn"
+    return lines, ""
 
 
 @check(
@@ -227,10 +244,22 @@ def check_eval_determinism(dlcheck):
     Known problems
         Test-time augmentation on purpose should ignore V2. Without dlcheck_eval_fn the eval-mode half is
         not checked: the model's mode during your eval loop cannot be seen otherwise.
+    Not applicable
+        Data without images (a language model's token batches, tabular rows), and a diffusion training
+        without eval data: it evaluates by sampling, with no eval split or eval transform.
     """
     tol = dlcheck.setting("atol")
-    reads = _transform_reads(dlcheck, tol)
     model, eval_fn = dlcheck.role("model"), dlcheck.role("eval_fn")
+    has_eval = any(dlcheck.has(r) for r in ("eval_dataset", "eval_dataloader", "eval_transform"))
+    if not has_eval and not (model is not MISSING and eval_fn is not MISSING):
+        marker = V.diffusion_marker(dlcheck)
+        if marker is not None:
+            dlcheck.not_applicable(
+                f"a diffusion training ({marker}) without eval data: it evaluates by sampling, with no eval "
+                "split or eval transform"
+            )
+        V.get_vision_sample(dlcheck, "train", required=False)  # not applicable when the data holds no image
+    reads = _transform_reads(dlcheck, tol)
     mode = _mode_problems(dlcheck, model, eval_fn) if model is not MISSING and eval_fn is not MISSING else None
     if reads is None and mode is None:
         dlcheck.skip(
@@ -282,3 +311,20 @@ def check_eval_determinism(dlcheck):
         fix = f"{fix}; and {m_fix}" if fix else m_fix
     if evidence:
         dlcheck.fail(evidence, cause, fix)
+    lines = [x for x in (reads[1] if reads else "", mode[1] if mode else "") if x]
+    if reads is None:
+        lines.append("the eval transform was not checked: define dlcheck_eval_dataset or dlcheck_eval_transform")
+    if mode is None:
+        lines.append(
+            "model.eval() was not checked: "
+            + (
+                "no eval batch to call dlcheck_eval_fn on"
+                if model is not MISSING and eval_fn is not MISSING
+                else "define dlcheck_model and dlcheck_eval_fn"
+            )
+        )
+    dlcheck.measured(
+        *lines,
+        eval_reads_identical=reads is not None,
+        eval_fn_in_eval_mode=mode is not None,
+    )

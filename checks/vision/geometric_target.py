@@ -147,7 +147,11 @@ class _Rejected(Exception):
     pass
 
 
-def _synthetic_trials(dlcheck: Any, tf: Any, template: V.Item, trials: int) -> tuple[list[str], int, str]:
+def _synthetic_trials(
+    dlcheck: Any, tf: Any, template: V.Item, trials: int, ious: list[float]
+) -> tuple[list[str], int, str]:
+    """Pass the synthetic (image, target) through ``tf`` ``trials`` times; (evidence of the trials whose
+    target left the object, trials judged, 'box' or 'mask'); every trial's IoU is appended to ``ious``."""
     declared = V.parse_box_format(dlcheck.role("box_format"))
     bad: list[str] = []
     judged = 0
@@ -181,6 +185,7 @@ def _synthetic_trials(dlcheck: Any, tf: Any, template: V.Item, trials: int) -> t
             else:
                 iou = _iou_boxes(_box_of(obj), box)
                 where = f"box {V.fmt_box(box)}"
+            ious.append(iou)
             if iou < dlcheck.setting("min_iou"):
                 bad.append(
                     f"trial {trial}: the object is at {V.fmt_box(_box_of(obj))} in the {size[1]}×{size[0]} "
@@ -197,6 +202,7 @@ def _synthetic_trials(dlcheck: Any, tf: Any, template: V.Item, trials: int) -> t
             inter = float((mask & obj).sum())
             union = float((mask | obj).sum())
             iou = inter / union if union else 1.0
+            ious.append(iou)
             if iou < dlcheck.setting("min_iou"):
                 mbox = _box_of(mask) if mask.any() else None
                 bad.append(
@@ -206,10 +212,11 @@ def _synthetic_trials(dlcheck: Any, tf: Any, template: V.Item, trials: int) -> t
     return bad, judged, kind
 
 
-def _flip_rereads(dlcheck: Any, ds: Any, items: list[V.Item], reads: int) -> list[str]:
+def _flip_rereads(dlcheck: Any, ds: Any, items: list[V.Item], reads: int) -> tuple[list[str], list[str]]:
     """Read the same example several times: an image that comes back mirrored while its target stays put
-    is a flip applied to the image only."""
+    is a flip applied to the image only. Returns (evidence of such a flip, the examples compared)."""
     role = "dataset" if dlcheck.has("dataset") else "dataloader"
+    compared: list[str] = []
     for it in items[:2]:
         if it.position is None:
             continue
@@ -221,9 +228,11 @@ def _flip_rereads(dlcheck: Any, ds: Any, items: list[V.Item], reads: int) -> lis
         if base.image is None or base.pil:
             continue
         a = base.image.double().flatten()
+        pairs = 0
         for other in got[1:]:
             if other.image is None or other.image.shape != base.image.shape:
                 continue
+            pairs += 1
             for dim, name in ((-1, "horizontally"), (-2, "vertically")):
                 b = other.image.double()
                 flipped = b.flip(dim).flatten()
@@ -237,8 +246,12 @@ def _flip_rereads(dlcheck: Any, ds: Any, items: list[V.Item], reads: int) -> lis
                         f"dlcheck_{role}[{it.position}] read {reads} times: one read is the other mirrored "
                         f"{name} (correlation {c_flip:.2f} after flipping back, {c_same:.2f} before) but its "
                         f"target is identical: {same_target}"
-                    ]
-    return []
+                    ], compared
+        if pairs:
+            compared.append(
+                f"dlcheck_dataset[{it.position}]" if role == "dataset" else f"dlcheck_dataloader.dataset[{it.position}]"
+            )
+    return [], compared
 
 
 def _plain_mask(target: Any) -> bool:
@@ -312,12 +325,14 @@ def check_geometric_target(dlcheck):
     Known problems
         A custom dataset whose transform attribute is applied to the image only cannot be told from a joint
         one by calling it; only the re-read test sees its flips (not its crops). A transform that rejects a
-        PIL image with the synthetic target skips. Classification has no spatial target (skip).
+        PIL image with the synthetic target skips.
+    Not applicable
+        Classification (a class label does not move with the image), data without targets (a diffusion or
+        self-supervised training), vision-language batches, and data without images.
     """
     sample = V.get_vision_sample(dlcheck, "train")
+    V.require_task(dlcheck, sample, ("detection", "segmentation"), "boxes and masks moving with the image")
     spatial = [i for i in sample.items if i.kind in ("detection", "segmentation")]
-    if not spatial:
-        dlcheck.skip(f"the sampled targets have no boxes or masks ({sample.task}): nothing to move with the image")
     spatial = [i for i in spatial if i.mask_as_image is None]
     if not spatial:
         dlcheck.skip("the sampled masks come out of the transform as images: V5 owns that; fix it first")
@@ -333,6 +348,9 @@ def check_geometric_target(dlcheck):
     evidence: list[str] = []
     cause = fix = ""
     judged_any = False
+    passed: list[str] = []
+    ious: list[float] = []
+    compared: list[str] = []
 
     tf = dlcheck.role("train_transform")
     base = V.base_dataset(ds) if ds is not None else None
@@ -345,12 +363,19 @@ def check_geometric_target(dlcheck):
     rejected = ""
     if tf is not MISSING and not ambiguous:
         try:
-            bad, judged, kind = _synthetic_trials(dlcheck, tf, template, dlcheck.setting("trials"))
+            bad, judged, kind = _synthetic_trials(dlcheck, tf, template, dlcheck.setting("trials"), ious)
         except _Rejected as exc:
             bad, judged, kind = [], 0, ""
             rejected = f"; the train transform rejects a synthetic (PIL image, target) pair ({exc})"
         if judged:
             judged_any = True
+            if not bad:
+                passed.append(
+                    f"{judged} of {dlcheck.setting('trials')} seeded passes of a synthetic {W}×{H} image with a "
+                    f"matching {kind} (shaped like {template.where}) through the train transform: the {kind} "
+                    f"follows the object (IoU ≥ {min(ious):.2f}, limit {dlcheck.setting('min_iou'):g}); "
+                    f"train transform: {V.pipeline(tf)}"
+                )
         if bad:
             evidence.append(
                 f"synthetic {W}×{H} image, object at {V.fmt_box(OBJECT)} with a matching "
@@ -392,10 +417,16 @@ def check_geometric_target(dlcheck):
         positioned = [i for i in spatial if i.position is not None]
         if not positioned:  # sampled from the dataloader: take the first examples of its dataset
             positioned = [V.Item(None, None, "", p) for p in range(min(2, len(ds)))]
-        reread = dlcheck.memo(
+        reread, compared = dlcheck.memo(
             ds, "vision:V8:reread", lambda: _flip_rereads(dlcheck, ds, positioned, dlcheck.setting("rereads"))
         )
-        judged_any = True
+        if compared or reread:
+            judged_any = True
+        if compared and not reread:
+            passed.append(
+                f"{', '.join(compared)} read {dlcheck.setting('rereads')} times each: no read is another mirrored "
+                "with its target left identical"
+            )
         if reread:
             evidence += reread
             cause = "the dataset flips the image but not its boxes/masks"
@@ -406,7 +437,23 @@ def check_geometric_target(dlcheck):
     if evidence:
         dlcheck.fail(evidence, cause, fix)
     if not judged_any:
+        if rejected or tf is not MISSING or (ds is not None and len(ds)):
+            dlcheck.skip(
+                "V8 cannot decide: "
+                + (
+                    rejected.removeprefix("; ")
+                    if rejected
+                    else "the synthetic object was never found in the transformed images, and re-reading the "
+                    "dataset gave no comparable tensor images"
+                )
+            )
         dlcheck.skip(
             "missing role: define fixture dlcheck_train_transform (a joint transform(image, target)) in "
-            "conftest.py, or hand over a map-style dlcheck_dataset" + rejected
+            "conftest.py, or hand over a map-style dlcheck_dataset"
         )
+    dlcheck.measured(
+        *passed,
+        trials=len(ious),
+        min_iou=round(min(ious), 4) if ious else None,
+        reread_examples=len(compared),
+    )

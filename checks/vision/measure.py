@@ -44,7 +44,12 @@ MAX_MASK_VALUES = 64
 
 
 class VisionSampleError(Exception):
-    """The data cannot be read as (image, target) examples; the checks skip with this reason."""
+    """The data cannot be read as (image, target) examples; the checks skip with this reason, or say they
+    are not applicable when the data holds no image at all (``not_images``: token batches, tabular rows)."""
+
+    def __init__(self, message: str, not_images: bool = False):
+        super().__init__(message)
+        self.not_images = not_images
 
 
 # --------------------------------------------------------------------------------------------------
@@ -255,7 +260,8 @@ def make_item(example: Any, where: str, position: int | None = None) -> Item:
         image, target = example[0], example[1]
     else:
         raise VisionSampleError(
-            f"{where} is a {type(example).__name__}, not an (image, target) pair or a dict with an image"
+            f"{where} is a {type(example).__name__}, not an (image, target) pair or a dict with an image",
+            not_images=not _image_like(example),
         )
     tensor, pil = as_image(image)
     item = Item(tensor, target, where, position, pil=pil)
@@ -278,7 +284,7 @@ def unbatch(batch: Any, where: str) -> list[tuple[Any, Any]]:
     if isinstance(batch, Mapping):
         ikey = next((k for k in IMAGE_KEYS if k in batch), None)
         if ikey is None:
-            raise VisionSampleError(f"{where} has no image field (keys: {', '.join(map(str, batch))})")
+            raise VisionSampleError(f"{where} has no image field (keys: {', '.join(map(str, batch))})", not_images=True)
         images = batch[ikey]
         n = len(images)
         per_key = {k: _rows_of(v, n) for k, v in batch.items() if k != ikey}
@@ -302,8 +308,10 @@ def unbatch(batch: Any, where: str) -> list[tuple[Any, Any]]:
             return list(zip(list(images), rows))
     if isinstance(batch, (list, tuple)) and batch and all(isinstance(b, (list, tuple)) and len(b) >= 2 for b in batch):
         return [(b[0], b[1]) for b in batch]  # a list of examples (collate_fn=list)
+    first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
     raise VisionSampleError(
-        f"{where} is a {type(batch).__name__}: expected (images, targets) or a dict with pixel_values"
+        f"{where} is a {type(batch).__name__}: expected (images, targets) or a dict with pixel_values",
+        not_images=not (_image_like(first) or getattr(first, "ndim", 0) == 4),
     )
 
 
@@ -421,6 +429,12 @@ def get_vision_sample(ctx: Any, split: str = "train", required: bool = True) -> 
     ds_role, dl_role = split_roles(split)
     ds, dl = ctx.role(ds_role), ctx.role(dl_role)
     if ds is MISSING and dl is MISSING:
+        marker = rl_marker(ctx)
+        if marker is not None:
+            ctx.not_applicable(
+                f"an RL training ({marker}): it learns from an environment, with no image dataset or dataloader "
+                "for the vision checks to read"
+            )
         if required:
             ctx.skip(missing_data_reason(split))
         return None
@@ -434,6 +448,8 @@ def get_vision_sample(ctx: Any, split: str = "train", required: bool = True) -> 
                 if not items:
                     raise VisionSampleError(f"dlcheck_{ds_role} is empty")
                 untensored = all(i.image is None or i.pil for i in items)
+                if dl is MISSING and all(i.image is None for i in items):
+                    raise VisionSampleError(f"the examples of dlcheck_{ds_role} carry no image", not_images=True)
                 if not (untensored and dl is not MISSING):
                     sample = VisionSample(items, f"{len(items)} examples of dlcheck_{ds_role}", ds_role, ds)
                     if untensored:
@@ -442,6 +458,8 @@ def get_vision_sample(ctx: Any, split: str = "train", required: bool = True) -> 
             items = _read_loader(dl, n, dl_role)
             if not items:
                 raise VisionSampleError(f"dlcheck_{dl_role} yielded no batch")
+            if all(i.image is None for i in items):
+                raise VisionSampleError(f"the examples of dlcheck_{dl_role} carry no image", not_images=True)
             return VisionSample(
                 items, f"{len(items)} examples from batches of dlcheck_{dl_role}", dl_role, getattr(dl, "dataset", None)
             )
@@ -449,6 +467,8 @@ def get_vision_sample(ctx: Any, split: str = "train", required: bool = True) -> 
     result = ctx.memo(sources, f"vision:sample:{split}:{n}", lambda: _capture(make))
     if isinstance(result, BaseException):
         if isinstance(result, VisionSampleError):
+            if result.not_images:
+                ctx.not_applicable(f"{result}: the data holds no images, so no vision check concerns it")
             if required:
                 ctx.skip(str(result))
             return None
@@ -1036,3 +1056,76 @@ def attach_images(
             images=shown,
             caption=f"{sample.source}, de-normalised" + (" with the transform's Normalize" if norm else ""),
         )
+
+
+# --------------------------------------------------------------------------------------------------
+# which pipelines a vision check concerns
+
+#: roles whose object, when it is a diffusers one, marks the project as a diffusion training
+DIFFUSION_MARKERS = ("pipeline", "vae", "noise_scheduler", "model", "unet")
+TASK_WORDS = {
+    "classification": "class labels (classification)",
+    "detection": "boxes (detection)",
+    "segmentation": "segmentation masks",
+}
+
+
+def _is_diffusers(obj: Any) -> bool:
+    return any(c.__module__.startswith("diffusers.") for c in type(obj).__mro__)
+
+
+def diffusion_marker(ctx: Any) -> str | None:
+    """'dlcheck_pipeline is a diffusers StableDiffusionPipeline' when the project trains a diffusers model
+    (its images go to a VAE or a denoiser, in [-1, 1], without class labels, boxes or masks), else None."""
+    for name in DIFFUSION_MARKERS:
+        try:
+            obj = ctx.role(name)
+        except RoleError:  # a role that raises is its own domain's report, not a reason here
+            continue
+        if obj is not MISSING and obj is not None and _is_diffusers(obj):
+            return f"dlcheck_{name} is a diffusers {type(obj).__name__}"
+    return None
+
+
+#: roles of the rl domain that mark a project as an RL training (it learns from an environment)
+RL_MARKERS = ("algorithm", "env")
+
+
+def rl_marker(ctx: Any) -> str | None:
+    """'dlcheck_algorithm is a PPO' when the project is an RL training, else None."""
+    for name in RL_MARKERS:
+        try:
+            obj = ctx.role(name)
+        except RoleError:
+            continue
+        if obj is not MISSING and obj is not None:
+            return f"dlcheck_{name} is a {type(obj).__name__}"
+    return None
+
+
+def require_task(ctx: Any, sample: VisionSample, tasks: tuple[str, ...], what: str) -> None:
+    """Return when the sampled targets are of one of ``tasks``; else say the check is not applicable (the
+    targets are of another task, absent — a generative pipeline —, or token sequences — a vision-language
+    batch), or skip when the targets cannot be read at all."""
+    if sample.task in tasks:
+        return
+    cid = ctx.check.id
+    head = f"{cid} judges {what}"
+    if sample.task in TASK_WORDS:
+        ctx.not_applicable(f"{head}; the sampled targets ({sample.source}) are {TASK_WORDS[sample.task]}")
+    targets = [i.target for i in sample.items]
+    marker = diffusion_marker(ctx)
+    if all(t is None for t in targets):
+        why = f"a diffusion training: {marker}" if marker else "a generative or self-supervised pipeline"
+        ctx.not_applicable(f"{head}; the sampled examples ({sample.source}) carry no targets ({why})")
+    if all(isinstance(t, Mapping) and "input_ids" in t for t in targets):
+        keys = ", ".join(sorted(map(str, targets[0])))
+        ctx.not_applicable(
+            f"{head}; the sampled targets ({sample.source}) are token sequences ({keys}): a vision-language batch"
+        )
+    if marker:
+        ctx.not_applicable(f"{head}; this is a diffusion training ({marker})")
+    ctx.skip(
+        f"{cid} cannot read the sampled targets ({sample.source}: target {type_name(targets[0])}) as {what}, "
+        "nor as another task's"
+    )

@@ -115,6 +115,13 @@ def _unscaled_cause(tf: Any) -> tuple[str, str]:
             "compare with the normalisation the model declares (timm pretrained_cfg, "
             "image processor, torchvision weights); turn off for a from-scratch model",
         ),
+        Setting(
+            "diffusion_range_tolerance",
+            0.05,
+            "a diffusion training's pixels may exceed [-1, 1] by this much (resampling overshoot) "
+            "before they count as outside the range diffusers' VAEs and pipelines assume; ImageNet-normalised "
+            "pixels reach -2.1 and 2.6",
+        ),
     ),
 )
 def check_normalization(dlcheck):
@@ -140,21 +147,43 @@ def check_normalization(dlcheck):
         T.Compose([T.ToImage(), T.ToDtype(torch.float32, scale=True), T.Normalize(mean, std)]) with the
         mean/std of ``timm.data.resolve_data_config({}, model=model)`` (or the weights' transforms), the
         same Normalize in the train and eval transforms; no Normalize before a torchvision detector.
+        In a diffusion training (a diffusers pipeline, VAE, noise scheduler or denoiser among the roles)
+        the pixels are judged against diffusers' convention, [-1, 1]: [0, 1] images or other statistics fail.
     Known problems
         Channel order (BGR from OpenCV) is not detected. A timm model built with pretrained=False still
         declares its pretrained tag's stats: set V1.compare_declared=false when training from scratch
         with other stats. Needs tensor images from the data or a transform that accepts a PIL image.
+        Without a declared normalisation (a model from scratch, no image processor or weights) only the
+        scale and the train/eval agreement are judged.
+    Not applicable
+        Data without images (token batches of a language model, tabular rows, RL observations), and a
+        diffusion training whose batches hold precomputed latents rather than pixels (DF3 judges those).
     """
     splits = [s for s in (_split(dlcheck, "train"), _split(dlcheck, "eval")) if s is not None and s.stats is not None]
     if not splits:
+        if any(dlcheck.has(r) for r in ("dataset", "dataloader", "train_transform")):
+            dlcheck.skip(
+                "V1 cannot decide: the training data yields no tensor image (PIL images without a tensor transform?) "
+                "and no train transform turns a PIL image into one"
+            )
         dlcheck.skip(V.missing_data_reason("train") + " (or dlcheck_train_transform)")
     declared = V.declared_normalization(dlcheck)
     tol, limit = dlcheck.setting("tolerance"), dlcheck.setting("max_abs_value")
+    diffusion = V.diffusion_marker(dlcheck)
     evidence: list[str] = []
     problems: list[tuple[str, str]] = []  # (cause, fix)
+    judged: list[str] = []  # what a pass measured, beyond the per-split statistics
 
     def stats_line(s: Split) -> str:
         return f"{s.name}: {s.source}: {s.stats.describe()}"
+
+    if diffusion is not None:
+        channels = {len(s.stats.mean) for s in splits}
+        if not channels & {1, 3}:
+            dlcheck.not_applicable(
+                f"a diffusion training ({diffusion}) whose sampled tensors have {'/'.join(map(str, sorted(channels)))} "
+                "channels: precomputed latents, not pixels (DF3 judges the latent scale)"
+            )
 
     for s in splits:
         if s.stats.absmax > limit:
@@ -170,6 +199,50 @@ def check_normalization(dlcheck):
                     f"the images were never scaled to [0, 1]"
                 )
             problems.append(_unscaled_cause(s.transform))
+            continue
+        if diffusion is not None:
+            band = dlcheck.setting("diffusion_range_tolerance")
+            lo, hi = s.stats.min, s.stats.max
+            if -1 - band <= lo < -band and hi <= 1 + band:
+                judged.append(
+                    f"{s.name}: pixels range {lo:.3g} to {hi:.3g}, within [-1, 1] (± {band:g}), the range "
+                    f"diffusers' VAEs and pipelines assume ({diffusion})"
+                )
+                continue
+            evidence.append(stats_line(s))
+            if s.transform is not MISSING:
+                evidence.append(f"{s.name} transform: {V.pipeline(V.image_transform(s.transform))}")
+            if lo >= -band and hi <= 1 + band:
+                evidence.append(
+                    f"the pixels lie in [0, 1] ({lo:.3g} to {hi:.3g}); {diffusion}, which works on images in [-1, 1]"
+                )
+                problems.append(
+                    (
+                        "the images are scaled to [0, 1] but diffusion models work on [-1, 1]: AutoencoderKL encodes "
+                        "[-1, 1] images, and diffusers pipelines turn samples back into pictures with image / 2 + 0.5, "
+                        "so a model trained on [0, 1] gives washed-out, shifted samples",
+                        "append T.Normalize([0.5], [0.5]) after ToDtype(torch.float32, scale=True) (ToTensor()), as "
+                        "diffusers' training scripts do, or feed image * 2 - 1",
+                    )
+                )
+            else:
+                evidence.append(
+                    f"the pixels range {lo:.3g} to {hi:.3g}, outside [-1, 1] (± {band:g}); {diffusion}, which works "
+                    "on images in [-1, 1]"
+                )
+                what = (
+                    f"Normalize(mean=({V.fmt_seq(s.norm[0])}), std=({V.fmt_seq(s.norm[1])}))"
+                    if s.norm is not None
+                    else "a normalisation"
+                )
+                problems.append(
+                    (
+                        f"the images are normalised with {what} (classification statistics) instead of to [-1, 1], "
+                        "the range diffusion VAEs, schedulers (clip_sample) and pipelines assume",
+                        "use T.Normalize([0.5], [0.5]) after ToDtype(torch.float32, scale=True) (ToTensor()), as "
+                        "diffusers' training scripts do",
+                    )
+                )
             continue
         if declared is not None and declared.internal:
             if s.norm is not None or s.stats.min < -0.01:
@@ -192,6 +265,11 @@ def check_normalization(dlcheck):
                         "model if you need other stats",
                     )
                 )
+            else:
+                judged.append(
+                    f"{s.name}: no Normalize in the transform and no negative input (min {s.stats.min:.3g}): "
+                    f"{declared.source}"
+                )
             continue
         if declared is not None and dlcheck.setting("compare_declared"):
             if s.norm is not None:
@@ -211,6 +289,11 @@ def check_normalization(dlcheck):
                             "(timm: timm.data.resolve_data_config({}, model=model))",
                         )
                     )
+                else:
+                    judged.append(
+                        f"{s.name} transform Normalize(mean=({V.fmt_seq(mean)}), std=({V.fmt_seq(std)})) matches "
+                        f"the model's ({declared.source}) within {tol:g}"
+                    )
                 continue
             identity = _close(declared.mean, [0.0], 1e-6) and _close(declared.std, [1.0], 1e-6)
             if not identity and s.stats.min >= -1e-6 and s.stats.max <= 1.0 + 1e-6 and s.real:
@@ -226,6 +309,14 @@ def check_normalization(dlcheck):
                         f"std={[round(v, 4) for v in declared.std]}) to the train and eval transforms",
                     )
                 )
+            else:
+                judged.append(
+                    f"{s.name}: no Normalize transform to compare with the model's mean=({V.fmt_seq(declared.mean)}) "
+                    f"std=({V.fmt_seq(declared.std)}) ({declared.source}); the inputs are not raw [0, 1] "
+                    f"(range {s.stats.min:.3g} to {s.stats.max:.3g})"
+                )
+        elif declared is not None:
+            judged.append(f"{s.name}: the comparison with {declared.source} is off (V1.compare_declared=false)")
 
     by = {s.name: s for s in splits}
     tr, ev = by.get("train"), by.get("eval")
@@ -248,6 +339,8 @@ def check_normalization(dlcheck):
                         f"std={[round(v, 4) for v in tr.norm[1]]}) in the eval transform (define the stats once)",
                     )
                 )
+            else:
+                judged.append(f"train and eval transforms apply the same Normalize (within {tol:g})")
         elif tr.real and ev.real and len(tr.stats.mean) == len(ev.stats.mean):
             shift = max(abs(a - b) / max(sd, 1e-6) for a, b, sd in zip(tr.stats.mean, ev.stats.mean, tr.stats.std))
             ratio = max(
@@ -265,7 +358,31 @@ def check_normalization(dlcheck):
                         "as in the train transform",
                     )
                 )
+            else:
+                judged.append(
+                    f"eval inputs' mean within {shift:.2f} train stds (limit {dlcheck.setting('max_split_shift'):g}), "
+                    f"std ratio {ratio:.2f} (limit {dlcheck.setting('max_split_std_ratio'):g})"
+                )
     if not problems:
+        absmax = max(s.stats.absmax for s in splits)
+        if declared is None and diffusion is None:
+            judged.append(
+                "the model declares no normalisation (no timm pretrained_cfg, image processor or dlcheck_weights): "
+                "only the scale" + (" and the train/eval agreement were" if len(splits) > 1 else " was") + " judged"
+            )
+        head = splits[0]
+        dlcheck.measured(
+            f"{' + '.join(f'{s.stats.n} {s.name}' for s in splits)} images: |values| ≤ {absmax:.3g} (0–255 pixels "
+            f"exceed {limit:g}); {head.name} per-channel mean ({V.fmt_seq(head.stats.mean)}) std "
+            f"({V.fmt_seq(head.stats.std)})",
+            *[stats_line(s) for s in splits],
+            *judged,
+            max_abs=round(absmax, 4),
+            limit=limit,
+            splits=[s.name for s in splits],
+            mean={s.name: [round(v, 4) for v in s.stats.mean] for s in splits},
+            std={s.name: [round(v, 4) for v in s.stats.std] for s in splits},
+        )
         return
     cause, fix = problems[0]
     dlcheck.fail(evidence, cause, fix)

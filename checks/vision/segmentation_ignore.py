@@ -66,8 +66,12 @@ def check_segmentation_ignore(dlcheck):
     Known problems
         Without dlcheck_loss_fn or dlcheck_ignore_index a value outside 0..C-1 cannot be judged (skip).
         Only semantic masks (one class id per pixel) are read; instance masks of detection targets are not.
+    Not applicable
+        Classification and detection data (no semantic masks), data without targets (a diffusion or
+        self-supervised training), vision-language batches, and data without images.
     """
     sample = V.get_vision_sample(dlcheck, "train")
+    V.require_task(dlcheck, sample, ("segmentation",), "segmentation masks")
     as_image = [i for i in sample.of_kind("segmentation") if i.mask_as_image is not None]
     if as_image:
         it = as_image[0]
@@ -147,8 +151,9 @@ def check_segmentation_ignore(dlcheck):
     if outside:
         if loss_fn is MISSING and declared is None:
             dlcheck.skip(
-                f"masks contain {', '.join(map(str, outside[:5]))}, outside classes 0–{n - 1}: define fixture "
-                "dlcheck_loss_fn (or dlcheck_ignore_index) in conftest.py so V5 can tell whether it is ignored"
+                "missing role: define fixture dlcheck_loss_fn (or dlcheck_ignore_index) in conftest.py: the masks "
+                f"contain {', '.join(map(str, outside[:5]))}, outside classes 0–{n - 1}, and V5 cannot tell whether "
+                "the loss ignores it"
             )
         evidence.append(allowed_line)
         evidence += [f"  {share(v)}" for v in outside[:4]]
@@ -208,3 +213,24 @@ def check_segmentation_ignore(dlcheck):
             "counts unlabelled regions",
             f"{type(metric).__name__}(..., ignore_index={reference})",
         )
+    agree = []
+    if declared is not None and loss_ignore is not None:
+        agree.append(f"the data's void value {declared} is the loss's ignore_index")
+    if metric is not MISSING and reference is not None:
+        agree.append(f"dlcheck_metric {type(metric).__name__} ignores {metric_ignore} too")
+    elif metric is MISSING:
+        agree.append("no dlcheck_metric: the metric's ignore_index was not compared")
+    void = [v for v in values if v in ignored]
+    dlcheck.measured(
+        f"{len(values)} mask values over {len(masks)} sampled masks: {len(values) - len(void)} classes within 0–{n - 1}"
+        + (f", {', '.join(f'{v:g}' for v in void)} ignored" if void else ", nothing outside")
+        + f" (num_classes {n} from {where})",
+        evidence[0],
+        allowed_line,
+        *[f"  {share(v)}" for v in void],
+        *agree,
+        values=[float(v) for v in values],
+        num_classes=n,
+        masks=len(masks),
+        ignore_index=loss_ignore if loss_ignore is not None else declared,
+    )

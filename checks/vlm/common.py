@@ -3,9 +3,13 @@ trainable (run once per session and reused by X1 and X3)."""
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
 from ...errors import MISSING, RoleError
+from ...sampling import get_sample
+from ...session import NOT_APPLICABLE
 from . import measure as vlm
 
 SETUP_HINT = (
@@ -14,12 +18,129 @@ SETUP_HINT = (
 )
 
 
+#: roles whose diffusers object marks a diffusion training (the vlm checks do not concern it)
+DIFFUSION_MARKERS = ("pipeline", "vae", "noise_scheduler", "unet")
+#: roles of the rl domain that mark an RL training
+RL_MARKERS = ("algorithm", "env")
+
+
+def _forward_params(model: Any) -> list[str]:
+    try:
+        return list(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError, AttributeError):
+        return []
+
+
+def not_vlm(model: Any) -> str | None:
+    """Why ``model`` is certainly not a vision-language model (a transformers text-only LM: no vision
+    config, no pixel_values in its forward; a torchvision/timm image model; a diffusers denoiser); None
+    when it is one, or may be (a custom module whose towers have other names)."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module) or vlm.find_towers(model) is not None:
+        return None
+    name = type(model).__name__
+    if any(c.__module__.startswith("diffusers.") for c in type(model).__mro__):
+        return f"dlcheck_model is a diffusers {name}, a diffusion denoiser"
+    config = getattr(model, "config", None)
+    params = _forward_params(model)
+    if config is not None and hasattr(config, "to_dict"):  # a transformers model: its config says what it is
+        vision = [
+            k
+            for k in ("vision_config", "image_token_id", "image_token_index", "mm_vision_tower")
+            if getattr(config, k, None) is not None
+        ]
+        if vision or any(p in params for p in ("pixel_values", "images", "image")):
+            return None
+        if "input_ids" in params:
+            return (
+                f"{name} is a text-only model: its config has no vision_config and its forward takes no pixel_values, "
+                "so it has no vision tower, projector or image tokens"
+            )
+        return f"{name} takes no input_ids: not a vision-language model"
+    library = type(model).__module__.split(".")[0]
+    if library in ("torchvision", "timm"):
+        return f"dlcheck_model is a {library} {name}, an image model without a language model"
+    return None
+
+
+def _images_in(batch: Any) -> bool:
+    import torch
+
+    return any(
+        k in ("pixel_values", "images", "image")
+        or (isinstance(v, torch.Tensor) and v.dim() >= 4 and v.is_floating_point())
+        for k, v in batch.items()
+    )
+
+
+def _data_without_images(ctx: Any) -> str | None:
+    """Why the sampled batches show a text-only pipeline (token batches without any image), else None; the
+    data is read only when it is there (a dataloader, or a collator with a dataset)."""
+    import pytest
+
+    if not (ctx.has("dataloader") or (ctx.has("collator") and ctx.has("dataset"))):
+        return None
+    try:
+        sample = get_sample(ctx)
+    except RoleError:
+        return None  # the user's data raises: the checks that read it report it
+    except pytest.skip.Exception as exc:
+        if str(exc.msg).startswith(NOT_APPLICABLE):
+            raise  # batches that are no token batches at all (tuples of tensors): not a vision-language pipeline
+        return None
+    batches = [b for b in sample.batches if isinstance(b, Mapping)]
+    if not batches or any(_images_in(b) for b in batches) or not all("input_ids" in b for b in batches):
+        return None
+    keys = ", ".join(sorted(map(str, batches[0])))
+    return f"the batches of {sample.source} carry token ids and no image (keys: {keys}): a text-only pipeline"
+
+
+def not_a_vlm_project(ctx: Any, model: Any = MISSING) -> str | None:
+    """Why the project is not a vision-language training (a text-only or image-only dlcheck_model, a
+    diffusion or RL training, token batches without images), else None."""
+    import torch
+
+    if isinstance(model, torch.nn.Module) and vlm.find_towers(model) is not None:
+        return None
+    if model is not MISSING:
+        reason = not_vlm(model)
+        if reason is not None:
+            return reason
+    for name in DIFFUSION_MARKERS:
+        try:
+            obj = ctx.role(name)
+        except RoleError:
+            continue
+        if obj is not MISSING and any(c.__module__.startswith("diffusers.") for c in type(obj).__mro__):
+            return f"dlcheck_{name} is a diffusers {type(obj).__name__}: a diffusion training"
+    for name in RL_MARKERS:
+        try:
+            obj = ctx.role(name)
+        except RoleError:
+            continue
+        if obj is not MISSING and obj is not None:
+            return f"dlcheck_{name} is a {type(obj).__name__}: an RL training, with no vision-language model"
+    return _data_without_images(ctx)
+
+
+def require_vlm(ctx: Any, model: Any = MISSING) -> None:
+    """Not applicable when the project is certainly not a vision-language training (unless the user
+    declares one: dlcheck_towers or dlcheck_stages)."""
+    if ctx.has("towers") or ctx.has("stages"):
+        return
+    reason = not_a_vlm_project(ctx, model)
+    if reason is not None:
+        ctx.not_applicable(reason)
+
+
 def towers(ctx: Any, model: Any) -> vlm.Towers:
     value = ctx.role("towers")
     if value is MISSING:
+        require_vlm(ctx, model)
         ctx.skip(
-            f"the towers of {type(model).__name__} were not found: define fixture dlcheck_towers "
-            "({'vision': ..., 'projector': ..., 'language_model': [...]}, module paths) in conftest.py"
+            "missing role: define fixture dlcheck_towers ({'vision': ..., 'projector': ..., 'language_model': "
+            f"[...]}}, module paths) in conftest.py: the towers of {type(model).__name__} were not found by name"
         )
     if isinstance(value, vlm.Towers):
         return value
@@ -107,7 +228,7 @@ def stage_states(
         return result, "dlcheck_stage_setup run on dlcheck_model for each stage"
     current = ctx.role("stage")
     if current is MISSING:
-        ctx.skip(f"which stage is the model in? {SETUP_HINT}")
+        ctx.skip(f"missing role: {SETUP_HINT}: which stage is dlcheck_model set up for?")
     if current not in names:
         raise RoleError("stage", f"{current!r} is not a stage of dlcheck_stages ({', '.join(map(repr, names))})")
     state = vlm.count(model, found, current)

@@ -79,8 +79,7 @@ def _diagnose(found: vlm.Towers, states: list[vlm.StageState], tower: str, kind:
     "X1",
     domain="vlm",
     title="wrong freeze schedule across stages",
-    roles=("model", "stages"),
-    optional_roles=("stage_setup", "stage", "towers", "optimizer"),
+    optional_roles=("model", "stages", "stage_setup", "stage", "towers", "optimizer"),
 )
 def check_freeze_schedule(dlcheck):
     """Each training stage trains exactly the towers its declaration names.
@@ -115,13 +114,19 @@ def check_freeze_schedule(dlcheck):
         previous stage's state): give the model as your stage script loads it. A set-up that wraps
         the model (PEFT) should return the wrapped model; modules it replaces on the given model
         cannot be put back. Skips without dlcheck_stage_setup or dlcheck_stage.
+    Not applicable
+        Models without a vision tower: text-only language models (GPT-2, Llama…), torchvision or timm image
+        models, diffusion denoisers.
     """
     model = dlcheck.role("model")
+    common.require_vlm(dlcheck, model)
+    dlcheck.require("model")
     found = common.towers(dlcheck, model)
+    dlcheck.require("stages")
     declared = common.stages(dlcheck, found)
     states, how = common.stage_states(dlcheck, model, found, declared)
 
-    table, bad, other_lines = [], [], []
+    table, bad, other_lines, agree = [], [], [], []
     width = max(len(repr(s.name)) for s in states) + 1
     for state in states:
         stage = common.stage_named(declared, state.name)
@@ -137,6 +142,8 @@ def check_freeze_schedule(dlcheck):
             )
             if not ok:
                 bad.append((state, stage, tower))
+            else:
+                agree.append(f"{tower} {vlm.fmt_int(c.trainable)}/{vlm.fmt_int(c.total)} {want.split(' ')[0]}")
         other = state.counts["other"]
         if other.trainable:
             other_lines.append(
@@ -144,6 +151,21 @@ def check_freeze_schedule(dlcheck):
                 f"(e.g. {', '.join(other.trainable_names)})"
             )
     if not bad:
+        pairs = len(states) * len(found.names)
+        dlcheck.measured(
+            f"{pairs} tower/stage pairs agree with dlcheck_stages: "
+            + "; ".join(
+                f"{s.name!r}: " + ", ".join(a for a in agree[i * len(found.names) : (i + 1) * len(found.names)])
+                for i, s in enumerate(states)
+            ),
+            f"{how}; towers {found.source}",
+            f"{'stage':<{width}} {'tower':<15} {'trainable / total':>25} declared",
+            *table,
+            *other_lines,
+            stages=len(states),
+            towers=len(found.names),
+            trainable={s.name: {t: s.counts[t].trainable for t in found.names} for s in states},
+        )
         return
     evidence = (
         [

@@ -51,8 +51,7 @@ def _other_images(batch: dict) -> torch.Tensor | None:
     "X5",
     domain="vlm",
     title="the model ignores the image",
-    roles=("model", "dataloader"),
-    optional_roles=("tokenizer", "towers"),
+    optional_roles=("model", "dataloader", "tokenizer", "towers"),
     settings=(
         Setting(
             "min_change",
@@ -91,8 +90,13 @@ def check_image_ignored(dlcheck):
         image path is cut, not one that uses the image badly. Variable-resolution models get only the
         noise replacement. Skips when the forward pass fails on a placeholder/feature mismatch (see X2
         and X4).
+    Not applicable
+        Models without a vision tower: text-only language models (GPT-2, Llama…), torchvision or timm image
+        models, diffusion denoisers.
     """
     model = dlcheck.role("model")
+    common.require_vlm(dlcheck, model)
+    dlcheck.require("model")
     tok = dlcheck.role("tokenizer")
     sample = get_sample(dlcheck)
     if not lm.has_token_batches(sample.batches):
@@ -102,7 +106,7 @@ def check_image_ignored(dlcheck):
         image_id = vlm.image_token_id(tok, model)
     if image_id is None:
         dlcheck.skip(
-            "no image token id: dlcheck_model's config has no image_token_id and dlcheck_tokenizer no image_token"
+            "X5 cannot decide: dlcheck_model's config has no image_token_id and dlcheck_tokenizer no image_token"
         )
     text_tok = lm.text_tokenizer(tok) if tok is not MISSING else None
     name = lm.token_text(text_tok, image_id)
@@ -165,6 +169,16 @@ def check_image_ignored(dlcheck):
     best = max(means.values())
     threshold = dlcheck.setting("min_change")
     if best >= threshold:
+        moved = "; ".join(f"{v:.2g} with {k}" for k, v in means.items())
+        dlcheck.measured(
+            f"the logits at {n_positions} text positions after the image move by {moved} (mean ‖Δ logits‖ / "
+            f"‖logits‖; at least {threshold:g} expected)",
+            f"{len(batches)} sampled batch(es) from {sample.source}, each run as is, with each example's image "
+            "replaced by another example's, and by noise of the same per-channel statistics",
+            positions=n_positions,
+            change={k: round(v, 4) for k, v in means.items()},
+            min_change=threshold,
+        )
         return
 
     batch = batches[0]

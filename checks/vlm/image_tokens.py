@@ -6,6 +6,7 @@ from ...errors import MISSING, RoleError
 from ...registry import Setting, check
 from ...sampling import get_sample
 from ..shared import lm
+from . import common
 from . import measure as vlm
 
 MISMATCH_TEXTS = ("image` token count", "image token count", "image tokens do not match")
@@ -30,6 +31,12 @@ def _fix(ml: int | None, most: int) -> str:
     )
 
 
+def _vision_model(model: Any) -> bool:
+    """A model whose config says it sees images (a vision config, an image token id)."""
+    config = getattr(model, "config", None)
+    return any(getattr(config, k, None) is not None for k in ("vision_config", "image_token_id", "image_token_index"))
+
+
 def _source_text(example: Any) -> str | None:
     """The example's text before collation (prompt + completion, text, or the messages' contents)."""
     if not isinstance(example, dict):
@@ -49,8 +56,7 @@ def _source_text(example: Any) -> str | None:
     "X4",
     domain="vlm",
     title="truncation cuts image tokens",
-    roles=("tokenizer", "dataloader"),
-    optional_roles=("model", "collator", "training_args"),
+    optional_roles=("tokenizer", "dataloader", "model", "collator", "training_args"),
     settings=(
         Setting(
             "max_short_share",
@@ -90,14 +96,33 @@ def check_image_tokens(dlcheck):
         example is read from ``pixel_values`` and assumed equal per example for fixed-size towers;
         variable-resolution processors (LlavaNext anyres, Qwen2-VL) need the examples' images
         (dlcheck_collator + dlcheck_dataset, or a trainer).
+    Not applicable
+        Text-only pipelines (a text tokenizer without an image processor, a language model without a vision
+        tower such as GPT-2 or Llama), torchvision or timm image models, diffusion trainings.
     """
-    proc = dlcheck.role("tokenizer")
     model = dlcheck.role("model")
+    if not dlcheck.has("tokenizer"):
+        common.require_vlm(dlcheck, model)
+    (proc,) = dlcheck.require("tokenizer")
     tok = lm.text_tokenizer(proc)
     image_id = vlm.image_token_id(proc, model)
     if image_id is None:
+        reason = common.not_vlm(model) if model is not MISSING else None
+        if (
+            reason is None
+            and getattr(proc, "image_processor", None) is None
+            and (model is MISSING or not _vision_model(model))
+        ):
+            reason = (
+                f"dlcheck_tokenizer ({type(proc).__name__}) is a text tokenizer, with no image processor and no "
+                "image token"
+                + ("" if model is MISSING else f", and dlcheck_model ({type(model).__name__}) has no image_token_id")
+            )
+        reason = reason or common.not_a_vlm_project(dlcheck, model)
+        if reason is not None:
+            dlcheck.not_applicable(reason)
         dlcheck.skip(
-            "no image token: dlcheck_tokenizer is not a processor with image_token, and dlcheck_model's config "
+            "X4 cannot decide: dlcheck_tokenizer is not a processor with image_token, and dlcheck_model's config "
             "has no image_token_id"
         )
     name = lm.token_text(tok, image_id)
@@ -195,8 +220,9 @@ def check_image_tokens(dlcheck):
         else:
             if not fixed:
                 dlcheck.skip(
-                    "the processor's expansion depends on the image size and the examples' images are not "
-                    "known: define dlcheck_collator + dlcheck_dataset (or dlcheck_trainer)"
+                    "missing role: define fixtures dlcheck_collator and dlcheck_dataset (or dlcheck_trainer) in "
+                    "conftest.py: the processor's expansion depends on the image size and the examples' images are "
+                    "not known"
                 )
             pv = sample.batches[row.batch].get("pixel_values")
             batch_size = len(sample.batches[row.batch]["input_ids"])
@@ -216,6 +242,18 @@ def check_image_tokens(dlcheck):
         if count != expected:
             bad.append((row, count, expected, n_images))
     if not bad or len(bad) / max(judged, 1) <= dlcheck.setting("max_short_share"):
+        counts = sorted({sum(1 for i in r.input_ids if i == image_id) for r in rows})
+        dlcheck.measured(
+            f"{judged - len(bad)} of {judged} sampled examples carry as many {name} tokens as their images expand "
+            f"to ({'/'.join(map(str, counts))} per example); {how}",
+            f"examples from {sample.source}"
+            + (f"; max_length={ml}" if ml is not None else "; no max_length")
+            + ("; image counts from the raw examples" if raw is not None else "; image counts from pixel_values"),
+            examples=judged,
+            mismatched=len(bad),
+            tokens_per_image=per_image,
+            max_length=ml,
+        )
         return
 
     row, count, expected, n_images = bad[0]

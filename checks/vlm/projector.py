@@ -39,8 +39,7 @@ def _embedding(model: Any) -> tuple[str, Any] | None:
     "X2",
     domain="vlm",
     title="projector misfit",
-    roles=("model",),
-    optional_roles=("dataloader", "tokenizer", "towers"),
+    optional_roles=("model", "dataloader", "tokenizer", "towers"),
     settings=(
         Setting(
             "max_scale_ratio",
@@ -81,11 +80,20 @@ def check_projector(dlcheck):
         norm of text embeddings. A zero projector output (zeroed or never-loaded weights) fails the
         lower bound here and X5. Models whose projector output is not the LM input (cross-attention
         VLMs) are out of scope: declare no projector tower.
+    Not applicable
+        Models without a vision tower (text-only language models such as GPT-2 or Llama, torchvision or timm
+        image models, diffusion denoisers), and VLMs without a projector tower (cross-attention VLMs,
+        declared without one in dlcheck_towers).
     """
     model = dlcheck.role("model")
+    common.require_vlm(dlcheck, model)
+    dlcheck.require("model")
     found = common.towers(dlcheck, model)
     if "projector" not in found.paths:
-        dlcheck.skip("no projector tower among dlcheck_towers")
+        dlcheck.not_applicable(
+            f"dlcheck_towers declares no projector ({', '.join(found.names)}): X2 judges a projector whose output "
+            "takes the place of token embeddings"
+        )
     path, projector = common.projector_module(model, found)
     embedding = _embedding(model)
     if embedding is None:
@@ -113,9 +121,12 @@ def check_projector(dlcheck):
     else:
         last = _last_linear(projector)
         if last is None:
-            dlcheck.skip(
-                f"no sampled batch with pixel_values and no nn.Linear in model.{path}: define dlcheck_dataloader"
-            )
+            if not _has_data(dlcheck):
+                dlcheck.skip(
+                    f"missing role: define fixture dlcheck_dataloader in conftest.py: model.{path} has no nn.Linear "
+                    "whose out_features give its width"
+                )
+            dlcheck.skip(f"no sampled batch with pixel_values and no nn.Linear in model.{path}: X2 cannot decide")
         out_dim = int(last.out_features)
         shape_text = f"the projector model.{path} ends in {last} (out_features={out_dim})"
     emb_text = (
@@ -140,7 +151,16 @@ def check_projector(dlcheck):
             + (f" (model.config.text_config.hidden_size = {cfg_hidden})" if cfg_hidden else "")
             + ", e.g. transformers' LlavaMultiModalProjector(model.config), or re-create it when you swap the LM",
         )
+    width_line = f"{shape_text}; {emb_text}: hidden size {hidden}, equal"
     if forward is None:
+        dlcheck.measured(
+            f"projector output width {out_dim} = the LM's hidden size {hidden}",
+            width_line,
+            "the scale was not compared: "
+            + ("no sampled batch with pixel_values" if _has_data(dlcheck) else "no data (define dlcheck_dataloader)"),
+            width=out_dim,
+            hidden=hidden,
+        )
         return
     ids = torch.as_tensor(batch["input_ids"])
     mask = (
@@ -152,6 +172,13 @@ def check_projector(dlcheck):
         mask &= ids != image_id
     text_ids = ids[mask]
     if text_ids.numel() == 0:
+        dlcheck.measured(
+            f"projector output width {out_dim} = the LM's hidden size {hidden}",
+            width_line,
+            "the scale was not compared: the sampled batch has no text token besides the image placeholders",
+            width=out_dim,
+            hidden=hidden,
+        )
         return
     with torch.no_grad():
         text_norm = float(emb.weight.detach()[text_ids.to(emb.weight.device)].float().norm(dim=-1).mean())
@@ -159,6 +186,19 @@ def check_projector(dlcheck):
     limit = float(dlcheck.setting("max_scale_ratio"))
     ratio = image_norm / text_norm if text_norm > 0 else float("inf")
     if 1 / limit <= ratio <= limit:
+        dlcheck.measured(
+            f"projector output width {out_dim} = the LM's hidden size {hidden}; image tokens' mean norm "
+            f"{image_norm:.3g} is {ratio:.3g}× the text embeddings' {text_norm:.3g} (allowed 1/{limit:g} to {limit:g}×)",
+            width_line,
+            f"image tokens from model.{path}: mean norm {image_norm:.3g} over {forward.projected.shape[0]} tokens; "
+            f"text token embeddings (model.{emb_name}) of the same batch: mean norm {text_norm:.3g} over "
+            f"{text_ids.numel()} tokens",
+            width=out_dim,
+            hidden=hidden,
+            image_norm=round(image_norm, 4),
+            text_norm=round(text_norm, 4),
+            ratio=round(ratio, 4),
+        )
         return
     evidence = [
         f"image tokens from model.{path}: mean norm {image_norm:.3g} over {forward.projected.shape[0]} tokens; "

@@ -11,8 +11,7 @@ from . import measure as vlm
     "X3",
     domain="vlm",
     title="one learning rate for all towers",
-    roles=("model", "stages"),
-    optional_roles=("stage_setup", "stage", "optimizer", "towers"),
+    optional_roles=("model", "stages", "stage_setup", "stage", "optimizer", "towers"),
     settings=(
         Setting(
             "rtol",
@@ -51,18 +50,24 @@ def check_tower_lr(dlcheck):
     Known problems
         Needs declared LRs ({tower: lr}); skips on a declaration without any, and on stages without an
         optimizer. LR multipliers applied inside a custom optimizer's step are not visible.
+    Not applicable
+        Models without a vision tower: text-only language models (GPT-2, Llama…), torchvision or timm image
+        models, diffusion denoisers.
     """
     model = dlcheck.role("model")
+    common.require_vlm(dlcheck, model)
+    dlcheck.require("model")
     found = common.towers(dlcheck, model)
+    dlcheck.require("stages")
     declared = common.stages(dlcheck, found)
     if not any(lr is not None for s in declared for lr in s.lrs.values()):
-        dlcheck.skip("dlcheck_stages declares no learning rates: write them as {stage: {tower: lr}}")
+        dlcheck.skip("X3 cannot decide: dlcheck_stages declares no learning rates; write them as {stage: {tower: lr}}")
     states, how = common.stage_states(dlcheck, model, found, declared)
     with_opt = [s for s in states if s.optimizer is not None]
     if not with_opt:
         dlcheck.skip(
-            "no optimizer to check: return it from dlcheck_stage_setup, or define dlcheck_optimizer (or "
-            "dlcheck_trainer with its optimizer created) for dlcheck_stage"
+            "missing role: define fixture dlcheck_optimizer (or dlcheck_trainer with its optimizer created) for "
+            "dlcheck_stage in conftest.py, or return the optimizer from dlcheck_stage_setup: no optimizer to check"
         )
     rtol = dlcheck.setting("rtol")
 
@@ -104,6 +109,25 @@ def check_tower_lr(dlcheck):
             if absent:
                 missing.append((state, stage, tower, absent))
     if not wrong and not missing:
+        checked = sum(
+            1
+            for state in with_opt
+            for tower in found.names
+            if common.stage_named(declared, state.name).lrs.get(tower) is not None and state.trainable.get(tower)
+        )
+        if not checked:
+            dlcheck.skip(
+                "X3 cannot decide: no tower with a declared LR has trainable parameters in the stages with an "
+                "optimizer (X1 judges the freezing)"
+            )
+        dlcheck.measured(
+            f"{checked} trained tower(s) in {len(with_opt)} stage(s) sit in param groups at their declared LR "
+            f"(rtol {rtol:g}), no trainable parameter outside a param group",
+            f"param-group learning rates of each tower's trainable parameters ({how}):",
+            *lines,
+            stages=len(with_opt),
+            towers_checked=checked,
+        )
         return
     evidence = [f"param-group learning rates of each tower's trainable parameters ({how}):"] + lines
     if wrong:

@@ -71,5 +71,15 @@ def dlcheck_sample_images(sd, dlcheck_ema):
     return lambda: pipe("a red square", num_inference_steps=2, height=16, width=16, output_type="pt").images
 """
     )
-    run = project.run("--dlcheck=DF2")
+    run = project.run("--dlcheck=DF2", "-rA")
     run.assert_outcome("DF2", "passed")
+    run.fnmatch(
+        [
+            "*::DF2_ema_used PASSED (dlcheck_sample_images ran UNet2DConditionModel (the EMA module) with*",
+            "*dlcheck evidence*",
+            "dlcheck_sample_images ran UNet2DConditionModel (the EMA module) with the EMA weights: all 208 tensors "
+            "equal dlcheck_ema's (AveragedModel of UNet2DConditionModel), none the raw trained ones",
+            "1 UNet2DConditionModel module(s) ran while sampling: the EMA module with the EMA weights",
+            "after sampling dlcheck_unet holds its own trained weights again (all 208 tensors unchanged)",
+        ]
+    )

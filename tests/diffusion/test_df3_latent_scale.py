@@ -49,4 +49,31 @@ def test_hard_coded_factor_disagrees_with_the_config_the_pipeline_decodes_with(p
 @pytest.mark.parametrize("knobs", [dict(vae_stats="unit", scaling_factor=0.92), dict()], ids=["calibrated", "sd-like"])
 def test_calibrated_factor_passes(project, knobs):
     project.conftest(tinydiff.conftest(**knobs))
-    project.run("--dlcheck=DF3").assert_outcome("DF3", "passed")
+    run = project.run("--dlcheck=DF3", "-rA")
+    run.assert_outcome("DF3", "passed")
+    factor = "0.92" if knobs else "0.18215"
+    run.fnmatch(
+        [
+            "*::DF3_latent_scale PASSED (latents from dlcheck_training_inputs: std *",
+            "*dlcheck evidence*",
+            "latents from dlcheck_training_inputs: std *, within [[]0.5, 2]; the training path scales the VAE latents "
+            f"by *, vae.config.scaling_factor = {factor} (rtol 0.25)",
+            "AutoencoderKL latents of 8 sampled images (dlcheck_collator on 8 examples of dlcheck_dataset): std * raw, "
+            f"* × scaling_factor {factor}",
+        ]
+    )
+
+
+def test_calibrated_factor_without_the_training_path(project):
+    project.conftest(tinydiff.conftest(roles=("pipeline", "dataset", "collator")))
+    run = project.run("--dlcheck=DF3", "-rA")
+    run.assert_outcome("DF3", "passed")
+    run.fnmatch(
+        [
+            "*dlcheck evidence*",
+            "vae.config.scaling_factor = 0.18215 (Stable Diffusion 1.x's value, calibrated for its VAE) gives latents "
+            "of std 1.01, within [[]0.5, 2]",
+            "AutoencoderKL latents of 8 sampled images *",
+            "the training path was not observed (define dlcheck_training_inputs to measure the factor it applies)",
+        ]
+    )

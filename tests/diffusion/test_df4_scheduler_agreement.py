@@ -38,7 +38,17 @@ def dlcheck_inference_scheduler(sd):
 
 def test_sampler_from_the_training_config_passes_with_v_prediction(project):
     project.conftest(tinydiff.conftest(scheduler=dict(prediction_type="v_prediction")))
-    project.run("--dlcheck=DF4,DF6").assert_outcome("DF4", "passed")
+    run = project.run("--dlcheck=DF4,DF6", "-rA")
+    run.assert_outcome("DF4", "passed")
+    run.fnmatch(
+        [
+            "*dlcheck evidence*",
+            "inference DDIMScheduler agrees with training DDPMScheduler: num_train_timesteps 1000, prediction_type "
+            "'v_prediction', ᾱ_t equal over 1000 timesteps (max gap 0 ≤ 1e-05)",
+            "beta fields: beta_schedule='scaled_linear', beta_start=0.00085, beta_end=0.012, trained_betas=None, "
+            "rescale_betas_zero_snr=False",
+        ]
+    )
 
 
 SAMPLERS = [

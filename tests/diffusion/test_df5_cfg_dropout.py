@@ -38,7 +38,21 @@ def test_null_is_a_zero_embedding_but_the_sampler_uses_the_empty_prompt(project)
 
 
 def test_dropout_to_the_empty_prompt_embedding_passes(project):
-    _run(project, tinydiff.CLEAN_ROLES, p_empty=0.0, null="uncond", p_null=0.1).assert_outcome("DF5", "passed")
+    project.conftest(tinydiff.conftest(roles=tinydiff.CLEAN_ROLES, p_empty=0.0, null="uncond", p_null=0.1))
+    run = project.run("--dlcheck=DF5", "-rA")
+    run.assert_outcome("DF5", "passed")
+    run.fnmatch(
+        [
+            "*dlcheck evidence*",
+            "* of * embedding rows null (*%) from * calls of the 'encoder_hidden_states' of dlcheck_training_inputs, "
+            "within [[]5%, 20%]",
+            "* of * embedding rows from * calls of the 'encoder_hidden_states' of dlcheck_training_inputs were null (*%) "
+            "— on batches freshly collated by dlcheck_collator from 12 examples of dlcheck_dataset",
+            "null = dlcheck_uncond, an embedding of norm * (the empty prompt's, when derived from the pipeline) or "
+            "all-zero embeddings; every null row is the sampler's unconditional input (* of *)",
+            "stopped early after * calls: the rate lies in [[]*%, *%] with confidence 1 − 0.001, inside [[]2.5%, 30%]",
+        ]
+    )
 
 
 def test_too_much_dropout(project):
@@ -54,7 +68,17 @@ def test_too_much_dropout(project):
 
 def test_batch_captions_alone(project):
     """Only the data path: dropout in the collator passes; none seen is a skip (it may happen later)."""
-    _run(project, ("pipeline", "dataset", "collator"), p_empty=0.1).assert_outcome("DF5", "passed")
+    project.conftest(tinydiff.conftest(roles=("pipeline", "dataset", "collator"), p_empty=0.1))
+    run = project.run("--dlcheck=DF5", "-rA")
+    run.assert_outcome("DF5", "passed")
+    run.fnmatch(
+        [
+            "*::DF5_cfg_dropout PASSED (* of * token-id rows null (*%) from * calls of the batch's*",
+            "*dlcheck evidence*",
+            "null = the empty prompt tokenized to 16 ids or all-pad (or all-zero) token rows; every null row is the "
+            "sampler's unconditional input (* of *)",
+        ]
+    )
     run = _run(project, ("pipeline", "dataset", "collator"), p_empty=0.0)
     run.assert_outcome("DF5", "skipped")
     assert "no null caption in 1200 token-id rows of 300 batches" in run.text

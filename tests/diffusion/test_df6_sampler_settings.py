@@ -43,6 +43,15 @@ def test_zero_snr_with_trailing_spacing_passes(project):
             inference=dict(timestep_spacing="trailing"),
         )
     )
-    run = project.run("--dlcheck=DF4,DF6")
+    run = project.run("--dlcheck=DF4,DF6", "-rA")
     run.assert_outcome("DF4", "passed")
     run.assert_outcome("DF6", "passed")
+    run.fnmatch(
+        [
+            "*dlcheck evidence*",
+            "(1) the training target equals the velocity v (v_prediction) in 64 of 64 examples, as "
+            "prediction_type='v_prediction' says",
+            "(2) zero terminal SNR sampled with timestep_spacing='trailing': 10-step sampling starts at t = 999",
+            "(3) latent space (dlcheck_vae): inference DDIMScheduler clip_sample=False, thresholding=False",
+        ]
+    )

@@ -85,6 +85,20 @@ def dlcheck_training_inputs(sd):
     return fn
 """
     )
-    run = project.run("--dlcheck=DF3,DF4,DF6,DF8")
+    run = project.run("--dlcheck=DF3,DF4,DF6,DF8", "-rA")
     for cid in ("DF3", "DF4", "DF6", "DF8"):
         run.assert_outcome(cid, "passed")
+    # what each measured, and what it could not judge without ᾱ_t
+    run.fnmatch(
+        [
+            "*FlowMatchEulerDiscreteScheduler agrees with training FlowMatchEulerDiscreteScheduler: "
+            "num_train_timesteps 1000, prediction_type 'epsilon', no ᾱ_t on either side (flow matching)*",
+        ]
+    )
+    for line in (
+        "(2) training FlowMatchEulerDiscreteScheduler has no ᾱ_t schedule (flow matching): the zero-terminal-SNR "
+        "spacing is not judged",
+        "not tested against the uniform law: the scheduler has no ᾱ_t (flow matching)",
+        "add_noise not fitted: dlcheck_training_inputs returns no 'latents' and 'noisy_latents' (or no ᾱ_t)",
+    ):
+        assert line in run.text, line

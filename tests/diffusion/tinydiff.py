@@ -19,7 +19,15 @@ from helpers import flat  # noqa: F401  (the diffusion tests use tinydiff.flat)
 
 def _import_once() -> None:
     import torch  # noqa: F401
-    from diffusers import AutoencoderKL, DDIMScheduler, DDPMScheduler, StableDiffusionPipeline, UNet2DConditionModel  # noqa: F401
+    from diffusers import (  # noqa: F401  # noqa: F401
+        AutoencoderKL,
+        DDIMScheduler,
+        DDPMPipeline,
+        DDPMScheduler,
+        StableDiffusionPipeline,
+        UNet2DConditionModel,
+        UNet2DModel,
+    )
     from diffusers.training_utils import EMAModel  # noqa: F401
     from transformers import CLIPTextConfig, CLIPTextModel  # noqa: F401
 
@@ -398,5 +406,100 @@ def conftest(roles=CLEAN_ROLES, **knobs) -> str:
         @pytest.fixture(scope="session")
         def dlcheck_{role}(sd):
             return sd.{role}
+        """)
+    return "\n".join(textwrap.dedent(block) for block in out)
+
+
+# ---- pixel-space, unconditional: diffusers' train_unconditional.py ----------------------------------------
+
+
+def pixel_unet(seed: int = 0):
+    """A tiny UNet2DModel that denoises 3-channel pixels, unconditional (no cross-attention, no class
+    embedding), as diffusers' examples/unconditional_image_generation builds it."""
+    import torch
+    from diffusers import UNet2DModel
+
+    torch.manual_seed(seed)
+    return UNet2DModel(
+        sample_size=SIZE,
+        in_channels=3,
+        out_channels=3,
+        layers_per_block=1,
+        block_out_channels=(16, 32),
+        norm_num_groups=8,
+        down_block_types=("DownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "UpBlock2D"),
+    )
+
+
+def pixel_training_inputs(sched):
+    """train_unconditional.py's step up to the UNet call: noise the clean images themselves."""
+    import torch
+
+    def fn(batch):
+        clean = batch["input"]
+        noise = torch.randn_like(clean)
+        t = torch.randint(0, sched.config.num_train_timesteps, (clean.shape[0],))
+        return {
+            "latents": clean,
+            "noise": noise,
+            "timesteps": t,
+            "noisy_latents": sched.add_noise(clean, noise, t),
+            "target": noise,
+        }
+
+    return fn
+
+
+def pixel_setup(*, pixels="[-1, 1]"):
+    """A clean pixel-space unconditional DDPM training (UNet2DModel + DDPMScheduler + DDPMPipeline, images
+    normalised to [-1, 1] as train_unconditional.py does); ``pixels="[0, 1]"`` forgets that Normalize."""
+    import torch
+    from diffusers import DDPMPipeline, DDPMScheduler
+
+    u = pixel_unet()
+    sched = DDPMScheduler(num_train_timesteps=1000)
+    imgs = images()
+    if pixels == "[0, 1]":
+        imgs = (imgs + 1) / 2
+    data = [{"input": imgs[i]} for i in range(len(imgs))]
+
+    def collate(examples):
+        return {"input": torch.stack([e["input"] for e in examples])}
+
+    pipe = DDPMPipeline(unet=u, scheduler=DDPMScheduler.from_config(sched.config))
+    pipe.set_progress_bar_config(disable=True)
+    ns = SimpleNamespace(
+        unet=u,
+        model=u,
+        noise_scheduler=sched,
+        pipeline=pipe,
+        dataset=data,
+        collator=collate,
+        training_inputs=pixel_training_inputs(sched),
+    )
+    torch.manual_seed(0)
+    return ns
+
+
+PIXEL_ROLES = ("pipeline", "noise_scheduler", "training_inputs", "dataset", "collator")
+
+
+def pixel_conftest(roles=PIXEL_ROLES, **knobs) -> str:
+    """A user conftest.py exposing ``pixel_setup(**knobs)``'s objects as dlcheck_<role> fixtures."""
+    out = [
+        f"""
+        import pytest, tinydiff
+
+        @pytest.fixture(scope="session")
+        def ddpm():
+            return tinydiff.pixel_setup(**{knobs!r})
+        """
+    ]
+    for role in roles:
+        out.append(f"""
+        @pytest.fixture(scope="session")
+        def dlcheck_{role}(ddpm):
+            return ddpm.{role}
         """)
     return "\n".join(textwrap.dedent(block) for block in out)

@@ -44,8 +44,20 @@ def test_todtype_without_scale_keeps_0_255_pixels(project):
 
 def test_todtype_with_scale_passes(project):
     project.conftest(CLASSIFIER.format(model="tv.resnet18(4)", train_tf=TRAIN_SCALED, eval_tf=EVAL_OK))
-    run = project.run("--dlcheck=V1")
+    run = project.run("--dlcheck=V1", "-rA")
     run.assert_outcome("V1", "passed")
+    run.fnmatch(["*::V1_normalization PASSED (8 train + 8 eval images: |values| ≤ 2.6* (0–255 pixels exceed 20*"])
+    run.fnmatch(
+        [
+            "*dlcheck evidence*",
+            "8 train + 8 eval images: |values| ≤ 2.6* (0–255 pixels exceed 20); train per-channel mean (*) std (*)",
+            "train: 8 examples of dlcheck_dataset: dtype float32, per-channel mean (*), range -2.* to 2.6*",
+            "eval: 8 examples of dlcheck_eval_dataset: dtype float32, *",
+            "train and eval transforms apply the same Normalize (within 0.02)",
+            "the model declares no normalisation (no timm pretrained_cfg, image processor or dlcheck_weights): only "
+            "the scale and the train/eval agreement were judged",
+        ]
+    )
 
 
 def test_toimage_alone_gives_uint8(project):
@@ -69,8 +81,10 @@ def test_eval_normalised_with_other_stats_than_train(project, eval_mean, outcome
     project.conftest(
         CLASSIFIER.format(model="tv.resnet18(4)", train_tf="tv.classification_tf(train=True)", eval_tf=eval_tf)
     )
-    run = project.run("--dlcheck=V1")
+    run = project.run("--dlcheck=V1", "-rA")
     run.assert_outcome("V1", outcome)
+    if outcome == "passed":
+        run.fnmatch(["*dlcheck evidence*", "train and eval transforms apply the same Normalize (within 0.02)"])
     if outcome == "failed":
         text = section(run, "V1")
         assert "train transform Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))" in text
@@ -93,8 +107,32 @@ def test_timm_pretrained_cfg_declares_other_stats(project):
         in text
     )
     # the user may train from scratch with their own stats: the documented knob turns the comparison off
-    run = project.run("--dlcheck=V1", "--dlcheck-set", "V1.compare_declared=false")
+    run = project.run("--dlcheck=V1", "--dlcheck-set", "V1.compare_declared=false", "-rA")
     run.assert_outcome("V1", "passed")
+    run.fnmatch(
+        [
+            "*dlcheck evidence*",
+            "train: the comparison with timm pretrained_cfg of resnet18.a1_in1k is off (V1.compare_declared=false)",
+            "eval: the comparison with timm pretrained_cfg of resnet18.a1_in1k is off (V1.compare_declared=false)",
+            "train and eval transforms apply the same Normalize (within 0.02)",
+        ]
+    )
+
+
+def test_timm_pretrained_cfg_stats_match(project):
+    tf = "tv.classification_tf(train={})"
+    project.conftest(CLASSIFIER.format(model="tv.timm_resnet(4)", train_tf=tf.format(True), eval_tf=tf.format(False)))
+    run = project.run("--dlcheck=V1", "-rA")
+    run.assert_outcome("V1", "passed")
+    run.fnmatch(
+        [
+            "*dlcheck evidence*",
+            "train transform Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)) matches the model's "
+            "(timm pretrained_cfg of resnet18.a1_in1k) within 0.02",
+            "eval transform Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)) matches the model's "
+            "(timm pretrained_cfg of resnet18.a1_in1k) within 0.02",
+        ]
+    )
 
 
 def test_detector_gets_normalised_inputs_twice(project):

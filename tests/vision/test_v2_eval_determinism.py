@@ -20,8 +20,15 @@ EVAL_DATA = """
 )
 def test_random_resized_crop_in_the_eval_transform(project, crop, outcome):
     project.conftest(EVAL_DATA.format(crop=crop))
-    run = project.run("--dlcheck=V2")
+    run = project.run("--dlcheck=V2", "-rA")
     run.assert_outcome("V2", outcome)
+    if outcome == "passed":
+        run.fnmatch(["*::V2_eval_determinism PASSED (3 eval examples (dlcheck_eval_dataset*"])
+        run.fnmatch(["*dlcheck evidence*", "model.eval() was not checked: define dlcheck_model and dlcheck_eval_fn"])
+        assert (
+            "3 eval examples (dlcheck_eval_dataset[0], dlcheck_eval_dataset[4], dlcheck_eval_dataset[7]) read "
+            "twice under different seeds: identical (max |Δ| 0 ≤ 1e-06)\n" in run.text
+        )
     if outcome == "failed":
         text = section(run, "V2")
         assert "dlcheck_eval_dataset[0] read twice: max |Δ|" in text
@@ -83,8 +90,18 @@ EVAL_FN = """
 @pytest.mark.parametrize("set_mode, outcome", [("pass", "failed"), ("model.eval()", "passed")])
 def test_eval_function_without_model_eval(project, set_mode, outcome):
     project.conftest(EVAL_FN.format(set_mode=set_mode))
-    run = project.run("--dlcheck=V2")
+    run = project.run("--dlcheck=V2", "-rA")
     run.assert_outcome("V2", outcome)
+    if outcome == "passed":
+        run.fnmatch(
+            [
+                "*dlcheck evidence*",
+                "3 eval examples (*) read twice under different seeds: identical (max |Δ| 0 ≤ 1e-06)",
+                "dlcheck_eval_fn called twice right after model.train(): 0 of 20 BatchNorm/Dropout/InstanceNorm "
+                "modules ran in training mode, no BatchNorm running mean moved (20 tracked), two runs give identical "
+                "outputs",
+            ]
+        )
     if outcome == "failed":
         text = section(run, "V2")
         assert "dlcheck_eval_fn ran 20 BatchNorm2d modules in training mode (e.g. bn1)" in text
@@ -130,3 +147,34 @@ def test_nothing_to_judge_skips(project):
     run = project.run("--dlcheck=V2")
     run.assert_outcome("V2", "skipped")
     assert "dlcheck_eval_dataloader or dlcheck_eval_dataset" in run.text
+
+
+def test_language_model_data_is_not_applicable(project):
+    """A causal LM's token batches hold no image: no vision check concerns them, none asks for a fixture
+    (V2 no eval data, V4 and V7 no model)."""
+    project.conftest("""
+        import pytest, tiny
+        from transformers import DataCollatorForLanguageModeling
+
+        @pytest.fixture(scope="session")
+        def dlcheck_tokenizer():
+            return tiny.tokenizer()
+
+        @pytest.fixture(scope="session")
+        def dlcheck_collator(dlcheck_tokenizer):
+            return DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)
+
+        @pytest.fixture(scope="session")
+        def dlcheck_dataset(dlcheck_tokenizer):
+            return tiny.tokenized(dlcheck_tokenizer)
+    """)
+    run = project.run("--dlcheck=vision")
+    for cid in ("V1", "V2", "V3", "V4", "V5", "V6", "V7", "V8"):
+        run.assert_outcome(cid, "skipped")
+    run.fnmatch(
+        [
+            "n/a:*not applicable: batch 0 of dlcheck_dataloader has no image field (keys: input_ids, attention_mask, "
+            "labels): the data holds no images, so no vision check concerns it (8 checks)"
+        ]
+    )
+    assert "missing role" not in run.text

@@ -43,8 +43,18 @@ def test_coco_xywh_plain_tensors_fed_to_fasterrcnn(project):
 
 def test_xywh_boxes_converted_for_the_detector_pass(project):
     project.conftest(DETECTION.format(boxes="coco_xywh", offset=0, convert="T.ConvertBoundingBoxFormat('XYXY')"))
-    run = project.run("--dlcheck=V3")
+    run = project.run("--dlcheck=V3", "-rA")
     run.assert_outcome("V3", "passed")
+    run.fnmatch(
+        [
+            "*::V3_boxes_labels PASSED (14 boxes of 8 sampled images are valid read as xyxy*",
+            "*dlcheck evidence*",
+            "14 boxes of 8 sampled images are valid read as xyxy (declared by tv_tensors.BoundingBoxes(format=XYXY)): "
+            "x2 > x1, y2 > y1, inside the image ± 0.02",
+            "14 box labels (1–2) lie in 1..2 (num_classes 3 from model head roi_heads.box_predictor.cls_score."
+            "out_features (background included); 0 is a torchvision detector's background)",
+        ]
+    )
 
 
 def test_xywh_bounding_boxes_reaching_fasterrcnn(project):
@@ -85,8 +95,16 @@ CLASSIFIER = """
 @pytest.mark.parametrize("target_transform, outcome", [("lambda y: y + 1", "failed"), ("None", "passed")])
 def test_one_based_labels_with_a_zero_based_head(project, target_transform, outcome):
     project.conftest(CLASSIFIER.format(target_transform=target_transform))
-    run = project.run("--dlcheck=V3")
+    run = project.run("--dlcheck=V3", "-rA")
     run.assert_outcome("V3", outcome)
+    if outcome == "passed":
+        run.fnmatch(
+            [
+                "*dlcheck evidence*",
+                "16 labels (Shapes.targets) take 4 values 0–3, all in 0..3 (num_classes 4 from model head fc "
+                "out_features)",
+            ]
+        )
     if outcome == "failed":
         text = section(run, "V3")
         assert "labels found: 1, 2, 3, 4; num_classes 4 (model head fc out_features)" in text
@@ -107,4 +125,23 @@ def test_plain_boxes_without_a_declared_format_skip(project):
     """)
     run = project.run("--dlcheck=V3")
     run.assert_outcome("V3", "skipped")
-    assert "dlcheck_box_format" in run.text
+    assert (
+        "missing role: define fixture dlcheck_box_format ('xyxy', 'xywh' or 'cxcywh') in conftest.py: the boxes are "
+        "plain tensors and nothing declares their format"
+    ) in run.text
+
+
+def test_segmentation_masks_are_not_applicable(project):
+    project.conftest("""
+        import pytest, tiny_vision as tv
+
+        @pytest.fixture(scope="session")
+        def dlcheck_dataset():
+            return tv.ShapesSegmentation(8, transforms=tv.segmentation_tf(train=True))
+    """)
+    run = project.run("--dlcheck=V3")
+    run.assert_outcome("V3", "skipped")
+    assert (
+        "not applicable: V3 judges boxes and class ids; the sampled targets (8 examples of dlcheck_dataset) are "
+        "segmentation masks"
+    ) in run.text

@@ -28,8 +28,19 @@ WITH_ANCHORS = """torch.manual_seed(0)
 @pytest.mark.parametrize("thresh, outcome", [(0.99, "failed"), (0.05, "passed")])
 def test_box_score_thresh_removes_every_detection(project, thresh, outcome):
     project.conftest(PROJECT.format(model=f"return tv.fasterrcnn(3, box_score_thresh={thresh})"))
-    run = project.run("--dlcheck=V4")
+    run = project.run("--dlcheck=V4", "-rA")
     run.assert_outcome("V4", outcome)
+    if outcome == "passed":
+        run.fnmatch(
+            [
+                "*::V4_detections PASSED (4 of 4 sampled images keep detections after post-processing*",
+                "*dlcheck evidence*",
+                "4 of 4 sampled images keep detections after post-processing (* in all; score_thresh=0.05, "
+                "detections_per_img=100)",
+                "*% of * ground-truth boxes have a best anchor IoU ≥ 0.2 (median 0.*; at most 50% may fall below); "
+                "AnchorGenerator sizes [[]32, 64, 128, 256, 512], aspect ratios [[]0.5, 1.0, 2.0]",
+            ]
+        )
     if outcome == "failed":
         text = section(run, "V4")
         assert "0 of 4 sampled images keep a detection after post-processing" in text
@@ -41,8 +52,16 @@ def test_box_score_thresh_removes_every_detection(project, thresh, outcome):
 @pytest.mark.parametrize("sizes, outcome", [("(256, 512)", "failed"), ("(16, 32, 64)", "passed")])
 def test_anchor_sizes_far_from_the_objects(project, sizes, outcome):
     project.conftest(PROJECT.format(model=WITH_ANCHORS.format(sizes=sizes)))
-    run = project.run("--dlcheck=V4")
+    run = project.run("--dlcheck=V4", "-rA")
     run.assert_outcome("V4", outcome)
+    if outcome == "passed":
+        run.fnmatch(
+            [
+                "*dlcheck evidence*",
+                "100% of * ground-truth boxes have a best anchor IoU ≥ 0.2 (median 0.*; at most 50% may fall below); "
+                "AnchorGenerator sizes [[]16, 32, 64], aspect ratios [[]0.5, 1.0, 2.0]",
+            ]
+        )
     if outcome == "failed":
         text = section(run, "V4")
         assert "100% of" in text and "sampled ground-truth boxes have best anchor IoU < 0.2" in text
@@ -63,4 +82,22 @@ def test_not_a_detector_skips(project):
     """)
     run = project.run("--dlcheck=V4")
     run.assert_outcome("V4", "skipped")
-    assert "not a torchvision detection model" in run.text
+    assert "not applicable: V4 inspects torchvision detection models; dlcheck_model is a ResNet" in run.text
+
+
+def test_classification_data_without_a_model_is_not_applicable(project):
+    """No dlcheck_model asked for: the data says it is not a detection pipeline."""
+    project.conftest("""
+        import pytest, tiny_vision as tv
+
+        @pytest.fixture(scope="session")
+        def dlcheck_dataset():
+            return tv.Shapes([i % 4 for i in range(16)], transform=tv.classification_tf(train=True))
+    """)
+    run = project.run("--dlcheck=V4")
+    run.assert_outcome("V4", "skipped")
+    assert (
+        "not applicable: V4 judges a detector's outputs; the sampled targets (8 examples of dlcheck_dataset) are class "
+        "labels (classification)"
+    ) in run.text
+    assert "missing role" not in run.text

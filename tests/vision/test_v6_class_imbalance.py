@@ -42,8 +42,22 @@ PROJECT = """
 )
 def test_95_5_split_with_an_unweighted_loss(project, loss, sampling, outcome):
     project.conftest(PROJECT.format(loss=loss, sampling=sampling))
-    run = project.run("--dlcheck=V6")
+    run = project.run("--dlcheck=V6", "-rA")
     run.assert_outcome("V6", outcome)
+    if outcome == "passed":
+        how = (
+            "CrossEntropyLoss.weight is set"
+            if "weight=" in loss
+            else "the dataloader samples with WeightedRandomSampler"
+        )
+        run.fnmatch(
+            [
+                "*::V6_class_imbalance PASSED (class 0 outnumbers class 1 19:1 over 200 labels, compensated*",
+                "*dlcheck evidence*",
+                f"class 0 outnumbers class 1 19:1 over 200 labels, compensated: {how}",
+                "label histogram over Shapes.targets: class 0: 190 (95.0%), class 1: 10 (5.0%)",
+            ]
+        )
     if outcome == "failed":
         text = section(run, "V6")
         assert "label histogram over Shapes.targets: class 0: 190 (95.0%), class 1: 10 (5.0%)" in text
@@ -65,3 +79,58 @@ def test_labels_read_through_a_target_transform(project):
     run = project.run("--dlcheck=V6")
     run.assert_outcome("V6", "failed")
     assert "label histogram over 200 examples read from dlcheck_dataset" in section(run, "V6")
+
+
+def test_balanced_classes_pass_with_their_ratio(project):
+    project.conftest(
+        PROJECT.format(loss="torch.nn.CrossEntropyLoss()", sampling="shuffle=True")
+        .replace(
+            "LABELS = [1 if i % 20 == 0 else 0 for i in range(200)]   # 95 / 5", "LABELS = [i % 3 for i in range(120)]"
+        )
+        .replace("num_classes=2", "num_classes=3")
+    )
+    run = project.run("--dlcheck=V6", "-rA")
+    run.assert_outcome("V6", "passed")
+    run.fnmatch(
+        [
+            "*dlcheck evidence*",
+            "the 3 classes are equally frequent (40 labels each) over 120 labels, ratio 1:1 (limit 10:1)",
+            "label histogram over Shapes.targets: class *: 40 (33.3%), class *: 40 (33.3%), class *: 40 (33.3%)",
+        ]
+    )
+
+
+def test_a_32_example_dataset_is_too_few_to_judge(project):
+    """32 labels are below V6.min_labels = 40 even when they are the whole dataset: skip, saying so, no pass."""
+    project.conftest(
+        PROJECT.format(loss="torch.nn.CrossEntropyLoss()", sampling="shuffle=True").replace(
+            "LABELS = [1 if i % 20 == 0 else 0 for i in range(200)]   # 95 / 5", "LABELS = [i % 2 for i in range(32)]"
+        )
+    )
+    run = project.run("--dlcheck=V6")
+    run.assert_outcome("V6", "skipped")
+    assert (
+        "only 32 labels (Shapes.targets, the whole dataset), below V6.min_labels = 40: too few to measure a class "
+        "ratio; hand over the full training dataset"
+    ) in run.text
+
+
+def test_detection_data_is_not_applicable(project):
+    project.conftest("""
+        import pytest, tiny_vision as tv
+
+        @pytest.fixture(scope="session")
+        def dlcheck_dataset():
+            return tv.ShapesDetection(8, transforms=tv.detection_tf(train=True))
+
+        @pytest.fixture(scope="session")
+        def dlcheck_loss_fn():
+            import torch
+            return torch.nn.CrossEntropyLoss()
+    """)
+    run = project.run("--dlcheck=V6")
+    run.assert_outcome("V6", "skipped")
+    assert (
+        "not applicable: V6 judges single-label class imbalance; the sampled targets (8 examples of dlcheck_dataset) "
+        "are boxes (detection)"
+    ) in run.text

@@ -19,8 +19,19 @@ DETECTION = """
 def test_horizontal_flip_applied_to_the_image_only(project, how, outcome):
     # transform= is applied to the image alone (a StandardTransform); transforms= gets (image, target)
     project.conftest(DETECTION.format(how=how))
-    run = project.run("--dlcheck=V8")
+    run = project.run("--dlcheck=V8", "-rA")
     run.assert_outcome("V8", outcome)
+    if outcome == "passed":
+        run.fnmatch(
+            [
+                "*::V8_geometric_target PASSED (8 of 8 seeded passes of a synthetic 128×96 image with a matching box*",
+                "*dlcheck evidence*",
+                "8 of 8 seeded passes of a synthetic 128×96 image with a matching box (shaped like dlcheck_dataset*) "
+                "through the train transform: the box follows the object (IoU ≥ 1.00, limit 0.5); train transform: "
+                "ToImage → RandomHorizontalFlip → ToDtype(float32, scale=True)",
+            ]
+        )
+        assert "dlcheck_dataset[0], dlcheck_dataset[1] read 6 times each: no read is another mirrored" in run.text
     if outcome == "failed":
         text = section(run, "V8")
         assert "synthetic 128×96 image, object at [12.0, 12.0, 44.0, 40.0] with a matching box" in text
@@ -45,8 +56,16 @@ SEGMENTATION = """
 @pytest.mark.parametrize("mask, outcome", [("plain", "failed"), ("tv", "passed")])
 def test_plain_tensor_masks_are_not_flipped_by_transforms_v2(project, mask, outcome):
     project.conftest(SEGMENTATION.format(mask=mask))
-    run = project.run("--dlcheck=V8")
+    run = project.run("--dlcheck=V8", "-rA")
     run.assert_outcome("V8", outcome)
+    if outcome == "passed":
+        run.fnmatch(
+            [
+                "*dlcheck evidence*",
+                "8 of 8 seeded passes of a synthetic 128×96 image with a matching mask (shaped like dlcheck_dataset*) "
+                "through the train transform: the mask follows the object (IoU ≥ 1.00, limit 0.5); *",
+            ]
+        )
     if outcome == "failed":
         text = section(run, "V8")
         assert "with a matching mask (Tensor target shaped like dlcheck_dataset[0])" in text
@@ -94,8 +113,13 @@ FLIP_BOXES = """w = image.shape[-1]
 @pytest.mark.parametrize("flip_boxes, outcome", [("", "failed"), (FLIP_BOXES, "passed")])
 def test_custom_dataset_flips_the_image_not_the_boxes(project, flip_boxes, outcome):
     project.conftest(CUSTOM.format(flip_boxes=flip_boxes))
-    run = project.run("--dlcheck=V8")
+    run = project.run("--dlcheck=V8", "-rA")
     run.assert_outcome("V8", outcome)
+    if outcome == "passed":
+        run.fnmatch(
+            ["*dlcheck evidence*", "*read 6 times each: no read is another mirrored with its target left identical"]
+        )
+        assert "seeded passes" not in run.text  # a hand-written dataset has no transform to call: the re-reads judge
     if outcome == "failed":
         text = section(run, "V8")
         assert (
@@ -115,4 +139,7 @@ def test_classification_has_nothing_to_move(project):
     """)
     run = project.run("--dlcheck=V8")
     run.assert_outcome("V8", "skipped")
-    assert "no boxes or masks" in run.text
+    assert (
+        "not applicable: V8 judges boxes and masks moving with the image; the sampled targets (4 examples of "
+        "dlcheck_dataset) are class labels (classification)"
+    ) in run.text

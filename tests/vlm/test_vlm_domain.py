@@ -37,9 +37,20 @@ TRAINER = """
 def test_clean_two_stage_trainer_passes_the_domain_and_leaves_no_trace(project):
     tinyvlm.SEEN.clear()
     project.conftest(TRAINER.format(max_length=None))
-    run = project.run("--dlcheck=vlm")
+    run = project.run("--dlcheck=vlm", "-rA")
     for cid in ("X1", "X2", "X3", "X4", "X5"):
         run.assert_outcome(cid, "passed")
+    # every pass says what it measured, beside PASSED
+    run.fnmatch(
+        [
+            "*::X1_freeze_schedule PASSED (6 tower/stage pairs agree with dlcheck_stages*",
+            "*::X2_projector PASSED (projector output width 64 = the LM's hidden size 64; image tokens*",
+            "*::X3_tower_lr PASSED (3 trained tower(s) in 2 stage(s) sit in param groups at their*",
+            "*::X4_image_tokens PASSED (8 of 8 sampled examples carry as many <image> tokens as their images*",
+            "*::X5_image_ignored PASSED (the logits at * text positions after the image move by*",
+        ]
+    )
+    assert run.text.count("dlcheck evidence") == 5
     after = tinyvlm.fingerprint(tinyvlm.SEEN["model"], tinyvlm.SEEN["proc"])
     before = tinyvlm.SEEN["before"]
     for key in ("weights", "requires_grad", "training", "tokenizer"):

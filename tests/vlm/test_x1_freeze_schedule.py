@@ -80,9 +80,26 @@ def test_clean_two_stage_setup_passes(project):
     project.conftest(
         PROJECT.format(stages="tinyvlm.STAGES", extra=SETUP.format(setup="tinyvlm.setup_clean(tinyvlm.STAGES)"))
     )
-    run = project.run("--dlcheck=X1,X3")
+    run = project.run("--dlcheck=X1,X3", "-rA")
     run.assert_outcome("X1", "passed")
     run.assert_outcome("X3", "passed")
+    run.fnmatch(
+        [
+            "*::X1_freeze_schedule PASSED (6 tower/stage pairs agree with dlcheck_stages*",
+            "*::X3_tower_lr PASSED (3 trained tower(s) in 2 stage(s) sit in param groups at their*",
+            "*dlcheck evidence*",
+            "6 tower/stage pairs agree with dlcheck_stages: 'align': vision 0/23,936 frozen, projector 6,272/6,272 "
+            "trained, language_model 0/112,576 frozen; 'instruct': vision 0/23,936 frozen, projector 6,272/6,272 "
+            "trained, language_model 112,576/112,576 trained",
+            "dlcheck_stage_setup run on dlcheck_model for each stage; towers found on LlavaForConditionalGeneration",
+            "'instruct'  language_model      112,576 / 112,576     trained (lr 2e-05)",
+            "*dlcheck evidence*",
+            "3 trained tower(s) in 2 stage(s) sit in param groups at their declared LR (rtol 0.001), no trainable "
+            "parameter outside a param group",
+            "stage 'instruct': 2 param groups at lr 2e-05",
+            "  language_model  112,576 at lr 2e-05          declared 2e-05",
+        ]
+    )
 
 
 CURRENT = """
@@ -229,3 +246,41 @@ def test_stage_setup_that_replaces_modules_is_reported(project):
     run.assert_outcome("X1", "failed")
     text = flat(run.section("X1"))
     assert "dlcheck_stage_setup" in text and "replaced or added modules of dlcheck_model" in text
+
+
+TEXT_ONLY = """
+    import pytest, tiny
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model(dlcheck_tokenizer):
+        return tiny.gpt2(dlcheck_tokenizer)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_tokenizer):
+        return tiny.tokenized(dlcheck_tokenizer)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        from transformers import DataCollatorForLanguageModeling
+        return DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)
+"""
+
+
+def test_a_text_only_gpt2_is_not_asked_for_towers_or_stages(project):
+    """A GPT-2 fine-tune under --dlcheck=vlm: no vision tower, so every vlm check is not applicable, and none
+    asks for dlcheck_towers, dlcheck_stages or an image token."""
+    project.conftest(TEXT_ONLY)
+    run = project.run("--dlcheck=vlm")
+    for cid in ("X1", "X2", "X3", "X4", "X5"):
+        run.assert_outcome(cid, "skipped")
+    assert "missing role" not in run.text, run.text
+    run.fnmatch(
+        [
+            "n/a:*not applicable: GPT2LMHeadModel is a text-only model: its config has no vision_config and its forward "
+            "takes no pixel_values, so it has no vision tower, projector or image tokens (5 checks)"
+        ]
+    )

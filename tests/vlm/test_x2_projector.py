@@ -79,7 +79,58 @@ def test_projector_initialised_at_std_1_drowns_the_text(project):
 
 def test_llava_projector_fits(project):
     project.conftest(PROJECT.format(change=""))
-    project.run("--dlcheck=X2").assert_outcome("X2", "passed")
+    run = project.run("--dlcheck=X2", "-rA")
+    run.assert_outcome("X2", "passed")
+    run.fnmatch(
+        [
+            "*::X2_projector PASSED (projector output width 64 = the LM's hidden size 64; image tokens*",
+            "*dlcheck evidence*",
+            "projector output width 64 = the LM's hidden size 64; image tokens' mean norm 0.0839 is 0.522× the text "
+            "embeddings' 0.161 (allowed 1/100 to 100×)",
+            "the projector model.model.multi_modal_projector outputs image tokens of width 64 (on a sampled batch); the "
+            "language model's token embeddings model.model.language_model.embed_tokens are Embedding(301, 64): hidden "
+            "size 64, equal",
+            "image tokens from model.model.multi_modal_projector: mean norm 0.0839 over 64 tokens; text token "
+            "embeddings (model.model.language_model.embed_tokens) of the same batch: mean norm 0.161 over 75 tokens",
+        ]
+    )
+
+
+def test_projector_width_without_data_passes_on_the_width_alone(project):
+    project.conftest(
+        PROJECT.format(change="")
+        .replace("def dlcheck_dataset", "def _unused_dataset")
+        .replace("def dlcheck_collator", "def _unused_collator")
+    )
+    run = project.run("--dlcheck=X2", "-rA")
+    run.assert_outcome("X2", "passed")
+    run.fnmatch(
+        [
+            "*dlcheck evidence*",
+            "projector output width 64 = the LM's hidden size 64",
+            "the projector model.model.multi_modal_projector ends in Linear(in_features=64, out_features=64, bias=True) "
+            "(out_features=64); * hidden size 64, equal",
+            "the scale was not compared: no data (define dlcheck_dataloader)",
+        ]
+    )
+
+
+def test_declared_towers_without_a_projector_are_not_applicable(project):
+    """A cross-attention style declaration (no projector tower): X2 has nothing to judge and says so."""
+    project.conftest(
+        PROJECT.format(change="")
+        + """
+    @pytest.fixture(scope="session")
+    def dlcheck_towers():
+        return {"vision": "model.vision_tower", "language_model": ["model.language_model", "lm_head"]}
+    """
+    )
+    run = project.run("--dlcheck=X2")
+    run.assert_outcome("X2", "skipped")
+    assert (
+        "not applicable: dlcheck_towers declares no projector (vision, language_model): X2 judges a projector whose "
+        "output takes the place of token embeddings"
+    ) in run.text
 
 
 def test_default_initialised_hand_projector_of_the_right_width_fits(project):

@@ -41,9 +41,20 @@ def test_one_global_lr_trains_the_vision_tower_ten_times_too_fast(project):
 
 def test_one_param_group_per_tower_passes(project):
     project.conftest(STAGED.format(setup="tinyvlm.setup_clean(tinyvlm.STAGES_VISION)"))
-    run = project.run("--dlcheck=X1,X3")
+    run = project.run("--dlcheck=X1,X3", "-rA")
     run.assert_outcome("X1", "passed")
     run.assert_outcome("X3", "passed")
+    run.fnmatch(
+        [
+            "*::X3_tower_lr PASSED (4 trained tower(s) in 2 stage(s) sit in param groups at their*",
+            "*dlcheck evidence*",
+            "*dlcheck evidence*",
+            "4 trained tower(s) in 2 stage(s) sit in param groups at their declared LR (rtol 0.001), no trainable "
+            "parameter outside a param group",
+            "stage 'instruct': 3 param groups at lr 2e-05, 2e-06",
+            "  vision          23,936 at lr 2e-06           declared 2e-06",
+        ]
+    )
 
 
 CURRENT = """
@@ -102,4 +113,7 @@ def test_no_optimizer_skips(project):
     project.conftest(STAGED.format(setup="lambda model, stage: None"))
     run = project.run("--dlcheck=X3")
     run.assert_outcome("X3", "skipped")
-    assert "no optimizer to check" in run.text
+    assert (
+        "missing role: define fixture dlcheck_optimizer (or dlcheck_trainer with its optimizer created) for "
+        "dlcheck_stage in conftest.py, or return the optimizer from dlcheck_stage_setup: no optimizer to check"
+    ) in run.text

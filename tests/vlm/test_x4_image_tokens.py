@@ -67,7 +67,45 @@ def test_processor_truncation_refuses_the_batch(project):
 
 def test_long_enough_max_length_passes(project):
     project.conftest(DATA.format(processor="", collator="tinyvlm.collator(dlcheck_tokenizer, max_length=64)"))
-    project.run("--dlcheck=X4").assert_outcome("X4", "passed")
+    run = project.run("--dlcheck=X4", "-rA")
+    run.assert_outcome("X4", "passed")
+    run.fnmatch(
+        [
+            "*::X4_image_tokens PASSED (8 of 8 sampled examples carry as many <image> tokens as their images*",
+            "*dlcheck evidence*",
+            "8 of 8 sampled examples carry as many <image> tokens as their images expand to (16 per example); the "
+            "processor expands one <image> into 16 tokens, as the model's config says: *",
+            "examples from dlcheck_collator on 8 examples of dlcheck_dataset; max_length=64; image counts from the raw "
+            "examples",
+        ]
+    )
+
+
+def test_a_text_tokenizer_without_an_image_processor_is_not_applicable(project):
+    """A GPT-2 style text pipeline (no dlcheck_model): the tokenizer alone says there is no image token to count."""
+    project.conftest("""
+        import pytest, tiny
+        from transformers import DataCollatorForLanguageModeling
+
+        @pytest.fixture(scope="session")
+        def dlcheck_tokenizer():
+            return tiny.tokenizer()
+
+        @pytest.fixture(scope="session")
+        def dlcheck_collator(dlcheck_tokenizer):
+            return DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)
+
+        @pytest.fixture(scope="session")
+        def dlcheck_dataset(dlcheck_tokenizer):
+            return tiny.tokenized(dlcheck_tokenizer)
+    """)
+    run = project.run("--dlcheck=X4")
+    run.assert_outcome("X4", "skipped")
+    run.fnmatch(
+        [
+            "SKIPPED*not applicable: dlcheck_tokenizer (*) is a text tokenizer, with no image processor and no image token"
+        ]
+    )
 
 
 def test_processor_and_config_disagree_on_tokens_per_image(project):

@@ -2,6 +2,7 @@
 
 import tinyvlm
 import torch
+import torchvision.models  # noqa: F401  (imported once, outside the in-process runs)
 from helpers import flat
 
 from pytest_dlcheck.checks.vlm import measure as vlm
@@ -78,7 +79,47 @@ def test_collator_that_drops_pixel_values(project):
 
 def test_randomly_initialised_model_looks_at_the_image(project):
     project.conftest(PROJECT.format(change="", collator="tinyvlm.collator(dlcheck_tokenizer)"))
-    project.run("--dlcheck=X5").assert_outcome("X5", "passed")
+    run = project.run("--dlcheck=X5", "-rA")
+    run.assert_outcome("X5", "passed")
+    run.fnmatch(
+        [
+            "*::X5_image_ignored PASSED (the logits at * text positions after the image move by*",
+            "*dlcheck evidence*",
+            "the logits at * text positions after the image move by 0.* with another example's image; 0.* with noise "
+            "(mean ‖Δ logits‖ / ‖logits‖; at least 0.01 expected)",
+            "2 sampled batch(es) from dlcheck_collator on 8 examples of dlcheck_dataset, each run as is, with each "
+            "example's image replaced by another example's, and by noise of the same per-channel statistics",
+        ]
+    )
+
+
+def test_a_vision_classifier_is_not_applicable(project):
+    """A torchvision ResNet with an image dataloader under --dlcheck=vlm: no language model, no image tokens."""
+    project.conftest("""
+        import pytest, torch
+        from torch.utils.data import DataLoader, TensorDataset
+        from torchvision.models import resnet18
+
+        @pytest.fixture(scope="session")
+        def dlcheck_model():
+            return resnet18(weights=None, num_classes=4)
+
+        @pytest.fixture(scope="session")
+        def dlcheck_dataloader():
+            g = torch.Generator().manual_seed(0)
+            data = TensorDataset(torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 4, (16,), generator=g))
+            return DataLoader(data, batch_size=4)
+    """)
+    run = project.run("--dlcheck=vlm")
+    for cid in ("X1", "X2", "X3", "X4", "X5"):
+        run.assert_outcome(cid, "skipped")
+    assert "missing role" not in run.text, run.text
+    run.fnmatch(
+        [
+            "n/a:*not applicable: dlcheck_model is a torchvision ResNet, an image model without a language model "
+            "(5 checks)"
+        ]
+    )
 
 
 def test_threshold_separates_random_from_zeroed_models():
