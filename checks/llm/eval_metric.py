@@ -13,6 +13,7 @@ import torch
 from ...guard import eval_mode
 from ...registry import Setting, check
 from ...roles import is_hf_trainer
+from ...training import run_or_skip
 from ..shared import lm
 from .common import token_sample
 
@@ -397,7 +398,8 @@ def check_eval_metric(dlcheck):
 
     device = lm.model_device(model)
     try:
-        logits = [forward_logits(model, b) for b in batches]
+        # root cause first: a VLM whose image tokens were cut is X4's finding, not a crash of L7
+        logits = run_or_skip(dlcheck, lambda: [forward_logits(model, b) for b in batches])
     except TypeError as exc:
         dlcheck.skip(f"the model's output carries no (batch, seq, vocab) logits ({exc})")
     labels = [torch.as_tensor(b["labels"]).long().to(device) for b in batches]
