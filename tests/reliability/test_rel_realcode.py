@@ -37,7 +37,6 @@ TRUE_FINDINGS = {
 
 #: (project, check) -> the false alarm still open (issue 16); remove an entry when its fix lands
 KNOWN_FALSE_ALARMS = {
-    ("makemore_mlp", "T8"): "3-character contexts repeat inside the training split too; the split is by name",
     ("tv_classification", "S5"): "the short run diverged (train loss ~1000x): S5 calls that memorisation",
 }
 

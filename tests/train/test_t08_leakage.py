@@ -1,6 +1,7 @@
 """T8: no eval example is also a training example."""
 
 import tiny_train as tt
+from helpers import flat
 
 SFT = """
     import pytest, tiny
@@ -168,3 +169,50 @@ def test_a_one_shot_generator_is_not_consumed(project):
             "a re-iterable loader*"
         ]
     )
+
+
+CHAR_CONTEXTS = """
+    import random, pytest, torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def names(n, seed):
+        rng = random.Random(seed)
+        return ["".join(rng.choice("aeilnorst") for _ in range(rng.randint(3, 7))) for _ in range(n)]
+
+    def contexts(words, block=3):
+        # makemore: every 3-character context of every name, '.' pads the start
+        xs, ys = [], []
+        for w in words:
+            ctx = [0] * block
+            for ch in w + ".":
+                ix = ".aeilnorst".index(ch)
+                xs.append(list(ctx))
+                ys.append(ix)
+                ctx = ctx[1:] + [ix]
+        return TensorDataset(torch.tensor(xs), torch.tensor(ys))
+
+    WORDS = names(300, seed=0)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return DataLoader(contexts(WORDS[:270]), batch_size=32)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataloader():
+        return DataLoader(contexts({eval_words}), batch_size=32)
+"""
+
+
+def test_short_inputs_that_repeat_by_nature_are_no_leak(project):
+    # split by name, as the makemore lecture does: many 3-character contexts recur in both splits
+    project.conftest(CHAR_CONTEXTS.format(eval_words="WORDS[270:]"))
+    run = project.run("--dlcheck=T8", "-rA")
+    run.assert_outcome("T8", "passed")
+    run.fnmatch(["*no more than two disjoint parts of the training data share with each other*repeat by nature*"])
+
+
+def test_an_eval_split_taken_from_the_training_names_still_fails(project):
+    project.conftest(CHAR_CONTEXTS.format(eval_words="WORDS[:30]"))
+    run = project.run("--dlcheck=T8")
+    run.assert_outcome("T8", "failed")
+    assert "two disjoint parts of the training data share only" in flat(run.section("T8"))
