@@ -85,6 +85,13 @@ def check_train_eval_gap(dlcheck):
             ratio=round(ratio, 4),
         )
         return
+    if before[0] is not None and train_loss > before[0]:
+        # memorisation needs a training loss that fell; one that rose is a diverging run (S2/S3 judge it)
+        dlcheck.skip(
+            f"not conclusive: the training loss rose over the {run.steps}-step smoke run ({before[0]:.4g} -> "
+            f"{train_loss:.4g}), so the eval/train gap ({eval_loss:.4g} vs {train_loss:.4g}) is no sign of "
+            "memorisation: the run diverged (see S2/S3, and the learning rate)"
+        )
     evidence = [
         f"after {run.steps} steps: eval loss {eval_loss:.4g} vs train loss {train_loss:.4g} on the sampled batches "
         f"= {ratio:.2f} x (limit {dlcheck.setting('max_ratio')} x and {dlcheck.setting('min_gap')} nats)"

@@ -36,9 +36,7 @@ TRUE_FINDINGS = {
 }
 
 #: (project, check) -> the false alarm still open (issue 16); remove an entry when its fix lands
-KNOWN_FALSE_ALARMS = {
-    ("tv_classification", "S5"): "the short run diverged (train loss ~1000x): S5 calls that memorisation",
-}
+KNOWN_FALSE_ALARMS = {}
 
 MEDIA = [
     "tv_classification",
