@@ -45,11 +45,14 @@ class Rollout:
     - ``next_values[t]``: the value of the observation step t led to: V(obs_t+1) inside an episode;
       V(final observation) where step t ended the episode (SB3's ``info["terminal_observation"]``,
       gymnasium's ``info["final_obs"]``); V(observation after the rollout) at t = T-1.
-    - ``episode_starts[t]``: obs_t is the first observation of an episode (CleanRL's ``dones[t]``, SB3's
-      ``episode_starts[t]``); row 0 comes from the previous rollout.
+    - ``episode_starts[t]``: obs_t is the first observation of an episode (SB3's ``episode_starts[t]``;
+      CleanRL's ``dones[t]`` under gymnasium < 1.0's same-step autoreset); row 0 comes from the previous
+      rollout.
     - ``reset_steps[t]``: only with ``autoreset == "next_step"`` (gymnasium 1.x vector envs' default):
       step t is the autoreset step after an episode end (action ignored, reward 0, obs_t the final
-      observation); its advantage is not compared and should be masked out of the loss.
+      observation); its advantage is not compared and should be masked out of the loss. CleanRL's
+      ``dones[t]`` on gymnasium 1.x vector envs are these flags (its ``next_done`` is the step's
+      ``terminations | truncations``, and the next step is the autoreset one).
     - ``gamma``, ``gae_lambda``: the discount and the GAE λ to use.
     """
 
@@ -186,9 +189,9 @@ def _signature_plan(fn: Callable[..., Any]) -> list[str] | None:
     if "dones" in [p.name for p in required]:
         raise RoleError(
             "advantage_fn",
-            "takes a parameter named 'dones', which is ambiguous (CleanRL's dones are "
-            "episode starts, gymnasium's are terminated|truncated): wrap it, e.g. "
-            "lambda r: f(..., dones=r.episode_starts), see pytest_dlcheck.rl.Rollout",
+            "takes a parameter named 'dones', which is ambiguous (CleanRL's dones flag the autoreset step on "
+            "gymnasium 1.x, episode starts on older gymnasium; gymnasium's are terminated|truncated): wrap it, "
+            "e.g. lambda r: f(..., dones=r.reset_steps) for CleanRL on gymnasium 1.x, see pytest_dlcheck.rl.Rollout",
         )
     if len(required) == 1 and required[0].name not in PARAMETERS:
         return None
