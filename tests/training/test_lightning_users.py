@@ -29,13 +29,18 @@ def test_a_compiled_submodule_saves_its_keys_with_the_compile_prefix(project):
 
 
 def test_the_manual_step_trains_nothing_when_a_check_only_wants_its_loss(project):
+    import torch
+
     from pytest_dlcheck.training.lightning import step_loss
 
+    torch.manual_seed(0)
     module = lk.ManualClassifier()
     before = {k: v.clone() for k, v in module.state_dict().items()}
     x, y = lk.blobs(8, seed=3).tensors
     loss = step_loss(module, (x, y))
-    assert loss.requires_grad and loss.item() > 0.5  # three classes, an untrained net: about ln 3
+    # what the step hands manual_backward: an untrained net's loss on three classes (about ln 3), divided by
+    # the step's accumulation factor of 2
+    assert loss.requires_grad and 0.3 < loss.item() < 1.0
     assert all(p.grad is None for p in module.parameters())
     assert all(torch_equal(before[k], v) for k, v in module.state_dict().items())
     assert "optimizers" not in vars(module) and "manual_backward" not in vars(module)
