@@ -64,6 +64,20 @@ def check_atomic_save(dlcheck):
     evidence = [f"a save through {result.how} was interrupted half way while writing {_short(result.target)}"]
     if result.sizes:
         evidence.append(f"file sizes before and after the interrupted save: {result.sizes}")
+    if result.error is not None and result.overwrote is False:
+        evidence.append(
+            f"the interrupted file is new (the previous checkpoint was not touched), yet loading "
+            f"{_short(result.previous)} afterwards raises {result.error}"
+        )
+        cause = (
+            "each save writes a new checkpoint beside the previous one, and the load picks the newest: after a "
+            "crash during a save, the resume loads the half-written checkpoint instead of the complete one"
+        )
+        fix = (
+            "write the new checkpoint under a temporary name and rename it when complete (os.replace), or make the "
+            "resume skip a newest checkpoint that is incomplete (a marker file written last) and take the one before"
+        )
+        dlcheck.fail(evidence, cause, fix)
     if result.error is not None:
         evidence.append(f"loading {_short(result.previous)} afterwards raises {result.error}")
         cause = (

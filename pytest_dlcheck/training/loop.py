@@ -293,6 +293,13 @@ class LoopSetup:
         return Baseline(traj, truth, path, pieces)
 
 
+def _files_under(path: Path) -> set[str]:
+    """Every file at ``path`` (a file, or a directory's files at any depth, or ``path`` + a suffix)."""
+    found = [path] if path.is_file() else list(path.rglob("*")) if path.is_dir() else []
+    found += [p for p in path.parent.glob(path.name + "?*") if p.is_file()]
+    return {str(p.resolve()) for p in found if p.is_file()}
+
+
 def _wrote_nothing(path: Path) -> bool:
     """True when nothing named like ``path`` (the file, a directory, or ``path`` + a suffix) exists."""
     return not path.exists() and not any(p.name.startswith(path.name) for p in path.parent.iterdir())
@@ -355,6 +362,7 @@ def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
     with preserved_rng():
         setup.run(second, setup.batches(1), 0, Trajectory())
     new_weights = {k: v.detach().clone() for k, v in second["model"].state_dict().items()}
+    written_before = _files_under(path)
     with interrupted_saves() as hits:
         try:
             user_call("save_checkpoint", lambda: setup.save(second, str(path)))
@@ -384,6 +392,7 @@ def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
             str(path),
             f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
             sizes=size_text,
+            overwrote=str(Path(hits[0]).resolve()) in written_before,
         )
     loaded = {k: v.detach() for k, v in third["model"].state_dict().items()}
     which = "previous" if same_weights(loaded, old_weights) else "new" if same_weights(loaded, new_weights) else "mixed"

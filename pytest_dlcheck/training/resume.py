@@ -225,6 +225,9 @@ class InterruptedSave:
     #: when it loaded: "previous", "new" or "mixed" weights
     loaded: str | None = None
     sizes: str = ""
+    #: whether the interrupted file was already there (a save over the previous checkpoint) or new (a
+    #: versioned checkpoint beside it); None when not known
+    overwrote: bool | None = None
 
 
 def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:

@@ -60,3 +60,52 @@ def test_the_same_save_with_a_load_that_works_is_judged(project):
     project.conftest(PROJECT.format(weights_only=False))
     run = project.run("--dlcheck=C2")
     run.assert_outcome("C2", "failed")  # torch.save straight onto the previous checkpoint
+
+
+VERSIONED = """
+    import os, pytest, torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+            return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1), "step": [0]}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 3, (32,), generator=g)),
+                          batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_loss_fn():
+        return nn.CrossEntropyLoss()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        def save(state, path):
+            # a new file per save, as save_state's checkpoint-N directories
+            os.makedirs(path, exist_ok=True)
+            n = len(os.listdir(path))
+            torch.save({"model": state["model"].state_dict()}, os.path.join(path, f"ckpt-{n:04d}.pt"))
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        def load(state, path):
+            newest = sorted(os.listdir(path))[-1]  # "resume from the latest"
+            state["model"].load_state_dict(torch.load(os.path.join(path, newest))["model"])
+        return load
+"""
+
+
+def test_versioned_saves_whose_resume_picks_the_newest_half_written_one(project):
+    project.conftest(VERSIONED)
+    run = project.run("--dlcheck=C2")
+    run.assert_outcome("C2", "failed")
+    text = " ".join(run.section("C2").split())
+    assert "the interrupted file is new (the previous checkpoint was not touched)" in text, text
+    assert "the load picks the newest" in text and "writes straight onto" not in text, text
