@@ -165,7 +165,11 @@ def _normalizer_of_env(env: Any) -> Any:
     if env is MISSING or not rl.is_env(env):
         return MISSING
     stats, holders = rl.running_statistics(env)
-    return holders[0].owner if holders else MISSING
+    if not holders:
+        return MISSING
+    # statistics held by several wrappers (every sub-env of a SyncVectorEnv, a reward and an observation
+    # normaliser): the env that holds them all, read the way the loaded env will be read
+    return holders[0].owner if len({id(h.owner) for h in holders}) == 1 else env
 
 
 @deriver

@@ -1115,6 +1115,13 @@ def running_statistics(root: Any, depth: int = 6) -> tuple[dict[str, Any], list[
             inner = own.get(attr)
             if inner is not None and is_env(inner):
                 visit(inner, d - 1)
+        subs = own.get("envs")  # gymnasium's SyncVectorEnv: CleanRL wraps each sub-env in NormalizeObservation
+        if isinstance(subs, (list, tuple)):
+            for i, sub in enumerate(subs[:16]):
+                before = len(stats)
+                visit(sub, d - 1)
+                for key in list(stats)[before:]:  # which sub-env each statistic belongs to
+                    stats[f"envs[{i}].{key}"] = stats.pop(key)
 
     visit(root, depth)
     return stats, holders

@@ -196,3 +196,56 @@ def test_the_live_statistics_are_left_as_they_were(project):
     run = run_configs(project, {"ppo_model_only": PPO_VECNORMALIZE.format(**MODEL_ONLY)}, "--dlcheck=R4")
     run.assert_outcome("ppo_model_only", "R4", "failed")
     assert venv.obs_rms is rms and (venv.obs_rms.mean == mean).all() and venv.obs_rms.count == count
+
+
+SUBENVS = """
+    import pickle, pytest
+    import gymnasium as gym
+
+    def make_envs():
+        # CleanRL: each sub-env of the SyncVectorEnv wrapped in NormalizeObservation (and NormalizeReward)
+        def thunk():
+            return gym.wrappers.NormalizeReward(gym.wrappers.NormalizeObservation(gym.make("CartPole-v1")))
+        return gym.vector.SyncVectorEnv([thunk for _ in range(2)])
+
+    def obs_wrappers(envs):
+        return [e.env for e in envs.envs]  # NormalizeReward(NormalizeObservation(...)).env
+
+    @pytest.fixture(scope="session")
+    def dlcheck_env():
+        envs = make_envs()
+        envs.reset(seed=0)
+        for _ in range(30):
+            envs.step(envs.action_space.sample())
+        return envs
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_agent(dlcheck_env):
+        def save(d):
+            (d / "agent.txt").write_text("weights")
+            if {keep}:
+                (d / "obs_rms.pkl").write_bytes(pickle.dumps([w.obs_rms for w in obs_wrappers(dlcheck_env)]))
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_agent():
+        def load(d):
+            envs = make_envs()
+            if {keep}:
+                for w, rms in zip(obs_wrappers(envs), pickle.loads((d / "obs_rms.pkl").read_bytes())):
+                    w.obs_rms = rms
+            return envs
+        return load
+"""
+
+
+def test_statistics_inside_a_vector_envs_sub_envs(project):
+    # CleanRL's fix: the observation statistics of every sub-env saved and put back (the reward normaliser's
+    # are not: they do not reach the policy, and are noted, not judged)
+    run = run_configs(
+        project, {"kept": SUBENVS.format(keep=True), "lost": SUBENVS.format(keep=False)}, "--dlcheck=R4", "-rA"
+    )
+    run.assert_outcome("kept", "R4", "passed")
+    assert "envs[0].obs_rms (mean, var, count" in run.run.text, run.run.text
+    run.assert_outcome("lost", "R4", "failed")
+    assert "envs[0].obs_rms.count:" in run.flat("lost", "R4")
