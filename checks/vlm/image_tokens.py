@@ -184,7 +184,8 @@ def check_image_tokens(dlcheck):
                 "wrong number of placeholders for the features the model makes",
                 f"build the processor from the model's config: patch_size={model.config.vision_config.patch_size}, "
                 f"vision_feature_select_strategy={model.config.vision_feature_select_strategy!r}, "
-                "num_additional_image_tokens=1 for CLIP-style towers with a CLS token",
+                "num_additional_image_tokens=1 for CLIP-style towers with a CLS token, 0 for towers without one "
+                "(SigLIP)",
             )
         if per_image is None:
             per_image, fixed, how = cfg[0], True, f"the model makes {cfg[0]} features per image: {cfg[1]}"

@@ -315,8 +315,10 @@ def processor_expansion(processor: Any, images: list[Any], token_id: int) -> int
 
 
 def config_tokens_per_image(model: Any) -> tuple[int, str] | None:
-    """(tokens, how) one image becomes in a Llava-style model: (image_size / patch_size)² patch features,
-    plus the CLS feature when ``vision_feature_select_strategy == 'full'``. None for other families."""
+    """(tokens, how) one image becomes in a Llava-style model: measured by running its vision tower once on a
+    blank image of the configured size (``get_image_features``, with the model's own feature layer and select
+    strategy: a SigLIP tower has no CLS feature, a CLIP tower has one), else from the config's
+    (image_size / patch_size)² patch features plus the CLS feature kept by 'full'. None for other families."""
     cfg = config_of(model)
     vc = getattr(cfg, "vision_config", None)
     strategy = getattr(cfg, "vision_feature_select_strategy", None)
@@ -325,6 +327,12 @@ def config_tokens_per_image(model: Any) -> tuple[int, str] | None:
         return None
     if type(model).__name__ not in ("LlavaForConditionalGeneration", "LlavaModel", "VipLlavaForConditionalGeneration"):
         return None
+    measured = _features_per_image(model, size)
+    if measured is not None:
+        return measured, (
+            f"its {type(vc).__name__.removesuffix('Config')} vision tower, run once on a {size}x{size} image, emits "
+            f"{measured} features with vision_feature_select_strategy={strategy!r}"
+        )
     n = (size // patch) ** 2 + (1 if strategy == "full" else 0)
     how = f"vision_config.image_size {size} / patch_size {patch} = {(size // patch) ** 2} patch features" + (
         ", + 1 CLS feature kept by vision_feature_select_strategy='full'"
@@ -332,6 +340,26 @@ def config_tokens_per_image(model: Any) -> tuple[int, str] | None:
         else ", the CLS feature dropped by vision_feature_select_strategy='default'"
     )
     return n, how
+
+
+def _features_per_image(model: Any, size: int) -> int | None:
+    """How many features ``get_image_features`` gives one image of ``size`` pixels, or None."""
+    get = getattr(model, "get_image_features", None)
+    if not callable(get):
+        return None
+    try:
+        param = next(model.parameters())
+        pixels = torch.zeros(1, 3, size, size, dtype=param.dtype, device=param.device)
+        with eval_mode(model), torch.no_grad():
+            out = get(pixel_values=pixels)
+    except Exception:  # noqa: BLE001 - an unusual tower: fall back to the config's arithmetic
+        return None
+    feats = getattr(out, "pooler_output", out)
+    if isinstance(feats, (list, tuple)) and feats and isinstance(feats[0], torch.Tensor):
+        feats = feats[0]
+    if not isinstance(feats, torch.Tensor) or feats.dim() not in (2, 3):
+        return None
+    return int(feats.shape[-2]) if feats.dim() == 3 else int(feats.shape[0])
 
 
 def example_images(row: Any) -> list[Any] | None:

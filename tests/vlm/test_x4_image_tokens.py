@@ -32,8 +32,8 @@ def test_max_length_cuts_the_image_placeholders(project):
     text = flat(run.section("X4"))
     assert (
         "8 of 8 sampled examples carry a different number of <image> tokens than their images expand to; the "
-        "processor expands one <image> into 16 tokens, as the model's config says: vision_config.image_size 32 / "
-        "patch_size 8 = 16 patch features, the CLS feature dropped by vision_feature_select_strategy='default'"
+        "processor expands one <image> into 16 tokens, as the model's config says: its CLIPVision vision tower, run "
+        "once on a 32x32 image, emits 16 features with vision_feature_select_strategy='default'"
     ) in text
     assert (
         "example 0.0: 12 <image> tokens, expected 16 (1 image × 16); the example is 12 tokens long, ending on <image> "
@@ -151,3 +151,50 @@ def test_text_tokenized_by_the_tokenizer_alone(project):
     assert "example 0.0: 1 <image> tokens, expected 16 (1 image × 16)" in text
     assert "tokenized by the tokenizer alone" in text
     assert "processor(images=..., text=..., ...)" in text
+
+
+SIGLIP = """
+    import pytest, torch, tinyvlm
+    from transformers import LlavaConfig, LlavaForConditionalGeneration, LlamaConfig, LlavaProcessor
+    from transformers import SiglipImageProcessor, SiglipVisionConfig
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        tok = tinyvlm.tokenizer()
+        ip = SiglipImageProcessor(size={"height": tinyvlm.SIZE, "width": tinyvlm.SIZE}, image_mean=[0.5] * 3,
+                                  image_std=[0.5] * 3)
+        # SigLIP has no CLS feature: every patch is an image token, nothing added
+        return LlavaProcessor(image_processor=ip, tokenizer=tok, patch_size=tinyvlm.PATCH,
+                              vision_feature_select_strategy="full", image_token=tinyvlm.IMAGE,
+                              num_additional_image_tokens=0)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model(dlcheck_tokenizer):
+        tok = dlcheck_tokenizer.tokenizer
+        cfg = LlavaConfig(
+            vision_config=SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, image_size=tinyvlm.SIZE, patch_size=tinyvlm.PATCH),
+            text_config=LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                    pad_token_id=tok.pad_token_id),
+            image_token_id=tok.convert_tokens_to_ids(tinyvlm.IMAGE), vision_feature_layer=-1,
+            vision_feature_select_strategy="full")
+        torch.manual_seed(0)
+        return LlavaForConditionalGeneration(cfg)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return tinyvlm.rows()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        return tinyvlm.collator(dlcheck_tokenizer)
+"""
+
+
+def test_a_siglip_tower_without_a_cls_feature_is_not_told_to_add_a_token(project):
+    project.conftest(SIGLIP)
+    run = project.run("--dlcheck=X4", "-rA")
+    assert "num_additional_image_tokens=1" not in run.text, run.text
+    run.assert_outcome("X4", "passed")
+    run.fnmatch(["*its SiglipVision vision tower, run once on a 32x32 image, emits 16 features*"])
