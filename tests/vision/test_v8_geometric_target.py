@@ -143,3 +143,46 @@ def test_classification_has_nothing_to_move(project):
         "not applicable: V8 judges boxes and masks moving with the image; the sampled targets (4 examples of "
         "dlcheck_dataset) are class labels (classification)"
     ) in run.text
+
+
+TUTORIAL = """
+    import pytest, torch
+    from torchvision import tv_tensors
+    from torchvision.transforms import v2 as T
+
+    class PennFudanLike(torch.utils.data.Dataset):
+        # the PyTorch detection tutorial: boxes wrapped as BoundingBoxes inside __getitem__, the v2 pipeline
+        # ends in ToPureTensor, so the items come out as plain tensors
+        def __init__(self, n, wrap):
+            self.n, self.wrap = n, wrap
+            self.transforms = T.Compose([T.RandomHorizontalFlip(0.5), T.ToDtype(torch.float, scale=True),
+                                         T.ToPureTensor()])
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            img = torch.zeros(3, 96, 128, dtype=torch.uint8)
+            img[:, 20:50, 10 + i:40 + i] = 255
+            boxes = torch.tensor([[10.0 + i, 20.0, 40.0 + i, 50.0]])
+            target = {{"boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(96, 128)) if self.wrap
+                       else boxes, "labels": torch.tensor([1])}}
+            return self.transforms(tv_tensors.Image(img), target)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return PennFudanLike(8, wrap={wrap})
+"""
+
+
+def test_the_detection_tutorials_wrapped_boxes_and_to_pure_tensor_pass(project):
+    project.conftest(TUTORIAL.format(wrap=True))
+    run = project.run("--dlcheck=V8", "-rA")
+    assert "wrap them: target['boxes'] = tv_tensors.BoundingBoxes" not in run.text, run.text
+    run.assert_outcome("V8", "passed")
+
+
+def test_the_same_pipeline_with_plain_boxes_still_fails(project):
+    project.conftest(TUTORIAL.format(wrap=False))
+    run = project.run("--dlcheck=V8")
+    run.assert_outcome("V8", "failed")
