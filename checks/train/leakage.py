@@ -64,6 +64,35 @@ def content(example: Any) -> Any:
     return example
 
 
+def documents(example: Any) -> list[Any]:
+    """The documents packed in one example (TRL's packed rows: ``seq_lengths``, or ``position_ids`` restarting
+    at 0), each as ``{"input_ids": [...]}``; an unpacked example is its own single document. Packed rows hide
+    duplicates: the same documents packed in another order make another row."""
+    if not isinstance(example, Mapping) or "input_ids" not in example:
+        return [example]
+    ids = example["input_ids"]
+    ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids) if isinstance(ids, (list, tuple)) else None
+    if not ids or isinstance(ids[0], list):
+        return [example]
+    lengths = example.get("seq_lengths")
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.tolist()
+    if not (isinstance(lengths, (list, tuple)) and len(lengths) > 1 and sum(lengths) == len(ids)):
+        pos = example.get("position_ids")
+        pos = pos.tolist() if isinstance(pos, torch.Tensor) else pos
+        if not (isinstance(pos, (list, tuple)) and len(pos) == len(ids)):
+            return [example]
+        starts = [i for i, p in enumerate(pos) if p == 0]
+        if len(starts) < 2:
+            return [example]
+        lengths = [b - a for a, b in zip(starts, starts[1:] + [len(ids)])]
+    out, at = [], 0
+    for n in lengths:
+        out.append({"input_ids": ids[at : at + int(n)]})
+        at += int(n)
+    return out
+
+
 def fingerprint(example: Any) -> str:
     return hashlib.blake2b(_bytes(content(example)), digest_size=16).hexdigest()
 
@@ -294,6 +323,13 @@ def check_train_eval_leakage(dlcheck):
     from_loaders = not both_sized and both_loaders
     train_rows, train_cut, train_src = read(train, from_loaders)
     eval_rows, eval_cut, eval_src = read(ev, from_loaders)
+    # packed rows are compared by the documents they hold
+    packed = any(len(documents(r)) > 1 for r in eval_rows[:64] + train_rows[:64])
+    if packed:
+        train_rows = [d for r in train_rows for d in documents(r)]
+        eval_rows = [d for r in eval_rows for d in documents(r)]
+        train_src += ", unpacked into its documents"
+        eval_src += ", unpacked into its documents"
     if not eval_rows:
         dlcheck.skip(f"{eval_src} holds no example")
     seen: dict[str, int] = {}

@@ -216,3 +216,36 @@ def test_an_eval_split_taken_from_the_training_names_still_fails(project):
     run = project.run("--dlcheck=T8")
     run.assert_outcome("T8", "failed")
     assert "two disjoint parts of the training data share only" in flat(run.section("T8"))
+
+
+PACKED = """
+    import pytest
+
+    DOCS = [[10 + d, 20 + d, 30 + d, 40 + d] for d in range(12)]
+
+    def pack(doc_ids):
+        # TRL's packed rows: documents concatenated, their lengths in seq_lengths
+        return {{"input_ids": [t for d in doc_ids for t in DOCS[d]], "seq_lengths": [len(DOCS[d]) for d in doc_ids]}}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return [pack([0, 1, 2]), pack([3, 4, 5]), pack([6, 7, 8])]
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataset():
+        return [pack({eval_docs})]
+"""
+
+
+def test_packed_rows_are_compared_by_their_documents(project):
+    # the eval row packs two training documents in another order: no row repeats, two documents do
+    project.conftest(PACKED.format(eval_docs=[4, 0]))
+    run = project.run("--dlcheck=T8")
+    run.assert_outcome("T8", "failed")
+    assert "2 of 2 eval examples (100%)" in flat(run.section("T8"))
+    assert "unpacked into its documents" in flat(run.section("T8"))
+
+
+def test_packed_rows_of_held_out_documents_pass(project):
+    project.conftest(PACKED.format(eval_docs=[9, 10, 11]))
+    project.run("--dlcheck=T8").assert_outcome("T8", "passed")
