@@ -55,6 +55,8 @@ def check_checkpoint_round_trip(dlcheck):
         Needs statistics that have seen data (a count above 1): it skips on a freshly built normaliser.
         Statistics kept inside the policy network (a running-norm layer) are part of its state_dict and
         are not checked here.
+        A reward normaliser's statistics (ret_rms) never reach the policy: when only they are lost, the
+        pass notes it ("not carried, not judged") — a resumed training run would scale its rewards afresh.
     Not applicable
         Pipelines with no running statistics and no replay buffer: an on-policy SB3 algorithm without
         VecNormalize, an env (or env factory) without a normalising wrapper. Their checkpoint is the
