@@ -167,6 +167,16 @@ def outcomes(m: Measurement, prefix: str = "") -> dict[str, int]:
     return counts
 
 
+def passes(m: Measurement) -> dict[str, int]:
+    """The work the checks caused (pytest_dlcheck.cost), summed over the items: forward and backward passes
+    through the models, optimizer steps."""
+    total = {"forward": 0, "backward": 0, "optimizer_steps": 0}
+    for item in m.info.get("probe", {}).get("items", {}).values():
+        for key in total:
+            total[key] += item.get("cost", {}).get(key, 0)
+    return total
+
+
 def fmt_outcomes(counts: dict[str, int]) -> str:
     return ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no items"
 
@@ -318,8 +328,10 @@ def bench_active(ctx: Context, domain: str) -> None:
     counts = outcomes(mid)
     problem = next((broken(m) for m in runs["active"] if broken(m)), "")
     ph, ph_floor = phases(mid), phases(median_run(runs["floor"], ctx.metric))
+    work = passes(mid)
     note = (
-        f"checks: {fmt_outcomes(counts)}; active run: "
+        f"checks: {fmt_outcomes(counts)}; work: {work['forward']} forward, {work['backward']} backward passes, "
+        f"{work['optimizer_steps']} optimizer steps; active run: "
         + ", ".join(f"{k} {v:.1f} s" for k, v in ph.items())
         + "; floor: "
         + ", ".join(f"{k} {v:.1f} s" for k, v in ph_floor.items())
@@ -343,6 +355,7 @@ def bench_active(ctx: Context, domain: str) -> None:
                 "floor": asdict(b),
                 "ratio": chosen,
                 "outcomes": counts,
+                "passes": work,
                 "phases": ph,
                 "floor_phases": ph_floor,
             },

@@ -5,8 +5,10 @@ boxes and channel statistics, histograms and series. Figures are drawn by matplo
 
 from __future__ import annotations
 
+import hashlib
 import html
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,12 @@ table.results{border-collapse:collapse;margin:12px 0 24px;font-size:14px}
 table.results td,table.results th{padding:4px 10px;border-bottom:1px solid #e3e6ea;text-align:left}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:700;color:#fff}
 .passed{background:#2e7d32}.failed{background:#c62828}.error{background:#8e24aa}.skipped{background:#9e9e9e}
+.not_applicable{background:#78909c}.missing_role{background:#f9a825}
+section h3{font-size:17px;margin:22px 0 10px;border-bottom:2px solid #e3e6ea;padding-bottom:4px}
+.failed-card{border-left:4px solid #c62828}.error-card{border-left:4px solid #8e24aa}
+ul.grouped{font-size:14px;padding-left:18px}ul.grouped li{margin:4px 0}.reason{color:#37474f}
+.gid{display:inline-block;font-weight:700;font-size:12px;background:#eceff1;border-radius:4px;padding:0 5px;margin-left:3px}
+.artifact.shared{font-size:13px;color:#5b6475;margin:6px 0}
 .card{background:#fff;border:1px solid #e3e6ea;border-radius:8px;padding:12px 16px;margin:0 0 16px}
 .card h2{font-size:16px;margin:0 0 8px}.card .node{color:#5b6475;font-size:12px;font-weight:400}
 dl.why{display:grid;grid-template-columns:90px 1fr;gap:2px 10px;margin:8px 0;font-size:14px}
@@ -108,33 +116,137 @@ def render_histogram(art: dict[str, Any]) -> str:
     series = art.get("series") or {art.get("name", "values"): art.get("values", [])}
     for name, values in series.items():
         ax.hist(values, bins=art.get("bins", 30), alpha=0.6, label=name)
-    if len(series) > 1:
+    for mark in art.get("marks", []):
+        ax.axvline(mark["x"], color="#c62828", linestyle="--", linewidth=1, label=mark.get("label"))
+    if len(series) > 1 or art.get("marks"):
         ax.legend(fontsize=8)
     ax.set_title(art.get("title", ""), fontsize=9)
     return f'<div class="figure">{_svg(fig)}</div><div class="caption">{esc(art.get("caption", ""))}</div>'
 
 
 def render_series(art: dict[str, Any]) -> str:
+    """Curves over steps: ``series`` {name: values} (None or NaN leaves a gap), optional ``x`` {name: xs}, a
+    second axis for ``series2`` (e.g. the learning rate under the loss), ``marks`` [{x, label}] drawn as
+    vertical lines (the step where two runs part, a spike, the first NaN), ``bands`` [{lo, hi, label}] as
+    shaded horizontal ranges (a confidence band, a declared target)."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(5, 2.6))
+    fig = Figure(figsize=(5.6, 2.8))
     ax = fig.add_subplot(1, 1, 1)
+    xs = art.get("x", {})
     for name, values in art.get("series", {}).items():
-        ax.plot(range(len(values)), values, label=name, marker=".")
+        values = [float("nan") if v is None else v for v in values]
+        ax.plot(xs.get(name, range(len(values))), values, label=name, marker="." if len(values) <= 60 else None)
+    if art.get("logy"):
+        ax.set_yscale("log")
+    for band in art.get("bands", []):
+        ax.axhspan(band["lo"], band["hi"], color="#90caf9", alpha=0.3, label=band.get("label"))
+    for mark in art.get("marks", []):
+        ax.axvline(mark["x"], color="#c62828", linestyle="--", linewidth=1)
+        ax.annotate(
+            mark.get("label", ""),
+            (mark["x"], 1),
+            xycoords=("data", "axes fraction"),
+            fontsize=7,
+            color="#c62828",
+            rotation=90,
+            va="top",
+            ha="right",
+        )
     ax.set_xlabel(art.get("xlabel", "step"), fontsize=8)
-    ax.legend(fontsize=8)
+    ax.set_ylabel(art.get("ylabel", ""), fontsize=8)
+    if art.get("series2"):
+        ax2 = ax.twinx()
+        for name, values in art["series2"].items():
+            values = [float("nan") if v is None else v for v in values]
+            ax2.plot(xs.get(name, range(len(values))), values, label=name, color="#6a1b9a", linestyle=":")
+        ax2.set_ylabel(art.get("ylabel2", ""), fontsize=8)
+        ax2.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left")
     ax.set_title(art.get("title", ""), fontsize=9)
     return f'<div class="figure">{_svg(fig)}</div><div class="caption">{esc(art.get("caption", ""))}</div>'
 
 
-RENDERERS = {"tokens": render_tokens, "images": render_images, "histogram": render_histogram, "series": render_series}
+def render_bars(art: dict[str, Any]) -> str:
+    """Named values as bars (``values`` {name: number}), with an optional reference line ``expect``."""
+    from matplotlib.figure import Figure
+
+    values = art.get("values", {})
+    fig = Figure(figsize=(5.6, 2.6))
+    ax = fig.add_subplot(1, 1, 1)
+    ax.bar(range(len(values)), list(values.values()), color="#5c6bc0")
+    ax.set_xticks(range(len(values)), list(values), fontsize=7, rotation=30, ha="right")
+    if art.get("expect") is not None:
+        ax.axhline(art["expect"], color="#c62828", linestyle="--", linewidth=1, label=art.get("expect_label", ""))
+        ax.legend(fontsize=7)
+    ax.set_title(art.get("title", ""), fontsize=9)
+    return f'<div class="figure">{_svg(fig)}</div><div class="caption">{esc(art.get("caption", ""))}</div>'
 
 
-def render_card(res: dict[str, Any]) -> str:
+RENDERERS = {
+    "tokens": render_tokens,
+    "images": render_images,
+    "histogram": render_histogram,
+    "series": render_series,
+    "bars": render_bars,
+}
+
+
+SECTIONS = (
+    ("failed", "Failed — what the checks found"),
+    ("error", "Errors — checks that could not judge"),
+    ("passed", "Passed — with what each measured"),
+    ("skipped", "Undecided and information"),
+)
+GROUPED = (("not_applicable", "Not applicable — by reason"), ("missing_role", "Missing role — by fixture"))
+ERROR_KINDS = {
+    "internal": "internal error of pytest-dlcheck (ours to fix: please report it)",
+    "role": "your role raised",
+    "timeout": "stopped by its time bound",
+    "setup": "a fixture failed at setup",
+}
+
+
+def cost_text(res: dict[str, Any]) -> str:
+    cost = res.get("cost") or {}
     parts = [
-        f'<div class="card" id="{esc(res["nodeid"])}" data-check="{esc(res["id"])}" data-outcome="{esc(res["outcome"])}">',
-        f'<h2><span class="badge {esc(res["outcome"])}">{esc(res["outcome"])}</span> {esc(res["id"])} {esc(res["title"])} '
-        f'<span class="node">[{esc(res["domain"])}] {esc(res["nodeid"])} · {res["duration"]:.2f}s</span></h2>',
+        f"{cost[k]} {label}"
+        for k, label in (("forward", "fwd"), ("backward", "bwd"), ("optimizer_steps", "steps"))
+        if cost.get(k)
+    ]
+    return (" · " + ", ".join(parts)) if parts else ""
+
+
+class Pictures:
+    """Renders each distinct picture once: a second card showing the same data (the token view of the
+    shared batch under L2, L11, L13…) gets a link to the first instead of a copy."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, str] = {}
+
+    def render(self, art: dict[str, Any], owner: str) -> str:
+        key = hashlib.sha1(json.dumps(art, sort_keys=True, default=str).encode()).hexdigest()[:12]
+        kind = esc(art["kind"])
+        if key in self.seen:
+            return (
+                f'<div class="artifact shared" data-kind="{kind}" data-ref="pic-{key}">the same picture as '
+                f'<a href="#pic-{key}">{esc(self.seen[key])}</a></div>'
+            )
+        self.seen[key] = owner
+        return f'<div class="artifact" id="pic-{key}" data-kind="{kind}">{RENDERERS[art["kind"]](art)}</div>'
+
+
+def render_card(res: dict[str, Any], pictures: Pictures | None = None) -> str:
+    pictures = pictures or Pictures()
+    outcome = res["outcome"]
+    label = outcome.replace("_", " ")
+    if outcome == "error" and res.get("error_kind"):
+        label = f"error · {ERROR_KINDS.get(res['error_kind'], res['error_kind'])}"
+    parts = [
+        f'<div class="card {esc(outcome)}-card" id="{esc(res["nodeid"])}" data-check="{esc(res["id"])}" '
+        f'data-outcome="{esc(outcome)}">',
+        f'<h2><span class="badge {esc(outcome)}">{esc(label)}</span> {esc(res["id"])} {esc(res["title"])} '
+        f'<span class="node">[{esc(res["domain"])}] {esc(res["nodeid"])} · {res["duration"]:.2f}s{cost_text(res)}</span></h2>',
     ]
     rows = [
         ("evidence", "\n".join(res["evidence"])),
@@ -144,38 +256,65 @@ def render_card(res: dict[str, Any]) -> str:
         ("skipped", res["reason"]),
     ]
     rows = [(k, v) for k, v in rows if v]
+    if outcome == "passed" and not res["evidence"]:
+        rows.insert(0, ("evidence", "(this pass recorded no measurement)"))
     if rows:
         parts.append('<dl class="why">' + "".join(f"<dt>{k}</dt><dd>{esc(v)}</dd>" for k, v in rows) + "</dl>")
-    pictures = [
-        f'<div class="artifact" data-kind="{esc(a["kind"])}">{RENDERERS[a["kind"]](a)}</div>'
-        for a in res["artifacts"]
-        if a.get("kind") in RENDERERS
+    shown = [
+        pictures.render(a, f"{res['id']} ({res['nodeid']})") for a in res["artifacts"] if a.get("kind") in RENDERERS
     ]
-    if pictures:
+    if shown:
         # open where something is wrong; a click away where all is well
-        opened = " open" if res["outcome"] in ("failed", "error") else ""
-        parts.append(f"<details{opened}><summary>what the check looked at</summary>{''.join(pictures)}</details>")
+        opened = " open" if outcome in ("failed", "error") else ""
+        parts.append(f"<details{opened}><summary>what the check looked at</summary>{''.join(shown)}</details>")
     parts.append("</div>")
     return "".join(parts)
 
 
+def render_grouped(results: list[dict[str, Any]]) -> str:
+    """Not-applicable and missing-role outcomes: one line per reason with the checks it concerns."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault(r["reason"], []).append(r)
+    items = []
+    for reason, rs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        ids = " ".join(
+            f'<span class="gid" id="{esc(r["nodeid"])}" data-check="{esc(r["id"])}" data-outcome="{esc(r["outcome"])}" '
+            f'title="{esc(r["title"])}">{esc(r["id"])}</span>'
+            for r in rs
+        )
+        items.append(f'<li><span class="reason">{esc(reason)}</span> <span class="ids">{ids}</span></li>')
+    return f'<ul class="grouped">{"".join(items)}</ul>'
+
+
 def render(doc: dict[str, Any]) -> str:
     summary = doc["summary"]
-    counts = "".join(f'<span><span class="badge {k}">{v}</span> {k}</span>' for k, v in summary.items())
-    table = "".join(
-        f'<tr><td><a href="#{esc(r["nodeid"])}">{esc(r["id"])}</a></td><td>{esc(r["domain"])}</td><td>{esc(r["title"])}</td>'
-        f'<td><span class="badge {esc(r["outcome"])}">{esc(r["outcome"])}</span></td><td>{esc(r["nodeid"])}</td></tr>'
-        for r in doc["results"]
+    counts = "".join(
+        f'<span data-outcome="{k}"><span class="badge {k}">{v}</span> {k.replace("_", " ")}</span>'
+        for k, v in summary.items()
     )
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in doc["results"]:
+        by.setdefault(r["outcome"], []).append(r)
+    pictures = Pictures()
+    body = []
+    for outcome, title in SECTIONS:
+        if by.get(outcome):
+            cards = "".join(render_card(r, pictures) for r in by[outcome])
+            body.append(f'<section id="{outcome}"><h3>{esc(title)} ({len(by[outcome])})</h3>{cards}</section>')
+    for outcome, title in GROUPED:
+        if by.get(outcome):
+            body.append(
+                f'<section id="{outcome}"><h3>{esc(title)} ({len(by[outcome])})</h3>{render_grouped(by[outcome])}'
+                "</section>"
+            )
     versions = ", ".join(f"{k} {v}" for k, v in doc["versions"].items())
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>pytest-dlcheck report</title>'
         f"<style>{CSS}</style></head><body>"
         f'<h1>pytest-dlcheck report</h1><div class="meta">{esc(doc["created"])} · selection {esc(doc["selection"])} · '
         f"{doc['duration']:.1f}s · python {esc(doc['python'])} · {esc(versions)}</div>"
-        f'<div class="counts" id="summary">{counts}</div>'
-        '<table class="results"><thead><tr><th>ID</th><th>domain</th><th>title</th><th>outcome</th><th>where</th></tr></thead>'
-        f"<tbody>{table}</tbody></table>" + "".join(render_card(r) for r in doc["results"]) + "</body></html>"
+        f'<div class="counts" id="summary">{counts}</div>' + "".join(body) + "</body></html>"
     )
 
 

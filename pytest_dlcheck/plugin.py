@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from . import fixtures, registry
+from .cost import counting
 from .errors import CheckFailed, RoleError
 from .isolation import CheckTimeout, as_user, check_frame, checking, hypothesis_home, time_bound
 from .listing import print_catalog
@@ -23,6 +24,7 @@ from .session import (
     ARTIFACTS_KEY,
     CHECK_KEY,
     CONTEXT_KEY,
+    COST_KEY,
     DEFAULT_TIMEOUT,
     MEASURED_KEY,
     STATE_KEY,
@@ -450,10 +452,20 @@ class CheckItem(pytest.Function):
         what escaped it: a user's object that raised becomes that role's error; a crash of the check's
         own code on an unusable object names the object and what is wrong with it."""
         left = None if self._deadline is None else max(self._deadline - time.monotonic(), 1e-3)
-        with check_frame(), hypothesis_home(self.config):
+        with check_frame(), hypothesis_home(self.config), counting() as cost:
             try:
                 with time_bound(left, session_state(self.config).timeout):
-                    yield
+                    try:
+                        yield
+                    finally:
+                        total = self.stash.setdefault(COST_KEY, {})
+                        for key, value in cost.to_json().items():
+                            if isinstance(value, dict):
+                                merged = total.setdefault(key, {})
+                                for name, n in value.items():
+                                    merged[name] = merged.get(name, 0) + n
+                            else:
+                                total[key] = total.get(key, 0) + value
             except (CheckFailed, RoleError, pytest.exit.Exception):
                 raise
             except CheckTimeout as exc:
@@ -510,6 +522,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
             report.sections.append(("dlcheck evidence", "\n".join(measured["evidence"])))
         try:
             info = payload(item.check, report.when, report.outcome, exc, artifacts, measured)
+            info["cost"] = dict(item.stash.get(COST_KEY, {}))
         except Exception as err:  # noqa: BLE001 - a report must never turn into an INTERNALERROR
             info = payload(item.check, report.when, report.outcome, None, [])
             info["error"] = f"(could not record the outcome's details: {type(err).__name__})"

@@ -20,7 +20,12 @@ from .html import write_html
 from .session import MISSING_ROLE, NOT_APPLICABLE
 
 PROPERTY = "dlcheck"
-SCHEMA_VERSION = 1
+#: 2: ``outcome`` tells failed / error / passed / not_applicable / missing_role / skipped apart (version 1 had
+#: passed / failed / error / skipped; its value is kept as ``pytest_outcome``); ``error_kind`` says whose error
+OUTCOMES = ("failed", "error", "passed", "not_applicable", "missing_role", "skipped")
+SCHEMA_VERSION = 2
+LABELS = {o: o.replace("_", " ") for o in OUTCOMES} | {"not_applicable": "n/a"}
+ERROR_KINDS = {"internal": "internal error", "role": "your role raised", "timeout": "time bound", "setup": "setup"}
 #: libraries whose versions a result names, when the run had imported them
 LIBRARIES = (
     "torch",
@@ -50,6 +55,8 @@ class Result:
     title: str
     roles: list[str]
     outcome: str = "passed"
+    pytest_outcome: str = "passed"
+    error_kind: str = ""
     duration: float = 0.0
     reason: str = ""
     evidence: list[str] = field(default_factory=list)
@@ -58,6 +65,8 @@ class Result:
     error: str = ""
     data: dict[str, Any] = field(default_factory=dict)
     artifacts: list[dict[str, Any]] = field(default_factory=list)
+    #: the work the check caused (pytest_dlcheck.cost): forward/backward passes, optimizer steps, per model
+    cost: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -97,11 +106,14 @@ def payload(
     if isinstance(exc, CheckFailed):
         out.update(evidence=list(exc.evidence), cause=exc.cause, fix=exc.fix, data=jsonable(exc.data))
     elif isinstance(exc, RoleError):
-        out.update(error=str(exc))
+        out.update(error=str(exc), error_kind="role")
     elif isinstance(exc, pytest.skip.Exception):
         out.update(reason=str(exc.msg))
     elif exc is not None:
-        out.update(error=f"{type(exc).__name__}: {exc}")
+        # a check stopped by its time bound is rendered by the plugin; anything else escaping a check that is
+        # not the user's object raising is ours (an internal error), or a fixture of the user's at setup
+        kind = "timeout" if type(exc).__name__ == "CheckStopped" else "internal" if when == "call" else "setup"
+        out.update(error=f"{type(exc).__name__}: {exc}", error_kind=kind)
     elif measured:
         out.update(evidence=list(measured["evidence"]), data=jsonable(measured["data"]))
     return out
@@ -127,18 +139,26 @@ class Results:
             )
         res.duration += report.duration
         res.artifacts.extend(info.get("artifacts", []))
+        if info.get("cost"):
+            res.cost = info["cost"]  # cumulative over setup and call
         if report.outcome == "passed":
             for key in ("evidence", "data"):
                 if info.get(key):
                     setattr(res, key, info[key])
             return
         if report.failed:
-            res.outcome = "failed" if report.when == "call" else "error"
-        elif res.outcome == "passed":
-            res.outcome = report.outcome
-        for key in ("evidence", "cause", "fix", "data", "error", "reason"):
+            res.pytest_outcome = "failed" if report.when == "call" else "error"
+        elif res.pytest_outcome == "passed":
+            res.pytest_outcome = report.outcome
+        for key in ("evidence", "cause", "fix", "data", "error", "reason", "error_kind"):
             if info.get(key):
                 setattr(res, key, info[key])
+        res.outcome = outcome_of(res)
+
+    def pytest_runtest_logfinish(self, nodeid: str, location) -> None:
+        res = self.results.get(nodeid)
+        if res is not None:
+            res.outcome = outcome_of(res)
 
     def counts(self) -> Counter:
         return Counter((r.domain, r.outcome) for r in self.results.values())
@@ -156,26 +176,29 @@ class Results:
             return
         tr.write_sep("=", "dlcheck summary")
         by = self.counts()
-        colours = {
-            "passed": {"green": True},
-            "failed": {"red": True},
-            "error": {"red": True},
-            "skipped": {"yellow": True},
-        }
+        colours = {"passed": {"green": True}, "failed": {"red": True}, "error": {"red": True}}
         for domain in registry.DOMAINS:
-            counts = [(o, by[(domain, o)]) for o in ("passed", "failed", "error", "skipped") if by[(domain, o)]]
+            counts = [(o, by[(domain, o)]) for o in OUTCOMES if by[(domain, o)]]
             if counts:
                 tr.write(f"{domain:<10} ")
                 for i, (o, n) in enumerate(counts):
-                    tr.write((", " if i else "") + f"{n} {o}", **colours[o])
+                    tr.write((", " if i else "") + f"{n} {LABELS[o]}", **colours.get(o, {"yellow": True}))
                 tr.write("\n")
-        failed = sorted({r.id for r in self.results.values() if r.outcome in ("failed", "error")}, key=_id_order)
+        failed = sorted({r.id for r in self.results.values() if r.outcome == "failed"}, key=_id_order)
         if failed:
             tr.write_line("failed:    " + " ".join(failed), red=True)
-        for prefix, label in ((MISSING_ROLE, "skipped:  "), (NOT_APPLICABLE, "n/a:      ")):
-            grouped = Counter(
-                r.reason for r in self.results.values() if r.outcome == "skipped" and r.reason.startswith(prefix)
-            )
+        errors = sorted(
+            {
+                f"{r.id} ({ERROR_KINDS.get(r.error_kind, 'error')})"
+                for r in self.results.values()
+                if r.outcome == "error"
+            },
+            key=lambda t: _id_order(t.split()[0]),
+        )
+        if errors:
+            tr.write_line("error:     " + " ".join(errors), red=True)
+        for outcome, label in (("missing_role", "skipped:  "), ("not_applicable", "n/a:      ")):
+            grouped = Counter(r.reason for r in self.results.values() if r.outcome == outcome)
             for reason, n in sorted(grouped.items()):
                 tr.write_line(f"{label} {reason} ({n} check{'s' if n > 1 else ''})")
         # information items (DF1, DF7, L6) skip with what they measured: shown here, not only under -rs
@@ -192,6 +215,13 @@ class Results:
             text = reason[len("info:") :].strip()
             text = f"{cid} ({where}) {text}" if several else f"{cid} {text}"
             tr.write_line(f"info:      {text if len(text) <= 200 else text[:199] + '…'}")
+        spent = {k: sum(r.cost.get(k, 0) for r in self.results.values()) for k in ("forward", "backward")}
+        steps = sum(r.cost.get("optimizer_steps", 0) for r in self.results.values())
+        if spent["forward"] or steps:
+            tr.write_line(
+                f"cost:      {spent['forward']} forward passes, {spent['backward']} backward passes, "
+                f"{steps} optimizer steps (per check in the JSON report)"
+            )
         for option, label in (("dlcheck_json", "json"), ("dlcheck_report", "report")):
             path = getattr(self.config.option, option, None)
             if path:
@@ -218,9 +248,26 @@ class Results:
             "platform": platform.platform(),
             "versions": library_versions(),
             "selection": getattr(self.config.option, "dlcheck", None) or "",
-            "summary": {o: sum(1 for r in results if r.outcome == o) for o in ("passed", "failed", "error", "skipped")},
+            "summary": {o: sum(1 for r in results if r.outcome == o) for o in OUTCOMES},
+            "cost": {k: sum(r.cost.get(k, 0) for r in results) for k in ("forward", "backward", "optimizer_steps")},
             "results": [r.to_json() for r in results],
         }
+
+
+def outcome_of(res: Result) -> str:
+    """The one classification every report uses: a check's finding (failed), an error that kept it from judging
+    (the user's role raised, a time bound, or an internal error of pytest-dlcheck), a pass, "not applicable",
+    a missing role, or another skip (undecided, or an information item)."""
+    if res.pytest_outcome in ("failed", "error"):
+        finding = (res.cause or res.evidence) and not res.error_kind
+        return "failed" if finding or (res.pytest_outcome == "failed" and not res.error) else "error"
+    if res.pytest_outcome == "skipped":
+        if res.reason.startswith(MISSING_ROLE):
+            return "missing_role"
+        if res.reason.startswith(NOT_APPLICABLE):
+            return "not_applicable"
+        return "skipped"
+    return "passed"
 
 
 def library_versions() -> dict[str, str]:

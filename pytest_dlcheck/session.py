@@ -26,6 +26,7 @@ CONTEXT_KEY = pytest.StashKey[Any]()
 ARTIFACTS_KEY = pytest.StashKey[list]()
 #: what a passing check measured: {"evidence": [lines], "data": {name: number}}
 MEASURED_KEY = pytest.StashKey[dict]()
+COST_KEY = pytest.StashKey[dict]()
 
 #: the reason prefixes of the outcomes that are skips in pytest's terms
 MISSING_ROLE = "missing role:"

@@ -45,6 +45,11 @@ class Cards(HTMLParser):
         for key in ("src", "href"):
             if attrs.get(key, "").startswith(("http:", "https:", "//")):
                 self.external.append(attrs[key])
+        if tag == "span" and "data-check" in attrs:  # a grouped "not applicable" / "missing role" entry
+            self.cards.setdefault(
+                attrs["data-check"], {"outcome": attrs["data-outcome"], "text": "", "kinds": [], "classes": []}
+            )
+            return
         if tag == "div" and "data-check" in attrs:
             self.current = self.cards.setdefault(
                 attrs["data-check"], {"outcome": attrs["data-outcome"], "text": "", "kinds": [], "classes": []}
@@ -80,7 +85,7 @@ def test_reports_of_a_broken_llm_project(broken_llm_reports, tmp_path):
     run, doc, out_html = broken_llm_reports
     # terminal
     run.fnmatch(
-        ["*= dlcheck summary =*", "llm *passed*failed*", "failed:    *L11*", "json: *r.json", "report: *r.html"]
+        ["*= dlcheck summary =*", "llm *failed*passed*", "failed:    *L11*", "json: *r.json", "report: *r.html"]
     )
     # json
     jsonschema.validate(doc, json.loads(schema_path().read_text()))
@@ -91,10 +96,15 @@ def test_reports_of_a_broken_llm_project(broken_llm_reports, tmp_path):
     assert "pad_token == eos_token" in l11["cause"] and l11["fix"]
     assert l11["roles"] == ["tokenizer", "dataloader"] and l11["duration"] > 0
     assert any(a["kind"] == "tokens" for a in l11["artifacts"])
-    assert doc["summary"]["failed"] == sum(r["outcome"] == "failed" for r in doc["results"])
+    assert doc["schema_version"] == 2
+    for outcome, n in doc["summary"].items():
+        assert n == sum(r["outcome"] == outcome for r in doc["results"]), outcome
+    assert sum(doc["summary"].values()) == len(doc["results"])
     assert {"torch", "transformers", "pytest"} <= set(doc["versions"])
-    skipped = [r for r in doc["results"] if r["outcome"] == "skipped"]
-    assert all(r["reason"] for r in skipped)
+    skipped = [r for r in doc["results"] if r["pytest_outcome"] == "skipped"]
+    assert skipped and all(r["reason"] for r in skipped)
+    assert {r["outcome"] for r in skipped} <= {"not_applicable", "missing_role", "skipped"}
+    assert all(r["outcome"] == "missing_role" for r in skipped if r["reason"].startswith("missing role:"))
     # html
     page = out_html.read_text()
     parser = Cards()
@@ -103,6 +113,8 @@ def test_reports_of_a_broken_llm_project(broken_llm_reports, tmp_path):
     assert "<script" not in page and "<link" not in page
     for result in doc["results"]:
         assert parser.cards[result["id"]]["outcome"] == result["outcome"]
+    # failures first, then passes with their evidence, then the grouped skips; the counts as in the JSON
+    assert_report_order(page, doc)
     l11 = parser.cards["L11"]
     assert "final token <|endoftext|> (id 0) has label -100" in l11["text"]
     assert "tokens" in l11["kinds"]
@@ -110,6 +122,111 @@ def test_reports_of_a_broken_llm_project(broken_llm_reports, tmp_path):
     assert "tok ign" in l11["classes"] and "tok sup" in l11["classes"]
     # what a browser shows
     shows_in_chromium(out_html, tmp_path)
+
+
+def assert_report_order(page: str, doc: dict) -> None:
+    """The page reads failures first, then errors, passes, undecided items, and the grouped "not applicable"
+    and "missing role" lists; its counts are the JSON summary's."""
+    order = [o for o in ("failed", "error", "passed", "skipped", "not_applicable", "missing_role") if doc["summary"][o]]
+    positions = [page.index(f'<section id="{o}">') for o in order]
+    assert positions == sorted(positions), order
+    for outcome, n in doc["summary"].items():
+        assert f'data-outcome="{outcome}"><span class="badge {outcome}">{n}</span>' in page, outcome
+    cards = [(m, page.index(f'data-outcome="{m}"', page.index(f'<section id="{m}">'))) for m in order]
+    assert [c[1] for c in cards] == sorted(c[1] for c in cards)
+
+
+def test_shared_pictures_are_drawn_once_and_referenced():
+    from pytest_dlcheck.html import render
+
+    tokens = {
+        "kind": "tokens",
+        "rows": [{"name": "row 0", "tokens": ["a", "b"], "input_ids": [1, 2], "labels": [1, -100]}],
+    }
+    series = {
+        "kind": "series",
+        "series": {"resumed": [2.0, 1.5], "uninterrupted": [2.0, 1.4]},
+        "marks": [{"x": 1, "label": "part"}],
+    }
+    base = {
+        "domain": "llm",
+        "roles": [],
+        "duration": 0.1,
+        "reason": "",
+        "evidence": ["e"],
+        "cause": "",
+        "fix": "",
+        "error": "",
+        "error_kind": "",
+        "data": {},
+        "pytest_outcome": "passed",
+    }
+    results = [
+        {**base, "nodeid": "c.py::L2", "id": "L2", "title": "labels", "outcome": "passed", "artifacts": [tokens]},
+        {
+            **base,
+            "nodeid": "c.py::L11",
+            "id": "L11",
+            "title": "eos",
+            "outcome": "failed",
+            "cause": "c",
+            "fix": "f",
+            "artifacts": [tokens, series],
+        },
+        {
+            **base,
+            "nodeid": "c.py::L1",
+            "id": "L1",
+            "title": "pad",
+            "outcome": "error",
+            "error": "KeyError: x",
+            "error_kind": "internal",
+            "artifacts": [],
+        },
+        {
+            **base,
+            "nodeid": "c.py::V1",
+            "id": "V1",
+            "title": "norm",
+            "outcome": "not_applicable",
+            "evidence": [],
+            "reason": "not applicable: a text pipeline",
+            "artifacts": [],
+        },
+        {
+            **base,
+            "nodeid": "c.py::V2",
+            "id": "V2",
+            "title": "eval",
+            "outcome": "not_applicable",
+            "evidence": [],
+            "reason": "not applicable: a text pipeline",
+            "artifacts": [],
+        },
+    ]
+    summary = {
+        o: sum(r["outcome"] == o for r in results)
+        for o in ("failed", "error", "passed", "not_applicable", "missing_role", "skipped")
+    }
+    doc = {
+        "summary": summary,
+        "results": results,
+        "versions": {},
+        "created": "now",
+        "selection": "all",
+        "duration": 1.0,
+        "python": "3",
+    }
+    page = render(doc)
+    assert_report_order(page, doc)
+    # the token view is drawn once, in the failure that comes first, and the pass links to it
+    assert page.count('class="tok sup"') == 2  # the legend's and the one supervised token
+    assert page.count('data-ref="pic-') == 1 and "the same picture as" in page
+    assert page.index("L11 eos") < page.index("the same picture as")
+    assert "internal error of pytest-dlcheck" in page
+    # one line for the two not-applicable checks, with their reason
+    assert page.count("not applicable: a text pipeline") == 1
+    assert page.count("<svg") == 1  # the resumed-run series with its mark
 
 
 def test_pictures_are_drawn_by_matplotlib_as_inline_svg():

@@ -95,9 +95,14 @@ def examples(base: Path) -> Run:
                 root / domain,
                 ignore=shutil.ignore_patterns(".hypothesis", "__pycache__", ".pytest_cache", "pytest.ini"),
             )
+        html = base / "examples.html"
         _RUNS["examples"] = _start(
-            "examples", root, ["--dlcheck=all", "--dlcheck-timeout=120", "-q", *domains], [root / d for d in domains]
+            "examples",
+            root,
+            ["--dlcheck=all", "--dlcheck-timeout=120", "-q", f"--dlcheck-report={html}", *domains],
+            [root / d for d in domains],
         )  # the examples' modules (their pytest.ini pythonpath)
+        _RUNS["examples"].files["html"] = html
     return _RUNS["examples"]
 
 

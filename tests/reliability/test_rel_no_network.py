@@ -6,9 +6,15 @@ tests/reliability blocks the network the same way, so every check on every real 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import rel_background
 from rel_nonet import NoNetwork
+
+#: the tests that read the examples' background run share one worker under xdist (scripts/test: loadgroup)
+pytestmark = pytest.mark.xdist_group("examples")
 
 
 def test_the_blocker_sees_a_hub_request_in_online_mode():
@@ -41,6 +47,7 @@ def examples_run(tmp_path_factory):
         log = run.files["log"]
         attempts = log.read_text().splitlines() if log.exists() else []
         _DONE["run"] = outcomes, attempts, text
+        _DONE["files"] = run.files
     return _DONE["run"]
 
 
@@ -67,3 +74,41 @@ def test_clean_examples_pass_every_domain(tmp_path_factory):
     assert not clean, "failures on clean example projects:\n\n" + "\n\n".join(
         f"{n}:\n{t[-1500:]}" for n, t in clean.items()
     )
+
+
+def test_report_of_every_example_reads_failures_first(tmp_path_factory, tmp_path):
+    """The HTML report of --dlcheck=all over every example project (broken and clean of each domain): the
+    failures first, then errors, passes with their evidence, the grouped skips; counts as in the JSON and the
+    terminal; each domain's pictures present; what a browser shows."""
+    import jsonschema
+    from test_report import Cards, assert_report_order, shows_in_chromium
+
+    from pytest_dlcheck.report import schema_path
+
+    outcomes, attempts, text = examples_run(tmp_path_factory)
+    files = _DONE["files"]
+    doc = json.loads(Path(files["json"]).read_text())
+    jsonschema.validate(doc, json.loads(schema_path().read_text()))
+    page = Path(files["html"]).read_text()
+    assert_report_order(page, doc)
+    assert doc["summary"]["failed"] and doc["summary"]["passed"] and doc["summary"]["not_applicable"]
+    # the terminal's per-domain counts add up to the JSON's
+    counted = {}
+    for line in text.splitlines():
+        head, _, rest = line.partition(" ")
+        if head in {r["domain"] for r in doc["results"]} and rest.strip() and rest.strip()[0].isdigit():
+            for part in rest.split(","):
+                n, label = part.strip().split(" ", 1)
+                key = {"n/a": "not_applicable", "missing role": "missing_role"}.get(label, label)
+                counted[key] = counted.get(key, 0) + int(n)
+    assert counted == {k: v for k, v in doc["summary"].items() if v}, (counted, doc["summary"])
+    # pictures: each failing domain shows what settles it
+    kinds = {}
+    for r in doc["results"]:
+        for a in r["artifacts"]:
+            kinds.setdefault(r["domain"], set()).add(a["kind"])
+    assert "tokens" in kinds.get("llm", set()) and "images" in kinds.get("vision", set()), kinds
+    parser = Cards()
+    parser.feed(page)
+    assert not parser.external
+    shows_in_chromium(Path(files["html"]), tmp_path, expect="Failed")

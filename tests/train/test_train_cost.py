@@ -1,0 +1,49 @@
+"""The work a check causes, counted (pytest_dlcheck.cost): model forward passes, backward passes and
+optimizer steps per check in the JSON report and the terminal; a data-only check costs no pass."""
+
+import json
+
+import jsonschema
+import tiny_train as tt
+
+from pytest_dlcheck.report import schema_path
+
+
+def test_each_check_reports_the_passes_it_caused(project, tmp_path):
+    project.conftest(tt.loop_project())
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=T1,T2,T3", f"--dlcheck-json={out}")
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, json.loads(schema_path().read_text()))
+    cost = {r["id"]: r["cost"] for r in doc["results"]}
+    # T2 trains on one batch: 30 optimizer steps at your LR (more only where the ladder goes on)
+    assert cost["T2"]["optimizer_steps"] >= 30 and cost["T2"]["backward"] >= 30, cost
+    assert cost["T2"]["forward"] >= 30 and set(cost["T2"]["models"]) == {"MLP"}, cost
+    # T1 is one forward pass of the initial model, no training
+    assert cost["T1"]["optimizer_steps"] == 0 and cost["T1"]["backward"] == 0 and 1 <= cost["T1"]["forward"] <= 4
+    assert doc["cost"]["optimizer_steps"] == sum(c.get("optimizer_steps", 0) for c in cost.values())
+    run.fnmatch(["cost:      * forward passes, * backward passes, * optimizer steps (per check in the JSON report)"])
+
+
+def test_counting_leaves_torch_as_it_was():
+    import torch
+
+    from pytest_dlcheck.cost import counting
+
+    backward, grad = torch.autograd.backward, torch.autograd.grad
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with counting() as cost:
+        for _ in range(3):
+            model(torch.ones(4, 2)).sum().backward()
+            opt.step()
+        try:
+            model(torch.ones(4, 3))  # a forward that raises still closes its pass
+        except RuntimeError:
+            pass
+        model(torch.ones(1, 2))
+    assert (cost.forward, cost.backward, cost.optimizer_steps) == (5, 3, 3)
+    assert dict(cost.models) == {"Sequential": 5}
+    assert torch.autograd.backward is backward and torch.autograd.grad is grad
+    model(torch.ones(1, 2))
+    assert cost.forward == 5  # nothing counted afterwards
