@@ -120,20 +120,32 @@ def example_domains() -> list[str]:
 
 
 def fixture_names(conftest: Path) -> list[str]:
-    """The dlcheck_* fixtures a conftest.py defines."""
+    """The dlcheck_* fixtures a conftest.py defines with ``def`` (the floor test finds the others itself)."""
     return sorted(set(re.findall(r"^def (dlcheck_\w+)\s*\(", conftest.read_text(), flags=re.MULTILINE)))
 
 
 def floor_test_source(domain: str, fixtures: list[str]) -> str:
+    """The floor test: every dlcheck_* fixture the conftest.py beside it defines, however it defines them
+    (``def`` or generated into its globals, as examples/diffusion's ``role_fixtures`` does), found at run
+    time from the loaded conftest module, so a change to how an example writes its fixtures cannot break it."""
     return textwrap.dedent(f'''\
         """The floor of the benchmark: the project's own fixtures, one batch, one forward and backward pass."""
+        import sys
+        from pathlib import Path
+
         import dlbench_floor
 
         FIXTURES = {fixtures!r}
 
 
+        def _defined():
+            here = str(Path(__file__).with_name("conftest.py"))
+            conftest = next(m for m in list(sys.modules.values()) if getattr(m, "__file__", None) == here)
+            return sorted(set(FIXTURES) | {{n for n in vars(conftest) if n.startswith("dlcheck_")}})
+
+
         def test_dlbench_floor(request):
-            dlbench_floor.run({domain!r}, {{name: request.getfixturevalue(name) for name in FIXTURES}})
+            dlbench_floor.run({domain!r}, {{name: request.getfixturevalue(name) for name in _defined()}})
         ''')
 
 

@@ -389,3 +389,34 @@ def test_benchmark_runs_end_to_end_at_a_reduced_size(tmp_path):
     assert "failed" not in scale["outcomes_small"]
     if not torch.cuda.is_available():
         assert rows["gpu"]["ok"] is None and "not taken" in rows["gpu"]["note"]
+
+
+def test_every_example_rows_floor_runs(tmp_path):
+    """The benchmark cannot rot: the floor side of every example's row (its own fixtures, one batch, one
+    forward and backward pass) runs as the benchmark runs it, whatever way the example defines its fixtures
+    (examples/diffusion generates them into its conftest's globals); the measured side of each row is the
+    examples' --dlcheck=all run of tests/reliability."""
+    ctx = run.Context(python=PY, workdir=tmp_path, repeats=1, warmup=0, threads=1, metric="cpu", verbose=False)
+    procs = {}
+    for domain in projects.example_domains():
+        if domain not in dlbench_floor.STEPS:
+            continue
+        project = projects.example_project(domain, tmp_path / "examples")
+        out = tmp_path / f"floor-{domain}.json"
+        procs[domain] = (
+            subprocess.Popen(
+                [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", *project.floor_args()],
+                cwd=project.root,
+                env=ctx.env(DLBENCH_FLOOR_OUT=str(out)),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            ),
+            out,
+        )
+    assert {"llm", "vision", "diffusion", "train", "rl"} <= set(procs)
+    for domain, (proc, out) in procs.items():
+        text, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{domain} floor:\n{text[-3000:]}"
+        info = json.loads(out.read_text())
+        assert info["trainable_bytes"] > 0 or "loss" in info, (domain, info)
