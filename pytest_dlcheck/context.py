@@ -8,7 +8,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from . import registry
+from . import registry, twin
 from .errors import MISSING, CheckFailed, RoleError
 from .report import jsonable
 from .roles import ROLES, derive, given
@@ -44,6 +44,10 @@ def fixture_role(request: pytest.FixtureRequest, name: str) -> Any:
     return given(name, value)
 
 
+#: the roles that hold a model a check runs or trains: with --dlcheck-twin they resolve to its tiny twin
+TWINNED = ("model",)
+
+
 class CheckContext:
     def __init__(self, request: pytest.FixtureRequest, check: registry.Check, state: DlcheckState):
         self.request = request
@@ -68,6 +72,8 @@ class CheckContext:
             pytest.fail("the `dlcheck` fixture belongs to pytest-dlcheck's own check items", pytrace=False)
         ctx = cls(request, check, session_state(request.config))
         request.node.stash[CONTEXT_KEY] = ctx  # the item explains a crash with the roles it resolved
+        if ctx.state.twin and check.needs_real_weights:
+            ctx.not_applicable(f"with --dlcheck-twin: {check.needs_real_weights}, not a tiny twin's")
         try:
             ctx.require(*check.roles)
         except RoleError as exc:
@@ -87,8 +93,28 @@ class CheckContext:
                     self._none.add(name)
             except pytest.FixtureLookupError:
                 value = user_call(name, lambda: derive(name, self.role, self.state.derived))
+            if self.state.twin and name in TWINNED and value is not MISSING and self.check.id not in twin.REAL_OBJECTS:
+                value = self._twin(name, value)
             self._roles[name] = value
         return self._roles[name]
+
+    def _twin(self, name: str, model: Any) -> Any:
+        """With --dlcheck-twin, the tiny twin of the user's model (pytest_dlcheck.twin); the user's own
+        ``dlcheck_twin_model`` when they give one."""
+        try:
+            given = fixture_role(self.request, "twin_model")
+        except pytest.FixtureLookupError:
+            given = MISSING
+        twin.USER_TWIN = None if given is MISSING or name != "model" else given
+        made = twin.twin_of(model)
+        if made is model and not twin.is_twin(model):
+            device = next((p.device.type for p in model.parameters()), None) if hasattr(model, "parameters") else None
+            if device == "meta":
+                self.not_applicable(
+                    f"--dlcheck-twin: no twin of {type(model).__name__} can be built from its config and its weights "
+                    "are empty (meta device); define dlcheck_twin_model with a small model of the same architecture"
+                )
+        return made
 
     def _returned_none(self, name: str) -> bool:
         try:

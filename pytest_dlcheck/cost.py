@@ -48,7 +48,8 @@ def counting() -> Iterator[Cost]:
         depth = getattr(local, "depth", 0)
         if depth == 0 and next(module.parameters(), None) is not None:  # a model, not a loss or an activation
             cost.forward += 1
-            cost.models[type(module).__name__] += 1
+            twin = " (twin)" if getattr(module, "_dlcheck_twin", False) else ""  # pytest_dlcheck.twin
+            cost.models[type(module).__name__ + twin] += 1
         local.depth = depth + 1
 
     def post(module, args, output):

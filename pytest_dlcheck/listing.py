@@ -26,6 +26,15 @@ def explain(check: registry.Check) -> str:
         body = check.doc.get(section)
         if body:
             out += ["", section, textwrap.indent(body, "    ")]
+    out += ["", "With --dlcheck-twin"]
+    if check.needs_real_weights:
+        twin_text = f"Not applicable: needs the real weights ({check.needs_real_weights})."
+    else:
+        twin_text = (
+            "The verdict carries over from a tiny twin of the model (same architecture from its config, two "
+            "narrow layers): what it judges is wiring, masking, invariances, resume or schedules, not the weights."
+        )
+    out.append(textwrap.indent(textwrap.fill(twin_text, 88), "    "))
     if check.settings:
         out += ["", "Settings (--dlcheck-set ID.NAME=VALUE, or ini dlcheck_set)"]
         for s in check.settings:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from . import fixtures, registry
+from . import fixtures, registry, twin
 from .cost import counting
 from .errors import CheckFailed, RoleError
 from .isolation import CheckTimeout, as_user, check_frame, checking, hypothesis_home, time_bound
@@ -145,6 +145,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="write every check's outcome, evidence numbers, roles, library versions and timing as JSON",
     )
     group.addoption(
+        "--dlcheck-twin",
+        action="store_true",
+        default=False,
+        help="run and train a tiny twin of the model (same architecture from its config, two narrow layers) "
+        "instead of the real weights; checks that need the real weights are not applicable",
+    )
+    group.addoption(
         "--dlcheck-report",
         action="store",
         default=None,
@@ -158,6 +165,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("dlcheck_property", "also run the data checks in property mode", type="bool", default=False)
     parser.addini("dlcheck_property_examples", "generated batches per property-mode check", default="")
     parser.addini("dlcheck_timeout", f"seconds a check may run (default {DEFAULT_TIMEOUT:g}; 0: no bound)", default="")
+    parser.addini("dlcheck_twin", "as --dlcheck-twin: checks run a tiny twin of the model", type="bool", default=False)
     parser.addini("dlcheck_set", "threshold overrides, one ID.NAME=VALUE per line", type="linelist", default=[])
 
 
@@ -263,8 +271,11 @@ def pytest_configure(config: pytest.Config) -> None:
             else 0
         ),
         timeout=_timeout(config),
+        twin=bool(config.option.dlcheck_twin or config.getini("dlcheck_twin")),
     )
     config.stash[STATE_KEY] = state
+    twin.ACTIVE = state.twin
+    twin.reset()
     if not config.pluginmanager.has_plugin(FIXTURES_PLUGIN):
         config.pluginmanager.register(fixtures, FIXTURES_PLUGIN)
     config.pluginmanager.register(Results(config), "dlcheck-results")

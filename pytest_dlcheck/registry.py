@@ -60,6 +60,9 @@ class Check:
     doc: dict[str, str] = field(default_factory=dict)
     #: the check states an invariant of collated batches, so it also runs on generated examples
     property_mode: bool = False
+    #: with --dlcheck-twin: "" when the verdict carries over from a tiny twin of the model (wiring, masking,
+    #: invariances, resume, schedules), else why it needs the real weights (the check is then not applicable)
+    needs_real_weights: str = ""
 
     @property
     def sort_key(self) -> tuple[int, str, int]:
@@ -118,6 +121,22 @@ def parse_doc(text: str | None) -> tuple[str, dict[str, str]]:
     return summary, {k: textwrap.dedent("\n".join(v)).strip() for k, v in sections.items()}
 
 
+#: the built-in checks whose verdict needs the user's real weights (not applicable with --dlcheck-twin), and why;
+#: a check registered with ``needs_real_weights=`` says it itself
+REAL_WEIGHTS = {
+    "T1": "the initial loss of a pretrained model is a property of its weights",
+    "T5": "an fp16 overflow depends on the real weights' and activations' magnitudes",
+    "S1": "a short run's NaN/Inf comes from the real model's dynamics",
+    "S2": "a loss spike is a property of the real model's run",
+    "S3": "a gradient-norm explosion is a property of the real model's run",
+    "S4": "how fast a DPO loss leaves ln 2 depends on the real policy",
+    "S5": "a train/eval gap is a property of the real model's run",
+    "L6": "logit drift is a property of the real model's logits",
+    "X2": "the projector's scale is judged against the real towers' features",
+    "V4": "detections after thresholds depend on the real detector's scores",
+}
+
+
 def check(
     id: str,
     *,
@@ -127,6 +146,7 @@ def check(
     optional_roles: tuple[str, ...] = (),
     settings: tuple[Setting, ...] = (),
     property_mode: bool = False,
+    needs_real_weights: str = "",
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register a check. The decorated function is a plain pytest test function taking the ``dlcheck``
     fixture (a :class:`~pytest_dlcheck.context.CheckContext`). ``property_mode=True`` marks a check whose
@@ -143,7 +163,17 @@ def check(
             raise ValueError(f"check id {id} registered twice ({_CHECKS[id].func.__module__}, {func.__module__})")
         summary, doc = parse_doc(func.__doc__)
         _CHECKS[id] = Check(
-            id, domain, title, tuple(roles), func, tuple(optional_roles), tuple(settings), summary, doc, property_mode
+            id,
+            domain,
+            title,
+            tuple(roles),
+            func,
+            tuple(optional_roles),
+            tuple(settings),
+            summary,
+            doc,
+            property_mode,
+            needs_real_weights or REAL_WEIGHTS.get(id, ""),
         )
         func.dlcheck_id = id
         return func

@@ -155,6 +155,11 @@ role(
     expect=an_object("a trainer object"),
 )
 role("model", "the model being trained (torch.nn.Module, e.g. AutoModelForCausalLM)", "dlcheck_trainer", expect=_model)
+role(
+    "twin_model",
+    "with --dlcheck-twin: a small model of the same architecture as yours (or a callable returning one), for "
+    "models whose class cannot be rebuilt from a transformers/diffusers config",
+)
 role("tokenizer", "the tokenizer or processor", "dlcheck_trainer", expect=_tokenizer)
 role(
     "collator",

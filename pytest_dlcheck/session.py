@@ -69,6 +69,8 @@ class DlcheckState:
     keep_alive: list[Any] = field(default_factory=list)
     #: the conftest.py files whose checks this process collected
     role_files: list[str] = field(default_factory=list)
+    #: --dlcheck-twin: the checks run and train a tiny twin of the model (pytest_dlcheck.twin)
+    twin: bool = False
 
     def memo(self, sources: Any, key: str, make: Callable[[], Any]) -> Any:
         """Compute once per session per (source objects, key); the hub of work sharing across checks."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .. import twin
 from ..guard import preserved_dataloader, preserved_rng
 
 #: the seed every fresh run of a plain loop or a Lightning module starts from (a Trainer uses args.seed)
@@ -89,6 +90,7 @@ def fresh_modules(modules: list[Any], extra_memo: dict[int, Any] | None = None) 
     """Independent copies of ``modules`` (copied together, so parameters they share stay shared between
     the copies), without instance-level method patches, verified to share no storage with the originals."""
     memo = dict(extra_memo or {})
+    modules = [twin.twin_of(m) for m in modules]  # --dlcheck-twin: copies of the model's tiny twin
     copies = copy.deepcopy(list(modules), memo)
     originals = {p.data_ptr() for m in modules if m is not None for p in m.parameters()}
     for cp in copies:

@@ -141,8 +141,11 @@ class TrainerSetup:
         if getattr(self.trainer, "_created_lr_scheduler", False):
             sched = None  # the Trainer's, not the user's: the clone creates one for its own run
         by_name = dict(fresh_model.named_parameters())
-        memo = {id(p): by_name[n] for n, p in self.trainer.model.named_parameters() if n in by_name}
+        dropped = object()  # a real parameter the fresh model lacks (--dlcheck-twin: layers the twin has not)
+        memo = {id(p): by_name.get(n, dropped) for n, p in self.trainer.model.named_parameters()}
         new_opt = copy.deepcopy(opt, memo)
+        for group in new_opt.param_groups:
+            group["params"] = [p for p in group["params"] if p is not dropped]
         new_opt.state = collections.defaultdict(dict)  # no moments or step counts from an earlier run
         new_sched = copy.deepcopy(sched, {**memo, id(opt): new_opt}) if sched is not None else None
         if new_sched is not None and getattr(new_sched, "last_epoch", 0) > 0 and hasattr(new_sched, "_initial_step"):
