@@ -19,6 +19,44 @@ WHAT = {
 }
 
 
+def _other_batches(dlcheck, run: Any, how: str, total: int) -> None:
+    """When putting every piece back does not make the resumed run identical, but the resumed run trains
+    on other batches than the uninterrupted one at the same steps, the data order is what the resume lost
+    (a DataLoader's own generator seeded anew at every start replays the first epoch's order; a sampler
+    whose epoch is not restored): conclusive, and named."""
+    base = {s.step: s.batch for s in run.uninterrupted.steps if s.batch is not None}
+    after = [(s.step, s.batch) for s in run.resumed.steps if s.step > run.saved_at and s.batch is not None]
+    differ = [(st, b) for st, b in after if st in base and base[st] != b]
+    if not after or not differ:
+        return
+    step = differ[0][0]
+    first = {b: st for st, b in sorted(base.items(), reverse=True)}
+    replayed = [(st, first[b]) for st, b in after if b in first and first[b] <= run.saved_at]
+    evidence = [
+        f"{total} steps, saved after step {run.saved_at} through {how}, "
+        f"resumed on fresh objects: from step {step} the resumed run trains on other batches than the "
+        f"uninterrupted run ({len(differ)} of {len(after)} resumed steps)",
+    ]
+    if replayed:
+        evidence.append(
+            "the resumed run's batches are the ones already trained before the save: "
+            + ", ".join(f"step {a} = step {b}'s batch" for a, b in replayed[:4])
+        )
+    dlcheck.fail(
+        evidence,
+        cause="the data order is not restored by the resume: "
+        + (
+            "the resumed epoch replays the first epoch's order (a DataLoader generator or sampler seeded anew at "
+            "every start, whose state the checkpoint does not hold)"
+            if replayed
+            else "the sampler's or its generator's state at the save is not in the checkpoint"
+        ),
+        fix="derive the shuffling seed from the epoch (DistributedSampler(seed=...) with set_epoch(epoch), or a "
+        "generator reseeded with base_seed + epoch in your dataloader), or save the generator's get_state() in "
+        "the checkpoint and set_state() it on load",
+    )
+
+
 def _candidates(setup: Any, pieces: dict[str, str]) -> list[str]:
     names = list(pieces) + (["rng"] if "rng" not in pieces else [])
     return sorted(set(names), key=lambda p: (ORDER.index(p) if p in ORDER else len(ORDER), p))
@@ -216,6 +254,7 @@ def check_resume(dlcheck):
     suspects = [p for p in candidates if p in run.pieces and not run.pieces[p]] if setup.kind == "trainer" else []
     missing, runs = _diagnose(dlcheck, setup, total, candidates, suspects)
     if missing is None:
+        _other_batches(dlcheck, run, how, total)
         dlcheck.skip(
             f"the resumed run differs from the uninterrupted one at step {step} ({what}) even with every piece "
             f"({', '.join(candidates)}) put back: the run is not reproducible (nondeterministic ops, or state "

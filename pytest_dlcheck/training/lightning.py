@@ -19,6 +19,7 @@ from .runs import (
     SetupError,
     Trajectory,
     as_float,
+    batch_digest,
     device_of,
     digest,
     fresh_modules,
@@ -121,7 +122,7 @@ class LightningSetup:
             def on_before_optimizer_step(self, trainer, pl_module, optimizer):
                 if not self.params:
                     self.params = [(n, p) for n, p in pl_module.named_parameters() if p.requires_grad]
-                rec = traj.record(trainer.global_step + 1)
+                rec = traj.record(_batch_number(trainer, trainer.global_step + 1))
                 rec.grad_norm, rec.nonfinite_grads = grad_report(self.params)
                 rec.lr = float(optimizer.param_groups[0]["lr"])
 
@@ -137,7 +138,8 @@ class LightningSetup:
                     pl_module.manual_backward = manual_backward
 
             def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-                rec = traj.record(trainer.global_step)
+                rec = traj.record(_batch_number(trainer, trainer.global_step))
+                rec.batch = batch_digest(batch)
                 loss = outputs.get("loss") if isinstance(outputs, Mapping) else outputs
                 if loss is None and getattr(self, "manual", None):
                     loss = sum(self.manual) / len(self.manual)
@@ -147,7 +149,7 @@ class LightningSetup:
                 if bad:
                     rec.nonfinite_params = bad
                 if digests:
-                    traj.digests.append((trainer.global_step, digest(pl_module)))
+                    traj.digests.append((_batch_number(trainer, trainer.global_step), digest(pl_module)))
 
             def on_train_epoch_end(self, trainer, pl_module):
                 if truth_at_epoch_end is not None and trainer.current_epoch == 0:
@@ -199,7 +201,9 @@ class LightningSetup:
                 max_epochs=2,
                 limit_train_batches=k,
             )
-            ckpts = sorted(ckdir.glob(f"*step={k}.ckpt"))
+            # the checkpoint of the first epoch's end: under manual optimization with accumulation
+            # global_step counts optimizer steps, not batches, so the name's step= is not k
+            ckpts = sorted(ckdir.glob("epoch=0-*.ckpt")) or sorted(ckdir.glob(f"*step={k}.ckpt"))
             if not ckpts:
                 raise SetupError(f"Lightning's ModelCheckpoint wrote no .ckpt after {k} steps")
             saved = torch.load(ckpts[0], map_location="cpu", weights_only=False)
@@ -219,6 +223,16 @@ class LightningSetup:
         seed_all(SEED)
         self._fit(module, dm, callbacks, ckpt_path=str(base.checkpoint), max_epochs=2, limit_train_batches=k)
         return ResumeRun(base.trajectory, traj, k, base.checkpoint, base.pieces)
+
+
+def _batch_number(trainer: Any, fallback: int) -> int:
+    """The 1-based number of the batch being trained, counted over the whole fit and restored by a resume
+    (the fit loop's batch progress). ``global_step`` counts optimizer steps instead: with gradient
+    accumulation (automatic or manual) several batches share one, and a run's records would collide."""
+    try:
+        return int(trainer.fit_loop.epoch_loop.batch_progress.total.ready)
+    except AttributeError:
+        return fallback
 
 
 def _lightning_truth(trainer: Any, module: Any) -> dict[str, Any]:

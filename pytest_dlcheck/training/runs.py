@@ -330,6 +330,34 @@ class StepRecord:
     nonfinite_grads: list[str] = field(default_factory=list)
     nonfinite_params: list[str] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
+    #: a digest of the batch trained at this step (batch_digest): which examples, in which order
+    batch: float | None = None
+
+
+def batch_digest(batch: Any) -> float | None:
+    """An order-sensitive digest of a batch's tensors (None when it holds none): two runs that train on
+    the same examples in the same order at a step have the same digest."""
+    tensors = []
+
+    def walk(value: Any) -> None:
+        if torch.is_tensor(value):
+            tensors.append(value)
+        elif isinstance(value, Mapping):
+            for k in sorted(value, key=str):
+                walk(value[k])
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+
+    walk(batch)
+    if not tensors:
+        return None
+    with torch.no_grad():
+        total = 0.0
+        for t in tensors:
+            flat = t.detach().flatten().double().cpu()
+            total += float((flat * torch.arange(1, flat.numel() + 1, dtype=torch.float64)).sum())
+        return total
 
 
 @dataclass

@@ -41,3 +41,39 @@ def test_dropout_and_shuffling_without_saved_rng(project):
             "diagnostic resumes)",
         ]
     )
+
+
+def test_a_dataloader_generator_seeded_at_every_fit_replays_the_first_epoch(project):
+    """DataLoader(shuffle=True, generator=torch.Generator().manual_seed(7)): the uninterrupted fit's second
+    epoch draws the next permutation, a resumed fit builds the loader anew and draws the first one again.
+    Putting every piece back cannot help (the generator is in none of them): the batches prove it."""
+    project.conftest(tl.project(data="generator_seed=7"))
+    run = project.run("--dlcheck=C1")
+    run.assert_outcome("C1", "failed")
+    text = tt.section(run, "C1")
+    assert "from step 3 the resumed run trains on other batches than the uninterrupted run" in text
+    assert "step 3 = step 1's batch, step 4 = step 2's batch" in text
+    assert "the resumed epoch replays the first epoch's order" in text and "set_epoch" in text
+
+
+def test_an_epoch_seeded_sampler_resumes_in_order(project):
+    project.conftest(tl.project(data="epoch_seed=7"))
+    run = project.run("--dlcheck=C1", "-rA")
+    run.assert_outcome("C1", "passed")
+
+
+def test_gradient_accumulation_resumes_from_the_first_epochs_checkpoint(project):
+    """accumulate_grad_batches=2: global_step counts optimizer steps, so the first epoch's checkpoint is
+    named step=1 and the run is recorded by batch; the deterministic project resumes exactly."""
+    project.conftest(
+        tl.project()
+        + """
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer():
+        import lightning.pytorch as pl
+        return pl.Trainer(accumulate_grad_batches=2, logger=False, enable_checkpointing=False)
+"""
+    )
+    run = project.run("--dlcheck=C1", "-rA")
+    run.assert_outcome("C1", "passed")
+    run.fnmatch(["4 steps, saved after step 2 through ModelCheckpoint's epoch=0-step=1.ckpt and fit(ckpt_path=...)*"])

@@ -28,6 +28,9 @@ TRUE_FINDINGS = {
     "newest by name: a kill during a save leaves a half-written newest directory that the resume then loads",
     ("lightning_compiled", "C1"): "Lightning checkpoints hold no RNG state: with dropout, the resumed run draws other "
     "masks than the uninterrupted one",
+    ("lightning_manual_opt", "C1"): "the guide's module keeps no RNG state in its checkpoint and its DataLoader "
+    "shuffles: the resumed epoch draws another order than the uninterrupted one (found once C1 picks the first "
+    "epoch's checkpoint under manual accumulation, where global_step counts optimizer steps)",
     ("lightning_compiled", "C18"): "the compiled submodule saves as net._orig_mod.*: the checkpoint does not load "
     "into the uncompiled model (nanoGPT strips the same prefix by hand when it resumes)",
     ("cleanrl_ppo", "R7"): "ppo.py treats a time-limit truncation as a termination (nextnonterminal = 1 - next_done): "

@@ -35,17 +35,43 @@ class Classifier(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
+class EpochShuffle(torch.utils.data.Sampler):
+    """A shuffle whose order is a function of (seed, epoch): Lightning calls set_epoch before every epoch,
+    a resumed fit included, so a resume sees the order the uninterrupted run saw."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
 class Blobs(pl.LightningDataModule):
-    def __init__(self, shuffle: bool = False, batch_size: int = 8):
+    def __init__(self, shuffle: bool = False, batch_size: int = 8, generator_seed=None, epoch_seed=None):
         super().__init__()
         self.shuffle = shuffle
         self.batch_size = batch_size
+        self.generator_seed = generator_seed  # DataLoader(generator=Generator().manual_seed(s)): seeded per fit
+        self.epoch_seed = epoch_seed  # EpochShuffle: seeded per epoch
 
     def setup(self, stage=None):
         self.train_set = tt.blobs(64, seed=0)
         self.val_set = tt.blobs(32, seed=1)
 
     def train_dataloader(self):
+        if self.generator_seed is not None:
+            g = torch.Generator().manual_seed(self.generator_seed)
+            return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, generator=g)
+        if self.epoch_seed is not None:
+            sampler = EpochShuffle(len(self.train_set), self.epoch_seed)
+            return DataLoader(self.train_set, batch_size=self.batch_size, sampler=sampler)
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle)
 
     def val_dataloader(self):
