@@ -390,6 +390,25 @@ def _quiet() -> Iterator[None]:
                     hf_logging.enable_progress_bar()
 
 
+def _control_resume(setup: TrainerSetup) -> None:
+    """The control of an interrupted save: the same two checkpoints written with no interruption, and the
+    resume from the first. When that fails too, the interruption is not what breaks the resume (C1 reports
+    a failing resume): C2 cannot judge."""
+    clone = setup.clone("atomic-control", max_steps=2, save_strategy="steps", save_steps=1, save_total_limit=None)
+    with _quiet():
+        clone.train()
+    previous = Path(clone.args.output_dir) / "checkpoint-1"
+    resume = setup.clone("atomic-control-resume", max_steps=2)
+    try:
+        with _quiet():
+            resume.train(resume_from_checkpoint=str(previous))
+    except Exception as exc:  # noqa: BLE001 - the control failing is what C2 reports as undecidable
+        raise SetupError(
+            "cannot judge an interrupted save: resuming from checkpoint-1 fails with no interruption at all: "
+            f"{type(exc).__name__}: {' '.join(str(exc).split())[:240]} (C1 reports the failing resume)"
+        ) from None
+
+
 def trainer_interrupted_save(setup: TrainerSetup) -> InterruptedSave:
     """Checkpoint after steps 1 and 2; the second save is interrupted half way; a fresh clone must resume
     from checkpoint-1."""
@@ -419,6 +438,7 @@ def trainer_interrupted_save(setup: TrainerSetup) -> InterruptedSave:
         with _quiet():
             resume.train(resume_from_checkpoint=str(previous))
     except Exception as exc:  # noqa: BLE001 - the resume failing is the finding
+        _control_resume(setup)
         return InterruptedSave(
             "the Trainer's checkpoint-* directories",
             hits[0],

@@ -109,3 +109,29 @@ def test_versioned_saves_whose_resume_picks_the_newest_half_written_one(project)
     text = " ".join(run.section("C2").split())
     assert "the interrupted file is new (the previous checkpoint was not touched)" in text, text
     assert "the load picks the newest" in text and "writes straight onto" not in text, text
+
+
+TRAINER_UNLOADABLE = """
+    import argparse, pytest, tiny, torch
+    from transformers import DataCollatorForSeq2Seq, Trainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        model = tiny.llama(tok)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        # run settings kept in the optimizer's param group: optimizer.pt saves them, and the Trainer's
+        # resume loads it with torch.load(weights_only=True), which refuses an argparse.Namespace
+        opt.param_groups[0]["run"] = argparse.Namespace(name="exp1")
+        args = tiny.trainer_args(tmp_path_factory.mktemp("o"))
+        rows = [dict(r, labels=r["input_ids"]) for r in tiny.tokenized(tok)]
+        collate = DataCollatorForSeq2Seq(tok, padding=True)
+        return Trainer(model=model, args=args, train_dataset=rows, data_collator=collate, optimizers=(opt, None))
+"""
+
+
+def test_a_trainer_resume_that_fails_without_interruption_is_not_blamed_on_the_save(project):
+    project.conftest(TRAINER_UNLOADABLE)
+    run = project.run("--dlcheck=C2", "-rs")
+    run.assert_outcome("C2", "skipped")
+    run.fnmatch(["*cannot judge an interrupted save: resuming from checkpoint-1 fails with no interruption at all*"])
