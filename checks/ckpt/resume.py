@@ -19,6 +19,41 @@ WHAT = {
 }
 
 
+def _curves(dlcheck, run: Any) -> None:
+    """The report's picture: the resumed run's losses over the uninterrupted run's, the save marked, and
+    the first step where they part (learning rates on the second axis when both runs logged them)."""
+    base = {s.step: s for s in run.uninterrupted.steps}
+    steps = sorted(base)
+    resumed = {s.step: s for s in run.resumed.steps if s.step > run.saved_at}
+    if not steps or not any(s.loss is not None for s in base.values()):
+        return
+    bad = run.mismatch()
+    marks = [{"x": run.saved_at + 0.5, "label": "saved"}]
+    if bad is not None:
+        marks.append({"x": bad[0], "label": f"parts at step {bad[0]}"})
+    series2 = {}
+    if any(s.lr is not None for s in base.values()):
+        series2 = {
+            "LR uninterrupted": [base[t].lr for t in steps],
+            "LR resumed": [resumed[t].lr if t in resumed else None for t in steps],
+        }
+    dlcheck.attach(
+        "series",
+        title="C1: the resumed run over the uninterrupted one",
+        x={"uninterrupted": steps, "resumed": steps, **{k: steps for k in series2}},
+        series={
+            "uninterrupted": [base[t].loss for t in steps],
+            "resumed": [resumed[t].loss if t in resumed else None for t in steps],
+        },
+        series2=series2,
+        ylabel="loss",
+        ylabel2="learning rate",
+        marks=marks,
+        caption=f"saved after step {run.saved_at}; "
+        + (f"the runs part at step {bad[0]} ({bad[1]})" if bad else "the resumed steps equal the uninterrupted ones"),
+    )
+
+
 def _other_batches(dlcheck, run: Any, how: str, total: int) -> None:
     """When putting every piece back does not make the resumed run identical, but the resumed run trains
     on other batches than the uninterrupted one at the same steps, the data order is what the resume lost
@@ -214,6 +249,7 @@ def check_resume(dlcheck):
     if total < 2:
         dlcheck.skip("C1.steps must be at least 2")
     run = memo_or_skip(dlcheck, setup.sources, f"resume:{total}", lambda: setup.resume(total))
+    _curves(dlcheck, run)
     how = {
         "trainer": f"the Trainer's {run.checkpoint.name} directory and train(resume_from_checkpoint=...)",
         "lightning": f"ModelCheckpoint's {run.checkpoint.name} and fit(ckpt_path=...)",

@@ -256,7 +256,53 @@ def smoke_run(ctx: Any) -> SmokeRun:
         traj, trained = setup.smoke(steps)
         return SmokeRun(setup, traj, trained, steps)
 
-    return memo_or_skip(ctx, setup.sources, f"smoke:{steps}", make)
+    run = memo_or_skip(ctx, setup.sources, f"smoke:{steps}", make)
+    smoke_picture(ctx, run.trajectory)
+    return run
+
+
+def smoke_picture(ctx: Any, traj: Trajectory) -> None:
+    """The report's picture of the shared smoke run (the same for every check that reads it, so the report
+    draws it once): the loss per step with the learning rate on a second axis, the gradient norm, the
+    first non-finite step and the largest jump over the running mean marked."""
+    steps = [s.step for s in traj.steps]
+    if not steps:
+        return
+    finite = [s.loss if s.loss is not None and math.isfinite(s.loss) else None for s in traj.steps]
+    marks = []
+    bad = next((s.step for s in traj.steps if _nonfinite(s)), None)
+    if bad is not None:
+        marks.append({"x": bad, "label": f"first NaN/Inf (step {bad})"})
+    ratios = []
+    for i, s in enumerate(traj.steps):
+        before = [v for v in finite[max(0, i - 5) : i] if v is not None]
+        if finite[i] is not None and before and sum(before) > 0:
+            ratios.append((finite[i] / (sum(before) / len(before)), s.step))
+    if ratios:
+        ratio, at = max(ratios)
+        if ratio > 1.5:
+            marks.append({"x": at, "label": f"{ratio:.1f}x its running mean"})
+    series = {"loss": finite}
+    if any(s.grad_norm is not None for s in traj.steps):
+        series["gradient norm"] = [s.grad_norm for s in traj.steps]
+    series2 = {"learning rate": [s.lr for s in traj.steps]} if any(s.lr is not None for s in traj.steps) else {}
+    ctx.attach(
+        "series",
+        title=f"the {len(steps)}-step smoke run (S1-S5)",
+        x={name: steps for name in [*series, *series2]},
+        series=series,
+        series2=series2,
+        ylabel="loss / gradient norm",
+        ylabel2="learning rate",
+        marks=marks,
+        logy=all(v is None or v > 0 for vals in series.values() for v in vals),
+        caption="the shared smoke run every smoke check reads",
+    )
+
+
+def _nonfinite(s: Any) -> bool:
+    values = [s.loss, s.grad_norm]
+    return bool(s.nonfinite_grads or s.nonfinite_params) or any(v is not None and not math.isfinite(v) for v in values)
 
 
 def mean_loss(fresh: Fresh, batches: list[Any]) -> float | None:

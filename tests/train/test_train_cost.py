@@ -47,3 +47,24 @@ def test_counting_leaves_torch_as_it_was():
     assert torch.autograd.backward is backward and torch.autograd.grad is grad
     model(torch.ones(1, 2))
     assert cost.forward == 5  # nothing counted afterwards
+
+
+def test_training_runs_are_drawn_in_the_report(project, tmp_path):
+    """The report's curves: C1's resumed run over the uninterrupted one with the save marked; the shared
+    smoke run (loss, gradient norm, LR) drawn once for every smoke check that read it."""
+    import tiny_lightning as tl
+
+    project.conftest(tl.project())
+    out, page = tmp_path / "r.json", tmp_path / "r.html"
+    project.run("--dlcheck=C1,S1,S2,S3", f"--dlcheck-json={out}", f"--dlcheck-report={page}")
+    doc = json.loads(out.read_text())
+    arts = {r["id"]: [a for a in r["artifacts"] if a["kind"] == "series"] for r in doc["results"]}
+    (c1,) = arts["C1"]
+    assert set(c1["series"]) == {"uninterrupted", "resumed"} and c1["marks"][0]["label"] == "saved"
+    assert c1["series"]["resumed"][0] is None and c1["series"]["resumed"][-1] is not None
+    smoke = [arts[c][0] for c in ("S1", "S2", "S3")]
+    assert smoke[0] == smoke[1] == smoke[2] and "gradient norm" in smoke[0]["series"]
+    assert len(smoke[0]["series"]["loss"]) == 20
+    html = page.read_text()
+    assert html.count('data-ref="pic-') == 2  # the smoke run drawn once, referenced twice
+    assert html.count("<svg") == 2  # C1's curves and the smoke run's
