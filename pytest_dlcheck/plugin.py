@@ -71,7 +71,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store",
         metavar="DOMAINS|IDS",
         help="run the checks of these domains or IDs beside each conftest.py that defines dlcheck_* "
-        "fixtures: llm, vision, diffusion, rl, vlm, train, ckpt, smoke, all, or IDs like L2,L11 "
+        "fixtures: llm, vision, diffusion, rl, vlm, train, ckpt, smoke, dist, all, or IDs like L2,L11 "
         f"(also: ini 'dlcheck', env {ENV_VAR})",
     )
     group.addoption(
@@ -105,6 +105,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="N",
         help="examples per batch when collating sampled examples (default 4; ini 'dlcheck_batch_size')",
+    )
+    group.addoption(
+        "--dlcheck-world-size",
+        action="store",
+        type=_positive_int,
+        default=2,
+        metavar="N",
+        help="processes the dist checks launch the training in (torch.distributed, gloo on CPU; default 2)",
     )
     group.addoption(
         "--dlcheck-set",

@@ -15,7 +15,7 @@ from typing import Any
 
 #: Domains in catalog order. Selecting one of these with no registered check is allowed (it selects
 #: nothing yet); any other name is an error.
-DOMAINS = ("llm", "vision", "diffusion", "rl", "vlm", "train", "ckpt", "smoke")
+DOMAINS = ("llm", "vision", "diffusion", "rl", "vlm", "train", "ckpt", "smoke", "dist")
 
 #: Sections every check's doc must have, in this order (the ruff rule-doc sections, and when the check does
 #: not concern a pipeline: it then skips "not applicable").

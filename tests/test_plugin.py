@@ -215,7 +215,9 @@ def test_missing_roles_skip_naming_the_fixture(project):
             "*missing role: define fixture dlcheck_tokenizer (or dlcheck_trainer); dlcheck_dataloader (or *) in conftest.py*"
         ]
     )
-    run.fnmatch(["*dlcheck summary*", "llm *1 missing role", "skipped:   missing role: define fixture dlcheck_tokenizer*"])
+    run.fnmatch(
+        ["*dlcheck summary*", "llm *1 missing role", "skipped:   missing role: define fixture dlcheck_tokenizer*"]
+    )
 
 
 def test_a_collator_that_raises_is_the_users_error(project):

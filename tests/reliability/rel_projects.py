@@ -14,11 +14,12 @@ import textwrap
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1]
-for sub in ("", "vision", "diffusion", "rl", "vlm", "train"):
+for sub in ("", "vision", "diffusion", "rl", "vlm", "train", "dist"):
     if str(TESTS / sub) not in sys.path:
         sys.path.insert(0, str(TESTS / sub))
 
 import tiny  # noqa: E402,F401
+import tiny_dist  # noqa: E402,F401  (torch.distributed and its checkpoint imported once, outside the runs)
 import tiny_rl  # noqa: E402,F401  (gymnasium, stable-baselines3)
 import tiny_train  # noqa: E402,F401
 import tiny_vision  # noqa: E402,F401  (torchvision/timm imported once, outside the runs)
@@ -346,6 +347,27 @@ TRAIN_SFT = _project(
 )
 
 
+# ---- dist: the user's DDP loop launched in two processes (tests/dist/tiny_dist.py) -------------------
+
+DIST_DDP = _project(
+    """
+    import tiny_dist as td
+    return dict(make_training=td.make_training, dist_wrap=td.wrap_ddp, dist_setup=td.seed_per_rank,
+                make_dataloader=td.distributed_loader, start_epoch=td.set_epoch, train_step=td.step_global_tokens,
+                compute_loss=td.token_loss, save_checkpoint=td.save_dcp, load_checkpoint=td.load_dcp)
+    """,
+    "make_training",
+    "dist_wrap",
+    "dist_setup",
+    "make_dataloader",
+    "start_epoch",
+    "train_step",
+    "compute_loss",
+    "save_checkpoint",
+    "load_checkpoint",
+)
+
+
 #: (domains run together, {directory: conftest.py source}): one in-process run per group
 GROUPS: list[tuple[tuple[str, ...], dict[str, str]]] = [
     (
@@ -372,5 +394,6 @@ GROUPS: list[tuple[tuple[str, ...], dict[str, str]]] = [
     (("rl",), {"rl_cleanrl": RL_CLEANRL, "rl_sb3": RL_SB3, "rl_grpo": RL_GRPO}),
     (("vlm",), {"vlm_trainer": VLM_TRAINER, "vlm_broken": VLM_BROKEN}),
     (("train", "ckpt", "smoke"), {"train_loop": TRAIN_LOOP, "train_sft": TRAIN_SFT, "train_dpo": LLM_DPO}),
+    (("dist",), {"dist_ddp": DIST_DDP}),
 ]
 PROJECTS = {domain: projects for domains, projects in GROUPS for domain in domains}

@@ -1,0 +1,45 @@
+"""Checks of distributed data-parallel training (dist): the user's own loop run in N real processes.
+
+The run is a plain loop (``dlcheck_make_training`` + ``dlcheck_train_step``, the train domain's roles)
+started the way torchrun starts it: N processes (``--dlcheck-world-size``, default 2), ``torch.distributed``
+with the ``env://`` rendezvous (MASTER_ADDR / MASTER_PORT on a free port, RANK / WORLD_SIZE / LOCAL_RANK),
+the gloo backend on CPU. In every process the user's roles run in the order a training script runs them;
+the roles declared here are the distributed parts of the script:
+
+- ``dlcheck_dist_wrap`` (required: it is what says the training runs distributed);
+- ``dlcheck_dist_setup``, ``dlcheck_make_dataloader``, ``dlcheck_start_epoch`` (optional).
+
+One launch per session is shared by D1–D6 (:mod:`.launch` runs it, :mod:`.measure` memoizes it)."""
+
+from __future__ import annotations
+
+from ...roles import a_callable, role
+
+role(
+    "dist_wrap",
+    "callable (state) -> state: what your script does, in every process, to the fresh objects of "
+    "dlcheck_make_training once the process group is up: wrap the model in DistributedDataParallel (and "
+    "build the optimizer on it when yours needs the wrapped parameters); return the dict your step takes "
+    "(return it unchanged when dlcheck_make_training wraps already)",
+    expect=a_callable("the wrap of your fresh training objects"),
+)
+role(
+    "dist_setup",
+    "callable (rank, world_size): the start of your script in every process, run right after "
+    "init_process_group and before dlcheck_make_training (seeding: torch.manual_seed(seed + rank), …); "
+    "default: nothing, the random generators are those of a fresh process",
+    expect=a_callable("the per-process start of your script"),
+)
+role(
+    "make_dataloader",
+    "callable () -> this process's DataLoader, called in every process once the process group is up "
+    "(build the DistributedSampler inside: it finds its rank and world size itself); default: "
+    "dlcheck_dataloader, the same in every process",
+    expect=a_callable("a factory of this rank's DataLoader"),
+)
+role(
+    "start_epoch",
+    "callable (state, dataloader, epoch): the top of your epoch loop, as your script runs it before "
+    "iterating the dataloader (dataloader.sampler.set_epoch(epoch), …)",
+    expect=a_callable("the top of your epoch loop"),
+)

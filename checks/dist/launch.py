@@ -1,0 +1,734 @@
+"""Launching the user's loop in N real processes, the way torchrun / ``torch.multiprocessing`` start them,
+and what each rank reports back.
+
+The parent (the pytest process) picks a free port, starts N processes (``fork`` where it is safe — no CUDA
+initialised in the parent — else ``spawn``), each with MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE /
+LOCAL_RANK set and ``init_process_group(init_method="env://")`` on gloo (which carries CPU and CUDA tensors; each
+rank is given its own GPU when there is one per rank). Every rank runs the script's parts in order — ``dlcheck_dist_setup``, ``dlcheck_make_training``,
+``dlcheck_dist_wrap``, ``dlcheck_make_dataloader``, then per epoch ``dlcheck_start_epoch`` and
+``dlcheck_train_step`` — and writes what the checks need to files under the launch's directory, stage by
+stage (``train``, ``ckpt``, ``d6``), so a rank that raises or hangs still leaves the stages it finished.
+The parent always ends every process it started: a wall-clock limit, a short grace when a rank raised
+(the others are then usually stuck in a collective), a short limit for the injected non-finite step."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import pickle
+import random
+import socket
+import sys
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+#: torch's default seed: the state of the global generator in a fresh process that seeds nothing
+TORCH_DEFAULT_SEED = 67280421310721
+#: models up to this many elements have their tensors sent back (max |diff| in the evidence), else digests
+SMALL_MODEL = 4_000_000
+STAGES = ("train", "ckpt", "d6", "load")
+
+
+@dataclass
+class Job:
+    """What every rank runs. Role values are None when the user gave none (picklable for ``spawn``)."""
+
+    world: int
+    out: str
+    steps: int
+    make_training: Any
+    #: the plain-loop setup of pytest_dlcheck.training (its ``step`` runs dlcheck_train_step or the default step)
+    setup: Any = None
+    loader: Any = None
+    save: Any = None
+    load: Any = None
+    wrap: Any = None
+    dist_setup: Any = None
+    make_dataloader: Any = None
+    start_epoch: Any = None
+    #: "train": the run of D1–D6; "load": load ``load_path`` at this world size (D5's DCP reload)
+    mode: str = "train"
+    load_path: str = ""
+    pg_timeout: float = 60.0
+
+
+@dataclass
+class RankResult:
+    rank: int
+    exitcode: int | None
+    stages: dict[str, Any] = field(default_factory=dict)
+    error: dict[str, Any] | None = None
+    progress: list[str] = field(default_factory=list)
+    log: str = ""
+    killed: bool = False
+
+    @property
+    def last(self) -> str:
+        return self.progress[-1] if self.progress else "starting"
+
+
+@dataclass
+class Launch:
+    world: int
+    start_method: str
+    backend: str
+    ranks: list[RankResult]
+    wall: float
+    timed_out: bool
+    out: str
+    port: int = 0
+
+    def stage(self, name: str) -> list[Any] | None:
+        """Every rank's record of a stage, or None when some rank did not finish it."""
+        got = [r.stages.get(name) for r in self.ranks]
+        return None if any(g is None for g in got) else got
+
+    @property
+    def errors(self) -> list[RankResult]:
+        return [r for r in self.ranks if r.error is not None]
+
+
+# --------------------------------------------------------------------------------------------------
+# the parent
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _backend(world: int) -> str:
+    """gloo: it carries CPU and CUDA tensors alike, so a model on either device runs (NCCL would reject a CPU
+    model; a GPU per rank is still given to each rank, see ``Rank.run``)."""
+    return "gloo"
+
+
+def launch(
+    job: Job, limit: float = 120.0, hang: float = 8.0, grace: float = 3.0, start_method: str | None = None
+) -> Launch:
+    """Run ``job`` in ``job.world`` processes and collect what they wrote. Every process started here is
+    ended here: past ``limit`` seconds, ``grace`` seconds after a rank raised, ``hang`` seconds after the
+    first rank finished the non-finite step. ``fork`` unless CUDA is initialised here (then ``spawn``, which
+    pickles the job: the roles must be importable functions)."""
+    import torch
+    import torch.multiprocessing as tmp
+
+    if start_method is None:
+        start_method = "spawn" if torch.cuda.is_available() and torch.cuda.is_initialized() else "fork"
+    if start_method == "fork" and "fork" not in tmp.get_all_start_methods():
+        start_method = "spawn"
+    backend = _backend(job.world)
+    out = Path(job.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = tmp.get_context(start_method)
+    port = free_port()
+    procs = [
+        ctx.Process(target=rank_entry, args=(r, job.world, port, backend, job), daemon=True, name=f"dlcheck-rank{r}")
+        for r in range(job.world)
+    ]
+    t0 = time.monotonic()
+    timed_out = False
+    killed: set[int] = set()
+    try:
+        for p in procs:
+            try:
+                p.start()
+            except (pickle.PicklingError, AttributeError, TypeError) as exc:
+                if start_method != "spawn":
+                    raise
+                from ...training import SetupError
+
+                raise SetupError(
+                    "the ranks are spawned (CUDA is initialised in this process) and the roles cannot be sent to "
+                    f"them: {type(exc).__name__}: {str(exc)[:200]} — define the role functions at module level of an "
+                    "importable module (not closures or lambdas)"
+                ) from None
+        stop_at: float | None = None
+        while any(p.is_alive() for p in procs):
+            now = time.monotonic()
+            raised = any(p.exitcode not in (None, 0) for p in procs)
+            last_stage = "d6" if job.mode == "train" else "load"
+            finished = any((out / f"rank{r}.{last_stage}.pt").exists() for r in range(job.world))
+            if raised or finished:
+                limit_here = now + (grace if raised else hang)
+                stop_at = limit_here if stop_at is None else min(stop_at, limit_here)
+            if now - t0 > limit or (stop_at is not None and now > stop_at):
+                timed_out = now - t0 > limit
+                break
+            time.sleep(0.05)
+    finally:
+        for r, p in enumerate(procs):
+            if p.is_alive():
+                killed.add(r)
+                p.kill()
+        for p in procs:
+            if p.pid is not None:
+                p.join(10)
+    ranks = [_collect(out, r, procs[r].exitcode, r in killed) for r in range(job.world)]
+    return Launch(job.world, start_method, backend, ranks, time.monotonic() - t0, timed_out, str(out), port)
+
+
+def _collect(out: Path, rank: int, exitcode: int | None, killed: bool) -> RankResult:
+    import torch
+
+    res = RankResult(rank, exitcode, killed=killed)
+    for stage in STAGES:
+        f = out / f"rank{rank}.{stage}.pt"
+        if f.exists():
+            with contextlib.suppress(Exception):  # a file cut short by a kill is a stage not finished
+                res.stages[stage] = torch.load(f, weights_only=False)
+    err = out / f"rank{rank}.error.json"
+    if err.exists():
+        with contextlib.suppress(Exception):
+            res.error = json.loads(err.read_text())
+    prog = out / f"rank{rank}.progress"
+    if prog.exists():
+        res.progress = prog.read_text().splitlines()
+    log = out / f"rank{rank}.log"
+    if log.exists():
+        res.log = log.read_text(errors="replace")[-4000:]
+    return res
+
+
+# --------------------------------------------------------------------------------------------------
+# a rank
+
+
+def rank_entry(rank: int, world: int, port: int, backend: str, job: Job) -> None:
+    """The target of every process: torchrun's environment, then the program; never returns into the
+    parent's code (a forked pytest must not run its own teardown)."""
+    out = Path(job.out)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        GROUP_RANK="0",
+        OMP_NUM_THREADS="1",
+    )
+    code = 0
+    try:
+        log = os.open(out / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        Rank(rank, world, backend, job).run()
+    except BaseException as exc:  # noqa: BLE001 - every failure of a rank is reported by the parent
+        code = 1
+        from ...errors import RoleError
+
+        err: dict[str, Any] = {
+            "type": type(exc).__name__,
+            "traceback": traceback.format_exc()[-3000:],
+            "time": time.time(),
+        }
+        if isinstance(exc, RoleError):
+            err.update(role=exc.role, message=exc.message)
+        else:
+            err.update(role=None, message=f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}")
+        with contextlib.suppress(Exception):
+            (out / f"rank{rank}.error.json").write_text(json.dumps(err))
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def tensor_digest(t: Any) -> str:
+    import torch
+
+    data = t.detach().cpu().contiguous()
+    if data.dtype in (torch.bfloat16, torch.float16):
+        data = data.float()
+    raw = data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""
+    return hashlib.sha1(raw + str(tuple(data.shape)).encode()).hexdigest()[:16]
+
+
+def nested_digest(obj: Any) -> str:
+    """A digest of a batch or sample: every tensor / array / number in it, in order."""
+    import torch
+
+    h = hashlib.sha1()
+
+    def walk(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            h.update(tensor_digest(x).encode())
+        elif isinstance(x, Mapping):
+            for k in x:
+                h.update(str(k).encode())
+                walk(x[k])
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+        elif hasattr(x, "__array__"):
+            walk(torch.as_tensor(x.__array__()))
+        elif hasattr(x, "tobytes"):
+            h.update(x.tobytes())
+        else:
+            h.update(repr(x).encode())
+
+    walk(obj)
+    return h.hexdigest()[:16]
+
+
+def unwrap(model: Any) -> Any:
+    import torch
+
+    inner = getattr(model, "module", None)
+    return inner if isinstance(inner, torch.nn.Module) else model
+
+
+def _cpu(obj: Any) -> Any:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu().clone()
+    if isinstance(obj, Mapping):
+        return {k: _cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu(v) for v in obj) if not hasattr(obj, "_fields") else type(obj)(*(_cpu(v) for v in obj))
+    return obj
+
+
+@contextlib.contextmanager
+def _saved_rng(*generators: Any):
+    """The rank's global generators (and the given ones) put back afterwards: a probe does not move the run."""
+    import numpy as np
+    import torch
+
+    states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    gens = [(g, g.get_state()) for g in generators if g is not None and hasattr(g, "get_state")]
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        for g, s in gens:
+            g.set_state(s)
+
+
+class Rank:
+    def __init__(self, rank: int, world: int, backend: str, job: Job):
+        self.rank, self.world, self.backend, self.job = rank, world, backend, job
+        self.out = Path(job.out)
+        #: the user's plain loop (pytest_dlcheck.training's setup): its step is the user's step
+        self.setup = job.setup
+        if self.setup is not None:
+            from ...errors import MISSING
+
+            # a spawned rank unpickled its own copies of the MISSING sentinel: make them the sentinel again
+            for key, value in list(vars(self.setup).items()):
+                if type(value) is type(MISSING) and value is not MISSING:
+                    setattr(self.setup, key, MISSING)
+
+    # ---- plumbing
+
+    def progress(self, text: str) -> None:
+        with open(self.out / f"rank{self.rank}.progress", "a") as f:
+            f.write(text + "\n")
+
+    def write(self, stage: str, record: dict[str, Any]) -> None:
+        import torch
+
+        tmp = self.out / f"rank{self.rank}.{stage}.pt.tmp"
+        torch.save(record, tmp)
+        os.replace(tmp, self.out / f"rank{self.rank}.{stage}.pt")
+        self.progress(f"wrote {stage}")
+
+    def call(self, role: str, fn: Any) -> Any:
+        from ...session import user_call
+
+        self.progress(f"in dlcheck_{role}")
+        return user_call(role, fn)
+
+    # ---- the program
+
+    def run(self) -> None:
+        import numpy as np
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        # a fresh process: torch's default seed (the same on every rank), Python and NumPy from the OS
+        torch.manual_seed(TORCH_DEFAULT_SEED)
+        random.seed()
+        np.random.seed()
+        if torch.cuda.is_available() and torch.cuda.device_count() >= self.world:
+            torch.cuda.set_device(self.rank)  # as torchrun users do with LOCAL_RANK: one GPU per rank
+        self.progress("init_process_group")
+        dist.init_process_group(self.backend, init_method="env://", timeout=timedelta(seconds=self.job.pg_timeout))
+        if self.job.mode == "load":
+            self.reload()
+            return
+        if self.job.dist_setup is not None:
+            self.call("dist_setup", lambda: self.job.dist_setup(self.rank, self.world))
+        state = self.build()
+        model = state["model"]
+        inner = unwrap(model)
+        rec: dict[str, Any] = {
+            "rank": self.rank,
+            "wrapped": type(model).__name__,
+            "ddp": isinstance(model, torch.nn.parallel.DistributedDataParallel),
+            "init": self.params(inner),
+            "small": sum(p.numel() for p in inner.parameters()) <= SMALL_MODEL,
+        }
+        rec["init_tensors"] = self.tensors(inner) if rec["small"] else None
+        loader = (
+            self.call("make_dataloader", self.job.make_dataloader)
+            if self.job.make_dataloader is not None
+            else self.job.loader
+        )
+        if loader is None:
+            from ...training import SetupError
+
+            raise SetupError(
+                "no training data: define fixture dlcheck_make_dataloader (or dlcheck_dataloader) in conftest.py"
+            )
+        rec["loader"] = self.describe_loader(loader)
+        rec["indices"] = {}
+        self.start_epoch(state, loader, 0)
+        rec["indices"][0] = self.indices(loader)
+        rec["augment"] = self.augmentation(loader)
+        rec["rng_at_step0"] = tensor_digest(torch.get_rng_state())
+        rec["dropout"] = [
+            f"{n} (p={m.p})"
+            for n, m in inner.named_modules()
+            if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0
+        ]
+        it = iter(loader)
+        self.train(state, inner, it, rec)
+        del it
+        self.start_epoch(state, loader, 1)
+        rec["indices"][1] = self.indices(loader)
+        self.write("train", rec)
+        if self.job.save is not None and self.job.load is not None:
+            self.checkpoint(state, inner)
+        self.nonfinite(state, inner, loader)
+
+    def build(self) -> dict[str, Any]:
+        state = self.call("make_training", self.job.make_training)
+        if not isinstance(state, Mapping) or "model" not in state:
+            from ...training import SetupError
+
+            raise SetupError(
+                "dlcheck_make_training must return a dict with at least 'model' and 'optimizer', "
+                f"got {type(state).__name__}"
+            )
+        state = dict(state)
+        if self.job.wrap is not None:
+            wrapped = self.call("dist_wrap", lambda: self.job.wrap(state))
+            if wrapped is not None:
+                if not isinstance(wrapped, Mapping) or "model" not in wrapped:
+                    from ...errors import RoleError
+
+                    raise RoleError("dist_wrap", f"returned a {type(wrapped).__name__}, expected the dict of objects")
+                state = dict(wrapped)
+        return state
+
+    def params(self, inner: Any) -> dict[str, str]:
+        return {n: tensor_digest(p) for n, p in inner.named_parameters()}
+
+    def tensors(self, inner: Any) -> dict[str, Any]:
+        return {n: p.detach().cpu().clone() for n, p in inner.named_parameters()}
+
+    def optimizer_state(self, opt: Any, inner: Any) -> dict[str, str]:
+        import torch
+
+        if opt is None or not hasattr(opt, "state"):
+            return {}
+        names = {id(p): n for n, p in inner.named_parameters()}
+        found: dict[str, str] = {}
+        for p, st in list(opt.state.items()):
+            for k, v in (st or {}).items():
+                if isinstance(v, torch.Tensor):
+                    found[f"{names.get(id(p), '?')}:{k}"] = tensor_digest(v)
+        return found
+
+    def start_epoch(self, state: dict[str, Any], loader: Any, epoch: int) -> None:
+        if self.job.start_epoch is not None:
+            self.call("start_epoch", lambda: self.job.start_epoch(state, loader, epoch))
+
+    def describe_loader(self, loader: Any) -> dict[str, Any]:
+        sampler = getattr(loader, "sampler", None)
+        dataset = getattr(loader, "dataset", None)
+        try:
+            n = len(dataset) if dataset is not None else None
+        except TypeError:
+            n = None
+        return {
+            "type": type(loader).__name__,
+            "sampler": type(sampler).__name__ if sampler is not None else None,
+            "shuffle": getattr(sampler, "shuffle", None),
+            "drop_last": getattr(sampler, "drop_last", None),
+            "sampler_rank": getattr(sampler, "rank", None),
+            "sampler_replicas": getattr(sampler, "num_replicas", None),
+            "dataset_len": n,
+            "num_workers": getattr(loader, "num_workers", None),
+            "batch_size": getattr(loader, "batch_size", None),
+        }
+
+    def indices(self, loader: Any) -> list[int] | None:
+        sampler = getattr(loader, "sampler", None)
+        if sampler is None or not hasattr(sampler, "__iter__"):
+            return None
+        try:
+            with _saved_rng(getattr(sampler, "generator", None), getattr(loader, "generator", None)):
+                return [int(i) for i in sampler]
+        except (TypeError, ValueError):
+            return None
+
+    def augmentation(self, loader: Any) -> dict[str, Any] | None:
+        """Example 0 fetched twice through the dataset's pipeline, as the loader fetches
+        it (same workers, collate, worker_init_fn, generator), the rank's generators put back afterwards."""
+        from torch.utils.data import DataLoader
+
+        dataset = getattr(loader, "dataset", None)
+        try:
+            if dataset is None or not hasattr(dataset, "__getitem__") or len(dataset) == 0:
+                return None
+        except TypeError:
+            return None
+        idx = 0
+        gen = getattr(loader, "generator", None)
+        try:
+            with _saved_rng(gen):
+                probe = DataLoader(
+                    dataset,
+                    batch_size=1,
+                    sampler=[idx, idx],
+                    num_workers=getattr(loader, "num_workers", 0),
+                    collate_fn=getattr(loader, "collate_fn", None),
+                    worker_init_fn=getattr(loader, "worker_init_fn", None),
+                    generator=gen,
+                )
+                got = [nested_digest(b) for b in probe]
+        except Exception as exc:  # noqa: BLE001 - a dataset the probe cannot fetch from: D4 says so
+            return {"index": idx, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        return {"index": idx, "digests": got}
+
+    def train(self, state: dict[str, Any], inner: Any, it: Any, rec: dict[str, Any]) -> None:
+        import torch
+
+        opt = state.get("optimizer")
+        names = {id(p): n for n, p in inner.named_parameters()}
+        seen = {"steps": 0, "grads": None}
+
+        def pre(o: Any, args: Any, kwargs: Any) -> None:
+            if seen["steps"] == 0:
+                seen["grads"] = {
+                    names[id(p)]: p.grad.detach().cpu().clone()
+                    for g in o.param_groups
+                    for p in g["params"]
+                    if p.grad is not None and id(p) in names
+                }
+            seen["steps"] += 1
+
+        handle = opt.register_step_pre_hook(pre) if hasattr(opt, "register_step_pre_hook") else None
+        # D2 compares the first optimizer step with a single-process step: no dropout noise in it
+        drops = [(m, m.p) for m in inner.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0]
+        for m, _ in drops:
+            m.p = 0.0
+        steps: list[dict[str, Any]] = []
+        d2_batches: list[Any] = []
+        try:
+            for i in range(self.job.steps):
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    break
+                before = seen["steps"]
+                if before == 0:
+                    d2_batches.append(_cpu(batch))
+                self.progress(f"step {i}")
+                loss = self.setup.step(state, batch, i)
+                if before == 0 and seen["steps"] > 0:
+                    for m, p in drops:
+                        m.p = p
+                    rec["d2_micro_steps"] = i + 1
+                steps.append(
+                    {
+                        "loss": loss,
+                        "opt_steps": seen["steps"] - before,
+                        "params": self.params(inner),
+                        "opt": self.optimizer_state(opt, inner),
+                        "tensors": self.tensors(inner) if rec["small"] else None,
+                    }
+                )
+        finally:
+            for m, p in drops:
+                m.p = p
+            if handle is not None:
+                handle.remove()
+        rec["steps"] = steps
+        rec["grads"] = seen["grads"]
+        rec["d2_batches"] = d2_batches if seen["grads"] is not None else None
+        rec["hooked_optimizer"] = handle is not None
+
+    # ---- D5
+
+    def checkpoint(self, state: dict[str, Any], inner: Any) -> None:
+        import torch.distributed as dist
+
+        path = self.out / "ckpt" / "checkpoint"
+        if self.rank == 0:
+            path.parent.mkdir(exist_ok=True)
+        dist.barrier()
+        events: list[tuple[str, str]] = []
+        with _recording_writes(events):
+            self.call("save_checkpoint", lambda: self.job.save(state, str(path)))
+        self.progress("saved")
+        dist.barrier()  # every rank has returned from its save before any rank loads
+        rec: dict[str, Any] = {"events": events, "path": str(path), "saved": self.params(inner)}
+        rec["saved_tensors"] = self.tensors(inner) if self.rank == 0 else None
+        fresh = self.build()
+        try:
+            self.call("load_checkpoint", lambda: self.job.load(fresh, str(path)))
+            rec["loaded"] = self.params(unwrap(fresh["model"]))
+            rec["load_error"] = None
+        except Exception as exc:  # noqa: BLE001 - a rank that cannot load is D5's evidence
+            rec["loaded"] = None
+            rec["load_error"] = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        rec["files"] = sorted(str(p.relative_to(path.parent)) for p in path.parent.rglob("*") if p.is_file())
+        self.write("ckpt", rec)
+        dist.barrier()
+
+    def reload(self) -> None:
+        if self.job.dist_setup is not None:
+            self.call("dist_setup", lambda: self.job.dist_setup(self.rank, self.world))
+        state = self.build()
+        try:
+            self.call("load_checkpoint", lambda: self.job.load(state, self.job.load_path))
+            rec = {"loaded": self.params(unwrap(state["model"])), "load_error": None}
+        except Exception as exc:  # noqa: BLE001 - D5's evidence
+            rec = {"loaded": None, "load_error": getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"}
+        self.write("load", rec)
+
+    # ---- D6
+
+    def nonfinite(self, state: dict[str, Any], inner: Any, loader: Any) -> None:
+        """One more micro-step in which the last rank's forward overflows (its first layer's output made
+        infinite, as an fp16 overflow does); what each rank decided is written right after the step."""
+        import torch
+
+        target = next(
+            (
+                (n, m)
+                for n, m in inner.named_modules()
+                if not list(m.children()) and any(True for _ in m.parameters(recurse=False))
+            ),
+            None,
+        )
+        rec: dict[str, Any] = {"injected_rank": self.world - 1, "layer": target[0] if target else None}
+        if target is None:
+            self.write("d6", rec)
+            return
+        opt = state.get("optimizer")
+        names = {id(p): n for n, p in inner.named_parameters()}
+        seen: dict[str, Any] = {"steps": 0, "finite_grads": None}
+
+        def pre(o: Any, args: Any, kwargs: Any) -> None:
+            seen["steps"] += 1
+            seen["finite_grads"] = all(
+                bool(torch.isfinite(p.grad).all())
+                for g in o.param_groups
+                for p in g["params"]
+                if p.grad is not None and id(p) in names
+            )
+
+        handle = opt.register_step_pre_hook(pre) if hasattr(opt, "register_step_pre_hook") else None
+
+        def overflow(module: Any, args: Any, output: Any) -> Any:
+            return output * float("inf") if isinstance(output, torch.Tensor) else output
+
+        hook = target[1].register_forward_hook(overflow) if self.rank == self.world - 1 else None
+        with _saved_rng(getattr(loader, "generator", None)):
+            batch = next(iter(loader))
+        before = self.params(inner)
+        index = self.job.steps
+        self.progress(f"non-finite step {index}")
+        try:
+            loss = self.setup.step(state, batch, index)
+            rec["error"] = None
+        except Exception as exc:  # noqa: BLE001 - a rank that raised on the non-finite step: evidence
+            loss = None
+            rec["error"] = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        finally:
+            if hook is not None:
+                hook.remove()
+            if handle is not None:
+                handle.remove()
+        after = self.params(inner)
+        rec.update(
+            loss=loss,
+            opt_steps=seen["steps"],
+            finite_grads=seen["finite_grads"],
+            changed=sorted(n for n in after if after[n] != before.get(n)),
+            after=after,
+            finite_params=all(bool(torch.isfinite(p).all()) for p in inner.parameters()),
+        )
+        self.write("d6", rec)
+
+
+@contextlib.contextmanager
+def _recording_writes(events: list[tuple[str, str]]):
+    """Record the checkpoint writes of a save: torch.save, safetensors' save_file and a
+    torch.distributed.checkpoint save (one collective save: its own file writes are not listed)."""
+    import torch
+
+    patched: list[tuple[Any, str, Any]] = []
+    inside_dcp = {"n": 0}
+
+    def target_of(f: Any) -> str:
+        return str(f) if isinstance(f, (str, os.PathLike)) else str(getattr(f, "name", type(f).__name__))
+
+    def wrap_save(orig: Any, what: str) -> Any:
+        def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+            if not inside_dcp["n"]:
+                events.append((what, target_of(f)))
+            return orig(obj, f, *args, **kwargs)
+
+        return save
+
+    def wrap_dcp(orig: Any) -> Any:
+        def save(*args: Any, **kwargs: Any) -> Any:
+            where = kwargs.get("checkpoint_id")
+            writer = kwargs.get("storage_writer")
+            if where is None and writer is not None:
+                where = getattr(writer, "path", None) or getattr(writer, "checkpoint_id", None)
+            events.append(("torch.distributed.checkpoint.save", str(where)))
+            inside_dcp["n"] += 1
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                inside_dcp["n"] -= 1
+
+        return save
+
+    patched.append((torch, "save", wrap_save(torch.save, "torch.save")))
+    with contextlib.suppress(ImportError):
+        import safetensors.torch as st
+
+        patched.append((st, "save_file", wrap_save(st.save_file, "safetensors save_file")))
+    with contextlib.suppress(ImportError):
+        import torch.distributed.checkpoint as dcp
+
+        patched.append((dcp, "save", wrap_dcp(dcp.save)))
+    originals = [(mod, name, getattr(mod, name)) for mod, name, _ in patched]
+    for mod, name, new in patched:
+        setattr(mod, name, new)
+    try:
+        yield
+    finally:
+        for mod, name, old in originals:
+            setattr(mod, name, old)

@@ -1,0 +1,267 @@
+"""The dist domain's shared measurement: one launch of the user's loop per session (memoized), what a
+rank's failure means for a check, and the single-process reference step of D2."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from ...errors import MISSING, RoleError
+from ...training import SetupError, get_setup, memo_or_skip
+from .launch import Job, Launch, launch
+
+#: micro-steps every rank trains before the checkpoint and the non-finite step
+STEPS = 3
+LAUNCH_LIMIT = 120.0
+HANG_LIMIT = 8.0
+
+RUN_ROLES = (
+    "make_training",
+    "dist_wrap",
+    "dist_setup",
+    "make_dataloader",
+    "start_epoch",
+    "train_step",
+    "compute_loss",
+    "loss_fn",
+    "dataloader",
+    "save_checkpoint",
+    "load_checkpoint",
+)
+
+
+def world_size(dlcheck: Any) -> int:
+    value = dlcheck.request.config.getoption("dlcheck_world_size", None)
+    return int(value) if value else 2
+
+
+def _value(v: Any) -> Any:
+    return None if v is MISSING else v
+
+
+def the_setup(dlcheck: Any) -> Any:
+    """The user's plain loop (the only kind the dist domain launches yet)."""
+    if not dlcheck.has("make_training"):
+        if dlcheck.has("trainer") or dlcheck.has("lightning_module"):
+            dlcheck.skip(
+                "the dist domain launches plain loops (dlcheck_make_training + dlcheck_train_step) only yet; "
+                "a Trainer or a LightningModule is not launched in several processes"
+            )
+        dlcheck.require("make_training")
+    setup = get_setup(dlcheck)
+    if setup.kind != "loop":
+        dlcheck.skip("the dist domain launches plain loops (dlcheck_make_training) only yet")
+    return setup
+
+
+def get_launch(dlcheck: Any) -> Launch:
+    """The session's launch of the user's loop at ``--dlcheck-world-size`` (shared by D1–D6)."""
+    setup = copy.copy(the_setup(dlcheck))
+    setup.tmp = None  # the ranks write under the launch's directory only (and a spawn pickles the setup)
+    roles = {name: dlcheck.role(name) for name in RUN_ROLES}
+    world = world_size(dlcheck)
+    tmp = dlcheck.request.getfixturevalue("tmp_path_factory")
+
+    def run() -> Launch:
+        job = Job(
+            world=world,
+            out=str(tmp.mktemp("dlcheck-dist")),
+            steps=STEPS,
+            make_training=roles["make_training"],
+            setup=setup,
+            loader=_value(roles["dataloader"]),
+            save=_value(roles["save_checkpoint"]),
+            load=_value(roles["load_checkpoint"]),
+            wrap=_value(roles["dist_wrap"]),
+            dist_setup=_value(roles["dist_setup"]),
+            make_dataloader=_value(roles["make_dataloader"]),
+            start_epoch=_value(roles["start_epoch"]),
+        )
+        return launch(job, limit=LAUNCH_LIMIT, hang=HANG_LIMIT)
+
+    return memo_or_skip(dlcheck, tuple(roles.values()), f"dist:launch:{world}", run)
+
+
+def reload_at(dlcheck: Any, base: Launch, world: int, path: str) -> Launch:
+    """A second launch at world size ``world`` that only loads ``path`` (D5: a sharded checkpoint saved at
+    another world size)."""
+    roles = {name: dlcheck.role(name) for name in RUN_ROLES}
+    tmp = dlcheck.request.getfixturevalue("tmp_path_factory")
+
+    def run() -> Launch:
+        job = Job(
+            world=world,
+            out=str(tmp.mktemp("dlcheck-dist-reload")),
+            steps=0,
+            make_training=roles["make_training"],
+            load=_value(roles["load_checkpoint"]),
+            wrap=_value(roles["dist_wrap"]),
+            dist_setup=_value(roles["dist_setup"]),
+            mode="load",
+            load_path=path,
+        )
+        return launch(job, limit=LAUNCH_LIMIT, hang=HANG_LIMIT)
+
+    return memo_or_skip(dlcheck, (*roles.values(), base), f"dist:reload:{world}", run)
+
+
+def records(dlcheck: Any, run: Launch, stage: str) -> list[Any]:
+    """Every rank's record of ``stage``; when a rank did not get there, the reason is raised: the user's
+    role that raised (naming the rank), a hang (where each rank was), or a setup problem (a skip)."""
+    got = run.stage(stage)
+    if got is not None:
+        return got
+    raise_failure(dlcheck, run, stage)
+
+
+def collective_failure(err: dict[str, Any]) -> bool:
+    """The error of a rank whose collective failed because another rank went away or never came."""
+    text = str(err.get("message", ""))
+    return any(k in text for k in ("gloo", "Connection reset", "Connection closed", "NCCL", "imed out", "Timeout"))
+
+
+def raise_failure(dlcheck: Any, run: Launch, stage: str) -> Any:
+    where = "; ".join(f"rank {r.rank}: {r.last}" for r in run.ranks)
+    # the first rank that raised on its own, before those whose collective broke because it had gone
+    for r in sorted(run.errors, key=lambda r: (collective_failure(r.error or {}), (r.error or {}).get("time", 0))):
+        err = r.error or {}
+        if err.get("role"):
+            raise RoleError(err["role"], f"on rank {r.rank} of {run.world}: {err['message']}")
+        if err.get("type") == "SetupError":
+            dlcheck.skip(f"rank {r.rank}: {err['message'].split(': ', 1)[-1]}")
+    if run.errors:
+        r = run.errors[0]
+        raise RuntimeError(f"rank {r.rank} of the dist launch failed: {(r.error or {}).get('traceback', '')}")
+    stuck = [r for r in run.ranks if r.killed]
+    if stuck:
+        role = "train_step"
+        last = stuck[0].last
+        if last.startswith("in dlcheck_"):
+            role = last.removeprefix("in dlcheck_")
+        raise RoleError(
+            role,
+            f"the {run.world} ranks did not get through the {stage!r} stage within {run.wall:.0f} s (stopped there: "
+            f"{where}): a rank waits in a collective (all_reduce, barrier) that another rank never calls",
+        )
+    dlcheck.skip(f"the ranks wrote no {stage!r} record ({where})")
+
+
+# --------------------------------------------------------------------------------------------------
+# comparisons
+
+
+def first_difference(per_rank: list[dict[str, str]]) -> tuple[str, int] | None:
+    """(tensor name, rank) of the first tensor whose digest differs from rank 0's."""
+    base = per_rank[0]
+    for name in base:
+        for r, other in enumerate(per_rank[1:], start=1):
+            if other.get(name) != base[name]:
+                return name, r
+    for r, other in enumerate(per_rank[1:], start=1):
+        extra = set(other) - set(base)
+        if extra:
+            return sorted(extra)[0], r
+    return None
+
+
+def max_diff(a: Any, b: Any) -> float | None:
+    if a is None or b is None:
+        return None
+    try:
+        return float((a.double() - b.double()).abs().max())
+    except Exception:  # noqa: BLE001 - shapes differ: no number for the evidence
+        return None
+
+
+def short(name: str) -> str:
+    return name if len(name) <= 60 else "…" + name[-59:]
+
+
+# --------------------------------------------------------------------------------------------------
+# D2: the single-process step on the concatenated batch
+
+
+def _pad_value(key: str) -> int:
+    return -100 if "label" in key else 0
+
+
+def concat(batches: list[Any], key: str = "") -> Any:
+    import torch
+    import torch.nn.functional as F
+
+    first = batches[0]
+    if isinstance(first, torch.Tensor):
+        if first.dim() >= 2 and len({b.shape[1] for b in batches}) > 1:
+            width = max(b.shape[1] for b in batches)
+            batches = [
+                F.pad(b, (0, 0) * (b.dim() - 2) + (0, width - b.shape[1]), value=_pad_value(key)) for b in batches
+            ]
+        return torch.cat(batches, 0)
+    if isinstance(first, Mapping):
+        return {k: concat([b[k] for b in batches], str(k)) for k in first}
+    if isinstance(first, (list, tuple)):
+        if first and all(isinstance(x, torch.Tensor) for x in first):
+            return type(first)(concat([b[i] for b in batches], key) for i in range(len(first)))
+        return [x for b in batches for x in b]
+    raise SetupError(f"cannot concatenate batches of type {type(first).__name__}")
+
+
+def supervised_tokens(batch: Any) -> int | None:
+    import torch
+
+    labels = batch.get("labels") if isinstance(batch, Mapping) else None
+    if not isinstance(labels, torch.Tensor) or labels.dim() < 2:
+        return None
+    return int((labels != -100).sum())
+
+
+def reference_grads(setup: Any, init: dict[str, Any], batch: Any) -> dict[str, Any]:
+    """The gradient of the user's loss (dlcheck_compute_loss, or the model's own) on ``batch`` in one
+    process, from the weights every rank started with (fresh objects from the factory, dropout off)."""
+    import torch
+
+    from ...guard import preserved_rng
+
+    with preserved_rng():
+        state = setup.state()
+        model = state["model"]
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n in init:
+                    p.copy_(init[n].to(p.device))
+        for m in model.modules():
+            if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+                m.p = 0.0
+        model.train()
+        loss = setup.loss_of(model, batch)
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    return {n: g.detach().cpu() for (n, _), g in zip(named, grads) if g is not None}
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, float, float] | None:
+    """(relative difference |a-b|/|b|, cosine, norm ratio |a|/|b|) over the tensors both have."""
+    names = [n for n in a if n in b and a[n].shape == b[n].shape]
+    if not names:
+        return None
+    dot = na = nb = nd = 0.0
+    for n in names:
+        x, y = a[n].double(), b[n].double()
+        dot += float((x * y).sum())
+        na += float((x * x).sum())
+        nb += float((y * y).sum())
+        nd += float(((x - y) ** 2).sum())
+    if nb == 0 or na == 0 or not all(map(math.isfinite, (dot, na, nb, nd))):
+        return None
+    return math.sqrt(nd / nb), dot / math.sqrt(na * nb), math.sqrt(na / nb)
+
+
+def batch_rows(batch: Any) -> int | None:
+    from ...training import batch_len
+
+    try:
+        return batch_len(batch)
+    except Exception:  # noqa: BLE001 - only for the evidence's wording
+        return None

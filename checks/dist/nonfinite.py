@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+from ...registry import check
+from . import measure
+from .replicas import OPTIONAL, ROLES
+
+
+def _decision(rec: dict | None) -> str:
+    if rec is None:
+        return "never finished the step (stopped after waiting in a collective)"
+    if rec.get("error"):
+        text = rec["error"].removeprefix("raised ")
+        if measure.collective_failure({"message": text}):
+            reason = text.split("] ", 1)[-1].split(". ")[0][:120]
+            return f"was left waiting in a collective that another rank never joined ({reason})"
+        return f"raised {text[:160]}"
+    if rec["changed"]:
+        return "stepped" + ("" if rec["finite_params"] else " (its weights are now non-finite)")
+    return "skipped the update"
+
+
+@check(
+    "D6",
+    domain="dist",
+    title="a non-finite gradient on one rank is handled by that rank alone",
+    roles=ROLES,
+    optional_roles=OPTIONAL,
+)
+def check_nonfinite_agreement(dlcheck):
+    """An overflow on one rank leads every rank to the same decision (skip or step), and the same weights.
+
+    What it does
+        At the end of the shared launch (see D1), runs one more micro-step in which the last rank's first layer
+        outputs infinities (as an fp16 overflow does) while the other ranks' batches are finite; records on every
+        rank whether the optimizer stepped and the weights changed, right after the step. Fails when the ranks
+        decide differently, end with different weights, or some ranks never finish the step (a rank that skipped
+        its backward leaves the others waiting in the gradient all-reduce: they are stopped a few seconds later).
+    Why it is bad
+        A skip decided on this rank's own loss or gradient (``if not torch.isfinite(loss): continue``) makes the
+        rank with the overflow skip alone: with DDP the others then wait for its all-reduce (a hang, or a
+        mismatched collective pairing the wrong gradients); without it the replicas diverge. "If any rank's
+        gradient contains inf, all ranks must skip or clip."
+    Example
+        loss = compute_loss(model, batch)
+        if not torch.isfinite(loss):     # this rank's loss only
+            continue
+    Use instead
+        decide on a value every rank shares: the gradient norm after DDP's all-reduce
+        (``norm = clip_grad_norm_(...); if torch.isfinite(norm): optimizer.step()``), or all-reduce a found-inf flag
+        (``dist.all_reduce(flag, op=MAX)``) before deciding; ``GradScaler`` does this.
+    Known problems
+        The overflow is injected with a forward hook on the first layer that holds parameters; a model whose loss
+        ignores that layer's output is not tested. Stepping with non-finite gradients on every rank is a shared
+        decision (passes here, stated): the smoke domain judges non-finite training.
+    Not applicable
+        Training that does not run distributed (no ``dlcheck_dist_wrap``).
+    """
+    run = measure.get_launch(dlcheck)
+    measure.records(dlcheck, run, "train")
+    recs = [r.stages.get("d6") for r in run.ranks]
+    if all(r is None for r in recs):
+        measure.raise_failure(dlcheck, run, "d6")
+    first = next(r for r in recs if r is not None)
+    if first.get("layer") is None:
+        dlcheck.not_applicable("the model has no layer with parameters to make overflow")
+    injected = first["injected_rank"]
+    decisions = [_decision(r) for r in recs]
+    head = (
+        f"micro-step {measure.STEPS + 1}: rank {injected}'s {first['layer']!r} outputs inf, the other ranks' batches "
+        "are finite"
+    )
+    shown = "; ".join(f"rank {i}: {d}" for i, d in enumerate(decisions))
+    afters = [r["after"] for r in recs if r is not None and not r.get("error")]
+    same_weights = len(afters) == len(recs) and measure.first_difference(afters) is None
+    if len(set(decisions)) > 1 or not same_weights:
+        evidence = [head, shown]
+        local = recs[injected]
+        if (
+            local is not None
+            and not local["changed"]
+            and local.get("loss") is not None
+            and local["loss"] != local["loss"]
+        ):
+            evidence.append(f"rank {injected}'s step returned loss {local['loss']} and did not call backward/step")
+        if not same_weights and len(set(decisions)) == 1:
+            evidence.append("the ranks' weights differ after the step")
+        dlcheck.fail(
+            evidence,
+            f"the skip decision is taken from rank {injected}'s own loss or gradient before the ranks agree: the "
+            "rank with the overflow skips alone, and the others step (or wait for its all-reduce)",
+            "decide on a value every rank shares: the gradient norm after DDP's all-reduce (norm = "
+            "clip_grad_norm_(model.parameters(), max_norm); if torch.isfinite(norm): optimizer.step()), or "
+            "dist.all_reduce(found_inf, op=dist.ReduceOp.MAX) before deciding (GradScaler does this)",
+        )
+    note = (
+        " (the weights are now non-finite on every rank: the smoke domain's checks judge that)"
+        if not recs[0]["finite_params"]
+        else ""
+    )
+    dlcheck.measured(
+        head,
+        f"every rank {decisions[0]}, with identical weights afterwards{note}",
+        decision=decisions[0],
+    )

@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+from ...registry import check
+from . import measure
+from .replicas import OPTIONAL, ROLES
+
+
+@check(
+    "D4",
+    domain="dist",
+    title="ranks start from different weights, or augment with the same random stream",
+    roles=ROLES,
+    optional_roles=OPTIONAL,
+)
+def check_rank_randomness(dlcheck):
+    """The model starts identical on every rank; the data augmentation draws different numbers on each.
+
+    What it does
+        In the shared launch (see D1), every rank digests its parameters right after ``dlcheck_dist_wrap`` (DDP
+        broadcasts rank 0's weights there), and fetches example 0 twice through its dataloader's dataset and
+        collate (same workers, ``worker_init_fn`` and generator; the rank's generators put back afterwards).
+        Fails when the starting weights differ between ranks, or when the two fetches differ on a rank
+        (the pipeline is random) yet every rank's first fetch is identical (every rank draws the same
+        augmentation). States whether the ranks' torch generators, which dropout draws from, are identical at
+        the first step.
+    Why it is bad
+        Ranks that start from different weights train different models (DDP only keeps them in step if it
+        broadcast them). Ranks seeded alike — the same ``torch.manual_seed(seed)`` on every rank, or no seed at
+        all (torch's default seed is the same in every process) — apply the same crops, flips and noise to their
+        different examples, and DataLoader workers inherit the same base seed: the augmentation's diversity is
+        divided by the world size.
+    Example
+        torch.manual_seed(1234)          # in every process: the same augmentation stream on every rank
+    Use instead
+        seed with the rank, ``torch.manual_seed(seed + rank)`` (numpy and random too), before building the data
+        pipeline; wrap the model in DDP, which broadcasts rank 0's initial weights; or give the DataLoader a
+        ``generator`` seeded with ``seed + rank``.
+    Known problems
+        Identical dropout masks across ranks (the same seed on every rank, as transformers' ``set_seed`` does) are
+        stated, not failed: many recipes do so on purpose. Only the map-style dataset's example 0 is probed; an
+        IterableDataset is not. The augmentation is probed through ``dlcheck_make_dataloader`` only (the loader
+        each process builds).
+    Not applicable
+        Training that does not run distributed (no ``dlcheck_dist_wrap``).
+    """
+    run = measure.get_launch(dlcheck)
+    recs = measure.records(dlcheck, run, "train")
+    diff = measure.first_difference([r["init"] for r in recs])
+    if diff is not None:
+        name, rank = diff
+        size = (
+            measure.max_diff(recs[0]["init_tensors"].get(name), recs[rank]["init_tensors"].get(name))
+            if recs[0]["init_tensors"] is not None
+            else None
+        )
+        dlcheck.fail(
+            [
+                f"right after dlcheck_dist_wrap, parameter {measure.short(name)!r} differs between rank 0 and rank "
+                f"{rank}" + (f" (max |diff| {size:.3g})" if size is not None else ""),
+                f"the model each rank trains: {recs[0]['wrapped']}",
+            ],
+            "each rank builds its model from its own random stream and nothing makes the replicas equal: no "
+            "DistributedDataParallel wrap (which broadcasts rank 0's weights), and a seed that differs per rank",
+            "wrap the model in DistributedDataParallel (it broadcasts rank 0's weights at construction), or seed "
+            "identically before building the model and with the rank only afterwards",
+            tensor=name,
+        )
+    notes = [f"{len(recs[0]['init'])} parameters identical on the {run.world} ranks after dlcheck_dist_wrap"]
+    aug = [r.get("augment") for r in recs]
+    if not dlcheck.has("make_dataloader"):
+        notes.append("the augmentation was not probed: define fixture dlcheck_make_dataloader (each rank's loader)")
+    elif all(a is not None and "digests" in a for a in aug):
+        random_pipeline = any(a["digests"][0] != a["digests"][1] for a in aug)
+        firsts = {a["digests"][0] for a in aug}
+        shown = ", ".join(f"rank {r}: {a['digests'][0]}" for r, a in enumerate(aug))
+        if random_pipeline and len(firsts) == 1:
+            dlcheck.fail(
+                [
+                    notes[0],
+                    f"example {aug[0]['index']} fetched twice through the dataloader's pipeline on each rank: the two "
+                    "fetches differ (random augmentation), yet every rank's first fetch is identical "
+                    f"({shown})",
+                ],
+                "every rank draws its augmentation from the same random stream: the same seed on every rank (or "
+                "none: torch's default seed is the same in every process), so the ranks' examples get the same "
+                "crops, flips and noise",
+                "seed each process with its rank before building the data pipeline: torch.manual_seed(seed + rank) "
+                "(and numpy / random), or DataLoader(..., generator=torch.Generator().manual_seed(seed + rank)); "
+                "DDP keeps the model's initial weights identical (it broadcasts rank 0's)",
+            )
+        if random_pipeline:
+            notes.append(
+                f"example {aug[0]['index']}'s augmentation differs between the ranks "
+                f"({len(firsts)} different first fetches on {run.world} ranks)"
+            )
+        else:
+            notes.append(f"example {aug[0]['index']} comes out the same on two fetches: the pipeline has no randomness")
+    elif any(a is not None and "error" in a for a in aug):
+        notes.append(f"the augmentation was not probed: {next(a['error'] for a in aug if a and 'error' in a)}")
+    if recs[0]["dropout"]:
+        same = len({r["rng_at_step0"] for r in recs}) == 1
+        notes.append(
+            f"dropout ({', '.join(recs[0]['dropout'][:3])}): the ranks' torch generators at the first step are "
+            + ("identical (the same masks on every rank; stated, not judged)" if same else "different")
+        )
+    dlcheck.measured(*notes, world=run.world)

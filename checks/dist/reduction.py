@@ -1,0 +1,144 @@
+from __future__ import annotations
+
+from ...registry import Setting, check
+from ...training import SetupError
+from . import measure
+from .replicas import OPTIONAL, ROLES, _grads_differ
+
+
+@check(
+    "D2",
+    domain="dist",
+    title="one distributed step is not the single-process step on the whole batch",
+    roles=ROLES,
+    optional_roles=OPTIONAL,
+    settings=(Setting("rtol", 1e-3, "relative gradient difference left by float sums in another order (~1e-6 seen)"),),
+)
+def check_step_equals_single_process(dlcheck):
+    """The gradient of one distributed step equals the gradient on all ranks' batches in one process.
+
+    What it does
+        In the shared launch (see D1), takes the gradient every rank's optimizer steps on at its first
+        optimizer step (after DDP's all-reduce, before the update; ``nn.Dropout`` switched off for that step),
+        and the batches every rank trained on until then. In this process, builds fresh objects from
+        ``dlcheck_make_training`` with the ranks' starting weights, and computes the gradient of your loss
+        (``dlcheck_compute_loss``, or the model's own) on all those batches concatenated. Fails when the two
+        differ; when the distributed gradient is the average of each rank's own mean loss, says so with the
+        supervised token counts of each rank.
+    Why it is bad
+        DDP averages the ranks' gradients. A loss that is a mean over this rank's tokens makes each rank's
+        tokens weigh 1/(N·tokens_on_rank): with variable-length sequences a token on a rank with few tokens
+        counts several times more than one on a busy rank, and the effective objective changes with the world
+        size and the batch composition. A loss summed where it should be averaged scales the learning rate by
+        the world size.
+    Example
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)   # this rank's mean
+        loss.backward()                                                                     # DDP averages means
+    Use instead
+        sum the token losses and divide by the global number of supervised tokens, times the world size (DDP
+        divides by it again): ``n = (labels != -100).sum(); dist.all_reduce(n); loss = loss_sum * world / n``.
+    Known problems
+        Gradient clipping scales the stepped gradient: a gradient in the same direction but shorter passes,
+        stated. Needs the first optimizer step's batches to concatenate (padded on the right when their lengths
+        differ: labels with -100, the rest with 0). A loss that calls collectives itself cannot be evaluated
+        in one process: the check says so and skips. Randomness inside the loss other than nn.Dropout (functional
+        dropout, sampling) makes the comparison inexact.
+    Not applicable
+        Training that does not run distributed (no ``dlcheck_dist_wrap``).
+    """
+    run = measure.get_launch(dlcheck)
+    recs = measure.records(dlcheck, run, "train")
+    grads = [r.get("grads") for r in recs]
+    if any(g is None for g in grads):
+        dlcheck.skip(
+            "no optimizer step was seen in the ranks' first micro-steps (is state['optimizer'] the one stepped?)"
+        )
+    if _grads_differ(grads):
+        dlcheck.skip("the ranks' gradients differ at the first optimizer step: D1 reports the lost synchronisation")
+    if not recs[0]["small"] or recs[0]["init_tensors"] is None:
+        dlcheck.skip("the model is too large to send its weights back from the ranks")
+    setup = measure.the_setup(dlcheck)
+    batches = [b for r in recs for b in r["d2_batches"]]
+    micro = recs[0].get("d2_micro_steps", 1)
+    try:
+        whole = measure.concat(batches)
+        ref = dlcheck.call("compute_loss", lambda: measure.reference_grads(setup, recs[0]["init_tensors"], whole))
+    except SetupError as exc:
+        dlcheck.skip(f"cannot compute the single-process step: {exc}")
+    except Exception as exc:  # noqa: BLE001 - e.g. a loss that all-reduces needs a process group
+        dlcheck.skip(f"cannot compute the single-process step on the concatenated batch: {exc}")
+    got = measure.compare(grads[0], ref)
+    if got is None:
+        dlcheck.skip("the gradients are zero or not finite: nothing to compare")
+    rel, cos, ratio = got
+    rtol = dlcheck.setting("rtol")
+    rows = sum(measure.batch_rows(b) or 0 for b in batches)
+    what = (
+        f"{len(batches)} batches ({rows} examples) of {run.world} ranks"
+        + (f" over {micro} micro-steps" if micro > 1 else "")
+        + " concatenated"
+    )
+    if rel <= rtol:
+        dlcheck.measured(
+            f"the averaged gradient of the first distributed step equals the single-process gradient on the {what} "
+            f"(relative difference {rel:.2g})",
+            relative_difference=rel,
+        )
+        return
+    if cos >= 1 - 1e-4 and ratio < 1:
+        dlcheck.measured(
+            f"the averaged gradient of the first distributed step points the same way as the single-process gradient "
+            f"on the {what} (cosine {cos:.6f}), {ratio:.3g}x as long (gradient clipping, or a loss scaled down "
+            "uniformly: the length is not judged)",
+            relative_difference=rel,
+            cosine=cos,
+            norm_ratio=ratio,
+        )
+        return
+    evidence = [
+        f"first optimizer step on {run.world} ranks vs one process on the {what}: gradient relative difference "
+        f"{rel:.3g}, cosine {cos:.4f}, norm ratio {ratio:.3g}",
+    ]
+    tokens = [measure.supervised_tokens(b) for b in batches]
+    if micro == 1 and all(t is not None for t in tokens):
+        try:
+            per_rank = [measure.reference_grads(setup, recs[0]["init_tensors"], b) for b in batches]
+        except Exception:  # noqa: BLE001 - only for naming the cause
+            per_rank = None
+        if per_rank is not None:
+            mean = {n: sum(g[n] for g in per_rank) / len(per_rank) for n in per_rank[0]}
+            alt = measure.compare(grads[0], mean)
+            if alt is not None and alt[0] <= max(rtol, 1e-3) or (alt is not None and alt[1] >= 1 - 1e-5):
+                evidence.append(
+                    "supervised tokens per rank: "
+                    + ", ".join(f"rank {i}: {t}" for i, t in enumerate(tokens))
+                    + f"; the distributed gradient is the average of each rank's own mean loss (relative difference "
+                    f"{alt[0]:.2g}, cosine {alt[1]:.6f})"
+                )
+                dlcheck.fail(
+                    evidence,
+                    "the loss is a per-rank mean over a variable number of tokens and DDP averages the ranks: each "
+                    "token weighs 1/(world size x tokens on its rank), not 1/(tokens in the global batch)",
+                    "sum the token losses and divide by the global token count times the world size: "
+                    "n = (labels != -100).sum(); dist.all_reduce(n); loss = loss_sum * dist.get_world_size() / n",
+                    relative_difference=rel,
+                    cosine=cos,
+                )
+    if cos >= 1 - 1e-4 and abs(ratio - run.world) < 0.05 * run.world:
+        dlcheck.fail(
+            evidence,
+            f"the gradients are summed over the ranks, not averaged: the step is {run.world}x the single-process step",
+            "let DDP average (do not all_reduce the gradients yourself with SUM), or divide the summed gradient by "
+            "the world size",
+            norm_ratio=ratio,
+        )
+    dlcheck.fail(
+        evidence,
+        "the loss the ranks minimise, averaged by DDP, is not the loss of the whole batch: a per-rank "
+        "normalisation or weighting that a single process would not apply",
+        "normalise the loss by global quantities (all-reduced token or example counts) so that DDP's average of the "
+        "ranks' gradients is the gradient of the global-batch loss",
+        relative_difference=rel,
+        cosine=cos,
+        norm_ratio=ratio,
+    )

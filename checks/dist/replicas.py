@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+from ...registry import check
+from . import measure
+
+ROLES = ("make_training", "dist_wrap")
+OPTIONAL = (
+    "train_step",
+    "compute_loss",
+    "dist_setup",
+    "make_dataloader",
+    "dataloader",
+    "start_epoch",
+    "save_checkpoint",
+    "load_checkpoint",
+)
+
+
+@check(
+    "D1",
+    domain="dist",
+    title="replicas drift apart: parameters or optimizer state differ between ranks",
+    roles=ROLES,
+    optional_roles=OPTIONAL,
+)
+def check_replicas_identical(dlcheck):
+    """Every rank holds the same parameters and optimizer state after each step.
+
+    What it does
+        Runs your loop in ``--dlcheck-world-size`` processes (torch.distributed, gloo on CPU, started as torchrun
+        starts them): in each, ``dlcheck_dist_setup``, ``dlcheck_make_training``, ``dlcheck_dist_wrap``, then a
+        few micro-steps of ``dlcheck_train_step`` on that rank's batches. After every micro-step each rank digests
+        every parameter and every optimizer-state tensor (Adam's moments, …). Fails at the first step where a
+        tensor differs between ranks, naming it, the step and the largest difference.
+    Why it is bad
+        Data parallelism is only correct while every replica is the same model: once gradients stop being
+        averaged (a model not wrapped in DistributedDataParallel, ``no_sync()`` left around the micro-step that
+        steps the optimizer, a loss computed through ``model.module`` that bypasses DDP's hooks) each rank
+        trains its own model on its own shard. Nothing raises; the saved checkpoint (rank 0's) has seen 1/N of
+        the data, and evaluations on different ranks disagree.
+    Example
+        with model.no_sync():        # meant for accumulation micro-steps only
+            loss = loss_fn(model, batch)
+            loss.backward()
+        optimizer.step()             # steps on this rank's own gradient
+    Use instead
+        wrap the model (``DistributedDataParallel(model)``) and call the loss through the wrapper; use
+        ``no_sync()`` only on the micro-steps that do not step the optimizer
+        (``contextlib.nullcontext() if last_micro_step else model.no_sync()``).
+    Known problems
+        Compares after each of a few micro-steps (3), so a drift that starts later (a rank-dependent learning
+        rate schedule after warm-up) is not seen. Buffers (BatchNorm statistics, which DDP broadcasts from
+        rank 0 by default) are not compared. Launches plain loops only (``dlcheck_make_training``).
+    Not applicable
+        Training that does not run distributed: without ``dlcheck_dist_wrap`` the check asks for it.
+    """
+    run = measure.get_launch(dlcheck)
+    recs = measure.records(dlcheck, run, "train")
+    init = measure.first_difference([r["init"] for r in recs])
+    if init is not None:
+        dlcheck.skip(f"the replicas differ before the first step ({init[0]}): D4 reports the initialisation")
+    n_steps = min(len(r["steps"]) for r in recs)
+    if n_steps == 0:
+        dlcheck.skip("the ranks' dataloaders yielded no batch")
+    for s in range(n_steps):
+        steps = [r["steps"][s] for r in recs]
+        for kind, what in (("params", "parameter"), ("opt", "optimizer state")):
+            diff = measure.first_difference([st[kind] for st in steps])
+            if diff is None:
+                continue
+            name, rank = diff
+            size = (
+                measure.max_diff(steps[0]["tensors"].get(name), steps[rank]["tensors"].get(name))
+                if kind == "params" and steps[0]["tensors"] is not None
+                else None
+            )
+            drifting = [n for n in steps[0][kind] if any(st[kind].get(n) != steps[0][kind][n] for st in steps[1:])]
+            evidence = [
+                f"after micro-step {s + 1} of {n_steps} on {run.world} ranks, {what} {measure.short(name)!r} differs "
+                f"between rank 0 and rank {rank}" + (f" (max |diff| {size:.3g})" if size is not None else ""),
+                f"{len(drifting)} of {len(steps[0][kind])} {what} tensors differ then; all were identical before "
+                "the first step",
+                f"the model each rank trains: {recs[0]['wrapped']}",
+            ]
+            grads = [r.get("grads") for r in recs]
+            if not recs[0]["ddp"]:
+                cause = (
+                    f"the model is not wrapped in DistributedDataParallel ({recs[0]['wrapped']}): nothing averages "
+                    "the gradients, each rank steps on its own"
+                )
+                fix = "wrap it in dlcheck_dist_wrap / your script: state['model'] = DistributedDataParallel(model)"
+            elif all(g is not None for g in grads) and _grads_differ(grads):
+                evidence.append(
+                    "the gradients the optimizer stepped on already differed between ranks at the first optimizer step"
+                )
+                cause = (
+                    "the gradients are not all-reduced on the micro-step that steps the optimizer: backward ran "
+                    "inside model.no_sync() (or through model.module, bypassing DDP's hooks)"
+                )
+                fix = (
+                    "call no_sync() only on the accumulation micro-steps that do not step "
+                    "(contextlib.nullcontext() if stepping else model.no_sync()), and call the loss through the "
+                    "DDP wrapper, not model.module"
+                )
+            else:
+                cause = (
+                    "the ranks applied different updates to the same gradients: a rank-dependent learning rate, "
+                    "optimizer or parameter change outside the averaged gradient"
+                )
+                fix = "build the optimizer and scheduler identically on every rank; change parameters only through it"
+            dlcheck.fail(evidence, cause, fix, step=s + 1, tensor=name, rank=rank)
+    n_params = len(recs[0]["steps"][-1]["params"])
+    n_opt = len(recs[0]["steps"][-1]["opt"])
+    dlcheck.measured(
+        f"{n_params} parameters and {n_opt} optimizer-state tensors identical on the {run.world} ranks after each of "
+        f"{n_steps} micro-steps ({recs[0]['wrapped']}, {run.backend}, {run.start_method}ed processes)",
+        world=run.world,
+        steps=n_steps,
+        launch_seconds=round(run.wall, 2),
+    )
+
+
+def _grads_differ(grads: list[dict]) -> bool:
+    base = grads[0]
+    for other in grads[1:]:
+        for n, g in base.items():
+            if n not in other or other[n].shape != g.shape or not bool((other[n] == g).all()):
+                return True
+    return False

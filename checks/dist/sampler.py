@@ -1,0 +1,142 @@
+from __future__ import annotations
+
+from collections import Counter
+
+from ...registry import check
+from . import measure
+from .replicas import OPTIONAL, ROLES
+
+
+def _few(xs: list[int], n: int = 8) -> str:
+    xs = sorted(xs)
+    return ", ".join(map(str, xs[:n])) + (", …" if len(xs) > n else "")
+
+
+@check(
+    "D3",
+    domain="dist",
+    title="the ranks' data shards overlap, leave examples out or never reshuffle",
+    roles=(*ROLES, "make_dataloader"),
+    optional_roles=tuple(r for r in OPTIONAL if r not in ("make_dataloader", "dataloader")),
+)
+def check_sampler_shards(dlcheck):
+    """The ranks' shards are disjoint, cover the dataset together, and are reshuffled every epoch.
+
+    What it does
+        In the shared launch (see D1), every rank builds its dataloader (``dlcheck_make_dataloader``) and runs the
+        top of your epoch loop (``dlcheck_start_epoch``) for epochs 0 and 1; after each, it lists the indices its
+        sampler yields that epoch. Fails when two ranks share examples beyond the padding ``DistributedSampler``
+        adds to make the shards equal, when examples are left out beyond those ``drop_last=True`` drops, or when
+        a shuffling sampler gives every rank the same order in epoch 1 as in epoch 0. States the padding
+        duplicates and the dropped examples.
+    Why it is bad
+        A dataloader built without a ``DistributedSampler`` (``shuffle=True`` alone) gives every rank the whole
+        dataset: an epoch is N passes over the data, each example's gradient counted up to N times per step.
+        A ``DistributedSampler`` whose ``set_epoch`` is never called shuffles with the same seed every epoch:
+        every epoch repeats the first one's order on every rank.
+    Example
+        loader = DataLoader(ds, batch_size=8, shuffle=True)          # every rank iterates all of ds
+        for epoch in range(epochs):
+            for batch in loader: ...                                # sampler.set_epoch(epoch) never called
+    Use instead
+        ``sampler = DistributedSampler(ds, shuffle=True, seed=seed)``;
+        ``DataLoader(ds, batch_size=8, sampler=sampler)``; at the top of every epoch ``sampler.set_epoch(epoch)``.
+    Known problems
+        Needs ``dlcheck_make_dataloader`` (the loader each process builds): the single-process
+        ``dlcheck_dataloader`` says nothing about how your script shards. Reads the indices of samplers that can be iterated (``loader.sampler``); an IterableDataset sharded in
+        its own way skips. Reshuffling is judged only through ``dlcheck_start_epoch`` (the top of your epoch
+        loop); without it the pass says it was not judged.
+    Not applicable
+        Training that does not run distributed (no ``dlcheck_dist_wrap``).
+    """
+    run = measure.get_launch(dlcheck)
+    recs = measure.records(dlcheck, run, "train")
+    idx0 = [r["indices"].get(0) for r in recs]
+    idx1 = [r["indices"].get(1) for r in recs]
+    info = recs[0]["loader"]
+    if any(i is None for i in idx0):
+        dlcheck.skip(f"the dataloader's sampler ({info['sampler']}) yields no indices to compare")
+    n = info["dataset_len"]
+    if not n:
+        dlcheck.skip("the dataset has no length: coverage cannot be judged")
+    where = f"{info['sampler']}" + (
+        f"(shuffle={info['shuffle']}, drop_last={info['drop_last']})" if info["shuffle"] is not None else ""
+    )
+    world = run.world
+    total = sum(len(i) for i in idx0)
+    union = set().union(*map(set, idx0))
+    drop_last = bool(info["drop_last"])
+    pad = 0 if drop_last else (-n) % world
+    dropped = n % world if drop_last else 0
+    counts = Counter(x for i in idx0 for x in set(i))
+    shared = [x for x, c in counts.items() if c > 1]
+    evidence_head = f"epoch 0 on {world} ranks, dataset of {n} examples, sampler {where}: " + ", ".join(
+        f"rank {r}: {len(i)} indices" for r, i in enumerate(idx0)
+    )
+    if len(shared) > pad:
+        pairs = [(a, b, len(set(idx0[a]) & set(idx0[b]))) for a in range(world) for b in range(a + 1, world)]
+        a, b, k = max(pairs, key=lambda p: p[2])
+        same_order = all(i == idx0[0] for i in idx0[1:])
+        evidence = [
+            evidence_head,
+            f"rank {a} and rank {b} share {k} examples (indices {_few(list(set(idx0[a]) & set(idx0[b])))})"
+            + ("; every rank iterates them in the same order" if same_order else ""),
+        ]
+        if info["sampler_replicas"] is None:
+            cause = (
+                f"the dataloader's sampler is a {info['sampler']}, not a DistributedSampler: every rank iterates the "
+                "whole dataset, so each step trains on duplicates and an epoch is world-size passes"
+            )
+        else:
+            cause = "the sampler's shards overlap: its num_replicas / rank do not match the process group's"
+        dlcheck.fail(
+            evidence,
+            cause,
+            "DataLoader(ds, batch_size=..., sampler=DistributedSampler(ds, shuffle=True)) built in every process "
+            "after init_process_group (it reads the rank and the world size itself), and no shuffle=True beside it",
+            shared=len(shared),
+        )
+    missing = sorted(set(range(n)) - union)
+    if len(missing) > dropped:
+        dlcheck.fail(
+            [evidence_head, f"{len(missing)} of {n} examples are on no rank (indices {_few(missing)})"],
+            "the shards together do not cover the dataset: the sampler's num_replicas is larger than the world "
+            "size, or a filter per rank drops examples",
+            "DistributedSampler(ds) built after init_process_group, with num_replicas = world size",
+            missing=len(missing),
+        )
+    notes = []
+    if pad:
+        notes.append(
+            f"{total - len(union)} example(s) appear on two ranks as padding (drop_last=False pads {n} to "
+            f"{n + pad}: indices {_few(shared)})"
+        )
+    if dropped:
+        notes.append(f"{len(missing)} example(s) are left out this epoch (drop_last=True: {_few(missing)})")
+    if recs[0].get("start_epoch_given", None) is False or not dlcheck.has("start_epoch"):
+        notes.append("reshuffling not judged: define fixture dlcheck_start_epoch (the top of your epoch loop)")
+    elif info["shuffle"] is False:
+        notes.append("the sampler does not shuffle (shuffle=False): the same order every epoch, by design")
+    elif all(i is not None for i in idx1):
+        if all(a == b for a, b in zip(idx0, idx1)):
+            dlcheck.fail(
+                [
+                    evidence_head,
+                    "epoch 1 after dlcheck_start_epoch: every rank's order is the same as in epoch 0 (rank 0: "
+                    f"{', '.join(map(str, idx0[0][:6]))}, … both times)",
+                ],
+                "the sampler shuffles with the same seed every epoch: DistributedSampler.set_epoch(epoch) is not "
+                "called at the top of the epoch loop, so every epoch repeats the first one's order",
+                "call loader.sampler.set_epoch(epoch) at the top of every epoch, before iterating the loader",
+            )
+        notes.append(
+            "epoch 1 reshuffled on every rank after dlcheck_start_epoch (rank 0 starts "
+            f"{idx0[0][:4]} then {idx1[0][:4]})"
+        )
+    dlcheck.measured(
+        f"the {world} ranks' shards of epoch 0 are disjoint and cover the {n} examples "
+        f"({', '.join(str(len(i)) for i in idx0)} indices)",
+        *notes,
+        dataset=n,
+        padding=total - len(union),
+    )

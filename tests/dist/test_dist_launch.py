@@ -1,0 +1,296 @@
+"""D1–D6 end to end: the user's loop launched in two real processes (torch.distributed, gloo, DDP,
+DistributedSampler, torch.distributed.checkpoint), one clean DDP script passing everything, and two buggy
+scripts each carrying several independent bugs that fail different checks with their evidence."""
+
+import multiprocessing
+import socket
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tiny_dist as td  # noqa: E402
+
+DIST = ("D1", "D2", "D3", "D4", "D5", "D6")
+
+
+def _flat(text):
+    """A failure section with its line wrapping undone."""
+    return " ".join(text.split())
+
+
+def _no_leftover_process():
+    assert not multiprocessing.active_children(), multiprocessing.active_children()
+
+
+def test_clean_ddp_script_passes_every_dist_check(project):
+    import random
+
+    import numpy as np
+    import torch
+
+    project.conftest(td.project())
+    rng = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
+    save = torch.save
+    run = project.run("--dlcheck=dist", "-rA")
+    # no trace in the pytest process: its generators, torch.save (patched in the ranks only), no process group
+    assert random.getstate() == rng[0] and (np.random.get_state()[1] == rng[1]).all()
+    assert torch.equal(torch.get_rng_state(), rng[2])
+    assert torch.save is save and not torch.distributed.is_initialized()
+    for cid in DIST:
+        run.assert_outcome(cid, "passed")
+    run.fnmatch(
+        [
+            "3 parameters and 9 optimizer-state tensors identical on the 2 ranks after each of 3 micro-steps "
+            "(DistributedDataParallel, gloo, forked processes)",
+            "the averaged gradient of the first distributed step points the same way as the single-process gradient "
+            "on the 2 batches (4 examples) of 2 ranks concatenated (cosine 1.000000), *x as long (gradient clipping, or a "
+            "loss scaled down uniformly: the length is not judged)",
+            "the 2 ranks' shards of epoch 0 are disjoint and cover the 21 examples (11, 11 indices)",
+            "1 example(s) appear on two ranks as padding (drop_last=False pads 21 to 22: indices *)",
+            "epoch 1 reshuffled on every rank after dlcheck_start_epoch *",
+            "3 parameters identical on the 2 ranks after dlcheck_dist_wrap",
+            "example 0's augmentation differs between the ranks (2 different first fetches on 2 ranks)",
+            "dlcheck_save_checkpoint on 2 ranks: one collective torch.distributed.checkpoint save",
+            "loaded on every rank with the saved weights (3 parameters); files: checkpoint/.metadata, "
+            "checkpoint/__0_0.distcp, checkpoint/__1_0.distcp",
+            "the DCP checkpoint saved at world size 2 loads at world size 1 with the same weights",
+            "micro-step 4: rank 1's 'embed' outputs inf, the other ranks' batches are finite",
+            "every rank skipped the update, with identical weights afterwards",
+        ]
+    )
+    _no_leftover_process()
+
+
+def test_no_sync_same_seed_every_rank_saving_no_set_epoch_local_skip(project):
+    project.conftest(
+        td.project(
+            setup="seed_every_rank_alike",
+            epoch="train_mode_only",
+            step="step_no_sync",
+            save="save_every_rank",
+            load="load_file",
+        )
+    )
+    run = project.run("--dlcheck=dist", "-rA")
+    for cid in ("D1", "D3", "D4", "D5", "D6"):
+        run.assert_outcome(cid, "failed")
+    run.assert_outcome("D2", "skipped")
+    assert "the ranks' gradients differ at the first optimizer step: D1 reports the lost synchronisation" in run.text
+
+    d1 = _flat(run.section("D1"))
+    assert "after micro-step 1 of 3 on 2 ranks, parameter 'embed.weight' differs between rank 0 and" in d1
+    assert "the gradients the optimizer stepped on already differed between ranks" in d1
+    assert "backward ran inside model.no_sync()" in d1
+    assert "(contextlib.nullcontext() if stepping else model.no_sync())" in d1
+
+    d3 = _flat(run.section("D3"))
+    assert "sampler DistributedSampler(shuffle=True," in d3
+    assert "every rank's order is the same as in epoch 0" in d3
+    assert "DistributedSampler.set_epoch(epoch) is not called at the top of the epoch loop" in d3
+
+    d4 = _flat(run.section("D4"))
+    assert "the two fetches differ (random augmentation), yet every rank's first fetch is identical" in d4
+    assert "torch.manual_seed(seed + rank)" in d4
+
+    d5 = _flat(run.section("D5"))
+    assert "given the same path: ranks 0, 1 each write checkpoint (torch.save)" in d5
+    assert "if dist.get_rank() == 0: torch.save(...)" in d5
+
+    d6 = _flat(run.section("D6"))
+    assert "rank 0: stepped; rank 1: skipped the update" in d6
+    assert "rank 1's step returned loss nan and did not call backward/step" in d6
+    assert "dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)" in d6
+    _no_leftover_process()
+
+
+def test_rank_mean_loss_no_distributed_sampler_local_skip_under_ddp(project):
+    project.conftest(td.project(loader="shuffled_loader", step="step_rank_mean_local_skip"))
+    run = project.run("--dlcheck=dist", "-rA")
+    for cid in ("D2", "D3", "D6"):
+        run.assert_outcome(cid, "failed")
+    for cid in ("D1", "D4", "D5"):
+        run.assert_outcome(cid, "passed")
+
+    d2 = _flat(run.section("D2"))
+    assert "first optimizer step on 2 ranks vs one process on the 2 batches (4 examples) of 2 ranks" in d2
+    assert "supervised tokens per rank: rank 0: " in d2
+    assert "the distributed gradient is the average of each rank's own mean loss" in d2
+    assert "per-rank mean over a variable number of tokens" in d2
+    assert "dist.all_reduce(n)" in d2
+
+    d3 = _flat(run.section("D3"))
+    assert "sampler RandomSampler: rank 0: 21 indices, rank 1: 21 indices" in d3
+    assert "rank 0 and rank 1 share 21 examples" in d3
+    assert "not a DistributedSampler" in d3
+
+    d6 = _flat(run.section("D6"))
+    # DDP: rank 1 skips its backward, rank 0 waits in the gradient all-reduce until rank 1 has gone
+    assert (
+        "rank 0: was left waiting in a collective that another rank never joined" in d6
+        or "rank 0: never finished the step (stopped after waiting in a collective)" in d6
+    )
+    assert "rank 1: skipped the update" in d6
+    _no_leftover_process()
+
+
+def test_a_rank_that_raises_is_reported_as_the_users_role_naming_the_rank(project):
+    project.conftest(td.project(step="step_raising_on_last_rank"))
+    run = project.run("--dlcheck=D1,D6")
+    run.assert_outcome("D1", "failed")
+    text = _flat(run.section("D1"))
+    assert (
+        "error on rank 1 of 2: raised ValueError: labels out of range on this shard (step 0) "
+        "(in step_raising_on_last_rank at" in text
+    )
+    assert "role dlcheck_train_step" in text
+    assert "Connection reset" not in text  # rank 0's broken collective is the consequence, not the cause
+    _no_leftover_process()
+
+
+def test_dist_checks_ask_for_the_wrap_role(project):
+    project.conftest("""
+    import pytest, tiny_dist as td
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        return td.make_training
+    """)
+    run = project.run("--dlcheck=dist")
+    for cid in DIST:
+        run.assert_outcome(cid, "skipped")
+    assert "define fixture dlcheck_dist_wrap in conftest.py" in run.text
+
+
+def test_a_hung_rank_is_killed_at_the_wall_clock_limit(tmp_path):
+    from pytest_dlcheck.checks.dist.launch import Job, launch
+
+    job = Job(
+        world=2,
+        out=str(tmp_path / "launch"),
+        steps=1,
+        make_training=td.make_training,
+        wrap=td.wrap_ddp,
+        dist_setup=td.stuck_rank0_setup,
+        make_dataloader=td.distributed_loader,
+        pg_timeout=60,
+    )
+    t0 = time.monotonic()
+    run = launch(job, limit=4)
+    assert time.monotonic() - t0 < 20
+    assert run.timed_out
+    assert [r.killed for r in run.ranks] == [True, True]
+    assert run.ranks[0].last == "in dlcheck_dist_setup"
+    assert run.ranks[1].last == "in dlcheck_make_training" or run.ranks[1].last.startswith("in dlcheck_")
+    assert run.stage("train") is None
+    _no_leftover_process()
+    with socket.socket() as s:  # nothing listens on the rendezvous port any more (TIME_WAIT aside)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", run.port))
+        s.listen()
+
+
+def test_spawned_ranks_rebuild_the_roles_from_their_modules(tmp_path):
+    """The start method used when CUDA is initialised in the pytest process: the job is pickled, each rank
+    a fresh interpreter importing torch and the user's module (slow: ~15 s for two ranks)."""
+    from pytest_dlcheck.checks.dist.launch import Job, launch
+    from pytest_dlcheck.errors import MISSING
+    from pytest_dlcheck.training.loop import LoopSetup
+
+    setup = LoopSetup(td.make_training, td.step_global_tokens, td.token_loss, MISSING, MISSING, MISSING, MISSING, None)
+    job = Job(
+        world=2,
+        out=str(tmp_path / "spawned"),
+        steps=2,
+        make_training=td.make_training,
+        setup=setup,
+        wrap=td.wrap_ddp,
+        dist_setup=td.seed_per_rank,
+        make_dataloader=td.distributed_loader,
+        start_epoch=td.set_epoch,
+    )
+    run = launch(job, start_method="spawn")
+    assert run.start_method == "spawn" and not run.errors, [r.error for r in run.ranks]
+    train = run.stage("train")
+    assert train is not None and [len(r["steps"]) for r in train] == [2, 2]
+    assert train[0]["steps"][-1]["params"] == train[1]["steps"][-1]["params"]
+    assert run.stage("d6") is not None
+    _no_leftover_process()
+
+
+def test_unwrapped_unseeded_model_drifts_and_augments_alike_on_every_rank(project):
+    # no seeding at all: torch's default seed, the same in every fresh process, gives identical starts (then each
+    # rank steps on its own gradient) and the same augmentation stream on every rank
+    project.conftest(td.project(setup=None, wrap="no_wrap", save=None, load=None))
+    run = project.run("--dlcheck=D1,D4", "-rA")
+    run.assert_outcome("D1", "failed")
+    run.assert_outcome("D4", "failed")
+    d4 = _flat(run.section("D4"))
+    assert "3 parameters identical on the 2 ranks after dlcheck_dist_wrap" in d4
+    assert "(or none: torch's default seed is the same in every process)" in d4
+    d1 = _flat(run.section("D1"))
+    assert "after micro-step 1 of 3 on 2 ranks, parameter 'embed.weight' differs between rank 0 and rank 1" in d1
+    assert "the model each rank trains: TokenLM" in d1
+    assert "the model is not wrapped in DistributedDataParallel (TokenLM)" in d1
+
+
+def test_per_rank_seeds_without_ddp_start_the_replicas_apart(project):
+    project.conftest(td.project(wrap="no_wrap", save=None, load=None))
+    run = project.run("--dlcheck=D1,D4", "-rA")
+    run.assert_outcome("D4", "failed")
+    run.assert_outcome("D1", "skipped")
+    assert "the replicas differ before the first step (embed.weight): D4 reports the initialisation" in run.text
+    d4 = _flat(run.section("D4"))
+    assert "right after dlcheck_dist_wrap, parameter 'embed.weight' differs between rank 0 and rank 1" in d4
+    assert "no DistributedDataParallel wrap (which broadcasts rank 0's weights)" in d4
+    _no_leftover_process()
+
+
+def test_hostile_dist_roles_are_reported_as_the_users(project):
+    # a wrap that returns the model instead of the dict: every rank raises, named as dlcheck_dist_wrap
+    project.conftest(td.project(wrap="wrap_returning_the_model"))
+    run = project.run("--dlcheck=D1,D3")
+    run.assert_outcome("D1", "failed")
+    text = _flat(run.section("D1"))
+    assert (
+        "error on rank 0 of 2: returned a DistributedDataParallel, expected the dict of objects" in text
+        or "error on rank 1 of 2: returned a DistributedDataParallel, expected the dict of objects" in text
+    )
+    assert "role dlcheck_dist_wrap" in text
+    _no_leftover_process()
+
+
+def test_a_dist_role_that_is_not_callable_breaks_its_contract_before_any_launch(project):
+    project.conftest(
+        td.project(wrap=None) + "\n@pytest.fixture(scope='session')\ndef dlcheck_dist_wrap():\n    return 42\n"
+    )
+    run = project.run("--dlcheck=D1")
+    run.assert_outcome("D1", "failed")
+    assert "is a int (42), expected the wrap of your fresh training objects (a callable)" in _flat(run.text)
+
+
+def test_gradients_summed_by_hand_on_three_ranks(project):
+    # identical starts (one seed everywhere, no DDP), gradients all-reduced by hand: the replicas stay equal (D1)
+    # but every step is world-size times too large (D2)
+    project.conftest(td.project(setup="seed_every_rank_alike", wrap="no_wrap", step="step_summed_grads"))
+    run = project.run("--dlcheck=D1,D2", "--dlcheck-world-size=3", "-rA")
+    run.assert_outcome("D1", "passed")
+    run.assert_outcome("D2", "failed")
+    run.fnmatch(["*identical on the 3 ranks after each of 3 micro-steps (TokenLM, gloo, forked processes)*"])
+    d2 = _flat(run.section("D2"))
+    assert "first optimizer step on 3 ranks vs one process on the 3 batches (6 examples) of 3 ranks" in d2
+    assert "norm ratio 3" in d2
+    assert "the gradients are summed over the ranks, not averaged: the step is 3x the single-process step" in d2
+    _no_leftover_process()
+
+
+def test_roles_that_cannot_be_sent_to_spawned_ranks_are_named(tmp_path):
+    import pytest
+
+    from pytest_dlcheck.checks.dist.launch import Job, launch
+    from pytest_dlcheck.training import SetupError
+
+    job = Job(world=2, out=str(tmp_path / "closure"), steps=1, make_training=lambda: td.make_training())
+    with pytest.raises(SetupError, match="define the role functions at module level of an importable module"):
+        launch(job, start_method="spawn")
+    _no_leftover_process()

@@ -1,0 +1,234 @@
+"""Tiny real distributed training parts for the dist tests: a token model, a dataset with prompt-masked
+labels (so the ranks' batches hold different numbers of supervised tokens) and a random augmentation,
+the steps, saves and loads of a correct DDP script and of buggy ones. Imported by the throwaway user
+projects (and, in their rank processes, through the fork)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint  # noqa: F401  (imported once, outside pytester's in-process runs)
+import torch.distributed.checkpoint.state_dict  # noqa: F401
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+VOCAB, LENGTH, N = 16, 8, 21
+
+
+class TokenLM(nn.Module):
+    def __init__(self, dropout: float = 0.1):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.drop = nn.Dropout(dropout)
+        self.head = nn.Linear(16, VOCAB)
+
+    def forward(self, input_ids):
+        return self.head(self.drop(self.embed(input_ids)))
+
+
+class Prompts(Dataset):
+    """Sequences whose first (i * 3) % 7 tokens are the prompt (label -100); each fetch swaps one token at
+    random (the augmentation, drawn from torch's global generator)."""
+
+    def __len__(self):
+        return N
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        ids = torch.randint(0, VOCAB, (LENGTH,), generator=g)
+        where = int(torch.randint(0, LENGTH, ()))
+        ids[where] = int(torch.randint(0, VOCAB, ()))
+        labels = ids.clone()
+        labels[: (i * 3) % 7] = -100
+        return {"input_ids": ids, "labels": labels}
+
+
+def token_loss(model, batch):
+    """Mean cross-entropy over the supervised tokens of this batch."""
+    logits = model(batch["input_ids"])
+    return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+
+
+def make_training():
+    model = TokenLM()
+    return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}
+
+
+def wrap_ddp(state):
+    model = nn.parallel.DistributedDataParallel(state["model"])
+    return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}
+
+
+def seed_per_rank(rank, world_size):
+    torch.manual_seed(1234 + rank)
+
+
+def seed_every_rank_alike(rank, world_size):
+    torch.manual_seed(1234)
+
+
+def distributed_loader():
+    return DataLoader(Prompts(), batch_size=2, sampler=DistributedSampler(Prompts(), shuffle=True, seed=0))
+
+
+def shuffled_loader():
+    return DataLoader(Prompts(), batch_size=2, shuffle=True)
+
+
+def set_epoch(state, loader, epoch):
+    if hasattr(loader.sampler, "set_epoch"):
+        loader.sampler.set_epoch(epoch)
+
+
+def train_mode_only(state, loader, epoch):
+    state["model"].train()
+
+
+def step_global_tokens(state, batch, index):
+    """Correct: the sum of token losses over the global number of supervised tokens (all-reduced), the
+    skip decided on the all-reduced gradient norm."""
+    model, opt = state["model"], state["optimizer"]
+    model.train()
+    logits = model(batch["input_ids"])
+    total = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100, reduction="sum")
+    tokens = (batch["labels"] != -100).sum()
+    world = 1
+    if dist.is_initialized():  # the same step runs in one process (the train domain's checks)
+        dist.all_reduce(tokens)
+        world = dist.get_world_size()
+    loss = total * world / tokens
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    if torch.isfinite(norm):
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def step_rank_mean_local_skip(state, batch, index):
+    """Buggy: each rank's own token mean (DDP then averages the ranks' means), and a rank-local skip."""
+    model, opt = state["model"], state["optimizer"]
+    model.train()
+    loss = token_loss(model, batch)
+    if not torch.isfinite(loss):
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def step_no_sync(state, batch, index):
+    """Buggy: gradient accumulation's no_sync() around every micro-step, the stepping one too; and a
+    rank-local skip of a non-finite loss."""
+    model, opt = state["model"], state["optimizer"]
+    model.train()
+    with model.no_sync():
+        loss = token_loss(model, batch)
+        if not torch.isfinite(loss):
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+        loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def save_every_rank(state, path):
+    torch.save({"model": state["model"].module.state_dict()}, path)
+
+
+def load_file(state, path):
+    state["model"].module.load_state_dict(torch.load(path)["model"])
+
+
+def save_dcp(state, path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    dcp.save({"model": get_model_state_dict(state["model"])}, checkpoint_id=path)
+
+
+def load_dcp(state, path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    sd = {"model": get_model_state_dict(state["model"])}
+    dcp.load(sd, checkpoint_id=path)
+    set_model_state_dict(state["model"], sd["model"])
+
+
+def project(
+    setup="seed_per_rank",
+    wrap="wrap_ddp",
+    loader="distributed_loader",
+    epoch="set_epoch",
+    step="step_global_tokens",
+    save="save_dcp",
+    load="load_dcp",
+) -> str:
+    """A user's conftest.py: every part named by the function of this module it returns."""
+    parts = {
+        "dist_setup": setup,
+        "dist_wrap": wrap,
+        "make_dataloader": loader,
+        "start_epoch": epoch,
+        "train_step": step,
+        "save_checkpoint": save,
+        "load_checkpoint": load,
+        "make_training": "make_training",
+        "compute_loss": "token_loss",
+    }
+    src = ["import pytest", "import tiny_dist as td", ""]
+    for role, fn in parts.items():
+        if fn:
+            src += ["@pytest.fixture(scope='session')", f"def dlcheck_{role}():", f"    return td.{fn}", ""]
+    return "\n".join(src)
+
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def step_raising_on_last_rank(state, batch, index):
+    if dist.get_rank() == dist.get_world_size() - 1:
+        raise ValueError(f"labels out of range on this shard (step {index})")
+    return step_global_tokens(state, batch, index)
+
+
+def stuck_rank0_setup(rank, world_size):
+    """Rank 0 never gets past its start (a barrier only it calls, here a sleep): the others wait for it."""
+    if rank == 0:
+        import time
+
+        time.sleep(600)
+
+
+def no_wrap(state):
+    """Buggy: the model is left unwrapped (no DistributedDataParallel)."""
+    return state
+
+
+def wrap_returning_the_model(state):
+    """Hostile: returns the wrapped model instead of the dict of objects."""
+    return nn.parallel.DistributedDataParallel(state["model"])
+
+
+def step_summed_grads(state, batch, index):
+    """Buggy: no DDP; the gradients all-reduced by hand with SUM and never divided by the world size."""
+    model, opt = state["model"], state["optimizer"]
+    model.train()
+    logits = model(batch["input_ids"])
+    total = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100, reduction="sum")
+    tokens = (batch["labels"] != -100).sum()
+    dist.all_reduce(tokens)
+    loss = total * dist.get_world_size() / tokens
+    loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)  # SUM: world_size x the averaged gradient
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
