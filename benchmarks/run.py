@@ -25,10 +25,10 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import measure, projects
+from benchmarks import measure, projects, watch
 from benchmarks.measure import Measurement, Summary
 
-SECTIONS = ("inactive", "active", "scale", "memory", "gpu")
+SECTIONS = ("inactive", "active", "scale", "memory", "gpu", "watch", "realistic")
 
 #: the budgets (issue 10): inactive ≤ 3 % over -p no:dlcheck; active ≤ 2× the floor; 1,000,000 examples
 #: ≤ 10 % over 1,000; peak RSS ≤ the floor's plus one copy of the trainable state
@@ -701,6 +701,14 @@ def main(argv: list[str] | None = None) -> int:
         if "gpu" in only:
             ctx.log("gpu")
             bench_gpu(ctx, size, args.memory_repeats)
+        if "realistic" in only:
+            ctx.log("realistic: train,ckpt,smoke on the memory figure's model")
+            from benchmarks.realistic import bench_realistic
+
+            ctx.rows.append(bench_realistic(ctx, size, args.memory_repeats))
+        if "watch" in only:
+            ctx.log("watch")
+            watch.bench_watch(ctx, steps=30 if args.quick else 200, repeats=args.repeats)
         load_after = measure.load_average()
     header = (
         f"pytest-dlcheck benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {time.time() - started:.0f} s\n"

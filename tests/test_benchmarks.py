@@ -367,7 +367,7 @@ def test_benchmark_runs_end_to_end_at_a_reduced_size(tmp_path):
             str(REPO / "benchmarks" / "run.py"),
             "--quick",
             "--only",
-            "inactive,scale,gpu",
+            "inactive,scale,gpu,realistic",
             "--no-check",
             "--quiet",
             "--json",
@@ -389,6 +389,10 @@ def test_benchmark_runs_end_to_end_at_a_reduced_size(tmp_path):
     assert "failed" not in scale["outcomes_small"]
     if not torch.cuda.is_available():
         assert rows["gpu"]["ok"] is None and "not taken" in rows["gpu"]["note"]
+    # the training checks on a model, counted in work: passes and optimizer steps per check beside the ratio
+    realistic = rows["realistic"]["data"]
+    assert realistic["passes"]["optimizer_steps"] >= 20 and realistic["passes"]["forward"] > 0
+    assert realistic["steps_by_check"].get("T2", 0) >= 1 and realistic["ratio"] > 0
 
 
 def test_every_example_rows_floor_runs(tmp_path):

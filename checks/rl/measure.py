@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import detectors
 from ...errors import RoleError
 from ...guard import eval_mode
 from ...session import user_call
@@ -1190,9 +1191,7 @@ def fmt_values(v: Any, limit: int = 5) -> str:
 # logs of a short run (TRL log_history, or any list of dicts)
 
 LOG_KEYS = {
-    "reward": ("reward", "rewards/mean", "rollout/ep_rew_mean", "ep_rew_mean", "env/reward_mean"),
-    "kl": ("kl", "objective/kl", "train/approx_kl", "approx_kl"),
-    "length": ("completions/mean_length", "rollout/ep_len_mean", "ep_len_mean", "completion_length"),
+    **detectors.LOG_KEYS,  # R1's reward, kl and length: shared with the watch of a real run
     "value_loss": ("train/value_loss", "value_loss", "loss/value", "vf_loss"),
     "zero_std": ("frac_reward_zero_std",),
 }

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import detectors
 from ...errors import MISSING
-from ...registry import Setting, check
+from ...registry import check
 from ...roles import is_hf_trainer
 from . import measure as rl
 
@@ -16,26 +17,7 @@ from . import measure as rl
     title="reward hacking or collapse in a short run",
     roles=(),
     optional_roles=("train_log", "trainer"),
-    settings=(
-        Setting(
-            "min_points",
-            5,
-            "logged steps needed before the detector judges: a baseline of at least 3 steps before the step it tests",
-        ),
-        Setting(
-            "reward_jump",
-            5.0,
-            "how many baseline spreads (median absolute deviation, at least 5% of the "
-            "reward scale) a reward must move in one logged step to count as a jump; steady learning moves "
-            "a little every step",
-        ),
-        Setting("kl_spike", 10.0, "factor over the baseline median KL (at least 1e-3) that counts as a KL spike"),
-        Setting(
-            "length_collapse",
-            0.5,
-            "a completion / episode length below this fraction of its baseline median counts as a collapse",
-        ),
-    ),
+    settings=detectors.SETTINGS["R1"],
 )
 def check_reward_hacking(dlcheck):
     """A short run shows no reward jump together with a KL spike or a length collapse.
@@ -97,41 +79,15 @@ def check_reward_hacking(dlcheck):
     steps = [s for s, _ in rewards]
     r = np.array([v for _, v in rewards])
     jump = dlcheck.setting("reward_jump")
-    largest = (0.0, steps[3])  # (z, step): the largest one-step move judged
-    kl_most, len_least = None, None  # (ratio, step): the largest KL and the smallest length against their medians
-    unpaired: list[int] = []  # steps whose reward jumped with neither a KL spike nor a length collapse
-    for i in range(3, len(r)):
-        base = r[:i]
-        median = float(np.median(base))
-        spread = max(float(np.median(np.abs(base - median))), 0.05 * max(float(np.abs(base).max()), 1e-3), 1e-6)
-        z = (r[i] - median) / spread
-        step, signs = steps[i], []
-        if abs(z) > abs(largest[0]):
-            largest = (float(z), step)
-        prior = [s for s in steps[:i]]
-        kl_base = [kl_at[s] for s in prior if s in kl_at]
-        if step in kl_at and kl_base:
-            kl_med = max(float(np.median(kl_base)), 1e-3)
-            if kl_most is None or kl_at[step] / kl_med > kl_most[0]:
-                kl_most = (kl_at[step] / kl_med, step)
-            if kl_at[step] > dlcheck.setting("kl_spike") * kl_med:
-                signs.append(f"{kl_key} {kl_at[step]:.3g} vs median {kl_med:.3g} before ({kl_at[step] / kl_med:.3g}×)")
-        len_base = [len_at[s] for s in prior if s in len_at]
-        if step in len_at and len_base:
-            len_med = float(np.median(len_base))
-            if len_med > 0 and (len_least is None or len_at[step] / len_med < len_least[0]):
-                len_least = (len_at[step] / len_med, step)
-            if len_med > 0 and len_at[step] < dlcheck.setting("length_collapse") * len_med:
-                signs.append(f"{len_key} {len_at[step]:.3g} vs median {len_med:.3g} before")
-        if abs(z) < jump:
+    watch = detectors.RewardWatch(jump, dlcheck.setting("kl_spike"), dlcheck.setting("length_collapse"))
+    for i, step in enumerate(steps):
+        hit = watch.add(step, float(r[i]), kl_at.get(step), len_at.get(step), names=(kl_key, len_key))
+        if hit is None:
             continue
-        if not signs:
-            unpaired.append(step)
-            continue
-        direction = "jumps" if z > 0 else "drops"
+        direction = "jumps" if hit.z > 0 else "drops"
         evidence = [
-            f"dlcheck_train_log, step {step}: {reward_key} {direction} to {r[i]:.3g} from a median {median:.3g} "
-            f"({z:+.3g} spreads) while " + " and ".join(signs)
+            f"dlcheck_train_log, step {step}: {reward_key} {direction} to {r[i]:.3g} from a median {hit.median:.3g} "
+            f"({hit.z:+.3g} spreads) while " + " and ".join(hit.signs)
         ]
         window = range(max(0, i - 3), min(len(r), i + 2))
         for j in window:
@@ -142,17 +98,6 @@ def check_reward_hacking(dlcheck):
                 + ([f"{len_key} {len_at[s]:.3g}"] if s in len_at else [])
             )
             evidence.append(f"step {s}: " + ", ".join(parts))
-        if z > 0:
-            cause = (
-                "the reward rose abruptly exactly when the policy left its reference distribution or shortened its "
-                "outputs: the signature of reward hacking — the policy found a flaw in the reward, not the task"
-            )
-        else:
-            cause = "the reward collapsed together with the outputs (mode collapse): the policy degenerated"
-        fix = (
-            "read sampled completions at that step; fix the reward (score the content, penalise empty or repeated "
-            "outputs, cap length terms) and keep a KL term to the reference (GRPOConfig(beta=0.04))"
-        )
         series = {reward_key: list(r)}
         for key, points in ((kl_key, kls), (len_key, lengths)):
             if points:
@@ -163,7 +108,8 @@ def check_reward_hacking(dlcheck):
             title=f"dlcheck_train_log: the jump at step {step}",
             caption="reward, KL and length per logged step",
         )
-        dlcheck.fail(evidence, cause, fix)
+        dlcheck.fail(evidence, detectors.reward_cause(hit.z), detectors.REWARD_FIX)
+    largest, kl_most, len_least, unpaired = watch.largest, watch.kl_most, watch.len_least, watch.unpaired
 
     evidence = [
         f"{len(r)} logged steps of dlcheck_train_log: {reward_key} {r[0]:.3g} -> {r[-1]:.3g}; largest one-step move "

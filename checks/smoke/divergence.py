@@ -1,14 +1,14 @@
 from __future__ import annotations
 
 import math
-import statistics
 
-from ...registry import Setting, check
+from ... import detectors
+from ...registry import check
 from ...training import show_losses, smoke_run
 
 
 def _lr_text(rec) -> str:
-    return f"lr {rec.lr:.3g}" if rec.lr is not None else "lr unknown"
+    return detectors.lr_text(rec.lr)
 
 
 @check(
@@ -17,16 +17,7 @@ def _lr_text(rec) -> str:
     title="loss spike in a short real run",
     roles=(),
     optional_roles=("trainer", "lightning_module", "make_training", "dataloader"),
-    settings=(
-        Setting(
-            "factor",
-            3.0,
-            "a step's loss above this multiple of the mean of the previous steps is a spike; batch to "
-            "batch noise of a healthy run stays well within 2x",
-        ),
-        Setting("window", 5, "how many previous steps the running mean covers"),
-        Setting("warmup", 3, "first steps never judged (the running mean needs a few values)"),
-    ),
+    settings=detectors.SETTINGS["S2"],
 )
 def check_loss_spike(dlcheck):
     """No step of a short real run has a loss far above the mean of the steps before it.
@@ -63,31 +54,20 @@ def check_loss_spike(dlcheck):
         dlcheck.skip("the loss reaches 0 in the smoke run: spikes relative to its mean cannot be judged")
     factor, window = dlcheck.setting("factor"), dlcheck.setting("window")
     recs = {r.step: r for r in run.trajectory.steps}
-    worst = (0.0, losses[dlcheck.setting("warmup")][0])  # (loss / running mean, step)
-    for idx in range(dlcheck.setting("warmup"), len(losses)):
-        step, value = losses[idx]
-        previous = [v for _, v in losses[max(0, idx - window) : idx]]
-        mean = sum(previous) / len(previous)
-        if value / mean > worst[0]:
-            worst = (value / mean, step)
-        if value > factor * mean:
+    watch = detectors.SpikeWatch(factor, window, dlcheck.setting("warmup"))
+    for step, value in losses:
+        spike = watch.add(step, value)
+        if spike is not None:
             rec = recs[step]
             evidence = [
-                f"step {step} of {run.steps}: loss {value:.4g} = {value / mean:.1f} x the mean {mean:.4g} of the "
-                f"{len(previous)} steps before it (limit {factor} x)",
+                f"step {step} of {run.steps}: loss {value:.4g} = {spike.ratio:.1f} x the mean {spike.mean:.4g} of the "
+                f"{len(spike.previous)} steps before it (limit {factor} x)",
                 f"losses: {show_losses(run.trajectory, upto=step, last=window + 1)}; {_lr_text(rec)}",
             ]
             if rec.grad_norm is not None:
                 evidence.append(f"gradient norm at step {step}: {rec.grad_norm:.4g}")
-            cause = (
-                f"the run diverges: each update overshoots, so the loss climbs instead of falling ({_lr_text(rec)} is "
-                "too high for this model and optimizer, or there is no warmup / gradient clipping)"
-            )
-            fix = (
-                "lower the learning rate (by 10x to start), add warmup (warmup_steps / a LambdaLR ramp) and clip "
-                "gradients (max_grad_norm=1.0, torch.nn.utils.clip_grad_norm_)"
-            )
-            dlcheck.fail(evidence, cause, fix)
+            dlcheck.fail(evidence, detectors.spike_cause(_lr_text(rec)), detectors.SPIKE_FIX)
+    worst = watch.worst
     dlcheck.measured(
         f"{run.steps}-step smoke run: losses {losses[0][1]:.4g} -> {losses[-1][1]:.4g}; the highest loss against "
         f"the mean of the {window} steps before it is {worst[0]:.2f} x (step {worst[1]}; a spike is {factor} x)",
@@ -105,15 +85,7 @@ def check_loss_spike(dlcheck):
     title="gradient norm explodes in a short real run",
     roles=(),
     optional_roles=("trainer", "lightning_module", "make_training", "dataloader"),
-    settings=(
-        Setting(
-            "factor",
-            10.0,
-            "a step's gradient norm above this multiple of the median of the first steps is an "
-            "explosion; healthy runs drift by a few x at most over a short run",
-        ),
-        Setting("baseline", 3, "how many first steps give the reference median"),
-    ),
+    settings=detectors.SETTINGS["S3"],
 )
 def check_grad_explosion(dlcheck):
     """The gradient norm of a short real run stays within a multiple of its starting level.
@@ -144,25 +116,22 @@ def check_grad_explosion(dlcheck):
     base_n = dlcheck.setting("baseline")
     if len(norms) <= base_n:
         dlcheck.skip(f"the smoke run recorded {len(norms)} finite gradient norms: too few to judge (raise S1.steps)")
-    reference = statistics.median(n for _, n, _ in norms[:base_n])
-    if reference <= 0:
-        dlcheck.skip("the first gradient norms are 0: nothing to compare against (see T3)")
     factor = dlcheck.setting("factor")
-    for step, norm, rec in norms[base_n:]:
-        if norm > factor * reference:
+    watch = detectors.GradWatch(factor, base_n)
+    for step, norm, rec in norms:
+        if watch.reference is not None and watch.reference <= 0:
+            dlcheck.skip("the first gradient norms are 0: nothing to compare against (see T3)")
+        boom = watch.add(step, norm)
+        if boom is not None:
             series = ", ".join(f"{s}: {n:.3g}" for s, n, _ in norms if s <= step)
             evidence = [
-                f"step {step} of {run.steps}: gradient norm {norm:.4g} = {norm / reference:.0f} x the median "
-                f"{reference:.4g} of steps 1-{base_n} (limit {factor} x)",
+                f"step {step} of {run.steps}: gradient norm {norm:.4g} = {boom.ratio:.0f} x the median "
+                f"{boom.reference:.4g} of steps 1-{base_n} (limit {factor} x)",
                 f"gradient norms: {series}",
                 f"losses: {show_losses(run.trajectory, upto=step)}; {_lr_text(rec)}",
             ]
-            cause = (
-                f"the gradients explode: the updates at {_lr_text(rec)} push the weights to where the loss is steep, "
-                "and each step makes the next gradient larger"
-            )
-            fix = "lower the learning rate, add warmup, and clip gradients (max_grad_norm=1.0 / torch.nn.utils.clip_grad_norm_(…, 1.0))"
-            dlcheck.fail(evidence, cause, fix)
+            dlcheck.fail(evidence, detectors.grad_cause(_lr_text(rec)), detectors.GRAD_FIX)
+    reference = watch.reference
     highest = max(norms[base_n:], key=lambda t: t[1])
     dlcheck.measured(
         f"{run.steps}-step smoke run: gradient norms {norms[0][1]:.3g} -> {norms[-1][1]:.3g}, at most "

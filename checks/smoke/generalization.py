@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from ...registry import Setting, check
+from ... import detectors
+from ...registry import check
 from ...training import (
     eval_batches,
     mean_loss,
@@ -17,20 +18,7 @@ from ...training import (
     title="train/eval loss gap beyond a threshold after a short run",
     roles=(),
     optional_roles=("trainer", "lightning_module", "make_training", "dataloader", "eval_dataloader", "eval_dataset"),
-    settings=(
-        Setting(
-            "max_ratio",
-            1.5,
-            "eval loss / train loss above which the gap fails (both in eval mode on sampled "
-            "batches); a model that generalises keeps them within a few tens of percent over a short run",
-        ),
-        Setting(
-            "min_gap",
-            0.3,
-            "and the eval loss must exceed the train loss by at least this many nats, so that "
-            "near-zero losses do not make the ratio meaningless",
-        ),
-    ),
+    settings=detectors.SETTINGS["S5"],
 )
 def check_train_eval_gap(dlcheck):
     """After a short real run, the eval loss stays close to the train loss.
@@ -55,7 +43,8 @@ def check_train_eval_gap(dlcheck):
         preprocess eval exactly as train.
     Known problems
         Needs eval data; skips without it. Short runs see only fast overfitting: slow overfitting over
-        epochs is for the eval metric of the real run.
+        epochs is for the eval metric of the real run (``pytest_dlcheck.watch`` judges it there with these
+        thresholds).
     Not applicable
         None: any run with eval data can overfit.
     """
@@ -73,8 +62,10 @@ def check_train_eval_gap(dlcheck):
     if None in after:
         dlcheck.skip("the loss could not be computed on the sampled batches in eval mode")
     train_loss, eval_loss = after
-    ratio = eval_loss / train_loss if train_loss > 0 else float("inf")
-    if not (ratio > dlcheck.setting("max_ratio") and eval_loss - train_loss > dlcheck.setting("min_gap")):
+    exceeded, ratio = detectors.gap_exceeded(
+        train_loss, eval_loss, dlcheck.setting("max_ratio"), dlcheck.setting("min_gap")
+    )
+    if not exceeded:
         dlcheck.measured(
             f"after {run.steps} steps: eval loss {eval_loss:.4g} vs train loss {train_loss:.4g} on the sampled batches "
             f"= {ratio:.2f} x, {eval_loss - train_loss:.3g} nats apart (fails when above {dlcheck.setting('max_ratio')} x "
@@ -116,8 +107,5 @@ def check_train_eval_gap(dlcheck):
             f"{run.steps} steps (labels that do not belong to their inputs can only be memorised; so can a tiny "
             "or duplicated training set)"
         )
-        fix = (
-            "check that each label belongs to its input (a misaligned join or shuffle), use more (deduplicated) "
-            "training data, regularise (weight decay, dropout) or stop earlier"
-        )
+        fix = detectors.MEMORISE_FIX
     dlcheck.fail(evidence, cause, fix)

@@ -4,7 +4,8 @@ import math
 
 import torch
 
-from ...registry import Setting, check
+from ... import detectors
+from ...registry import check
 from ...training import show_losses, smoke_run
 
 ADAM_LIKE = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam")
@@ -25,14 +26,7 @@ def _param_dtypes(optimizer) -> set:
     title="NaN/Inf loss, gradients or weights in a short real run",
     roles=(),
     optional_roles=("trainer", "lightning_module", "make_training", "dataloader"),
-    settings=(
-        Setting(
-            "steps",
-            20,
-            "optimizer steps of the shared smoke run (sets the run of every smoke check, S1-S5): enough "
-            "for a divergence or an fp16 update to show, a few seconds for a small model",
-        ),
-    ),
+    settings=detectors.SETTINGS["S1"],
 )
 def check_nonfinite_run(dlcheck):
     """A short real run of your training keeps its loss, gradients and weights finite.
@@ -56,7 +50,8 @@ def check_nonfinite_run(dlcheck):
         eps >= 1e-4; lower the learning rate or add warmup and gradient clipping when the loss diverges.
     Known problems
         A step a GradScaler skips because of Inf gradients is expected and not reported (its update never
-        happens). The run is short: a NaN that needs thousands of steps to appear is out of reach.
+        happens). The run is short: a NaN that needs thousands of steps to appear is out of reach here;
+        ``pytest_dlcheck.watch`` runs this detector during the real run (README, "During the real run").
     Not applicable
         None: every run's loss, gradients and weights must stay finite.
     """
@@ -97,25 +92,21 @@ def check_nonfinite_run(dlcheck):
                     f"weights must stay float16, use eps=1e-4 ({type(opt).__name__}(..., eps=1e-4))"
                 )
             else:
-                cause = "the optimizer update itself produced NaN/Inf from finite gradients (an overflow in its state, or an eps too small for the dtype)"
-                fix = "keep float32 master weights (autocast + GradScaler, or bfloat16), and check the optimizer's eps and learning rate"
+                cause, fix = detectors.NONFINITE["update"]
         elif rec.nonfinite_grads and not loss_bad:
             evidence.append(
                 f"the loss was finite but the gradients of {len(rec.nonfinite_grads)} parameters hold NaN/Inf: "
                 + ", ".join(rec.nonfinite_grads[:5])
             )
-            cause = "the backward pass overflowed (float16 gradients beyond 65504, or the derivative of sqrt/log at 0)"
-            fix = "scale the loss with a GradScaler (torch.amp.GradScaler) or train in bfloat16; clip gradients; add eps inside sqrt/log/norm"
+            cause, fix = detectors.NONFINITE["backward"]
         else:
             finite = [v for _, v in traj.losses() if v is not None and math.isfinite(v)]
-            rising = len(finite) >= 3 and finite[-1] > 2 * finite[0]
-            if rising:
+            if detectors.diverged_before(finite):
                 evidence.append(f"the loss rose from {finite[0]:.4g} to {finite[-1]:.4g} before turning non-finite")
-                cause = f"the training diverges: at learning rate {rec.lr} the loss grows until it overflows"
-                fix = "lower the learning rate (or add warmup and gradient clipping, e.g. max_grad_norm=1.0)"
+                cause, fix = detectors.NONFINITE["diverging"]
+                cause = cause.format(lr=rec.lr)
             else:
-                cause = "the forward pass produced a non-finite loss (an overflow or an undefined operation; T5 finds the module)"
-                fix = "run pytest --dlcheck=T5 to find the first module with a non-finite output; normalise the inputs, train in bfloat16 or float32"
+                cause, fix = detectors.NONFINITE["forward"]
         dlcheck.fail(evidence, cause, fix)
     if not traj.steps:
         dlcheck.skip("the smoke run recorded no step")

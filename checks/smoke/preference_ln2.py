@@ -2,19 +2,12 @@ from __future__ import annotations
 
 import math
 
+from ... import detectors
 from ...errors import MISSING
-from ...registry import Setting, check
+from ...registry import check
 from ...training import is_preference, smoke_run
 
-LN2 = math.log(2)
-
-
-def shared_parameters(policy, ref) -> list[str]:
-    """Names of the reference's parameters that share storage with the policy's."""
-    if policy is None or ref is None:
-        return []
-    ptrs = {p.data_ptr() for p in policy.parameters()}
-    return [n for n, p in ref.named_parameters() if p.data_ptr() in ptrs]
+LN2 = detectors.LN2
 
 
 @check(
@@ -23,14 +16,7 @@ def shared_parameters(policy, ref) -> list[str]:
     title="DPO loss pinned at ln 2 / preference accuracy at chance",
     roles=(),
     optional_roles=("trainer",),
-    settings=(
-        Setting(
-            "tol",
-            1e-3,
-            "a step's loss within this of ln 2 = 0.6931 counts as pinned; a DPO run that learns "
-            "leaves ln 2 by far more within its first steps",
-        ),
-    ),
+    settings=detectors.SETTINGS["S4"],
 )
 def check_preference_pinned(dlcheck):
     """A short real DPO run moves its loss away from ln 2 and its preference accuracy away from 0.
@@ -77,7 +63,7 @@ def check_preference_pinned(dlcheck):
     if len(losses) < 2:
         dlcheck.skip(f"the smoke run logged {len(losses)} finite losses (raise S1.steps)")
     tol = dlcheck.setting("tol")
-    left = [(s, v) for s, v in losses if abs(v - LN2) > tol]
+    left = detectors.off_ln2(losses, tol)
     if left:
         dlcheck.measured(
             f"{run.steps}-step DPO smoke run: loss {losses[0][1]:.5f} -> {losses[-1][1]:.5f}; it leaves ln 2 = "
@@ -97,7 +83,7 @@ def check_preference_pinned(dlcheck):
     margins = [
         r.metrics.get("rewards/margins") for r in run.trajectory.steps if r.metrics.get("rewards/margins") is not None
     ]
-    if accs and max(accs) > 0.5:
+    if detectors.ahead_of_reference(accs):
         dlcheck.measured(
             f"{run.steps}-step DPO smoke run: the loss stays within {tol:g} of ln 2, but rewards/accuracies reaches "
             f"{max(accs):.2f} (> 0.5): the policy does get ahead of the reference",
@@ -118,18 +104,14 @@ def check_preference_pinned(dlcheck):
     grads = [r.grad_norm for r in run.trajectory.steps if r.grad_norm is not None]
     if grads:
         evidence.append(f"the policy does get gradients: norms {', '.join(f'{g:.3g}' for g in grads[:4])}")
-    shared = shared_parameters(trainer.model, getattr(trainer, "ref_model", None))
+    shared = detectors.shared_parameters(trainer.model, getattr(trainer, "ref_model", None))
     args = trainer.args
     if shared:
         evidence.append(
             f"{len(shared)} of {sum(1 for _ in trainer.ref_model.parameters())} reference parameters share "
             f"storage with the policy's (e.g. {shared[0]})"
         )
-        cause = (
-            "the reference model shares its parameters with the policy (a shallow copy, or the same submodules): every "
-            "update moves the reference too, so policy/reference log-ratios stay 0 and the loss stays ln 2"
-        )
-        fix = "give DPOTrainer an independent reference: ref_model=copy.deepcopy(model), or ref_model=None with a model loaded from a path"
+        cause, fix = detectors.SHARED_REF_CAUSE, detectors.SHARED_REF_FIX
     elif getattr(args, "beta", None) == 0:
         cause = "beta=0: the DPO logits are beta x (log-ratio difference) = 0 whatever the policy does"
         fix = "set DPOConfig(beta=0.1) (the usual range is 0.01-0.5)"
@@ -137,9 +119,5 @@ def check_preference_pinned(dlcheck):
         cause = "learning_rate=0: the policy never moves away from the reference"
         fix = "set a learning rate (DPOConfig(learning_rate=5e-7 ... 5e-6) for full fine-tuning, higher for LoRA)"
     else:
-        cause = (
-            "the policy does not move away from the reference: chosen and rejected completions are identical, the "
-            "updates are too small to show, or the reference follows the policy"
-        )
-        fix = "check that chosen and rejected differ, the learning rate, and that ref_model is an independent copy"
+        cause, fix = detectors.PINNED_CAUSE, detectors.PINNED_FIX
     dlcheck.fail(evidence, cause, fix)

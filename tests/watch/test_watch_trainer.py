@@ -1,0 +1,206 @@
+"""The watch in a real transformers/TRL Trainer run: a learning rate that diverges stops the run with S2's
+message and a postmortem; a clean run is untouched (the same losses and weights with and without it); a
+DPO reference that is the policy pins the loss at ln 2 and S4 says so."""
+
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+
+import pytest
+import tiny
+import torch
+from datasets import Dataset
+from transformers import DataCollatorForLanguageModeling, Trainer
+
+from pytest_dlcheck.watch import TrainerWatch, WatchWarning
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny.tokenizer()
+
+
+def lm_trainer(tok, tmp_path, optimizer=None, steps=60, **kw):
+    model = tiny.llama(tok)
+    kw = {"per_device_train_batch_size": 4, "logging_steps": 5, "seed": 0, **kw}
+    args = tiny.trainer_args(tmp_path, max_steps=steps, **kw)
+    opt = optimizer(model) if optimizer else (None, None)
+    return Trainer(
+        model=model,
+        args=args,
+        train_dataset=Dataset.from_list(tiny.tokenized(tok, 24)),
+        data_collator=DataCollatorForLanguageModeling(tok, mlm=False),
+        optimizers=opt,
+    )
+
+
+def exploding_lr(model):
+    """AdamW at 1e-3 whose scheduler multiplies the LR by 1.6 every step (an ExponentialLR whose gamma was meant as 0.6)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return opt, torch.optim.lr_scheduler.ExponentialLR(opt, gamma=1.6)
+
+
+def train(trainer):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    return [str(w.message) for w in caught if issubclass(w.category, WatchWarning)]
+
+
+def flat(text: str) -> str:
+    """The message without its line wrapping and column padding."""
+    return " ".join(text.split())
+
+
+def test_a_diverging_learning_rate_stops_the_run_with_a_postmortem(tok, tmp_path):
+    trainer = lm_trainer(tok, tmp_path, exploding_lr, steps=80)
+    watch = TrainerWatch(every=5)
+    trainer.add_callback(watch)
+    messages = train(trainer)
+    assert trainer.state.global_step == 20  # stopped cleanly at the check after the spike, not at 80
+    assert len(messages) == 1
+    text = flat(messages[0])
+    assert text.startswith("S2 loss spike during the run (step 18)")
+    assert "step 18: loss 45.81 = 5.6 x the mean 8.219 of the 5 steps before it (limit 3.0 x)" in text
+    assert "lr 2.95 is too high for this model" in text and "lower the learning rate (by 10x to start)" in text
+    assert "policy stop: training stops cleanly after step 20" in text
+    path = tmp_path / "dlcheck-postmortem-S2-step18.json"
+    assert f"postmortem {path}" in text
+    doc = json.loads(path.read_text())
+    assert doc["kind"] == "postmortem" and doc["run"]["framework"] == "transformers"
+    assert doc["versions"]["torch"] == torch.__version__ and "transformers" in doc["versions"]
+    (result,) = doc["results"]
+    assert result["id"] == "S2" and result["outcome"] == "failed" and result["cause"].startswith("the run diverges")
+    assert result["data"]["ratio"] == pytest.approx(45.81 / 8.219, rel=0.01)
+    history = doc["history"]
+    assert history["step"] == list(range(1, 21))  # every step's loss, read at the checks only
+    assert history["lr"][0] == pytest.approx(1e-3) and history["lr"][-1] == pytest.approx(1e-3 * 1.6**19)
+    assert [s for s, g in zip(history["step"], history["grad_norm"]) if g is not None] == [5, 10, 15, 20]
+
+
+def test_a_clean_run_is_untouched(tok, tmp_path):
+    """The same Trainer with and without the watch logs the same loss at every step and ends with the same
+    weights; nothing fires and no postmortem is written."""
+    runs = []
+    for with_watch in (False, True):
+        trainer = lm_trainer(tok, tmp_path / str(with_watch), steps=30, learning_rate=1e-3, logging_steps=1)
+        if with_watch:
+            watch = TrainerWatch(every=5)
+            trainer.add_callback(watch)
+        assert train(trainer) == []
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        runs.append((losses, {k: v.clone() for k, v in trainer.model.state_dict().items()}))
+    assert len(runs[0][0]) == 30 and runs[0][0] == runs[1][0]
+    assert all(torch.equal(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
+    assert watch.watch.findings == [] and not list((tmp_path / "True").glob("dlcheck-postmortem-*"))
+    assert len(watch.watch.history) == 30 and watch._hooked  # every step's loss came from the model's output
+
+
+DPO_STEPS = 6
+
+
+def dpo_trainer(tok, tmp_path, reference):
+    from trl import DPOConfig, DPOTrainer
+
+    model = tiny.llama(tok)
+    data = Dataset.from_dict(
+        {"prompt": tiny.PROMPTS, "chosen": tiny.COMPLETIONS, "rejected": tiny.COMPLETIONS[1:] + tiny.COMPLETIONS[:1]}
+    )
+    args = tiny.trainer_args(
+        tmp_path, DPOConfig, max_length=64, beta=0.1, learning_rate=1e-3, max_steps=DPO_STEPS + 2, seed=0
+    )
+    return DPOTrainer(model=model, ref_model=reference(model), args=args, processing_class=tok, train_dataset=data)
+
+
+def test_a_dpo_reference_that_is_the_policy_is_pinned_at_ln2(tok, tmp_path):
+    trainer = dpo_trainer(tok, tmp_path, copy.copy)  # a shallow copy: the same parameter tensors
+    watch = TrainerWatch(trainer, every=2, overrides={"S1.steps": DPO_STEPS})
+    trainer.add_callback(watch)
+    messages = train(trainer)
+    assert trainer.state.global_step == DPO_STEPS
+    text = flat(messages[0])
+    assert text.startswith(
+        f"S4 DPO loss pinned at ln 2 / preference accuracy at chance during the run (step {DPO_STEPS})"
+    )
+    assert (
+        f"the first {DPO_STEPS} logged steps (to step {DPO_STEPS}): loss within 0.001 of ln 2 = 0.6931 (1: 0.69315"
+        in text
+    )
+    assert "rewards/accuracies: max 0.00 (chance is 0.5)" in text
+    assert "reference parameters share storage with the policy's (e.g. model.embed_tokens.weight)" in text
+    assert "ref_model=copy.deepcopy(model)" in text
+    doc = json.loads((tmp_path / f"dlcheck-postmortem-S4-step{DPO_STEPS}.json").read_text())
+    assert (
+        doc["results"][0]["id"] == "S4"
+        and doc["history"]["metrics"]["rewards/accuracies"][:DPO_STEPS] == [0.0] * DPO_STEPS
+    )
+
+
+def test_an_independent_dpo_reference_runs_on(tok, tmp_path):
+    trainer = dpo_trainer(tok, tmp_path, copy.deepcopy)
+    watch = TrainerWatch(trainer, every=2, overrides={"S1.steps": DPO_STEPS})
+    trainer.add_callback(watch)
+    assert train(trainer) == []
+    assert trainer.state.global_step == DPO_STEPS + 2 and watch.watch.findings == []
+    assert "S4" not in watch.watch.active  # judged on the first S1.steps logged losses, and passed
+
+
+def example_trainer(tmp_path, callbacks):
+    """examples/train/clean_trainer's Trainer (a custom nn.Module returning a dict with the loss), evaluated
+    every 5 steps."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "train"))
+    import tinytrain
+    from transformers import TrainingArguments, default_data_collator
+
+    torch.manual_seed(0)
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        report_to="none",
+        use_cpu=True,
+        max_steps=20,
+        per_device_train_batch_size=8,
+        learning_rate=1e-2,
+        warmup_steps=2,
+        save_strategy="no",
+        disable_tqdm=True,
+        logging_steps=1,
+        eval_strategy="steps",
+        eval_steps=5,
+    )
+    return Trainer(
+        model=tinytrain.HFClassifier(),
+        args=args,
+        data_collator=default_data_collator,
+        train_dataset=tinytrain.records(tinytrain.blobs(seed=0)),
+        eval_dataset=tinytrain.records(tinytrain.blobs(32, seed=1)),
+        callbacks=callbacks,
+    )
+
+
+def test_the_examples_clean_trainer_is_untouched(tmp_path):
+    plain = example_trainer(tmp_path / "plain", [])
+    watch = TrainerWatch(every=5)
+    watched = example_trainer(tmp_path / "watched", [watch])
+    assert train(plain) == [] and train(watched) == []
+    logs = [
+        [(h["step"], h.get("loss"), h.get("eval_loss")) for h in t.state.log_history[:-1]] for t in (plain, watched)
+    ]
+    assert logs[0] == logs[1] and len(logs[0]) == 24  # 20 training logs and 4 evaluations, the same values
+    evals = [h["eval_loss"] for h in watch.watch.history if h.get("eval_loss") is not None]
+    assert len(evals) == 4 and watch.watch.findings == [] and "S5" in watch.watch.active  # judged, and passed
+
+
+def test_policy_raise_ends_train_with_the_alarm_and_leaves_no_hook(tok, tmp_path):
+    from pytest_dlcheck.watch import WatchAlarm
+
+    trainer = lm_trainer(tok, tmp_path, exploding_lr, steps=80)
+    trainer.add_callback(TrainerWatch(policy="raise", every=5))
+    with pytest.raises(WatchAlarm, match=r"^S2 loss spike during the run \(step 18\)"):
+        trainer.train()
+    assert trainer.state.global_step == 20 and not trainer.model._forward_hooks
+    assert (tmp_path / "dlcheck-postmortem-S2-step18.json").exists()
