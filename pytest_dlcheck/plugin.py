@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from . import fixtures, registry, twin
-from .cost import counting
+from .cost import Cost, counting
 from .errors import CheckFailed, RoleError
 from .isolation import CheckTimeout, as_user, check_frame, checking, hypothesis_home, time_bound
 from .listing import print_catalog
@@ -449,7 +449,7 @@ class CheckItem(pytest.Function):
         return self.name.endswith(PROPERTY_SUFFIX)
 
     def runtest(self) -> None:
-        with self._guarded():
+        with self._guarded(count=True):
             ctx = self.funcargs.get("dlcheck")
             if getattr(ctx, "error", None) is not None:
                 raise ctx.error
@@ -466,12 +466,17 @@ class CheckItem(pytest.Function):
             super().setup()
 
     @contextlib.contextmanager
-    def _guarded(self):
+    def _guarded(self, count: bool = False):
         """The check's frame, its time bound (setup and call share one budget), and the explanation of
         what escaped it: a user's object that raised becomes that role's error; a crash of the check's
-        own code on an unusable object names the object and what is wrong with it."""
+        own code on an unusable object names the object and what is wrong with it. The call's work is
+        counted (``count``); the setup builds the user's fixtures, which are theirs, not the check's."""
         left = None if self._deadline is None else max(self._deadline - time.monotonic(), 1e-3)
-        with check_frame(), hypothesis_home(self.config), counting() as cost:
+        with (
+            check_frame(),
+            hypothesis_home(self.config),
+            counting() if count else contextlib.nullcontext(Cost()) as cost,
+        ):
             try:
                 with time_bound(left, session_state(self.config).timeout):
                     try:

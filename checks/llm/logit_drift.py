@@ -11,6 +11,7 @@ import torch
 
 from ...registry import Setting, check
 from ...training import find_setup, modes, probe, run_or_skip, smoke_run
+from ...training.runs import NotTheBatch, model_call
 from ..shared import lm
 from .common import token_sample
 
@@ -166,6 +167,13 @@ def check_logit_drift(dlcheck):
     if not isinstance(model, torch.nn.Module):
         dlcheck.not_applicable(f"dlcheck_model is a {type(model).__name__}, not a torch.nn.Module: no logits to read")
     sample = token_sample(dlcheck)
+    try:  # the model-call rule: a model whose forward does not take the token batch (a UNet) is not concerned
+        fields = {
+            k: v for k, v in dict(sample.batches[0]).items() if k in ("input_ids", "attention_mask", "position_ids")
+        }
+        model_call(model, fields)
+    except NotTheBatch as exc:
+        dlcheck.not_applicable(str(exc).removeprefix("not applicable: "))
     lm.forward_ready(dlcheck, model, sample.batches)
 
     def forward(row: Mapping[str, Any]) -> Any:

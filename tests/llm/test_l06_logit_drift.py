@@ -108,3 +108,38 @@ def test_without_the_smoke_checks_nothing_is_trained(project):
     text = " ".join(run.text.split())
     assert "after 20 smoke steps" not in text
     assert "on 2 batches of dlcheck_dataloader with the current weights" in text
+
+
+UNET_WITH_TEXT = """
+    import pytest, tiny
+    from diffusers import UNet2DConditionModel
+    from transformers import DataCollatorForLanguageModeling
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model():  # a text-to-image UNet: the captions are tokenized, the model is not called on them
+        return UNet2DConditionModel(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
+                                    block_out_channels=(16, 32), norm_num_groups=8, cross_attention_dim=16,
+                                    down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                                    up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), attention_head_dim=4)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_tokenizer):
+        return tiny.tokenized(dlcheck_tokenizer)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        return DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)
+"""
+
+
+def test_a_unet_is_not_called_on_token_batches(project):
+    """The model-call rule: a UNet's forward takes noisy latents, timesteps and text states, not the
+    caption batch; L6 is not applicable instead of blaming dlcheck_model for raising."""
+    project.conftest(UNET_WITH_TEXT)
+    run = project.run("--dlcheck=L6", "-rs")
+    run.assert_outcome("L6", "skipped")
+    run.fnmatch(["*not applicable: UNet2DConditionModel.forward requires sample, timestep, encoder_hidden_states*"])
