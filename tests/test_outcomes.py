@@ -103,3 +103,14 @@ def test_a_pipeline_of_another_kind_is_not_asked_for_a_tokenizer(project):
         run.assert_outcome(cid, "skipped")
     assert "define fixture dlcheck_tokenizer" not in run.text, run.text
     run.fnmatch(["*not applicable: dlcheck_dataloader yields lists of tensors*no token batches to check*"])
+
+
+def test_information_items_of_other_domains_do_not_speak_to_an_llm_pipeline(project):
+    """DF1 (diffusion) and R5/R6 (RL) are notes for their own kind of training: on a causal-LM pipeline they
+    are "not applicable", not an "info:" line in its summary."""
+    project.conftest(LM_COLLATOR.format(pad="tiny.PAD", eos=True))
+    run = project.run("--dlcheck=DF1,R5,R6", "-rs")
+    for cid in ("DF1", "R5", "R6"):
+        run.assert_outcome(cid, "skipped")
+    assert "info:" not in run.text.split("dlcheck summary")[-1]
+    run.fnmatch(["*n/a:*no reinforcement learning in the given fixtures*(2 checks)*"])

@@ -27,9 +27,10 @@ def check_low_loss_bad_samples(dlcheck):
     Known problems
         Not a test: it skips by design.
     Not applicable
-        Nothing: it is an information item for diffusion training, not a verdict, and says so under any
-        selection that includes it.
+        An information item for diffusion training, not a verdict: it says so under any selection that
+        includes it; pipelines that are not diffusion trainings (no diffusion role given).
     """
+    D.require_diffusion(dlcheck)
     dlcheck.skip(
         "info: DF1 is not a test; low loss with bad samples is usually EMA unused (DF2), latent scale (DF3), "
         "train/inference schedulers (DF4, DF6), no conditioning dropout (DF5) or noising (DF8)"

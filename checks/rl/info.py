@@ -7,6 +7,19 @@ from ...errors import MISSING
 from ...registry import check
 from . import measure as rl
 
+#: roles that mark a project as reinforcement learning (an SB3 algorithm, an environment, a GAE or advantage
+#: function, rollouts, a GRPO trainer's reward functions): without one, the notes do not concern it
+RL_ROLES = ("algorithm", "env", "advantage_fn", "rollout", "reward_funcs", "train_log")
+
+
+def _require_rl(dlcheck) -> None:
+    if not any(dlcheck.role(name) is not MISSING for name in RL_ROLES):
+        dlcheck.not_applicable(
+            "no reinforcement learning in the given fixtures (no dlcheck_algorithm, dlcheck_env, "
+            "dlcheck_advantage_fn, dlcheck_rollout, GRPO trainer or dlcheck_train_log): an RL note does not "
+            "concern this pipeline"
+        )
+
 
 @check(
     "R5",
@@ -35,10 +48,11 @@ def check_critic_loss_trend(dlcheck):
         Not a test: it skips with the report by design.
     Not applicable
         Runs without a critic (GRPO and other critic-free methods): a dlcheck_train_log without a value
-        loss.
+        loss; pipelines that are not reinforcement learning (no RL role given).
     """
     log = dlcheck.role("train_log")
     if log is MISSING:
+        _require_rl(dlcheck)
         dlcheck.skip(
             "info: a rising critic (value) loss is normal in RL while returns grow; judge the critic by "
             "explained variance (SB3 train/explained_variance), not by its loss"
@@ -83,9 +97,12 @@ def check_single_seed(dlcheck):
     Known problems
         Not a test: it skips with the note by design; the checks cannot see runs outside this session.
     Not applicable
-        None: the note concerns every RL result.
+        Pipelines that are not reinforcement learning (no RL role given); the note concerns every RL
+        result.
     """
     algo = dlcheck.role("algorithm")
+    if algo is MISSING:
+        _require_rl(dlcheck)
     seed = getattr(algo, "seed", None) if algo is not MISSING else None
     seen = f"dlcheck_algorithm was built with seed={seed}; " if seed is not None else ""
     dlcheck.skip(
