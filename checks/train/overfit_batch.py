@@ -32,8 +32,9 @@ from ...training.runs import is_grpo
         Setting(
             "steps",
             30,
-            "optimizer steps on the one batch per attempt; a working pipeline halves a batch's loss "
-            "in far fewer (the tiny models of the test suite need 5-15)",
+            "at most this many optimizer steps on the one batch per attempt (an attempt stops as soon as the "
+            "loss is under the target); a working pipeline halves a batch's loss in far fewer (the tiny "
+            "models of the test suite need 5-15)",
         ),
         Setting(
             "min_reduction",
@@ -49,8 +50,9 @@ def check_overfit_batch(dlcheck):
     What it does
         Takes fresh objects (a clone of the Trainer's model and optimizer, a copy of your
         LightningModule with its ``configure_optimizers``, or ``dlcheck_make_training``), and trains on
-        the first sampled batch only, ``steps`` times, with your optimizer at its base learning rate (the
-        scheduler is left out, so a warmup does not hide the result). The loss is measured in train mode
+        the first sampled batch only, at most ``steps`` times (an attempt stops as soon as the loss is
+        under the target: a passing pipeline costs a handful of steps), with your optimizer at its base
+        learning rate (the scheduler is left out, so a warmup does not hide the result). The loss is measured in train mode
         (BatchNorm's running statistics lag in eval mode) and the model's own randomness — dropout masks,
         a diffusion loss's noise and timesteps — is drawn the same way at every step, so one batch is one
         fixed objective. When the loss does not fall by ``min_reduction``, it tries 10x and 100x your
@@ -109,6 +111,7 @@ def check_overfit_batch(dlcheck):
     target = first * (1 - dlcheck.setting("min_reduction"))
     steps = dlcheck.setting("steps")
     attempts = []
+    spent: list[int] = []  # optimizer steps each attempt took (it stops once the target is reached)
 
     def attempt(mult: float) -> float:
         start.restore(model)
@@ -119,14 +122,22 @@ def check_overfit_batch(dlcheck):
         for g in opt.param_groups:
             g["lr"] = g["lr"] * mult
         lr = opt.param_groups[0]["lr"]
+        used = steps
         with modes(model, train=True):
-            for _ in range(steps):
+            for i in range(steps):
                 opt.zero_grad(set_to_none=True)
-                fixed(lambda: fresh.loss(batch)).backward()
+                loss = fixed(lambda: fresh.loss(batch))
+                # the loss of the weights after i steps, measured as batch_loss does (train mode, randomness
+                # held fixed): once it is under the target the verdict is in, and no further step is spent
+                if i and math.isfinite(value := float(loss.detach())) and value <= target:
+                    used = i
+                    break
+                loss.backward()
                 opt.step()
         opt.zero_grad(set_to_none=True)
         last = batch_loss()
         attempts.append((mult, lr, last))
+        spent.append(used)
         return last
 
     def diverged(value: float) -> bool:
@@ -143,7 +154,7 @@ def check_overfit_batch(dlcheck):
                     f"lr {a_lr:.3g} ({a_mult:g}x): {a_last:.4g}" for a_mult, a_lr, a_last in attempts[:-1]
                 )
                 dlcheck.measured(
-                    f"batch 0 loss {first:.4g} -> {last:.4g} after {steps} steps on that batch alone at lr "
+                    f"batch 0 loss {first:.4g} -> {last:.4g} after {spent[-1]} steps on that batch alone at lr "
                     f"{attempts[-1][1]:.3g} ({mult:g}x your base LR), train mode, the model's randomness held fixed: "
                     f"{1 - last / first:.0%} less, {dlcheck.setting('min_reduction'):.0%} needed"
                     + (f" (also tried: {others})" if others else ""),
@@ -151,7 +162,8 @@ def check_overfit_batch(dlcheck):
                     last_loss=round(last, 6),
                     lr=attempts[-1][1],
                     lr_multiplier=mult,
-                    steps=steps,
+                    steps=spent[-1],
+                    max_steps=steps,
                 )
                 return
             if mult == 1.0:

@@ -17,10 +17,13 @@ def test_logits_model_overfits(project):
     project.conftest(tt.loop_project())
     run = project.run("--dlcheck=T2", "-rA")
     run.fnmatch(["*::T2_overfit_batch PASSED (batch 0 loss 1.493 -> *"])
+    # the attempt stops once the loss is under the target: a handful of steps, not the 30 allowed
+    steps = int(run.text.split("batch 0 loss 1.493 -> ")[2].split(" after ")[1].split(" steps")[0])
+    assert 1 <= steps < 30
     run.fnmatch(
         [
-            "batch 0 loss 1.493 -> 0.001883 after 30 steps on that batch alone at lr 0.01 (1x your base LR), train mode, "
-            "the model's randomness held fixed: 100% less, 50% needed"
+            "batch 0 loss 1.493 -> * after * steps on that batch alone at lr 0.01 (1x your base LR), train mode, "
+            "the model's randomness held fixed: *% less, 50% needed"
         ]
     )
 
@@ -46,7 +49,7 @@ def test_sft_trainer_overfits_and_leaves_the_users_model_alone(project):
         run.assert_outcome(cid, "passed")
     run.fnmatch(
         [
-            "batch 0 loss * -> * after 30 steps on that batch alone at lr * (*x your base LR), train mode*: *% less, 50% needed*"
+            "batch 0 loss * -> * after * steps on that batch alone at lr * (*x your base LR), train mode*: *% less, 50% needed*"
         ]
     )
     run.fnmatch(["all 20 trainable parameter tensors get a gradient from the loss on batch 0 (loss *)"])
