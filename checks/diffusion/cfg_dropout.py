@@ -45,6 +45,7 @@ class Tally:
     calls: int = 0
     null_u: int = 0  # rows equal to the inference unconditional input
     null_other: int = 0  # rows that are another null (all-zero embedding, all-pad ids)
+    null_empty: int = 0  # rows equal to the empty prompt's embedding while the sampler's null is zeros
     other_what: str = ""
     uniform_calls: int = 0  # calls whose rows are all null or all kept
     null_calls: int = 0  # calls with at least one null row
@@ -53,7 +54,7 @@ class Tally:
 
     @property
     def nulls(self) -> int:
-        return self.null_u + self.null_other
+        return self.null_u + self.null_other + self.null_empty
 
 
 def _kind(c: Any) -> str:
@@ -112,6 +113,7 @@ class Nulls:
         self.u = None  # the inference unconditional input in this representation
         self.u_what = ""
         self.pad = None
+        self.empty = None  # the empty prompt's embedding, compared when the sampler's null is all zeros
         if kind == "caption":
             self.u = uncond if isinstance(uncond, str) else ""
             self.u_what = f"the caption {self.u!r}"
@@ -139,7 +141,9 @@ class Nulls:
                 if tuple(u.shape) == tuple(first.shape[1:]):
                     self.u = u
                     self.u_what = (
-                        f"dlcheck_uncond, an embedding of norm {float(u.norm()):.3g} (the empty prompt's, "
+                        "dlcheck_uncond, an all-zero embedding"
+                        if float(u.norm()) == 0.0
+                        else f"dlcheck_uncond, an embedding of norm {float(u.norm()):.3g} (the empty prompt's, "
                         "when derived from the pipeline)"
                     )
                 else:
@@ -174,6 +178,10 @@ class Nulls:
                 out.append("u")
             elif norm == 0.0:
                 out.append("other")
+            elif self.empty is not None and float((row - self.empty).norm()) <= SAME_RTOL * max(
+                float(self.empty.norm()), 1e-12
+            ):
+                out.append("empty")
             else:
                 out.append("")
         return out
@@ -190,6 +198,25 @@ class _State:
     from_batch: bool = False
     nulls: Any = None
     early: bool = False
+
+
+def _empty_when_sampler_null_is_zero(dlcheck, nulls: Nulls, tok: Any, first: Any) -> Any:
+    """The empty prompt's embedding (one row) when the sampler's null is an all-zero embedding, so that a
+    training path dropping to "" is recognised as dropping to another null; None otherwise."""
+    if nulls.kind != "embeddings" or nulls.u is None or float(nulls.u.norm()) != 0.0:
+        return None
+    enc = dlcheck.optional("text_encoder")
+    if tok is MISSING or tok is None or enc is None:
+        return None
+    from . import empty_prompt_embeddings
+
+    try:
+        e = empty_prompt_embeddings(tok, enc).detach().float().cpu()
+    except Exception:  # noqa: BLE001 - an encoder that does not take the tokenizer's ids: unknown
+        return None
+    while e.dim() > first.dim() - 1 and e.shape[0] == 1:
+        e = e[0]
+    return e if tuple(e.shape) == tuple(first.shape[1:]) else None
 
 
 def _draw(dlcheck, batches, tally: Tally, state: _State, low: float, high: float, tok: Any) -> None:
@@ -232,6 +259,7 @@ def _draw(dlcheck, batches, tally: Tally, state: _State, low: float, high: float
                 )
             uncond = dlcheck.role("uncond")
             state.nulls = Nulls(kind, uncond, tok, c)
+            state.nulls.empty = _empty_when_sampler_null_is_zero(dlcheck, state.nulls, tok, c)
             tally.kind = kind
             if kind == "class" and state.nulls.u is None:
                 dlcheck.skip(
@@ -243,6 +271,7 @@ def _draw(dlcheck, batches, tally: Tally, state: _State, low: float, high: float
         tally.rows += len(labels)
         tally.null_u += labels.count("u")
         tally.null_other += labels.count("other")
+        tally.null_empty += labels.count("empty")
         dropped = sum(1 for x in labels if x)
         tally.null_calls += dropped > 0
         tally.uniform_calls += dropped in (0, len(labels))
@@ -398,6 +427,14 @@ def check_cfg_dropout(dlcheck):
         "diffusers scripts), or ehs = torch.where((torch.rand(B) < 0.1)[:, None, None], null_ehs, ehs) with "
         "null_ehs the text encoder's output for ''; set DF5.low/DF5.high if you intend another rate"
     )
+    if tally.kind == "class":
+        null_id = nulls.u if nulls.u is not None else "num_classes"
+        fix_rate = (
+            f"replace the class label by the null class id ({null_id}, the extra row of the class embedding that the "
+            f"sampler passes as its unconditional input) for ~10% of training examples: class_labels = "
+            f"torch.where(torch.rand(B) < 0.1, {null_id}, class_labels) (DiT: class_dropout_prob=0.1); set "
+            "DF5.low/DF5.high if you intend another rate"
+        )
     if early:
         pass  # the rate is inside the band (checked above); only the null itself is left to compare
     elif p_low <= alpha / 2:
@@ -451,6 +488,21 @@ def check_cfg_dropout(dlcheck):
                     "or give the sampler the same null (negative_prompt_embeds=torch.zeros_like(prompt_embeds))",
                 )
             )
+    if tally.null_empty:
+        findings.append(
+            (
+                [
+                    f"{tally.null_empty} of {tally.nulls} null rows are the empty prompt's embedding (text_encoder('')); "
+                    f"the sampler's unconditional input is {nulls.u_what}"
+                ]
+                + ([head] if not findings else []),
+                "the model learns its unconditional prediction for the empty prompt's embedding, but classifier-free "
+                "guidance feeds it an all-zero embedding, an input it was never trained on",
+                "give the sampler the null it was trained with (negative_prompt='' and no zero "
+                "negative_prompt_embeds; dlcheck_uncond = the empty prompt's embedding), or train with the zero "
+                "null (null_ehs = torch.zeros_like(ehs))",
+            )
+        )
     if findings:
         evidence = [line for f in findings for line in f[0]]
         dlcheck.fail(evidence, "; ".join(f[1] for f in findings), "; ".join(f[2] for f in findings))

@@ -48,6 +48,20 @@ def _equal_all(params: list[Any], refs: list[Any]) -> bool:
     return all(p.shape == r.shape and bool((p.detach() == r.to(p.device, p.dtype)).all()) for p, r in zip(params, refs))
 
 
+def _sample_with_ema_fix(ema: Any, ema_module: Any) -> str:
+    """How to sample with this kind of EMA: EMAModel's store/copy_to/restore, or the EMA module itself."""
+    if ema_module is None:
+        return (
+            "ema.store(unet.parameters()); ema.copy_to(unet.parameters()); sample; ema.restore(unet.parameters()) "
+            "(and ema.copy_to(unet.parameters()) before pipeline.save_pretrained)"
+        )
+    ref = "ema_model.module" if ema_module is not ema else "ema_model"
+    return (
+        f"sample with the EMA module itself: pipe = copy.copy(pipeline); pipe.register_modules(unet={ref}); "
+        f"images = pipe(...).images (and save {ref}, e.g. {ref}.save_pretrained(...), as the final denoiser)"
+    )
+
+
 @check(
     "DF2",
     domain="diffusion",
@@ -81,8 +95,10 @@ def check_ema_used(dlcheck):
     Known problems
         Runs the user's sampling routine once: keep it cheap (one prompt, two steps). The denoiser is
         recognised by its class (dlcheck_unet's); a sampler that runs a compiled or differently-typed copy
-        is not seen (the check skips). Whether the training loop calls ema.step is not observed; a decay
-        of 1 (an EMA that never moves) is reported.
+        is not seen (the check skips). Whether the training loop calls ema.step is seen only for
+        diffusers' EMAModel (optimization_step 0 while dlcheck_unet has moved away from the shadow params);
+        a decay of 1 (an EMA that never moves) is reported. An EMA module (deepcopy, AveragedModel) carries
+        no step count, so a never-updated module copy is not detected.
     Not applicable
         Trainings that keep no EMA of the denoiser (no dlcheck_ema, and no use_ema in dlcheck_training_args),
         and projects that are not a diffusion training.
@@ -126,6 +142,25 @@ def check_ema_used(dlcheck):
             "an EMA with decay ≥ 1 never moves from its initial weights",
             "EMAModel(unet.parameters(), decay=0.9999, use_ema_warmup=True) (0.999 for short runs)",
         )
+    step = getattr(ema, "optimization_step", None)
+    if isinstance(step, int) and step == 0 and isinstance(getattr(ema, "shadow_params", None), list):
+        with torch.no_grad():
+            moved = sum(
+                not bool((t.detach().to(p.device, p.dtype) == p.detach()).all()) for t, p in zip(tensors, params)
+            )
+        if moved:
+            dlcheck.fail(
+                [
+                    f"dlcheck_ema ({ema_desc}) has optimization_step 0: ema.step was never called",
+                    f"yet {moved} of {len(params)} tensors of dlcheck_unet ({name}) differ from the EMA's shadow "
+                    "params: the model was trained after the EMA was made, and the EMA still holds the weights it "
+                    "started from",
+                ],
+                "the training loop never calls ema.step(unet.parameters()), so the EMA is the initial (pre-training) "
+                "model and everything sampled or saved from it ignores the training",
+                "after each optimizer step that syncs gradients: if accelerator.sync_gradients: "
+                "ema.step(unet.parameters())",
+            )
 
     # snapshot everything the sampling routine, or this check, may change
     # (copies on the CPU: a GPU-sized model must not be doubled on the GPU)
@@ -196,10 +231,14 @@ def check_ema_used(dlcheck):
                     f"dlcheck_sample_images ran {name} ({raw_runs[0]}) with the raw trained weights: all {len(params)} tensors "
                     f"equal dlcheck_unet's, none the EMA's (dlcheck_ema: {ema_desc})"
                 ],
-                "the sampling routine never copies the EMA weights in (ema.copy_to) nor samples with the EMA module, so "
-                "validation images, and a pipeline saved the same way, show the raw weights",
-                "ema.store(unet.parameters()); ema.copy_to(unet.parameters()); sample; ema.restore(unet.parameters()) "
-                "(and ema.copy_to(unet.parameters()) before pipeline.save_pretrained)",
+                (
+                    "the sampling routine never copies the EMA weights in (ema.copy_to) nor samples with the EMA module"
+                    if ema_module is None
+                    else "the sampling routine runs the trained model, never the EMA module (the pipeline's unet is "
+                    "not the EMA copy)"
+                )
+                + ", so validation images, and a pipeline saved the same way, show the raw weights",
+                _sample_with_ema_fix(ema, ema_module),
             )
         )
     if drifted:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from ...guard import eval_mode
 from ...registry import Setting, check
@@ -26,6 +27,80 @@ def _raw_latents(dlcheck, vae, images):
             z = dist.sample() if dist is not None else (enc.latents if hasattr(enc, "latents") else enc[0])
             out.append(z.detach().float().cpu())
     return torch.cat(out)
+
+
+def sf_name_plain(sf: float) -> str:
+    return f"vae.config.scaling_factor ({sf:g})"
+
+
+def _scheduler_classes() -> list[Any]:
+    """Every loaded diffusers scheduler class that defines its own ``step``."""
+    from diffusers import SchedulerMixin
+
+    out, todo = [], [SchedulerMixin]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if "step" in cls.__dict__:
+            out.append(cls)
+    return out
+
+
+def decode_observed(dlcheck, vae) -> tuple[float, Any] | None:
+    """Runs dlcheck_sample_images once and returns (a, decode input) with ``decode input ≈ a · the last
+    latents a scheduler step produced`` (least squares), read by wrapping every scheduler class's ``step``
+    and this VAE's ``decode`` for the duration of the call; None when either was not seen."""
+    import torch
+
+    sample = dlcheck.optional("sample_images")
+    if sample is None or not callable(sample):
+        return None
+    last: list[Any] = []
+    decoded: list[Any] = []
+    patched: list[tuple[Any, Any]] = []
+
+    def wrap_step(orig):
+        def step(self, *args, **kwargs):
+            out = orig(self, *args, **kwargs)
+            prev = getattr(out, "prev_sample", None)
+            if prev is None and isinstance(out, tuple) and out:
+                prev = out[0]
+            if isinstance(prev, torch.Tensor):
+                last[:] = [prev.detach().float().cpu()]
+            return out
+
+        return step
+
+    had_decode = "decode" in vae.__dict__
+    orig_decode = vae.decode
+
+    def decode(z, *args, **kwargs):
+        if isinstance(z, torch.Tensor):
+            decoded.append((z.detach().float().cpu(), last[0] if last else None))
+        return orig_decode(z, *args, **kwargs)
+
+    try:
+        for cls in _scheduler_classes():
+            patched.append((cls, cls.__dict__["step"]))
+            cls.step = wrap_step(cls.__dict__["step"])
+        object.__setattr__(vae, "decode", decode)
+        with torch.random.fork_rng(), torch.no_grad():
+            dlcheck.call("sample_images", sample)
+    finally:
+        for cls, orig in patched:
+            cls.step = orig
+        if had_decode:
+            object.__setattr__(vae, "decode", orig_decode)
+        else:
+            vae.__dict__.pop("decode", None)
+    pairs = [(z, x) for z, x in decoded if x is not None and z.shape == x.shape]
+    if not pairs:
+        return None
+    z, x = pairs[-1]
+    denom = float((x.double() * x.double()).sum())
+    if denom == 0:
+        return None
+    return float((z.double() * x.double()).sum()) / denom, z
 
 
 @check(
@@ -83,7 +158,8 @@ def check_latent_scale(dlcheck):
         must keep the factor it was trained with even when your data's latent std differs; the band is
         wide for that reason. Needs pixel images in the batches (skips with precomputed latents unless
         dlcheck_training_inputs is given). The decode side is read from vae.config (what diffusers
-        pipelines use); a hand-written sampler that decodes without dividing is not observed. The VAE's
+        pipelines use); when dlcheck_sample_images is given, it is run once and what reaches vae.decode is
+        compared with the last scheduler step's output (a sampler that decodes without dividing fails). The VAE's
         latents are drawn as training scripts draw them (latent_dist.sample()); a training path using
         .mode() on a VAE with a wide posterior (a freshly initialised one) is measured at another scale.
     Not applicable
@@ -135,6 +211,28 @@ def check_latent_scale(dlcheck):
 
     def in_band(s: float) -> bool:
         return 1 / r <= s <= r
+
+    decode_lines: list[str] = []
+    seen = decode_observed(dlcheck, vae) if abs(sf - 1) > rtol else None
+    if seen is not None:
+        a, _ = seen
+        if abs(a - 1) <= rtol:
+            dlcheck.fail(
+                [
+                    f"dlcheck_sample_images passes vae.decode {a:.3g} × the final latents of the sampling loop "
+                    f"(measured on the last scheduler step's output), not 1 / scaling_factor = {1 / sf:.3g}",
+                ],
+                f"the sampling routine decodes the denoiser's latents without dividing by {sf_name_plain(sf)}, "
+                f"so the decoder sees latents {1 / sf:.3g}× too small and the samples come out washed out (grey, "
+                "low contrast), whatever the training",
+                "image = vae.decode(latents / vae.config.scaling_factor).sample (add vae.config.shift_factor after "
+                "dividing when it is set), as the diffusers pipelines do",
+            )
+        if abs(a * sf - 1) <= rtol:
+            decode_lines.append(
+                f"dlcheck_sample_images passes vae.decode {a:.3g} × the final latents = 1 / scaling_factor "
+                f"({1 / sf:.3g}, rtol {rtol:g})"
+            )
 
     sf_name = f"vae.config.scaling_factor = {sf:g}" + (
         " (Stable Diffusion 1.x's value, calibrated for its VAE)" if math.isclose(sf, SD1_FACTOR, rel_tol=1e-4) else ""
@@ -201,6 +299,7 @@ def check_latent_scale(dlcheck):
                     else "; no pixel images in the batches to measure the factor applied"
                 ),
                 *([raw_line] if raw_line else []),
+                *decode_lines,
                 train_std=round(train_std, 4),
                 raw_std=round(raw_std, 4) if raw_std is not None else None,
                 factor=round(implied, 5) if implied is not None else None,
@@ -235,6 +334,7 @@ def check_latent_scale(dlcheck):
         f"{sf_name} gives latents of std {D.fmt(raw_std * sf)}, within [{1 / r:.3g}, {r:g}]",
         raw_line,
         "the training path was not observed (define dlcheck_training_inputs to measure the factor it applies)",
+        *decode_lines,
         raw_std=round(raw_std, 4),
         scaled_std=round(raw_std * sf, 4),
         scaling_factor=sf,

@@ -481,3 +481,56 @@ def user_callable(ctx: Any, name: str, obj: Any) -> Callable[..., Any]:
     if not callable(obj):
         raise RoleError(name, f"is a {type(obj).__name__}, expected a callable")
     return obj
+
+
+def sampling_scheduler(dlcheck) -> Any:
+    """The scheduler instance whose ``step`` ran last while ``dlcheck_sample_images`` ran once (a routine that
+    swaps ``pipeline.scheduler`` at sampling time is read as it really samples); None when there is no
+    sampling routine or no diffusers scheduler stepped. Every scheduler class's ``step`` is wrapped for the
+    call only, the RNG is forked, and a pipeline whose ``scheduler`` the routine replaced gets its own back."""
+    import torch
+    from diffusers import SchedulerMixin
+
+    sample = dlcheck.optional("sample_images")
+    if sample is None or not callable(sample):
+        return None
+    pipe = dlcheck.optional("pipeline")
+    before = getattr(pipe, "scheduler", None)
+    used: list[Any] = []
+    patched: list[tuple[Any, Any]] = []
+
+    def wrap(orig):
+        def step(self, *args, **kwargs):
+            used[:] = [self]
+            return orig(self, *args, **kwargs)
+
+        return step
+
+    todo = [SchedulerMixin]
+    try:
+        while todo:
+            cls = todo.pop()
+            todo.extend(cls.__subclasses__())
+            if "step" in cls.__dict__:
+                patched.append((cls, cls.__dict__["step"]))
+                cls.step = wrap(cls.__dict__["step"])
+        with torch.random.fork_rng(), torch.no_grad():
+            dlcheck.call("sample_images", sample)
+    finally:
+        for cls, orig in patched:
+            cls.step = orig
+        if before is not None and getattr(pipe, "scheduler", None) is not before:
+            pipe.register_modules(scheduler=before)
+    return used[0] if used else None
+
+
+def swapped_scheduler(dlcheck, infer: Any) -> Any:
+    """The scheduler ``dlcheck_sample_images`` really steps when it is not the pipeline's (or, without a
+    pipeline, not dlcheck_inference_scheduler) and its config differs: a routine that swaps
+    ``pipeline.scheduler`` at sampling time; None otherwise."""
+    pipe = dlcheck.optional("pipeline")
+    ref = getattr(pipe, "scheduler", None) or infer
+    used = sampling_scheduler(dlcheck)
+    if used is None or used is ref or used is infer or sched_config(used) == sched_config(ref):
+        return None
+    return used

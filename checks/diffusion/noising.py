@@ -17,6 +17,49 @@ def _fit(noisy, x0, noise):
     return sol[:, 0], sol[:, 1]
 
 
+def _add_noise_coefficients(sched, ts):
+    """(a_t, b_t) that the scheduler's own ``add_noise`` computes at these timesteps, measured on a fresh
+    copy with unit inputs (so Euler's variance-exploding x + σ·noise is reported as it is); the ᾱ_t
+    formula when the copy cannot be built or called."""
+    import torch
+
+    try:
+        fresh = D.fresh_scheduler(sched)
+        t = ts.to("cpu").long()
+        one, zero = torch.ones(len(t), 1, dtype=torch.float64), torch.zeros(len(t), 1, dtype=torch.float64)
+        a = fresh.add_noise(one, zero, t).flatten().double()
+        b = fresh.add_noise(zero, one, t).flatten().double()
+        if a.shape == b.shape == t.shape and bool(torch.isfinite(a).all() and torch.isfinite(b).all()):
+            return a, b
+    except Exception:  # noqa: BLE001 - an exotic add_noise: fall back to the ᾱ_t formula
+        pass
+    coef = D.noising_coefficients(sched, ts)
+    return None if coef is None else (coef[0].double(), coef[1].double())
+
+
+def _variance_exploding(sched, ts, a, b, atol):
+    """(example, σ_t) of the most telling example when every fit is noisy = 1·x0 + σ_t·noise with
+    σ_t = sqrt((1 − ᾱ_t)/ᾱ_t) (the Euler/k-diffusion form) and at least one example is far from the
+    variance-preserving form; None otherwise."""
+    import torch
+
+    ac = D.alphas_cumprod(sched)
+    if ac is None:
+        return None
+    t = ts.to("cpu").long().clamp(0, len(ac) - 1)
+    abar = ac[t].double()
+    sigma = ((1 - abar) / abar).sqrt()
+    if not bool(torch.all((a - 1).abs() <= atol)) or not bool(
+        torch.all((b - sigma).abs() <= atol * sigma.clamp(min=1))
+    ):
+        return None
+    vp_gap = torch.maximum((a - abar.sqrt()).abs(), (b - (1 - abar).sqrt()).abs())
+    if float(vp_gap.max()) <= atol:
+        return None
+    i = int(vp_gap.argmax())
+    return i, float(sigma[i])
+
+
 @check(
     "DF8",
     domain="diffusion",
@@ -68,17 +111,23 @@ def check_noising(dlcheck):
         shares one timestep across its batch, calls are counted, not examples); the noise has mean 0 and
         std 1; and each example's noisy latents equal a·latents + b·noise with the noise scheduler's own
         coefficients (sqrt(ᾱ_t), sqrt(1 − ᾱ_t)), fitted by least squares, i.e. they come from the same
-        scheduler's ``add_noise``.
+        scheduler's ``add_noise``. The expected coefficients are measured by calling ``add_noise`` of a
+        fresh copy of the scheduler; when that ``add_noise`` is variance-exploding (EulerDiscreteScheduler:
+        x0 + σ_t·noise, σ_t = sqrt((1 − ᾱ_t)/ᾱ_t)), training is held to the variance-preserving form of
+        the same ᾱ_t, and noisy latents that fit 1·x0 + σ_t·noise are named variance-exploding.
     Why it is bad
         A fixed or narrow timestep range trains the denoiser on a few noise levels only: the loss falls,
         and sampling, which walks through all of them, produces mush. Scaled noise, or noisy latents from
         another schedule (another scheduler object, a hand-written formula, continuous times in [0, 1))
-        train the model on a noise process the sampler does not invert.
+        train the model on a noise process the sampler does not invert. Euler's ``add_noise`` is meant
+        for k-diffusion sampling, where ``scale_model_input`` divides by sqrt(σ² + 1): used for training
+        without that division, the denoiser sees noise of std up to ~15 it never meets when sampling.
     Example
         timesteps = torch.full((bsz,), 500)                                 # fixed timestep
         timesteps = torch.randint(0, 50, (bsz,))                            # num_inference_steps, not T
         noise = torch.randn_like(latents) * 0.1                            # scaled noise
         noisy = other_scheduler.add_noise(latents, noise, timesteps)        # another beta schedule
+        noisy = EulerDiscreteScheduler.from_config(cfg).add_noise(latents, noise, timesteps)  # x0 + σ·noise
     Use instead
         noise = torch.randn_like(latents)
         timesteps = torch.randint(0, noise_scheduler.config.num_train_timesteps, (bsz,), device=latents.device)
@@ -88,7 +137,9 @@ def check_noising(dlcheck):
         Schedulers without ᾱ_t (flow matching, which draws sigmas, often logit-normal on purpose) are
         covered only in part: the timesteps must lie in [0, T] and not all be equal; the uniform test and
         the noising fit are skipped. Deliberately biased timestep
-        sampling fails the uniform test: set DF8.require_uniform=false.
+        sampling fails the uniform test: set DF8.require_uniform=false. A k-diffusion-style training that
+        returns the Euler-noised latents before dividing them by sqrt(σ² + 1) fails the variance-exploding
+        test: return the divided model input as 'noisy_latents'.
     Not applicable
         Projects that are not a diffusion training (no diffusion role: an LLM, a vision classifier, RL).
     """
@@ -192,25 +243,69 @@ def check_noising(dlcheck):
     if all(d.get(k) is not None for d in draws for k in ("latents", "noisy_latents")):
         x0, noisy = D.cat(draws, "latents"), D.cat(draws, "noisy_latents")
         if x0.shape == noisy.shape == noise.shape and integral and 0 <= lo and hi <= T - 1:
-            coef = D.noising_coefficients(sched, ts)
+            coef = _add_noise_coefficients(sched, ts)
             if coef is not None:
                 a, b = _fit(noisy, x0, noise)
                 ea, eb = coef
-                err = torch.maximum((a - ea).abs(), (b - eb).abs())
                 atol = dlcheck.setting("coef_atol")
+                label = f"{D.describe(sched)}.add_noise"
+                coefs = f"{label}'s coefficients"
+                vp = D.noising_coefficients(sched, ts)
+                if vp is not None and bool(torch.all((ea - 1).abs() <= atol)):
+                    vpa, vpb = vp[0].double(), vp[1].double()
+                    if float(torch.maximum((ea - vpa).abs(), (eb - vpb).abs()).max()) > atol:
+                        # the scheduler's own add_noise is variance-exploding (Euler): training is held to the
+                        # variance-preserving form of its ᾱ_t, which is what DDPM-family training computes
+                        ea, eb = vpa, vpb
+                        label = (
+                            f"the variance-preserving form of {D.describe(sched)}'s ᾱ_t (its own add_noise is "
+                            "variance-exploding)"
+                        )
+                        coefs = f"the coefficients of {label}"
+                err = torch.maximum((a - ea).abs(), (b - eb).abs())
                 bad = (err > atol).nonzero().flatten().tolist()
-                ok.append(
-                    f"noisy_latents = a·latents + b·noise with {D.describe(sched)}.add_noise's coefficients in "
-                    f"{len(err) - len(bad)} of {len(err)} examples (largest gap {float(err.max()):.3g} ≤ {atol:g})"
-                )
-                if bad:
+                ve = _variance_exploding(sched, ts, a, b, atol)
+                if not bad:
+                    ok.append(
+                        f"noisy_latents = a·latents + b·noise with {coefs} in "
+                        f"{len(err)} of {len(err)} examples (largest gap {float(err.max()):.3g} ≤ {atol:g})"
+                    )
+                elif ve is not None:
+                    i, sig = ve
+                    ac = D.alphas_cumprod(sched)
+                    vp_a, vp_b = float(ac[int(ts[i])].sqrt()), float((1 - ac[int(ts[i])]).sqrt())
+                    findings.append(
+                        (
+                            [
+                                f"{len(err)} of {len(err)} examples fit noisy_latents = 1·latents + σ_t·noise with "
+                                f"σ_t = sqrt((1 − ᾱ_t)/ᾱ_t) of {D.describe(sched)}'s ᾱ_t (variance-exploding)",
+                                f"example {i} at t = {int(ts[i])}: noisy = {float(a[i]):.3f}·latents + "
+                                f"{float(b[i]):.3f}·noise (σ_t = {sig:.3f}); the variance-preserving DDPM form at this t "
+                                f"is {vp_a:.3f}·latents + {vp_b:.3f}·noise",
+                            ],
+                            "the training noise is variance-exploding (x + σ·noise, as EulerDiscreteScheduler.add_noise "
+                            "computes for k-diffusion samplers that divide the model input by sqrt(σ² + 1) with "
+                            "scale_model_input), not sqrt(ᾱ_t)·x + sqrt(1 − ᾱ_t)·noise: the denoiser sees inputs "
+                            f"whose noise std reaches {float(b.max()):.3g}, unlike the unit-variance inputs every sampler feeds it (a "
+                            "DDPM-family one, or Euler after scale_model_input)",
+                            "noisy_latents = DDPMScheduler.from_config(noise_scheduler.config).add_noise(latents, noise, "
+                            "timesteps) for training (keep Euler for sampling only); or, if the variance-exploding form is "
+                            "intended, feed the model noisy_latents / sqrt(σ_t² + 1) (what Euler's scale_model_input does when "
+                            "sampling)",
+                        )
+                    )
+                else:
+                    ok.append(
+                        f"noisy_latents = a·latents + b·noise with {D.describe(sched)}.add_noise's coefficients in "
+                        f"{len(err) - len(bad)} of {len(err)} examples (largest gap {float(err.max()):.3g} ≤ {atol:g})"
+                    )
                     i = max(bad, key=lambda j: float(err[j]))
                     findings.append(
                         (
                             [
                                 f"{len(bad)} of {len(err)} examples: noisy_latents ≠ noise_scheduler.add_noise(latents, noise, timesteps)",
                                 f"example {i} at t = {int(ts[i])}: noisy = {float(a[i]):.3f}·latents + {float(b[i]):.3f}·noise; "
-                                f"{D.describe(sched)}.add_noise gives {float(ea[i]):.3f}·latents + {float(eb[i]):.3f}·noise",
+                                f"{label} gives {float(ea[i]):.3f}·latents + {float(eb[i]):.3f}·noise",
                             ],
                             f"the noisy latents come from another noise schedule or formula than dlcheck_noise_scheduler's "
                             f"({config.get('beta_schedule')}, β {config.get('beta_start')}→{config.get('beta_end')}), so the "

@@ -50,6 +50,36 @@ def _objective(dlcheck, sched) -> tuple[str | None, str]:
     )
 
 
+def _saved_prediction(dlcheck) -> tuple[str | None, str]:
+    """(prediction_type, file) from the scheduler config saved with the checkpoint the pipeline was loaded
+    from (a local folder, or the local Hugging Face cache; never the network); (None, "") when unknown."""
+    import json
+    import os
+
+    pipe = dlcheck.optional("pipeline")
+    cfg = getattr(pipe, "config", None)
+    path = getattr(pipe, "name_or_path", None) or (cfg.get("_name_or_path") if hasattr(cfg, "get") else None)
+    if not isinstance(path, str) or not path:
+        return None, ""
+    file = os.path.join(path, "scheduler", "scheduler_config.json")
+    if not os.path.isfile(file):
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(path, "scheduler/scheduler_config.json")
+        except Exception:  # noqa: BLE001 - not a repo id, or no cache: unknown
+            cached = None
+        if not isinstance(cached, str):
+            return None, ""
+        file = cached
+    try:
+        with open(file, encoding="utf-8") as fh:
+            saved = json.load(fh).get("prediction_type", "epsilon")
+    except (OSError, ValueError):
+        return None, ""
+    return (saved, file) if isinstance(saved, str) else (None, "")
+
+
 @check(
     "DF4",
     domain="diffusion",
@@ -85,7 +115,10 @@ def check_scheduler_agreement(dlcheck):
     Use instead
         pipeline.scheduler = DDIMScheduler.from_config(noise_scheduler.config) (any sampler class:
         X.from_config(noise_scheduler.config)), then change only sampler options (timestep_spacing,
-        solver order), never num_train_timesteps, betas or prediction_type.
+        solver order), never num_train_timesteps, betas or prediction_type. When the pipeline was loaded
+        from a checkpoint whose saved scheduler config says v_prediction while the training scheduler says
+        epsilon, the training side is the one to change (DDPMScheduler.from_pretrained(model_path,
+        subfolder="scheduler")); the check names that case.
     Known problems
         Compares configs and ᾱ_t, so a scheduler class with a different parameterisation (flow matching
         against DDPM) is reported as a different noise process. Between two flow-matching schedulers only
@@ -96,8 +129,14 @@ def check_scheduler_agreement(dlcheck):
     """
     D.require_diffusion(dlcheck)
     train, infer = dlcheck.require("noise_scheduler", "inference_scheduler")
+    used = D.swapped_scheduler(dlcheck, infer)
+    swapped = used is not None
+    if swapped:
+        infer = used  # the routine samples with another scheduler than pipeline.scheduler: judge that one
     tc, ic = D.sched_config(train), D.sched_config(infer)
     tn, iname = _which(train, infer)
+    if swapped:
+        iname = f"sampling {D.describe(infer)} (the one dlcheck_sample_images steps, not pipeline.scheduler)"
     diffs: list[str] = []
     fields: list[str] = []
 
@@ -160,6 +199,19 @@ def check_scheduler_agreement(dlcheck):
             alphas_compared=len(ta) if ta is not None else 0,
         )
         return
+    saved, saved_file = _saved_prediction(dlcheck) if "prediction_type" in fields else (None, "")
+    if saved is not None and saved == ip and saved != tp:
+        diffs.append(f"the checkpoint's saved scheduler config ({saved_file}) says prediction_type {saved!r}")
+        dlcheck.fail(
+            diffs,
+            f"the checkpoint was pre-trained with {saved!r} and its pipeline samples it that way; the training "
+            f"scheduler is what is wrong: it fine-tunes the model on {tp!r} targets, so training first has to unlearn "
+            "the pre-trained parameterisation (a loss that starts high, samples that degrade), and the saved "
+            "pipeline ends up with a model and a scheduler config that disagree",
+            "load the training scheduler from the checkpoint: noise_scheduler = DDPMScheduler.from_pretrained("
+            f"model_path, subfolder='scheduler') (prediction_type {saved!r}), and compute the target from it "
+            "(v_prediction: noise_scheduler.get_velocity(latents, noise, timesteps)); keep the sampler as it is",
+        )
     if measured is not None and measured == ip and measured != tp:
         fix = (
             f"the step trains {measured!r} while the training scheduler says {tp!r}: set prediction_type={measured!r} in "
@@ -233,8 +285,14 @@ def check_sampler_settings(dlcheck):
     """
     D.require_diffusion(dlcheck)
     train, infer = dlcheck.require("noise_scheduler", "inference_scheduler")
+    used = D.swapped_scheduler(dlcheck, infer)
+    swapped = used is not None
+    if swapped:
+        infer = used  # the routine samples with another scheduler than pipeline.scheduler: judge that one
     tc, ic = D.sched_config(train), D.sched_config(infer)
     tn, iname = _which(train, infer)
+    if swapped:
+        iname = f"sampling {D.describe(infer)} (the one dlcheck_sample_images steps, not pipeline.scheduler)"
     findings: list[tuple[list[str], str, str]] = []
     judged: list[str] = []  # what a pass measured
 

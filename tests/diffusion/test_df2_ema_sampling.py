@@ -83,3 +83,44 @@ def dlcheck_sample_images(sd, dlcheck_ema):
             "after sampling dlcheck_unet holds its own trained weights again (all 208 tensors unchanged)",
         ]
     )
+
+
+def test_ema_never_stepped_while_training(project):
+    """EMAModel made before training, ema.step never called: optimization_step 0 and the trained UNet
+    has moved away from the shadow params, so the EMA samples the initial weights."""
+    project.conftest(tinydiff.conftest(ema_use="unstepped", steps=2))
+    run = project.run("--dlcheck=DF2")
+    run.assert_outcome("DF2", "failed")
+    text = tinydiff.flat(run.section("DF2"))
+    assert "dlcheck_ema (EMAModel (decay 0.999, optimization_step 0)) has optimization_step 0" in text
+    assert "of 208 tensors of dlcheck_unet (UNet2DConditionModel) differ from the EMA's shadow params" in text
+    assert "never calls ema.step(unet.parameters())" in text
+    assert "if accelerator.sync_gradients: ema.step(unet.parameters())" in text
+
+
+def test_deep_copied_ema_module_unused_gets_module_fix(project):
+    """A plain deep-copied EMA module that the sampler ignores: the fix says to sample with that module,
+    not EMAModel's store/copy_to API the user does not have."""
+    project.conftest(
+        tinydiff.conftest(roles=("pipeline",), ema_use="never", steps=2)
+        + """
+import copy
+
+@pytest.fixture(scope="session")
+def dlcheck_ema(sd):
+    return copy.deepcopy(sd.unet).requires_grad_(False)
+
+@pytest.fixture(scope="session")
+def dlcheck_sample_images(sd):
+    return sd.sample_images
+"""
+    )
+    run = project.run("--dlcheck=DF2")
+    run.assert_outcome("DF2", "failed")
+    text = tinydiff.flat(run.section("DF2"))
+    assert "with the raw trained weights" in text and "(dlcheck_ema: UNet2DConditionModel module)" in text
+    assert (
+        "sample with the EMA module itself: pipe = copy.copy(pipeline); pipe.register_modules(unet=ema_model)" in text
+    )
+    assert "runs the trained model, never the EMA module" in text
+    assert "ema.copy_to" not in text

@@ -77,3 +77,41 @@ def test_calibrated_factor_without_the_training_path(project):
             "the training path was not observed (define dlcheck_training_inputs to measure the factor it applies)",
         ]
     )
+
+
+_HAND_DECODE = """
+@pytest.fixture(scope="session")
+def dlcheck_sample_images(sd):
+    pipe = sd.pipeline
+
+    def sample():
+        latents = pipe("a red square", num_inference_steps=2, height=16, width=16, output_type="latent").images
+        return pipe.vae.decode(latents{div}).sample
+
+    return sample
+"""
+
+
+def test_sampler_decodes_without_dividing_by_scaling_factor(project):
+    """A hand-written sampler: output_type="latent", then vae.decode(latents) without / scaling_factor."""
+    project.conftest(
+        tinydiff.conftest(roles=("pipeline", "noise_scheduler", "training_inputs", "dataset", "collator"))
+        + _HAND_DECODE.format(div="")
+    )
+    run = project.run("--dlcheck=DF3")
+    run.assert_outcome("DF3", "failed")
+    text = tinydiff.flat(run.section("DF3"))
+    assert "dlcheck_sample_images passes vae.decode 1 × the final latents of the sampling loop" in text
+    assert "not 1 / scaling_factor = 5.49" in text
+    assert "decodes the denoiser's latents without dividing by vae.config.scaling_factor (0.18215)" in text
+    assert "vae.decode(latents / vae.config.scaling_factor)" in text
+
+
+def test_sampler_that_divides_before_decoding_passes(project):
+    project.conftest(
+        tinydiff.conftest(roles=("pipeline", "noise_scheduler", "training_inputs", "dataset", "collator"))
+        + _HAND_DECODE.format(div=" / pipe.vae.config.scaling_factor")
+    )
+    run = project.run("--dlcheck=DF3", "-rA")
+    run.assert_outcome("DF3", "passed")
+    assert "dlcheck_sample_images passes vae.decode 5.49 × the final latents = 1 / scaling_factor (5.49" in run.text

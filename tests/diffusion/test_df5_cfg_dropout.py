@@ -108,3 +108,50 @@ def test_false_alarm_rate_inside_the_band_is_bounded():
     k_high = next(k for k in range(int(0.2 * n), n) if D.binom_sf(k, n, 0.2) <= alpha / 2)  # smallest failing count
     assert D.binom_sf(k_high, n, 0.2) <= alpha / 2 < D.binom_sf(k_high - 1, n, 0.2)
     assert 0.2 * n < k_high < 0.3 * n
+
+
+def test_null_is_the_empty_prompt_but_the_sampler_uses_zeros(project):
+    """The other direction: training drops to the empty prompt's embedding, the sampler's null is an
+    all-zero embedding: named as the null mismatch, not as missing dropout."""
+    project.conftest(
+        tinydiff.conftest(roles=tinydiff.CLEAN_ROLES, p_empty=0.0, null="uncond", p_null=0.1)
+        + """
+import torch
+
+@pytest.fixture(scope="session")
+def dlcheck_uncond(sd):
+    return torch.zeros_like(tinydiff.empty_embedding(sd.text_encoder))
+"""
+    )
+    run = project.run("--dlcheck=DF5")
+    run.assert_outcome("DF5", "failed")
+    text = tinydiff.flat(run.section("DF5"))
+    assert "null rows are the empty prompt's embedding (text_encoder(''))" in text
+    assert "the sampler's unconditional input is dlcheck_uncond, an all-zero embedding" in text
+    assert "but classifier-free guidance feeds it an all-zero embedding" in text
+    assert "never learns the unconditional prediction" not in text
+
+
+def test_class_label_conditioning_without_dropout_gets_class_wording(project):
+    """Class-conditional training (labels as the condition, null class id 10 at sampling) with no label
+    dropout: the fix speaks of the null class id, not of empty prompts."""
+    project.conftest(
+        tinydiff.conftest(roles=("pipeline", "dataset", "collator"))
+        + """
+import torch
+
+@pytest.fixture(scope="session")
+def dlcheck_uncond():
+    return 10                                   # the null class id the sampler passes
+
+@pytest.fixture(scope="session")
+def dlcheck_condition():
+    return lambda batch: torch.randint(0, 10, (batch["input_ids"].shape[0],))   # never the null id
+"""
+    )
+    run = project.run("--dlcheck=DF5")
+    run.assert_outcome("DF5", "failed")
+    text = tinydiff.flat(run.section("DF5"))
+    assert "class labels" in text and "null = the class id 10" in text
+    assert "replace the class label by the null class id (10" in text
+    assert "empty prompt" not in text

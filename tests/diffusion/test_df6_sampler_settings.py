@@ -55,3 +55,30 @@ def test_zero_snr_with_trailing_spacing_passes(project):
             "(3) latent space (dlcheck_vae): inference DDIMScheduler clip_sample=False, thresholding=False",
         ]
     )
+
+
+def test_sampling_routine_that_swaps_in_leading_spacing_is_judged(project):
+    """The pipeline's scheduler is trailing (as zero-SNR needs), but the sampling routine swaps in a
+    'leading' copy right before sampling: DF6 reads the scheduler that really steps."""
+    project.conftest(
+        tinydiff.conftest(
+            roles=tuple(r for r in ROLES if r != "sample_images"),
+            scheduler=dict(rescale_betas_zero_snr=True, prediction_type="v_prediction"),
+            inference=dict(timestep_spacing="trailing"),
+        )
+        + """
+from diffusers import DDIMScheduler
+
+@pytest.fixture(scope="session")
+def dlcheck_sample_images(sd):
+    def sample():
+        sd.pipeline.scheduler = DDIMScheduler.from_config(sd.pipeline.scheduler.config, timestep_spacing="leading")
+        return sd.pipeline("a red square", num_inference_steps=2, height=16, width=16, output_type="pt").images
+    return sample
+"""
+    )
+    run = project.run("--dlcheck=DF6")
+    run.assert_outcome("DF6", "failed")
+    text = tinydiff.flat(run.section("DF6"))
+    assert "timestep_spacing='leading' starts 10-step sampling at t = 901, never at t = 999" in text
+    assert "dlcheck_sample_images steps, not pipeline.scheduler" in text

@@ -102,3 +102,46 @@ def dlcheck_training_inputs(sd):
         "add_noise not fitted: dlcheck_training_inputs returns no 'latents' and 'noisy_latents' (or no ᾱ_t)",
     ):
         assert line in run.text, line
+
+
+_EULER_SCHEDULER = """
+from diffusers import EulerDiscreteScheduler
+
+@pytest.fixture(scope="session")
+def dlcheck_noise_scheduler(sd):
+    return EulerDiscreteScheduler.from_config(sd.noise_scheduler.config)
+"""
+
+
+def test_euler_add_noise_for_training_is_named_variance_exploding(project):
+    """Training noise from EulerDiscreteScheduler.add_noise (x0 + σ·noise) with a DDPM noise scheduler:
+    the evidence shows the measured 1·latents + σ_t·noise and the VP form it should be."""
+    text = _fail(project, noising="euler")
+    assert "64 of 64 examples fit noisy_latents = 1·latents + σ_t·noise with σ_t = sqrt((1 − ᾱ_t)/ᾱ_t)" in text
+    assert re.search(r"noisy = 1\.00\d·latents \+ \d+\.\d+·noise \(σ_t = \d+\.\d+\); the variance-preserving", text)
+    assert "the training noise is variance-exploding (x + σ·noise" in text
+    assert "DDPMScheduler.from_config(noise_scheduler.config).add_noise(latents, noise, timesteps)" in text
+    assert "scale_model_input" in text
+
+
+def test_euler_noise_scheduler_with_its_own_add_noise_fails_truthfully(project):
+    """dlcheck_noise_scheduler is Euler and training calls its add_noise: DF8 fails and the evidence
+    reports what the code computed (1·latents + σ_t·noise), not Euler's ᾱ_t coefficients."""
+    project.conftest(tinydiff.conftest(noising="euler") + _EULER_SCHEDULER)
+    run = project.run("--dlcheck=DF8")
+    run.assert_outcome("DF8", "failed")
+    text = tinydiff.flat(run.section("DF8"))
+    assert "examples fit noisy_latents = 1·latents + σ_t·noise" in text
+    assert "of EulerDiscreteScheduler's ᾱ_t (variance-exploding)" in text
+
+
+def test_euler_noise_scheduler_with_ddpm_training_noise_passes(project):
+    """Twin: Euler as the configured scheduler, training noise from the variance-preserving add_noise of
+    the same ᾱ_t (what train_text_to_image.py does): passes, and says what it compared against."""
+    project.conftest(tinydiff.conftest() + _EULER_SCHEDULER)
+    run = project.run("--dlcheck=DF8", "-rA")
+    run.assert_outcome("DF8", "passed")
+    assert (
+        "noisy_latents = a·latents + b·noise with the coefficients of the variance-preserving form of "
+        "EulerDiscreteScheduler's ᾱ_t (its own add_noise is variance-exploding) in 64 of 64 examples"
+    ) in tinydiff.flat(run.text)

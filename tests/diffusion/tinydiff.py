@@ -274,7 +274,8 @@ def setup(
     inference: kwargs for the DDIM sampler built from the training config (None: from_config as is), or
     the string "defaults" for a DDIMScheduler() with diffusers' defaults; the pipeline gets a copy (its
     constructor rewrites clip_sample/steps_offset in place). ema_use: "store" (store/copy_to/sample/
-    restore), "never" (samples the raw weights), "no-restore" (copy_to without restore). steps: real
+    restore), "never" (samples the raw weights), "no-restore" (copy_to without restore), "unstepped"
+    (store/copy_to sampling, but training never calls ema.step). steps: real
     optimizer + EMA steps taken first (mid-training state). The other keywords go to :func:`training_inputs`."""
     import torch
     from diffusers import DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
@@ -282,6 +283,10 @@ def setup(
 
     if inputs_kw.get("noising") == "linear":  # noised by another scheduler: DDPM's default linear betas
         inputs_kw["noising"] = noise_scheduler(beta_schedule="linear", beta_start=0.0001, beta_end=0.02)
+    elif inputs_kw.get("noising") == "euler":  # EulerDiscreteScheduler.add_noise: x0 + σ·noise (variance-exploding)
+        from diffusers import EulerDiscreteScheduler
+
+        inputs_kw["noising"] = EulerDiscreteScheduler.from_config(noise_scheduler(**(scheduler or {})).config)
     tok = tokenizer()
     te = text_encoder(tok)
     v = vae(vae_stats, scaling_factor)
@@ -303,7 +308,7 @@ def setup(
     if steps:
         with torch.random.fork_rng():
             torch.manual_seed(0)
-            train(u, v, te, sched, ema, batch, steps)
+            train(u, v, te, sched, None if ema_use == "unstepped" else ema, batch, steps)  # "unstepped": no ema.step
     pipe = StableDiffusionPipeline(
         vae=v,
         text_encoder=te,
