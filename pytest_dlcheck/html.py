@@ -174,7 +174,17 @@ def render_bars(art: dict[str, Any]) -> str:
     values = art.get("values", {})
     fig = Figure(figsize=(5.6, 2.6))
     ax = fig.add_subplot(1, 1, 1)
-    ax.bar(range(len(values)), list(values.values()), color="#5c6bc0")
+    for band in art.get("bands", []):
+        ax.axhspan(band["lo"], band["hi"], color="#a5d6a7", alpha=0.4, label=band.get("label"))
+    ci = art.get("ci", {})
+    errs = None
+    if ci:
+        lows = [v - ci.get(k, [v, v])[0] for k, v in values.items()]
+        highs = [ci.get(k, [v, v])[1] - v for k, v in values.items()]
+        errs = [[max(x, 0) for x in lows], [max(x, 0) for x in highs]]
+    ax.bar(range(len(values)), list(values.values()), color="#5c6bc0", yerr=errs, capsize=6)
+    if art.get("bands"):
+        ax.legend(fontsize=7)
     ax.set_xticks(range(len(values)), list(values), fontsize=7, rotation=30, ha="right")
     if art.get("expect") is not None:
         ax.axhline(art["expect"], color="#c62828", linestyle="--", linewidth=1, label=art.get("expect_label", ""))

@@ -421,6 +421,14 @@ def check_cfg_dropout(dlcheck):
     findings: list[tuple[list[str], str, str]] = []
     p_low = D.binom_cdf(k, n, low)
     p_high = D.binom_sf(k, n, high)
+    dlcheck.attach(
+        "bars",
+        title=f"DF5: null-condition rate, {k} of {n} {unit}",
+        values={"measured null rate": k / n if n else 0.0},
+        ci={"measured null rate": [D.lower_bound(k, n, alpha), D.upper_bound(k, n, alpha)]},
+        bands=[{"lo": low, "hi": high, "label": f"accepted band [{low:g}, {high:g}]"}],
+        caption=f"the bar's whisker is its {1 - alpha:.4g} confidence interval",
+    )
     fix_rate = (
         "replace the condition by the empty prompt for ~10% of training examples: caption = '' if "
         "random.random() < 0.1 else caption (dataset transform or collator; proportion_empty_prompts=0.1 in "

@@ -103,6 +103,25 @@ def decode_observed(dlcheck, vae) -> tuple[float, Any] | None:
     return float((z.double() * x.double()).sum()) / denom, z
 
 
+def _latent_picture(dlcheck, raw: Any, draws: Any) -> None:
+    """The report's picture: the values of the raw VAE latents and of the latents the training trains on,
+    against the unit std a diffusion model expects (±1 marked)."""
+    series = {}
+    if raw is not None:
+        series["raw VAE latents"] = raw.detach().double().flatten()[:4000].cpu().tolist()
+    if draws is not None:
+        series["trained-on latents"] = D.cat(draws, "latents").detach().double().flatten()[:4000].cpu().tolist()
+    if series:
+        dlcheck.attach(
+            "histogram",
+            title="DF3: latent values (a unit-std model input lies mostly within ±1)",
+            series=series,
+            bins=40,
+            marks=[{"x": -1.0, "label": "±1 (std 1)"}, {"x": 1.0}],
+            caption="values of the latents the VAE gives and the training uses",
+        )
+
+
 @check(
     "DF3",
     domain="diffusion",
@@ -195,6 +214,7 @@ def check_latent_scale(dlcheck):
         draws = D.training_draws(dlcheck)
         if all(d.get("latents") is not None for d in draws):
             train_std = D.std(D.cat(draws, "latents"))
+    _latent_picture(dlcheck, raw - shift if raw_std is not None else None, draws if train_std is not None else None)
     if raw_std is None and train_std is None:
         keys = ", ".join(map(str, sample.batches[0])) if sample.batches else "none"
         if not has_train:

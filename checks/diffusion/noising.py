@@ -222,6 +222,21 @@ def check_noising(dlcheck):
     # ---- noise --------------------------------------------------------------------------------------
     noise = D.cat(draws, "noise")
     n_std, n_mean = D.std(noise), float(noise.double().mean())
+    dlcheck.attach(
+        "histogram",
+        title=f"DF8: training timesteps ({len(ts)} draws; uniform over [0, {top}] expected)",
+        values=ts.double().cpu().tolist(),
+        bins=min(50, max(10, len(ts) // 20)),
+        caption=where,
+    )
+    dlcheck.attach(
+        "histogram",
+        title=f"DF8: training noise values (std {n_std:.3g}, mean {n_mean:.3g}; N(0, 1) expected)",
+        values=noise.detach().double().flatten()[:4000].cpu().tolist(),
+        bins=40,
+        marks=[{"x": -1.0, "label": "±1"}, {"x": 1.0}],
+        caption="the noise dlcheck_training_inputs draws",
+    )
     tol = dlcheck.setting("noise_std_tol")
     ok.append(
         f"noise: std {n_std:.3g}, mean {n_mean:.3g} over {noise.numel()} values (std 1 ± {tol:g}, mean 0 ± {tol:g})"

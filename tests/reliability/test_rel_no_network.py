@@ -108,6 +108,8 @@ def test_report_of_every_example_reads_failures_first(tmp_path_factory, tmp_path
         for a in r["artifacts"]:
             kinds.setdefault(r["domain"], set()).add(a["kind"])
     assert "tokens" in kinds.get("llm", set()) and "images" in kinds.get("vision", set()), kinds
+    assert {"histogram", "bars"} <= kinds.get("diffusion", set()), kinds  # latents, noise, timesteps; DF5's rate
+    assert "series" in kinds.get("ckpt", set()) and "series" in kinds.get("smoke", set()), kinds  # C1, smoke run
     parser = Cards()
     parser.feed(page)
     assert not parser.external
