@@ -101,6 +101,20 @@ def check_lr_schedule(dlcheck):
     traj = run.trajectory
     opt_steps, sched_steps = traj.calls.count("opt"), traj.calls.count("sched")
     lrs = [r.lr for r in traj.steps if r.lr is not None]
+    if lrs:
+        declared = _trainer_schedule(setup.trainer) if setup.kind == "trainer" else None
+        dlcheck.attach(
+            "series",
+            title="T6: the learning rate at each step of the smoke run",
+            series={"learning rate": lrs},
+            marks=[{"x": declared[1], "label": f"declared warmup ends ({declared[1]} optimizer steps)"}]
+            if declared and declared[1]
+            else [],
+            xlabel="step of the smoke run",
+            ylabel="learning rate",
+            caption="the schedule as the optimizer saw it"
+            + (f"; the Trainer's run is {declared[0]} optimizer steps" if declared else ""),
+        )
     scheduler = traj.notes.get("scheduler")
     if setup.kind == "loop" and scheduler is not None and opt_steps > 0:
         ratio = sched_steps / opt_steps

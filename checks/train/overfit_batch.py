@@ -112,6 +112,23 @@ def check_overfit_batch(dlcheck):
     steps = dlcheck.setting("steps")
     attempts = []
     spent: list[int] = []  # optimizer steps each attempt took (it stops once the target is reached)
+    curves: dict[str, list[float]] = {}  # each attempt's loss per step, for the report's picture
+
+    def picture() -> None:
+        finite = [v for c in curves.values() for v in c if math.isfinite(v) and v > 0]
+        if not finite:
+            return
+        logy = len(finite) == sum(len(c) for c in curves.values())
+        dlcheck.attach(
+            "series",
+            title="T2: the batch's loss per step, one curve per learning rate tried",
+            series={k: [v if math.isfinite(v) else None for v in c] for k, c in curves.items()},
+            bands=[{"lo": min(finite) / 2 if logy else 0.0, "hi": target, "label": f"target ≤ {target:.4g}"}],
+            logy=logy,
+            ylabel="loss on batch 0",
+            caption="the ladder of runs: your LR first, then 10x/100x when the loss falls too slowly, 0.1x/0.01x "
+            "when it diverges; each stops once under the target",
+        )
 
     def attempt(mult: float) -> float:
         start.restore(model)
@@ -123,10 +140,13 @@ def check_overfit_batch(dlcheck):
             g["lr"] = g["lr"] * mult
         lr = opt.param_groups[0]["lr"]
         used = steps
+        curve: list[float] = []
+        curves[f"lr {lr:.3g} ({mult:g}x)"] = curve
         with modes(model, train=True):
             for i in range(steps):
                 opt.zero_grad(set_to_none=True)
                 loss = fixed(lambda: fresh.loss(batch))
+                curve.append(float(loss.detach()))
                 # the loss of the weights after i steps, measured as batch_loss does (train mode, randomness
                 # held fixed): once it is under the target the verdict is in, and no further step is spent
                 if i and math.isfinite(value := float(loss.detach())) and value <= target:
@@ -172,6 +192,7 @@ def check_overfit_batch(dlcheck):
                 ladder = []  # higher still would only diverge more
     finally:
         start.restore(model)
+        picture()
 
     tried = "; ".join(f"lr {lr:.3g} ({mult:g}x): {last:.4g}" for mult, lr, last in attempts)
     evidence = [
