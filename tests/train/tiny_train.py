@@ -45,6 +45,16 @@ class MLP(nn.Module):
         return self.head(self.body(x))
 
 
+def frozen_body(model: "MLP", by_attribute: bool) -> "MLP":
+    """The body frozen the way people write it: ``module.requires_grad = False`` (an attribute: no effect)
+    or ``module.requires_grad_(False)``."""
+    if by_attribute:
+        model.body.requires_grad = False
+    else:
+        model.body.requires_grad_(False)
+    return model
+
+
 def warmup(steps: int):
     return lambda step: min(1.0, (step + 1) / steps)
 

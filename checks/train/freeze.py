@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...registry import check
+from ...training import find_setup, memo_or_skip
+
+
+def _model(dlcheck) -> tuple[Any, str]:
+    setup = find_setup(dlcheck)
+    if setup is not None:
+        fresh = memo_or_skip(dlcheck, setup.sources, "training:fresh-probe", setup.fresh)
+        return fresh.model, f"the model of {setup.describe()}"
+    model = dlcheck.require("model")[0]
+    return model, "dlcheck_model"
+
+
+@check(
+    "T11",
+    domain="train",
+    title="a freeze that does not take effect (module.requires_grad = False)",
+    optional_roles=("trainer", "lightning_module", "make_training", "model"),
+)
+def check_freeze(dlcheck):
+    """A module meant to be frozen has parameters that no longer require gradients.
+
+    What it does
+        Walks the modules of the model (a fresh one from your training set-up, or dlcheck_model) and fails
+        when a module carries ``requires_grad = False`` as a plain attribute — set by
+        ``module.requires_grad = False`` — while its parameters still require gradients. It also
+        reports, without failing, submodules put in eval mode whose parameters still train: ``.eval()``
+        changes dropout and BatchNorm, not what the optimizer updates.
+    Why it is bad
+        ``nn.Module`` has a ``requires_grad_()`` method but no ``requires_grad`` flag: assigning
+        ``backbone.requires_grad = False`` just creates an attribute. The backbone goes on training at the
+        full learning rate — a "linear probe" that is really a fine-tune, a frozen tower that drifts —
+        with no error and no warning.
+    Example
+        model.vision_tower.requires_grad = False          # an attribute: nothing is frozen
+    Use instead
+        model.vision_tower.requires_grad_(False)          # or: for p in module.parameters(): p.requires_grad = False
+        (build the optimizer from the parameters that still require gradients afterwards)
+    Known problems
+        A module in eval mode is reported, never failed: eval mode is also how people keep BatchNorm
+        statistics fixed while training the weights on purpose.
+    Not applicable
+        None: every model's freeze can be read.
+    """
+    model, where = _model(dlcheck)
+    if not isinstance(model, torch.nn.Module):
+        dlcheck.not_applicable(f"{where} is a {type(model).__name__}, not a torch.nn.Module")
+    total = sum(1 for _ in model.parameters())
+    trainable = sum(1 for p in model.parameters() if p.requires_grad)
+    mistaken = []
+    for name, module in model.named_modules():
+        flag = vars(module).get("requires_grad", None)
+        if flag is False:
+            live = [p for p in module.parameters() if p.requires_grad]
+            if live:
+                mistaken.append((name or type(module).__name__, len(live), sum(p.numel() for p in live)))
+    if mistaken:
+        evidence = [
+            f"{name}.requires_grad = False is a plain attribute: {n} of its parameter tensors ({numel:,} values) "
+            "still require gradients"
+            for name, n, numel in mistaken[:4]
+        ]
+        evidence.append(f"{trainable} of {total} parameter tensors of {where} require gradients")
+        first = mistaken[0][0]
+        dlcheck.fail(
+            evidence,
+            cause="nn.Module has no requires_grad flag: assigning module.requires_grad = False creates an attribute "
+            "and freezes nothing, so the module trains at the full learning rate",
+            fix=f"{first}.requires_grad_(False) (the method, with the underscore), then build the optimizer from "
+            "[p for p in model.parameters() if p.requires_grad]",
+        )
+    eval_but_training = [
+        name
+        for name, module in model.named_modules()
+        if name and not module.training and model.training and any(p.requires_grad for p in module.parameters(False))
+    ]
+    note = (
+        f"; {len(eval_but_training)} submodules in eval mode still have trainable parameters (e.g. "
+        f"{eval_but_training[0]}): eval() does not freeze them"
+        if eval_but_training
+        else ""
+    )
+    dlcheck.measured(
+        f"no module of {where} carries a requires_grad attribute; {trainable} of {total} parameter tensors "
+        f"require gradients{note}",
+        trainable=trainable,
+        parameters=total,
+    )
