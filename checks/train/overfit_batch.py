@@ -106,7 +106,15 @@ def check_overfit_batch(dlcheck):
     start.restore(model)  # the measurement updated BatchNorm's running statistics
     if not math.isfinite(first) or first <= 0:
         dlcheck.skip(
-            f"the first-batch loss is {first:.4g}: T5 owns non-finite values, and a zero loss has nothing to cut"
+            f"the first-batch loss is {first:.4g}: "
+            + (
+                "T5 owns non-finite values"
+                if not math.isfinite(first)
+                else "a zero loss has nothing to cut"
+                if first == 0
+                else "a share of a negative loss is no target (a log-density or a negated objective); T2 judges "
+                "losses that are positive at the start"
+            )
         )
     target = first * (1 - dlcheck.setting("min_reduction"))
     steps = dlcheck.setting("steps")
@@ -177,7 +185,13 @@ def check_overfit_batch(dlcheck):
                     f"batch 0 loss {first:.4g} -> {last:.4g} after {spent[-1]} steps on that batch alone at lr "
                     f"{attempts[-1][1]:.3g} ({mult:g}x your base LR), train mode, the model's randomness held fixed: "
                     f"{1 - last / first:.0%} less, {dlcheck.setting('min_reduction'):.0%} needed"
-                    + (f" (also tried: {others})" if others else ""),
+                    + (f" (also tried: {others})" if others else "")
+                    + (
+                        f"; at your base LR the loss diverged on this batch ({attempts[0][2]:.4g}): without the "
+                        "scheduler's warmup that rate is too high for it"
+                        if mult < 1.0 and attempts and diverged(attempts[0][2])
+                        else ""
+                    ),
                     first_loss=round(first, 6),
                     last_loss=round(last, 6),
                     lr=attempts[-1][1],
@@ -231,6 +245,18 @@ def check_overfit_batch(dlcheck):
             "rate of 0, parameters outside the optimizer, or a loss detached from the outputs; see T3)"
         )
         fix = "check the optimizer's param groups and learning rate, and that the loss is computed from the model's output with gradients"
+    elif all(math.isfinite(a[2]) and a[2] > first for a in attempts) and any(a[0] < 1.0 for a in attempts):
+        evidence.append(
+            "the loss rises at every learning rate tried, 100x below yours included: the optimizer climbs it"
+        )
+        cause = (
+            "the loss is maximised, not minimised: its sign is flipped (a negated loss, a reward used as a loss, "
+            "maximize=True on the optimizer), or the step moves against the gradient"
+        )
+        fix = (
+            "return the loss to minimise (e.g. -log_prob of the targets, not +log_prob; -reward, not reward) and "
+            "leave the optimizer's maximize=False"
+        )
     else:
         # the loss moved but did not halve in this budget: a fine-tuning LR, a small DPO step, a regularised
         # model — not conclusive evidence of a bug

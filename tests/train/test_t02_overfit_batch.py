@@ -150,3 +150,20 @@ def test_a_loss_that_does_not_move_at_any_rate_fails(project):
     run = project.run("--dlcheck=T2")
     run.assert_outcome("T2", "failed")
     assert "the loss does not move at all" in flat(run.section("T2"))
+
+
+def test_an_optimizer_that_maximises_the_loss_rises_at_every_rate(project):
+    # maximize=True (copied from a reward-maximising RL setup): every step climbs the cross-entropy
+    project.conftest(tt.loop_project(optimizer="torch.optim.AdamW(model.parameters(), lr=1e-2, maximize=True)"))
+    run = project.run("--dlcheck=T2")
+    run.assert_outcome("T2", "failed")
+    text = tt.section(run, "T2")
+    assert "the loss rises at every learning rate tried, 100x below yours included" in text
+    assert "the loss is maximised, not minimised" in text
+
+
+def test_a_base_lr_that_diverges_on_one_batch_is_said_beside_the_pass(project):
+    project.conftest(tt.loop_project(optimizer="torch.optim.SGD(model.parameters(), lr=30.0)"))
+    run = project.run("--dlcheck=T2", "-rA")
+    run.assert_outcome("T2", "passed")  # 0.1x halves it: the pipeline can learn
+    run.fnmatch(["*(also tried: lr 30 (1x): *); at your base LR the loss diverged on this batch*too high for it*"])
