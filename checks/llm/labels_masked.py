@@ -513,6 +513,52 @@ def _is_hf_lm_collator(collator: Any) -> bool:
     )
 
 
+def _labels_discarded(dlcheck, sample: Sample, rows: list[lm.Row], tok: Any) -> None:
+    """The dataset's examples already carry labels with -100 (a prompt the user masked) and the collated
+    batch supervises those very positions with the input ids: the collator rebuilt the labels from
+    input_ids and threw the user's masking away (DataCollatorForLanguageModeling does exactly this)."""
+    if not sample.rows or not sample.batch_rows:
+        return
+    by_place = {(r.batch, r.index): r for r in rows}
+    masked_rows = lost_rows = lost = 0
+    first = None
+    for b, indices in enumerate(sample.batch_rows):
+        for j, i in enumerate(indices):
+            src = sample.rows[i] if i < len(sample.rows) else None
+            row = by_place.get((b, j))
+            given = _as_ids(src.get("labels")) if isinstance(src, Mapping) else None
+            if row is None or row.labels is None or not given or -100 not in given:
+                continue
+            content = row.content
+            if len(content) != len(given):
+                continue
+            masked_rows += 1
+            here = [(k, p) for k, p in enumerate(content) if given[k] == -100 and row.labels[p] == row.input_ids[p]]
+            if here and len(here) == given.count(-100):
+                lost_rows += 1
+                lost += len(here)
+                first = first or (row, given, here)
+    if not masked_rows or lost_rows / masked_rows <= 0.5:
+        return
+    row, given, here = first
+    kept = sum(1 for v in given if v != -100)
+    dlcheck.fail(
+        [
+            f"{lost_rows} of {masked_rows} sampled examples arrive with labels that mask positions (-100) and leave "
+            f"the collator with those positions supervised by their own input ids ({lost} positions)",
+            f"example {row.batch}.{row.index}: the dataset's labels mask {len(here)} tokens and supervise {kept}; "
+            f"the collated labels supervise all {len(row.content)}: "
+            f"{lm.show_labels(tok, row, [p for _, p in here[:4]])}",
+        ],
+        cause=f"the collator rebuilds labels from input_ids ({type(dlcheck.role('collator')).__name__ if dlcheck.has('collator') else 'your collator'}"
+        " sets labels = input_ids), throwing away the labels your dataset carries: the prompt masking you did is lost "
+        "and the model trains on the prompts",
+        fix="use a collator that keeps the dataset's labels and only pads them with -100: "
+        "DataCollatorForSeq2Seq(tokenizer, padding=True) (or TRL's completion-only training), not "
+        "DataCollatorForLanguageModeling(mlm=False)",
+    )
+
+
 @check(
     "L2",
     domain="llm",
@@ -594,6 +640,8 @@ def check_labels_masked(dlcheck):
     analysis = analyse(dlcheck, sample, tok)
     shift = analysis.shift
     pad, eos = lm.special_id(tok, "pad"), lm.special_id(tok, "eos")
+
+    _labels_discarded(dlcheck, sample, rows, tok)
 
     # (a) padding
     pad_judged, pad_positions, pad_bad = 0, 0, []  # (row, offending target positions)

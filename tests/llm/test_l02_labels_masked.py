@@ -457,3 +457,52 @@ def test_trl_full_sequence_training_is_respected(project, messages, kwargs, opt_
     run = project.run("--dlcheck=L2", "-rA")
     run.assert_outcome("L2", "passed")
     run.fnmatch([f"prompt: not judged, completion-only training is off (SFTConfig({opt_out}))"])
+
+
+MASKED_DATASET = """
+    import pytest, tiny
+    from transformers import {collator}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_tokenizer):
+        tok, rows = dlcheck_tokenizer, []
+        for prompt, completion in zip(tiny.PROMPTS, tiny.COMPLETIONS):
+            p = tok(prompt)["input_ids"]
+            ids = tok(prompt + completion + tok.eos_token)["input_ids"]
+            # the user masked the prompt in the dataset itself
+            rows.append({{"input_ids": ids, "attention_mask": [1] * len(ids), "labels": [-100] * len(p) + ids[len(p):]}})
+        return rows
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        return {make}
+"""
+
+
+def test_a_collator_that_rebuilds_labels_throws_the_prompt_masking_away(project):
+    project.conftest(
+        MASKED_DATASET.format(
+            collator="DataCollatorForLanguageModeling",
+            make="(lambda c: lambda rows: c([{k: r[k] for k in ('input_ids', 'attention_mask')} for r in rows]))"
+            "(DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False))",
+        )
+    )
+    run = project.run("--dlcheck=L2")
+    run.assert_outcome("L2", "failed")
+    text = flat(run.section("L2"))
+    assert "sampled examples arrive with labels that mask positions (-100)" in text
+    assert "the collator rebuilds labels from input_ids" in text and "DataCollatorForSeq2Seq" in text
+
+
+def test_a_collator_that_keeps_the_datasets_labels_passes(project):
+    project.conftest(
+        MASKED_DATASET.format(
+            collator="DataCollatorForSeq2Seq", make="DataCollatorForSeq2Seq(dlcheck_tokenizer, padding=True)"
+        )
+    )
+    run = project.run("--dlcheck=L2")
+    run.assert_outcome("L2", "passed")
