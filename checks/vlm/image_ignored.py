@@ -11,6 +11,10 @@ from ..shared import lm
 from . import common
 from . import measure as vlm
 
+#: largest per-image std of pixel_values below which the images are constant (a normalised photo has ~1;
+#: pixels rescaled twice by 1/255 and then normalised have ~0.005)
+CONSTANT_STD = 0.02
+
 
 def _real(ids: torch.Tensor, mask: Any) -> list[int]:
     """The row's tokens the attention mask marks as real (padding dropped)."""
@@ -191,7 +195,27 @@ def check_image_ignored(dlcheck):
         f"example 0: {vlm.show_ids(text_tok, _real(ids[0], mask[0] if mask is not None else None), image_id)}",
     ]
     masked = int(((ids == image_id) & (mask == 0)).sum()) if mask is not None else 0
-    if masked:
+    spreads = [
+        float(torch.as_tensor(b["pixel_values"]).float().flatten(1).std(dim=1).max())
+        for b in batches
+        if b.get("pixel_values") is not None and torch.as_tensor(b["pixel_values"]).dim() >= 2
+    ]
+    if spreads and max(spreads) < CONSTANT_STD:
+        pv = torch.as_tensor(batches[0]["pixel_values"]).float()
+        evidence.append(
+            f"the images are (nearly) constant: the largest per-image std of pixel_values is {max(spreads):.2g} "
+            f"(values {float(pv.min()):.4g} to {float(pv.max()):.4g}); a normalised photo has a std near 1"
+        )
+        cause = (
+            "your images are constant: there is nothing in them to change the prediction — pixels rescaled twice "
+            "(images already in [0, 1] given to a processor that divides by 255 again, then normalised), or blank "
+            "images loaded"
+        )
+        fix = (
+            "give the processor the images as loaded (PIL or uint8 0-255), or do_rescale=False when they are already "
+            "in [0, 1]; look at a few decoded pixel_values"
+        )
+    elif masked:
         cause = f"{masked} {name} placeholders have attention_mask 0: the text cannot attend to the image features"
         fix = "set attention_mask 1 on the image placeholders (the processor's attention_mask does)"
     elif base[0].projected is not None and float(base[0].projected.abs().max()) == 0:

@@ -140,3 +140,37 @@ def test_threshold_separates_random_from_zeroed_models():
             moved.append((zero, float(vlm.relative_change(base, other, positions).mean())))
     assert all(m > 0.5 for zero, m in moved if not zero), moved
     assert all(m == 0 for zero, m in moved if zero), moved
+
+
+RESCALED_TWICE = """
+    import numpy as np, pytest, tinyvlm
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tinyvlm.processor()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model(dlcheck_tokenizer):
+        return tinyvlm.llava(dlcheck_tokenizer.tokenizer)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        rows = tinyvlm.rows(8)
+        for r in rows:  # "normalised" to [0, 1] while loading; the processor divides by 255 again
+            r["images"] = [np.asarray(im, dtype=np.float32) / 255.0 for im in r["images"]]
+        return rows
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        return tinyvlm.collator(dlcheck_tokenizer)
+"""
+
+
+def test_images_rescaled_twice_are_constant(project):
+    project.conftest(RESCALED_TWICE)
+    run = project.run("--dlcheck=X5")
+    run.assert_outcome("X5", "failed")
+    text = flat(run.section("X5"))
+    assert "the images are (nearly) constant: the largest per-image std of pixel_values is" in text
+    assert "your images are constant" in text and "do_rescale=False" in text
+    assert "the image path is cut" not in text
