@@ -1021,7 +1021,8 @@ def rollout_observations(rollout: Any) -> np.ndarray:
         value = rollout.get(key) if isinstance(rollout, dict) else getattr(rollout, key, None)
         if value is not None:
             x = to_numpy(value)
-            return x.reshape(-1, x.shape[-1]) if x.ndim == 3 else x
+            square_frames = x.ndim == 3 and x.shape[1] == x.shape[2] and x.shape[1] >= 16  # (N, H, W) images
+            return x.reshape(-1, x.shape[-1]) if x.ndim == 3 and not square_frames else x
     raise RoleError("rollout", f"has no 'obs' or 'observations' ({type(rollout).__name__})")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ...errors import MISSING
 from ...registry import Setting, check
 from ...roles import is_hf_trainer
@@ -117,6 +119,13 @@ def check_observation_scale(dlcheck):
     lo, hi = min(scales, key=lambda s: s.scale), max(scales, key=lambda s: s.scale)
     ratio = hi.scale / lo.scale
     wide = ratio > dlcheck.setting("max_scale_ratio")
+    if not big and not wide and np.asarray(obs).ndim > 2 and rl.observation_matrix(obs).shape[1] == 1:
+        dlcheck.measured(
+            f"{source}; image observations of shape {tuple(np.asarray(obs).shape[1:])}: 90% of the pixel values over "
+            f"every axis are ≤ {hi.scale:.3g} ≤ R8.max_scale {dlcheck.setting('max_scale'):g}",
+            largest_scale=round(hi.scale, 6),
+        )
+        return
     if not big and not wide:
         dlcheck.measured(
             f"{source}; {len(scales)} dimension(s): largest scale (90% of |x|) {hi.scale:.3g} at dim {hi.index} "
@@ -127,6 +136,20 @@ def check_observation_scale(dlcheck):
             scale_ratio=round(ratio, 4),
         )
         return
+    frames = np.asarray(obs)
+    if frames.ndim > 2 and rl.observation_matrix(obs).shape[1] == 1 and big:
+        # image observations: one scale over every axis of the frames (C, H, W or H, W, C), not per pixel
+        dlcheck.fail(
+            [
+                f"{source}; image observations of shape {tuple(frames.shape[1:])} ({frames.dtype}): 90% of the pixel "
+                f"values are ≤ {hi.scale:.3g} (max {float(np.abs(frames).max()):.3g}) > R8.max_scale "
+                f"{dlcheck.setting('max_scale'):g}"
+            ],
+            "raw pixel values (0-255) reach the network: the first convolution sees inputs hundreds of times larger "
+            "than its initialisation assumes, and its activations saturate",
+            "divide the frames by 255 before the policy (SB3's CnnPolicy does so with normalize_images=True; a "
+            "custom agent: x = obs.float() / 255.0), and hand that function to the checks as dlcheck_preprocess_obs",
+        )
     keep = {s.index for s in big[:4]} | {lo.index, hi.index} | {s.index for s in scales[:6]}
     shown = [s for s in scales if s.index in keep][:8]
     evidence = [f"{source}; scale of each of {len(scales)} dimension(s):"]

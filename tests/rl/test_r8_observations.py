@@ -155,3 +155,31 @@ def test_scale_is_robust_to_rare_outliers_and_ignores_constant_dimensions():
     scales = rl.observation_scales(obs)
     assert scales[0].scale == np.percentile(np.abs(obs[:, 0]), 90)
     assert scales[1].scale == 0 and scales[2].scale == 0
+
+
+FRAMES = """
+    import numpy as np, pytest
+
+    @pytest.fixture(scope="session")
+    def dlcheck_rollout():
+        # Atari-style grayscale frames as a hand-written agent buffers them: (steps, 84, 84)
+        r = np.random.RandomState(0)
+        frames = r.randint(0, 256, size=(64, 84, 84)).astype(np.uint8)
+        return {{"obs": frames{scale}}}
+"""
+
+
+def test_image_observations_are_judged_over_every_axis(project):
+    project.conftest(FRAMES.format(scale=""))
+    run = project.run("--dlcheck=R8")
+    run.assert_outcome("R8", "failed")
+    text = " ".join(run.section("R8").split())
+    assert "image observations of shape (84, 84)" in text and "raw pixel values (0-255)" in text
+    assert "divide the frames by 255" in text
+
+
+def test_image_observations_divided_by_255_pass(project):
+    project.conftest(FRAMES.format(scale=" / 255.0"))
+    run = project.run("--dlcheck=R8", "-rA")
+    run.assert_outcome("R8", "passed")
+    run.fnmatch(["*image observations of shape (84, 84): 90% of the pixel values over every axis are*"])
