@@ -9,7 +9,7 @@ from typing import Any
 
 from ...errors import MISSING, RoleError
 from ...sampling import get_sample
-from ...session import NOT_APPLICABLE
+from ...session import NOT_APPLICABLE, user_call
 from . import measure as vlm
 
 SETUP_HINT = (
@@ -233,8 +233,33 @@ def stage_states(
         raise RoleError("stage", f"{current!r} is not a stage of dlcheck_stages ({', '.join(map(repr, names))})")
     state = vlm.count(model, found, current)
     optimizer = ctx.role("optimizer")
+    how = f"dlcheck_model as set up for stage {current!r}"
+    if optimizer is MISSING:
+        optimizer = trainer_optimizer(ctx, model)
+        if optimizer is not None:
+            how += " (the optimizer the Trainer's create_optimizer builds, made on a copy of the Trainer)"
     state.optimizer = None if optimizer is MISSING else optimizer
-    return [state], f"dlcheck_model as set up for stage {current!r}"
+    return [state], how
+
+
+def trainer_optimizer(ctx: Any, model: Any) -> Any:
+    """The optimizer a transformers Trainer that has not built one yet would create, built by
+    ``create_optimizer`` on a shallow copy of it (the user's Trainer keeps ``optimizer=None``); the param
+    groups hold the model's own parameters, and nothing steps it. None without such a Trainer."""
+    import copy
+
+    trainer = ctx.role("trainer")
+    if (
+        trainer is MISSING
+        or getattr(trainer, "optimizer", None) is not None
+        or not hasattr(trainer, "create_optimizer")
+    ):
+        return None
+    if getattr(trainer, "model", None) is not model:
+        return None
+    clone = copy.copy(trainer)
+    clone.optimizer = None
+    return user_call("trainer", clone.create_optimizer)
 
 
 def stage_named(declared: list[vlm.Stage], name: str) -> vlm.Stage:

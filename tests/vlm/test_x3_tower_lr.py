@@ -117,3 +117,32 @@ def test_no_optimizer_skips(project):
         "missing role: define fixture dlcheck_optimizer (or dlcheck_trainer with its optimizer created) for "
         "dlcheck_stage in conftest.py, or return the optimizer from dlcheck_stage_setup: no optimizer to check"
     ) in run.text
+
+
+TRAINER_NO_OPTIMIZER = """
+    import pytest, tiny, tinyvlm
+    from transformers import Trainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        model = tinyvlm.llava(tinyvlm.tokenizer())
+        args = tiny.trainer_args(tmp_path_factory.mktemp("o"), learning_rate=2e-5)
+        return Trainer(model=model, args=args)  # the optimizer is created when train() starts
+
+    @pytest.fixture(scope="session")
+    def dlcheck_stages():
+        return tinyvlm.STAGES_VISION
+
+    @pytest.fixture(scope="session")
+    def dlcheck_stage():
+        return "instruct"
+"""
+
+
+def test_a_trainer_without_its_optimizer_yet_is_judged_on_what_create_optimizer_builds(project):
+    project.conftest(TRAINER_NO_OPTIMIZER)
+    run = project.run("--dlcheck=X3")
+    run.assert_outcome("X3", "failed")
+    text = flat(run.section("X3"))
+    assert "the optimizer the Trainer's create_optimizer builds" in text or "at lr 2e-05 declared 2e-06" in text
+    assert "vision" in text and "declared 2e-06" in text
