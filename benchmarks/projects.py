@@ -357,3 +357,250 @@ def memory_project(dest: Path, size: dict | None = None) -> Project:
     (root / "clean" / "conftest.py").write_text(_MEMORY.format(size=size, size_name=f"{n / 1e6:.0f}M"))
     (root / "clean" / FLOOR_TEST).write_text(floor_test_source("llm", ["dlcheck_trainer"]))
     return Project(root, "clean", "llm", f"clean/{FLOOR_TEST}")
+
+
+# ---- 5. realistic projects: a plain loop on the same Llama, and a ResNet-50 vision project ---------------
+
+_LOOP = '''\
+"""A hand-written training loop of a {size_name}-parameter Llama built from a config (the same model as the
+SFTTrainer project): a factory of fresh objects, the tokenized data, the step, the checkpoint functions."""
+
+import os
+
+import pytest
+import tinyllm
+import torch
+from torch.utils.data import DataLoader
+
+SIZE = {size!r}
+TOK = tinyllm.build_tokenizer()
+
+
+def build_model():
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(vocab_size=len(TOK), max_position_embeddings=128, eos_token_id=TOK.eos_token_id,
+                         pad_token_id=TOK.pad_token_id, **SIZE)
+    return AutoModelForCausalLM.from_config(config)
+
+
+def examples(pairs):
+    """Prompt/completion rows, tokenized, the prompt masked out of the labels."""
+    rows = []
+    for prompt, completion in pairs:
+        p = TOK(prompt)["input_ids"]
+        c = TOK(completion)["input_ids"] + [TOK.eos_token_id]
+        rows.append({{"input_ids": p + c, "labels": [-100] * len(p) + c}})
+    return rows
+
+
+def collate(rows):
+    """Right-padded batches: pad tokens masked in the attention and the labels."""
+    width = max(len(r["input_ids"]) for r in rows)
+    pad = lambda xs, v: xs + [v] * (width - len(xs))
+    return {{
+        "input_ids": torch.tensor([pad(r["input_ids"], TOK.pad_token_id) for r in rows]),
+        "attention_mask": torch.tensor([pad([1] * len(r["input_ids"]), 0) for r in rows]),
+        "labels": torch.tensor([pad(r["labels"], -100) for r in rows]),
+    }}
+
+
+def make_training():
+    model = build_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 5))
+    return {{"model": model, "optimizer": optimizer, "lr_scheduler": scheduler}}
+
+
+def train_step(state, batch, index):
+    model, optimizer = state["model"], state["optimizer"]
+    model.train()
+    loss = model(**batch).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    state["lr_scheduler"].step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+def save_checkpoint(state, path):
+    """Everything a resume needs, written to a temporary file and renamed (atomic)."""
+    torch.save({{k: state[k].state_dict() for k in ("model", "optimizer", "lr_scheduler")}}
+               | {{"rng": torch.random.get_rng_state()}}, f"{{path}}.tmp")
+    os.replace(f"{{path}}.tmp", path)
+
+
+def load_checkpoint(state, path):
+    saved = torch.load(path, weights_only=False)
+    for k in ("model", "optimizer", "lr_scheduler"):
+        state[k].load_state_dict(saved[k])
+    torch.random.set_rng_state(saved["rng"])
+
+
+@pytest.fixture(scope="session")
+def dlcheck_make_training():
+    return make_training
+
+
+@pytest.fixture(scope="session")
+def dlcheck_dataloader():
+    return DataLoader(examples(tinyllm.PAIRS * 4), batch_size=4, shuffle=True, collate_fn=collate,
+                      generator=torch.Generator().manual_seed(0))
+
+@pytest.fixture(scope="session")
+def dlcheck_train_step():
+    return train_step
+
+
+@pytest.fixture(scope="session")
+def dlcheck_save_checkpoint():
+    return save_checkpoint
+
+
+@pytest.fixture(scope="session")
+def dlcheck_load_checkpoint():
+    return load_checkpoint
+'''
+
+
+def loop_project(dest: Path, size: dict | None = None) -> Project:
+    """The SFT data and the Llama of ``size`` (default :data:`BIG`) trained by a hand loop: the plain-loop
+        roles (``dlcheck_make_training``, ``dlcheck_dataloader``, ``dlcheck_train_step``, the checkpoint
+        functions); no evaluation data, as the SFTTrainer project has none (eight prompt/completion pairs are
+    memorised within the smoke run: S5 would rightly say so). Its floor: the fixtures, fresh objects from the
+    factory and one call of the project's step."""
+    size = dict(BIG if size is None else size)
+    root = dest / "loop"
+    _llm_base(root)
+    n = llama_parameters(320, **size)
+    (root / "clean" / "conftest.py").write_text(_LOOP.format(size=size, size_name=f"{n / 1e6:.0f}M"))
+    (root / "clean" / FLOOR_TEST).write_text(floor_test_source("loop", fixture_names(root / "clean" / "conftest.py")))
+    return Project(root, "clean", "train", f"clean/{FLOOR_TEST}")
+
+
+#: a torchvision ResNet-50 (resnet50(weights=None): Bottleneck blocks [3, 4, 6, 3], 23.5M parameters with
+#: 3 classes) on 64×64 images; quick mode's is a one-block-per-stage, narrow ResNet of 3.5M on 32×32
+RESNET50 = {"layers": [3, 4, 6, 3], "width_per_group": 64, "image": 64, "batch": 16}
+RESNET_SMALL = {"layers": [1, 1, 1, 1], "width_per_group": 16, "image": 32, "batch": 8}
+
+_VISION = '''\
+"""A ResNet of {size_name} parameters (torchvision's Bottleneck ResNet, {layers}) on the shapes dataset at
+{image}×{image}: the model and data for the vision checks, and a plain training loop (a factory of fresh
+objects, SGD with momentum and a warmup, the loss, checkpoint functions) for train, ckpt and smoke."""
+
+import os
+
+import pytest
+import shapes
+import torch
+from torch.utils.data import DataLoader
+from torchvision.models.resnet import Bottleneck, ResNet
+from torchvision.transforms import v2 as T
+
+LAYERS, WIDTH, IMAGE, BATCH = {layers!r}, {width}, {image}, {batch}
+
+train_tf = T.Compose([T.ToImage(), T.RandomResizedCrop(IMAGE, scale=(0.6, 1.0)), T.RandomHorizontalFlip(),
+                      T.ToDtype(torch.float32, scale=True), T.Normalize(shapes.MEAN, shapes.STD)])
+eval_tf = T.Compose([T.ToImage(), T.Resize(IMAGE + IMAGE // 8), T.CenterCrop(IMAGE),
+                     T.ToDtype(torch.float32, scale=True), T.Normalize(shapes.MEAN, shapes.STD)])
+
+
+def build_model():
+    """resnet50(weights=None, num_classes=3) at the full size: the same constructor torchvision calls."""
+    return ResNet(Bottleneck, LAYERS, num_classes=len(shapes.CLASSES), width_per_group=WIDTH)
+
+
+def make_training():
+    model = build_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.005, momentum=0.9, weight_decay=5e-4)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 5))
+    return {{"model": model, "optimizer": optimizer, "lr_scheduler": scheduler}}
+
+
+def save_checkpoint(state, path):
+    """Everything a resume needs, written to a temporary file and renamed (atomic)."""
+    torch.save({{k: state[k].state_dict() for k in ("model", "optimizer", "lr_scheduler")}}
+               | {{"rng": torch.random.get_rng_state()}}, f"{{path}}.tmp")
+    os.replace(f"{{path}}.tmp", path)
+
+
+def load_checkpoint(state, path):
+    saved = torch.load(path, weights_only=False)
+    for k in ("model", "optimizer", "lr_scheduler"):
+        state[k].load_state_dict(saved[k])
+    torch.random.set_rng_state(saved["rng"])
+
+
+@pytest.fixture(scope="session")
+def dlcheck_model():
+    return build_model()
+
+
+@pytest.fixture(scope="session")
+def dlcheck_make_training():
+    return make_training
+
+
+@pytest.fixture(scope="session")
+def dlcheck_dataloader():
+    return DataLoader(shapes.Shapes("train", size=48, transform=train_tf), batch_size=BATCH, shuffle=True,
+                      generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="session")
+def dlcheck_eval_dataloader():
+    return DataLoader(shapes.Shapes("val", size=24, transform=eval_tf), batch_size=BATCH)
+
+
+@pytest.fixture(scope="session")
+def dlcheck_loss_fn():
+    return torch.nn.CrossEntropyLoss()
+
+
+@pytest.fixture(scope="session")
+def dlcheck_eval_fn():
+    return shapes.accuracy
+
+
+@pytest.fixture(scope="session")
+def dlcheck_save_checkpoint():
+    return save_checkpoint
+
+
+@pytest.fixture(scope="session")
+def dlcheck_load_checkpoint():
+    return load_checkpoint
+'''
+
+
+def resnet_parameters(layers: list[int], width_per_group: int = 64, classes: int = 3, **_: object) -> int:
+    """Parameters of torchvision's Bottleneck ResNet of this shape (built on the meta device: no memory)."""
+    import torch
+    from torchvision.models.resnet import Bottleneck, ResNet
+
+    with torch.device("meta"):
+        model = ResNet(Bottleneck, layers, num_classes=classes, width_per_group=width_per_group)
+    return sum(p.numel() for p in model.parameters())
+
+
+def vision_project(dest: Path, size: dict | None = None) -> Project:
+    """examples/vision's shapes data with a ResNet of ``size`` (default :data:`RESNET50`) for
+    ``--dlcheck=vision,train,ckpt,smoke``: ``dlcheck_model`` for the vision checks and a plain loop's
+    factory for the training ones. Its floor: the fixtures, fresh objects and one training step."""
+    size = dict(RESNET50 if size is None else size)
+    root = dest / "vision50"
+    (root / "clean").mkdir(parents=True, exist_ok=True)
+    (root / "pytest.ini").write_text(PYTEST_INI)
+    shutil.copy(EXAMPLES / "vision" / "shapes.py", root / "shapes.py")
+    n = resnet_parameters(**size)
+    source = _VISION.format(
+        size_name=f"{n / 1e6:.1f}M",
+        layers=size["layers"],
+        width=size["width_per_group"],
+        image=size["image"],
+        batch=size["batch"],
+    )
+    (root / "clean" / "conftest.py").write_text(source)
+    (root / "clean" / FLOOR_TEST).write_text(floor_test_source("loop", fixture_names(root / "clean" / "conftest.py")))
+    return Project(root, "clean", "vision", f"clean/{FLOOR_TEST}")

@@ -1,31 +1,99 @@
-"""Figure 7: the training checks on a realistic model, counted in work. examples/llm's clean SFT project with
-a ~100M-parameter Llama built from a config (the memory figure's project): ``--dlcheck=train,ckpt,smoke``
-against the floor (building the objects plus one training step), with the work the checks caused — forward
-and backward passes through the model, optimizer steps — beside the time ratio. The budget (issue 20) is
-counted in optimizer steps of the user's model: the whole train/ckpt/smoke set at most 60.
+"""Figure 7: the checks on realistic models, counted in work. Three projects, each against its floor (the
+same conftest.py building its objects plus one training step: forward, backward and the optimizer's step),
+with the work the checks caused — forward and backward passes through the models, optimizer steps, per
+check — beside the time ratio:
 
-    .venv/bin/python benchmarks/run.py --only realistic
-    .venv/bin/python benchmarks/run.py --only realistic --small-model     # the same on a ~2M model"""
+- ``realistic``: examples/llm's clean SFT project with a ~100M-parameter Llama built from a config (the
+  memory figure's project), ``--dlcheck=train,ckpt,smoke``;
+- ``realistic-loop``: the same Llama and data trained by a hand-written loop (the plain-loop roles
+  ``dlcheck_make_training``, ``dlcheck_dataloader``, ``dlcheck_train_step``, the checkpoint functions),
+  ``--dlcheck=train,ckpt,smoke``;
+- ``realistic-vision``: a torchvision ResNet-50 (``resnet50(weights=None)``'s shape) on examples/vision's
+  shapes at 64×64, ``--dlcheck=vision,train,ckpt,smoke``.
+
+The budgets (issue 20) are counted in work: the whole train/ckpt/smoke set at most 60 optimizer steps of
+the user's model, and every data domain (llm, vision, diffusion, rl, vlm) at most 10 forward passes —
+judged here on the vision project and, by :func:`domain_budget_row`, on every example's active row — and
+at most one extra copy of the trainable state in memory: the memory figure judges it on ``--dlcheck=llm``,
+these rows on the training checks (peak RSS over the floor's, whose step holds the model, its gradients
+and the optimizer's state).
+
+    .venv/bin/python benchmarks/run.py --only realistic,realistic-loop,realistic-vision
+    .venv/bin/python benchmarks/run.py --only realistic-loop --small-model     # the same on small models"""
 
 from __future__ import annotations
 
 from dataclasses import asdict
 from typing import Any
 
-#: the budget: optimizer steps of the user's model over the whole train/ckpt/smoke set
+#: the budgets: optimizer steps of the user's model over the whole train/ckpt/smoke set; forward passes of
+#: a data domain's checks
 REALISTIC_MAX_STEPS = 60
+DOMAIN_MAX_FORWARD = 10
+#: peak RSS over the floor's, in copies of the trainable state (the memory figure's budget, on these runs)
+MAX_COPIES = 1.0
+TRAINING_DOMAINS = ("train", "ckpt", "smoke")
+DATA_DOMAINS = ("llm", "vision", "diffusion", "rl", "vlm")
 SELECTION = "train,ckpt,smoke"
+KEYS = ("forward", "backward", "optimizer_steps")
 
 
-def bench_realistic(ctx: Any, size: dict, repeats: int) -> Any:
-    from benchmarks import measure, projects, run
+# ---- the work of a run, from the probe -------------------------------------------------------------------
+
+
+def check_of(nodeid: str, item: dict) -> str:
+    """The check's ID: recorded by the probe, else the test name's prefix (``T2_overfit_batch`` → T2)."""
+    return item.get("check") or nodeid.rsplit("::", 1)[-1].split("_")[0]
+
+
+def work_by_check(m: Any) -> dict[str, dict[str, Any]]:
+    """Per check: its domain and the forward/backward passes and optimizer steps it caused (a shared run
+    counted by the check that first needed it)."""
+    out = {}
+    for nodeid, item in (m.info.get("probe") or {}).get("items", {}).items():
+        cost = item.get("cost", {})
+        out[check_of(nodeid, item)] = {"domain": item.get("domain"), **{k: cost.get(k, 0) for k in KEYS}}
+    return out
+
+
+def work_by_domain(m: Any) -> dict[str, dict[str, int]]:
+    """The same summed per domain (checks whose domain the probe did not record are left out)."""
+    out: dict[str, dict[str, int]] = {}
+    for work in work_by_check(m).values():
+        if work["domain"]:
+            total = out.setdefault(work["domain"], dict.fromkeys(KEYS, 0))
+            for k in KEYS:
+                total[k] += work[k]
+    return out
+
+
+def fmt_work(work: dict[str, Any]) -> str:
+    return f"{work['forward']} fwd/{work['backward']} bwd/{work['optimizer_steps']} steps"
+
+
+def fmt_by_check(by_check: dict[str, dict[str, Any]]) -> str:
+    """The checks that did any work, the most optimizer steps first: ``T2 62 fwd/60 bwd/60 steps, …``."""
+    ranked = sorted(by_check.items(), key=lambda kv: (-kv[1]["optimizer_steps"], -kv[1]["forward"], kv[0]))
+    return ", ".join(f"{c} {fmt_work(w)}" for c, w in ranked if any(w[k] for k in KEYS)) or "none"
+
+
+# ---- one realistic row ------------------------------------------------------------------------------------
+
+
+def bench_project(ctx: Any, section: str, project: Any, selection: str, figure: str, repeats: int, model: str) -> Any:
+    """``--dlcheck=<selection>`` on ``project`` against its floor: time ratio, the work per check, and the
+    budgets: train/ckpt/smoke ≤ 60 optimizer steps, each data domain of the selection ≤ 10 forward passes."""
+    from benchmarks import measure, run
     from benchmarks.measure import Summary
 
-    project = projects.memory_project(ctx.workdir / "realistic", size)
-    n_params = projects.llama_parameters(320, **size)
-    env = ctx.env()
-    active = [f"--dlcheck={SELECTION}", project.target, f"--ignore={project.floor_test}"]
-    figure = f"--dlcheck={SELECTION} on a {n_params / 1e6:.0f}M SFTTrainer project / floor"
+    env = ctx.env(DLBENCH_FLOOR_OPTIMIZER="1")
+    active = [f"--dlcheck={selection}", project.target, f"--ignore={project.floor_test}"]
+    data_domains = [d for d in selection.split(",") if d in DATA_DOMAINS]
+    budget = (
+        f"≤ {REALISTIC_MAX_STEPS} steps"
+        + (f"; ≤ {DOMAIN_MAX_FORWARD} fwd per {'/'.join(data_domains)}" if data_domains else "")
+        + f"; RSS ≤ +{MAX_COPIES:g} copy"
+    )
     try:
         runs = ctx.measure(
             {
@@ -36,41 +104,171 @@ def bench_realistic(ctx: Any, size: dict, repeats: int) -> Any:
         )
     except measure.CommandFailed as exc:
         return run.Row(
-            "realistic", figure, "-", "-", "-", f"≤ {REALISTIC_MAX_STEPS} steps", False,
-            "could not measure: " + " ".join(str(exc).split())[-600:],
-        )  # fmt: skip
+            section, figure, "-", "-", "-", budget, False, "could not measure: " + " ".join(str(exc).split())[-600:]
+        )
     a, b = Summary.of(runs["active"]), Summary.of(runs["floor"])
     text, chosen = run.fmt_ratios(runs["active"], runs["floor"], ctx.metric)
     mid = run.median_run(runs["active"], ctx.metric)
     work = run.passes(mid)
-    per_check = {
-        nodeid.rsplit("::", 1)[-1].split("_")[0]: item.get("cost", {}).get("optimizer_steps", 0)
-        for nodeid, item in mid.info.get("probe", {}).get("items", {}).items()
-    }
-    heavy = ", ".join(f"{k} {v}" for k, v in sorted(per_check.items(), key=lambda kv: -kv[1]) if v)
+    by_check = work_by_check(mid)
+    by_domain = work_by_domain(mid)
+    steps = sum(by_domain.get(d, {}).get("optimizer_steps", 0) for d in TRAINING_DOMAINS)
+    forward = {d: by_domain.get(d, {}).get("forward", 0) for d in data_domains}
+    floor = run.median_run(runs["floor"], ctx.metric).info.get("floor", {})
+    floor_step = "1 forward, 1 backward, 1 optimizer step" if floor.get("optimizer_step") else "1 forward, 1 backward"
     problem = next((run.broken(m) for m in runs["active"] if run.broken(m)), "")
+    trainable = floor.get("trainable_bytes", 0) / 2**20
+    extra = a.max_rss_mb - b.max_rss_mb
+    copies = extra / trainable if trainable else float("inf")
+    over = [f"{steps} optimizer steps over {REALISTIC_MAX_STEPS}"] if steps > REALISTIC_MAX_STEPS else []
+    over += [f"{d}: {n} forward passes over {DOMAIN_MAX_FORWARD}" for d, n in forward.items() if n > DOMAIN_MAX_FORWARD]
+    if copies > MAX_COPIES:
+        over.append(f"peak RSS {extra:+.0f} MiB over the floor's = {copies:.1f} copies of the trainable state")
     note = (
-        f"checks: {run.fmt_outcomes(run.outcomes(mid))}; work: {work['forward']} forward, {work['backward']} "
-        f"backward passes, {work['optimizer_steps']} optimizer steps (floor: 1 forward, 1 backward); optimizer "
-        f"steps by check: {heavy or 'none'}; time {run.fmt_time(a)} vs floor {run.fmt_time(b)} ({text})"
+        f"model: {model}; checks: {run.fmt_outcomes(run.outcomes(mid))}; work: {work['forward']} forward, "
+        f"{work['backward']} backward passes, {work['optimizer_steps']} optimizer steps (floor: {floor_step}); "
+        f"train/ckpt/smoke: {steps} optimizer steps"
+        + "".join(f"; {d}: {n} forward passes" for d, n in forward.items())
+        + f"; by check: {fmt_by_check(by_check)}; time {run.fmt_time(a)} vs floor {run.fmt_time(b)} ({text}); "
+        f"peak RSS {a.max_rss_mb:.0f} MiB vs floor {b.max_rss_mb:.0f} MiB ({extra:+.0f} MiB = {copies:+.2f} copies "
+        f"of the {trainable:.0f} MiB trainable state)"
     )
+    if over:
+        note = "OVER BUDGET: " + "; ".join(over) + "; " + note
     if problem:
         note = f"NOT CLEAN: {problem}; " + note
+    measured = f"{steps} steps, {work['forward']} fwd, {work['backward']} bwd" + "".join(
+        f", {d} {n} fwd" for d, n in forward.items()
+    )
     return run.Row(
-        "realistic",
+        section,
         figure,
-        f"{work['optimizer_steps']} steps",
-        "1 step",
+        measured,
+        f"1 step, {run.fmt_time(b)}",
         text,
-        f"≤ {REALISTIC_MAX_STEPS} steps",
-        work["optimizer_steps"] <= REALISTIC_MAX_STEPS and not problem,
+        budget,
+        not over and not problem,
         note,
         {
             "active": asdict(a),
             "floor": asdict(b),
             "ratio": chosen,
             "passes": work,
-            "steps_by_check": per_check,
-            "parameters": n_params,
+            "training_steps": steps,
+            "forward_by_data_domain": forward,
+            "work_by_domain": by_domain,
+            "work_by_check": by_check,
+            "steps_by_check": {c: w["optimizer_steps"] for c, w in by_check.items()},
+            "floor_step": floor,
+            "trainable_mib": trainable,
+            "extra_rss_mib": extra,
+            "copies": copies,
+            "outcomes": run.outcomes(mid),
         },
+    )
+
+
+def bench_realistic(ctx: Any, size: dict, repeats: int) -> Any:
+    """The SFTTrainer project (the memory figure's) with ``--dlcheck=train,ckpt,smoke``."""
+    from benchmarks import projects
+
+    project = projects.memory_project(ctx.workdir / "realistic", size)
+    n = projects.llama_parameters(320, **size)
+    row = bench_project(
+        ctx,
+        "realistic",
+        project,
+        SELECTION,
+        f"--dlcheck={SELECTION} on a {n / 1e6:.0f}M SFTTrainer project / floor",
+        repeats,
+        f"Llama from a config, {n / 1e6:.0f}M parameters, TRL SFTTrainer",
+    )
+    row.data["parameters"] = n
+    return row
+
+
+def bench_realistic_loop(ctx: Any, size: dict, repeats: int) -> Any:
+    """The same Llama and data trained by a hand-written loop, ``--dlcheck=train,ckpt,smoke``."""
+    from benchmarks import projects
+
+    project = projects.loop_project(ctx.workdir / "realistic", size)
+    n = projects.llama_parameters(320, **size)
+    row = bench_project(
+        ctx,
+        "realistic-loop",
+        project,
+        SELECTION,
+        f"--dlcheck={SELECTION} on a {n / 1e6:.0f}M plain-loop project / floor",
+        repeats,
+        f"Llama from a config, {n / 1e6:.0f}M parameters, a hand loop (AdamW, warmup, clipping)",
+    )
+    row.data["parameters"] = n
+    return row
+
+
+def bench_realistic_vision(ctx: Any, size: dict, repeats: int) -> Any:
+    """A ResNet-50 (quick mode: a small Bottleneck ResNet) with ``--dlcheck=vision,train,ckpt,smoke``."""
+    from benchmarks import projects
+
+    project = projects.vision_project(ctx.workdir / "realistic", size)
+    n = projects.resnet_parameters(**size)
+    selection = "vision," + SELECTION
+    name = "ResNet-50" if size == projects.RESNET50 else f"ResNet {size['layers']}"
+    row = bench_project(
+        ctx,
+        "realistic-vision",
+        project,
+        selection,
+        f"--dlcheck={selection} on a {name} ({n / 1e6:.1f}M) project / floor",
+        repeats,
+        f"torchvision {name}, {n / 1e6:.1f}M parameters, {size['image']}×{size['image']} images, batch "
+        f"{size['batch']}, SGD with momentum",
+    )
+    row.data["parameters"] = n
+    return row
+
+
+# ---- the data-domain budget on the example projects --------------------------------------------------------
+
+
+def domain_budget_row(rows: list[Any]) -> Any | None:
+    """One row judging the data domains' forward passes (≤ 10 each) from the active rows' work (their
+    ``forward_by_domain``), or None when no data domain's example was measured."""
+    from benchmarks import run
+
+    counts = {}
+    for r in rows:
+        if r.section == "active" and r.data.get("forward_by_domain") is not None:
+            domain = r.data.get("domain")
+            if domain in DATA_DOMAINS:
+                counts[domain] = r.data["forward_by_domain"].get(domain, 0)
+    if not counts:
+        return None
+    over = {d: n for d, n in counts.items() if n > DOMAIN_MAX_FORWARD}
+    per = ", ".join(f"{d} {n}" for d, n in counts.items())
+    spenders = {}
+    for r in rows:
+        if r.section == "active" and r.data.get("domain") in over:
+            checks = r.data.get("work_by_check") or {}
+            ranked = sorted(
+                ((c, w["forward"]) for c, w in checks.items() if w.get("domain") == r.data["domain"] and w["forward"]),
+                key=lambda cw: -cw[1],
+            )
+            spenders[r.data["domain"]] = ", ".join(f"{c} {n}" for c, n in ranked)
+    note = (
+        "forward passes through the models caused by each data domain's checks on examples/<domain>/clean "
+        "(the active rows' runs; a shared forward counted once)"
+        + (f"; OVER BUDGET: {', '.join(f'{d} {n}' for d, n in over.items())}" if over else "")
+        + "".join(f"; {d} by check: {who}" for d, who in spenders.items() if who)
+    )
+    return run.Row(
+        "domains",
+        "forward passes per data domain, examples/<domain>/clean",
+        per,
+        "-",
+        f"max {max(counts.values())}",
+        f"≤ {DOMAIN_MAX_FORWARD} each",
+        not over,
+        note,
+        {"forward_by_domain": counts, "over": over, "forward_by_check": spenders},
     )

@@ -28,7 +28,7 @@ if __package__ in (None, ""):  # run as a script
 from benchmarks import measure, projects, watch
 from benchmarks.measure import Measurement, Summary
 
-SECTIONS = ("inactive", "active", "scale", "memory", "gpu", "watch", "realistic")
+SECTIONS = ("inactive", "active", "scale", "memory", "gpu", "watch", "realistic", "realistic-loop", "realistic-vision")
 
 #: the budgets (issue 10): inactive ≤ 3 % over -p no:dlcheck; active ≤ 2× the floor; 1,000,000 examples
 #: ≤ 10 % over 1,000; peak RSS ≤ the floor's plus one copy of the trainable state
@@ -322,6 +322,8 @@ def bench_active(ctx: Context, domain: str) -> None:
             )
         )
         return
+    from benchmarks.realistic import work_by_check, work_by_domain
+
     a, b = Summary.of(runs["active"]), Summary.of(runs["floor"])
     text, chosen = fmt_ratios(runs["active"], runs["floor"], ctx.metric)
     mid = median_run(runs["active"], ctx.metric)
@@ -356,6 +358,9 @@ def bench_active(ctx: Context, domain: str) -> None:
                 "ratio": chosen,
                 "outcomes": counts,
                 "passes": work,
+                "domain": domain,
+                "forward_by_domain": {d: w["forward"] for d, w in work_by_domain(mid).items()},
+                "work_by_check": work_by_check(mid),
                 "phases": ph,
                 "floor_phases": ph_floor,
             },
@@ -689,6 +694,11 @@ def main(argv: list[str] | None = None) -> int:
             for domain in [d for d in args.domains.split(",") if d] or projects.example_domains():
                 ctx.log(f"active cost: {domain}")
                 bench_active(ctx, domain)
+            from benchmarks.realistic import domain_budget_row
+
+            budget_row = domain_budget_row(ctx.rows)  # the data domains' forward passes, ≤ 10 each
+            if budget_row is not None:
+                ctx.rows.append(budget_row)
         if "scale" in only:
             for variant in [v for v in args.scale_variants.split(",") if v]:
                 ctx.log(f"scale: {variant}")
@@ -706,6 +716,17 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks.realistic import bench_realistic
 
             ctx.rows.append(bench_realistic(ctx, size, args.memory_repeats))
+        if "realistic-loop" in only:
+            ctx.log("realistic: train,ckpt,smoke on the same model in a hand-written loop")
+            from benchmarks.realistic import bench_realistic_loop
+
+            ctx.rows.append(bench_realistic_loop(ctx, size, args.memory_repeats))
+        if "realistic-vision" in only:
+            ctx.log("realistic: vision,train,ckpt,smoke on a ResNet-50")
+            from benchmarks.realistic import bench_realistic_vision
+
+            vision_size = projects.RESNET_SMALL if args.small_model else projects.RESNET50
+            ctx.rows.append(bench_realistic_vision(ctx, vision_size, args.memory_repeats))
         if "watch" in only:
             ctx.log("watch")
             watch.bench_watch(ctx, steps=30 if args.quick else 200, repeats=args.repeats)

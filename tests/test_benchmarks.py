@@ -173,6 +173,34 @@ def test_memory_project_builds_the_example_with_the_big_config(tmp_path):
     assert p.active_args()[0] == "--dlcheck=llm"
 
 
+def test_realistic_projects_write_the_plain_loop_and_vision_roles(tmp_path):
+    loop = projects.loop_project(tmp_path, run.SMALL)
+    source = (loop.root / "clean" / "conftest.py").read_text()
+    compile(source, "conftest.py", "exec")
+    assert projects.fixture_names(loop.root / "clean" / "conftest.py") == [
+        "dlcheck_dataloader",
+        "dlcheck_load_checkpoint",
+        "dlcheck_make_training",
+        "dlcheck_save_checkpoint",
+        "dlcheck_train_step",
+    ]
+    assert (
+        "'num_hidden_layers': 4" in source and "dlbench_floor.run('loop'" in (loop.root / loop.floor_test).read_text()
+    )
+    vision = projects.vision_project(tmp_path, projects.RESNET_SMALL)
+    compile((vision.root / "clean" / "conftest.py").read_text(), "conftest.py", "exec")
+    assert (vision.root / "shapes.py").exists() and vision.domain == "vision"
+    assert {"dlcheck_model", "dlcheck_make_training", "dlcheck_loss_fn"} <= set(
+        projects.fixture_names(vision.root / "clean" / "conftest.py")
+    )
+    # the full size is torchvision's resnet50(weights=None), parameter for parameter
+    from torchvision.models import resnet50
+
+    full = sum(p.numel() for p in resnet50(weights=None, num_classes=3).parameters())
+    assert projects.resnet_parameters(**projects.RESNET50) == full
+    assert projects.resnet_parameters(**projects.RESNET_SMALL) < full / 5
+
+
 # ---- the floor steps, on real tiny objects -----------------------------------------------------------
 
 
@@ -245,6 +273,41 @@ def test_train_floor_step_uses_a_fresh_model_from_the_factory():
         {"dlcheck_make_training": make, "dlcheck_dataloader": DataLoader(data, batch_size=4)}
     )
     assert len(made) == 1 and _grads(made[0]) and info["trainable_bytes"] == 4 * 15
+
+
+def test_loop_floor_step_runs_the_projects_own_step_with_its_optimizer():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    made, calls = [], []
+
+    def make():
+        made.append(torch.nn.Linear(4, 3))
+        return {"model": made[-1], "optimizer": torch.optim.SGD(made[-1].parameters(), lr=0.1)}
+
+    def step(state, batch, index):
+        calls.append(index)
+        loss = torch.nn.functional.cross_entropy(state["model"](batch[0]), batch[1])
+        loss.backward()
+        state["optimizer"].step()
+        return loss
+
+    data = TensorDataset(torch.randn(8, 4), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]))
+    loader = DataLoader(data, batch_size=4)
+    info = dlbench_floor.loop_step(
+        {"dlcheck_make_training": make, "dlcheck_dataloader": loader, "dlcheck_train_step": step}
+    )
+    assert calls == [0] and len(made) == 1 and info["optimizer_step"] and info["batch"] == [4, 4]
+    # without a step: the loss function, backward and the factory's optimizer's step
+    initial = []
+
+    def make_recorded():
+        objects = make()
+        initial.append(objects["model"].weight.detach().clone())
+        return objects
+
+    info = dlbench_floor.loop_step({"dlcheck_make_training": make_recorded, "dlcheck_dataloader": loader})
+    assert _grads(made[-1]) and not torch.equal(made[-1].weight, initial[-1])
+    assert info["trainable_bytes"] == 4 * 15 and info["optimizer_step"]
 
 
 # ---- the probe ---------------------------------------------------------------------------------------
@@ -343,6 +406,68 @@ def test_table_and_verdicts():
     assert len({len(line) for line in lines[:4]}) == 1  # aligned columns
 
 
+def test_work_by_check_and_domain_and_the_data_domain_budget():
+    from benchmarks import realistic
+
+    def item(check, domain, fwd, bwd=0, steps=0):
+        cost = {"forward": fwd, "backward": bwd, "optimizer_steps": steps}
+        return {
+            "setup": 0,
+            "call": 0,
+            "teardown": 0,
+            "outcome": "passed",
+            "check": check,
+            "domain": domain,
+            "cost": cost,
+        }
+
+    m = _measured(
+        1,
+        1,
+        {
+            "items": {
+                "c::T2_overfit_batch": item("T2", "train", 62, 60, 60),
+                "c::S1_nonfinite": item("S1", "smoke", 20, 20, 20),
+                "c::V2_eval_mode": item("V2", "vision", 2),
+                "c::V3_x": item("V3", "vision", 9),
+                "c::old_style": {"setup": 0, "call": 0, "teardown": 0, "outcome": "passed", "cost": {"forward": 1}},
+            }
+        },
+    )
+    by_check = realistic.work_by_check(m)
+    assert by_check["T2"] == {"domain": "train", "forward": 62, "backward": 60, "optimizer_steps": 60}
+    assert by_check["old"]["domain"] is None  # no ID recorded: the test name's prefix
+    assert realistic.work_by_domain(m) == {
+        "train": {"forward": 62, "backward": 60, "optimizer_steps": 60},
+        "smoke": {"forward": 20, "backward": 20, "optimizer_steps": 20},
+        "vision": {"forward": 11, "backward": 0, "optimizer_steps": 0},
+    }
+    assert realistic.fmt_by_check(by_check).startswith("T2 62 fwd/60 bwd/60 steps, S1 20 fwd/20 bwd/20 steps, V3")
+    rows = [
+        run.Row(
+            "active", "a", "", "", "", "", True, "", {"domain": "llm", "forward_by_domain": {"llm": 7, "train": 40}}
+        ),
+        run.Row(
+            "active",
+            "v",
+            "",
+            "",
+            "",
+            "",
+            True,
+            "",
+            {"domain": "vision", "forward_by_domain": {"vision": 11}, "work_by_check": by_check},
+        ),
+        run.Row("active", "t", "", "", "", "", True, "", {"domain": "train", "forward_by_domain": {"train": 90}}),
+    ]
+    row = realistic.domain_budget_row(rows)
+    assert row.section == "domains" and row.ok is False and row.measured == "llm 7, vision 11"
+    assert row.data["over"] == {"vision": 11} and "OVER BUDGET: vision 11" in row.note
+    assert "vision by check: V3 9, V2 2" in row.note  # which checks spend the passes
+    assert realistic.domain_budget_row(rows[:1]).ok is True
+    assert realistic.domain_budget_row(rows[2:]) is None  # train is no data domain
+
+
 def test_quick_mode_reduces_every_size():
     args = run.parse_args(["--quick"])
     assert (args.tests, args.repeats, args.warmup, args.domains, args.sizes, args.small_model) == (
@@ -367,7 +492,7 @@ def test_benchmark_runs_end_to_end_at_a_reduced_size(tmp_path):
             str(REPO / "benchmarks" / "run.py"),
             "--quick",
             "--only",
-            "inactive,scale,gpu,realistic",
+            "inactive,scale,gpu,realistic,realistic-loop,realistic-vision",
             "--no-check",
             "--quiet",
             "--json",
@@ -393,6 +518,25 @@ def test_benchmark_runs_end_to_end_at_a_reduced_size(tmp_path):
     realistic = rows["realistic"]["data"]
     assert realistic["passes"]["optimizer_steps"] >= 20 and realistic["passes"]["forward"] > 0
     assert realistic["steps_by_check"].get("T2", 0) >= 1 and realistic["ratio"] > 0
+    assert realistic["floor_step"]["optimizer_step"] is True  # the floor: the objects and one whole training step
+    # the same model in a hand loop, and a ResNet with vision checks too: every row's floor and measured side ran
+    for section, domains in (("realistic-loop", {"train", "ckpt", "smoke"}), ("realistic-vision", {"vision"})):
+        row = rows[section]
+        data = row["data"]
+        assert "NOT CLEAN" not in row["note"] and "could not measure" not in row["note"], row["note"]
+        assert data["floor_step"]["optimizer_step"] is True and data["floor_step"]["loss"] > 0
+        assert domains <= set(data["work_by_domain"]) and data["outcomes"].get("passed", 0) >= 10
+        assert data["training_steps"] >= 20 and data["ratio"] > 0  # at least the 20-step smoke run
+        assert data["training_steps"] == sum(
+            w["optimizer_steps"] for w in data["work_by_check"].values() if w["domain"] in ("train", "ckpt", "smoke")
+        )
+        assert row["ok"] is (
+            data["copies"] <= 1
+            and data["training_steps"] <= 60
+            and all(n <= 10 for n in data["forward_by_data_domain"].values())
+        )
+    assert set(rows["realistic-vision"]["data"]["forward_by_data_domain"]) == {"vision"}
+    assert "ResNet" in rows["realistic-vision"]["figure"] and "plain-loop" in rows["realistic-loop"]["figure"]
 
 
 def test_every_example_rows_floor_runs(tmp_path):

@@ -88,7 +88,11 @@ def llm_step(fixtures: dict[str, Any], batch_size: int = 4) -> dict[str, Any]:
     batch = _to(batch, _device(model))
     loss = model(**_accepted(model.forward, batch)).loss
     loss.backward()
+    stepped = trainer is not None and bool(os.environ.get("DLBENCH_FLOOR_OPTIMIZER"))
+    if stepped:  # the realistic rows: a whole training step, the trainer's own optimizer included
+        trainer.create_optimizer().step()
     return {
+        "optimizer_step": stepped,
         "loss": float(loss.detach()),
         "batch": list(batch["input_ids"].shape),
         "trainable_bytes": trainable_bytes(model),
@@ -143,6 +147,39 @@ def train_step(fixtures: dict[str, Any], batch_size: int = 4) -> dict[str, Any]:
     return {"loss": float(loss.detach()), "batch": list(inputs.shape), "trainable_bytes": trainable_bytes(model)}
 
 
+def loop_step(fixtures: dict[str, Any], batch_size: int = 4) -> dict[str, Any]:
+    """One training step of a plain loop, as the project trains: fresh objects from its factory, the
+    dataloader's first batch, and the project's own step (``dlcheck_train_step``: forward, backward,
+    optimizer step) or, without one, the loss (``dlcheck_compute_loss``, a mapping batch's ``.loss``, or
+    ``dlcheck_loss_fn`` on (inputs, targets)), backward and an optimizer step."""
+    import torch
+
+    objects = fixtures["dlcheck_make_training"]()
+    model = objects["model"]
+    batch = _to(next(iter(fixtures["dlcheck_dataloader"])), _device(model))
+    step = fixtures.get("dlcheck_train_step")
+    if step is not None:
+        loss = step(objects, batch, 0)
+    else:
+        model.train()
+        if fixtures.get("dlcheck_compute_loss") is not None:
+            loss = fixtures["dlcheck_compute_loss"](model, batch)
+        elif isinstance(batch, dict):
+            loss = model(**batch).loss
+        else:
+            loss_fn = fixtures.get("dlcheck_loss_fn") or torch.nn.functional.cross_entropy
+            loss = loss_fn(model(batch[0]), batch[1])
+        loss.backward()
+        objects["optimizer"].step()
+    first = batch["input_ids"] if isinstance(batch, dict) else batch[0]
+    return {
+        "loss": float(loss.detach() if torch.is_tensor(loss) else loss),
+        "batch": list(first.shape),
+        "trainable_bytes": trainable_bytes(model),
+        "optimizer_step": True,
+    }
+
+
 def rl_step(fixtures: dict[str, Any], batch_size: int = 4) -> dict[str, Any]:
     """A Stable-Baselines3 on-policy algorithm: observations from its vectorised environment, the policy's
     log-probabilities and values of actions it samples, a policy-gradient-shaped loss, backward."""
@@ -163,6 +200,7 @@ STEPS: dict[str, Callable[[dict[str, Any], int], dict[str, Any]]] = {
     "vision": vision_step,
     "diffusion": diffusion_step,
     "train": train_step,
+    "loop": loop_step,  # the realistic rows' plain loops: one full training step, the optimizer's included
     "rl": rl_step,
 }
 
