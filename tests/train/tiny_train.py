@@ -45,7 +45,7 @@ class MLP(nn.Module):
         return self.head(self.body(x))
 
 
-def frozen_body(model: "MLP", by_attribute: bool) -> "MLP":
+def frozen_body(model: MLP, by_attribute: bool) -> MLP:
     """The body frozen the way people write it: ``module.requires_grad = False`` (an attribute: no effect)
     or ``module.requires_grad_(False)``."""
     if by_attribute:
