@@ -82,7 +82,8 @@ def fmt_by_check(by_check: dict[str, dict[str, Any]]) -> str:
 
 def bench_project(ctx: Any, section: str, project: Any, selection: str, figure: str, repeats: int, model: str) -> Any:
     """``--dlcheck=<selection>`` on ``project`` against its floor: time ratio, the work per check, and the
-    budgets: train/ckpt/smoke ≤ 60 optimizer steps, each data domain of the selection ≤ 10 forward passes."""
+    budgets: train/ckpt/smoke ≤ 60 optimizer steps, each data domain of the selection ≤ 10 forward passes,
+    peak RSS ≤ the floor's plus one copy of the trainable state."""
     from benchmarks import measure, run
     from benchmarks.measure import Summary
 
@@ -137,14 +138,14 @@ def bench_project(ctx: Any, section: str, project: Any, selection: str, figure: 
         note = "OVER BUDGET: " + "; ".join(over) + "; " + note
     if problem:
         note = f"NOT CLEAN: {problem}; " + note
-    measured = f"{steps} steps, {work['forward']} fwd, {work['backward']} bwd" + "".join(
+    measured = f"{run.fmt_time(a)}; {steps} steps, {work['forward']} fwd, {work['backward']} bwd" + "".join(
         f", {d} {n} fwd" for d, n in forward.items()
     )
     return run.Row(
         section,
         figure,
         measured,
-        f"1 step, {run.fmt_time(b)}",
+        f"{run.fmt_time(b)}; 1 step",
         text,
         budget,
         not over and not problem,

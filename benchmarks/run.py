@@ -635,7 +635,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sizes", default="1000,1000000", help="dataset sizes for the scale figure, default 1000,1000000")
     ap.add_argument("--scale-variants", default=",".join(projects.SCALE_VARIANTS), help="projects for the scale figure")
     ap.add_argument("--memory-repeats", type=int, default=3, help="runs per variant for the memory figure, default 3")
-    ap.add_argument("--small-model", action="store_true", help="memory/GPU figures on a ~2M model instead of ~100M")
+    ap.add_argument(
+        "--small-model",
+        action="store_true",
+        help="memory/GPU/realistic figures on a ~1M Llama and a 3.5M ResNet instead of 104M and ResNet-50",
+    )
     ap.add_argument("--threads", type=int, default=1, help="OMP/MKL threads of every benchmarked run, default 1")
     ap.add_argument(
         "--metric",

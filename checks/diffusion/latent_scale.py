@@ -85,7 +85,7 @@ def decode_observed(dlcheck, vae) -> tuple[float, Any] | None:
             cls.step = wrap_step(cls.__dict__["step"])
         object.__setattr__(vae, "decode", decode)
         with torch.random.fork_rng(), torch.no_grad():
-            dlcheck.call("sample_images", sample)
+            D.run_sampler(dlcheck, sample)
     finally:
         for cls, orig in patched:
             cls.step = orig

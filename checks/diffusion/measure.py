@@ -515,7 +515,7 @@ def sampling_scheduler(dlcheck) -> Any:
                 patched.append((cls, cls.__dict__["step"]))
                 cls.step = wrap(cls.__dict__["step"])
         with torch.random.fork_rng(), torch.no_grad():
-            dlcheck.call("sample_images", sample)
+            run_sampler(dlcheck, sample)
     finally:
         for cls, orig in patched:
             cls.step = orig
@@ -534,3 +534,32 @@ def swapped_scheduler(dlcheck, infer: Any) -> Any:
     if used is None or used is ref or used is infer or sched_config(used) == sched_config(ref):
         return None
     return used
+
+
+def run_sampler(dlcheck: Any, sample: Any) -> Any:
+    """Call the user's ``dlcheck_sample_images`` once, leaving no trace: the weights of the UNet, the VAE and
+    the text encoder, and an EMA's shadow parameters, are put back bit for bit afterwards (an EMA
+    store/copy_to/restore round trip in the user's routine can move weights by float round-off)."""
+    import torch
+
+    modules = []
+    for name in ("unet", "vae", "text_encoder"):
+        mod = dlcheck.optional(name)
+        if isinstance(mod, torch.nn.Module) and all(mod is not m for m in modules):
+            modules.append(mod)
+    saved = [{k: v.detach().clone() for k, v in m.state_dict(keep_vars=True).items()} for m in modules]
+    ema = dlcheck.optional("ema")
+    shadow = getattr(ema, "shadow_params", None) if ema is not None else None
+    shadow_saved = [t.detach().clone() for t in shadow] if isinstance(shadow, list) else None
+    try:
+        return dlcheck.call("sample_images", sample)
+    finally:
+        with torch.no_grad():
+            for mod, state in zip(modules, saved):
+                current = mod.state_dict(keep_vars=True)
+                for k, v in state.items():
+                    if k in current and current[k].shape == v.shape:
+                        current[k].data.copy_(v)
+            if shadow_saved is not None:
+                for t, v in zip(shadow, shadow_saved):
+                    t.data.copy_(v)

@@ -15,7 +15,9 @@ def _watch(state: dict[str, Any], limit: int) -> tuple[dict[str, Any], Any]:
     """Hooks on the fresh objects: at every optimizer step, a copy of the gradients of a few parameters;
     at the first backward after a step, whether those gradients were still there (never reset)."""
     model, opt = state["model"], unwrap_prepared(state["optimizer"])
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad][:limit]
+    # only parameters the optimizer updates: one left out of it (T3's finding) is never zeroed by zero_grad either
+    in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad and id(p) in in_opt][:limit]
     seen: dict[str, Any] = {"steps": 0, "micro": 0, "stale": [], "reset": 0, "after": {}}
 
     def stepped(optimizer, args, kwargs):
@@ -78,8 +80,8 @@ def check_zero_grad(dlcheck):
         optimizer.zero_grad(set_to_none=True) right after optimizer.step() (inside the accumulation
         branch when you accumulate), or at the top of the step before the backward.
     Known problems
-        Watches the first parameters that require a gradient (a handful): a loop that resets only some
-        parameters is judged on those. A Trainer, Lightning's automatic optimization and Accelerate's
+        Watches the first parameters the optimizer updates (a handful): a loop that resets only some
+        parameters is judged on those; parameters outside the optimizer are T3's. A Trainer, Lightning's automatic optimization and Accelerate's
         prepared optimizer zero gradients themselves.
     Not applicable
         Trainer and Lightning users (the framework zeroes the gradients), and plain loops without their

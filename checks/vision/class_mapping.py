@@ -4,6 +4,7 @@ from typing import Any
 
 from ...errors import MISSING
 from ...registry import check
+from . import measure as V
 
 
 def _unwrap(data: Any) -> Any:
@@ -83,6 +84,9 @@ def check_class_mapping(dlcheck):
         Pipelines whose training or evaluation data name no classes (detection and segmentation sets
         usually, token data, rollouts) — the check skips as not applicable.
     """
+    rl_marker = V.rl_marker(dlcheck)
+    if rl_marker:
+        dlcheck.not_applicable(f"an RL training ({rl_marker}): no image dataset whose classes could be numbered")
     train = _source(dlcheck, "dataset", "dataloader")
     if train is None:
         dlcheck.skip("missing role: define fixture dlcheck_dataset (or dlcheck_dataloader) in conftest.py")
