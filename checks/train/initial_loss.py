@@ -7,6 +7,7 @@ import torch
 from ...errors import MISSING
 from ...registry import Setting, check
 from ...training import (
+    ModuleSnapshot,
     decode_example,
     describe_batch,
     is_preference,
@@ -47,7 +48,8 @@ def check_initial_loss(dlcheck):
     What it does
         Runs the model as your training does (the Trainer's ``compute_loss``, your LightningModule's
         ``training_step``, your ``dlcheck_compute_loss``; the model of ``dlcheck_model`` by itself
-        otherwise) on the first sampled batch, in eval mode and without gradients, and compares the loss
+        otherwise) on the first sampled batch, without gradients, dropout off and BatchNorm on the batch's
+        statistics (as the first training step sees it; running statistics put back), and compares the loss
         with ln(C), C being the last dimension of the model's output (the vocabulary of a language model,
         the classes of a classifier; ``dlcheck_num_classes`` when given). Fails when it is above
         ``max_ratio`` x ln(C) (and ``min_excess`` nats above it), and names the likely cause: logits far too large (the initialisation scale),
@@ -97,13 +99,23 @@ def check_initial_loss(dlcheck):
             "(inputs, targets) pair"
         )
     model = fresh.model
-    with modes(model, train=False), torch.no_grad():
-        loss = run_or_skip(dlcheck, lambda: fresh.loss(batch))
-        # a plain forward for the logits: a trainer's loss path may never materialise them (TRL's fused head)
-        try:
-            logits = output_tensor(fresh.forward(batch))
-        except Exception:  # noqa: BLE001 - the model takes the batch only through the user's loss
-            logits = None
+    start = ModuleSnapshot.take(model)
+    try:
+        with modes(model, train=False), torch.no_grad():
+            # BatchNorm normalises with the batch's own statistics, as the first training step does: a fresh
+            # model's running statistics (mean 0, var 1) are not its activations' (in eval mode a fresh ResNet-50
+            # gives logits of std ~14 and a loss 13x ln(C)); dropout stays off
+            for m in model.modules():
+                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                    m.train()
+            loss = run_or_skip(dlcheck, lambda: fresh.loss(batch))
+            # a plain forward for the logits: a trainer's loss path may never materialise them (TRL's fused head)
+            try:
+                logits = output_tensor(fresh.forward(batch))
+            except Exception:  # noqa: BLE001 - the model takes the batch only through the user's loss
+                logits = None
+    finally:
+        start.restore(model)  # the running statistics the batch updated, and every module's mode
     classes = dlcheck.role("num_classes")
     if not isinstance(classes, int):
         if logits is None or logits.dim() < 2:

@@ -110,3 +110,42 @@ def test_a_dpo_loss_is_not_applicable(project):
             "cross-entropy over classes: ln(classes) does not apply*"
         ]
     )
+
+
+RESNET = """
+    import pytest, torch
+    from torch.utils.data import DataLoader, TensorDataset
+    from torchvision.models import resnet50
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model():
+        torch.manual_seed(0)
+        return resnet50(weights=None, num_classes=3)  # freshly initialised, BatchNorm with default running stats
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        g = torch.Generator().manual_seed(0)
+        x = torch.rand(16, 3, 64, 64, generator=g)
+        return DataLoader(TensorDataset(x, torch.randint(0, 3, (16,), generator=g)), batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training(dlcheck_model):
+        import copy
+        def make():
+            model = copy.deepcopy(dlcheck_model)
+            return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1)}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_loss_fn():
+        return torch.nn.CrossEntropyLoss()
+"""
+
+
+def test_a_fresh_torchvision_resnet50_starts_near_ln_c(project):
+    """A fresh ResNet's BatchNorm running statistics (mean 0, var 1) are not its activations': in eval mode its
+    logits explode and the loss reads ~10x ln 3. The first training step normalises with the batch."""
+    project.conftest(RESNET)
+    run = project.run("--dlcheck=T1", "-rA")
+    run.assert_outcome("T1", "passed")
+    run.fnmatch(["*initial loss * on batch 0 = * x ln(3)*"])
