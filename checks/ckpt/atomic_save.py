@@ -41,11 +41,19 @@ def check_atomic_save(dlcheck):
     Known problems
         Only writes through ``torch.save`` and safetensors' ``save_file`` can be interrupted; others skip. A
         Trainer's interrupted ``checkpoint-N`` directory stays on disk, and ``resume_from_checkpoint=True``
-        picks the newest directory: resume from an explicit path after a crash during a save.
+        picks the newest directory: resume from an explicit path after a crash during a save. An Accelerate
+        training without ``dlcheck_save_checkpoint`` is not judged (``save_state`` writes where your loop
+        points it; the check would only judge its own choice of path).
     Not applicable
         None: every run that saves checkpoints can be interrupted while saving.
     """
     setup = get_setup(dlcheck)
+    if setup.kind == "accelerate" and not dlcheck.has("save_checkpoint"):
+        dlcheck.skip(
+            "missing role: define fixture dlcheck_save_checkpoint (state, path) with your own save: with "
+            "accelerator.save_state, where each save goes is your loop's choice (versioned checkpoint-N "
+            "directories keep the previous one; one reused directory does not), and only your save shows it"
+        )
     result = memo_or_skip(dlcheck, setup.sources, "ckpt:interrupted-save", setup.interrupted_save)
     if result.error is None and result.loaded in ("previous", "new"):
         same = result.previous == result.target
@@ -56,7 +64,7 @@ def check_atomic_save(dlcheck):
                 if same
                 else f"the previous checkpoint {_short(result.previous)} still loads afterwards"
             )
-            + (f", with the {result.loaded} weights" if setup.kind == "loop" else ""),
+            + (f", with the {result.loaded} weights" if setup.kind in ("loop", "accelerate") else ""),
             *([f"file sizes before and after the interrupted save: {result.sizes}"] if result.sizes else []),
             loaded=result.loaded,
         )

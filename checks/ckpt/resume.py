@@ -92,6 +92,34 @@ def _other_batches(dlcheck, run: Any, how: str, total: int) -> None:
     )
 
 
+def _ema_lines(run: Any) -> list[str]:
+    """What a passing C1 says of the EMAs it compared at the end of both runs."""
+    ends = run.resumed.notes.get("ema") or {}
+    lines = []
+    for what in run.emas():
+        end = next(e for e in ends.values() if e["what"] == what)
+        counter = f", {end['counter'][0]} {end['counter'][1]} in both runs" if end["counter"] else ""
+        lines.append(
+            f"the EMA {what} at the end of the resumed run equals the uninterrupted run's, bitwise "
+            f"({len(end['tensors'])} tensors{counter})"
+        )
+    return lines
+
+
+def _ema_what(lost: dict[str, Any]) -> str:
+    """The cause's words for an EMA the checkpoint does not restore."""
+    counters = lost["counters"]
+    restart = (
+        f" ({counters[0][0]} {counters[0][1]} after the resume vs {counters[1][1]} uninterrupted)"
+        if counters[0] is not None and counters[1] is not None
+        else ""
+    )
+    return (
+        f"the EMA {lost['what']}: the resumed run's EMA starts over from a fresh one{restart}, so it averages "
+        "other weights than the uninterrupted run's, while the losses and the model's weights match"
+    )
+
+
 def _candidates(setup: Any, pieces: dict[str, str]) -> list[str]:
     names = list(pieces) + (["rng"] if "rng" not in pieces else [])
     return sorted(set(names), key=lambda p: (ORDER.index(p) if p in ORDER else len(ORDER), p))
@@ -162,6 +190,25 @@ def _fix(setup: Any, missing: list[str]) -> str:
         if "model" in missing:
             parts.append("keep every trained tensor registered (a Parameter or buffer) so it lands in state_dict")
         return "; ".join(parts) or "save and restore every piece of the training state in the checkpoint"
+    if setup.kind == "accelerate" and setup.checkpoint_how().startswith("accelerator."):
+        parts = []
+        pieces = [p for p in missing if p not in ("rng", "data position")]
+        if pieces:
+            parts.append(
+                "accelerator.save_state saves only what accelerator.prepare() returned and what "
+                "accelerator.register_for_checkpointing() registered: "
+                + "; ".join(
+                    f"prepare the scheduler (state['{p}'] = accelerator.prepare(state['{p}']))"
+                    if "sched" in p
+                    else f"accelerator.register_for_checkpointing(state['{p}'])"
+                    for p in pieces
+                )
+            )
+        if "rng" in missing:
+            parts.append(
+                "keep the RNG states that save_state writes (random_states_*.pkl) and load them with load_state"
+            )
+        return "; ".join(parts) or "save and restore every piece of the training state with save_state / load_state"
     saves = [p for p in missing if p not in ("rng", "data position")]
     parts = []
     if saves:
@@ -218,7 +265,9 @@ def check_resume(dlcheck):
         copy, a new ``dlcheck_make_training()``, with the global RNGs elsewhere, as in a new process),
         resumes (``train(resume_from_checkpoint=...)``, ``fit(ckpt_path=...)``, your
         ``dlcheck_load_checkpoint``) and continues. The losses, learning rates and weights of the resumed
-        steps must equal the uninterrupted run's, bitwise (on CPU). On a mismatch, the pieces of the state
+        steps must equal the uninterrupted run's, bitwise (on CPU); for a plain loop, so must every EMA in
+        the state (an AveragedModel with its ``n_averaged``, an EMAModel's shadow params and
+        ``optimization_step``) at the end of both runs. On a mismatch, the pieces of the state
         (optimizer, LR scheduler, GradScaler, RNG, dataloader position, EMA, weights) are put back one at a
         time from the uninterrupted run after your own loading, and the check names the piece(s) that make
         the runs identical.
@@ -229,6 +278,7 @@ def check_resume(dlcheck):
         not the one the recipe describes.
     Example
         TrainingArguments(..., save_only_model=True)                  # weights only
+        torch.save({"model": ..., "optimizer": ..., "lr_scheduler": ...}, path)   # state["ema"] left out
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)   # no scheduler
         SFTTrainer(model=llava, ...).train(resume_from_checkpoint=...)   # transformers 5: no weight restored
     Use instead
@@ -240,7 +290,8 @@ def check_resume(dlcheck):
         Compares bitwise: on GPU, nondeterministic kernels can make even a complete resume differ; when
         restoring every piece still does not reproduce the run, the check skips. For a plain loop, the data
         order is dlcheck's (the same batches are fed to both runs): your loop's own data position is not
-        tested. Lightning is resumed at an epoch boundary.
+        tested. Lightning is resumed at an epoch boundary. EMAs are compared for a plain loop only (entries of
+        the dlcheck_make_training dict), not for a Trainer's callbacks or a LightningModule's attributes.
     Not applicable
         None: every run that saves checkpoints may be resumed from one.
     """
@@ -254,6 +305,7 @@ def check_resume(dlcheck):
         "trainer": f"the Trainer's {run.checkpoint.name} directory and train(resume_from_checkpoint=...)",
         "lightning": f"ModelCheckpoint's {run.checkpoint.name} and fit(ckpt_path=...)",
         "loop": "dlcheck_save_checkpoint / dlcheck_load_checkpoint",
+        "accelerate": getattr(setup, "checkpoint_how", lambda: "")(),
     }[setup.kind]
     bad = run.mismatch()
     if bad is None:
@@ -272,14 +324,17 @@ def check_resume(dlcheck):
                     any(s.lr is not None and base.get(s.step) and base[s.step].lr is not None for s in after),
                 ),
                 ("weights", any(st > run.saved_at for st, _ in run.resumed.digests)),
+                ("EMA", bool(run.emas())),
             )
             if ok
         ]
+        emas = _ema_lines(run)
         dlcheck.measured(
             f"{total} steps, saved after step {run.saved_at} through {how}, resumed on fresh objects: the "
             f"{', '.join(compared) or 'steps'} of steps {run.saved_at + 1}-{total} equal the uninterrupted run's, "
             "bitwise",
             *([f"resumed losses: {losses}"] if losses else []),
+            *emas,
             steps=total,
             saved_at=run.saved_at,
             resumed_steps=len(after),
@@ -326,8 +381,22 @@ def check_resume(dlcheck):
         f"putting back {' + '.join(missing)} from the uninterrupted run after the load makes the resumed run "
         f"identical ({runs} diagnostic resumes)"
     )
-    cause = "the checkpoint does not restore " + "; nor ".join(WHAT.get(p, f"state['{p}']") for p in missing)
+    lost_emas = {d["name"]: d for d in run.ema_mismatch()}
+    if lost_emas and bad[1] == next(iter(lost_emas.values()))["text"]:
+        evidence.insert(
+            2,
+            "the losses and the model's weights of the resumed steps match: the EMA does not feed the loss, only "
+            "its own tensors show what the resume lost",
+        )
+    cause = "the checkpoint does not restore " + "; nor ".join(
+        _ema_what(lost_emas[p]) if p in lost_emas else WHAT.get(p, f"state['{p}']") for p in missing
+    )
     fix = _fix(setup, missing)
+    if set(missing) & set(lost_emas):
+        fix += (
+            " (an AveragedModel's state_dict holds its averaged weights and n_averaged; a diffusers EMAModel's its "
+            "shadow_params and optimization_step)"
+        )
     renamed = _renamed_weights(setup, run.checkpoint) if setup.kind == "trainer" and "model" in missing else None
     if renamed:
         n_saved, n_foreign, saved_name, own_name = renamed

@@ -116,7 +116,7 @@ def check_lr_schedule(dlcheck):
             + (f"; the Trainer's run is {declared[0]} optimizer steps" if declared else ""),
         )
     scheduler = traj.notes.get("scheduler")
-    if setup.kind == "loop" and scheduler is not None and opt_steps > 0:
+    if setup.kind in ("loop", "accelerate") and scheduler is not None and opt_steps > 0:
         ratio = sched_steps / opt_steps
         if ratio > dlcheck.setting("max_sched_per_opt"):
             micro = len(traj.steps)

@@ -88,7 +88,7 @@ def check_zero_grad(dlcheck):
         own ``dlcheck_train_step`` (the default step zeroes them).
     """
     setup = get_setup(dlcheck)
-    if setup.kind != "loop":
+    if setup.kind not in ("loop", "accelerate"):
         dlcheck.not_applicable(f"{setup.describe()} zeroes the gradients itself (the framework's own step)")
     if getattr(setup, "train_step", MISSING) is MISSING:
         dlcheck.not_applicable("no dlcheck_train_step: the default step zeroes the gradients itself")

@@ -26,6 +26,10 @@ from .runs import (
     device_of,
     digest,
     draw_batches,
+    ema_counter,
+    ema_describe,
+    ema_state,
+    find_emas,
     loss_tensor,
     model_call,
     param_names,
@@ -82,7 +86,14 @@ class LoopSetup:
         )
         return f"fresh objects from dlcheck_make_training, trained by {step}"
 
+    def keep(self, state: dict[str, Any]) -> None:
+        """Hand ``state`` (built by the factory at the seed, unused) to the next :meth:`state` call."""
+        self._kept = state
+
     def state(self) -> dict[str, Any]:
+        kept = self.__dict__.pop("_kept", None)
+        if kept is not None:
+            return kept
         with preserved_rng():
             seed_all(SEED)
             state = user_call("make_training", self.make_training)
@@ -264,6 +275,7 @@ class LoopSetup:
                 raise
             _loop_restore(state, base.truth, restore)
             self.run(state, batches[saved_at:], saved_at, traj, digests=True)
+        traj.notes["ema"] = _ema_end(state)
         return ResumeRun(base.trajectory, traj, saved_at, base.checkpoint, base.pieces)
 
     def _uninterrupted(self, batches: list[Any], total: int) -> Baseline:
@@ -284,6 +296,7 @@ class LoopSetup:
         with preserved_rng():
             seed_all(SEED)
             self.run(state, batches, 0, traj, digests=True, after=after)
+        traj.notes["ema"] = _ema_end(state)
         if "_saved_at" not in truth or truth["_saved_at"] >= total:
             raise SetupError(
                 f"no optimizer step happened between micro-steps {total // 2} and {total - 1} to save after "
@@ -303,6 +316,15 @@ def _files_under(path: Path) -> set[str]:
 def _wrote_nothing(path: Path) -> bool:
     """True when nothing named like ``path`` (the file, a directory, or ``path`` + a suffix) exists."""
     return not path.exists() and not any(p.name.startswith(path.name) for p in path.parent.iterdir())
+
+
+def _ema_end(state: dict[str, Any]) -> dict[str, Any]:
+    """The EMAs of the state at the end of a run (C1 compares them: an EMA does not feed the loss, so a
+    resume that loses it shows in no loss and no weight of the model)."""
+    return {
+        name: {"what": ema_describe(f"state['{name}']", ema), "tensors": ema_state(ema), "counter": ema_counter(ema)}
+        for name, ema in find_emas(state)
+    }
 
 
 def _loop_truth(state: dict[str, Any]) -> dict[str, Any]:

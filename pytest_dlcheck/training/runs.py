@@ -22,6 +22,9 @@ from ..guard import preserved_dataloader, preserved_rng
 #: the seed every fresh run of a plain loop or a Lightning module starts from (a Trainer uses args.seed)
 SEED = 0
 
+#: the kinds of user whose step is a function dlcheck calls micro-batch by micro-batch on its own batches
+LOOP_KINDS = ("loop", "accelerate")
+
 
 class SetupError(Exception):
     """The user's training cannot be run the way a check needs: the check skips with this reason."""
@@ -482,3 +485,130 @@ def base_lr(optimizer: Any) -> None:
     for g in optimizer.param_groups:
         if "initial_lr" in g:
             g["lr"] = g["initial_lr"]
+
+
+# --------------------------------------------------------------------------------------------------
+# EMAs of the model (T12, C1, DF2): torch's AveragedModel, diffusers' EMAModel, timm's ModelEma*, or a
+# module kept under a name like "ema"
+
+
+def ema_kind(obj: Any, name: str = "") -> str | None:
+    """What kind of EMA ``obj`` is ("AveragedModel", "EMAModel", "ModelEmaV2", "module"), or None. A plain
+    module counts only under a name like ``ema`` / ``model_ema`` / ``ema_model``."""
+    kind = type(obj)
+    if kind.__name__ == "AveragedModel" and kind.__module__.startswith("torch.optim"):
+        return "AveragedModel"
+    if isinstance(getattr(obj, "shadow_params", None), list) and hasattr(obj, "optimization_step"):
+        return "EMAModel"
+    if kind.__name__.startswith("ModelEma") and kind.__module__.startswith("timm."):
+        return kind.__name__
+    words = [w for w in name.lower().replace(".", "_").split("_") if w]
+    if isinstance(obj, torch.nn.Module) and "ema" in words:
+        return "module"
+    return None
+
+
+def find_emas(holder: Any) -> list[tuple[str, Any]]:
+    """(name, EMA) for every EMA held by a training state: the entries of a plain loop's state dict, or the
+    attributes of a LightningModule (the first element of a tuple ``owner``)."""
+    if isinstance(holder, tuple) and holder:
+        holder = holder[0]
+    if isinstance(holder, Mapping):
+        items = [(str(k), v) for k, v in holder.items()]
+    elif isinstance(holder, torch.nn.Module):
+        items = list(vars(holder).items()) + list(holder._modules.items())
+    else:
+        return []
+    seen: set[int] = set()
+    found = []
+    for name, value in items:
+        if value is None or id(value) in seen or name.startswith("__"):
+            continue
+        if ema_kind(value, name) is not None:
+            seen.add(id(value))
+            found.append((name, value))
+    return found
+
+
+def ema_tensors(ema: Any) -> tuple[list[Any], Any, str]:
+    """(the EMA's tensors, the EMA module if it is one, a description) for diffusers EMAModel, torch
+    AveragedModel, or a module kept as an EMA copy."""
+    if isinstance(getattr(ema, "shadow_params", None), list):
+        step = getattr(ema, "optimization_step", "?")
+        return list(ema.shadow_params), None, f"EMAModel (decay {getattr(ema, 'decay', '?')}, optimization_step {step})"
+    if isinstance(ema, torch.nn.Module):
+        inner = getattr(ema, "module", None)
+        if type(ema).__name__ == "AveragedModel" and isinstance(inner, torch.nn.Module):
+            return list(inner.parameters()), inner, f"AveragedModel of {type(inner).__name__}"
+        return list(ema.parameters()), ema, f"{type(ema).__name__} module"
+    return [], None, type(ema).__name__
+
+
+def ema_counter(ema: Any) -> tuple[str, int] | None:
+    """(name, value) of the EMA's update counter: AveragedModel's ``n_averaged``, EMAModel's
+    ``optimization_step``, timm's ``updates``; None when it keeps none."""
+    for attr in ("n_averaged", "optimization_step", "updates", "num_updates"):
+        value = getattr(ema, attr, None)
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            return attr, int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return attr, value
+    return None
+
+
+def ema_decay(ema: Any) -> float | None:
+    """The EMA's decay: an attribute (EMAModel, timm), or the ``decay`` an AveragedModel's averaging
+    function closes over (``get_ema_multi_avg_fn(decay)``)."""
+    value = getattr(ema, "decay", None)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    for fn in (getattr(ema, "multi_avg_fn", None), getattr(ema, "avg_fn", None)):
+        if fn is None:
+            continue
+        try:
+            value = inspect.getclosurevars(inspect.unwrap(fn)).nonlocals.get("decay")  # under @torch.no_grad()
+        except (TypeError, ValueError):
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def ema_describe(name: str, ema: Any) -> str:
+    """``state['ema'] (AveragedModel of MLP, decay 0.999)`` for evidence lines (``name`` as given)."""
+    _, _, what = ema_tensors(ema)
+    kind = ema_kind(ema, name)
+    if kind == "EMAModel":
+        what = "diffusers EMAModel"
+    decay = ema_decay(ema)
+    return f"{name} ({what}" + (f", decay {decay:g}" if decay is not None and kind != "module" else "") + ")"
+
+
+def ema_state(ema: Any) -> dict[str, torch.Tensor]:
+    """The EMA's averaged tensors by name, copied: an EMA module's state dict (an AveragedModel's holds
+    ``n_averaged``), an EMAModel's ``shadow_params[i]``."""
+    with torch.no_grad():
+        if isinstance(getattr(ema, "shadow_params", None), list):
+            return {f"shadow_params[{i}]": t.detach().clone() for i, t in enumerate(ema.shadow_params)}
+        if isinstance(ema, torch.nn.Module):
+            return {k: v.detach().clone() for k, v in ema.state_dict().items()}
+    return {}
+
+
+def ema_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[str, float, float, int, int] | None:
+    """(the first averaged tensor that differs, its max abs difference, the largest over all, how many
+    differ, how many compared) between two :func:`ema_state` copies, or None when they are equal bit for
+    bit. Counters (an AveragedModel's ``n_averaged``) come after the averaged tensors."""
+    names = sorted(
+        set(a) | set(b), key=lambda k: (k in ("n_averaged", "optimization_step"), list(a).index(k) if k in a else 0)
+    )
+    differ = []
+    for k in names:
+        x, y = a.get(k), b.get(k)
+        if x is None or y is None or x.shape != y.shape:
+            differ.append((k, math.inf))
+        elif not torch.equal(x, y):
+            differ.append((k, float((x.double() - y.double()).abs().max()) if x.numel() else 0.0))
+    if not differ:
+        return None
+    return differ[0][0], differ[0][1], max(d for _, d in differ), len(differ), len(names)

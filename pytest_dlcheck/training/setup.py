@@ -16,9 +16,11 @@ import torch
 from ..errors import MISSING
 from ..registry import load_checks
 from ..session import user_call
+from .accelerate import AccelerateSetup, accelerator_of
 from .lightning import LightningSetup
 from .loop import LoopSetup
 from .runs import (
+    LOOP_KINDS,
     Fresh,
     SetupError,
     Trajectory,
@@ -50,7 +52,7 @@ def get_setup(ctx: Any) -> Any:
         return ctx.memo(
             (make, loader, *parts),
             "training:setup",
-            lambda: LoopSetup(make, parts[0], parts[1], parts[2], loader, parts[3], parts[4], tmp),
+            lambda: _loop_or_accelerate(LoopSetup(make, parts[0], parts[1], parts[2], loader, parts[3], parts[4], tmp)),
         )
     module = ctx.role("lightning_module")
     if module is not MISSING:
@@ -63,9 +65,33 @@ def get_setup(ctx: Any) -> Any:
     )
 
 
+def _loop_or_accelerate(setup: LoopSetup) -> LoopSetup:
+    """A factory whose state holds an ``Accelerator`` is an Accelerate user (kind 4). The first state the
+    factory builds is kept and handed to the first run, so telling the kinds apart costs no extra call."""
+    try:
+        state = setup.state()
+    except Exception:  # noqa: BLE001 - the factory's error is reported by the run that needs it
+        return setup
+    if accelerator_of(state) is None:
+        setup.keep(state)
+        return setup
+    acc = AccelerateSetup(
+        setup.make_training,
+        setup.train_step,
+        setup.compute_loss,
+        setup.loss_fn,
+        setup.loader,
+        setup.save,
+        setup.load,
+        setup.tmp,
+    )
+    acc.keep(state)
+    return acc
+
+
 def training_batches(ctx: Any, setup: Any, n: int | None = None) -> list[Any]:
     """Sampled training batches as the user's step takes them (shared across checks)."""
-    if setup.kind == "loop":
+    if setup.kind in LOOP_KINDS:
         return setup.batches(n or _n_batches(ctx))
     loader = ctx.role("dataloader")
     if loader is MISSING:

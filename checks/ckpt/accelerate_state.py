@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+from ...registry import Setting, check
+from ...training import get_setup, memo_or_skip
+
+
+def _name(piece) -> str:
+    return f"state['{piece.key}'] ({piece.kind})"
+
+
+def _fix_for(piece) -> str:
+    if "Scheduler" in piece.kind or "LR" in piece.kind:
+        return (
+            f"prepare it: state['{piece.key}'] = accelerator.prepare(state['{piece.key}']) (a prepared scheduler is "
+            "saved by save_state and steps only when gradients sync), or accelerator.register_for_checkpointing"
+            f"(state['{piece.key}'])"
+        )
+    return (
+        f"accelerator.register_for_checkpointing(state['{piece.key}']) once, after creating it (any object with "
+        "state_dict() / load_state_dict()); or save and load it in save/load-state hooks "
+        "(accelerator.register_save_state_pre_hook / register_load_state_pre_hook)"
+    )
+
+
+@check(
+    "C10",
+    domain="ckpt",
+    title="accelerator.save_state / load_state leaves a piece of the training state behind",
+    roles=("make_training",),
+    optional_roles=("dataloader", "train_step", "compute_loss", "save_checkpoint", "load_checkpoint"),
+    settings=(
+        Setting(
+            "micro_steps",
+            4,
+            "micro-steps trained before the save: at least one optimizer step under gradient accumulation of "
+            "up to 4 (raise it for longer accumulations); the pieces must have moved to be judged",
+        ),
+    ),
+)
+def check_accelerate_state(dlcheck):
+    """Every stateful piece of an Accelerate training comes back from ``save_state`` / ``load_state``.
+
+    What it does
+        Builds fresh objects from your ``dlcheck_make_training`` (whose dict holds your ``Accelerator``),
+        trains them a few micro-steps with your step, saves them the Accelerate way
+        (``accelerator.save_state(path)``, or your ``dlcheck_save_checkpoint``), loads the directory into
+        other fresh objects (``accelerator.load_state(path)``, or your ``dlcheck_load_checkpoint``) and
+        compares, piece by piece, every object of the training dict that has a state (model, optimizer, LR
+        scheduler, EMA, GradScaler, anything with ``state_dict``/``load_state_dict``) and that training
+        changed. Fails naming each piece that does not come back bit for bit, with its first difference and
+        how Accelerate knows it (prepared, registered, or not at all).
+    Why it is bad
+        ``save_state`` saves what ``accelerator.prepare`` returned, the RNG states and what
+        ``register_for_checkpointing`` registered — nothing else. An LR scheduler built but not prepared
+        restarts its warmup at resume; an EMA (diffusers' ``EMAModel``, ``AveragedModel``) not registered
+        comes back at its initial weights and the sampled images of the resumed run are those of an
+        untrained model, while the training loss looks perfectly resumed (C1 compares losses: it cannot see
+        an EMA). Nothing warns.
+    Example
+        ema = EMAModel(unet.parameters())
+        unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
+        accelerator.save_state(out)          # the EMA is not in it
+    Use instead
+        accelerator.register_for_checkpointing(ema) (or save it in a save-state hook, as diffusers'
+        text-to-image script does with ``register_save_state_pre_hook``); prepare every scheduler you step.
+    Known problems
+        Judges only pieces that training changed (a frozen module is not judged) and that live in the dict
+        your factory returns. The data position is not judged: ``save_state`` stores the sampler's state
+        only with ``DataLoaderConfiguration(use_stateful_dataloader=True)``; otherwise your loop must skip
+        the batches already seen on resume (``accelerator.skip_first_batches(loader, resume_step)``), which
+        happens in your loop around the step, where the check cannot see it: the pass evidence says which
+        of the two applies.
+    Not applicable
+        Trainings without an ``Accelerator`` in the ``dlcheck_make_training`` dict (a Trainer — which runs
+        on Accelerate but checkpoints its own way, C1 —, Lightning, a plain loop).
+    """
+    from ...training.accelerate import round_trip
+
+    setup = get_setup(dlcheck)
+    if setup.kind != "accelerate":
+        dlcheck.not_applicable(
+            f"{setup.describe()}: no Accelerator in the training state (C10 judges accelerator.save_state / "
+            "load_state; C1 judges this training's resume)"
+        )
+    steps = int(dlcheck.setting("micro_steps"))
+    trip = memo_or_skip(dlcheck, setup.sources, f"accelerate:round-trip:{steps}", lambda: round_trip(setup, steps))
+    how = setup.checkpoint_how()
+    head = (
+        f"fresh objects trained {trip.steps} micro-steps ({trip.opt_steps} optimizer steps), saved through {how} "
+        f"({len(trip.files)} files), loaded into other fresh objects"
+    )
+    lost = [p for p in trip.pieces if p.restored is False]
+    if not trip.pieces:
+        dlcheck.skip(f"{head}: no piece of the training state with a readable state changed in training")
+    if lost:
+        evidence = [head]
+        for p in lost:
+            known = f"known to Accelerate as {p.registered}" if p.registered else "neither prepared nor registered"
+            evidence.append(f"{_name(p)} does not come back: {p.detail} ({known})")
+        kept = [p for p in trip.pieces if p.restored]
+        if kept:
+            evidence.append("restored bit for bit: " + ", ".join(f"state['{p.key}']" for p in kept))
+        unregistered = [p for p in lost if not p.registered]
+        if unregistered:
+            cause = (
+                "accelerator.save_state saves only what accelerator.prepare() returned and what "
+                "register_for_checkpointing() registered: "
+                + ", ".join(_name(p) for p in unregistered)
+                + (" is" if len(unregistered) == 1 else " are")
+                + " neither, so a resumed run starts "
+                + ("them" if len(unregistered) > 1 else "it")
+                + " from scratch"
+            )
+            fix = "; ".join(_fix_for(p) for p in unregistered)
+        else:
+            cause = (
+                f"{', '.join(_name(p) for p in lost)} is saved by Accelerate but your load does not restore it "
+                "(a save/load hook that skips it, or a load_state into other objects than the ones you train)"
+            )
+            fix = "load_state into the objects prepare() returned, and restore every piece your save hooks write"
+        dlcheck.fail(evidence, cause, fix)
+    restored = [p for p in trip.pieces if p.restored]
+    loader_note = (
+        "data position: saved (use_stateful_dataloader=True)"
+        if trip.stateful_loader
+        else "data position: not in the checkpoint (no stateful dataloader): your loop must skip the batches "
+        "already seen on resume (accelerator.skip_first_batches)"
+    )
+    dlcheck.measured(
+        f"{head}: every piece training changed came back bit for bit: "
+        + "; ".join(f"state['{p.key}'] ({p.kind}: {p.detail})" for p in restored),
+        loader_note,
+        pieces=[p.key for p in restored],
+        micro_steps=trip.steps,
+    )
