@@ -4,8 +4,12 @@ and an EMA, the step as written (``accumulate``, ``backward``, ``sync_gradients`
 rest run through the same objects. Real Accelerate, real EMA (torch's AveragedModel), a tiny classifier."""
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "train"))  # tiny_train, for the in-process projects
 
 PROJECT = """
     import pytest, torch
@@ -151,3 +155,44 @@ def test_c10_is_not_applicable_without_an_accelerator(project, tmp_path, selecti
     (res,) = json.loads(out.read_text())["results"]
     assert res["outcome"] == "not_applicable", res
     assert "no Accelerator" in res["reason"]
+
+
+LLM_PROJECT = """
+    import pytest, tiny, torch
+    import tiny_train as tt
+    from accelerate import Accelerator
+    from transformers import get_linear_schedule_with_warmup
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader(dlcheck_tokenizer):
+        return tt.llm_loader(dlcheck_tokenizer)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training(dlcheck_tokenizer):
+        def make():
+            acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+            model = tiny.llama(dlcheck_tokenizer)
+            opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+            sched = get_linear_schedule_with_warmup(opt, 2, 100)
+            model, opt, sched = acc.prepare(model, opt, sched)
+            return {"accelerator": acc, "model": model, "optimizer": opt, "lr_scheduler": sched}
+        return make
+"""
+
+
+def test_an_llm_fine_tuning_loop_with_the_default_accelerate_step_passes(project, tmp_path):
+    """No step, no save/load fixtures: the default Accelerate step (accumulate, backward) and save_state."""
+    project.conftest(LLM_PROJECT)
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=llm,train,ckpt,smoke", f"--dlcheck-json={out}", "-rA")
+    doc = json.loads(out.read_text())
+    by = {r["id"]: r for r in doc["results"]}
+    assert doc["summary"]["error"] == 0 and doc["summary"]["failed"] == 0, run.text
+    for cid in ("T3", "T6", "C1", "C10", "S1"):
+        assert by[cid]["outcome"] == "passed", (cid, by[cid])
+    assert "accelerator.save_state" in by["C1"]["evidence"][0]
+    assert "the Accelerate step" in run.text or by["T6"]["outcome"] == "passed"
