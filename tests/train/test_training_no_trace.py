@@ -118,3 +118,52 @@ def test_a_lightning_module_and_datamodule_are_left_as_they_were(project, keep):
     assert_same(before, keep["module"])
     assert keep["module"]._trainer is None
     assert not hasattr(keep["dm"], "train_set"), "setup() ran on the user's datamodule"
+
+
+def test_an_accelerate_users_own_objects_and_accelerate_state_are_left_as_they_were(project, keep):
+    """The user's own Accelerator (its prepared model, its step counter, the gradient state every
+    Accelerator of the process shares) is untouched by a session that trains, saves and loads fresh
+    Accelerate objects from the factory."""
+    from accelerate import Accelerator
+    from accelerate.state import GradientState
+
+    torch.manual_seed(0)
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = tt.MLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = acc.prepare(model, opt)
+    keep.update(acc=acc, model=model)
+    before = snapshot(model)
+    grad_state = dict(GradientState._shared_state)
+    step, models, states = acc.step, len(acc._models), rng()
+    project.conftest("""
+    import pytest, torch, tiny_train as tt
+    from accelerate import Accelerator
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+            model = tt.MLP()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            model, opt = acc.prepare(model, opt)
+            return {"accelerator": acc, "model": model, "optimizer": opt}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return tt.loader(shuffle=True)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_loss_fn():
+        return torch.nn.CrossEntropyLoss()
+    """)
+    run = project.run("--dlcheck=train,ckpt,smoke")
+    assert "INTERNALERROR" not in run.text and "passed" in run.text and "C10" in run.text, run.text
+    assert_same(before, keep["model"])
+    assert acc.step == step and len(acc._models) == models
+    after_state = dict(GradientState._shared_state)
+    for key in ("sync_gradients", "end_of_dataloader", "remainder", "active_dataloader", "plugin_kwargs"):
+        assert after_state.get(key) == grad_state.get(key), (key, grad_state.get(key), after_state.get(key))
+    after = rng()
+    assert after[0] == states[0] and np.array_equal(after[1], states[1]) and torch.equal(after[2], states[2])
