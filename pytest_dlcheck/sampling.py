@@ -114,6 +114,22 @@ def draw_batches(dataloader: Any, n_examples: int, role: str = "dataloader") -> 
     return batches
 
 
+def _raw_row(raw: Any, position: int, dataset: Any) -> Any:
+    """Row ``position`` of dlcheck_raw_dataset, which holds the same examples as dlcheck_dataset in the
+    same order; a raw dataset of another length (texts before grouping, say) is the user's error, said so."""
+    try:
+        size, expected = len(raw), len(dataset)
+    except TypeError:
+        size = expected = None
+    if size is not None and size != expected:
+        raise RoleError(
+            "raw_dataset",
+            f"holds {size} rows where the training dataset holds {expected}: it must be the same examples in the "
+            "same order, with every field (for texts before tokenization and grouping, use dlcheck_documents)",
+        )
+    return raw[position]
+
+
 def get_sample(ctx: Any, split: str = "train") -> Sample:
     """The shared sample of the training (or eval) data, from the best source the user gave:
     collator + dataset (examples are known), else the dataloader. Skips naming the roles if none."""
@@ -135,7 +151,7 @@ def get_sample(ctx: Any, split: str = "train") -> Sample:
                 batches, groups = collate_rows(collator, rows, bs)
                 raw_rows = rows
                 if raw is not MISSING and raw is not dataset and positions is not None:
-                    raw_rows = [raw[p] for p in positions]
+                    raw_rows = [_raw_row(raw, p, dataset) for p in positions]
             source = f"dlcheck_collator on {len(rows)} examples of dlcheck_{dataset_role}"
             return Sample(rows, batches, groups, source, positions, raw_rows)
 

@@ -5,23 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ...registry import check
+from ...training.runs import ema_tensors
 from . import measure as D
-
-
-def ema_tensors(ema: Any) -> tuple[list[Any], Any, str]:
-    """(the EMA's tensors, the EMA module if it is one, a description) for diffusers EMAModel, torch
-    AveragedModel, or a module kept as an EMA copy."""
-    import torch
-
-    if isinstance(getattr(ema, "shadow_params", None), list):
-        step = getattr(ema, "optimization_step", "?")
-        return list(ema.shadow_params), None, f"EMAModel (decay {getattr(ema, 'decay', '?')}, optimization_step {step})"
-    if isinstance(ema, torch.nn.Module):
-        inner = getattr(ema, "module", None)
-        if type(ema).__name__ == "AveragedModel" and isinstance(inner, torch.nn.Module):
-            return list(inner.parameters()), inner, f"AveragedModel of {type(inner).__name__}"
-        return list(ema.parameters()), ema, f"{type(ema).__name__} module"
-    return [], None, type(ema).__name__
 
 
 def _align(model: Any, tensors: list[Any]) -> list[Any] | None:
@@ -98,7 +83,8 @@ def check_ema_used(dlcheck):
         is not seen (the check skips). Whether the training loop calls ema.step is seen only for
         diffusers' EMAModel (optimization_step 0 while dlcheck_unet has moved away from the shadow params);
         a decay of 1 (an EMA that never moves) is reported. An EMA module (deepcopy, AveragedModel) carries
-        no step count, so a never-updated module copy is not detected.
+        no step count, so a never-updated module copy is not detected here (T12 compares an EMA in a training
+        state before and after a short run).
     Not applicable
         Trainings that keep no EMA of the denoiser (no dlcheck_ema, and no use_ema in dlcheck_training_args),
         and projects that are not a diffusion training.

@@ -12,6 +12,13 @@ role(
     "a TRL GRPOTrainer/RLOOTrainer as dlcheck_trainer",
 )
 
+role(
+    "documents",
+    "the texts before tokenization and grouping into fixed-size blocks (run_clm-style pretraining): a "
+    "datasets.Dataset or list of {'text': ...} rows or strings; L11 reads the first 64 to tell separate "
+    "documents from one continuous text",
+)
+
 
 @applicability("llm")
 def concerns_token_data(ctx) -> str | None:

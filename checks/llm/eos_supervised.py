@@ -1,8 +1,110 @@
 from __future__ import annotations
 
+from ...errors import MISSING
 from ...registry import Setting, check
 from ..shared import lm
 from .common import labelled_rows, token_sample
+
+
+def _raw_texts(dlcheck) -> list[str]:
+    """The texts of ``dlcheck_documents`` (before tokenization and grouping; a bounded read: the first 64)."""
+    raw = dlcheck.role("documents")
+    if raw is MISSING:
+        return []
+    texts = []
+    try:
+        for i in range(min(64, len(raw))):
+            row = raw[i]
+            text = row.get("text") if isinstance(row, dict) else row if isinstance(row, str) else None
+            if isinstance(text, str) and text.strip():
+                texts.append(text)
+    except Exception:  # noqa: BLE001 - an iterable or exotic dataset: no documents to count
+        return []
+    return texts
+
+
+def _separators_in_stream(dlcheck, tok, rows, stops, pad) -> bool:
+    """Rows that are blocks of one token stream (documents closed by EOS, then grouped: run_clm with EOS,
+    no position_ids): judge the stop tokens inside the rows, the documents' real ends."""
+    inner = [
+        (row, i)
+        for row in rows
+        if row.labels is not None
+        for i in range(len(row.input_ids) - 1)
+        if row.input_ids[i] in stops and i in set(row.content) and (i + 1) in set(row.content)
+    ]
+    if not inner:
+        return False
+    masked = [
+        (row, i)
+        for row, i in inner
+        if row.labels[i] == lm.IGNORE and not (i > 0 and row.labels[i - 1] == row.input_ids[i])
+    ]
+    n_rows = len({id(r) for r, _ in inner})
+    if len(masked) / len(inner) <= dlcheck.setting("max_missing_share"):
+        dlcheck.measured(
+            f"{len(inner)} stop tokens close documents inside {n_rows} of {len(rows)} sampled rows (texts grouped "
+            f"into blocks after an EOS was appended to each): all {len(inner)} supervised",
+            documents=len(inner),
+            unsupervised=0,
+        )
+        return True
+    row, pos = masked[0]
+    window = list(range(max(0, pos - 3), min(len(row.input_ids), pos + 2)))
+    evidence = [
+        f"{len(masked)} of {len(inner)} stop tokens that close documents inside the sampled rows have label -100",
+        f"example {row.batch}.{row.index}: labels around the document end: {lm.show_labels(tok, row, window)}",
+    ]
+    if pad is not None and pad in stops:
+        cause = "pad_token == eos_token and the collator masks every pad id, so every document's EOS is masked too"
+        fix = (
+            "give the tokenizer its own pad token (tok.add_special_tokens({'pad_token': '<|pad|>'}) + "
+            "model.resize_token_embeddings(len(tok))), or mask labels by attention_mask, not by token id"
+        )
+    else:
+        cause = "the labelling code sets the label of every EOS to -100, so the model never learns to end a document"
+        fix = "keep labels[i] = input_ids[i] at EOS positions; mask only padding (attention_mask == 0) and prompts"
+    dlcheck.fail(evidence, cause, fix)
+    return True
+
+
+def _stream_without_separators(dlcheck, tok, rows, stops) -> None:
+    """Every sampled row is a full block of one token stream (no padding, equal lengths) holding no stop
+    token at all: texts grouped into blocks without a document separator (run_clm's group_texts on texts
+    tokenized without EOS). Fails when dlcheck_documents shows the texts are separate documents;
+    otherwise skips saying what was seen (one continuous text needs no separator)."""
+    lengths = {len(r.input_ids) for r in rows}
+    full = all(len(r.content) == len(r.input_ids) for r in rows)
+    if not rows or len(lengths) != 1 or not full or any(t in stops for r in rows for t in r.input_ids):
+        return
+    (length,) = lengths
+    stop_text = ", ".join(f"{lm.token_text(tok, s)} (id {s})" for s in sorted(stops))
+    seen = (
+        f"{len(rows)} of {len(rows)} sampled rows are full {length}-token blocks of one token stream (no padding) "
+        f"and hold no stop token [{stop_text}] anywhere in their {len(rows) * length} tokens"
+    )
+    texts = _raw_texts(dlcheck)
+    if len(texts) >= 2:
+        dlcheck.fail(
+            [
+                seen,
+                f"dlcheck_documents holds {len(texts)} separate texts among its first rows, e.g. "
+                f"{texts[0][:60]!r} and {texts[1][:60]!r}",
+                f"example 0: {lm.decode(tok, rows[0].input_ids)}",
+            ],
+            "the texts are concatenated into blocks with no separator between documents (transformers' "
+            "run_clm.py group_texts on texts tokenized without EOS): the model never sees where a document ends, "
+            "learns to run one document into the next, and never learns to stop",
+            "append the EOS to every text before grouping: tokenizer([t + tokenizer.eos_token for t in "
+            "examples['text']]) in the tokenize function (or tokenizer.add_eos_token / a post-processor that "
+            "appends it)",
+        )
+    dlcheck.skip(
+        f"{seen}: the texts are grouped into blocks without a document separator (run_clm.py's group_texts "
+        "without EOS). If they are separate documents, append tokenizer.eos_token to each before grouping; a "
+        "single continuous text needs none. Define fixture dlcheck_documents (the texts before tokenization) "
+        "to have this judged"
+    )
 
 
 @check(
@@ -10,7 +112,7 @@ from .common import labelled_rows, token_sample
     domain="llm",
     title="end-of-sequence token is never supervised",
     roles=("tokenizer", "dataloader"),
-    optional_roles=("model",),
+    optional_roles=("model", "documents"),
     property_mode=True,
     settings=(
         Setting(
@@ -93,6 +195,9 @@ def check_eos_supervised(dlcheck):
             masked.append((row, last))
 
     if judged == 0:
+        if _separators_in_stream(dlcheck, tok, rows, stops, pad):
+            return
+        _stream_without_separators(dlcheck, tok, rows, stops)
         dlcheck.skip(f"all {truncated} sampled documents fill their row without EOS (truncated?); see L13")
     bad = masked + no_eos + outside_mask
     if len(bad) / judged <= dlcheck.setting("max_missing_share"):

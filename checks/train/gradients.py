@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import functools
 import re
+import warnings
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -10,6 +14,95 @@ from ...training import modes, probe, run_or_skip
 
 def shape(t: torch.Tensor) -> str:
     return "x".join(str(d) for d in t.shape) or "scalar"
+
+
+#: what torch.utils.checkpoint (use_reentrant=True) warns when no input of a checkpointed segment requires grad
+CUT_WARNING = "None of the inputs have requires_grad=True"
+
+
+def checkpointing(model: torch.nn.Module) -> tuple[list[str], bool | None]:
+    """(names of the modules with gradient checkpointing switched on, whether their checkpoint function is the
+    reentrant one: True / False, or None when it does not say) — transformers' ``gradient_checkpointing`` flag and
+    the ``functools.partial(checkpoint, use_reentrant=...)`` it stores beside it."""
+    names, reentrant = [], None
+    for name, module in model.named_modules():
+        if getattr(module, "gradient_checkpointing", False) is True:
+            names.append(name or type(module).__name__)
+            func = getattr(module, "_gradient_checkpointing_func", None)
+            while isinstance(func, functools.partial):
+                if "use_reentrant" in func.keywords:
+                    reentrant = bool(func.keywords["use_reentrant"])
+                    break
+                func = func.func
+    return names, reentrant
+
+
+def backward_grads(
+    loss_of: Callable[[], torch.Tensor], params: list[torch.Tensor]
+) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """The gradients ``loss.backward()`` leaves on ``params``, each parameter's own ``.grad`` put back afterwards.
+    Reentrant gradient checkpointing (``use_reentrant=True``) rebuilds a layer's graph only inside ``.backward()``:
+    ``torch.autograd.grad`` sees no path to the parameters inside it, even when training does."""
+    saved = [p.grad for p in params]
+    try:
+        for p in params:
+            p.grad = None
+        loss = loss_of()
+        if loss.requires_grad:
+            loss.backward()
+        return loss, [None if p.grad is None else p.grad.detach().clone() for p in params]
+    finally:
+        for p, g in zip(params, saved):
+            p.grad = g
+
+
+def recorded(fn: Callable[[], Any]) -> tuple[Any, int]:
+    """``fn()`` and how many times reentrant checkpointing warned that none of its inputs requires grad."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = fn()
+    return value, sum(CUT_WARNING in str(w.message) for w in caught)
+
+
+def checkpoint_cause(model: torch.nn.Module, cut_warnings: int) -> tuple[list[str], str, str] | None:
+    """(evidence, cause, fix) when reentrant gradient checkpointing cut the graph: torch warned that no input of a
+    checkpointed segment requires grad (frozen embeddings, as under LoRA, and no input-require-grads hook)."""
+    if not cut_warnings:
+        return None
+    names, reentrant = checkpointing(model)
+    where = (
+        f"gradient checkpointing is on in {len(names)} modules (e.g. {', '.join(names[:2])})"
+        + (" with use_reentrant=True" if reentrant else "")
+        if names
+        else "the forward calls torch.utils.checkpoint.checkpoint(..., use_reentrant=True)"
+    )
+    embeddings = getattr(model, "get_input_embeddings", None)
+    emb = None
+    try:
+        emb = embeddings() if callable(embeddings) else None
+    except Exception:  # noqa: BLE001 - a model that does not expose its embeddings
+        emb = None
+    frozen = isinstance(emb, torch.nn.Module) and not any(p.requires_grad for p in emb.parameters())
+    evidence = [
+        f"{where}; torch warned {cut_warnings} time(s) on batch 0: 'None of the inputs have requires_grad=True. "
+        "Gradients will be None'",
+        (
+            f"the input embeddings ({type(emb).__name__}) are frozen and no hook makes their output require grad"
+            if frozen
+            else "no input of the checkpointed segments requires grad"
+        ),
+    ]
+    cause = (
+        "reentrant gradient checkpointing runs each checkpointed layer under torch.no_grad() and rebuilds its graph "
+        "only when one of the layer's inputs requires grad; the embeddings are frozen (as under LoRA), so none does, "
+        "and the trainable adapters inside the layers get no gradient at all"
+    )
+    fix = (
+        "model.enable_input_require_grads() after enabling checkpointing (what PEFT's prepare_model_for_kbit_training "
+        "and transformers' gradient_checkpointing_enable do), or gradient_checkpointing_kwargs={'use_reentrant': False} "
+        "(torch.utils.checkpoint.checkpoint(..., use_reentrant=False) in your own forward)"
+    )
+    return evidence, cause, fix
 
 
 LAYER = re.compile(r"\.layers\.(\d+)\.")
@@ -76,19 +169,29 @@ def check_gradients(dlcheck):
         all is off the loss's autograd path: its module never ran, or its output was detached. Then,
         when a training set-up gives the optimizer, every parameter that gets a gradient must be in one of
         its param groups, with a non-zero learning rate; tensors the optimizer holds that are no longer
-        parameters of the model are reported.
+        parameters of the model are reported. A parameter autograd finds no path to is measured again with
+        ``loss.backward()`` (each ``.grad`` put back): reentrant gradient checkpointing rebuilds a layer's graph
+        only there. When torch warns that no input of a checkpointed segment requires grad, the failure names
+        gradient checkpointing as the cause.
     Why it is bad
         Those parameters are frozen by accident: the layer trains for nothing, silently, and the model
         behaves like a smaller one. Classic causes: ``.detach()`` / ``torch.no_grad()`` in a forward, a
         head defined but not called, or an optimizer built before a parameter was replaced — a new
         classification head swapped in after ``AdamW(model.parameters())`` leaves the optimizer updating
         the old head, which is no longer in the model.
+        Under LoRA with reentrant gradient checkpointing the embeddings are frozen, so no input of a checkpointed
+        layer requires grad: the layer runs under no_grad and every adapter inside it gets no gradient.
     Example
         optimizer = AdamW(model.parameters()); model.head = nn.Linear(512, num_classes)
         def forward(self, x): return self.head(self.body(x).detach())
+        model = get_peft_model(base, lora)   # embeddings frozen; then, in a forward of your own:
+        h = torch.utils.checkpoint.checkpoint(block, h, use_reentrant=True)
+        (transformers 4's gradient_checkpointing_enable() on a PeftModel installed no input hook either)
     Use instead
         build the optimizer after every change to the model's parameters; remove the detach (or set
         ``requires_grad_(False)`` on what you mean to freeze, and leave it out of the optimizer).
+        With checkpointing and frozen embeddings: ``model.enable_input_require_grads()``, or
+        ``gradient_checkpointing_kwargs={"use_reentrant": False}``.
     Known problems
         Zero gradients are allowed (a zero-initialised layer, such as LoRA's B matrix, gives its
         neighbours exact zeros at step 0). Parameters matching ``T3.ignore`` (MoE experts) are exempt.
@@ -113,13 +216,20 @@ def check_gradients(dlcheck):
         m.register_forward_hook(lambda mod, i, o: None if names[mod] in ran else ran.update({names[mod]: len(ran)}))
         for m in model.modules()
     ]
+    params = [p for _, p in trainable]
     try:
         with modes(model, train=True):
-            loss = run_or_skip(dlcheck, lambda: fresh.loss(batch))
+            loss, cut = recorded(lambda: run_or_skip(dlcheck, lambda: fresh.loss(batch)))
             if not loss.requires_grad:
                 grads = [None] * len(trainable)
             else:
-                grads = torch.autograd.grad(loss, [p for _, p in trainable], allow_unused=True)
+                grads = torch.autograd.grad(loss, params, allow_unused=True)
+            if loss.requires_grad and any(g is None for g in grads):
+                # reentrant checkpointing rebuilds a layer's graph only in .backward(): ask it what training gets
+                (loss, grads), cut2 = recorded(
+                    lambda: run_or_skip(dlcheck, lambda: backward_grads(lambda: fresh.loss(batch), params))
+                )
+                cut = max(cut, cut2)
     finally:
         for h in handles:
             h.remove()
@@ -143,7 +253,11 @@ def check_gradients(dlcheck):
             f"{len(orphans)} of {len(trainable)} trainable parameter tensors get no gradient from the loss on "
             f"batch 0 (loss {float(loss.detach()):.4g}){frozen_note}: {shown}"
         ]
-        if not loss.requires_grad:
+        diagnosis = checkpoint_cause(model, cut)
+        if diagnosis is not None:
+            more, cause, fix = diagnosis
+            evidence.extend(more)
+        elif not loss.requires_grad:
             cause = "the loss itself carries no gradient: it was computed under torch.no_grad() or from detached tensors (.detach(), .item(), numpy)"
             fix = "compute the loss from the model's output with autograd enabled"
         elif never_ran and len(never_ran) == len(orphans):
@@ -169,13 +283,33 @@ def check_gradients(dlcheck):
             fix = "remove the detach / no_grad around those modules; to freeze them on purpose, set requires_grad_(False) and leave them out of the optimizer"
         dlcheck.fail(evidence, cause, fix)
 
+    zero = [n for (n, _), g in zip(trainable, grads) if g is not None and not bool(g.any())]
+    lora = [n for n in zero if "lora_" in n]
+    zero_note = (
+        f"; {len(zero)} of them get an exactly zero gradient"
+        + (
+            f" ({len(lora)} LoRA factors, e.g. {lora[0]}: the other factor of each adapter (lora_B; lora_embedding_A "
+            "for embeddings) is zero at initialisation, so this one's gradient is 0 until the first step — expected)"
+            if lora
+            else " (a zero-initialised neighbour, such as LoRA's B, gives exact zeros at step 0; allowed)"
+        )
+        if zero
+        else ""
+    )
     graded_line = (
         f"all {len(trainable) - exempt} trainable parameter tensors get a gradient from the loss on batch 0 (loss "
         f"{float(loss.detach()):.4g})"
+        + zero_note
         + (f"; {exempt} exempt ({dlcheck.setting('ignore')!r} or unused by design) get none" if exempt else "")
         + frozen_note
     )
-    numbers = dict(trainable=len(trainable), with_gradient=len(trainable) - len(gradless), exempt=exempt, frozen=frozen)
+    numbers = dict(
+        trainable=len(trainable),
+        with_gradient=len(trainable) - len(gradless),
+        zero_gradient=len(zero),
+        exempt=exempt,
+        frozen=frozen,
+    )
     if setup is None:
         dlcheck.measured(
             graded_line, "no training set-up gives an optimizer: whether it holds them is not judged", **numbers

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .runs import Trajectory
+from .runs import Trajectory, ema_difference
 
 
 @dataclass
@@ -50,7 +50,40 @@ class ResumeRun:
             st > self.saved_at for st, _ in self.resumed.digests
         ):
             return self.saved_at + 1, "the resumed run trained no step"
+        lost = self.ema_mismatch()
+        if lost:
+            last = max([s.step for s in self.resumed.steps] + [st for st, _ in self.resumed.digests])
+            return last, lost[0]["text"]
         return None
+
+    def ema_mismatch(self) -> list[dict[str, Any]]:
+        """Each EMA of the state (a plain loop's) whose tensors or counter differ between the ends of the
+        two runs: its name, what it is, the first differing tensor and the counters, and a line of text."""
+        base = self.uninterrupted.notes.get("ema") or {}
+        out = []
+        for name, end in (self.resumed.notes.get("ema") or {}).items():
+            ref = base.get(name)
+            if ref is None:
+                continue
+            diff = ema_difference(end["tensors"], ref["tensors"])
+            counters = end["counter"], ref["counter"]
+            if diff is None and counters[0] == counters[1]:
+                continue
+            text = f"the EMA {end['what']} differs from the uninterrupted run's at the end"
+            if diff is not None:
+                first, first_max, largest, n, total = diff
+                text += (
+                    f": {n} of {total} tensors, first {first!r} (max abs diff {first_max:.4g}; largest {largest:.4g})"
+                )
+            if counters[0] is not None and counters[1] is not None:
+                text += f"; {counters[0][0]} {counters[0][1]} resumed vs {counters[1][1]} uninterrupted"
+            out.append({"name": name, "what": end["what"], "diff": diff, "counters": counters, "text": text})
+        return out
+
+    def emas(self) -> list[str]:
+        """What the EMAs compared at the end of both runs are (``state['ema'] (AveragedModel …)``)."""
+        base = self.uninterrupted.notes.get("ema") or {}
+        return [end["what"] for name, end in (self.resumed.notes.get("ema") or {}).items() if name in base]
 
 
 # --------------------------------------------------------------------------------------------------

@@ -595,13 +595,16 @@ def ema_state(ema: Any) -> dict[str, torch.Tensor]:
     return {}
 
 
+COUNTERS = ("n_averaged", "optimization_step")
+
+
 def ema_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[str, float, float, int, int] | None:
-    """(the first averaged tensor that differs, its max abs difference, the largest over all, how many
-    differ, how many compared) between two :func:`ema_state` copies, or None when they are equal bit for
-    bit. Counters (an AveragedModel's ``n_averaged``) come after the averaged tensors."""
-    names = sorted(
-        set(a) | set(b), key=lambda k: (k in ("n_averaged", "optimization_step"), list(a).index(k) if k in a else 0)
-    )
+    """(the first averaged tensor that differs, its max abs difference, the largest over the averaged
+    tensors, how many tensors differ, how many compared) between two :func:`ema_state` copies, or None when
+    they are equal bit for bit. Counters (an AveragedModel's ``n_averaged``) come last and are left out of
+    the largest difference (the evidence shows them apart)."""
+    order = {k: i for i, k in enumerate([*a, *(k for k in b if k not in a)])}
+    names = sorted(order, key=lambda k: (k in COUNTERS, order[k]))
     differ = []
     for k in names:
         x, y = a.get(k), b.get(k)
@@ -611,4 +614,5 @@ def ema_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tu
             differ.append((k, float((x.double() - y.double()).abs().max()) if x.numel() else 0.0))
     if not differ:
         return None
-    return differ[0][0], differ[0][1], max(d for _, d in differ), len(differ), len(names)
+    averaged = [d for k, d in differ if k not in COUNTERS] or [d for _, d in differ]
+    return differ[0][0], differ[0][1], max(averaged), len(differ), len(names)

@@ -33,6 +33,9 @@ TRUE_FINDINGS = {
     "epoch's checkpoint under manual accumulation, where global_step counts optimizer steps)",
     ("lightning_compiled", "C18"): "the compiled submodule saves as net._orig_mod.*: the checkpoint does not load "
     "into the uncompiled model (nanoGPT strips the same prefix by hand when it resumes)",
+    ("run_clm", "L11"): "run_clm.py tokenizes the texts without an EOS and group_texts concatenates them: the blocks "
+    "hold no boundary between the 190 separate texts (dlcheck_documents), so the model never learns where a "
+    "document ends (run_clm_eos, the same script with the EOS appended, passes)",
     ("cleanrl_ppo", "R7"): "ppo.py treats a time-limit truncation as a termination (nextnonterminal = 1 - next_done): "
     "it does not bootstrap V(s') at truncated episode ends",
     ("cleanrl_ppo_continuous", "R7"): "the same GAE block as ppo.py: truncation is not bootstrapped",

@@ -26,3 +26,11 @@ def dlcheck_trainer(tmp_path_factory):
     import rc_run_clm_eos as rc_run_clm
 
     return rc_run_clm.build_trainer(tmp_path_factory.mktemp("run_clm_eos"))
+
+
+@pytest.fixture(scope="session")
+def dlcheck_documents():
+    """The texts before tokenize_function and group_texts (the script's raw_datasets["train"])."""
+    import rc_run_clm_eos as rc_run_clm
+
+    return rc_run_clm.raw_datasets()["train"]

@@ -1,0 +1,554 @@
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ...errors import MISSING
+from ...guard import preserved_rng
+from ...registry import Setting, check
+from ...session import user_call
+from ...training import SEED, SetupError, get_setup, run_or_skip, seed_all
+from ...training.runs import (
+    NotTheBatch,
+    batch_len,
+    device_of,
+    loss_tensor,
+    model_call,
+    output_tensor,
+    param_names,
+    to_device,
+    unwrap_prepared,
+)
+
+_DROPOUT = (
+    torch.nn.Dropout,
+    torch.nn.Dropout1d,
+    torch.nn.Dropout2d,
+    torch.nn.Dropout3d,
+    torch.nn.AlphaDropout,
+    torch.nn.FeatureAlphaDropout,
+)
+
+
+def _quiet_dropout(model: Any) -> int:
+    """Dropout off on a fresh copy (layers' ``p`` and the float ``*dropout*`` attributes attention modules
+    read at every call), so the user's step and the reference see the same function. Returns how many."""
+    changed = 0
+    for mod in model.modules():
+        if isinstance(mod, _DROPOUT) and mod.p > 0:
+            mod.p = 0.0
+            changed += 1
+        for attr, value in list(vars(mod).items()):
+            if "dropout" in attr.lower() and isinstance(value, float) and value > 0:
+                setattr(mod, attr, 0.0)
+                changed += 1
+    return changed
+
+
+@dataclass
+class Window:
+    """What the user's step did up to the optimizer step that closes the first accumulation window."""
+
+    calls: list[int] = field(default_factory=list)  # the calls of the user's step at which the optimizer stepped
+    start: int = 0  # the first call of the window (1 when an optimizer step came at the very first call)
+    end: int = -1  # the call at which the window's optimizer step came
+    grads: dict[str, torch.Tensor] = field(default_factory=dict)  # what the optimizer saw at that step
+    after_backward: dict[str, float] = field(default_factory=dict)  # each gradient's norm after the last backward
+    modes: dict[str, bool] | None = None  # the train/eval flags at the window's first forward
+    start_weights: dict[str, torch.Tensor] | None = None  # the weights the window started from (after step 1)
+    dropouts: int = 0
+    no_optimizer: bool = False
+
+
+def _watch_window(setup: Any, n: int) -> Window:
+    """Call the user's step on fresh objects until the optimizer step that ends the first accumulation
+    window (the first step, or the second when the first came at the very first call)."""
+    win = Window()
+    state = setup.state()
+    model, opt = state["model"], state.get("optimizer")
+    if opt is None:
+        win.no_optimizer = True
+        return win
+    if not isinstance(model, torch.nn.Module):
+        raise SetupError(f"dlcheck_make_training's 'model' is a {type(model).__name__}, not a torch.nn.Module")
+    win.dropouts = _quiet_dropout(model)
+    inner = unwrap_prepared(opt)
+    names = param_names(model)
+    params = [(names[id(p)], p) for g in inner.param_groups for p in g["params"] if id(p) in names and p.requires_grad]
+    now = {"call": 0}
+    modes: dict[int, dict[str, bool]] = {}
+
+    def pre(optimizer, args, kwargs):
+        win.calls.append(now["call"])
+        win.grads = {name: p.grad.detach().clone() for name, p in params if p.grad is not None}
+        win.end = now["call"]
+
+    def post(optimizer, args, kwargs):
+        if len(win.calls) == 1 and win.calls[0] == 0:
+            # the first step came at the first call: the window to judge is the next one, from these weights
+            win.start_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def forward_pre(module, args):
+        modes.setdefault(now["call"], {name: m.training for name, m in module.named_modules()})
+
+    def norm_of(name: str):
+        def hook(p: torch.Tensor) -> None:
+            win.after_backward[name] = float(p.grad.detach().double().norm()) if p.grad is not None else 0.0
+
+        return hook
+
+    handles = [inner.register_step_pre_hook(pre), inner.register_step_post_hook(post)]
+    handles.append(model.register_forward_pre_hook(forward_pre))
+    handles += [p.register_post_accumulate_grad_hook(norm_of(name)) for name, p in params]
+    try:
+        with preserved_rng():
+            seed_all(SEED)
+            for i, batch in enumerate(setup.batches(n)):
+                now["call"] = i
+                setup.step(state, batch, i)
+                if len(win.calls) >= 2 or (win.calls and win.calls[0] > 0):
+                    break
+    finally:
+        for h in handles:
+            h.remove()
+    if len(win.calls) >= 2:
+        win.start = win.calls[0] + 1
+    # the flags at the window's first forward (a step that buffers its micro-batches runs none before the last)
+    win.modes = next((modes[c] for c in sorted(modes) if c >= win.start), None)
+    return win
+
+
+def _causal(model: Any) -> bool:
+    return any(type(m).__name__.endswith(("ForCausalLM", "LMHeadModel")) for m in model.modules())
+
+
+def _token_labels(batch: Any) -> torch.Tensor | None:
+    """The labels of a token-level batch (a mapping whose labels are integer per-token targets)."""
+    labels = batch.get("labels") if isinstance(batch, Mapping) else None
+    if isinstance(labels, torch.Tensor) and labels.dim() >= 2 and not labels.is_floating_point():
+        return labels
+    return None
+
+
+def _shifted(logits: Any, labels: torch.Tensor, loss: torch.Tensor) -> bool | None:
+    """Whether the loss is the token mean over labels shifted by one (a causal LM's own loss) or over the
+    labels as they are, read off the logits; None when neither matches."""
+    if not isinstance(logits, torch.Tensor) or logits.shape[:-1] != labels.shape:
+        return None
+    f = torch.nn.functional.cross_entropy
+    with torch.no_grad():
+        flat = logits.detach().float()
+        shift = f(flat[..., :-1, :].flatten(0, -2), labels[..., 1:].flatten(), ignore_index=-100)
+        plain = f(flat.flatten(0, -2), labels.flatten(), ignore_index=-100)
+        target = float(loss.detach())
+        tol = 1e-3 * max(1.0, abs(target))
+        gaps = {True: abs(float(shift) - target), False: abs(float(plain) - target)}
+    best = min(gaps, key=gaps.get)
+    return best if gaps[best] <= tol else None
+
+
+def _loss_and_logits(setup: Any, model: Any, batch: Any) -> tuple[torch.Tensor, Any]:
+    """The user's loss on a batch (as their training computes it) and, for the model's own loss, the logits."""
+    if setup.compute_loss is MISSING and isinstance(batch, Mapping):
+        try:
+            call = model_call(model, batch)
+        except NotTheBatch:
+            return setup.loss_of(model, batch), None
+        out = user_call("make_training", call)
+        return loss_tensor(out), output_tensor(out)
+    return setup.loss_of(model, batch), None
+
+
+def _sums(setup: Any, batches: list[Any]) -> bool:
+    """Whether the loss dlcheck computes sums over the examples (``dlcheck_loss_fn`` with reduction='sum', on
+    (inputs, targets) batches): then the full batch's loss is the sum of the micro-batch losses."""
+    return (
+        setup.compute_loss is MISSING
+        and getattr(setup.loss_fn, "reduction", None) == "sum"
+        and not any(isinstance(b, Mapping) for b in batches)
+    )
+
+
+@dataclass
+class Reference:
+    weighted: dict[str, torch.Tensor]  # the full-batch gradient: sum_i w_i G_i
+    summed: dict[str, torch.Tensor]  # sum_i G_i (the k micro-batch gradients, not divided by k)
+    sizes: list[int]  # supervised tokens (token batches) or examples per micro-batch
+    tokens: bool
+    shifted: bool | None
+    summing: bool = False  # the loss sums over the examples (reduction='sum')
+
+
+def _reference(setup: Any, batches: list[Any], win: Window, names: list[str]) -> Reference:
+    """Per micro-batch gradients of the user's loss on fresh objects at the window's starting weights, in
+    the mode the step used, summed plain and weighted as one full batch."""
+    state = setup.state()
+    model = state["model"]
+    _quiet_dropout(model)
+    if win.start_weights is not None:
+        model.load_state_dict(win.start_weights)
+    if win.modes is not None:
+        for name, mod in model.named_modules():
+            if name in win.modes:
+                mod.training = win.modes[name]
+    else:
+        model.train()
+    by_name = dict(model.named_parameters())
+    kept = [n for n in names if n in by_name]
+    params = [by_name[n] for n in kept]
+    device = device_of(model)
+    tokens = all(_token_labels(b) is not None for b in batches)
+    shifted: bool | None = None
+    # running sums, two copies of the gradients whatever k: sum_i G_i and sum_i size_i G_i
+    summed: dict[str, torch.Tensor] = {}
+    sized: dict[str, torch.Tensor] = {}
+    sizes: list[int] = []
+    with preserved_rng():
+        seed_all(SEED)
+        for batch in batches:
+            batch = to_device(batch, device)
+            loss, logits = _loss_and_logits(setup, model, batch)
+            labels = _token_labels(batch)
+            if tokens and labels is not None:
+                found = _shifted(logits, labels, loss)
+                shift = found if found is not None else _causal(model)
+                shifted = shift if shifted is None else shifted
+                size = int((labels[..., 1:] != -100).sum() if shift else (labels != -100).sum())
+            else:
+                size = batch_len(batch) or 1
+            sizes.append(size)
+            for name, g in zip(kept, torch.autograd.grad(loss, params, allow_unused=True)):
+                if g is None:
+                    continue
+                g = g.detach().float()
+                summed[name] = summed[name] + g if name in summed else g.clone()
+                sized[name] = sized[name] + g * size if name in sized else g * size
+            del loss, logits
+    total = sum(sizes) or 1
+    weighted = {name: v / total for name, v in sized.items()}
+    if _sums(setup, batches):
+        weighted = summed  # a summed loss: the full batch's loss is the sum over the micro-batches
+    return Reference(weighted, summed, sizes, tokens, shifted, _sums(setup, batches))
+
+
+def _rel(g: dict[str, torch.Tensor], h: dict[str, torch.Tensor], scale: float = 1.0) -> float:
+    """|g - scale*h| / |scale*h| over the union of the parameters (a missing gradient counts as zero)."""
+    diff = norm = 0.0
+    for name in set(g) | set(h):
+        a = g[name].double() if name in g else None
+        b = h[name] * scale if name in h else None
+        if a is not None and b is not None:
+            diff += float((a - b.to(a.device)).pow(2).sum())
+        elif a is not None:
+            diff += float(a.pow(2).sum())
+        if b is not None:
+            norm += float(b.pow(2).sum())
+    return math.sqrt(diff) / math.sqrt(norm) if norm > 0 else math.inf
+
+
+def _norm(g: dict[str, torch.Tensor]) -> float:
+    return math.sqrt(sum(float(v.double().pow(2).sum()) for v in g.values()))
+
+
+def _cosine(g: dict[str, torch.Tensor], h: dict[str, torch.Tensor]) -> float:
+    dot = sum(float((g[n].double() * h[n].to(g[n].device)).sum()) for n in set(g) & set(h))
+    den = _norm(g) * _norm(h)
+    return dot / den if den > 0 else 0.0
+
+
+def _rescale(win: Window) -> float | None:
+    """The factor every gradient was multiplied by between the last backward and the optimizer step
+    (gradient clipping, an unscale), when it is one factor for all of them and not 1; else None."""
+    factors = []
+    for name, g in win.grads.items():
+        before = win.after_backward.get(name, 0.0)
+        if before > 0:
+            factors.append(float(g.double().norm()) / before)
+    if not factors:
+        return None
+    mid = sorted(factors)[len(factors) // 2]
+    if abs(mid - 1) < 1e-4 or mid <= 0 or any(abs(f - mid) > 1e-4 * mid for f in factors):
+        return None
+    return mid
+
+
+def _judge(grads: dict[str, torch.Tensor], ref: Reference, k: int) -> dict[str, float]:
+    return {
+        "full batch": _rel(grads, ref.weighted),
+        "not divided by k": _rel(grads, ref.summed),
+        "per-micro-batch mean": _rel(grads, ref.summed, 1.0 / k),
+    }
+
+
+def _trainer_accumulation(setup: Any) -> int:
+    if setup.kind == "trainer":
+        return int(getattr(setup.trainer.args, "gradient_accumulation_steps", 1) or 1)
+    t = getattr(setup, "l_trainer", MISSING)
+    return int(getattr(t, "accumulate_grad_batches", 1) or 1) if t not in (MISSING, None) else 1
+
+
+@check(
+    "T10",
+    domain="train",
+    title="gradient accumulation is not equivalent to the full batch",
+    roles=(),
+    optional_roles=("trainer", "lightning_module", "make_training", "train_step", "dataloader"),
+    settings=(
+        Setting(
+            "micro_steps",
+            8,
+            "calls of your step watched for the optimizer step that ends the first accumulation window: "
+            "accumulation over up to 8 micro-batches (7 when the first optimizer step comes at the first call)",
+        ),
+        Setting(
+            "max_rel_error",
+            0.05,
+            "relative error |g - h| / |h| within which the gradient the optimizer sees matches a candidate h: the "
+            "same computation in float32 on CPU differs by ~1e-6, in bf16/TF32 on a GPU by ~1e-2; a loss not "
+            "divided by k is off by k - 1, a per-micro-batch mean by the spread of the token counts",
+        ),
+    ),
+)
+def check_grad_accumulation(dlcheck):
+    """The gradient the optimizer steps on after k accumulated micro-batches equals the gradient of the full batch.
+
+    What it does
+        Builds fresh objects with ``dlcheck_make_training`` (dropout off) and calls your
+        ``dlcheck_train_step`` (as you wrote it: a plain loop's, or an Accelerate step with
+        ``accelerator.accumulate`` + ``accelerator.backward``) on the training batches until the optimizer
+        step that ends the first accumulation window; k is the number of calls in it, and the gradients the optimizer sees are kept
+        (before it updates). On other fresh objects at the same weights, in the mode your step used, it takes
+        the gradient of your loss (``dlcheck_compute_loss``, or the model's / ``dlcheck_loss_fn``'s) on each
+        of the k micro-batches and compares the optimizer's gradient with three candidates: the full-batch
+        gradient (token-level batches, labels with -100: the sum of token losses over the supervised tokens
+        of all k micro-batches; other batches: weighted by examples), the k gradients summed (the loss not
+        divided by k), and their plain mean (each micro-batch's own token mean divided by k). One accumulated
+        step and k reference passes.
+    Why it is bad
+        Not dividing the loss by k makes every update k times the full-batch gradient: with SGD the
+        effective learning rate is k times too high, with Adam the scale mostly cancels but gradient
+        clipping, eps and weight decay act k times off. Dividing each micro-batch's token-mean loss by k
+        gives every micro-batch the same weight whatever its number of supervised tokens: the tokens of short
+        micro-batches count more than in the full batch (transformers' gradient-accumulation bug of 2024,
+        fixed in 4.46 with ``num_items_in_batch``): accumulated runs train a different, worse objective
+        than the full batch they stand for.
+    Example
+        def step(state, batch, i):
+            loss = state["model"](**batch).loss      # each micro-batch's own token mean
+            loss.backward()                          # not divided by accum_steps
+            if (i + 1) % accum_steps == 0:
+                state["optimizer"].step(); state["optimizer"].zero_grad()
+    Use instead
+        loss = loss / accum_steps before the backward (equal-size micro-batches); for token losses, sum the
+        token losses and divide by the supervised tokens of the whole accumulated batch:
+        ``loss = token_loss_sum / num_items_in_batch`` with ``num_items_in_batch = sum((mb["labels"][..., 1:]
+        != -100).sum() for mb in the k micro-batches)`` (fetch the k micro-batches first, as transformers'
+        Trainer does).
+    Known problems
+        Judges the first accumulation window only, with dropout off; a step whose loss differs from the
+        loss dlcheck computes (an auxiliary term, label smoothing not in ``dlcheck_compute_loss``) matches no
+        candidate and skips with the numbers. A ``dlcheck_loss_fn`` with ``reduction='sum'`` makes the full
+        batch's loss the sum of the micro-batch sums. Gradient clipping or an unscale between the last backward and
+        the step (one factor for every gradient) is undone before comparing. Trainer and Lightning runs are
+        not judged (skip): transformers >= 4.46 divides by ``num_items_in_batch`` itself (a ``compute_loss``
+        override that ignores it is not seen); Lightning divides each micro-batch's loss by
+        ``accumulate_grad_batches`` (a token mean over variable counts is weighted per micro-batch there).
+    Not applicable
+        Trainings without gradient accumulation: every call of your step takes an optimizer step, the
+        plain loop's default step (no ``dlcheck_train_step``), a Trainer with ``gradient_accumulation_steps=1``, a
+        Lightning Trainer with ``accumulate_grad_batches=1``.
+    """
+    setup = get_setup(dlcheck)
+    if setup.kind not in ("loop", "accelerate"):
+        accum = _trainer_accumulation(setup)
+        knob = "gradient_accumulation_steps" if setup.kind == "trainer" else "accumulate_grad_batches"
+        if accum <= 1:
+            dlcheck.not_applicable(f"{setup.describe()} does not accumulate gradients ({knob}={accum})")
+        if setup.kind == "trainer":
+            dlcheck.skip(
+                f"not judged for a Trainer ({knob}={accum}): transformers >= 4.46 divides the summed token loss by "
+                "num_items_in_batch over the whole accumulated batch itself; a compute_loss override that ignores "
+                "num_items_in_batch is not seen (T10 judges plain loops and Accelerate: dlcheck_make_training + "
+                "dlcheck_train_step)"
+            )
+        dlcheck.skip(
+            f"not judged for Lightning ({knob}={accum}): Lightning divides each micro-batch's loss by "
+            "accumulate_grad_batches, which weights a token-mean loss per micro-batch, not per token; T10 runs only "
+            "plain loops and Accelerate (dlcheck_make_training + dlcheck_train_step)"
+        )
+    own = getattr(setup, "train_step", MISSING) is not MISSING
+    if setup.kind == "loop" and not own:
+        dlcheck.not_applicable(
+            "no dlcheck_train_step: the default step takes an optimizer step at every batch (no gradient accumulation)"
+        )
+    if setup.kind == "accelerate" and not own:
+        dlcheck.skip(
+            "missing role: define fixture dlcheck_train_step (state, batch) in conftest.py: T10 judges how your own "
+            "step weights the micro-batches of an accumulation, and without it only dlcheck's default Accelerate step "
+            "(accelerator.backward of each micro-batch's mean loss) would be judged"
+        )
+    # the Accelerate kind's default step accumulates through accelerator.accumulate / accelerator.backward
+    stepname = "dlcheck_train_step" if own else "the default Accelerate step"
+    accelerate = setup.kind == "accelerate"
+    n = int(dlcheck.setting("micro_steps"))
+    tol = float(dlcheck.setting("max_rel_error"))
+
+    win = run_or_skip(dlcheck, lambda: _watch_window(setup, n))
+    if win.no_optimizer:
+        dlcheck.skip("dlcheck_make_training returned no 'optimizer': no optimizer step to watch")
+    if not win.calls:
+        dlcheck.skip(f"{n} calls of {stepname} took no optimizer step (raise T10.micro_steps above k)")
+    if len(win.calls) >= 2 and win.calls[1] == win.calls[0] + 1:
+        dlcheck.not_applicable(
+            f"no gradient accumulation: optimizer steps at calls {win.calls[0] + 1} and {win.calls[1] + 1} of "
+            f"{stepname} (every micro-step is an optimizer step)"
+        )
+    if win.calls == [0]:
+        dlcheck.skip(
+            f"the first call of {stepname} took an optimizer step and the next {n - 1} none: the accumulation "
+            "window cannot be told (raise T10.micro_steps)"
+        )
+    if not win.grads:
+        dlcheck.skip("the optimizer stepped with no gradient on its parameters: nothing to compare")
+    k = win.end - win.start + 1
+    batches = setup.batches(win.end + 1)[win.start : win.end + 1]
+    ref = run_or_skip(dlcheck, lambda: _reference(setup, batches, win, list(win.grads)))
+    if not ref.weighted or _norm(ref.weighted) == 0:
+        dlcheck.skip("your loss gives no gradient on the window's micro-batches: nothing to compare")
+
+    errors = _judge(win.grads, ref, k)
+    clipped = None
+    if min(errors.values()) > tol:
+        factor = _rescale(win)
+        if factor is not None:
+            undone = {n: g / factor for n, g in win.grads.items()}
+            again = _judge(undone, ref, k)
+            if min(again.values()) <= tol:
+                clipped, errors = factor, again
+    grads = win.grads if clipped is None else {n: g / clipped for n, g in win.grads.items()}
+    ratio = _norm(grads) / _norm(ref.weighted)
+    cosine = _cosine(grads, ref.weighted)
+    unit = "supervised tokens" if ref.tokens else "examples"
+    where = f"calls {win.start + 1}-{win.end + 1}" + (", after the optimizer step at call 1" if win.start else "")
+    window = (
+        f"the optimizer step at call {win.end + 1} of {stepname} closes an accumulation of k={k} micro-batches "
+        f"({where}); {unit} per micro-batch: {', '.join(map(str, ref.sizes))} ({sum(ref.sizes)} in all)"
+    )
+    shown = (
+        f"relative error to the full-batch gradient {errors['full batch']:.2g}, to the {k} micro-batch gradients "
+        f"summed {errors['not divided by k']:.2g}, to their plain mean {errors['per-micro-batch mean']:.2g}"
+    )
+    clip_note = (
+        [
+            f"the gradients were rescaled by {clipped:.3g} between the last backward and the step (clipping): compared "
+            "before it"
+        ]
+        if clipped is not None
+        else []
+    )
+    spread = _rel({name: v / k for name, v in ref.summed.items()}, ref.weighted)  # a per-micro-batch mean's error
+    best = min(errors, key=errors.get)
+    full = errors["full batch"]
+
+    if k > 1 and not ref.summing and best == "not divided by k" and errors[best] <= tol and errors[best] < full / 2:
+        dlcheck.fail(
+            [
+                window,
+                f"the gradient it steps on is {ratio:.3g}x the full-batch gradient (norm {_norm(grads):.4g} vs "
+                f"{_norm(ref.weighted):.4g}, cosine {cosine:.4f}): it is the sum of the {k} micro-batch gradients",
+                shown,
+                *clip_note,
+            ],
+            cause=f"the loss is not divided by the accumulation factor: each of the {k} backward passes adds a whole "
+            f"micro-batch gradient, so the optimizer steps on their sum, {ratio:.3g}x the full-batch gradient (SGD: "
+            f"a {ratio:.3g}x learning rate; Adam: the scale mostly cancels, but gradient clipping, eps and weight "
+            "decay act on a gradient that size)"
+            + (
+                "; each micro-batch's token mean also weighs its tokens by its own count, not the whole batch's"
+                if ref.tokens and spread > tol
+                else ""
+            ),
+            fix=(
+                "loss = token_loss_sum / num_items_in_batch, with num_items_in_batch the supervised tokens "
+                f"((labels[..., 1:] != -100).sum()) of all {k} micro-batches of the optimizer step"
+                if ref.tokens and spread > tol
+                else "call accelerator.backward(loss) (it divides by gradient_accumulation_steps), not loss.backward()"
+                if accelerate
+                else f"loss = loss / accum_steps before loss.backward() (accum_steps = {k}, the micro-batches per "
+                "optimizer step)"
+            ),
+        )
+    if k > 1 and ref.tokens and best == "per-micro-batch mean" and errors[best] <= tol and errors[best] < full / 2:
+        low = min(range(k), key=lambda i: ref.sizes[i])
+        share = ref.sizes[low] / max(1, sum(ref.sizes))
+        dlcheck.fail(
+            [
+                window,
+                f"the gradient it steps on is the plain mean of the {k} micro-batch token-mean gradients; the "
+                f"token-weighted full-batch gradient differs from it by {full:.0%} (cosine {cosine:.4f}, norm ratio "
+                f"{ratio:.3g})",
+                f"the {ref.sizes[low]} tokens of micro-batch {low + 1} weigh 1/{k} of the step instead of "
+                f"{ref.sizes[low]}/{sum(ref.sizes)} ({(1 / k) / share if share else math.inf:.3g}x their share)",
+                shown,
+                *clip_note,
+            ],
+            cause="each micro-batch's loss is its own token mean divided by k: every micro-batch weighs the same "
+            "whatever its number of supervised tokens, so the tokens of short micro-batches count more than in the "
+            "full batch's token mean (transformers' gradient-accumulation bug of 2024, fixed in 4.46 with "
+            "num_items_in_batch)",
+            fix="loss = token_loss_sum / num_items_in_batch, with token_loss_sum = cross_entropy(..., "
+            "ignore_index=-100, reduction='sum') and num_items_in_batch the supervised tokens ((labels[..., 1:] != "
+            f"-100).sum()) of all {k} micro-batches of the optimizer step, counted before the first backward"
+            + (
+                " (through accelerator.backward, which divides by gradient_accumulation_steps: pass it "
+                "token_loss_sum * accelerator.gradient_accumulation_steps / num_items_in_batch, in your own "
+                "dlcheck_train_step)"
+                if accelerate
+                else ""
+            ),
+        )
+    # examples (not tokens) in micro-batches of different sizes: the plain mean of the per-batch means is the
+    # usual `loss / accum_steps` (a short last batch weighs a little more), not judged a bug
+    plain_mean = not ref.tokens and not ref.summing and errors["per-micro-batch mean"] <= tol
+    if full <= tol or plain_mean:
+        how = (
+            f"sum of token losses / {sum(ref.sizes)} supervised tokens of the {k} micro-batches"
+            + ("" if ref.shifted is None else ", labels shifted by one" if ref.shifted else ", labels as they are")
+            if ref.tokens
+            else "your loss_fn sums over the examples (reduction='sum'): the sum of the micro-batch losses"
+            if ref.summing
+            else f"your loss on each micro-batch, weighted by its {unit}"
+        )
+        matched = (
+            f"the gradient the optimizer steps on matches the full-batch gradient ({how}): relative error {full:.2g}"
+            if full <= tol
+            else f"the gradient the optimizer steps on is the mean of your loss's gradients over the {k} micro-batches "
+            f"(relative error {errors['per-micro-batch mean']:.2g}); weighted by their {unit} it would differ by "
+            f"{full:.2g} (micro-batches of different sizes; not judged a bug)"
+        )
+        dlcheck.measured(
+            window,
+            f"{matched}, norm ratio {ratio:.3f}, cosine {cosine:.4f}",
+            f"told apart: a loss divided by k would be off by {1 - 1 / k:.2g}"
+            if ref.summing
+            else f"told apart: a loss not divided by k would be off by {errors['not divided by k']:.2g}"
+            + (f", a per-micro-batch token mean by {spread:.2g}" if ref.tokens else ""),
+            *clip_note,
+            f"dropout off in both runs ({win.dropouts} dropout layer(s) or attribute(s) of the fresh copies set to 0)"
+            if win.dropouts
+            else "no dropout in the model",
+            k=k,
+            rel_error=full,
+            norm_ratio=ratio,
+            cosine=cosine,
+        )
+        return
+    dlcheck.skip(
+        f"the gradient the optimizer steps on matches none of the candidates within {tol:g}: {window}; {shown}; "
+        f"norm ratio {ratio:.3g}, cosine {cosine:.4f}. Your step's loss may differ from the loss dlcheck computes "
+        "(define dlcheck_compute_loss as your step computes it), or something random besides dropout differs"
+    )
