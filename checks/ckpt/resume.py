@@ -392,6 +392,17 @@ def check_resume(dlcheck):
         _ema_what(lost_emas[p]) if p in lost_emas else WHAT.get(p, f"state['{p}']") for p in missing
     )
     fix = _fix(setup, missing)
+    if "model" in missing and setup.kind in ("loop", "accelerate") and _is_peft(dlcheck, setup):
+        cause += (
+            " (a PEFT model: the adapter being trained does not get the saved adapter weights back — "
+            "load_adapter(path, adapter_name=...) adds a second adapter beside it without activating it, and "
+            "PeftModel.from_pretrained loads it frozen unless is_trainable=True)"
+        )
+        fix = (
+            "load the saved adapter into the adapter you train: set_peft_model_state_dict(state['model'], "
+            "load_file(f'{path}/adapter_model.safetensors')) (or load_adapter(path, adapter_name='default', "
+            "is_trainable=True), or set_adapter(name) after loading under another name); " + fix
+        )
     if set(missing) & set(lost_emas):
         fix += (
             " (an AveragedModel's state_dict holds its averaged weights and n_averaged; a diffusers EMAModel's its "
@@ -417,6 +428,15 @@ def check_resume(dlcheck):
             "dtype=model.dtype).state_dict()) — or upgrade transformers once the Trainer applies the mapping"
         )
     dlcheck.fail(evidence, cause, fix)
+
+
+def _is_peft(dlcheck: Any, setup: Any) -> bool:
+    """Whether the model the user's factory builds is a PEFT model (the fresh probe other checks share)."""
+    try:
+        model = memo_or_skip(dlcheck, setup.sources, "training:fresh-probe", setup.fresh).model
+    except BaseException:  # noqa: BLE001 - a skip or a factory error: no PEFT wording, the diagnosis stands
+        return False
+    return any(c.__module__.startswith("peft.") for c in type(model).__mro__)
 
 
 def _renamed_weights(setup: Any, checkpoint: Any) -> tuple[int, int, str, str] | None:

@@ -53,8 +53,11 @@ class Example:
     prompt_text: str = ""
     #: the completion (or the assistant turns) as text, for evidence
     expected: str = ""
-    #: tokens of the prompt alone, when known
+    #: tokens of the prompt alone, when known (after a processor expanded its image placeholders)
     n_prompt: int | None = None
+    #: tokens of the prompt tokenized as text, image placeholders not expanded (set only when the
+    #: processor's expansion made the prompt longer)
+    n_prompt_text: int | None = None
     #: the example's complete tokenization (prompt+completion, text, conversation), when known
     full: list[int] | None = None
     #: another candidate for ``full`` (prompt and completion tokenized apart), when there is one
@@ -98,6 +101,49 @@ def _as_ids(value: Any) -> list[int] | None:
 def encode(tok: Any, text: str, special: bool = True) -> list[int] | None:
     try:
         return _as_ids(tokenizer_of(tok)(text, add_special_tokens=special))
+    except Exception:
+        return None
+
+
+def placeholder_ids(tok: Any) -> set[int]:
+    """The image/video placeholder ids of a processor (``image_token_id``, or its ``image_token`` looked up
+    in its tokenizer); empty for a text tokenizer."""
+    t = tokenizer_of(tok)
+    if t is tok:
+        return set()
+    out: set[int] = set()
+    for kind in ("image", "video"):
+        value = getattr(tok, f"{kind}_token_id", None)
+        if not isinstance(value, int):
+            token = getattr(tok, f"{kind}_token", None)
+            try:
+                value = t.convert_tokens_to_ids(token) if isinstance(token, str) else None
+            except Exception:
+                value = None
+        if isinstance(value, int) and value != getattr(t, "unk_token_id", None):
+            out.add(value)
+    return out
+
+
+def raw_images(raw: Any) -> list | None:
+    """The images of a raw vision-language row (TRL's "images" list, or one "image")."""
+    if not isinstance(raw, Mapping):
+        return None
+    images = raw.get("images", raw.get("image"))
+    if images is None:
+        return None
+    return list(images) if isinstance(images, (list, tuple)) else [images]
+
+
+def expand(tok: Any, text: str, raw: Any, special: bool = True) -> list[int] | None:
+    """``text`` as the processor ``tok`` tokenizes it with the raw row's images: each image placeholder
+    expanded into the image's tokens (None for a text tokenizer, a row without images, or a processor
+    that refuses the call)."""
+    images = raw_images(raw)
+    if not images or not placeholder_ids(tok):
+        return None
+    try:
+        return _as_ids(tok(text=[text], images=[images], add_special_tokens=special))
     except Exception:
         return None
 
@@ -364,19 +410,24 @@ def _analyse_example(tok: Any, ex: Example, specials: set[int], eos: int | None,
         if isinstance(prompt, str) and isinstance(completion, str):
             ex.prompt_text, ex.expected = prompt, completion
             best = None
+            # a processor expands each image placeholder of the prompt into the image's N tokens: the
+            # prompt as the collated example holds it is the processor's, not the tokenizer's
             for special in (True, False):
-                p = encode(tok, prompt, special)
-                if not p:
-                    continue
-                for o in (0, 1, 2):
-                    cp = common_prefix(p, ids[o:])
-                    whole = cp >= max(1, len(p) - 1) or (cp and cp == len(ids) - o)
-                    if whole and (best is None or cp > best[1]):
-                        best = (o, cp, len(p))
+                for expanded in (True, False):
+                    p = expand(tok, prompt, raw, special) if expanded else encode(tok, prompt, special)
+                    if not p:
+                        continue
+                    for o in (0, 1, 2):
+                        cp = common_prefix(p, ids[o:])
+                        whole = cp >= max(1, len(p) - 1) or (cp and cp == len(ids) - o)
+                        if whole and (best is None or cp > best[1]):
+                            best = (o, cp, len(p), expanded)
             if best is not None:
-                o, cp, n_prompt = best
+                o, cp, n_prompt, expanded = best
                 ex.prompt_side = [o + j for j in range(cp) if ids[o + j] not in specials]
                 ex.n_prompt = n_prompt
+                if expanded:
+                    ex.n_prompt_text = len(encode(tok, prompt) or []) or None
             else:
                 ex.prompt_side = _text_prompt_side(tok, ids, [(True, prompt), (False, completion)])
                 ex.n_prompt = len(encode(tok, prompt) or []) or None
@@ -422,13 +473,20 @@ def analyse(ctx: Any, sample: Sample, tok: Any) -> Analysis:
         shift = label_shift(rows)
         examples = examples_of(sample, rows)
         eos = lm.special_id(tok, "eos")
-        specials = set(getattr(tokenizer_of(tok), "all_special_ids", []) or [])
+        placeholders = placeholder_ids(tok)
+        # image placeholders are prompt tokens (never a completion's): judged, though a processor's are special
+        specials = set(getattr(tokenizer_of(tok), "all_special_ids", []) or []) - placeholders
         appends_eos = eos is not None and any(ex.ids and ex.ids[-1] == eos for ex in examples)
         with preserved_tokenizer(tok):
             for ex in examples:
                 own = set(ex.positions)
                 ex.targets = [t for t in row_targets(ex.row, shift) if t in own]
                 _analyse_example(tok, ex, specials, eos, appends_eos)
+                if ex.prompt_side is not None and ex.kind in SPLIT_KINDS:
+                    ids = ex.ids
+                    side = set(ex.prompt_side) | {j for j, t in enumerate(ids) if t in placeholders}
+                    # example-local indices -> row positions (left padding, packed rows)
+                    ex.prompt_side = [ex.positions[j] for j in sorted(side) if j < len(ex.positions)]
         return Analysis(examples, shift, appends_eos)
 
     return ctx.memo((sample, tok), "llm:label-analysis", make)
@@ -504,6 +562,47 @@ def _prompt_not_judged(ctx: Any, sample: Sample, examples: list[Example], kinds:
             "messages before tokenization, define dlcheck_raw_dataset with those rows, in the same order"
         )
     return NO_SPLIT
+
+
+def _placeholder_text(tok: Any, placeholders: set[int]) -> str:
+    token = getattr(tok, "image_token", None)
+    if isinstance(token, str):
+        return token
+    return "/".join(sorted(lm.token_text(tok, t) for t in placeholders)) or "the image placeholder"
+
+
+def _placeholder_note(tok: Any, prompt_bad: list, placeholders: set[int]) -> str | None:
+    """Evidence on the supervised image placeholders (a processor's expanded image tokens), if any."""
+    if not placeholders:
+        return None
+    per_example = [sum(1 for t in bad if e.row.input_ids[t] in placeholders) for e, bad in prompt_bad]
+    total = sum(per_example)
+    if not total:
+        return None
+    held = [sum(1 for p in e.positions if e.row.input_ids[p] in placeholders) for e, _ in prompt_bad]
+    return (
+        f"{total} of the supervised prompt positions are image placeholders ({_placeholder_text(tok, placeholders)}, "
+        f"{min(held)}-{max(held)} per example after the processor's expansion): the loss asks the language model to "
+        "predict the placeholder token where the image features stand"
+        if min(held) != max(held)
+        else f"{total} of the supervised prompt positions are image placeholders ({_placeholder_text(tok, placeholders)}"
+        f" ×{held[0]} per example after the processor's expansion): the loss asks the language model to predict the "
+        "placeholder token where the image features stand"
+    )
+
+
+def _counted_before_expansion(prompt_bad: list, shift: int) -> tuple[Example, int] | None:
+    """(example, masked tokens) when the examples' prompt masking stops exactly at the length of the prompt
+    tokenized as text (image placeholders not expanded), in every failing example that was expanded."""
+    expanded = [(e, bad) for e, bad in prompt_bad if e.n_prompt_text and e.n_prompt and e.n_prompt > e.n_prompt_text]
+    if not expanded or len(expanded) != len(prompt_bad):
+        return None
+    for e, bad in expanded:
+        first = e.positions.index(bad[0]) if bad[0] in e.positions else None
+        if first is None or abs(first - e.n_prompt_text) > 1:
+            return None
+    e, bad = expanded[0]
+    return e, e.positions.index(bad[0])
 
 
 def _is_hf_lm_collator(collator: Any) -> bool:
@@ -601,21 +700,30 @@ def check_labels_masked(dlcheck):
         "completion_mask" column, or "messages" with roles / an "assistant_masks" column), no token
         of the prompt (or of a system/user turn) may be supervised: the prompt boundary is found as
         TRL finds it (the tokenized prompt as a prefix of the example), or by locating the prompt's
-        text in the decoded example; labels pre-shifted by one are recognised.
+        text in the decoded example; labels pre-shifted by one are recognised. With a vision-language
+        processor as dlcheck_tokenizer, the prompt is taken as the processor expands it with the row's
+        images (every image placeholder becomes the image's N tokens), so the placeholders and the
+        prompt text after them are judged as prompt; a masking that stops at
+        len(tokenizer(prompt)), counted before the expansion, is named as such.
     Why it is bad
         Supervised padding trains the model to emit pad tokens (with pad == eos, to emit EOS after
         EOS) and dilutes the loss with free tokens. Supervised prompts turn an instruction tune into
         a language model of the prompts: capacity goes to predicting questions, the loss is
         dominated by prompt tokens, and a completion-only objective silently becomes a full-sequence
-        one.
+        one. Supervised image placeholders ask the LM to predict the placeholder id where the image
+        features stand (576 of them per image in LLaVA-1.5: most of the loss).
     Example
         collator = DataCollatorForLanguageModeling(tok, mlm=False)     # labels = input_ids
         Trainer(model, args, train_dataset=prompt_completion_tokenized, data_collator=collator)
         # or a hand collator: batch["labels"] = batch["input_ids"].clone()  (padding supervised)
+        # a VLM collator: labels[i, :len(processor.tokenizer(prompt)["input_ids"])] = -100  (counted
+        # before <image> became N tokens: most placeholders and the prompt text stay supervised)
     Use instead
         TRL SFTTrainer on the prompt/completion dataset (SFTConfig.completion_only_loss defaults to
         True for it), SFTConfig(assistant_only_loss=True) on messages with a {% generation %}
-        template; in a hand collator labels[:n_prompt] = -100 and labels[attention_mask == 0] = -100.
+        template; in a hand collator labels[:n_prompt] = -100 and labels[attention_mask == 0] = -100
+        (for a VLM, n_prompt = len(processor(text=prompt, images=images)["input_ids"][0]), or TRL's
+        DataCollatorForVisionLanguageModeling(processor)).
         Whole-sequence training on such data is a choice: say so with
         SFTConfig(completion_only_loss=False) / assistant_only_loss=False, or
         --dlcheck-set L2.completion_only=false.
@@ -761,6 +869,8 @@ def check_labels_masked(dlcheck):
         labelled = [i + shift for i in ex.row.supervised if i + shift in set(ex.positions)]
         shown = [label_position(t, shift) for t in labelled if t in set(ex.prompt_side)][:5]
         supervised_text = text_of(tok, [ex.row.input_ids[t] for t in labelled])
+        placeholders = placeholder_ids(tok)
+        images = _placeholder_note(tok, prompt_bad, placeholders)
         evidence += [
             f"{len(prompt_bad)} of {len(judged)} sampled {kind} examples supervise {what} tokens: {n_pos} of "
             f"{n_prompt_pos} {what} positions carry labels != -100",
@@ -770,11 +880,25 @@ def check_labels_masked(dlcheck):
             + (f"   ({what} text: {short(ex.prompt_text, 60)})" if ex.prompt_text else ""),
             f"  labels on the {what}: {lm.show_labels(tok, ex.row, shown)}",
         ]
+        if images:
+            evidence.append(images)
+        early = _counted_before_expansion(prompt_bad, shift)
         collator = dlcheck.role("collator") if dlcheck.has("collator") else None
         if collator is not None and _is_hf_lm_collator(collator):
             causes.append(
                 "transformers DataCollatorForLanguageModeling(mlm=False) copies input_ids into labels and "
                 f"masks only padding: on {kind} data the {what} is trained as well"
+            )
+        elif early is not None:
+            e, first = early
+            token = _placeholder_text(tok, placeholders)
+            n_image = sum(1 for p in e.positions if e.row.input_ids[p] in placeholders)
+            causes.append(
+                f"the prompt length was counted before the processor expanded {token} into the image's {n_image} "
+                "tokens: "
+                f"{example_name(e)} has its first {first} tokens masked (len(tokenizer(prompt)) = "
+                f"{e.n_prompt_text}), while its prompt is {e.n_prompt} tokens after the expansion, so "
+                f"{e.n_prompt - first} prompt tokens (image placeholders and the prompt text) keep their labels"
             )
         elif len(whole) == len(prompt_bad):
             causes.append(
@@ -794,6 +918,15 @@ def check_labels_masked(dlcheck):
                 "or set labels to -100 where tokenizer.apply_chat_template(messages, return_dict=True, "
                 "return_assistant_tokens_mask=True)['assistant_masks'] is 0; if whole-conversation training is "
                 "intended, set assistant_only_loss=False or --dlcheck-set L2.completion_only=false"
+            )
+        elif images:
+            fixes.append(
+                "mask the prompt as the processor expands it: n_prompt = len(processor(text=prompt, "
+                "images=images)['input_ids'][0]) (counted after each image placeholder became the image's "
+                "tokens, not len(tokenizer(prompt))), labels[:n_prompt] = -100; or collate with TRL's "
+                "DataCollatorForVisionLanguageModeling(processor) (completion_only_loss=True, its default); if "
+                "whole-sequence training is intended, SFTConfig(completion_only_loss=False) or --dlcheck-set "
+                "L2.completion_only=false"
             )
         elif kind == COMPLETION_MASK:
             fixes.append(

@@ -106,6 +106,29 @@ def _infer_limit(examples: list[Example], eos: int | None) -> int | None:
     return longest if len(at_limit) >= 2 and shorter_with_eos else None
 
 
+def _labelled(ex: Example) -> list[int]:
+    """Positions of ``ex`` whose label is not -100 (whether or not the loss can use them)."""
+    own = set(ex.positions)
+    return [i for i in ex.row.supervised if i in own]
+
+
+def _unsupervised_line(tok: Any, unsupervised: list[Example], first_only: list[Example], total: int) -> str:
+    """The evidence for examples without a usable target, stating what their labels actually hold."""
+    n = len(unsupervised)
+    all_masked = n - len(first_only)
+    if not first_only:
+        return f"{n} of {total} sampled examples have no supervised token: every label is -100"
+    ex = first_only[0]
+    shown = lm.show_labels(tok, ex.row, _labelled(ex)[:3])
+    what = (
+        f"{len(first_only)} supervise only their first token ({example_name(ex)}: {shown}), which a causal LM "
+        "never predicts (labels aligned with input_ids are shifted inside the loss)"
+    )
+    if all_masked:
+        what = f"{all_masked} have every label -100 and {what}"
+    return f"{n} of {total} sampled examples have no supervised token the loss can use: {what}"
+
+
 @check(
     "L13",
     domain="llm",
@@ -267,10 +290,11 @@ def check_truncation(dlcheck):
     unsupervised = [ex for ex in examples if not ex.targets]
     if unsupervised and len(unsupervised) / len(examples) > dlcheck.setting("max_unsupervised_share"):
         ex = unsupervised[0]
+        # what the labels do hold: with labels aligned to input_ids the first token's label is never a
+        # target (a causal LM does not predict its first token), so "no target" is not "every label -100"
+        first_only = [e for e in unsupervised if _labelled(e)]
         evidence += (
-            [
-                f"{len(unsupervised)} of {len(examples)} sampled examples have no supervised token: every label is -100",
-            ]
+            [_unsupervised_line(tok, unsupervised, first_only, len(examples))]
             + ([limit_line] if limit_line else [])
             + [
                 f"{example_name(ex)}: {lm.decode(tok, ex.ids)} ({length_note(ex)})",
@@ -293,6 +317,16 @@ def check_truncation(dlcheck):
                 + " (SFTConfig(max_length=...) / tokenizer(..., max_length=...)), drop examples whose prompt "
                 "alone exceeds it, or truncate the prompt from the left (tokenizer.truncation_side='left' on "
                 "the prompt alone) so the completion is kept"
+            )
+        elif first_only and len(first_only) == len(unsupervised):
+            causes.append(
+                "these examples supervise only their first token, which the loss never uses (the labels are "
+                "shifted inside the model: position 0 predicts nothing): an example of one token, or one whose "
+                "prompt masking left only the first label, carries no signal and costs compute"
+            )
+            fixes.append(
+                "drop examples shorter than two tokens and make sure each completion keeps labels past the first "
+                "position (an empty prompt and completion collate to a lone EOS)"
             )
         elif all(status[id(e)] is False for e in unsupervised):
             causes.append(

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import MISSING
@@ -70,6 +71,139 @@ def _label_problem(values: list[int], n: int, where: str, background: bool) -> t
     return ev, cause, fix
 
 
+@dataclass
+class BoxVerdict:
+    """V3's judgement of the sampled detection boxes: the failure (evidence, cause, fix) when they are invalid
+    for the model, else what was measured; V4 reads it to stay quiet when V3 names the root cause."""
+
+    failure: tuple[list[str], str, str] | None = None
+    passed: list[str] = field(default_factory=list)
+    judged: bool = False
+    unknown: list[V.Item] = field(default_factory=list)
+
+
+def box_verdict(det: list[V.Item], model: Any, box_format: Any, tol: float, max_invalid: float) -> BoxVerdict:
+    """Judge the boxes of ``det`` (sampled detection items with boxes) in their declared format: a format a
+    torchvision detector cannot read, boxes invalid in that format, normalised boxes read as pixels."""
+    tv_det = model is not MISSING and V.is_tv_detection(model)
+    given = V.parse_box_format(box_format)
+    verdict = BoxVerdict()
+    # 1. a format that the model cannot read
+    if tv_det:
+        other = sorted({i.box_format for i in det if i.box_format and i.box_format != "xyxy"})
+        declared_other = given is not None and not any(i.box_format for i in det) and given[0] != "xyxy"
+        if other or declared_other:
+            fmt = other[0] if other else given[0]
+            src = "tv_tensors.BoundingBoxes(format=" + fmt.upper() + ")" if other else f"dlcheck_box_format={fmt!r}"
+            it = next((i for i in det if i.box_format == fmt), det[0])
+            return BoxVerdict(
+                failure=(
+                    [
+                        f"{len(det)} sampled targets carry boxes as {src}; {type(model).__name__} reads target['boxes'] "
+                        f"as absolute xyxy",
+                        f"{it.where}: box {V.fmt_box(it.boxes[0])} on a {it.size[1]}×{it.size[0]} image",
+                    ],
+                    f"torchvision detection models take target['boxes'] as [x1, y1, x2, y2] pixels whatever the data's "
+                    f"format, so {fmt} boxes are misread",
+                    "end the transform with T.ConvertBoundingBoxFormat('XYXY') (or torchvision.ops.box_convert(boxes, "
+                    f"'{fmt}', 'xyxy'))",
+                )
+            )
+    # 2. the data against its declared format
+    groups: dict[tuple[str, bool], list[V.Item]] = {}
+    for it in det:
+        if it.box_format:
+            groups.setdefault((it.box_format, False), []).append(it)  # BoundingBoxes/COCO: pixels
+        elif given is not None:
+            groups.setdefault(given, []).append(it)
+        elif tv_det:
+            groups.setdefault(("xyxy", False), []).append(it)
+        else:
+            verdict.unknown.append(it)
+    for (fmt, normalized), items in groups.items():
+        ok, total, bad = _validity(items, fmt, normalized, tol)
+        src = items[0].format_source or (
+            f"dlcheck_box_format={box_format!r}"
+            if given is not None
+            else f"{type(model).__name__}, which reads target['boxes'] as xyxy"
+        )
+        label = _fmt_label(fmt, normalized)
+        if (total - ok) / max(total, 1) > max_invalid:
+            fits = []
+            for cf, cn in CANDIDATES:
+                if (cf, cn) == (fmt, normalized):
+                    continue
+                c_ok, c_total, _ = _validity(items, cf, cn, tol)
+                fits.append((c_ok / max(c_total, 1), cf, cn))
+            fits.sort(key=lambda x: (-x[0], x[2] != normalized, V.BOX_FORMATS.index(x[1])))
+            full = [f for f in fits if f[0] == 1.0]
+            ev = [f"{total - ok} of {total} sampled boxes are invalid read as {label} (declared by {src}):"]
+            for it, raw, why in bad[:3]:
+                h, w = it.size or ("?", "?")
+                ev.append(f"  {it.where}: box {V.fmt_box(raw)} on a {w}×{h} image: {why}")
+            if full:
+                best = full[0]
+                ev.append(
+                    f"these look like {_fmt_label(best[1], best[2])}: all {total} boxes are valid read that way"
+                    + (f" (also as {', '.join(_fmt_label(f[1], f[2]) for f in full[1:])})" if len(full) > 1 else "")
+                )
+                real = best[1]
+                cause = (
+                    f"the boxes are [{'x, y, w, h' if real == 'xywh' else 'cx, cy, w, h' if real == 'cxcywh' else 'x1, y1, x2, y2'}]"
+                    f"{' in [0, 1]' if best[2] else ''} but are read as {label}"
+                )
+                if best[2] and not normalized:
+                    fix = (
+                        "scale them to pixels (boxes * [W, H, W, H]) and convert with torchvision.ops.box_convert(boxes, "
+                        f"'{real}', '{fmt}')"
+                        if real != fmt
+                        else "scale them to pixels: boxes * torch.tensor([W, H, W, H])"
+                    )
+                else:
+                    fix = (
+                        f"convert them: torchvision.ops.box_convert(boxes, '{real}', '{fmt}'), or wrap them as "
+                        f"tv_tensors.BoundingBoxes(boxes, format='{real.upper()}', canvas_size=(H, W)) and add "
+                        f"T.ConvertBoundingBoxFormat('{fmt.upper()}')"
+                    )
+                    if given is not None and not tv_det:
+                        fix += f"; or declare dlcheck_box_format = {real!r}"
+            else:
+                ev.append(
+                    "no single format fits every box: "
+                    + ", ".join(f"{_fmt_label(f[1], f[2])} {100 * f[0]:.0f}%" for f in fits[:3])
+                )
+                cause = "some boxes are degenerate or outside their image: corrupt annotations, or boxes not moved with a resize/crop"
+                fix = (
+                    "drop degenerate boxes (T.SanitizeBoundingBoxes()), clamp them to the image "
+                    "(T.ClampBoundingBoxes()), and transform boxes together with the image (tv_tensors.BoundingBoxes)"
+                )
+            return BoxVerdict(failure=(ev, cause, fix))
+        verdict.judged = True
+        verdict.passed.append(
+            f"{total} boxes of {len(items)} sampled images are valid read as {label} (declared by {src}): "
+            f"x2 > x1, y2 > y1, inside the image ± {tol:g}"
+        )
+        if not normalized:
+            coords = [float(i.boxes.abs().max()) for i in items]
+            sizes = [min(i.size) for i in items if i.size]
+            if coords and max(coords) <= 1.0 + 1e-6 and sizes and min(sizes) >= 16:
+                it = items[0]
+                return BoxVerdict(
+                    failure=(
+                        [
+                            f"every coordinate of the {total} sampled boxes is <= 1.0 while the images are "
+                            f"{it.size[1]}×{it.size[0]} or larger",
+                            f"  {it.where}: box {V.fmt_box(it.boxes[0])}",
+                        ],
+                        f"the boxes are normalised to [0, 1] but read as {fmt} in pixels: every box is a speck in the "
+                        "image's top-left corner",
+                        "scale them to pixels: boxes * torch.tensor([W, H, W, H]) (or declare a '-normalized' "
+                        "dlcheck_box_format for a model that takes normalised boxes)",
+                    )
+                )
+    return verdict
+
+
 @check(
     "V3",
     domain="vision",
@@ -133,117 +267,12 @@ def check_boxes_labels(dlcheck):
 
     det = [i for i in sample.of_kind("detection") if i.boxes is not None and len(i.boxes)]
     if det:
-        given = V.parse_box_format(dlcheck.role("box_format"))
-        # 1. a format that the model cannot read
-        if tv_det:
-            other = sorted({i.box_format for i in det if i.box_format and i.box_format != "xyxy"})
-            declared_other = given is not None and not any(i.box_format for i in det) and given[0] != "xyxy"
-            if other or declared_other:
-                fmt = other[0] if other else given[0]
-                src = "tv_tensors.BoundingBoxes(format=" + fmt.upper() + ")" if other else f"dlcheck_box_format={fmt!r}"
-                it = next((i for i in det if i.box_format == fmt), det[0])
-                dlcheck.fail(
-                    [
-                        f"{len(det)} sampled targets carry boxes as {src}; {type(model).__name__} reads target['boxes'] "
-                        f"as absolute xyxy",
-                        f"{it.where}: box {V.fmt_box(it.boxes[0])} on a {it.size[1]}×{it.size[0]} image",
-                    ],
-                    f"torchvision detection models take target['boxes'] as [x1, y1, x2, y2] pixels whatever the data's "
-                    f"format, so {fmt} boxes are misread",
-                    "end the transform with T.ConvertBoundingBoxFormat('XYXY') (or torchvision.ops.box_convert(boxes, "
-                    f"'{fmt}', 'xyxy'))",
-                )
-        # 2. the data against its declared format
-        groups: dict[tuple[str, bool], list[V.Item]] = {}
-        unknown = []
-        for it in det:
-            if it.box_format:
-                groups.setdefault((it.box_format, False), []).append(it)  # BoundingBoxes/COCO: pixels
-            elif given is not None:
-                groups.setdefault(given, []).append(it)
-            elif tv_det:
-                groups.setdefault(("xyxy", False), []).append(it)
-            else:
-                unknown.append(it)
-        for (fmt, normalized), items in groups.items():
-            judged = True
-            ok, total, bad = _validity(items, fmt, normalized, tol)
-            src = items[0].format_source or (
-                f"dlcheck_box_format={dlcheck.role('box_format')!r}"
-                if given is not None
-                else f"{type(model).__name__}, which reads target['boxes'] as xyxy"
-            )
-            label = _fmt_label(fmt, normalized)
-            if (total - ok) / max(total, 1) > dlcheck.setting("max_invalid_share"):
-                fits = []
-                for cf, cn in CANDIDATES:
-                    if (cf, cn) == (fmt, normalized):
-                        continue
-                    c_ok, c_total, _ = _validity(items, cf, cn, tol)
-                    fits.append((c_ok / max(c_total, 1), cf, cn))
-                fits.sort(key=lambda x: (-x[0], x[2] != normalized, V.BOX_FORMATS.index(x[1])))
-                full = [f for f in fits if f[0] == 1.0]
-                ev = [f"{total - ok} of {total} sampled boxes are invalid read as {label} (declared by {src}):"]
-                for it, raw, why in bad[:3]:
-                    h, w = it.size or ("?", "?")
-                    ev.append(f"  {it.where}: box {V.fmt_box(raw)} on a {w}×{h} image: {why}")
-                if full:
-                    best = full[0]
-                    ev.append(
-                        f"these look like {_fmt_label(best[1], best[2])}: all {total} boxes are valid read that way"
-                        + (f" (also as {', '.join(_fmt_label(f[1], f[2]) for f in full[1:])})" if len(full) > 1 else "")
-                    )
-                    real = best[1]
-                    cause = (
-                        f"the boxes are [{'x, y, w, h' if real == 'xywh' else 'cx, cy, w, h' if real == 'cxcywh' else 'x1, y1, x2, y2'}]"
-                        f"{' in [0, 1]' if best[2] else ''} but are read as {label}"
-                    )
-                    if best[2] and not normalized:
-                        fix = (
-                            "scale them to pixels (boxes * [W, H, W, H]) and convert with torchvision.ops.box_convert(boxes, "
-                            f"'{real}', '{fmt}')"
-                            if real != fmt
-                            else "scale them to pixels: boxes * torch.tensor([W, H, W, H])"
-                        )
-                    else:
-                        fix = (
-                            f"convert them: torchvision.ops.box_convert(boxes, '{real}', '{fmt}'), or wrap them as "
-                            f"tv_tensors.BoundingBoxes(boxes, format='{real.upper()}', canvas_size=(H, W)) and add "
-                            f"T.ConvertBoundingBoxFormat('{fmt.upper()}')"
-                        )
-                        if given is not None and not tv_det:
-                            fix += f"; or declare dlcheck_box_format = {real!r}"
-                else:
-                    ev.append(
-                        "no single format fits every box: "
-                        + ", ".join(f"{_fmt_label(f[1], f[2])} {100 * f[0]:.0f}%" for f in fits[:3])
-                    )
-                    cause = "some boxes are degenerate or outside their image: corrupt annotations, or boxes not moved with a resize/crop"
-                    fix = (
-                        "drop degenerate boxes (T.SanitizeBoundingBoxes()), clamp them to the image "
-                        "(T.ClampBoundingBoxes()), and transform boxes together with the image (tv_tensors.BoundingBoxes)"
-                    )
-                dlcheck.fail(ev, cause, fix)
-            passed.append(
-                f"{total} boxes of {len(items)} sampled images are valid read as {label} (declared by {src}): "
-                f"x2 > x1, y2 > y1, inside the image ± {tol:g}"
-            )
-            if not normalized:
-                coords = [float(i.boxes.abs().max()) for i in items]
-                sizes = [min(i.size) for i in items if i.size]
-                if coords and max(coords) <= 1.0 + 1e-6 and sizes and min(sizes) >= 16:
-                    it = items[0]
-                    dlcheck.fail(
-                        [
-                            f"every coordinate of the {total} sampled boxes is <= 1.0 while the images are "
-                            f"{it.size[1]}×{it.size[0]} or larger",
-                            f"  {it.where}: box {V.fmt_box(it.boxes[0])}",
-                        ],
-                        f"the boxes are normalised to [0, 1] but read as {fmt} in pixels: every box is a speck in the "
-                        "image's top-left corner",
-                        "scale them to pixels: boxes * torch.tensor([W, H, W, H]) (or declare a '-normalized' "
-                        "dlcheck_box_format for a model that takes normalised boxes)",
-                    )
+        verdict = box_verdict(det, model, dlcheck.role("box_format"), tol, dlcheck.setting("max_invalid_share"))
+        if verdict.failure is not None:
+            dlcheck.fail(*verdict.failure)
+        judged = verdict.judged
+        passed += verdict.passed
+        unknown = verdict.unknown
         # 3. labels of detection targets
         values = [int(v) for i in det if i.labels is not None for v in i.labels.tolist()]
         if values and n_classes is not None:

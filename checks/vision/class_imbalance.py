@@ -23,11 +23,48 @@ def _balancing(loss_fn: Any, loader: Any) -> str | None:
     return None
 
 
+def _own_loss(dlcheck: Any) -> tuple[str | None, str | None]:
+    """Without dlcheck_loss_fn, a transformers Trainer trains with the model's own loss: (what that loss is,
+    when it is a plain unweighted cross-entropy; why the loss cannot be seen, when the trainer replaces it)."""
+    from ...roles import is_hf_trainer
+
+    trainer = dlcheck.role("trainer")
+    if trainer is MISSING or not is_hf_trainer(trainer):
+        return None, None
+    from transformers import Trainer
+
+    cls = type(trainer)
+    if getattr(trainer, "compute_loss_func", None) is not None:
+        return None, f"dlcheck_trainer was given compute_loss_func={V.short(trainer.compute_loss_func, 60)}"
+    for name in ("compute_loss", "_get_train_sampler", "get_train_dataloader"):
+        if getattr(cls, name, None) is not getattr(Trainer, name, None):
+            return None, f"dlcheck_trainer's class {cls.__name__} overrides {name}"
+    model = trainer.model
+    cfg = getattr(model, "config", None)
+    problem = getattr(cfg, "problem_type", None)
+    if (
+        cfg is None
+        or not type(model).__name__.endswith("ForImageClassification")
+        or not isinstance(getattr(cfg, "num_labels", None), int)
+        or cfg.num_labels < 2
+        or problem not in (None, "single_label_classification")
+    ):
+        return None, None
+    smoothing = float(getattr(trainer.args, "label_smoothing_factor", 0.0) or 0.0)
+    return (
+        f"the loss is the model's own: {type(model).__name__} computes a cross-entropy on its logits from the "
+        f"labels (config.problem_type={problem!r}), unweighted: no class weights"
+        + (f" (label_smoothing_factor={smoothing:g} smooths it, unweighted too)" if smoothing else "")
+        + f"; {cls.__name__} has no compute_loss override or compute_loss_func",
+        None,
+    )
+
+
 @check(
     "V6",
     domain="vision",
     title="severe class imbalance trained with an unweighted loss",
-    optional_roles=("dataset", "dataloader", "loss_fn", "num_classes", "model"),
+    optional_roles=("dataset", "dataloader", "loss_fn", "num_classes", "model", "trainer"),
     settings=(
         Setting(
             "max_ratio",
@@ -57,7 +94,8 @@ def check_class_imbalance(dlcheck):
         through Subsets, or a datasets label column), else from up to 256 examples read at spread
         positions — and fails when the most frequent class outnumbers the least frequent by more than
         10:1 while dlcheck_loss_fn has no class weights (weight, pos_weight, alpha, focal loss) and the
-        dataloader does not sample with a WeightedRandomSampler.
+        dataloader does not sample with a WeightedRandomSampler. A transformers Trainer user without a loss
+        object is judged with the model's own loss (an image classifier's plain, unweighted cross-entropy).
     Why it is bad
         With 95 % of one class a model reaches 95 % accuracy by never predicting the other: the loss is
         dominated by the majority and the minority class, usually the one that matters, is not learned.
@@ -69,7 +107,9 @@ def check_class_imbalance(dlcheck):
         or a focal loss; report per-class recall / balanced accuracy.
     Known problems
         Classification only: pixel imbalance in segmentation and box imbalance in detection are normal
-        and left alone. Without dlcheck_loss_fn the check skips (it cannot see the weighting).
+        and left alone. Without dlcheck_loss_fn the check skips (it cannot see the weighting), except
+        for a transformers Trainer that trains a ``…ForImageClassification`` model with its own loss (no
+        compute_loss override, no compute_loss_func): that loss is a plain, unweighted cross-entropy.
         Imbalance handled by oversampling in the dataset itself is seen only through the labels drawn.
         Fewer than 40 labels (V6.min_labels) skip, even when they are the whole dataset.
     Not applicable
@@ -85,8 +125,12 @@ def check_class_imbalance(dlcheck):
             "reads one class id per example"
         )
     balancing = _balancing(loss_fn, loader)
-    if loss_fn is MISSING and not balancing:
-        dlcheck.skip("missing role: define fixture dlcheck_loss_fn in conftest.py (V6 reads its class weights)")
+    own, hidden = _own_loss(dlcheck) if loss_fn is MISSING else (None, None)
+    if loss_fn is MISSING and not balancing and own is None:
+        dlcheck.skip(
+            "missing role: define fixture dlcheck_loss_fn in conftest.py (V6 reads its class weights)"
+            + (f": {hidden}, so the loss it trains with is not visible" if hidden else "")
+        )
     labels, source, complete = V.label_population(dlcheck, sample, dlcheck.setting("label_samples"))
     min_labels = dlcheck.setting("min_labels")
     if len(labels) < min_labels:
@@ -129,6 +173,7 @@ def check_class_imbalance(dlcheck):
             head + (f" (limit {limit:g}:1)" if ratio <= limit else f", compensated: {balancing}"),
             f"label histogram over {source}: {hist}",
             *([f"compensated: {balancing}"] if balancing and ratio <= limit else []),
+            *([own] if own and not balancing else []),
             labels=total,
             ratio=round(ratio, 4),
             limit=limit,
@@ -143,11 +188,22 @@ def check_class_imbalance(dlcheck):
     ]
     if absent:
         evidence.append(f"classes never seen: {', '.join(map(str, absent[:10]))}")
-    loss_desc = type(loss_fn).__name__ + " with weight=None"
     sampler = type(getattr(loader, "sampler", None)).__name__ if loader is not MISSING else "no dlcheck_dataloader"
-    evidence.append(f"dlcheck_loss_fn is {loss_desc}; sampler: {sampler}")
     k = len(present)
     weights = [round(total / (k * present.get(c, 1)), 3) for c in range(max(present) + 1)]
+    if own is not None:
+        evidence.append(f"no dlcheck_loss_fn: {own}; sampler: the Trainer's own (no _get_train_sampler override)")
+        dlcheck.fail(
+            evidence,
+            "the model's own loss weighs every example equally, so the majority class dominates the gradient and "
+            "the model can score high accuracy by never predicting the rare class",
+            "subclass Trainer and override compute_loss(self, model, inputs, return_outputs=False, **kwargs): "
+            "labels = inputs.pop('labels'); outputs = model(**inputs); loss = nn.CrossEntropyLoss("
+            f"weight=torch.tensor({weights}, device=outputs.logits.device))(outputs.logits, labels) (inverse class "
+            "frequency), or pass Trainer(compute_loss_func=...) computing that weighted loss",
+        )
+    loss_desc = type(loss_fn).__name__ + " with weight=None"
+    evidence.append(f"dlcheck_loss_fn is {loss_desc}; sampler: {sampler}")
     dlcheck.fail(
         evidence,
         "the loss weighs every example equally, so the majority class dominates the gradient and the model "

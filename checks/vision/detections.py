@@ -6,8 +6,14 @@ import torch
 
 from ...errors import MISSING
 from ...guard import eval_mode, preserved_rng
-from ...registry import Setting, check
+from ...registry import Setting, check, load_checks
 from . import measure as V
+from .boxes_labels import box_verdict
+
+
+def _v3_setting(dlcheck: Any, name: str) -> Any:
+    """V3's setting (its --dlcheck-set override included): V4 judges the boxes exactly as V3 does."""
+    return dlcheck.state.setting(load_checks()["V3"], name)
 
 
 def _gt_xyxy(dlcheck: Any, it: V.Item) -> Any:
@@ -123,6 +129,8 @@ def check_detections(dlcheck):
         or resize the images so the objects match the default anchors.
     Known problems
         An untrained model with a moderate threshold may output nothing: that skips rather than fails.
+        When V3 finds the sampled boxes invalid for the model (degenerate, normalised, another format) V4
+        skips naming V3's cause: anchors fitted to such boxes would be meaningless.
         FCOS is anchor-free (anchor part skipped). Only torchvision detection models are inspected.
     Not applicable
         Models that are not torchvision detectors (classifiers, segmenters, language or diffusion models,
@@ -141,6 +149,22 @@ def check_detections(dlcheck):
     items = [i for i in sample.of_kind("detection") if i.image is not None and not i.pil and len(i.boxes)]
     if not items:
         dlcheck.skip(f"no sampled image with boxes in {sample.source}")
+    # V3 judges the same sampled boxes: when it names the root cause (boxes invalid, normalised, of a format the
+    # detector misreads), anchors fitted to those boxes would be advice on garbage ("anchors of size 0")
+    det = [i for i in sample.of_kind("detection") if i.boxes is not None and len(i.boxes)]
+    verdict = box_verdict(
+        det,
+        model,
+        dlcheck.role("box_format"),
+        _v3_setting(dlcheck, "edge_tolerance"),
+        _v3_setting(dlcheck, "max_invalid_share"),
+    )
+    if verdict.failure is not None:
+        _, cause, _ = verdict.failure
+        dlcheck.skip(
+            f"V3 names the root cause on the same boxes: {cause}; fix it first (see V3), then V4 can judge the "
+            "detections and anchors"
+        )
     items = items[: dlcheck.setting("max_images")]
     for it in items:
         xyxy = _gt_xyxy(dlcheck, it)

@@ -233,11 +233,57 @@ def _synthetic_trials(
     return bad, judged, kind
 
 
-def _flip_rereads(dlcheck: Any, ds: Any, items: list[V.Item], reads: int) -> tuple[list[str], list[str]]:
-    """Read the same example several times: an image that comes back mirrored while its target stays put
-    is a flip applied to the image only. Returns (evidence of such a flip, the examples compared)."""
+def _image_relation(a: Any, b: Any) -> tuple[str | None, float, float]:
+    """How read ``b`` of an image relates to read ``a``: 'same', mirrored 'horizontally' / 'vertically', or None
+    (another geometry, other sizes, or undecidable); with the correlations before and after flipping back."""
+    if a.shape != b.shape:
+        return None, 0.0, 0.0
+    x = a.double().flatten()
+
+    def corr(y: Any) -> float:
+        c = float(torch.corrcoef(torch.stack([x, y.double().flatten()]))[0, 1])
+        return c if c == c else 0.0  # a constant image gives nan
+
+    c_same = corr(b)
+    if c_same > 0.95:
+        return "same", c_same, c_same
+    for dim, name in ((-1, "horizontally"), (-2, "vertically")):
+        c_flip = corr(b.flip(dim))
+        if c_flip > 0.95 and c_same < 0.8:
+            return name, c_same, c_flip
+    return None, c_same, 0.0
+
+
+def _mask_relation(a: Any, b: Any) -> str | None:
+    """How read ``b`` of a mask relates to read ``a``: 'same', mirrored 'horizontally' / 'vertically', 'other',
+    or None when that cannot be told (other sizes, a mask symmetric under the flip)."""
+    if a.shape != b.shape:
+        return None
+
+    def agree(y: Any) -> float:
+        return float((a == y).double().mean())
+
+    same = agree(b)
+    for dim, name in ((-1, "horizontally"), (-2, "vertically")):
+        if agree(a.flip(dim)) >= 0.98:
+            continue  # symmetric under this flip: the flip cannot be seen
+        if agree(b.flip(dim)) >= 0.98 and same < 0.98:
+            return name
+    if same >= 0.98:
+        return "same" if agree(a.flip(-1)) < 0.98 or agree(a.flip(-2)) < 0.98 else None
+    return "other"
+
+
+def _flip_rereads(dlcheck: Any, ds: Any, items: list[V.Item], reads: int) -> tuple[list[str], list[str], bool]:
+    """Read the same example several times. An image that comes back mirrored while its target stays put is a
+    flip applied to the image only; a mask whose geometry relative to the first read differs from its image's
+    (the image mirrored and the mask not, or the reverse) gets its own random draw. Returns (evidence, the
+    examples compared, whether the evidence is of independent draws: the masks move too, on their own)."""
     role = "dataset" if dlcheck.has("dataset") else "dataloader"
     compared: list[str] = []
+    judged = mismatched = 0
+    moves = False  # some re-read's mask is not the first read's: the mask has a random draw of its own
+    shown: list[str] = []
     for it in items[:2]:
         if it.position is None:
             continue
@@ -248,31 +294,61 @@ def _flip_rereads(dlcheck: Any, ds: Any, items: list[V.Item], reads: int) -> tup
         base = got[0]
         if base.image is None or base.pil:
             continue
-        a = base.image.double().flatten()
+        name = f"dlcheck_{role}[{it.position}]" if role == "dataset" else f"dlcheck_dataloader.dataset[{it.position}]"
         pairs = 0
-        for other in got[1:]:
+        for k, other in enumerate(got[1:], start=1):
             if other.image is None or other.image.shape != base.image.shape:
                 continue
             pairs += 1
-            for dim, name in ((-1, "horizontally"), (-2, "vertically")):
-                b = other.image.double()
-                flipped = b.flip(dim).flatten()
-                c_same = float(torch.corrcoef(torch.stack([a, b.flatten()]))[0, 1])
-                c_flip = float(torch.corrcoef(torch.stack([a, flipped]))[0, 1])
-                if not (c_flip > 0.95 and c_same < 0.8):
-                    continue
+            rel, c_same, c_flip = _image_relation(base.image, other.image)
+            if rel in ("horizontally", "vertically") and (base.mask is None or other.mask is None):
                 same_target = _same_target(base, other)
                 if same_target:
-                    return [
-                        f"dlcheck_{role}[{it.position}] read {reads} times: one read is the other mirrored "
-                        f"{name} (correlation {c_flip:.2f} after flipping back, {c_same:.2f} before) but its "
-                        f"target is identical: {same_target}"
-                    ], compared
+                    return (
+                        [
+                            f"dlcheck_{role}[{it.position}] read {reads} times: one read is the other mirrored "
+                            f"{rel} (correlation {c_flip:.2f} after flipping back, {c_same:.2f} before) but its target is "
+                            f"identical: {same_target}"
+                        ],
+                        compared,
+                        False,
+                    )
+            if rel is None or base.mask is None or other.mask is None:
+                continue
+            mrel = _mask_relation(base.mask, other.mask)
+            if mrel is None:
+                continue
+            judged += 1
+            moves = moves or mrel != "same"
+            if mrel != rel:
+                mismatched += 1
+                img_says = "identical to" if rel == "same" else f"mirrored {rel} relative to"
+                mask_says = (
+                    "identical to"
+                    if mrel == "same"
+                    else f"mirrored {mrel} relative to"
+                    if mrel != "other"
+                    else "moved differently from"
+                )
+                shown.append(f"  {name} read {k}: the image is {img_says} read 0, the mask is {mask_says} read 0's")
         if pairs:
-            compared.append(
-                f"dlcheck_dataset[{it.position}]" if role == "dataset" else f"dlcheck_dataloader.dataset[{it.position}]"
-            )
-    return [], compared
+            compared.append(name)
+    if mismatched:
+        return (
+            [
+                f"{len(compared)} examples read {reads} times each: in {mismatched} of {judged} re-reads "
+                f"({100 * mismatched / judged:.0f}%) the mask no longer matches the image (the image's geometry "
+                "relative to the first read differs from the mask's)",
+                *shown[:3],
+            ],
+            compared,
+            moves,
+        )
+    if judged:
+        compared = [
+            c + f" ({judged} re-reads: every mask moved exactly as its image)" for c in compared[:1]
+        ] + compared[1:]
+    return [], compared, False
 
 
 def _plain_mask(target: Any) -> bool:
@@ -329,15 +405,18 @@ def check_geometric_target(dlcheck):
         a Mask…), passes both 8 times (seeded) through the joint train transform (dlcheck_train_transform,
         or the dataset's torchvision ``transforms``, a StandardTransform when transform/target_transform
         were given separately), finds the object in each output image and fails when its transformed
-        box or mask no longer covers it (IoU < 0.5). Also re-reads one sampled example 6 times and fails
-        when the image comes back mirrored while the target stays identical (a custom dataset flipping
-        only the image).
+        box or mask no longer covers it (IoU < 0.5). Also re-reads two sampled examples 6 times each and
+        fails when the image comes back mirrored while the target stays identical (a custom dataset flipping
+        only the image), or when a mask's geometry relative to the first read differs from its image's
+        (the same random transform called once on the image and once on the mask: two draws), giving the
+        share of re-reads whose mask no longer matches the image.
     Why it is bad
         A flip applied to the image only teaches the detector that objects sit where they are not: half
         the training boxes are wrong, silently. The same happens to plain-tensor boxes with transforms v2
         (they pass through untouched) and to masks not wrapped as tv_tensors.Mask.
     Example
         VOCDetection(root, transform=T.RandomHorizontalFlip())     # image only; boxes stay
+        img, mask = flip(img), flip(mask)    # v1 RandomHorizontalFlip called twice: two random draws
         target = {"boxes": torch.tensor(boxes), ...}; T.RandomHorizontalFlip()(img, target)   # plain boxes untouched
     Use instead
         a joint transform: dataset(transforms=T.Compose([T.RandomHorizontalFlip(), ...])) with boxes wrapped as
@@ -345,8 +424,9 @@ def check_geometric_target(dlcheck):
         (or torchvision.datasets.wrap_dataset_for_transforms_v2(dataset)).
     Known problems
         A custom dataset whose transform attribute is applied to the image only cannot be told from a joint
-        one by calling it; only the re-read test sees its flips (not its crops). A transform that rejects a
-        PIL image with the synthetic target skips.
+        one by calling it; only the re-read test sees its flips (not its crops: a random crop drawn
+        separately for image and mask is not seen). A transform that rejects a PIL image with the synthetic
+        target skips.
     Not applicable
         Classification (a class label does not move with the image), data without targets (a diffusion or
         self-supervised training), vision-language batches, and data without images.
@@ -444,7 +524,7 @@ def check_geometric_target(dlcheck):
         positioned = [i for i in spatial if i.position is not None]
         if not positioned:  # sampled from the dataloader: take the first examples of its dataset
             positioned = [V.Item(None, None, "", p) for p in range(min(2, len(ds)))]
-        reread, compared = dlcheck.memo(
+        reread, compared, independent = dlcheck.memo(
             ds, "vision:V8:reread", lambda: _flip_rereads(dlcheck, ds, positioned, dlcheck.setting("rereads"))
         )
         if compared or reread:
@@ -454,7 +534,20 @@ def check_geometric_target(dlcheck):
                 f"{', '.join(compared)} read {dlcheck.setting('rereads')} times each: no read is another mirrored "
                 "with its target left identical"
             )
-        if reread:
+        if reread and independent:
+            evidence += reread
+            cause = (
+                "the image and its mask get separate random draws: the same random transform is called once on the "
+                "image and once on the mask (torchvision.transforms v1 draws anew on every call), so they flip and "
+                "crop independently"
+            )
+            fix = (
+                "call one torchvision v2 transform on both, so one draw moves them together: "
+                "img, mask = transforms(img, tv_tensors.Mask(mask)) with transforms = T.Compose([...]) from "
+                "torchvision.transforms.v2 (v1: draw once yourself, e.g. if random.random() < 0.5: "
+                "img, mask = TF.hflip(img), TF.hflip(mask))"
+            )
+        elif reread:
             evidence += reread
             cause = "the dataset flips the image but not its boxes/masks"
             fix = (

@@ -498,6 +498,8 @@ class Stats:
     max: float
     dtype: str
     n: int
+    cmin: list[float] = field(default_factory=list)  # per channel
+    cmax: list[float] = field(default_factory=list)
 
     @property
     def absmax(self) -> float:
@@ -532,7 +534,16 @@ def channel_stats(images: list[Any]) -> Stats | None:
     imgs = [i for i in imgs if i.shape[0] == c]
     dtype = str(imgs[0].dtype).removeprefix("torch.")
     flat = torch.cat([i.detach().to("cpu", torch.float64).reshape(c, -1) for i in imgs], dim=1)
-    return Stats(flat.mean(1).tolist(), flat.std(1).tolist(), float(flat.min()), float(flat.max()), dtype, len(imgs))
+    return Stats(
+        flat.mean(1).tolist(),
+        flat.std(1).tolist(),
+        float(flat.min()),
+        float(flat.max()),
+        dtype,
+        len(imgs),
+        flat.min(1).values.tolist(),
+        flat.max(1).values.tolist(),
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -786,6 +797,14 @@ def declared_normalization(ctx: Any) -> Declared | None:
                 f"{type(proc).__name__}.image_mean/image_std",
             )
     if model is not MISSING:
+        saved = ctx.memo(model, "vision:saved-image-processor", lambda: saved_image_processor(model))
+        if saved is not None:
+            proc, where = saved
+            return Declared(
+                list(map(float, _seq(proc.image_mean))),
+                list(map(float, _seq(proc.image_std))),
+                f"{type(proc).__name__}.image_mean/image_std saved with the model ({where})",
+            )
         cfg = getattr(model, "pretrained_cfg", None)
         if isinstance(cfg, Mapping) and cfg.get("mean") is not None and cfg.get("std") is not None:
             tag = cfg.get("architecture", "") + ("." + cfg["tag"] if cfg.get("tag") else "")
@@ -795,6 +814,42 @@ def declared_normalization(ctx: Any) -> Declared | None:
                 f"timm pretrained_cfg of {tag or type(model).__name__}",
             )
     return None
+
+
+def saved_image_processor(model: Any) -> tuple[Any, str] | None:
+    """The image processor saved beside a transformers model (``preprocessor_config.json`` in the directory
+    or cached hub snapshot it was loaded from), read offline: (processor, where), or None. Only a processor
+    that normalises counts."""
+    import os
+
+    cfg = getattr(model, "config", None)
+    path = getattr(cfg, "_name_or_path", None) or getattr(model, "name_or_path", None)
+    if not isinstance(path, str) or not path or not type(model).__module__.startswith("transformers."):
+        return None
+    name = "preprocessor_config.json"
+    if os.path.isfile(os.path.join(path, name)):
+        folder, where = path, os.path.join(path, name)
+    else:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(path, name)  # a look in the local cache, never the network
+        except Exception:  # noqa: BLE001 - not a hub id
+            return None
+        if not isinstance(found, str):
+            return None
+        folder, where = os.path.dirname(found), f"{name} of {path} in the hub cache"
+    try:
+        from transformers import AutoImageProcessor
+
+        proc = AutoImageProcessor.from_pretrained(folder, local_files_only=True)
+    except Exception:  # noqa: BLE001 - a config transformers cannot read as an image processor
+        return None
+    if getattr(proc, "image_mean", None) is None or getattr(proc, "image_std", None) is None:
+        return None
+    if not getattr(proc, "do_normalize", True):
+        return None
+    return proc, where
 
 
 def head_classes(model: Any) -> tuple[int | None, str]:

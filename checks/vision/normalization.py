@@ -59,6 +59,19 @@ def _split(dlcheck: Any, name: str) -> Split | None:
     return None
 
 
+def _in_unit(s: Split) -> bool:
+    return s.stats.min >= -1e-6 and s.stats.max <= 1.0 + 1e-6
+
+
+def _eval_unnormalised(fix: str) -> tuple[str, str]:
+    return (
+        "your eval images are not normalised: the train inputs are, the eval inputs stay in [0, 1], so the model is "
+        "evaluated on inputs shifted from everything it trained on",
+        f"add the train pipeline's normalisation to the eval transform: {fix} after ToDtype(torch.float32, "
+        "scale=True) (define the stats once and use them in both)",
+    )
+
+
 def _unscaled_cause(tf: Any) -> tuple[str, str]:
     leaves = [type(t).__name__ for t in V.walk_transforms(tf)] if tf is not MISSING else []
     dtypes = [t for t in V.walk_transforms(tf) if type(t).__name__ == "ToDtype"] if tf is not MISSING else []
@@ -72,6 +85,70 @@ def _unscaled_cause(tf: Any) -> tuple[str, str]:
     if ("ToImage" in leaves or "PILToTensor" in leaves) and not dtypes and "ConvertImageDtype" not in leaves:
         return ("ToImage()/PILToTensor() give uint8 tensors in 0–255 and nothing scales them to [0, 1]", fix)
     return ("the images reach the model as raw 0–255 pixel values: no step scales them to [0, 1]", fix)
+
+
+def _undo(stats: Any, mean: list[float], std: list[float]) -> tuple[list[float], list[float]] | None:
+    """Per-channel pixel range the inputs come from if they were normalised with (mean, std)."""
+    c = len(stats.cmin)
+    if not c:
+        return None
+    if len(mean) == 1 or len(std) == 1:
+        mean, std = mean * c if len(mean) == 1 else mean, std * c if len(std) == 1 else std
+    if len(mean) != c or len(std) != c:
+        return None
+    lo = [x * sd + m for x, m, sd in zip(stats.cmin, mean, std)]
+    hi = [x * sd + m for x, m, sd in zip(stats.cmax, mean, std)]
+    return lo, hi
+
+
+def _implied(stats: Any) -> tuple[list[float], list[float]] | None:
+    """The Normalize(mean, std) that maps [0, 1] pixels spanning the whole range onto the measured per-channel
+    range: what the inputs look normalised with."""
+    if not stats.cmin or any(hi - lo <= 1e-6 for lo, hi in zip(stats.cmin, stats.cmax)):
+        return None
+    std = [1.0 / (hi - lo) for lo, hi in zip(stats.cmin, stats.cmax)]
+    return [-lo * sd for lo, sd in zip(stats.cmin, std)], std
+
+
+def _channels(lo: list[float], hi: list[float]) -> str:
+    names = "RGB" if len(lo) == 3 else [f"c{i}" for i in range(len(lo))]
+    return ", ".join(f"{n} {a:.2f} to {b:.2f}" for n, a, b in zip(names, lo, hi))
+
+
+def _judge_hidden(s: Split, declared: Any, band: float, min_span: float) -> tuple[list[str], str] | None:
+    """Inputs normalised without a reachable Normalize (a ``with_transform`` function, a closure): undo the
+    declared normalisation on the measured per-channel range; ([evidence], what is wrong) when [0, 1] pixels
+    cannot give these inputs, None when they can (or there is nothing to measure)."""
+    undone = _undo(s.stats, declared.mean, declared.std)
+    if undone is None:
+        return None
+    lo, hi = undone
+    span = max(b - a for a, b in zip(lo, hi))
+    outside = min(lo) < -band or max(hi) > 1 + band
+    if not outside and span >= min_span:
+        return None
+    evidence = [
+        f"{s.name}: no Normalize object in the {s.name} pipeline (normalised in a function?); measured per-channel "
+        f"mean ({V.fmt_seq(s.stats.mean)}) std ({V.fmt_seq(s.stats.std)}), range {_channels(s.stats.cmin, s.stats.cmax)}",
+        f"the model declares mean=({V.fmt_seq(declared.mean)}) std=({V.fmt_seq(declared.std)}) ({declared.source}): "
+        f"undone with these, the inputs come from pixels {_channels(lo, hi)}",
+    ]
+    if outside:
+        what = f"outside [0, 1] (beyond ± {band:g}): [0, 1] images normalised with these statistics cannot give them"
+    else:
+        what = (
+            f"a span of at most {span:.2f} in any channel (V1.min_pixel_span {min_span:g}): the inputs are squeezed, "
+            "normalised with a larger std than declared"
+        )
+    evidence[-1] += f" — {what}"
+    implied = _implied(s.stats)
+    if implied is not None:
+        evidence.append(
+            f"the inputs fit Normalize(mean≈({', '.join(f'{v:.2f}' for v in implied[0])}), "
+            f"std≈({', '.join(f'{v:.2f}' for v in implied[1])})) of pixels "
+            "spanning [0, 1]"
+        )
+    return evidence, what
 
 
 @check(
@@ -116,6 +193,20 @@ def _unscaled_cause(tf: Any) -> tuple[str, str]:
             "image processor, torchvision weights); turn off for a from-scratch model",
         ),
         Setting(
+            "pixel_range_tolerance",
+            0.1,
+            "without a Normalize object, inputs undone with the declared mean/std may leave [0, 1] by this much "
+            "(resampling overshoot) before they count as normalised with other statistics; ImageNet-normalised "
+            "inputs undone with 0.5/0.5 reach -0.56 and 1.82",
+        ),
+        Setting(
+            "min_pixel_span",
+            0.5,
+            "without a Normalize object, the per-channel range of the inputs undone with the declared "
+            "mean/std must span this much of [0, 1] in some channel: a few photos span nearly all of it, "
+            "0.5/0.5-normalised inputs undone with ImageNet statistics span 0.46",
+        ),
+        Setting(
             "diffusion_range_tolerance",
             0.05,
             "a diffusion training's pixels may exceed [-1, 1] by this much (resampling overshoot) "
@@ -134,7 +225,12 @@ def check_normalization(dlcheck):
         when the Normalize mean/std differ from what the model declares (timm ``pretrained_cfg``, a
         transformers image processor, ``dlcheck_weights.transforms()``), when a torchvision detector —
         which normalises internally — gets already-normalised inputs, when a model that declares stats
-        gets un-normalised [0, 1] inputs, and when train and eval normalise differently.
+        gets un-normalised [0, 1] inputs, and when train and eval normalise differently (an eval transform
+        without the train transform's Normalize: "your eval images are not normalised"). When no Normalize
+        object is reachable (a ``dataset.with_transform(fn)`` function, a closure) the measured per-channel
+        range is undone with the declared mean/std: inputs that [0, 1] pixels cannot give (outside [0, 1],
+        or squeezed into half of it) were normalised with other statistics. The declared statistics also
+        come from the image processor saved beside a transformers model (its ``preprocessor_config.json``).
     Why it is bad
         ``ToImage()`` gives uint8 and ``ToDtype(torch.float32)`` without ``scale=True`` keeps 0–255, so
         Normalize produces values in the hundreds: a pretrained backbone sees saturated garbage, and a
@@ -154,7 +250,9 @@ def check_normalization(dlcheck):
         declares its pretrained tag's stats: set V1.compare_declared=false when training from scratch
         with other stats. Needs tensor images from the data or a transform that accepts a PIL image.
         Without a declared normalisation (a model from scratch, no image processor or weights) only the
-        scale and the train/eval agreement are judged.
+        scale and the train/eval agreement are judged. Without a Normalize object the statistics are
+        inferred from the measured range, assuming the pixels span most of [0, 1]: data of very low
+        contrast can trip V1.min_pixel_span, and statistics close to the declared ones pass.
     Not applicable
         Data without images (token batches of a language model, tabular rows, RL observations), and a
         diffusion training whose batches hold precomputed latents rather than pixels (DF3 judges those).
@@ -184,6 +282,15 @@ def check_normalization(dlcheck):
                 f"a diffusion training ({diffusion}) whose sampled tensors have {'/'.join(map(str, sorted(channels)))} "
                 "channels: precomputed latents, not pixels (DF3 judges the latent scale)"
             )
+
+    by = {s.name: s for s in splits}
+    tr0 = by.get("train")
+    train_normalised = ""  # the train inputs are normalised: the evidence line, when they are
+    if tr0 is not None and tr0.stats.absmax <= limit:
+        if tr0.norm is not None:
+            train_normalised = f"the train transform applies Normalize(mean=({V.fmt_seq(tr0.norm[0])}), std=({V.fmt_seq(tr0.norm[1])}))"
+        elif tr0.stats.min < -0.01:
+            train_normalised = f"the train inputs are normalised (range {tr0.stats.min:.3g} to {tr0.stats.max:.3g})"
 
     for s in splits:
         if s.stats.absmax > limit:
@@ -296,32 +403,75 @@ def check_normalization(dlcheck):
                     )
                 continue
             identity = _close(declared.mean, [0.0], 1e-6) and _close(declared.std, [1.0], 1e-6)
-            if not identity and s.stats.min >= -1e-6 and s.stats.max <= 1.0 + 1e-6 and s.real:
+            norm_fix = (
+                f"T.Normalize(mean={[round(v, 4) for v in declared.mean]}, std={[round(v, 4) for v in declared.std]})"
+            )
+            hidden = (
+                None
+                if identity or _in_unit(s)
+                else _judge_hidden(
+                    s, declared, dlcheck.setting("pixel_range_tolerance"), dlcheck.setting("min_pixel_span")
+                )
+            )
+            if not identity and _in_unit(s) and s.real:
                 evidence.append(stats_line(s))
                 evidence.append(
                     f"the inputs are in [0, 1], not normalised; the model expects mean=({V.fmt_seq(declared.mean)}) "
                     f"std=({V.fmt_seq(declared.std)}) ({declared.source})"
                 )
+                if s.name == "eval" and train_normalised:
+                    evidence.append(train_normalised)
+                    problems.append(_eval_unnormalised(norm_fix))
+                else:
+                    problems.append(
+                        (
+                            "the images are scaled to [0, 1] but never normalised with the backbone's statistics",
+                            f"append {norm_fix} to the train and eval transforms (a with_transform function: "
+                            "normalise with image_processor.image_mean / image_std there)",
+                        )
+                    )
+            elif hidden is not None:
+                evidence += hidden[0]
                 problems.append(
                     (
-                        "the images are scaled to [0, 1] but never normalised with the backbone's statistics",
-                        f"append T.Normalize(mean={[round(v, 4) for v in declared.mean]}, "
-                        f"std={[round(v, 4) for v in declared.std]}) to the train and eval transforms",
+                        f"the {s.name} inputs are normalised with other statistics than the model declares, so "
+                        "every input feature is shifted and scaled from what the backbone was pretrained on",
+                        f"normalise with the declared statistics: {norm_fix} (with an image processor: "
+                        "Normalize(mean=image_processor.image_mean, std=image_processor.image_std) in the "
+                        "with_transform function, or image_processor(images, return_tensors='pt'))",
                     )
                 )
             else:
+                undone = _undo(s.stats, declared.mean, declared.std)
                 judged.append(
                     f"{s.name}: no Normalize transform to compare with the model's mean=({V.fmt_seq(declared.mean)}) "
                     f"std=({V.fmt_seq(declared.std)}) ({declared.source}); the inputs are not raw [0, 1] "
                     f"(range {s.stats.min:.3g} to {s.stats.max:.3g})"
+                    + (
+                        f"; undone with the declared statistics they come from pixels {_channels(*undone)}, within "
+                        f"[0, 1] (± {dlcheck.setting('pixel_range_tolerance'):g})"
+                        if undone is not None and not identity
+                        else ""
+                    )
                 )
         elif declared is not None:
             judged.append(f"{s.name}: the comparison with {declared.source} is off (V1.compare_declared=false)")
 
-    by = {s.name: s for s in splits}
     tr, ev = by.get("train"), by.get("eval")
     if tr is not None and ev is not None and not problems:
-        if tr.norm is not None and ev.norm is not None:
+        if train_normalised and ev.norm is None and _in_unit(ev):
+            evidence.append(train_normalised)
+            evidence.append(stats_line(tr))
+            evidence.append(stats_line(ev))
+            if ev.transform is not MISSING:
+                evidence.append(f"eval transform: {V.pipeline(V.image_transform(ev.transform))} (no Normalize)")
+            fix = (
+                f"T.Normalize(mean={[round(v, 4) for v in tr.norm[0]]}, std={[round(v, 4) for v in tr.norm[1]]})"
+                if tr.norm is not None
+                else "the train pipeline's Normalize(mean, std)"
+            )
+            problems.append(_eval_unnormalised(fix))
+        elif tr.norm is not None and ev.norm is not None:
             if not (_close(tr.norm[0], ev.norm[0], tol) and _close(tr.norm[1], ev.norm[1], tol)):
                 evidence.append(
                     f"train transform Normalize(mean=({V.fmt_seq(tr.norm[0])}), std=({V.fmt_seq(tr.norm[1])}))"

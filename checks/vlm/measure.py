@@ -437,6 +437,9 @@ class Forward:
     logits: torch.Tensor | None
     error: BaseException | None
     projected: torch.Tensor | None
+    #: the language model's input embeddings (B, T, H) as it received them (image features scattered in,
+    #: after any rescaling the model applies past the projector), when the language model was found
+    lm_inputs: torch.Tensor | None = None
 
 
 def _logits(out: Any) -> torch.Tensor:
@@ -450,8 +453,26 @@ def _logits(out: Any) -> torch.Tensor:
     return logits
 
 
+def language_module(model: Any) -> Any:
+    """The language model a transformers VLM feeds its merged embeddings to (``model.language_model`` or
+    ``model.model.language_model``), or None."""
+    for owner in (model, getattr(model, "model", None)):
+        try:
+            lm = getattr(owner, "language_model", None)
+        except Exception:
+            lm = None
+        if isinstance(lm, torch.nn.Module):
+            return lm
+    return None
+
+
 def run_forward(
-    model: Any, batch: Mapping[str, Any], projector: Any = None, positions: torch.Tensor | None = None, **replace: Any
+    model: Any,
+    batch: Mapping[str, Any],
+    projector: Any = None,
+    positions: torch.Tensor | None = None,
+    lm_module: Any = None,
+    **replace: Any,
 ) -> Forward:
     """Eval mode, no grad, the model left as it was; ``replace`` overrides batch keys (pixel_values).
     With ``positions`` (a (B, T) mask) only the logits there are kept, (N, V): a 32k vocabulary makes
@@ -465,7 +486,17 @@ def run_forward(
         if isinstance(out, torch.Tensor):
             captured.append(out.detach().float().cpu())
 
+    lm_inputs: list[torch.Tensor] = []
+
+    def pre_hook(_module: Any, args: Any, kwargs: Any) -> None:
+        emb = kwargs.get("inputs_embeds")
+        if emb is None and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+            emb = args[0]
+        if isinstance(emb, torch.Tensor) and not lm_inputs:
+            lm_inputs.append(emb.detach().float().cpu())
+
     handle = projector.register_forward_hook(hook) if projector is not None else None
+    lm_handle = lm_module.register_forward_pre_hook(pre_hook, with_kwargs=True) if lm_module is not None else None
     try:
         with eval_mode(model):
             try:
@@ -480,7 +511,14 @@ def run_forward(
     finally:
         if handle is not None:
             handle.remove()
-    return Forward(logits, error, torch.cat([c.reshape(-1, c.shape[-1]) for c in captured]) if captured else None)
+        if lm_handle is not None:
+            lm_handle.remove()
+    return Forward(
+        logits,
+        error,
+        torch.cat([c.reshape(-1, c.shape[-1]) for c in captured]) if captured else None,
+        lm_inputs[0] if lm_inputs else None,
+    )
 
 
 def error_text(error: BaseException) -> str:
@@ -515,7 +553,13 @@ def baseline(
 
     def make() -> list[Forward]:
         return [
-            run_forward(model, b, projector, positions=text_after_image(b, image_id) if image_id is not None else None)
+            run_forward(
+                model,
+                b,
+                projector,
+                positions=text_after_image(b, image_id) if image_id is not None else None,
+                lm_module=language_module(model),
+            )
             for b in chosen
         ]
 

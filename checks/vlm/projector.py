@@ -43,12 +43,16 @@ def _embedding(model: Any) -> tuple[str, Any] | None:
     settings=(
         Setting(
             "max_scale_ratio",
-            100.0,
-            "the projected image tokens' mean norm may differ from the text token "
-            "embeddings' mean norm by up to this factor either way; measured on tiny Llavas (5 seeds): 0.52-0.61× with "
-            "transformers' initialisation, 9.7-15.5× with a hand-written nn.Linear projector (PyTorch's default init), "
-            "0× when zeroed; trained LLaVA projectors sit several times above their LM's embeddings; beyond 100× "
-            "one kind of token drowns the other in the LM's first layers",
+            40.0,
+            "the projected image tokens' mean norm may differ from the text token embeddings' mean norm by up to "
+            "this factor either way. Measured on tiny Llavas (CLIP tower, 2-layer Llama, 5 seeds, LM width 64/256/"
+            "1024): transformers' initialisation 0.52-0.62x / 1.0-1.15x / 1.9-2.2x; a hand-written nn.Linear "
+            "projector with PyTorch's default init (LLaVA's own builder) 10.5-13.6x at every width; the same "
+            "projector with a stray sqrt(hidden) factor on its output 86-109x / 169-202x / 358-406x, and "
+            "transformers' projector with it 4.1-4.9x / 16-18x / 62-70x; un-normalised 0-255 pixels change "
+            "nothing (CLIP's pre-layernorm absorbs them). 40 keeps ~3x of headroom over the widest legitimate "
+            "ratio measured (13.6x) and fails every sqrt(hidden) bug on a default-init projector, and the one on "
+            "transformers' projector from an LM width of ~1024 up; the former 100 let the 64-wide 86-100x cases pass",
         ),
     ),
 )
@@ -58,8 +62,9 @@ def check_projector(dlcheck):
     What it does
         Runs one sampled batch through the model (eval mode, no grad) with a hook on the projector
         (found on Llava-family models, or ``dlcheck_towers['projector']``) and compares the width
-        of the image tokens it makes with the language model's embedding width, then their mean norm
-        with that of the batch's text token embeddings. Without data, compares the projector's last
+        of the image tokens it makes with the language model's embedding width, then their mean norm,
+        as the language model receives them (after any rescaling past the projector), with that of
+        the batch's text token embeddings. Without data, compares the projector's last
         ``nn.Linear.out_features`` with the embedding width.
     Why it is bad
         A projector built for another LM size (a hard-coded 4096 for a 5120-wide LM, a connector
@@ -76,8 +81,17 @@ def check_projector(dlcheck):
         nn.Sequential(nn.Linear(vision_dim, hidden), nn.GELU(), nn.Linear(hidden, hidden)),
         or transformers' own LlavaMultiModalProjector(model.config).
     Known problems
-        The scale bound is wide on purpose: trained LLaVA projectors output tokens several times the
-        norm of text embeddings. A zero projector output (zeroed or never-loaded weights) fails the
+        The scale bound (40x either way) is measured, not derived: on tiny Llavas a legitimate projector
+        gives 0.5-2.2x (transformers' init) or 10.5-13.6x (PyTorch's default nn.Linear init, LLaVA's
+        builder) at LM widths 64-1024, while a stray sqrt(hidden) factor on the projector output gives
+        86-406x on the default-init projector and 4.1-70x on transformers' (it grows with the width:
+        about sqrt(hidden) times the clean ratio). A stray factor on a small-scale projector in a narrow
+        LM (4-18x at widths 64-256) stays inside the bound, indistinguishable by scale from a default-
+        init projector. Trained LLaVA projectors output tokens several times the norm of the text
+        embeddings; trained checkpoints were not measured here (offline), so a trained model far
+        above 40x should raise the bound (--dlcheck-set X2.max_scale_ratio=...). The norm is taken at
+        the projector's output: a model that rescales image features after the projector (PaliGemma
+        divides them by sqrt(hidden)) is judged on the image tokens the language model receives. A zero projector output (zeroed or never-loaded weights) fails the
         lower bound here and X5. Models whose projector output is not the LM input (cross-attention
         VLMs) are out of scope: declare no projector tower.
     Not applicable
@@ -182,7 +196,21 @@ def check_projector(dlcheck):
         return
     with torch.no_grad():
         text_norm = float(emb.weight.detach()[text_ids.to(emb.weight.device)].float().norm(dim=-1).mean())
-    image_norm = float(forward.projected.norm(dim=-1).mean())
+    image_rows, where = forward.projected, f"model.{path}"
+    lm_in = forward.lm_inputs
+    if (
+        image_id is not None
+        and lm_in is not None
+        and lm_in.shape[:2] == ids.shape
+        and int((ids == image_id).sum()) == int(forward.projected.shape[0])
+    ):
+        # the image tokens as the language model receives them: a model that rescales the features after
+        # the projector (PaliGemma divides them by sqrt(hidden)) is judged on what reaches the LM
+        image_rows = lm_in[ids.to(lm_in.device) == image_id]
+        scaled = float(image_rows.norm(dim=-1).mean()) / max(float(forward.projected.norm(dim=-1).mean()), 1e-30)
+        if abs(scaled - 1) > 1e-3:
+            where = f"model.{path} (×{scaled:.3g} after it, as the language model receives them)"
+    image_norm = float(image_rows.norm(dim=-1).mean())
     limit = float(dlcheck.setting("max_scale_ratio"))
     ratio = image_norm / text_norm if text_norm > 0 else float("inf")
     if 1 / limit <= ratio <= limit:
@@ -190,7 +218,7 @@ def check_projector(dlcheck):
             f"projector output width {out_dim} = the LM's hidden size {hidden}; image tokens' mean norm "
             f"{image_norm:.3g} is {ratio:.3g}× the text embeddings' {text_norm:.3g} (allowed 1/{limit:g} to {limit:g}×)",
             width_line,
-            f"image tokens from model.{path}: mean norm {image_norm:.3g} over {forward.projected.shape[0]} tokens; "
+            f"image tokens from {where}: mean norm {image_norm:.3g} over {image_rows.shape[0]} tokens; "
             f"text token embeddings (model.{emb_name}) of the same batch: mean norm {text_norm:.3g} over "
             f"{text_ids.numel()} tokens",
             width=out_dim,
@@ -201,7 +229,7 @@ def check_projector(dlcheck):
         )
         return
     evidence = [
-        f"image tokens from model.{path}: mean norm {image_norm:.3g} over {forward.projected.shape[0]} tokens; "
+        f"image tokens from {where}: mean norm {image_norm:.3g} over {image_rows.shape[0]} tokens; "
         f"text token embeddings (model.{emb_name}) of the same batch: mean norm {text_norm:.3g}",
         f"ratio {ratio:.3g}× (allowed 1/{limit:g} to {limit:g}×)",
     ]

@@ -348,7 +348,12 @@ def _loop_restore(state: dict[str, Any], truth: dict[str, Any], restore: frozens
         if piece == "rng":
             set_rng_state(truth["rng"])
         elif piece in truth and piece in state:
-            state[piece].load_state_dict(copy.deepcopy(truth[piece]))
+            if isinstance(state[piece], torch.nn.Module):
+                # the user's load may have changed the module's structure (a PEFT adapter added under another
+                # name): put back every tensor the saved state had, leave what the load added
+                state[piece].load_state_dict(copy.deepcopy(truth[piece]), strict=False)
+            else:
+                state[piece].load_state_dict(copy.deepcopy(truth[piece]))
 
 
 def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:

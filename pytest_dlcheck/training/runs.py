@@ -382,10 +382,11 @@ class Trajectory:
 
 
 def digest(model: Any) -> float:
+    """A fingerprint of the trained weights (the parameters that require grad; all when none do): a frozen
+    tensor a load added (a PEFT adapter loaded under another name) does not make two equal runs differ."""
+    params = [p for p in model.parameters() if p.requires_grad] or list(model.parameters())
     with torch.no_grad():
-        return float(
-            sum(p.detach().double().sum() + p.detach().double().abs().sum() * 1e-3 for p in model.parameters())
-        )
+        return float(sum(p.detach().double().sum() + p.detach().double().abs().sum() * 1e-3 for p in params))
 
 
 def grad_report(params: list[tuple[str, torch.Tensor]]) -> tuple[float, list[str]]:

@@ -43,6 +43,14 @@ COLLATORS = '''
                 labels.append([-100] * cut + ids[cut:])
             return pad_batch(self.tok, seqs, labels)
 
+    class TextWithEos:
+        """Tokenizes text + EOS with labels = input_ids: an empty text collates to a lone EOS."""
+        def __init__(self, tok):
+            self.tok = tok
+        def __call__(self, rows):
+            seqs = [self.tok(r["text"])["input_ids"] + [self.tok.eos_token_id] for r in rows]
+            return pad_batch(self.tok, seqs, seqs)
+
     @pytest.fixture(scope="session")
     def dlcheck_tokenizer():
         return tiny.tokenizer()
@@ -173,3 +181,31 @@ def test_packer_masking_every_document_start_passes(project):
     run = project.run("--dlcheck=L4", "--dlcheck-property", "--dlcheck-property-examples=30")
     assert run.result.ret == 0, run.text
     run.assert_outcome("L4[property]", "passed")
+
+
+TEXTS = """
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return [{{"text": t}} for t in tiny.CORPUS[:6]]
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        return TextWithEos(dlcheck_tokenizer)
+"""
+
+
+def test_lone_eos_example_is_reported_as_what_it_supervises(project):
+    """An emptied text collates to [EOS] with label EOS: the label is there, but at position 0, which a
+    causal LM never predicts. L13's evidence says so instead of "every label is -100"."""
+    project.conftest(conftest(data=TEXTS))
+    run = project.run("--dlcheck=L13", "--dlcheck-property", "--dlcheck-property-examples=30")
+    run.assert_outcome("L13", "passed")
+    run.assert_outcome("L13[property]", "failed")
+    text = " ".join(run.section("L13").split())
+    assert "every label is -100" not in text
+    assert (
+        "have no supervised token the loss can use: 1 supervise only their first token (example 0.0: "
+        "'<|endoftext|>'(0)→0), which a causal LM never predicts"
+    ) in text
+    assert "these examples supervise only their first token, which the loss never uses" in text
+    assert "generated examples: [{'text': ''}]" in text

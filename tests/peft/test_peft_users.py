@@ -100,3 +100,25 @@ def test_a_lora_plain_loop_resumes_from_its_adapter_checkpoint(project, tmp_path
     for cid in ("T3", "C1", "S1"):
         assert by[cid]["outcome"] == "passed", (cid, by[cid], run.text[-3000:])
     assert by["T2"]["outcome"] == "passed" or by["T2"]["reason"].startswith("not conclusive"), by["T2"]
+
+
+def test_an_adapter_loaded_under_another_name_and_never_activated_fails_c1(project, tmp_path):
+    """load_adapter(path, adapter_name=...) adds the saved adapter beside the fresh 'default' one without
+    activating it: the resumed run trains the fresh adapter. C1 names the model's weights and says how a
+    PEFT adapter checkpoint is loaded into the adapter being trained."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
+    buggy = LORA_LOOP.replace(
+        """            set_peft_model_state_dict(state["model"], load_file(f"{path}/adapter_model.safetensors"))""",
+        """            state["model"].load_adapter(path, adapter_name="resumed")  # never set_adapter("resumed")""",
+    )
+    assert buggy != LORA_LOOP
+    project.conftest(buggy)
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1", "--dlcheck-json=" + str(out))
+    (c1,) = json.loads(out.read_text())["results"]
+    assert c1["outcome"] == "failed", run.text
+    assert "model" in c1["cause"], c1
+    assert "set_adapter" in c1["fix"] and "set_peft_model_state_dict" in c1["fix"], c1["fix"]

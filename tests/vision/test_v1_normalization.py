@@ -204,3 +204,150 @@ def test_transformers_image_processor_declares_other_stats(project, fixture):
     text = section(run, "V1")
     assert "the model expects mean=(0.5, 0.5, 0.5) std=(0.5, 0.5, 0.5) (ViTImageProcessor.image_mean/image_std)" in text
     assert "T.Normalize(mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])" in text
+
+
+# the transformers image-classification recipe: dataset.with_transform(fn) normalising inside the function, so
+# no Normalize object reaches V1; the statistics the model declares come from its image processor
+HF_RECIPE = """
+    import pytest, torch, tiny_vision as tv
+    from torchvision import transforms as T1
+
+    PROCESSOR = tv.ViTImageProcessor(image_mean={declared}, image_std={declared_std})
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tf = T1.Compose([T1.RandomResizedCrop(16), T1.ToTensor(), {normalize}])
+        train = tv.with_pixel_values(tv.hf_images([i % 2 for i in range(16)]), tf)
+        return tv.image_trainer(tv.tiny_vit(2), train, tmp_path_factory.mktemp("out"), processing_class=PROCESSOR)
+"""
+IMAGENET = "list(tv.IMAGENET_MEAN)", "list(tv.IMAGENET_STD)"
+HALF = "[0.5] * 3", "[0.5] * 3"
+
+
+@pytest.mark.parametrize(
+    "declared, normalize, why",
+    [
+        (IMAGENET, "T1.Normalize([0.5] * 3, [0.5] * 3)", "span"),  # hard-coded 0.5 for an ImageNet processor
+        (HALF, "T1.Normalize(tv.IMAGENET_MEAN, tv.IMAGENET_STD)", "outside"),  # ImageNet stats for a 0.5 processor
+    ],
+)
+def test_with_transform_normalised_with_other_stats_than_the_processor(project, declared, normalize, why):
+    project.conftest(HF_RECIPE.format(declared=declared[0], declared_std=declared[1], normalize=normalize))
+    run = project.run("--dlcheck=V1")
+    run.assert_outcome("V1", "failed")
+    text = section(run, "V1")
+    assert (
+        "train: no Normalize object in the train pipeline (normalised in a function?); measured per-channel mean ("
+        in text
+    )
+    assert "(ViTImageProcessor.image_mean/image_std): undone with these, the inputs come from pixels R " in text
+    if why == "span":
+        assert "the model declares mean=(0.485, 0.456, 0.406) std=(0.229, 0.224, 0.225)" in text
+        assert "a span of at most 0.4" in text and "normalised with a larger std than declared" in text
+        assert "the inputs fit Normalize(mean≈(0.50, 0.50, 0.50), std≈(0.50, 0.50, 0.50))" in text
+        assert "T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])" in text
+    else:
+        assert "the model declares mean=(0.5, 0.5, 0.5) std=(0.5, 0.5, 0.5)" in text
+        assert "outside [0, 1] (beyond ± 0.1): [0, 1] images normalised with these statistics cannot give them" in text
+        assert "the inputs fit Normalize(mean≈(0.48, 0.46, 0.41), std≈(0.23, 0.22, 0.2" in text
+    assert "the train inputs are normalised with other statistics than the model declares" in text
+    assert "Normalize(mean=image_processor.image_mean, std=image_processor.image_std) in the with_transform" in text
+
+
+def test_with_transform_normalised_with_the_processors_stats_passes(project):
+    normalize = "T1.Normalize(PROCESSOR.image_mean, PROCESSOR.image_std)"
+    project.conftest(HF_RECIPE.format(declared=IMAGENET[0], declared_std=IMAGENET[1], normalize=normalize))
+    run = project.run("--dlcheck=V1", "-rA")
+    run.assert_outcome("V1", "passed")
+    run.fnmatch(
+        [
+            "*dlcheck evidence*",
+            "train: no Normalize transform to compare with the model's mean=(0.485, 0.456, 0.406) std=(0.229, 0.224, "
+            "0.225) (ViTImageProcessor.image_mean/image_std); the inputs are not raw [[]0, 1] (range -2.* to 2.*); "
+            "undone with the declared statistics they come from pixels R 0.0* to 1.00, G 0.0* to 1.00, B 0.0* to "
+            "1.00, within [[]0, 1] (± 0.1)",
+        ]
+    )
+
+
+def test_with_transform_forgetting_to_normalise(project):
+    project.conftest(
+        HF_RECIPE.format(declared=IMAGENET[0], declared_std=IMAGENET[1], normalize="T1.Lambda(lambda x: x)")
+    )
+    run = project.run("--dlcheck=V1")
+    run.assert_outcome("V1", "failed")
+    text = section(run, "V1")
+    assert "the inputs are in [0, 1], not normalised; the model expects mean=(0.485, 0.456, 0.406)" in text
+    assert "never normalised with the backbone's statistics" in text
+
+
+SAVED = """
+    import pytest, torch, tiny_vision as tv
+    from torchvision import transforms as T1
+    from transformers import AutoModelForImageClassification
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model(tmp_path_factory):
+        # a checkpoint folder as save_pretrained leaves it: the model and, beside it, its image processor
+        folder = tmp_path_factory.mktemp("vit-checkpoint")
+        tv.tiny_vit(2).save_pretrained(folder)
+        tv.ViTImageProcessor(image_mean=list(tv.IMAGENET_MEAN), image_std=list(tv.IMAGENET_STD)).save_pretrained(folder)
+        return AutoModelForImageClassification.from_pretrained(folder)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        tf = T1.Compose([T1.ToTensor(), T1.Normalize({mean}, {std})])
+        return tv.with_pixel_values(tv.hf_images([i % 2 for i in range(16)]), tf)
+"""
+
+
+@pytest.mark.parametrize("stats, outcome", [(HALF, "failed"), (IMAGENET, "passed")])
+def test_stats_of_the_processor_saved_with_the_model(project, stats, outcome):
+    project.conftest(SAVED.format(mean=stats[0].replace("list", ""), std=stats[1].replace("list", "")))
+    run = project.run("--dlcheck=V1", "-rA")
+    run.assert_outcome("V1", outcome)
+    where = "ViTImageProcessor.image_mean/image_std saved with the model (*vit-checkpoint*preprocessor_config.json)"
+    if outcome == "failed":
+        text = section(run, "V1")
+        assert "ViTImageProcessor.image_mean/image_std saved with the model (" in text
+        assert "preprocessor_config.json)): undone with these, the inputs come from pixels" in text
+        assert "a span of at most 0.4" in text
+    else:
+        run.fnmatch(["*dlcheck evidence*", f"train: no Normalize transform to compare with the model's * ({where});*"])
+
+
+EVAL_SPLIT = """
+    import pytest, torch, tiny_vision as tv
+    from torchvision.transforms import v2 as T
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model():
+        return {model}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return tv.Shapes([i % 4 for i in range(16)], transform=tv.classification_tf(train=True))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataset():
+        return tv.Shapes([i % 4 for i in range(8)], transform={eval_tf})
+"""
+EVAL_NO_NORMALIZE = "T.Compose([T.ToImage(), T.Resize(36), T.CenterCrop(32), T.ToDtype(torch.float32, scale=True)])"
+
+
+@pytest.mark.parametrize("model", ["tv.resnet18(4)", "tv.timm_resnet(4)"])
+@pytest.mark.parametrize(
+    "eval_tf, outcome", [(EVAL_NO_NORMALIZE, "failed"), ("tv.classification_tf(train=False)", "passed")]
+)
+def test_eval_transform_missing_the_train_normalize(project, model, eval_tf, outcome):
+    """The train transform normalises, the eval transform forgot to: named as such, with or without stats the
+    model declares (timm's pretrained_cfg)."""
+    project.conftest(EVAL_SPLIT.format(model=model, eval_tf=eval_tf))
+    run = project.run("--dlcheck=V1")
+    run.assert_outcome("V1", outcome)
+    if outcome == "failed":
+        text = section(run, "V1")
+        assert "your eval images are not normalised" in text
+        assert "the train transform applies Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))" in text
+        assert "eval: 8 examples of dlcheck_eval_dataset: dtype float32, per-channel mean (" in text
+        assert "T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])" in text

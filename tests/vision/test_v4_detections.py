@@ -101,3 +101,56 @@ def test_classification_data_without_a_model_is_not_applicable(project):
         "labels (classification)"
     ) in run.text
     assert "missing role" not in run.text
+
+
+NORMALISED = """
+    import pytest, torch, tiny_vision as tv
+
+    class Normalised(torch.utils.data.Dataset):
+        # the boxes divided by the image size, as YOLO/albumentations keep them, handed to a torchvision detector
+        def __init__(self, base):
+            self.base = base
+
+        def __len__(self):
+            return len(self.base)
+
+        def __getitem__(self, i):
+            img, target = self.base[i]
+            h, w = img.shape[-2:]
+            boxes = target["boxes"].as_subclass(torch.Tensor) / torch.tensor([w, h, w, h])
+            return img, {{"boxes": boxes, "labels": target["labels"]}}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model():
+        return tv.fasterrcnn(3)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return {dataset}
+"""
+
+
+@pytest.mark.parametrize(
+    "dataset, outcome",
+    [
+        ("Normalised(tv.ShapesDetection(8, transforms=tv.detection_tf(train=False)))", "skipped"),
+        ("tv.ShapesDetection(8, transforms=tv.detection_tf(train=False))", "passed"),
+    ],
+)
+def test_boxes_v3_finds_invalid_leave_v4_quiet(project, dataset, outcome):
+    """Normalised boxes read as pixels are specks: V3 names that root cause, and V4 does not advise anchors of
+    size 0 for them; the same boxes in pixels are judged."""
+    project.conftest(NORMALISED.format(dataset=dataset))
+    run = project.run("--dlcheck=V3,V4", "-rA")
+    run.assert_outcome("V4", outcome)
+    if outcome == "skipped":
+        run.assert_outcome("V3", "failed")
+        assert "the boxes are normalised to [0, 1] but read as xyxy in pixels" in section(run, "V3")
+        assert (
+            "V3 names the root cause on the same boxes: the boxes are normalised to [0, 1] but read as xyxy in "
+            "pixels" in " ".join(run.text.split())
+        )
+        assert "AnchorGenerator(((0, 1, 2)" not in run.text
+    else:
+        run.assert_outcome("V3", "passed")
+        run.fnmatch(["*::V4_detections PASSED (* of 4 sampled images keep detections after post-processing*"])

@@ -134,3 +134,68 @@ def test_detection_data_is_not_applicable(project):
         "not applicable: V6 judges single-label class imbalance; the sampled targets (8 examples of dlcheck_dataset) "
         "are boxes (detection)"
     ) in run.text
+
+
+TRAINER = """
+    import pytest, torch, tiny_vision as tv
+    from torchvision import transforms as T1
+
+    LABELS = {labels}
+    PROCESSOR = tv.ViTImageProcessor(image_mean=[0.5] * 3, image_std=[0.5] * 3)
+
+    class WeightedTrainer(tv.Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
+            labels = inputs.pop("labels")
+            outputs = model(**inputs)
+            loss = torch.nn.CrossEntropyLoss(weight=torch.tensor([0.53, 10.0]))(outputs.logits, labels)
+            return (loss, outputs) if return_outputs else loss
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tf = T1.Compose([T1.ToTensor(), T1.Normalize(PROCESSOR.image_mean, PROCESSOR.image_std)])
+        train = tv.with_pixel_values(tv.hf_images(LABELS), tf)
+        return tv.image_trainer(tv.tiny_vit(2), train, tmp_path_factory.mktemp("out"), trainer_cls={trainer})
+"""
+
+
+def test_trainer_with_the_models_own_unweighted_loss(project):
+    """No loss object: a Trainer trains ViTForImageClassification with the model's own cross-entropy."""
+    project.conftest(TRAINER.format(labels="[1 if i % 20 == 0 else 0 for i in range(200)]", trainer="None"))
+    run = project.run("--dlcheck=V6")
+    run.assert_outcome("V6", "failed")
+    text = section(run, "V6")
+    assert "label histogram over the 'label' column: class 0: 190 (95.0%), class 1: 10 (5.0%)" in text
+    assert "class 0 outnumbers class 1 19:1 (limit 10:1)" in text
+    assert (
+        "no dlcheck_loss_fn: the loss is the model's own: ViTForImageClassification computes a cross-entropy on its "
+        "logits from the labels (config.problem_type=None), unweighted: no class weights; Trainer has no "
+        "compute_loss override or compute_loss_func" in text
+    )
+    assert "the model's own loss weighs every example equally" in text
+    assert "override compute_loss" in text and "weight=torch.tensor([0.526, 10.0]" in text
+
+
+def test_trainer_with_balanced_classes_passes_naming_the_models_loss(project):
+    project.conftest(TRAINER.format(labels="[i % 2 for i in range(80)]", trainer="None"))
+    run = project.run("--dlcheck=V6", "-rA")
+    run.assert_outcome("V6", "passed")
+    run.fnmatch(
+        [
+            "*dlcheck evidence*",
+            "the 2 classes are equally frequent (40 labels each) over 80 labels, ratio 1:1 (limit 10:1)",
+            "label histogram over the 'label' column: class *: 40 (50.0%), class *: 40 (50.0%)",
+            "the loss is the model's own: ViTForImageClassification computes a cross-entropy * unweighted: no class "
+            "weights; Trainer has no compute_loss override or compute_loss_func",
+        ]
+    )
+
+
+def test_trainer_overriding_compute_loss_is_not_judged_as_unweighted(project):
+    """The weighted fix lives in a compute_loss override V6 cannot read: it says so instead of failing."""
+    project.conftest(TRAINER.format(labels="[1 if i % 20 == 0 else 0 for i in range(200)]", trainer="WeightedTrainer"))
+    run = project.run("--dlcheck=V6")
+    run.assert_outcome("V6", "skipped")
+    assert (
+        "dlcheck_trainer's class WeightedTrainer overrides compute_loss, so the loss it trains with is not visible"
+        in " ".join(run.text.split())
+    )

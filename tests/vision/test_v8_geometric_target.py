@@ -186,3 +186,56 @@ def test_the_same_pipeline_with_plain_boxes_still_fails(project):
     project.conftest(TUTORIAL.format(wrap=False))
     run = project.run("--dlcheck=V8")
     run.assert_outcome("V8", "failed")
+
+
+SEPARATE_CALLS = """
+    import numpy as np, pytest, torch, tiny_vision as tv
+    from torchvision import transforms as T1, tv_tensors
+    from torchvision.transforms import v2 as T
+
+    class Segmentation(torch.utils.data.Dataset):
+        # a hand-written segmentation dataset: VOC-style PIL image and "L" mask, augmented in __getitem__
+        def __init__(self, joint):
+            self.base = tv.ShapesSegmentation(8, mask="pil")
+            self.joint = joint
+            self.flip = T1.RandomHorizontalFlip()          # transforms v1: every call draws anew
+            self.tf = T.Compose([T.ToImage(), T.RandomHorizontalFlip(), T.ToDtype(torch.float32, scale=True)])
+
+        def __len__(self):
+            return len(self.base)
+
+        def __getitem__(self, i):
+            img, mask = self.base[i]
+            if self.joint:                                  # v2, one call: one draw moves both
+                img, mask = self.tf(img, tv_tensors.Mask(torch.from_numpy(np.array(mask))))
+                return img, mask.as_subclass(torch.Tensor).long()
+            img, mask = self.flip(img), self.flip(mask)     # two calls: two independent draws
+            return T1.functional.to_tensor(img), torch.from_numpy(np.array(mask)).long()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return Segmentation(joint={joint})
+"""
+
+
+@pytest.mark.parametrize("joint, outcome", [(False, "failed"), (True, "passed")])
+def test_same_random_transform_called_separately_on_image_and_mask(project, joint, outcome):
+    project.conftest(SEPARATE_CALLS.format(joint=joint))
+    run = project.run("--dlcheck=V8", "-rA")
+    run.assert_outcome("V8", outcome)
+    if outcome == "failed":
+        text = section(run, "V8")
+        assert "2 examples read 6 times each: in " in text
+        assert "re-reads (" in text and "%) the mask no longer matches the image" in text
+        assert "dlcheck_dataset[0] read " in text and "read 0's" in text
+        assert "mirrored horizontally relative to read 0" in text
+        assert "the image and its mask get separate random draws" in text
+        assert "img, mask = transforms(img, tv_tensors.Mask(mask))" in text
+    else:
+        run.fnmatch(
+            [
+                "*dlcheck evidence*",
+                "dlcheck_dataset[[]0] (* re-reads: every mask moved exactly as its image), dlcheck_dataset[[]*] read 6 "
+                "times each: no read is another mirrored with its target left identical",
+            ]
+        )

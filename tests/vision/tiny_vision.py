@@ -241,3 +241,54 @@ def same_state(model, snap) -> str:
 def section(run, cid: str) -> str:
     """A check's failure text with the line wrapping undone (whitespace runs become one space)."""
     return " ".join(run.section(cid).split())
+
+
+# transformers image classification, as the HF image-classification guide builds it (tiny ViT from a config)
+import datasets  # noqa: E402
+from transformers import Trainer, TrainingArguments, ViTConfig, ViTForImageClassification, ViTImageProcessor  # noqa: E402,F401
+
+
+def tiny_vit(num_labels=2, size=16):
+    torch.manual_seed(0)
+    config = ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=37,
+        image_size=size,
+        patch_size=8,
+        num_labels=num_labels,
+    )
+    return ViTForImageClassification(config)
+
+
+def hf_images(labels, size=16):
+    """A datasets.Dataset of noise RGB images with an int label column, like a loaded image folder."""
+    images = [Image.fromarray(_noise(i, size, size), "RGB") for i in range(len(labels))]
+    return datasets.Dataset.from_dict({"image": images, "label": list(labels)})
+
+
+def with_pixel_values(ds, tf):
+    """The guide's recipe: ``ds.with_transform(transforms)`` turning each image into ``pixel_values``
+    (the Normalize sits in a closure: no transform object reaches the checks)."""
+
+    def transforms(examples):
+        examples["pixel_values"] = [tf(img.convert("RGB")) for img in examples["image"]]
+        del examples["image"]
+        return examples
+
+    return ds.with_transform(transforms)
+
+
+def hf_collate(examples):
+    return {
+        "pixel_values": torch.stack([e["pixel_values"] for e in examples]),
+        "labels": torch.tensor([e["label"] for e in examples]),
+    }
+
+
+def image_trainer(model, train, tmp, trainer_cls=None, **kw):
+    args = TrainingArguments(
+        output_dir=str(tmp), report_to="none", use_cpu=True, remove_unused_columns=False, per_device_train_batch_size=8
+    )
+    return (trainer_cls or Trainer)(model=model, args=args, train_dataset=train, data_collator=hf_collate, **kw)

@@ -266,3 +266,44 @@ def fingerprint(model, proc=None) -> dict:
         "tokenizer": tokenizer_settings(proc.tokenizer) if proc is not None else None,
         "torch_rng": torch.random.get_rng_state().tolist(),
     }
+
+
+class PromptMaskingCollator:
+    """A hand-written VLM collator: the processor on prompt+completion with the images, padding masked,
+    and the prompt masked by a length counted ``how``: "text" — len(tokenizer(prompt)), before the
+    processor expands <image> into the image's tokens (the bug); "expanded" — len(processor(prompt,
+    images)), after it (the fix); "none" — labels = input_ids."""
+
+    def __init__(self, proc, how: str = "expanded"):
+        self.proc, self.how = proc, how
+
+    def __call__(self, examples):
+        texts = [e["prompt"] + e["completion"] for e in examples]
+        batch = self.proc(text=texts, images=[e["images"] for e in examples], padding=True, return_tensors="pt")
+        labels = batch["input_ids"].clone()
+        labels[batch["attention_mask"] == 0] = -100
+        for i, e in enumerate(examples):
+            if self.how == "text":
+                labels[i, : len(self.proc.tokenizer(e["prompt"])["input_ids"])] = -100
+            elif self.how == "expanded":
+                labels[i, : len(self.proc(text=e["prompt"], images=e["images"])["input_ids"][0])] = -100
+        batch["labels"] = labels
+        return batch
+
+
+class ScaledProjector(torch.nn.Module):
+    """A projector whose output is multiplied by sqrt(hidden) "to match the embedding scale" (the Gemma
+    normaliser copied into a Llama-based VLM): the stray factor X2 measures."""
+
+    def __init__(self, inner, hidden: int):
+        super().__init__()
+        self.inner, self.factor = inner, hidden**0.5
+
+    def forward(self, features):
+        return self.inner(features) * self.factor
+
+
+def hand_projector(vision: int = 32, hidden: int = 64, seed: int = 100):
+    """LLaVA's own builder: Linear, GELU, Linear with PyTorch's default initialisation."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(vision, hidden), torch.nn.GELU(), torch.nn.Linear(hidden, hidden))
