@@ -4,6 +4,8 @@ no internal error and no false alarm; LoRA's zero-initialised B is not "a parame
 
 import json
 
+import pytest
+
 LORA_TRAINER = """
     import pytest, tiny
     from peft import LoraConfig, get_peft_model
@@ -122,3 +124,40 @@ def test_an_adapter_loaded_under_another_name_and_never_activated_fails_c1(proje
     assert c1["outcome"] == "failed", run.text
     assert "model" in c1["cause"], c1
     assert "set_adapter" in c1["fix"] and "set_peft_model_state_dict" in c1["fix"], c1["fix"]
+
+
+SFT_LORA = """
+    import pytest, tiny
+    from datasets import Dataset
+    from peft import LoraConfig, prepare_model_for_kbit_training
+    from trl import SFTConfig, SFTTrainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        train = Dataset.from_dict({"prompt": tiny.PROMPTS[:4] * 3, "completion": tiny.COMPLETIONS[:4] * 3})
+        held_out = Dataset.from_dict({"prompt": tiny.PROMPTS[4:], "completion": tiny.COMPLETIONS[4:]})
+        args = tiny.trainer_args(tmp_path_factory.mktemp("sft"), SFTConfig, learning_rate=1e-2, warmup_steps=1)
+        model = tiny.llama(tok)
+        if {prepared}:  # the QLoRA recipe's preparation (fp32 norms, gradient checkpointing, input grads), on CPU
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
+        return SFTTrainer(model=model, args=args, processing_class=tok, train_dataset=train,
+                          eval_dataset=held_out, peft_config=lora)
+"""
+
+
+@pytest.mark.parametrize("prepared", [False, True], ids=["lora", "qlora-prepared"])
+def test_trl_sft_with_a_peft_config_passes_every_applicable_check(project, tmp_path, prepared):
+    """TRL's SFTTrainer wrapping the model itself (peft_config=), plain and after the QLoRA recipe's
+    prepare_model_for_kbit_training: no failure, no error in llm/train/ckpt/smoke; the adapters are what
+    T3, T13, C1 and S1 see."""
+    project.conftest(SFT_LORA.replace("{prepared}", str(prepared)))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=llm,train,ckpt,smoke", f"--dlcheck-json={out}")
+    doc = json.loads(out.read_text())
+    by = {r["id"]: r for r in doc["results"]}
+    assert doc["summary"]["error"] == 0 and doc["summary"]["failed"] == 0, run.text
+    for cid in ("T3", "T13", "C1", "S1"):
+        assert by[cid]["outcome"] == "passed", (cid, by[cid])
+    assert "q_proj" in " ".join(by["T13"]["evidence"])
