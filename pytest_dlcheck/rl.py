@@ -1,5 +1,5 @@
 """The rl domain's public API, for a user's conftest.py and their own Hypothesis tests: declare how R7
-calls a hand-written advantage function, and generate rollouts / GRPO reward groups.
+calls a hand-written advantage function (or an off-policy loop's TD target: td_target_fn, Transitions), and generate rollouts / GRPO reward groups.
 
     from pytest_dlcheck.rl import advantage_fn
 
@@ -16,9 +16,12 @@ from .checks.rl.measure import (
     SAME_STEP,
     AdvantageFn,
     Rollout,
+    TDTargetFn,
+    Transitions,
     advantage_fn,
     reward_groups,
     rollouts,
+    td_target_fn,
 )
 
 __all__ = [
@@ -27,7 +30,10 @@ __all__ = [
     "SAME_STEP",
     "AdvantageFn",
     "Rollout",
+    "TDTargetFn",
+    "Transitions",
     "advantage_fn",
     "reward_groups",
     "rollouts",
+    "td_target_fn",
 ]

@@ -4,9 +4,9 @@ reference models).
 
 Roles of the domain. A Stable-Baselines3 user writes ``dlcheck_algorithm`` and gets the env, the policy
 (``dlcheck_model``), the advantage computation, the minibatch advantages, the VecNormalize statistics and
-the replay buffer derived from it; a TRL user writes ``dlcheck_trainer`` (a ``GRPOTrainer``) and gets the
+the replay buffer derived from it, and the log of its run from its logger's progress.csv; a TRL user writes ``dlcheck_trainer`` (a ``GRPOTrainer``) and gets the
 reference model, the KL coefficient, the reward functions and the log of a run. What only the user knows
-(their GAE function, their checkpoint save/load) has its own fixture."""
+(their GAE function or off-policy TD target, their checkpoint save/load) has its own fixture."""
 
 from __future__ import annotations
 
@@ -37,6 +37,13 @@ role(
     "returns advantages, (advantages, returns) or a dict, each (steps, envs); wrap it with "
     "pytest_dlcheck.rl.advantage_fn(fn, arrays='torch', autoreset='next_step') to say how to call it",
     "dlcheck_algorithm (on-policy)",
+)
+role(
+    "td_target_fn",
+    "an off-policy loop's one-step TD target (DQN, SAC, TD3): takes a pytest_dlcheck.rl.Transitions (or keyword "
+    "arrays rewards, terminated, truncated, next_values, gamma), stores the done your loop stores and returns "
+    "r + γ·(1 − done)·next_value, (batch,); wrap it with pytest_dlcheck.rl.td_target_fn(fn, arrays='torch')",
+    "dlcheck_algorithm (SB3 off-policy: its replay buffer's handle_timeout_termination)",
 )
 role(
     "advantage_minibatches",
@@ -94,14 +101,22 @@ role(
 role(
     "train_log",
     "the log of a short run: a list of dicts per logged step with reward, kl and completion length "
-    "(TRL's trainer.state.log_history)",
-    "dlcheck_trainer after trainer.train()",
+    "(TRL's trainer.state.log_history; SB3's rollout/ep_rew_mean, train/approx_kl, rollout/ep_len_mean)",
+    "dlcheck_trainer after trainer.train(), or dlcheck_algorithm after model.learn() with a csv or json logger",
 )
 
 Get = Callable[[str], Any]
 Cache = Callable[[Any, str, Callable[[], Any]], Any]
 
-FROM_ALGORITHM = ("env", "model", "advantage_fn", "advantage_minibatches", "normalizer", "replay_buffer")
+FROM_ALGORITHM = (
+    "env",
+    "model",
+    "advantage_fn",
+    "advantage_minibatches",
+    "normalizer",
+    "replay_buffer",
+    "train_log",
+)
 FROM_TRAINER = ("ref_model", "kl_coef", "reward_funcs", "train_log")
 
 #: env steps collected from an SB3 algorithm's policy when its rollout buffer is not full yet
@@ -145,6 +160,12 @@ def from_sb3_algorithm(name: str, get: Get, cache: Cache) -> Any:
     if name == "replay_buffer":
         buf = getattr(algo, "replay_buffer", None)
         return MISSING if buf is None else buf
+    if name == "train_log":  # read afresh: the run may log more between checks
+        try:
+            log = rl.sb3_train_log(algo)
+        except rl.LogUnavailable:
+            return MISSING  # R1 says why, from the algorithm
+        return log if rl.log_series(log, "reward")[1] or rl.log_series(log, "value_loss")[1] else MISSING
     return MISSING
 
 

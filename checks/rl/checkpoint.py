@@ -11,6 +11,89 @@ from ...registry import Setting, check
 from ...session import user_call
 from . import measure as rl
 
+#: a normaliser whose count after the load is at most this share of the saved count (and below it) was built
+#: anew and stepped a few times by the load (a reset, a warm-up step): fresh statistics, not restored ones
+FRESH_SHARE = 0.05
+
+#: statistics shown line by line in a failure; the others get one line each
+SHOWN_IN_FULL = 2
+
+
+def _verdict(prefix: str, before: dict[str, Any], after: dict[str, Any]) -> tuple[str, str]:
+    """(kind, words) for one normaliser whose statistics the load did not give back: "fresh" (a normaliser
+    built anew, count at its initial 1e-4 or a few observations above it), "absent" or "other"."""
+    saved = float(before.get(f"{prefix}.count", 0.0))
+    if f"{prefix}.count" not in after:
+        return "absent", f"{prefix}: absent from the loaded objects (saved with count {saved:.4g})"
+    count = float(after[f"{prefix}.count"])
+    if count <= 1.0:
+        return "fresh", (
+            f"{prefix}: the load gave fresh statistics (mean 0, var 1, count {count:.4g}: a normaliser built anew), not "
+            f"the saved ones (count {saved:.4g})"
+        )
+    if count < saved and count <= 1.0 + FRESH_SHARE * saved:
+        return "fresh", (
+            f"{prefix}: the load gave fresh statistics updated by {round(count)} observation(s) since (count "
+            f"{count:.4g}), not the saved ones (count {saved:.4g})"
+        )
+    differ = [f for f in ("mean", "var", "count") if f"{prefix}.{f}" in after and f"{prefix}.{f}" in before]
+    differ = [f for f in differ if not rl.same_value(before[f"{prefix}.{f}"], after[f"{prefix}.{f}"], 1e-6)]
+    return "other", (
+        f"{prefix}: the load gave other statistics than the saved ones ({', '.join(differ) or 'shape'} differ: count "
+        f"{count:.4g} after the load, {saved:.4g} before the save)"
+    )
+
+
+def _lost_evidence(
+    before: dict[str, Any], after: dict[str, Any], lost: list[str], saved_files: list[str]
+) -> tuple[list[str], dict[str, list[str]]]:
+    """The failure's evidence (per normaliser what the load gave, then the values) and the normalisers by kind."""
+    evidence = [f"saved {len(saved_files)} file(s) ({', '.join(saved_files[:4]) or 'none'}); after the load:"]
+    kinds: dict[str, list[str]] = {}
+    prefixes = list(dict.fromkeys(k.rsplit(".", 1)[0] for k in lost if not k.startswith("replay_buffer")))
+    for i, prefix in enumerate(prefixes):
+        kind, words = _verdict(prefix, before, after)
+        kinds.setdefault(kind, []).append(prefix)
+        evidence.append(words)
+        if i >= SHOWN_IN_FULL:
+            continue
+        for k in (k for k in lost if k.rsplit(".", 1)[0] == prefix):
+            now = rl.fmt_values(after[k]) if k in after else "absent from the loaded objects"
+            evidence.append(f"{k}: {rl.fmt_values(before[k])} before the save, {now} after the load")
+    for k in lost:
+        if not k.startswith("replay_buffer") or k == "replay_buffer.content" and "replay_buffer.transitions" in lost:
+            continue
+        now = rl.fmt_values(after[k]) if k in after else "absent from the loaded objects"
+        evidence.append(f"{k}: {rl.fmt_values(before[k])} before the save, {now} after the load")
+    return evidence, kinds
+
+
+def _is_vec_normalize(obj: Any) -> bool:
+    return any(c.__name__ == "VecNormalize" and c.__module__.startswith("stable_baselines3") for c in type(obj).__mro__)
+
+
+def _statistics_fix(before: dict[str, Any], holders: list[Any], sb3: bool) -> str:
+    """The fix for lost statistics, for the kind of normaliser that holds them."""
+    if sb3:
+        return (
+            "save them beside the model: model.get_vec_normalize_env().save(d / 'vecnormalize.pkl'); load with "
+            "venv = VecNormalize.load(d / 'vecnormalize.pkl', make_vec_env(...)) and PPO.load(d / 'model', "
+            "env=venv) (for evaluation set venv.training = False, venv.norm_reward = False)"
+        )
+    if any(k.startswith("envs[") for k in before):
+        return (
+            "save the obs_rms (mean, var, count) of the NormalizeObservation inside each sub-env (envs.envs[i], down "
+            "its wrapper chain through .env) beside the agent, and put each back into the same sub-env's wrapper "
+            "after make_env builds the envs for evaluation or resumption (wrapper.update_running_mean = False to "
+            "evaluate with them frozen)"
+        )
+    names = sorted({type(h.owner).__name__ for h in holders if h.attr != "replay_buffer"})
+    return (
+        f"save wrapper.obs_rms (mean, var, count) of your {', '.join(names) or 'normaliser'} beside the agent and "
+        "assign it after building the env (gymnasium NormalizeObservation: wrapper.obs_rms = saved; "
+        "update_running_mean = False to evaluate with it frozen)"
+    )
+
 
 @check(
     "R4",
@@ -34,10 +117,14 @@ def check_checkpoint_round_trip(dlcheck):
         Reads the running statistics (obs_rms / ret_rms mean, var and count: SB3 VecNormalize, gymnasium
         NormalizeObservation / NormalizeReward and their vector versions, any object with obs_rms or
         ret_rms) and the replay buffer (transitions and a content digest) of dlcheck_normalizer and
-        dlcheck_replay_buffer (derived from dlcheck_algorithm, or from the wrappers of dlcheck_env), calls
+        dlcheck_replay_buffer (derived from dlcheck_algorithm, or from the wrappers of dlcheck_env; inside
+        a SyncVectorEnv each sub-env envs.envs[i] down its wrapper chain, as CleanRL wraps them), calls
         dlcheck_save_agent(dir), swaps those live statistics for fresh ones (so a load that writes
         into the live objects is seen too), calls dlcheck_load_agent(dir), and compares what the
-        loaded objects hold with what was saved. The live statistics are put back afterwards.
+        loaded objects hold with what was saved, sub-env by sub-env. A failure says per normaliser what
+        the load gave: fresh statistics (count at its initial 1e-4, or a few observations above it),
+        other statistics (another sub-env's, another save's), or none. The live statistics are put back
+        afterwards.
     Why it is bad
         A policy trained on normalised observations sees other inputs when it is evaluated or resumed
         with fresh statistics (mean 0, var 1): returns collapse after loading and nothing says why. SB3's
@@ -128,27 +215,38 @@ def check_checkpoint_round_trip(dlcheck):
             files=len(saved_files),
         )
         return
-    evidence = [f"saved {len(saved_files)} file(s) ({', '.join(saved_files[:4]) or 'none'}); after the load:"]
-    for k in lost:
-        if k == "replay_buffer.content" and "replay_buffer.transitions" in lost:
-            continue
-        now = rl.fmt_values(after[k]) if k in after else "absent from the loaded objects"
-        evidence.append(f"{k}: {rl.fmt_values(before[k])} before the save, {now} after the load")
+    evidence, kinds = _lost_evidence(before, after, lost, saved_files)
     buffer_lost = any(k.startswith("replay_buffer") for k in lost)
     stats_lost = any(not k.startswith("replay_buffer") for k in lost)
     causes, fixes = [], []
     if stats_lost:
-        causes.append(
-            "the checkpoint does not carry the running normalisation statistics (SB3's model.save() stores "
-            "the policy, not VecNormalize's obs_rms/ret_rms): the loaded run normalises observations with "
-            "fresh statistics, so the policy sees inputs on another scale than it was trained on"
-        )
-        fixes.append(
-            "save them beside the model: model.get_vec_normalize_env().save(d / 'vecnormalize.pkl'); load with "
-            "venv = VecNormalize.load(d / 'vecnormalize.pkl', make_vec_env(...)) and PPO.load(d / 'model', "
-            "env=venv) (for evaluation set venv.training = False, venv.norm_reward = False); gymnasium "
-            "NormalizeObservation: save wrapper.obs_rms (mean, var, count) and assign it after building the env"
-        )
+        sb3 = any(_is_vec_normalize(h.owner) for h in holders)
+        if kinds.get("fresh") and not kinds.get("other"):
+            got = (
+                "the loaded run normalises observations with fresh statistics (mean 0, var 1: a normaliser built "
+                "anew, nothing put back into it)"
+            )
+        elif kinds.get("fresh"):
+            got = (
+                "the loaded run normalises observations with fresh statistics in part, with other statistics elsewhere"
+            )
+        else:
+            got = (
+                "the loaded objects hold other statistics than those saved (another sub-env's or another save's, "
+                "partly restored, or updated after the load)"
+            )
+        if kinds.get("fresh") or kinds.get("absent"):
+            causes.append(
+                "the checkpoint does not carry the running normalisation statistics"
+                + (" (SB3's model.save() stores the policy, not VecNormalize's obs_rms/ret_rms)" if sb3 else "")
+                + f": {got}, so the policy sees inputs on another scale than it was trained on"
+            )
+        else:
+            causes.append(
+                f"the load does not put the saved normalisation statistics back where they were: {got}, so the "
+                "policy sees inputs on another scale than it was trained on"
+            )
+        fixes.append(_statistics_fix(before, holders, sb3))
     if buffer_lost:
         causes.append(
             "the checkpoint does not carry the replay buffer (model.save() excludes it): a resumed off-policy "

@@ -18,7 +18,7 @@ from . import measure as rl
     domain="rl",
     title="GAE / returns wrong at episode ends",
     roles=(),
-    optional_roles=("advantage_fn", "algorithm", "env", "trainer"),
+    optional_roles=("advantage_fn", "td_target_fn", "algorithm", "env", "trainer", "replay_buffer"),
     settings=(
         Setting(
             "max_examples",
@@ -68,6 +68,11 @@ def check_gae_episode_ends(dlcheck):
         SAME_STEP: every step a real transition, the final observation's value in next_values) or
         "next_step" (gymnasium 1.x vector envs' default: a reset step after each episode end), taken from
         advantage_fn(autoreset=...), else from a gymnasium vector dlcheck_env.
+        Off-policy (DQN, SAC, TD3: one-step TD targets from a replay buffer): dlcheck_td_target_fn, your loop's
+        stored done and target (see pytest_dlcheck.rl.Transitions), is compared with r + γ·(1 − terminated)·
+        next_value on batches holding terminated, truncated and both-flagged transitions; an SB3 off-policy
+        dlcheck_algorithm is judged by its replay buffer's handle_timeout_termination, shown on a fresh buffer
+        of its class and arguments given transitions the way the algorithm stores them.
     Why it is bad
         Bootstrapping through a termination adds value that does not exist; not bootstrapping at a
         time-limit truncation (done = terminated or truncated) teaches the critic that the episode ended
@@ -78,23 +83,36 @@ def check_gae_episode_ends(dlcheck):
         done = np.logical_or(terminations, truncations)
         nextnonterminal = 1.0 - done[t]                      # truncation treated as termination
         delta = rewards[t] + gamma * next_values[t] * nextnonterminal - values[t]
+        Off-policy: rb.add(obs, real_next_obs, actions, rewards, terminations | truncations, infos), then
+        td_target = rewards + gamma * target_max * (1 - data.dones); or SB3's DQN(...,
+        optimize_memory_usage=True, replay_buffer_kwargs=dict(handle_timeout_termination=False)).
     Use instead
         delta = rewards[t] + gamma * next_values[t] * (1 - terminated[t]) - values[t]
         lastgaelam = delta + gamma * lam * (1 - (terminated[t] | truncated[t])) * lastgaelam
         with next_values[t] = V(final observation) at an episode end (SB3: info["terminal_observation"];
         gymnasium SAME_STEP: info["final_obs"]), V(next obs) otherwise; or keep done in the GAE and add
         gamma * V(final observation) to the reward of truncated steps, as SB3's collect_rollouts does.
+        Off-policy: store terminations only (CleanRL's dqn.py: rb.add(..., terminations, infos)), or keep SB3's
+        handle_timeout_termination=True (its default).
     Known problems
         Checks the function, not the loop that fills its inputs: a rollout loop that stores the reset
         observation's value as the final one is not seen. Under "next_step", reset steps are not compared
         (mask them out of the loss yourself). Functions with gamma/λ baked in must say so
         (advantage_fn(gamma=..., gae_lambda=...)) or match R7.gamma / R7.gae_lambda. Monte-Carlo returns
         over complete episodes (REINFORCE) never bootstrap: R7 is for value-bootstrapped estimators.
+        Off-policy: the TD target function is checked, not the loop that fills real_next_obs (the final
+        observation at a truncation); n-step targets are not generated; an SB3 replay buffer class without
+        handle_timeout_termination skips.
     Not applicable
-        Off-policy algorithms (SB3 DQN, SAC, TD3: one-step TD targets from a replay buffer, no GAE) and
-        critic-free RL on language models (a TRL trainer such as GRPOTrainer: group-normalised rewards, R3).
+        Critic-free RL on language models (a TRL trainer such as GRPOTrainer: group-normalised rewards, R3), and
+        an SB3 off-policy algorithm whose env has no time limit (nothing is truncated).
     """
     if not dlcheck.has("advantage_fn"):
+        if dlcheck.has("td_target_fn"):
+            return _check_td_targets(dlcheck, rl.as_td_target_fn(dlcheck.role("td_target_fn")))
+        algo = dlcheck.role("algorithm")
+        if algo is not MISSING and rl.is_sb3_algorithm(algo) and not rl.is_on_policy(algo):
+            return _check_sb3_replay_buffer(dlcheck, algo)
         _without_advantage_fn(dlcheck)
     spec = rl.as_advantage_fn(dlcheck.role("advantage_fn"))
     if rl.hypothesis_missing():
@@ -177,19 +195,152 @@ def check_gae_episode_ends(dlcheck):
 
 
 def _without_advantage_fn(dlcheck) -> None:
-    """No advantage function: the pipeline has none to check, or the skip names the fixture."""
-    algo, trainer = dlcheck.role("algorithm"), dlcheck.role("trainer")
-    if algo is not MISSING and rl.is_sb3_algorithm(algo) and not rl.is_on_policy(algo):
-        dlcheck.not_applicable(
-            f"{type(algo).__name__} is off-policy: it learns from one-step TD targets on its replay buffer, with no "
-            "GAE or returns over rollouts"
-        )
+    """No advantage function nor TD target: the pipeline has none to check, or the skip names the fixtures."""
+    trainer = dlcheck.role("trainer")
     if trainer is not MISSING and is_hf_trainer(trainer):
         dlcheck.not_applicable(
             f"dlcheck_trainer is a {type(trainer).__name__}: it has no value function, so no GAE (GRPO's advantages "
             "are group-normalised rewards, which R3 checks)"
         )
+    if dlcheck.has("replay_buffer"):  # a hand-written off-policy loop: its target is what R7 can check
+        dlcheck.require("td_target_fn")
     dlcheck.require("advantage_fn")  # skips, naming the fixture
+
+
+TD_FIX = (
+    "store terminated, not terminated or truncated, as the replay buffer's done: rb.add(obs, real_next_obs, actions, "
+    "rewards, terminations, infos) with real_next_obs[i] = infos['final_obs'][i] where truncated (CleanRL), and "
+    "target = r + γ·(1 − done)·next_value; with SB3's ReplayBuffer given done = terminated or truncated, keep "
+    "handle_timeout_termination=True so that infos['TimeLimit.truncated'] is stored as a timeout and sampled as "
+    "done·(1 − timeout)"
+)
+
+
+def _check_td_targets(dlcheck, spec: rl.TDTargetFn) -> None:
+    """An off-policy loop's one-step TD target against r + γ·(1 − terminated)·next_value."""
+    gamma = spec.gamma if spec.gamma is not None else dlcheck.setting("gamma")
+    rtol, atol = dlcheck.setting("rtol"), dlcheck.setting("atol")
+    batches = rl.td_batches(gamma)
+    outputs = []
+    for b in batches:
+        targets = dlcheck.call("td_target_fn", lambda b=b: spec(b))
+        outputs.append((b, targets))
+    wrong = [(b, t) for b, t in outputs if not np.allclose(t, rl.reference_td(b), rtol=rtol, atol=atol)]
+    counts = {k: sum(rl.td_kind(b, i) == k for b in batches for i in range(len(b.rewards))) for k in rl.TD_KINDS}
+    if not wrong:
+        dlcheck.measured(
+            f"{spec.source} agrees with r + γ·(1 − terminated)·next_value on {sum(counts.values())} transitions "
+            f"({counts['terminated']} terminated, {counts['truncated']} truncated, {counts['both']} both, "
+            f"{counts['running']} inside an episode) within rtol {rtol:g} / atol {atol:g}: time-limit truncations "
+            "are bootstrapped, terminations are not",
+            f"gamma {gamma:g}",
+            transitions=sum(counts.values()),
+            truncated=counts["truncated"],
+            terminated=counts["terminated"],
+            gamma=gamma,
+        )
+        return
+    mistake = next(
+        (
+            name
+            for name in rl.TD_VARIANTS
+            if all(np.allclose(t, rl.reference_td(b, name), rtol=rtol, atol=atol) for b, t in outputs)
+        ),
+        None,
+    )
+    b, targets = wrong[0]
+    ref = rl.reference_td(b)
+    bad = ~np.isclose(targets, ref, rtol=rtol, atol=atol)
+    kinds = sorted({rl.td_kind(b, i) for i in np.flatnonzero(bad)}, key=rl.TD_KINDS.index)
+    evidence = [
+        f"{spec.source} disagrees with r + γ·(1 − terminated)·next_value (γ {gamma:g}) at the {' and '.join(kinds)} "
+        f"transitions of {len(wrong)} of {len(batches)} batches; the first:"
+    ]
+    for i in range(min(len(ref), 8)):
+        kind = rl.td_kind(b, i)
+        expect = "r + γ·next_value" if not b.terminated[i] else "r"
+        evidence.append(
+            f"{kind:>10}: reward {b.rewards[i]:.3g}, next_value {b.next_values[i]:.3g} -> yours {targets[i]:.4g}, "
+            f"reference {ref[i]:.4g} ({expect}){'   <-' if bad[i] else ''}"
+        )
+    if mistake is not None:
+        evidence.append(f"on all {len(batches)} batches your targets equal exactly what this mistake computes")
+        cause = rl.TD_VARIANTS[mistake]
+    else:
+        cause = f"the TD targets are wrong at {' and '.join(kinds)} transitions: episode ends are bootstrapped wrongly"
+    dlcheck.fail(evidence, cause, TD_FIX)
+
+
+def _check_sb3_replay_buffer(dlcheck, algo: Any) -> None:
+    """An SB3 off-policy algorithm stores the VecEnv's done (terminated or truncated): its replay buffer's
+    handle_timeout_termination decides whether a time-limit truncation is sampled as a termination."""
+    name = type(algo).__name__
+    rb = getattr(algo, "replay_buffer", None)
+    if rb is None:
+        dlcheck.skip(f"{name} has no replay buffer yet (it is built by _setup_model): R7 reads its arguments")
+    handle = getattr(rb, "handle_timeout_termination", None)
+    if handle is None:
+        dlcheck.skip(
+            f"{name}'s replay buffer ({type(rb).__name__}) has no handle_timeout_termination: R7 cannot tell how "
+            "it samples a time-limit truncation (define dlcheck_td_target_fn)"
+        )
+    limits = rl.env_time_limits(algo)
+    if limits is not None and all(limit is None for limit in limits):
+        dlcheck.not_applicable(
+            f"{name}'s env has no time limit (spec.max_episode_steps is None): no episode is truncated, so none "
+            "can be bootstrapped wrongly"
+        )
+    try:
+        sampled = rl.sb3_sampled_dones(algo)
+    except Exception as exc:  # noqa: BLE001 - a buffer class needing more (HER's env): the flag alone says it
+        sampled, why = None, f"{type(exc).__name__}: {' '.join(str(exc).split())[:100]}"
+    else:
+        why = ""
+    cls = type(rb).__name__
+    stored = int(rb.buffer_size if rb.full else rb.pos) * int(getattr(rb, "n_envs", 1))
+    shown = (
+        f"a fresh {cls} with {name}'s arguments, given transitions as {name}._store_transition adds them (done = "
+        f"terminated or truncated, infos['TimeLimit.truncated']), samples a time-limit truncation with done "
+        f"{sampled['truncated']:g} and a termination with done {sampled['terminated']:g}"
+        if sampled is not None
+        else f"(a fresh {cls} could not be built to show it: {why})"
+    )
+    limit = f" (time limit {limits[0]} steps)" if limits and limits[0] is not None else ""
+    if handle and (sampled is None or (sampled["truncated"] == 0 and sampled["terminated"] == 1)):
+        timeouts = getattr(rb, "timeouts", None)
+        seen = int(np.asarray(timeouts).sum()) if timeouts is not None and stored else 0
+        dlcheck.measured(
+            f"{name}.replay_buffer ({cls}) has handle_timeout_termination=True: its env's time-limit truncations"
+            f"{limit} are stored as timeouts and sampled as done·(1 − timeout), so r + γ·(1 − done)·Q(s') "
+            f"bootstraps them; {seen} of its {stored} stored transitions are such timeouts",
+            shown,
+            handle_timeout_termination=True,
+            stored=stored,
+            timeouts=seen,
+        )
+        return
+    evidence = [
+        f"{name}.replay_buffer ({cls}) has handle_timeout_termination={handle}"
+        + (
+            " (optimize_memory_usage=True, which SB3 cannot combine with it)"
+            if getattr(rb, "optimize_memory_usage", False)
+            else ""
+        )
+        + f": it samples the done {name} stores, terminated or truncated, so its env's time-limit truncations{limit} "
+        "enter r + γ·(1 − done)·Q(s') as terminations",
+        shown,
+    ]
+    dlcheck.fail(
+        evidence,
+        rl.TD_VARIANTS["truncation_as_termination"],
+        f"keep SB3's default: {name}(..., replay_buffer_kwargs=dict(handle_timeout_termination=True))"
+        + (
+            " with optimize_memory_usage=False (the two cannot be combined)"
+            if getattr(rb, "optimize_memory_usage", False)
+            else ""
+        )
+        + ": the buffer stores infos['TimeLimit.truncated'] as a timeout and samples done·(1 − timeout)",
+    )
 
 
 def _env_autoreset(dlcheck) -> str | None:

@@ -442,6 +442,194 @@ def compare(
 
 
 # --------------------------------------------------------------------------------------------------
+# off-policy one-step TD targets (DQN, SAC, TD3): the same bootstrap rule, one transition at a time
+
+
+@dataclass(frozen=True)
+class Transitions:
+    """A batch of ``B`` transitions as an off-policy loop stores and samples them; arrays are ``(B,)``.
+
+    - ``rewards[i]``: the reward of transition i.
+    - ``terminated[i]``, ``truncated[i]``: the flags ``env.step`` returned (both may be set; termination
+      wins). What a replay buffer should store as its done is ``terminated`` (CleanRL's
+      ``rb.add(..., terminations, ...)``, or SB3's done with ``infos["TimeLimit.truncated"]`` kept as a timeout).
+    - ``next_values[i]``: the target network's value of the next (final, at an episode end) observation:
+      DQN's ``max_a Q_target(s', a)``, SAC's ``min Q_target(s', a') − α log π(a'|s')``, TD3's ``min Q_target(s', a')``.
+    - ``gamma``: the discount.
+    """
+
+    rewards: Any
+    terminated: Any
+    truncated: Any
+    next_values: Any
+    gamma: float
+
+    @property
+    def dones(self) -> Any:
+        """terminated | truncated."""
+        if isinstance(self.terminated, np.ndarray):
+            return np.logical_or(self.terminated, self.truncated)
+        return (self.terminated + self.truncated).clamp(max=1.0)
+
+    def as_torch(self) -> Transitions:
+        import torch
+
+        return dataclasses.replace(
+            self, **{f: torch.tensor(np.asarray(getattr(self, f), np.float32)) for f in TD_FIELDS}
+        )
+
+
+TD_FIELDS = ("rewards", "terminated", "truncated", "next_values")
+
+#: parameter names R7 fills by keyword when the user's TD target function takes them
+TD_PARAMETERS = {
+    "rewards": "rewards",
+    "terminated": "terminated",
+    "terminations": "terminated",
+    "truncated": "truncated",
+    "truncations": "truncated",
+    "next_values": "next_values",
+    "next_value": "next_values",
+    "next_q_values": "next_values",
+    "next_q": "next_values",
+    "target_max": "next_values",
+    "gamma": "gamma",
+}
+
+
+@dataclass(frozen=True)
+class TDTargetFn:
+    """How R7 calls the user's one-step TD target (see :func:`td_target_fn`)."""
+
+    fn: Callable[..., Any]
+    arrays: str = "numpy"
+    gamma: float | None = None
+    source: str = "dlcheck_td_target_fn"
+
+    def __call__(self, batch: Transitions) -> np.ndarray:
+        b = batch.as_torch() if self.arrays == "torch" else batch
+        try:
+            params = [
+                p
+                for p in inspect.signature(self.fn).parameters.values()
+                if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            ]
+        except (TypeError, ValueError):
+            params = []
+        required = [p.name for p in params if p.default is p.empty]
+        if "dones" in required:
+            raise RoleError(
+                "td_target_fn",
+                "takes a parameter named 'dones', which is what R7 checks: take terminated and truncated "
+                "(terminations, truncations) and store/use the done flag in it as your loop does",
+            )
+        if len(required) == 1 and required[0] not in TD_PARAMETERS:
+            out = self.fn(b)
+        else:
+            unknown = [n for n in required if n not in TD_PARAMETERS]
+            if unknown:
+                raise RoleError(
+                    "td_target_fn",
+                    f"has required parameters {unknown} that R7 cannot fill: take one Transitions, or parameters "
+                    f"named {sorted(TD_PARAMETERS)} (see pytest_dlcheck.rl.Transitions)",
+                )
+            out = self.fn(**{p.name: getattr(b, TD_PARAMETERS[p.name]) for p in params if p.name in TD_PARAMETERS})
+        a = to_numpy(out).reshape(-1)
+        if a.shape != (len(np.asarray(batch.rewards)),):
+            raise RoleError(
+                "td_target_fn", f"returned {a.size} targets for a batch of {len(np.asarray(batch.rewards))} transitions"
+            )
+        return a
+
+
+def td_target_fn(fn: Callable[..., Any] | None = None, *, arrays: str = "numpy", gamma: float | None = None) -> Any:
+    """Declare how R7 calls your off-policy TD target; usable as a decorator.
+
+    ``fn`` takes one :class:`Transitions`, or keyword parameters named after its fields (``rewards,
+    terminated|terminations, truncated|truncations, next_values|next_q_values|target_max, gamma``), does what
+    your loop does with them (the done it stores in the replay buffer, then ``r + γ·(1 − done)·next_value``)
+    and returns the targets ``(B,)``. ``arrays="torch"`` passes float32 tensors (flags as 0./1.)."""
+    if arrays not in ("numpy", "torch"):
+        raise ValueError(f"arrays must be 'numpy' or 'torch', not {arrays!r}")
+
+    def wrap(f: Callable[..., Any]) -> TDTargetFn:
+        return TDTargetFn(f, arrays, gamma)
+
+    return wrap(fn) if fn is not None else wrap
+
+
+def as_td_target_fn(obj: Any) -> TDTargetFn:
+    if isinstance(obj, TDTargetFn):
+        return obj
+    if not callable(obj):
+        raise RoleError("td_target_fn", f"is a {type(obj).__name__}, expected a callable (transitions -> targets)")
+    return TDTargetFn(obj)
+
+
+TD_KINDS = ("running", "terminated", "truncated", "both")
+
+#: mistakes a TD target makes at episode ends: name -> the cause a failure names
+TD_VARIANTS = {
+    "truncation_as_termination": (
+        "done = terminated or truncated is stored and used as (1 − done) in the target: a time-limit truncation is "
+        "treated as a termination, so r + γ·(1 − done)·Q(s') drops the value of the final observation where the "
+        "episode was only cut, and the critic learns that states near the time limit are worth less"
+    ),
+    "ends_ignored": (
+        "the target bootstraps every transition (r + γ·Q(s')), terminations included: the value of a terminal "
+        "state, which is 0, is added where the episode really ended"
+    ),
+    "termination_ignored": (
+        "the target cuts at truncations and bootstraps terminations (the flags are swapped): exactly the wrong "
+        "transitions lose their bootstrap"
+    ),
+}
+
+
+def td_batches(gamma: float, batches: int = 24, size: int = 8, seed: int = 0) -> list[Transitions]:
+    """One batch with one transition of each :data:`TD_KINDS` (distinct numbers), then random batches."""
+    out = [
+        Transitions(
+            np.array([0.5, 1.0, 1.5, 2.0]),
+            np.array([False, True, False, True]),
+            np.array([False, False, True, True]),
+            np.array([2.0, 3.0, 4.0, 5.0]),
+            gamma,
+        )
+    ]
+    rng = np.random.default_rng(seed)
+    for _ in range(batches):
+        kinds = rng.integers(0, 4, size)
+        out.append(
+            Transitions(
+                rng.integers(-3, 4, size).astype(np.float64),
+                (kinds == 1) | (kinds == 3),
+                (kinds == 2) | (kinds == 3),
+                rng.integers(-3, 4, size).astype(np.float64) + 0.5,
+                gamma,
+            )
+        )
+    return out
+
+
+def reference_td(b: Transitions, variant: str | None = None) -> np.ndarray:
+    """r + γ·(1 − terminated)·next_value (float64); ``variant`` computes a :data:`TD_VARIANTS` mistake."""
+    term, trunc = np.asarray(b.terminated, bool), np.asarray(b.truncated, bool)
+    keep = ~term
+    if variant == "truncation_as_termination":
+        keep = ~(term | trunc)
+    elif variant == "ends_ignored":
+        keep = np.ones_like(term)
+    elif variant == "termination_ignored":
+        keep = ~trunc
+    return np.asarray(b.rewards, np.float64) + b.gamma * np.asarray(b.next_values, np.float64) * keep
+
+
+def td_kind(b: Transitions, i: int) -> str:
+    return TD_KINDS[int(bool(b.terminated[i])) + 2 * int(bool(b.truncated[i]))]
+
+
+# --------------------------------------------------------------------------------------------------
 # Hypothesis strategies
 
 END_KINDS = ("-", "-", "terminated", "truncated", "both")
@@ -796,6 +984,56 @@ def sb3_advantage_fn(algo: Any) -> AdvantageFn:
     )
 
 
+#: transitions an SB3 off-policy algorithm stores, in order: (kind, VecEnv done, infos["TimeLimit.truncated"])
+SB3_STORED = (
+    ("running", False, False),
+    ("truncated", True, True),
+    ("running", False, False),
+    ("terminated", True, False),
+)
+
+
+def sb3_sampled_dones(algo: Any) -> dict[str, float]:
+    """The done each kind of transition is sampled with from a fresh replay buffer of the algorithm's class and
+    arguments, given the transitions the way ``OffPolicyAlgorithm._store_transition`` adds them (the VecEnv's
+    done = terminated or truncated, ``infos["TimeLimit.truncated"]`` for a time-limit truncation)."""
+    from stable_baselines3.common.preprocessing import get_action_dim
+
+    rb = algo.replay_buffer
+    kwargs = dict(getattr(algo, "replay_buffer_kwargs", None) or {})
+    buf = type(rb)(
+        len(SB3_STORED) * 2,
+        algo.observation_space,
+        algo.action_space,
+        device="cpu",
+        n_envs=1,
+        optimize_memory_usage=bool(getattr(rb, "optimize_memory_usage", False)),
+        **kwargs,
+    )
+    obs = _zeros_for(algo.observation_space, 1)
+    actions = np.zeros((1, get_action_dim(algo.action_space)), np.float32)
+    for _, done, timeout in SB3_STORED:
+        infos = [{"TimeLimit.truncated": True}] if timeout else [{}]
+        buf.add(obs, obs, actions, np.ones(1, np.float32), np.array([done]), infos)
+    samples = buf._get_samples(np.arange(len(SB3_STORED)))
+    dones = to_numpy(samples.dones).reshape(-1)
+    return {kind: float(dones[i]) for i, (kind, _, _) in enumerate(SB3_STORED) if kind != "running" or i == 0}
+
+
+def env_time_limits(algo: Any) -> list[int | None] | None:
+    """max_episode_steps of each of the algorithm's envs (None: no time limit), or None when unknown."""
+    env = algo.get_env()
+    if env is None:
+        return None
+    try:
+        specs = env.get_attr("spec")
+    except Exception:  # noqa: BLE001 - a VecEnv that cannot say
+        return None
+    if any(s is None for s in specs):
+        return None
+    return [getattr(s, "max_episode_steps", None) for s in specs]
+
+
 @dataclass
 class PolicyRollout:
     """Observations as the policy saw them, and (on-policy) the raw GAE advantages of the same steps."""
@@ -1116,7 +1354,8 @@ def running_statistics(root: Any, depth: int = 6) -> tuple[dict[str, Any], list[
         for attr in ("venv", "env"):  # SB3 VecEnvWrapper, gymnasium (vector) wrappers, an algorithm's env
             inner = own.get(attr)
             if inner is not None and is_env(inner):
-                visit(inner, d - 1)
+                # a wrapper chain costs no depth: CleanRL's sub-envs hold NormalizeObservation under 4 wrappers
+                visit(inner, d if is_env(obj) else d - 1)
         subs = own.get("envs")  # gymnasium's SyncVectorEnv: CleanRL wraps each sub-env in NormalizeObservation
         if isinstance(subs, (list, tuple)):
             for i, sub in enumerate(subs[:16]):
@@ -1195,6 +1434,7 @@ LOG_KEYS = {
     **detectors.LOG_KEYS,  # R1's reward, kl and length: shared with the watch of a real run
     "value_loss": ("train/value_loss", "value_loss", "loss/value", "vf_loss"),
     "zero_std": ("frac_reward_zero_std",),
+    "learning_rate": ("train/learning_rate", "learning_rate"),
 }
 
 
@@ -1210,6 +1450,78 @@ def log_series(log: Any, what: str) -> tuple[str | None, list[tuple[int, float]]
         if points:
             return key, points
     return None, []
+
+
+class TrainLog(list):
+    """A log derived from a user's object (list of dicts per logged step), with where it was read."""
+
+    source: str = "dlcheck_train_log"
+
+
+class LogUnavailable(Exception):
+    """An SB3 algorithm whose logger keeps no history R1 can read; the message says why and how."""
+
+
+#: SB3 logs the env steps done so far under this key: the step of each row
+SB3_STEP_KEY = "time/total_timesteps"
+
+
+def _log_number(value: Any) -> Any:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def sb3_train_log(algo: Any) -> TrainLog:
+    """The log of an SB3 algorithm's run, read back from its logger's file outputs: a csv logger's
+    progress.csv or a json logger's progress.json (``configure(folder, ["csv"])`` then
+    ``model.set_logger(...)`` or ``learn()``), one dict per dump with ``step`` = time/total_timesteps.
+    Raises :class:`LogUnavailable` when the logger writes no such file (SB3's default logger: stdout
+    or nothing; TensorBoard event files are not read)."""
+    import csv
+    import json
+    from pathlib import Path
+
+    name = type(algo).__name__
+    logger = getattr(algo, "_logger", None)
+    if logger is None:
+        raise LogUnavailable(f"{name} has no logger yet: call model.learn(...) in the fixture")
+    formats = list(getattr(logger, "output_formats", None) or [])
+    kinds = [type(f).__name__ for f in formats]
+    rows: list[dict[str, Any]] = []
+    source = ""
+    for fmt in formats:
+        path = getattr(getattr(fmt, "file", None), "name", None)
+        kind = type(fmt).__name__
+        if not isinstance(path, str) or kind not in ("CSVOutputFormat", "JSONOutputFormat"):
+            continue
+        getattr(fmt.file, "flush", lambda: None)()
+        text = Path(path).read_text()
+        if kind == "CSVOutputFormat":
+            raw = list(csv.DictReader(text.splitlines()))
+        else:
+            raw = [json.loads(line) for line in text.splitlines() if line.strip()]
+        rows = [{k: v for k, v in ((k, _log_number(v)) for k, v in r.items()) if v is not None} for r in raw]
+        source = f"{name}'s logger ({Path(path).name} in {Path(path).parent})"
+        break
+    if not source:
+        pending = len(getattr(logger, "name_to_value", None) or {})
+        raise LogUnavailable(
+            f"{name}'s logger writes no history R1 can read (outputs: "
+            f"{', '.join(k.replace('OutputFormat', '').lower() for k in kinds) or 'none'}; name_to_value holds only "
+            f"the {pending} value(s) recorded since its last dump): give it a csv output, "
+            f"model.set_logger(stable_baselines3.common.logger.configure(folder, ['stdout', 'csv'])), before "
+            "model.learn(...), or define dlcheck_train_log"
+        )
+    log = TrainLog()
+    for i, row in enumerate(rows):
+        step = row.get(SB3_STEP_KEY)
+        log.append({**row, "step": int(step) if step is not None and math.isfinite(step) else i})
+    log.source = source
+    return log
 
 
 def iter_minibatches(value: Any) -> Iterator[Any]:
@@ -1280,6 +1592,7 @@ __all__ = [
     "PolicyRollout",
     "Rollout",
     "Scale",
+    "TrainLog",
     "advantage_fn",
     "compare",
     "reference_gae",

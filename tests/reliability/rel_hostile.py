@@ -434,6 +434,7 @@ KINDS: dict[tuple[str, str], tuple[str, ...]] = {
     ("llm", "raw_dataset"): ("none", "int", "dict", "empty", "missing_keys", "endless", "huge"),
     ("llm", "dataloader"): CORE_GENERIC + LOADER,
     ("llm", "eval_dataset"): ("none", "int", "empty", "missing_keys", "raise_at"),
+    ("llm", "documents"): ("none", "int", "dict", "raises", "empty", "endless", "huge"),
     ("llm", "compute_metrics"): ("int", "raises", "raises_call", "returns_none", "returns_str"),
     ("llm", "training_args"): ("int", "dict", "object", "raises"),
     ("llm", "trainer"): ("int", "str", "dict", "object", "raises"),

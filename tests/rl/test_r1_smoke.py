@@ -110,3 +110,64 @@ def test_information_items(project):
     run.assert_outcome("sb3", "R6", "skipped")
     assert "train/value_loss went from 0.8 (step 2048) to 45 (step 100000)" in run.text
     assert "dlcheck_algorithm was built with seed=0" in run.text
+
+
+SB3_RUN = """
+    import pytest, torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.logger import configure
+
+    @pytest.fixture(scope="session")
+    def dlcheck_algorithm(tmp_path_factory):
+        torch.set_num_threads(1)
+        model = PPO(
+            "MlpPolicy", "CartPole-v1", learning_rate={schedule}, n_steps=128, batch_size=64, n_epochs=4,
+            stats_window_size=10, seed=0, device="cpu", verbose={verbose},
+        )
+        if {csv}:
+            model.set_logger(configure(str(tmp_path_factory.mktemp("ppo_log")), ["csv"]))
+        model.learn(128 * 12)
+        return model
+"""
+
+#: a step decay for the last quarter of the run (SB3 calls the schedule with the progress remaining, 1 -> 0)
+#: written with * where / was meant: the rate jumps from 3e-4 to 0.3 and PPO's policy collapses
+STEP_UP = "lambda p: 3e-4 if p > 0.25 else 3e-4 * 1000"
+STEP_DOWN = "lambda p: 3e-4 if p > 0.25 else 3e-4 / 1000"
+
+
+def test_an_sb3_run_is_read_from_its_logger(project):
+    """A Stable-Baselines3 user gives only dlcheck_algorithm: R1 reads its csv logger's progress.csv after
+    model.learn(); the collapse after the schedule's step up fails, the step down passes, and a logger that
+    keeps no history (stdout) skips naming the csv output."""
+    run = run_configs(
+        project,
+        {
+            "collapse": SB3_RUN.format(schedule=STEP_UP, verbose=0, csv=True),
+            "decay": SB3_RUN.format(schedule=STEP_DOWN, verbose=0, csv=True),
+            "stdout": SB3_RUN.format(schedule=STEP_DOWN, verbose=1, csv=False),
+        },
+        "--dlcheck=R1,R5",
+        "-rA",
+    )
+    run.assert_outcome("collapse", "R1", "failed")
+    text = run.flat("collapse", "R1")
+    assert "PPO's logger (progress.csv in " in text
+    assert "step 1536: rollout/ep_rew_mean drops to 8.9 from a median 24.9 (-5.52 spreads) while " in text, text
+    assert "train/approx_kl 113 vs median 0.001 before" in text and "rollout/ep_len_mean 8.9 vs median 24.9" in text
+    assert "step 1408: rollout/ep_rew_mean 13, train/approx_kl 61.2, rollout/ep_len_mean 13" in text
+    assert "train/learning_rate: 0.0003 at step 256 -> 0.3 at step 1536" in text
+    assert "the reward collapsed together with the outputs" in text
+    assert "lower learning_rate or fix its schedule" in text and "GRPOConfig" not in text
+
+    assert run.passed("decay", "R1").startswith("12 logged steps of PPO's logger (progress.csv in ")
+    assert "none together with a KL spike or a length collapse" in run.text
+    # the same log gives R5 the critic's loss
+    assert "train/value_loss went from " in run.text
+
+    run.assert_outcome("stdout", "R1", "skipped")
+    assert (
+        "missing role: define fixture dlcheck_train_log in conftest.py, or: PPO's logger writes no history R1 can "
+        "read (outputs: human; name_to_value holds only the 10 value(s) recorded since its last dump): give it a csv "
+        "output" in run.skips["stdout"]
+    ), run.text

@@ -200,16 +200,33 @@ def test_the_live_statistics_are_left_as_they_were(project):
 
 SUBENVS = """
     import pickle, pytest
+    import numpy as np
     import gymnasium as gym
 
-    def make_envs():
-        # CleanRL: each sub-env of the SyncVectorEnv wrapped in NormalizeObservation (and NormalizeReward)
+    def make_env():
+        # ppo_continuous_action.py's make_env on gymnasium 1.x: NormalizeObservation four wrappers deep
         def thunk():
-            return gym.wrappers.NormalizeReward(gym.wrappers.NormalizeObservation(gym.make("CartPole-v1")))
-        return gym.vector.SyncVectorEnv([thunk for _ in range(2)])
+            env = gym.make("Pendulum-v1")
+            env = gym.wrappers.FlattenObservation(env)
+            env = gym.wrappers.RecordEpisodeStatistics(env)
+            env = gym.wrappers.ClipAction(env)
+            env = gym.wrappers.NormalizeObservation(env)
+            env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
+            env = gym.wrappers.NormalizeReward(env, gamma=0.99)
+            env = gym.wrappers.TransformReward(env, lambda reward: np.clip(reward, -10, 10))
+            return env
+        return thunk
+
+    def make_envs():
+        return gym.wrappers.vector.RecordEpisodeStatistics(gym.vector.SyncVectorEnv([make_env() for _ in range(2)]))
 
     def obs_wrappers(envs):
-        return [e.env for e in envs.envs]  # NormalizeReward(NormalizeObservation(...)).env
+        found = []
+        for e in envs.env.envs:  # each sub-env, down its wrapper chain
+            while not isinstance(e, gym.wrappers.NormalizeObservation):
+                e = e.env
+            found.append(e)
+        return found
 
     @pytest.fixture(scope="session")
     def dlcheck_env():
@@ -223,7 +240,7 @@ SUBENVS = """
     def dlcheck_save_agent(dlcheck_env):
         def save(d):
             (d / "agent.txt").write_text("weights")
-            if {keep}:
+            if "{keep}" != "none":
                 (d / "obs_rms.pkl").write_bytes(pickle.dumps([w.obs_rms for w in obs_wrappers(dlcheck_env)]))
         return save
 
@@ -231,21 +248,62 @@ SUBENVS = """
     def dlcheck_load_agent():
         def load(d):
             envs = make_envs()
-            if {keep}:
-                for w, rms in zip(obs_wrappers(envs), pickle.loads((d / "obs_rms.pkl").read_bytes())):
-                    w.obs_rms = rms
+            if "{keep}" != "none":
+                saved = pickle.loads((d / "obs_rms.pkl").read_bytes())
+                for i, w in enumerate(obs_wrappers(envs)):
+                    # "first": the statistics of sub-env 0 put into every sub-env
+                    w.obs_rms = saved[i if "{keep}" == "all" else 0]
+                    w.update_running_mean = False
             return envs
         return load
 """
 
 
 def test_statistics_inside_a_vector_envs_sub_envs(project):
-    # CleanRL's fix: the observation statistics of every sub-env saved and put back (the reward normaliser's
-    # are not: they do not reach the policy, and are noted, not judged)
+    """CleanRL's fix (the observation statistics of every sub-env saved and put back into the same sub-env's
+    wrapper) passes; the reward normaliser's are not carried: they do not reach the policy, noted, not judged.
+    The bug (fresh envs, nothing restored) fails saying the load gave fresh statistics; a load that puts sub-env
+    0's statistics into every sub-env fails saying it gave other statistics, not fresh ones."""
     run = run_configs(
-        project, {"kept": SUBENVS.format(keep=True), "lost": SUBENVS.format(keep=False)}, "--dlcheck=R4", "-rA"
+        project,
+        {
+            "kept": SUBENVS.format(keep="all"),
+            "lost": SUBENVS.format(keep="none"),
+            "mixed": SUBENVS.format(keep="first"),
+        },
+        "--dlcheck=R4",
+        "-rA",
     )
-    run.assert_outcome("kept", "R4", "passed")
-    assert "envs[0].obs_rms (mean, var, count" in run.run.text, run.run.text
+    assert run.passed("kept", "R4").startswith("save_agent wrote 2 file(s) (agent.txt, obs_rms.pkl); after load_agent")
+    lines = run.text.splitlines()
+    assert (
+        "save_agent wrote 2 file(s) (agent.txt, obs_rms.pkl); after load_agent all 6 values the policy depends on "
+        "are as saved (rtol 1e-06): envs[0].obs_rms (mean, var, count 31), envs[1].obs_rms (mean, var, count 31)"
+    ) in lines, run.text
+    assert (
+        "not carried, not judged: envs[0].ret_rms, envs[1].ret_rms (a reward normaliser's statistics: a resumed "
+        "training run would scale its rewards afresh)"
+    ) in lines, run.text
+
     run.assert_outcome("lost", "R4", "failed")
-    assert "envs[0].obs_rms.count:" in run.flat("lost", "R4")
+    text = run.flat("lost", "R4")
+    assert "saved 1 file(s) (agent.txt); after the load:" in text
+    for i in (0, 1):
+        assert (
+            f"envs[{i}].obs_rms: the load gave fresh statistics (mean 0, var 1, count 0.0001: a normaliser built "
+            f"anew), not the saved ones (count 31)" in text
+        ), text
+        assert f"envs[{i}].obs_rms.count: 31 before the save, 0.0001 after the load" in text
+    assert "envs[0].obs_rms.var: [" in text and "[1, 1, 1] after the load" in text
+    assert "other statistics" not in text and "ret_rms" not in text
+    assert "the loaded run normalises observations with fresh statistics (mean 0, var 1" in text
+    assert "model.save()" not in text and "VecNormalize" not in text  # not an SB3 pipeline
+    assert "NormalizeObservation inside each sub-env (envs.envs[i], down its wrapper chain through .env)" in text
+
+    run.assert_outcome("mixed", "R4", "failed")
+    text = run.flat("mixed", "R4")
+    assert "envs[1].obs_rms: the load gave other statistics than the saved ones (mean, var differ: count 31" in text
+    assert "envs[0].obs_rms" not in text  # sub-env 0 got its own statistics back
+    assert "fresh statistics" not in text
+    assert "the load does not put the saved normalisation statistics back where they were" in text
+    assert "Traceback" not in run.text

@@ -207,3 +207,93 @@ def test_torch_view_keeps_flags_as_floats():
     r = rl.sample_rollouts(1)[0].as_torch()
     assert r.terminated.dtype == torch.float32 and r.rewards.dtype == torch.float32
     assert pytest.approx(float((1.0 - r.terminated).min())) in (0.0, 1.0)
+
+
+CLEANRL_DQN = """
+    import numpy as np, pytest, torch
+    from gymnasium import spaces
+    from stable_baselines3.common.buffers import ReplayBuffer
+    from pytest_dlcheck.rl import td_target_fn
+
+    OBS, ACT = spaces.Box(-1.0, 1.0, (2,), np.float32), spaces.Discrete(2)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_td_target_fn():
+        # CleanRL's dqn.py: an SB3 ReplayBuffer with handle_timeout_termination=False, the loop's flags stored as
+        # its dones, the target r + γ·max_a Q_target(s', a)·(1 − done) (next_values stands for target_max)
+        def td_target(rewards, terminations, truncations, next_values, gamma):
+            rb = ReplayBuffer(len(rewards), OBS, ACT, "cpu", handle_timeout_termination=False)
+            for i in range(len(rewards)):
+                done = {stored}
+                rb.add(np.zeros((1, 2)), np.zeros((1, 2)), np.zeros((1, 1)), rewards[i : i + 1].numpy(),
+                       np.array([done.item()]), [{{}}])
+            data = rb._get_samples(np.arange(len(rewards)))
+            return data.rewards.flatten() + gamma * next_values * (1 - data.dones.flatten())
+        return td_target_fn(td_target, arrays="torch")
+"""
+
+SB3_DQN = """
+    import pytest, tiny_rl
+    from stable_baselines3 import DQN
+
+    @pytest.fixture(scope="session")
+    def dlcheck_algorithm():
+        {make}
+"""
+
+MEMORY_DQN = """algo = DQN("MlpPolicy", "CartPole-v1", buffer_size=500, learning_starts=50, optimize_memory_usage=True,
+                   replay_buffer_kwargs=dict(handle_timeout_termination=False), device="cpu", seed=0)
+        return algo.learn(120)"""
+
+
+def test_off_policy_td_targets(project):
+    """Off-policy: a loop that stores done = terminated or truncated fails (its targets drop Q(s') at time-limit
+    truncations), storing terminations passes; SB3's DQN is judged by its replay buffer's
+    handle_timeout_termination (its default passes, the memory-saving configuration that turns it off fails)."""
+    run = run_configs(
+        project,
+        {
+            "cleanrl_bug": CLEANRL_DQN.format(stored="terminations[i] + truncations[i] > 0"),
+            "cleanrl": CLEANRL_DQN.format(stored="terminations[i]"),
+            "sb3_memory": SB3_DQN.format(make=MEMORY_DQN),
+            "sb3_default": SB3_DQN.format(make="return tiny_rl.trained_dqn()"),
+            "buffer_only": "import pytest, tiny_rl\n\n@pytest.fixture\ndef dlcheck_replay_buffer():\n"
+            "    return tiny_rl.trained_dqn().replay_buffer\n",
+        },
+        "--dlcheck=R7",
+        "-rA",
+    )
+    run.assert_outcome("cleanrl_bug", "R7", "failed")
+    text = run.flat("cleanrl_bug", "R7")
+    assert (
+        "dlcheck_td_target_fn disagrees with r + γ·(1 − terminated)·next_value (γ 0.99) at the truncated "
+        "transitions of " in text
+    ), text
+    assert "truncated: reward 1.5, next_value 4 -> yours 1.5, reference 5.46 (r + γ·next_value) <-" in text
+    assert "terminated: reward 1, next_value 3 -> yours 1, reference 1 (r)" in text
+    assert "running: reward 0.5, next_value 2 -> yours 2.48, reference 2.48" in text
+    assert "on all 25 batches your targets equal exactly what this mistake computes" in text
+    assert "done = terminated or truncated is stored and used as (1 − done) in the target" in text
+    assert "rb.add(obs, real_next_obs, actions, rewards, terminations, infos)" in text
+
+    assert run.passed("cleanrl", "R7").startswith("dlcheck_td_target_fn agrees with r + γ·(1 − terminated)·next_val")
+    assert "time-limit truncations are bootstrapped, terminations are not" in run.text
+
+    run.assert_outcome("sb3_memory", "R7", "failed")
+    text = run.flat("sb3_memory", "R7")
+    assert (
+        "DQN.replay_buffer (ReplayBuffer) has handle_timeout_termination=False (optimize_memory_usage=True, which SB3 "
+        "cannot combine with it): it samples the done DQN stores, terminated or truncated, so its env's time-limit "
+        "truncations (time limit 500 steps) enter r + γ·(1 − done)·Q(s') as terminations" in text
+    ), text
+    assert "samples a time-limit truncation with done 1 and a termination with done 1" in text
+    assert "replay_buffer_kwargs=dict(handle_timeout_termination=True)) with optimize_memory_usage=False" in text
+
+    assert run.passed("sb3_default", "R7").startswith(
+        "DQN.replay_buffer (ReplayBuffer) has handle_timeout_termination=True"
+    )
+    assert "samples a time-limit truncation with done 0 and a termination with done 1" in run.text
+
+    run.assert_outcome("buffer_only", "R7", "skipped")
+    assert "missing role: define fixture dlcheck_td_target_fn" in run.skips["buffer_only"], run.text
+    assert "Traceback" not in run.text
