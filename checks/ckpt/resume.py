@@ -6,7 +6,7 @@ from ...registry import Setting, check
 from ...training import get_setup, memo_or_skip, run_or_skip
 
 #: the order pieces are tried in: the usual culprits first, the weights last
-ORDER = ("optimizer", "lr_scheduler", "scaler", "rng", "data position", "ema", "model")
+ORDER = ("optimizer", "lr_scheduler", "hand-stepped scheduler", "scaler", "rng", "data position", "ema", "model")
 
 WHAT = {
     "optimizer": "the optimizer state (Adam's moments and step counts): the resumed run restarts them from zero",
@@ -17,6 +17,28 @@ WHAT = {
     "ema": "the EMA weights",
     "model": "the model weights",
 }
+
+
+def _hand_what(run: Any) -> str:
+    """The cause's words for LR schedulers a LightningModule keeps in its attributes and steps by hand."""
+    found = run.uninterrupted.notes.get("hand_schedulers") or {}
+    names = ", ".join(f"{label} ({kind})" for label, kind in found.items()) or "a scheduler stepped by hand"
+    return (
+        f"the LR scheduler {names} that the module creates and steps by hand: Lightning knows only the schedulers "
+        "configure_optimizers returns, so it is not in the checkpoint, and the resumed run starts it again from its "
+        "first step (the warmup/decay restarts)"
+    )
+
+
+def _lr_side(run: Any) -> str | None:
+    """``step 3: 0.0033 vs 0.01, ...``: the learning rates of the resumed steps beside the uninterrupted
+    run's, when they differ somewhere (None otherwise)."""
+    base = {s.step: s.lr for s in run.uninterrupted.steps}
+    resumed = [(s.step, s.lr) for s in run.resumed.steps if s.step > run.saved_at and s.lr is not None]
+    pairs = [(st, lr, base[st]) for st, lr in resumed if base.get(st) is not None]
+    if not any(lr != ref for _, lr, ref in pairs):
+        return None
+    return ", ".join(f"step {st}: {lr:.6g} vs {ref:.6g}" for st, lr, ref in pairs[:4])
 
 
 def _curves(dlcheck, run: Any) -> None:
@@ -182,6 +204,13 @@ def _fix(setup: Any, missing: list[str]) -> str:
                 "on_save_checkpoint(checkpoint) and restore them in on_load_checkpoint (or set C1.check_rng=false "
                 "if an exact resume does not matter to you)"
             )
+        if "hand-stepped scheduler" in missing:
+            parts.append(
+                'return the scheduler from configure_optimizers: {"optimizer": opt, "lr_scheduler": {"scheduler": '
+                'sched, "interval": "step"}} (Lightning then steps, saves and restores it), or save and restore it '
+                'yourself: checkpoint["lr_scheduler"] = sched.state_dict() in on_save_checkpoint, '
+                "sched.load_state_dict(...) from on_load_checkpoint's checkpoint once the scheduler exists"
+            )
         if set(missing) & {"optimizer", "lr_scheduler"}:
             parts.append(
                 "return the optimizer and the scheduler from configure_optimizers (a scheduler stepped by hand is "
@@ -296,6 +325,15 @@ def check_resume(dlcheck):
         None: every run that saves checkpoints may be resumed from one.
     """
     setup = get_setup(dlcheck)
+    try:
+        _resume_verdict(dlcheck, setup)
+    finally:
+        # the uninterrupted run's saved state (model and optimizer copies) serves C1's diagnostic resumes
+        # only: freed once C1 is decided (at most one extra copy of the trainable state held across checks)
+        setup.__dict__.pop("_baselines", None)
+
+
+def _resume_verdict(dlcheck: Any, setup: Any) -> None:
     total = dlcheck.setting("steps")
     if total < 2:
         dlcheck.skip("C1.steps must be at least 2")
@@ -370,6 +408,9 @@ def check_resume(dlcheck):
         f"{what}",
         f"losses resumed vs uninterrupted: {side}" if side else "the resumed run logged no loss",
     ]
+    lrs = _lr_side(run)
+    if lrs:
+        evidence.append(f"learning rates resumed vs uninterrupted: {lrs}")
     if setup.kind == "trainer":
         held = [f for f in run.pieces.values() if f]
         lacking = [p for p, f in run.pieces.items() if not f]
@@ -389,7 +430,12 @@ def check_resume(dlcheck):
             "its own tensors show what the resume lost",
         )
     cause = "the checkpoint does not restore " + "; nor ".join(
-        _ema_what(lost_emas[p]) if p in lost_emas else WHAT.get(p, f"state['{p}']") for p in missing
+        _ema_what(lost_emas[p])
+        if p in lost_emas
+        else _hand_what(run)
+        if p == "hand-stepped scheduler"
+        else WHAT.get(p, f"state['{p}']")
+        for p in missing
     )
     fix = _fix(setup, missing)
     if "model" in missing and setup.kind in ("loop", "accelerate") and _is_peft(dlcheck, setup):
