@@ -15,7 +15,7 @@ import torch
 from ..errors import MISSING, RoleError
 from ..guard import preserved_rng
 from ..session import user_call
-from .resume import Baseline, InterruptedSave, ResumeRun, SaveInterrupted, interrupted_saves, read_saved, same_weights
+from .resume import Baseline, InterruptedSave, ResumeRun, SaveInterrupted, interrupted_saves, read_saved
 from .runs import (
     SEED,
     Fresh,
@@ -290,7 +290,9 @@ class LoopSetup:
             # save right after an optimizer step (never inside a gradient accumulation) at or past half way
             if "_saved_at" not in truth and i + 1 >= total // 2 and stepped:
                 user_call("save_checkpoint", lambda: self.save(state, str(path)))
-                truth.update(_loop_truth(state))
+                # the state at the save, for the diagnostic resumes: kept on disk, not in memory (at most
+                # one extra copy of the training state is alive at a time)
+                truth.update(_offload(_loop_truth(state), self.tmp.mktemp("dlcheck-truth") / "state.pt"))
                 truth["_saved_at"] = i + 1
 
         with preserved_rng():
@@ -343,7 +345,28 @@ def _loop_truth(state: dict[str, Any]) -> dict[str, Any]:
     return truth
 
 
+class _OnDisk:
+    """A piece of the saved training state written to ``file`` (loaded when a diagnosis puts it back)."""
+
+    def __init__(self, file: Path, key: str):
+        self.file, self.key = file, key
+
+    def load(self) -> Any:
+        return torch.load(self.file, weights_only=False)[self.key]
+
+
+def _offload(truth: dict[str, Any], file: Path) -> dict[str, Any]:
+    """The state dicts of ``truth`` (model, optimizer, EMA…) written to ``file`` and replaced by
+    :class:`_OnDisk` handles; the RNG states (small) stay in memory."""
+    heavy = {k: v for k, v in truth.items() if k != "rng"}
+    if not heavy:
+        return truth
+    torch.save(heavy, file)
+    return {k: (_OnDisk(file, k) if k in heavy else v) for k, v in truth.items()}
+
+
 def _loop_restore(state: dict[str, Any], truth: dict[str, Any], restore: frozenset[str]) -> None:
+    truth = {k: (v.load() if isinstance(v, _OnDisk) else v) for k, v in truth.items() if k in restore}
     for piece in restore:
         if piece == "rng":
             set_rng_state(truth["rng"])
@@ -356,6 +379,17 @@ def _loop_restore(state: dict[str, Any], truth: dict[str, Any], restore: frozens
                 state[piece].load_state_dict(copy.deepcopy(truth[piece]))
 
 
+def _fingerprints(model: Any) -> dict[str, str]:
+    """A hash of every tensor of the model's state dict: equal weights, equal fingerprints (no copy kept)."""
+    import hashlib
+
+    out = {}
+    for k, v in model.state_dict().items():
+        data = v.detach().cpu().contiguous().reshape(-1)
+        out[k] = hashlib.sha1(data.view(torch.uint8).numpy().tobytes()).hexdigest() if data.numel() else ""
+    return out
+
+
 def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
     """Save a checkpoint, train a step, save again to the same path and interrupt that save half way; then
     load the path into fresh objects with the user's load function."""
@@ -366,7 +400,8 @@ def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
     path = setup.tmp.mktemp("dlcheck-atomic") / "checkpoint"
     first = setup.state()
     user_call("save_checkpoint", lambda: setup.save(first, str(path)))
-    old_weights = {k: v.detach().clone() for k, v in first["model"].state_dict().items()}
+    old_weights = _fingerprints(first["model"])
+    first = None  # one training state alive at a time
     # the control: the checkpoint must load when nothing interrupts anything, or an interrupted save is
     # not what would break the resume (torch >= 2.6 loads with weights_only=True: a checkpoint holding an
     # argparse.Namespace, as torchvision's references save, fails to load either way)
@@ -380,6 +415,7 @@ def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
             f"dlcheck_save_checkpoint has just written, with no interruption: {type(exc).__name__}: "
             f"{' '.join(str(exc).split())[:240]} (C1 reports the failing resume)"
         ) from None
+    control = None
     sizes = {
         p.name: p.stat().st_size
         for p in ([path] if path.is_file() else path.parent.glob(path.name + "*"))
@@ -388,7 +424,7 @@ def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
     second = setup.state()
     with preserved_rng():
         setup.run(second, setup.batches(1), 0, Trajectory())
-    new_weights = {k: v.detach().clone() for k, v in second["model"].state_dict().items()}
+    new_weights = _fingerprints(second["model"])
     written_before = _files_under(path)
     with interrupted_saves() as hits:
         try:
@@ -406,6 +442,7 @@ def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
         if p.is_file()
     }
     size_text = "; ".join(f"{n}: {sizes.get(n, 0)} -> {after.get(n, 0)} bytes" for n in sorted(set(sizes) | set(after)))
+    second = None
     third = setup.state()
     try:
         with preserved_rng():
@@ -421,6 +458,6 @@ def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
             sizes=size_text,
             overwrote=str(Path(hits[0]).resolve()) in written_before,
         )
-    loaded = {k: v.detach() for k, v in third["model"].state_dict().items()}
-    which = "previous" if same_weights(loaded, old_weights) else "new" if same_weights(loaded, new_weights) else "mixed"
+    loaded = _fingerprints(third["model"])
+    which = "previous" if loaded == old_weights else "new" if loaded == new_weights else "mixed"
     return InterruptedSave("dlcheck_save_checkpoint", hits[0], str(path), None, which, size_text)
