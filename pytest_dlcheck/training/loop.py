@@ -38,6 +38,7 @@ from .runs import (
     seed_all,
     set_rng_state,
     to_device,
+    unwrap_prepared,
     watch_optimizer,
 )
 
@@ -227,6 +228,7 @@ class LoopSetup:
         traj.notes["optimizer"] = state.get("optimizer")
         traj.notes["scheduler"] = state.get("lr_scheduler")
         model = state["model"]
+        _release_training_memory(state)
         return traj, Fresh(
             model,
             lambda b: self.loss_of(model, to_device(b, device_of(model))),
@@ -377,6 +379,19 @@ def _loop_restore(state: dict[str, Any], truth: dict[str, Any], restore: frozens
                 state[piece].load_state_dict(copy.deepcopy(truth[piece]), strict=False)
             else:
                 state[piece].load_state_dict(copy.deepcopy(truth[piece]))
+
+
+def _release_training_memory(state: dict[str, Any]) -> None:
+    """After the shared smoke run its checks read the trajectory, the trained weights and the optimizer's
+    settings only: drop the gradients and the optimizer's moments (two copies of the weights under Adam),
+    which would otherwise stay alive for the whole session."""
+    for obj in state.values():
+        if isinstance(obj, torch.nn.Module):
+            for p in obj.parameters():
+                p.grad = None
+        inner = unwrap_prepared(obj)
+        if isinstance(inner, torch.optim.Optimizer):
+            inner.state.clear()
 
 
 def _fingerprints(model: Any) -> dict[str, str]:
