@@ -9,6 +9,7 @@ from typing import Any, NoReturn
 import pytest
 
 from . import registry, twin
+from .cost import users_work
 from .errors import MISSING, CheckFailed, RoleError
 from .report import jsonable
 from .roles import ROLES, derive, given
@@ -31,7 +32,8 @@ def fixture_role(request: pytest.FixtureRequest, name: str) -> Any:
     the role's contract a RoleError). A fixture that raises is that role's error, reported at the
     user's fixture; raises FixtureLookupError when nobody defines the fixture."""
     try:
-        value = request.getfixturevalue(f"dlcheck_{name}")
+        with users_work():  # built during the check's call, it is still the user's fixture, not the check's work
+            value = request.getfixturevalue(f"dlcheck_{name}")
     except pytest.FixtureLookupError as exc:
         if getattr(exc, "argname", None) in (None, f"dlcheck_{name}"):
             raise  # nobody defines it: derive it, or skip

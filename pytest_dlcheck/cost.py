@@ -1,6 +1,7 @@
 """What a check costs in work, not seconds: the forward passes of models (a call of a module with parameters
 that is not inside another module's forward), the backward passes and the optimizer steps that happen while the check
-(its setup and call) runs. A shared run (the smoke run, a memoised forward) is counted by the check that
+(its setup and call) runs, except inside the user's own fixtures built during the call (:func:`users_work`).
+A shared run (the smoke run, a memoised forward) is counted by the check that
 first needed it and is free for the others, which is what sharing buys.
 
 Counting uses torch's global hooks (``register_module_forward_pre_hook`` / ``…_forward_hook`` with
@@ -16,6 +17,22 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+#: > 0 while the user's own fixtures are being built (:func:`users_work`): their passes are not the check's
+_paused = [0]
+
+
+@contextlib.contextmanager
+def users_work() -> Iterator[None]:
+    """Count nothing inside: a role fixture a check requests during its call (``request.getfixturevalue``)
+    builds the user's objects, which is the user's work, as it is when pytest builds it in the setup — a
+    project fixture that trains a few steps, or a PPO agent trained before it is handed over, costs the
+    same with or without the checks."""
+    _paused[0] += 1
+    try:
+        yield
+    finally:
+        _paused[0] -= 1
 
 
 @dataclass
@@ -46,7 +63,7 @@ def counting() -> Iterator[Cost]:
 
     def pre(module, args):
         depth = getattr(local, "depth", 0)
-        if depth == 0 and next(module.parameters(), None) is not None:  # a model, not a loss or an activation
+        if depth == 0 and not _paused[0] and next(module.parameters(), None) is not None:  # a model, not a loss
             cost.forward += 1
             twin = " (twin)" if getattr(module, "_dlcheck_twin", False) else ""  # pytest_dlcheck.twin
             cost.models[type(module).__name__ + twin] += 1
@@ -56,7 +73,8 @@ def counting() -> Iterator[Cost]:
         local.depth = max(getattr(local, "depth", 1) - 1, 0)
 
     def stepped(optimizer, args, kwargs):
-        cost.optimizer_steps += 1
+        if not _paused[0]:
+            cost.optimizer_steps += 1
 
     from torch.nn.modules import module as nn_module
     from torch.optim import optimizer as optim
@@ -70,7 +88,8 @@ def counting() -> Iterator[Cost]:
 
     def counted(fn):
         def run(*args, **kwargs):
-            cost.backward += 1
+            if not _paused[0]:
+                cost.backward += 1
             return fn(*args, **kwargs)
 
         return run

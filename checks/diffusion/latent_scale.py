@@ -33,67 +33,15 @@ def sf_name_plain(sf: float) -> str:
     return f"vae.config.scaling_factor ({sf:g})"
 
 
-def _scheduler_classes() -> list[Any]:
-    """Every loaded diffusers scheduler class that defines its own ``step``."""
-    from diffusers import SchedulerMixin
-
-    out, todo = [], [SchedulerMixin]
-    while todo:
-        cls = todo.pop()
-        todo.extend(cls.__subclasses__())
-        if "step" in cls.__dict__:
-            out.append(cls)
-    return out
-
-
 def decode_observed(dlcheck, vae) -> tuple[float, Any] | None:
-    """Runs dlcheck_sample_images once and returns (a, decode input) with ``decode input ≈ a · the last
-    latents a scheduler step produced`` (least squares), read by wrapping every scheduler class's ``step``
-    and this VAE's ``decode`` for the duration of the call; None when either was not seen."""
-    import torch
-
-    sample = dlcheck.optional("sample_images")
-    if sample is None or not callable(sample):
+    """(a, decode input) with ``decode input ≈ a · the last latents a scheduler step produced`` (least
+    squares), from the one run of dlcheck_sample_images that DF3, DF4 and DF6 share (``D.sampling_run``,
+    which wraps every scheduler class's ``step`` and this VAE's ``decode`` for the call); None when either
+    was not seen."""
+    run = D.sampling_run(dlcheck)
+    if run is None or dlcheck.optional("vae") is not vae:
         return None
-    last: list[Any] = []
-    decoded: list[Any] = []
-    patched: list[tuple[Any, Any]] = []
-
-    def wrap_step(orig):
-        def step(self, *args, **kwargs):
-            out = orig(self, *args, **kwargs)
-            prev = getattr(out, "prev_sample", None)
-            if prev is None and isinstance(out, tuple) and out:
-                prev = out[0]
-            if isinstance(prev, torch.Tensor):
-                last[:] = [prev.detach().float().cpu()]
-            return out
-
-        return step
-
-    had_decode = "decode" in vae.__dict__
-    orig_decode = vae.decode
-
-    def decode(z, *args, **kwargs):
-        if isinstance(z, torch.Tensor):
-            decoded.append((z.detach().float().cpu(), last[0] if last else None))
-        return orig_decode(z, *args, **kwargs)
-
-    try:
-        for cls in _scheduler_classes():
-            patched.append((cls, cls.__dict__["step"]))
-            cls.step = wrap_step(cls.__dict__["step"])
-        object.__setattr__(vae, "decode", decode)
-        with torch.random.fork_rng(), torch.no_grad():
-            D.run_sampler(dlcheck, sample)
-    finally:
-        for cls, orig in patched:
-            cls.step = orig
-        if had_decode:
-            object.__setattr__(vae, "decode", orig_decode)
-        else:
-            vae.__dict__.pop("decode", None)
-    pairs = [(z, x) for z, x in decoded if x is not None and z.shape == x.shape]
+    pairs = [(z, x) for z, x in run.decoded if x is not None and z.shape == x.shape]
     if not pairs:
         return None
     z, x = pairs[-1]

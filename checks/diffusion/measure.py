@@ -483,11 +483,21 @@ def user_callable(ctx: Any, name: str, obj: Any) -> Callable[..., Any]:
     return obj
 
 
-def sampling_scheduler(dlcheck) -> Any:
-    """The scheduler instance whose ``step`` ran last while ``dlcheck_sample_images`` ran once (a routine that
-    swaps ``pipeline.scheduler`` at sampling time is read as it really samples); None when there is no
-    sampling routine or no diffusers scheduler stepped. Every scheduler class's ``step`` is wrapped for the
-    call only, the RNG is forked, and a pipeline whose ``scheduler`` the routine replaced gets its own back."""
+@dataclass
+class SamplingRun:
+    """What one call of ``dlcheck_sample_images`` showed: the scheduler instance whose ``step`` ran last, and
+    each latent tensor that reached ``vae.decode`` with the last latents a scheduler step produced before it."""
+
+    scheduler: Any
+    decoded: list[tuple[Any, Any]]
+
+
+def sampling_run(dlcheck) -> SamplingRun | None:
+    """Runs ``dlcheck_sample_images`` once per session for DF3, DF4 and DF6 (memoised: the sampling loop runs
+    the denoiser once per step, the VAE's decoder and the text encoder too, so it is run once, not per check).
+    Every scheduler class's ``step`` and this VAE's ``decode`` are wrapped for the call only, the RNG is
+    forked, and a pipeline whose ``scheduler`` the routine replaced gets its own back. None when there is no
+    sampling routine."""
     import torch
     from diffusers import SchedulerMixin
 
@@ -495,33 +505,69 @@ def sampling_scheduler(dlcheck) -> Any:
     if sample is None or not callable(sample):
         return None
     pipe = dlcheck.optional("pipeline")
-    before = getattr(pipe, "scheduler", None)
-    used: list[Any] = []
-    patched: list[tuple[Any, Any]] = []
+    vae = dlcheck.optional("vae")
 
-    def wrap(orig):
-        def step(self, *args, **kwargs):
-            used[:] = [self]
-            return orig(self, *args, **kwargs)
+    def make() -> SamplingRun:
+        before = getattr(pipe, "scheduler", None)
+        used: list[Any] = []
+        last: list[Any] = []
+        decoded: list[tuple[Any, Any]] = []
+        patched: list[tuple[Any, Any]] = []
 
-        return step
+        def wrap(orig):
+            def step(self, *args, **kwargs):
+                used[:] = [self]
+                out = orig(self, *args, **kwargs)
+                prev = getattr(out, "prev_sample", None)
+                if prev is None and isinstance(out, tuple) and out:
+                    prev = out[0]
+                if isinstance(prev, torch.Tensor):
+                    last[:] = [prev.detach().float().cpu()]
+                return out
 
-    todo = [SchedulerMixin]
-    try:
-        while todo:
-            cls = todo.pop()
-            todo.extend(cls.__subclasses__())
-            if "step" in cls.__dict__:
-                patched.append((cls, cls.__dict__["step"]))
-                cls.step = wrap(cls.__dict__["step"])
-        with torch.random.fork_rng(), torch.no_grad():
-            run_sampler(dlcheck, sample)
-    finally:
-        for cls, orig in patched:
-            cls.step = orig
-        if before is not None and getattr(pipe, "scheduler", None) is not before:
-            pipe.register_modules(scheduler=before)
-    return used[0] if used else None
+            return step
+
+        had_decode = vae is not None and "decode" in vae.__dict__
+        orig_decode = getattr(vae, "decode", None)
+
+        def decode(z, *args, **kwargs):
+            if isinstance(z, torch.Tensor):
+                decoded.append((z.detach().float().cpu(), last[0] if last else None))
+            return orig_decode(z, *args, **kwargs)
+
+        todo = [SchedulerMixin]
+        try:
+            while todo:
+                cls = todo.pop()
+                todo.extend(cls.__subclasses__())
+                if "step" in cls.__dict__:
+                    patched.append((cls, cls.__dict__["step"]))
+                    cls.step = wrap(cls.__dict__["step"])
+            if callable(orig_decode):
+                object.__setattr__(vae, "decode", decode)
+            with torch.random.fork_rng(), torch.no_grad():
+                run_sampler(dlcheck, sample)
+        finally:
+            for cls, orig in patched:
+                cls.step = orig
+            if callable(orig_decode):
+                if had_decode:
+                    object.__setattr__(vae, "decode", orig_decode)
+                else:
+                    vae.__dict__.pop("decode", None)
+            if before is not None and getattr(pipe, "scheduler", None) is not before:
+                pipe.register_modules(scheduler=before)
+        return SamplingRun(used[0] if used else None, decoded)
+
+    return dlcheck.memo((sample, pipe, vae), "dlcheck.diffusion.sampling_run", make)
+
+
+def sampling_scheduler(dlcheck) -> Any:
+    """The scheduler instance whose ``step`` ran last while ``dlcheck_sample_images`` ran (the shared
+    :func:`sampling_run`: a routine that swaps ``pipeline.scheduler`` at sampling time is read as it really
+    samples); None when there is no sampling routine or no diffusers scheduler stepped."""
+    run = sampling_run(dlcheck)
+    return run.scheduler if run is not None else None
 
 
 def swapped_scheduler(dlcheck, infer: Any) -> Any:

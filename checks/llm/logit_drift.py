@@ -89,6 +89,58 @@ def measure(forward: Any, model: Any, batches: list[Any], rows: int, budget_mb: 
     return LogZ(float(z.mean()), float(z.min()), float(z.max()), int(z.numel()))
 
 
+def _fits(batches: list[Any], rows: int, vocab: int | None, budget_mb: float) -> bool:
+    """Whether the float32 logits of each batch holding the first ``rows`` rows fit in ``budget_mb``."""
+    if not vocab:
+        return False
+    seen = 0
+    for batch in batches:
+        if seen >= rows:
+            break
+        ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+            return False
+        if ids.numel() * vocab * 4 > budget_mb * 2**20:
+            return False
+        seen += ids.shape[0]
+    return True
+
+
+def measure_shared(dlcheck: Any, model: Any, batches: list[Any], rows: int) -> LogZ | None:
+    """:func:`measure` on the current weights, read from the forward of each sampled batch as collated that the
+    llm checks share (``lm.batch_forward``, which L1 makes too): no pass of its own. A row's log Z is the one
+    training sees, inside its batch."""
+    values = []
+    seen = 0
+    for batch in batches:
+        if seen >= rows:
+            break
+        if not isinstance(batch, Mapping) or not isinstance(batch.get("input_ids"), torch.Tensor):
+            return None
+        ids = batch["input_ids"]
+        if ids.dim() != 2:
+            return None
+        forward = lm.batch_forward(dlcheck, model, batch)
+        if forward is None:
+            return None
+        size, length = ids.shape[0], forward.logz.shape[1]
+        for i in range(min(size, rows - seen)):
+            row = {
+                k: v[i : i + 1] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == size else v
+                for k, v in batch.items()
+            }
+            keep = _positions(row, length)
+            values.append(forward.logz[i][keep])
+            seen += 1
+    if not values:
+        return None
+    z = torch.cat(values)
+    z = z[torch.isfinite(z)]
+    if z.numel() == 0:
+        return None
+    return LogZ(float(z.mean()), float(z.min()), float(z.max()), int(z.numel()))
+
+
 @check(
     "L6",
     domain="llm",
@@ -100,7 +152,8 @@ def measure(forward: Any, model: Any, batches: list[Any], rows: int, budget_mb: 
         Setting(
             "max_logits_mb",
             256.0,
-            "float32 logits of one row at most (longer rows are measured on their first positions)",
+            "float32 logits of one batch at most, else one row at a time (longer rows are measured on their "
+            "first positions)",
         ),
     ),
 )
@@ -109,7 +162,9 @@ def check_logit_drift(dlcheck):
 
     What it does
         Computes log Z = logsumexp(logits) over the vocabulary at the positions your training scores
-        (those predicting a supervised label) of a few sampled rows, in eval mode. When the smoke checks
+        (those predicting a supervised label) of a few sampled rows, in eval mode; on the current weights
+        it reads them from the one forward of each sampled batch that the llm checks share with L1 (one
+        row at a time when a batch's logits exceed ``max_logits_mb``). When the smoke checks
         run too (``--dlcheck=llm,smoke``) and a training set-up is given (``dlcheck_trainer``,
         ``dlcheck_make_training``, a Lightning module), it does so on the fresh model and again after the
         shared smoke run (``S1.steps`` optimizer steps), and reports the drift; otherwise it reports the
@@ -176,16 +231,20 @@ def check_logit_drift(dlcheck):
         dlcheck.not_applicable(str(exc).removeprefix("not applicable: "))
     lm.forward_ready(dlcheck, model, sample.batches)
 
-    def forward(row: Mapping[str, Any]) -> Any:
-        device = lm.model_device(model)
-        kwargs = {
-            k: row[k].to(device)
-            for k in ("input_ids", "attention_mask", "position_ids")
-            if isinstance(row.get(k), torch.Tensor)
-        }
-        return dlcheck.call("model", lambda: model(**kwargs))
+    if _fits(sample.batches, rows, lm.embedding_rows(model), budget):
+        now = measure_shared(dlcheck, model, sample.batches, rows)
+    else:  # a batch's logits would exceed the budget: one row at a time, a pass each
 
-    now = measure(forward, model, sample.batches, rows, budget)
+        def forward(row: Mapping[str, Any]) -> Any:
+            device = lm.model_device(model)
+            kwargs = {
+                k: row[k].to(device)
+                for k in ("input_ids", "attention_mask", "position_ids")
+                if isinstance(row.get(k), torch.Tensor)
+            }
+            return dlcheck.call("model", lambda: model(**kwargs))
+
+        now = measure(forward, model, sample.batches, rows, budget)
     if now is None:
         dlcheck.skip("info: dlcheck_model returns no (batch, positions, vocabulary) logits: no log Z to report")
     vocab = lm.embedding_rows(model)

@@ -85,21 +85,25 @@ class RowLoss:
         return None if self.control is None else abs(self.control - self.alone)
 
 
-def _as_labels(batch: dict, ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    labels = batch.get("labels")
-    if labels is not None:
-        labels = torch.as_tensor(labels)
-        if labels.shape == ids.shape:
-            return labels
-    labels = ids.clone()
-    if mask is not None:
-        labels[mask == 0] = lm.IGNORE
-    return labels
+def _alone_nll(model: Any, alone: list[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+    """Each row's per-token NLL with no padding at all: rows of the same length share one forward (a batch
+    of equal-length rows needs no pad), so the rows alone cost one pass per distinct length."""
+    out: list[torch.Tensor | None] = [None] * len(alone)
+    by_length: dict[int, list[int]] = {}
+    for i, (ids, _) in enumerate(alone):
+        by_length.setdefault(len(ids), []).append(i)
+    for group in by_length.values():
+        ids = torch.tensor([alone[i][0] for i in group])
+        labels = torch.tensor([alone[i][1] for i in group])
+        for i, nll in zip(group, lm.token_nll(model, ids, labels)):
+            out[i] = nll
+    return out  # type: ignore[return-value]
 
 
 def _measure_training(dlcheck: Any, model: Any, batches: list[dict]) -> list[RowLoss]:
     out: list[RowLoss] = []
     control_ok = _accepts(model, "position_ids")
+    pending = []  # (row, content, side, supervised, loss in the batch, control loss)
     for b, batch in enumerate(batches):
         if batch.get("attention_mask") is None:
             continue  # without a mask nothing tells padding from content (L14's business)
@@ -109,7 +113,7 @@ def _measure_training(dlcheck: Any, model: Any, batches: list[dict]) -> list[Row
         mask = torch.as_tensor(batch["attention_mask"])
         if mask.shape != ids.shape or bool(mask.all()):
             continue
-        labels = _as_labels(batch, ids, mask)
+        labels = lm.batch_labels(batch)
         pos = batch.get("position_ids")
         padded = []
         for r in lm.rows([{**batch, "labels": labels}]):
@@ -123,7 +127,10 @@ def _measure_training(dlcheck: Any, model: Any, batches: list[dict]) -> list[Row
             padded.append((r, content, side))
         if not padded:
             continue
-        nll_batch = lm.token_nll(model, ids, labels, mask, pos)
+        forward = lm.batch_forward(dlcheck, model, batch)  # shared with L6's log Z
+        if forward is None:
+            dlcheck.skip(f"{type(model).__name__} returns no (batch, positions, vocabulary) logits: no loss to compare")
+        nll_batch = forward.nll
         nll_control = None
         if pos is None and control_ok and any(side == "left" for _, _, side in padded):
             control_pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -132,15 +139,15 @@ def _measure_training(dlcheck: Any, model: Any, batches: list[dict]) -> list[Row
             sup = [j for j in range(len(content) - 1) if r.labels[content[j + 1]] != lm.IGNORE]
             if not sup:
                 continue
-            alone_ids = torch.tensor([[r.input_ids[c] for c in content]])
-            alone_labels = torch.tensor([[r.labels[c] for c in content]])
-            nll_alone = lm.token_nll(model, alone_ids, alone_labels)[0]
             at = [content[j] for j in sup]
             in_batch = float(nll_batch[r.index, at].mean())
-            alone = float(nll_alone[sup].mean())
             control = float(nll_control[r.index, at].mean()) if nll_control is not None and side == "left" else None
-            first_from_pad = side == "left" and r.labels[content[0]] != lm.IGNORE
-            out.append(RowLoss(r, len(r.input_ids) - len(content), side, in_batch, alone, control, first_from_pad))
+            pending.append((r, content, side, sup, in_batch, control))
+    alone_nll = _alone_nll(model, [([r.input_ids[c] for c in ct], [r.labels[c] for c in ct]) for r, ct, *_ in pending])
+    for (r, content, side, sup, in_batch, control), nll_alone in zip(pending, alone_nll):
+        alone = float(nll_alone[sup].mean())
+        first_from_pad = side == "left" and r.labels[content[0]] != lm.IGNORE
+        out.append(RowLoss(r, len(r.input_ids) - len(content), side, in_batch, alone, control, first_from_pad))
     return out
 
 

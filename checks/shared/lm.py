@@ -3,7 +3,7 @@ and per-example losses computed once and reused. Imports torch; used only by the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,3 +218,74 @@ def mean_nll(nll: torch.Tensor, labels: Any) -> torch.Tensor:
     """Per-example mean NLL over supervised (label != -100) next-token positions."""
     mask = (torch.as_tensor(labels)[:, 1:] != IGNORE).float()
     return (nll * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
+def batch_labels(batch: Mapping[str, Any]) -> torch.Tensor:
+    """The batch's own labels when they have input_ids' shape, else the input ids with the positions the
+    attention mask marks as padding ignored (what a causal-LM collator derives)."""
+    ids = torch.as_tensor(batch["input_ids"])
+    labels = batch.get("labels")
+    if labels is not None:
+        labels = torch.as_tensor(labels)
+        if labels.shape == ids.shape:
+            return labels
+    labels = ids.clone()
+    mask = batch.get("attention_mask")
+    if mask is not None:
+        labels[torch.as_tensor(mask) == 0] = IGNORE
+    return labels
+
+
+@dataclass
+class BatchForward:
+    """What the llm checks read from one eval-mode forward of a sampled batch as collated."""
+
+    #: (B, T-1) next-token NLL against :func:`batch_labels`, 0 where the shifted label is -100
+    nll: torch.Tensor
+    #: (B, T) log Z = logsumexp of the logits over the vocabulary, at every position
+    logz: torch.Tensor
+
+
+def _logits_of(out: Any) -> torch.Tensor | None:
+    logits = getattr(out, "logits", None)
+    if logits is None and isinstance(out, Mapping):
+        logits = out.get("logits")
+    if logits is None and isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        logits = out[0]
+    if logits is None and isinstance(out, torch.Tensor):
+        logits = out
+    return logits if isinstance(logits, torch.Tensor) and logits.dim() == 3 and logits.shape[-1] > 1 else None
+
+
+def batch_forward(ctx: Any, model: Any, batch: Mapping[str, Any]) -> BatchForward | None:
+    """One forward of ``model`` over a sampled ``batch`` (its input_ids, attention_mask and position_ids, as
+    the collator made them), in eval mode without gradients: its per-token NLL and log Z, memoised per
+    (model, batch) for the session, so the checks that read the same batch (L1's losses in the batch, L6's
+    log Z) share one pass. None when the model returns no (batch, positions, vocabulary) logits."""
+
+    def make() -> BatchForward | None:
+        device = model_device(model)
+        kwargs = {
+            k: _to(batch[k], device)
+            for k in ("input_ids", "attention_mask", "position_ids")
+            if batch.get(k) is not None
+        }
+        with eval_mode(model):
+            logits = _logits_of(ctx.call("model", lambda: model(**kwargs)))
+        if logits is None:
+            return None
+        logits = logits.float()
+        labels = _to(batch_labels(batch), device)
+        if labels.dim() == 1:
+            labels = labels.unsqueeze(0)
+        shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
+        nll = torch.nn.functional.cross_entropy(
+            shift_logits.reshape(-1, shift_logits.size(-1)),
+            shift_labels.reshape(-1),
+            ignore_index=IGNORE,
+            reduction="none",
+        )
+        logz = torch.logsumexp(logits, dim=-1)
+        return BatchForward(nll.view(shift_labels.shape).cpu(), logz.cpu())
+
+    return ctx.memo((model, batch), "lm:batch_forward", make)

@@ -72,7 +72,8 @@ def test_gpt2_left_padding_with_position_ids_passes(project):
     project.conftest(train_project("left", "gpt2", positions=True))
     run = project.run("--dlcheck=L1", "-rA")
     run.assert_outcome("L1", "passed")
-    run.fnmatch(["training: 6 padded examples (6 left-padded) lose as alone: max |Δ| 0.0e+00 <= atol 0.001 nats*"])
+    # rows of equal length are forwarded alone together (one pass per length): equal up to float rounding
+    run.fnmatch(["training: 6 padded examples (6 left-padded) lose as alone: max |Δ| ?.?e-0? <= atol 0.001 nats*"])
 
 
 def test_llama_left_padding_is_position_invariant(project):

@@ -2,6 +2,7 @@
 never fails; the numbers it reports are real measurements — a run with a strong z-loss pulls log Z
 down, a plain run at a high learning rate lets it rise."""
 
+import json
 import re
 
 import tiny  # noqa: F401
@@ -98,6 +99,55 @@ def test_a_model_alone_reports_its_current_weights(project):
     ), text
     assert "select the smoke checks too (--dlcheck=llm,smoke) to see how the smoke run moves it" in text
     run.fnmatch(["*dlcheck summary*", "info:      L6 mean log Z 5.* with the current weights; ln(vocabulary 300)*"])
+
+
+SHARED = """
+    import pytest, tiny, torch
+    from transformers import DataCollatorForLanguageModeling
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model(dlcheck_tokenizer):
+        model = tiny.llama(dlcheck_tokenizer)
+        with torch.no_grad():
+            for _ in range(3):  # the user's own work while building the fixture: not the checks'
+                model(input_ids=torch.tensor([[1, 2, 3]]))
+        return model
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        return DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_tokenizer):
+        return tiny.tokenized(dlcheck_tokenizer)
+"""
+
+
+def _costs_and_log_z(project, tmp_path, selection: str) -> tuple[dict, str]:
+    out = tmp_path / f"{selection.replace(',', '_')}.json"
+    run = project.run(f"--dlcheck={selection}", f"--dlcheck-json={out}")
+    run.assert_outcome("L6", "skipped")
+    doc = json.loads(out.read_text())
+    results = {r["id"]: r for r in doc["results"]}
+    z = re.search(r"mean log Z ([\d.]+ \(range [\d.]+ to [\d.]+, \d+ positions\))", results["L6"]["reason"])
+    assert z, results["L6"]["reason"]
+    return {k: r["cost"] for k, r in results.items()}, z.group(1)
+
+
+def test_log_z_comes_from_the_batch_forward_l1_shares(project, tmp_path):
+    """One forward per sampled batch serves L1's in-batch losses and L6's log Z: after L1, L6 runs no pass
+    of its own, and alone it runs one (its 4 rows lie in the first batch), not one per row; the passes the
+    user's fixture makes while it is built are not counted."""
+    project.conftest(SHARED)
+    alone, z_alone = _costs_and_log_z(project, tmp_path, "L6")
+    assert alone["L6"]["forward"] == 1, alone
+    both, z_both = _costs_and_log_z(project, tmp_path, "L1,L6")
+    assert both["L6"]["forward"] == 0 and both["L1"]["forward"] >= 2, both
+    assert z_both == z_alone
 
 
 def test_without_the_smoke_checks_nothing_is_trained(project):

@@ -70,3 +70,21 @@ def test_training_runs_are_drawn_in_the_report(project, tmp_path):
     html = page.read_text()
     assert html.count('data-ref="pic-') == 2  # the smoke run drawn once, referenced twice
     assert html.count("<svg") == 2  # C1's curves and the smoke run's
+
+
+def test_the_users_own_fixture_work_is_not_counted():
+    """A role fixture built during a check's call (getfixturevalue) runs inside ``users_work``: its passes and
+    steps are the user's, as when pytest builds it in the setup; the check's own passes around it count."""
+    import torch
+
+    from pytest_dlcheck.cost import counting, users_work
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with counting() as cost:
+        with users_work():
+            for _ in range(4):
+                model(torch.ones(3, 2)).sum().backward()
+                opt.step()
+        model(torch.ones(1, 2))
+    assert (cost.forward, cost.backward, cost.optimizer_steps) == (1, 0, 0)
