@@ -18,6 +18,7 @@ from ...training import (
     targets_of,
 )
 from ...training.runs import is_grpo
+from ..shared import frozen
 
 
 @check(
@@ -52,7 +53,9 @@ def check_initial_loss(dlcheck):
         statistics (as the first training step sees it; running statistics put back), and compares the loss
         with ln(C), C being the last dimension of the model's output (the vocabulary of a language model,
         the classes of a classifier; ``dlcheck_num_classes`` when given). Fails when it is above
-        ``max_ratio`` x ln(C) (and ``min_excess`` nats above it), and names the likely cause: logits far too large (the initialisation scale),
+        ``max_ratio`` x ln(C) (and ``min_excess`` nats above it), and names the likely cause: an output
+        layer frozen at PyTorch's default (random) initialisation while at most 10% of the parameters train
+        (the start is the random head's and stays), logits far too large (the initialisation scale),
         or a loss summed instead of averaged.
     Why it is bad
         A cross-entropy over C classes starts at ln(C) when the model predicts near-uniformly, as a
@@ -62,9 +65,10 @@ def check_initial_loss(dlcheck):
     Example
         LlamaConfig(..., initializer_range=1.0)          # logits of std ~10 at step 0
         nn.CrossEntropyLoss(reduction="sum")             # loss x batch size
+        model.head = nn.Linear(32, 4); model.requires_grad_(False)   # the random head frozen too
     Use instead
         keep the default initializer_range (0.02) / initialise the output head small (or at zero), and
-        average the loss (reduction="mean").
+        average the loss (reduction="mean"); freeze the backbone before putting a new head in place.
     Known problems
         Applies to classification and language-model losses (integer targets). A batch whose targets it
         cannot find (no ``labels``/``label`` field, not an ``(inputs, targets)`` pair) skips. A pretrained
@@ -155,7 +159,22 @@ def check_initial_loss(dlcheck):
             f"output logits: std {std:.3g}, max |logit| {float(logits.float().abs().max()):.3g} "
             f"over {tuple(logits.shape)}"
         )
-    if std is not None and std > 2.0:
+    info = frozen.trainable(model)
+    if logits is not None and logits.dim() >= 2:
+        with modes(model, train=False), torch.no_grad():
+            info = frozen.trainable(model, lambda: fresh.forward(batch), int(logits.shape[-1]))
+        start.restore(model)
+    if info.frozen_random_head():
+        # the start is the random head's, and it stays: a frozen output layer is not trained away from it
+        evidence += info.evidence()
+        cause = (
+            f"the logits at step 0 come from the output layer {info.head_name}, frozen at its random initialisation "
+            + (f"(logit std {std:.3g}) " if std is not None else "")
+            + f"and never trained ({info.HOW}): "
+            + info.consequence()
+        )
+        fix = info.fix()
+    elif std is not None and std > 2.0:
         cause = (
             f"the logits are far too large at initialisation (std {std:.3g}; near-uniform predictions need std "
             "well below 1): the initialisation scale of the weights (or of the output head) is too big"

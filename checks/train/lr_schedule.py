@@ -42,7 +42,9 @@ def check_lr_schedule(dlcheck):
     """The LR schedule advances once per optimizer step, warms up within the run, and the LR is not stuck at 0.
 
     What it does
-        On the shared smoke run (see S1) of a plain loop, counts ``optimizer.step()`` and
+        On the shared smoke run (see S1) of a plain loop, an Accelerate loop or a LightningModule (automatic or
+        manual optimization, the schedulers of ``configure_optimizers`` and those kept in the module's
+        attributes and stepped by hand), counts ``optimizer.step()`` and
         ``lr_scheduler.step()`` calls (a GradScaler-skipped step counts as taken): more scheduler steps than
         optimizer steps means the schedule is counted in micro-batches. For a Trainer, compares the warmup
         (``warmup_steps`` / ``warmup_ratio``) with the optimizer steps of the run (max_steps, or epochs x
@@ -57,8 +59,11 @@ def check_lr_schedule(dlcheck):
         loss.backward()
         if (i + 1) % accum == 0: optimizer.step(); optimizer.zero_grad()
         scheduler.step()                       # every micro-batch
+        # Lightning, automatic_optimization = False: opt.step() every N batches, self.lr_schedulers().step()
+        # every batch
     Use instead
-        step the scheduler right after optimizer.step(), inside the accumulation branch; compute
+        step the scheduler right after optimizer.step(), inside the accumulation branch (under Lightning's
+        manual optimization: sch.step() right after opt.step()); compute
         warmup/total steps in optimizer steps: len(dataloader) // accum * epochs.
     Known problems
         A scheduler stepped per epoch in your own epoch loop is not seen by the short run (it is not
@@ -116,13 +121,20 @@ def check_lr_schedule(dlcheck):
             + (f"; the Trainer's run is {declared[0]} optimizer steps" if declared else ""),
         )
     scheduler = traj.notes.get("scheduler")
-    if setup.kind in ("loop", "accelerate") and scheduler is not None and opt_steps > 0:
+    if setup.kind in ("loop", "accelerate", "lightning") and scheduler is not None and opt_steps > 0:
         ratio = sched_steps / opt_steps
+        manual = setup.kind == "lightning" and traj.notes.get("manual_optimization")
+        where = (
+            f"batches of {setup.name}.training_step ({'manual' if manual else 'automatic'} optimization)"
+            if setup.kind == "lightning"
+            else "micro-batches of your step"
+        )
         if ratio > dlcheck.setting("max_sched_per_opt"):
             micro = len(traj.steps)
             evidence = [
-                f"in {micro} micro-batches of your step: optimizer.step() ran {opt_steps} times, "
-                f"lr_scheduler.step() {sched_steps} times ({ratio:.1f} scheduler steps per optimizer step)",
+                f"in {micro} {where}: optimizer.step() ran {opt_steps} times, "
+                f"lr_scheduler.step() {sched_steps} times ({ratio:.1f} scheduler steps per optimizer step); "
+                f"scheduler: {type(scheduler).__name__}",
                 f"learning rates at the optimizer steps: {', '.join(f'{v:.3g}' for v in lrs[:8])}",
             ]
             cause = (
@@ -130,9 +142,21 @@ def check_lr_schedule(dlcheck):
                 f"warmup and decay run {ratio:.0f}x too fast (a 1000-step warmup ends after {1000 / ratio:.0f} updates)"
             )
             fix = "call lr_scheduler.step() right after optimizer.step(), inside the gradient-accumulation branch"
+            if manual:
+                fix = (
+                    "in training_step, call sch.step() (sch = self.lr_schedulers()) right after opt.step(), inside "
+                    "the branch that steps the optimizer every N batches: if (batch_idx + 1) % N == 0: opt.step(); "
+                    "opt.zero_grad(); sch.step()"
+                )
+            elif setup.kind == "lightning":
+                fix = (
+                    "do not step the scheduler yourself: return it from configure_optimizers as "
+                    '{"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}} and Lightning '
+                    "steps it once per optimizer step (accumulate_grad_batches included)"
+                )
             dlcheck.fail(evidence, cause, fix)
         judged.append(
-            f"in {len(traj.steps)} micro-batches of your step: optimizer.step() ran {opt_steps} times, "
+            f"in {len(traj.steps)} {where}: optimizer.step() ran {opt_steps} times, "
             f"lr_scheduler.step() {sched_steps} times ({ratio:.2g} per optimizer step; more than "
             f"{dlcheck.setting('max_sched_per_opt'):g} counts micro-batches)"
         )

@@ -20,6 +20,20 @@ from ...training import (
     seed_all,
 )
 from ...training.runs import is_grpo
+from ..shared import frozen
+
+
+def _frozen_head(fresh, batch) -> frozen.Trainable | None:
+    """What of the model trains and its output layer, found on a forward of ``batch`` in eval mode."""
+    model = fresh.model
+    with modes(model, train=False), torch.no_grad():
+        try:
+            out = output_tensor(fresh.forward(batch))
+        except Exception:  # noqa: BLE001 - the model takes the batch only through the user's loss
+            out = None
+        if out is None or out.dim() < 1:
+            return frozen.trainable(model)
+        return frozen.trainable(model, lambda: fresh.forward(batch), int(out.shape[-1]))
 
 
 @check(
@@ -57,19 +71,25 @@ def check_overfit_batch(dlcheck):
         a diffusion loss's noise and timesteps — is drawn the same way at every step, so one batch is one
         fixed objective. When the loss does not fall by ``min_reduction``, it tries 10x and 100x your
         learning rate; when it diverges at your rate, 0.1x and 0.01x. It fails only on conclusive
-        evidence: the loss does not move at all, or the outputs are probabilities fed to a loss that
-        applies log-softmax again. A loss that falls too slowly in the budget (a 2e-5 fine-tuning rate, a
+        evidence: the loss does not move at all, the outputs are probabilities fed to a loss that
+        applies log-softmax again, or the output layer is frozen at PyTorch's default (random)
+        initialisation while at most 10% of the parameters train (named with the trainable share and the
+        modules that train; a model with no trainable parameter fails at once). A loss that falls too slowly in the budget (a 2e-5 fine-tuning rate, a
         DPO step at 5e-7) is reported as not conclusive.
     Why it is bad
         A model that cannot memorise eight examples cannot learn the dataset: the loss is detached from
         the parameters, the outputs are squashed (a softmax before ``CrossEntropyLoss``), the targets do
-        not match the outputs, or the optimizer never moves the weights. Such pipelines train for days with
+        not match the outputs, the new classification head is frozen at its random initialisation with
+        the backbone, or the optimizer never moves the weights. Such pipelines train for days with
         a flat loss curve.
     Example
         def forward(self, x): return torch.softmax(self.head(self.body(x)), -1)   # then CrossEntropyLoss
+        model.fc = nn.Linear(512, 10)
+        for p in model.parameters(): p.requires_grad = False                     # the new head too
     Use instead
         return logits from the model (CrossEntropyLoss applies log-softmax itself); make sure the loss is
-        computed from the model's output with gradients, against the right targets.
+        computed from the model's output with gradients, against the right targets; freeze the backbone
+        first, then put the new head in place.
     Known problems
         Needs a training set-up (dlcheck_trainer, dlcheck_lightning_module, or dlcheck_make_training).
         Models with heavy regularisation (large weight decay, strong dropout in train mode) may need more
@@ -115,6 +135,24 @@ def check_overfit_batch(dlcheck):
                 else "a share of a negative loss is no target (a log-density or a negated objective); T2 judges "
                 "losses that are positive at the start"
             )
+        )
+    if not any(p.requires_grad for p in model.parameters()):
+        # nothing can train: no step would change the loss (and backward has nothing to differentiate)
+        info = _frozen_head(fresh, batch)
+        start.restore(model)
+        if info.frozen_random_head():
+            dlcheck.fail(
+                [f"batch 0 loss {first:.4g}; no optimizer step can change it", *info.evidence()],
+                info.cause(),
+                info.fix(),
+            )
+        dlcheck.fail(
+            [
+                f"batch 0 loss {first:.4g}; none of the model's {info.total:,} parameters requires grad: no optimizer "
+                "step can change it"
+            ],
+            "the whole model is frozen (requires_grad=False everywhere): nothing trains",
+            "unfreeze what should train (module.requires_grad_(True)) and give those parameters to the optimizer",
         )
     target = first * (1 - dlcheck.setting("min_reduction"))
     steps = dlcheck.setting("steps")
@@ -239,6 +277,10 @@ def check_overfit_batch(dlcheck):
             "logits): the loss can only move within a narrow band, whatever the weights"
         )
         fix = "return logits: drop the final softmax (nn.Softmax / torch.softmax) from the model; apply it only at inference"
+    elif (info := _frozen_head(fresh, batch)).frozen_random_head():
+        start.restore(model)
+        evidence += info.evidence()
+        cause, fix = info.cause(), info.fix()
     elif abs(best - first) <= 1e-6 * max(1.0, abs(first)):
         cause = (
             "the loss does not move at all: the optimizer steps change nothing the loss depends on (a learning "

@@ -27,6 +27,7 @@ from .runs import (
     loss_tensor,
     nonfinite_params,
     rng_state,
+    scheduler_count,
     seed_all,
     set_rng_state,
     to_device,
@@ -34,6 +35,9 @@ from .runs import (
 
 # --------------------------------------------------------------------------------------------------
 # kind 2: Lightning
+
+#: the resume piece of the LR schedulers a module keeps in its own attributes and steps by hand
+HAND_SCHEDULER = "hand-stepped scheduler"
 
 
 class LightningSetup:
@@ -125,8 +129,31 @@ class LightningSetup:
                 rec = traj.record(_batch_number(trainer, trainer.global_step + 1))
                 rec.grad_norm, rec.nonfinite_grads = grad_report(self.params)
                 rec.lr = float(optimizer.param_groups[0]["lr"])
+                traj.calls.append("opt")
+
+            def _count_schedulers(self, trainer, pl_module):
+                """Scheduler steps since the last look ("sched" in traj.calls): Lightning's own and those the
+                user steps by hand (the configured ones through lr_schedulers(), or held in attributes),
+                counted by their step counters from batch start to batch start."""
+                scheds = [c.scheduler for c in trainer.lr_scheduler_configs]
+                scheds += list(hand_schedulers(trainer, pl_module).values())
+                for sched in scheds:
+                    now = scheduler_count(sched)
+                    if now is None:
+                        continue
+                    before = self.sched_counts.setdefault(id(sched), now)
+                    traj.calls.extend(["sched"] * max(0, now - before))
+                    self.sched_counts[id(sched)] = now
+                    traj.notes.setdefault("scheduler", sched)
+
+            def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+                self._count_schedulers(trainer, pl_module)
+
+            def on_train_end(self, trainer, pl_module):
+                self._count_schedulers(trainer, pl_module)
 
             def on_train_start(self, trainer, pl_module):
+                self.sched_counts: dict[int, int] = {}
                 self.manual: list[torch.Tensor] = []
                 if not pl_module.automatic_optimization:  # the loss goes to manual_backward, not out
                     backward = pl_module.manual_backward
@@ -162,7 +189,10 @@ class LightningSetup:
         traj = Trajectory()
         trainer = self._fit(module, dm, [self._recorder(traj)], max_steps=steps)
         traj.notes["optimizer"] = trainer.optimizers[0] if trainer.optimizers else None
-        traj.notes["scheduler"] = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
+        if trainer.lr_scheduler_configs:  # else the first scheduler stepped by hand the recorder saw, if any
+            traj.notes["scheduler"] = trainer.lr_scheduler_configs[0].scheduler
+        traj.notes.setdefault("scheduler", None)
+        traj.notes["manual_optimization"] = not module.automatic_optimization
         module._trainer = None  # detached: its training_step (and self.log) is called again on its own
 
         def loss(batch: Any) -> torch.Tensor:
@@ -213,6 +243,11 @@ class LightningSetup:
                 "lr_scheduler": "lr_schedulers" if saved.get("lr_schedulers") or not truth.get("lr_scheduler") else "",
                 "rng": "",
             }
+            if truth.get(HAND_SCHEDULER):  # schedulers stepped by hand: a piece of their own
+                pieces[HAND_SCHEDULER] = ""
+                traj.notes["hand_schedulers"] = {
+                    label: type_name for label, (_, _, type_name) in truth[HAND_SCHEDULER].items()
+                }
             cache[k] = Baseline(traj, truth, ckpts[0], pieces)
         base = cache[k]
         module, dm = self._copies()
@@ -235,12 +270,60 @@ def _batch_number(trainer: Any, fallback: int) -> int:
         return fallback
 
 
+def hand_schedulers(trainer: Any, module: Any) -> dict[str, Any]:
+    """``{"self.sched": scheduler}``: the torch LR schedulers held in the module's own attributes (directly,
+    or in a list, tuple or dict attribute) that are not among the schedulers ``configure_optimizers``
+    returned: schedulers the user creates and steps by hand, which Lightning neither knows nor saves."""
+    from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+    kinds = (LRScheduler, ReduceLROnPlateau)
+    known = {id(c.scheduler) for c in getattr(trainer, "lr_scheduler_configs", None) or []}
+    found: dict[str, Any] = {}
+    for name, value in vars(module).items():
+        if isinstance(value, kinds):
+            items = [(f"self.{name}", value)]
+        elif isinstance(value, (list, tuple)):
+            items = [(f"self.{name}[{i}]", v) for i, v in enumerate(value)]
+        elif isinstance(value, dict):
+            items = [(f"self.{name}[{k!r}]", v) for k, v in value.items()]
+        else:
+            continue
+        for label, obj in items:
+            if isinstance(obj, kinds) and id(obj) not in known:
+                found[label] = obj
+                known.add(id(obj))
+    return found
+
+
+def _lookup(module: Any, label: str) -> Any:
+    """The object ``hand_schedulers`` named ``label`` on (another copy of) the module; None if gone."""
+    import ast
+    import re
+
+    m = re.fullmatch(r"self\.(\w+)(?:\[(.+)\])?", label)
+    if not m:
+        return None
+    obj = vars(module).get(m.group(1))
+    if m.group(2) is not None:
+        try:
+            obj = obj[ast.literal_eval(m.group(2))]
+        except (KeyError, IndexError, TypeError, ValueError, SyntaxError):
+            return None
+    return obj
+
+
 def _lightning_truth(trainer: Any, module: Any) -> dict[str, Any]:
     truth = {"model": {k: v.detach().clone() for k, v in module.state_dict().items()}, "rng": rng_state()}
     if trainer.optimizers:
         truth["optimizer"] = [copy.deepcopy(o.state_dict()) for o in trainer.optimizers]
     if trainer.lr_scheduler_configs:
         truth["lr_scheduler"] = [copy.deepcopy(c.scheduler.state_dict()) for c in trainer.lr_scheduler_configs]
+    hand = hand_schedulers(trainer, module)
+    if hand:
+        truth[HAND_SCHEDULER] = {
+            label: (copy.deepcopy(s.state_dict()), [float(g["lr"]) for g in s.optimizer.param_groups], type(s).__name__)
+            for label, s in hand.items()
+        }
     return truth
 
 
@@ -262,6 +345,20 @@ def _lightning_restorer(truth: dict[str, Any], restore: frozenset[str]) -> Any:
             if "lr_scheduler" in restore:
                 for c, s in zip(trainer.lr_scheduler_configs, truth.get("lr_scheduler", [])):
                     c.scheduler.load_state_dict(copy.deepcopy(s))
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            # a scheduler stepped by hand is created by the user's own hooks (on_train_start runs after a
+            # callback's): it is put back before the first resumed batch, with the LRs it had set
+            if HAND_SCHEDULER not in restore or getattr(self, "done", False):
+                return
+            self.done = True
+            for label, (state, lrs, _) in truth.get(HAND_SCHEDULER, {}).items():
+                sched = _lookup(pl_module, label)
+                if sched is None:
+                    continue
+                sched.load_state_dict(copy.deepcopy(state))
+                for group, lr in zip(sched.optimizer.param_groups, lrs):
+                    group["lr"] = lr
 
     return Restore()
 

@@ -149,3 +149,51 @@ def test_a_fresh_torchvision_resnet50_starts_near_ln_c(project):
     run = project.run("--dlcheck=T1", "-rA")
     run.assert_outcome("T1", "passed")
     run.fnmatch(["*initial loss * on batch 0 = * x ln(3)*"])
+
+
+HEAD_ON_LARGE_FEATURES = """
+    import pytest, torch, tiny_train as tt
+    from torch import nn
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = tt.MLP()
+            {order}
+            return {{"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return tt.loader(scale={scale})
+
+    @pytest.fixture(scope="session")
+    def dlcheck_loss_fn():
+        return nn.CrossEntropyLoss()
+"""
+HEAD = "model.head = nn.Linear(32, 4)"
+FREEZE = "for p in model.parameters(): p.requires_grad = False"
+
+
+def test_the_start_of_a_head_frozen_at_its_random_init_is_named(project):
+    """A new head put in place before the freeze, on features of unnormalised inputs (x10): the random head's
+    logits (std ~7) start 11x ln(4) above a uniform prediction, and nothing can train them down."""
+    project.conftest(HEAD_ON_LARGE_FEATURES.format(order=f"{HEAD}\n            {FREEZE}", scale=10.0))
+    run = project.run("--dlcheck=T1")
+    run.assert_outcome("T1", "failed")
+    text = tt.section(run, "T1")
+    assert "0 of the model's 420 parameters require grad (0%): nothing trains" in text, text
+    assert "the output layer head (Linear 32->4) has its weight frozen (requires_grad=False) at its random" in text
+    assert (
+        "the logits at step 0 come from the output layer head, frozen at its random initialisation (logit std" in text
+    )
+    assert "model.head.requires_grad_(True)" in text
+    # the twin, the head put in place after the freeze: it trains, so T1's cause is the logits' scale, not a
+    # frozen head; on the inputs as they come (no x10) it passes
+    project.conftest(HEAD_ON_LARGE_FEATURES.format(order=f"{FREEZE}\n            {HEAD}", scale=10.0))
+    run = project.run("--dlcheck=T1")
+    run.assert_outcome("T1", "failed")
+    text = tt.section(run, "T1")
+    assert "the logits are far too large at initialisation" in text and "frozen" not in text, text
+    project.conftest(HEAD_ON_LARGE_FEATURES.format(order=f"{FREEZE}\n            {HEAD}", scale=1.0))
+    project.run("--dlcheck=T1").assert_outcome("T1", "passed")

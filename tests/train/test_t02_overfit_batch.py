@@ -167,3 +167,60 @@ def test_a_base_lr_that_diverges_on_one_batch_is_said_beside_the_pass(project):
     run = project.run("--dlcheck=T2", "-rA")
     run.assert_outcome("T2", "passed")  # 0.1x halves it: the pipeline can learn
     run.fnmatch(["*(also tried: lr 30 (1x): *); at your base LR the loss diverged on this batch*too high for it*"])
+
+
+FINE_TUNE = """
+    import pytest, torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    from torchvision.models import resnet18
+
+    def images(n=32, classes=4, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        protos = torch.randn(classes, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+        y = torch.randint(0, classes, (n,), generator=g)
+        return TensorDataset(protos[y] + 0.5 * torch.randn(n, 3, 32, 32, generator=g), y)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = resnet18(weights=None)  # weights=... in a real fine-tune: offline here
+            {freeze}
+            return {{"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-3)}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return DataLoader(images(), batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_loss_fn():
+        return nn.CrossEntropyLoss()
+"""
+NEW_HEAD = "model.fc = nn.Linear(model.fc.in_features, 4)"
+FREEZE = "for p in model.parameters(): p.requires_grad = False"
+
+
+def test_a_new_head_frozen_with_the_backbone_is_named(project):
+    """The torchvision fine-tune with the freeze run after model.fc is replaced: the new head is frozen at its
+    random init with everything else, and no step can change the loss."""
+    project.conftest(FINE_TUNE.format(freeze=f"{NEW_HEAD}\n            {FREEZE}"))
+    run = project.run("--dlcheck=T2")
+    run.assert_outcome("T2", "failed")
+    text = tt.section(run, "T2")
+    assert "0 of the model's 11,178,564 parameters require grad (0%): nothing trains" in text, text
+    assert (
+        "the output layer fc (Linear 512->4) has its weight frozen (requires_grad=False) at its random "
+        "initialisation: its values are uniform within ±1/sqrt(512) = ±0.0442" in text
+    ), text
+    assert "the freshly initialised output layer fc is frozen with the rest of the model" in text
+    assert "then model.fc = nn.Linear(...)), or unfreeze it: model.fc.requires_grad_(True)" in text
+    assert "gave data" not in run.text and "misaligned" not in text
+
+
+def test_a_backbone_frozen_before_the_new_head_overfits(project):
+    """The twin: freeze first, then replace fc; the 2,052 parameters of the head train (0.018% of the model)."""
+    project.conftest(FINE_TUNE.format(freeze=f"{FREEZE}\n            {NEW_HEAD}"))
+    run = project.run("--dlcheck=T2", "-rA")
+    run.assert_outcome("T2", "passed")
+    run.fnmatch(["*batch 0 loss * -> * after * steps on that batch alone at lr *"])

@@ -1,6 +1,13 @@
 """T6: the LR schedule advances per optimizer step and warms up within the run."""
 
+import sys
+from pathlib import Path
+
+import pytest
 import tiny_train as tt
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+import lightning_kinds as lk  # noqa: E402
 
 ACCUM = """
     @pytest.fixture(scope="session")
@@ -116,3 +123,30 @@ def test_a_trainer_handed_over_after_train_is_judged_on_a_fresh_schedule(project
         )
     )
     project.run("--dlcheck=T6").assert_outcome("T6", "passed")
+
+
+@pytest.mark.parametrize("module", ["ManualClassifier", "ManualSchedEveryBatch"])
+def test_lightning_manual_optimization_steps_the_scheduler_per_optimizer_step(project, module):
+    """Lightning's manual optimization with gradient accumulation by hand (opt.step() every 2 batches):
+    self.lr_schedulers().step() every batch runs the schedule twice too fast; inside the accumulation branch
+    it is once per optimizer step."""
+    project.conftest(lk.PROJECT.format(module=module))
+    if module == "ManualClassifier":
+        run = project.run("--dlcheck=T6", "-rA")
+        run.assert_outcome("T6", "passed")
+        run.fnmatch(
+            [
+                "in 40 batches of ManualClassifier.training_step (manual optimization): optimizer.step() ran 20 "
+                "times, lr_scheduler.step() 20 times (1 per optimizer step; more than 1.5 counts micro-batches)"
+            ]
+        )
+        return
+    run = project.run("--dlcheck=T6")
+    run.assert_outcome("T6", "failed")
+    text = " ".join(tt.section(run, "T6").split())
+    assert (
+        "in 40 batches of ManualSchedEveryBatch.training_step (manual optimization): optimizer.step() ran 20 times, "
+        "lr_scheduler.step() 40 times (2.0 scheduler steps per optimizer step); scheduler: LambdaLR" in text
+    ), text
+    assert "warmup and decay run 2x too fast" in text
+    assert "sch.step() (sch = self.lr_schedulers()) right after opt.step()" in text

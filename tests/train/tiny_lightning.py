@@ -35,6 +35,58 @@ class Classifier(pl.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
+class HandScheduled(Classifier):
+    """A warmup scheduler kept outside what Lightning knows, ``where``:
+
+    - ``"on_train_start"``: created in ``on_train_start`` on ``self.optimizers()``, stepped in
+      ``on_train_batch_end`` (a bug: Lightning neither saves nor restores it);
+    - ``"init"``: the optimizer and the scheduler created in ``__init__``, the scheduler stepped in
+      ``training_step`` (the same bug);
+    - ``"saved"``: as ``"on_train_start"``, saved in ``on_save_checkpoint`` and restored once it exists;
+    - ``"configured"``: returned from ``configure_optimizers`` with ``interval="step"`` (Lightning's way)."""
+
+    def __init__(self, where: str = "on_train_start", **kw):
+        super().__init__(**kw)
+        self.where = where
+        self.sched = None
+        self._sched_state = None
+        if where == "init":
+            self.opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+            self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, tt.warmup(self.hparams.warmup))
+
+    def on_train_start(self):
+        if self.where in ("on_train_start", "saved"):
+            opt = self.optimizers().optimizer
+            self.sched = torch.optim.lr_scheduler.LambdaLR(opt, tt.warmup(self.hparams.warmup))
+            if self._sched_state is not None:
+                self.sched.load_state_dict(self._sched_state)
+                for group, lr in zip(opt.param_groups, self.sched.get_last_lr()):
+                    group["lr"] = lr
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        if self.where == "init":
+            self.sched.step()
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.where in ("on_train_start", "saved"):
+            self.sched.step()
+
+    def on_save_checkpoint(self, checkpoint):
+        if self.where == "saved":
+            checkpoint["hand_lr_scheduler"] = self.sched.state_dict()
+
+    def on_load_checkpoint(self, checkpoint):
+        if self.where == "saved":  # the scheduler does not exist yet: on_train_start loads it
+            self._sched_state = checkpoint["hand_lr_scheduler"]
+
+    def configure_optimizers(self):
+        if self.where == "configured":
+            return super().configure_optimizers()
+        return self.opt if self.where == "init" else torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+
+
 class EpochShuffle(torch.utils.data.Sampler):
     """A shuffle whose order is a function of (seed, epoch): Lightning calls set_epoch before every epoch,
     a resumed fit included, so a resume sees the order the uninterrupted run saw."""
@@ -84,7 +136,7 @@ PROJECT = """
     @pytest.fixture(scope="session")
     def dlcheck_lightning_module():
         torch.manual_seed(0)
-        return tl.Classifier({module})
+        return tl.{cls}({module})
 
     @pytest.fixture(scope="session")
     def dlcheck_datamodule():
@@ -92,5 +144,5 @@ PROJECT = """
 """
 
 
-def project(module: str = "", data: str = "") -> str:
-    return PROJECT.format(module=module, data=data)
+def project(module: str = "", data: str = "", cls: str = "Classifier") -> str:
+    return PROJECT.format(module=module, data=data, cls=cls)

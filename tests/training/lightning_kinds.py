@@ -1,6 +1,7 @@
 """Two Lightning users the train/ckpt/smoke checks must run as they are written: manual optimization
 (Lightning's docs: ``automatic_optimization = False``, ``self.optimizers()``, ``manual_backward``,
-gradient accumulation by hand, the scheduler stepped on the accumulation boundary) and a module holding a
+gradient accumulation by hand, the scheduler stepped on the accumulation boundary; its buggy twin
+``ManualSchedEveryBatch`` steps it every batch) and a module holding a
 ``torch.compile``'d submodule (Lightning's torch.compile guide; the eager backend keeps it fast on CPU)."""
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ def mlp() -> nn.Module:
 
 
 class ManualClassifier(pl.LightningModule):
+    #: the bug T6 finds: the scheduler stepped every batch while the optimizer steps every `accumulate`
+    sched_every_batch = False
+
     def __init__(self, lr: float = 1e-2, accumulate: int = 2):
         super().__init__()
         self.automatic_optimization = False
@@ -43,6 +47,9 @@ class ManualClassifier(pl.LightningModule):
         if (batch_idx + 1) % self.accumulate == 0:
             opt.step()
             opt.zero_grad()
+            if not self.sched_every_batch:
+                sched.step()
+        if self.sched_every_batch:
             sched.step()
         self.log("train_loss", loss)
 
@@ -50,6 +57,10 @@ class ManualClassifier(pl.LightningModule):
         opt = torch.optim.AdamW(self.parameters(), lr=self.lr)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 3))
         return [opt], [sched]
+
+
+class ManualSchedEveryBatch(ManualClassifier):
+    sched_every_batch = True
 
 
 class CompiledClassifier(pl.LightningModule):
