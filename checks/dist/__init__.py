@@ -1,12 +1,13 @@
 """Checks of distributed data-parallel training (dist): the user's own loop run in N real processes.
 
-The run is a plain loop (``dlcheck_make_training`` + ``dlcheck_train_step``, the train domain's roles)
-started the way torchrun starts it: N processes (``--dlcheck-world-size``, default 2), ``torch.distributed``
+The run is a plain loop or an Accelerate loop (``dlcheck_make_training`` + ``dlcheck_train_step``, the train
+domain's roles; :mod:`.accelerate` for what an Accelerate user's ranks do) started the way torchrun starts it: N processes (``--dlcheck-world-size``, default 2), ``torch.distributed``
 with the ``env://`` rendezvous (MASTER_ADDR / MASTER_PORT on a free port, RANK / WORLD_SIZE / LOCAL_RANK),
 the gloo backend on CPU. In every process the user's roles run in the order a training script runs them;
 the roles declared here are the distributed parts of the script:
 
-- ``dlcheck_dist_wrap`` (required: it is what says the training runs distributed);
+- ``dlcheck_dist_wrap`` (required of a plain loop: it is what says the training runs distributed; an
+  Accelerate user's ``accelerator.prepare`` wraps the model itself);
 - ``dlcheck_dist_setup``, ``dlcheck_make_dataloader``, ``dlcheck_start_epoch`` (optional).
 
 One launch per session is shared by D1–D6 (:mod:`.launch` runs it, :mod:`.measure` memoizes it)."""
@@ -20,7 +21,8 @@ role(
     "callable (state) -> state: what your script does, in every process, to the fresh objects of "
     "dlcheck_make_training once the process group is up: wrap the model in DistributedDataParallel (and "
     "build the optimizer on it when yours needs the wrapped parameters); return the dict your step takes "
-    "(return it unchanged when dlcheck_make_training wraps already)",
+    "(return it unchanged when dlcheck_make_training wraps already; an Accelerate user needs none: "
+    "accelerator.prepare wraps the model in every process)",
     expect=a_callable("the wrap of your fresh training objects"),
 )
 role(

@@ -14,44 +14,195 @@ def _rel(path: str, base: str) -> str:
         return path
 
 
+def _fail_local_shards(dlcheck, run, recs, shards, fsdp, path, rank, wrong) -> None:
+    """The checkpoint holds rank-local shards (DTensors written by torch.save / save_file) and a rank does not
+    get the saved weights back."""
+    first = shards[0][1]
+    name, local, full = first["tensors"][0]
+    savers = sorted({r for r, _ in shards})
+    several = len(savers) > 1
+    dlcheck.fail(
+        [
+            f"rank{'s' if several else ''} {', '.join(map(str, savers))} of {run.world} "
+            f"save{'' if several else 's'} {len(first['tensors'])} sharded tensors (DTensor) with {first['fn']} "
+            f"to {_rel(first['target'], path)}: {measure.short(name)!r} is the rank's own shard {_shape(local)} of "
+            f"{_shape(full)}",
+            f"loaded on {run.world} ranks, rank {rank} "
+            + (
+                _raised(recs[rank]["load_error"], path)
+                if recs[rank]["load_error"]
+                else f"gets another {measure.short(wrong)!r} than the saved one (another rank's shard in its place)"
+            ),
+            f"the model each rank trains: {fsdp or 'sharded'} over {run.world} ranks",
+        ],
+        "model.state_dict() of a sharded model (FSDP's fully_shard) holds each rank's own shards only: "
+        + (
+            "written by rank 0 alone, the checkpoint lacks the other ranks' shards, and every rank loads rank 0's "
+            "shard in place of its own"
+            if not several
+            else "written by every rank, the files are tied to this world size and this placement of the shards"
+        ),
+        "save collectively with torch.distributed.checkpoint on every rank: dcp.save({'model': "
+        "get_model_state_dict(model), 'optim': get_optimizer_state_dict(model, optimizer)}, checkpoint_id=path), and "
+        "load with dcp.load + set_model_state_dict / set_optimizer_state_dict; or gather a full state dict "
+        "(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))) and save it "
+        "on rank 0",
+        rank=rank,
+        shards_saved_by=savers,
+    )
+
+
+def _raised(error: str, path: str) -> str:
+    """A load's error for the evidence: "raised …", the checkpoint's directory left out of the paths."""
+    error = error.replace(os.path.dirname(path) + os.sep, "")
+    return (error if error.startswith("raised") else f"raised {error}")[:300]
+
+
+def _shape(shape) -> str:
+    return "x".join(map(str, shape)) or "scalar"
+
+
+def _reshard(dlcheck, run, recs, path, kind) -> list[str]:
+    """Load the checkpoint saved at world size N in one process, and one saved in one process on N ranks."""
+    notes = []
+    again = measure.reload_at(dlcheck, run, 1, path)
+    loaded = again.stage("load")
+    if loaded is None:
+        measure.raise_failure(dlcheck, again, "load")
+    rec = loaded[0]
+    if rec["load_error"] or rec["loaded"] != recs[0]["saved"]:
+        dlcheck.fail(
+            [
+                f"the {kind} checkpoint saved on {run.world} ranks, loaded in 1 process "
+                "(init_process_group at world size 1, dlcheck_make_training + dlcheck_dist_wrap + "
+                "dlcheck_load_checkpoint): "
+                + (
+                    _raised(rec["load_error"], path) if rec["load_error"] else "gives other weights than the saved ones"
+                ),
+                f"files written on {run.world} ranks: {', '.join(recs[0]['files'][:6]) or 'none'}",
+            ],
+            "the sharded checkpoint is tied to the world size that wrote it",
+            "save and load through torch.distributed.checkpoint (dcp.save / dcp.load of get_model_state_dict / "
+            "get_optimizer_state_dict, set_model_state_dict on load), which reshards on load",
+            saved_world=run.world,
+            loaded_world=1,
+        )
+    notes.append(f"the {kind} checkpoint saved at world size {run.world} loads at world size 1 with the same weights")
+    alone = measure.save_at(dlcheck, run, 1)
+    saved = measure.records(dlcheck, alone, "ckpt")[0]
+    if saved["load_error"] or saved["loaded"] != saved["saved"]:
+        dlcheck.fail(
+            [
+                "dlcheck_save_checkpoint then dlcheck_load_checkpoint in 1 process (world size 1): "
+                + (_raised(saved["load_error"], saved["path"]) if saved["load_error"] else "loads other weights")
+            ],
+            "the checkpoint does not load back even at world size 1, in the process that wrote it",
+            "save and load the same objects: dcp.save / dcp.load of get_model_state_dict(model)",
+            saved_world=1,
+            loaded_world=1,
+        )
+    wide = measure.reload_at(dlcheck, alone, run.world, saved["path"])
+    got = wide.stage("load")
+    if got is None:
+        measure.raise_failure(dlcheck, wide, "load")
+    # a rank that raised first: the others then have no gathered weights to compare
+    for r, rec in sorted(enumerate(got), key=lambda item: item[1]["load_error"] is None):
+        if rec["load_error"] or rec["loaded"] is None or rec["loaded"] != saved["saved"]:
+            wrong = (
+                next((n for n in saved["saved"] if rec["loaded"].get(n) != saved["saved"][n]), "?")
+                if rec["loaded"] is not None
+                else None
+            )
+            dlcheck.fail(
+                [
+                    f"the checkpoint saved in 1 process (world size 1, after {measure.STEPS} micro-steps), loaded on "
+                    f"{run.world} ranks (dlcheck_make_training + dlcheck_dist_wrap + dlcheck_load_checkpoint on "
+                    f"each): rank {r} "
+                    + (
+                        _raised(rec["load_error"], saved["path"])
+                        if rec["load_error"]
+                        else f"gets another {measure.short(wrong)!r} than the saved one"
+                        if wrong
+                        else "loaded, but another rank raised (the loaded weights were not gathered)"
+                    ),
+                    f"files written at world size 1: {', '.join(saved['files'][:6]) or 'none'}",
+                ],
+                "the checkpoint is tied to the world size that wrote it: "
+                + (
+                    "each rank saves and loads its own file, so a rank that did not exist at save time finds none, "
+                    "and a resume on more GPUs fails"
+                    if kind == "per-rank"
+                    else "it cannot be resumed on more processes than wrote it"
+                ),
+                "save and load through torch.distributed.checkpoint, collectively on every rank: "
+                "dcp.save({'model': get_model_state_dict(model)}, checkpoint_id=path), and on load dcp.load into "
+                "get_model_state_dict(fresh_model) + set_model_state_dict, which reshards to any world size; or one "
+                "full state dict saved by rank 0 and loaded by every rank",
+                rank=r,
+                saved_world=1,
+                loaded_world=run.world,
+            )
+    notes.append(
+        f"the {kind} checkpoint saved at world size 1 (after {measure.STEPS} micro-steps) loads at world size "
+        f"{run.world} with the same weights on every rank"
+    )
+    return notes
+
+
 @check(
     "D5",
     domain="dist",
-    title="every rank writes the checkpoint, or a rank cannot load it",
+    title="every rank writes the checkpoint, a rank cannot load it, or it is tied to one world size",
     roles=(*ROLES, "save_checkpoint", "load_checkpoint"),
     optional_roles=tuple(r for r in OPTIONAL if r not in ("save_checkpoint", "load_checkpoint")),
 )
 def check_distributed_checkpoint(dlcheck):
-    """A checkpoint is written once (by rank 0, or by one collective save) and loads on every rank.
+    """A checkpoint is written once (by rank 0, or by one collective save), loads on every rank, and a sharded
+    one loads at another world size.
 
     What it does
         In the shared launch (see D1), after the training steps every rank calls ``dlcheck_save_checkpoint`` with
         the same path, as your script does; the writes through ``torch.save``, safetensors' ``save_file`` and
-        ``torch.distributed.checkpoint.save`` are recorded per rank. Once every rank has returned from the save,
-        every rank builds fresh objects (``dlcheck_make_training`` + ``dlcheck_dist_wrap``) and loads the path with
-        ``dlcheck_load_checkpoint``. Fails when two ranks write the same file, when a rank cannot load, or loads
-        other weights than the saved ones. A ``torch.distributed.checkpoint`` (DCP) save is then loaded at world
-        size 1 in one more process: fails when the checkpoint saved at world size N cannot be resumed alone.
+        ``torch.distributed.checkpoint.save`` are recorded per rank, with the sharded tensors (DTensors: FSDP2's
+        ``fully_shard`` parameters) a plain write saves. Once every rank has returned from the save, every rank
+        builds fresh objects (``dlcheck_make_training`` + ``dlcheck_dist_wrap``) and loads the path with
+        ``dlcheck_load_checkpoint``; the full weights (a sharded model's gathered) are compared with the saved
+        ones. Fails when two ranks write the same file, when a rank cannot load, or loads other weights than the
+        saved ones (named as rank-local shards when the save held DTensors). A checkpoint of shards — a
+        ``torch.distributed.checkpoint`` (DCP) save, a file per rank, or a sharded (FSDP) model — is then moved
+        across world sizes in both directions: the one saved at world size N is loaded in one process, and one
+        saved in one process (3 micro-steps, ``dlcheck_save_checkpoint``) is loaded on N ranks. Fails when either
+        raises or gives other weights.
     Why it is bad
         ``torch.save(state, path)`` on every rank has N processes truncate and write the same file at once: a
-        reader can meet a half-written file, and on shared storage the result is any interleaving. A sharded
-        checkpoint that only loads at the world size that wrote it ties the resume to the same number of GPUs.
+        reader can meet a half-written file, and on shared storage the result is any interleaving.
+        ``model.state_dict()`` of a sharded model holds each rank's own shards only: saved by rank 0, the other
+        ranks' shards are lost and every rank loads rank 0's in place of its own, silently. A checkpoint that
+        only loads at the world size that wrote it (one file per rank, read back by rank number) ties the
+        resume to the same number of GPUs: a run resumed on more GPUs fails on the ranks that had no file.
     Example
-        torch.save({"model": model.module.state_dict()}, path)   # run by every rank
+        torch.save({"model": model.module.state_dict()}, path)               # run by every rank
+        torch.save(model.state_dict(), f"{path}.rank{dist.get_rank()}")     # one file per rank
+        if rank == 0: torch.save(fsdp_model.state_dict(), path)             # rank 0's shards only
     Use instead
         ``if dist.get_rank() == 0: torch.save(...)`` then ``dist.barrier()`` before anyone loads; or a collective
-        ``torch.distributed.checkpoint.save({"model": get_model_state_dict(model)}, checkpoint_id=path)``, which
-        every rank calls and which writes each rank's shard once, and loads at another world size.
+        ``torch.distributed.checkpoint.save({"model": get_model_state_dict(model), "optim":
+        get_optimizer_state_dict(model, optimizer)}, checkpoint_id=path)``, which every rank calls, which writes
+        each rank's shard once, and whose ``dcp.load`` + ``set_model_state_dict`` reshards to any world size.
     Known problems
         The check waits for every rank to return from the save before loading (your script needs its own
         barrier there). Writes through other means (``open().write``, pickle) are not attributed to a rank: the
-        pass says so. The reload at world size 1 runs only for a DCP save; loading back at world size N is the
-        load every rank did.
+        pass says so. The moves across world sizes go between N and 1 only (not N to M), and a checkpoint of
+        full tensors written by one rank is not moved (it is the same at any world size). Only the parameters
+        are compared after a load (optimizer state and schedulers are C1's, in one process). FSDP is judged for
+        FSDP2 (``fully_shard``, which runs on CPU with gloo in torch 2.14); FSDP1 (``FullyShardedDataParallel``)
+        runs on CPU with gloo too, but its flat parameter is each rank's own shard: the dist checks skip it,
+        naming FSDP1.
     Not applicable
         Training that does not run distributed (no ``dlcheck_dist_wrap``).
     """
     run = measure.get_launch(dlcheck)
-    measure.records(dlcheck, run, "train")
+    train = measure.records(dlcheck, run, "train")
     recs = measure.records(dlcheck, run, "ckpt")
     path = recs[0]["path"]
     writers: dict[str, list[int]] = {}
@@ -77,7 +228,16 @@ def check_distributed_checkpoint(dlcheck):
             "or a collective torch.distributed.checkpoint.save that every rank calls",
             writers=len(set(ranks)),
         )
+    shards = [(r, sh) for r, rec in enumerate(recs) for sh in rec.get("shards", [])]
+    fsdp = train[0].get("fsdp")
     for r, rec in enumerate(recs):
+        wrong = (
+            next((n for n in rec["saved"] if rec["loaded"].get(n) != rec["saved"][n]), None)
+            if rec["loaded"] is not None
+            else None
+        )
+        if shards and (rec["load_error"] or wrong):
+            _fail_local_shards(dlcheck, run, recs, shards, fsdp, path, r, wrong)
         if rec["load_error"]:
             dlcheck.fail(
                 [
@@ -90,15 +250,15 @@ def check_distributed_checkpoint(dlcheck):
                 "save to storage every rank reads, and load into the same kind of objects (wrapped or not) that saved it",
                 rank=r,
             )
-        if rec["loaded"] is not None and rec["loaded"] != rec["saved"]:
-            name = next(n for n in rec["saved"] if rec["loaded"].get(n) != rec["saved"][n])
+        if wrong is not None:
             dlcheck.fail(
-                [f"rank {r} loads the checkpoint, but parameter {measure.short(name)!r} is not the saved one"],
+                [f"rank {r} loads the checkpoint, but parameter {measure.short(wrong)!r} is not the saved one"],
                 "the checkpoint does not hold the trained weights of this rank's replica (written by another rank, "
                 "at another step, or loaded into a part of the model only)",
                 "save the wrapped model's weights once (rank 0) after the step, and load them into the same module",
                 rank=r,
             )
+    per_rank_files = len(writers) > 1 and len({rs[0] for rs in writers.values()}) > 1
     notes = [
         f"dlcheck_save_checkpoint on {run.world} ranks: "
         + (
@@ -112,27 +272,12 @@ def check_distributed_checkpoint(dlcheck):
         f"loaded on every rank with the saved weights ({len(recs[0]['saved'])} parameters); files: "
         f"{', '.join(recs[0]['files'][:5])}",
     ]
-    if dcp_ranks:
-        again = measure.reload_at(dlcheck, run, 1, path)
-        loaded = again.stage("load")
-        if loaded is None:
-            measure.raise_failure(dlcheck, again, "load")
-        rec = loaded[0]
-        if rec["load_error"] or rec["loaded"] != recs[0]["saved"]:
-            dlcheck.fail(
-                [
-                    f"the torch.distributed.checkpoint saved on {run.world} ranks, loaded in 1 process "
-                    "(init_process_group at world size 1, dlcheck_make_training + dlcheck_dist_wrap + "
-                    "dlcheck_load_checkpoint): "
-                    + (
-                        f"raises {rec['load_error'][:300]}"
-                        if rec["load_error"]
-                        else "gives other weights than the saved ones"
-                    )
-                ],
-                "the sharded checkpoint is tied to the world size that wrote it",
-                "save and load through torch.distributed.checkpoint with full state dicts "
-                "(get_model_state_dict / set_model_state_dict), which reshard on load",
-            )
-        notes.append(f"the DCP checkpoint saved at world size {run.world} loads at world size 1 with the same weights")
+    # a checkpoint of shards (DCP, a file per rank, a sharded model) is loaded at the other world size too
+    if run.world > 1 and (dcp_ranks or shards or fsdp or per_rank_files):
+        kind = "DCP" if dcp_ranks else "sharded" if shards or fsdp else "per-rank"
+        notes += _reshard(dlcheck, run, recs, path, kind)
+    else:
+        notes.append(
+            "one checkpoint of full tensors written by one rank: the same at any world size, not reloaded at another"
+        )
     dlcheck.measured(*notes, world=run.world)

@@ -29,6 +29,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ...training.runs import unwrap_prepared
+
 #: torch's default seed: the state of the global generator in a fresh process that seeds nothing
 TORCH_DEFAULT_SEED = 67280421310721
 #: models up to this many elements have their tensors sent back (max |diff| in the evidence), else digests
@@ -53,7 +55,8 @@ class Job:
     dist_setup: Any = None
     make_dataloader: Any = None
     start_epoch: Any = None
-    #: "train": the run of D1–D6; "load": load ``load_path`` at this world size (D5's DCP reload)
+    #: "train": the run of D1–D6; "save": train, save and load back, no non-finite step (D5's checkpoint written at
+    #: another world size); "load": load ``load_path`` at this world size (D5's sharded checkpoint reloaded)
     mode: str = "train"
     load_path: str = ""
     pg_timeout: float = 60.0
@@ -155,7 +158,7 @@ def launch(
         while any(p.is_alive() for p in procs):
             now = time.monotonic()
             raised = any(p.exitcode not in (None, 0) for p in procs)
-            last_stage = "d6" if job.mode == "train" else "load"
+            last_stage = {"train": "d6", "save": "ckpt"}.get(job.mode, "load")
             finished = any((out / f"rank{r}.{last_stage}.pt").exists() for r in range(job.world))
             if raised or finished:
                 limit_here = now + (grace if raised else hang)
@@ -281,6 +284,37 @@ def nested_digest(obj: Any) -> str:
     return h.hexdigest()[:16]
 
 
+def is_sharded(t: Any) -> bool:
+    """A DTensor (FSDP2's ``fully_shard`` parameters and their state dicts): each rank holds its own shard."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without DTensor
+        return False
+    return isinstance(t, DTensor)
+
+
+def gathered(t: Any) -> Any:
+    """The full tensor of a DTensor (a collective: every rank calls it in the same order), else ``t``."""
+    return t.full_tensor() if is_sharded(t) else t
+
+
+def sharded_tensors(obj: Any, prefix: str = "") -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """(name, local shape, full shape) of every DTensor / ShardedTensor in a (nested) state dict."""
+    found: list[tuple[str, tuple[int, ...], tuple[int, ...]]] = []
+    if is_sharded(obj):
+        found.append((prefix, tuple(obj.to_local().shape), tuple(obj.shape)))
+    elif type(obj).__name__ == "ShardedTensor" and hasattr(obj, "local_shards"):
+        local = [tuple(s.tensor.shape) for s in obj.local_shards()]
+        found.append((prefix, local[0] if local else (0,), tuple(obj.size())))
+    elif isinstance(obj, Mapping):
+        for k, v in obj.items():
+            found += sharded_tensors(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            found += sharded_tensors(v, f"{prefix}.{i}" if prefix else str(i))
+    return found
+
+
 def unwrap(model: Any) -> Any:
     import torch
 
@@ -292,7 +326,7 @@ def _cpu(obj: Any) -> Any:
     import torch
 
     if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu().clone()
+        return gathered(obj).detach().cpu().clone()
     if isinstance(obj, Mapping):
         return {k: _cpu(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -368,6 +402,10 @@ class Rank:
             torch.cuda.set_device(self.rank)  # as torchrun users do with LOCAL_RANK: one GPU per rank
         self.progress("init_process_group")
         dist.init_process_group(self.backend, init_method="env://", timeout=timedelta(seconds=self.job.pg_timeout))
+        from .accelerate import reset_state
+
+        # Accelerate's singletons inherited from the pytest process forgotten: the user's Accelerator() sees this rank
+        reset_state(cpu=not (torch.cuda.is_available() and torch.cuda.device_count() >= self.world))
         if self.job.mode == "load":
             self.reload()
             return
@@ -375,30 +413,35 @@ class Rank:
             self.call("dist_setup", lambda: self.job.dist_setup(self.rank, self.world))
         state = self.build()
         model = state["model"]
+        if fsdp_kind(model) == "FSDP":
+            from ...training import SetupError
+
+            raise SetupError(
+                "the model is wrapped in FullyShardedDataParallel (FSDP1), whose flat parameters and optimizer state "
+                "are each rank's own shard: the dist domain compares FSDP2 models only yet (fully_shard(model))"
+            )
         inner = unwrap(model)
         rec: dict[str, Any] = {
             "rank": self.rank,
             "wrapped": type(model).__name__,
             "ddp": isinstance(model, torch.nn.parallel.DistributedDataParallel),
+            "accelerate": getattr(self.setup, "kind", None) == "accelerate",
+            "fsdp": fsdp_kind(model),
             "init": self.params(inner),
             "small": sum(p.numel() for p in inner.parameters()) <= SMALL_MODEL,
         }
         rec["init_tensors"] = self.tensors(inner) if rec["small"] else None
-        loader = (
-            self.call("make_dataloader", self.job.make_dataloader)
-            if self.job.make_dataloader is not None
-            else self.job.loader
-        )
+        loader, built_by = self.dataloader(state)
         if loader is None:
             from ...training import SetupError
 
             raise SetupError(
                 "no training data: define fixture dlcheck_make_dataloader (or dlcheck_dataloader) in conftest.py"
             )
-        rec["loader"] = self.describe_loader(loader)
+        rec["loader"] = self.describe_loader(loader) | {"built_by": built_by}
         rec["indices"] = {}
         self.start_epoch(state, loader, 0)
-        rec["indices"][0] = self.indices(loader)
+        rec["indices"][0] = self.indices(loader, 0)
         rec["augment"] = self.augmentation(loader)
         rec["rng_at_step0"] = tensor_digest(torch.get_rng_state())
         rec["dropout"] = [
@@ -410,10 +453,12 @@ class Rank:
         self.train(state, inner, it, rec)
         del it
         self.start_epoch(state, loader, 1)
-        rec["indices"][1] = self.indices(loader)
+        rec["indices"][1] = self.indices(loader, 1)
         self.write("train", rec)
         if self.job.save is not None and self.job.load is not None:
             self.checkpoint(state, inner)
+        if self.job.mode == "save":
+            return
         self.nonfinite(state, inner, loader)
 
     def build(self) -> dict[str, Any]:
@@ -437,10 +482,20 @@ class Rank:
         return state
 
     def params(self, inner: Any) -> dict[str, str]:
-        return {n: tensor_digest(p) for n, p in inner.named_parameters()}
+        """Digests of the full parameters (a sharded model's are gathered: every rank calls this together)."""
+        return {n: tensor_digest(gathered(p)) for n, p in inner.named_parameters()}
 
     def tensors(self, inner: Any) -> dict[str, Any]:
-        return {n: p.detach().cpu().clone() for n, p in inner.named_parameters()}
+        return {n: gathered(p).detach().cpu().clone() for n, p in inner.named_parameters()}
+
+    def loaded_params(self, model: Any, error: str | None) -> dict[str, str] | None:
+        """The digests of the loaded model on every rank, or None: whether every rank loaded is agreed first, so
+        a sharded model's gather is not entered by the ranks whose load went through while another raised."""
+        import torch.distributed as dist
+
+        ok: list[Any] = [None] * self.world
+        dist.all_gather_object(ok, error is None)
+        return self.params(unwrap(model)) if all(ok) else None
 
     def optimizer_state(self, opt: Any, inner: Any) -> dict[str, str]:
         import torch
@@ -452,14 +507,35 @@ class Rank:
         for p, st in list(opt.state.items()):
             for k, v in (st or {}).items():
                 if isinstance(v, torch.Tensor):
-                    found[f"{names.get(id(p), '?')}:{k}"] = tensor_digest(v)
+                    found[f"{names.get(id(p), '?')}:{k}"] = tensor_digest(gathered(v))
         return found
 
     def start_epoch(self, state: dict[str, Any], loader: Any, epoch: int) -> None:
         if self.job.start_epoch is not None:
             self.call("start_epoch", lambda: self.job.start_epoch(state, loader, epoch))
 
+    def dataloader(self, state: dict[str, Any]) -> tuple[Any, str]:
+        """(this rank's loader, which role built it): dlcheck_make_dataloader's; else, for an Accelerate user,
+        the one their factory prepared (or dlcheck_dataloader prepared with their Accelerator); else
+        dlcheck_dataloader, the same on every rank."""
+        if self.job.make_dataloader is not None:
+            return self.call("make_dataloader", self.job.make_dataloader), "dlcheck_make_dataloader"
+        if getattr(self.setup, "kind", None) == "accelerate":
+            from .accelerate import loader_of
+
+            return self.call("make_training", lambda: loader_of(state, self.job.loader))
+        return self.job.loader, "dlcheck_dataloader"
+
     def describe_loader(self, loader: Any) -> dict[str, Any]:
+        from .accelerate import describe, is_prepared_loader
+
+        if is_prepared_loader(loader):
+            dataset = getattr(loader, "dataset", None)
+            try:
+                n = len(dataset) if dataset is not None else None
+            except TypeError:
+                n = None
+            return describe(loader, n) | {"dataset_len": n, "num_workers": getattr(loader, "num_workers", None)}
         sampler = getattr(loader, "sampler", None)
         dataset = getattr(loader, "dataset", None)
         try:
@@ -478,7 +554,11 @@ class Rank:
             "batch_size": getattr(loader, "batch_size", None),
         }
 
-    def indices(self, loader: Any) -> list[int] | None:
+    def indices(self, loader: Any, epoch: int = 0) -> list[int] | None:
+        from .accelerate import indices, is_prepared_loader
+
+        if is_prepared_loader(loader):
+            return indices(loader, _saved_rng, epoch)
         sampler = getattr(loader, "sampler", None)
         if sampler is None or not hasattr(sampler, "__iter__"):
             return None
@@ -520,14 +600,14 @@ class Rank:
     def train(self, state: dict[str, Any], inner: Any, it: Any, rec: dict[str, Any]) -> None:
         import torch
 
-        opt = state.get("optimizer")
+        opt = unwrap_prepared(state.get("optimizer"))
         names = {id(p): n for n, p in inner.named_parameters()}
         seen = {"steps": 0, "grads": None}
 
         def pre(o: Any, args: Any, kwargs: Any) -> None:
             if seen["steps"] == 0:
                 seen["grads"] = {
-                    names[id(p)]: p.grad.detach().cpu().clone()
+                    names[id(p)]: gathered(p.grad).detach().cpu().clone()
                     for g in o.param_groups
                     for p in g["params"]
                     if p.grad is not None and id(p) in names
@@ -585,20 +665,21 @@ class Rank:
             path.parent.mkdir(exist_ok=True)
         dist.barrier()
         events: list[tuple[str, str]] = []
-        with _recording_writes(events):
+        shards: list[dict[str, Any]] = []
+        with _recording_writes(events, shards):
             self.call("save_checkpoint", lambda: self.job.save(state, str(path)))
         self.progress("saved")
         dist.barrier()  # every rank has returned from its save before any rank loads
-        rec: dict[str, Any] = {"events": events, "path": str(path), "saved": self.params(inner)}
-        rec["saved_tensors"] = self.tensors(inner) if self.rank == 0 else None
+        rec: dict[str, Any] = {"events": events, "shards": shards, "path": str(path), "saved": self.params(inner)}
+        saved = self.tensors(inner)  # on every rank: a sharded model's gather is a collective
+        rec["saved_tensors"] = saved if self.rank == 0 else None
         fresh = self.build()
         try:
             self.call("load_checkpoint", lambda: self.job.load(fresh, str(path)))
-            rec["loaded"] = self.params(unwrap(fresh["model"]))
             rec["load_error"] = None
         except Exception as exc:  # noqa: BLE001 - a rank that cannot load is D5's evidence
-            rec["loaded"] = None
             rec["load_error"] = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        rec["loaded"] = self.loaded_params(fresh["model"], rec["load_error"])
         rec["files"] = sorted(str(p.relative_to(path.parent)) for p in path.parent.rglob("*") if p.is_file())
         self.write("ckpt", rec)
         dist.barrier()
@@ -607,11 +688,12 @@ class Rank:
         if self.job.dist_setup is not None:
             self.call("dist_setup", lambda: self.job.dist_setup(self.rank, self.world))
         state = self.build()
+        rec: dict[str, Any] = {"load_error": None}
         try:
             self.call("load_checkpoint", lambda: self.job.load(state, self.job.load_path))
-            rec = {"loaded": self.params(unwrap(state["model"])), "load_error": None}
         except Exception as exc:  # noqa: BLE001 - D5's evidence
-            rec = {"loaded": None, "load_error": getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"}
+            rec["load_error"] = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        rec["loaded"] = self.loaded_params(state["model"], rec["load_error"])
         self.write("load", rec)
 
     # ---- D6
@@ -633,7 +715,7 @@ class Rank:
         if target is None:
             self.write("d6", rec)
             return
-        opt = state.get("optimizer")
+        opt = unwrap_prepared(state.get("optimizer"))
         names = {id(p): n for n, p in inner.named_parameters()}
         seen: dict[str, Any] = {"steps": 0, "finite_grads": None}
 
@@ -680,10 +762,25 @@ class Rank:
         self.write("d6", rec)
 
 
+def fsdp_kind(model: Any) -> str | None:
+    """Which FSDP shards the model: "FSDP2" (``fully_shard``), "FSDP" (FullyShardedDataParallel), or None."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    except ImportError:  # pragma: no cover - torch without FSDP
+        return None
+    if isinstance(model, FullyShardedDataParallel):
+        return "FSDP"
+    modules = model.modules() if hasattr(model, "modules") else ()
+    if isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in modules):
+        return "FSDP2"
+    return None
+
+
 @contextlib.contextmanager
-def _recording_writes(events: list[tuple[str, str]]):
+def _recording_writes(events: list[tuple[str, str]], shards: list[dict[str, Any]] | None = None):
     """Record the checkpoint writes of a save: torch.save, safetensors' save_file and a
-    torch.distributed.checkpoint save (one collective save: its own file writes are not listed)."""
+    torch.distributed.checkpoint save (one collective save: its own file writes are not listed); and, in
+    ``shards``, the sharded tensors (DTensors: a rank's own shard only) that a plain write saves."""
     import torch
 
     patched: list[tuple[Any, str, Any]] = []
@@ -696,6 +793,9 @@ def _recording_writes(events: list[tuple[str, str]]):
         def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
             if not inside_dcp["n"]:
                 events.append((what, target_of(f)))
+                found = sharded_tensors(obj)
+                if found and shards is not None:
+                    shards.append({"fn": what, "target": target_of(f), "tensors": found})
             return orig(obj, f, *args, **kwargs)
 
         return save

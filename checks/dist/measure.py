@@ -41,8 +41,10 @@ def _value(v: Any) -> Any:
     return None if v is MISSING else v
 
 
-def the_setup(dlcheck: Any) -> Any:
-    """The user's plain loop (the only kind the dist domain launches yet)."""
+def the_setup(dlcheck: Any, *loop_roles: str) -> Any:
+    """The user's plain loop or Accelerate loop (the kinds the dist domain launches). A plain loop must say how
+    it runs distributed (``dlcheck_dist_wrap``, and ``loop_roles``); an Accelerate user's ``accelerator.prepare``
+    wraps the model and shards the loader itself."""
     if not dlcheck.has("make_training"):
         if dlcheck.has("trainer") or dlcheck.has("lightning_module"):
             dlcheck.skip(
@@ -51,10 +53,10 @@ def the_setup(dlcheck: Any) -> Any:
             )
         dlcheck.require("make_training")
     setup = get_setup(dlcheck)
-    if setup.kind == "accelerate":
-        dlcheck.skip("the dist domain does not launch Accelerate loops yet (accelerate launch's own process setup)")
-    if setup.kind != "loop":
-        dlcheck.skip("the dist domain launches plain loops (dlcheck_make_training) only yet")
+    if setup.kind == "loop":
+        dlcheck.require("dist_wrap", *loop_roles)
+    elif setup.kind != "accelerate":
+        dlcheck.skip("the dist domain launches plain loops and Accelerate loops (dlcheck_make_training) only yet")
     return setup
 
 
@@ -62,6 +64,7 @@ def get_launch(dlcheck: Any) -> Launch:
     """The session's launch of the user's loop at ``--dlcheck-world-size`` (shared by D1–D6)."""
     setup = copy.copy(the_setup(dlcheck))
     setup.tmp = None  # the ranks write under the launch's directory only (and a spawn pickles the setup)
+    setup.__dict__.pop("_kept", None)  # the parent's first state (an Accelerator in it) is not sent to the ranks
     roles = {name: dlcheck.role(name) for name in RUN_ROLES}
     world = world_size(dlcheck)
     tmp = dlcheck.request.getfixturevalue("tmp_path_factory")
@@ -86,9 +89,38 @@ def get_launch(dlcheck: Any) -> Launch:
     return memo_or_skip(dlcheck, tuple(roles.values()), f"dist:launch:{world}", run)
 
 
+def save_at(dlcheck: Any, base: Launch, world: int) -> Launch:
+    """A launch at world size ``world`` that trains, saves with dlcheck_save_checkpoint and loads it back, with
+    no non-finite step (D5: the checkpoint to load at the session's world size)."""
+    setup = copy.copy(the_setup(dlcheck))
+    setup.tmp = None
+    roles = {name: dlcheck.role(name) for name in RUN_ROLES}
+    tmp = dlcheck.request.getfixturevalue("tmp_path_factory")
+
+    def run() -> Launch:
+        job = Job(
+            world=world,
+            out=str(tmp.mktemp(f"dlcheck-dist-save{world}")),
+            steps=STEPS,
+            make_training=roles["make_training"],
+            setup=setup,
+            loader=_value(roles["dataloader"]),
+            save=_value(roles["save_checkpoint"]),
+            load=_value(roles["load_checkpoint"]),
+            wrap=_value(roles["dist_wrap"]),
+            dist_setup=_value(roles["dist_setup"]),
+            make_dataloader=_value(roles["make_dataloader"]),
+            start_epoch=_value(roles["start_epoch"]),
+            mode="save",
+        )
+        return launch(job, limit=LAUNCH_LIMIT, hang=HANG_LIMIT)
+
+    return memo_or_skip(dlcheck, (*roles.values(), base), f"dist:save:{world}", run)
+
+
 def reload_at(dlcheck: Any, base: Launch, world: int, path: str) -> Launch:
-    """A second launch at world size ``world`` that only loads ``path`` (D5: a sharded checkpoint saved at
-    another world size)."""
+    """A launch at world size ``world`` that only loads ``path`` (D5: a sharded checkpoint saved at another
+    world size, ``base`` the launch that wrote it)."""
     roles = {name: dlcheck.role(name) for name in RUN_ROLES}
     tmp = dlcheck.request.getfixturevalue("tmp_path_factory")
 
@@ -106,7 +138,7 @@ def reload_at(dlcheck: Any, base: Launch, world: int, path: str) -> Launch:
         )
         return launch(job, limit=LAUNCH_LIMIT, hang=HANG_LIMIT)
 
-    return memo_or_skip(dlcheck, (*roles.values(), base), f"dist:reload:{world}", run)
+    return memo_or_skip(dlcheck, (*roles.values(), base), f"dist:reload:{base.world}to{world}", run)
 
 
 def records(dlcheck: Any, run: Launch, stage: str) -> list[Any]:

@@ -53,7 +53,8 @@ def check_nonfinite_agreement(dlcheck):
         ignores that layer's output is not tested. Stepping with non-finite gradients on every rank is a shared
         decision (passes here, stated): the smoke domain judges non-finite training.
     Not applicable
-        Training that does not run distributed (no ``dlcheck_dist_wrap``).
+        Training that does not run distributed (a plain loop without ``dlcheck_dist_wrap``; an Accelerate
+        user's ``accelerator.prepare`` wraps the model itself).
     """
     run = measure.get_launch(dlcheck)
     measure.records(dlcheck, run, "train")

@@ -41,10 +41,16 @@ def check_rank_randomness(dlcheck):
         IterableDataset is not. The augmentation is probed through ``dlcheck_make_dataloader`` only (the loader
         each process builds).
     Not applicable
-        Training that does not run distributed (no ``dlcheck_dist_wrap``).
+        Training that does not run distributed (a plain loop without ``dlcheck_dist_wrap``; an Accelerate
+        user's ``accelerator.prepare`` wraps the model itself).
     """
     run = measure.get_launch(dlcheck)
     recs = measure.records(dlcheck, run, "train")
+    after = (
+        "after dlcheck_make_training (accelerator.prepare)"
+        if recs[0].get("accelerate") and not dlcheck.has("dist_wrap")
+        else "after dlcheck_dist_wrap"
+    )
     diff = measure.first_difference([r["init"] for r in recs])
     if diff is not None:
         name, rank = diff
@@ -55,7 +61,7 @@ def check_rank_randomness(dlcheck):
         )
         dlcheck.fail(
             [
-                f"right after dlcheck_dist_wrap, parameter {measure.short(name)!r} differs between rank 0 and rank "
+                f"right {after}, parameter {measure.short(name)!r} differs between rank 0 and rank "
                 f"{rank}" + (f" (max |diff| {size:.3g})" if size is not None else ""),
                 f"the model each rank trains: {recs[0]['wrapped']}",
             ],
@@ -65,9 +71,13 @@ def check_rank_randomness(dlcheck):
             "identically before building the model and with the rank only afterwards",
             tensor=name,
         )
-    notes = [f"{len(recs[0]['init'])} parameters identical on the {run.world} ranks after dlcheck_dist_wrap"]
+    notes = [f"{len(recs[0]['init'])} parameters identical on the {run.world} ranks {after}"]
     aug = [r.get("augment") for r in recs]
-    if not dlcheck.has("make_dataloader"):
+    # each rank's own loader: dlcheck_make_dataloader's, or the one an Accelerate user's factory prepared
+    own_loader = dlcheck.has("make_dataloader") or recs[0]["loader"].get("built_by", "").startswith(
+        "dlcheck_make_training"
+    )
+    if not own_loader:
         notes.append("the augmentation was not probed: define fixture dlcheck_make_dataloader (each rank's loader)")
     elif all(a is not None and "digests" in a for a in aug):
         random_pipeline = any(a["digests"][0] != a["digests"][1] for a in aug)

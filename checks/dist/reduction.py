@@ -6,6 +6,26 @@ from . import measure
 from .replicas import OPTIONAL, ROLES, _grads_differ
 
 
+def _random_loss(setup, init, batch, rtol):
+    """The relative difference between two single-process gradients on the same batch and weights under two
+    torch seeds, when it is above ``rtol`` (the loss draws its own random numbers: diffusion noise and timesteps,
+    functional dropout, sampling), else None. The generators are put back afterwards."""
+    import torch
+
+    from ...guard import preserved_rng
+
+    try:
+        with preserved_rng():
+            torch.manual_seed(0)
+            a = measure.reference_grads(setup, init, batch)
+            torch.manual_seed(1)
+            b = measure.reference_grads(setup, init, batch)
+    except Exception:  # noqa: BLE001 - the first evaluation went through: only for naming the cause
+        return None
+    got = measure.compare(a, b)
+    return got[0] if got is not None and got[0] > rtol else None
+
+
 @check(
     "D2",
     domain="dist",
@@ -41,10 +61,12 @@ def check_step_equals_single_process(dlcheck):
         Gradient clipping scales the stepped gradient: a gradient in the same direction but shorter passes,
         stated. Needs the first optimizer step's batches to concatenate (padded on the right when their lengths
         differ: labels with -100, the rest with 0). A loss that calls collectives itself cannot be evaluated
-        in one process: the check says so and skips. Randomness inside the loss other than nn.Dropout (functional
-        dropout, sampling) makes the comparison inexact.
+        in one process: the check says so and skips. A loss that draws its own random numbers beyond nn.Dropout
+        (diffusion noise and timesteps, functional dropout, sampling) cannot be compared: when the two differ, the
+        single-process gradient is evaluated again under another seed, and the check skips saying how much it moves.
     Not applicable
-        Training that does not run distributed (no ``dlcheck_dist_wrap``).
+        Training that does not run distributed (a plain loop without ``dlcheck_dist_wrap``; an Accelerate
+        user's ``accelerator.prepare`` wraps the model itself).
     """
     run = measure.get_launch(dlcheck)
     recs = measure.records(dlcheck, run, "train")
@@ -95,6 +117,13 @@ def check_step_equals_single_process(dlcheck):
             norm_ratio=ratio,
         )
         return
+    noise = _random_loss(setup, recs[0]["init_tensors"], whole, rtol)
+    if noise is not None:
+        dlcheck.skip(
+            "your loss draws its own random numbers (noise, timesteps, functional dropout, sampling): two "
+            f"single-process gradients on the {what} from the same weights differ by {noise:.2g} (relative) under two "
+            f"seeds, so the distributed step's difference from one of them ({rel:.2g}) says nothing"
+        )
     evidence = [
         f"first optimizer step on {run.world} ranks vs one process on the {what}: gradient relative difference "
         f"{rel:.3g}, cosine {cos:.4f}, norm ratio {ratio:.3g}",

@@ -3,8 +3,10 @@ from __future__ import annotations
 from ...registry import check
 from . import measure
 
-ROLES = ("make_training", "dist_wrap")
+#: dlcheck_dist_wrap is required of a plain loop by measure.the_setup (an Accelerate user's prepare wraps the model)
+ROLES = ("make_training",)
 OPTIONAL = (
+    "dist_wrap",
     "train_step",
     "compute_loss",
     "dist_setup",
@@ -31,7 +33,9 @@ def check_replicas_identical(dlcheck):
         starts them): in each, ``dlcheck_dist_setup``, ``dlcheck_make_training``, ``dlcheck_dist_wrap``, then a
         few micro-steps of ``dlcheck_train_step`` on that rank's batches. After every micro-step each rank digests
         every parameter and every optimizer-state tensor (Adam's moments, …). Fails at the first step where a
-        tensor differs between ranks, naming it, the step and the largest difference.
+        tensor differs between ranks, naming it, the step and the largest difference. An Accelerate user's factory
+        (its dict holds the ``Accelerator``) runs as under ``accelerate launch --cpu``: Accelerate's process state is
+        reset in each rank, so ``accelerator.prepare`` wraps the model in DDP and shards the DataLoader it prepared.
     Why it is bad
         Data parallelism is only correct while every replica is the same model: once gradients stop being
         averaged (a model not wrapped in DistributedDataParallel, ``no_sync()`` left around the micro-step that
@@ -50,9 +54,11 @@ def check_replicas_identical(dlcheck):
     Known problems
         Compares after each of a few micro-steps (3), so a drift that starts later (a rank-dependent learning
         rate schedule after warm-up) is not seen. Buffers (BatchNorm statistics, which DDP broadcasts from
-        rank 0 by default) are not compared. Launches plain loops only (``dlcheck_make_training``).
+        rank 0 by default) are not compared. Launches plain loops and Accelerate loops (``dlcheck_make_training``);
+        not a Trainer or Lightning.
     Not applicable
-        Training that does not run distributed: without ``dlcheck_dist_wrap`` the check asks for it.
+        Training that does not run distributed: a plain loop without ``dlcheck_dist_wrap`` is asked for it (an
+        Accelerate user's ``accelerator.prepare`` wraps the model in DDP itself).
     """
     run = measure.get_launch(dlcheck)
     recs = measure.records(dlcheck, run, "train")
@@ -83,12 +89,19 @@ def check_replicas_identical(dlcheck):
                 f"the model each rank trains: {recs[0]['wrapped']}",
             ]
             grads = [r.get("grads") for r in recs]
-            if not recs[0]["ddp"]:
+            accelerate = recs[0].get("accelerate")
+            if not recs[0]["ddp"] and not recs[0].get("fsdp"):
                 cause = (
                     f"the model is not wrapped in DistributedDataParallel ({recs[0]['wrapped']}): nothing averages "
                     "the gradients, each rank steps on its own"
                 )
                 fix = "wrap it in dlcheck_dist_wrap / your script: state['model'] = DistributedDataParallel(model)"
+                if accelerate:
+                    cause += " (state['model'] was not passed to accelerator.prepare)"
+                    fix = (
+                        "model, optimizer, loader = accelerator.prepare(model, optimizer, loader) in "
+                        "dlcheck_make_training, and state['model'] the prepared model (it is wrapped in DDP)"
+                    )
             elif all(g is not None for g in grads) and _grads_differ(grads):
                 evidence.append(
                     "the gradients the optimizer stepped on already differed between ranks at the first optimizer step"
@@ -102,6 +115,17 @@ def check_replicas_identical(dlcheck):
                     "(contextlib.nullcontext() if stepping else model.no_sync()), and call the loss through the "
                     "DDP wrapper, not model.module"
                 )
+                if accelerate:
+                    cause = (
+                        "the gradients are not all-reduced on the micro-step that steps the optimizer: the loss was "
+                        "computed through accelerator.unwrap_model(model) (or model.module), which bypasses DDP's "
+                        "hooks, or backward ran inside accelerator.no_sync(model)"
+                    )
+                    fix = (
+                        "compute the loss with the prepared model (loss = loss_fn(model(x), y); "
+                        "accelerator.backward(loss)); keep accelerator.unwrap_model(model) for saving and evaluation, "
+                        "and accumulate with `with accelerator.accumulate(model):` instead of no_sync()"
+                    )
             else:
                 cause = (
                     "the ranks applied different updates to the same gradients: a rank-dependent learning rate, "
@@ -113,7 +137,12 @@ def check_replicas_identical(dlcheck):
     n_opt = len(recs[0]["steps"][-1]["opt"])
     dlcheck.measured(
         f"{n_params} parameters and {n_opt} optimizer-state tensors identical on the {run.world} ranks after each of "
-        f"{n_steps} micro-steps ({recs[0]['wrapped']}, {run.backend}, {run.start_method}ed processes)",
+        f"{n_steps} micro-steps ({recs[0]['wrapped']}, {run.backend}, {run.start_method}ed processes)"
+        + (
+            f"; {recs[0]['fsdp']}: each sharded tensor compared as the full tensor gathered from the ranks' shards"
+            if recs[0].get("fsdp")
+            else ""
+        ),
         world=run.world,
         steps=n_steps,
         launch_seconds=round(run.wall, 2),

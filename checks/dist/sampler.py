@@ -3,7 +3,7 @@ from __future__ import annotations
 from collections import Counter
 
 from ...registry import check
-from . import measure
+from . import accelerate, measure
 from .replicas import OPTIONAL, ROLES
 
 
@@ -16,8 +16,8 @@ def _few(xs: list[int], n: int = 8) -> str:
     "D3",
     domain="dist",
     title="the ranks' data shards overlap, leave examples out or never reshuffle",
-    roles=(*ROLES, "make_dataloader"),
-    optional_roles=tuple(r for r in OPTIONAL if r not in ("make_dataloader", "dataloader")),
+    roles=ROLES,
+    optional_roles=OPTIONAL,
 )
 def check_sampler_shards(dlcheck):
     """The ranks' shards are disjoint, cover the dataset together, and are reshuffled every epoch.
@@ -42,18 +42,32 @@ def check_sampler_shards(dlcheck):
         ``sampler = DistributedSampler(ds, shuffle=True, seed=seed)``;
         ``DataLoader(ds, batch_size=8, sampler=sampler)``; at the top of every epoch ``sampler.set_epoch(epoch)``.
     Known problems
-        Needs ``dlcheck_make_dataloader`` (the loader each process builds): the single-process
-        ``dlcheck_dataloader`` says nothing about how your script shards. Reads the indices of samplers that can be iterated (``loader.sampler``); an IterableDataset sharded in
-        its own way skips. Reshuffling is judged only through ``dlcheck_start_epoch`` (the top of your epoch
-        loop); without it the pass says it was not judged.
+        A plain loop needs ``dlcheck_make_dataloader`` (the loader each process builds): the single-process
+        ``dlcheck_dataloader`` says nothing about how your script shards. Reads the indices of samplers that can
+        be iterated (``loader.sampler``); an IterableDataset sharded in its own way skips. Reshuffling is judged
+        only through ``dlcheck_start_epoch`` (the top of your epoch loop); without it the pass says it was not
+        judged. An Accelerate user's ranks list the indices Accelerate's ``BatchSamplerShard`` gives them from
+        the DataLoader their factory prepared (the ``even_batches`` padding Accelerate's own sharding makes is
+        allowed; reshuffling is judged on the loader's second pass); a loader the launch had to prepare itself,
+        or a ``DataLoaderDispatcher``, skips.
     Not applicable
-        Training that does not run distributed (no ``dlcheck_dist_wrap``).
+        Training that does not run distributed (a plain loop without ``dlcheck_dist_wrap``; an Accelerate
+        user's ``accelerator.prepare`` wraps the model itself).
     """
+    measure.the_setup(dlcheck, "make_dataloader")  # a plain loop's own loader; an Accelerate user's is prepared
     run = measure.get_launch(dlcheck)
     recs = measure.records(dlcheck, run, "train")
     idx0 = [r["indices"].get(0) for r in recs]
     idx1 = [r["indices"].get(1) for r in recs]
     info = recs[0]["loader"]
+    if info.get("built_by") == accelerate.FROM_LAUNCH:
+        dlcheck.skip(
+            "your script's sharding is not seen: dlcheck_make_training's Accelerator prepared no DataLoader, so the "
+            "ranks trained on dlcheck_dataloader prepared by the launch itself; prepare your DataLoader in "
+            "dlcheck_make_training (accelerator.prepare(model, optimizer, loader)) or define dlcheck_make_dataloader"
+        )
+    if info.get("no_indices"):
+        dlcheck.skip(f"the dataloader's shards are not judged: {info['no_indices']}")
     if any(i is None for i in idx0):
         dlcheck.skip(f"the dataloader's sampler ({info['sampler']}) yields no indices to compare")
     n = info["dataset_len"]
@@ -62,12 +76,19 @@ def check_sampler_shards(dlcheck):
     where = f"{info['sampler']}" + (
         f"(shuffle={info['shuffle']}, drop_last={info['drop_last']})" if info["shuffle"] is not None else ""
     )
+    if info["sampler"] == "BatchSamplerShard":  # accelerator.prepare's: batches of the user's sampler dealt out
+        where = (
+            f"Accelerate's BatchSamplerShard over a {info['inner']} (batch_size={info['batch_size']}, "
+            f"drop_last={info['drop_last']}, even_batches={info['even_batches']})"
+        )
     world = run.world
     total = sum(len(i) for i in idx0)
     union = set().union(*map(set, idx0))
     drop_last = bool(info["drop_last"])
     pad = 0 if drop_last else (-n) % world
     dropped = n % world if drop_last else 0
+    if "padding" in info:  # Accelerate's own sharding of n examples repeats / leaves out these many by design
+        pad, dropped = info["padding"], info["dropped"]
     counts = Counter(x for i in idx0 for x in set(i))
     shared = [x for x, c in counts.items() if c > 1]
     evidence_head = f"epoch 0 on {world} ranks, dataset of {n} examples, sampler {where}: " + ", ".join(
@@ -82,20 +103,33 @@ def check_sampler_shards(dlcheck):
             f"rank {a} and rank {b} share {k} examples (indices {_few(list(set(idx0[a]) & set(idx0[b])))})"
             + ("; every rank iterates them in the same order" if same_order else ""),
         ]
-        if info["sampler_replicas"] is None:
+        if info.get("unsharded"):
+            cause = (
+                f"accelerator.prepare left the loader unsharded (its {info['sampler']} batches go to every rank): the "
+                "Accelerator that prepared it ran as one process, so every rank iterates the whole dataset"
+            )
+        elif info["sampler_replicas"] is None:
             cause = (
                 f"the dataloader's sampler is a {info['sampler']}, not a DistributedSampler: every rank iterates the "
                 "whole dataset, so each step trains on duplicates and an epoch is world-size passes"
             )
+        elif info["sampler"] == "BatchSamplerShard":
+            cause = (
+                f"accelerator.prepare sharded the loader for {info['sampler_replicas']} process(es) while {world} "
+                "ranks run: the Accelerator that prepared it does not describe this process group"
+            )
         else:
             cause = "the sampler's shards overlap: its num_replicas / rank do not match the process group's"
-        dlcheck.fail(
-            evidence,
-            cause,
+        fix = (
             "DataLoader(ds, batch_size=..., sampler=DistributedSampler(ds, shuffle=True)) built in every process "
-            "after init_process_group (it reads the rank and the world size itself), and no shuffle=True beside it",
-            shared=len(shared),
+            "after init_process_group (it reads the rank and the world size itself), and no shuffle=True beside it"
         )
+        if recs[0].get("accelerate"):
+            fix = (
+                "pass the DataLoader to accelerator.prepare (model, optimizer, loader = accelerator.prepare(model, "
+                "optimizer, loader)) with an Accelerator built in the process: it deals each rank its own batches"
+            )
+        dlcheck.fail(evidence, cause, fix, shared=len(shared))
     missing = sorted(set(range(n)) - union)
     if len(missing) > dropped:
         dlcheck.fail(
@@ -106,14 +140,23 @@ def check_sampler_shards(dlcheck):
             missing=len(missing),
         )
     notes = []
-    if pad:
+    if pad and "padding" in info:
+        notes.append(
+            f"{total - len(union)} index(es) repeated as padding: Accelerate's even_batches completes the last "
+            f"batches from the start of the epoch ({n} examples dealt as {total} indices"
+            + (f"; on two ranks: {_few(shared)})" if shared else ")")
+        )
+    elif pad:
         notes.append(
             f"{total - len(union)} example(s) appear on two ranks as padding (drop_last=False pads {n} to "
             f"{n + pad}: indices {_few(shared)})"
         )
     if dropped:
         notes.append(f"{len(missing)} example(s) are left out this epoch (drop_last=True: {_few(missing)})")
-    if recs[0].get("start_epoch_given", None) is False or not dlcheck.has("start_epoch"):
+    # Accelerate's prepared loader counts its passes and sets its sampler's epoch itself: judged without the role
+    sharded = info["sampler"] == "BatchSamplerShard"
+    after = "after dlcheck_start_epoch" if dlcheck.has("start_epoch") else "(the prepared loader's second pass)"
+    if not sharded and (recs[0].get("start_epoch_given", None) is False or not dlcheck.has("start_epoch")):
         notes.append("reshuffling not judged: define fixture dlcheck_start_epoch (the top of your epoch loop)")
     elif info["shuffle"] is False:
         notes.append("the sampler does not shuffle (shuffle=False): the same order every epoch, by design")
@@ -122,17 +165,22 @@ def check_sampler_shards(dlcheck):
             dlcheck.fail(
                 [
                     evidence_head,
-                    "epoch 1 after dlcheck_start_epoch: every rank's order is the same as in epoch 0 (rank 0: "
+                    f"epoch 1 {after}: every rank's order is the same as in epoch 0 (rank 0: "
                     f"{', '.join(map(str, idx0[0][:6]))}, … both times)",
                 ],
-                "the sampler shuffles with the same seed every epoch: DistributedSampler.set_epoch(epoch) is not "
-                "called at the top of the epoch loop, so every epoch repeats the first one's order",
-                "call loader.sampler.set_epoch(epoch) at the top of every epoch, before iterating the loader",
+                (
+                    f"the {info['inner']} inside Accelerate's loader draws the same order every pass: its generator "
+                    "is seeded anew each epoch with the same seed"
+                    if sharded
+                    else "the sampler shuffles with the same seed every epoch: DistributedSampler.set_epoch(epoch) is "
+                    "not called at the top of the epoch loop, so every epoch repeats the first one's order"
+                ),
+                "DataLoader(ds, shuffle=True) passed to accelerator.prepare (its synchronised generator moves on "
+                "every pass), or loader.set_epoch(epoch) at the top of every epoch"
+                if sharded
+                else "call loader.sampler.set_epoch(epoch) at the top of every epoch, before iterating the loader",
             )
-        notes.append(
-            "epoch 1 reshuffled on every rank after dlcheck_start_epoch (rank 0 starts "
-            f"{idx0[0][:4]} then {idx1[0][:4]})"
-        )
+        notes.append(f"epoch 1 reshuffled on every rank {after} (rank 0 starts {idx0[0][:4]} then {idx1[0][:4]})")
     dlcheck.measured(
         f"the {world} ranks' shards of epoch 0 are disjoint and cover the {n} examples "
         f"({', '.join(str(len(i)) for i in idx0)} indices)",

@@ -55,6 +55,8 @@ def test_clean_ddp_script_passes_every_dist_check(project):
             "loaded on every rank with the saved weights (3 parameters); files: checkpoint/.metadata, "
             "checkpoint/__0_0.distcp, checkpoint/__1_0.distcp",
             "the DCP checkpoint saved at world size 2 loads at world size 1 with the same weights",
+            "the DCP checkpoint saved at world size 1 (after 3 micro-steps) loads at world size 2 with the same "
+            "weights on every rank",
             "micro-step 4: rank 1's 'embed' outputs inf, the other ranks' batches are finite",
             "every rank skipped the update, with identical weights afterwards",
         ]

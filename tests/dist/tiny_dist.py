@@ -1,6 +1,7 @@
 """Tiny real distributed training parts for the dist tests: a token model, a dataset with prompt-masked
 labels (so the ranks' batches hold different numbers of supervised tokens) and a random augmentation,
-the steps, saves and loads of a correct DDP script and of buggy ones. Imported by the throwaway user
+the steps, saves and loads of a correct DDP script, of a correct FSDP2 (fully_shard) script and of buggy
+ones. Imported by the throwaway user
 projects (and, in their rank processes, through the fork)."""
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint  # noqa: F401  (imported once, outside pytester's in-process runs)
 import torch.distributed.checkpoint.state_dict  # noqa: F401
+import torch.distributed.fsdp  # noqa: F401  (FSDP2's fully_shard and DTensor, imported once here too)
+import torch.distributed.tensor  # noqa: F401
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -232,3 +235,73 @@ def step_summed_grads(state, batch, index):
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss.detach()
+
+
+def wrap_fsdp(state):
+    """FSDP2: every layer and the root sharded over the ranks (fully_shard), the optimizer on the shards."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = state["model"]
+    for layer in (model.embed, model.head):
+        fully_shard(layer)
+    fully_shard(model)
+    return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}
+
+
+def wrap_fsdp1(state):
+    """FSDP1: FullyShardedDataParallel on CPU (gloo), its flat parameter sharded over the ranks."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    model = FullyShardedDataParallel(state["model"], device_id=torch.device("cpu"))
+    return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}
+
+
+def save_dcp_sharded(state, path):
+    """Correct for FSDP: the sharded model and optimizer state dicts, saved collectively by every rank."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    model, opt = state["model"], state["optimizer"]
+    dcp.save({"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}, checkpoint_id=path)
+
+
+def load_dcp_sharded(state, path):
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    model, opt = state["model"], state["optimizer"]
+    sd = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+    dcp.load(sd, checkpoint_id=path)
+    set_model_state_dict(model, sd["model"])
+    set_optimizer_state_dict(model, opt, sd["optim"])
+
+
+def save_state_dict_on_rank0(state, path):
+    """Buggy under FSDP: model.state_dict() holds this rank's shards (DTensors); rank 0 alone writes it."""
+    if dist.get_rank() == 0:
+        torch.save({"model": state["model"].state_dict()}, path)
+    dist.barrier()
+
+
+def load_state_dict(state, path):
+    state["model"].load_state_dict(torch.load(path)["model"])
+
+
+def save_per_rank_file(state, path):
+    """Buggy: each rank writes its own file (no shared-file race), named after its rank."""
+    model = state["model"].module
+    torch.save(
+        {"model": model.state_dict(), "optimizer": state["optimizer"].state_dict()}, f"{path}.rank{dist.get_rank()}"
+    )
+
+
+def load_per_rank_file(state, path):
+    """Each rank reads the file of its own rank: none for a rank that did not exist when it was written."""
+    saved = torch.load(f"{path}.rank{dist.get_rank()}")
+    state["model"].module.load_state_dict(saved["model"])
+    state["optimizer"].load_state_dict(saved["optimizer"])

@@ -26,6 +26,9 @@ TRUE_FINDINGS = {
     "validation samples with classifier-free guidance",
     ("diffusers_t2i", "C2"): "save_state writes checkpoint-N directories and --resume_from_checkpoint latest picks the "
     "newest by name: a kill during a save leaves a half-written newest directory that the resume then loads",
+    ("diffusers_t2i", "D4"): "train_text_to_image.py seeds every process alike (set_seed(args.seed), not "
+    "device_specific; without --seed torch's default seed is the same in every process): under accelerate launch "
+    "each rank's different images get the same RandomHorizontalFlip draws, from one random stream shared by all ranks",
     ("lightning_compiled", "C1"): "Lightning checkpoints hold no RNG state: with dropout, the resumed run draws other "
     "masks than the uninterrupted one",
     ("lightning_manual_opt", "C1"): "the guide's module keeps no RNG state in its checkpoint and its DataLoader "

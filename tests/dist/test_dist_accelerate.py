@@ -1,0 +1,87 @@
+"""Accelerate users through the dist domain: their factory's ``Accelerator(cpu=True)`` built in two real processes
+(the Accelerate singletons inherited from the pytest process reset in each rank), so ``accelerator.prepare`` wraps
+the model in DDP and shards the loader itself — no ``dlcheck_dist_wrap``. One clean script passes D1–D4 and D6 (D5
+asks for its save/load roles); a step through ``accelerator.unwrap_model(model)`` drifts (D1); a model left out
+of ``prepare`` drifts too, and a loader the factory never prepared is not judged by D3. One launch per test."""
+
+import multiprocessing
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tiny_accelerate as ta  # noqa: E402
+
+
+def _flat(text):
+    return " ".join(text.split())
+
+
+def _no_leftover_process():
+    assert not multiprocessing.active_children(), multiprocessing.active_children()
+
+
+def test_a_clean_accelerate_script_passes_without_a_wrap_role(project):
+    import torch
+    from accelerate.state import PartialState
+
+    project.conftest(ta.project())
+    run = project.run("--dlcheck=dist", "-rA")
+    for cid in ("D1", "D2", "D3", "D4", "D6"):
+        run.assert_outcome(cid, "passed")
+    run.assert_outcome("D5", "skipped")  # no dlcheck_save_checkpoint / dlcheck_load_checkpoint given
+    assert "define fixture dlcheck_save_checkpoint" in run.text
+    assert "dlcheck_dist_wrap" not in run.text.split("short test summary")[-1]
+    run.fnmatch(
+        [
+            # accelerator.prepare wrapped the model in DDP on each rank: the Accelerator saw the 2 processes
+            "4 parameters and 12 optimizer-state tensors identical on the 2 ranks after each of 3 micro-steps "
+            "(DistributedDataParallel, gloo, forked processes)",
+            "the averaged gradient of the first distributed step equals the single-process gradient on the 2 batches "
+            "(8 examples) of 2 ranks concatenated (relative difference *)",
+            "the 2 ranks' shards of epoch 0 are disjoint and cover the 42 examples (24, 24 indices)",
+            "6 index(es) repeated as padding: Accelerate's even_batches completes the last batches from the start of "
+            "the epoch (42 examples dealt as 48 indices; on two ranks: *)",
+            "epoch 1 reshuffled on every rank (the prepared loader's second pass) *",
+            "4 parameters identical on the 2 ranks after dlcheck_make_training (accelerator.prepare)",
+            "example 0 comes out the same on two fetches: the pipeline has no randomness",
+            "micro-step 4: rank 1's 'hidden' outputs inf, the other ranks' batches are finite",
+        ]
+    )
+    assert "not a DistributedSampler" not in run.text and "reshuffling not judged" not in run.text
+    # nothing left in the pytest process: no process group, Accelerate's state still this process's own
+    assert not torch.distributed.is_initialized()
+    if PartialState._shared_state:
+        assert PartialState().num_processes == 1
+    _no_leftover_process()
+
+
+def test_a_step_through_unwrap_model_lets_the_replicas_drift(project):
+    project.conftest(ta.project(train_step="step_unwrapped"))
+    run = project.run("--dlcheck=D1,D2", "-rA")
+    run.assert_outcome("D1", "failed")
+    run.assert_outcome("D2", "skipped")
+    assert "the ranks' gradients differ at the first optimizer step: D1 reports the lost synchronisation" in run.text
+    d1 = _flat(run.section("D1"))
+    assert "after micro-step 1 of 3 on 2 ranks, parameter 'hidden.weight' differs between rank 0 and rank 1" in d1
+    assert "the model each rank trains: DistributedDataParallel" in d1
+    assert "the gradients the optimizer stepped on already differed between ranks" in d1
+    assert "computed through accelerator.unwrap_model(model)" in d1
+    assert "keep accelerator.unwrap_model(model) for saving and evaluation" in d1
+    _no_leftover_process()
+
+
+def test_a_model_left_out_of_prepare_drifts_and_an_unprepared_loader_is_not_judged(project):
+    project.conftest(ta.project(make="make_training_optimizer_only", dataloader=True))
+    run = project.run("--dlcheck=D1,D3", "-rA")
+    run.assert_outcome("D1", "failed")
+    run.assert_outcome("D3", "skipped")
+    d1 = _flat(run.section("D1"))
+    assert "after micro-step 1 of 3 on 2 ranks, parameter 'hidden.weight' differs between rank 0 and rank 1" in d1
+    assert "the model is not wrapped in DistributedDataParallel (MLP)" in d1
+    assert "(state['model'] was not passed to accelerator.prepare)" in d1
+    assert "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)" in d1
+    assert (
+        "your script's sharding is not seen: dlcheck_make_training's Accelerator prepared no DataLoader, so the ranks "
+        "trained on dlcheck_dataloader prepared by the launch itself" in _flat(run.text)
+    )
+    _no_leftover_process()
