@@ -1,8 +1,10 @@
 """Hypothesis strategies for the data pipeline of a language model, shaped like *your* data.
 
 Sampling a few real batches finds the common bugs; collators break at the edges — an example of exactly
-``max_length``, an empty completion, a prompt that fills the window, a one-token document — and only
-generated inputs reach those. Every strategy here favours such edge lengths::
+``max_length``, an empty completion, a prompt that fills the window, a one-token document, a prompt
+ending in a space the tokenizer merges with the completion's first word, a conversation of several
+turns where the data has one — and only generated inputs reach those. Every strategy here favours such
+edges::
 
     from hypothesis import given
     from pytest_dlcheck import strategies as dls
@@ -30,6 +32,9 @@ __all__ = [
     "prompt_completion_pairs",
     "conversations",
     "packed_documents",
+    "boundary_merge_pairs",
+    "prompt_boundary",
+    "multi_turn_conversations",
     "examples_like",
     "collated_batches",
 ]
@@ -114,6 +119,190 @@ def packed_documents(
     return st.lists(doc, min_size=1, max_size=max_documents).map(fit)
 
 
+# ---- the prompt/completion boundary and multi-turn conversations -----------------------------------
+
+#: whitespace a prompt may end in, tried in this order for a tokenizer that merges it with the next word
+_WHITESPACE = (" ",)
+#: per tokenizer (by identity): (tokenizer, [(whitespace, word)]); the tokenizer is kept so its id stays its own
+_MERGING: dict[int, tuple[Any, list[tuple[str, str]]]] = {}
+
+
+def _encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def _merging_words(tokenizer: Any, *, scan: int = 20_000, limit: int = 256) -> list[tuple[str, str]]:
+    """(whitespace, word) pairs where ``tokenizer(whitespace + word)`` is not ``tokenizer(whitespace)``
+    followed by ``tokenizer(word)``: the tokenizer merges the whitespace into the word's first token. The
+    words are the tokenizer's own (alphabetic pieces of its first ``scan`` ids)."""
+    cached = _MERGING.get(id(tokenizer))
+    if cached is not None and cached[0] is tokenizer:
+        return cached[1]
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    seen: dict[str, None] = {}
+    for i in range(min(len(tokenizer), scan)):
+        if i in special:
+            continue
+        word = tokenizer.decode([i]).strip()
+        if word.isalpha():
+            seen[word] = None
+            if sum(len(w) >= 3 for w in seen) >= limit:
+                break
+    # words rather than the first merges' fragments, where the vocabulary has enough of them
+    longer = [w for w in seen if len(w) >= 3]
+    words = longer if len(longer) >= 8 else list(seen)[:limit]
+    found: list[tuple[str, str]] = []
+    if words:
+        apart = _encode(tokenizer, words)
+        for ws in _WHITESPACE:
+            alone = _encode(tokenizer, [ws])[0]
+            joined = _encode(tokenizer, [ws + w for w in words])
+            found += [(ws, w) for w, j, a in zip(words, joined, apart) if j != alone + a]
+    _MERGING[id(tokenizer)] = (tokenizer, found)
+    return found
+
+
+def _pairs_of(rows: Sequence[Any]) -> list[tuple[str, str]]:
+    return [
+        (r["prompt"], r["completion"])
+        for r in rows
+        if isinstance(r, Mapping) and isinstance(r.get("prompt"), str) and isinstance(r.get("completion"), str)
+    ]
+
+
+def boundary_merge_pairs(
+    tokenizer: Any, *, like: Sequence[Any] | None = None, max_tokens: int = 16
+) -> st.SearchStrategy[dict[str, str]]:
+    """``{"prompt", "completion"}`` pairs where the prompt ends in whitespace and the completion starts with
+    a word the tokenizer merges with it ("Answer: " + "Paris."): ``tokenizer(prompt)`` ends in a lone
+    whitespace token that ``tokenizer(prompt + completion)`` does not hold, so a collator that masks
+    ``len(tokenizer(prompt))`` tokens masks the completion's first token, and one that counts the
+    completion's tokens apart may leave the prompt's last token supervised. The prompts (and the
+    completions after the first word) are those of ``like`` (rows with "prompt" and "completion"
+    strings) when given, else text of the tokenizer's own pieces; the first words are the tokenizer's
+    own. Compare a collator's masking with :func:`prompt_boundary`."""
+    merging = _merging_words(tokenizer)
+    if not merging:
+        raise ValueError(f"{type(tokenizer).__name__} merges no whitespace into a following word")
+    pairs = _pairs_of(like or [])
+    if like is not None and not pairs:
+        raise ValueError('boundary_merge_pairs(like=...) needs rows with "prompt" and "completion" strings')
+    if pairs:
+        prompts = st.sampled_from([p.rstrip() for p, _ in pairs])
+        # the completions after their first word
+        rests = sorted({" " + c.split(None, 1)[1] for _, c in pairs if len(c.split(None, 1)) == 2})
+        tails = st.one_of(st.just(""), st.sampled_from(rests)) if rests else st.just("")
+    else:
+        prompts = texts(tokenizer, max_tokens=max_tokens).map(str.rstrip)
+        tails = texts(tokenizer, max_tokens=max_tokens).map(lambda t: " " + t.strip() if t.strip() else "")
+
+    def build(parts: tuple[str, tuple[str, str], str]) -> dict[str, str]:
+        prompt, (ws, word), tail = parts
+        return {"prompt": prompt + ws, "completion": word + tail}
+
+    made = st.tuples(prompts, st.sampled_from(merging), tails).map(build)
+    # the data's own pairs whose completion's first word merges: the leading space moved onto the prompt
+    own = [
+        {"prompt": p.rstrip() + " ", "completion": c.lstrip()} for p, c in pairs if _merges(tokenizer, _first_word(c))
+    ]
+    return st.one_of(st.sampled_from(own), made) if own else made
+
+
+def _first_word(text: str) -> str:
+    word = ""
+    for ch in text.lstrip():
+        if not ch.isalpha():
+            break
+        word += ch
+    return word
+
+
+def _merges(tokenizer: Any, word: str, ws: str = " ") -> bool:
+    if not word:
+        return False
+    joined, alone, apart = _encode(tokenizer, [ws + word, ws, word])
+    return joined != alone + apart
+
+
+def prompt_boundary(tokenizer: Any, prompt: str, completion: str, *, add_special_tokens: bool = True) -> int:
+    """How many leading tokens of ``tokenizer(prompt + completion)`` are the prompt's: the tokens whose text
+    ends inside the prompt (character offsets, for a fast tokenizer), else the common prefix of
+    ``tokenizer(prompt)`` and ``tokenizer(prompt + completion)`` (TRL's boundary). A token that merges the
+    prompt's trailing whitespace with the completion's first word is the completion's: a completion-only
+    collator masks exactly these ``n`` tokens and supervises token ``n``."""
+    try:
+        enc = tokenizer(
+            prompt + completion,
+            add_special_tokens=add_special_tokens,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+        )
+        offsets = [tuple(o) for o in enc["offset_mapping"]]
+        specials = list(enc["special_tokens_mask"])
+    except Exception:  # a slow tokenizer has no offsets
+        offsets = None
+    if offsets is not None:
+        n, text_seen = 0, False
+        for (_, end), special in zip(offsets, specials):
+            if (special and text_seen) or (not special and end > len(prompt)):  # past the prompt's text
+                break
+            text_seen |= not special
+            n += 1
+        return n
+    p = tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]
+    full = tokenizer(prompt + completion, add_special_tokens=add_special_tokens)["input_ids"]
+    n = 0
+    for x, y in zip(p, full):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _turns_of(rows: Sequence[Any]) -> tuple[list[Any], list[tuple[Any, Any]]]:
+    """(system messages, (user message, assistant message) pairs) of single- or multi-turn rows: rows
+    with "messages", rows with "prompt"/"completion" strings, or messages lists."""
+    systems: list[Any] = []
+    pairs: list[tuple[Any, Any]] = []
+    for row in rows:
+        msgs = row.get("messages") if isinstance(row, Mapping) else row
+        if isinstance(row, Mapping) and isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str):
+            pairs.append(
+                ({"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["completion"]})
+            )
+            continue
+        if not isinstance(msgs, (list, tuple)) or not all(isinstance(m, Mapping) and "role" in m for m in msgs):
+            continue
+        systems += [m for m in msgs if m["role"] == "system"]
+        turns = [m for m in msgs if m["role"] != "system"]
+        pairs += [(u, a) for u, a in zip(turns[::2], turns[1::2]) if u["role"] == "user" and a["role"] == "assistant"]
+    return systems, pairs
+
+
+def multi_turn_conversations(
+    examples: Any, *, min_turns: int = 2, max_turns: int = 4
+) -> st.SearchStrategy[list[dict[str, Any]]]:
+    """Conversations (``messages``) of ``min_turns`` to ``max_turns`` user/assistant turns chained from
+    single-turn data, so a masker that trains only the first (or the last) assistant turn, or everything
+    after the first assistant header, shows. ``examples``: a list (or a dataset, sampled) of rows with
+    "messages", rows with "prompt"/"completion" strings, or messages lists; a system turn of the data
+    opens some of the conversations."""
+    rows = list(examples) if isinstance(examples, (list, tuple)) else sample_rows(examples, 16)[0]
+    systems, pairs = _turns_of(rows)
+    if not pairs:
+        raise ValueError("multi_turn_conversations needs examples holding a user turn and an assistant answer")
+    heads = st.one_of(st.none(), st.sampled_from(systems)) if systems else st.none()
+
+    def build(parts: tuple[Any, list[tuple[Any, Any]]]) -> list[dict[str, Any]]:
+        head, chosen = parts
+        msgs = [dict(head)] if head is not None else []
+        for user, assistant in chosen:
+            msgs += [dict(user), dict(assistant)]
+        return msgs
+
+    return st.tuples(heads, st.lists(st.sampled_from(pairs), min_size=min_turns, max_size=max_turns)).map(build)
+
+
 # ---- examples shaped like the user's own ----------------------------------------------------------
 
 
@@ -149,7 +338,24 @@ def _perturb_text(text: str, max_length: int | None) -> st.SearchStrategy[str]:
     return st.one_of(st.just(text), st.just(""), cuts, longer)
 
 
-def _perturb_row(row: Any, max_length: int | None) -> st.SearchStrategy[Any]:
+def _move_space_onto_prompt(row: dict[str, Any]) -> dict[str, Any]:
+    """The prompt ending in a space and the completion starting with its word ("Answer: " + "Paris."), the
+    boundary a tokenizer merges across (see :func:`boundary_merge_pairs`). An emptied prompt or completion is
+    left as it is (an edge of its own)."""
+    if not row["prompt"].strip() or not row["completion"].strip():
+        return row
+    return {**row, "prompt": row["prompt"].rstrip() + " ", "completion": row["completion"].lstrip()}
+
+
+def _more_turns(messages: list[Any], pool: list[tuple[Any, Any]]) -> st.SearchStrategy[list[Any]]:
+    """The conversation continued by 1-3 user/assistant turns of the data (2-4 turns in all for
+    single-turn data)."""
+    return st.lists(st.sampled_from(pool), min_size=1, max_size=3).map(
+        lambda more: [dict(m) for m in messages] + [dict(m) for pair in more for m in pair]
+    )
+
+
+def _perturb_row(row: Any, max_length: int | None, pool: list[tuple[Any, Any]] | None = None) -> st.SearchStrategy[Any]:
     if not isinstance(row, Mapping):
         return st.just(row)
     row = dict(row)
@@ -168,15 +374,21 @@ def _perturb_row(row: Any, max_length: int | None) -> st.SearchStrategy[Any]:
             parts[key] = st.tuples(*[_perturb_text(m["content"], max_length) for m in value]).map(
                 lambda contents, msgs=value: [{**m, "content": c} for m, c in zip(msgs, contents)]
             )
+            if pool and value[-1].get("role") == "assistant":
+                parts[key] = st.one_of(parts[key], _more_turns(value, pool))
         else:
             parts[key] = st.just(value)
+    boundary = isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str)
+    if boundary:
+        parts["__boundary__"] = st.booleans()
 
     def build(drawn: dict[str, Any]) -> dict[str, Any]:
-        out = {k: v for k, v in drawn.items() if k != "__len__"}
+        out = {k: v for k, v in drawn.items() if k not in ("__len__", "__boundary__")}
         if fields:
             for key in fields:
                 out[key] = _resize(row[key], drawn["__len__"])
-        return {k: out.get(k, row[k]) for k in row}
+        out = {k: out.get(k, row[k]) for k in row}
+        return _move_space_onto_prompt(out) if drawn.get("__boundary__") else out
 
     return st.fixed_dictionaries(parts).map(build)
 
@@ -187,11 +399,16 @@ def examples_like(
     """Examples drawn from ``dataset`` (a bounded, evenly spread sample of it, or a list of rows) and
     perturbed at the edges: per-token fields (input_ids with their attention_mask, labels, …) resized
     together to 1, max_length - 1, max_length, max_length + 1…; text fields emptied, cut or repeated;
-    chat turns emptied or cut. ``tokenizer`` is accepted for symmetry with the other strategies."""
+    chat turns emptied or cut; a conversation continued by 1-3 user/assistant turns of the data's own
+    (2-4 turns for single-turn data, see :func:`multi_turn_conversations`); a prompt/completion pair with
+    the completion's leading space moved onto the prompt ("Answer: " + "Paris.", the boundary a
+    tokenizer merges across, see :func:`boundary_merge_pairs`). ``tokenizer`` is accepted for symmetry
+    with the other strategies."""
     rows = list(dataset) if isinstance(dataset, (list, tuple)) else sample_rows(dataset, n)[0]
     if not rows:
         raise ValueError("examples_like needs at least one example to shape the generated ones")
-    return st.sampled_from(rows).flatmap(lambda row: _perturb_row(row, max_length))
+    pool = _turns_of(rows)[1]
+    return st.sampled_from(rows).flatmap(lambda row: _perturb_row(row, max_length, pool))
 
 
 def collated_batches(

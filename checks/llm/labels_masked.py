@@ -65,6 +65,12 @@ class Example:
     #: how the collated tokens relate to ``full``: "none" (complete), "end" (the end is cut), "start"
     #: (the start is cut), None (unknown)
     cut: str | None = None
+    #: positions of the tokens inside each assistant turn's text, turn by turn (messages data; turns
+    #: holding no whole token, or cut away, left out); None: unknown
+    assistant_turns: list[list[int]] | None = None
+    #: example-local index of the token that merges the prompt's trailing whitespace with the completion's
+    #: first word (tokenizer(prompt) is then no prefix of the example), None when there is none
+    merged: int | None = None
 
     @property
     def ids(self) -> list[int]:
@@ -341,6 +347,12 @@ def _text_prompt_side(tok: Any, ids: list[int], pieces: Sequence[tuple[bool, str
     """Token indices lying entirely inside the prompt-side pieces' text, the pieces located in order in
     the decoded example (conservative: template tokens between them are not judged). A truncated
     example is judged on the leading pieces it still holds."""
+    spans = _text_spans(tok, ids, pieces)
+    return None if spans is None else [j for side, within in spans if side for j in within]
+
+
+def _text_spans(tok: Any, ids: list[int], pieces: Sequence[tuple[bool, str]]) -> list[tuple[bool, list[int]]] | None:
+    """(is_prompt_side, token indices lying entirely inside the piece's text) for each piece located."""
     try:
         dec = Decoded(tok, ids)
     except Exception:  # ids the tokenizer cannot decode: not judged here (L3 reports them)
@@ -357,11 +369,7 @@ def _text_prompt_side(tok: Any, ids: list[int], pieces: Sequence[tuple[bool, str
             cursor = at + len(piece.strip())
         if not spans:
             return None
-    out: list[int] = []
-    for side, a, b in spans:
-        if side:
-            out += dec.tokens_within(a, b)
-    return out
+    return [(side, dec.tokens_within(a, b)) for side, a, b in spans]
 
 
 def _relation(content: list[int], full: list[int]) -> str | None:
@@ -382,6 +390,14 @@ def _relation(content: list[int], full: list[int]) -> str | None:
         if c and len(c) < len(full) and full[-len(c) :] == c:
             return "start"
     return None
+
+
+def _set_turns(ex: Example, spans: list[tuple[bool, list[int]]] | None) -> None:
+    """The prompt side and the assistant turns of a conversation located in its tokens."""
+    if spans is None:
+        return
+    ex.prompt_side = [j for side, within in spans if side for j in within]
+    ex.assistant_turns = [within for side, within in spans if not side and within]
 
 
 def _analyse_example(tok: Any, ex: Example, specials: set[int], eos: int | None, appends_eos: bool) -> None:
@@ -410,6 +426,10 @@ def _analyse_example(tok: Any, ex: Example, specials: set[int], eos: int | None,
         if isinstance(prompt, str) and isinstance(completion, str):
             ex.prompt_text, ex.expected = prompt, completion
             best = None
+            # the prompt may start after tokens the collator put first (a BOS, a template's specials), never
+            # after text: a prompt of whitespace the tokenizer merged into the completion's first word is
+            # not found one token later
+            lead = set(getattr(tokenizer_of(tok), "all_special_ids", []) or []) | placeholder_ids(tok)
             # a processor expands each image placeholder of the prompt into the image's N tokens: the
             # prompt as the collated example holds it is the processor's, not the tokenizer's
             for special in (True, False):
@@ -418,6 +438,8 @@ def _analyse_example(tok: Any, ex: Example, specials: set[int], eos: int | None,
                     if not p:
                         continue
                     for o in (0, 1, 2):
+                        if o and not all(t in lead for t in ids[:o]):
+                            continue
                         cp = common_prefix(p, ids[o:])
                         whole = cp >= max(1, len(p) - 1) or (cp and cp == len(ids) - o)
                         if whole and (best is None or cp > best[1]):
@@ -426,6 +448,8 @@ def _analyse_example(tok: Any, ex: Example, specials: set[int], eos: int | None,
                 o, cp, n_prompt, expanded = best
                 ex.prompt_side = [o + j for j in range(cp) if ids[o + j] not in specials]
                 ex.n_prompt = n_prompt
+                if cp < n_prompt and o + cp < len(ids) and prompt[-1:].isspace() and completion[:1].isalnum():
+                    ex.merged = o + cp
                 if expanded:
                     ex.n_prompt_text = len(encode(tok, prompt) or []) or None
             else:
@@ -439,6 +463,7 @@ def _analyse_example(tok: Any, ex: Example, specials: set[int], eos: int | None,
             pieces = [(m["role"] != "assistant", _content_text(m["content"])) for m in prompt + completion]
             ex.prompt_text = " | ".join(t for side, t in pieces if side)
             ex.expected = " | ".join(_content_text(m["content"]) for m in completion)
+            # the prompt's assistant turns are context here (masked by design): no assistant turns judged
             ex.prompt_side = _text_prompt_side(tok, ids, pieces)
             p = chat_encode(tok, prompt, add_generation_prompt=True)
             ex.n_prompt = len(p["input_ids"]) if p else None
@@ -449,7 +474,7 @@ def _analyse_example(tok: Any, ex: Example, specials: set[int], eos: int | None,
         pieces = [(m["role"] != "assistant", _content_text(m["content"])) for m in msgs]
         ex.prompt_text = " | ".join(t for side, t in pieces if side)
         ex.expected = " | ".join(t for side, t in pieces if not side)
-        ex.prompt_side = _text_prompt_side(tok, ids, pieces)
+        _set_turns(ex, _text_spans(tok, ids, pieces))
         full = chat_encode(tok, msgs)
         ex.full = full["input_ids"] if full else None
     elif kind == TEXT:
@@ -487,6 +512,10 @@ def analyse(ctx: Any, sample: Sample, tok: Any) -> Analysis:
                     side = set(ex.prompt_side) | {j for j, t in enumerate(ids) if t in placeholders}
                     # example-local indices -> row positions (left padding, packed rows)
                     ex.prompt_side = [ex.positions[j] for j in sorted(side) if j < len(ex.positions)]
+                    if ex.assistant_turns is not None:
+                        ex.assistant_turns = [
+                            [ex.positions[j] for j in turn if j < len(ex.positions)] for turn in ex.assistant_turns
+                        ]
         return Analysis(examples, shift, appends_eos)
 
     return ctx.memo((sample, tok), "llm:label-analysis", make)
@@ -658,6 +687,28 @@ def _labels_discarded(dlcheck, sample: Sample, rows: list[lm.Row], tok: Any) -> 
     )
 
 
+def _untrained_turns(judged: list[Example]) -> tuple[list[Example], list[tuple[Example, list[bool]]]]:
+    """The conversations with two or more assistant turns located in their tokens, and those of them that
+    leave a whole assistant turn unsupervised while another turn is supervised (with which turns are)."""
+    multi = [ex for ex in judged if ex.assistant_turns is not None and len(ex.assistant_turns) >= 2]
+    bad = []
+    for ex in multi:
+        targets = set(ex.targets)
+        trained = [any(p in targets for p in turn) for turn in ex.assistant_turns]
+        if any(trained) and not all(trained):
+            bad.append((ex, trained))
+    return multi, bad
+
+
+def _turns_pattern(bad: list[tuple[Example, list[bool]]]) -> str | None:
+    """ "first" / "last" when every failing conversation trains exactly its first / last assistant turn."""
+    if all(trained == [True] + [False] * (len(trained) - 1) for _, trained in bad):
+        return "first"
+    if all(trained == [False] * (len(trained) - 1) + [True] for _, trained in bad):
+        return "last"
+    return None
+
+
 @check(
     "L2",
     domain="llm",
@@ -688,6 +739,14 @@ def _labels_discarded(dlcheck, sample: Sample, rows: list[lm.Row], tok: Any) -> 
             "prompt/completion or messages split; set false when whole-sequence training is intended "
             "(SFTConfig(completion_only_loss=False) / assistant_only_loss=False are read as that too)",
         ),
+        Setting(
+            "every_assistant_turn",
+            True,
+            "under assistant-only training every assistant turn of a conversation is trained, as TRL's "
+            "assistant_only_loss and apply_chat_template's assistant_masks do: a conversation that trains one "
+            "assistant turn and leaves another whole turn at -100 fails; set false when training on the last "
+            "(or first) turn only is intended",
+        ),
     ),
 )
 def check_labels_masked(dlcheck):
@@ -704,26 +763,37 @@ def check_labels_masked(dlcheck):
         processor as dlcheck_tokenizer, the prompt is taken as the processor expands it with the row's
         images (every image placeholder becomes the image's N tokens), so the placeholders and the
         prompt text after them are judged as prompt; a masking that stops at
-        len(tokenizer(prompt)), counted before the expansion, is named as such.
+        len(tokenizer(prompt)), counted before the expansion, is named as such. In a conversation of
+        several assistant turns, a turn left entirely at -100 while another turn is trained fails
+        (a masker written for single-turn data that trains only the first or the last answer). A
+        prompt ending in a space the tokenizer merges into the completion's first word is judged at
+        TRL's boundary (the merged token is the completion's).
     Why it is bad
         Supervised padding trains the model to emit pad tokens (with pad == eos, to emit EOS after
         EOS) and dilutes the loss with free tokens. Supervised prompts turn an instruction tune into
         a language model of the prompts: capacity goes to predicting questions, the loss is
         dominated by prompt tokens, and a completion-only objective silently becomes a full-sequence
         one. Supervised image placeholders ask the LM to predict the placeholder id where the image
-        features stand (576 of them per image in LLaVA-1.5: most of the loss).
+        features stand (576 of them per image in LLaVA-1.5: most of the loss). A masker that trains
+        only one assistant turn of each conversation never trains the other answers, silently, since
+        single-turn data looks right.
     Example
         collator = DataCollatorForLanguageModeling(tok, mlm=False)     # labels = input_ids
         Trainer(model, args, train_dataset=prompt_completion_tokenized, data_collator=collator)
         # or a hand collator: batch["labels"] = batch["input_ids"].clone()  (padding supervised)
         # a VLM collator: labels[i, :len(processor.tokenizer(prompt)["input_ids"])] = -100  (counted
         # before <image> became N tokens: most placeholders and the prompt text stay supervised)
+        # multi-turn: n = len(tok.apply_chat_template(messages[:-1], add_generation_prompt=True))
+        # labels[:n] = -100  (only the last answer is trained)
     Use instead
         TRL SFTTrainer on the prompt/completion dataset (SFTConfig.completion_only_loss defaults to
         True for it), SFTConfig(assistant_only_loss=True) on messages with a {% generation %}
         template; in a hand collator labels[:n_prompt] = -100 and labels[attention_mask == 0] = -100
         (for a VLM, n_prompt = len(processor(text=prompt, images=images)["input_ids"][0]), or TRL's
         DataCollatorForVisionLanguageModeling(processor)).
+        Several turns: labels = -100 where apply_chat_template(messages,
+        return_assistant_tokens_mask=True)["assistant_masks"] is 0. Training one turn only is a choice:
+        --dlcheck-set L2.every_assistant_turn=false.
         Whole-sequence training on such data is a choice: say so with
         SFTConfig(completion_only_loss=False) / assistant_only_loss=False, or
         --dlcheck-set L2.completion_only=false.
@@ -736,7 +806,11 @@ def check_labels_masked(dlcheck):
         as a deliberate choice to train on whole conversations. Batches drawn from a dataloader
         alone cannot be matched to their raw examples: the prompt half then needs dlcheck_collator +
         dlcheck_dataset (or a Trainer); rows packed by TRL (SFTConfig(packing=True)) keep no raw
-        example to match either.
+        example to match either. A completion token masked too many (len(tokenizer(prompt)) tokens
+        masked where the tokenizer merged the prompt's trailing space into the completion's first
+        word) is not reported: test it with strategies.boundary_merge_pairs and prompt_boundary
+        (README). Turns are judged only where the data holds several (property mode makes them from
+        single-turn data); an assistant turn partly masked is not reported.
     Not applicable
         Padding-free (flattened, position_ids and no attention_mask) batches of data with no
         prompt/completion or messages split, or with completion-only training switched off: there
@@ -789,7 +863,9 @@ def check_labels_masked(dlcheck):
 
     pad_fail = bool(pad_bad) and len(pad_bad) / pad_judged > dlcheck.setting("max_padding_share")
     prompt_fail = bool(prompt_bad) and len(prompt_bad) / len(judged) > dlcheck.setting("max_prompt_share")
-    if not pad_fail and not prompt_fail:
+    multi, turn_bad = _untrained_turns(judged) if dlcheck.setting("every_assistant_turn") else ([], [])
+    turn_fail = bool(turn_bad)
+    if not pad_fail and not prompt_fail and not turn_fail:
         lines = []
         if pad_judged:
             lines.append(
@@ -817,12 +893,18 @@ def check_labels_masked(dlcheck):
             )
         else:
             lines.append(f"prompt: not judged, {prompt_why}")
+        if multi:
+            lines.append(
+                f"assistant turns: 0 of {len(multi)} sampled conversations with several assistant turns leave a "
+                "whole assistant turn unsupervised"
+            )
         dlcheck.measured(
             *lines,
             padded_rows=pad_judged,
             padding_positions=pad_positions,
             prompt_examples=len(judged),
             prompt_positions=sum(len(ex.prompt_side) for ex in judged),
+            multi_turn_examples=len(multi),
         )
         return
 
@@ -883,6 +965,7 @@ def check_labels_masked(dlcheck):
         if images:
             evidence.append(images)
         early = _counted_before_expansion(prompt_bad, shift)
+        merged = [e for e, _ in prompt_bad if e.merged is not None]
         collator = dlcheck.role("collator") if dlcheck.has("collator") else None
         if collator is not None and _is_hf_lm_collator(collator):
             causes.append(
@@ -899,6 +982,15 @@ def check_labels_masked(dlcheck):
                 f"{example_name(e)} has its first {first} tokens masked (len(tokenizer(prompt)) = "
                 f"{e.n_prompt_text}), while its prompt is {e.n_prompt} tokens after the expansion, so "
                 f"{e.n_prompt - first} prompt tokens (image placeholders and the prompt text) keep their labels"
+            )
+        elif merged and len(merged) == len(prompt_bad) and not whole:
+            e = merged[0]
+            token = lm.token_text(tok, e.ids[e.merged])
+            causes.append(
+                f"the tokenizer merges the prompt's trailing whitespace into the completion's first word ({token!r} "
+                f"in {example_name(e)}), and the masking stops before the boundary: a prompt length taken from the "
+                "parts tokenized apart (len(tokenizer(completion)) counted from the end: the word alone takes "
+                "other tokens than in context) leaves the prompt's last token supervised"
             )
         elif len(whole) == len(prompt_bad):
             causes.append(
@@ -928,6 +1020,13 @@ def check_labels_masked(dlcheck):
                 "whole-sequence training is intended, SFTConfig(completion_only_loss=False) or --dlcheck-set "
                 "L2.completion_only=false"
             )
+        elif merged and len(merged) == len(prompt_bad) and not whole:
+            fixes.append(
+                "take the prompt boundary where TRL takes it: n_prompt = the common prefix of "
+                "tokenizer(prompt)['input_ids'] and tokenizer(prompt + completion)['input_ids'] (not "
+                "len(tokenizer(prompt)), which masks the merged token, nor a count of the completion's tokens "
+                "apart), labels[:n_prompt] = -100; or end the prompts on a token boundary (no trailing space)"
+            )
         elif kind == COMPLETION_MASK:
             fixes.append(
                 "set labels to -100 where completion_mask is 0 (TRL SFTTrainer does it with "
@@ -941,4 +1040,43 @@ def check_labels_masked(dlcheck):
                 "len(tokenizer(prompt)['input_ids']); if whole-sequence training is intended, "
                 "SFTConfig(completion_only_loss=False) or --dlcheck-set L2.completion_only=false"
             )
+    if turn_fail:
+        ex, trained = turn_bad[0]
+        n_turns = sum(len(t) for _, t in turn_bad)
+        n_untrained = sum(t.count(False) for _, t in turn_bad)
+        targets = set(ex.targets)
+        states = ", ".join(
+            f"turn {k + 1} {short(text_of(tok, [ex.row.input_ids[p] for p in turn]), 40)}: "
+            + (f"{sum(p in targets for p in turn)} of {len(turn)} tokens supervised" if ok else "all -100")
+            for k, (turn, ok) in enumerate(zip(ex.assistant_turns, trained))
+        )
+        untrained = next(turn for turn, ok in zip(ex.assistant_turns, trained) if not ok)
+        evidence += [
+            f"{len(turn_bad)} of {len(multi)} sampled conversations with several assistant turns leave whole "
+            f"assistant turns unsupervised: {n_untrained} of their {n_turns} assistant turns have every label -100 "
+            "while another turn of the same conversation is trained",
+            f"{example_name(ex)}: {lm.decode(tok, ex.ids)}",
+            f"  assistant turns: {states}",
+            f"  labels on an untrained turn: {lm.show_labels(tok, ex.row, [label_position(p, shift) for p in untrained[:4]])}",
+        ]
+        pattern = _turns_pattern(turn_bad)
+        if pattern == "first":
+            causes.append(
+                "the masker supervises only the first assistant turn (it stops at the first end of turn, or "
+                "was written for single-turn data): the later answers of every conversation are never trained"
+            )
+        elif pattern == "last":
+            causes.append(
+                "the masker supervises only the last assistant turn (the prompt is taken as everything before "
+                "the last answer, e.g. apply_chat_template(messages[:-1], add_generation_prompt=True)): the "
+                "earlier answers of every conversation are never trained"
+            )
+        else:
+            causes.append("the masker leaves some assistant turns of a conversation entirely at -100")
+        fixes.append(
+            "mask by turn: labels = -100 where tokenizer.apply_chat_template(messages, return_dict=True, "
+            "return_assistant_tokens_mask=True)['assistant_masks'] is 0 (a chat template with {% generation %}), "
+            "or TRL SFTConfig(assistant_only_loss=True); if training on one turn only is intended, "
+            "--dlcheck-set L2.every_assistant_turn=false"
+        )
     dlcheck.fail(evidence, "; and ".join(causes), "; and ".join(fixes))

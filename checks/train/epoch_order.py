@@ -117,7 +117,9 @@ def _train_loader(dlcheck, setup) -> tuple[Any, str]:
     loader = dlcheck.role("dataloader")
     return (
         loader,
-        "dlcheck_dataloader" if setup is None or setup.kind in ("loop", "accelerate") else "the datamodule's train_dataloader()",
+        "dlcheck_dataloader"
+        if setup is None or setup.kind in ("loop", "accelerate")
+        else "the datamodule's train_dataloader()",
     )
 
 
