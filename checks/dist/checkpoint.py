@@ -4,7 +4,7 @@ import os
 
 from ...registry import check
 from . import measure
-from .replicas import OPTIONAL, ROLES
+from .replicas import OPTIONAL
 
 
 def _rel(path: str, base: str) -> str:
@@ -153,8 +153,8 @@ def _reshard(dlcheck, run, recs, path, kind) -> list[str]:
     "D5",
     domain="dist",
     title="every rank writes the checkpoint, a rank cannot load it, or it is tied to one world size",
-    roles=(*ROLES, "save_checkpoint", "load_checkpoint"),
-    optional_roles=tuple(r for r in OPTIONAL if r not in ("save_checkpoint", "load_checkpoint")),
+    roles=("make_training", "save_checkpoint", "load_checkpoint"),
+    optional_roles=tuple(r for r in OPTIONAL if r not in ("make_training", "save_checkpoint", "load_checkpoint")),
 )
 def check_distributed_checkpoint(dlcheck):
     """A checkpoint is written once (by rank 0, or by one collective save), loads on every rank, and a sharded

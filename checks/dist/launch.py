@@ -409,6 +409,12 @@ class Rank:
         if self.job.mode == "load":
             self.reload()
             return
+        if getattr(self.setup, "kind", None) == "trainer":
+            from .trainer import run as run_trainer
+
+            # a clone of the user's Trainer runs its own train() in this rank: D1's record only (see trainer.py)
+            self.write("train", run_trainer(self))
+            return
         if self.job.dist_setup is not None:
             self.call("dist_setup", lambda: self.job.dist_setup(self.rank, self.world))
         state = self.build()

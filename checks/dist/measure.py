@@ -29,7 +29,19 @@ RUN_ROLES = (
     "dataloader",
     "save_checkpoint",
     "load_checkpoint",
+    "trainer",
 )
+
+#: why the other checks do not judge a transformers / TRL Trainer's launch yet (D1 does; D5 asks for its roles)
+TRAINER_NOT_YET = {
+    "D2": "the single-process reference step needs the first distributed step's batches and gradients, which the "
+    "Trainer's own train() loop does not hand out: D2 is not measured for a Trainer yet",
+    "D3": "the Trainer builds its sharded DataLoader inside train(): its shards are not listed for a Trainer yet",
+    "D4": "each rank trains a copy of your Trainer's model made in the pytest process (identical on every rank by "
+    "construction) and the Trainer seeds every rank with args.seed: your own initialisation and seeding are not what "
+    "runs, so D4 has nothing of yours to judge for a Trainer",
+    "D6": "the injected non-finite micro-step runs outside the Trainer's train() loop: not measured for a Trainer yet",
+}
 
 
 def world_size(dlcheck: Any) -> int:
@@ -42,21 +54,35 @@ def _value(v: Any) -> Any:
 
 
 def the_setup(dlcheck: Any, *loop_roles: str) -> Any:
-    """The user's plain loop or Accelerate loop (the kinds the dist domain launches). A plain loop must say how
-    it runs distributed (``dlcheck_dist_wrap``, and ``loop_roles``); an Accelerate user's ``accelerator.prepare``
-    wraps the model and shards the loader itself."""
+    """The user's plain loop, Accelerate loop or transformers Trainer (the kinds the dist domain launches). A plain
+    loop must say how it runs distributed (``dlcheck_dist_wrap``, and ``loop_roles``); an Accelerate user's
+    ``accelerator.prepare`` wraps the model and shards the loader itself; a Trainer's ``train()`` does both (its
+    launch serves D1 only yet: the other checks skip, saying why)."""
     if not dlcheck.has("make_training"):
-        if dlcheck.has("trainer") or dlcheck.has("lightning_module"):
+        if dlcheck.has("lightning_module"):
             dlcheck.skip(
-                "the dist domain launches plain loops (dlcheck_make_training + dlcheck_train_step) only yet; "
-                "a Trainer or a LightningModule is not launched in several processes"
+                "the dist domain launches plain loops, Accelerate loops and transformers / TRL Trainers only yet; "
+                "a LightningModule is not launched in several processes"
             )
-        dlcheck.require("make_training")
+        if not dlcheck.has("trainer"):
+            dlcheck.require("make_training")
     setup = get_setup(dlcheck)
+    if setup.kind == "trainer":
+        if dlcheck.check.id in TRAINER_NOT_YET:
+            dlcheck.skip(TRAINER_NOT_YET[dlcheck.check.id])
+        if setup.grpo or setup.preference:
+            dlcheck.skip(
+                f"your {setup.name} generates or pairs its batches inside its step: the dist domain launches "
+                "supervised Trainers (transformers Trainer, SFTTrainer) only yet"
+            )
+        return setup
     if setup.kind == "loop":
         dlcheck.require("dist_wrap", *loop_roles)
     elif setup.kind != "accelerate":
-        dlcheck.skip("the dist domain launches plain loops and Accelerate loops (dlcheck_make_training) only yet")
+        dlcheck.skip(
+            "the dist domain launches plain loops, Accelerate loops (dlcheck_make_training) and transformers / TRL "
+            "Trainers (dlcheck_trainer) only yet"
+        )
     return setup
 
 

@@ -3,9 +3,12 @@ from __future__ import annotations
 from ...registry import check
 from . import measure
 
-#: dlcheck_dist_wrap is required of a plain loop by measure.the_setup (an Accelerate user's prepare wraps the model)
-ROLES = ("make_training",)
+#: dlcheck_make_training or dlcheck_trainer, and a plain loop's dlcheck_dist_wrap, are asked for by measure.the_setup
+#: (an Accelerate user's prepare wraps the model; a Trainer user's launch serves D1, the others say why they skip)
+ROLES = ()
 OPTIONAL = (
+    "make_training",
+    "trainer",
     "dist_wrap",
     "train_step",
     "compute_loss",
@@ -36,6 +39,8 @@ def check_replicas_identical(dlcheck):
         tensor differs between ranks, naming it, the step and the largest difference. An Accelerate user's factory
         (its dict holds the ``Accelerator``) runs as under ``accelerate launch --cpu``: Accelerate's process state is
         reset in each rank, so ``accelerator.prepare`` wraps the model in DDP and shards the DataLoader it prepared.
+        A transformers / TRL Trainer (``dlcheck_trainer``) runs as a clone in each rank, through its own
+        ``train()`` for the same few steps, its TrainingArguments' cached device state set up again in the rank.
     Why it is bad
         Data parallelism is only correct while every replica is the same model: once gradients stop being
         averaged (a model not wrapped in DistributedDataParallel, ``no_sync()`` left around the micro-step that
@@ -54,11 +59,11 @@ def check_replicas_identical(dlcheck):
     Known problems
         Compares after each of a few micro-steps (3), so a drift that starts later (a rank-dependent learning
         rate schedule after warm-up) is not seen. Buffers (BatchNorm statistics, which DDP broadcasts from
-        rank 0 by default) are not compared. Launches plain loops and Accelerate loops (``dlcheck_make_training``);
-        not a Trainer or Lightning.
+        rank 0 by default) are not compared. Launches plain loops and Accelerate loops (``dlcheck_make_training``)
+        and supervised Trainers (``dlcheck_trainer``: not GRPO or DPO yet); not Lightning.
     Not applicable
         Training that does not run distributed: a plain loop without ``dlcheck_dist_wrap`` is asked for it (an
-        Accelerate user's ``accelerator.prepare`` wraps the model in DDP itself).
+        Accelerate user's ``accelerator.prepare`` and a Trainer's ``train()`` wrap the model in DDP themselves).
     """
     run = measure.get_launch(dlcheck)
     recs = measure.records(dlcheck, run, "train")
@@ -132,12 +137,27 @@ def check_replicas_identical(dlcheck):
                     "optimizer or parameter change outside the averaged gradient"
                 )
                 fix = "build the optimizer and scheduler identically on every rank; change parameters only through it"
+                if recs[0].get("trainer"):
+                    cause += (
+                        f" (your {recs[0]['trainer']}'s own step averaged the gradients: a TrainerCallback, or an "
+                        "override of the Trainer, changed the weights on some ranks only)"
+                    )
+                    fix = (
+                        "change the weights only through the optimizer, or on every rank: a TrainerCallback that edits "
+                        "parameters must not run under `if state.is_world_process_zero:` (or args.process_index == 0)"
+                    )
             dlcheck.fail(evidence, cause, fix, step=s + 1, tensor=name, rank=rank)
     n_params = len(recs[0]["steps"][-1]["params"])
     n_opt = len(recs[0]["steps"][-1]["opt"])
     dlcheck.measured(
         f"{n_params} parameters and {n_opt} optimizer-state tensors identical on the {run.world} ranks after each of "
         f"{n_steps} micro-steps ({recs[0]['wrapped']}, {run.backend}, {run.start_method}ed processes)"
+        + (
+            f"; a clone of your {recs[0]['trainer']} trained through its own train() in each rank "
+            f"(args.world_size {recs[0].get('args_world')})"
+            if recs[0].get("trainer")
+            else ""
+        )
         + (
             f"; {recs[0]['fsdp']}: each sharded tensor compared as the full tensor gathered from the ranks' shards"
             if recs[0].get("fsdp")
