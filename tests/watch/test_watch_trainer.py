@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import warnings
 
 import pytest
@@ -63,7 +64,13 @@ def test_a_diverging_learning_rate_stops_the_run_with_a_postmortem(tok, tmp_path
     assert len(messages) == 1
     text = flat(messages[0])
     assert text.startswith("S2 loss spike during the run (step 18)")
-    assert "step 18: loss 45.81 = 5.6 x the mean 8.219 of the 5 steps before it (limit 3.0 x)" in text
+    # a diverging run amplifies the last bits of float rounding: the numbers differ between CPUs, the shape does not
+    spike = re.search(
+        r"step 18: loss ([\d.]+) = ([\d.]+) x the mean ([\d.]+) of the 5 steps before it \(limit 3.0 x\)", text
+    )
+    assert spike, text
+    loss, ratio, mean = map(float, spike.groups())
+    assert ratio > 3.0 and loss == pytest.approx(ratio * mean, rel=0.02)
     assert "lr 2.95 is too high for this model" in text and "lower the learning rate (by 10x to start)" in text
     assert "policy stop: training stops cleanly after step 20" in text
     path = tmp_path / "dlcheck-postmortem-S2-step18.json"
@@ -73,7 +80,7 @@ def test_a_diverging_learning_rate_stops_the_run_with_a_postmortem(tok, tmp_path
     assert doc["versions"]["torch"] == torch.__version__ and "transformers" in doc["versions"]
     (result,) = doc["results"]
     assert result["id"] == "S2" and result["outcome"] == "failed" and result["cause"].startswith("the run diverges")
-    assert result["data"]["ratio"] == pytest.approx(45.81 / 8.219, rel=0.01)
+    assert result["data"]["ratio"] == pytest.approx(loss / mean, rel=0.01)
     history = doc["history"]
     assert history["step"] == list(range(1, 21))  # every step's loss, read at the checks only
     assert history["lr"][0] == pytest.approx(1e-3) and history["lr"][-1] == pytest.approx(1e-3 * 1.6**19)
