@@ -54,8 +54,9 @@ def check_accelerate_state(dlcheck):
         ``register_for_checkpointing`` registered — nothing else. An LR scheduler built but not prepared
         restarts its warmup at resume; an EMA (diffusers' ``EMAModel``, ``AveragedModel``) not registered
         comes back at its initial weights and the sampled images of the resumed run are those of an
-        untrained model, while the training loss looks perfectly resumed (C1 compares losses: it cannot see
-        an EMA). Nothing warns.
+        untrained model, while the training loss looks perfectly resumed (the EMA does not feed the loss;
+        C1 sees the EMA differ at the end of its resumed run, C10 says which piece Accelerate left out and
+        why). Nothing warns.
     Example
         ema = EMAModel(unet.parameters())
         unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
