@@ -10,6 +10,7 @@ from typing import Any
 
 from ...errors import MISSING, RoleError
 from ...training import SetupError, get_setup, memo_or_skip
+from ...training.setup import root_cause
 from .launch import Job, Launch, launch
 
 #: micro-steps every rank trains before the checkpoint and the non-finite step
@@ -187,6 +188,11 @@ def raise_failure(dlcheck: Any, run: Launch, stage: str) -> Any:
     # the first rank that raised on its own, before those whose collective broke because it had gone
     for r in sorted(run.errors, key=lambda r: (collective_failure(r.error or {}), (r.error or {}).get("time", 0))):
         err = r.error or {}
+        # root cause first: an error another check explains (image tokens cut by truncation: X4) is a skip
+        # naming that check, as in the single-process training checks
+        reason = root_cause(RuntimeError(str(err.get("message", ""))))
+        if reason:
+            dlcheck.skip(f"rank {r.rank}: {reason}")
         if err.get("role"):
             raise RoleError(err["role"], f"on rank {r.rank} of {run.world}: {err['message']}")
         if err.get("type") == "SetupError":
