@@ -87,30 +87,43 @@ def the_setup(dlcheck: Any, *loop_roles: str) -> Any:
     return setup
 
 
+def _rank_setup(dlcheck: Any) -> Any:
+    """The user's setup as the ranks get it: written under the launch's directory only (a spawn pickles it),
+    without the parent's first kept state (an Accelerator in it is the parent's, not a rank's)."""
+    setup = copy.copy(the_setup(dlcheck))
+    setup.tmp = None
+    setup.__dict__.pop("_kept", None)
+    return setup
+
+
+def _job(roles: dict[str, Any], setup: Any, world: int, out: str, **extra: Any) -> Job:
+    """What every rank of a launch runs: the user's roles (None where not given) and the setup."""
+    return Job(
+        world=world,
+        out=out,
+        steps=STEPS,
+        make_training=roles["make_training"],
+        setup=setup,
+        loader=_value(roles["dataloader"]),
+        save=_value(roles["save_checkpoint"]),
+        load=_value(roles["load_checkpoint"]),
+        wrap=_value(roles["dist_wrap"]),
+        dist_setup=_value(roles["dist_setup"]),
+        make_dataloader=_value(roles["make_dataloader"]),
+        start_epoch=_value(roles["start_epoch"]),
+        **extra,
+    )
+
+
 def get_launch(dlcheck: Any) -> Launch:
     """The session's launch of the user's loop at ``--dlcheck-world-size`` (shared by D1–D6)."""
-    setup = copy.copy(the_setup(dlcheck))
-    setup.tmp = None  # the ranks write under the launch's directory only (and a spawn pickles the setup)
-    setup.__dict__.pop("_kept", None)  # the parent's first state (an Accelerator in it) is not sent to the ranks
+    setup = _rank_setup(dlcheck)
     roles = {name: dlcheck.role(name) for name in RUN_ROLES}
     world = world_size(dlcheck)
     tmp = dlcheck.request.getfixturevalue("tmp_path_factory")
 
     def run() -> Launch:
-        job = Job(
-            world=world,
-            out=str(tmp.mktemp("dlcheck-dist")),
-            steps=STEPS,
-            make_training=roles["make_training"],
-            setup=setup,
-            loader=_value(roles["dataloader"]),
-            save=_value(roles["save_checkpoint"]),
-            load=_value(roles["load_checkpoint"]),
-            wrap=_value(roles["dist_wrap"]),
-            dist_setup=_value(roles["dist_setup"]),
-            make_dataloader=_value(roles["make_dataloader"]),
-            start_epoch=_value(roles["start_epoch"]),
-        )
+        job = _job(roles, setup, world, str(tmp.mktemp("dlcheck-dist")))
         return launch(job, limit=LAUNCH_LIMIT, hang=HANG_LIMIT)
 
     return memo_or_skip(dlcheck, tuple(roles.values()), f"dist:launch:{world}", run)
@@ -119,27 +132,12 @@ def get_launch(dlcheck: Any) -> Launch:
 def save_at(dlcheck: Any, base: Launch, world: int) -> Launch:
     """A launch at world size ``world`` that trains, saves with dlcheck_save_checkpoint and loads it back, with
     no non-finite step (D5: the checkpoint to load at the session's world size)."""
-    setup = copy.copy(the_setup(dlcheck))
-    setup.tmp = None
+    setup = _rank_setup(dlcheck)
     roles = {name: dlcheck.role(name) for name in RUN_ROLES}
     tmp = dlcheck.request.getfixturevalue("tmp_path_factory")
 
     def run() -> Launch:
-        job = Job(
-            world=world,
-            out=str(tmp.mktemp(f"dlcheck-dist-save{world}")),
-            steps=STEPS,
-            make_training=roles["make_training"],
-            setup=setup,
-            loader=_value(roles["dataloader"]),
-            save=_value(roles["save_checkpoint"]),
-            load=_value(roles["load_checkpoint"]),
-            wrap=_value(roles["dist_wrap"]),
-            dist_setup=_value(roles["dist_setup"]),
-            make_dataloader=_value(roles["make_dataloader"]),
-            start_epoch=_value(roles["start_epoch"]),
-            mode="save",
-        )
+        job = _job(roles, setup, world, str(tmp.mktemp(f"dlcheck-dist-save{world}")), mode="save")
         return launch(job, limit=LAUNCH_LIMIT, hang=HANG_LIMIT)
 
     return memo_or_skip(dlcheck, (*roles.values(), base), f"dist:save:{world}", run)
