@@ -102,11 +102,13 @@ class AccelerateSetup(LoopSetup):
 
 
 def _save_state(state: dict[str, Any], path: str) -> None:
-    accelerator_of(state).save_state(path)
+    """The default save (no dlcheck_save_checkpoint): what it raises is the user's Accelerator's, from their
+    factory — reported as dlcheck_make_training, not as a save fixture they never defined."""
+    user_call("make_training", lambda: accelerator_of(state).save_state(path))
 
 
 def _load_state(state: dict[str, Any], path: str) -> None:
-    accelerator_of(state).load_state(path)
+    user_call("make_training", lambda: accelerator_of(state).load_state(path))
 
 
 # --------------------------------------------------------------------------------------------------
