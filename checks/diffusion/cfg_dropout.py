@@ -198,6 +198,8 @@ class _State:
     from_batch: bool = False
     nulls: Any = None
     early: bool = False
+    rows_per_call: int = 0  # examples the collator gets per call: many at first when it may choose, else the batch size
+    look: int = 0  # the next of LOOKS to look at
 
 
 def _empty_when_sampler_null_is_zero(dlcheck, nulls: Nulls, tok: Any, first: Any) -> Any:
@@ -219,9 +221,11 @@ def _empty_when_sampler_null_is_zero(dlcheck, nulls: Nulls, tok: Any, first: Any
     return e if tuple(e.shape) == tuple(first.shape[1:]) else None
 
 
-def _draw(dlcheck, batches, tally: Tally, state: _State, low: float, high: float, tok: Any) -> None:
+def _draw(dlcheck, batches, tally: Tally, state: _State, low: float, high: float, tok: Any, calls: int) -> None:
     """Draw the conditioning path on each fresh batch, classify every row, stop early when clearly fine."""
     import torch
+
+    bs = dlcheck.batch_size
 
     for _keys, batch in batches:
         c = None
@@ -277,9 +281,21 @@ def _draw(dlcheck, batches, tally: Tally, state: _State, low: float, high: float
         tally.uniform_calls += dropped in (0, len(labels))
         if not tally.kept_example and labels and not labels[0]:
             tally.kept_example = _caption_text(tok, batch, 0)
-        if tally.calls in LOOKS and _clearly_inside(tally, low, high):
+        if state.rows_per_call > bs and dropped in (0, len(labels)):
+            # a large call dropped all or nothing: the dropout may be decided per batch (or never), which only
+            # many calls can tell: batches of the batch size from now on
+            state.rows_per_call = bs
+        n, _, unit = _units(tally)
+        scale = bs if unit == "rows" else 1
+        looked = False
+        while state.look < len(LOOKS) and n >= LOOKS[state.look] * scale:
+            state.look += 1
+            looked = True
+        if looked and _clearly_inside(tally, low, high):
             state.early = True
             return  # stopping early only passes the rate, so the false-alarm bound of the full test holds
+        if unit == "rows" and tally.rows >= calls * bs:
+            return  # as many independent rows as the full test of `calls` batches would have
 
 
 @check(
@@ -328,8 +344,12 @@ def check_cfg_dropout(dlcheck):
         exact one-sided binomial tests at false_alarm / 2 each, so a path whose true rate lies in the
         band fails with probability ≤ 1e-6 (rows are counted when dropout varies within a batch;
         calls are counted when every batch is dropped or kept as a whole, and when nothing is dropped).
-        It stops early, passing, after 25/50/100/200 calls once a 1 − 1e-3 confidence interval of the
-        rate lies within [low/2, 1.5·high]; it fails only on the full draws, so the bound holds.
+        It stops early, passing, after 25/50/100/200 calls (or as many batches' worth of rows) once a
+        1 − 1e-3 confidence interval of the rate lies within [low/2, 1.5·high]; it fails only on the full
+        draws, so the bound holds. With ``dlcheck_condition`` and a collator, the collator gets 25 batches'
+        worth of examples per call, so the text encoder runs once for them (a clean path passes in one or
+        two passes); a call that drops all or nothing switches to batch-sized calls, since only many calls
+        can tell a per-batch dropout from none.
         Nulls that differ from the sampler's unconditional input (zeros in training, the empty prompt at
         inference) fail too. It runs only in a project with a diffusion role (dlcheck_pipeline,
         _noise_scheduler, _vae, _condition, _training_inputs, _uncond …), so that an LLM's or VLM's
@@ -376,16 +396,20 @@ def check_cfg_dropout(dlcheck):
     low, high = dlcheck.setting("low"), dlcheck.setting("high")
     tok = dlcheck.role("tokenizer")
 
-    desc, batches = D.redraw_batches(dlcheck, calls)
     get: Callable[[Mapping[str, Any]], Any] | None = None
     source = ""
     if dlcheck.has("condition"):
         fn = D.user_callable(dlcheck, "condition", dlcheck.role("condition"))
         get, source = (lambda b: dlcheck.call("condition", lambda: fn(b))), "dlcheck_condition"
     tally = Tally()
-    state = _State(get, source)
+    # the conditioning path alone (a text encoder) takes the rows of many batches in one call: the first
+    # looks at the rate cost a pass or two, not 25-50
+    state = _State(get, source, rows_per_call=LOOKS[0] * dlcheck.batch_size if get is not None else 0)
+    desc, batches, sized = D.redraw_batches(dlcheck, calls, lambda: state.rows_per_call or dlcheck.batch_size)
+    if not sized:
+        state.rows_per_call = dlcheck.batch_size
     try:
-        _draw(dlcheck, batches, tally, state, low, high, tok)
+        _draw(dlcheck, batches, tally, state, low, high, tok, calls)
     finally:
         batches.close()  # a dataloader's generator is put back now, not at garbage collection
     source, from_batch, nulls, early = state.source, state.from_batch, state.nulls, state.early

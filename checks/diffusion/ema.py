@@ -9,30 +9,6 @@ from ...training.runs import ema_tensors
 from . import measure as D
 
 
-def _align(model: Any, tensors: list[Any]) -> list[Any] | None:
-    params = list(model.parameters())
-    for candidate in (params, [p for p in params if p.requires_grad]):
-        if len(candidate) == len(tensors) and all(p.shape == t.shape for p, t in zip(candidate, tensors)):
-            return candidate
-    return None
-
-
-def _nudge(t: Any) -> None:
-    """Change one element of ``t`` in place by a relative 1e-3 (more if the dtype rounds that away)."""
-    if t.numel() == 0:
-        return
-    idx = (0,) * t.dim()
-    x = t[idx].clone()
-    for rel in (1e-3, 1e-2, 1e-1, 1.0):
-        t[idx] = x + rel * (x.abs() + 1e-3)
-        if bool(t[idx] != x):
-            return
-
-
-def _equal_all(params: list[Any], refs: list[Any]) -> bool:
-    return all(p.shape == r.shape and bool((p.detach() == r.to(p.device, p.dtype)).all()) for p, r in zip(params, refs))
-
-
 def _sample_with_ema_fix(ema: Any, ema_module: Any) -> str:
     """How to sample with this kind of EMA: EMAModel's store/copy_to/restore, or the EMA module itself."""
     if ema_module is None:
@@ -57,10 +33,10 @@ def check_ema_used(dlcheck):
     """The sampling routine runs the denoiser with the EMA weights, and leaves the trained weights alone.
 
     What it does
-        Makes the EMA's tensors distinguishable from the trained ones (their first element is nudged for
-        the duration of the check), runs ``dlcheck_sample_images()`` once while a forward pre-hook records
-        the weights of every module of the denoiser's class that runs, and compares them with the EMA's
-        and with the trained (``dlcheck_unet``) weights, exactly. Fails when the denoiser ran with the
+        Makes the EMA's tensors distinguishable from the trained ones (their first element is nudged by a
+        relative 1e-3 for the run), runs ``dlcheck_sample_images()`` once — the one run DF3, DF4 and DF6
+        read too — while a forward pre-hook records the weights of every module of the denoiser's class
+        that runs, and compares them with the EMA's and with the trained (``dlcheck_unet``) weights, exactly. Fails when the denoiser ran with the
         raw trained weights, when the sampling routine left other weights in the trained model (copy_to
         without restore), or when the EMA shares its tensors with the model (an "EMA" that is the model).
         Every weight, the EMA's state (temp_stored_params, optimization_step) and the RNG are restored.
@@ -107,7 +83,7 @@ def check_ema_used(dlcheck):
     tensors, ema_module, ema_desc = ema_tensors(ema)
     if not tensors:
         dlcheck.skip(f"dlcheck_ema is a {ema_desc}: DF2 reads diffusers EMAModel, torch AveragedModel or a module")
-    params = _align(model, tensors)
+    params = D.align_params(model, tensors)
     if params is None:
         dlcheck.skip(
             f"dlcheck_ema ({ema_desc}) holds {len(tensors)} tensors that do not line up with the "
@@ -148,60 +124,11 @@ def check_ema_used(dlcheck):
                 "ema.step(unet.parameters())",
             )
 
-    # snapshot everything the sampling routine, or this check, may change
-    # (copies on the CPU: a GPU-sized model must not be doubled on the GPU)
-    model_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict(keep_vars=True).items()}
-    ema_state = [t.detach().to("cpu", copy=True) for t in tensors]
-    ema_attrs = {
-        k: getattr(ema, k) for k in ("temp_stored_params", "optimization_step", "cur_decay_value") if hasattr(ema, k)
-    }
-    names = {id(p): n for n, p in model.named_parameters()}
-    raw = [
-        model_state[names[id(p)]] if names.get(id(p)) in model_state else p.detach().to("cpu", copy=True)
-        for p in params
-    ]
-
-    seen: dict[int, str] = {}
-    order: list[tuple[str, str]] = []
-
-    def pre_hook(module, args):
-        if id(module) in seen or type(module) is not type(model):
-            return
-        mod_params = _align(module, tensors)
-        if mod_params is None:
-            verdict = "other"
-        elif _equal_all(mod_params, tensors):
-            verdict = "ema"
-        elif _equal_all(mod_params, raw):
-            verdict = "raw"
-        else:
-            verdict = "other"
-        seen[id(module)] = verdict
-        order.append(
-            (verdict, "dlcheck_unet" if module is model else ("the EMA module" if module is ema_module else "a copy"))
-        )
-
-    try:
-        with torch.no_grad():
-            for t in tensors:  # make the EMA distinguishable from the trained weights
-                _nudge(t)
-        handle = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
-        try:
-            dlcheck.call("sample_images", sample)
-        finally:
-            handle.remove()
-        drifted = not _equal_all(params, raw)
-        drift_is_ema = drifted and _equal_all(params, tensors)
-    finally:
-        with torch.no_grad():
-            for t, s in zip(tensors, ema_state):
-                t.copy_(s)
-            current = model.state_dict(keep_vars=True)
-            for k, v in model_state.items():
-                current[k].data.copy_(v)
-        for k, v in ema_attrs.items():
-            setattr(ema, k, v)
-
+    run = D.sampling_run(dlcheck)
+    watch = run.ema if run is not None else None
+    if watch is None:
+        dlcheck.skip("the sampling run could not watch dlcheck_ema beside dlcheck_unet")
+    order, drifted, drift_is_ema = watch.order, watch.drifted, watch.drift_is_ema
     if not order:
         dlcheck.skip(
             f"dlcheck_sample_images ran no {name} module (the class of dlcheck_unet): DF2 cannot see which "

@@ -8,6 +8,7 @@ from typing import Any
 from ...guard import eval_mode
 from ...registry import Setting, check
 from ...sampling import get_sample
+from ..shared.reuse import reusing
 from . import measure as D
 
 SD1_FACTOR = 0.18215
@@ -19,7 +20,8 @@ def _raw_latents(dlcheck, vae, images):
 
     device, dtype = D.module_device_dtype(vae)
     out = []
-    with eval_mode(vae), torch.no_grad():
+    # the same images the training draws encoded: the VAE's encoder ran on them already (reusing)
+    with eval_mode(vae), torch.no_grad(), reusing(dlcheck, vae):
         for start in range(0, images.shape[0], dlcheck.batch_size):
             chunk = images[start : start + dlcheck.batch_size].to(device, dtype)
             enc = dlcheck.call("vae", lambda chunk=chunk: vae.encode(chunk))

@@ -6,15 +6,18 @@ Imports nothing heavy at module import; torch and diffusers are imported inside 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...cost import users_routine
 from ...errors import MISSING, RoleError
 from ...guard import preserved_dataloader
 from ...roles import ROLES
 from ...sampling import SampleError, as_batch_dict, get_sample, spread_positions
+from ..shared.reuse import reusing
 
 # ---- the user's objects ------------------------------------------------------------------------------
 
@@ -261,7 +264,9 @@ def timesteps_of(values: dict[str, Any]) -> Any:
 def training_draws(ctx: Any, min_rows: int = 64) -> list[Draw]:
     """Calls of the user's ``dlcheck_training_inputs`` on the shared sample batches, cycling over them
     until ``min_rows`` examples were drawn (at least 2 calls); computed once per session and shared by
-    DF3, DF4, DF6, DF7 and DF8. Runs without gradients; the check item restores every RNG afterwards."""
+    DF3, DF4, DF6, DF7 and DF8. Runs without gradients; the check item restores every RNG afterwards. The
+    frozen VAE and text encoder run once per distinct batch (:func:`..shared.reuse.reusing`): the calls
+    differ in the noise and timesteps they draw, not in the encodings."""
     fn = user_callable(ctx, "training_inputs", ctx.role("training_inputs"))
     sample = get_sample(ctx)
     batches = sample.batches
@@ -274,7 +279,8 @@ def training_draws(ctx: Any, min_rows: int = 64) -> list[Draw]:
         i = 0
         while rows < min_rows or len(draws) < 2:
             b = i % len(batches)
-            with torch.no_grad():
+            # the frozen VAE and text encoder see the same batch again: they run once per batch
+            with torch.no_grad(), reusing(ctx, ctx.optional("vae"), ctx.optional("text_encoder")):
                 out = ctx.call("training_inputs", lambda b=b: fn(batches[b]))
             values = normalize_inputs(out)
             draws.append(Draw(b, values))
@@ -344,11 +350,15 @@ def measured_objective(draws: list[Draw], sched: Any, rtol: float) -> tuple[str 
 # ---- fresh redraws of the data path (DF5) ---------------------------------------------------------------
 
 
-def redraw_batches(ctx: Any, calls: int) -> tuple[str, Iterator[tuple[list[Any], Mapping[str, Any]]]]:
+def redraw_batches(
+    ctx: Any, calls: int, per_call: Callable[[], int] | None = None
+) -> tuple[str, Iterator[tuple[list[Any], Mapping[str, Any]]], bool]:
     """``calls`` freshly collated batches: the dataset's examples are read again (so random caption
     dropout in a dataset transform or in the collator is drawn anew each time), spread over as many
     distinct examples as the dataset has. Yields (example keys, batch). Skips naming the roles if the
-    data path is missing."""
+    data path is missing. ``per_call()``, asked before each batch, is how many examples the collator gets
+    for it (the batch size when not given); the third value says whether the batch size can be chosen
+    (dlcheck_collator + dlcheck_dataset) or is the dataloader's."""
 
     def as_dict(batch: Any, role: str) -> Mapping[str, Any]:
         try:
@@ -372,12 +382,17 @@ def redraw_batches(ctx: Any, calls: int) -> tuple[str, Iterator[tuple[list[Any],
         def gen():
             k = 0
             for _ in range(calls):
-                idx = [positions[(k + j) % len(positions)] for j in range(bs)]
-                k += bs
+                size = max(1, per_call()) if per_call is not None else bs
+                idx = [positions[(k + j) % len(positions)] for j in range(size)]
+                k += size
                 rows = [ctx.call("dataset", lambda p=p: dataset[p]) for p in idx]
                 yield idx, as_dict(ctx.call("collator", lambda rows=rows: collator(rows)), "collator")
 
-        return f"batches freshly collated by dlcheck_collator from {len(positions)} examples of dlcheck_dataset", gen()
+        return (
+            f"batches freshly collated by dlcheck_collator from {len(positions)} examples of dlcheck_dataset",
+            gen(),
+            True,
+        )
     loader = ctx.role("dataloader")
     if loader is not MISSING:
 
@@ -398,7 +413,7 @@ def redraw_batches(ctx: Any, calls: int) -> tuple[str, Iterator[tuple[list[Any],
                     yield None, as_dict(batch, "dataloader")
                 del it
 
-        return "fresh batches of dlcheck_dataloader", gen_loader()
+        return "fresh batches of dlcheck_dataloader", gen_loader(), False
     ctx.skip(f"missing role: define fixture {ROLES['dataloader'].hint()} in conftest.py")
 
 
@@ -483,21 +498,147 @@ def user_callable(ctx: Any, name: str, obj: Any) -> Callable[..., Any]:
     return obj
 
 
+def align_params(model: Any, tensors: list[Any]) -> list[Any] | None:
+    """The parameters of ``model`` that line up one to one with an EMA's ``tensors`` (all of them, or the
+    trainable ones), or None."""
+    params = list(model.parameters())
+    for candidate in (params, [p for p in params if p.requires_grad]):
+        if len(candidate) == len(tensors) and all(p.shape == t.shape for p, t in zip(candidate, tensors)):
+            return candidate
+    return None
+
+
+def _nudge(t: Any) -> None:
+    """Change one element of ``t`` in place by a relative 1e-3 (more if the dtype rounds that away)."""
+    if t.numel() == 0:
+        return
+    idx = (0,) * t.dim()
+    x = t[idx].clone()
+    for rel in (1e-3, 1e-2, 1e-1, 1.0):
+        t[idx] = x + rel * (x.abs() + 1e-3)
+        if bool(t[idx] != x):
+            return
+
+
+def equal_all(params: list[Any], refs: list[Any]) -> bool:
+    return all(p.shape == r.shape and bool((p.detach() == r.to(p.device, p.dtype)).all()) for p, r in zip(params, refs))
+
+
+@dataclass
+class EmaWatch:
+    """Which weights the denoiser ran with while ``dlcheck_sample_images`` ran (DF2): the EMA's tensors were
+    made distinguishable from the trained ones for the run (their first element nudged by a relative 1e-3,
+    too little to change what DF3, DF4 and DF6 measure in the same run), and a forward pre-hook recorded,
+    for every module of the denoiser's class that ran, whether it held the EMA's weights, the trained
+    (raw) ones or others. ``drifted``: after the routine, the trained model no longer held its own weights."""
+
+    tensors: list[Any]
+    params: list[Any]
+    ema_module: Any
+    model: Any
+    order: list[tuple[str, str]] = field(default_factory=list)
+    drifted: bool = False
+    drift_is_ema: bool = False
+
+    @classmethod
+    def prepare(cls, dlcheck: Any) -> EmaWatch | None:
+        """None unless an EMA and the denoiser are given and line up, as separate tensors."""
+        import torch
+
+        from ...training.runs import ema_tensors
+
+        ema, model = dlcheck.optional("ema"), dlcheck.optional("unet")
+        if ema is None or not isinstance(model, torch.nn.Module):
+            return None
+        tensors, ema_module, _ = ema_tensors(ema)
+        params = align_params(model, tensors) if tensors else None
+        if params is None or any(t.data_ptr() == p.data_ptr() for t, p in zip(tensors, params)):
+            return None
+        return cls(tensors, params, ema_module, model)
+
+    @contextlib.contextmanager
+    def watching(self, ema: Any) -> Iterator[Callable[[], None]]:
+        """Nudge the EMA and watch the denoiser's runs inside; yields the function to call right after the
+        routine returns (it reads whether the trained weights drifted). Every weight, the EMA's tensors and
+        its state (temp_stored_params, optimization_step, cur_decay_value) are put back at the end."""
+        import torch
+
+        model, tensors = self.model, self.tensors
+        model_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict(keep_vars=True).items()}
+        ema_state = [t.detach().to("cpu", copy=True) for t in tensors]
+        ema_attrs = {
+            k: getattr(ema, k)
+            for k in ("temp_stored_params", "optimization_step", "cur_decay_value")
+            if hasattr(ema, k)
+        }
+        names = {id(p): n for n, p in model.named_parameters()}
+        raw = [
+            model_state[names[id(p)]] if names.get(id(p)) in model_state else p.detach().to("cpu", copy=True)
+            for p in self.params
+        ]
+        seen: set[int] = set()
+
+        def pre_hook(module, args):
+            if id(module) in seen or type(module) is not type(model):
+                return
+            mod_params = align_params(module, tensors)
+            if mod_params is None:
+                verdict = "other"
+            elif equal_all(mod_params, tensors):
+                verdict = "ema"
+            elif equal_all(mod_params, raw):
+                verdict = "raw"
+            else:
+                verdict = "other"
+            seen.add(id(module))
+            who = "dlcheck_unet" if module is model else ("the EMA module" if module is self.ema_module else "a copy")
+            self.order.append((verdict, who))
+
+        handle = None
+
+        def after() -> None:
+            if handle is not None:
+                handle.remove()
+            self.drifted = not equal_all(self.params, raw)
+            self.drift_is_ema = self.drifted and equal_all(self.params, tensors)
+
+        try:
+            with torch.no_grad():
+                for t in tensors:
+                    _nudge(t)
+            handle = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
+            yield after
+        finally:
+            if handle is not None:
+                handle.remove()
+            with torch.no_grad():
+                for t, saved in zip(tensors, ema_state):
+                    t.copy_(saved)
+                current = model.state_dict(keep_vars=True)
+                for k, v in model_state.items():
+                    current[k].data.copy_(v)
+            for k, v in ema_attrs.items():
+                setattr(ema, k, v)
+
+
 @dataclass
 class SamplingRun:
-    """What one call of ``dlcheck_sample_images`` showed: the scheduler instance whose ``step`` ran last, and
-    each latent tensor that reached ``vae.decode`` with the last latents a scheduler step produced before it."""
+    """What one call of ``dlcheck_sample_images`` showed: the scheduler instance whose ``step`` ran last, each
+    latent tensor that reached ``vae.decode`` with the last latents a scheduler step produced before it, and
+    which weights the denoiser ran with (``ema``, for DF2; None without an EMA that lines up with it)."""
 
     scheduler: Any
     decoded: list[tuple[Any, Any]]
+    ema: EmaWatch | None = None
 
 
 def sampling_run(dlcheck) -> SamplingRun | None:
-    """Runs ``dlcheck_sample_images`` once per session for DF3, DF4 and DF6 (memoised: the sampling loop runs
-    the denoiser once per step, the VAE's decoder and the text encoder too, so it is run once, not per check).
+    """Runs ``dlcheck_sample_images`` once per session for DF2, DF3, DF4 and DF6 (memoised: the sampling loop
+    runs the denoiser once per step, the VAE's decoder and the text encoder too, so it is run once, not per
+    check; its passes are counted apart, as the user's routine: its cost is the user's num_inference_steps).
     Every scheduler class's ``step`` and this VAE's ``decode`` are wrapped for the call only, the RNG is
-    forked, and a pipeline whose ``scheduler`` the routine replaced gets its own back. None when there is no
-    sampling routine."""
+    forked, an EMA is watched (:class:`EmaWatch`), and a pipeline whose ``scheduler`` the routine replaced
+    gets its own back. None when there is no sampling routine."""
     import torch
     from diffusers import SchedulerMixin
 
@@ -535,6 +676,7 @@ def sampling_run(dlcheck) -> SamplingRun | None:
                 decoded.append((z.detach().float().cpu(), last[0] if last else None))
             return orig_decode(z, *args, **kwargs)
 
+        watch = EmaWatch.prepare(dlcheck)
         todo = [SchedulerMixin]
         try:
             while todo:
@@ -545,8 +687,14 @@ def sampling_run(dlcheck) -> SamplingRun | None:
                     cls.step = wrap(cls.__dict__["step"])
             if callable(orig_decode):
                 object.__setattr__(vae, "decode", decode)
-            with torch.random.fork_rng(), torch.no_grad():
-                run_sampler(dlcheck, sample)
+            with (
+                torch.random.fork_rng(),
+                torch.no_grad(),
+                watch.watching(dlcheck.optional("ema")) if watch is not None else contextlib.nullcontext(None) as after,
+                users_routine("dlcheck_sample_images"),
+                reusing(dlcheck, dlcheck.optional("text_encoder")),
+            ):
+                run_sampler(dlcheck, sample, after=after)
         finally:
             for cls, orig in patched:
                 cls.step = orig
@@ -557,7 +705,7 @@ def sampling_run(dlcheck) -> SamplingRun | None:
                     vae.__dict__.pop("decode", None)
             if before is not None and getattr(pipe, "scheduler", None) is not before:
                 pipe.register_modules(scheduler=before)
-        return SamplingRun(used[0] if used else None, decoded)
+        return SamplingRun(used[0] if used else None, decoded, watch)
 
     return dlcheck.memo((sample, pipe, vae), "dlcheck.diffusion.sampling_run", make)
 
@@ -582,7 +730,7 @@ def swapped_scheduler(dlcheck, infer: Any) -> Any:
     return used
 
 
-def run_sampler(dlcheck: Any, sample: Any) -> Any:
+def run_sampler(dlcheck: Any, sample: Any, after: Callable[[], None] | None = None) -> Any:
     """Call the user's ``dlcheck_sample_images`` once, leaving no trace: the weights of the UNet, the VAE and
     the text encoder, and an EMA's shadow parameters, are put back bit for bit afterwards (an EMA
     store/copy_to/restore round trip in the user's routine can move weights by float round-off)."""
@@ -598,7 +746,10 @@ def run_sampler(dlcheck: Any, sample: Any) -> Any:
     shadow = getattr(ema, "shadow_params", None) if ema is not None else None
     shadow_saved = [t.detach().clone() for t in shadow] if isinstance(shadow, list) else None
     try:
-        return dlcheck.call("sample_images", sample)
+        out = dlcheck.call("sample_images", sample)
+        if after is not None:  # before the weights are put back: what the routine left in them
+            after()
+        return out
     finally:
         with torch.no_grad():
             for mod, state in zip(modules, saved):

@@ -20,7 +20,7 @@ def test_no_caption_dropout(project):
     run = _run(project, WITH_CONDITION, p_empty=0.0)
     run.assert_outcome("DF5", "failed")
     text = tinydiff.flat(run.section("DF5"))
-    assert "0 of 1200 embedding rows from 300 calls of dlcheck_condition were null (0.0%)" in text
+    assert "0 of 1296 embedding rows from 300 calls of dlcheck_condition were null (0.0%)" in text
     assert "freshly collated by dlcheck_collator from 12 examples of dlcheck_dataset" in text
     assert "e.g. 'a red square' was kept" in text
     assert "no null call in 300 has probability 2.1e-07 (≤ 5e-07)" in text
@@ -60,7 +60,7 @@ def test_too_much_dropout(project):
     run.assert_outcome("DF5", "failed")
     text = tinydiff.flat(run.section("DF5"))
     assert re.search(
-        r"\d+ of 1200 embedding rows from 300 calls of dlcheck_condition were null \((5[5-9]|6\d)\.\d%\)", text
+        r"\d+ of 1200 embedding rows from 12 calls of dlcheck_condition were null \((5[5-9]|6\d)\.\d%\)", text
     )
     assert "with a true null rate ≤ 20%" in text
     assert "starving the conditional model" in text

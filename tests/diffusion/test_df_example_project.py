@@ -23,5 +23,5 @@ def test_example_project(project):
     assert "prediction_type: training DDPMScheduler 'v_prediction', inference DDIMScheduler 'epsilon'" in tinydiff.flat(
         run.section("DF4")
     )
-    assert "0 of 1200 embedding rows from 300 calls of dlcheck_condition were null" in tinydiff.flat(run.section("DF5"))
+    assert "0 of 1296 embedding rows from 300 calls of dlcheck_condition were null" in tinydiff.flat(run.section("DF5"))
     assert "with the raw trained weights" in tinydiff.flat(run.section("DF2"))
