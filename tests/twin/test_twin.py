@@ -165,6 +165,24 @@ def test_llm_verdicts_are_the_same_with_the_twin(project, tmp_path):
     assert {v for k, v in b.items() if k[1] in ("L2", "L11")} >= {"failed"}, run.text
 
 
+@pytest.mark.parametrize("domain", ["vlm", "diffusion"])
+def test_other_data_domains_verdicts_are_the_same_with_the_twin(project, tmp_path, domain):
+    """The vlm example (a LLaVA: its twin shrinks every sub-config) and the diffusion example (whose checks run
+    the user's own routines on the real objects): the same verdicts with the twin, but X2, which judges the
+    projector against the real towers' feature scale and is "not applicable with --dlcheck-twin"."""
+    shutil.copytree(EXAMPLES / domain, project.pytester.path, dirs_exist_ok=True)
+    plain, twinned = tmp_path / "plain.json", tmp_path / "twin.json"
+    project.run(f"--dlcheck={domain}", f"--dlcheck-json={plain}")
+    run = project.run(f"--dlcheck={domain}", "--dlcheck-twin", f"--dlcheck-json={twinned}")
+    a, b = _verdicts(None, plain), _verdicts(None, twinned)
+    assert a.keys() == b.keys() and "failed" in a.values(), run.text
+    changed = {k: (a[k], b[k]) for k in a if a[k] != b[k]}
+    expected = {("broken", "X2"), ("clean", "X2")} if domain == "vlm" else set()
+    assert set(changed) == expected and all(v[1] == "not_applicable" for v in changed.values()), changed
+    if domain == "vlm":  # the checks that run the model ran its twin
+        assert "LlavaForConditionalGeneration (twin)" in twinned.read_text()
+
+
 SEVEN_B = """
     import pytest, tiny, torch
     from transformers import DataCollatorForSeq2Seq, LlamaConfig, LlamaForCausalLM
