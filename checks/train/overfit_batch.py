@@ -36,6 +36,24 @@ def _frozen_head(fresh, batch) -> frozen.Trainable | None:
         return frozen.trainable(model, lambda: fresh.forward(batch), int(out.shape[-1]))
 
 
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
+def _too_slow(curve: list[float], target: float, room: int) -> bool:
+    """Whether a loss ``curve`` (one value per step, the first at the start) that falls steadily over its latest
+    half needs more than twice the ``room`` steps left to it to reach ``target`` at that half's rate. A rate
+    measured over steps that slow down overstates what is to come, so a curve this judges too slow is hopeless
+    at its learning rate; one that rises or wavers is left to run (it may be diverging, or settling)."""
+    i = len(curve) - 1
+    j = i // 2
+    tail = curve[j:]
+    if not all(math.isfinite(v) for v in tail) or any(b > a for a, b in zip(tail, tail[1:])):
+        return False
+    rate = (curve[j] - curve[-1]) / (i - j)
+    return rate <= 0 or (curve[-1] - target) / rate > 2 * room
+
+
 @check(
     "T2",
     domain="train",
@@ -46,9 +64,10 @@ def _frozen_head(fresh, batch) -> frozen.Trainable | None:
         Setting(
             "steps",
             30,
-            "at most this many optimizer steps on the one batch per attempt (an attempt stops as soon as the "
-            "loss is under the target); a working pipeline halves a batch's loss in far fewer (the tiny "
-            "models of the test suite need 5-15)",
+            "at most this many optimizer steps on the one batch in all, over every learning rate tried (about "
+            "half at yours, the rest for the next rungs; an attempt stops as soon as the loss is under the "
+            "target, or early when it falls too slowly to get there); a working pipeline halves a batch's "
+            "loss in far fewer (the tiny models of the test suite need 5-15)",
         ),
         Setting(
             "min_reduction",
@@ -64,13 +83,16 @@ def check_overfit_batch(dlcheck):
     What it does
         Takes fresh objects (a clone of the Trainer's model and optimizer, a copy of your
         LightningModule with its ``configure_optimizers``, or ``dlcheck_make_training``), and trains on
-        the first sampled batch only, at most ``steps`` times (an attempt stops as soon as the loss is
-        under the target: a passing pipeline costs a handful of steps), with your optimizer at its base
-        learning rate (the scheduler is left out, so a warmup does not hide the result). The loss is measured in train mode
-        (BatchNorm's running statistics lag in eval mode) and the model's own randomness — dropout masks,
-        a diffusion loss's noise and timesteps — is drawn the same way at every step, so one batch is one
-        fixed objective. When the loss does not fall by ``min_reduction``, it tries 10x and 100x your
-        learning rate; when it diverges at your rate, 0.1x and 0.01x. It fails only on conclusive
+        the first sampled batch only, with your optimizer at its base learning rate (the scheduler is left
+        out, so a warmup does not hide the result). The loss is measured in train mode (BatchNorm's running
+        statistics lag in eval mode) and the model's own randomness — dropout masks, a diffusion loss's
+        noise and timesteps — is drawn the same way at every step, so one batch is one fixed objective.
+        ``steps`` is the budget of all attempts together: about half of it at your learning rate; when the
+        loss does not fall by ``min_reduction`` there, the rest goes to 10x and then 100x your rate (a
+        loss that falls steadily but too slowly to get there in its share moves up early, and when a
+        higher rate diverges, the rest goes to the rate halfway between, on a log scale); when it
+        diverges at your rate, to 0.1x and 0.01x. An attempt stops as soon as the loss is under the
+        target, so a passing pipeline costs a handful of steps. It fails only on conclusive
         evidence: the loss does not move at all, the outputs are probabilities fed to a loss that
         applies log-softmax again, or the output layer is frozen at PyTorch's default (random)
         initialisation while at most 10% of the parameters train (named with the trainable share and the
@@ -93,7 +115,7 @@ def check_overfit_batch(dlcheck):
     Known problems
         Needs a training set-up (dlcheck_trainer, dlcheck_lightning_module, or dlcheck_make_training).
         Models with heavy regularisation (large weight decay, strong dropout in train mode) may need more
-        steps: raise ``T2.steps``.
+        steps: raise ``T2.steps`` (the budget of all the learning rates tried together).
     Not applicable
         GRPO: its loss is computed on completions generated inside each step, so there is no fixed batch
         to memorise.
@@ -155,10 +177,12 @@ def check_overfit_batch(dlcheck):
             "unfreeze what should train (module.requires_grad_(True)) and give those parameters to the optimizer",
         )
     target = first * (1 - dlcheck.setting("min_reduction"))
-    steps = dlcheck.setting("steps")
-    attempts = []
-    spent: list[int] = []  # optimizer steps each attempt took (it stops once the target is reached)
+    budget = int(dlcheck.setting("steps"))  # optimizer steps of all the attempts together
+    attempts: list[tuple[float, float, float, int, bool]] = []  # (multiplier, lr, last loss, steps, moved up early)
     curves: dict[str, list[float]] = {}  # each attempt's loss per step, for the report's picture
+
+    def left() -> int:
+        return budget - sum(a[3] for a in attempts)
 
     def picture() -> None:
         finite = [v for c in curves.values() for v in c if math.isfinite(v) and v > 0]
@@ -172,11 +196,13 @@ def check_overfit_batch(dlcheck):
             bands=[{"lo": min(finite) / 2 if logy else 0.0, "hi": target, "label": f"target ≤ {target:.4g}"}],
             logy=logy,
             ylabel="loss on batch 0",
-            caption="the ladder of runs: your LR first, then 10x/100x when the loss falls too slowly, 0.1x/0.01x "
-            "when it diverges; each stops once under the target",
+            caption=f"the ladder of runs, {budget} steps in all: your LR first, then 10x/100x when the loss falls too "
+            "slowly, 0.1x/0.01x when it diverges; each stops once under the target",
         )
 
-    def attempt(mult: float) -> float:
+    def attempt(mult: float, cap: int, may_move_up: bool) -> float:
+        """At most ``cap`` steps at ``mult`` x the base LR; stops under the target, at a non-finite loss, or
+        (``may_move_up``) once the loss falls too slowly to reach the target in ``cap``."""
         start.restore(model)
         opt, _ = run_or_skip(dlcheck, fresh.make_optimizer)
         if opt is None:
@@ -185,44 +211,49 @@ def check_overfit_batch(dlcheck):
         for g in opt.param_groups:
             g["lr"] = g["lr"] * mult
         lr = opt.param_groups[0]["lr"]
-        used = steps
         curve: list[float] = []
-        curves[f"lr {lr:.3g} ({mult:g}x)"] = curve
+        curves[f"lr {lr:.3g} ({mult:.3g}x)"] = curve
+        judge_from = max(3, cap // 3)  # steps before the rate is judged (momentum builds up over the first ones)
+        early = False
         with modes(model, train=True):
-            for i in range(steps):
+            for i in range(cap + 1):
                 opt.zero_grad(set_to_none=True)
                 loss = fixed(lambda: fresh.loss(batch))
-                curve.append(float(loss.detach()))
-                # the loss of the weights after i steps, measured as batch_loss does (train mode, randomness
-                # held fixed): once it is under the target the verdict is in, and no further step is spent
-                if i and math.isfinite(value := float(loss.detach())) and value <= target:
-                    used = i
+                # the loss of the weights after i steps, measured as batch_loss does (train mode, randomness held
+                # fixed): once it is under the target (or not finite) the verdict is in, and no further step is spent
+                value = float(loss.detach())
+                curve.append(value)
+                if i == cap or (i and (not math.isfinite(value) or value <= target)):
+                    break
+                if may_move_up and i >= judge_from and _too_slow(curve, target, cap - i):
+                    early = True
                     break
                 loss.backward()
                 opt.step()
         opt.zero_grad(set_to_none=True)
-        last = batch_loss()
-        attempts.append((mult, lr, last))
-        spent.append(used)
-        return last
+        attempts.append((mult, lr, value, i, early))
+        return value
 
     def diverged(value: float) -> bool:
         return not math.isfinite(value) or value > first
 
     try:
-        # your learning rate first; up the ladder while the loss falls too slowly, down it when it diverges
+        # your learning rate first (about half the budget); up the ladder while the loss falls too slowly, down it
+        # when it diverges; the steps of all the attempts together stay within the budget
         ladder = [1.0]
-        while ladder:
+        while ladder and left() > 0:
             mult = ladder.pop(0)
-            last = attempt(mult)
+            cap = left() if not ladder and mult != 1.0 else math.ceil(left() / 2)
+            last = attempt(mult, cap, may_move_up=mult >= 1.0 and (mult == 1.0 or bool(ladder)))
             if math.isfinite(last) and last <= target:
                 others = "; ".join(
-                    f"lr {a_lr:.3g} ({a_mult:g}x): {a_last:.4g}" for a_mult, a_lr, a_last in attempts[:-1]
+                    f"lr {a_lr:.3g} ({a_mult:.3g}x): {a_last:.4g} after {_steps(a_n)}"
+                    for a_mult, a_lr, a_last, a_n, _ in attempts[:-1]
                 )
                 dlcheck.measured(
-                    f"batch 0 loss {first:.4g} -> {last:.4g} after {spent[-1]} steps on that batch alone at lr "
-                    f"{attempts[-1][1]:.3g} ({mult:g}x your base LR), train mode, the model's randomness held fixed: "
-                    f"{1 - last / first:.0%} less, {dlcheck.setting('min_reduction'):.0%} needed"
+                    f"batch 0 loss {first:.4g} -> {last:.4g} after {_steps(attempts[-1][3])} on that batch alone at lr "
+                    f"{attempts[-1][1]:.3g} ({mult:.3g}x your base LR), train mode, the model's randomness held "
+                    f"fixed: {1 - last / first:.0%} less, {dlcheck.setting('min_reduction'):.0%} needed"
                     + (f" (also tried: {others})" if others else "")
                     + (
                         f"; at your base LR the loss diverged on this batch ({attempts[0][2]:.4g}): without the "
@@ -234,22 +265,34 @@ def check_overfit_batch(dlcheck):
                     last_loss=round(last, 6),
                     lr=attempts[-1][1],
                     lr_multiplier=mult,
-                    steps=spent[-1],
-                    max_steps=steps,
+                    steps=attempts[-1][3],
+                    steps_in_all=budget - left(),
+                    max_steps=budget,
                 )
                 return
             if mult == 1.0:
                 ladder = [0.1, 0.01] if diverged(last) else [10.0, 100.0]
             elif mult > 1.0 and diverged(last):
-                ladder = []  # higher still would only diverge more
+                # higher still would only diverge more; the rest of the budget goes halfway (on a log scale) to
+                # the last rate that fell, too slowly
+                slower = [a[0] for a in attempts if a[0] < mult and not diverged(a[2])]
+                halfway = math.sqrt(max(slower) * mult) if slower else None
+                ladder = (
+                    [halfway] if halfway is not None and left() >= 3 and all(a[0] != halfway for a in attempts) else []
+                )
     finally:
         start.restore(model)
         picture()
 
-    tried = "; ".join(f"lr {lr:.3g} ({mult:g}x): {last:.4g}" for mult, lr, last in attempts)
+    spent = budget - left()
+    tried = "; ".join(
+        f"lr {lr:.3g} ({mult:.3g}x): {last:.4g} after {_steps(n)}"
+        + (" (falling too slowly: moved up)" if early else "")
+        for mult, lr, last, n, early in attempts
+    )
     evidence = [
-        f"batch 0 loss {first:.4g} before, after {steps} steps on that batch alone: {tried}; the target was "
-        f"{target:.4g} ({dlcheck.setting('min_reduction'):.0%} less)"
+        f"batch 0 loss {first:.4g} before; on that batch alone, {spent} steps in all (T2.steps={budget}): {tried}; "
+        f"the target was {target:.4g} ({dlcheck.setting('min_reduction'):.0%} less)"
     ]
     example = decode_example(dlcheck, batch)
     if example:
@@ -259,11 +302,7 @@ def check_overfit_batch(dlcheck):
             out = output_tensor(fresh.forward(batch))
         except Exception:  # noqa: BLE001 - the model takes the batch only through the user's loss
             out = None
-    best = (
-        min(last for _, _, last in attempts if math.isfinite(last))
-        if any(math.isfinite(a[2]) for a in attempts)
-        else first
-    )
+    best = min(a[2] for a in attempts if math.isfinite(a[2])) if any(math.isfinite(a[2]) for a in attempts) else first
     if (
         out is not None
         and out.dim() >= 2
@@ -288,8 +327,10 @@ def check_overfit_batch(dlcheck):
         )
         fix = "check the optimizer's param groups and learning rate, and that the loss is computed from the model's output with gradients"
     elif all(math.isfinite(a[2]) and a[2] > first for a in attempts) and any(a[0] < 1.0 for a in attempts):
+        lowest = min(a[0] for a in attempts)
         evidence.append(
-            "the loss rises at every learning rate tried, 100x below yours included: the optimizer climbs it"
+            f"the loss rises at every learning rate tried, {1 / lowest:.3g}x below yours included: the optimizer "
+            "climbs it"
         )
         cause = (
             "the loss is maximised, not minimised: its sign is flipped (a negated loss, a reward used as a loss, "
@@ -308,7 +349,8 @@ def check_overfit_batch(dlcheck):
             else (f"fell to {best:.4g} at best ({1 - best / first:.0%} less)")
         )
         dlcheck.skip(
-            f"not conclusive: batch 0 loss {first:.4g} {how} in {steps} steps on that batch alone ({tried}); "
-            f"{dlcheck.setting('min_reduction'):.0%} less was needed — raise T2.steps to judge it"
+            f"not conclusive: batch 0 loss {first:.4g} {how} in {spent} steps on that batch alone, all the "
+            f"learning rates together ({tried}); {dlcheck.setting('min_reduction'):.0%} less was needed — raise "
+            f"T2.steps to judge it (now {budget}: the budget of every rate tried)"
         )
     dlcheck.fail(evidence, cause, fix)

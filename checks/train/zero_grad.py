@@ -18,7 +18,8 @@ def _watch(state: dict[str, Any], limit: int) -> tuple[dict[str, Any], Any]:
     # only parameters the optimizer updates: one left out of it (T3's finding) is never zeroed by zero_grad either
     in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad and id(p) in in_opt][:limit]
-    seen: dict[str, Any] = {"steps": 0, "micro": 0, "stale": [], "reset": 0, "after": {}}
+    # crossed: optimizer steps whose watched gradients the next backward has all reached
+    seen: dict[str, Any] = {"steps": 0, "stale": [], "reset": 0, "after": {}, "crossed": 0}
 
     def stepped(optimizer, args, kwargs):
         seen["steps"] += 1
@@ -34,12 +35,22 @@ def _watch(state: dict[str, Any], limit: int) -> tuple[dict[str, Any], Any]:
                 seen["stale"].append((seen["steps"], name))
             else:
                 seen["reset"] += 1
+            if not seen["after"]:
+                seen["crossed"] += 1
 
         return hook
 
     handles = [opt.register_step_post_hook(stepped)]
     handles += [p.register_hook(incoming(n, p)) for n, p in params]
     return seen, lambda: [h.remove() for h in handles]
+
+
+CROSSINGS = 2  # optimizer steps whose next backward is judged before the watch stops (a reset skipped every
+# other step shows at the second)
+
+
+class _Judged(Exception):
+    """Raised between two calls of the user's step once :data:`CROSSINGS` optimizer steps have been judged."""
 
 
 @check(
@@ -52,8 +63,9 @@ def _watch(state: dict[str, Any], limit: int) -> tuple[dict[str, Any], Any]:
         Setting(
             "micro_steps",
             8,
-            "calls of your step watched: enough for two optimizer steps under gradient accumulation of up "
-            "to 4 micro-batches",
+            "calls of your step watched at most: the watch stops once the backward after two optimizer steps "
+            "has been seen (three calls without gradient accumulation); 8 see two under accumulation of up to "
+            "3 micro-batches, one under up to 7",
         ),
     ),
 )
@@ -64,7 +76,9 @@ def check_zero_grad(dlcheck):
         Builds fresh objects with ``dlcheck_make_training`` and calls your ``dlcheck_train_step`` on a few
         batches. At every optimizer step it keeps a copy of the gradients of a few parameters; when the
         next backward arrives at a parameter, it looks at what ``.grad`` holds then: ``None`` or zeros
-        (reset: ``zero_grad``), or exactly the previous step's gradient (never reset). Deliberate gradient
+        (reset: ``zero_grad``), or exactly the previous step's gradient (never reset). It stops calling
+        your step once the backward after two optimizer steps has reached the watched parameters (three
+        calls without accumulation; at most ``micro_steps``). Deliberate gradient
         accumulation adds to ``.grad`` between optimizer steps and is not judged — only what crosses an
         optimizer step is.
     Why it is bad
@@ -99,9 +113,17 @@ def check_zero_grad(dlcheck):
         if state.get("optimizer") is None:
             return {"steps": -1}
         seen, undo = _watch(state, 4)
+
+        def after(i: int) -> None:
+            seen["calls"] = i + 1
+            if seen["crossed"] >= CROSSINGS:
+                raise _Judged  # the verdict is in: no further step of the user's model is spent
+
         try:
             with preserved_rng():
-                setup.run(state, setup.batches(n), 0, Trajectory())
+                setup.run(state, setup.batches(n), 0, Trajectory(), after=after)
+        except _Judged:
+            pass
         finally:
             undo()
         return seen
@@ -109,31 +131,32 @@ def check_zero_grad(dlcheck):
     seen = run_or_skip(dlcheck, watched)
     if seen["steps"] < 0:
         dlcheck.skip("dlcheck_make_training returned no 'optimizer': no optimizer step to watch")
-    if seen["steps"] < 2:
+    calls = seen.get("calls", n)
+    if not seen["steps"] or not (seen["stale"] or seen["reset"]):
         dlcheck.skip(
-            f"{n} calls of dlcheck_train_step took {seen['steps']} optimizer step(s): two are needed to see what "
-            "crosses one (raise T9.micro_steps)"
+            f"{calls} calls of dlcheck_train_step took {seen['steps']} optimizer step(s) and no backward after one "
+            "reached the watched parameters: an optimizer step and the next backward are needed to see what crosses "
+            "it (raise T9.micro_steps)"
         )
     stale = seen["stale"]
     if stale:
         names = sorted({name for _, name in stale})
         dlcheck.fail(
             [
-                f"{n} calls of dlcheck_train_step made {seen['steps']} optimizer steps; after step "
+                f"{calls} calls of dlcheck_train_step made {seen['steps']} optimizer step(s); after step "
                 f"{stale[0][0]}, the next backward found .grad of {', '.join(repr(x) for x in names[:3])} still "
                 "holding exactly the gradient that step used",
-                f"{len(stale)} such carried-over gradients in the run, {seen['reset']} reset",
+                f"{len(stale)} such carried-over gradient(s) in the run, {seen['reset']} reset",
             ],
             cause="the gradients are never zeroed between optimizer steps: every backward adds to the sum of all "
             "earlier gradients, so each update applies the whole history again",
             fix="call optimizer.zero_grad(set_to_none=True) right after optimizer.step() (inside the "
             "gradient-accumulation branch when you accumulate), or at the top of your step before the backward",
         )
-    if not seen["reset"]:
-        dlcheck.skip("no backward reached the watched parameters after an optimizer step: nothing to judge")
     dlcheck.measured(
-        f"{n} calls of dlcheck_train_step made {seen['steps']} optimizer steps; after each, the watched "
-        f"gradients were reset before the next backward ({seen['reset']} parameter checks)",
+        f"{calls} calls of dlcheck_train_step made {seen['steps']} optimizer step(s); the backward after "
+        + (f"each of the first {seen['crossed']}" if seen["crossed"] > 1 else "the first")
+        + f" found the watched gradients reset ({seen['reset']} parameter checks)",
         optimizer_steps=seen["steps"],
         reset=seen["reset"],
     )

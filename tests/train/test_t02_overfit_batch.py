@@ -1,5 +1,7 @@
 """T2: repeated steps on one batch memorise it."""
 
+import json
+
 import tiny_train as tt
 from helpers import flat
 
@@ -9,7 +11,8 @@ def test_softmax_before_cross_entropy_cannot_overfit(project):
     run = project.run("--dlcheck=T2")
     run.assert_outcome("T2", "failed")
     text = tt.section(run, "T2")
-    assert "after 30 steps on that batch alone: lr 0.01 (1x)" in text and "(100x)" in text
+    # the ladder shares one budget: 30 steps over 1x, 10x and 100x together, not 30 each
+    assert "30 steps in all (T2.steps=30): lr 0.01 (1x)" in text and "(100x)" in text
     assert "outputs are probabilities" in text and "drop the final softmax" in text
 
 
@@ -224,3 +227,31 @@ def test_a_backbone_frozen_before_the_new_head_overfits(project):
     run = project.run("--dlcheck=T2", "-rA")
     run.assert_outcome("T2", "passed")
     run.fnmatch(["*batch 0 loss * -> * after * steps on that batch alone at lr *"])
+
+
+def test_a_steady_but_slow_loss_moves_up_early_and_the_ladder_keeps_to_the_budget(project, tmp_path):
+    """SGD at 1e-3 halves the batch's loss, but in far more steps than half the budget: the loss falls steadily and
+    too slowly, so the 1x attempt stops early and hands the rest to 10x, which halves it; all the attempts
+    together spend at most T2.steps."""
+    project.conftest(tt.loop_project(optimizer="torch.optim.SGD(model.parameters(), lr=1e-3)"))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=T2", "-rA", f"--dlcheck-json={out}")
+    run.assert_outcome("T2", "passed")
+    run.fnmatch(["*(10x your base LR)*(also tried: lr 0.001 (1x): * after * steps)*"])
+    t2 = next(r for r in json.loads(out.read_text())["results"] if r["id"] == "T2")
+    data, series = t2["data"], t2["artifacts"][0]["series"]
+    one_x = len(series["lr 0.001 (1x)"]) - 1  # steps at 1x (the curve holds the loss before the first step too)
+    assert 3 <= one_x < 15, series  # moved up before spending its half of the budget
+    assert data["steps_in_all"] == one_x + data["steps"] == t2["cost"]["optimizer_steps"] <= data["max_steps"] == 30
+
+
+def test_every_rung_together_stays_within_a_small_budget(project, tmp_path):
+    """A loss that never moves climbs the whole ladder: the steps of 1x, 10x and 100x add up to T2.steps."""
+    project.conftest(STOCHASTIC.format(lr=0.0))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=T2", "--dlcheck-set", "T2.steps=12", f"--dlcheck-json={out}")
+    run.assert_outcome("T2", "failed")
+    text = flat(run.section("T2"))
+    assert "12 steps in all (T2.steps=12): lr 0 (1x)" in text and "(100x)" in text, text
+    t2 = next(r for r in json.loads(out.read_text())["results"] if r["id"] == "T2")
+    assert t2["cost"]["optimizer_steps"] == 12, t2["cost"]
