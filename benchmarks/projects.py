@@ -479,6 +479,97 @@ def loop_project(dest: Path, size: dict | None = None) -> Project:
     return Project(root, "clean", "train", f"clean/{FLOOR_TEST}")
 
 
+#: the memory row's MLP: 64 inputs, ``depth`` hidden layers of ``width`` (2500 x 3: 18.9M parameters, a
+#: 289 MiB training state under AdamW), 4 classes; quick mode's is 256 x 2
+MLP_BIG = {"width": 2500, "depth": 3}
+MLP_SMALL = {"width": 256, "depth": 2}
+
+_MLP = '''\
+"""A plain training loop of a {size_name}-parameter MLP (64 -> {width} x {depth} -> 4) with AdamW: a factory of
+fresh objects, (inputs, targets) batches, the loss, an atomic checkpoint save and its load."""
+
+import os
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+WIDTH, DEPTH = {width}, {depth}
+
+
+def build_model():
+    layers, width_in = [], 64
+    for _ in range(DEPTH + 1):
+        layers += [nn.Linear(width_in, WIDTH), nn.ReLU()]
+        width_in = WIDTH
+    return nn.Sequential(*layers, nn.Linear(WIDTH, 4))
+
+
+def make_training():
+    model = build_model()
+    return {{"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-4)}}
+
+
+def save_checkpoint(state, path):
+    """Model and optimizer, written to a temporary file and renamed (atomic)."""
+    torch.save({{"model": state["model"].state_dict(), "optimizer": state["optimizer"].state_dict()}}, f"{{path}}.tmp")
+    os.replace(f"{{path}}.tmp", path)
+
+
+def load_checkpoint(state, path):
+    saved = torch.load(path)
+    state["model"].load_state_dict(saved["model"])
+    state["optimizer"].load_state_dict(saved["optimizer"])
+
+
+@pytest.fixture(scope="session")
+def dlcheck_make_training():
+    return make_training
+
+
+@pytest.fixture(scope="session")
+def dlcheck_dataloader():
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(64, 64, generator=g), torch.randint(0, 4, (64,), generator=g))
+    return DataLoader(data, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="session")
+def dlcheck_loss_fn():
+    return nn.CrossEntropyLoss()
+
+
+@pytest.fixture(scope="session")
+def dlcheck_save_checkpoint():
+    return save_checkpoint
+
+
+@pytest.fixture(scope="session")
+def dlcheck_load_checkpoint():
+    return load_checkpoint
+'''
+
+
+def mlp_parameters(width: int, depth: int) -> int:
+    """Parameters of the memory row's MLP: 64 -> width, ``depth`` width -> width layers, width -> 4."""
+    return (64 * width + width) + depth * (width * width + width) + (width * 4 + 4)
+
+
+def mlp_project(dest: Path, size: dict | None = None) -> Project:
+    """A plain loop of the MLP of ``size`` (default :data:`MLP_BIG`): ``dlcheck_make_training`` (model and
+    AdamW), ``dlcheck_dataloader``, ``dlcheck_loss_fn``, an atomic save and its load; no evaluation data.
+    Its floor: the fixtures, fresh objects from the factory and one whole training step."""
+    size = dict(MLP_BIG if size is None else size)
+    root = dest / "mlp"
+    (root / "clean").mkdir(parents=True, exist_ok=True)
+    (root / "pytest.ini").write_text(PYTEST_INI)
+    n = mlp_parameters(**size)
+    (root / "clean" / "conftest.py").write_text(_MLP.format(size_name=f"{n / 1e6:.1f}M", **size))
+    (root / "clean" / FLOOR_TEST).write_text(floor_test_source("loop", fixture_names(root / "clean" / "conftest.py")))
+    return Project(root, "clean", "train", f"clean/{FLOOR_TEST}")
+
+
 #: a torchvision ResNet-50 (resnet50(weights=None): Bottleneck blocks [3, 4, 6, 3], 23.5M parameters with
 #: 3 classes) on 64×64 images; quick mode's is a one-block-per-stage, narrow ResNet of 3.5M on 32×32
 RESNET50 = {"layers": [3, 4, 6, 3], "width_per_group": 64, "image": 64, "batch": 16}

@@ -11,6 +11,10 @@ check — beside the time ratio:
 - ``realistic-vision``: a torchvision ResNet-50 (``resnet50(weights=None)``'s shape) on examples/vision's
   shapes at 64×64, ``--dlcheck=vision,train,ckpt,smoke``.
 
+Beside them, ``realistic-memory`` counts memory in training states: the peak RSS of
+``--dlcheck=train,ckpt,smoke`` on a plain loop of an 18.9M-parameter MLP with AdamW (one training state =
+weights + gradients + the optimizer's moments = 289 MiB) over the floor's, at most one state over it.
+
 The budgets (issue 20) are counted in work: the whole train/ckpt/smoke set at most 60 optimizer steps of
 the user's model, and every data domain (llm, vision, diffusion, rl, vlm) at most 10 forward passes —
 judged here on the vision project and, by :func:`domain_budget_row`, on every example's active row — and
@@ -19,7 +23,8 @@ these rows on the training checks (peak RSS over the floor's, whose step holds t
 and the optimizer's state).
 
     .venv/bin/python benchmarks/run.py --only realistic,realistic-loop,realistic-vision
-    .venv/bin/python benchmarks/run.py --only realistic-loop --small-model     # the same on small models"""
+    .venv/bin/python benchmarks/run.py --only realistic-loop --small-model     # the same on small models
+    .venv/bin/python benchmarks/run.py --only realistic-memory                  # training states over the floor"""
 
 from __future__ import annotations
 
@@ -227,6 +232,101 @@ def bench_realistic_vision(ctx: Any, size: dict, repeats: int) -> Any:
     )
     row.data["parameters"] = n
     return row
+
+
+# ---- memory: training states over the floor ------------------------------------------------------------
+
+
+def peak_item(m: Any) -> tuple[str, float] | None:
+    """(the check during which the run's peak RSS was reached, that peak in MiB) from the probe's VmHWM after
+    each item (``DLBENCH_RSS``), or None when the probe recorded none."""
+    seen = [
+        (check_of(nodeid, item), item["memory"]["vmhwm"])
+        for nodeid, item in ((m.info.get("probe") or {}).get("items") or {}).items()
+        if "vmhwm" in (item.get("memory") or {})
+    ]
+    if not seen:
+        return None
+    top = max(hwm for _, hwm in seen)
+    return next((check, hwm) for check, hwm in seen if hwm >= top)
+
+
+def bench_realistic_memory(ctx: Any, size: dict, repeats: int) -> Any:
+    """Peak RSS of ``--dlcheck=train,ckpt,smoke`` on a plain loop of an MLP (18.9M parameters, AdamW) against
+    the floor's (the conftest's objects and one whole training step), counted in training states: the
+    weights, their gradients and the optimizer's moments, as the floor's step holds them. Budget: at most one
+    training state over the floor."""
+    from benchmarks import measure, projects, run
+    from benchmarks.measure import Summary
+
+    project = projects.mlp_project(ctx.workdir / "realistic", size)
+    n = projects.mlp_parameters(**size)
+    figure = f"peak RSS, --dlcheck={SELECTION} on a {n / 1e6:.1f}M MLP plain loop / floor"
+    budget = f"≤ +{MAX_COPIES:g} training state"
+    env = ctx.env(DLBENCH_RSS="1")
+    active = [f"--dlcheck={SELECTION}", project.target, f"--ignore={project.floor_test}"]
+    try:
+        runs = ctx.measure(
+            {
+                "active": ctx.pytest(project.root, active, env, ok_codes=(0, 1)),
+                "floor": ctx.pytest(project.root, project.floor_args(), env, floor=True),
+            },
+            repeats,
+        )
+    except measure.CommandFailed as exc:
+        return run.Row(
+            "realistic-memory",
+            figure,
+            "-",
+            "-",
+            "-",
+            budget,
+            False,
+            "could not measure: " + " ".join(str(exc).split())[-600:],
+        )
+    a, b = Summary.of(runs["active"]), Summary.of(runs["floor"])
+    mid = run.median_run(runs["active"], "rss")
+    floor = run.median_run(runs["floor"], "rss").info.get("floor", {})
+    state = floor.get("training_state_bytes", 0) / 2**20
+    extra = a.max_rss_mb - b.max_rss_mb
+    states = extra / state if state else float("inf")
+    problem = next((run.broken(m) for m in runs["active"] if run.broken(m)), "")
+    at_peak = peak_item(mid)
+    weights = floor.get("trainable_bytes", 0) / 2**20
+    note = (
+        f"model: MLP 64 -> {size['width']} x {size['depth']} -> 4, {n / 1e6:.1f}M parameters, AdamW; one training "
+        f"state (weights {weights:.0f} MiB + gradients + the optimizer's moments, as the floor's step holds them) "
+        f"= {state:.0f} MiB; checks: {run.fmt_outcomes(run.outcomes(mid))}; peak RSS {a.max_rss_mb:.0f} MiB vs "
+        f"floor {b.max_rss_mb:.0f} MiB ({extra:+.0f} MiB = {states:+.2f} training states)"
+        + (f"; the peak was reached during {at_peak[0]}" if at_peak else "")
+        + f"; time {run.fmt_time(a)} vs floor {run.fmt_time(b)}"
+    )
+    if states > MAX_COPIES:
+        note = f"OVER BUDGET: {states:.2f} training states over the floor; " + note
+    if problem:
+        note = f"NOT CLEAN: {problem}; " + note
+    return run.Row(
+        "realistic-memory",
+        figure,
+        f"{a.max_rss_mb:.0f} MiB",
+        f"{b.max_rss_mb:.0f} MiB",
+        f"{extra:+.0f} MiB = {states:+.2f} states",
+        budget + (f" ({state * MAX_COPIES:.0f} MiB)" if state else ""),
+        states <= MAX_COPIES and not problem,
+        note,
+        {
+            "active": asdict(a),
+            "floor": asdict(b),
+            "parameters": n,
+            "training_state_mib": state,
+            "trainable_mib": weights,
+            "extra_rss_mib": extra,
+            "states": states,
+            "peak_check": at_peak[0] if at_peak else None,
+            "floor_step": floor,
+            "outcomes": run.outcomes(mid),
+        },
+    )
 
 
 # ---- the data-domain budget on the example projects --------------------------------------------------------

@@ -28,7 +28,18 @@ if __package__ in (None, ""):  # run as a script
 from benchmarks import measure, projects, watch
 from benchmarks.measure import Measurement, Summary
 
-SECTIONS = ("inactive", "active", "scale", "memory", "gpu", "watch", "realistic", "realistic-loop", "realistic-vision")
+SECTIONS = (
+    "inactive",
+    "active",
+    "scale",
+    "memory",
+    "gpu",
+    "watch",
+    "realistic",
+    "realistic-loop",
+    "realistic-vision",
+    "realistic-memory",
+)
 
 #: the budgets (issue 10): inactive ≤ 3 % over -p no:dlcheck; active ≤ 2× the floor; 1,000,000 examples
 #: ≤ 10 % over 1,000; peak RSS ≤ the floor's plus one copy of the trainable state
@@ -731,6 +742,12 @@ def main(argv: list[str] | None = None) -> int:
 
             vision_size = projects.RESNET_SMALL if args.small_model else projects.RESNET50
             ctx.rows.append(bench_realistic_vision(ctx, vision_size, args.memory_repeats))
+        if "realistic-memory" in only:
+            ctx.log("realistic: train,ckpt,smoke on an MLP, peak RSS in training states over the floor")
+            from benchmarks.realistic import bench_realistic_memory
+
+            mlp_size = projects.MLP_SMALL if args.small_model else projects.MLP_BIG
+            ctx.rows.append(bench_realistic_memory(ctx, mlp_size, args.memory_repeats))
         if "watch" in only:
             ctx.log("watch")
             watch.bench_watch(ctx, steps=30 if args.quick else 200, repeats=args.repeats)

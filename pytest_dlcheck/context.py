@@ -67,6 +67,13 @@ class CheckContext:
         #: property mode puts each generated sample here; get_sample returns it instead of the real one
         self.sample_override: Any = None
 
+    def release(self) -> None:
+        """Once the item is over (its verdict rendered), let go of what the check used and what the user's
+        objects returned: the item stays for the whole session, the models it read need not (a spare let go
+        by the session would otherwise stay alive here)."""
+        self.used.clear()
+        self.returned.clear()
+
     @classmethod
     def for_item(cls, request: pytest.FixtureRequest) -> CheckContext:
         check = request.node.stash.get(CHECK_KEY, None)
@@ -74,6 +81,7 @@ class CheckContext:
             pytest.fail("the `dlcheck` fixture belongs to pytest-dlcheck's own check items", pytrace=False)
         ctx = cls(request, check, session_state(request.config))
         request.node.stash[CONTEXT_KEY] = ctx  # the item explains a crash with the roles it resolved
+        request.addfinalizer(ctx.release)
         if ctx.state.twin and check.needs_real_weights:
             ctx.not_applicable(f"with --dlcheck-twin: {check.needs_real_weights}, not a tiny twin's")
         try:
@@ -171,8 +179,8 @@ class CheckContext:
     def batch_size(self) -> int:
         return self.state.batch_size
 
-    def memo(self, sources: Any, key: str, make: Callable[[], Any]) -> Any:
-        value = self.state.memo(sources, key, make)
+    def memo(self, sources: Any, key: str, make: Callable[[], Any], spare: bool = False) -> Any:
+        value = self.state.memo(sources, key, make, spare)
         self.used.append((sources, key, value))
         return value
 

@@ -5,6 +5,7 @@ imports only the bottom of the core."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import traceback
@@ -71,15 +72,32 @@ class DlcheckState:
     role_files: list[str] = field(default_factory=list)
     #: --dlcheck-twin: the checks run and train a tiny twin of the model (pytest_dlcheck.twin)
     twin: bool = False
+    #: the keys of ``shared`` that hold spares: objects rebuilt at will, the same every time (the probe model,
+    #: the smoke run's trained objects read back from disk), let go by :meth:`make_room`
+    spares: set[Any] = field(default_factory=set)
 
-    def memo(self, sources: Any, key: str, make: Callable[[], Any]) -> Any:
-        """Compute once per session per (source objects, key); the hub of work sharing across checks."""
+    def memo(self, sources: Any, key: str, make: Callable[[], Any], spare: bool = False) -> Any:
+        """Compute once per session per (source objects, key); the hub of work sharing across checks. A
+        ``spare`` is kept only until the next :meth:`make_room`, then made again by whoever needs it."""
         objs = sources if isinstance(sources, tuple) else (sources,)
         k = (tuple(id(o) for o in objs), key)
         if k not in self.shared:
             self.shared[k] = make()
             self.keep_alive.append(objs)
+        if spare:
+            self.spares.add(k)
         return self.shared[k]
+
+    def make_room(self) -> None:
+        """Let the spares go (a check still holding one keeps it until it ends): called before a training
+        state is built, so that no copy of the model kept for other checks lives beside it. A spare a
+        finished check's exception still reaches (its traceback's frames: a cycle) is collected too."""
+        if not self.spares:
+            return
+        for k in self.spares:
+            self.shared.pop(k, None)
+        self.spares.clear()
+        gc.collect()
 
     def derived(self, sources: Any, key: str, make: Callable[[], Any]) -> Any:
         return self.memo(sources, "derive:" + key, make)

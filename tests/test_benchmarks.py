@@ -201,6 +201,28 @@ def test_realistic_projects_write_the_plain_loop_and_vision_roles(tmp_path):
     assert projects.resnet_parameters(**projects.RESNET_SMALL) < full / 5
 
 
+def test_memory_row_project_is_a_plain_loop_of_the_19m_mlp(tmp_path):
+    mlp = projects.mlp_project(tmp_path, projects.MLP_SMALL)
+    source = (mlp.root / "clean" / "conftest.py").read_text()
+    compile(source, "conftest.py", "exec")
+    assert projects.fixture_names(mlp.root / "clean" / "conftest.py") == [
+        "dlcheck_dataloader",
+        "dlcheck_load_checkpoint",
+        "dlcheck_loss_fn",
+        "dlcheck_make_training",
+        "dlcheck_save_checkpoint",
+    ]
+    assert "os.replace" in source and "dlbench_floor.run('loop'" in (mlp.root / mlp.floor_test).read_text()
+    # the parameter count is the model's, and the full size is the 18.9M-parameter MLP
+    spec = importlib.util.spec_from_file_location("mlp_conftest", mlp.root / "clean" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.make_training()["model"]
+    assert sum(p.numel() for p in model.parameters()) == projects.mlp_parameters(**projects.MLP_SMALL)
+    assert 18.5e6 <= projects.mlp_parameters(**projects.MLP_BIG) <= 19.5e6
+    assert "18.9M" in (projects.mlp_project(tmp_path / "big").root / "clean" / "conftest.py").read_text()
+
+
 # ---- the floor steps, on real tiny objects -----------------------------------------------------------
 
 
@@ -308,6 +330,14 @@ def test_loop_floor_step_runs_the_projects_own_step_with_its_optimizer():
     info = dlbench_floor.loop_step({"dlcheck_make_training": make_recorded, "dlcheck_dataloader": loader})
     assert _grads(made[-1]) and not torch.equal(made[-1].weight, initial[-1])
     assert info["trainable_bytes"] == 4 * 15 and info["optimizer_step"]
+    # one training state: the weights and their gradients (plain SGD keeps nothing per parameter) ...
+    assert info["training_state_bytes"] == 2 * 4 * 15
+    # ... and AdamW's two moments (and its step counters) beside them: four times the weights
+    model = torch.nn.Linear(4, 3)
+    adamw = torch.optim.AdamW(model.parameters())
+    torch.nn.functional.cross_entropy(model(data.tensors[0]), data.tensors[1]).backward()
+    adamw.step()
+    assert dlbench_floor.training_state_bytes(model, adamw) == 4 * 4 * 15 + 2 * 4
 
 
 # ---- the probe ---------------------------------------------------------------------------------------
@@ -354,6 +384,21 @@ def test_phases_and_outcomes_from_the_probe():
     assert run.outcomes(m) == {"passed": 1, "skipped": 1}
     assert run.slowest(m, 1) == [("L1_x", 4.0, 1.0)]
     assert run.median_run([_measured(3, 3), _measured(1, 1), _measured(2, 2)], "cpu").cpu == 2
+
+
+def test_the_check_at_the_peak_is_the_first_that_reached_it():
+    from benchmarks import realistic
+
+    items = {
+        f"c/conftest.py::{name}": {"setup": 0, "call": 0, "teardown": 0, "outcome": "passed", "memory": memory}
+        for name, memory in (
+            ("T1_a", {"vmrss": 700.0, "vmhwm": 800.0}),
+            ("C1_b", {"vmrss": 900.0, "vmhwm": 1300.0}),
+            ("C2_c", {"vmrss": 950.0, "vmhwm": 1300.0}),
+        )
+    }
+    assert realistic.peak_item(_measured(1, 1, {"items": items})) == ("C1", 1300.0)
+    assert realistic.peak_item(_measured(1, 1, {"items": {}})) is None
 
 
 def test_a_clean_project_that_fails_or_errors_is_named():
@@ -492,7 +537,7 @@ def test_benchmark_runs_end_to_end_at_a_reduced_size(tmp_path):
             str(REPO / "benchmarks" / "run.py"),
             "--quick",
             "--only",
-            "inactive,scale,gpu,realistic,realistic-loop,realistic-vision",
+            "inactive,scale,gpu,realistic,realistic-loop,realistic-vision,realistic-memory",
             "--no-check",
             "--quiet",
             "--json",
@@ -537,6 +582,15 @@ def test_benchmark_runs_end_to_end_at_a_reduced_size(tmp_path):
         )
     assert set(rows["realistic-vision"]["data"]["forward_by_data_domain"]) == {"vision"}
     assert "ResNet" in rows["realistic-vision"]["figure"] and "plain-loop" in rows["realistic-loop"]["figure"]
+    # peak RSS counted in training states over the floor (quick mode: a small MLP, so the count is not judged)
+    memory = rows["realistic-memory"]
+    data = memory["data"]
+    assert "NOT CLEAN" not in memory["note"] and "could not measure" not in memory["note"], memory["note"]
+    assert data["outcomes"].get("passed", 0) >= 10 and data["floor_step"]["optimizer_step"] is True
+    assert data["training_state_mib"] == pytest.approx(4 * data["trainable_mib"], rel=0.01)  # AdamW
+    assert data["states"] == pytest.approx(data["extra_rss_mib"] / data["training_state_mib"])
+    assert data["peak_check"] and memory["ok"] is (data["states"] <= 1)
+    assert "training states" in memory["note"] and "MLP" in memory["figure"]
 
 
 def test_every_example_rows_floor_runs(tmp_path):

@@ -65,6 +65,22 @@ def trainable_bytes(*models: Any) -> int:
     return total
 
 
+def optimizer_state_bytes(optimizer: Any) -> int:
+    """Bytes of the tensors an optimizer keeps per parameter (Adam's two moments, SGD's momentum)."""
+    import torch
+
+    inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer
+    state = getattr(inner, "state", None) or {}
+    return sum(v.numel() * v.element_size() for per in state.values() for v in per.values() if torch.is_tensor(v))
+
+
+def training_state_bytes(model: Any, optimizer: Any) -> int:
+    """One training state, as a step holds it: the trainable weights, their gradients and the optimizer's
+    per-parameter tensors (under AdamW four times the weights)."""
+    weights = trainable_bytes(model)
+    return 2 * weights + (optimizer_state_bytes(optimizer) if optimizer is not None else 0)
+
+
 # ---- one step per domain ----------------------------------------------------------------------------
 
 
@@ -176,6 +192,7 @@ def loop_step(fixtures: dict[str, Any], batch_size: int = 4) -> dict[str, Any]:
         "loss": float(loss.detach() if torch.is_tensor(loss) else loss),
         "batch": list(first.shape),
         "trainable_bytes": trainable_bytes(model),
+        "training_state_bytes": training_state_bytes(model, objects.get("optimizer")),
         "optimizer_step": True,
     }
 

@@ -93,6 +93,8 @@ def pytest_runtest_logreport(report):
         _marks["after_first_setup"] = memory_mb()
     item = _items.setdefault(report.nodeid, {"setup": 0.0, "call": 0.0, "teardown": 0.0, "outcome": "passed"})
     item[report.when] += report.duration
+    if report.when == "teardown" and os.environ.get("DLBENCH_RSS"):
+        item["memory"] = memory_mb()  # after the item: what it left alive (VmRSS) and the peak so far (VmHWM)
     info = next((v for k, v in report.user_properties if k == "dlcheck"), None)
     if isinstance(info, dict) and info.get("cost"):
         item["cost"] = info["cost"]  # pytest_dlcheck.cost: passes through the models, cumulative per item

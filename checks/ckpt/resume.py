@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...registry import Setting, check
-from ...training import get_setup, memo_or_skip, run_or_skip
+from ...training import fresh_probe, get_setup, memo_or_skip, run_or_skip
 
 #: the order pieces are tried in: the usual culprits first, the weights last
 ORDER = ("optimizer", "lr_scheduler", "hand-stepped scheduler", "scaler", "rng", "data position", "ema", "model")
@@ -479,7 +479,7 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
 def _is_peft(dlcheck: Any, setup: Any) -> bool:
     """Whether the model the user's factory builds is a PEFT model (the fresh probe other checks share)."""
     try:
-        model = memo_or_skip(dlcheck, setup.sources, "training:fresh-probe", setup.fresh).model
+        model = fresh_probe(dlcheck, setup).model
     except BaseException:  # noqa: BLE001 - a skip or a factory error: no PEFT wording, the diagnosis stands
         return False
     return any(c.__module__.startswith("peft.") for c in type(model).__mro__)

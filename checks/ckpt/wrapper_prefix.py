@@ -43,7 +43,7 @@ def check_wrapper_prefix(dlcheck):
         None: any checkpoint's weights may be loaded into the unwrapped model.
     """
     setup = get_setup(dlcheck)
-    model, found, how = memo_or_skip(dlcheck, setup.sources, "ckpt:saved-state", setup.saved_state)
+    model, found, how = memo_or_skip(dlcheck, setup.sources, "ckpt:saved-state", setup.saved_state, spare=True)
     if not found:
         dlcheck.skip(f"{how} wrote no file holding a state dict that could be read")
     clean = unwrapped_keys(model)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ...registry import check
-from ...training import get_setup, memo_or_skip, smoke_run
+from ...training import fresh_probe, get_setup, smoke_run
 from ...training.runs import ema_counter, ema_describe, ema_difference, ema_kind, find_emas
 
 
@@ -87,7 +87,7 @@ def check_ema_updated(dlcheck):
         or on the LightningModule), and transformers / TRL Trainers (they keep none).
     """
     setup = get_setup(dlcheck)
-    fresh = memo_or_skip(dlcheck, setup.sources, "training:fresh-probe", setup.fresh)
+    fresh = fresh_probe(dlcheck, setup)
     initial = dict(find_emas(fresh.owner))
     if not initial:  # read on the fresh objects: no training run for a state without an EMA
         held = (

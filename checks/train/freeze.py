@@ -5,13 +5,13 @@ from typing import Any
 import torch
 
 from ...registry import check
-from ...training import find_setup, memo_or_skip
+from ...training import find_setup, fresh_probe
 
 
 def _model(dlcheck) -> tuple[Any, str]:
     setup = find_setup(dlcheck)
     if setup is not None:
-        fresh = memo_or_skip(dlcheck, setup.sources, "training:fresh-probe", setup.fresh)
+        fresh = fresh_probe(dlcheck, setup)
         return fresh.model, f"the model of {setup.describe()}"
     model = dlcheck.require("model")[0]
     return model, "dlcheck_model"

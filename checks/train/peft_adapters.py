@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ...registry import check
-from ...training import find_setup, memo_or_skip
+from ...training import find_setup, fresh_probe
 
 LAYER = re.compile(r"\.(\d+)(?:\.|$)")
 
@@ -17,18 +17,16 @@ LAYER = re.compile(r"\.(\d+)(?:\.|$)")
 def _model(dlcheck) -> tuple[Any, str]:
     setup = find_setup(dlcheck)
     if setup is not None:
-        fresh = memo_or_skip(dlcheck, setup.sources, "training:fresh-probe", setup.fresh)
+        fresh = fresh_probe(dlcheck, setup)
         return fresh.model, f"the model of {setup.describe()}"
     model = dlcheck.require("model")[0]
     return model, "dlcheck_model"
 
 
 def _peft_model(model: Any) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:  # peft not installed: no model can be a PeftModel
-        return False
-    return isinstance(model, PeftModel)
+    """Whether ``model`` is a ``peft.PeftModel``, read from its classes: peft is not imported for it (an
+    import of peft, transformers and the rest, a few hundred MiB, for a model that cannot be one)."""
+    return any(c.__name__ == "PeftModel" and c.__module__.startswith("peft.") for c in type(model).__mro__)
 
 
 def _active(model: Any) -> str:

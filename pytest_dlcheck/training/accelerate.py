@@ -44,6 +44,8 @@ def accelerator_of(state: Any) -> Any:
 
 class AccelerateSetup(LoopSetup):
     kind = "accelerate"
+    #: the smoke run's trained state (an Accelerator and its prepared objects) stays in memory
+    offload_trained = False
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

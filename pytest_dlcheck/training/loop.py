@@ -74,6 +74,8 @@ class LoopSetup:
         self.tmp = tmp
         self.name = "dlcheck_make_training"
         self._batches: list[Any] = []
+        #: lets the session's spares go (the probe, the smoke run's trained objects): get_setup sets it
+        self.make_room: Callable[[], None] = lambda: None
 
     @property
     def sources(self) -> Any:
@@ -92,6 +94,12 @@ class LoopSetup:
         self._kept = state
 
     def state(self) -> dict[str, Any]:
+        """Fresh objects from the factory, at the seed, for a run: the spares other checks share are let go
+        first, so that none lives beside the training state this builds."""
+        self.make_room()
+        return self._new_state()
+
+    def _new_state(self) -> dict[str, Any]:
         kept = self.__dict__.pop("_kept", None)
         if kept is not None:
             return kept
@@ -125,11 +133,11 @@ class LoopSetup:
         )
 
     def fresh(self) -> Fresh:
-        state = self.state()
+        state = self._new_state()  # the probe, a spare itself: it lets no other go
         model = state["model"]
 
         def make_optimizer() -> tuple[Any, Any]:
-            again = self.state()
+            again = self._new_state()
             opt = state.get("optimizer")
             # the factory built the optimizer for its own model; map it onto this one by parameter name
             by_name = dict(model.named_parameters())
@@ -227,14 +235,26 @@ class LoopSetup:
             self.run(state, self.batches(steps), 0, traj)
         traj.notes["optimizer"] = state.get("optimizer")
         traj.notes["scheduler"] = state.get("lr_scheduler")
-        model = state["model"]
         _release_training_memory(state)
-        return traj, Fresh(
+        if self.offload_trained:
+            read_back = _offload_tensors(state, self.tmp.mktemp("dlcheck-smoke") / "trained.pt")
+            if read_back is not None:
+                # the trained weights wait on disk; their checks read them back into new objects
+                return traj, lambda: self._trained(read_back())
+        return traj, self._trained(state)
+
+    def _trained(self, state: dict[str, Any]) -> Fresh:
+        model = state["model"]
+        return Fresh(
             model,
             lambda b: self.loss_of(model, to_device(b, device_of(model))),
             lambda: (state.get("optimizer"), state.get("lr_scheduler")),
             owner=state,
         )
+
+    #: the smoke run's trained tensors are kept on disk (an Accelerate user's state, an Accelerator and its
+    #: prepared objects, stays in memory)
+    offload_trained = True
 
     # ---- checkpoint and resume -------------------------------------------------------------------------
 
@@ -292,9 +312,7 @@ class LoopSetup:
             # save right after an optimizer step (never inside a gradient accumulation) at or past half way
             if "_saved_at" not in truth and i + 1 >= total // 2 and stepped:
                 user_call("save_checkpoint", lambda: self.save(state, str(path)))
-                # the state at the save, for the diagnostic resumes: kept on disk, not in memory (at most
-                # one extra copy of the training state is alive at a time)
-                truth.update(_offload(_loop_truth(state), self.tmp.mktemp("dlcheck-truth") / "state.pt"))
+                truth.update(_saved_truth(state, self.tmp.mktemp("dlcheck-truth") / "state.pt"))
                 truth["_saved_at"] = i + 1
 
         with preserved_rng():
@@ -331,22 +349,6 @@ def _ema_end(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _loop_truth(state: dict[str, Any]) -> dict[str, Any]:
-    truth: dict[str, Any] = {"rng": rng_state()}
-    for key, obj in state.items():
-        if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
-            try:
-                sd = obj.state_dict()
-            except Exception:  # noqa: BLE001 - e.g. Accelerate's DataLoaderShard without a stateful loader
-                continue  # an object whose state cannot be read is not a piece the diagnosis can put back
-            truth[key] = (
-                {k: v.detach().clone() for k, v in sd.items()}
-                if isinstance(obj, torch.nn.Module)
-                else copy.deepcopy(sd)
-            )
-    return truth
-
-
 class _OnDisk:
     """A piece of the saved training state written to ``file`` (loaded when a diagnosis puts it back)."""
 
@@ -357,14 +359,89 @@ class _OnDisk:
         return torch.load(self.file, weights_only=False)[self.key]
 
 
-def _offload(truth: dict[str, Any], file: Path) -> dict[str, Any]:
-    """The state dicts of ``truth`` (model, optimizer, EMA…) written to ``file`` and replaced by
-    :class:`_OnDisk` handles; the RNG states (small) stay in memory."""
-    heavy = {k: v for k, v in truth.items() if k != "rng"}
-    if not heavy:
-        return truth
-    torch.save(heavy, file)
-    return {k: (_OnDisk(file, k) if k in heavy else v) for k, v in truth.items()}
+def _saved_truth(state: dict[str, Any], file: Path) -> dict[str, Any]:
+    """The state at a save, for the diagnostic resumes: the state dict of every piece that has one (model,
+    optimizer, scheduler, EMA…) written to ``file`` as it stands, with no copy in memory (at most one extra
+    copy of the training state is alive at a time), replaced by :class:`_OnDisk` handles; the RNG states
+    (small) stay in memory. A piece whose state cannot be read is not one a diagnosis can put back."""
+    heavy = {}
+    for key, obj in state.items():
+        if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
+            try:
+                heavy[key] = obj.state_dict()
+            except Exception:  # noqa: BLE001 - e.g. Accelerate's DataLoaderShard without a stateful loader
+                continue  # an object whose state cannot be read is not a piece the diagnosis can put back
+    truth: dict[str, Any] = {"rng": rng_state()}
+    if heavy:
+        torch.save(heavy, file)
+        truth.update({k: _OnDisk(file, k) for k in heavy})
+    return truth
+
+
+def _holds_weights(obj: Any) -> bool:
+    """A piece of a training state whose tensors :func:`_offload_tensors` moves to disk, or that refers to
+    them (an optimizer, an LR scheduler): copied when the state is read back, the others are shared."""
+    inner = unwrap_prepared(obj)
+    return (
+        isinstance(obj, torch.nn.Module)
+        or isinstance(getattr(obj, "shadow_params", None), list)
+        or (isinstance(inner, torch.optim.Optimizer) or isinstance(inner, torch.optim.lr_scheduler.LRScheduler))
+    )
+
+
+def _offload_tensors(state: dict[str, Any], file: Path) -> Callable[[], dict[str, Any]] | None:
+    """Write the tensors of ``state``'s modules (parameters and buffers, each once; an EMAModel's shadow
+    parameters) to ``file`` and empty them in place: the objects stay, with their classes, settings and
+    counters, the optimizer's parameter groups (the parameters' dtypes), only the numbers leave memory.
+    Returns how to read the state back into new objects (a copy of the emptied modules, optimizer and
+    scheduler, their tensors loaded from ``file``; the state's other entries shared), or None, with
+    ``state`` left as it was, when that cannot be done."""
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for key, obj in state.items():
+        if isinstance(obj, torch.nn.Module):
+            named = [*obj.named_parameters(), *obj.named_buffers()]
+        elif isinstance(getattr(obj, "shadow_params", None), list):  # diffusers' EMAModel
+            named = list(enumerate(obj.shadow_params))
+        else:
+            continue
+        for name, t in named:
+            if torch.is_tensor(t) and id(t) not in seen:
+                seen.add(id(t))
+                tensors[f"{key}.{name}"] = t
+
+    def shared() -> dict[int, Any]:
+        return {id(v): v for v in state.values() if not _holds_weights(v)}
+
+    def read_back() -> dict[str, Any]:
+        memo = shared()
+        copied = copy.deepcopy(state, memo)
+        saved = torch.load(file, weights_only=True)
+        for name, t in tensors.items():
+            memo[id(t)].data = saved[name]
+        return copied
+
+    if not tensors:
+        return None
+    try:
+        torch.save({name: t.detach() for name, t in tensors.items()}, file)
+    except Exception:  # noqa: BLE001 - a tensor torch.save cannot write: the state stays in memory
+        return None
+    emptied = []
+    try:
+        for t in tensors.values():
+            kept = t.data
+            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+            emptied.append((t, kept))
+        memo = shared()
+        copy.deepcopy(state, memo)  # the pieces can be copied (no lock, no open handle), every tensor with them
+        if any(id(t) not in memo for t in tensors.values()):
+            raise LookupError("a tensor outside the copied pieces")
+    except Exception:  # noqa: BLE001 - keep the trained state in memory, as it was
+        for t, kept in emptied:
+            t.data = kept
+        return None
+    return read_back
 
 
 def _loop_restore(state: dict[str, Any], truth: dict[str, Any], restore: frozenset[str]) -> None:

@@ -192,32 +192,55 @@ class SaveInterrupted(BaseException):
     ``except Exception`` does not swallow it)."""
 
 
+def _copy_bytes(src: Any, dst: Any, n: int, chunk: int) -> None:
+    """Copy the first ``n`` bytes of ``src`` to ``dst``, ``chunk`` bytes at a time."""
+    while n > 0:
+        data = src.read(min(chunk, n))
+        if not data:
+            break
+        dst.write(data)
+        n -= len(data)
+
+
 @contextlib.contextmanager
 def interrupted_saves(armed: Callable[[], bool] = lambda: True) -> Iterator[list[str]]:
     """While active (and ``armed()``), ``torch.save`` and safetensors' ``save_file`` write the first half of
     what they would write to their target, then raise :class:`SaveInterrupted`. Yields the list of
     interrupted targets."""
-    import io
     import os
+    import tempfile
 
     import torch.serialization
 
     hits: list[str] = []
     real_save = torch.save
 
-    def half(target: Any, data: bytes) -> None:
-        if isinstance(target, (str, os.PathLike)):
-            with open(target, "wb") as fh:
-                fh.write(data[: len(data) // 2])
-        else:
-            target.write(data[: len(data) // 2])
+    def half(target: Any, write: Callable[[str], None]) -> None:
+        """``write`` the whole file aside (a temporary file: no copy of a checkpoint in memory), then its
+        first half to ``target``, chunk by chunk."""
+        with tempfile.TemporaryDirectory(prefix="dlcheck-save-") as tmp:
+            whole = os.path.join(tmp, "whole")
+            write(whole)
+            with open(whole, "rb") as src:
+                left = os.path.getsize(whole) // 2
+                if isinstance(target, (str, os.PathLike)):
+                    with open(target, "wb") as fh:
+                        _copy_bytes(src, fh, left, 1 << 24)
+                else:
+                    _copy_bytes(src, target, left, 1 << 24)
 
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
         if not armed():
             return real_save(obj, f, *args, **kwargs)
-        buf = io.BytesIO()
-        real_save(obj, buf, *args, **kwargs)
-        half(f, buf.getvalue())
+        if isinstance(f, (str, os.PathLike)):
+            half(f, lambda whole: real_save(obj, whole, *args, **kwargs))
+        else:  # a file object: written as torch writes to one (a zip stream), not as to a path
+
+            def to_stream(whole: str) -> None:
+                with open(whole, "wb") as fh:
+                    real_save(obj, fh, *args, **kwargs)
+
+            half(f, to_stream)
         hits.append(str(f) if isinstance(f, (str, os.PathLike)) else type(f).__name__)
         raise SaveInterrupted(hits[-1])
 
@@ -230,7 +253,7 @@ def interrupted_saves(armed: Callable[[], bool] = lambda: True) -> Iterator[list
         def save_file(tensors: Any, filename: Any, metadata: Any = None) -> None:
             if not armed():
                 return real_file(tensors, filename, metadata=metadata)
-            half(filename, st.save(tensors, metadata=metadata))
+            half(filename, lambda whole: real_file(tensors, whole, metadata=metadata))
             hits.append(str(filename))
             raise SaveInterrupted(str(filename))
 

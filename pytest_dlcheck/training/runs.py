@@ -381,12 +381,31 @@ class Trajectory:
         return self.steps[-1]
 
 
+#: elements a fingerprint or a norm reads at a time: a float64 copy of this many, not of a whole tensor, is
+#: alive at once (a tensor this small is read in one piece, as before)
+CHUNK = 1 << 20
+
+
+def _chunks(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    flat = t.detach().reshape(-1)
+    return tuple(flat.split(CHUNK)) if flat.numel() > CHUNK else (flat,)
+
+
+def _finite(t: torch.Tensor) -> bool:
+    return all(bool(torch.isfinite(c).all()) for c in _chunks(t))
+
+
 def digest(model: Any) -> float:
     """A fingerprint of the trained weights (the parameters that require grad; all when none do): a frozen
     tensor a load added (a PEFT adapter loaded under another name) does not make two equal runs differ."""
     params = [p for p in model.parameters() if p.requires_grad] or list(model.parameters())
     with torch.no_grad():
-        return float(sum(p.detach().double().sum() + p.detach().double().abs().sum() * 1e-3 for p in params))
+        parts = []
+        for p in params:
+            for c in _chunks(p):
+                d = c.double()
+                parts.append(d.sum() + d.abs().sum() * 1e-3)
+        return float(sum(parts))
 
 
 def grad_report(params: list[tuple[str, torch.Tensor]]) -> tuple[float, list[str]]:
@@ -396,15 +415,15 @@ def grad_report(params: list[tuple[str, torch.Tensor]]) -> tuple[float, list[str
         if p.grad is None:
             continue
         g = p.grad.detach()
-        if not torch.isfinite(g).all():
+        if not _finite(g):
             bad.append(name)
             continue
-        total += float(g.double().pow(2).sum())
+        total += float(sum(c.double().pow(2).sum() for c in _chunks(g)))
     return (math.inf if bad else math.sqrt(total)), bad
 
 
 def nonfinite_params(params: list[tuple[str, torch.Tensor]]) -> list[str]:
-    return [n for n, p in params if not torch.isfinite(p.detach()).all()]
+    return [n for n, p in params if not _finite(p)]
 
 
 def param_names(model: Any) -> dict[int, str]:

@@ -49,11 +49,13 @@ def get_setup(ctx: Any) -> Any:
         loader = ctx.role("dataloader")
         parts = [ctx.role(n) for n in ("train_step", "compute_loss", "loss_fn", "save_checkpoint", "load_checkpoint")]
         # every part of the loop is in the key: two projects sharing a factory and a loader keep their own step/save
-        return ctx.memo(
+        setup = ctx.memo(
             (make, loader, *parts),
             "training:setup",
             lambda: _loop_or_accelerate(LoopSetup(make, parts[0], parts[1], parts[2], loader, parts[3], parts[4], tmp)),
         )
+        setup.make_room = ctx.state.make_room  # a training state it builds lets the session's spares go
+        return setup
     module = ctx.role("lightning_module")
     if module is not MISSING:
         dm = ctx.role("datamodule")
@@ -150,8 +152,9 @@ def run_or_skip(ctx: Any, make: Callable[[], Any]) -> Any:
         ctx.skip(reason)
 
 
-def memo_or_skip(ctx: Any, sources: Any, key: str, make: Callable[[], Any]) -> Any:
-    """``ctx.memo`` that remembers a SetupError too (so every check sharing the work skips with it)."""
+def memo_or_skip(ctx: Any, sources: Any, key: str, make: Callable[[], Any], spare: bool = False) -> Any:
+    """``ctx.memo`` that remembers a SetupError too (so every check sharing the work skips with it). A
+    ``spare`` (an object rebuilt the same at will) is let go before a training state is built."""
 
     def capture() -> Any:
         try:
@@ -164,7 +167,7 @@ def memo_or_skip(ctx: Any, sources: Any, key: str, make: Callable[[], Any]) -> A
                 raise
             return SetupError(reason)
 
-    value = ctx.memo(sources, key, capture)
+    value = ctx.memo(sources, key, capture, spare)
     if isinstance(value, SetupError):
         ctx.skip(str(value))
     return value
@@ -186,13 +189,20 @@ def find_setup(ctx: Any) -> Any:
     return None
 
 
+def fresh_probe(ctx: Any, setup: Any) -> Fresh:
+    """The fresh objects at the initial state the checks share (the probe): a spare, let go while a check
+    trains a copy of its own (at most one extra training state in memory) and rebuilt, the same, by the
+    next check that needs it."""
+    return memo_or_skip(ctx, setup.sources, "training:fresh-probe", setup.fresh, spare=True)
+
+
 def probe(ctx: Any) -> tuple[Fresh, list[Any], Any]:
     """(fresh objects, sample batches, setup or None). Without a training setup, the user's own
     ``dlcheck_model`` is used as it is, for forward/autograd-only measurements that leave no trace
     (``torch.autograd.grad`` fills no ``.grad``; train/eval flags are restored by the caller)."""
     setup = find_setup(ctx)
     if setup is not None:
-        fresh = memo_or_skip(ctx, setup.sources, "training:fresh-probe", setup.fresh)
+        fresh = fresh_probe(ctx, setup)
         return fresh, run_or_skip(ctx, lambda: training_batches(ctx, setup)), setup
     model, loader = ctx.require("model", "dataloader")
     if not isinstance(model, torch.nn.Module):
@@ -265,8 +275,19 @@ def describe_batch(batch: Any) -> str:
 class SmokeRun:
     setup: Any
     trajectory: Trajectory
-    trained: Fresh
+    #: the trained objects, or (a plain loop's, kept on disk) how to read them back into new objects
+    kept: Fresh | Callable[[], Fresh]
     steps: int
+    #: the session's state, where objects read back are kept as a spare
+    session: Any = None
+
+    @property
+    def trained(self) -> Fresh:
+        """The objects at the end of the run (read back from disk when they were kept there: a spare, let
+        go before a training state is built)."""
+        if isinstance(self.kept, Fresh) or self.session is None:
+            return self.kept if isinstance(self.kept, Fresh) else self.kept()
+        return self.session.memo(self.setup.sources, f"smoke:{self.steps}:trained", self.kept, spare=True)
 
 
 def smoke_steps(ctx: Any) -> int:
@@ -279,8 +300,9 @@ def smoke_run(ctx: Any) -> SmokeRun:
     steps = smoke_steps(ctx)
 
     def make() -> SmokeRun:
+        ctx.state.make_room()  # no spare beside the run's training state
         traj, trained = setup.smoke(steps)
-        return SmokeRun(setup, traj, trained, steps)
+        return SmokeRun(setup, traj, trained, steps, ctx.state)
 
     run = memo_or_skip(ctx, setup.sources, f"smoke:{steps}", make)
     smoke_picture(ctx, run.trajectory)

@@ -26,7 +26,8 @@ def test_torch_save_onto_the_previous_checkpoint(project):
         "a save through dlcheck_save_checkpoint was interrupted half way while writing dlcheck-atomic0/checkpoint"
         in text
     )
-    assert "file sizes before and after the interrupted save: checkpoint: 10106 -> 7992 bytes" in text
+    # the first half of the bytes torch.save writes to that path
+    assert "file sizes before and after the interrupted save: checkpoint: 10106 -> 7809 bytes" in text
     assert "loading dlcheck-atomic0/checkpoint afterwards raises" in text
     assert "os.replace(tmp, path)" in text
 
