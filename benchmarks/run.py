@@ -371,6 +371,7 @@ def bench_active(ctx: Context, domain: str) -> None:
                 "passes": work,
                 "domain": domain,
                 "forward_by_domain": {d: w["forward"] for d, w in work_by_domain(mid).items()},
+                "routine_by_domain": {d: w["in_user_routines"] for d, w in work_by_domain(mid).items()},
                 "work_by_check": work_by_check(mid),
                 "phases": ph,
                 "floor_phases": ph_floor,

@@ -454,8 +454,10 @@ def test_table_and_verdicts():
 def test_work_by_check_and_domain_and_the_data_domain_budget():
     from benchmarks import realistic
 
-    def item(check, domain, fwd, bwd=0, steps=0):
+    def item(check, domain, fwd, bwd=0, steps=0, routine=0):
         cost = {"forward": fwd, "backward": bwd, "optimizer_steps": steps}
+        if routine:
+            cost["in_user_routines"] = {"dlcheck_sample_images": routine}
         return {
             "setup": 0,
             "call": 0,
@@ -475,17 +477,26 @@ def test_work_by_check_and_domain_and_the_data_domain_budget():
                 "c::S1_nonfinite": item("S1", "smoke", 20, 20, 20),
                 "c::V2_eval_mode": item("V2", "vision", 2),
                 "c::V3_x": item("V3", "vision", 9),
+                "c::DF2_ema": item("DF2", "diffusion", 6, routine=6),
+                "c::DF3_x": item("DF3", "diffusion", 6),
                 "c::old_style": {"setup": 0, "call": 0, "teardown": 0, "outcome": "passed", "cost": {"forward": 1}},
             }
         },
     )
     by_check = realistic.work_by_check(m)
-    assert by_check["T2"] == {"domain": "train", "forward": 62, "backward": 60, "optimizer_steps": 60}
+    assert by_check["T2"] == {
+        "domain": "train",
+        "forward": 62,
+        "backward": 60,
+        "optimizer_steps": 60,
+        "in_user_routines": 0,
+    }
     assert by_check["old"]["domain"] is None  # no ID recorded: the test name's prefix
     assert realistic.work_by_domain(m) == {
-        "train": {"forward": 62, "backward": 60, "optimizer_steps": 60},
-        "smoke": {"forward": 20, "backward": 20, "optimizer_steps": 20},
-        "vision": {"forward": 11, "backward": 0, "optimizer_steps": 0},
+        "train": {"forward": 62, "backward": 60, "optimizer_steps": 60, "in_user_routines": 0},
+        "smoke": {"forward": 20, "backward": 20, "optimizer_steps": 20, "in_user_routines": 0},
+        "vision": {"forward": 11, "backward": 0, "optimizer_steps": 0, "in_user_routines": 0},
+        "diffusion": {"forward": 12, "backward": 0, "optimizer_steps": 0, "in_user_routines": 6},
     }
     assert realistic.fmt_by_check(by_check).startswith("T2 62 fwd/60 bwd/60 steps, S1 20 fwd/20 bwd/20 steps, V3")
     rows = [
@@ -511,6 +522,20 @@ def test_work_by_check_and_domain_and_the_data_domain_budget():
     assert "vision by check: V3 9, V2 2" in row.note  # which checks spend the passes
     assert realistic.domain_budget_row(rows[:1]).ok is True
     assert realistic.domain_budget_row(rows[2:]) is None  # train is no data domain
+    # the passes inside one call of the user's own sampling routine are shown apart, not judged
+    diffusion = run.Row(
+        "active",
+        "d",
+        "",
+        "",
+        "",
+        "",
+        True,
+        "",
+        {"domain": "diffusion", "forward_by_domain": {"diffusion": 15}, "routine_by_domain": {"diffusion": 6}},
+    )
+    row = realistic.domain_budget_row([diffusion])
+    assert row.ok is True and row.measured == "diffusion 9 (+6 in one call of your sampling routine)"
 
 
 def test_quick_mode_reduces_every_size():
