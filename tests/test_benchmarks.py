@@ -589,12 +589,14 @@ def test_benchmark_runs_end_to_end_at_a_reduced_size(tmp_path):
     assert realistic["passes"]["optimizer_steps"] >= 20 and realistic["passes"]["forward"] > 0
     assert realistic["steps_by_check"].get("T2", 0) >= 1 and realistic["ratio"] > 0
     assert realistic["floor_step"]["optimizer_step"] is True  # the floor: the objects and one whole training step
+    assert realistic["training_state_mib"] > 0
     # the same model in a hand loop, and a ResNet with vision checks too: every row's floor and measured side ran
     for section, domains in (("realistic-loop", {"train", "ckpt", "smoke"}), ("realistic-vision", {"vision"})):
         row = rows[section]
         data = row["data"]
         assert "NOT CLEAN" not in row["note"] and "could not measure" not in row["note"], row["note"]
         assert data["floor_step"]["optimizer_step"] is True and data["floor_step"]["loss"] > 0
+        assert data["training_state_mib"] > 0  # the budget's unit: weights, gradients and optimizer moments
         assert domains <= set(data["work_by_domain"]) and data["outcomes"].get("passed", 0) >= 10
         assert data["training_steps"] >= 20 and data["ratio"] > 0  # at least the 20-step smoke run
         assert data["training_steps"] == sum(

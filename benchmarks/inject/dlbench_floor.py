@@ -105,13 +105,16 @@ def llm_step(fixtures: dict[str, Any], batch_size: int = 4) -> dict[str, Any]:
     loss = model(**_accepted(model.forward, batch)).loss
     loss.backward()
     stepped = trainer is not None and bool(os.environ.get("DLBENCH_FLOOR_OPTIMIZER"))
+    optimizer = None
     if stepped:  # the realistic rows: a whole training step, the trainer's own optimizer included
-        trainer.create_optimizer().step()
+        optimizer = trainer.create_optimizer()
+        optimizer.step()
     return {
         "optimizer_step": stepped,
         "loss": float(loss.detach()),
         "batch": list(batch["input_ids"].shape),
         "trainable_bytes": trainable_bytes(model),
+        **({"training_state_bytes": training_state_bytes(model, optimizer)} if stepped else {}),
     }
 
 

@@ -26,6 +26,7 @@ from .runs import (
     grad_report,
     loss_tensor,
     nonfinite_params,
+    release_training_memory,
     rng_state,
     scheduler_count,
     seed_all,
@@ -53,6 +54,8 @@ class LightningSetup:
         self.l_trainer = l_trainer
         self.tmp = tmp
         self.name = type(module).__name__
+        #: lets the session's spares go (the probe copy, the smoke run's trained module): get_setup sets it
+        self.make_room: Any = lambda: None
 
     @property
     def sources(self) -> Any:
@@ -62,6 +65,7 @@ class LightningSetup:
         return f"a copy of your LightningModule {self.name}"
 
     def _copies(self) -> tuple[Any, Any]:
+        self.make_room()  # no copy kept for other checks lives beside the one this trains
         trainer_ref = getattr(self.module, "_trainer", None)
         memo = {id(trainer_ref): None} if trainer_ref is not None else {}
         module = fresh_modules([self.module], memo)[0]
@@ -194,6 +198,9 @@ class LightningSetup:
         traj.notes.setdefault("scheduler", None)
         traj.notes["manual_optimization"] = not module.automatic_optimization
         module._trainer = None  # detached: its training_step (and self.log) is called again on its own
+        # its readers want the trajectory, the trained weights and the optimizers' settings, not the gradients
+        # and moments (two copies of the weights under Adam) for the whole session
+        release_training_memory({"module": module, **{f"optimizer{i}": o for i, o in enumerate(trainer.optimizers)}})
 
         def loss(batch: Any) -> torch.Tensor:
             return step_loss(module, batch)

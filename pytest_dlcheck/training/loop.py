@@ -20,6 +20,7 @@ from .runs import (
     SEED,
     Fresh,
     NotTheBatch,
+    OnDisk,
     SetupError,
     Trajectory,
     as_float,
@@ -33,6 +34,7 @@ from .runs import (
     loss_tensor,
     model_call,
     param_names,
+    release_training_memory,
     rng_state,
     scheduler_count,
     seed_all,
@@ -235,7 +237,7 @@ class LoopSetup:
             self.run(state, self.batches(steps), 0, traj)
         traj.notes["optimizer"] = state.get("optimizer")
         traj.notes["scheduler"] = state.get("lr_scheduler")
-        _release_training_memory(state)
+        release_training_memory(state)
         if self.offload_trained:
             read_back = _offload_tensors(state, self.tmp.mktemp("dlcheck-smoke") / "trained.pt")
             if read_back is not None:
@@ -349,20 +351,10 @@ def _ema_end(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class _OnDisk:
-    """A piece of the saved training state written to ``file`` (loaded when a diagnosis puts it back)."""
-
-    def __init__(self, file: Path, key: str):
-        self.file, self.key = file, key
-
-    def load(self) -> Any:
-        return torch.load(self.file, weights_only=False)[self.key]
-
-
 def _saved_truth(state: dict[str, Any], file: Path) -> dict[str, Any]:
     """The state at a save, for the diagnostic resumes: the state dict of every piece that has one (model,
     optimizer, scheduler, EMA…) written to ``file`` as it stands, with no copy in memory (at most one extra
-    copy of the training state is alive at a time), replaced by :class:`_OnDisk` handles; the RNG states
+    copy of the training state is alive at a time), replaced by :class:`OnDisk` handles; the RNG states
     (small) stay in memory. A piece whose state cannot be read is not one a diagnosis can put back."""
     heavy = {}
     for key, obj in state.items():
@@ -374,7 +366,7 @@ def _saved_truth(state: dict[str, Any], file: Path) -> dict[str, Any]:
     truth: dict[str, Any] = {"rng": rng_state()}
     if heavy:
         torch.save(heavy, file)
-        truth.update({k: _OnDisk(file, k) for k in heavy})
+        truth.update({k: OnDisk(file, k) for k in heavy})
     return truth
 
 
@@ -445,7 +437,7 @@ def _offload_tensors(state: dict[str, Any], file: Path) -> Callable[[], dict[str
 
 
 def _loop_restore(state: dict[str, Any], truth: dict[str, Any], restore: frozenset[str]) -> None:
-    truth = {k: (v.load() if isinstance(v, _OnDisk) else v) for k, v in truth.items() if k in restore}
+    truth = {k: (v.load() if isinstance(v, OnDisk) else v) for k, v in truth.items() if k in restore}
     for piece in restore:
         if piece == "rng":
             set_rng_state(truth["rng"])
@@ -456,19 +448,6 @@ def _loop_restore(state: dict[str, Any], truth: dict[str, Any], restore: frozens
                 state[piece].load_state_dict(copy.deepcopy(truth[piece]), strict=False)
             else:
                 state[piece].load_state_dict(copy.deepcopy(truth[piece]))
-
-
-def _release_training_memory(state: dict[str, Any]) -> None:
-    """After the shared smoke run its checks read the trajectory, the trained weights and the optimizer's
-    settings only: drop the gradients and the optimizer's moments (two copies of the weights under Adam),
-    which would otherwise stay alive for the whole session."""
-    for obj in state.values():
-        if isinstance(obj, torch.nn.Module):
-            for p in obj.parameters():
-                p.grad = None
-        inner = unwrap_prepared(obj)
-        if isinstance(inner, torch.optim.Optimizer):
-            inner.state.clear()
 
 
 def _fingerprints(model: Any) -> dict[str, str]:

@@ -12,6 +12,7 @@ import random
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -636,3 +637,26 @@ def ema_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tu
         return None
     averaged = [d for k, d in differ if k not in COUNTERS] or [d for _, d in differ]
     return differ[0][0], differ[0][1], max(averaged), len(differ), len(names)
+
+
+class OnDisk:
+    """A piece of the saved training state written to ``file`` (loaded when a diagnosis puts it back)."""
+
+    def __init__(self, file: Path, key: str):
+        self.file, self.key = file, key
+
+    def load(self) -> Any:
+        return torch.load(self.file, weights_only=False)[self.key]
+
+
+def release_training_memory(state: dict[str, Any]) -> None:
+    """After the shared smoke run its checks read the trajectory, the trained weights and the optimizer's
+    settings only: drop the gradients and the optimizer's moments (two copies of the weights under Adam),
+    which would otherwise stay alive for the whole session."""
+    for obj in state.values():
+        if isinstance(obj, torch.nn.Module):
+            for p in obj.parameters():
+                p.grad = None
+        inner = unwrap_prepared(obj)
+        if isinstance(inner, torch.optim.Optimizer):
+            inner.state.clear()

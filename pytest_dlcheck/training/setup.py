@@ -43,7 +43,9 @@ def get_setup(ctx: Any) -> Any:
     tmp = ctx.request.getfixturevalue("tmp_path_factory")
     trainer = ctx.role("trainer")
     if trainer is not MISSING and is_hf_trainer(trainer):
-        return ctx.memo(trainer, "training:setup", lambda: TrainerSetup(trainer, tmp))
+        setup = ctx.memo(trainer, "training:setup", lambda: TrainerSetup(trainer, tmp))
+        setup.make_room = ctx.state.make_room  # a clone it trains lets the session's spares go
+        return setup
     make = ctx.role("make_training")
     if make is not MISSING:
         loader = ctx.role("dataloader")
@@ -60,7 +62,9 @@ def get_setup(ctx: Any) -> Any:
     if module is not MISSING:
         dm = ctx.role("datamodule")
         l_trainer = trainer if trainer is not MISSING and is_lightning_trainer(trainer) else MISSING
-        return ctx.memo((module, dm), "training:setup", lambda: LightningSetup(module, dm, l_trainer, tmp))
+        setup = ctx.memo((module, dm), "training:setup", lambda: LightningSetup(module, dm, l_trainer, tmp))
+        setup.make_room = ctx.state.make_room  # a copy it trains lets the session's spares go
+        return setup
     ctx.skip(
         "missing role: define fixture dlcheck_trainer (transformers/TRL), or dlcheck_lightning_module + "
         "dlcheck_datamodule (Lightning), or dlcheck_make_training + dlcheck_dataloader (plain loop) in conftest.py"

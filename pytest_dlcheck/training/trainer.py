@@ -17,6 +17,7 @@ import torch
 from .resume import Baseline, InterruptedSave, ResumeRun, SaveInterrupted, interrupted_saves, read_saved
 from .runs import (
     Fresh,
+    OnDisk,
     SetupError,
     Trajectory,
     as_float,
@@ -26,6 +27,7 @@ from .runs import (
     is_grpo,
     is_preference,
     nonfinite_params,
+    release_training_memory,
     rng_state,
     set_rng_state,
 )
@@ -47,6 +49,8 @@ class TrainerSetup:
     def __init__(self, trainer: Any, tmp: Any):
         self.trainer = trainer
         self.tmp = tmp
+        #: lets the session's spares go (the probe clone, the smoke run's trained model): get_setup sets it
+        self.make_room: Any = lambda: None
         self.name = type(trainer).__name__
         self.preference = is_preference(trainer)
         self.grpo = is_grpo(trainer)
@@ -65,6 +69,7 @@ class TrainerSetup:
         writing under a tmp dir, reporting and pushing nothing."""
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+        self.make_room()  # no copy kept for other checks lives beside the one this clone trains
         tr = self.trainer
         ref = getattr(tr, "ref_model", None)
         models = fresh_modules([tr.model] + ([ref] if ref is not None else []))
@@ -234,6 +239,9 @@ class TrainerSetup:
             clone.train()
         traj.notes["optimizer"] = clone.optimizer
         traj.notes["scheduler"] = clone.lr_scheduler
+        # its readers want the trajectory, the trained weights and the optimizer's settings: the gradients and
+        # the moments (two copies of the weights under Adam) need not live for the whole session
+        release_training_memory({"model": clone.model, "optimizer": clone.optimizer})
         fresh = Fresh(
             clone.model, lambda b: _trainer_loss(clone, b), lambda: (clone.optimizer, clone.lr_scheduler), owner=clone
         )
@@ -262,6 +270,7 @@ class TrainerSetup:
         cache = self.__dict__.setdefault("_baselines", {})
         if key not in cache:
             clone = self.clone("run", max_steps=total, save_strategy="steps", save_steps=k, save_total_limit=None)
+            out = Path(clone.args.output_dir)
             traj = Trajectory()
             clone.add_callback(self._recorder(traj, digests=True))
             truth: dict[str, Any] = {}
@@ -270,7 +279,7 @@ class TrainerSetup:
             class Truth(TrainerCallback):
                 def on_step_end(self, args, state, control, model=None, **kw):
                     if state.global_step == k:
-                        truth.update(_trainer_truth(clone))
+                        truth.update(_trainer_truth(clone, out / "truth.pt"))
 
             clone.add_callback(Truth())
             with _quiet():
@@ -316,13 +325,17 @@ def _trainer_loss(clone: Any, batch: Any) -> torch.Tensor:
         return clone.compute_loss(clone.model, inputs)
 
 
-def _trainer_truth(clone: Any) -> dict[str, Any]:
-    truth = {"model": {k: v.detach().clone() for k, v in clone.model.state_dict().items()}, "rng": rng_state()}
+def _trainer_truth(clone: Any, file: Path) -> dict[str, Any]:
+    """The uninterrupted run's state at the save, for the diagnostic resumes: the model's, the optimizer's and
+    the scheduler's state dicts written to ``file`` as they stand (no copy in memory: a clean resume never
+    reads them), the RNG states (small) in memory."""
+    heavy = {"model": clone.model.state_dict()}
     if clone.optimizer is not None:
-        truth["optimizer"] = copy.deepcopy(clone.optimizer.state_dict())
+        heavy["optimizer"] = clone.optimizer.state_dict()
     if clone.lr_scheduler is not None:
-        truth["lr_scheduler"] = copy.deepcopy(clone.lr_scheduler.state_dict())
-    return truth
+        heavy["lr_scheduler"] = clone.lr_scheduler.state_dict()
+    torch.save(heavy, file)
+    return {"rng": rng_state(), **{k: OnDisk(file, k) for k in heavy}}
 
 
 def _trainer_pieces(clone: Any, ckpt: Path) -> dict[str, str]:
@@ -341,6 +354,7 @@ def _trainer_pieces(clone: Any, ckpt: Path) -> dict[str, str]:
 
 def _patch_trainer_restore(clone: Any, truth: dict[str, Any], restore: frozenset[str]) -> None:
     """After the Trainer loads its checkpoint, put back the named pieces from the uninterrupted run."""
+    truth = {k: (v.load() if isinstance(v, OnDisk) else v) for k, v in truth.items() if k in restore}
     load_opt, load_rng, load_model = (
         clone._load_optimizer_and_scheduler,
         clone._load_rng_state,

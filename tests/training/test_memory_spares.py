@@ -19,7 +19,8 @@ import tiny_train as tt  # noqa: E402
 
 from pytest_dlcheck.errors import MISSING  # noqa: E402
 from pytest_dlcheck.session import DlcheckState  # noqa: E402
-from pytest_dlcheck.training.loop import LoopSetup, _offload_tensors, _release_training_memory  # noqa: E402
+from pytest_dlcheck.training.loop import LoopSetup, _offload_tensors  # noqa: E402
+from pytest_dlcheck.training.runs import release_training_memory  # noqa: E402
 
 
 def trained_state() -> dict:
@@ -50,7 +51,7 @@ def values(state: dict) -> dict:
 
 def test_a_trained_state_kept_on_disk_is_read_back_whole_into_new_objects(tmp_path):
     state = trained_state()
-    _release_training_memory(state)
+    release_training_memory(state)
     before, lr, epoch = values(state), state["optimizer"].param_groups[0]["lr"], state["lr_scheduler"].last_epoch
     read_back = _offload_tensors(state, tmp_path / "trained.pt")
     assert read_back is not None
