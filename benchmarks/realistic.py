@@ -99,7 +99,7 @@ def bench_project(ctx: Any, section: str, project: Any, selection: str, figure: 
     from benchmarks import measure, run
     from benchmarks.measure import Summary
 
-    env = ctx.env(DLBENCH_FLOOR_OPTIMIZER="1")
+    env = ctx.env(DLBENCH_FLOOR_OPTIMIZER="1", DLBENCH_RSS="1")  # VmHWM after each check: where the peak was
     active = [f"--dlcheck={selection}", project.target, f"--ignore={project.floor_test}"]
     data_domains = [d for d in selection.split(",") if d in DATA_DOMAINS]
     budget = (
@@ -149,7 +149,7 @@ def bench_project(ctx: Any, section: str, project: Any, selection: str, figure: 
         + "".join(f"; {d}: {n} forward passes" for d, n in forward.items())
         + f"; by check: {fmt_by_check(by_check)}; time {run.fmt_time(a)} vs floor {run.fmt_time(b)} ({text}); "
         f"peak RSS {a.max_rss_mb:.0f} MiB vs floor {b.max_rss_mb:.0f} MiB ({extra:+.0f} MiB = {copies:+.2f} copies "
-        f"of {what})"
+        f"of {what})" + (f"; the peak was reached during {at_peak[0]}" if (at_peak := peak_item(mid)) else "")
     )
     if over:
         note = "OVER BUDGET: " + "; ".join(over) + "; " + note

@@ -33,6 +33,7 @@ from .runs import (
     find_emas,
     loss_tensor,
     model_call,
+    offload_tensors,
     param_names,
     release_training_memory,
     rng_state,
@@ -40,9 +41,11 @@ from .runs import (
     seed_all,
     set_rng_state,
     to_device,
-    unwrap_prepared,
     watch_optimizer,
 )
+
+#: kept under its old name for the tests that call it
+_offload_tensors = offload_tensors
 
 # --------------------------------------------------------------------------------------------------
 # kind 3: a plain loop
@@ -239,7 +242,7 @@ class LoopSetup:
         traj.notes["scheduler"] = state.get("lr_scheduler")
         release_training_memory(state)
         if self.offload_trained:
-            read_back = _offload_tensors(state, self.tmp.mktemp("dlcheck-smoke") / "trained.pt")
+            read_back = offload_tensors(state, self.tmp.mktemp("dlcheck-smoke") / "trained.pt")
             if read_back is not None:
                 # the trained weights wait on disk; their checks read them back into new objects
                 return traj, lambda: self._trained(read_back())
@@ -368,72 +371,6 @@ def _saved_truth(state: dict[str, Any], file: Path) -> dict[str, Any]:
         torch.save(heavy, file)
         truth.update({k: OnDisk(file, k) for k in heavy})
     return truth
-
-
-def _holds_weights(obj: Any) -> bool:
-    """A piece of a training state whose tensors :func:`_offload_tensors` moves to disk, or that refers to
-    them (an optimizer, an LR scheduler): copied when the state is read back, the others are shared."""
-    inner = unwrap_prepared(obj)
-    return (
-        isinstance(obj, torch.nn.Module)
-        or isinstance(getattr(obj, "shadow_params", None), list)
-        or (isinstance(inner, torch.optim.Optimizer) or isinstance(inner, torch.optim.lr_scheduler.LRScheduler))
-    )
-
-
-def _offload_tensors(state: dict[str, Any], file: Path) -> Callable[[], dict[str, Any]] | None:
-    """Write the tensors of ``state``'s modules (parameters and buffers, each once; an EMAModel's shadow
-    parameters) to ``file`` and empty them in place: the objects stay, with their classes, settings and
-    counters, the optimizer's parameter groups (the parameters' dtypes), only the numbers leave memory.
-    Returns how to read the state back into new objects (a copy of the emptied modules, optimizer and
-    scheduler, their tensors loaded from ``file``; the state's other entries shared), or None, with
-    ``state`` left as it was, when that cannot be done."""
-    tensors: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
-    for key, obj in state.items():
-        if isinstance(obj, torch.nn.Module):
-            named = [*obj.named_parameters(), *obj.named_buffers()]
-        elif isinstance(getattr(obj, "shadow_params", None), list):  # diffusers' EMAModel
-            named = list(enumerate(obj.shadow_params))
-        else:
-            continue
-        for name, t in named:
-            if torch.is_tensor(t) and id(t) not in seen:
-                seen.add(id(t))
-                tensors[f"{key}.{name}"] = t
-
-    def shared() -> dict[int, Any]:
-        return {id(v): v for v in state.values() if not _holds_weights(v)}
-
-    def read_back() -> dict[str, Any]:
-        memo = shared()
-        copied = copy.deepcopy(state, memo)
-        saved = torch.load(file, weights_only=True)
-        for name, t in tensors.items():
-            memo[id(t)].data = saved[name]
-        return copied
-
-    if not tensors:
-        return None
-    try:
-        torch.save({name: t.detach() for name, t in tensors.items()}, file)
-    except Exception:  # noqa: BLE001 - a tensor torch.save cannot write: the state stays in memory
-        return None
-    emptied = []
-    try:
-        for t in tensors.values():
-            kept = t.data
-            t.data = torch.empty(0, dtype=t.dtype, device=t.device)
-            emptied.append((t, kept))
-        memo = shared()
-        copy.deepcopy(state, memo)  # the pieces can be copied (no lock, no open handle), every tensor with them
-        if any(id(t) not in memo for t in tensors.values()):
-            raise LookupError("a tensor outside the copied pieces")
-    except Exception:  # noqa: BLE001 - keep the trained state in memory, as it was
-        for t, kept in emptied:
-            t.data = kept
-        return None
-    return read_back
 
 
 def _loop_restore(state: dict[str, Any], truth: dict[str, Any], restore: frozenset[str]) -> None:

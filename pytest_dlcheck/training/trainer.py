@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import inspect
 import warnings
 from collections.abc import Iterator
@@ -70,6 +71,7 @@ class TrainerSetup:
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
         self.make_room()  # no copy kept for other checks lives beside the one this clone trains
+        gc.collect()  # an earlier clone is held in a cycle (its callbacks refer to it): its tensors go now
         tr = self.trainer
         ref = getattr(tr, "ref_model", None)
         models = fresh_modules([tr.model] + ([ref] if ref is not None else []))
