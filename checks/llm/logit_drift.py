@@ -27,15 +27,15 @@ class LogZ:
         return f"{self.mean:.3g} (range {self.low:.3g} to {self.high:.3g}, {self.positions} positions)"
 
 
-def _logits(out: Any) -> torch.Tensor | None:
-    logits = getattr(out, "logits", None)
-    if logits is None and isinstance(out, Mapping):
-        logits = out.get("logits")
-    if logits is None and isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
-        logits = out[0]
-    if logits is None and isinstance(out, torch.Tensor):
-        logits = out
-    return logits if isinstance(logits, torch.Tensor) and logits.dim() == 3 and logits.shape[-1] > 1 else None
+def _summary(values: list[torch.Tensor]) -> LogZ | None:
+    """Mean and range of the finite log Z values measured, or None when there is none."""
+    if not values:
+        return None
+    z = torch.cat(values)
+    z = z[torch.isfinite(z)]
+    if z.numel() == 0:
+        return None
+    return LogZ(float(z.mean()), float(z.min()), float(z.max()), int(z.numel()))
 
 
 def _positions(row: Mapping[str, Any], length: int) -> torch.Tensor:
@@ -70,7 +70,7 @@ def measure(forward: Any, model: Any, batches: list[Any], rows: int, budget_mb: 
                     k: v[i : i + 1] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == size else v
                     for k, v in batch.items()
                 }
-                out = _logits(forward(row))
+                out = lm.logits_of(forward(row))
                 if out is None:
                     return None
                 length = out.shape[1]
@@ -80,13 +80,7 @@ def measure(forward: Any, model: Any, batches: list[Any], rows: int, budget_mb: 
                 z = torch.logsumexp(out[0, :length][keep.to(out.device)].float(), dim=-1)
                 values.append(z.cpu())
                 seen += 1
-    if not values:
-        return None
-    z = torch.cat(values)
-    z = z[torch.isfinite(z)]
-    if z.numel() == 0:
-        return None
-    return LogZ(float(z.mean()), float(z.min()), float(z.max()), int(z.numel()))
+    return _summary(values)
 
 
 def _fits(batches: list[Any], rows: int, vocab: int | None, budget_mb: float) -> bool:
@@ -132,13 +126,7 @@ def measure_shared(dlcheck: Any, model: Any, batches: list[Any], rows: int) -> L
             keep = _positions(row, length)
             values.append(forward.logz[i][keep])
             seen += 1
-    if not values:
-        return None
-    z = torch.cat(values)
-    z = z[torch.isfinite(z)]
-    if z.numel() == 0:
-        return None
-    return LogZ(float(z.mean()), float(z.min()), float(z.max()), int(z.numel()))
+    return _summary(values)
 
 
 @check(

@@ -246,7 +246,8 @@ class BatchForward:
     logz: torch.Tensor
 
 
-def _logits_of(out: Any) -> torch.Tensor | None:
+def logits_of(out: Any) -> torch.Tensor | None:
+    """The (B, T, V) logits of a causal LM's output (ModelOutput, mapping, tuple or tensor), else None."""
     logits = getattr(out, "logits", None)
     if logits is None and isinstance(out, Mapping):
         logits = out.get("logits")
@@ -271,7 +272,7 @@ def batch_forward(ctx: Any, model: Any, batch: Mapping[str, Any]) -> BatchForwar
             if batch.get(k) is not None
         }
         with eval_mode(model):
-            logits = _logits_of(ctx.call("model", lambda: model(**kwargs)))
+            logits = logits_of(ctx.call("model", lambda: model(**kwargs)))
         if logits is None:
             return None
         logits = logits.float()
