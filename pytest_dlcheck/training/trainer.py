@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import gc
 import inspect
 import warnings
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..session import collect_freed
 from .resume import Baseline, InterruptedSave, ResumeRun, SaveInterrupted, interrupted_saves, read_saved
 from .runs import (
     Fresh,
@@ -71,7 +71,7 @@ class TrainerSetup:
         from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
         self.make_room()  # no copy kept for other checks lives beside the one this clone trains
-        gc.collect()  # an earlier clone is held in a cycle (its callbacks refer to it): its tensors go now
+        collect_freed()  # an earlier clone is held in a cycle (its callbacks refer to it): its tensors go now
         tr = self.trainer
         ref = getattr(tr, "ref_model", None)
         models = fresh_modules([tr.model] + ([ref] if ref is not None else []))
@@ -321,6 +321,13 @@ def _trainer_saved(setup: TrainerSetup) -> tuple[Any, list[tuple[str, Any]], str
     return clone.model, read_saved(out), f"the Trainer's save_model ({out.name}/)"
 
 
+def _let_go(clone: Any) -> None:
+    """A finished clone's gradients and optimizer moments dropped at once (its weights go with the clone): the
+    next clone's training state is built beside no second one."""
+    release_training_memory({"model": clone.model, "optimizer": clone.optimizer})
+    clone.optimizer = clone.lr_scheduler = None
+
+
 def _trainer_loss(clone: Any, batch: Any) -> torch.Tensor:
     inputs = clone._prepare_inputs(batch)
     with clone.compute_loss_context_manager():
@@ -414,6 +421,8 @@ def _control_resume(setup: TrainerSetup) -> None:
     with _quiet():
         clone.train()
     previous = Path(clone.args.output_dir) / "checkpoint-1"
+    _let_go(clone)
+    del clone  # its training state goes before the resuming clone builds its own
     resume = setup.clone("atomic-control-resume", max_steps=2)
     try:
         with _quiet():
@@ -445,6 +454,8 @@ def trainer_interrupted_save(setup: TrainerSetup) -> InterruptedSave:
             pass
     out = Path(clone.args.output_dir)
     previous = out / "checkpoint-1"
+    _let_go(clone)
+    del clone  # its training state goes before the resuming clone builds its own
     if not hits or not previous.is_dir():
         raise SetupError(
             "the Trainer's second checkpoint was not written through torch.save/safetensors: it cannot be interrupted"

@@ -206,3 +206,50 @@ def test_no_model_kept_for_other_checks_lives_beside_a_training_run(project, tmp
     # probe T1-T5 shared nor the smoke run's trained model (which waits on disk for S5)
     assert {"T6_lr_schedule", "C1_resume", "C2_atomic_save"} <= set(by_check), by_check
     assert all(n == 1 for n in by_check.values()), by_check
+
+
+TRAINER_TRACKED = """
+    import gc, json, os
+    import pytest, torch, tiny
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import SFTConfig, SFTTrainer
+
+    RECORD = {record!r}
+
+
+    class Alive(TrainerCallback):
+        # before each optimizer step of any run: the optimizers alive holding moments (training states)
+        def on_pre_optimizer_step(self, args, state, control, **kw):
+            gc.collect()
+            # (an AcceleratedOptimizer is an Optimizer too, sharing the state of the one it wraps)
+            states = len({{id(o.state) for o in gc.get_objects() if isinstance(o, torch.optim.Optimizer) and o.state}})
+            test = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[-1].split(" ")[0]
+            with open(RECORD, "a") as fh:
+                fh.write(json.dumps([test, states]) + "\\n")
+
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        return SFTTrainer(model=tiny.llama(tok), args=tiny.trainer_args(tmp_path_factory.mktemp("o"), SFTConfig),
+                          processing_class=tok, train_dataset=Dataset.from_dict({{"text": tiny.texts()}}),
+                          callbacks=[Alive()])
+"""
+
+
+@pytest.mark.slow
+def test_a_trainer_run_never_trains_beside_another_clone_s_training_state(project, tmp_path, monkeypatch):
+    """C2 trains a clone two steps with an interrupted save, then a second clone resumes: the first clone's
+    gradients and moments go before the second builds its own (was: two training states at once)."""
+    record = tmp_path / "alive.jsonl"
+    project.conftest(TRAINER_TRACKED.format(record=str(record)))
+    tests = Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]))
+    result = project.pytester.runpytest_subprocess("-p", "no:cacheprovider", "-v", "--dlcheck=C1,C2")
+    result.stdout.fnmatch_lines(["*::C1_resume PASSED*", "*::C2_atomic_save PASSED*"])
+    by_check: dict[str, int] = {}
+    for test, states in (json.loads(line) for line in record.read_text().splitlines()):
+        by_check[test] = max(by_check.get(test, 0), states)
+    assert set(by_check) == {"C1_resume", "C2_atomic_save"}, by_check
+    assert all(n == 1 for n in by_check.values()), by_check
