@@ -80,13 +80,22 @@ class DlcheckState:
         """Compute once per session per (source objects, key); the hub of work sharing across checks. A
         ``spare`` is kept only until the next :meth:`make_room`, then made again by whoever needs it."""
         objs = sources if isinstance(sources, tuple) else (sources,)
-        k = (tuple(id(o) for o in objs), key)
+        k = self._key(sources, key)
         if k not in self.shared:
             self.shared[k] = make()
             self.keep_alive.append(objs)
         if spare:
             self.spares.add(k)
         return self.shared[k]
+
+    def made(self, sources: Any, key: str) -> bool:
+        """Whether :meth:`memo` already holds this work."""
+        return self._key(sources, key) in self.shared
+
+    @staticmethod
+    def _key(sources: Any, key: str) -> tuple[Any, str]:
+        objs = sources if isinstance(sources, tuple) else (sources,)
+        return tuple(id(o) for o in objs), key
 
     def make_room(self) -> None:
         """Let the spares go (a check still holding one keeps it until it ends): called before a training

@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...registry import Setting, check
-from ...training import fresh_probe, get_setup, memo_or_skip, run_or_skip
+from ...training import fresh_probe, get_setup, memo_or_skip, run_or_skip, smoke_baseline
 
 #: the order pieces are tried in: the usual culprits first, the weights last
 ORDER = ("optimizer", "lr_scheduler", "hand-stepped scheduler", "scaler", "rng", "data position", "ema", "model")
@@ -76,7 +76,7 @@ def _curves(dlcheck, run: Any) -> None:
     )
 
 
-def _other_batches(dlcheck, run: Any, how: str, total: int) -> None:
+def _other_batches(dlcheck, run: Any, how: str, label: str) -> None:
     """When putting every piece back does not make the resumed run identical, but the resumed run trains
     on other batches than the uninterrupted one at the same steps, the data order is what the resume lost
     (a DataLoader's own generator seeded anew at every start replays the first epoch's order; a sampler
@@ -90,7 +90,7 @@ def _other_batches(dlcheck, run: Any, how: str, total: int) -> None:
     first = {b: st for st, b in sorted(base.items(), reverse=True)}
     replayed = [(st, first[b]) for st, b in after if b in first and first[b] <= run.saved_at]
     evidence = [
-        f"{total} steps, saved after step {run.saved_at} through {how}, "
+        f"{label}, saved after step {run.saved_at} through {how}, "
         f"resumed on fresh objects: from step {step} the resumed run trains on other batches than the "
         f"uninterrupted run ({len(differ)} of {len(after)} resumed steps)",
     ]
@@ -147,7 +147,14 @@ def _candidates(setup: Any, pieces: dict[str, str]) -> list[str]:
     return sorted(set(names), key=lambda p: (ORDER.index(p) if p in ORDER else len(ORDER), p))
 
 
-def _diagnose(dlcheck, setup, total: int, candidates: list[str], suspects: list[str]) -> tuple[list[str] | None, int]:
+def _resume(setup: Any, total: int, restore: frozenset[str], baseline: Any) -> Any:
+    """A resumed run: from ``baseline`` (the smoke run that saved for C1) where there is one."""
+    return setup.resume(total, restore, baseline) if baseline is not None else setup.resume(total, restore)
+
+
+def _diagnose(
+    dlcheck, setup, total: int, candidates: list[str], suspects: list[str], baseline: Any = None
+) -> tuple[list[str] | None, int]:
     """The smallest set of pieces that, put back from the uninterrupted run after the user's own loading,
     makes the resumed run identical. When the checkpoint visibly lacks some pieces (``suspects``), they
     are put back together and then dropped one at a time; otherwise each piece is tried alone, then
@@ -157,7 +164,7 @@ def _diagnose(dlcheck, setup, total: int, candidates: list[str], suspects: list[
     def matches(pieces: list[str]) -> bool:
         nonlocal runs
         runs += 1
-        return run_or_skip(dlcheck, lambda: setup.resume(total, frozenset(pieces))).mismatch() is None
+        return run_or_skip(dlcheck, lambda: _resume(setup, total, frozenset(pieces), baseline)).mismatch() is None
 
     def prune(chosen: list[str]) -> list[str]:
         for p in list(chosen):
@@ -274,7 +281,8 @@ def _fix(setup: Any, missing: list[str]) -> str:
             4,
             "steps of the uninterrupted run (calls of dlcheck_train_step for a plain loop); the checkpoint "
             "is saved half way (after an "
-            "optimizer step, at an epoch boundary for Lightning) and the resumed run continues to the end",
+            "optimizer step, at an epoch boundary for Lightning) and the resumed run continues to the end; "
+            "when the shared smoke run is the uninterrupted run, it saves steps // 2 steps before its end",
         ),
         Setting(
             "check_rng",
@@ -299,7 +307,9 @@ def check_resume(dlcheck):
         ``optimization_step``) at the end of both runs. On a mismatch, the pieces of the state
         (optimizer, LR scheduler, GradScaler, RNG, dataloader position, EMA, weights) are put back one at a
         time from the uninterrupted run after your own loading, and the check names the piece(s) that make
-        the runs identical.
+        the runs identical. When the session runs the shared smoke run anyway (S1, S2 or S3 selected), that
+        run is the uninterrupted one: it saves ``steps // 2`` optimizer steps before its end (``S1.steps``) and
+        C1 trains only the resumed steps (a Lightning fit runs its own two epochs).
     Why it is bad
         A resume that restores the weights only is a different run: Adam restarts with zero moments (a
         jolt of large updates), the LR schedule starts over (warmup again, or no decay), dropout and
@@ -331,13 +341,24 @@ def check_resume(dlcheck):
         # the uninterrupted run's saved state (model and optimizer copies) serves C1's diagnostic resumes
         # only: freed once C1 is decided (at most one extra copy of the trainable state held across checks)
         setup.__dict__.pop("_baselines", None)
+        smoke = smoke_baseline(dlcheck, setup, make_it=False)
+        if smoke is not None:  # the smoke run's part as C1's baseline: its EMA copies at the end
+            smoke.trajectory.notes.pop("ema", None)
+            smoke.baseline = None
 
 
 def _resume_verdict(dlcheck: Any, setup: Any) -> None:
     total = dlcheck.setting("steps")
     if total < 2:
         dlcheck.skip("C1.steps must be at least 2")
-    run = memo_or_skip(dlcheck, setup.sources, f"resume:{total}", lambda: setup.resume(total))
+    # the shared smoke run, when the session makes it anyway, is the uninterrupted run: it saved for C1
+    # C1.steps // 2 steps before its end, and only the resumed steps are C1's own
+    smoke = smoke_baseline(dlcheck, setup)
+    baseline = smoke.baseline if smoke is not None else None
+    if smoke is not None:
+        total = smoke.steps
+    label = f"{total} steps" + (" (the shared smoke run)" if smoke is not None else "")
+    run = memo_or_skip(dlcheck, setup.sources, f"resume:{total}", lambda: _resume(setup, total, frozenset(), baseline))
     _curves(dlcheck, run)
     how = {
         "trainer": f"the Trainer's {run.checkpoint.name} directory and train(resume_from_checkpoint=...)",
@@ -368,7 +389,7 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
         ]
         emas = _ema_lines(run)
         dlcheck.measured(
-            f"{total} steps, saved after step {run.saved_at} through {how}, resumed on fresh objects: the "
+            f"{label}, saved after step {run.saved_at} through {how}, resumed on fresh objects: the "
             f"{', '.join(compared) or 'steps'} of steps {run.saved_at + 1}-{total} equal the uninterrupted run's, "
             "bitwise",
             *([f"resumed losses: {losses}"] if losses else []),
@@ -381,9 +402,9 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
     step, what = bad
     candidates = _candidates(setup, run.pieces)
     suspects = [p for p in candidates if p in run.pieces and not run.pieces[p]] if setup.kind == "trainer" else []
-    missing, runs = _diagnose(dlcheck, setup, total, candidates, suspects)
+    missing, runs = _diagnose(dlcheck, setup, total, candidates, suspects, baseline)
     if missing is None:
-        _other_batches(dlcheck, run, how, total)
+        _other_batches(dlcheck, run, how, label)
         dlcheck.skip(
             f"the resumed run differs from the uninterrupted one at step {step} ({what}) even with every piece "
             f"({', '.join(candidates)}) put back: the run is not reproducible (nondeterministic ops, or state "
@@ -391,7 +412,7 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
         )
     if missing == ["rng"] and not dlcheck.setting("check_rng"):
         dlcheck.measured(
-            f"{total} steps, saved after step {run.saved_at} through {how}, resumed on fresh objects: the resumed "
+            f"{label}, saved after step {run.saved_at} through {how}, resumed on fresh objects: the resumed "
             f"run differs at step {step} ({what}) only by the RNG state, which C1.check_rng=false accepts",
             f"putting back rng from the uninterrupted run after the load makes the resumed run identical ({runs} "
             "diagnostic resumes)",
@@ -404,8 +425,7 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
     resumed = [(s.step, s.loss) for s in run.resumed.steps if s.step > run.saved_at and s.loss is not None]
     side = ", ".join(f"step {s}: {v:.6g} vs {base.get(s, float('nan')):.6g}" for s, v in resumed[:4])
     evidence = [
-        f"{total} steps, saved after step {run.saved_at} through {how}, resumed on fresh objects: at step {step} "
-        f"{what}",
+        f"{label}, saved after step {run.saved_at} through {how}, resumed on fresh objects: at step {step} {what}",
         f"losses resumed vs uninterrupted: {side}" if side else "the resumed run logged no loss",
     ]
     lrs = _lr_side(run)

@@ -45,6 +45,7 @@ from .setup import (
     probe,
     run_or_skip,
     show_losses,
+    smoke_baseline,
     smoke_run,
     training_batches,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "run_or_skip",
     "seed_all",
     "show_losses",
+    "smoke_baseline",
     "smoke_run",
     "strip_wrapper_prefix",
     "targets_of",

@@ -188,7 +188,9 @@ class LightningSetup:
 
         return Record()
 
-    def smoke(self, steps: int) -> tuple[Trajectory, Fresh]:
+    def smoke(self, steps: int, save_from: int | None = None) -> tuple[Trajectory, Fresh, None]:
+        """The shared smoke run (never C1's baseline: Lightning resumes at an epoch boundary, C1 runs its own
+        two epochs)."""
         module, dm = self._copies()
         traj = Trajectory()
         trainer = self._fit(module, dm, [self._recorder(traj)], max_steps=steps)
@@ -205,7 +207,7 @@ class LightningSetup:
         def loss(batch: Any) -> torch.Tensor:
             return step_loss(module, batch)
 
-        return traj, Fresh(module, loss, lambda: (traj.notes["optimizer"], None), owner=(module, trainer))
+        return traj, Fresh(module, loss, lambda: (traj.notes["optimizer"], None), owner=(module, trainer)), None
 
     def saved_state(self) -> tuple[Any, list[tuple[str, Any]], str]:
         from lightning.pytorch.callbacks import ModelCheckpoint

@@ -232,12 +232,17 @@ class LoopSetup:
         finally:
             undo()
 
-    def smoke(self, steps: int) -> tuple[Trajectory, Fresh]:
+    def smoke(self, steps: int, save_from: int | None = None) -> tuple[Trajectory, Fresh, Baseline | None]:
+        """The shared smoke run; with ``save_from``, it is C1's uninterrupted baseline too: it saves with the
+        user's function after the first optimizer step at or past that micro-step (a save that raises, or
+        finds no optimizer step to follow, leaves no baseline: C1 then runs its own and reports it)."""
         state = self.state()
         traj = Trajectory()
+        saving = _Saving(self, state, traj, steps, save_from, tolerant=True) if save_from else None
         with preserved_rng():
             seed_all(SEED)
-            self.run(state, self.batches(steps), 0, traj)
+            self.run(state, self.batches(steps), 0, traj, after=saving)
+        baseline = saving.baseline() if saving is not None else None
         traj.notes["optimizer"] = state.get("optimizer")
         traj.notes["scheduler"] = state.get("lr_scheduler")
         release_training_memory(state)
@@ -245,8 +250,8 @@ class LoopSetup:
             read_back = offload_tensors(state, self.tmp.mktemp("dlcheck-smoke") / "trained.pt")
             if read_back is not None:
                 # the trained weights wait on disk; their checks read them back into new objects
-                return traj, lambda: self._trained(read_back())
-        return traj, self._trained(state)
+                return traj, lambda: self._trained(read_back()), baseline
+        return traj, self._trained(state), baseline
 
     def _trained(self, state: dict[str, Any]) -> Fresh:
         model = state["model"]
@@ -271,20 +276,27 @@ class LoopSetup:
         user_call("save_checkpoint", lambda: self.save(state, str(path)))
         return state["model"], read_saved(path), "dlcheck_save_checkpoint"
 
-    def resume(self, total: int, restore: frozenset[str] = frozenset()) -> ResumeRun:
+    #: the smoke run can save for C1 and be its uninterrupted baseline (``smoke(steps, save_from)``)
+    smoke_baseline = True
+
+    def can_resume(self) -> bool:
+        return self.save is not MISSING and self.load is not MISSING
+
+    def resume(self, total: int, restore: frozenset[str] = frozenset(), baseline: Baseline | None = None) -> ResumeRun:
         """Run ``total`` micro-steps, saving with the user's save function after the first optimizer step
-        at or past half way; fresh objects from the factory load it with the user's load function (the
-        global RNGs first moved elsewhere, as in a new process) and continue on the same batches."""
-        if self.save is MISSING or self.load is MISSING:
+        at or past half way (or take ``baseline``, the smoke run that saved); fresh objects from the factory
+        load it with the user's load function (the global RNGs first moved elsewhere, as in a new process)
+        and continue on the same batches."""
+        if not self.can_resume():
             raise SetupError(
                 "missing role: define fixtures dlcheck_save_checkpoint and dlcheck_load_checkpoint "
                 "(state, path) in conftest.py"
             )
         batches = self.batches(total)
         cache = self.__dict__.setdefault("_baselines", {})
-        if total not in cache:
+        if baseline is None and total not in cache:
             cache[total] = self._uninterrupted(batches, total)
-        base = cache[total]
+        base = baseline if baseline is not None else cache[total]
         saved_at = base.truth["_saved_at"]
         state = self.state()
         traj = Trajectory()
@@ -307,30 +319,56 @@ class LoopSetup:
 
     def _uninterrupted(self, batches: list[Any], total: int) -> Baseline:
         state = self.state()
-        traj, truth = Trajectory(), {}
-        path = self.tmp.mktemp("dlcheck-ckpt") / "checkpoint"
-        seen = {"opt": 0}
-
-        def after(i: int) -> None:
-            stepped = traj.calls.count("opt") > seen["opt"]
-            seen["opt"] = traj.calls.count("opt")
-            # save right after an optimizer step (never inside a gradient accumulation) at or past half way
-            if "_saved_at" not in truth and i + 1 >= total // 2 and stepped:
-                user_call("save_checkpoint", lambda: self.save(state, str(path)))
-                truth.update(_saved_truth(state, self.tmp.mktemp("dlcheck-truth") / "state.pt"))
-                truth["_saved_at"] = i + 1
-
+        traj = Trajectory()
+        saving = _Saving(self, state, traj, total, total // 2)
         with preserved_rng():
             seed_all(SEED)
-            self.run(state, batches, 0, traj, digests=True, after=after)
-        traj.notes["ema"] = _ema_end(state)
-        if "_saved_at" not in truth or truth["_saved_at"] >= total:
+            self.run(state, batches, 0, traj, after=saving)
+        baseline = saving.baseline()
+        if baseline is None:
             raise SetupError(
                 f"no optimizer step happened between micro-steps {total // 2} and {total - 1} to save after "
                 "(raise C1.steps above your gradient accumulation)"
             )
-        pieces = {p: "" for p in truth if not p.startswith("_")}
-        return Baseline(traj, truth, path, pieces)
+        return baseline
+
+
+class _Saving:
+    """The after-step hook of an uninterrupted run: saves with the user's function right after the first
+    optimizer step at or past micro-step ``save_from`` (never inside a gradient accumulation) and before the
+    last, keeps the state at the save on disk (the diagnostic resumes' truth), then digests the weights after
+    every later step (what the resumed steps are compared with). ``tolerant``: a save that raises leaves no
+    baseline instead of ending the run (the shared smoke run's checks do not depend on C1's save)."""
+
+    def __init__(
+        self, setup: LoopSetup, state: dict[str, Any], traj: Trajectory, total: int, save_from: int, tolerant=False
+    ):
+        self.setup, self.state, self.traj, self.total, self.save_from = setup, state, traj, total, save_from
+        self.tolerant, self.truth, self.failed, self.opt_calls = tolerant, {}, False, 0
+        self.path = setup.tmp.mktemp("dlcheck-ckpt") / "checkpoint"
+
+    def __call__(self, i: int) -> None:
+        stepped = self.traj.calls.count("opt") > self.opt_calls
+        self.opt_calls = self.traj.calls.count("opt")
+        if "_saved_at" in self.truth:
+            self.traj.digests.append((i + 1, digest(self.state["model"])))
+        elif not self.failed and self.save_from <= i + 1 < self.total and stepped:
+            try:
+                user_call("save_checkpoint", lambda: self.setup.save(self.state, str(self.path)))
+            except RoleError:
+                if not self.tolerant:
+                    raise
+                self.failed = True
+                return
+            self.truth.update(_saved_truth(self.state, self.setup.tmp.mktemp("dlcheck-truth") / "state.pt"))
+            self.truth["_saved_at"] = i + 1
+
+    def baseline(self) -> Baseline | None:
+        if "_saved_at" not in self.truth:
+            return None
+        self.traj.notes["ema"] = _ema_end(self.state)
+        pieces = {p: "" for p in self.truth if not p.startswith("_")}
+        return Baseline(self.traj, self.truth, self.path, pieces)
 
 
 def _files_under(path: Path) -> set[str]:

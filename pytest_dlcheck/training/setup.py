@@ -159,6 +159,14 @@ def run_or_skip(ctx: Any, make: Callable[[], Any]) -> Any:
 def memo_or_skip(ctx: Any, sources: Any, key: str, make: Callable[[], Any], spare: bool = False) -> Any:
     """``ctx.memo`` that remembers a SetupError too (so every check sharing the work skips with it). A
     ``spare`` (an object rebuilt the same at will) is let go before a training state is built."""
+    value = memo_captured(ctx, sources, key, make, spare)
+    if isinstance(value, SetupError):
+        ctx.skip(str(value))
+    return value
+
+
+def memo_captured(ctx: Any, sources: Any, key: str, make: Callable[[], Any], spare: bool = False) -> Any:
+    """``ctx.memo`` whose value is the SetupError the work ended with, if it did (not raised)."""
 
     def capture() -> Any:
         try:
@@ -171,10 +179,7 @@ def memo_or_skip(ctx: Any, sources: Any, key: str, make: Callable[[], Any], spar
                 raise
             return SetupError(reason)
 
-    value = ctx.memo(sources, key, capture, spare)
-    if isinstance(value, SetupError):
-        ctx.skip(str(value))
-    return value
+    return ctx.memo(sources, key, capture, spare)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -284,6 +289,8 @@ class SmokeRun:
     steps: int
     #: the session's state, where objects read back are kept as a spare
     session: Any = None
+    #: C1's uninterrupted baseline when the run saved a checkpoint for it (C1 selected too), else None
+    baseline: Any = None
 
     @property
     def trained(self) -> Fresh:
@@ -300,17 +307,63 @@ def smoke_steps(ctx: Any) -> int:
 
 
 def smoke_run(ctx: Any) -> SmokeRun:
-    setup = get_setup(ctx)
+    run = shared_smoke_run(ctx)
+    smoke_picture(ctx, run.trajectory)
+    return run
+
+
+def shared_smoke_run(ctx: Any) -> SmokeRun:
+    """The session's smoke run (made by the first check that needs it). When C1 is selected too, the run
+    saves a checkpoint ``C1.steps // 2`` steps before its end and is C1's uninterrupted baseline: C1 trains
+    only the resumed steps."""
+    value = _smoke_memo(ctx, get_setup(ctx))
+    if isinstance(value, SetupError):
+        ctx.skip(str(value))
+    return value
+
+
+def _smoke_memo(ctx: Any, setup: Any, make_it: bool = True) -> Any:
+    """The smoke run, or the SetupError it ended with; None when not made yet and ``make_it`` is false."""
     steps = smoke_steps(ctx)
+    key = f"smoke:{steps}"
+    if not make_it and not ctx.state.made(setup.sources, key):
+        return None
+    save_from = resume_save_point(ctx, setup, steps)
 
     def make() -> SmokeRun:
         ctx.state.make_room()  # no spare beside the run's training state
-        traj, trained = setup.smoke(steps)
-        return SmokeRun(setup, traj, trained, steps, ctx.state)
+        traj, trained, baseline = setup.smoke(steps, save_from)
+        return SmokeRun(setup, traj, trained, steps, ctx.state, baseline)
 
-    run = memo_or_skip(ctx, setup.sources, f"smoke:{steps}", make)
-    smoke_picture(ctx, run.trajectory)
-    return run
+    return memo_captured(ctx, setup.sources, key, make)
+
+
+#: the checks that always read the smoke run when they run: with one of them selected, the run is made anyway
+SMOKE_READERS = ("S1", "S2", "S3")
+
+
+def resume_save_point(ctx: Any, setup: Any, steps: int) -> int | None:
+    """Where the smoke run saves for C1 (the step after which it saves), or None: C1 not selected, a kind
+    whose resume the smoke run cannot serve (Lightning resumes at an epoch boundary), or no save and load
+    to resume through."""
+    checks = load_checks()
+    if "C1" not in {c.id for c in ctx.state.selected} or not getattr(setup, "smoke_baseline", False):
+        return None
+    if not setup.can_resume():
+        return None
+    resumed = max(1, int(ctx.state.setting(checks["C1"], "steps")) // 2)
+    return steps - resumed if steps - resumed >= 1 else None
+
+
+def smoke_baseline(ctx: Any, setup: Any, make_it: bool = True) -> SmokeRun | None:
+    """The smoke run as C1's uninterrupted baseline: when it was made (a check before C1 read it) or a
+    selected check will make it anyway, and it saved for C1. None otherwise (C1 then runs its own, and
+    reports what made the smoke run fail, if anything, through its own run)."""
+    if resume_save_point(ctx, setup, smoke_steps(ctx)) is None:
+        return None
+    will_run = make_it and bool({c.id for c in ctx.state.selected} & set(SMOKE_READERS))
+    run = _smoke_memo(ctx, setup, make_it=will_run)
+    return run if isinstance(run, SmokeRun) and run.baseline is not None else None
 
 
 def smoke_picture(ctx: Any, traj: Trajectory) -> None:

@@ -190,7 +190,7 @@ class TrainerSetup:
 
     # ---- runs -----------------------------------------------------------------------------------------
 
-    def _recorder(self, traj: Trajectory, digests: bool = False):
+    def _recorder(self, traj: Trajectory, digests: bool = False, digest_after: int = 0):
         from transformers import TrainerCallback
 
         class Record(TrainerCallback):
@@ -210,7 +210,7 @@ class TrainerSetup:
                     traj.record(state.global_step + 1).nonfinite_params = bad
 
             def on_step_end(self, args, state, control, model=None, **kw):
-                if digests and model is not None:
+                if digests and model is not None and state.global_step > digest_after:
                     traj.digests.append((state.global_step, digest(model)))
 
             def on_log(self, args, state, control, logs=None, **kw):
@@ -232,13 +232,18 @@ class TrainerSetup:
         """(the model, the state dicts found in what the Trainer saves, how it was saved)."""
         return _trainer_saved(self)
 
-    def smoke(self, steps: int) -> tuple[Trajectory, Fresh]:
+    def smoke(self, steps: int, save_from: int | None = None) -> tuple[Trajectory, Fresh, Baseline | None]:
+        """The shared smoke run; with ``save_from``, C1's uninterrupted baseline too: the Trainer writes its
+        checkpoint-``save_from`` directory (a save that raises leaves no baseline and the run goes on: C1
+        then runs its own and reports it)."""
         clone = self.clone("smoke", max_steps=steps)
         traj = Trajectory()
-        clone.add_callback(self._recorder(traj))
+        clone.add_callback(self._recorder(traj, digests=bool(save_from), digest_after=save_from or 0))
         traj.notes["optimizer"] = None
+        saving = _SmokeSave(clone, save_from) if save_from and save_from < steps else None
         with _quiet():
             clone.train()
+        baseline = saving.baseline(self, traj) if saving is not None else None
         traj.notes["optimizer"] = clone.optimizer
         traj.notes["scheduler"] = clone.lr_scheduler
         # its readers want the trajectory, the trained weights and the optimizer's settings: the gradients and
@@ -247,14 +252,24 @@ class TrainerSetup:
         fresh = Fresh(
             clone.model, lambda b: _trainer_loss(clone, b), lambda: (clone.optimizer, clone.lr_scheduler), owner=clone
         )
-        return traj, fresh
+        return traj, fresh, baseline
 
-    def resume(self, total: int, restore: frozenset[str] = frozenset()) -> ResumeRun:
-        """Train ``total`` steps saving at half way (the Trainer's own checkpoint-* directory), then a
-        second clone resumes with ``resume_from_checkpoint``; ``restore`` names pieces put back from the
-        uninterrupted run's in-memory truth after the Trainer's own loading (for the diagnosis)."""
-        k = max(1, total // 2)
-        base = self._uninterrupted(total, k)
+    #: the smoke run can save for C1 and be its uninterrupted baseline (``smoke(steps, save_from)``)
+    smoke_baseline = True
+
+    def can_resume(self) -> bool:
+        return True
+
+    def resume(self, total: int, restore: frozenset[str] = frozenset(), baseline: Baseline | None = None) -> ResumeRun:
+        """Train ``total`` steps saving at half way (the Trainer's own checkpoint-* directory; or take
+        ``baseline``, the smoke run that saved), then a second clone resumes with ``resume_from_checkpoint``;
+        ``restore`` names pieces put back from the uninterrupted run's truth after the Trainer's own loading
+        (for the diagnosis)."""
+        if baseline is not None:
+            base, k = baseline, baseline.truth["_saved_at"]
+        else:
+            k = max(1, total // 2)
+            base = self._uninterrupted(total, k)
         clone = self.clone(
             "resume", max_steps=total, **({"ignore_data_skip": False} if "data position" in restore else {})
         )
@@ -319,6 +334,45 @@ def _trainer_saved(setup: TrainerSetup) -> tuple[Any, list[tuple[str, Any]], str
     with _quiet():
         clone.save_model(str(out))
     return clone.model, read_saved(out), f"the Trainer's save_model ({out.name}/)"
+
+
+class _SmokeSave:
+    """Makes the smoke run's clone write checkpoint-``k`` and keep its state at that step on disk (the truth
+    of C1's diagnostic resumes); a save that raises is recorded, and the run goes on."""
+
+    def __init__(self, clone: Any, k: int):
+        from transformers import TrainerCallback
+
+        self.clone, self.k, self.truth, self.failed = clone, k, {}, None
+        saving = self
+
+        class Save(TrainerCallback):
+            def on_step_end(self, args, state, control, **kw):
+                if state.global_step == k and saving.failed is None:
+                    try:
+                        saving.truth.update(_trainer_truth(clone, Path(args.output_dir) / "truth.pt"))
+                    except Exception as exc:  # noqa: BLE001 - a state torch.save cannot write: no baseline
+                        saving.failed = exc
+                        return
+                    control.should_save = True
+
+        save_checkpoint = clone._save_checkpoint
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return save_checkpoint(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - C1 runs its own baseline and reports the save's error
+                saving.failed = exc
+
+        clone._save_checkpoint = guarded
+        clone.add_callback(Save())
+
+    def baseline(self, setup: TrainerSetup, traj: Trajectory) -> Baseline | None:
+        ckpt = Path(self.clone.args.output_dir) / f"checkpoint-{self.k}"
+        if self.failed is not None or not self.truth or not ckpt.is_dir():
+            return None
+        self.truth["_saved_at"] = self.k
+        return Baseline(traj, self.truth, ckpt, _trainer_pieces(self.clone, ckpt))
 
 
 def _let_go(clone: Any) -> None:
