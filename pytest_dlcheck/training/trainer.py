@@ -254,8 +254,12 @@ class TrainerSetup:
         )
         return traj, fresh, baseline
 
-    #: the smoke run can save for C1 and be its uninterrupted baseline (``smoke(steps, save_from)``)
-    smoke_baseline = True
+    @property
+    def smoke_baseline(self) -> bool:
+        """Whether the smoke run can save for C1 and be its uninterrupted baseline (``smoke(steps, save_from)``):
+        not for GRPO, whose resumes late in a run do not reproduce it bitwise (completions generated inside
+        each step; resumed at step 2 of 4, C1's own run, they do)."""
+        return not self.grpo
 
     def can_resume(self) -> bool:
         return True

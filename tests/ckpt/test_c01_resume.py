@@ -86,3 +86,77 @@ def test_plain_loop_saving_everything_passes(project):
             "resumed losses: step 3: *, step 4: *",
         ]
     )
+
+
+# ---- the shared smoke run as the uninterrupted run (issue 20: no second baseline when S1-S3 run it) ----------
+
+
+def _results(out: Path) -> dict:
+    import json
+
+    return {r["id"]: r for r in json.loads(out.read_text())["results"]}
+
+
+def test_the_smoke_run_is_the_uninterrupted_run_when_the_session_makes_it(project, tmp_path):
+    project.conftest(tt.loop_project(extra=LOOP_SAVE.format(save="save_all", load="load_all")))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,S1", "-rA", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "passed")
+    run.assert_outcome("S1", "passed")
+    run.fnmatch(
+        [
+            "20 steps (the shared smoke run), saved after step 18 through dlcheck_save_checkpoint / "
+            "dlcheck_load_checkpoint, resumed on fresh objects: the losses, learning rates, weights of steps 19-20 "
+            "equal the uninterrupted run's, bitwise",
+        ]
+    )
+    results = _results(out)
+    # C1 ran first: it made the 20-step smoke run (S1 reads it for free), then trained only the 2 resumed steps
+    assert results["C1"]["cost"]["optimizer_steps"] == 20 + 2, results["C1"]["cost"]
+    assert results["S1"].get("cost", {}).get("optimizer_steps", 0) == 0
+
+
+def test_a_lost_scheduler_is_found_on_the_smoke_run_too(project):
+    project.conftest(tt.loop_project(extra=LOOP_SAVE.format(save="save_no_scheduler", load="load_no_scheduler")))
+    run = project.run("--dlcheck=C1,S1")
+    run.assert_outcome("C1", "failed")
+    run.assert_outcome("S1", "passed")
+    text = tt.section(run, "C1")
+    assert "20 steps (the shared smoke run), saved after step 18 through dlcheck_save_checkpoint" in text
+    assert "putting back lr_scheduler from the uninterrupted run after the load makes the resumed run identical" in text
+
+
+def test_a_save_that_raises_leaves_the_smoke_run_whole_and_c1_reports_it_as_alone(project):
+    broken = """
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        def save(state, path):
+            raise OSError("No space left on device")
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        return tt.load_all
+"""
+    project.conftest(tt.loop_project(extra=broken))
+    alone = project.run("--dlcheck=C1")
+    both = project.run("--dlcheck=C1,S1")
+    both.assert_outcome("S1", "passed")
+    assert both.outcome("C1") == alone.outcome("C1") != "passed"
+    assert "No space left on device" in tt.section(both, "C1")
+
+
+def test_a_trainer_s_smoke_run_writes_the_checkpoint_c1_resumes_from(project, tmp_path):
+    project.conftest(SFT.format(args="save_only_model=True"))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,S1", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "failed")
+    run.assert_outcome("S1", "passed")
+    text = tt.section(run, "C1")
+    assert "20 steps (the shared smoke run), saved after step 18 through the Trainer's checkpoint-18 directory" in text
+    assert "nothing for: optimizer, lr_scheduler, rng" in text and "drop save_only_model=True" in text
+    assert "(4 diagnostic resumes)" in text
+    # the smoke run's 20 steps, then the 2 resumed steps, and 2 in each diagnostic resume
+    results = _results(out)
+    assert results["C1"]["cost"]["optimizer_steps"] == 20 + 2 + 4 * 2, results["C1"]["cost"]
+    assert results["S1"].get("cost", {}).get("optimizer_steps", 0) == 0
