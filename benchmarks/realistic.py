@@ -108,17 +108,9 @@ def bench_project(ctx: Any, section: str, project: Any, selection: str, figure: 
         + f"; RSS ≤ +{MAX_COPIES:g} copy"
     )
     try:
-        runs = ctx.measure(
-            {
-                "active": ctx.pytest(project.root, active, env, ok_codes=(0, 1)),
-                "floor": ctx.pytest(project.root, project.floor_args(), env, floor=True),
-            },
-            repeats,
-        )
+        runs = measure_against_floor(ctx, project, active, env, repeats)
     except measure.CommandFailed as exc:
-        return run.Row(
-            section, figure, "-", "-", "-", budget, False, "could not measure: " + " ".join(str(exc).split())[-600:]
-        )
+        return not_measured(section, figure, budget, exc)
     a, b = Summary.of(runs["active"]), Summary.of(runs["floor"])
     text, chosen = run.fmt_ratios(runs["active"], runs["floor"], ctx.metric)
     mid = run.median_run(runs["active"], ctx.metric)
@@ -184,6 +176,27 @@ def bench_project(ctx: Any, section: str, project: Any, selection: str, figure: 
             "copies": copies,
             "outcomes": run.outcomes(mid),
         },
+    )
+
+
+def measure_against_floor(ctx: Any, project: Any, active: list[str], env: dict[str, str], repeats: int) -> Any:
+    """The project's checks (``active``) and its floor, interleaved ``repeats`` times (raises
+    ``measure.CommandFailed`` when a run fails)."""
+    return ctx.measure(
+        {
+            "active": ctx.pytest(project.root, active, env, ok_codes=(0, 1)),
+            "floor": ctx.pytest(project.root, project.floor_args(), env, floor=True),
+        },
+        repeats,
+    )
+
+
+def not_measured(section: str, figure: str, budget: str, exc: Exception) -> Any:
+    """The row of a figure whose runs failed: not ok, with the end of the failure."""
+    from benchmarks import run
+
+    return run.Row(
+        section, figure, "-", "-", "-", budget, False, "could not measure: " + " ".join(str(exc).split())[-600:]
     )
 
 
@@ -279,24 +292,9 @@ def bench_realistic_memory(ctx: Any, size: dict, repeats: int) -> Any:
     env = ctx.env(DLBENCH_RSS="1")
     active = [f"--dlcheck={SELECTION}", project.target, f"--ignore={project.floor_test}"]
     try:
-        runs = ctx.measure(
-            {
-                "active": ctx.pytest(project.root, active, env, ok_codes=(0, 1)),
-                "floor": ctx.pytest(project.root, project.floor_args(), env, floor=True),
-            },
-            repeats,
-        )
+        runs = measure_against_floor(ctx, project, active, env, repeats)
     except measure.CommandFailed as exc:
-        return run.Row(
-            "realistic-memory",
-            figure,
-            "-",
-            "-",
-            "-",
-            budget,
-            False,
-            "could not measure: " + " ".join(str(exc).split())[-600:],
-        )
+        return not_measured("realistic-memory", figure, budget, exc)
     a, b = Summary.of(runs["active"]), Summary.of(runs["floor"])
     mid = run.median_run(runs["active"], "rss")
     floor = run.median_run(runs["floor"], "rss").info.get("floor", {})

@@ -44,9 +44,6 @@ from .runs import (
     watch_optimizer,
 )
 
-#: kept under its old name for the tests that call it
-_offload_tensors = offload_tensors
-
 # --------------------------------------------------------------------------------------------------
 # kind 3: a plain loop
 

@@ -240,10 +240,10 @@ class TrainerSetup:
         traj = Trajectory()
         clone.add_callback(self._recorder(traj, digests=bool(save_from), digest_after=save_from or 0))
         traj.notes["optimizer"] = None
-        saving = _SmokeSave(clone, save_from) if save_from and save_from < steps else None
+        saving = _BaselineSave(clone, save_from, tolerant=True) if save_from and save_from < steps else None
         with _quiet():
             clone.train()
-        baseline = saving.baseline(self, traj) if saving is not None else None
+        baseline = saving.baseline(traj) if saving is not None else None
         traj.notes["optimizer"] = clone.optimizer
         traj.notes["scheduler"] = clone.lr_scheduler
         # its readers want the trajectory, the trained weights and the optimizer's settings: the gradients and
@@ -290,26 +290,16 @@ class TrainerSetup:
         key = (total, k)
         cache = self.__dict__.setdefault("_baselines", {})
         if key not in cache:
-            clone = self.clone("run", max_steps=total, save_strategy="steps", save_steps=k, save_total_limit=None)
-            out = Path(clone.args.output_dir)
+            clone = self.clone("run", max_steps=total)
             traj = Trajectory()
-            clone.add_callback(self._recorder(traj, digests=True))
-            truth: dict[str, Any] = {}
-            from transformers import TrainerCallback
-
-            class Truth(TrainerCallback):
-                def on_step_end(self, args, state, control, model=None, **kw):
-                    if state.global_step == k:
-                        truth.update(_trainer_truth(clone, out / "truth.pt"))
-
-            clone.add_callback(Truth())
+            clone.add_callback(self._recorder(traj, digests=True, digest_after=k))
+            saving = _BaselineSave(clone, k)
             with _quiet():
                 clone.train()
-            ckpt = Path(clone.args.output_dir) / f"checkpoint-{k}"
-            if not ckpt.is_dir():
-                raise SetupError(f"the Trainer wrote no {ckpt.name} directory after {k} steps")
-            pieces = _trainer_pieces(clone, ckpt)
-            cache[key] = Baseline(traj, truth, ckpt, pieces)
+            baseline = saving.baseline(traj)
+            if baseline is None:
+                raise SetupError(f"the Trainer wrote no checkpoint-{k} directory after {k} steps")
+            cache[key] = baseline
         return cache[key]
 
 
@@ -340,11 +330,13 @@ def _trainer_saved(setup: TrainerSetup) -> tuple[Any, list[tuple[str, Any]], str
     return clone.model, read_saved(out), f"the Trainer's save_model ({out.name}/)"
 
 
-class _SmokeSave:
-    """Makes the smoke run's clone write checkpoint-``k`` and keep its state at that step on disk (the truth
-    of C1's diagnostic resumes); a save that raises is recorded, and the run goes on."""
+class _BaselineSave:
+    """Makes a clone's run C1's uninterrupted baseline: after step ``k`` it keeps the state at that step on
+    disk (the truth of C1's diagnostic resumes) and has the Trainer write its checkpoint-``k`` directory
+    through its own save (``control.should_save``). ``tolerant`` (the shared smoke run, whose checks do not
+    depend on C1's save): a save that raises is recorded and the run goes on, leaving no baseline."""
 
-    def __init__(self, clone: Any, k: int):
+    def __init__(self, clone: Any, k: int, tolerant: bool = False):
         from transformers import TrainerCallback
 
         self.clone, self.k, self.truth, self.failed = clone, k, {}, None
@@ -352,26 +344,30 @@ class _SmokeSave:
 
         class Save(TrainerCallback):
             def on_step_end(self, args, state, control, **kw):
-                if state.global_step == k and saving.failed is None:
-                    try:
-                        saving.truth.update(_trainer_truth(clone, Path(args.output_dir) / "truth.pt"))
-                    except Exception as exc:  # noqa: BLE001 - a state torch.save cannot write: no baseline
-                        saving.failed = exc
-                        return
-                    control.should_save = True
+                if state.global_step != k or saving.failed is not None:
+                    return
+                try:
+                    saving.truth.update(_trainer_truth(clone, Path(args.output_dir) / "truth.pt"))
+                except Exception as exc:  # noqa: BLE001 - a state torch.save cannot write: no baseline
+                    if not tolerant:
+                        raise
+                    saving.failed = exc
+                    return
+                control.should_save = True
 
-        save_checkpoint = clone._save_checkpoint
+        if tolerant:
+            save_checkpoint = clone._save_checkpoint
 
-        def guarded(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return save_checkpoint(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - C1 runs its own baseline and reports the save's error
-                saving.failed = exc
+            def guarded(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return save_checkpoint(*args, **kwargs)
+                except Exception as exc:  # noqa: BLE001 - C1 runs its own baseline and reports the save's error
+                    saving.failed = exc
 
-        clone._save_checkpoint = guarded
+            clone._save_checkpoint = guarded
         clone.add_callback(Save())
 
-    def baseline(self, setup: TrainerSetup, traj: Trajectory) -> Baseline | None:
+    def baseline(self, traj: Trajectory) -> Baseline | None:
         ckpt = Path(self.clone.args.output_dir) / f"checkpoint-{self.k}"
         if self.failed is not None or not self.truth or not ckpt.is_dir():
             return None

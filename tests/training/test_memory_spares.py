@@ -19,8 +19,8 @@ import tiny_train as tt  # noqa: E402
 
 from pytest_dlcheck.errors import MISSING  # noqa: E402
 from pytest_dlcheck.session import DlcheckState  # noqa: E402
-from pytest_dlcheck.training.loop import LoopSetup, _offload_tensors  # noqa: E402
-from pytest_dlcheck.training.runs import release_training_memory  # noqa: E402
+from pytest_dlcheck.training.loop import LoopSetup  # noqa: E402
+from pytest_dlcheck.training.runs import offload_tensors, release_training_memory  # noqa: E402
 
 
 def trained_state() -> dict:
@@ -53,7 +53,7 @@ def test_a_trained_state_kept_on_disk_is_read_back_whole_into_new_objects(tmp_pa
     state = trained_state()
     release_training_memory(state)
     before, lr, epoch = values(state), state["optimizer"].param_groups[0]["lr"], state["lr_scheduler"].last_epoch
-    read_back = _offload_tensors(state, tmp_path / "trained.pt")
+    read_back = offload_tensors(state, tmp_path / "trained.pt")
     assert read_back is not None
     # in memory: the emptied objects, their dtypes and settings kept
     assert all(p.numel() == 0 for p in [*state["model"].parameters(), *state["ema"].parameters()])
@@ -80,7 +80,7 @@ def test_a_state_that_cannot_be_copied_stays_in_memory_as_it_was(tmp_path):
     state = trained_state()
     state["model"].lock = threading.Lock()  # deepcopy cannot copy a lock held by a module
     before = values(state)
-    assert _offload_tensors(state, tmp_path / "trained.pt") is None
+    assert offload_tensors(state, tmp_path / "trained.pt") is None
     after = values(state)
     assert all(torch.equal(after[k], before[k]) for k in before)
 
