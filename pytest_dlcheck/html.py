@@ -233,6 +233,8 @@ class Pictures:
 
     def __init__(self) -> None:
         self.seen: dict[str, str] = {}
+        #: figures left out because matplotlib cannot be imported (said once, at the top of the report)
+        self.left_out = 0
 
     def render(self, art: dict[str, Any], owner: str) -> str:
         key = hashlib.sha1(json.dumps(art, sort_keys=True, default=str).encode()).hexdigest()[:12]
@@ -242,8 +244,22 @@ class Pictures:
                 f'<div class="artifact shared" data-kind="{kind}" data-ref="pic-{key}">the same picture as '
                 f'<a href="#pic-{key}">{esc(self.seen[key])}</a></div>'
             )
+        try:
+            body = RENDERERS[art["kind"]](art)
+        except ImportError as exc:
+            if not (exc.name or "").startswith("matplotlib"):
+                raise
+            self.left_out += 1
+            return ""
         self.seen[key] = owner
-        return f'<div class="artifact" id="pic-{key}" data-kind="{kind}">{RENDERERS[art["kind"]](art)}</div>'
+        return f'<div class="artifact" id="pic-{key}" data-kind="{kind}">{body}</div>'
+
+
+#: said once at the top of a report whose figures were left out
+NO_MATPLOTLIB = (
+    "{n} figure(s) left out: matplotlib is not installed; "
+    'pip install "pytest-dlcheck[report]" (or matplotlib) draws them'
+)
 
 
 def render_card(res: dict[str, Any], pictures: Pictures | None = None) -> str:
@@ -273,6 +289,7 @@ def render_card(res: dict[str, Any], pictures: Pictures | None = None) -> str:
     shown = [
         pictures.render(a, f"{res['id']} ({res['nodeid']})") for a in res["artifacts"] if a.get("kind") in RENDERERS
     ]
+    shown = [s for s in shown if s]  # a figure left out without matplotlib
     if shown:
         # open where something is wrong; a click away where all is well
         opened = " open" if outcome in ("failed", "error") else ""
@@ -319,12 +336,17 @@ def render(doc: dict[str, Any]) -> str:
                 "</section>"
             )
     versions = ", ".join(f"{k} {v}" for k, v in doc["versions"].items())
+    note = (
+        f'<div class="meta" id="no-figures">{esc(NO_MATPLOTLIB.format(n=pictures.left_out))}</div>'
+        if pictures.left_out
+        else ""
+    )
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>pytest-dlcheck report</title>'
         f"<style>{CSS}</style></head><body>"
         f'<h1>pytest-dlcheck report</h1><div class="meta">{esc(doc["created"])} · selection {esc(doc["selection"])} · '
         f"{doc['duration']:.1f}s · python {esc(doc['python'])} · {esc(versions)}</div>"
-        f'<div class="counts" id="summary">{counts}</div>' + "".join(body) + "</body></html>"
+        f'<div class="counts" id="summary">{counts}</div>{note}' + "".join(body) + "</body></html>"
     )
 
 
