@@ -31,6 +31,24 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from benchmarks import measure, projects
+from benchmarks.measure import Summary
+from benchmarks.rows import (
+    Row,
+    broken,
+    fmt_by_check,
+    fmt_outcomes,
+    fmt_ratios,
+    fmt_time,
+    median_run,
+    not_measured,
+    outcomes,
+    passes,
+    peak_item,
+    work_by_check,
+    work_by_domain,
+)
+
 #: the budgets: optimizer steps of the user's model over the whole train/ckpt/smoke set; forward passes of
 #: a data domain's checks
 REALISTIC_MAX_STEPS = 60
@@ -41,52 +59,6 @@ MAX_COPIES = 1.0
 TRAINING_DOMAINS = ("train", "ckpt", "smoke")
 DATA_DOMAINS = ("llm", "vision", "diffusion", "rl", "vlm")
 SELECTION = "train,ckpt,smoke"
-KEYS = ("forward", "backward", "optimizer_steps")
-
-
-# ---- the work of a run, from the probe -------------------------------------------------------------------
-
-
-def check_of(nodeid: str, item: dict) -> str:
-    """The check's ID: recorded by the probe, else the test name's prefix (``T2_overfit_batch`` → T2)."""
-    return item.get("check") or nodeid.rsplit("::", 1)[-1].split("_")[0]
-
-
-def work_by_check(m: Any) -> dict[str, dict[str, Any]]:
-    """Per check: its domain and the forward/backward passes and optimizer steps it caused (a shared run
-    counted by the check that first needed it)."""
-    out = {}
-    for nodeid, item in (m.info.get("probe") or {}).get("items", {}).items():
-        cost = item.get("cost", {})
-        out[check_of(nodeid, item)] = {
-            "domain": item.get("domain"),
-            **{k: cost.get(k, 0) for k in KEYS},
-            # of the forward passes, those inside a routine of the user's the checks share (a validation
-            # sampling loop, whose cost is the user's num_inference_steps): reported apart
-            "in_user_routines": sum((cost.get("in_user_routines") or {}).values()),
-        }
-    return out
-
-
-def work_by_domain(m: Any) -> dict[str, dict[str, int]]:
-    """The same summed per domain (checks whose domain the probe did not record are left out)."""
-    out: dict[str, dict[str, int]] = {}
-    for work in work_by_check(m).values():
-        if work["domain"]:
-            total = out.setdefault(work["domain"], dict.fromkeys((*KEYS, "in_user_routines"), 0))
-            for k in (*KEYS, "in_user_routines"):
-                total[k] += work.get(k, 0)
-    return out
-
-
-def fmt_work(work: dict[str, Any]) -> str:
-    return f"{work['forward']} fwd/{work['backward']} bwd/{work['optimizer_steps']} steps"
-
-
-def fmt_by_check(by_check: dict[str, dict[str, Any]]) -> str:
-    """The checks that did any work, the most optimizer steps first: ``T2 62 fwd/60 bwd/60 steps, …``."""
-    ranked = sorted(by_check.items(), key=lambda kv: (-kv[1]["optimizer_steps"], -kv[1]["forward"], kv[0]))
-    return ", ".join(f"{c} {fmt_work(w)}" for c, w in ranked if any(w[k] for k in KEYS)) or "none"
 
 
 # ---- one realistic row ------------------------------------------------------------------------------------
@@ -96,9 +68,6 @@ def bench_project(ctx: Any, section: str, project: Any, selection: str, figure: 
     """``--dlcheck=<selection>`` on ``project`` against its floor: time ratio, the work per check, and the
     budgets: train/ckpt/smoke ≤ 60 optimizer steps, each data domain of the selection ≤ 10 forward passes,
     peak RSS ≤ the floor's plus one copy of the trainable state."""
-    from benchmarks import measure, run
-    from benchmarks.measure import Summary
-
     env = ctx.env(DLBENCH_FLOOR_OPTIMIZER="1", DLBENCH_RSS="1")  # VmHWM after each check: where the peak was
     active = [f"--dlcheck={selection}", project.target, f"--ignore={project.floor_test}"]
     data_domains = [d for d in selection.split(",") if d in DATA_DOMAINS]
@@ -112,16 +81,16 @@ def bench_project(ctx: Any, section: str, project: Any, selection: str, figure: 
     except measure.CommandFailed as exc:
         return not_measured(section, figure, budget, exc)
     a, b = Summary.of(runs["active"]), Summary.of(runs["floor"])
-    text, chosen = run.fmt_ratios(runs["active"], runs["floor"], ctx.metric)
-    mid = run.median_run(runs["active"], ctx.metric)
-    work = run.passes(mid)
+    text, chosen = fmt_ratios(runs["active"], runs["floor"], ctx.metric)
+    mid = median_run(runs["active"], ctx.metric)
+    work = passes(mid)
     by_check = work_by_check(mid)
     by_domain = work_by_domain(mid)
     steps = sum(by_domain.get(d, {}).get("optimizer_steps", 0) for d in TRAINING_DOMAINS)
     forward = {d: by_domain.get(d, {}).get("forward", 0) for d in data_domains}
-    floor = run.median_run(runs["floor"], ctx.metric).info.get("floor", {})
+    floor = median_run(runs["floor"], ctx.metric).info.get("floor", {})
     floor_step = "1 forward, 1 backward, 1 optimizer step" if floor.get("optimizer_step") else "1 forward, 1 backward"
-    problem = next((run.broken(m) for m in runs["active"] if run.broken(m)), "")
+    problem = next((broken(m) for m in runs["active"] if broken(m)), "")
     trainable = floor.get("trainable_bytes", 0) / 2**20
     # the unit of the budget: one training state as the floor's step holds it (trainable weights, their
     # gradients and the optimizer's per-parameter tensors); the weights alone when the floor could not say
@@ -135,11 +104,11 @@ def bench_project(ctx: Any, section: str, project: Any, selection: str, figure: 
     if copies > MAX_COPIES:
         over.append(f"peak RSS {extra:+.0f} MiB over the floor's = {copies:.1f} copies of {what}")
     note = (
-        f"model: {model}; checks: {run.fmt_outcomes(run.outcomes(mid))}; work: {work['forward']} forward, "
+        f"model: {model}; checks: {fmt_outcomes(outcomes(mid))}; work: {work['forward']} forward, "
         f"{work['backward']} backward passes, {work['optimizer_steps']} optimizer steps (floor: {floor_step}); "
         f"train/ckpt/smoke: {steps} optimizer steps"
         + "".join(f"; {d}: {n} forward passes" for d, n in forward.items())
-        + f"; by check: {fmt_by_check(by_check)}; time {run.fmt_time(a)} vs floor {run.fmt_time(b)} ({text}); "
+        + f"; by check: {fmt_by_check(by_check)}; time {fmt_time(a)} vs floor {fmt_time(b)} ({text}); "
         f"peak RSS {a.max_rss_mb:.0f} MiB vs floor {b.max_rss_mb:.0f} MiB ({extra:+.0f} MiB = {copies:+.2f} copies "
         f"of {what})" + (f"; the peak was reached during {at_peak[0]}" if (at_peak := peak_item(mid)) else "")
     )
@@ -147,14 +116,14 @@ def bench_project(ctx: Any, section: str, project: Any, selection: str, figure: 
         note = "OVER BUDGET: " + "; ".join(over) + "; " + note
     if problem:
         note = f"NOT CLEAN: {problem}; " + note
-    measured = f"{run.fmt_time(a)}; {steps} steps, {work['forward']} fwd, {work['backward']} bwd" + "".join(
+    measured = f"{fmt_time(a)}; {steps} steps, {work['forward']} fwd, {work['backward']} bwd" + "".join(
         f", {d} {n} fwd" for d, n in forward.items()
     )
-    return run.Row(
+    return Row(
         section,
         figure,
         measured,
-        f"{run.fmt_time(b)}; 1 step",
+        f"{fmt_time(b)}; 1 step",
         text,
         budget,
         not over and not problem,
@@ -174,7 +143,7 @@ def bench_project(ctx: Any, section: str, project: Any, selection: str, figure: 
             "training_state_mib": state,
             "extra_rss_mib": extra,
             "copies": copies,
-            "outcomes": run.outcomes(mid),
+            "outcomes": outcomes(mid),
         },
     )
 
@@ -191,19 +160,8 @@ def measure_against_floor(ctx: Any, project: Any, active: list[str], env: dict[s
     )
 
 
-def not_measured(section: str, figure: str, budget: str, exc: Exception) -> Any:
-    """The row of a figure whose runs failed: not ok, with the end of the failure."""
-    from benchmarks import run
-
-    return run.Row(
-        section, figure, "-", "-", "-", budget, False, "could not measure: " + " ".join(str(exc).split())[-600:]
-    )
-
-
 def bench_realistic(ctx: Any, size: dict, repeats: int) -> Any:
     """The SFTTrainer project (the memory figure's) with ``--dlcheck=train,ckpt,smoke``."""
-    from benchmarks import projects
-
     project = projects.memory_project(ctx.workdir / "realistic", size)
     n = projects.llama_parameters(320, **size)
     row = bench_project(
@@ -221,8 +179,6 @@ def bench_realistic(ctx: Any, size: dict, repeats: int) -> Any:
 
 def bench_realistic_loop(ctx: Any, size: dict, repeats: int) -> Any:
     """The same Llama and data trained by a hand-written loop, ``--dlcheck=train,ckpt,smoke``."""
-    from benchmarks import projects
-
     project = projects.loop_project(ctx.workdir / "realistic", size)
     n = projects.llama_parameters(320, **size)
     row = bench_project(
@@ -240,8 +196,6 @@ def bench_realistic_loop(ctx: Any, size: dict, repeats: int) -> Any:
 
 def bench_realistic_vision(ctx: Any, size: dict, repeats: int) -> Any:
     """A ResNet-50 (quick mode: a small Bottleneck ResNet) with ``--dlcheck=vision,train,ckpt,smoke``."""
-    from benchmarks import projects
-
     project = projects.vision_project(ctx.workdir / "realistic", size)
     n = projects.resnet_parameters(**size)
     selection = "vision," + SELECTION
@@ -263,28 +217,11 @@ def bench_realistic_vision(ctx: Any, size: dict, repeats: int) -> Any:
 # ---- memory: training states over the floor ------------------------------------------------------------
 
 
-def peak_item(m: Any) -> tuple[str, float] | None:
-    """(the check during which the run's peak RSS was reached, that peak in MiB) from the probe's VmHWM after
-    each item (``DLBENCH_RSS``), or None when the probe recorded none."""
-    seen = [
-        (check_of(nodeid, item), item["memory"]["vmhwm"])
-        for nodeid, item in ((m.info.get("probe") or {}).get("items") or {}).items()
-        if "vmhwm" in (item.get("memory") or {})
-    ]
-    if not seen:
-        return None
-    top = max(hwm for _, hwm in seen)
-    return next((check, hwm) for check, hwm in seen if hwm >= top)
-
-
 def bench_realistic_memory(ctx: Any, size: dict, repeats: int) -> Any:
     """Peak RSS of ``--dlcheck=train,ckpt,smoke`` on a plain loop of an MLP (18.9M parameters, AdamW) against
     the floor's (the conftest's objects and one whole training step), counted in training states: the
     weights, their gradients and the optimizer's moments, as the floor's step holds them. Budget: at most one
     training state over the floor."""
-    from benchmarks import measure, projects, run
-    from benchmarks.measure import Summary
-
     project = projects.mlp_project(ctx.workdir / "realistic", size)
     n = projects.mlp_parameters(**size)
     figure = f"peak RSS, --dlcheck={SELECTION} on a {n / 1e6:.1f}M MLP plain loop / floor"
@@ -296,27 +233,27 @@ def bench_realistic_memory(ctx: Any, size: dict, repeats: int) -> Any:
     except measure.CommandFailed as exc:
         return not_measured("realistic-memory", figure, budget, exc)
     a, b = Summary.of(runs["active"]), Summary.of(runs["floor"])
-    mid = run.median_run(runs["active"], "rss")
-    floor = run.median_run(runs["floor"], "rss").info.get("floor", {})
+    mid = median_run(runs["active"], "rss")
+    floor = median_run(runs["floor"], "rss").info.get("floor", {})
     state = floor.get("training_state_bytes", 0) / 2**20
     extra = a.max_rss_mb - b.max_rss_mb
     states = extra / state if state else float("inf")
-    problem = next((run.broken(m) for m in runs["active"] if run.broken(m)), "")
+    problem = next((broken(m) for m in runs["active"] if broken(m)), "")
     at_peak = peak_item(mid)
     weights = floor.get("trainable_bytes", 0) / 2**20
     note = (
         f"model: MLP 64 -> {size['width']} x {size['depth']} -> 4, {n / 1e6:.1f}M parameters, AdamW; one training "
         f"state (weights {weights:.0f} MiB + gradients + the optimizer's moments, as the floor's step holds them) "
-        f"= {state:.0f} MiB; checks: {run.fmt_outcomes(run.outcomes(mid))}; peak RSS {a.max_rss_mb:.0f} MiB vs "
+        f"= {state:.0f} MiB; checks: {fmt_outcomes(outcomes(mid))}; peak RSS {a.max_rss_mb:.0f} MiB vs "
         f"floor {b.max_rss_mb:.0f} MiB ({extra:+.0f} MiB = {states:+.2f} training states)"
         + (f"; the peak was reached during {at_peak[0]}" if at_peak else "")
-        + f"; time {run.fmt_time(a)} vs floor {run.fmt_time(b)}"
+        + f"; time {fmt_time(a)} vs floor {fmt_time(b)}"
     )
     if states > MAX_COPIES:
         note = f"OVER BUDGET: {states:.2f} training states over the floor; " + note
     if problem:
         note = f"NOT CLEAN: {problem}; " + note
-    return run.Row(
+    return Row(
         "realistic-memory",
         figure,
         f"{a.max_rss_mb:.0f} MiB",
@@ -335,7 +272,7 @@ def bench_realistic_memory(ctx: Any, size: dict, repeats: int) -> Any:
             "states": states,
             "peak_check": at_peak[0] if at_peak else None,
             "floor_step": floor,
-            "outcomes": run.outcomes(mid),
+            "outcomes": outcomes(mid),
         },
     )
 
@@ -346,8 +283,6 @@ def bench_realistic_memory(ctx: Any, size: dict, repeats: int) -> Any:
 def domain_budget_row(rows: list[Any]) -> Any | None:
     """One row judging the data domains' forward passes (≤ 10 each) from the active rows' work (their
     ``forward_by_domain``), or None when no data domain's example was measured."""
-    from benchmarks import run
-
     counts, routines = {}, {}
     for r in rows:
         if r.section == "active" and r.data.get("forward_by_domain") is not None:
@@ -381,7 +316,7 @@ def domain_budget_row(rows: list[Any]) -> Any | None:
         + (f"; OVER BUDGET: {', '.join(f'{d} {n}' for d, n in over.items())}" if over else "")
         + "".join(f"; {d} by check: {who}" for d, who in spenders.items() if who)
     )
-    return run.Row(
+    return Row(
         "domains",
         "forward passes per data domain, examples/<domain>/clean",
         per,

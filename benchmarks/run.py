@@ -27,6 +27,28 @@ if __package__ in (None, ""):  # run as a script
 
 from benchmarks import measure, projects, watch
 from benchmarks.measure import Measurement, Summary
+from benchmarks.realistic import (
+    bench_realistic,
+    bench_realistic_loop,
+    bench_realistic_memory,
+    bench_realistic_vision,
+    domain_budget_row,
+)
+from benchmarks.rows import (
+    Row,
+    broken,
+    fmt_outcomes,
+    fmt_ratios,
+    fmt_time,
+    median_run,
+    outcomes,
+    passes,
+    phases,
+    slowest,
+    table,
+    work_by_check,
+    work_by_domain,
+)
 
 SECTIONS = (
     "inactive",
@@ -56,25 +78,6 @@ SMALL = {
     "num_attention_heads": 4,
     "num_key_value_heads": 4,
 }
-
-
-@dataclass
-class Row:
-    """One line of the table."""
-
-    section: str
-    figure: str
-    measured: str
-    reference: str
-    ratio: str
-    budget: str
-    ok: bool | None  # None: informative, or not taken
-    note: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def verdict(self) -> str:
-        return {True: "ok", False: "OVER BUDGET", None: "-"}[self.ok]
 
 
 @dataclass
@@ -152,82 +155,6 @@ class Context:
         self, variants: dict[str, Callable[[], Measurement]], repeats: int | None = None
     ) -> dict[str, list[Measurement]]:
         return measure.interleaved(variants, self.repeats if repeats is None else repeats, self.warmup, self.log)
-
-
-# ---- formatting --------------------------------------------------------------------------------------
-
-
-def fmt_time(s: Summary) -> str:
-    return f"{s.cpu:.2f} s CPU, {s.wall:.2f} s wall"
-
-
-def fmt_ratios(a: list[Measurement], b: list[Measurement], metric: str) -> tuple[str, float]:
-    """Median paired ratios (each run against the other variant's run beside it) of CPU and wall time;
-    and the one the budgets judge."""
-    r_cpu, r_wall = measure.paired_ratio(a, b, "cpu"), measure.paired_ratio(a, b, "wall")
-    chosen = r_cpu if metric == "cpu" else r_wall
-    return f"{r_cpu:.3f} CPU, {r_wall:.3f} wall", chosen
-
-
-def outcomes(m: Measurement, prefix: str = "") -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for nodeid, item in m.info.get("probe", {}).get("items", {}).items():
-        if prefix and prefix not in nodeid:
-            continue
-        counts[item["outcome"]] = counts.get(item["outcome"], 0) + 1
-    return counts
-
-
-def passes(m: Measurement) -> dict[str, int]:
-    """The work the checks caused (pytest_dlcheck.cost), summed over the items: forward and backward passes
-    through the models, optimizer steps."""
-    total = {"forward": 0, "backward": 0, "optimizer_steps": 0}
-    for item in m.info.get("probe", {}).get("items", {}).values():
-        for key in total:
-            total[key] += item.get("cost", {}).get(key, 0)
-    return total
-
-
-def fmt_outcomes(counts: dict[str, int]) -> str:
-    return ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no items"
-
-
-def broken(m: Measurement) -> str:
-    """On a clean project every check passes or skips: the failures and errors of a run, as pytest's short
-    summary names them, else ''."""
-    counts = outcomes(m)
-    bad = counts.get("failed", 0) + counts.get("error", 0)
-    if not bad and counts:
-        return ""
-    lines = [line for line in m.output.splitlines() if line.startswith(("FAILED ", "ERROR ", "E   "))]
-    what = f"{bad} check(s) failed or errored" if bad else "no check ran"
-    return f"{what} on a clean project: " + " | ".join(lines[:3])[:400]
-
-
-def phases(m: Measurement) -> dict[str, float]:
-    """Where one run's time went: start-up (interpreter, pytest, plugins, conftest imports), collection,
-    the items (fixtures built in the first one's setup), and the exit."""
-    p = m.info.get("probe") or {}
-    if not p.get("configured_at"):
-        return {}
-    items = sum(i["setup"] + i["call"] + i["teardown"] for i in p["items"].values())
-    return {
-        "startup": p["configured_at"] - m.started_at,
-        "collection": (p["collected_at"] or p["configured_at"]) - p["configured_at"],
-        "items": items,
-        "exit": m.started_at + m.wall - p["finished_at"],
-    }
-
-
-def slowest(m: Measurement, n: int = 3) -> list[tuple[str, float, float]]:
-    items = (m.info.get("probe") or {}).get("items", {})
-    ranked = sorted(items.items(), key=lambda kv: -(kv[1]["setup"] + kv[1]["call"]))
-    return [(nodeid.split("::")[-1], i["setup"], i["call"]) for nodeid, i in ranked[:n]]
-
-
-def median_run(ms: list[Measurement], metric: str) -> Measurement:
-    ranked = sorted(ms, key=lambda m: m.value(metric))
-    return ranked[(len(ranked) - 1) // 2]
 
 
 # ---- 1. inactive -------------------------------------------------------------------------------------
@@ -333,8 +260,6 @@ def bench_active(ctx: Context, domain: str) -> None:
             )
         )
         return
-    from benchmarks.realistic import work_by_check, work_by_domain
-
     a, b = Summary.of(runs["active"]), Summary.of(runs["floor"])
     text, chosen = fmt_ratios(runs["active"], runs["floor"], ctx.metric)
     mid = median_run(runs["active"], ctx.metric)
@@ -612,17 +537,7 @@ def profile(ctx: Context, domain: str, top: int = 25) -> str:
     return "\n".join(lines)
 
 
-# ---- the table ---------------------------------------------------------------------------------------
-
-
-def table(rows: list[Row]) -> str:
-    head = ["figure", "measured (median)", "reference (median)", "ratio", "budget", "verdict"]
-    body = [[r.figure, r.measured, r.reference, r.ratio, r.budget, r.verdict] for r in rows]
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
-    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
-    out = [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(b) for b in body]
-    notes = [f"- {r.figure}: {r.note}" for r in rows if r.note]
-    return "\n".join(out + ([""] + notes if notes else []))
+# ---- the command ---------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -710,8 +625,6 @@ def main(argv: list[str] | None = None) -> int:
             for domain in [d for d in args.domains.split(",") if d] or projects.example_domains():
                 ctx.log(f"active cost: {domain}")
                 bench_active(ctx, domain)
-            from benchmarks.realistic import domain_budget_row
-
             budget_row = domain_budget_row(ctx.rows)  # the data domains' forward passes, ≤ 10 each
             if budget_row is not None:
                 ctx.rows.append(budget_row)
@@ -729,24 +642,16 @@ def main(argv: list[str] | None = None) -> int:
             bench_gpu(ctx, size, args.memory_repeats)
         if "realistic" in only:
             ctx.log("realistic: train,ckpt,smoke on the memory figure's model")
-            from benchmarks.realistic import bench_realistic
-
             ctx.rows.append(bench_realistic(ctx, size, args.memory_repeats))
         if "realistic-loop" in only:
             ctx.log("realistic: train,ckpt,smoke on the same model in a hand-written loop")
-            from benchmarks.realistic import bench_realistic_loop
-
             ctx.rows.append(bench_realistic_loop(ctx, size, args.memory_repeats))
         if "realistic-vision" in only:
             ctx.log("realistic: vision,train,ckpt,smoke on a ResNet-50")
-            from benchmarks.realistic import bench_realistic_vision
-
             vision_size = projects.RESNET_SMALL if args.small_model else projects.RESNET50
             ctx.rows.append(bench_realistic_vision(ctx, vision_size, args.memory_repeats))
         if "realistic-memory" in only:
             ctx.log("realistic: train,ckpt,smoke on an MLP, peak RSS in training states over the floor")
-            from benchmarks.realistic import bench_realistic_memory
-
             mlp_size = projects.MLP_SMALL if args.small_model else projects.MLP_BIG
             ctx.rows.append(bench_realistic_memory(ctx, mlp_size, args.memory_repeats))
         if "watch" in only:

@@ -20,6 +20,11 @@ import time
 import warnings
 from pathlib import Path
 
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.rows import Row
+
 #: the budget: the watch's own CPU time per step, as a share of the step time without it
 WATCH_MAX_SHARE = 0.02
 
@@ -157,8 +162,6 @@ def bench_watch(ctx, steps: int, repeats: int, every: int = 25) -> None:
     """The benchmark's figure 6 (benchmarks/run.py ``--only watch``): one child process measures both users."""
     import subprocess
 
-    from benchmarks.run import Row
-
     cmd = [ctx.python, str(Path(__file__).resolve())]
     cmd += ["--steps", str(steps), "--repeats", str(repeats), "--every", str(every), "--workdir", str(ctx.workdir)]
     ctx.log("watch: " + " ".join(cmd[1:]))
@@ -200,6 +203,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if __package__ in (None, ""):
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     sys.exit(main())

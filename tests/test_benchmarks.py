@@ -20,10 +20,46 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks" / "inject")]
 import dlbench_floor
 import dlbench_probe
 
-from benchmarks import measure, projects, run
+from benchmarks import measure, projects, rows, run
 from benchmarks.measure import Measurement, Summary
 
 PY = sys.executable
+
+
+# ---- the modules import one way -------------------------------------------------------------------------
+
+#: run.py (the command) above the figures' modules, above the rows and their formatting, above measurement
+#: and the generated projects; a module imports only from the layers below its own
+LAYERS = ({"run"}, {"realistic", "watch"}, {"rows"}, {"measure", "projects"})
+
+
+def _benchmark_imports(name: str) -> set[str]:
+    """The benchmarks modules that ``benchmarks/<name>.py`` imports, at its top or inside a function."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse((REPO / "benchmarks" / f"{name}.py").read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "benchmarks":
+            parts = node.module.split(".")
+            found |= {parts[1]} if len(parts) > 1 else {alias.name for alias in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("benchmarks.")}
+    return found
+
+
+def test_the_benchmark_modules_import_in_one_direction():
+    modules = {p.stem for p in (REPO / "benchmarks").glob("*.py")} - {"__init__"}
+    assert modules == set().union(*LAYERS), "a new benchmarks module belongs to one of the layers"
+    for level, layer in enumerate(LAYERS):
+        below = set().union(*LAYERS[level + 1 :])
+        for name in layer:
+            upward = _benchmark_imports(name) - below
+            assert not upward, f"benchmarks/{name}.py imports {sorted(upward)}, which is not below it"
+    # and each imports by itself, in a fresh interpreter, in any order (no circle to rely on)
+    for name in sorted(modules):
+        code = f"import sys; sys.path[:0] = [{str(REPO)!r}]; import benchmarks.{name}"
+        done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
 
 
 # ---- measurement -------------------------------------------------------------------------------------
@@ -380,15 +416,13 @@ def test_phases_and_outcomes_from_the_probe():
         },
     }
     m = _measured(10.0, 8.0, probe)
-    assert run.phases(m) == pytest.approx({"startup": 2.0, "collection": 0.5, "items": 5.6, "exit": 1.0})
-    assert run.outcomes(m) == {"passed": 1, "skipped": 1}
-    assert run.slowest(m, 1) == [("L1_x", 4.0, 1.0)]
-    assert run.median_run([_measured(3, 3), _measured(1, 1), _measured(2, 2)], "cpu").cpu == 2
+    assert rows.phases(m) == pytest.approx({"startup": 2.0, "collection": 0.5, "items": 5.6, "exit": 1.0})
+    assert rows.outcomes(m) == {"passed": 1, "skipped": 1}
+    assert rows.slowest(m, 1) == [("L1_x", 4.0, 1.0)]
+    assert rows.median_run([_measured(3, 3), _measured(1, 1), _measured(2, 2)], "cpu").cpu == 2
 
 
 def test_the_check_at_the_peak_is_the_first_that_reached_it():
-    from benchmarks import realistic
-
     items = {
         f"c/conftest.py::{name}": {"setup": 0, "call": 0, "teardown": 0, "outcome": "passed", "memory": memory}
         for name, memory in (
@@ -397,19 +431,19 @@ def test_the_check_at_the_peak_is_the_first_that_reached_it():
             ("C2_c", {"vmrss": 950.0, "vmhwm": 1300.0}),
         )
     }
-    assert realistic.peak_item(_measured(1, 1, {"items": items})) == ("C1", 1300.0)
-    assert realistic.peak_item(_measured(1, 1, {"items": {}})) is None
+    assert rows.peak_item(_measured(1, 1, {"items": items})) == ("C1", 1300.0)
+    assert rows.peak_item(_measured(1, 1, {"items": {}})) is None
 
 
 def test_a_clean_project_that_fails_or_errors_is_named():
     ok = _measured(1, 1, {"items": {"c::L1": {"setup": 0, "call": 0, "teardown": 0, "outcome": "passed"}}})
-    assert run.broken(ok) == ""
+    assert rows.broken(ok) == ""
     bad = _measured(1, 1, {"items": {"c::L1": {"setup": 0, "call": 0, "teardown": 0, "outcome": "error"}}})
     bad.output = "...\nERROR clean/conftest.py::L1_padding_side - ImportError: boom\n1 error"
-    assert run.broken(bad) == (
+    assert rows.broken(bad) == (
         "1 check(s) failed or errored on a clean project: ERROR clean/conftest.py::L1_padding_side - ImportError: boom"
     )
-    assert run.broken(_measured(1, 1, {"items": {}})).startswith("no check ran")
+    assert rows.broken(_measured(1, 1, {"items": {}})).startswith("no check ran")
 
 
 def test_device_findings_name_moves_and_tensors_left_off_the_gpu():
@@ -435,14 +469,14 @@ def test_device_findings_name_moves_and_tensors_left_off_the_gpu():
 def test_table_and_verdicts():
     ra, rb = [_measured(2.0, 1.1)], [_measured(1.0, 1.0)]
     a, b = Summary.of(ra), Summary.of(rb)
-    text, chosen = run.fmt_ratios(ra, rb, "cpu")
+    text, chosen = rows.fmt_ratios(ra, rb, "cpu")
     assert text == "1.100 CPU, 2.000 wall" and chosen == pytest.approx(1.1)
-    assert run.fmt_ratios(ra, rb, "wall")[1] == 2.0
-    rows = [
-        run.Row("scale", "x", run.fmt_time(a), run.fmt_time(b), text, "≤ 1.10", chosen <= run.SCALE_MAX, "a note"),
-        run.Row("gpu", "y", "-", "-", "-", "-", None, "not taken"),
+    assert rows.fmt_ratios(ra, rb, "wall")[1] == 2.0
+    table = [
+        rows.Row("scale", "x", rows.fmt_time(a), rows.fmt_time(b), text, "≤ 1.10", chosen <= run.SCALE_MAX, "a note"),
+        rows.Row("gpu", "y", "-", "-", "-", "-", None, "not taken"),
     ]
-    out = run.table(rows)
+    out = rows.table(table)
     lines = out.splitlines()
     assert lines[0].startswith("| figure") and "verdict" in lines[0]
     assert "1.10 s CPU, 2.00 s wall" in lines[2] and lines[2].rstrip(" |").endswith("ok")
@@ -483,7 +517,7 @@ def test_work_by_check_and_domain_and_the_data_domain_budget():
             }
         },
     )
-    by_check = realistic.work_by_check(m)
+    by_check = rows.work_by_check(m)
     assert by_check["T2"] == {
         "domain": "train",
         "forward": 62,
@@ -492,18 +526,18 @@ def test_work_by_check_and_domain_and_the_data_domain_budget():
         "in_user_routines": 0,
     }
     assert by_check["old"]["domain"] is None  # no ID recorded: the test name's prefix
-    assert realistic.work_by_domain(m) == {
+    assert rows.work_by_domain(m) == {
         "train": {"forward": 62, "backward": 60, "optimizer_steps": 60, "in_user_routines": 0},
         "smoke": {"forward": 20, "backward": 20, "optimizer_steps": 20, "in_user_routines": 0},
         "vision": {"forward": 11, "backward": 0, "optimizer_steps": 0, "in_user_routines": 0},
         "diffusion": {"forward": 12, "backward": 0, "optimizer_steps": 0, "in_user_routines": 6},
     }
-    assert realistic.fmt_by_check(by_check).startswith("T2 62 fwd/60 bwd/60 steps, S1 20 fwd/20 bwd/20 steps, V3")
-    rows = [
-        run.Row(
+    assert rows.fmt_by_check(by_check).startswith("T2 62 fwd/60 bwd/60 steps, S1 20 fwd/20 bwd/20 steps, V3")
+    active = [
+        rows.Row(
             "active", "a", "", "", "", "", True, "", {"domain": "llm", "forward_by_domain": {"llm": 7, "train": 40}}
         ),
-        run.Row(
+        rows.Row(
             "active",
             "v",
             "",
@@ -514,16 +548,16 @@ def test_work_by_check_and_domain_and_the_data_domain_budget():
             "",
             {"domain": "vision", "forward_by_domain": {"vision": 11}, "work_by_check": by_check},
         ),
-        run.Row("active", "t", "", "", "", "", True, "", {"domain": "train", "forward_by_domain": {"train": 90}}),
+        rows.Row("active", "t", "", "", "", "", True, "", {"domain": "train", "forward_by_domain": {"train": 90}}),
     ]
-    row = realistic.domain_budget_row(rows)
+    row = realistic.domain_budget_row(active)
     assert row.section == "domains" and row.ok is False and row.measured == "llm 7, vision 11"
     assert row.data["over"] == {"vision": 11} and "OVER BUDGET: vision 11" in row.note
     assert "vision by check: V3 9, V2 2" in row.note  # which checks spend the passes
-    assert realistic.domain_budget_row(rows[:1]).ok is True
-    assert realistic.domain_budget_row(rows[2:]) is None  # train is no data domain
+    assert realistic.domain_budget_row(active[:1]).ok is True
+    assert realistic.domain_budget_row(active[2:]) is None  # train is no data domain
     # the passes inside one call of the user's own sampling routine are shown apart, not judged
-    diffusion = run.Row(
+    diffusion = rows.Row(
         "active",
         "d",
         "",
