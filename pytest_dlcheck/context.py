@@ -160,9 +160,12 @@ class CheckContext:
             pytest.skip(f"{MISSING_ROLE} {'; '.join(parts)}")
         return values
 
-    def call(self, role: str, fn: Callable[[], Any]) -> Any:
-        """Run a user's object; its exceptions are reported as that role's error, not as a plugin crash."""
-        value = user_call(role, fn)
+    def call(self, role: str, fn: Callable[[], Any], synthetic: bool | str = False) -> Any:
+        """Run a user's object; its exceptions are reported as that role's error, not as a plugin crash.
+        ``synthetic``: the object is handed an input the check made up (in words when a string: "a batch
+        with one example perturbed"): its exception is then an internal error of pytest-dlcheck naming that
+        input, not the role's (the pipeline's own inputs may never meet that condition)."""
+        value = user_call(role, fn, synthetic)
         self.returned = self.returned[-7:] + [(role, value)]
         return value
 

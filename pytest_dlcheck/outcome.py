@@ -8,7 +8,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from .errors import MISSING, CheckFailed, RoleError
-from .session import in_plugin
+from .session import in_plugin, synthetic_input
 
 WIDTH = 100
 
@@ -172,30 +172,19 @@ def _lengths(value) -> list[int] | None:
     return lengths
 
 
-def _field_problem(key: str, value, strong: bool) -> str | None:
-    """What is wrong with one batch field: ``strong`` problems make any computation on it fail (meta
-    tensors, float token ids, ragged rows); weak ones (NaN/Inf, None) are suspects only."""
+def _field_problem(key: str, value) -> str | None:
+    """What makes one batch field unusable by any computation: a meta tensor, float token ids, ragged rows.
+    (A NaN or a None is no such thing: a check that crashes on it is the plugin's bug.)"""
     torch = _torch()
     if torch is not None and isinstance(value, torch.Tensor):
         if value.is_meta:
-            return "is a tensor on the meta device (it holds no values)" if strong else None
-        if (
-            strong
-            and key in ID_FIELDS
-            and key != "attention_mask"
-            and (value.is_floating_point() or value.is_complex())
-        ):
+            return "is a tensor on the meta device (it holds no values)"
+        if key in ID_FIELDS and key != "attention_mask" and (value.is_floating_point() or value.is_complex()):
             return f"has dtype {value.dtype}, expected integer token ids"
-        if not strong and value.is_floating_point() and value.numel():
-            bad = int((~torch.isfinite(value)).sum())
-            if bad:
-                return f"has {bad} NaN/Inf values of {value.numel()}"
         return None
-    if value is None:
-        return None if strong else "is None"
-    if strong and type(value).__name__ == "ndarray" and str(getattr(value, "dtype", "")) == "object":
+    if type(value).__name__ == "ndarray" and str(getattr(value, "dtype", "")) == "object":
         return "is a numpy array of dtype object (ragged rows?)"
-    if strong and isinstance(value, (list, tuple)) and key in TENSOR_FIELDS and value:
+    if isinstance(value, (list, tuple)) and key in TENSOR_FIELDS and value:
         lengths = _lengths(value)
         if lengths and len(set(lengths)) > 1:
             return (
@@ -204,27 +193,27 @@ def _field_problem(key: str, value, strong: bool) -> str | None:
             )
         if key in ID_FIELDS and any(isinstance(v, float) for v in value):
             return f"is a {type(value).__name__} of floats, expected integer token ids"
-    if strong and isinstance(value, str) and key in ID_FIELDS:
+    if isinstance(value, str) and key in ID_FIELDS:
         return "is a string, expected token ids"
     return None
 
 
-def _mapping_problem(b, exc: BaseException, strong: bool) -> str | None:
+def _mapping_problem(b, exc: BaseException) -> str | None:
     torch = _torch()
-    if strong and isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) and exc.args[0] not in b:
+    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) and exc.args[0] not in b:
         return f"has no field {exc.args[0]!r} (fields: {', '.join(map(str, b)) or 'none'})"
     for key, value in b.items():
-        problem = _field_problem(str(key), value, strong)
+        problem = _field_problem(str(key), value)
         if problem:
             return f"field {key!r} {problem}"
-    if strong and torch is not None:
+    if torch is not None:
         shapes = {k: tuple(v.shape) for k, v in b.items() if k in ID_FIELDS and isinstance(v, torch.Tensor)}
         if len(set(shapes.values())) > 1:
             return "fields of different shapes: " + ", ".join(f"{k} {v}" for k, v in shapes.items())
     return None
 
 
-def _find(value, exc: BaseException, strong: bool, depth: int = 3, budget: list | None = None) -> str | None:
+def _find(value, exc: BaseException, depth: int = 3, budget: list | None = None) -> str | None:
     """The first problem in a batch, a list of batches, a Sample (its batches and rows), a tensor or a
     dict/list around them; bounded."""
     from collections.abc import Mapping
@@ -235,24 +224,20 @@ def _find(value, exc: BaseException, strong: bool, depth: int = 3, budget: list 
         return None
     torch = _torch()
     if torch is not None and isinstance(value, torch.Tensor):
-        return (
-            ("is a tensor on the meta device (it holds no values)" if value.is_meta else None)
-            if strong
-            else _field_problem("", value, False)
-        )
+        return "is a tensor on the meta device (it holds no values)" if value.is_meta else None
     if isinstance(value, Mapping):
-        found = _mapping_problem(value, exc, strong)
+        found = _mapping_problem(value, exc)
         if found:
             return found
         for k, v in list(value.items())[:32]:
             if isinstance(v, (Mapping, list, tuple)):
-                inner = _find(v, exc, strong, depth - 1, budget)
+                inner = _find(v, exc, depth - 1, budget)
                 if inner:
                     return f"[{k!r}] {inner}"
         return None
     if isinstance(value, (list, tuple)):
         for i, v in enumerate(value[:16]):
-            inner = _find(v, exc, strong, depth - 1, budget)
+            inner = _find(v, exc, depth - 1, budget)
             if inner:
                 return f"item {i}: {inner}"
         return None
@@ -260,7 +245,7 @@ def _find(value, exc: BaseException, strong: bool, depth: int = 3, budget: list 
     if isinstance(fields, dict) and not _is_module(value) and not isinstance(value, type):
         for attr, inner in list(fields.items())[:16]:
             if isinstance(inner, (list, tuple, Mapping)) or (torch is not None and isinstance(inner, torch.Tensor)):
-                found = _find(inner, exc, strong, depth - 1, budget)
+                found = _find(inner, exc, depth - 1, budget)
                 if found:
                     return f"{attr} {found}"
     return None
@@ -294,11 +279,15 @@ def _mentions(exc: BaseException, value: object) -> bool:
 def explain(ctx, exc: BaseException) -> RoleError | None:
     """A RoleError naming the role behind ``exc`` and what is wrong with it, or None (a plugin bug).
 
-    In order: a broken value one of the user's objects returned or the data sample holds (a tensor on
-    the meta device, float token ids, ragged rows, a field the check needs missing); an object no check
-    can run (a model on the meta device); the user's object whose code raised; broken data in the
-    check's frames; a role whose type or value the error names (int() of a dict); suspicious values
-    (NaN, None) in what was returned."""
+    None when the user's code raised ``exc`` on an input the check made up (``user_call(..., synthetic=)``):
+    that is the plugin's error. Else, in order: a value one of the user's objects returned or the data
+    sample holds that no computation can use (a tensor on the meta device, float token ids, ragged rows, a
+    field the check needs missing); an object no check can run (a model on the meta device); the user's
+    object whose code raised; such unusable data in the check's frames; a role whose type or value the error
+    names (int() of a dict). Values that are merely unusual (a NaN, a None) blame nobody: an exception the
+    check's own code raised on them is the plugin's."""
+    if synthetic_input(exc) is not None:
+        return None
     roles = _roles_of(ctx)
     frames = _tb_frames(exc)
     inside = [i for i, f in enumerate(frames) if in_plugin(f.f_code.co_filename)]
@@ -308,22 +297,22 @@ def explain(ctx, exc: BaseException) -> RoleError | None:
     returned = list(reversed(getattr(ctx, "returned", []) if ctx is not None else []))
     used = list(reversed(getattr(ctx, "used", []) if ctx is not None else []))
 
-    def data_problem(strong: bool) -> RoleError | None:
+    def data_problem() -> RoleError | None:
         """In what the user's objects returned and the shared samples the check used."""
         for role, value in returned:
-            problem = _find(value, exc, strong)
+            problem = _find(value, exc)
             if problem:
                 return RoleError(role, f"returned a value whose {problem} ({stopped})")
         for sources, _key, value in used:
             if isinstance(value, BaseException):
                 continue
-            problem = _find(value, exc, strong)
+            problem = _find(value, exc)
             name = _role_for(sources, roles, DATA_ROLES) if problem else None
             if name is not None:
                 return RoleError(name, f"gave data whose {problem} ({stopped})")
         return None
 
-    def frame_problem(strong: bool) -> RoleError | None:
+    def frame_problem() -> RoleError | None:
         """A failure while the shared data was being read: the partial data is in the plugin's frames, the
         objects it was read from in the memo() frame it happened under."""
         memos = [
@@ -338,7 +327,7 @@ def explain(ctx, exc: BaseException) -> RoleError | None:
             for local in list(frame.f_locals.values())[:32]:
                 if any(local is v for v in roles.values()):
                     continue
-                problem = _find(local, exc, strong, depth=2)
+                problem = _find(local, exc, depth=2)
                 if problem:
                     name = (_role_for(sources, roles, DATA_ROLES) if sources is not None else None) or next(
                         (r for r in DATA_ROLES if r in roles), None
@@ -347,7 +336,7 @@ def explain(ctx, exc: BaseException) -> RoleError | None:
                         return RoleError(name, f"gave data whose {problem} ({stopped} in {_frame_text(frame)})")
         return None
 
-    found = data_problem(strong=True)
+    found = data_problem()
     if found is not None:
         return found
     for name, value in roles.items():
@@ -359,14 +348,14 @@ def explain(ctx, exc: BaseException) -> RoleError | None:
             name = _owner_role(frame, roles)
             if name is not None:
                 return RoleError(name, f"raised {text} (in {_frame_text(frames[-1])})")
-    found = frame_problem(strong=True)
+    found = frame_problem()
     if found is not None:
         return found
     named = [n for n, v in roles.items() if _mentions(exc, v)]
     if len(named) == 1:
         value = roles[named[0]]
         return RoleError(named[0], f"is {_kind(value)}, which {check} cannot use ({text})")
-    return data_problem(strong=False) or frame_problem(strong=False)
+    return None
 
 
 def _kind(value: object) -> str:
@@ -391,15 +380,20 @@ def _role_types(roles: dict) -> str:
 
 
 def internal_note(check, ctx, exc: BaseException) -> str:
-    """What an internal error of the plugin says: where in pytest-dlcheck it happened, the roles the check
-    ``check`` had resolved (its context ``ctx``), and that it is ours to fix."""
+    """What an internal error of the plugin says: that it is pytest-dlcheck's bug, what was raised, the plugin's
+    frame it was raised in (or, for the user's code handed an input the check made up, the plugin's frame that
+    made the call and what the input was), the roles the check ``check`` had resolved (its context ``ctx``),
+    and a request to report it."""
     frames = [f for f in _tb_frames(exc) if in_plugin(f.f_code.co_filename)]
-    where = f" at {_frame_text(frames[-1])}" if frames else ""
+    where = _frame_text(frames[-1]) if frames else "an unknown place in pytest-dlcheck"
+    made_up = synthetic_input(exc)
+    what = f"{type(exc).__name__}: {_exc_text(exc)}" + (
+        f" ({made_up}, not on your pipeline's own data)" if made_up else ""
+    )
     roles = _roles_of(ctx)
     return (
-        f"{check.id} stopped on {type(exc).__name__}: {_exc_text(exc)} inside pytest-dlcheck{where}, not in "
-        f"your code. Roles it had: {_role_types(roles)}. If these objects are what the roles ask for "
-        f"(pytest --dlcheck-list {check.id}), this is a bug of pytest-dlcheck: please report it with this output."
+        f"internal error of pytest-dlcheck (this is a bug of pytest-dlcheck, not of your pipeline): {what} at "
+        f"{where}; please report it with this output. {check.id} had the roles {_role_types(roles)}."
     )
 
 

@@ -5,11 +5,12 @@ imports only the bottom of the core."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.util
 import os
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -111,8 +112,8 @@ class DlcheckState:
     def derived(self, sources: Any, key: str, make: Callable[[], Any]) -> Any:
         return self.memo(sources, "derive:" + key, make)
 
-    def guarded_user_call(self, role: str, call: Callable[[], Any]) -> Any:
-        return user_call(role, call)
+    def guarded_user_call(self, role: str, call: Callable[[], Any], synthetic: bool | str = False) -> Any:
+        return user_call(role, call, synthetic)
 
     def setting(self, check: Check, name: str) -> Any:
         return self.overrides.get((check.id, name), check.setting(name).default)
@@ -147,9 +148,19 @@ def _malloc_trim() -> Any:
 _TRIM: Any = False
 
 
-def user_call(role: str, call: Callable[[], Any]) -> Any:
+#: the attribute of an exception the user's code raised on an input pytest-dlcheck made up: the made-up input,
+#: in words (an internal error of the plugin, not the user's; see :func:`user_call`)
+SYNTHETIC_ATTR = "__dlcheck_synthetic__"
+
+
+def user_call(role: str, call: Callable[[], Any], synthetic: bool | str = False) -> Any:
     """Run a user's object. An exception raised in the user's code becomes a :class:`RoleError` naming
-    the role and where it was raised; one raised inside the plugin itself propagates as a plugin bug."""
+    the role and where it was raised; one raised inside the plugin itself propagates as a plugin bug.
+
+    ``synthetic``: the user's object is handed an input pytest-dlcheck made up (a perturbed batch, a generated
+    rollout, a concatenation of batches), said in words when a string. Its exception is then not the user's:
+    it propagates as an internal error of the plugin, marked with what the made-up input was (the pipeline's
+    own inputs may never have met that condition)."""
     try:
         return call()
     except (RoleError, CheckFailed, pytest.skip.Exception, pytest.fail.Exception, KeyboardInterrupt):
@@ -158,7 +169,46 @@ def user_call(role: str, call: Callable[[], Any]) -> Any:
         frames = traceback.extract_tb(exc.__traceback__)
         if frames and in_plugin(frames[-1].filename):
             raise
+        synthetic = synthetic or (_MADE_UP[-1] if _MADE_UP else False)
+        if synthetic:
+            what = synthetic if isinstance(synthetic, str) else "an input pytest-dlcheck made up"
+            mark_synthetic(exc, f"dlcheck_{role} raised it on {what}")
+            raise
         raise RoleError(role, f"raised {type(exc).__name__}: {_text(exc)}{where_raised(exc)}") from exc
+
+
+#: the made-up inputs the user's code is being handed now (innermost last): see :func:`made_up`
+_MADE_UP: list[str] = []
+
+
+@contextlib.contextmanager
+def made_up(what: str) -> Iterator[None]:
+    """Every :func:`user_call` inside is handed an input pytest-dlcheck made up (``what``, in words), however
+    deep in the shared machinery (a perturbed batch through a training setup's loss): its exception is an
+    internal error of the plugin naming that input, not the role's."""
+    _MADE_UP.append(what)
+    try:
+        yield
+    finally:
+        _MADE_UP.pop()
+
+
+def mark_synthetic(exc: BaseException, what: str) -> None:
+    """Mark ``exc`` as raised by the user's code on an input the plugin made up (``what``, in words)."""
+    try:
+        setattr(exc, SYNTHETIC_ATTR, what)
+    except (AttributeError, TypeError):  # an exception type with __slots__: the attribution is lost, not the error
+        pass
+
+
+def synthetic_input(exc: BaseException) -> str | None:
+    """What made-up input the user's code raised ``exc`` on (see :func:`user_call`), or None: marked on the
+    exception itself or on the one it was raised from."""
+    for one in (exc, exc.__cause__):
+        what = getattr(one, SYNTHETIC_ATTR, None)
+        if isinstance(what, str):
+            return what
+    return None
 
 
 def where_raised(exc: BaseException) -> str:
