@@ -6,6 +6,7 @@ original), snapshots, RNG states, batches and model calls, and what a run record
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import math
 import random
@@ -175,17 +176,89 @@ def seed_all(seed: int) -> None:
 
 
 def to_device(batch: Any, device: Any) -> Any:
+    """The batch on ``device``, of its own type, as the user's step, loss or model expects it: a batch class
+    with its own ``.to()`` (a transformers ``BatchEncoding``, a custom batch) is moved by it, on a shallow copy
+    (``BatchEncoding.to`` moves in place: the shared sample stays where it was); a mapping, a named tuple, a
+    list, a tuple or a dataclass is rebuilt as the same type around its moved values. A batch with nothing
+    to move is handed as it is (the same object)."""
+    dev = torch.device(device)
+    if not _off_device(batch, dev, 4):
+        return batch
+    return _moved(batch, dev, 4)
+
+
+def _is_batch_class(batch: Any) -> bool:
+    """An object that moves itself (``batch.to(device)``): not a tensor, a module or a class."""
+    return (
+        callable(getattr(batch, "to", None))
+        and not isinstance(batch, (torch.Tensor, torch.nn.Module, type))
+        and not isinstance(batch, (str, bytes))
+    )
+
+
+def _fields(batch: Any) -> list[Any] | None:
+    """The values inside a container batch (None when it is not one)."""
+    if isinstance(batch, Mapping):
+        return list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        return list(batch)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return [getattr(batch, f.name, None) for f in dataclasses.fields(batch)]
+    if _is_batch_class(batch) and isinstance(getattr(batch, "__dict__", None), dict):
+        return list(vars(batch).values())
+    return None
+
+
+def _off_device(batch: Any, device: torch.device, depth: int) -> bool:
+    """Whether a tensor in ``batch`` lies on another device (a batch class whose insides cannot be seen
+    counts as off: its own ``.to()`` decides)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.device.type != device.type or (device.index is not None and batch.device.index != device.index)
+    if depth < 0:
+        return False
+    inner = _fields(batch)
+    if inner is None:
+        return _is_batch_class(batch)
+    return any(_off_device(v, device, depth - 1) for v in inner)
+
+
+def _moved(batch: Any, device: torch.device, depth: int) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch.to(device)
+    if depth < 0:
+        return batch
+    if (
+        _is_batch_class(batch)
+        and not isinstance(batch, (list, tuple))
+        and not (isinstance(batch, dict) and type(batch) is dict)
+    ):
+        mine = copy.copy(batch)
+        out = mine.to(device)
+        return mine if out is None else out
     if isinstance(batch, Mapping):
-        return (
-            type(batch)({k: to_device(v, device) for k, v in batch.items()})
-            if isinstance(batch, dict)
-            else {k: to_device(v, device) for k, v in batch.items()}
-        )
-    if isinstance(batch, (list, tuple)) and not (batch and isinstance(batch[0], Mapping)):
-        moved = [to_device(v, device) for v in batch]
-        return type(batch)(moved) if isinstance(batch, list) else tuple(moved)
+        moved = {k: _moved(v, device, depth - 1) for k, v in batch.items()}
+        if type(batch) is dict:
+            return moved
+        try:
+            again = copy.copy(batch)
+            for k, v in moved.items():
+                again[k] = v
+            return again
+        except TypeError:  # an immutable mapping: built anew from the moved items
+            return type(batch)(moved)
+    if isinstance(batch, (list, tuple)):
+        if batch and isinstance(batch[0], Mapping):  # uncollated examples: handed as they are
+            return batch
+        moved_items = [_moved(v, device, depth - 1) for v in batch]
+        if hasattr(batch, "_fields"):  # a named tuple
+            return type(batch)(*moved_items)
+        return type(batch)(moved_items)
+    if dataclasses.is_dataclass(batch):
+        again = copy.copy(batch)
+        for f in dataclasses.fields(batch):
+            if hasattr(batch, f.name):
+                object.__setattr__(again, f.name, _moved(getattr(batch, f.name), device, depth - 1))
+        return again
     return batch
 
 
