@@ -1,21 +1,20 @@
-"""pytest-dlcheck's hooks. Every hook returns at once unless ``--dlcheck`` (or ``--dlcheck-list``) is in
-use; importing this module imports neither torch nor any domain library."""
+"""pytest-dlcheck's hooks, registered by the entry point (:mod:`pytest_dlcheck.entry`, which owns the options
+and checks the usage) only once ``--dlcheck`` turns the plugin on; importing this module imports neither
+torch nor any domain library."""
 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from . import fixtures, registry, twin
+from . import registry, twin
 from .cost import Cost, counting
 from .errors import CheckFailed, RoleError
 from .isolation import CheckTimeout, as_user, check_frame, checking, hypothesis_home, time_bound
-from .listing import print_catalog
 from .outcome import explain, internal_note, render_failure, render_role_error, timeout_rendered
 from .property import run_property
 from .report import PROPERTY, Results, payload
@@ -33,164 +32,10 @@ from .session import (
 )
 
 PROPERTY_SUFFIX = "[property]"
-ENV_VAR = "PYTEST_DLCHECK"
-
-
-# --------------------------------------------------------------------------------------------------
-# options
-
-
-def _positive_int(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
-    return value
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("dlcheck", "deep-learning pipeline checks (pytest-dlcheck)")
-    group.addoption(
-        "--dlcheck",
-        action="store",
-        metavar="DOMAINS|IDS",
-        help="run the checks of these domains or IDs beside each conftest.py that defines dlcheck_* "
-        "fixtures: llm, vision, diffusion, rl, vlm, train, ckpt, smoke, dist, all, or IDs like L2,L11 "
-        f"(also: ini 'dlcheck', env {ENV_VAR})",
-    )
-    group.addoption(
-        "--dlcheck-ignore",
-        action="append",
-        default=[],
-        metavar="IDS",
-        help="checks or domains not to run, e.g. V6,L13 (adds to ini 'dlcheck_ignore')",
-    )
-    group.addoption(
-        "--dlcheck-list",
-        action="store",
-        nargs="?",
-        const="all",
-        default=None,
-        metavar="ID",
-        help="print the catalog (ID, domain, title, roles) and exit; with an ID or domain, print its docs",
-    )
-    group.addoption(
-        "--dlcheck-samples",
-        action="store",
-        type=_positive_int,
-        default=None,
-        metavar="N",
-        help="examples sampled per dataset/dataloader (default 8; ini 'dlcheck_samples')",
-    )
-    group.addoption(
-        "--dlcheck-batch-size",
-        action="store",
-        type=_positive_int,
-        default=None,
-        metavar="N",
-        help="examples per batch when collating sampled examples (default 4; ini 'dlcheck_batch_size')",
-    )
-    group.addoption(
-        "--dlcheck-world-size",
-        action="store",
-        type=_positive_int,
-        default=2,
-        metavar="N",
-        help="processes the dist checks launch the training in (torch.distributed, gloo on CPU; default 2)",
-    )
-    group.addoption(
-        "--dlcheck-set",
-        action="append",
-        default=[],
-        metavar="ID.NAME=VALUE",
-        help="override a check's threshold, e.g. L1.atol=1e-3 (adds to ini 'dlcheck_set')",
-    )
-    group.addoption(
-        "--dlcheck-property",
-        action="store_true",
-        default=None,
-        help="also run the data checks (L2, L4, L11, L13, L14…) in property mode: on examples Hypothesis "
-        "generates from yours, edge lengths favoured (ini 'dlcheck_property')",
-    )
-    group.addoption(
-        "--dlcheck-property-examples",
-        action="store",
-        type=_positive_int,
-        default=None,
-        metavar="N",
-        help="generated batches per property-mode check (default 30; ini 'dlcheck_property_examples')",
-    )
-    group.addoption(
-        "--dlcheck-timeout",
-        action="store",
-        type=_seconds,
-        default=None,
-        metavar="SECONDS",
-        help="stop a check that runs longer than this (setup and call together) and report where it was "
-        f"(default {DEFAULT_TIMEOUT:g}; 0 turns the bound off; ini 'dlcheck_timeout')",
-    )
-    group.addoption(
-        "--dlcheck-json",
-        action="store",
-        default=None,
-        metavar="PATH",
-        help="write every check's outcome, evidence numbers, roles, library versions and timing as JSON",
-    )
-    group.addoption(
-        "--dlcheck-twin",
-        action="store_true",
-        default=False,
-        help="run and train a tiny twin of the model (same architecture from its config, two narrow layers) "
-        "instead of the real weights; checks that need the real weights are not applicable",
-    )
-    group.addoption(
-        "--dlcheck-report",
-        action="store",
-        default=None,
-        metavar="PATH",
-        help="write a self-contained HTML report with every check's outcome, evidence and pictures",
-    )
-    parser.addini("dlcheck", "domains or check IDs to run (as --dlcheck)", default="")
-    parser.addini("dlcheck_ignore", "checks or domains not to run", type="args", default=[])
-    parser.addini("dlcheck_samples", "examples sampled per dataset/dataloader", default="")
-    parser.addini("dlcheck_batch_size", "examples per collated batch", default="")
-    parser.addini("dlcheck_property", "also run the data checks in property mode", type="bool", default=False)
-    parser.addini("dlcheck_property_examples", "generated batches per property-mode check", default="")
-    parser.addini("dlcheck_timeout", f"seconds a check may run (default {DEFAULT_TIMEOUT:g}; 0: no bound)", default="")
-    parser.addini("dlcheck_twin", "as --dlcheck-twin: checks run a tiny twin of the model", type="bool", default=False)
-    parser.addini("dlcheck_set", "threshold overrides, one ID.NAME=VALUE per line", type="linelist", default=[])
 
 
 # --------------------------------------------------------------------------------------------------
 # session state
-
-
-def _setting_source(config: pytest.Config, options: Any = None) -> tuple[str, str]:
-    options = config.option if options is None else options
-    if getattr(options, "dlcheck", None):
-        return options.dlcheck, "command line"
-    if os.environ.get(ENV_VAR):
-        return os.environ[ENV_VAR], f"env {ENV_VAR}"
-    value = config.getini("dlcheck")
-    if value:
-        return value, "ini"
-    return "", ""
 
 
 def _int_option(config: pytest.Config, name: str, default: int) -> int:
@@ -234,15 +79,15 @@ def _overrides(config: pytest.Config) -> dict[tuple[str, str], Any]:
             raise pytest.UsageError(f"--dlcheck-set {text!r}: expected ID.NAME=VALUE, e.g. L1.atol=1e-3")
         check = checks.get(cid.upper())
         if check is None:
-            raise pytest.UsageError(f"--dlcheck-set {text!r}: unknown check ID {cid!r}")
+            raise pytest.UsageError(
+                f"--dlcheck-set {text!r}: unknown check ID {cid!r}{registry.did_you_mean(cid.upper(), checks)}"
+            )
         try:
             setting = check.setting(name)
             out[(check.id, name)] = setting.parse(value.strip())
         except KeyError:
-            names = ", ".join(s.name for s in check.settings) or "none"
-            raise pytest.UsageError(
-                f"--dlcheck-set {text!r}: {check.id} has no setting {name!r} (settings: {names})"
-            ) from None
+            names = [s.name for s in check.settings]
+            raise pytest.UsageError(registry.unknown_setting(text, check.id, name, names)) from None
         except ValueError as exc:
             raise pytest.UsageError(f"--dlcheck-set {text!r}: {exc}") from None
     return out
@@ -252,13 +97,9 @@ def _overrides(config: pytest.Config) -> dict[tuple[str, str], Any]:
 # configuration
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "dlcheck: a pytest-dlcheck check item")
-    for domain in registry.DOMAINS:
-        config.addinivalue_line("markers", f"dlcheck_{domain}: a pytest-dlcheck check of the {domain} domain")
-    spec, source = _setting_source(config)
-    if not spec or config.option.dlcheck_list:
-        return
+def configure(config: pytest.Config, spec: str, source: str) -> None:
+    """The session's state from the selection ``spec`` (read from ``source``) and the settings; called by the
+    entry point's pytest_configure once the plugin is on (the usage was checked there)."""
     ignore = registry.split_tokens(config.getini("dlcheck_ignore")) + registry.split_tokens(
         config.option.dlcheck_ignore
     )
@@ -284,28 +125,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE_KEY] = state
     twin.ACTIVE = state.twin
     twin.reset()
-    if not config.pluginmanager.has_plugin(FIXTURES_PLUGIN):
-        config.pluginmanager.register(fixtures, FIXTURES_PLUGIN)
     config.pluginmanager.register(Results(config), "dlcheck-results")
-
-
-FIXTURES_PLUGIN = "dlcheck-fixtures"
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
-    """With --dlcheck on, the default role fixtures are registered before the initial conftest.py files
-    load: a role fixture from a module they name in ``pytest_plugins`` (global, like ours) is registered
-    after ours then, and overrides the default as the user's own fixture must."""
-    options = early_config.known_args_namespace
-    if getattr(options, "dlcheck_list", None) is None and _setting_source(early_config, options)[0]:
-        early_config.pluginmanager.register(fixtures, FIXTURES_PLUGIN)
-
-
-def pytest_cmdline_main(config: pytest.Config) -> int | None:
-    if config.option.dlcheck_list is None:
-        return None
-    return print_catalog(config, config.option.dlcheck_list)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:

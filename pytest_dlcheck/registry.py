@@ -199,11 +199,36 @@ def load_checks() -> dict[str, Check]:
     return dict(sorted(_CHECKS.items(), key=lambda kv: kv[1].sort_key))
 
 
+def did_you_mean(word: str, choices: Any) -> str:
+    """`` (did you mean X?)`` with the closest of ``choices``, or ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def unknown_token(what: str, token: str, ids: Any) -> str:
+    """The usage error of a ``--dlcheck`` / ignore token that is no domain and no check ID: the closest ID
+    for a token shaped like one, else the closest domain."""
+    upper = token.upper()
+    hint = did_you_mean(upper, ids) if _ID_RE.match(upper) else ""
+    hint = hint or did_you_mean(token.lower(), ("all", *DOMAINS)) or did_you_mean(upper, ids)
+    return (
+        f"{what}: unknown domain or check ID {token!r}{hint} (domains: {', '.join(('all', *DOMAINS))}; "
+        "IDs: pytest --dlcheck-list)"
+    )
+
+
+def unknown_setting(text: str, cid: str, name: str, names: Any) -> str:
+    """The usage error of ``--dlcheck-set ID.NAME=VALUE`` naming no setting of the check."""
+    listed = ", ".join(names) or "none"
+    return f"--dlcheck-set {text!r}: {cid} has no setting {name!r}{did_you_mean(name, names)} (settings: {listed})"
+
+
 def select(tokens: list[str], ignore: list[str]) -> list[Check]:
     """Resolve ``--dlcheck`` tokens (domains, ``all``, or exact check IDs) minus the ignore list.
     Unknown names are an error, never silence."""
     checks = load_checks()
-    known = ", ".join(("all",) + DOMAINS)
 
     def resolve(token: str, what: str) -> set[str]:
         if token == "all":
@@ -212,7 +237,7 @@ def select(tokens: list[str], ignore: list[str]) -> list[Check]:
             return {cid for cid, c in checks.items() if c.domain == token}
         if token.upper() in checks:
             return {token.upper()}
-        raise ValueError(f"{what}: unknown domain or check ID {token!r} (domains: {known}; IDs: pytest --dlcheck-list)")
+        raise ValueError(unknown_token(what, token, checks))
 
     chosen: set[str] = set()
     for token in tokens:
