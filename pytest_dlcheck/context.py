@@ -205,6 +205,14 @@ class CheckContext:
         record["evidence"].extend(str(e) for e in evidence)
         record["data"].update(jsonable(data))
 
+    def not_judged(self, part: str, reason: str) -> None:
+        """Record that ``part`` of what this check judges was not judged, and why ("prompt", "the batches
+        carry no chat template"). The check still passes on what it did judge; its verdict then says which
+        part it left ("passed: padding; prompt not judged: ..."), and the summary counts it apart, as
+        "partly judged". A check that judged none of its parts does not pass: it skips."""
+        record = self.request.node.stash.setdefault(MEASURED_KEY, {"evidence": [], "data": {}})
+        record.setdefault("not_judged", []).append({"part": str(part), "reason": " ".join(str(reason).split())})
+
     def not_applicable(self, reason: str) -> NoReturn:
         """The check does not concern this kind of pipeline (PPO has no KL reference, a pixel-space model
         has no VAE): said as such, and summarised apart from missing roles."""

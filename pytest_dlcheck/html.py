@@ -36,6 +36,11 @@ dl.why dt{font-weight:700;color:#5b6475}dl.why dd{margin:0;white-space:pre-wrap;
 .tok.sup{background:#c8e6c9}.tok.ign{background:#eceff1;color:#546e7a}.tok.pad{background:repeating-linear-gradient(45deg,#fff,#fff 3px,#e0e0e0 3px,#e0e0e0 6px);color:#9e9e9e}
 .tok.doc{border-left:3px solid #1565c0}
 .legend span{margin-right:12px;font-size:12px}.figure{margin:8px 0}.figure svg{max-width:100%;height:auto}
+table.coverage{border-collapse:collapse;margin:8px 0 16px;font-size:13px}
+table.coverage td,table.coverage th{padding:2px 10px;border-bottom:1px solid #e3e6ea;text-align:right}
+table.coverage td:first-child,table.coverage th:first-child{text-align:left;font-weight:700}
+.health{background:#fdecea;border-left:4px solid #c62828;padding:8px 12px;margin:8px 0;font-size:14px}
+.partly_judged{background:#7cb342}
 .caption{font-size:12px;color:#5b6475}details summary{cursor:pointer;color:#1565c0;font-size:13px;margin:4px 0}
 """
 
@@ -268,10 +273,13 @@ def render_card(res: dict[str, Any], pictures: Pictures | None = None) -> str:
     label = outcome.replace("_", " ")
     if outcome == "error" and res.get("error_kind"):
         label = f"error · {ERROR_KINDS.get(res['error_kind'], res['error_kind'])}"
+    partly = outcome == "passed" and bool(res.get("not_judged"))
+    if partly:
+        label = "passed · partly judged"
     parts = [
         f'<div class="card {esc(outcome)}-card" id="{esc(res["nodeid"])}" data-check="{esc(res["id"])}" '
-        f'data-outcome="{esc(outcome)}">',
-        f'<h2><span class="badge {esc(outcome)}">{esc(label)}</span> {esc(res["id"])} {esc(res["title"])} '
+        f'data-outcome="{esc(outcome)}"{" data-partly-judged" if partly else ""}>',
+        f'<h2><span class="badge {"partly_judged" if partly else esc(outcome)}">{esc(label)}</span> {esc(res["id"])} {esc(res["title"])} '
         f'<span class="node">[{esc(res["domain"])}] {esc(res["nodeid"])} · {res["duration"]:.2f}s{cost_text(res)}</span></h2>',
     ]
     rows = [
@@ -281,6 +289,8 @@ def render_card(res: dict[str, Any], pictures: Pictures | None = None) -> str:
         ("error", res["error"]),
         ("skipped", res["reason"]),
     ]
+    if partly:
+        rows.insert(1, ("not judged", "\n".join(f"{p['part']}: {p['reason']}" for p in res["not_judged"])))
     rows = [(k, v) for k, v in rows if v]
     if outcome == "passed" and not res["evidence"]:
         rows.insert(0, ("evidence", "(this pass recorded no measurement)"))
@@ -312,6 +322,36 @@ def render_grouped(results: list[dict[str, Any]]) -> str:
         )
         items.append(f'<li><span class="reason">{esc(reason)}</span> <span class="ids">{ids}</span></li>')
     return f'<ul class="grouped">{"".join(items)}</ul>'
+
+
+COVERAGE_COLUMNS = (
+    ("judged", "judged"),
+    ("failed", "failed"),
+    ("passed", "passed"),
+    ("partly_judged", "partly judged"),
+    ("error", "error"),
+    ("not_applicable", "not applicable"),
+    ("missing_role", "missing a role"),
+    ("undecided", "undecided"),
+)
+
+
+def render_coverage(doc: dict[str, Any]) -> str:
+    """Per domain, how many selected checks judged the pipeline; then the usage errors of domains that judged
+    nothing (what to hand over)."""
+    coverage = doc.get("coverage") or {}
+    if not coverage:
+        return ""
+    head = "".join(f"<th>{esc(label)}</th>" for _, label in COVERAGE_COLUMNS)
+    rows = "".join(
+        f'<tr data-domain="{esc(d)}"><td>{esc(d)}</td>'
+        + f"<td>{c['judged']} of {c['selected']}</td>"
+        + "".join(f"<td>{c[k] or ''}</td>" for k, _ in COVERAGE_COLUMNS[1:])
+        + "</tr>"
+        for d, c in coverage.items()
+    )
+    health = "".join(f'<div class="health">usage error: {esc(text)}</div>' for text in doc.get("health") or [])
+    return f'<table class="coverage" id="coverage"><tr><th>domain</th>{head}</tr>{rows}</table>{health}'
 
 
 def render(doc: dict[str, Any]) -> str:
@@ -346,7 +386,9 @@ def render(doc: dict[str, Any]) -> str:
         f"<style>{CSS}</style></head><body>"
         f'<h1>pytest-dlcheck report</h1><div class="meta">{esc(doc["created"])} · selection {esc(doc["selection"])} · '
         f"{doc['duration']:.1f}s · python {esc(doc['python'])} · {esc(versions)}</div>"
-        f'<div class="counts" id="summary">{counts}</div>{note}' + "".join(body) + "</body></html>"
+        f'<div class="counts" id="summary">{counts}</div>{render_coverage(doc)}{note}'
+        + "".join(body)
+        + "</body></html>"
     )
 
 

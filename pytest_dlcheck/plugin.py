@@ -17,7 +17,7 @@ from .errors import CheckFailed, RoleError
 from .isolation import CheckTimeout, as_user, check_frame, checking, hypothesis_home, time_bound
 from .outcome import explain, internal_note, render_failure, render_role_error, timeout_rendered
 from .property import run_property
-from .report import PROPERTY, Results, payload
+from .report import PROPERTY, Results, payload, verdict_line
 from .roles import ROLES
 from .session import (
     ARTIFACTS_KEY,
@@ -362,8 +362,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
             report.longrepr = item.repr_failure(call.excinfo)
         artifacts = item.stash.get(ARTIFACTS_KEY, []) if report.when == "call" else []
         measured = item.stash.get(MEASURED_KEY, None) if report.when == "call" and report.passed else None
-        if measured and measured["evidence"]:
-            report.sections.append(("dlcheck evidence", "\n".join(measured["evidence"])))
+        if measured and (measured["evidence"] or measured.get("not_judged")):
+            unjudged = [  # each unjudged part, unless the evidence says it already
+                f"{p['part']}: not judged, {p['reason']}"
+                for p in measured.get("not_judged", [])
+                if not any(p["part"] in e and "not judged" in e for e in measured["evidence"])
+            ]
+            report.sections.append(("dlcheck evidence", "\n".join(measured["evidence"] + unjudged)))
         try:
             info = payload(item.check, report.when, report.outcome, exc, artifacts, measured)
             info["cost"] = dict(item.stash.get(COST_KEY, {}))
@@ -380,8 +385,9 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
         return None
     info = next((v for k, v in report.user_properties if k == PROPERTY), None)
     evidence = (info or {}).get("evidence") or []
-    if not evidence:
+    not_judged = (info or {}).get("not_judged") or []
+    if not evidence and not not_judged:
         return None
-    text = " ".join(evidence[0].split())
+    text = verdict_line(evidence, not_judged)
     text = text if len(text) <= 70 else text[:69] + "…"
     return "passed", ".", (f"PASSED ({text})", {"green": True})

@@ -17,7 +17,7 @@ import pytest
 from . import __version__, registry
 from .errors import CheckFailed, RoleError
 from .html import write_html
-from .session import MISSING_ROLE, NOT_APPLICABLE
+from .session import MISSING_ROLE, NOT_APPLICABLE, STATE_KEY
 
 PROPERTY = "dlcheck"
 #: 2: ``outcome`` tells failed / error / passed / not_applicable / missing_role / skipped apart (version 1 had
@@ -67,6 +67,12 @@ class Result:
     artifacts: list[dict[str, Any]] = field(default_factory=list)
     #: the work the check caused (pytest_dlcheck.cost): forward/backward passes, optimizer steps, per model
     cost: dict[str, Any] = field(default_factory=dict)
+    #: the parts of its subject a passing check did not judge, each {"part", "reason"} (a partly judged pass)
+    not_judged: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def partly_judged(self) -> bool:
+        return self.outcome == "passed" and bool(self.not_judged)
 
     def to_json(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -116,6 +122,123 @@ def payload(
         out.update(error=f"{type(exc).__name__}: {exc}", error_kind=kind)
     elif measured:
         out.update(evidence=list(measured["evidence"]), data=jsonable(measured["data"]))
+        if measured.get("not_judged"):
+            out["not_judged"] = jsonable(measured["not_judged"])
+    return out
+
+
+def verdict_line(evidence: list[str], not_judged: list[dict[str, str]]) -> str:
+    """What ``-v`` says beside PASSED: the first line of evidence, or for a partly judged pass what was judged
+    and which part was not ("padding judged; prompt not judged: ...")."""
+    text = " ".join(evidence[0].split()) if evidence else ""
+    if not not_judged:
+        return text
+    parts = "; ".join(f"{p['part']} not judged" for p in not_judged)
+    return f"partly judged: {parts}" + (f" ({text})" if text else "")
+
+
+#: what each domain's checks need handed over to judge a pipeline: said when a selected domain judged nothing
+HAND_OVER = {
+    "llm": "dlcheck_tokenizer and token batches: dlcheck_dataloader (or dlcheck_collator + dlcheck_dataset) yielding "
+    "mappings of input_ids / labels / attention_mask, or a transformers/TRL dlcheck_trainer",
+    "vision": "dlcheck_model and images: dlcheck_dataloader or dlcheck_dataset (and their eval twins), with "
+    "dlcheck_train_transform / dlcheck_eval_transform",
+    "diffusion": "dlcheck_pipeline (or dlcheck_unet, dlcheck_vae, dlcheck_noise_scheduler, dlcheck_inference_scheduler) "
+    "and dlcheck_training_inputs",
+    "rl": "dlcheck_algorithm (Stable-Baselines3), a TRL GRPO/PPO dlcheck_trainer, or dlcheck_env with "
+    "dlcheck_advantage_fn",
+    "vlm": "a vision-language dlcheck_model with its processor as dlcheck_tokenizer and dlcheck_dataloader",
+    "train": "a training: dlcheck_trainer (transformers/TRL), dlcheck_lightning_module + dlcheck_datamodule, or "
+    "dlcheck_make_training + dlcheck_dataloader",
+    "ckpt": "a training: dlcheck_trainer (transformers/TRL), dlcheck_lightning_module + dlcheck_datamodule, or "
+    "dlcheck_make_training + dlcheck_dataloader (+ dlcheck_save_checkpoint / dlcheck_load_checkpoint)",
+    "smoke": "a training: dlcheck_trainer (transformers/TRL), dlcheck_lightning_module + dlcheck_datamodule, or "
+    "dlcheck_make_training + dlcheck_dataloader",
+    "dist": "dlcheck_make_training + dlcheck_dataloader (with dlcheck_dist_wrap), or a transformers/TRL "
+    "dlcheck_trainer",
+}
+#: the counts of one domain's coverage, in the order the summary says them
+COVERAGE = (
+    "selected",
+    "judged",
+    "failed",
+    "passed",
+    "partly_judged",
+    "error",
+    "not_applicable",
+    "missing_role",
+    "undecided",
+)
+
+
+def coverage(results: list[Result]) -> dict[str, dict[str, int]]:
+    """Per domain, how many selected checks judged the pipeline: ``judged`` counts the verdicts on all a check
+    judges (its failures and its full passes); a pass that judged only part of its subject is ``partly_judged``,
+    apart; the rest did not judge (errors, not applicable, a missing role, undecided)."""
+    out: dict[str, dict[str, int]] = {}
+    for r in sorted(results, key=lambda r: _id_order(r.id)):
+        c = out.setdefault(r.domain, dict.fromkeys(COVERAGE, 0))
+        c["selected"] += 1
+        kind = "partly_judged" if r.partly_judged else "undecided" if r.outcome == "skipped" else r.outcome
+        c[kind] += 1
+        if kind in ("failed", "passed"):
+            c["judged"] += 1
+    return out
+
+
+def _missing_fixtures(results: list[Result]) -> list[str]:
+    """The fixtures the missing-role skips ask for, each once ("dlcheck_compute_metrics (or ...)")."""
+    import re
+
+    out: list[str] = []
+    for r in results:
+        m = re.match(rf"{re.escape(MISSING_ROLE)}\s*define fixture (.*?) in conftest\.py", r.reason)
+        for wanted in re.split(r";\s*", m.group(1)) if m else []:
+            if wanted and wanted not in out:
+                out.append(wanted)
+    return out
+
+
+def judged_nothing(selection: str, results: list[Result]) -> list[str]:
+    """The health check: for each domain named in ``selection`` (``--dlcheck=llm``) whose checks ran and
+    judged nothing of the pipeline (no failure, no full pass, no error), a usage error saying what to hand
+    over; under ``all``, one when no domain judged anything. Checks selected by ID are not held to it."""
+    tokens = [t.lower() for t in registry.split_tokens(selection)]
+    cov = coverage(results)
+    named = [d for d in registry.DOMAINS if d in tokens and d in cov]
+    if "all" in tokens and cov and not any(c["judged"] or c["error"] for c in cov.values()):
+        named = ["all"]
+    out = []
+    for domain in named:
+        mine = [r for r in results if domain in ("all", r.domain)]
+        c = cov[domain] if domain != "all" else {k: sum(x[k] for x in cov.values()) for k in COVERAGE}
+        if c["judged"] or c["error"]:
+            continue
+        counts = ", ".join(
+            f"{c[k]} {label}"
+            for k, label in (
+                ("partly_judged", "partly judged"),
+                ("not_applicable", "not applicable"),
+                ("missing_role", "missing a role"),
+                ("undecided", "undecided"),
+            )
+            if c[k]
+        )
+        text = f"--dlcheck={domain} judged nothing of this pipeline (0 of {c['selected']} checks judged: {counts})."
+        reasons = Counter(r.reason for r in mine if r.outcome == "not_applicable")
+        if reasons:
+            reason, n = reasons.most_common(1)[0]
+            text += f" {n} said: {reason[len(NOT_APPLICABLE) :].strip()}."
+        needs = [HAND_OVER[domain]] if domain in HAND_OVER else []
+        missing = _missing_fixtures(mine)
+        if needs:
+            text += f" The {domain} checks judge {needs[0]}."
+        if missing:
+            text += f" Hand over: {'; '.join(missing)}."
+        text += (
+            " Or select the domains that concern it." if domain == "all" else f" Or leave {domain} out of --dlcheck."
+        )
+        out.append(text)
     return out
 
 
@@ -142,7 +265,7 @@ class Results:
         if info.get("cost"):
             res.cost = info["cost"]  # cumulative over setup and call
         if report.outcome == "passed":
-            for key in ("evidence", "data"):
+            for key in ("evidence", "data", "not_judged"):
                 if info.get(key):
                     setattr(res, key, info[key])
             return
@@ -175,30 +298,40 @@ class Results:
                 )
             return
         tr.write_sep("=", "dlcheck summary")
-        by = self.counts()
+        results = list(self.results.values())
+        cov = coverage(results)
+        folded = self.folded(cov)
         colours = {"passed": {"green": True}, "failed": {"red": True}, "error": {"red": True}}
-        for domain in registry.DOMAINS:
-            counts = [(o, by[(domain, o)]) for o in OUTCOMES if by[(domain, o)]]
-            if counts:
-                tr.write(f"{domain:<10} ")
-                for i, (o, n) in enumerate(counts):
-                    tr.write((", " if i else "") + f"{n} {LABELS[o]}", **colours.get(o, {"yellow": True}))
-                tr.write("\n")
-        failed = sorted({r.id for r in self.results.values() if r.outcome == "failed"}, key=_id_order)
+        labels = {**LABELS, "partly_judged": "partly judged", "undecided": "skipped"}
+        for domain, c in cov.items():
+            if domain in folded:
+                continue
+            tr.write(f"{domain:<10} {c['judged']} of {c['selected']} judged: ")
+            counts = [(k, c[k]) for k in COVERAGE[2:] if c[k]]
+            for i, (o, n) in enumerate(counts):
+                tr.write((", " if i else "") + f"{n} {labels[o]}", **colours.get(o, {"yellow": True}))
+            tr.write("\n")
+        if folded:
+            n = sum(cov[d]["selected"] for d in folded)
+            tr.write_line(f"{'n/a':<10} {', '.join(folded)}: {n} checks of kinds of pipeline this one is not")
+        failed = sorted({r.id for r in results if r.outcome == "failed"}, key=_id_order)
         if failed:
             tr.write_line("failed:    " + " ".join(failed), red=True)
         errors = sorted(
-            {
-                f"{r.id} ({ERROR_KINDS.get(r.error_kind, 'error')})"
-                for r in self.results.values()
-                if r.outcome == "error"
-            },
+            {f"{r.id} ({ERROR_KINDS.get(r.error_kind, 'error')})" for r in results if r.outcome == "error"},
             key=lambda t: _id_order(t.split()[0]),
         )
         if errors:
             tr.write_line("error:     " + " ".join(errors), red=True)
+        partly: dict[tuple[str, str], list[str]] = {}  # the same unjudged part and reason: one line
+        for r in sorted(results, key=lambda r: _id_order(r.id)):
+            for p in r.not_judged if r.partly_judged else []:
+                ids = partly.setdefault((p["part"], p["reason"]), [])
+                ids += [] if r.id in ids else [r.id]
+        for (part, reason), ids in partly.items():
+            tr.write_line(f"partly:    {' '.join(ids)}: {part} not judged: {reason}", yellow=True)
         for outcome, label in (("missing_role", "skipped:  "), ("not_applicable", "n/a:      ")):
-            grouped = Counter(r.reason for r in self.results.values() if r.outcome == outcome)
+            grouped = Counter(r.reason for r in results if r.outcome == outcome and r.domain not in folded)
             for reason, n in sorted(grouped.items()):
                 tr.write_line(f"{label} {reason} ({n} check{'s' if n > 1 else ''})")
         # information items (DF1, DF7, L6) skip with what they measured: shown here, not only under -rs
@@ -226,11 +359,30 @@ class Results:
             path = getattr(self.config.option, option, None)
             if path:
                 tr.write_line(f"{label + ':':<10} {path}")
+        for text in self.health():
+            tr.write_line(f"dlcheck usage error: {text}", red=True, bold=True)
+
+    def selection(self) -> str:
+        state = self.config.stash.get(STATE_KEY, None)
+        return state.spec if state is not None else getattr(self.config.option, "dlcheck", None) or ""
+
+    def health(self) -> list[str]:
+        """A usage error per selected domain that judged nothing (see :func:`judged_nothing`)."""
+        return judged_nothing(self.selection(), list(self.results.values()))
+
+    def folded(self, cov: dict[str, dict[str, int]]) -> list[str]:
+        """Under ``all``, the domains that do not concern the pipeline (every check of theirs not applicable):
+        said in one line, without their reasons."""
+        if "all" not in [t.lower() for t in registry.split_tokens(self.selection())]:
+            return []
+        return [d for d, c in cov.items() if c["not_applicable"] == c["selected"]]
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if hasattr(self.config, "workerinput"):
             return  # an xdist worker: the controller writes the reports
+        if self.health() and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.USAGE_ERROR  # a selected domain judged nothing: not a green run
         doc = self.document()
         if self.config.option.dlcheck_json:
             write_json(Path(self.config.option.dlcheck_json), doc)
@@ -249,6 +401,8 @@ class Results:
             "versions": library_versions(),
             "selection": getattr(self.config.option, "dlcheck", None) or "",
             "summary": {o: sum(1 for r in results if r.outcome == o) for o in OUTCOMES},
+            "coverage": coverage(results),
+            "health": judged_nothing(self.selection(), results),
             "cost": {k: sum(r.cost.get(k, 0) for r in results) for k in ("forward", "backward", "optimizer_steps")},
             "results": [r.to_json() for r in results],
         }

@@ -381,6 +381,8 @@ def check_chat_format(dlcheck):
         )
     else:
         lines.append(f"BOS: not judged, {bos_why}")
+        if not bos_na:
+            dlcheck.not_judged("BOS", bos_why)
     if judged:
         lines.append(
             f"chat format: {judged - len(differ)} of {judged} sampled conversations tokenize as "
@@ -389,6 +391,8 @@ def check_chat_format(dlcheck):
         )
     else:
         lines.append(f"chat format: not judged, {chat_why}")
+        if not chat_na:
+            dlcheck.not_judged("chat format", chat_why)
     dlcheck.measured(
         *lines, sequences=seen, doubled_bos=0, conversations=judged, differ=len(differ), truncated=truncated
     )

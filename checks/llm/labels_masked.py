@@ -876,6 +876,7 @@ def check_labels_masked(dlcheck):
             lines.append("padding: none to judge, the batches are padding-free (position_ids, no attention_mask)")
         else:
             lines.append("padding: not judged, the batches have no attention_mask to tell padding")
+            dlcheck.not_judged("padding", "the batches have no attention_mask to tell padding")
         if judged:
             judged_kinds = {ex.kind for ex in judged}
             side = " or ".join(
@@ -893,6 +894,8 @@ def check_labels_masked(dlcheck):
             )
         else:
             lines.append(f"prompt: not judged, {prompt_why}")
+            if not opt_out and prompt_why != NO_SPLIT:  # a prompt there is, but it could not be seen
+                dlcheck.not_judged("prompt", prompt_why)
         if multi:
             lines.append(
                 f"assistant turns: 0 of {len(multi)} sampled conversations with several assistant turns leave a "

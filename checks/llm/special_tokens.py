@@ -357,6 +357,8 @@ def check_special_tokens(dlcheck):
             else "no pad token, and the sampled batches are not padded (no attention_mask zero, no examples of "
             "different lengths collated together)"
         )
+    if sample is None:
+        dlcheck.not_judged("the sampled batches' ids", str(no_sample))
     dlcheck.measured(
         *lines,
         embedding_rows=table,
