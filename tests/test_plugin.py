@@ -52,6 +52,85 @@ def test_installed_but_not_enabled_imports_nothing_heavy(pytester):
     assert "dlcheck:" not in result.stdout.str()
 
 
+def _pytest_importtime(cwd, *args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """``python -X importtime -m pytest ARGS`` in a fresh interpreter: the run, and every module it imported."""
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    imported = {line.rsplit("|", 1)[1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
+    return run, imported - {"imported package"}
+
+
+def test_a_run_without_dlcheck_imports_only_the_entry_module(pytester):
+    """Installed but not enabled: the entry point's tiny module alone (the options and ini keys), none of the
+    core (context, fixtures, report, html, outcome, roles, registry…). pytest loads an entry point through
+    importlib, which -X importtime does not log: the run's own test reads sys.modules as well."""
+    pytester.makeconftest("import pytest\n\n@pytest.fixture\ndef dlcheck_model():\n    return None\n")
+    pytester.makepyfile(
+        test_one="""
+        import sys
+
+        def test_one():
+            ours = sorted(m for m in sys.modules if m.split(".")[0] == "pytest_dlcheck")
+            assert ours == ["pytest_dlcheck", "pytest_dlcheck.entry"], ours
+        """
+    )
+    run, imported = _pytest_importtime(pytester.path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert not [m for m in imported if m.startswith("pytest_dlcheck.") and m != "pytest_dlcheck.entry"]
+    assert not {"torch", "transformers", "numpy", "matplotlib"} & imported
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--dlcheck=llmm"], "--dlcheck: unknown domain or check ID 'llmm' (did you mean llm?)"),
+        (["--dlcheck=visoin,L11"], "--dlcheck: unknown domain or check ID 'visoin' (did you mean vision?)"),
+        (["--dlcheck=L111"], "--dlcheck: unknown domain or check ID 'L111' (did you mean L11?)"),
+        (["--dlcheck=llm", "--dlcheck-ignore=L999x"], "dlcheck ignore: unknown domain or check ID 'L999x'"),
+        (["--dlcheck=L11", "--dlcheck-set=L111.max_missing_share=1"], "unknown check ID 'L111' (did you mean L11?)"),
+        (
+            ["--dlcheck=L11", "--dlcheck-set=L11.max_mising_share=1"],
+            "L11 has no setting 'max_mising_share' (did you mean max_missing_share?) (settings: max_missing_share)",
+        ),
+        (["--dlcheck=L11", "--dlcheck-set=L11max_missing_share=1"], "expected ID.NAME=VALUE"),
+    ],
+)
+def test_usage_errors_come_before_any_heavy_import(pytester, args, said):
+    run, imported = _pytest_importtime(pytester.path, *args)
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout + run.stderr
+    assert said in run.stderr, run.stderr
+    heavy = [m for m in ("torch", "transformers", "numpy", "pytest_dlcheck.plugin") if m in imported]
+    assert not heavy, heavy
+
+
+def test_the_entry_module_knows_the_registrys_domains_ids_and_settings():
+    """The entry point judges the usage on the checks' source without importing them: what it reads there is
+    the registry's catalog (IDs; setting names where a check writes them out, the rest judged once loaded)."""
+    from pytest_dlcheck import entry, session
+
+    assert entry.DOMAINS == registry.DOMAINS
+    assert entry.DEFAULT_TIMEOUT == session.DEFAULT_TIMEOUT
+    checks = registry.load_checks()
+    static = entry._builtin_catalog()
+    assert set(static) == set(checks)
+    for cid, names in static.items():
+        assert names is None or names == tuple(s.name for s in checks[cid].settings), cid
+    assert sum(names is not None for names in static.values()) >= len(checks) - 10
+
+
+def test_a_setting_only_the_loaded_registry_knows_is_still_checked(project):
+    """S1's settings are not written out in its decorator: its typo is caught once the checks are loaded."""
+    project.conftest(CLEAN)
+    bad = project.pytester.runpytest_inprocess("--dlcheck=L11", "--dlcheck-set=S1.step=3")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*S1 has no setting 'step' (did you mean steps?)*"])
+
+
 def test_disabled_with_p_no(pytester):
     pytester.makepyfile(test_one="def test_one():\n    pass\n")
     result = pytester.runpytest_inprocess("-p", "no:dlcheck", "-p", "no:cacheprovider")
