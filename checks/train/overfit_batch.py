@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from ...cost import reused
 from ...errors import MISSING
 from ...guard import preserved_rng
 from ...registry import Setting, check
@@ -21,6 +26,151 @@ from ...training import (
 )
 from ...training.runs import is_grpo
 from ..shared import frozen
+
+#: steps of the direct descent on the model's outputs (the loss alone, no weights: cheap) and its rate, in the
+#: outputs' own units (a logit, or the logit of a squashed output). Adam-style steps move each value by about the
+#: rate whatever its gradient's size, so 300 of them carry a saturating output 30 logits out, far past where a
+#: sigmoid or softmax stops changing in float32
+FLOOR_STEPS = 300
+FLOOR_LR = 0.1
+#: how the outputs fed to the loss are confined, by what every forward of the steps showed
+SQUASHES = {
+    "simplex": "probabilities: every row sums to 1",
+    "unit": "within [0, 1]",
+    "symmetric": "within [-1, 1]",
+}
+
+
+@dataclass
+class OutputRange:
+    """What the model's output tensor held over every forward of the steps (the outputs fed to the loss)."""
+
+    lo: float = math.inf
+    hi: float = -math.inf
+    sum_dev: float = 0.0  # the largest |row sum - 1| over the last dimension
+    forwards: int = 0
+    last_dim: int = 0
+
+    def see(self, out: Any) -> None:
+        t = output_tensor(out)
+        if t is None or not t.is_floating_point() or t.numel() == 0:
+            return
+        t = t.detach().float()
+        self.forwards += 1
+        self.lo, self.hi = min(self.lo, float(t.min())), max(self.hi, float(t.max()))
+        self.last_dim = int(t.shape[-1]) if t.dim() >= 2 else 0
+        if t.dim() >= 2:
+            self.sum_dev = max(self.sum_dev, float((t.sum(-1) - 1).abs().max()))
+        else:
+            self.sum_dev = math.inf
+
+    @property
+    def squash(self) -> str | None:
+        """How the outputs stayed confined at every step: the rows of a softmax, a sigmoid's [0, 1], a tanh's
+        [-1, 1]; None when they left every such range (or none was seen)."""
+        if not self.forwards or not (math.isfinite(self.lo) and math.isfinite(self.hi)):
+            return None
+        if self.lo >= -1e-6 and self.last_dim > 1 and self.sum_dev <= 1e-3:
+            return "simplex"
+        # a bounded range counts only when the steps pressed the outputs against its edge (a saturated sigmoid
+        # or tanh), not when unbounded outputs merely happened to stay in it
+        if self.lo >= 0 and self.hi <= 1 and (self.lo <= 1e-3 or self.hi >= 1 - 1e-3):
+            return "unit"
+        if self.lo >= -1 and self.hi <= 1 and (self.lo <= -1 + 1e-3 or self.hi >= 1 - 1e-3):
+            return "symmetric"
+        return None
+
+
+def _descend(loss_at: Callable[[torch.Tensor], torch.Tensor], out0: torch.Tensor, squash: str | None, stop: float):
+    """The lowest loss on the batch over outputs of the model's shape, found by descending on the outputs
+    themselves (Adam-style steps, no weights, no optimizer object), confined as ``squash`` says (free when None):
+    (lowest loss, steps), stopping once under ``stop``; None when the loss does not depend on the outputs."""
+    x = out0.detach().float()
+    if squash == "unit":
+        phi, shape = torch.logit(x.clamp(1e-6, 1 - 1e-6)), torch.sigmoid
+    elif squash == "symmetric":
+        phi, shape = torch.atanh(x.clamp(-1 + 1e-6, 1 - 1e-6)), torch.tanh
+    elif squash == "simplex":
+        phi, shape = x.clamp_min(1e-12).log(), (lambda p: torch.softmax(p, dim=-1))
+    else:
+        phi, shape = x.clone(), (lambda p: p)
+    lr = FLOOR_LR * (max(1.0, float(x.abs().max())) if squash is None else 1.0)
+    phi.requires_grad_(True)
+    m, v = torch.zeros_like(phi), torch.zeros_like(phi)
+    best, step = math.inf, 0
+    for step in range(1, FLOOR_STEPS + 1):
+        loss = loss_at(shape(phi).to(out0.dtype))
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            break
+        best = min(best, value)
+        if value <= stop:
+            break
+        (g,) = torch.autograd.grad(loss, phi, allow_unused=True)
+        if g is None:
+            return None
+        with torch.no_grad():
+            m.mul_(0.9).add_(g, alpha=0.1)
+            v.mul_(0.999).addcmul_(g, g, value=0.001)
+            phi -= lr * (m / (1 - 0.9**step)) / ((v / (1 - 0.999**step)).sqrt() + 1e-12)
+    return best, step
+
+
+@dataclass
+class Floors:
+    """The loss's lowest value on the batch over the outputs themselves: free, and confined as the model's
+    outputs were at every step."""
+
+    free: float
+    free_steps: int
+    confined: float | None
+    confined_steps: int
+
+
+def _floors(fresh, batch, fixed, squash: str | None, target: float) -> Floors | None:
+    """Descends on the model's outputs, the weights left out: the model's forward returns the outputs being
+    descended on, and the user's loss takes them as it takes the model's. None when the loss is not a function
+    of a plain output tensor (a loss computed inside the model, an output the loss does not read as returned)."""
+    model = fresh.model
+    captured: list[Any] = []
+    handle = model.register_forward_hook(lambda _m, _i, o: captured.append(o))
+    try:
+        with modes(model, train=True), torch.no_grad():
+            first = float(fixed(lambda: fresh.loss(batch)))
+    finally:
+        handle.remove()
+    if len(captured) != 1 or not isinstance(captured[0], torch.Tensor) or not captured[0].is_floating_point():
+        return None
+    out0 = captured[0].detach()
+    own = model.__dict__.get("forward")
+    current = [out0]
+
+    @functools.wraps(model.forward)
+    def replay(*_args, **_kwargs):
+        reused()  # no model ran: this call returns the outputs being descended on
+        return current[0]
+
+    def loss_at(theta: torch.Tensor) -> torch.Tensor:
+        current[0] = theta
+        return fixed(lambda: fresh.loss(batch))
+
+    model.forward = replay
+    try:
+        with modes(model, train=True):
+            with torch.no_grad():
+                again = float(loss_at(out0.clone()))
+            if not math.isclose(again, first, rel_tol=1e-4, abs_tol=1e-6):
+                return None  # the loss reads more than the output the model returned
+            free = _descend(loss_at, out0, None, target)
+            if free is None:
+                return None
+            confined = _descend(loss_at, out0, squash, target) if squash else None
+    finally:
+        if own is None:
+            model.__dict__.pop("forward", None)
+        else:
+            model.forward = own
+    return Floors(free[0], free[1], confined[0] if confined else None, confined[1] if confined else 0)
 
 
 def _frozen_head(fresh, batch) -> frozen.Trainable | None:
@@ -93,11 +243,21 @@ def check_overfit_batch(dlcheck):
         higher rate diverges, the rest goes to the rate halfway between, on a log scale); when it
         diverges at your rate, to 0.1x and 0.01x. An attempt stops as soon as the loss is under the
         target, so a passing pipeline costs a handful of steps. It fails only on conclusive
-        evidence: the loss does not move at all, the outputs are probabilities fed to a loss that
-        applies log-softmax again, or the output layer is frozen at PyTorch's default (random)
+        evidence: the loss does not move at all; the outputs fed to the loss are squashed so that no
+        weights can reach the target; the output layer is frozen at PyTorch's default (random)
         initialisation while at most 10% of the parameters train (named with the trainable share and the
-        modules that train; a model with no trainable parameter fails at once). A loss that falls too slowly in the budget (a 2e-5 fine-tuning rate, a
-        DPO step at 5e-7) is reported as not conclusive.
+        modules that train; a model with no trainable parameter fails at once); or the loss rises at
+        every rate tried, lower ones included. Squashed outputs are judged by behaviour, not by source
+        text: when every forward of the steps kept the outputs probabilities (rows summing to 1), or
+        within [0, 1] / [-1, 1] pressed against an edge (a saturated sigmoid or tanh), T2 descends on
+        the outputs themselves with the weights left out (the model returns the values being descended
+        on, your loss takes them as it takes the model's output; Adam-style steps, up to 300). When the
+        loss, kept in that range, goes no lower than above the target while the same descent with the
+        outputs free reaches it, no weights can halve the loss: a sigmoid before ``BCEWithLogitsLoss``,
+        a softmax before ``CrossEntropyLoss``. A loss that falls too slowly in the budget (a 2e-5
+        fine-tuning rate, a DPO step at 5e-7, a BatchNorm ResNet) is reported as not conclusive, naming
+        each rate's loss, and, when the outputs could be descended on, the loss they reach free (the
+        target is within reach of some output, so nothing shows that no weights can reach it).
     Why it is bad
         A model that cannot memorise eight examples cannot learn the dataset: the loss is detached from
         the parameters, the outputs are squashed (a softmax before ``CrossEntropyLoss``), the targets do
@@ -106,16 +266,20 @@ def check_overfit_batch(dlcheck):
         a flat loss curve.
     Example
         def forward(self, x): return torch.softmax(self.head(self.body(x)), -1)   # then CrossEntropyLoss
+        def forward(self, x): return torch.sigmoid(self.head(self.body(x)))       # then BCEWithLogitsLoss
         model.fc = nn.Linear(512, 10)
         for p in model.parameters(): p.requires_grad = False                     # the new head too
     Use instead
-        return logits from the model (CrossEntropyLoss applies log-softmax itself); make sure the loss is
-        computed from the model's output with gradients, against the right targets; freeze the backbone
-        first, then put the new head in place.
+        return logits from the model (CrossEntropyLoss applies log-softmax itself, BCEWithLogitsLoss the
+        sigmoid); make sure the loss is computed from the model's output with gradients, against the right
+        targets; freeze the backbone first, then put the new head in place.
     Known problems
         Needs a training set-up (dlcheck_trainer, dlcheck_lightning_module, or dlcheck_make_training).
         Models with heavy regularisation (large weight decay, strong dropout in train mode) may need more
-        steps: raise ``T2.steps`` (the budget of all the learning rates tried together).
+        steps: raise ``T2.steps`` (the budget of all the learning rates tried together). The descent on
+        the outputs needs the model to return a plain tensor that your loss reads as returned (one call of
+        the model per loss); a loss computed inside the model (a transformers model given labels) is not
+        descended on, and squashed outputs are then named only when they are probabilities.
     Not applicable
         GRPO: its loss is computed on completions generated inside each step, so there is no fixed batch
         to memorise.
@@ -237,6 +401,8 @@ def check_overfit_batch(dlcheck):
     def diverged(value: float) -> bool:
         return not math.isfinite(value) or value > first
 
+    seen = OutputRange()  # the outputs fed to the loss at every step of every attempt
+    watch = model.register_forward_hook(lambda _m, _i, out: seen.see(out))
     try:
         # your learning rate first (about half the budget); up the ladder while the loss falls too slowly, down it
         # when it diverges; the steps of all the attempts together stay within the budget
@@ -281,6 +447,7 @@ def check_overfit_batch(dlcheck):
                     [halfway] if halfway is not None and left() >= 3 and all(a[0] != halfway for a in attempts) else []
                 )
     finally:
+        watch.remove()
         start.restore(model)
         picture()
 
@@ -297,19 +464,63 @@ def check_overfit_batch(dlcheck):
     example = decode_example(dlcheck, batch)
     if example:
         evidence.append(f"batch 0, example 0: {example}")
-    with modes(model, train=False), torch.no_grad():
-        try:
-            out = output_tensor(fresh.forward(batch))
-        except Exception:  # noqa: BLE001 - the model takes the batch only through the user's loss
-            out = None
+    squash = seen.squash
+    try:
+        floors = _floors(fresh, batch, fixed, squash, target)
+    except Exception:  # noqa: BLE001 - the user's loss fed outputs it may not take: no floor, no verdict from it
+        floors = None
+    start.restore(model)  # the floors' forward updated BatchNorm's running statistics
     best = min(a[2] for a in attempts if math.isfinite(a[2])) if any(math.isfinite(a[2]) for a in attempts) else first
-    if (
-        out is not None
+    out = None
+    if floors is None:
+        with modes(model, train=False), torch.no_grad():
+            try:
+                out = output_tensor(fresh.forward(batch))
+            except Exception:  # noqa: BLE001 - the model takes the batch only through the user's loss
+                out = None
+    if squash and floors is not None and floors.confined is not None and floors.confined > target >= floors.free:
+        # conclusive: no weights can halve the loss, because of how the outputs are confined
+        kept = {
+            "simplex": "the model's outputs are probabilities: every row of its output sums to 1",
+            "unit": "the model's outputs lie within [0, 1]",
+            "symmetric": "the model's outputs lie within [-1, 1]",
+        }[squash]
+        evidence += [
+            f"{kept} at every one of the {seen.forwards} forwards of those steps, up to the highest learning rate "
+            f"tried (they spanned [{seen.lo:.6g}, {seen.hi:.6g}])",
+            f"descending on the outputs themselves (the weights left out, up to {FLOOR_STEPS} steps): kept so, the "
+            f"loss on batch 0 goes no lower than {floors.confined:.4g}, above the target {target:.4g}; left free, it "
+            f"reaches {floors.free:.4g} in {_steps(floors.free_steps)}",
+        ]
+        cause, fix = {
+            "simplex": (
+                "the model ends with a softmax and the loss applies log-softmax again (CrossEntropyLoss expects "
+                f"logits): over probabilities the loss cannot go below {floors.confined:.4g}, whatever the weights",
+                "return logits: drop the final softmax (nn.Softmax / torch.softmax) from the model; apply it only at "
+                "inference",
+            ),
+            "unit": (
+                "the model squashes its outputs into [0, 1] (a final sigmoid) and the loss expects logits "
+                "(BCEWithLogitsLoss applies the sigmoid itself): over outputs in [0, 1] the loss saturates at "
+                f"{floors.confined:.4g}, whatever the weights",
+                "return logits: drop the final sigmoid (torch.sigmoid / nn.Sigmoid) from the model and keep "
+                "BCEWithLogitsLoss; apply the sigmoid only at inference",
+            ),
+            "symmetric": (
+                "the model squashes its outputs into [-1, 1] (a final tanh) and the loss needs values beyond: over "
+                f"outputs in [-1, 1] the loss cannot go below {floors.confined:.4g}, whatever the weights",
+                "return the unsquashed outputs: drop the final tanh (nn.Tanh / torch.tanh) from the model",
+            ),
+        }[squash]
+    elif (
+        floors is None
+        and out is not None
         and out.dim() >= 2
         and out.is_floating_point()
         and bool((out >= 0).all())
         and torch.allclose(out.float().sum(-1), torch.ones(out.shape[:-1]), atol=1e-3)
     ):
+        # the loss could not be descended on through the model's output (a loss computed inside the model)
         evidence.append(f"the model's outputs are probabilities: every row of its {tuple(out.shape)} output sums to 1")
         cause = (
             "the model ends with a softmax and the loss applies log-softmax again (CrossEntropyLoss expects "
@@ -348,9 +559,24 @@ def check_overfit_batch(dlcheck):
             if all(diverged(a[2]) for a in attempts)
             else (f"fell to {best:.4g} at best ({1 - best / first:.0%} less)")
         )
+        measured = ""
+        if floors is not None:
+            measured = (
+                f"; descending on the model's outputs themselves (the weights left out), the loss on batch 0 reaches "
+                f"{floors.free:.4g}, under the target {target:.4g}"
+                + (
+                    f", and {floors.confined:.4g} with the outputs kept {SQUASHES[squash]} as the model keeps them"
+                    if squash and floors.confined is not None
+                    else f"; the outputs are not confined away from it (they spanned {seen.lo:.4g} to {seen.hi:.4g} "
+                    "at the steps)"
+                    if seen.forwards
+                    else ""
+                )
+                + ": nothing shows that no weights can reach it"
+            )
         dlcheck.skip(
             f"not conclusive: batch 0 loss {first:.4g} {how} in {spent} steps on that batch alone, all the "
-            f"learning rates together ({tried}); {dlcheck.setting('min_reduction'):.0%} less was needed — raise "
-            f"T2.steps to judge it (now {budget}: the budget of every rate tried)"
+            f"learning rates together ({tried}); {dlcheck.setting('min_reduction'):.0%} less was needed{measured} — "
+            f"raise T2.steps to judge it (now {budget}: the budget of every rate tried)"
         )
     dlcheck.fail(evidence, cause, fix)

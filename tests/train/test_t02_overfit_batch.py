@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import tiny_train as tt
 from helpers import flat
 
@@ -255,3 +256,71 @@ def test_every_rung_together_stays_within_a_small_budget(project, tmp_path):
     assert "12 steps in all (T2.steps=12): lr 0 (1x)" in text and "(100x)" in text, text
     t2 = next(r for r in json.loads(out.read_text())["results"] if r["id"] == "T2")
     assert t2["cost"]["optimizer_steps"] == 12, t2["cost"]
+
+
+MULTI_LABEL = """
+    import pytest, torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(8, 32), nn.ReLU())
+            self.head = nn.Linear(32, 4)
+
+        def forward(self, x):
+            return {out}
+
+    def tags(n=64, seed=0):
+        # multi-label: each example carries the tags of the blobs it is near
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randn(n, 8, generator=g)
+        return TensorDataset(x, (x[:, :4] > 0).float())
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = Tagger()
+            return {{"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return DataLoader(tags(), batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_loss_fn():
+        return {loss}
+"""
+
+
+def test_a_sigmoid_before_a_logits_loss_saturates(project):
+    """torch.sigmoid in forward, then BCEWithLogitsLoss (which applies the sigmoid itself): the outputs stay in
+    [0, 1] at every step, and over outputs in [0, 1] the loss's floor is above half the first loss whatever the
+    weights (the old T2 said "not conclusive")."""
+    project.conftest(MULTI_LABEL.format(out="torch.sigmoid(self.head(self.body(x)))", loss="nn.BCEWithLogitsLoss()"))
+    run = project.run("--dlcheck=T2")
+    run.assert_outcome("T2", "failed")
+    text = tt.section(run, "T2")
+    assert "the model's outputs lie within [0, 1] at every one of the" in text, text
+    assert "descending on the outputs themselves (the weights left out, up to 300 steps): kept so, the loss" in text
+    floor = float(text.split("the loss on batch 0 goes no lower than ")[1].split(",")[0])
+    target = float(text.split("above the target ")[1].split(";")[0])
+    assert floor > target, text
+    assert "(a final sigmoid) and the loss expects logits (BCEWithLogitsLoss applies the sigmoid itself)" in text
+    assert "drop the final sigmoid (torch.sigmoid / nn.Sigmoid) from the model and keep BCEWithLogitsLoss" in text
+
+
+@pytest.mark.parametrize(
+    "out, loss",
+    [
+        ("self.head(self.body(x))", "nn.BCEWithLogitsLoss()"),  # logits to the logits loss
+        ("torch.sigmoid(self.head(self.body(x)))", "nn.BCELoss()"),  # probabilities to the probability loss
+    ],
+)
+def test_outputs_matched_to_their_loss_overfit(project, out, loss):
+    project.conftest(MULTI_LABEL.format(out=out, loss=loss))
+    run = project.run("--dlcheck=T2", "-rA")
+    run.assert_outcome("T2", "passed")
+    run.fnmatch(["*batch 0 loss * -> * after * steps on that batch alone at lr *"])
