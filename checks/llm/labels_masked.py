@@ -641,49 +641,127 @@ def _is_hf_lm_collator(collator: Any) -> bool:
     )
 
 
-def _labels_discarded(dlcheck, sample: Sample, rows: list[lm.Row], tok: Any) -> None:
-    """The dataset's examples already carry labels with -100 (a prompt the user masked) and the collated
-    batch supervises those very positions with the input ids: the collator rebuilt the labels from
-    input_ids and threw the user's masking away (DataCollatorForLanguageModeling does exactly this)."""
+@dataclass
+class LabelComparison:
+    """The collated labels compared with the labels the dataset's examples already carry."""
+
+    #: examples whose own labels mask positions (-100) and were found in the collated rows
+    compared: int = 0
+    #: positions those labels mask, among the tokens the collated rows hold
+    masked: int = 0
+    #: (example name, row, [(row position of the token, index of its collated label)]) per example whose masked
+    #: positions the collator supervises
+    lost: list[tuple[str, lm.Row, list[tuple[int, int]]]] = field(default_factory=list)
+    #: whether every supervised masked position carries its own input id (labels rebuilt from input_ids)
+    copied: bool = True
+
+
+def _find(haystack: list[int], needle: list[int]) -> int | None:
+    n = len(needle)
+    if not n or n > len(haystack):
+        return None
+    first = needle[0]
+    for o in range(len(haystack) - n + 1):
+        if haystack[o] == first and haystack[o : o + n] == needle:
+            return o
+    return None
+
+
+def _own_shift(ids: list[int], labels: list[int]) -> int:
+    aligned = sum(1 for i, v in enumerate(labels) if v != -100 and v == ids[i])
+    shifted = sum(1 for i, v in enumerate(labels) if v != -100 and i + 1 < len(ids) and v == ids[i + 1])
+    return 1 if shifted > aligned else 0
+
+
+def compare_dataset_labels(sample: Sample, rows: list[lm.Row], shift: int) -> LabelComparison:
+    """Each sampled example that carries its own ``labels`` with -100 in them (a prompt the user masked in the
+    dataset), found in the collated rows of its batch: which of the positions it masks the collated labels
+    supervise. Examples padded in the dataset are found by their real tokens (attention_mask 1)."""
+    out = LabelComparison()
     if not sample.rows or not sample.batch_rows:
-        return
-    by_place = {(r.batch, r.index): r for r in rows}
-    masked_rows = lost_rows = lost = 0
-    first = None
+        return out
+    by_batch: dict[int, list[lm.Row]] = {}
+    for row in rows:
+        by_batch.setdefault(row.batch, []).append(row)
     for b, indices in enumerate(sample.batch_rows):
+        brows = [r for r in by_batch.get(b, []) if r.labels is not None]
         for j, i in enumerate(indices):
             src = sample.rows[i] if i < len(sample.rows) else None
-            row = by_place.get((b, j))
-            given = _as_ids(src.get("labels")) if isinstance(src, Mapping) else None
-            if row is None or row.labels is None or not given or -100 not in given:
+            if not isinstance(src, Mapping) or src.get("labels") is None or src.get("input_ids") is None:
                 continue
-            content = row.content
-            if len(content) != len(given):
+            ids, given = _as_ids(src.get("input_ids")), _as_ids(src.get("labels"))
+            if not ids or not given or len(ids) != len(given) or -100 not in given:
                 continue
-            masked_rows += 1
-            here = [(k, p) for k, p in enumerate(content) if given[k] == -100 and row.labels[p] == row.input_ids[p]]
-            if here and len(here) == given.count(-100):
-                lost_rows += 1
-                lost += len(here)
-                first = first or (row, given, here)
-    if not masked_rows or lost_rows / masked_rows <= 0.5:
+            mask = _as_ids(src["attention_mask"]) if src.get("attention_mask") is not None else None
+            real = [k for k in range(len(ids)) if mask is None or len(mask) != len(ids) or mask[k]]
+            if not real or real != list(range(real[0], real[-1] + 1)):
+                continue
+            ids, given = ids[real[0] : real[-1] + 1], given[real[0] : real[-1] + 1]
+            s = shift - _own_shift(ids, given)
+            # its own row first (one example per row), then the other rows of the batch (packed rows)
+            order = ([brows[j]] if len(brows) == len(indices) and j < len(brows) else []) + brows
+            for row in order:
+                o = _find(row.input_ids, ids)
+                if o is None:
+                    continue
+                content = set(row.content) if mask_is_flat(row) else set(range(len(row.input_ids)))
+                out.compared += 1
+                bad = []
+                for k, value in enumerate(given):
+                    p, at = o + k, o + k - s  # the token, and the collated label that holds its target
+                    if value != -100 or p not in content or not 0 <= at < len(row.labels) or (shift == 0 and at == 0):
+                        continue
+                    out.masked += 1
+                    if row.labels[at] != -100:
+                        bad.append((p, at))
+                        own = at + shift < len(row.input_ids) and row.labels[at] == row.input_ids[at + shift]
+                        out.copied &= own
+                if bad:
+                    where = f" (dataset row {sample.positions[i]})" if sample.positions is not None else ""
+                    out.lost.append((f"example {row.batch}.{row.index}{where}", row, bad))
+                break
+    return out
+
+
+def _labels_discarded(dlcheck: Any, comparison: LabelComparison, tok: Any) -> None:
+    """The dataset's examples already carry labels with -100 (a prompt the user masked) and the collated batch
+    supervises those very positions: the collator replaced the dataset's labels (DataCollatorForLanguageModeling
+    rebuilds them from input_ids), so the masking the user did is lost."""
+    if not comparison.lost:
         return
-    row, given, here = first
-    kept = sum(1 for v in given if v != -100)
+    name, row, bad = comparison.lost[0]
+    n_lost = sum(len(b) for _, _, b in comparison.lost)
+    tokens = [row.input_ids[p] for p, _ in bad]
+    collator = dlcheck.role("collator") if dlcheck.has("collator") else None
+    if collator is None:
+        what = "your collator"
+    else:  # a function by its name, a collator object by its class
+        what = getattr(collator, "__name__", None) or type(collator).__name__
+    if comparison.copied:
+        cause = (
+            f"the collator rebuilds labels from input_ids ({what} sets labels = input_ids), throwing away the labels "
+            "your dataset carries: the masking you did (the prompt at -100) is lost and the model trains on it"
+        )
+    else:
+        cause = (
+            f"the collator's labels differ from the labels your dataset carries ({what} replaces them): positions "
+            "the dataset masks with -100 are supervised, so the masking you did is lost"
+        )
     dlcheck.fail(
         [
-            f"{lost_rows} of {masked_rows} sampled examples arrive with labels that mask positions (-100) and leave "
-            f"the collator with those positions supervised by their own input ids ({lost} positions)",
-            f"example {row.batch}.{row.index}: the dataset's labels mask {len(here)} tokens and supervise {kept}; "
-            f"the collated labels supervise all {len(row.content)}: "
-            f"{lm.show_labels(tok, row, [p for _, p in here[:4]])}",
+            f"{len(comparison.lost)} of {comparison.compared} sampled examples arrive with labels that mask positions "
+            f"(-100) and leave the collator with those positions supervised ({n_lost} of the {comparison.masked} "
+            "positions the dataset's labels mask)",
+            f"{name}: {lm.decode(tok, [row.input_ids[c] for c in row.content])}",
+            f"  masked by the dataset, supervised by the collator ({len(bad)} tokens, positions {bad[0][0]}-"
+            f"{bad[-1][0]}): {short(text_of(tok, tokens))}",
+            f"  collated labels there: {lm.show_labels(tok, row, [at for _, at in bad[:5]])}",
         ],
-        cause=f"the collator rebuilds labels from input_ids ({type(dlcheck.role('collator')).__name__ if dlcheck.has('collator') else 'your collator'}"
-        " sets labels = input_ids), throwing away the labels your dataset carries: the prompt masking you did is lost "
-        "and the model trains on the prompts",
+        cause=cause,
         fix="use a collator that keeps the dataset's labels and only pads them with -100: "
         "DataCollatorForSeq2Seq(tokenizer, padding=True) (or TRL's completion-only training), not "
-        "DataCollatorForLanguageModeling(mlm=False)",
+        "DataCollatorForLanguageModeling(mlm=False); if training on the whole sequence is intended, "
+        "--dlcheck-set L2.completion_only=false",
     )
 
 
@@ -823,7 +901,9 @@ def check_labels_masked(dlcheck):
     shift = analysis.shift
     pad, eos = lm.special_id(tok, "pad"), lm.special_id(tok, "eos")
 
-    _labels_discarded(dlcheck, sample, rows, tok)
+    comparison = compare_dataset_labels(sample, rows, shift)
+    if dlcheck.setting("completion_only"):
+        _labels_discarded(dlcheck, comparison, tok)
 
     # (a) padding
     pad_judged, pad_positions, pad_bad = 0, 0, []  # (row, offending target positions)
@@ -896,6 +976,15 @@ def check_labels_masked(dlcheck):
             lines.append(f"prompt: not judged, {prompt_why}")
             if not opt_out and prompt_why != NO_SPLIT:  # a prompt there is, but it could not be seen
                 dlcheck.not_judged("prompt", prompt_why)
+        if comparison.compared:
+            lines.append(
+                f"dataset labels: the labels {comparison.compared} sampled examples carry were compared with the "
+                f"collated ones: all {comparison.masked} positions they mask (-100) stay -100"
+                if not comparison.lost
+                else f"dataset labels: the labels {comparison.compared} sampled examples carry were compared with the "
+                f"collated ones: {sum(len(b) for _, _, b in comparison.lost)} of the {comparison.masked} positions they "
+                "mask are supervised (L2.completion_only=false: whole-sequence training intended)"
+            )
         if multi:
             lines.append(
                 f"assistant turns: 0 of {len(multi)} sampled conversations with several assistant turns leave a "
@@ -908,6 +997,7 @@ def check_labels_masked(dlcheck):
             prompt_examples=len(judged),
             prompt_positions=sum(len(ex.prompt_side) for ex in judged),
             multi_turn_examples=len(multi),
+            dataset_labels_compared=comparison.compared,
         )
         return
 

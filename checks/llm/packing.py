@@ -130,6 +130,105 @@ def _isolated_positions(rows: list[lm.Row], docs: dict[int, list[list[int]]], wi
     return out
 
 
+def _ids_of(example: Any) -> list[int] | None:
+    """The token ids of a dataset example as the collator takes it (its ``input_ids``), None when it holds none."""
+    if not isinstance(example, Mapping):
+        return None
+    value = example.get("input_ids")
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], (list, tuple)):
+        value = value[0] if len(value) == 1 else None
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, int) for v in value):
+        return None
+    return list(value)
+
+
+def _occurrences(row: list[int], parts: list[tuple[int, list[int]]]) -> list[int]:
+    """The examples (their indices) whose whole token ids occur in ``row``, at non-overlapping places."""
+    taken: set[int] = set()
+    found = []
+    for i, ids in parts:
+        n = len(ids)
+        for start in range(len(row) - n + 1):
+            if row[start : start + n] == ids and not taken & set(range(start, start + n)):
+                taken |= set(range(start, start + n))
+                found.append(i)
+                break
+    return found
+
+
+@dataclass
+class Shared:
+    """A collated row that holds several dataset examples."""
+
+    row: lm.Row
+    examples: list[int]  # indices into Sample.rows; empty when only the counts show it
+
+
+def _rows_sharing_examples(sample: Any, plan: list[Packed]) -> tuple[list[Shared], str | None]:
+    """The packed rows of ``plan`` into which the collator put several of the dataset examples it was handed
+    (several examples' tokens in one row, or fewer rows than examples), and how the examples were seen; None
+    when they were not (a bare dataloader), an empty list when every row is one example of its own."""
+    if sample.rows is None or sample.batch_rows is None:
+        return [], None
+    shared: list[Shared] = []
+    for item in plan:
+        for r in item.docs:
+            row = item.rows[r]
+            group = sample.batch_rows[row.batch] if row.batch < len(sample.batch_rows) else []
+            parts = [(i, ids) for i in group if (ids := _ids_of(sample.rows[i])) is not None]
+            found = _occurrences([row.input_ids[c] for c in row.content], parts)
+            if len(found) >= 2:
+                shared.append(Shared(row, found))
+            elif len(item.rows) < len(group):
+                shared.append(Shared(row, []))
+    return shared, "compared"
+
+
+def _examples_hold_one_document(dlcheck: Any, eos: int | None, pad: int | None) -> bool | None:
+    """For a bare dataloader: whether every sampled example of its dataset holds at most one EOS-separated
+    document (so a row holding several was packed by the loader's collator); None when they cannot be read."""
+    loader = dlcheck.role("dataloader")
+    dataset = getattr(loader, "dataset", None) if loader is not MISSING else None
+    if dataset is None or eos is None:
+        return None
+    from ...sampling import sample_rows
+
+    try:
+        examples = dlcheck.memo(
+            dataset, f"llm:L4:loader-examples:{dlcheck.samples}", lambda: sample_rows(dataset, dlcheck.samples)[0]
+        )
+    except Exception:  # noqa: BLE001 - a dataset we cannot index is only not compared
+        return None
+    counts = []
+    for example in examples:
+        ids = _ids_of(example)
+        if ids is None:
+            return None
+        row = lm.Row(0, 0, ids, None, None, None)
+        counts.append(len(_split_by_eos(row, eos, pad)))
+    return bool(counts) and max(counts) <= 1
+
+
+def _shared_line(sample: Any, shared: list[Shared]) -> str:
+    """Which dataset examples the collator packed into one row (the first few rows)."""
+    shown = []
+    for item in shared[:3]:
+        name = f"row {item.row.batch}.{item.row.index}"
+        if not item.examples:
+            shown.append(f"{name} (fewer rows than examples in its batch)")
+            continue
+        where = (
+            " (dataset rows " + ", ".join(str(sample.positions[i]) for i in item.examples) + ")"
+            if sample.positions is not None
+            else ""
+        )
+        shown.append(f"sampled examples {', '.join(map(str, item.examples))}{where} share {name}")
+    more = f"; {len(shared) - 3} more rows" if len(shared) > 3 else ""
+    return "the collator packs several dataset examples into one row: " + "; ".join(shown) + more
+
+
 def _pretraining_stream(plan: list[Packed]) -> bool:
     """Every packed row is an EOS-separated stream (no position_ids restart) whose every real token is
     supervised: plain causal-LM pretraining on concatenated text, not packed fine-tuning examples."""
@@ -268,11 +367,25 @@ def check_packing(dlcheck):
                 item.docs[r], item.modes[r] = found, mode
         if item.docs:
             plan.append(item)
-    if plan and not allow and not dlcheck.setting("judge_streams") and _pretraining_stream(plan):
+    shared, seen = _rows_sharing_examples(sample, plan) if plan else ([], None)
+    stream = bool(plan) and not allow and not shared and _pretraining_stream(plan)
+    if stream and seen is None and _examples_hold_one_document(dlcheck, eos, pad):
+        stream = False  # a bare dataloader whose examples are one document each: its collator packs them
+    if stream and not dlcheck.setting("judge_streams"):
+        how = (
+            f"each row is one example of {sample.source.split(' of ', 1)[-1]} as the dataset holds it (already a "
+            "block of the stream, as run_clm's group_texts cuts it), not several examples packed by the collator"
+            if seen
+            else "the dataset's examples already hold several documents each (blocks cut from the stream, as "
+            "run_clm's group_texts cuts them)"
+            if _examples_hold_one_document(dlcheck, eos, pad) is False
+            else "the examples the loader's collator took could not be read (define dlcheck_collator and "
+            "dlcheck_dataset to tell packed examples from a pre-chunked stream)"
+        )
         dlcheck.not_applicable(
             f"the rows of {sample.source} are a pretraining stream: documents joined by EOS with no position_ids "
-            "restart and every token supervised (run_clm's group_texts); its documents attend across EOS by "
-            "design — L4 judges packing that isolates documents (set L4.judge_streams=true to judge this one)"
+            f"restart and every token supervised; {how}; its documents attend across EOS by design — L4 judges "
+            "packing of separate examples (set L4.judge_streams=true to judge this one)"
         )
     if not plan:
         why = f" (EOS is not read as a separator: {ambiguous})" if ambiguous else ""
@@ -363,6 +476,8 @@ def check_packing(dlcheck):
             lines.append(f"{len(starts)} of {len(starts)} later document starts have label -100")
         elif unlabelled:
             lines.append("document starts not checked: the batches carry no labels")
+        if shared:
+            lines.append(_shared_line(sample, shared))
         dlcheck.measured(
             *lines,
             packed_rows=n_rows_packed,
@@ -379,6 +494,8 @@ def check_packing(dlcheck):
     evidence = [
         f"{n_rows_packed} packed rows holding {n_docs} documents (found by {_found_by(plan, tok, eos)}) in {sample.source}"
     ]
+    if shared:
+        evidence.append(_shared_line(sample, shared))
     causes, fixes = [], []
     if leaks:
         leaks.sort(key=lambda d: -d.delta)
@@ -404,8 +521,16 @@ def check_packing(dlcheck):
         )
         if any(d.mode == "eos" for d in leaks):
             causes.append(
-                "documents are concatenated with EOS and nothing marks their boundaries (position_ids run on "
-                "across documents, one causal mask per row): every document attends to the ones before it"
+                (
+                    "the collator concatenates separate dataset examples into one row (a naive SFT packer) and "
+                    "nothing marks their boundaries (position_ids run on across examples, one causal mask per "
+                    "row): every example attends to the unrelated examples before it"
+                )
+                if shared
+                else (
+                    "documents are concatenated with EOS and nothing marks their boundaries (position_ids run on "
+                    "across documents, one causal mask per row): every document attends to the ones before it"
+                )
             )
             fixes.append(
                 "pack with boundaries: DataCollatorWithFlattening() (position_ids restart at 0, first label "

@@ -504,5 +504,79 @@ def test_a_collator_that_keeps_the_datasets_labels_passes(project):
             collator="DataCollatorForSeq2Seq", make="DataCollatorForSeq2Seq(dlcheck_tokenizer, padding=True)"
         )
     )
-    run = project.run("--dlcheck=L2")
+    run = project.run("--dlcheck=L2", "-rA")
     run.assert_outcome("L2", "passed")
+    run.fnmatch(
+        [
+            "dataset labels: the labels 6 sampled examples carry were compared with the collated ones: all * positions "
+            "they mask (-100) stay -100"
+        ]
+    )
+
+
+# the dataset tokenized as many tutorials do it: padded to max_length, the prompt and the padding masked in its labels
+PADDED_MASKED_DATASET = """
+    import pytest, tiny
+    from transformers import {collator}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_tokenizer):
+        tok, rows = dlcheck_tokenizer, []
+        for prompt, completion in zip(tiny.PROMPTS, tiny.COMPLETIONS):
+            n = len(tok(prompt)["input_ids"])
+            enc = tok(prompt + completion + tok.eos_token, padding="max_length", max_length=40)
+            ids, mask = enc["input_ids"], enc["attention_mask"]
+            rows.append({{"input_ids": ids, "attention_mask": mask,
+                         "labels": [t if k >= n and m else -100 for k, (t, m) in enumerate(zip(ids, mask))]}})
+        return rows
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        return {make}
+"""
+
+
+def test_a_collator_that_rebuilds_the_labels_of_padded_examples(project):
+    # DataCollatorForLanguageModeling(mlm=False) on examples the dataset padded itself: labels = input_ids with the
+    # padding masked, the prompt the dataset masked supervised again
+    project.conftest(
+        PADDED_MASKED_DATASET.format(
+            collator="DataCollatorForLanguageModeling",
+            make="DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)",
+        )
+    )
+    run = project.run("--dlcheck=L2")
+    run.assert_outcome("L2", "failed")
+    text = flat(run.section("L2"))
+    assert (
+        "6 of 6 sampled examples arrive with labels that mask positions (-100) and leave the collator with those "
+        "positions supervised (36 of the 36 positions the dataset's labels mask)"
+    ) in text
+    # the example, and the positions the dataset masked that the collator supervises, decoded
+    assert "example 0.0 (dataset row 0): 'what is 2+2? The answer is 4.<|endoftext|>'" in text
+    assert "masked by the dataset, supervised by the collator (6 tokens, positions 1-6): 'hat is 2+2?'" in text
+    assert "collated labels there: 'hat'(274)→274, 'Ġis'(271)→271" in text
+    assert (
+        "the collator rebuilds labels from input_ids (DataCollatorForLanguageModeling sets labels = input_ids)" in text
+    )
+    assert "DataCollatorForSeq2Seq(tokenizer, padding=True)" in text
+
+
+def test_a_collator_that_keeps_the_labels_of_padded_examples_passes(project):
+    project.conftest(
+        PADDED_MASKED_DATASET.format(
+            collator="DataCollatorForSeq2Seq", make="DataCollatorForSeq2Seq(dlcheck_tokenizer, padding=True)"
+        )
+    )
+    run = project.run("--dlcheck=L2", "-rA")
+    run.assert_outcome("L2", "passed")
+    run.fnmatch(
+        [
+            "dataset labels: the labels 6 sampled examples carry were compared with the collated ones: all * positions "
+            "they mask (-100) stay -100"
+        ]
+    )

@@ -69,29 +69,111 @@ FLATTENING_WITH_MASK = """
 
 
 def test_naive_concatenation_leaks(project):
-    # judged as packing on request: by default a fully supervised EOS stream is pretraining (next test)
+    # the naive SFT packer (TRL #3067): separate dataset examples concatenated into one row, running positions, one
+    # causal mask, labels = input_ids. Judged by default: the rows hold several of the examples handed to the collator
     project.conftest(packer_project(NAIVE, "gpt2"))
-    run = project.run("--dlcheck=L4", "--dlcheck-set", "L4.judge_streams=true")
+    run = project.run("--dlcheck=L4")
     run.assert_outcome("L4", "failed")
     text = flat(run.section("L4"))
     assert "2 packed rows holding 8 documents (found by EOS separators ('<|endoftext|>', id 0)" in text
+    # which examples share a row
+    assert (
+        "the collator packs several dataset examples into one row: sampled examples 0, 1, 2, 3 (dataset rows 0, 2, 3, "
+        "5) share row 0.0; sampled examples 4, 5, 6, 7 (dataset rows 6, 8, 9, 11) share row 1.0"
+    ) in text
+    # the loss of a document packed vs alone
     assert "later documents lose differently inside the packed row than alone" in text
     assert "packed 5." in text and ", alone 5." in text and "(Δ 0.0" in text
     assert "<|endoftext|>'" in text  # the document, decoded
     assert "the same documents match alone: Δ at most" in text
     assert "later document starts are supervised" in text
     assert "'<|endoftext|>'(0)→0" in text  # the boundary: EOS, then the next document's first token is a target
-    assert "concatenated with EOS and nothing marks their boundaries" in text
+    assert "the collator concatenates separate dataset examples into one row (a naive SFT packer)" in text
     assert "DataCollatorWithFlattening()" in text and "L4.allow_cross_document=true" in text
     assert "Traceback" not in run.text
 
 
-def test_a_fully_supervised_eos_stream_is_pretraining_by_default(project):
-    # run_clm's group_texts with EOS between texts: GPT-2-style pretraining attends across documents
-    project.conftest(packer_project(NAIVE, "gpt2"))
+NAIVE_LOADER = """
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader(dlcheck_tokenizer):
+        def concatenate(rows):
+            ids = [t for r in rows for t in r["input_ids"]]
+            return {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+                    "labels": torch.tensor([ids])}
+        return torch.utils.data.DataLoader(tiny.tokenized(dlcheck_tokenizer), batch_size=4, collate_fn=concatenate)
+"""
+
+#: run_clm's group_texts: the tokenized texts (EOS appended) concatenated and cut into 32-token blocks, labels =
+#: input_ids; each dataset example is already a block of the stream
+BLOCKS = """
+    def group_texts(tok):
+        ids = [t for r in tiny.tokenized(tok) for t in r["input_ids"]]
+        n = len(ids) // 32 * 32
+        return [{"input_ids": ids[i:i + 32], "attention_mask": [1] * 32, "labels": ids[i:i + 32]} for i in range(0, n, 32)]
+"""
+
+
+def stream_project(fixtures: str) -> str:
+    head = COMMON.split('    @pytest.fixture(scope="session")\n    def dlcheck_dataset')[0]
+    return head + MODEL.format(arch="gpt2", use_cache=False) + BLOCKS + fixtures
+
+
+PRE_CHUNKED = """
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_tokenizer):
+        return group_texts(dlcheck_tokenizer)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator():
+        from transformers import default_data_collator
+        return default_data_collator
+"""
+
+PRE_CHUNKED_LOADER = """
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader(dlcheck_tokenizer):
+        from transformers import default_data_collator
+        return torch.utils.data.DataLoader(group_texts(dlcheck_tokenizer), batch_size=4, collate_fn=default_data_collator)
+"""
+
+
+def test_naive_packer_behind_a_bare_dataloader_leaks(project):
+    # no dlcheck_collator/dlcheck_dataset: the loader's own dataset shows one document per example
+    project.conftest(COMMON.split("    @pytest.fixture(scope=\"session\")\n    def dlcheck_dataset")[0]
+                     + MODEL.format(arch="gpt2", use_cache=False) + NAIVE_LOADER)  # fmt: skip
+    run = project.run("--dlcheck=L4")
+    run.assert_outcome("L4", "failed")
+    text = flat(run.section("L4"))
+    assert "later documents lose differently inside the packed row than alone" in text
+    assert "later document starts are supervised" in text
+
+
+def test_a_pre_chunked_stream_is_pretraining_by_default(project):
+    # run_clm's group_texts with EOS between texts, default_data_collator: each row is one dataset example
+    project.conftest(stream_project(PRE_CHUNKED))
     run = project.run("--dlcheck=L4")
     run.assert_outcome("L4", "skipped")
-    run.fnmatch(["SKIPPED * not applicable: the rows of * are a pretraining stream: documents joined by EOS*"])
+    run.fnmatch(
+        [
+            "SKIPPED * not applicable: the rows of dlcheck_collator on 7 examples of dlcheck_dataset are a pretraining "
+            "stream: documents joined by EOS with no position_ids restart and every token supervised; each row is one "
+            "example of dlcheck_dataset as the dataset holds it*"
+        ]
+    )
+    # judged on request: the documents of a block do attend to each other
+    run = project.run("--dlcheck=L4", "--dlcheck-set", "L4.judge_streams=true")
+    run.assert_outcome("L4", "failed")
+    text = flat(run.section("L4"))
+    assert "later documents lose differently inside the packed row than alone" in text
+    assert "the collator packs several dataset examples" not in text
+    assert "documents are concatenated with EOS and nothing marks their boundaries" in text
+
+
+def test_a_pre_chunked_stream_behind_a_bare_dataloader_is_pretraining(project):
+    project.conftest(stream_project(PRE_CHUNKED_LOADER))
+    run = project.run("--dlcheck=L4")
+    run.assert_outcome("L4", "skipped")
+    run.fnmatch(["SKIPPED * not applicable: * are a pretraining stream: *the dataset's examples already hold several*"])
 
 
 def test_naive_concatenation_allowed_for_stream_pretraining(project):
