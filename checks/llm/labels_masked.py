@@ -845,7 +845,11 @@ def check_labels_masked(dlcheck):
         several assistant turns, a turn left entirely at -100 while another turn is trained fails
         (a masker written for single-turn data that trains only the first or the last answer). A
         prompt ending in a space the tokenizer merges into the completion's first word is judged at
-        TRL's boundary (the merged token is the completion's).
+        TRL's boundary (the merged token is the completion's). When the dataset's examples carry their
+        own `labels` with -100 (a prompt masked in the dataset, padded there or not), each is found in
+        the collated rows and compared: a position the dataset masks that the collated labels supervise
+        fails (the collator threw the dataset's labels away, e.g. DataCollatorForLanguageModeling
+        rebuilding them from input_ids); a pass says how many examples' labels were compared.
     Why it is bad
         Supervised padding trains the model to emit pad tokens (with pad == eos, to emit EOS after
         EOS) and dilutes the loss with free tokens. Supervised prompts turn an instruction tune into
@@ -888,7 +892,10 @@ def check_labels_masked(dlcheck):
         masked where the tokenizer merged the prompt's trailing space into the completion's first
         word) is not reported: test it with strategies.boundary_merge_pairs and prompt_boundary
         (README). Turns are judged only where the data holds several (property mode makes them from
-        single-turn data); an assistant turn partly masked is not reported.
+        single-turn data); an assistant turn partly masked is not reported. The dataset's own labels
+        are compared only when the collator and dataset are known (not for a bare dataloader) and the
+        example's token ids appear whole in a collated row (an example the collator truncated is not
+        compared); L2.completion_only=false accepts labels the collator supervises on purpose.
     Not applicable
         Padding-free (flattened, position_ids and no attention_mask) batches of data with no
         prompt/completion or messages split, or with completion-only training switched off: there

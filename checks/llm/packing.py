@@ -264,9 +264,10 @@ def _pretraining_stream(plan: list[Packed]) -> bool:
         Setting(
             "judge_streams",
             False,
-            "true to judge a fully supervised stream of EOS-separated documents (run_clm's group_texts with EOS "
-            "between texts) as packing; by default such a pretraining stream attends across documents by design "
-            "(GPT-2 style) and L4 is not applicable to it",
+            "true to judge a pre-chunked pretraining stream as packing: rows that are each one dataset example "
+            "already holding several EOS-separated documents, fully supervised (run_clm's group_texts with EOS between "
+            "texts); by default such a stream attends across documents by design (GPT-2 style) and L4 is not "
+            "applicable to it. A collator that packs several dataset examples into one row is judged regardless",
         ),
         Setting(
             "allow_cross_document",
@@ -283,7 +284,12 @@ def check_packing(dlcheck):
     What it does
         Finds packed rows in the sampled training batches: rows whose position_ids restart (TRL
         packing/padding_free, DataCollatorWithFlattening, hand packers), or rows holding several
-        EOS-terminated documents with no restart (naive concatenation). Forwards each such batch as
+        EOS-terminated documents with no restart (naive concatenation). Compares the dataset examples
+        handed to the collator with the rows it returns: several examples' token ids in one row (or
+        fewer rows than examples) is packing of separate examples, named in the evidence (which
+        examples share a row); each row one dataset example already holding several documents is a
+        pre-chunked stream (for a bare dataloader: whether its dataset's examples hold one document
+        each). Forwards each such batch as
         training does (input_ids, attention_mask and position_ids as collated, the model's own
         use_cache) and each document alone; the mean NLL over the same supervised next-token
         predictions must agree within `atol`. A leaking document is confirmed against a control (the
@@ -303,7 +309,7 @@ def check_packing(dlcheck):
         A supervised first token trains the model to predict a document's opening from the end of
         an unrelated one.
     Example
-        ids = sum((ex["input_ids"] + [tok.eos_token_id] for ex in examples), [])   # naive packer
+        ids = sum((ex["input_ids"] + [tok.eos_token_id] for ex in examples), [])   # naive SFT packer (TRL #3067)
         batch = {"input_ids": ids, "labels": ids}                                  # no restart, no -100
         ...
         model = AutoModelForCausalLM.from_config(cfg)                # config.use_cache=True
@@ -314,7 +320,11 @@ def check_packing(dlcheck):
         attn_implementation "sdpa"/"eager" (or "flash_attention_2" with return_flash_attn_kwargs=True).
     Known problems
         Classic pretraining on a concatenated token stream (GPT-2/3 style `group_texts`) lets documents
-        attend across EOS on purpose; such pipelines set `allow_cross_document=true` (or ignore L4).
+        attend across EOS on purpose: a stream cut into blocks before the collator (each row one
+        dataset example) is not judged; a collator that concatenates examples on the fly is judged as
+        packing, and stream pretraining done that way sets `allow_cross_document=true`. A dataset
+        packed by a map before the collator (EOS-joined examples, no restart) looks like a pre-chunked
+        stream. A bare dataloader whose dataset cannot be read is taken as a stream.
         EOS is not read as a separator when the chat template ends turns with it (Qwen-style
         <|im_end|>, Llama-2/Mistral-style eos_token) or the examples are conversations: a multi-turn
         chat is one document. Labels are
@@ -322,9 +332,10 @@ def check_packing(dlcheck):
     Not applicable
         Pipelines that do not pack: no sampled row has position_ids restarts or several
         EOS-separated documents (padded or one-example rows); GRPO/RLOO trainers, which build their
-        batches from generations; a pretraining stream (EOS-separated documents, no position_ids
-        restart, every token supervised: run_clm's group_texts), whose documents attend across EOS by
-        design (L4.judge_streams=true judges it anyway), or any EOS stream with allow_cross_document=true;
+        batches from generations; a pre-chunked pretraining stream (each row one dataset example holding
+        EOS-separated documents, no position_ids restart, every token supervised: run_clm's group_texts
+        with default_data_collator), whose documents attend across EOS by design
+        (L4.judge_streams=true judges it anyway), or any EOS stream with allow_cross_document=true;
         batches that are not token batches.
     """
     model = dlcheck.role("model")
