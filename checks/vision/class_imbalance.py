@@ -1,11 +1,39 @@
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
 from ...errors import MISSING
 from ...registry import Setting, check
 from . import measure as V
+
+
+def _binom_sf(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p), summed exactly in log space."""
+    if k <= 0:
+        return 1.0
+    if p <= 0.0:
+        return 0.0
+    if p >= 1.0:
+        return 1.0
+    logs = [
+        math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * math.log(p) + (n - i) * math.log1p(-p)
+        for i in range(k, n + 1)
+    ]
+    top = max(logs)
+    return min(1.0, math.exp(top) * sum(math.exp(v - top) for v in logs))
+
+
+def _sampled_ratio_p(most: int, least: int, limit: float, classes: int) -> float:
+    """How likely a sample shows the most frequent class ``most`` times and the least frequent ``least`` times
+    when no pair of classes is further apart than ``limit``:1. Given the two counts' sum n, the most frequent's
+    count is Binomial(n, limit / (1 + limit)) at the limit (less when the true ratio is below it); the
+    smallest-versus-largest pair is the most extreme of ``classes`` * (classes - 1) / 2 pairs, so the tail is
+    multiplied by that many (Bonferroni)."""
+    n = most + least
+    pairs = classes * (classes - 1) / 2
+    return min(1.0, pairs * _binom_sf(most, n, limit / (1 + limit)))
 
 
 def _balancing(loss_fn: Any, loader: Any) -> str | None:
@@ -69,14 +97,23 @@ def _own_loss(dlcheck: Any) -> tuple[str | None, str | None]:
         Setting(
             "max_ratio",
             10.0,
-            "largest allowed ratio between the most and least frequent class; beyond 10:1 "
-            "an unweighted loss is known to collapse onto the majority class",
+            "largest allowed ratio between the most and least frequent class, trained with an unweighted loss; "
+            "beyond 10:1 an unweighted loss is known to collapse onto the majority class (the minority's share of "
+            "the gradient is under 10%, and a model that never predicts it loses little). With class weights or a "
+            "balanced sampler any ratio passes: they give each class an equal share whatever the ratio",
         ),
         Setting(
             "label_samples",
             256,
             "labels read (spread over the dataset) when it exposes none cheaply "
             "(ImageFolder/CIFAR .targets, a datasets label column)",
+        ),
+        Setting(
+            "false_alarm",
+            1e-3,
+            "when the labels are a sample (no cheap targets), the probability of failing a dataset whose true "
+            "ratio is within max_ratio: an exact binomial test of the two extreme classes' counts, Bonferroni over "
+            "the class pairs. A few hundred labels over 40 balanced classes show 13:1 by chance",
         ),
         Setting(
             "min_labels",
@@ -93,7 +130,10 @@ def check_class_imbalance(dlcheck):
         Builds the label histogram of the training data — from labels the dataset exposes (``targets``,
         through Subsets, or a datasets label column), else from up to 256 examples read at spread
         positions — and fails when the most frequent class outnumbers the least frequent by more than
-        10:1 while dlcheck_loss_fn has no class weights (weight, pos_weight, alpha, focal loss) and the
+        10:1 (when the labels are a sample, by more than chance shows: an exact binomial test of the two
+        extreme counts at 10:1, Bonferroni over the class pairs, false alarm ≤ 1e-3, so a balanced
+        40-class dataset read through a sample passes; a sample that cannot tell is read again, four
+        times larger, and skips as not conclusive if it still cannot) while dlcheck_loss_fn has no class weights (weight, pos_weight, alpha, focal loss) and the
         dataloader does not sample with a WeightedRandomSampler. A transformers Trainer user without a loss
         object is judged with the model's own loss (an image classifier's plain, unweighted cross-entropy).
     Why it is bad
@@ -148,6 +188,15 @@ def check_class_imbalance(dlcheck):
             + f"), below V6.min_labels = {min_labels}: too few to measure a class ratio; hand over the full "
             "training dataset"
         )
+    limit = dlcheck.setting("max_ratio")
+    if not complete and not balancing and len(set(labels)) >= 2:
+        # a sample of labels whose extreme counts pass the limit no more than chance would: read four times as many
+        # (the whole dataset when it is smaller) before judging
+        first = Counter(labels).most_common()
+        if first[0][1] / first[-1][1] > limit and _sampled_ratio_p(
+            first[0][1], first[-1][1], limit, len(first)
+        ) > dlcheck.setting("false_alarm"):
+            labels, source, complete = V.label_population(dlcheck, sample, 4 * dlcheck.setting("label_samples"))
     counts = Counter(labels)
     if len(set(labels)) < 2:
         dlcheck.skip(f"all {len(labels)} labels read ({source}) are one class; V6 cannot see a ratio")
@@ -161,7 +210,20 @@ def check_class_imbalance(dlcheck):
     hist = ", ".join(f"class {c}: {k} ({100 * k / total:.1f}%)" for c, k in shown[:8]) + (
         " …" if len(shown) > 8 else ""
     )
-    limit = dlcheck.setting("max_ratio")
+    chance = None
+    if ratio > limit and not balancing and not complete:
+        # a sample of labels: the extreme counts of many classes stray from their true ratio by chance
+        p_chance = _sampled_ratio_p(present[most], present[least], limit, len(classes))
+        if p_chance > dlcheck.setting("false_alarm"):
+            chance = (
+                f"{total} labels sampled over {len(classes)} classes show {ratio:.3g}:1 with probability {p_chance:.2g} "
+                f"even when no class outnumbers another more than {limit:g}:1 (exact binomial test of class {most}'s "
+                f"{present[most]} against class {least}'s {present[least]}, Bonferroni over the class pairs; "
+                f"V6.false_alarm = {dlcheck.setting('false_alarm'):g}): the sample does not show an imbalance beyond "
+                "the limit"
+            )
+    if chance:
+        dlcheck.skip(f"not conclusive: class {most} outnumbers class {least} {ratio:.3g}:1, but {chance}")
     if ratio <= limit or balancing:
         head = (
             f"the {len(present)} classes are equally frequent ({present[most]} labels each) over {total} labels, "
@@ -179,12 +241,20 @@ def check_class_imbalance(dlcheck):
             limit=limit,
             classes=len(present),
             balancing=balancing,
+            sampled=not complete,
         )
         return
     absent = [c for c in classes if counts[c] == 0]
     evidence = [
         f"label histogram over {source}: {hist}",
-        f"class {most} outnumbers class {least} {ratio:.0f}:1 (limit {dlcheck.setting('max_ratio'):g}:1)",
+        f"class {most} outnumbers class {least} {ratio:.0f}:1 (limit {dlcheck.setting('max_ratio'):g}:1)"
+        + (
+            ""
+            if complete
+            else f"; in a sample of {total} labels, beyond what chance shows at the limit (p = "
+            f"{_sampled_ratio_p(present[most], present[least], limit, len(classes)):.1e}, Bonferroni over the class "
+            "pairs)"
+        ),
     ]
     if absent:
         evidence.append(f"classes never seen: {', '.join(map(str, absent[:10]))}")

@@ -199,3 +199,73 @@ def test_trainer_overriding_compute_loss_is_not_judged_as_unweighted(project):
         "dlcheck_trainer's class WeightedTrainer overrides compute_loss, so the loss it trains with is not visible"
         in " ".join(run.text.split())
     )
+
+
+SIZES = """
+    import random, pytest, torch, tiny_vision as tv
+    from torch.utils.data import DataLoader, WeightedRandomSampler
+
+    LABELS = {labels}
+    COUNTS = [LABELS.count(c) for c in range(max(LABELS) + 1)]
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model():
+        return tv.resnet18(num_classes=len(COUNTS))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        # target_transform=int: no cheap .targets, the labels are read from a sample of the examples
+        return tv.Shapes(LABELS, size=8, transform=tv.classification_tf(train=True, size=8), {target_transform})
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader(dlcheck_dataset):
+        return DataLoader(dlcheck_dataset, batch_size=16, {sampling})
+
+    @pytest.fixture(scope="session")
+    def dlcheck_loss_fn():
+        return {loss}
+"""
+BALANCED_40 = "[i % 40 for i in range(2000)]; random.Random(6).shuffle(LABELS)"
+RATIO_50 = "[1 if i % 51 == 0 else 0 for i in range(510)]"  # 50:1
+RATIO_20 = "[1 if i % 21 == 0 else 0 for i in range(2100)]"  # 20:1
+PLAIN = "torch.nn.CrossEntropyLoss()"
+
+
+def _sizes(project, labels, loss=PLAIN, sampling="shuffle=True", target_transform="target_transform=int"):
+    project.conftest(
+        SIZES.format(labels=labels, loss=loss, sampling=sampling, target_transform=target_transform).replace(
+            "LABELS = [i % 40 for i in range(2000)]; random", "LABELS = [i % 40 for i in range(2000)]\n    random"
+        )
+    )
+    return project.run("--dlcheck=V6", "-rA")
+
+
+def test_a_balanced_40_class_dataset_read_through_a_sample_passes(project):
+    """256 labels over 40 balanced classes show 13:1 by chance (the old 10:1 limit failed it): that count is what
+    chance gives at the limit, so V6 reads four times as many labels, which show the classes are balanced."""
+    run = _sizes(project, BALANCED_40)
+    run.assert_outcome("V6", "passed")
+    run.fnmatch(["*::V6_class_imbalance PASSED (class * outnumbers class * *:1 over 1024 labels (limit 10:1)*"])
+
+
+@pytest.mark.parametrize(
+    "loss, sampling",
+    [
+        ("torch.nn.CrossEntropyLoss(weight=torch.tensor([51 / 100, 51 / 2]))", "shuffle=True"),
+        (PLAIN, "sampler=WeightedRandomSampler([1.0 / COUNTS[y] for y in LABELS], len(LABELS))"),
+    ],
+)
+def test_a_compensated_loss_passes_at_a_bigger_ratio(project, loss, sampling):
+    run = _sizes(project, RATIO_50, loss=loss, sampling=sampling, target_transform="")
+    run.assert_outcome("V6", "passed")
+    run.fnmatch(["*::V6_class_imbalance PASSED (class 0 outnumbers class 1 50:1 over 510 labels, compensated*"])
+
+
+@pytest.mark.parametrize("target_transform", ["", "target_transform=int"])
+def test_an_unweighted_loss_at_20_to_1_fails_whole_or_sampled(project, target_transform):
+    run = _sizes(project, RATIO_20, target_transform=target_transform)
+    run.assert_outcome("V6", "failed")
+    text = section(run, "V6")
+    assert "class 0 outnumbers class 1 20:1 (limit 10:1)" in text, text
+    if target_transform:
+        assert "in a sample of 1024 labels, beyond what chance shows at the limit" in text, text
