@@ -2,11 +2,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...registry import Setting, check
+from ...registry import Setting, check, load_checks
 from ...training import fresh_probe, get_setup, memo_or_skip, run_or_skip, smoke_baseline
+from ...training.resume import ResumeRun
 
-#: the order pieces are tried in: the usual culprits first, the weights last
-ORDER = ("optimizer", "lr_scheduler", "hand-stepped scheduler", "scaler", "rng", "data position", "ema", "model")
+#: the order pieces are tried in: the usual culprits first, the weights last (the RNG states are C3's: C1
+#: puts them back in every resumed run)
+ORDER = ("optimizer", "lr_scheduler", "hand-stepped scheduler", "scaler", "data position", "ema", "model")
+
+#: the checks that read the resume runs (and the uninterrupted run's saved state, freed once both are decided)
+RESUME_CHECKS = ("C1", "C3")
 
 WHAT = {
     "optimizer": "the optimizer state (Adam's moments and step counts): the resumed run restarts them from zero",
@@ -143,28 +148,96 @@ def _ema_what(lost: dict[str, Any]) -> str:
 
 
 def _candidates(setup: Any, pieces: dict[str, str]) -> list[str]:
-    names = list(pieces) + (["rng"] if "rng" not in pieces else [])
-    return sorted(set(names), key=lambda p: (ORDER.index(p) if p in ORDER else len(ORDER), p))
+    return sorted({p for p in pieces if p != "rng"}, key=lambda p: (ORDER.index(p) if p in ORDER else len(ORDER), p))
 
 
-def _resume(setup: Any, total: int, restore: frozenset[str], baseline: Any) -> Any:
+def resume_run(setup: Any, total: int, restore: frozenset[str], baseline: Any) -> Any:
     """A resumed run: from ``baseline`` (the smoke run that saved for C1) where there is one."""
     return setup.resume(total, restore, baseline) if baseline is not None else setup.resume(total, restore)
 
 
+def resume_baseline(dlcheck: Any, setup: Any) -> tuple[int, Any, str]:
+    """(the steps of the uninterrupted run, the smoke run's baseline or None, the evidence's words for it): the
+    shared smoke run is the uninterrupted run when the session makes it anyway and it saved for C1; else C1's
+    own run of ``C1.steps`` (C3 resumes the same runs)."""
+    total = int(dlcheck.state.setting(load_checks()["C1"], "steps"))
+    if total < 2:
+        dlcheck.skip("C1.steps must be at least 2")
+    smoke = smoke_baseline(dlcheck, setup)
+    baseline = smoke.baseline if smoke is not None else None
+    if smoke is not None:
+        total = smoke.steps
+    return total, baseline, f"{total} steps" + (" (the shared smoke run)" if smoke is not None else "")
+
+
+def shared_resume(dlcheck: Any, setup: Any, total: int, restore: frozenset[str], baseline: Any) -> ResumeRun:
+    """A resumed run C1 and C3 share (made once per session): ``restore`` names what is put back from the
+    uninterrupted run after the resume's own loading."""
+    key = f"resume:{total}:{'+'.join(sorted(restore))}"
+    return memo_or_skip(dlcheck, setup.sources, key, lambda: resume_run(setup, total, restore, baseline))
+
+
+def how_saved(setup: Any, run: ResumeRun) -> str:
+    return {
+        "trainer": f"the Trainer's {run.checkpoint.name} directory and train(resume_from_checkpoint=...)",
+        "lightning": f"ModelCheckpoint's {run.checkpoint.name} and fit(ckpt_path=...)",
+        "loop": "dlcheck_save_checkpoint / dlcheck_load_checkpoint",
+        "accelerate": getattr(setup, "checkpoint_how", lambda: "")(),
+    }[setup.kind]
+
+
+def compared(run: ResumeRun, reference: Any = None) -> list[str]:
+    """What the resumed steps were compared on (losses, learning rates, weights, EMA)."""
+    base = {s.step: s for s in (reference or run.uninterrupted).steps}
+    after = [s for s in run.resumed.steps if s.step > run.saved_at]
+    return [
+        what
+        for what, ok in (
+            ("losses", any(s.loss is not None and base.get(s.step) and base[s.step].loss is not None for s in after)),
+            (
+                "learning rates",
+                any(s.lr is not None and base.get(s.step) and base[s.step].lr is not None for s in after),
+            ),
+            ("weights", any(st > run.saved_at for st, _ in run.resumed.digests)),
+            ("EMA", bool(run.emas())),
+        )
+        if ok
+    ]
+
+
+def release_after(dlcheck: Any, setup: Any, cid: str) -> None:
+    """Once every selected check of C1 and C3 is decided, the uninterrupted run's saved state (model and
+    optimizer copies, which serve the diagnostic resumes only) is freed: at most one extra copy of the
+    trainable state is held across checks."""
+    done = setup.__dict__.setdefault("_resume_checks_done", set())
+    done.add(cid)
+    if not {c.id for c in dlcheck.state.selected} & set(RESUME_CHECKS) <= done:
+        return
+    setup.__dict__.pop("_baselines", None)
+    smoke = smoke_baseline(dlcheck, setup, make_it=False)
+    if smoke is not None:  # the smoke run's part as C1's baseline: its EMA copies at the end
+        smoke.trajectory.notes.pop("ema", None)
+        smoke.baseline = None
+
+
 def _diagnose(
     dlcheck, setup, total: int, candidates: list[str], suspects: list[str], baseline: Any = None
-) -> tuple[list[str] | None, int]:
-    """The smallest set of pieces that, put back from the uninterrupted run after the user's own loading,
-    makes the resumed run identical. When the checkpoint visibly lacks some pieces (``suspects``), they
-    are put back together and then dropped one at a time; otherwise each piece is tried alone, then
-    cumulatively (then pruned one at a time)."""
+) -> tuple[list[str] | None, int, dict[frozenset[str], Any]]:
+    """The smallest set of pieces that, put back from the uninterrupted run after the user's own loading
+    (with the RNG states: C3's, put back in every run), makes the resumed run identical. When the checkpoint
+    visibly lacks some pieces (``suspects``), they are put back together and then dropped one at a time;
+    otherwise each piece is tried alone, then cumulatively (then pruned one at a time). Also returns, per set
+    tried, where the resumed run still parted (None where it did not)."""
     runs = 0
+    tried: dict[frozenset[str], Any] = {}
 
     def matches(pieces: list[str]) -> bool:
         nonlocal runs
-        runs += 1
-        return run_or_skip(dlcheck, lambda: _resume(setup, total, frozenset(pieces), baseline)).mismatch() is None
+        key = frozenset(pieces)
+        if key not in tried:
+            runs += 1
+            tried[key] = run_or_skip(dlcheck, lambda: resume_run(setup, total, key | {"rng"}, baseline)).mismatch()
+        return tried[key] is None
 
     def prune(chosen: list[str]) -> list[str]:
         for p in list(chosen):
@@ -174,23 +247,23 @@ def _diagnose(
         return chosen
 
     if suspects and matches(suspects):
-        return prune(list(suspects)), runs
+        return prune(list(suspects)), runs, tried
     for piece in candidates:
         if matches([piece]):
-            return [piece], runs
+            return [piece], runs, tried
     chosen: list[str] = []
     for piece in candidates:
         chosen.append(piece)
         if len(chosen) > 1 and matches(chosen):
-            return prune(chosen), runs
-    return None, runs
+            return prune(chosen), runs, tried
+    return None, runs, tried
 
 
 def _fix(setup: Any, missing: list[str]) -> str:
     if setup.kind == "trainer":
         args = setup.trainer.args
         parts = []
-        if getattr(args, "save_only_model", False) and set(missing) & {"optimizer", "lr_scheduler", "rng", "scaler"}:
+        if getattr(args, "save_only_model", False) and set(missing) & {"optimizer", "lr_scheduler", "scaler"}:
             parts.append(
                 "drop save_only_model=True from the training arguments: it saves the weights only, and "
                 "resume_from_checkpoint needs optimizer.pt, scheduler.pt and rng_state.pth"
@@ -205,12 +278,6 @@ def _fix(setup: Any, missing: list[str]) -> str:
         return "; ".join(parts)
     if setup.kind == "lightning":
         parts = []
-        if "rng" in missing:
-            parts.append(
-                "Lightning checkpoints hold no RNG state: save torch/numpy/python RNG states in "
-                "on_save_checkpoint(checkpoint) and restore them in on_load_checkpoint (or set C1.check_rng=false "
-                "if an exact resume does not matter to you)"
-            )
         if "hand-stepped scheduler" in missing:
             parts.append(
                 'return the scheduler from configure_optimizers: {"optimizer": opt, "lr_scheduler": {"scheduler": '
@@ -227,11 +294,9 @@ def _fix(setup: Any, missing: list[str]) -> str:
             parts.append("keep every trained tensor registered (a Parameter or buffer) so it lands in state_dict")
         return "; ".join(parts) or "save and restore every piece of the training state in the checkpoint"
     if setup.kind == "accelerate" and setup.checkpoint_how().startswith("accelerator."):
-        parts = []
-        pieces = [p for p in missing if p not in ("rng", "data position")]
+        pieces = [p for p in missing if p != "data position"]
         if pieces:
-            parts.append(
-                "accelerator.save_state saves only what accelerator.prepare() returned and what "
+            return "accelerator.save_state saves only what accelerator.prepare() returned and what " + (
                 "accelerator.register_for_checkpointing() registered: "
                 + "; ".join(
                     f"prepare the scheduler (state['{p}'] = accelerator.prepare(state['{p}']))"
@@ -240,25 +305,15 @@ def _fix(setup: Any, missing: list[str]) -> str:
                     for p in pieces
                 )
             )
-        if "rng" in missing:
-            parts.append(
-                "keep the RNG states that save_state writes (random_states_*.pkl) and load them with load_state"
-            )
-        return "; ".join(parts) or "save and restore every piece of the training state with save_state / load_state"
-    saves = [p for p in missing if p not in ("rng", "data position")]
-    parts = []
+        return "save and restore every piece of the training state with save_state / load_state"
+    saves = [p for p in missing if p != "data position"]
     if saves:
-        parts.append(
+        return (
             "in dlcheck_save_checkpoint save "
             + ", ".join(f"state['{p}'].state_dict()" for p in saves)
             + ", and load_state_dict them in dlcheck_load_checkpoint"
         )
-    if "rng" in missing:
-        parts.append(
-            "save torch.get_rng_state() (and random.getstate(), numpy.random.get_state(), the CUDA states) and "
-            "restore them on load"
-        )
-    return "; ".join(parts)
+    return "save the data position (the step, the sampler's epoch) and restore it in dlcheck_load_checkpoint"
 
 
 @check(
@@ -282,13 +337,8 @@ def _fix(setup: Any, missing: list[str]) -> str:
             "steps of the uninterrupted run (calls of dlcheck_train_step for a plain loop); the checkpoint "
             "is saved half way (after an "
             "optimizer step, at an epoch boundary for Lightning) and the resumed run continues to the end; "
-            "when the shared smoke run is the uninterrupted run, it saves steps // 2 steps before its end",
-        ),
-        Setting(
-            "check_rng",
-            True,
-            "fail when the only piece missing is the RNG state (dropout masks and shuffling "
-            "then differ after a resume); false accepts a resume that is exact but for random draws",
+            "when the shared smoke run is the uninterrupted run, it saves steps // 2 steps before its end "
+            "(C3 resumes the same runs)",
         ),
     ),
 )
@@ -301,36 +351,46 @@ def check_resume(dlcheck):
         your ``dlcheck_save_checkpoint``. Then builds fresh objects again (a new Trainer clone, a new module
         copy, a new ``dlcheck_make_training()``, with the global RNGs elsewhere, as in a new process),
         resumes (``train(resume_from_checkpoint=...)``, ``fit(ckpt_path=...)``, your
-        ``dlcheck_load_checkpoint``) and continues. The losses, learning rates and weights of the resumed
-        steps must equal the uninterrupted run's, bitwise (on CPU); for a plain loop, so must every EMA in
-        the state (an AveragedModel with its ``n_averaged``, an EMAModel's shadow params and
-        ``optimization_step``) at the end of both runs. On a mismatch, the pieces of the state
-        (optimizer, LR scheduler, GradScaler, RNG, dataloader position, EMA, weights) are put back one at a
-        time from the uninterrupted run after your own loading, and the check names the piece(s) that make
-        the runs identical. When the session runs the shared smoke run anyway (S1, S2 or S3 selected), that
-        run is the uninterrupted one: it saves ``steps // 2`` optimizer steps before its end (``S1.steps``) and
-        C1 trains only the resumed steps (a Lightning fit runs its own two epochs).
+        ``dlcheck_load_checkpoint``), puts the RNG states back from the uninterrupted run at the save (whether
+        your resume restores them is C3's question: here random draws alone never fail) and continues. The
+        losses, learning rates and weights of the resumed steps must equal the uninterrupted run's, bitwise (on
+        CPU); for a plain loop, so must every EMA in the state (an AveragedModel with its ``n_averaged``, an
+        EMAModel's shadow params and ``optimization_step``) at the end of both runs. On a mismatch, the pieces
+        of the state (optimizer, LR scheduler, GradScaler, dataloader position, EMA, weights) are put back one
+        at a time from the uninterrupted run after your own loading, and the check names the piece(s) that make
+        the runs identical. When none does, the uninterrupted run is run a second time the same way: if the
+        two agree, the run is reproducible and the resume is broken (the check fails, saying where the runs
+        part and what putting every piece back could not repair); only if they differ is the run not
+        reproducible. What your load's ``load_state_dict`` leaves missing or unexpected (a strict=False load)
+        and PEFT's "missing adapter keys" are shown as evidence. When the session runs the shared smoke run
+        anyway (S1, S2 or S3 selected), that run is the uninterrupted one: it saves ``steps // 2`` optimizer
+        steps before its end (``S1.steps``) and C1 trains only the resumed steps (a Lightning fit runs its own
+        two epochs).
     Why it is bad
         A resume that restores the weights only is a different run: Adam restarts with zero moments (a
-        jolt of large updates), the LR schedule starts over (warmup again, or no decay), dropout and
-        shuffling repeat. Preemptible and time-limited jobs resume dozens of times, and the final model is
-        not the one the recipe describes.
+        jolt of large updates), the LR schedule starts over (warmup again, or no decay), an EMA starts anew.
+        Preemptible and time-limited jobs resume dozens of times, and the final model is not the one the
+        recipe describes.
     Example
         TrainingArguments(..., save_only_model=True)                  # weights only
         torch.save({"model": ..., "optimizer": ..., "lr_scheduler": ...}, path)   # state["ema"] left out
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)   # no scheduler
+        lr = base_lr * warmup(state["step"])   # a counter the checkpoint does not hold: restarts at 0
+        model.load_state_dict(torch.load(path)["model"], strict=False)   # "module."-prefixed keys: nothing loads
         SFTTrainer(model=llava, ...).train(resume_from_checkpoint=...)   # transformers 5: no weight restored
     Use instead
-        save and load the optimizer, the scheduler, the GradScaler, the RNG states and the step: the Trainer
-        does it unless save_only_model=True; Lightning does it for what configure_optimizers returns. For
-        a model whose checkpoint names are converted (LLaVA and other VLMs in transformers 5), load the
-        weights through from_pretrained in a Trainer subclass's _load_from_checkpoint.
+        save and load the optimizer, the scheduler, the GradScaler, every counter your loop reads, and the
+        step: the Trainer does it unless save_only_model=True; Lightning does it for what configure_optimizers
+        returns. Load weights with strict=True. For a model whose checkpoint names are converted (LLaVA and
+        other VLMs in transformers 5), load the weights through from_pretrained in a Trainer subclass's
+        _load_from_checkpoint.
     Known problems
-        Compares bitwise: on GPU, nondeterministic kernels can make even a complete resume differ; when
-        restoring every piece still does not reproduce the run, the check skips. For a plain loop, the data
-        order is dlcheck's (the same batches are fed to both runs): your loop's own data position is not
-        tested. Lightning is resumed at an epoch boundary. EMAs are compared for a plain loop only (entries of
-        the dlcheck_make_training dict), not for a Trainer's callbacks or a LightningModule's attributes.
+        Compares bitwise: on GPU, nondeterministic kernels can make even the uninterrupted run differ from
+        itself; the check then skips (not reproducible). A resume that loses only the RNG states passes here and
+        fails C3. For a plain loop, the data order is dlcheck's (the same batches are fed to both runs): your
+        loop's own data position is not tested. Lightning is resumed at an epoch boundary. EMAs are compared
+        for a plain loop only (entries of the dlcheck_make_training dict), not for a Trainer's callbacks or a
+        LightningModule's attributes.
     Not applicable
         None: every run that saves checkpoints may be resumed from one.
     """
@@ -338,62 +398,35 @@ def check_resume(dlcheck):
     try:
         _resume_verdict(dlcheck, setup)
     finally:
-        # the uninterrupted run's saved state (model and optimizer copies) serves C1's diagnostic resumes
-        # only: freed once C1 is decided (at most one extra copy of the trainable state held across checks)
-        setup.__dict__.pop("_baselines", None)
-        smoke = smoke_baseline(dlcheck, setup, make_it=False)
-        if smoke is not None:  # the smoke run's part as C1's baseline: its EMA copies at the end
-            smoke.trajectory.notes.pop("ema", None)
-            smoke.baseline = None
+        release_after(dlcheck, setup, "C1")
+
+
+RNG_LINE = (
+    "the RNG states are put back from the uninterrupted run at the save in every resumed run of C1 (whether your "
+    "resume restores them is C3's finding)"
+)
 
 
 def _resume_verdict(dlcheck: Any, setup: Any) -> None:
-    total = dlcheck.setting("steps")
-    if total < 2:
-        dlcheck.skip("C1.steps must be at least 2")
     # the shared smoke run, when the session makes it anyway, is the uninterrupted run: it saved for C1
     # C1.steps // 2 steps before its end, and only the resumed steps are C1's own
-    smoke = smoke_baseline(dlcheck, setup)
-    baseline = smoke.baseline if smoke is not None else None
-    if smoke is not None:
-        total = smoke.steps
-    label = f"{total} steps" + (" (the shared smoke run)" if smoke is not None else "")
-    run = memo_or_skip(dlcheck, setup.sources, f"resume:{total}", lambda: _resume(setup, total, frozenset(), baseline))
+    total, baseline, label = resume_baseline(dlcheck, setup)
+    run = shared_resume(dlcheck, setup, total, frozenset({"rng"}), baseline)
     _curves(dlcheck, run)
-    how = {
-        "trainer": f"the Trainer's {run.checkpoint.name} directory and train(resume_from_checkpoint=...)",
-        "lightning": f"ModelCheckpoint's {run.checkpoint.name} and fit(ckpt_path=...)",
-        "loop": "dlcheck_save_checkpoint / dlcheck_load_checkpoint",
-        "accelerate": getattr(setup, "checkpoint_how", lambda: "")(),
-    }[setup.kind]
+    how = how_saved(setup, run)
     bad = run.mismatch()
     if bad is None:
-        base = {s.step: s for s in run.uninterrupted.steps}
         after = [s for s in run.resumed.steps if s.step > run.saved_at]
         losses = ", ".join(f"step {s.step}: {s.loss:.6g}" for s in after[:4] if s.loss is not None)
-        compared = [
-            what
-            for what, ok in (
-                (
-                    "losses",
-                    any(s.loss is not None and base.get(s.step) and base[s.step].loss is not None for s in after),
-                ),
-                (
-                    "learning rates",
-                    any(s.lr is not None and base.get(s.step) and base[s.step].lr is not None for s in after),
-                ),
-                ("weights", any(st > run.saved_at for st, _ in run.resumed.digests)),
-                ("EMA", bool(run.emas())),
-            )
-            if ok
-        ]
+        what = compared(run)
         emas = _ema_lines(run)
         dlcheck.measured(
             f"{label}, saved after step {run.saved_at} through {how}, resumed on fresh objects: the "
-            f"{', '.join(compared) or 'steps'} of steps {run.saved_at + 1}-{total} equal the uninterrupted run's, "
+            f"{', '.join(what) or 'steps'} of steps {run.saved_at + 1}-{total} equal the uninterrupted run's, "
             "bitwise",
             *([f"resumed losses: {losses}"] if losses else []),
             *emas,
+            RNG_LINE,
             steps=total,
             saved_at=run.saved_at,
             resumed_steps=len(after),
@@ -402,46 +435,16 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
     step, what = bad
     candidates = _candidates(setup, run.pieces)
     suspects = [p for p in candidates if p in run.pieces and not run.pieces[p]] if setup.kind == "trainer" else []
-    missing, runs = _diagnose(dlcheck, setup, total, candidates, suspects, baseline)
+    missing, runs, tried = _diagnose(dlcheck, setup, total, candidates, suspects, baseline)
     if missing is None:
         _other_batches(dlcheck, run, how, label)
-        dlcheck.skip(
-            f"the resumed run differs from the uninterrupted one at step {step} ({what}) even with every piece "
-            f"({', '.join(candidates)}) put back: the run is not reproducible (nondeterministic ops, or state "
-            "outside these pieces) and cannot be judged"
-        )
-    if missing == ["rng"] and not dlcheck.setting("check_rng"):
-        dlcheck.measured(
-            f"{label}, saved after step {run.saved_at} through {how}, resumed on fresh objects: the resumed "
-            f"run differs at step {step} ({what}) only by the RNG state, which C1.check_rng=false accepts",
-            f"putting back rng from the uninterrupted run after the load makes the resumed run identical ({runs} "
-            "diagnostic resumes)",
-            steps=total,
-            saved_at=run.saved_at,
-            missing=["rng"],
-        )
-        return
-    base = {s.step: s.loss for s in run.uninterrupted.steps}
-    resumed = [(s.step, s.loss) for s in run.resumed.steps if s.step > run.saved_at and s.loss is not None]
-    side = ", ".join(f"step {s}: {v:.6g} vs {base.get(s, float('nan')):.6g}" for s, v in resumed[:4])
-    evidence = [
-        f"{label}, saved after step {run.saved_at} through {how}, resumed on fresh objects: at step {step} {what}",
-        f"losses resumed vs uninterrupted: {side}" if side else "the resumed run logged no loss",
-    ]
-    lrs = _lr_side(run)
-    if lrs:
-        evidence.append(f"learning rates resumed vs uninterrupted: {lrs}")
-    if setup.kind == "trainer":
-        held = [f for f in run.pieces.values() if f]
-        lacking = [p for p, f in run.pieces.items() if not f]
-        evidence.append(
-            f"{run.checkpoint.name} holds: {', '.join(held) or 'nothing'}"
-            + (f"; nothing for: {', '.join(lacking)}" if lacking else "")
-        )
+        _broken_resume(dlcheck, setup, run, total, label, how, candidates, runs, tried, baseline)
+    evidence = _parting(run, label, how, step, what, setup.kind == "trainer")
     evidence.append(
         f"putting back {' + '.join(missing)} from the uninterrupted run after the load makes the resumed run "
         f"identical ({runs} diagnostic resumes)"
     )
+    evidence.append(RNG_LINE)
     lost_emas = {d["name"]: d for d in run.ema_mismatch()}
     if lost_emas and bad[1] == next(iter(lost_emas.values()))["text"]:
         evidence.insert(
@@ -458,6 +461,15 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
         for p in missing
     )
     fix = _fix(setup, missing)
+    if "model" in missing and run.loads:
+        evidence.extend(f"your load reported: {line}" for line in run.loads)
+        cause = cause.replace(
+            WHAT["model"],
+            "the model weights: the load's load_state_dict finds other keys in what it loads than the model's "
+            "(see its report), and a strict=False load skips them without a word",
+        )
+        rest = [p for p in missing if p != "model"]
+        fix = _keys_fix(run.loads) + ("; " + _fix(setup, rest) if rest else "")
     if "model" in missing and setup.kind in ("loop", "accelerate") and _is_peft(dlcheck, setup):
         cause += (
             " (a PEFT model: the adapter being trained does not get the saved adapter weights back — "
@@ -492,6 +504,118 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
             "load through the conversion in a Trainer subclass: def _load_from_checkpoint(self, checkpoint, model=None): "
             "model = model or self.model; model.load_state_dict(type(model).from_pretrained(checkpoint, "
             "dtype=model.dtype).state_dict()) — or upgrade transformers once the Trainer applies the mapping"
+        )
+    dlcheck.fail(evidence, cause, fix)
+
+
+def _parting(run: ResumeRun, label: str, how: str, step: int, what: str, trainer: bool) -> list[str]:
+    """The evidence of where the resumed run parts from the uninterrupted one: the step, the losses and learning
+    rates side by side, and (a Trainer's) what its checkpoint directory holds."""
+    base = {s.step: s.loss for s in run.uninterrupted.steps}
+    resumed = [(s.step, s.loss) for s in run.resumed.steps if s.step > run.saved_at and s.loss is not None]
+    side = ", ".join(f"step {s}: {v:.6g} vs {base.get(s, float('nan')):.6g}" for s, v in resumed[:4])
+    evidence = [
+        f"{label}, saved after step {run.saved_at} through {how}, resumed on fresh objects: at step {step} {what}",
+        f"losses resumed vs uninterrupted: {side}" if side else "the resumed run logged no loss",
+    ]
+    lrs = _lr_side(run)
+    if lrs:
+        evidence.append(f"learning rates resumed vs uninterrupted: {lrs}")
+    if trainer:  # what its checkpoint directory holds, by the Trainer's file names
+        held = [f for f in run.pieces.values() if f]
+        lacking = [p for p, f in run.pieces.items() if not f]
+        evidence.append(
+            f"{run.checkpoint.name} holds: {', '.join(held) or 'nothing'}"
+            + (f"; nothing for: {', '.join(lacking)}" if lacking else "")
+        )
+    return evidence
+
+
+def _second(text: str) -> str:
+    """A mismatch's words for the uninterrupted run against its second run."""
+    return text.replace(" resumed vs ", " in the second run vs ").replace(" uninterrupted", " in the first")
+
+
+def _keys_fix(loads: list[str]) -> str:
+    if any(line.startswith("PEFT:") for line in loads):
+        return (
+            "load the adapter into the PEFT model you train, not around it: set_peft_model_state_dict(model, "
+            "load_file(f'{path}/adapter_model.safetensors')) or model.load_adapter(path, adapter_name='default', "
+            "is_trainable=True) — PeftModel.from_pretrained(model, path) on a model get_peft_model already wrapped "
+            "wraps it a second time, and the saved adapter keys no longer match"
+        )
+    return (
+        "save and load the same module's state_dict, wrapped or not (state['model'].module inside a "
+        "DataParallel / DistributedDataParallel, ._orig_mod inside torch.compile), or strip / add the 'module.' / "
+        "'_orig_mod.' prefix before loading, and load with strict=True so that a mismatch raises instead of "
+        "loading nothing"
+    )
+
+
+def _broken_resume(
+    dlcheck: Any,
+    setup: Any,
+    run: ResumeRun,
+    total: int,
+    label: str,
+    how: str,
+    candidates: list[str],
+    runs: int,
+    tried: dict[frozenset[str], Any],
+    baseline: Any,
+) -> None:
+    """No piece put back makes the resumed run identical: the uninterrupted run, run a second time the same
+    way, says whether the run reproduces itself. If it does, the resume is broken (fail, with where the runs
+    part and what the diagnosis could not put back); if it does not, the resume cannot be judged (skip)."""
+    again = run_or_skip(dlcheck, lambda: setup.uninterrupted_again(total, run.saved_at))
+    twice = ResumeRun(run.uninterrupted, again, run.saved_at, run.checkpoint, run.pieces).mismatch()
+    if twice is not None:
+        dlcheck.skip(
+            f"the resumed run differs from the uninterrupted one at step {run.mismatch()[0]} even with every piece "
+            f"({', '.join(candidates)}, rng) put back, and the uninterrupted run, run a second time the same way, "
+            f"differs from the first at step {twice[0]} ({_second(twice[1])}): the run is "
+            "not reproducible (nondeterministic ops) and a resume cannot be judged"
+        )
+    step, what = run.mismatch()
+    every = tried.get(frozenset(candidates))
+    evidence = _parting(run, label, how, step, what, setup.kind == "trainer")
+    evidence.append(
+        f"the uninterrupted run, run a second time the same way, equals the first bitwise (steps "
+        f"{run.saved_at + 1}-{total}): the run is reproducible, the resume is not"
+    )
+    evidence.append(
+        f"putting back every piece of the state from the uninterrupted run after the load ({', '.join(candidates)}, "
+        "and the RNG states) does not make the resumed run identical"
+        + (f": it still parts at step {every[0]} ({every[1]})" if every else "")
+        + f" ({runs} diagnostic resumes)"
+    )
+    evidence.extend(f"your load reported: {line}" for line in run.loads)
+    lr_first = what.startswith("learning rate") or (every is not None and every[1].startswith("learning rate"))
+    if run.loads:
+        cause = (
+            "the load does not put the saved weights into the model being trained: its load_state_dict finds "
+            "other keys than the model's (see its report), so the resumed run trains other weights, and the "
+            "saved state cannot be put back into the model the load built"
+        )
+        fix = _keys_fix(run.loads)
+    elif lr_first:
+        cause = (
+            "the resumed run's learning rates are not the uninterrupted run's, and putting back the LR scheduler "
+            "and the optimizer does not repair them: the schedule is computed from state the checkpoint does not "
+            "hold (a step or epoch counter of your loop or module that starts again from 0 at the resume)"
+        )
+        fix = (
+            "derive the learning rate from state the checkpoint holds: a torch LR scheduler saved and loaded with "
+            "the optimizer, or save your step counter in the checkpoint and restore it on load"
+        )
+    else:
+        cause = (
+            "the resume loses state that none of the pieces put back holds: a counter, an attribute of the model "
+            "or module, or a structure the load changes, starts again after the resume"
+        )
+        fix = (
+            "save every piece of state your training step reads (counters included) in the checkpoint and "
+            "restore it on load, into the objects the training goes on with"
         )
     dlcheck.fail(evidence, cause, fix)
 

@@ -12,7 +12,16 @@ from typing import Any
 import torch
 
 from ..errors import MISSING
-from .resume import Baseline, InterruptedSave, ResumeRun, SaveInterrupted, interrupted_saves, read_saved
+from .resume import (
+    Baseline,
+    InterruptedSave,
+    ResumeRun,
+    SaveInterrupted,
+    interrupted_saves,
+    load_reports,
+    put_back_rng,
+    read_saved,
+)
 from .runs import (
     SEED,
     Fresh,
@@ -30,7 +39,6 @@ from .runs import (
     rng_state,
     scheduler_count,
     seed_all,
-    set_rng_state,
     to_device,
 )
 
@@ -188,12 +196,21 @@ class LightningSetup:
 
         return Record()
 
-    def smoke(self, steps: int, save_from: int | None = None) -> tuple[Trajectory, Fresh, None]:
-        """The shared smoke run (never C1's baseline: Lightning resumes at an epoch boundary, C1 runs its own
-        two epochs)."""
+    def smoke(
+        self, steps: int, save_from: int | None = None, max_micro: int | None = None
+    ) -> tuple[Trajectory, Fresh, None]:
+        """The shared smoke run of ``steps`` optimizer steps (``max_steps``; fewer when that many under
+        ``accumulate_grad_batches`` would take more than ``max_micro`` batches); never C1's baseline:
+        Lightning resumes at an epoch boundary, C1 runs its own two epochs."""
+        accum = self.l_trainer.accumulate_grad_batches if self.l_trainer not in (MISSING, None) else 1
+        accum = accum if isinstance(accum, int) and accum > 1 else 1
+        if max_micro:
+            steps = min(steps, max(1, max_micro // accum))
         module, dm = self._copies()
         traj = Trajectory()
         trainer = self._fit(module, dm, [self._recorder(traj)], max_steps=steps)
+        traj.notes["opt_steps"] = trainer.global_step
+        traj.notes["micro_steps"] = len(traj.steps)
         traj.notes["optimizer"] = trainer.optimizers[0] if trainer.optimizers else None
         if trainer.lr_scheduler_configs:  # else the first scheduler stepped by hand the recorder saw, if any
             traj.notes["scheduler"] = trainer.lr_scheduler_configs[0].scheduler
@@ -221,25 +238,11 @@ class LightningSetup:
         """Two epochs of ``total // 2`` batches; Lightning's ModelCheckpoint saves the ``.ckpt`` at the end
         of the first (an epoch boundary: Lightning does not fast-forward a dataloader mid-epoch); a fresh
         copy resumes from it with ``fit(ckpt_path=...)``."""
-        from lightning.pytorch.callbacks import ModelCheckpoint
 
         k = max(1, total // 2)
         cache = self.__dict__.setdefault("_baselines", {})
         if k not in cache:
-            module, dm = self._copies()
-            traj, truth = Trajectory(), {}
-            ckdir = self.tmp.mktemp("dlcheck-ckpt")
-            seed_all(SEED)
-            self._fit(
-                module,
-                dm,
-                [
-                    self._recorder(traj, True, truth),
-                    ModelCheckpoint(dirpath=str(ckdir), every_n_epochs=1, save_top_k=-1),
-                ],
-                max_epochs=2,
-                limit_train_batches=k,
-            )
+            traj, truth, ckdir = self._uninterrupted(k)
             # the checkpoint of the first epoch's end: under manual optimization with accumulation
             # global_step counts optimizer steps, not batches, so the name's step= is not k
             ckpts = sorted(ckdir.glob("epoch=0-*.ckpt")) or sorted(ckdir.glob(f"*step={k}.ckpt"))
@@ -265,8 +268,32 @@ class LightningSetup:
         if restore:
             callbacks.insert(0, _lightning_restorer(base.truth, restore))
         seed_all(SEED)
-        self._fit(module, dm, callbacks, ckpt_path=str(base.checkpoint), max_epochs=2, limit_train_batches=k)
-        return ResumeRun(base.trajectory, traj, k, base.checkpoint, base.pieces)
+        with load_reports() as loads:
+            self._fit(module, dm, callbacks, ckpt_path=str(base.checkpoint), max_epochs=2, limit_train_batches=k)
+        return ResumeRun(base.trajectory, traj, k, base.checkpoint, base.pieces, loads)
+
+    def _uninterrupted(self, k: int) -> tuple[Trajectory, dict[str, Any], Any]:
+        """Two epochs of ``k`` batches from the seed, ModelCheckpoint saving at every epoch's end: the
+        trajectory, the state at the first epoch's end (the diagnosis' truth) and the checkpoints' folder."""
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        module, dm = self._copies()
+        traj, truth = Trajectory(), {}
+        ckdir = self.tmp.mktemp("dlcheck-ckpt")
+        seed_all(SEED)
+        self._fit(
+            module,
+            dm,
+            [self._recorder(traj, True, truth), ModelCheckpoint(dirpath=str(ckdir), every_n_epochs=1, save_top_k=-1)],
+            max_epochs=2,
+            limit_train_batches=k,
+        )
+        return traj, truth, ckdir
+
+    def uninterrupted_again(self, total: int, saved_at: int) -> Trajectory:
+        """The uninterrupted run once more, the same way: whether the run reproduces itself (C1 asks only when
+        no piece put back makes the resumed run identical)."""
+        return self._uninterrupted(max(1, total // 2))[0]
 
 
 def _batch_number(trainer: Any, fallback: int) -> int:
@@ -342,8 +369,7 @@ def _lightning_restorer(truth: dict[str, Any], restore: frozenset[str]) -> Any:
     class Restore(pl.Callback):
         def on_load_checkpoint(self, trainer, pl_module, checkpoint):
             # where a user's own RNG callback restores: before the fit loop builds its dataloader iterator
-            if "rng" in restore:
-                set_rng_state(truth["rng"])
+            put_back_rng(truth, restore)
 
         def on_train_start(self, trainer, pl_module):
             if "model" in restore:

@@ -15,7 +15,16 @@ import torch
 from ..errors import MISSING, RoleError
 from ..guard import preserved_rng
 from ..session import user_call
-from .resume import Baseline, InterruptedSave, ResumeRun, SaveInterrupted, interrupted_saves, read_saved
+from .resume import (
+    Baseline,
+    InterruptedSave,
+    ResumeRun,
+    SaveInterrupted,
+    interrupted_saves,
+    load_reports,
+    put_back_rng,
+    read_saved,
+)
 from .runs import (
     SEED,
     Fresh,
@@ -31,6 +40,7 @@ from .runs import (
     ema_describe,
     ema_state,
     find_emas,
+    loss_scale_of,
     loss_tensor,
     model_call,
     offload_tensors,
@@ -39,7 +49,6 @@ from .runs import (
     rng_state,
     scheduler_count,
     seed_all,
-    set_rng_state,
     to_device,
     watch_optimizer,
 )
@@ -205,12 +214,18 @@ class LoopSetup:
         traj: Trajectory,
         digests: bool = False,
         after: Callable[[int], None] | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> None:
-        """Micro-steps ``start .. start+len(batches)-1`` of the user's loop on ``state``, recorded."""
+        """Micro-steps ``start .. start+len(batches)-1`` of the user's loop on ``state``, recorded (``batches``
+        may be any iterable); ``stop()``, asked after each micro-step, ends the run early when true."""
         model, opt = state["model"], state.get("optimizer")
         names = param_names(model)
         current = {"i": start}
-        undo = watch_optimizer(opt, names, traj, lambda: current["i"] + 1) if opt is not None else (lambda: None)
+        undo = (
+            watch_optimizer(opt, names, traj, lambda: current["i"] + 1, loss_scale_of(state))
+            if opt is not None
+            else (lambda: None)
+        )
         sched = state.get("lr_scheduler")
         try:
             for offset, batch in enumerate(batches):
@@ -226,19 +241,35 @@ class LoopSetup:
                     traj.digests.append((i + 1, digest(model)))
                 if after is not None:
                     after(i)
+                if stop is not None and stop():
+                    break
         finally:
             undo()
 
-    def smoke(self, steps: int, save_from: int | None = None) -> tuple[Trajectory, Fresh, Baseline | None]:
-        """The shared smoke run; with ``save_from``, it is C1's uninterrupted baseline too: it saves with the
-        user's function after the first optimizer step at or past that micro-step (a save that raises, or
-        finds no optimizer step to follow, leaves no baseline: C1 then runs its own and reports it)."""
+    def smoke(
+        self, steps: int, save_from: int | None = None, max_micro: int | None = None
+    ) -> tuple[Trajectory, Fresh, Baseline | None]:
+        """The shared smoke run: micro-steps of the user's step until ``steps`` optimizer steps are made (or
+        ``max_micro`` micro-steps, under a gradient accumulation too long for it; a step that never calls the
+        optimizer runs ``steps`` micro-steps). With ``save_from``, it is C1's uninterrupted baseline too: it
+        saves with the user's function right after optimizer step ``save_from`` (a save that raises, or finds
+        no later step, leaves no baseline: C1 then runs its own and reports it). ``traj.notes`` says how many
+        micro-steps (``micro_steps``) and optimizer steps (``opt_steps``) ran."""
         state = self.state()
         traj = Trajectory()
-        saving = _Saving(self, state, traj, steps, save_from, tolerant=True) if save_from else None
+        limit = max(steps, max_micro or steps)
+        saving = _Saving(self, state, traj, limit, save_from, tolerant=True, opt_steps=True) if save_from else None
+
+        def enough() -> bool:
+            made = traj.calls.count("opt")
+            micro = len(traj.steps)
+            return made >= steps or (made == 0 and micro >= steps)  # a step without optimizer: ``steps`` calls
+
         with preserved_rng():
             seed_all(SEED)
-            self.run(state, self.batches(steps), 0, traj, after=saving)
+            self.run(state, self._stream(limit), 0, traj, after=saving, stop=enough)
+        traj.notes["micro_steps"] = len(traj.steps)
+        traj.notes["opt_steps"] = traj.calls.count("opt")
         baseline = saving.baseline() if saving is not None else None
         traj.notes["optimizer"] = state.get("optimizer")
         traj.notes["scheduler"] = state.get("lr_scheduler")
@@ -249,6 +280,15 @@ class LoopSetup:
                 # the trained weights wait on disk; their checks read them back into new objects
                 return traj, lambda: self._trained(read_back()), baseline
         return traj, self._trained(state), baseline
+
+    def _stream(self, limit: int) -> Any:
+        """The sampled batches one by one, up to ``limit``, drawn as the run goes (doubling the draw when it
+        runs out): the first ones are those :meth:`batches` gives (C1's resume trains the same)."""
+        drawn: list[Any] = []
+        for i in range(limit):
+            if i >= len(drawn):
+                drawn = self.batches(min(limit, max(2 * len(drawn), 20, i + 1)))
+            yield drawn[i]
 
     def _trained(self, state: dict[str, Any]) -> Fresh:
         model = state["model"]
@@ -300,7 +340,8 @@ class LoopSetup:
         with preserved_rng():
             seed_all(SEED + 1)  # a new process: the global RNGs are wherever they are
             try:
-                user_call("load_checkpoint", lambda: self.load(state, str(base.checkpoint)))
+                with load_reports() as loads:
+                    user_call("load_checkpoint", lambda: self.load(state, str(base.checkpoint)))
             except RoleError as exc:
                 if _wrote_nothing(base.checkpoint):
                     raise RoleError(
@@ -312,7 +353,21 @@ class LoopSetup:
             _loop_restore(state, base.truth, restore)
             self.run(state, batches[saved_at:], saved_at, traj, digests=True)
         traj.notes["ema"] = _ema_end(state)
-        return ResumeRun(base.trajectory, traj, saved_at, base.checkpoint, base.pieces)
+        return ResumeRun(base.trajectory, traj, saved_at, base.checkpoint, base.pieces, loads)
+
+    def uninterrupted_again(self, total: int, saved_at: int) -> Trajectory:
+        """The uninterrupted run once more, the same way (fresh objects at the seed, the same batches, the same
+        save after micro-step ``saved_at``): whether the run reproduces itself (C1 asks only when no piece put
+        back makes the resumed run identical)."""
+        state = self.state()
+        traj = Trajectory()
+        saving = _Saving(self, state, traj, total, saved_at)
+        with preserved_rng():
+            seed_all(SEED)
+            self.run(state, self.batches(total), 0, traj, after=saving)
+        saving.baseline()  # the EMAs at the end, compared too
+        release_training_memory(state)
+        return traj
 
     def _uninterrupted(self, batches: list[Any], total: int) -> Baseline:
         state = self.state()
@@ -338,18 +393,28 @@ class _Saving:
     baseline instead of ending the run (the shared smoke run's checks do not depend on C1's save)."""
 
     def __init__(
-        self, setup: LoopSetup, state: dict[str, Any], traj: Trajectory, total: int, save_from: int, tolerant=False
+        self,
+        setup: LoopSetup,
+        state: dict[str, Any],
+        traj: Trajectory,
+        total: int,
+        save_from: int,
+        tolerant=False,
+        opt_steps=False,
     ):
         self.setup, self.state, self.traj, self.total, self.save_from = setup, state, traj, total, save_from
         self.tolerant, self.truth, self.failed, self.opt_calls = tolerant, {}, False, 0
+        #: ``save_from`` counts optimizer steps (the smoke run: save right after optimizer step ``save_from``)
+        self.opt_steps = opt_steps
         self.path = setup.tmp.mktemp("dlcheck-ckpt") / "checkpoint"
 
     def __call__(self, i: int) -> None:
         stepped = self.traj.calls.count("opt") > self.opt_calls
         self.opt_calls = self.traj.calls.count("opt")
+        reached = self.opt_calls >= self.save_from if self.opt_steps else self.save_from <= i + 1
         if "_saved_at" in self.truth:
             self.traj.digests.append((i + 1, digest(self.state["model"])))
-        elif not self.failed and self.save_from <= i + 1 < self.total and stepped:
+        elif not self.failed and reached and i + 1 < self.total and stepped:
             try:
                 user_call("save_checkpoint", lambda: self.setup.save(self.state, str(self.path)))
             except RoleError:
@@ -361,8 +426,8 @@ class _Saving:
             self.truth["_saved_at"] = i + 1
 
     def baseline(self) -> Baseline | None:
-        if "_saved_at" not in self.truth:
-            return None
+        if "_saved_at" not in self.truth or self.truth["_saved_at"] >= len(self.traj.steps):
+            return None  # no save, or nothing trained after it (the run ended at the save)
         self.traj.notes["ema"] = _ema_end(self.state)
         pieces = {p: "" for p in self.truth if not p.startswith("_")}
         return Baseline(self.traj, self.truth, self.path, pieces)
@@ -411,15 +476,14 @@ def _saved_truth(state: dict[str, Any], file: Path) -> dict[str, Any]:
 def _loop_restore(state: dict[str, Any], truth: dict[str, Any], restore: frozenset[str]) -> None:
     truth = {k: (v.load() if isinstance(v, OnDisk) else v) for k, v in truth.items() if k in restore}
     for piece in restore:
-        if piece == "rng":
-            set_rng_state(truth["rng"])
-        elif piece in truth and piece in state:
+        if piece in truth and piece in state and piece != "rng":
             if isinstance(state[piece], torch.nn.Module):
                 # the user's load may have changed the module's structure (a PEFT adapter added under another
                 # name): put back every tensor the saved state had, leave what the load added
                 state[piece].load_state_dict(copy.deepcopy(truth[piece]), strict=False)
             else:
                 state[piece].load_state_dict(copy.deepcopy(truth[piece]))
+    put_back_rng(truth, restore)
 
 
 def _fingerprints(model: Any) -> dict[str, str]:

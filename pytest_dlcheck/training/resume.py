@@ -3,15 +3,31 @@ of user produces, the state dicts found in saved files, and a save interrupted h
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .runs import Trajectory, ema_difference
+from .runs import SEED, Trajectory, ema_difference, seed_all, set_rng_state
+
+#: a restore piece of the diagnostic resumes (C3): the global RNGs set to another state than the uninterrupted
+#: run's, where "rng" puts that state back, so that a run whose resumed steps draw no random numbers is told
+#: apart from one whose load restores them
+OTHER_RNG = "rng elsewhere"
+
+
+def put_back_rng(truth: dict[str, Any], restore: frozenset[str]) -> None:
+    """Where a resume's RNG states are put back (after the user's or the framework's own load): the
+    uninterrupted run's states at the save ("rng"), or others (:data:`OTHER_RNG`)."""
+    if "rng" in restore and "rng" in truth:
+        set_rng_state(truth["rng"])
+    elif OTHER_RNG in restore:
+        seed_all(SEED + 2)
 
 
 @dataclass
@@ -30,6 +46,8 @@ class ResumeRun:
     saved_at: int
     checkpoint: Path
     pieces: dict[str, str]
+    #: what the resume's own loading reported (:func:`load_reports`): key mismatches, PEFT's missing adapter keys
+    loads: list[str] = field(default_factory=list)
 
     def mismatch(self) -> tuple[int, str] | None:
         """The first step after the save where the resumed run differs from the uninterrupted one."""
@@ -84,6 +102,71 @@ class ResumeRun:
         """What the EMAs compared at the end of both runs are (``state['ema'] (AveragedModel …)``)."""
         base = self.uninterrupted.notes.get("ema") or {}
         return [end["what"] for name, end in (self.resumed.notes.get("ema") or {}).items() if name in base]
+
+
+# --------------------------------------------------------------------------------------------------
+# what a resume's own loading reports
+
+
+def _adapter_key(key: str) -> bool:
+    """A key of a PEFT adapter's tensors (LoRA, IA3, ...): a PEFT model's strict=False load misses every base
+    weight by design, only missing adapter keys say the adapter did not load."""
+    try:
+        from peft.utils import PEFT_TYPE_TO_PREFIX_MAPPING
+
+        prefixes = set(PEFT_TYPE_TO_PREFIX_MAPPING.values())
+    except ImportError:  # an older peft
+        prefixes = {"lora_"}
+    return any(p in key for p in prefixes)
+
+
+def _some(keys: list[str], n: int = 3) -> str:
+    shown = ", ".join(repr(k) for k in keys[:n])
+    return shown + (f", … ({len(keys)} in all)" if len(keys) > n else "")
+
+
+@contextlib.contextmanager
+def load_reports() -> Iterator[list[str]]:
+    """While active, every ``Module.load_state_dict`` that leaves keys missing or unexpected (a strict=False
+    load) and PEFT's "missing adapter keys" warning are written down, one line each, in the yielded list: the
+    evidence of a resume whose weights do not land in the model."""
+    found: list[str] = []
+    real = torch.nn.Module.load_state_dict
+
+    def load_state_dict(self: Any, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
+        result = real(self, state_dict, *args, **kwargs)
+        missing = list(getattr(result, "missing_keys", []) or [])
+        unexpected = list(getattr(result, "unexpected_keys", []) or [])
+        peft = any(c.__module__.startswith("peft.") for c in type(self).__mro__)
+        if peft:  # the base weights are not in an adapter checkpoint, by design
+            missing = [k for k in missing if _adapter_key(k)]
+        if missing or unexpected:
+            parts = []
+            if missing:
+                parts.append(
+                    f"{len(missing)} of the model's {'adapter ' if peft else ''}keys missing ({_some(missing)})"
+                )
+            if unexpected:
+                parts.append(f"{len(unexpected)} unexpected keys in what was loaded ({_some(unexpected)})")
+            found.append(f"{type(self).__name__}.load_state_dict(strict=False): " + "; ".join(parts))
+        return result
+
+    torch.nn.Module.load_state_dict = load_state_dict  # type: ignore[method-assign]
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield found
+    finally:
+        torch.nn.Module.load_state_dict = real  # type: ignore[method-assign]
+        for w in caught:
+            text = str(w.message)
+            if "missing adapter keys" in text:
+                head, _, rest = text.partition(":")
+                try:
+                    keys = [str(k) for k in ast.literal_eval(rest.strip())]
+                except (ValueError, SyntaxError):
+                    keys = [" ".join(rest.split())[:200]]
+                found.append(f"PEFT: {head.strip()}: {_some(keys)}")
 
 
 # --------------------------------------------------------------------------------------------------

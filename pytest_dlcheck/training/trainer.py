@@ -15,7 +15,16 @@ from typing import Any
 import torch
 
 from ..session import collect_freed
-from .resume import Baseline, InterruptedSave, ResumeRun, SaveInterrupted, interrupted_saves, read_saved
+from .resume import (
+    Baseline,
+    InterruptedSave,
+    ResumeRun,
+    SaveInterrupted,
+    interrupted_saves,
+    load_reports,
+    put_back_rng,
+    read_saved,
+)
 from .runs import (
     Fresh,
     OnDisk,
@@ -30,7 +39,6 @@ from .runs import (
     nonfinite_params,
     release_training_memory,
     rng_state,
-    set_rng_state,
 )
 
 # --------------------------------------------------------------------------------------------------
@@ -221,7 +229,11 @@ class TrainerSetup:
                 rec.loss = as_float(logs["loss"])
                 rec.lr = as_float(logs.get("learning_rate", rec.lr))
                 if logs.get("grad_norm") is not None:
-                    rec.grad_norm = as_float(logs["grad_norm"])
+                    # the Trainer logs the norm before its clipping (what clip_grad_norm_ returned); the hook
+                    # before the optimizer step read the gradients after it
+                    at_step, rec.grad_norm = rec.grad_norm, as_float(logs["grad_norm"])
+                    if at_step is not None and rec.grad_norm is not None and at_step < rec.grad_norm * (1 - 1e-3):
+                        rec.clipped_norm = at_step
                 rec.metrics = {
                     k: as_float(v) for k, v in logs.items() if k not in ("loss", "learning_rate", "grad_norm", "epoch")
                 }
@@ -232,10 +244,16 @@ class TrainerSetup:
         """(the model, the state dicts found in what the Trainer saves, how it was saved)."""
         return _trainer_saved(self)
 
-    def smoke(self, steps: int, save_from: int | None = None) -> tuple[Trajectory, Fresh, Baseline | None]:
-        """The shared smoke run; with ``save_from``, C1's uninterrupted baseline too: the Trainer writes its
-        checkpoint-``save_from`` directory (a save that raises leaves no baseline and the run goes on: C1
-        then runs its own and reports it)."""
+    def smoke(
+        self, steps: int, save_from: int | None = None, max_micro: int | None = None
+    ) -> tuple[Trajectory, Fresh, Baseline | None]:
+        """The shared smoke run of ``steps`` optimizer steps (``max_steps``; fewer when that many under the
+        Trainer's gradient accumulation would take more than ``max_micro`` micro-batches); with ``save_from``,
+        C1's uninterrupted baseline too: the Trainer writes its checkpoint-``save_from`` directory (a save
+        that raises leaves no baseline and the run goes on: C1 then runs its own and reports it)."""
+        accum = max(1, int(getattr(self.trainer.args, "gradient_accumulation_steps", 1) or 1))
+        if max_micro:
+            steps = min(steps, max(1, max_micro // accum))
         clone = self.clone("smoke", max_steps=steps)
         traj = Trajectory()
         clone.add_callback(self._recorder(traj, digests=bool(save_from), digest_after=save_from or 0))
@@ -244,6 +262,8 @@ class TrainerSetup:
         with _quiet():
             clone.train()
         baseline = saving.baseline(traj) if saving is not None else None
+        traj.notes["opt_steps"] = clone.state.global_step
+        traj.notes["micro_steps"] = clone.state.global_step * accum
         traj.notes["optimizer"] = clone.optimizer
         traj.notes["scheduler"] = clone.lr_scheduler
         # its readers want the trajectory, the trained weights and the optimizer's settings: the gradients and
@@ -280,11 +300,23 @@ class TrainerSetup:
         traj = Trajectory()
         clone.add_callback(self._recorder(traj, digests=True))
         truth = base.truth
-        if restore:
-            _patch_trainer_restore(clone, truth, restore)
+        loads = _patch_trainer_restore(clone, truth, restore)
         with _quiet():
             clone.train(resume_from_checkpoint=str(base.checkpoint))
-        return ResumeRun(base.trajectory, traj, k, base.checkpoint, base.pieces)
+        return ResumeRun(base.trajectory, traj, k, base.checkpoint, base.pieces, loads)
+
+    def uninterrupted_again(self, total: int, saved_at: int) -> Trajectory:
+        """The uninterrupted run once more, the same way (a new clone, the same save at step ``saved_at``):
+        whether the run reproduces itself (C1 asks only when no piece put back makes the resumed run
+        identical)."""
+        clone = self.clone("again", max_steps=total)
+        traj = Trajectory()
+        clone.add_callback(self._recorder(traj, digests=True, digest_after=saved_at))
+        _BaselineSave(clone, saved_at)
+        with _quiet():
+            clone.train()
+        _let_go(clone)
+        return traj
 
     def _uninterrupted(self, total: int, k: int) -> Baseline:
         key = (total, k)
@@ -355,6 +387,12 @@ class _BaselineSave:
                     return
                 control.should_save = True
 
+            def on_save(self, args, state, control, **kw):
+                # the RNG states as the Trainer's own save wrote them (rng_state.pth): after anything that
+                # drew between the step's end and the save (an evaluation's dataloader, ...)
+                if state.global_step == k and saving.failed is None and "rng" in saving.truth:
+                    saving.truth["rng"] = rng_state()
+
         if tolerant:
             save_checkpoint = clone._save_checkpoint
 
@@ -415,8 +453,10 @@ def _trainer_pieces(clone: Any, ckpt: Path) -> dict[str, str]:
     return pieces
 
 
-def _patch_trainer_restore(clone: Any, truth: dict[str, Any], restore: frozenset[str]) -> None:
-    """After the Trainer loads its checkpoint, put back the named pieces from the uninterrupted run."""
+def _patch_trainer_restore(clone: Any, truth: dict[str, Any], restore: frozenset[str]) -> list[str]:
+    """After the Trainer loads its checkpoint, put back the named pieces from the uninterrupted run. Returns
+    the list where what the Trainer's own loading of the weights reports (key mismatches) is written."""
+    loads: list[str] = []
     truth = {k: (v.load() if isinstance(v, OnDisk) else v) for k, v in truth.items() if k in restore}
     load_opt, load_rng, load_model = (
         clone._load_optimizer_and_scheduler,
@@ -433,17 +473,19 @@ def _patch_trainer_restore(clone: Any, truth: dict[str, Any], restore: frozenset
 
     def load_rng_state(checkpoint):
         load_rng(checkpoint)
-        if "rng" in restore:
-            set_rng_state(truth["rng"])
+        put_back_rng(truth, restore)
 
     def load_from_checkpoint(checkpoint, model=None):
-        load_model(checkpoint, model) if model is not None else load_model(checkpoint)
+        with load_reports() as found:
+            load_model(checkpoint, model) if model is not None else load_model(checkpoint)
+        loads.extend(found)
         if "model" in restore:
             clone.model.load_state_dict(truth["model"])
 
     clone._load_optimizer_and_scheduler = load_optimizer_and_scheduler
     clone._load_rng_state = load_rng_state
     clone._load_from_checkpoint = load_from_checkpoint
+    return loads
 
 
 @contextlib.contextmanager

@@ -1,0 +1,169 @@
+from __future__ import annotations
+
+from typing import Any
+
+from ...registry import check
+from ...training import get_setup, run_or_skip
+from ...training.resume import OTHER_RNG, ResumeRun
+from .resume import compared, how_saved, release_after, resume_baseline, resume_run, shared_resume
+
+
+def _versus(reference: ResumeRun, other: ResumeRun) -> tuple[int, str] | None:
+    """Where ``other``'s resumed steps first differ from ``reference``'s (losses, learning rates, weights, EMAs),
+    or None."""
+    return ResumeRun(reference.resumed, other.resumed, reference.saved_at, reference.checkpoint, {}).mismatch()
+
+
+def _fix(setup: Any) -> str:
+    if setup.kind == "trainer":
+        if getattr(setup.trainer.args, "save_only_model", False):
+            return (
+                "drop save_only_model=True from the training arguments: it saves no rng_state.pth, which "
+                "resume_from_checkpoint restores the RNG states from"
+            )
+        return (
+            "let the Trainer write and read rng_state.pth (a custom _save_checkpoint must call _save_rng_state, a "
+            "custom resume _load_rng_state)"
+        )
+    if setup.kind == "lightning":
+        return (
+            "Lightning checkpoints hold no RNG state: save them in the module's on_save_checkpoint(checkpoint) "
+            "(checkpoint['rng'] = {'torch': torch.get_rng_state(), 'python': random.getstate(), 'numpy': "
+            "np.random.get_state()}) and set them back in on_load_checkpoint (torch.set_rng_state, random.setstate, "
+            "np.random.set_state); or ignore C3 (dlcheck_ignore = C3) if an exact resume of the random draws does "
+            "not matter to you"
+        )
+    if setup.kind == "accelerate" and setup.checkpoint_how().startswith("accelerator."):
+        return "keep the RNG states that save_state writes (random_states_*.pkl) and load them with load_state"
+    return (
+        "save torch.get_rng_state() (and random.getstate(), numpy.random.get_state(), "
+        "torch.cuda.get_rng_state_all()) in dlcheck_save_checkpoint and set them back in dlcheck_load_checkpoint"
+    )
+
+
+@check(
+    "C3",
+    domain="ckpt",
+    title="a resumed run draws other random numbers than the uninterrupted run",
+    roles=(),
+    optional_roles=(
+        "trainer",
+        "lightning_module",
+        "datamodule",
+        "make_training",
+        "save_checkpoint",
+        "load_checkpoint",
+        "dataloader",
+    ),
+)
+def check_resume_rng(dlcheck):
+    """A run resumed from a checkpoint draws the random numbers the uninterrupted run draws.
+
+    What it does
+        Resumes your training from the checkpoint saved half way, as C1 does (the same runs: ``C1.steps``, or
+        the shared smoke run), on fresh objects with the global RNGs elsewhere, as in a new process: once as
+        your resume leaves the RNG states, once with the RNG states put back from the uninterrupted run at the
+        save, after your own load. Everything else is the same in both, so where their losses, learning rates,
+        weights (or a plain loop's EMAs) differ, only the random draws can make them differ: the resume does
+        not restore the RNG states (python, numpy, torch, CUDA). When both agree, a third resume with other RNG
+        states set after the load tells a resume that restores them (the draws then matter, and they match:
+        pass) from a run whose resumed steps draw no random numbers (not applicable).
+    Why it is bad
+        After such a resume, dropout masks, the shuffling drawn from the global generator and random
+        augmentations differ from the uninterrupted run: the run is not the one that was saved, and a resumed
+        job cannot be reproduced or compared bitwise with an uninterrupted one. Less grave than a lost optimizer
+        or schedule (C1), which is why it is a check of its own: a pipeline that accepts it ignores C3 only.
+    Example
+        pl.Trainer(...).fit(module, ckpt_path=...)   # a module with dropout: Lightning's .ckpt holds no RNG state
+        torch.save({"model": ..., "optimizer": ..., "lr_scheduler": ...}, path)   # no torch.get_rng_state()
+        TrainingArguments(..., save_only_model=True)   # no rng_state.pth
+    Use instead
+        save the RNG states with the checkpoint and set them back on load: the Trainer's rng_state.pth,
+        Accelerate's save_state / load_state; torch.get_rng_state(), random.getstate(),
+        numpy.random.get_state() (and the CUDA states) in a plain loop's checkpoint or a LightningModule's
+        on_save_checkpoint / on_load_checkpoint.
+    Known problems
+        The RNG states are put back where the framework restores its own (after a plain loop's load, the
+        Trainer's _load_rng_state, a Lightning callback's on_load_checkpoint): a resume that sets them later
+        than that (in a Lightning on_train_start) reads as a run that draws no random numbers (not applicable).
+        A generator of your own (a DataLoader's generator=, a sampler's seed) is not a global RNG: a data order
+        it replays after a resume is C1's finding. Compares bitwise: on GPU, nondeterministic kernels can make
+        two resumes differ; the check then skips.
+    Not applicable
+        Runs whose resumed steps draw no random numbers that change them (no dropout, no shuffling or
+        augmentation from the global generators): with any RNG state after the load, they are the same.
+    """
+    setup = get_setup(dlcheck)
+    try:
+        _rng_verdict(dlcheck, setup)
+    finally:
+        release_after(dlcheck, setup, "C3")
+
+
+def _rng_verdict(dlcheck: Any, setup: Any) -> None:
+    total, baseline, label = resume_baseline(dlcheck, setup)
+    put = shared_resume(dlcheck, setup, total, frozenset({"rng"}), baseline)
+    own = shared_resume(dlcheck, setup, total, frozenset(), baseline)
+    how = how_saved(setup, put)
+    head = f"{label}, saved after step {put.saved_at} through {how}, resumed on fresh objects"
+    steps = f"steps {put.saved_at + 1}-{total}"
+    differ = _versus(put, own)
+    if differ is None:
+        other = run_or_skip(dlcheck, lambda: resume_run(setup, total, frozenset({OTHER_RNG}), baseline))
+        moved = _versus(put, other)
+        if moved is None:
+            dlcheck.not_applicable(
+                f"the resumed steps draw no random numbers that change them: resumed with the RNG states put back "
+                f"from the uninterrupted run, or set to others after the load, the {', '.join(compared(put, put.resumed)) or 'steps'} "
+                f"of {steps} are the same bitwise"
+            )
+        what = ", ".join(compared(own, put.resumed)) or "steps"
+        dlcheck.measured(
+            f"{head} (the global RNGs elsewhere first, as in a new process): your resume restores the RNG states: "
+            f"the {what} of {steps} equal those of the resume with the uninterrupted run's RNG states put back, "
+            "bitwise",
+            f"the resumed steps draw random numbers: with other RNG states set after the load they differ at step "
+            f"{moved[0]} ({_words(moved[1], 'set to others')})",
+            steps=total,
+            saved_at=put.saved_at,
+        )
+        return
+    # the two resumes differ by the RNG states alone; conclusive when a resume is deterministic: proven when the
+    # one with the RNG states put back equals the uninterrupted run, else by making it a second time
+    exact = put.mismatch() is None
+    if not exact:
+        again = run_or_skip(dlcheck, lambda: resume_run(setup, total, frozenset({"rng"}), baseline))
+        twice = _versus(put, again)
+        if twice is not None:
+            dlcheck.skip(
+                f"the resume with the RNG states put back differs from itself at step {twice[0]} "
+                f"({_words(twice[1], 'put back (second resume)')}): the resumed run is not reproducible (nondeterministic ops) and its random "
+                "draws cannot be judged"
+            )
+    step, what = differ
+    evidence = [
+        f"{head} with the global RNGs elsewhere, as in a new process: at step {step} {_words(what)}",
+        "the two resumes differ only by the RNG states put back after your load; "
+        + (
+            "with them put back, the resumed run equals the uninterrupted run bitwise: only the random draws differ"
+            if exact
+            else "with them put back, the resume is the same when made twice (it differs from the uninterrupted "
+            "run for another reason: C1's finding)"
+        ),
+    ]
+    if setup.kind == "trainer":
+        evidence.append(f"{put.checkpoint.name} holds: {put.pieces.get('rng') or 'no rng_state.pth'}")
+    dlcheck.fail(
+        evidence,
+        cause="the checkpoint does not restore the random number generators (python, numpy, torch): dropout masks "
+        "and the shuffling or augmentations drawn from them differ after the resume",
+        fix=_fix(setup),
+    )
+
+
+def _words(text: str, first: str = "as your resume leaves them", second: str = "put back") -> str:
+    """A mismatch's words with the two resumes named by their RNG states: ``loss 1.2 resumed vs 1.1
+    uninterrupted`` reads ``loss 1.2 with the RNG states as your resume leaves them vs 1.1 with them put back``."""
+    return text.replace(" resumed vs ", f" with the RNG states {first} vs ").replace(
+        " uninterrupted", f" with the uninterrupted run's RNG states {second}"
+    )

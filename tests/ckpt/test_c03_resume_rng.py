@@ -1,0 +1,104 @@
+"""C3: a resumed run draws the random numbers the uninterrupted run draws; C1 judges everything but them."""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+import tiny_lightning as tl  # noqa: E402
+import tiny_train as tt  # noqa: E402
+
+
+def _results(run_json: Path) -> dict:
+    return {r["id"]: r for r in json.loads(run_json.read_text())["results"]}
+
+
+def test_lightning_with_dropout_and_shuffling_loses_only_the_rng(project, tmp_path):
+    """Lightning's .ckpt holds no RNG state: the resumed fit draws other dropout masks and another order. C1
+    (the RNG states put back) passes; C3 fails and says how a LightningModule saves them."""
+    project.conftest(tl.project(module="dropout=0.3", data="shuffle=True"))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,C3", "-rA", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "passed")
+    run.assert_outcome("C3", "failed")
+    by = _results(out)
+    assert any("C3's finding" in line for line in by["C1"]["evidence"]), by["C1"]
+    text = tt.section(run, "C3")
+    assert "ModelCheckpoint's epoch=0-step=2.ckpt and fit(ckpt_path=...)" in text
+    assert "at step 3 loss" in text and "with the RNG states as your resume leaves them vs" in text
+    assert "with them put back, the resumed run equals the uninterrupted run bitwise" in text
+    assert "does not restore the random number generators" in by["C3"]["cause"]
+    assert "on_save_checkpoint" in by["C3"]["fix"] and "on_load_checkpoint" in by["C3"]["fix"]
+
+
+def test_a_deterministic_lightning_run_draws_nothing_c3_is_not_applicable(project, tmp_path):
+    project.conftest(tl.project())
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "passed")
+    by = _results(out)
+    assert by["C3"]["outcome"] == "not_applicable", by["C3"]
+    assert "draw no random numbers" in by["C3"]["reason"], by["C3"]
+
+
+#: a plain loop with dropout (it draws random numbers at every step), saving every piece; ``rng`` says whether
+#: the checkpoint holds torch's RNG state, ``optimizer`` whether it holds the optimizer's
+DROPOUT_LOOP = """
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        def save(state, path):
+            ckpt = {{k: state[k].state_dict() for k in ("model", "lr_scheduler"{optimizer})}}
+            if {rng}:
+                ckpt["rng"] = torch.random.get_rng_state()
+            torch.save(ckpt, path)
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        def load(state, path):
+            ckpt = torch.load(path, weights_only=False)
+            for k in ("model", "lr_scheduler"{optimizer}):
+                state[k].load_state_dict(ckpt[k])
+            if {rng}:
+                torch.random.set_rng_state(ckpt["rng"])
+        return load
+"""
+
+
+def dropout_loop(rng: bool, optimizer: bool = True) -> str:
+    extra = DROPOUT_LOOP.format(rng=rng, optimizer=', "optimizer"' if optimizer else "")
+    return tt.loop_project(model="tt.MLP(dropout=0.3)", extra=extra)
+
+
+def test_a_plain_loop_that_does_not_save_the_rng_fails_c3_only(project, tmp_path):
+    project.conftest(dropout_loop(rng=False))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "passed")
+    run.assert_outcome("C3", "failed")
+    text = tt.section(run, "C3")
+    assert "saved after step 2 through dlcheck_save_checkpoint / dlcheck_load_checkpoint" in text
+    assert "the resumed run equals the uninterrupted run bitwise: only the random draws differ" in text
+    assert "torch.get_rng_state()" in _results(out)["C3"]["fix"]
+
+
+def test_a_plain_loop_that_saves_the_rng_passes_both(project, tmp_path):
+    project.conftest(dropout_loop(rng=True))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,C3", "-rA", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "passed")
+    run.assert_outcome("C3", "passed")
+    c3 = _results(out)["C3"]["evidence"]
+    assert "your resume restores the RNG states" in c3[0], c3
+    assert "with other RNG states set after the load they differ at step 3" in c3[1], c3
+
+
+def test_a_plain_loop_that_loses_the_optimizer_fails_c1_and_not_c3(project, tmp_path):
+    project.conftest(dropout_loop(rng=True, optimizer=False))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "failed")
+    run.assert_outcome("C3", "passed")
+    text = tt.section(run, "C1")
+    assert "putting back optimizer from the uninterrupted run after the load makes the resumed run identical" in text
+    assert "the optimizer state" in _results(out)["C1"]["cause"]
