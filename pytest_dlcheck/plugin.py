@@ -376,7 +376,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
             info = payload(item.check, report.when, report.outcome, None, [])
             info["error"] = f"(could not record the outcome's details: {type(err).__name__})"
         report.user_properties.append((PROPERTY, info))
+        _name_the_check_in_skip(item.check, report)
     return report
+
+
+def _name_the_check_in_skip(check: registry.Check, report: pytest.TestReport) -> None:
+    """A skip's short line (``-rs``: ``SKIPPED [1] conftest.py:1: reason``) names the check: its location is the
+    conftest.py the check was collected beside, which every check there shares."""
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        path, lineno, reason = longrepr
+        reason = str(reason).removeprefix("Skipped: ")
+        if not reason.startswith(f"{check.id} "):
+            report.longrepr = (path, lineno, f"{check.id} {reason}")
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
@@ -389,5 +403,27 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
     if not evidence and not not_judged:
         return None
     text = verdict_line(evidence, not_judged)
-    text = text if len(text) <= 70 else text[:69] + "…"
+    text = status_text(text)
     return "passed", ".", (f"PASSED ({text})", {"green": True})
+
+
+#: where the whole evidence of a pass is, when the -v line shows only its first clauses
+MORE = "… (-rA)"
+
+
+def status_text(text: str, limit: int = 160) -> str:
+    """The evidence beside ``PASSED``: whole up to ``limit`` characters (the terminal wraps it), else up to the
+    last clause that fits, cut where a clause ends outside parentheses ("; ", ", ", ": ", " (") and never
+    inside a word, a number or a parenthesis, with a pointer to ``-rA``, which prints the whole evidence (as
+    the JSON report keeps it)."""
+    if len(text) <= limit:
+        return text
+    room = limit - len(MORE) - 1
+    depth, cut = 0, 0
+    for i, ch in enumerate(text[: room + 1]):
+        if ch == " " and depth == 0 and (text[i - 1 : i] in (";", ",", ":") or text[i + 1 : i + 2] == "("):
+            cut = i
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+    if cut < 12:  # no clause worth showing: the pointer alone
+        return "evidence: -rA"
+    return f"{text[:cut].rstrip(' ,;:')} {MORE}"

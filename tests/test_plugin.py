@@ -299,6 +299,44 @@ def test_missing_roles_skip_naming_the_fixture(project):
     )
 
 
+def test_short_skip_lines_name_the_check(project):
+    """``-rs`` lines read ``conftest.py:1: <ID> <reason>``: every check collected beside one conftest.py shares its
+    location, so the line names the check; two checks with the same reason get a line each."""
+    project.conftest("import pytest\n\n@pytest.fixture\ndef dlcheck_model():\n    return object()\n")
+    run = project.run("--dlcheck=L2,L11")
+    run.fnmatch(["SKIPPED [[]1[]] conftest.py:1: L2 missing role: define fixture dlcheck_tokenizer*"])
+    run.fnmatch(["SKIPPED [[]1[]] conftest.py:1: L11 missing role: define fixture dlcheck_tokenizer*"])
+    # the reports keep the reason itself
+    run.fnmatch(["*dlcheck summary*", "skipped:   missing role: define fixture dlcheck_tokenizer* (2 checks)"])
+
+
+def test_the_evidence_beside_passed_is_never_cut_inside_a_clause():
+    from pytest_dlcheck.plugin import status_text
+
+    short = "8 of 8 sampled documents end with a supervised stop token (<|endoftext|>)"
+    assert status_text(short) == short
+    long = (
+        "padding: 0 of 8 sampled rows supervise any of their 48 padding positions (attention_mask 0, judged on "
+        "the collated batch); source: dlcheck_collator on 8 examples of dlcheck_dataset, shuffled with seed 0"
+    )
+    shown = status_text(long)
+    assert shown.endswith(" … (-rA)") and len(shown) <= 160
+    kept = shown.removesuffix(" … (-rA)")
+    assert long.startswith(kept) and long[len(kept)] in ";,:" or long[len(kept) :].startswith(" (")
+    assert kept.count("(") == kept.count(")")  # never inside a parenthesis
+    assert status_text("x" * 200) == "evidence: -rA"  # no clause to show: the pointer alone
+
+
+def test_passed_lines_point_to_the_whole_evidence(project):
+    project.conftest(CLEAN)
+    run = project.run("--dlcheck=llm", "-rA")
+    passed = [line for line in run.text.splitlines() if " PASSED (" in line]
+    assert passed, run.text
+    for line in passed:
+        assert "…" not in line or "… (-rA))" in line, line
+    run.fnmatch(["*-- dlcheck evidence --*", "8 of 8 sampled documents end with a supervised stop token*"])
+
+
 def test_a_collator_that_raises_is_the_users_error(project):
     project.conftest(
         CLEAN
