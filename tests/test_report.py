@@ -3,6 +3,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -297,3 +298,38 @@ def test_report_of_the_broken_vision_example_draws_its_inputs(project, tmp_path)
     assert "images" in parser.cards["V1"]["kinds"]
     assert out_html.read_text().count("<svg") >= 2
     shows_in_chromium(out_html, tmp_path, expect="V1 input normalization mismatch")
+
+
+def test_the_schemas_are_self_contained():
+    """Both schemas validate with plain ``jsonschema.validate`` (no registry): every $ref points inside its own
+    file, and the postmortem's copy of a result is the report's (a postmortem is validated against its schema in
+    tests/watch/test_watch_loops.py, a report in the tests above)."""
+    report = json.loads(schema_path().read_text())
+    postmortem = json.loads(schema_path().with_name("postmortem.schema.json").read_text())
+    for schema in (report, postmortem):
+        jsonschema.Draft202012Validator.check_schema(schema)
+        refs = re.findall(r'"\$ref": "([^"]*)"', json.dumps(schema))
+        assert refs and all(ref.startswith("#/$defs/") for ref in refs), refs
+        assert all(ref.removeprefix("#/$defs/") in schema["$defs"] for ref in refs)
+    for name in ("result", "artifact"):
+        assert postmortem["$defs"][name] == report["$defs"][name], (
+            f"copy report.schema.json's $defs/{name} into postmortem.schema.json"
+        )
+    # a result as --dlcheck-json and a postmortem write it, validated by each schema on its own
+    result = {
+        "nodeid": "conftest.py::S2_loss_spike", "id": "S2", "domain": "smoke", "title": "loss spike", "roles": [],
+        "outcome": "failed", "pytest_outcome": "failed", "error_kind": "", "duration": 0.5, "reason": "",
+        "evidence": ["step 12: loss 9.1, 6x its running median 1.5"], "cause": "c", "fix": "f", "error": "",
+        "data": {}, "artifacts": [{"kind": "series"}], "cost": {}, "not_judged": [],
+    }  # fmt: skip
+    jsonschema.validate({"results": [result]}, {**report, "required": ["results"]})
+    doc = {
+        "schema_version": 1, "kind": "postmortem", "dlcheck_version": "0.1.0", "created": "now", "python": "3.11",
+        "platform": "linux", "versions": {}, "results": [result],
+        "run": {"framework": "loop", "step": 12, "policy": "raise", "every": 1, "rank": 0, "world_size": 1,
+                "overrides": {}, "settings": {}, "notes": []},
+        "history": {"step": [11, 12], "loss": [1.5, "nan"], "lr": [None, None], "grad_norm": [1.0, None], "metrics": {}},
+    }  # fmt: skip
+    jsonschema.validate(doc, postmortem)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**doc, "results": [{**result, "outcome": "fine"}]}, postmortem)
