@@ -333,3 +333,55 @@ def test_the_schemas_are_self_contained():
     jsonschema.validate(doc, postmortem)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**doc, "results": [{**result, "outcome": "fine"}]}, postmortem)
+
+
+PIXEL_ENV = """
+import numpy as np, pytest
+import gymnasium as gym
+
+class PointOnScreen(gym.Env):
+    # a point on a 640x480 screen: observations in pixels, unscaled, so R8 fails and draws a histogram
+    observation_space = gym.spaces.Box(np.array([0, 0, -20, -20], np.float32), np.array([640, 480, 20, 20], np.float32))
+    action_space = gym.spaces.Discrete(4)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        self.state = np.array([*self.np_random.uniform((0, 0), (640, 480)), 0, 0], np.float32)
+        return self.state.copy(), {}
+
+    def step(self, action):
+        dv = [(1, 0), (-1, 0), (0, 1), (0, -1)][int(action)]
+        self.state[2:] = np.clip(self.state[2:] + dv, -20, 20)
+        self.state[:2] = np.clip(self.state[:2] + self.state[2:], 0, (640, 480))
+        return self.state.copy(), 0.0, False, False, {}
+
+@pytest.fixture(scope="session")
+def dlcheck_env():
+    return PointOnScreen
+"""
+
+
+def test_the_report_without_matplotlib_leaves_its_figures_out_and_says_how_to_get_them(tmp_path):
+    """matplotlib is not importable (blocked in a fresh interpreter): the HTML report is still written, without
+    the figure and with one line saying how to get it; the failure and the dlcheck summary are printed."""
+    (tmp_path / "conftest.py").write_text(PIXEL_ENV)
+    code = (
+        "import sys; sys.modules['matplotlib'] = None; import torch; torch.set_num_threads(1); import pytest; "
+        "sys.exit(pytest.main(['-p', 'no:cacheprovider', '--dlcheck=R8', '--dlcheck-json=r.json', "
+        "'--dlcheck-report=r.html']))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out
+    assert "R8 " in out and "= dlcheck summary =" in out and "report: " in out, out
+    doc = json.loads((tmp_path / "r.json").read_text())
+    (r8,) = [r for r in doc["results"] if r["id"] == "R8"]
+    assert r8["outcome"] == "failed" and [a["kind"] for a in r8["artifacts"]] == ["histogram"]
+    page = (tmp_path / "r.html").read_text()
+    assert "<svg" not in page and 'data-kind="histogram"' not in page
+    parser = Cards()
+    parser.feed(page)
+    assert parser.cards["R8"]["outcome"] == "failed" and "observations" in parser.cards["R8"]["text"]
+    (note,) = re.findall(r'<div class="meta" id="no-figures">([^<]*)</div>', page)
+    assert "1 figure(s) left out: matplotlib is not installed" in note
+    assert "pip install &quot;pytest-dlcheck[report]&quot;" in note
