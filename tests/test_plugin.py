@@ -137,6 +137,30 @@ def test_disabled_with_p_no(pytester):
     result.assert_outcomes(passed=1)
 
 
+def test_the_all_extra_is_everything_a_user_of_any_domain_needs():
+    """``pip install "pytest-dlcheck[all]"``: every domain's libraries, Lightning and the report's figures."""
+    import re
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+
+    def closure(name: str) -> set[str]:
+        out = set()
+        for req in extras[name]:
+            inner = re.fullmatch(r"pytest-dlcheck\[(.*)\]", req)
+            out |= set().union(*(closure(n.strip()) for n in inner.group(1).split(","))) if inner else {req}
+        return out
+
+    every_user_extra = set(extras) - {"all", "test"}
+    assert every_user_extra >= {"llm", "vision", "diffusion", "rl", "lightning", "report"}
+    assert closure("all") == set().union(*(closure(n) for n in every_user_extra))
+    assert {"matplotlib>=3.7", "lightning>=2.2"} <= closure("all")
+
+
 # ---- selection ------------------------------------------------------------------------------------
 
 
