@@ -172,7 +172,8 @@ def user_call(role: str, call: Callable[[], Any], synthetic: bool | str = False)
         synthetic = synthetic or (_MADE_UP[-1] if _MADE_UP else False)
         if synthetic:
             what = synthetic if isinstance(synthetic, str) else "an input pytest-dlcheck made up"
-            mark_synthetic(exc, f"dlcheck_{role} raised it on {what}")
+            if synthetic_input(exc) is None:  # an inner call named the input already
+                mark_synthetic(exc, f"dlcheck_{role} raised it on {what}")
             raise
         raise RoleError(role, f"raised {type(exc).__name__}: {_text(exc)}{where_raised(exc)}") from exc
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import MISSING, RoleError
+from ...errors import MISSING
 from ...registry import Setting, check
 from ...roles import is_hf_trainer
 from ...session import user_call
@@ -161,10 +161,9 @@ def check_gae_episode_ends(dlcheck):
         )
         return
     smallest = rl.reduce_rollout(smallest, disagrees)
-    try:
-        adv, ret = dlcheck.call("advantage_fn", lambda: run(smallest))
-    except RoleError as exc:  # the function cannot take this rollout: say which one
-        raise RoleError(exc.role, f"{exc.message}, on the generated rollout {rl.describe(smallest)}") from exc
+    adv, ret = dlcheck.call(
+        "advantage_fn", lambda: run(smallest), synthetic=f"the generated rollout {rl.describe(smallest)}"
+    )
     comparison = rl.compare(smallest, adv, ret, rtol, atol)
     outputs = []
     for r in rl.sample_rollouts(40, **shape_kw):
@@ -223,7 +222,7 @@ def _check_td_targets(dlcheck, spec: rl.TDTargetFn) -> None:
     batches = rl.td_batches(gamma)
     outputs = []
     for b in batches:
-        targets = dlcheck.call("td_target_fn", lambda b=b: spec(b))
+        targets = dlcheck.call("td_target_fn", lambda b=b: spec(b), synthetic="a generated batch of transitions")
         outputs.append((b, targets))
     wrong = [(b, t) for b, t in outputs if not np.allclose(t, rl.reference_td(b), rtol=rtol, atol=atol)]
     counts = {k: sum(rl.td_kind(b, i) == k for b in batches for i in range(len(b.rewards))) for k in rl.TD_KINDS}

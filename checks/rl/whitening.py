@@ -275,7 +275,9 @@ def _group_advantages(dlcheck, findings: list[Finding], judged: list[str]) -> No
             f"sizes 2-6, {seen['flat']} flat groups among them): finite advantages averaging 0 within every group"
         )
         return
-    adv = dlcheck.call("group_advantages", lambda: run(smallest))
+    adv = dlcheck.call(
+        "group_advantages", lambda: run(smallest), synthetic=f"generated reward groups (group size {smallest[1]})"
+    )
     rewards, size = smallest
     problem = _group_problem(smallest, adv)
     evidence = [
@@ -363,7 +365,11 @@ def _reward_funcs(dlcheck, findings: list[Finding], judged: list[str], notes: li
             notes.append(f"reward_funcs[{i}] is a reward model ({type(func).__name__}): not probed")
             continue
         name = getattr(func, "__name__", type(func).__name__)
-        out = user_call("reward_funcs", lambda: func(prompts=prompts, completions=comp, **extras, **columns))
+        out = user_call(
+            "reward_funcs",
+            lambda: func(prompts=prompts, completions=comp, **extras, **columns),
+            synthetic="the sampled prompts with probe completions made up by the check",
+        )
         scores = np.array([np.nan if v is None else float(v) for v in out], np.float64)
         if scores.shape != (len(prompts),):
             raise RoleError("reward_funcs", f"{name} returned {scores.shape[0]} rewards for {len(prompts)} completions")

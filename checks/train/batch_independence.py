@@ -15,6 +15,7 @@ from ...training import (
     probe,
     run_or_skip,
     to_device,
+    with_field,
 )
 
 ATTENTION = (
@@ -61,7 +62,7 @@ def _inputs(model: Any, batch: Any) -> tuple[Any, Any, Any]:
         )
         if key is not None:
             x = batch[key].detach().clone().requires_grad_(True)
-            return {**batch, key: x}, {"x": x}, None
+            return with_field(batch, key, x), {"x": x}, None
     return batch, None, None
 
 

@@ -158,13 +158,15 @@ def check_image_tokens(dlcheck):
     if can_process:
         size = vlm.processor_image_size(proc, model)
         per_image = dlcheck.memo(
-            proc, f"vlm:expansion:{size}", lambda: vlm.processor_expansion(proc, [vlm.dummy_image(size)], image_id)
+            proc,
+            f"vlm:expansion:{size}",
+            lambda: vlm.processor_expansion(proc, [vlm.dummy_image(size)], image_id, f"a blank {size}px image"),
         )
         bigger = (size[0] * 2, size[1] * 2)
         fixed = per_image == dlcheck.memo(
             proc,
             f"vlm:expansion:{bigger}",
-            lambda: vlm.processor_expansion(proc, [vlm.dummy_image(bigger, 1)], image_id),
+            lambda: vlm.processor_expansion(proc, [vlm.dummy_image(bigger, 1)], image_id, f"a blank {bigger}px image"),
         )
         how = f"the processor expands one {name} into {per_image} tokens"
     cfg = vlm.config_tokens_per_image(model) if model is not MISSING else None

@@ -303,13 +303,18 @@ def processor_image_size(processor: Any, model: Any = None) -> tuple[int, int]:
     return 224, 224
 
 
-def processor_expansion(processor: Any, images: list[Any], token_id: int) -> int:
+def processor_expansion(processor: Any, images: list[Any], token_id: int, made_up: str | bool = False) -> int:
     """How many placeholder tokens the processor writes for these images (one image token each in the
-    text), with no truncation: what the example should carry."""
+    text), with no truncation: what the example should carry. ``made_up``: the images are the check's own
+    (said in words), not the dataset's: the processor raising on them is pytest-dlcheck's error."""
     token = image_token_text(processor)
     tok = getattr(processor, "tokenizer", None)
     with preserved_tokenizer(tok) if tok is not None else contextlib.nullcontext():
-        out = user_call("tokenizer", lambda: processor(images=images, text=[token * len(images)], return_tensors="pt"))
+        out = user_call(
+            "tokenizer",
+            lambda: processor(images=images, text=[token * len(images)], return_tensors="pt"),
+            synthetic=made_up,
+        )
     ids = torch.as_tensor(out["input_ids"])
     return int((ids == token_id).sum())
 
@@ -500,7 +505,8 @@ def run_forward(
     try:
         with eval_mode(model):
             try:
-                out = user_call("model", lambda: model(**inputs))
+                made_up = f"a sampled batch with its {', '.join(replace)} replaced by the check's" if replace else False
+                out = user_call("model", lambda: model(**inputs), synthetic=made_up)
                 logits = _logits(out).detach()
                 if positions is not None:
                     logits = logits[positions.to(logits.device)]

@@ -30,6 +30,7 @@ from .runs import (
     seed_all,
     targets_of,
     to_device,
+    with_field,
 )
 from .setup import (
     decode_example,
@@ -81,6 +82,7 @@ __all__ = [
     "strip_wrapper_prefix",
     "targets_of",
     "to_device",
+    "with_field",
     "training_batches",
     "unwrapped_keys",
 ]

@@ -187,6 +187,19 @@ def to_device(batch: Any, device: Any) -> Any:
     return _moved(batch, dev, 4)
 
 
+def with_field(batch: Mapping, key: Any, value: Any) -> Any:
+    """A copy of the mapping ``batch`` with ``key`` set to ``value``, of the batch's own type (a
+    ``BatchEncoding`` stays one); the batch itself is left as it was."""
+    if type(batch) is dict:
+        return {**batch, key: value}
+    try:
+        again = copy.copy(batch)
+        again[key] = value
+        return again
+    except TypeError:  # an immutable mapping: a plain dict of its items
+        return {**batch, key: value}
+
+
 def _is_batch_class(batch: Any) -> bool:
     """An object that moves itself (``batch.to(device)``): not a tensor, a module or a class."""
     return (

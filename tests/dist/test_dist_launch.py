@@ -286,6 +286,24 @@ def test_gradients_summed_by_hand_on_three_ranks(project):
     _no_leftover_process()
 
 
+def test_a_loss_raising_on_the_concatenated_batch_is_an_internal_error_not_a_skip(project):
+    """D2 concatenates the ranks' batches, a batch the pipeline never builds: a loss that raises on it is not
+    the user's error, and not a quiet skip either, but an internal error of pytest-dlcheck naming that batch.
+    (Formerly: "skipped: cannot compute the single-process step on the concatenated batch".)"""
+    project.conftest(td.project(loss="token_loss_of_one_rank"))
+    run = project.run("--dlcheck=D2", "-rA")
+    run.assert_outcome("D2", "failed")
+    text = _flat(run.text)
+    assert (
+        "internal error of pytest-dlcheck (this is a bug of pytest-dlcheck, not of your pipeline): ValueError: this "
+        "loss takes the batch of one rank (2 rows), got 4 (dlcheck_compute_loss raised it on the 2 batches of the "
+        "ranks' first optimizer step concatenated into one, not on your pipeline's own data) at " in text
+    ), run.text
+    assert "please report it with this output" in text
+    assert "dlcheck_compute_loss: raised" not in text
+    _no_leftover_process()
+
+
 def test_roles_that_cannot_be_sent_to_spawned_ranks_are_named(tmp_path):
     import pytest
 
