@@ -30,6 +30,13 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
             "optimizer steps of the shared smoke run (sets the run of every smoke check, S1-S5): enough "
             "for a divergence or an fp16 update to show, a few seconds for a small model",
         ),
+        Setting(
+            "max_micro_steps",
+            160,
+            "the most micro-batches (forward and backward passes) the smoke run may take: S1.steps optimizer "
+            "steps at a gradient accumulation of up to 8; beyond it the run makes as many optimizer steps as fit "
+            "and says so, so that its cost stays that of a few seconds for a small model",
+        ),
     ),
     "S2": (
         Setting(
@@ -38,8 +45,26 @@ SETTINGS: dict[str, tuple[Setting, ...]] = {
             "a step's loss above this multiple of the mean of the previous steps is a spike; batch to "
             "batch noise of a healthy run stays well within 2x",
         ),
-        Setting("window", 5, "how many previous steps the running mean covers"),
-        Setting("warmup", 3, "first steps never judged (the running mean needs a few values)"),
+        Setting(
+            "window",
+            5,
+            "how many previous steps the running mean covers (and the last steps whose median "
+            "is the run's current level, for ``rise``)",
+        ),
+        Setting(
+            "warmup",
+            3,
+            "first steps never judged as spikes (the running mean needs a few values); the lowest loss among "
+            "them is where the run began, for ``rise``",
+        ),
+        Setting(
+            "rise",
+            3.0,
+            "the median of the last ``window`` losses above this multiple of the lowest of the first ``warmup`` "
+            "is a run that diverged from its start: a healthy run's loss falls or stays where it began, and "
+            "batch-to-batch noise stays well within 2x; compared with the run's start, not with recent steps, "
+            "so a loss that climbs steadily, or jumps at its second step and stays there, is caught too",
+        ),
     ),
     "S3": (
         Setting(
@@ -195,6 +220,67 @@ class SpikeWatch:
         self.previous.append(loss)
         self.seen += 1
         return hit
+
+
+@dataclass
+class Rise:
+    """S2 against the run's start: the median of the last losses far above where the run began."""
+
+    step: int
+    level: float  # the median of the last ``window`` losses
+    start: float  # the lowest of the first ``warmup`` losses
+    start_step: int
+    last: list[tuple[int, float]]  # the (step, loss) points the median is taken over
+
+    @property
+    def ratio(self) -> float:
+        return self.level / self.start
+
+
+class RiseWatch:
+    """S2 against the start: feed finite, positive losses in order; the lowest of the first ``start`` is
+    where the run began, and ``add`` returns the first :class:`Rise` (the median of the last ``window``
+    losses above ``factor`` x it). A running mean that follows the run cannot see a loss that climbs
+    steadily, or one that jumps at step 2 and stays there: the start can."""
+
+    def __init__(self, factor: float, window: int, start: int):
+        self.factor, self.window, self.start_n = factor, max(1, int(window)), max(1, int(start))
+        self.first: list[tuple[int, float]] = []
+        self.last: deque[tuple[int, float]] = deque(maxlen=self.window)
+        self.worst: tuple[float, int | None] = (0.0, None)  # (median of the last / start, step)
+
+    @property
+    def start(self) -> tuple[int, float] | None:
+        return min(self.first, key=lambda t: t[1]) if self.first else None
+
+    def add(self, step: int, loss: float) -> Rise | None:
+        if len(self.first) < self.start_n:
+            self.first.append((step, loss))
+        self.last.append((step, loss))
+        begin = self.start
+        if begin is None or begin[1] <= 0 or len(self.last) < self.window:
+            return None
+        level = statistics.median(v for _, v in self.last)
+        ratio = level / begin[1]
+        if ratio > self.worst[0] or self.worst[1] is None:
+            self.worst = (ratio, step)
+        if ratio > self.factor:
+            return Rise(step, level, begin[1], begin[0], list(self.last))
+        return None
+
+
+def divergence(
+    losses: list[tuple[int, float]], factor: float, window: int, warmup: int, rise: float
+) -> tuple[Spike | Rise | None, SpikeWatch, RiseWatch]:
+    """S2 over a whole run's finite, positive (step, loss) points: the first spike over the running mean
+    or rise over the start (a spike first when both come at one step), and the two watches (their worst)."""
+    spikes, rises = SpikeWatch(factor, window, warmup), RiseWatch(rise, window, warmup)
+    for step, value in losses:
+        hit = spikes.add(step, value)
+        up = rises.add(step, value)
+        if hit is not None or up is not None:
+            return (hit if hit is not None else up), spikes, rises
+    return None, spikes, rises
 
 
 SPIKE_FIX = (

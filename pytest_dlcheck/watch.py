@@ -161,6 +161,8 @@ class Watch:
         self._last_check = 0
         s = self.settings
         self._spikes = detectors.SpikeWatch(s["S2"]["factor"], s["S2"]["window"], s["S2"]["warmup"])
+        # S2 against the run's start too: a running mean follows a run that diverged early and stays there
+        self._rises = detectors.RiseWatch(s["S2"]["rise"], s["S2"]["window"], s["S2"]["warmup"])
         self._grads = detectors.GradWatch(s["S3"]["factor"], s["S3"]["baseline"])
         self._rewards = detectors.RewardWatch(
             s["R1"]["reward_jump"], s["R1"]["kl_spike"], s["R1"]["length_collapse"], horizon=max(history, 50)
@@ -287,8 +289,11 @@ class Watch:
                     )
                 elif loss > 0:
                     spike = self._spikes.add(step, loss)
+                    rise = self._rises.add(step, loss)
                     if spike is not None:
                         found.append(self._spike(spike, norm, lr))
+                    elif rise is not None:
+                        found.append(self._rise(rise, norm, lr))
         if norm is not None and math.isfinite(norm) and self._on("S3"):
             boom = self._grads.add(step, norm)
             if boom is not None:
@@ -359,6 +364,21 @@ class Watch:
         data = {"loss": spike.loss, "mean": spike.mean, "ratio": spike.ratio, "lr": lr}
         return Finding(
             "S2", spike.step, evidence, detectors.spike_cause(detectors.lr_text(lr)), detectors.SPIKE_FIX, data
+        )
+
+    def _rise(self, rise: detectors.Rise, norm, lr) -> Finding:
+        s = self.settings["S2"]
+        evidence = [
+            f"step {rise.step}: the median loss of the last {len(rise.last)} steps, {rise.level:.4g}, is "
+            f"{rise.ratio:.1f} x where the run began ({rise.start:.4g} at step {rise.start_step}, the lowest of the "
+            f"first {s['warmup']}; limit {s['rise']} x)",
+            f"losses: {', '.join(f'{st}: {v:.4g}' for st, v in rise.last)}; {detectors.lr_text(lr)}",
+        ]
+        if norm is not None:
+            evidence.append(f"gradient norm at step {rise.step}: {norm:.4g}")
+        data = {"level": rise.level, "start": rise.start, "ratio": rise.ratio, "lr": lr}
+        return Finding(
+            "S2", rise.step, evidence, detectors.spike_cause(detectors.lr_text(lr)), detectors.SPIKE_FIX, data
         )
 
     def _explosion(self, boom: detectors.Explosion, lr) -> Finding:

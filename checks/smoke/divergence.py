@@ -20,30 +20,41 @@ def _lr_text(rec) -> str:
     settings=detectors.SETTINGS["S2"],
 )
 def check_loss_spike(dlcheck):
-    """No step of a short real run has a loss far above the mean of the steps before it.
+    """No step of a short real run has a loss far above the steps before it, or far above where the run began.
 
     What it does
-        Uses the shared smoke run (see S1): for every step after ``warmup``, compares its loss with the
-        mean of the ``window`` previous finite losses, and fails at the first one above ``factor`` x.
+        Uses the shared smoke run (see S1) and judges its losses two ways. Against the recent steps: for
+        every step after ``warmup``, compares its loss with the mean of the ``window`` previous finite
+        losses, and fails at the first one above ``factor`` x. Against the run's start: fails when the
+        median of the last ``window`` losses is above ``rise`` x the lowest of the first ``warmup`` (the run
+        ends far above where it began).
     Why it is bad
-        A loss that jumps several-fold within a few steps is a run diverging: a learning rate too high for
-        the model, no warmup, no gradient clipping, or a bad batch. It usually ends in NaN or in a model
-        that never recovers, after hours of compute.
+        A loss that jumps several-fold within a few steps, or climbs far above where it started, is a run
+        diverging: a learning rate too high for the model, no warmup, no gradient clipping, or a bad batch.
+        It usually ends in NaN or in a model that never recovers, after hours of compute. A running mean
+        alone follows a divergence: a loss climbing steadily (1.55 -> 11.9 in 20 steps) never jumps 3x over
+        its last steps, and one that jumps at step 2 and stays there is compared with steps already diverged;
+        the start is what tells them.
     Example
         torch.optim.AdamW(model.parameters(), lr=1.0)       # or TrainingArguments(learning_rate=1e-1)
     Use instead
         a learning rate in the usual range for the optimizer (1e-5 to 1e-3 for AdamW), a warmup, and
         gradient clipping (max_grad_norm=1.0 / clip_grad_norm_).
     Known problems
-        Non-finite losses are S1's. A loss that reaches exactly 0 skips.
+        Non-finite losses are S1's. A loss that reaches exactly 0 skips. Under gradient accumulation the
+        losses are the micro-batches' (a loop's or Lightning's), judged in the order they were trained. A
+        loss that is meant to rise (an annealed regulariser weighted up from 0) can fail ``rise``: raise it.
     Not applicable
         Losses that take negative values (GRPO and other policy-gradient objectives, a loss with a
-        negative offset): a multiple of their running mean means nothing.
+        negative offset): a multiple of their running mean or start means nothing.
     """
     run = smoke_run(dlcheck)
     losses = [(s, v) for s, v in run.trajectory.losses() if v is not None and math.isfinite(v)]
     if len(losses) < dlcheck.setting("warmup") + 1:
-        dlcheck.skip(f"the smoke run logged {len(losses)} finite losses: too few to judge spikes (raise S1.steps)")
+        dlcheck.skip(
+            f"the smoke run logged {len(losses)} finite losses: too few to judge spikes (raise S1.steps"
+            + (", or S1.max_micro_steps under gradient accumulation)" if run.capped else ")")
+        )
     negative = [(s, v) for s, v in losses if v < 0]
     if negative:
         dlcheck.not_applicable(
@@ -52,30 +63,50 @@ def check_loss_spike(dlcheck):
         )
     if any(v == 0 for _, v in losses):
         dlcheck.skip("the loss reaches 0 in the smoke run: spikes relative to its mean cannot be judged")
-    factor, window = dlcheck.setting("factor"), dlcheck.setting("window")
+    factor, window, rise = dlcheck.setting("factor"), dlcheck.setting("window"), dlcheck.setting("rise")
     recs = {r.step: r for r in run.trajectory.steps}
-    watch = detectors.SpikeWatch(factor, window, dlcheck.setting("warmup"))
-    for step, value in losses:
-        spike = watch.add(step, value)
-        if spike is not None:
-            rec = recs[step]
-            evidence = [
-                f"step {step} of {run.steps}: loss {value:.4g} = {spike.ratio:.1f} x the mean {spike.mean:.4g} of the "
-                f"{len(spike.previous)} steps before it (limit {factor} x)",
-                f"losses: {show_losses(run.trajectory, upto=step, last=window + 1)}; {_lr_text(rec)}",
-            ]
-            if rec.grad_norm is not None:
-                evidence.append(f"gradient norm at step {step}: {rec.grad_norm:.4g}")
-            dlcheck.fail(evidence, detectors.spike_cause(_lr_text(rec)), detectors.SPIKE_FIX)
-    worst = watch.worst
+    hit, spikes, rises = detectors.divergence(losses, factor, window, dlcheck.setting("warmup"), rise)
+    if isinstance(hit, detectors.Spike):
+        rec = recs[hit.step]
+        evidence = [
+            f"{run.at(hit.step)}: loss {hit.loss:.4g} = {hit.ratio:.1f} x the mean {hit.mean:.4g} of the "
+            f"{len(hit.previous)} steps before it (limit {factor} x)",
+            f"losses: {show_losses(run.trajectory, upto=hit.step, last=window + 1)}; {_lr_text(rec)}",
+        ]
+        if rec.grad_norm is not None:
+            evidence.append(f"gradient norm at step {hit.step}: {rec.grad_norm:.4g}")
+        dlcheck.fail(evidence, detectors.spike_cause(_lr_text(rec)), detectors.SPIKE_FIX)
+    if isinstance(hit, detectors.Rise):
+        rec = recs[hit.step]
+        shown = ", ".join(f"{s}: {v:.4g}" for s, v in hit.last)
+        evidence = [
+            f"{run.at(hit.step)}: the median loss of the last {len(hit.last)} steps, {hit.level:.4g}, is "
+            f"{hit.ratio:.1f} x where the run began ({hit.start:.4g} at step {hit.start_step}, the lowest of the "
+            f"first {dlcheck.setting('warmup')}; limit {rise} x)",
+            f"losses from the start: {show_losses(run.trajectory, upto=hit.start_step + 2, last=window)}; "
+            f"the last: {shown}; {_lr_text(rec)}",
+        ]
+        if rec.grad_norm is not None:
+            evidence.append(f"gradient norm at step {hit.step}: {rec.grad_norm:.4g}")
+        dlcheck.fail(evidence, detectors.spike_cause(_lr_text(rec)), detectors.SPIKE_FIX)
+    worst, up = spikes.worst, rises.worst
+    start = (
+        f"the median of {window} steps against the lowest of the first {dlcheck.setting('warmup')} is at most "
+        f"{up[0]:.2f} x (step {up[1]}; a divergence is {rise} x)"
+        if up[1] is not None
+        else f"not judged against the start: {len(losses)} losses, fewer than the {window} its median needs"
+    )
     dlcheck.measured(
-        f"{run.steps}-step smoke run: losses {losses[0][1]:.4g} -> {losses[-1][1]:.4g}; the highest loss against "
+        f"{run.length}: losses {losses[0][1]:.4g} -> {losses[-1][1]:.4g}; the highest loss against "
         f"the mean of the {window} steps before it is {worst[0]:.2f} x (step {worst[1]}; a spike is {factor} x)",
+        start,
         losses=len(losses),
         first_loss=losses[0][1],
         last_loss=losses[-1][1],
         largest_ratio=round(worst[0], 4),
         at_step=worst[1],
+        largest_rise=round(up[0], 4),
+        rise_at_step=up[1],
     )
 
 
@@ -88,24 +119,35 @@ def check_loss_spike(dlcheck):
     settings=detectors.SETTINGS["S3"],
 )
 def check_grad_explosion(dlcheck):
-    """The gradient norm of a short real run stays within a multiple of its starting level.
+    """The gradient norm of a short real run, before clipping, stays within a multiple of its starting level.
 
     What it does
-        Uses the shared smoke run (see S1): the total gradient 2-norm at every optimizer step (before
-        clipping: the Trainer's logged ``grad_norm``, the norm at ``optimizer.step()`` otherwise) is
-        compared with the median of the first ``baseline`` steps; the first step above ``factor`` x fails.
+        Uses the shared smoke run (see S1): the total gradient 2-norm at every optimizer step, before
+        clipping, is compared with the median of the first ``baseline`` steps; the first step above
+        ``factor`` x fails. Before clipping means: a Trainer's logged ``grad_norm`` (what its
+        ``clip_grad_norm_`` returns); a Lightning fit's gradients at ``on_before_optimizer_step`` (Lightning
+        clips after it); a plain loop's or an Accelerate step's gradients as the backward leaves them
+        (each parameter's gradient read when it is accumulated, unscaled by a GradScaler's scale), so the
+        value ``clip_grad_norm_`` / ``accelerator.clip_grad_norm_`` returns whichever way the step clips,
+        and the norm at ``optimizer.step()`` for a step that does not clip. When the step clipped, the
+        evidence shows the norms at the step too.
     Why it is bad
         Exploding gradients precede a divergence (S2) or a NaN (S1): updates grow, the weights leave the
         region where the loss is smooth, and training is lost. Clipping hides it in the updates but not in
-        the norm.
+        the norm before clipping: a run clipped at 1.0 whose norm grows from 3 to 3000 shows "1 -> 1" after
+        the clip. ``factor`` 10: a healthy run's norm drifts by a few x over a short run (it often falls as
+        the loss falls); ten times its start is a run leaving the smooth region.
     Example
         torch.optim.SGD(model.parameters(), lr=5.0)
+        torch.optim.Adam(model.parameters(), lr=1.0) with clip_grad_norm_(model.parameters(), 1.0)
     Use instead
         lower the learning rate, add warmup, clip gradients (max_grad_norm=1.0), and check that the loss
         is averaged, not summed, over tokens/examples.
     Known problems
-        Needs gradient norms: a run that does not expose them (a Trainer with max_grad_norm=0 still logs
-        them; a custom loop whose optimizer is not in dlcheck_make_training does not) skips.
+        Needs gradient norms: a run that does not expose them (a custom loop whose optimizer is not in
+        dlcheck_make_training) skips. A loop step that scales the loss with a GradScaler kept outside the
+        dlcheck_make_training dict (not an entry, not the Accelerator's) has its norms before clipping read
+        scaled by the loss scale (the comparison with the first steps holds; the numbers are the scaled ones).
     Not applicable
         None: every run that takes optimizer steps has gradients.
     """
@@ -115,9 +157,13 @@ def check_grad_explosion(dlcheck):
     ]
     base_n = dlcheck.setting("baseline")
     if len(norms) <= base_n:
-        dlcheck.skip(f"the smoke run recorded {len(norms)} finite gradient norms: too few to judge (raise S1.steps)")
+        dlcheck.skip(
+            f"the smoke run recorded {len(norms)} finite gradient norms: too few to judge (raise S1.steps"
+            + (", or S1.max_micro_steps under gradient accumulation)" if run.capped else ")")
+        )
     factor = dlcheck.setting("factor")
     watch = detectors.GradWatch(factor, base_n)
+    clipped = [(s, r.clipped_norm) for s, _, r in norms if r.clipped_norm is not None]
     for step, norm, rec in norms:
         if watch.reference is not None and watch.reference <= 0:
             dlcheck.skip("the first gradient norms are 0: nothing to compare against (see T3)")
@@ -125,20 +171,35 @@ def check_grad_explosion(dlcheck):
         if boom is not None:
             series = ", ".join(f"{s}: {n:.3g}" for s, n, _ in norms if s <= step)
             evidence = [
-                f"step {step} of {run.steps}: gradient norm {norm:.4g} = {boom.ratio:.0f} x the median "
+                f"{run.at(step)}: gradient norm {norm:.4g} = {boom.ratio:.0f} x the median "
                 f"{boom.reference:.4g} of steps 1-{base_n} (limit {factor} x)",
-                f"gradient norms: {series}",
-                f"losses: {show_losses(run.trajectory, upto=step)}; {_lr_text(rec)}",
+                f"gradient norms before clipping: {series}",
             ]
+            shown = [(s, n) for s, n in clipped if s <= step]
+            if shown:
+                evidence.append(
+                    "at optimizer.step(), after your clipping: "
+                    + ", ".join(f"{s}: {n:.3g}" for s, n in shown[-8:])
+                    + " (the clip hides the explosion from the updates, not from the norm)"
+                )
+            evidence.append(f"losses: {show_losses(run.trajectory, upto=step)}; {_lr_text(rec)}")
             dlcheck.fail(evidence, detectors.grad_cause(_lr_text(rec)), detectors.GRAD_FIX)
     reference = watch.reference
     highest = max(norms[base_n:], key=lambda t: t[1])
     dlcheck.measured(
-        f"{run.steps}-step smoke run: gradient norms {norms[0][1]:.3g} -> {norms[-1][1]:.3g}, at most "
+        f"{run.length}: gradient norms {norms[0][1]:.3g} -> {norms[-1][1]:.3g} (before clipping), at most "
         f"{highest[1]:.3g} = {highest[1] / reference:.2f} x the median {reference:.3g} of steps 1-{base_n} "
         f"(step {highest[0]}; an explosion is {factor} x)",
+        *(
+            [
+                f"{len(clipped)} of {len(norms)} steps clipped: at optimizer.step() the norm was at most {max(n for _, n in clipped):.3g}"
+            ]
+            if clipped
+            else []
+        ),
         norms=len(norms),
         reference=reference,
         largest=highest[1],
         largest_ratio=round(highest[1] / reference, 4),
+        clipped_steps=len(clipped),
     )

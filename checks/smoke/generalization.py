@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import math
+
 from ... import detectors
-from ...registry import check
+from ...registry import check, load_checks
 from ...training import (
     eval_batches,
     mean_loss,
@@ -42,13 +44,17 @@ def check_train_eval_gap(dlcheck):
         check that every label belongs to its input; use more data, regularisation or early stopping;
         preprocess eval exactly as train.
     Known problems
-        Needs eval data; skips without it. Short runs see only fast overfitting: slow overfitting over
+        A run that diverged (S2 fails it: a spike over its running mean, or losses ending above ``S2.rise`` x
+        where they began) is not judged: its gap, whatever its size, measures a broken model, not
+        memorisation or different eval data, and S5 skips naming S2, the one true cause. Needs eval data;
+        skips without it. Short runs see only fast overfitting: slow overfitting over
         epochs is for the eval metric of the real run (``pytest_dlcheck.watch`` judges it there with these
         thresholds).
     Not applicable
         None: any run with eval data can overfit.
     """
     run = smoke_run(dlcheck)
+    _not_diverged(dlcheck, run)
     ev = run_or_skip(dlcheck, lambda: eval_batches(dlcheck, run.setup))
     if not ev:
         dlcheck.skip(
@@ -67,7 +73,7 @@ def check_train_eval_gap(dlcheck):
     )
     if not exceeded:
         dlcheck.measured(
-            f"after {run.steps} steps: eval loss {eval_loss:.4g} vs train loss {train_loss:.4g} on the sampled batches "
+            f"after {_steps(run)}: eval loss {eval_loss:.4g} vs train loss {train_loss:.4g} on the sampled batches "
             f"= {ratio:.2f} x, {eval_loss - train_loss:.3g} nats apart (fails when above {dlcheck.setting('max_ratio')} x "
             f"and more than {dlcheck.setting('min_gap')} nats apart)",
             *([f"before training: eval {before[1]:.4g}, train {before[0]:.4g}"] if None not in before else []),
@@ -79,12 +85,12 @@ def check_train_eval_gap(dlcheck):
     if before[0] is not None and train_loss > before[0]:
         # memorisation needs a training loss that fell; one that rose is a diverging run (S2/S3 judge it)
         dlcheck.skip(
-            f"not conclusive: the training loss rose over the {run.steps}-step smoke run ({before[0]:.4g} -> "
+            f"not conclusive: the training loss rose over the smoke run's {_steps(run)} ({before[0]:.4g} -> "
             f"{train_loss:.4g}), so the eval/train gap ({eval_loss:.4g} vs {train_loss:.4g}) is no sign of "
             "memorisation: the run diverged (see S2/S3, and the learning rate)"
         )
     evidence = [
-        f"after {run.steps} steps: eval loss {eval_loss:.4g} vs train loss {train_loss:.4g} on the sampled batches "
+        f"after {_steps(run)}: eval loss {eval_loss:.4g} vs train loss {train_loss:.4g} on the sampled batches "
         f"= {ratio:.2f} x (limit {dlcheck.setting('max_ratio')} x and {dlcheck.setting('min_gap')} nats)"
     ]
     if None not in before:
@@ -104,8 +110,40 @@ def check_train_eval_gap(dlcheck):
         cause = (
             f"the model memorises the training batches: their loss fell to {train_loss:.4g} while the eval loss "
             f"{'rose' if before[1] is not None and eval_loss > before[1] else 'stayed at'} {eval_loss:.4g} within "
-            f"{run.steps} steps (labels that do not belong to their inputs can only be memorised; so can a tiny "
+            f"{_steps(run)} (labels that do not belong to their inputs can only be memorised; so can a tiny "
             "or duplicated training set)"
         )
         fix = detectors.MEMORISE_FIX
     dlcheck.fail(evidence, cause, fix)
+
+
+def _not_diverged(dlcheck, run) -> None:
+    """Skip naming S2 when the smoke run diverged by S2's own detector and settings (a spike over the
+    running mean, or losses ending far above where they began): the train/eval gap of an exploded model
+    is no sign of memorisation, and a pass would call a broken run generalising."""
+    s2 = load_checks()["S2"]
+    setting = lambda name: dlcheck.state.setting(s2, name)  # noqa: E731 - S2's thresholds, as S2 reads them
+    losses = [(s, v) for s, v in run.trajectory.losses() if v is not None and math.isfinite(v)]
+    if not losses or any(v <= 0 for _, v in losses):
+        return  # S2 cannot judge a loss at or below 0; S5 judges the gap as it is
+    hit, _, _ = detectors.divergence(losses, setting("factor"), setting("window"), setting("warmup"), setting("rise"))
+    if hit is None:
+        return
+    if isinstance(hit, detectors.Spike):
+        what = f"a loss of {hit.loss:.4g} at {run.at(hit.step)}, {hit.ratio:.1f} x the mean of the steps before it"
+    else:
+        what = (
+            f"losses from {hit.start:.4g} at step {hit.start_step} to a median {hit.level:.4g} by {run.at(hit.step)} "
+            f"({hit.ratio:.1f} x where they began)"
+        )
+    dlcheck.skip(
+        f"not judged: the smoke run diverged ({what}; S2 fails it): the eval/train gap of a diverged model is no "
+        "sign of memorisation or of different eval data (see S2, and the learning rate)"
+    )
+
+
+def _steps(run) -> str:
+    """``40 steps``, or ``20 optimizer steps (80 micro-steps)`` under gradient accumulation."""
+    if run.micro_steps > run.opt_steps > 0:
+        return f"{run.opt_steps} optimizer steps ({run.micro_steps} micro-steps)"
+    return f"{run.steps} steps"

@@ -34,8 +34,10 @@ def check_nonfinite_run(dlcheck):
     What it does
         Runs ``S1.steps`` optimizer steps of your own training on fresh objects (a clone of your Trainer and
         its ``train()``, a Lightning ``fit`` on a copy of your module, or your ``dlcheck_train_step`` on
-        ``dlcheck_make_training``), recording at every step the loss, the gradient norm and which
-        gradients and weights hold NaN/Inf. Fails at the first step that shows one, naming what went
+        ``dlcheck_make_training``, called micro-batch by micro-batch until your optimizer has stepped
+        ``steps`` times: under gradient accumulation that is ``steps`` x the accumulation, at most
+        ``max_micro_steps``, and the evidence says how many of each ran), recording at every step the loss,
+        the gradient norm and which gradients and weights hold NaN/Inf. Fails at the first step that shows one, naming what went
         non-finite first: the loss (the forward), the gradients (the backward) or the weights (the
         optimizer update).
     Why it is bad
@@ -50,7 +52,9 @@ def check_nonfinite_run(dlcheck):
         eps >= 1e-4; lower the learning rate or add warmup and gradient clipping when the loss diverges.
     Known problems
         A step a GradScaler skips because of Inf gradients is expected and not reported (its update never
-        happens). The run is short: a NaN that needs thousands of steps to appear is out of reach here;
+        happens). A gradient accumulation longer than ``max_micro_steps / steps`` gets fewer optimizer steps
+        (the evidence says so; raise ``S1.max_micro_steps``). A step that never calls the optimizer it was
+        given runs ``steps`` micro-steps. The run is short: a NaN that needs thousands of steps to appear is out of reach here;
         ``pytest_dlcheck.watch`` runs this detector during the real run (README, "During the real run").
     Not applicable
         None: every run's loss, gradients and weights must stay finite.
@@ -63,7 +67,7 @@ def check_nonfinite_run(dlcheck):
             continue
         before = show_losses(traj, upto=rec.step - 1) if rec.step > 1 else "none (the first step)"
         evidence = [
-            f"step {rec.step} of {run.steps}: loss {_num(rec.loss)}, gradient norm {_num(rec.grad_norm)}, "
+            f"{run.at(rec.step)}: loss {_num(rec.loss)}, gradient norm {_num(rec.grad_norm)}, "
             f"lr {_num(rec.lr)}; losses before it: {before}"
         ]
         opt = traj.notes.get("optimizer")
@@ -114,7 +118,7 @@ def check_nonfinite_run(dlcheck):
     norms = [r.grad_norm for r in traj.steps if r.grad_norm is not None]
     opt_steps = traj.calls.count("opt") or len(traj.steps)
     dlcheck.measured(
-        f"{run.steps}-step smoke run: "
+        f"{run.length}: "
         + (
             f"losses {losses[0]:.4g} -> {losses[-1]:.4g} ({len(losses)} logged), all finite"
             if losses
@@ -123,6 +127,8 @@ def check_nonfinite_run(dlcheck):
         + (f"; gradient norm ≤ {max(norms):.3g} at {len(norms)} steps, all finite" if norms else "")
         + f"; weights finite after {opt_steps} optimizer steps",
         steps=len(traj.steps),
+        optimizer_steps=opt_steps,
+        micro_steps=run.micro_steps,
         first_loss=losses[0] if losses else None,
         last_loss=losses[-1] if losses else None,
         max_grad_norm=max(norms) if norms else None,

@@ -422,6 +422,9 @@ class StepRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     #: a digest of the batch trained at this step (batch_digest): which examples, in which order
     batch: float | None = None
+    #: the gradient norm at ``optimizer.step()`` when the user's step changed the gradients after the backward
+    #: (clipped them): ``grad_norm`` is then the norm before, as ``clip_grad_norm_`` returns it
+    clipped_norm: float | None = None
 
 
 def batch_digest(batch: Any) -> float | None:
@@ -544,17 +547,81 @@ def scheduler_count(scheduler: Any) -> int | None:
     return int(count) if isinstance(count, int) else None
 
 
+class PreClipNorms:
+    """The gradient norm as the backward leaves it, before the user's step clips it: each parameter's
+    squared norm is taken when its gradient is accumulated (``register_post_accumulate_grad_hook``, kept as
+    a tensor: no synchronisation), so it does not matter how the step clips (``clip_grad_norm_``,
+    ``accelerator.clip_grad_norm_``, ``clip_grad_value_``, a hand-written rule) or whether it does. Under
+    gradient accumulation the last backward's value is the accumulated gradient's. A loss scaled by a
+    GradScaler is unscaled with ``loss_scale()`` (the scale the backward used)."""
+
+    def __init__(self, params: list[tuple[str, torch.Tensor]], loss_scale: Callable[[], float | None] | None = None):
+        self.params = params
+        self.loss_scale = loss_scale
+        self.squares: dict[int, torch.Tensor] = {}
+        self.handles = [
+            p.register_post_accumulate_grad_hook(self._accumulated)
+            for _, p in params
+            if p.requires_grad and hasattr(p, "register_post_accumulate_grad_hook")
+        ]
+
+    def _accumulated(self, p: torch.Tensor) -> None:
+        if p.grad is not None:
+            with torch.no_grad():
+                self.squares[id(p)] = sum(c.double().pow(2).sum() for c in _chunks(p.grad))
+
+    def take(self) -> float | None:
+        """The total norm of the gradients the optimizer is about to apply, as the backward left them (None
+        when a gradient of theirs did not come from a backward this watch saw); forgotten once read."""
+        squares, self.squares = self.squares, {}
+        with_grad = [p for _, p in self.params if p.grad is not None]
+        if not with_grad or any(id(p) not in squares for p in with_grad):
+            return None
+        total = math.sqrt(float(sum(squares[id(p)] for p in with_grad)))
+        scale = self.loss_scale() if self.loss_scale is not None else None
+        return total / scale if scale else total
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def loss_scale_of(state: Mapping[str, Any] | None) -> Callable[[], float | None] | None:
+    """How to read the loss scale of a GradScaler in a training state (an entry, or an Accelerator's
+    ``scaler``), or None when it holds none."""
+    scalers = []
+    for value in (state or {}).values():
+        for obj in (value, getattr(value, "scaler", None)):
+            if isinstance(obj, torch.amp.GradScaler) and obj not in scalers:
+                scalers.append(obj)
+    if not scalers:
+        return None
+    scaler = scalers[0]
+    return lambda: float(scaler.get_scale()) if scaler.is_enabled() else None
+
+
 def watch_optimizer(
-    optimizer: Any, names: dict[int, str], traj: Trajectory, step_of: Callable[[], int]
+    optimizer: Any,
+    names: dict[int, str],
+    traj: Trajectory,
+    step_of: Callable[[], int],
+    loss_scale: Callable[[], float | None] | None = None,
 ) -> Callable[[], None]:
-    """Record, at every optimizer step, the gradient norm, non-finite gradients and parameters, the LR,
-    and the optimizer steps in ``traj.calls``. Returns the function that removes the watch."""
+    """Record, at every optimizer step, the gradient norm (before the step's clipping: :class:`PreClipNorms`;
+    the norm at the step too, in ``clipped_norm``, when they differ), non-finite gradients and parameters,
+    the LR, and the optimizer steps in ``traj.calls``. Returns the function that removes the watch."""
     optimizer = unwrap_prepared(optimizer)
     params = optimizer_params(optimizer, names)
+    before_clip = PreClipNorms(params, loss_scale)
 
     def pre(opt, args, kwargs):
         rec = traj.record(step_of())
-        rec.grad_norm, rec.nonfinite_grads = grad_report(params)
+        at_step, rec.nonfinite_grads = grad_report(params)
+        backward = before_clip.take()
+        rec.grad_norm = at_step
+        if backward is not None and math.isfinite(at_step) and math.isfinite(backward):
+            if abs(backward - at_step) > 1e-3 * max(backward, at_step):
+                rec.grad_norm, rec.clipped_norm = backward, at_step
         rec.lr = float(opt.param_groups[0]["lr"])
 
     def post(opt, args, kwargs):
@@ -564,7 +631,13 @@ def watch_optimizer(
             traj.record(step_of()).nonfinite_params = bad
 
     handles = [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]
-    return lambda: [h.remove() for h in handles]
+
+    def undo() -> None:
+        for h in handles:
+            h.remove()
+        before_clip.remove()
+
+    return undo
 
 
 # --------------------------------------------------------------------------------------------------

@@ -286,11 +286,48 @@ class SmokeRun:
     trajectory: Trajectory
     #: the trained objects, or (a plain loop's, kept on disk) how to read them back into new objects
     kept: Fresh | Callable[[], Fresh]
+    #: the run's length as its kind's ``resume`` counts it (what C1 hands to it): micro-steps of a plain loop
+    #: or an Accelerate step, optimizer steps of a Trainer or a Lightning fit
     steps: int
     #: the session's state, where objects read back are kept as a spare
     session: Any = None
     #: C1's uninterrupted baseline when the run saved a checkpoint for it (C1 selected too), else None
     baseline: Any = None
+    #: optimizer steps made, and micro-batches trained (forward and backward passes) to make them
+    opt_steps: int = 0
+    micro_steps: int = 0
+    #: the optimizer steps asked for (``S1.steps``): more than ``opt_steps`` when ``S1.max_micro_steps`` cut
+    #: the run short under gradient accumulation
+    wanted: int = 0
+
+    @property
+    def capped(self) -> bool:
+        return self.opt_steps < self.wanted and self.micro_steps > self.opt_steps
+
+    @property
+    def by_micro_step(self) -> bool:
+        """Whether the trajectory's records are micro-steps (a loop's, Lightning's) apart from optimizer steps."""
+        return self.micro_steps > self.opt_steps and self.setup.kind != "trainer"
+
+    @property
+    def length(self) -> str:
+        """``20-step smoke run``, or under gradient accumulation ``smoke run of 20 optimizer steps (80
+        micro-steps)`` (and why fewer, when S1.max_micro_steps cut it)."""
+        if self.micro_steps <= self.opt_steps or self.opt_steps == 0:
+            text = f"{self.steps}-step smoke run"
+        else:
+            text = f"smoke run of {self.opt_steps} optimizer steps ({self.micro_steps} micro-steps)"
+        if self.capped:
+            text += f", cut from {self.wanted} optimizer steps by S1.max_micro_steps"
+        return text
+
+    def at(self, step: int) -> str:
+        """Where a record of the trajectory is: ``step 5 of 20``, or ``micro-step 37 of 80 (optimizer step
+        9)`` when the records are micro-steps."""
+        if not self.by_micro_step:
+            return f"step {step} of {self.steps}"
+        made = sum(1 for r in self.trajectory.steps if r.step <= step and r.lr is not None)
+        return f"micro-step {step} of {self.micro_steps} (optimizer step {made} of {self.opt_steps})"
 
     @property
     def trained(self) -> Fresh:
@@ -330,10 +367,16 @@ def _smoke_memo(ctx: Any, setup: Any, make_it: bool = True) -> Any:
         return None
     save_from = resume_save_point(ctx, setup, steps)
 
+    max_micro = int(ctx.state.setting(load_checks()["S1"], "max_micro_steps"))
+
     def make() -> SmokeRun:
         ctx.state.make_room()  # no spare beside the run's training state
-        traj, trained, baseline = setup.smoke(steps, save_from)
-        return SmokeRun(setup, traj, trained, steps, ctx.state, baseline)
+        traj, trained, baseline = setup.smoke(steps, save_from, max_micro)
+        opt = int(traj.notes.get("opt_steps", traj.calls.count("opt")))
+        micro = int(traj.notes.get("micro_steps", len(traj.steps)))
+        # a loop's resume counts micro-steps; a Trainer's and Lightning's optimizer steps
+        length = micro if setup.kind in LOOP_KINDS else opt or steps
+        return SmokeRun(setup, traj, trained, length, ctx.state, baseline, opt, micro, steps)
 
     return memo_captured(ctx, setup.sources, key, make)
 
@@ -343,7 +386,7 @@ SMOKE_READERS = ("S1", "S2", "S3")
 
 
 def resume_save_point(ctx: Any, setup: Any, steps: int) -> int | None:
-    """Where the smoke run saves for C1 (the step after which it saves), or None: C1 not selected, a kind
+    """Where the smoke run saves for C1 (the optimizer step after which it saves), or None: C1 not selected, a kind
     whose resume the smoke run cannot serve (Lightning resumes at an epoch boundary), or no save and load
     to resume through."""
     checks = load_checks()

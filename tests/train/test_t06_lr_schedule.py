@@ -32,7 +32,7 @@ def test_scheduler_stepped_every_micro_batch(project):
     run.assert_outcome("T6", "failed")
     text = tt.section(run, "T6")
     assert (
-        "in 20 micro-batches of your step: optimizer.step() ran 5 times, lr_scheduler.step() 20 times (4.0 scheduler steps per optimizer step)"
+        "in 80 micro-batches of your step: optimizer.step() ran 20 times, lr_scheduler.step() 80 times (4.0 scheduler steps per optimizer step)"
         in text
     )
     assert "warmup and decay run 4x too fast" in text and "inside the gradient-accumulation branch" in text
@@ -41,12 +41,12 @@ def test_scheduler_stepped_every_micro_batch(project):
 def test_scheduler_stepped_with_the_optimizer(project):
     project.conftest(tt.loop_project(extra=ACCUM.format(inside='state["lr_scheduler"].step()', outside="pass")))
     run = project.run("--dlcheck=T6", "-rA")
-    run.fnmatch(["*::T6_lr_schedule PASSED (smoke run of 20 steps: the learning rate at its 5 optimizer steps is*"])
+    run.fnmatch(["*::T6_lr_schedule PASSED (smoke run of 80 steps: the learning rate at its 20 optimizer steps is*"])
     run.fnmatch(
         [
-            "smoke run of 20 steps: the learning rate at its 5 optimizer steps is 0.00333, 0.00667, 0.01, 0.01, …, "
+            "smoke run of 80 steps: the learning rate at its 20 optimizer steps is 0.00333, 0.00667, 0.01, 0.01, …, "
             "0.01 (not 0 throughout; scheduler: LambdaLR)",
-            "in 20 micro-batches of your step: optimizer.step() ran 5 times, lr_scheduler.step() 5 times (1 per "
+            "in 80 micro-batches of your step: optimizer.step() ran 20 times, lr_scheduler.step() 20 times (1 per "
             "optimizer step; more than 1.5 counts micro-batches)",
         ]
     )

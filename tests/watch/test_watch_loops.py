@@ -196,7 +196,9 @@ def test_overrides_move_the_checks_thresholds(tmp_path):
     assert ran == 30 and messages == []
     assert loose.settings["S2"]["factor"] == 1e9 and loose.settings["S3"]["factor"] == 1e9
     assert detectors.resolve(None)["S2"]["factor"] == 3.0  # the checks' own defaults, untouched
-    with pytest.raises(ValueError, match=r"'S2\.spike': S2 has no setting 'spike' \(it has factor, window, warmup\)"):
+    with pytest.raises(
+        ValueError, match=r"'S2\.spike': S2 has no setting 'spike' \(it has factor, window, warmup, rise\)"
+    ):
         Watch(overrides={"S2.spike": 5})
     with pytest.raises(ValueError, match="no runtime detector 'L2'"):
         Watch(overrides={"L2.factor": 5})
@@ -212,7 +214,7 @@ def test_the_postmortem_follows_its_schema(tmp_path):
     doc = json.loads(watch.postmortems[0].read_text())
     # plain jsonschema, no registry: the schema is self-contained
     jsonschema.validate(doc, json.loads(schema_path().with_name("postmortem.schema.json").read_text()))
-    assert doc["run"]["settings"]["S2"] == {"factor": 3.0, "window": 5, "warmup": 3}
+    assert doc["run"]["settings"]["S2"] == {"factor": 3.0, "window": 5, "warmup": 3, "rise": 3.0}
     assert len(doc["history"]["loss"]) == 15 and doc["history"]["grad_norm"][4] is not None
 
 
