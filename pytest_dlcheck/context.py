@@ -11,7 +11,7 @@ import pytest
 from . import registry, twin
 from .cost import users_work
 from .errors import MISSING, CheckFailed, RoleError
-from .report import jsonable
+from .report import NOT_RUN, jsonable
 from .roles import ROLES, derive, given
 from .session import (
     ARTIFACTS_KEY,
@@ -42,8 +42,36 @@ def fixture_role(request: pytest.FixtureRequest, name: str) -> Any:
         raise
     except Exception as exc:
         text = " ".join(str(exc).split())
-        raise RoleError(name, f"the fixture raised {type(exc).__name__}: {text}{where_raised(exc)}") from exc
+        fixture = _raising_fixture(exc, f"dlcheck_{name}")
+        where = getattr(request.node.parent, "nodeid", "")  # the checks of one conftest.py: another may define it too
+        first = request.config.stash.setdefault(RAISED_KEY, {}).setdefault((where, fixture), request.node.name)
+        if first != request.node.name:  # reported once, where it first raised (pytest's own ERROR)
+            pytest.skip(
+                f"{NOT_RUN} fixture {fixture} raised {type(exc).__name__} (reported once: the ERROR of {first})"
+            )
+        role = fixture.removeprefix("dlcheck_") if fixture.removeprefix("dlcheck_") in ROLES else name
+        who = "the fixture" if fixture == f"dlcheck_{role}" else f"fixture {fixture}"
+        error = RoleError(role, f"{who} raised {type(exc).__name__}: {text}{where_raised(exc)}")
+        error.fixture = fixture
+        raise error from exc
     return given(name, value)
+
+
+#: the fixtures that raised in this session (per directory of checks), each with the check item that reported
+#: it (its one ERROR)
+RAISED_KEY = pytest.StashKey[dict]()
+
+
+def _raising_fixture(exc: BaseException, default: str) -> str:
+    """The name of the fixture whose function raised ``exc``: the innermost one pytest called (a role's
+    fixture may raise in a fixture it depends on)."""
+    import traceback
+
+    name = default
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_name == "call_fixture_func":
+            name = getattr(frame.f_locals.get("request"), "fixturename", None) or name
+    return name
 
 
 #: the roles that hold a model a check runs or trains: with --dlcheck-twin they resolve to its tiny twin
@@ -87,6 +115,8 @@ class CheckContext:
         try:
             ctx.require(*check.roles)
         except RoleError as exc:
+            if getattr(exc, "fixture", None):
+                raise  # a fixture that raised: pytest's own ERROR at setup, naming it (once: see fixture_role)
             # reported by the check's call as its failure (house format), not as a setup error
             ctx.error = exc
         return ctx
@@ -222,6 +252,12 @@ class CheckContext:
         raise CheckFailed([evidence] if isinstance(evidence, str) else list(evidence), cause, fix, data)
 
     def skip(self, reason: str) -> NoReturn:
+        """Skip saying why. A missing role of a domain that does not concern this kind of pipeline (an env
+        asked of an SFT pipeline) is "not applicable" instead, as in :meth:`require`."""
+        if reason.startswith(MISSING_ROLE):
+            other = registry.not_concerned(self.check.domain, self)
+            if other:
+                self.not_applicable(other)
         pytest.skip(reason)
 
     def __repr__(self) -> str:

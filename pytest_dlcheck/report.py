@@ -20,6 +20,8 @@ from .html import write_html
 from .session import MISSING_ROLE, NOT_APPLICABLE, STATE_KEY
 
 PROPERTY = "dlcheck"
+#: the reason prefix of a check not run because a fixture it needs raised, reported once as another item's ERROR
+NOT_RUN = "not run:"
 #: 2: ``outcome`` tells failed / error / passed / not_applicable / missing_role / skipped apart (version 1 had
 #: passed / failed / error / skipped; its value is kept as ``pytest_outcome``); ``error_kind`` says whose error
 OUTCOMES = ("failed", "error", "passed", "not_applicable", "missing_role", "skipped")
@@ -113,6 +115,8 @@ def payload(
         out.update(evidence=list(exc.evidence), cause=exc.cause, fix=exc.fix, data=jsonable(exc.data))
     elif isinstance(exc, RoleError):
         out.update(error=str(exc), error_kind="role")
+        if getattr(exc, "fixture", None):
+            out["raised_fixture"] = exc.fixture
     elif isinstance(exc, pytest.skip.Exception):
         out.update(reason=str(exc.msg))
     elif exc is not None:
@@ -330,10 +334,21 @@ class Results:
                 ids += [] if r.id in ids else [r.id]
         for (part, reason), ids in partly.items():
             tr.write_line(f"partly:    {' '.join(ids)}: {part} not judged: {reason}", yellow=True)
-        for outcome, label in (("missing_role", "skipped:  "), ("not_applicable", "n/a:      ")):
-            grouped = Counter(r.reason for r in results if r.outcome == outcome and r.domain not in folded)
+        for outcome, label in (
+            ("missing_role", "skipped:  "),
+            ("not_applicable", "n/a:      "),
+            ("skipped", "not run:  "),
+        ):
+            grouped = Counter(
+                r.reason
+                for r in results
+                if r.outcome == outcome
+                and r.domain not in folded
+                and (outcome != "skipped" or r.reason.startswith(NOT_RUN))
+            )
             for reason, n in sorted(grouped.items()):
-                tr.write_line(f"{label} {reason} ({n} check{'s' if n > 1 else ''})")
+                text = reason.removeprefix(NOT_RUN).strip() if outcome == "skipped" else reason
+                tr.write_line(f"{label} {text} ({n} check{'s' if n > 1 else ''})")
         # information items (DF1, DF7, L6) skip with what they measured: shown here, not only under -rs
         infos = sorted(
             (

@@ -26,8 +26,16 @@ def _fix_for(piece) -> str:
     "C10",
     domain="ckpt",
     title="accelerator.save_state / load_state leaves a piece of the training state behind",
-    roles=("make_training",),
-    optional_roles=("dataloader", "train_step", "compute_loss", "save_checkpoint", "load_checkpoint"),
+    optional_roles=(
+        "make_training",
+        "dataloader",
+        "train_step",
+        "compute_loss",
+        "save_checkpoint",
+        "load_checkpoint",
+        "trainer",
+        "lightning_module",
+    ),
     settings=(
         Setting(
             "micro_steps",
@@ -73,10 +81,23 @@ def check_accelerate_state(dlcheck):
         of the two applies.
     Not applicable
         Trainings without an ``Accelerator`` in the ``dlcheck_make_training`` dict (a Trainer — which runs
-        on Accelerate but checkpoints its own way, C1 —, Lightning, a plain loop).
+        on Accelerate but checkpoints its own way, C1 —, Lightning, a plain loop). A Trainer or Lightning
+        user (``dlcheck_trainer`` or ``dlcheck_lightning_module``, no ``dlcheck_make_training``) is not
+        asked for a ``dlcheck_make_training`` either: the check is not applicable to them.
     """
     from ...training.accelerate import round_trip
 
+    if not dlcheck.has("make_training"):
+        for role, kind in (
+            ("trainer", "a Trainer (transformers/TRL or Lightning)"),
+            ("lightning_module", "a Lightning module"),
+        ):
+            if dlcheck.has(role):
+                dlcheck.not_applicable(
+                    f"dlcheck_{role} is {kind}, which checkpoints its own way, not with accelerator.save_state / "
+                    "load_state of a training you drive (C1 judges its resume)"
+                )
+        dlcheck.require("make_training")
     setup = get_setup(dlcheck)
     if setup.kind != "accelerate":
         dlcheck.not_applicable(

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from ...errors import MISSING
+from ...registry import applicability
 from ...roles import deriver, is_hf_trainer, role
 from . import measure as rl
 
@@ -213,3 +214,38 @@ def from_grpo_trainer(name: str, get: Get, cache: Cache) -> Any:
         log = list(getattr(getattr(trainer, "state", None), "log_history", None) or [])
         return log if rl.log_series(log, "reward")[1] else MISSING  # an RL run's log: it logs rewards
     return MISSING
+
+
+#: roles that mark a pipeline as reinforcement learning (given, or derived from an SB3 algorithm or a TRL
+#: GRPO/DPO trainer); a pipeline with none of them is not asked for the others
+RL_MARKERS = (
+    "algorithm",
+    "env",
+    "advantage_fn",
+    "td_target_fn",
+    "rollout",
+    "advantage_minibatches",
+    "group_advantages",
+    "reward_funcs",
+    "ref_model",
+    "kl_coef",
+    "normalizer",
+    "replay_buffer",
+    "save_agent",
+    "load_agent",
+    "preprocess_obs",
+)
+
+
+@applicability("rl")
+def concerns_rl(ctx) -> str | None:
+    """The rl checks do not concern a pipeline with no sign of reinforcement learning: a role they miss is
+    then "not applicable", not a fixture to define (an SFT or vision pipeline is not asked for an env)."""
+    from ...roles import ROLES
+
+    if any(name in ROLES and ctx.role(name) is not MISSING for name in RL_MARKERS):
+        return None
+    return (
+        "no reinforcement learning in the given fixtures (no dlcheck_algorithm, dlcheck_env, dlcheck_advantage_fn, "
+        "dlcheck_rollout, reference model or GRPO trainer): the rl checks do not concern this pipeline"
+    )
