@@ -3,7 +3,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,9 +65,10 @@ def content(example: Any) -> Any:
     return example
 
 
-def documents(example: Any) -> list[Any]:
+def documents(example: Any, eos: int | None = None) -> list[Any]:
     """The documents packed in one example (TRL's packed rows: ``seq_lengths``, or ``position_ids`` restarting
-    at 0), each as ``{"input_ids": [...]}``; an unpacked example is its own single document. Packed rows hide
+    at 0; else, given ``eos``, the end-of-sequence token that closes each document of a row packed without
+    them), each as ``{"input_ids": [...]}``; an unpacked example is its own single document. Packed rows hide
     duplicates: the same documents packed in another order make another row."""
     if not isinstance(example, Mapping) or "input_ids" not in example:
         return [example]
@@ -80,9 +82,12 @@ def documents(example: Any) -> list[Any]:
     if not (isinstance(lengths, (list, tuple)) and len(lengths) > 1 and sum(lengths) == len(ids)):
         pos = example.get("position_ids")
         pos = pos.tolist() if isinstance(pos, torch.Tensor) else pos
-        if not (isinstance(pos, (list, tuple)) and len(pos) == len(ids)):
-            return [example]
-        starts = [i for i, p in enumerate(pos) if p == 0]
+        starts = (
+            [i for i, p in enumerate(pos) if p == 0] if isinstance(pos, (list, tuple)) and len(pos) == len(ids) else []
+        )
+        if len(starts) < 2 and eos is not None:
+            # each document ends with its EOS: a new one starts after every EOS but the row's last token
+            starts = [0] + [i + 1 for i, t in enumerate(ids[:-1]) if t == eos]
         if len(starts) < 2:
             return [example]
         lengths = [b - a for a, b in zip(starts, starts[1:] + [len(ids)])]
@@ -91,6 +96,62 @@ def documents(example: Any) -> list[Any]:
         out.append({"input_ids": ids[at : at + int(n)]})
         at += int(n)
     return out
+
+
+#: elements of one example read for its surprisal, and training examples read for the frequencies: bounded cost
+SURPRISAL_ELEMENTS = 512
+FREQUENCY_ROWS = 2000
+
+
+def _elements(value: Any, cap: int = SURPRISAL_ELEMENTS) -> list[Any]:
+    """The symbols an example's content is made of (token ids, pixel values, characters; a record's fields tagged
+    with their names), at most ``cap``."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().flatten()[:cap].cpu().tolist()
+    if hasattr(value, "ravel") and hasattr(value, "tolist"):
+        return value.ravel()[:cap].tolist()
+    if isinstance(value, str):
+        return list(value[:cap])
+    if isinstance(value, Mapping):
+        out: list[Any] = []
+        for k in sorted(value, key=str):
+            out += [(str(k), e) for e in _elements(value[k], cap - len(out))]
+            if len(out) >= cap:
+                break
+        return out
+    if isinstance(value, (list, tuple)):
+        out = []
+        for v in value:
+            out += _elements(v, cap - len(out)) if isinstance(v, (list, tuple, Mapping, str, torch.Tensor)) else [v]
+            if len(out) >= cap:
+                break
+        return [e if isinstance(e, (int, float, str, tuple)) else repr(e) for e in out[:cap]]
+    return [repr(value)]
+
+
+class Surprisal:
+    """How unlikely an example's content is to recur by chance: the sum of its symbols' surprisal (bits) under
+    the training data's own symbol frequencies (add-half smoothing for unseen symbols)."""
+
+    def __init__(self, rows: list[Any]):
+        self.counts = Counter(e for r in rows[:FREQUENCY_ROWS] for e in _elements(content(r)))
+        self.denominator = sum(self.counts.values()) + 0.5 * (len(self.counts) + 1)
+
+    def bits(self, example: Any) -> float:
+        return sum(-math.log2((self.counts.get(e, 0) + 0.5) / self.denominator) for e in _elements(content(example)))
+
+
+def eos_boundary(tok: Any) -> int | None:
+    """The end-of-sequence id that closes each document of a packed row; None without a tokenizer, or when its
+    chat template ends every turn with it (an EOS inside a row then closes a turn, not a document)."""
+    eos_id, eos = getattr(tok, "eos_token_id", None), getattr(tok, "eos_token", None)
+    if tok is MISSING or not isinstance(eos_id, int) or isinstance(eos_id, bool):
+        return None
+    template = getattr(tok, "chat_template", None)
+    template = " ".join(map(str, template.values())) if isinstance(template, Mapping) else template
+    if isinstance(template, str) and isinstance(eos, str) and eos and eos in template:
+        return None
+    return eos_id
 
 
 def fingerprint(example: Any) -> str:
@@ -107,7 +168,9 @@ def _examples(dataset: Any, limit: int) -> tuple[list[Any] | None, bool]:
     if hasattr(dataset, "column_names") and hasattr(dataset, "select"):
         part = dataset.select(range(take)) if take < n else dataset
         cols = [c for c in part.column_names if c not in NOT_CONTENT]
-        key = ["input_ids"] if "input_ids" in cols else cols
+        # a packed dataset's document boundaries travel with its ids (TRL's pack_dataset: seq_lengths)
+        bounds = [c for c in ("seq_lengths", "position_ids") if c in part.column_names]
+        key = ["input_ids", *bounds] if "input_ids" in cols else cols
         data = {c: part[c] for c in key}
         return [{c: data[c][i] for c in key} for i in range(take)], take < n
     return [dataset[i] for i in range(take)], take < n
@@ -153,16 +216,19 @@ def _split(dlcheck, split: str) -> Split:
     return Split(dataset, dataset_name, iterable, iterable_name, dl, f"dlcheck_{dl_role}")
 
 
-def _natural_overlap(train_rows: list[Any], n_eval: int) -> tuple[float, int] | None:
+def _natural_overlap(
+    train_rows: list[Any], n_eval: int, counts: Callable[[Any], bool] = lambda _row: True
+) -> tuple[float, int] | None:
     """(share of a held-out part of the training rows whose inputs appear in the rest, its size): how much
-    two disjoint samples of this data overlap by nature. None with too few rows to hold a part out."""
+    two disjoint samples of this data overlap by nature, counting only the rows ``counts`` accepts. None with
+    too few rows to hold a part out."""
     if len(train_rows) < 8:
         return None
     size = max(1, min(n_eval, len(train_rows) // 2))
     step = len(train_rows) / size
     held = {int(i * step) for i in range(size)}
     rest = {fingerprint(r) for i, r in enumerate(train_rows) if i not in held}
-    hits = sum(fingerprint(train_rows[i]) in rest for i in held)
+    hits = sum(fingerprint(train_rows[i]) in rest and counts(train_rows[i]) for i in held)
     return hits / len(held), len(held)
 
 
@@ -239,6 +305,16 @@ def _iterated(data: Any, limit: int, batched: bool) -> tuple[list[Any], bool]:
             "share of eval examples allowed to also be in the training data; 0, because "
             "every shared example inflates the eval metric (deduplicate natural duplicates, or raise it)",
         ),
+        Setting(
+            "unique_bits",
+            128.0,
+            "an eval example whose content carries at least this many bits (the sum of its tokens', values' or "
+            "characters' surprisal under the training data's own frequencies) is unique by chance, so its exact "
+            "copy in the training data is a leak even when the training data repeats itself. The sum ignores "
+            "context, so it overstates natural text's information about fourfold; the 32 bits that leaves make a "
+            "chance repeat among 50,000 examples a 1-in-65,000 event. Shorter inputs (a character model's 3-token "
+            "contexts carry ~10 bits) are judged against the rate at which the training data repeats them",
+        ),
         Setting("max_examples", 50000, "examples hashed per split (the first ones); bounds the cost on large datasets"),
         Setting(
             "max_drawn",
@@ -255,6 +331,12 @@ def check_train_eval_leakage(dlcheck):
         Hashes the content of every example (up to ``max_examples``) of the training and the eval data —
         the token ids of a tokenized example, the inputs of an ``(inputs, target)`` pair, every non-target
         field of a record — and fails when eval examples are found in the training data, showing them.
+        Packed rows are compared by their documents: a row is split at its boundaries (TRL's
+        ``seq_lengths``, ``position_ids`` restarting at 0, else the tokenizer's EOS closing each document,
+        unless its chat template ends turns with it). An eval example long enough to be unique by chance
+        (``unique_bits``) is a leak wherever its copy is, even when the training data repeats itself;
+        shorter inputs (a character model's contexts) are excused up to the rate at which two disjoint
+        parts of the training data share them (three binomial standard deviations above it).
     Why it is bad
         An eval example the model was trained on measures memorisation, not generalisation: the eval loss
         and metrics look better than the model is, early stopping and model selection pick the wrong
@@ -272,7 +354,9 @@ def check_train_eval_leakage(dlcheck):
         without ``.dataset``) is read by iterating it once, at most ``max_drawn`` examples per split; when
         either split has to be read that way and both have dataloaders, both splits are drawn from their
         loaders, so that both are compared as the same collator makes them (padding dropped). A one-shot
-        iterator (a generator object) is never read: it would consume your data.
+        iterator (a generator object) is never read: it would consume your data. Rows packed without
+        ``seq_lengths`` / ``position_ids`` are split at EOS only with dlcheck_tokenizer (or a Trainer's);
+        the documents cut at a row's edges are compared as the fragments they are.
     Not applicable
         None: any pipeline with eval data can leak it into training.
     """
@@ -324,10 +408,11 @@ def check_train_eval_leakage(dlcheck):
     train_rows, train_cut, train_src = read(train, from_loaders)
     eval_rows, eval_cut, eval_src = read(ev, from_loaders)
     # packed rows are compared by the documents they hold
-    packed = any(len(documents(r)) > 1 for r in eval_rows[:64] + train_rows[:64])
+    eos = eos_boundary(dlcheck.role("tokenizer"))
+    packed = any(len(documents(r, eos)) > 1 for r in eval_rows[:64] + train_rows[:64])
     if packed:
-        train_rows = [d for r in train_rows for d in documents(r)]
-        eval_rows = [d for r in eval_rows for d in documents(r)]
+        train_rows = [d for r in train_rows for d in documents(r, eos)]
+        eval_rows = [d for r in eval_rows for d in documents(r, eos)]
         train_src += ", unpacked into its documents"
         eval_src += ", unpacked into its documents"
     if not eval_rows:
@@ -337,15 +422,30 @@ def check_train_eval_leakage(dlcheck):
         seen.setdefault(fingerprint(row), i)
     shared = [(j, seen[h]) for j, row in enumerate(eval_rows) if (h := fingerprint(row)) in seen]
     share = len(shared) / len(eval_rows)
-    natural = _natural_overlap(train_rows, len(eval_rows)) if share > dlcheck.setting("max_shared_share") else None
-    if natural is not None and natural[0] > 0 and share <= _natural_bound(natural[0], len(eval_rows)):
+    allowed = dlcheck.setting("max_shared_share")
+    # an example long enough to be unique by chance is a copy wherever it recurs: the training data's own repeats
+    # (a dataset that holds some conversations twice) excuse only the inputs that can recur by chance
+    unique_bits = dlcheck.setting("unique_bits")
+    surprisal = Surprisal(train_rows) if shared else None
+    bits = {j: surprisal.bits(eval_rows[j]) for j, _ in shared} if surprisal else {}
+    copies = [(j, i) for j, i in shared if bits[j] >= unique_bits]
+    by_chance = len(shared) - len(copies)
+    natural = None
+    if len(copies) / len(eval_rows) <= allowed and share > allowed:
+        natural = _natural_overlap(train_rows, len(eval_rows), lambda row: surprisal.bits(row) < unique_bits)
+    if (
+        natural is not None
+        and natural[0] > 0
+        and by_chance / len(eval_rows) <= _natural_bound(natural[0], len(eval_rows))
+    ):
         # inputs that repeat inside the training data itself (a character model's 3-token contexts, short
         # labels): an eval split held out properly shares them at the same rate
         dlcheck.measured(
             f"{len(shared)} of {len(eval_rows)} eval examples ({share:.0%}, {eval_src}) share their inputs with the "
             f"{len(train_rows)} training examples ({train_src}), no more than two disjoint parts of the training data "
             f"share with each other ({natural[0]:.0%} of {natural[1]} held-out training examples): these inputs "
-            "repeat by nature, not by a leaked split",
+            f"repeat by nature, not by a leaked split; each carries under {unique_bits:g} bits (the sum of its "
+            "symbols' surprisal under the training data's frequencies), short enough to recur by chance",
             eval_examples=len(eval_rows),
             train_examples=len(train_rows),
             shared=len(shared),
@@ -384,7 +484,23 @@ def check_train_eval_leakage(dlcheck):
         f"{len(train_rows)} training examples, by content{cut}: {pairs}",
         f"eval #{j} ({eval_src}): {shown}",
     ]
-    if natural is not None:
+    prints = Counter(fingerprint(r) for r in train_rows) if copies else Counter()
+    repeated = sum(n for n in prints.values() if n > 1)
+    repeating = repeated > 0
+    if copies:
+        c = copies[0][0]
+        evidence.append(
+            f"{len(copies)} of them are long enough to be unique by chance (≥ {unique_bits:g} bits each, the sum of "
+            f"their symbols' surprisal under the training data's own frequencies; eval #{c}: {bits[c]:.0f} bits): "
+            "exact copies, not inputs that recur by nature"
+            + (
+                f"; the training data repeats itself too ({repeated} of its {len(train_rows)} examples occur more than "
+                "once), which does not excuse copies"
+                if repeating
+                else ""
+            )
+        )
+    elif natural is not None:
         evidence.append(
             f"two disjoint parts of the training data share only {natural[0]:.0%} of their inputs ({natural[1]} "
             "held-out training examples against the rest): the eval split shares far more than a held-out part would"
@@ -393,5 +509,6 @@ def check_train_eval_leakage(dlcheck):
     fix = (
         "split once on deduplicated data (dataset.train_test_split(test_size=..., seed=...)) or hold out a separate "
         "file; drop eval examples whose content is in the training set"
+        + ("; deduplicate the training data itself before splitting" if repeating else "")
     )
     dlcheck.fail(evidence, cause, fix)

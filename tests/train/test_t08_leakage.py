@@ -1,5 +1,6 @@
 """T8: no eval example is also a training example."""
 
+import pytest
 import tiny_train as tt
 from helpers import flat
 
@@ -249,3 +250,95 @@ def test_packed_rows_are_compared_by_their_documents(project):
 def test_packed_rows_of_held_out_documents_pass(project):
     project.conftest(PACKED.format(eval_docs=[9, 10, 11]))
     project.run("--dlcheck=T8").assert_outcome("T8", "passed")
+
+
+CONVERSATIONS = """
+    import itertools, pytest, tiny
+
+    SYSTEM = "You are a tiny model. Answer briefly and stop."
+    PAIRS = list(itertools.product(tiny.PROMPTS, tiny.COMPLETIONS))  # 36 distinct conversations
+
+    def chats(pairs):
+        tok = tiny.tokenizer()
+        return [
+            {{"input_ids": tok.apply_chat_template(
+                [{{"role": "system", "content": SYSTEM}}, {{"role": "user", "content": p}},
+                 {{"role": "assistant", "content": c}}], tokenize=True, return_dict=True)["input_ids"]}}
+            for p, c in pairs
+        ]
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return chats([p for p in PAIRS[:16] for _ in range(2)])  # the training data repeats itself: each one twice
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataset():
+        return chats({eval_pairs})
+"""
+
+
+def test_copied_conversations_are_a_leak_even_when_the_training_data_repeats_itself(project):
+    """9 of 20 eval conversations (45%) are exact copies of training conversations. The training data holds every
+    conversation twice, so two disjoint parts of it share most of their rows: the old T8 took that as the natural
+    rate and passed. A conversation this long cannot recur by chance: it is a copy."""
+    project.conftest(CONVERSATIONS.format(eval_pairs="PAIRS[:9] + PAIRS[16:27]"))
+    run = project.run("--dlcheck=T8")
+    run.assert_outcome("T8", "failed")
+    text = tt.section(run, "T8")
+    assert "9 of 20 eval examples (45%) are also in the 32 training examples, by content" in text, text
+    assert "9 of them are long enough to be unique by chance (≥ 128 bits each" in text, text
+    assert "the training data repeats itself too" in text and "which does not excuse copies" in text
+    assert "deduplicate the training data itself before splitting" in text
+
+
+def test_held_out_conversations_pass_beside_a_training_set_that_repeats_itself(project):
+    project.conftest(CONVERSATIONS.format(eval_pairs="PAIRS[16:36]"))
+    run = project.run("--dlcheck=T8", "-rA")
+    run.assert_outcome("T8", "passed")
+    run.fnmatch(["*0 of 20 eval examples (dlcheck_eval_dataset) are among the 32 training examples*"])
+
+
+TRL_PACKED = """
+    import pytest, tiny
+    from datasets import Dataset
+    from trl.data_utils import pack_dataset
+
+    def packed(texts, strategy):
+        tok = tiny.tokenizer()
+        ids = [tok(t + tok.eos_token)["input_ids"] for t in texts]
+        return pack_dataset(Dataset.from_dict({{"input_ids": ids}}), seq_length=48, strategy=strategy)
+
+    TEXTS = [f"{{w}} {{t}}" for w in ("so", "and", "then") for t in tiny.CORPUS[:5]] + tiny.CORPUS[:3]
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return packed(TEXTS[:10], "{strategy}")
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataset():
+        return packed({eval_texts}, "{strategy}")
+"""
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "wrapped"])
+def test_trl_packed_rows_are_compared_by_their_documents(project, strategy):
+    """TRL's pack_dataset: best-fit packing keeps the documents' lengths in seq_lengths (the old T8 read only
+    input_ids and compared whole rows: 0 shared); wrapped packing keeps none, and each document ends with EOS."""
+    project.conftest(TRL_PACKED.format(strategy=strategy, eval_texts="TEXTS[3:8]"))
+    run = project.run("--dlcheck=T8")
+    run.assert_outcome("T8", "failed")
+    text = tt.section(run, "T8")
+    assert "unpacked into its documents" in text and "eval examples (" in text, text
+    assert "0 of " not in text.split("eval examples")[0], text
+    project.conftest(TRL_PACKED.format(strategy=strategy, eval_texts="TEXTS[10:]"))
+    run = project.run("--dlcheck=T8", "-rA")
+    run.assert_outcome("T8", "passed")
+    run.fnmatch(["*0 of * eval examples (dlcheck_eval_dataset, unpacked into its documents) are among the *"])
