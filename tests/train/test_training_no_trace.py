@@ -113,7 +113,7 @@ def test_a_lightning_module_and_datamodule_are_left_as_they_were(project, keep):
     def dlcheck_datamodule():
         return tt.KEEP["dm"]
     """)
-    run = project.run("--dlcheck=train,ckpt,smoke", "--dlcheck-set=C1.check_rng=false")
+    run = project.run("--dlcheck=train,ckpt,smoke")
     assert "INTERNALERROR" not in run.text and "passed" in run.text, run.text
     assert_same(before, keep["module"])
     assert keep["module"]._trainer is None
