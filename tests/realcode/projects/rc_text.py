@@ -269,3 +269,40 @@ def tiny_qwen2(tok, **overrides):
         repetition_penalty=1.05,
     )
     return model
+
+
+def bert_like_tokenizer(save_dir, corpus=None, vocab_size: int = 400):
+    """bert-base-uncased's layout on a WordPiece trained here: [PAD] id 0, [UNK], [CLS], [SEP], [MASK];
+    lower-casing BertNormalizer and BertPreTokenizer; "[CLS] A [SEP]" / "[CLS] A [SEP] B [SEP]" with
+    token_type_ids 0/1; model_max_length 512. Saved and loaded back through AutoTokenizer (a
+    BertTokenizerFast), as the examples' --model_name_or_path / --tokenizer_name would load it. The small
+    vocabulary splits rarer words into ##pieces, as the real one does for rare names."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import AutoTokenizer, BertTokenizerFast
+
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    raw = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    raw.normalizer = normalizers.BertNormalizer(lowercase=True)
+    raw.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    raw.decoder = decoders.WordPiece()
+    raw.train_from_iterator(
+        corpus if corpus is not None else documents(400, seed=7) + _flat_chats(),
+        trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False),
+    )
+    cls, sep = raw.token_to_id("[CLS]"), raw.token_to_id("[SEP]")
+    raw.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    tok = BertTokenizerFast(
+        tokenizer_object=raw,
+        unk_token="[UNK]",
+        sep_token="[SEP]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        mask_token="[MASK]",
+        model_max_length=512,
+    )
+    tok.save_pretrained(str(save_dir))
+    return AutoTokenizer.from_pretrained(str(save_dir))
