@@ -218,7 +218,7 @@ def _packs() -> bool:
     return bool(importlib.metadata.entry_points(group="pytest_dlcheck.checks"))
 
 
-def _check_usage(config: pytest.Config, spec: str, options: Any) -> None:
+def _check_usage(config: pytest.Config, spec: str, source: str, options: Any) -> None:
     """The selection, the ignore list and the setting overrides name known domains, checks and settings:
     judged on the checks' source, before anything heavy is imported. A third-party pack's IDs and settings
     are judged once it is loaded (``plugin.configure``)."""
@@ -227,7 +227,8 @@ def _check_usage(config: pytest.Config, spec: str, options: Any) -> None:
     catalog = _builtin_catalog()
     packs: bool | None = None
     ignore = _split(config.getini("dlcheck_ignore")) + _split(getattr(options, "dlcheck_ignore", None))
-    for what, tokens in (("--dlcheck", _split(spec)), ("dlcheck ignore", ignore)):
+    label = {"command line": "--dlcheck", "ini": "ini dlcheck"}.get(source, source)
+    for what, tokens in ((label, _split(spec)), ("dlcheck ignore", ignore)):
         for token in tokens:
             if token == "all" or token in DOMAINS or token.upper() in catalog:
                 continue
@@ -258,10 +259,10 @@ def _turn_on(config: pytest.Config, options: Any) -> str:
     the plugin stays off)."""
     if getattr(options, "dlcheck_list", None) is not None:
         return ""
-    spec = setting_source(config, options)[0]
+    spec, source = setting_source(config, options)
     if not spec or config.pluginmanager.has_plugin(CORE_PLUGIN):
         return spec
-    _check_usage(config, spec, options)
+    _check_usage(config, spec, source, options)
     from . import fixtures, plugin
 
     config.pluginmanager.register(plugin, CORE_PLUGIN)

@@ -62,7 +62,7 @@ def print_catalog(config: pytest.Config, what: str) -> int:
     try:
         chosen = registry.select(registry.split_tokens(what), [])
     except ValueError as exc:
-        tw.line(f"ERROR: {exc}", red=True)
+        tw.line(f"ERROR: {str(exc).replace('--dlcheck:', '--dlcheck-list:', 1)}", red=True)
         return pytest.ExitCode.USAGE_ERROR
     for i, c in enumerate(chosen):
         if i:

@@ -108,6 +108,20 @@ def test_usage_errors_come_before_any_heavy_import(pytester, args, said):
     assert not heavy, heavy
 
 
+def test_a_typo_names_where_the_selection_came_from(pytester, monkeypatch):
+    monkeypatch.setenv("PYTEST_DLCHECK", "llmm")
+    env = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    assert env.ret == pytest.ExitCode.USAGE_ERROR
+    env.stderr.fnmatch_lines(["*env PYTEST_DLCHECK: unknown domain or check ID 'llmm' (did you mean llm?)*"])
+    monkeypatch.delenv("PYTEST_DLCHECK")
+    pytester.makeini("[pytest]\ndlcheck = vison\n")
+    ini = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    ini.stderr.fnmatch_lines(["*ini dlcheck: unknown domain or check ID 'vison' (did you mean vision?)*"])
+    listed = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--dlcheck-list", "L11x")
+    assert listed.ret == pytest.ExitCode.USAGE_ERROR
+    listed.stdout.fnmatch_lines(["*--dlcheck-list: unknown domain or check ID 'L11x' (did you mean L11?)*"])
+
+
 def test_the_entry_module_knows_the_registrys_domains_ids_and_settings():
     """The entry point judges the usage on the checks' source without importing them: what it reads there is
     the registry's catalog (IDs; setting names where a check writes them out, the rest judged once loaded)."""
