@@ -567,7 +567,10 @@ def _broken_resume(
     """No piece put back makes the resumed run identical: the uninterrupted run, run a second time the same
     way, says whether the run reproduces itself. If it does, the resume is broken (fail, with where the runs
     part and what the diagnosis could not put back); if it does not, the resume cannot be judged (skip)."""
-    again = run_or_skip(dlcheck, lambda: setup.uninterrupted_again(total, run.saved_at))
+    # as long as the first run: its last step recorded (a plain loop's micro-steps, under a gradient
+    # accumulation more than its optimizer steps)
+    last = max([s.step for s in run.uninterrupted.steps] + [st for st, _ in run.uninterrupted.digests] + [total])
+    again = run_or_skip(dlcheck, lambda: setup.uninterrupted_again(last, run.saved_at))
     twice = ResumeRun(run.uninterrupted, again, run.saved_at, run.checkpoint, run.pieces).mismatch()
     if twice is not None:
         dlcheck.skip(
@@ -581,7 +584,7 @@ def _broken_resume(
     evidence = _parting(run, label, how, step, what, setup.kind == "trainer")
     evidence.append(
         f"the uninterrupted run, run a second time the same way, equals the first bitwise (steps "
-        f"{run.saved_at + 1}-{total}): the run is reproducible, the resume is not"
+        f"{run.saved_at + 1}-{last}): the run is reproducible, the resume is not"
     )
     evidence.append(
         f"putting back every piece of the state from the uninterrupted run after the load ({', '.join(candidates)}, "

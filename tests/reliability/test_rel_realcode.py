@@ -29,11 +29,11 @@ TRUE_FINDINGS = {
     ("diffusers_t2i", "D4"): "train_text_to_image.py seeds every process alike (set_seed(args.seed), not "
     "device_specific; without --seed torch's default seed is the same in every process): under accelerate launch "
     "each rank's different images get the same RandomHorizontalFlip draws, from one random stream shared by all ranks",
-    ("lightning_compiled", "C1"): "Lightning checkpoints hold no RNG state: with dropout, the resumed run draws other "
-    "masks than the uninterrupted one",
-    ("lightning_manual_opt", "C1"): "the guide's module keeps no RNG state in its checkpoint and its DataLoader "
-    "shuffles: the resumed epoch draws another order than the uninterrupted one (found once C1 picks the first "
-    "epoch's checkpoint under manual accumulation, where global_step counts optimizer steps)",
+    ("lightning_compiled", "C3"): "Lightning checkpoints hold no RNG state: with dropout, the resumed run draws other "
+    "masks than the uninterrupted one (C1, which puts the RNG states back, passes: nothing else is lost)",
+    ("lightning_manual_opt", "C3"): "the guide's module keeps no RNG state in its checkpoint and its DataLoader "
+    "shuffles: the resumed epoch draws another order than the uninterrupted one (found once the resume picks the "
+    "first epoch's checkpoint under manual accumulation, where global_step counts optimizer steps; C1 passes)",
     ("lightning_compiled", "C18"): "the compiled submodule saves as net._orig_mod.*: the checkpoint does not load "
     "into the uncompiled model (nanoGPT strips the same prefix by hand when it resumes)",
     ("run_clm", "L11"): "run_clm.py tokenizes the texts without an EOS and group_texts concatenates them: the blocks "
