@@ -82,16 +82,42 @@ TRAINERS = {
 }
 
 
+#: the checks that concern a clean pipeline yet cannot judge it, with the start of their reason: known gaps, kept
+#: visible (one that starts to pass, or skips for another reason, fails the test: then update this list)
+UNDECIDED = {
+    "dpo": {
+        "L2": "batches from dlcheck_collator on 6 examples of dlcheck_dataset carry no labels",
+        "L11": "batches from dlcheck_collator on 6 examples of dlcheck_dataset carry no labels",
+        "L13": "batches from dlcheck_collator on 6 examples of dlcheck_dataset carry no labels",
+    },
+    "grpo": {"L5": "training data: GRPOTrainer builds its training batches inside the trainer"},
+    "sft_packed": {"L2": "batches from dlcheck_collator on 4 examples of dlcheck_dataset are padding-free"},
+    "trainer_lm_collator_own_pad": {"L8": "nothing to judge: the examples hold token ids only"},
+}
+#: L6 measures log Z for information (an "info:" line, never a verdict) unless the smoke run is selected too
+INFO = "info: "
+
+
 @pytest.mark.parametrize("kind", sorted(TRAINERS))
 def test_clean_trainer_passes_the_whole_llm_domain(project, kind, tmp_path):
+    """Every llm check that concerns the pipeline passes (with its evidence): not one pass among skips."""
     project.conftest("        import pytest, tiny\n" + TRAINERS[kind])
     out = tmp_path / "report.json"
     run = project.run("--dlcheck=llm", "-rs", f"--dlcheck-json={out}")
     assert run.result.ret == 0, run.text
-    assert not [c for c, outs in run.outcomes.items() if "failed" in outs or "error" in outs], run.text
-    passed = [cid for cid, outs in run.outcomes.items() if outs == ["passed"]]
-    assert passed, f"nothing ran for {kind}:\n{run.text}"
     results = json.loads(out.read_text())["results"]
+    assert {r["outcome"] for r in results} <= {"passed", "not_applicable", "skipped"}, run.text
+    known = UNDECIDED.get(kind, {})
+    undecided = {r["id"]: r.get("reason", "") for r in results if r["outcome"] == "skipped"}
+    unexpected = [
+        f"{cid}: {reason}"
+        for cid, reason in undecided.items()
+        if not reason.startswith(INFO) and not (cid in known and reason.startswith(known[cid]))
+    ]
+    assert not unexpected, f"{kind}: checks that concern the pipeline did not pass:\n" + "\n".join(unexpected)
+    outcomes = {r["id"]: r["outcome"] for r in results}
+    stale = [cid for cid in known if outcomes.get(cid) != "skipped"]
+    assert not stale, f"{kind}: {stale} no longer skip: take them out of UNDECIDED"
     # every pass carries what it measured; a whole Trainer leaves no llm check asking for a fixture
     assert all(r["evidence"] for r in results if r["outcome"] == "passed"), results
     assert not [r for r in results if r.get("reason", "").startswith("missing role:")], results
