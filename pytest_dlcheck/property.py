@@ -44,7 +44,8 @@ def run_property(ctx: Any, check_func: Callable[[Any], None], examples: int) -> 
         ctx.skip("property mode generates examples for the collator: define dlcheck_collator and dlcheck_dataset")
     collator = ctx.role("collator")
     max_length = max_length_of(ctx, base.rows)
-    examples_st = strategies.examples_like(base.rows, max_length=max_length)
+    tok = ctx.role("tokenizer")
+    examples_st = strategies.examples_like(base.rows, tokenizer=None if tok is MISSING else tok, max_length=max_length)
     tried = {"n": 0, "applied": 0}
 
     @settings(

@@ -332,19 +332,54 @@ def _resize(values: Sequence[int], n: int) -> list[int]:
     return out + last
 
 
-def _perturb_text(text: str, max_length: int | None) -> st.SearchStrategy[str]:
-    cuts = st.integers(0, len(text)).map(lambda k: text[:k])
-    longer = st.integers(2, 4).map(lambda k: (text + " ") * k)
-    return st.one_of(st.just(text), st.just(""), cuts, longer)
+def _perturb_text(text: str, max_length: int | None, blank: bool = True) -> st.SearchStrategy[str]:
+    """The text as it is, cut, or repeated; emptied (or cut to whitespace) only when ``blank``: the field is blank
+    in some example of the data, so the user's pipeline meets blank ones."""
+    if blank:
+        return st.one_of(st.just(text), st.just(""), st.integers(0, len(text)).map(lambda k: text[:k]), _longer(text))
+    first = next((i for i, ch in enumerate(text) if not ch.isspace()), len(text))
+    cuts = st.integers(min(first + 1, len(text)), len(text)).map(lambda k: text[:k])
+    return st.one_of(st.just(text), cuts, _longer(text))
 
 
-def _move_space_onto_prompt(row: dict[str, Any]) -> dict[str, Any]:
-    """The prompt ending in a space and the completion starting with its word ("Answer: " + "Paris."), the
-    boundary a tokenizer merges across (see :func:`boundary_merge_pairs`). An emptied prompt or completion is
-    left as it is (an edge of its own)."""
-    if not row["prompt"].strip() or not row["completion"].strip():
+def _longer(text: str) -> st.SearchStrategy[str]:
+    return st.integers(2, 4).map(lambda k: (text + " ") * k)
+
+
+def _blank(value: Any) -> bool:
+    return isinstance(value, str) and not value.strip()
+
+
+def _blank_fields(rows: Sequence[Any]) -> set[Any]:
+    """The text fields (``key``), and the chat turns (``(key, role)``), blank in some sampled example: only those
+    may be generated blank. A field never blank in the sample is never blank in a generated example."""
+    out: set[Any] = set()
+    for row in rows:
+        if not isinstance(row, Mapping):
+            continue
+        for key, value in row.items():
+            if _blank(value):
+                out.add(key)
+            elif isinstance(value, list):
+                out |= {(key, m.get("role")) for m in value if isinstance(m, Mapping) and _blank(m.get("content"))}
+    return out
+
+
+def _move_space_onto_prompt(
+    row: dict[str, Any], tokenizer: Any = None, word: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """The prompt ending in whitespace and the completion starting with a word the tokenizer merges with it
+    ("Answer: " + "Paris."), the boundary a tokenizer merges across (see :func:`boundary_merge_pairs`). The
+    completion's own first word when the tokenizer merges it; else ``word`` (whitespace, a word of the tokenizer's
+    own that it merges) opens the completion, so the merge is built, not left to the draw. Without a tokenizer the
+    completion's leading space moves onto the prompt. A blank prompt or completion is left as it is."""
+    prompt, completion = row["prompt"], row["completion"]
+    if not prompt.strip() or not completion.strip():
         return row
-    return {**row, "prompt": row["prompt"].rstrip() + " ", "completion": row["completion"].lstrip()}
+    if tokenizer is None or word is None or _merges(tokenizer, _first_word(completion)):
+        return {**row, "prompt": prompt.rstrip() + " ", "completion": completion.lstrip()}
+    ws, first = word
+    return {**row, "prompt": prompt.rstrip() + ws, "completion": first + " " + completion.lstrip()}
 
 
 def _more_turns(messages: list[Any], pool: list[tuple[Any, Any]]) -> st.SearchStrategy[list[Any]]:
@@ -355,7 +390,15 @@ def _more_turns(messages: list[Any], pool: list[tuple[Any, Any]]) -> st.SearchSt
     )
 
 
-def _perturb_row(row: Any, max_length: int | None, pool: list[tuple[Any, Any]] | None = None) -> st.SearchStrategy[Any]:
+def _perturb_row(
+    row: Any,
+    max_length: int | None,
+    pool: list[tuple[Any, Any]] | None = None,
+    blank: set[Any] | None = None,
+    tokenizer: Any = None,
+    merging: list[tuple[str, str]] | None = None,
+) -> st.SearchStrategy[Any]:
+    blank = set() if blank is None else blank
     if not isinstance(row, Mapping):
         return st.just(row)
     row = dict(row)
@@ -369,9 +412,15 @@ def _perturb_row(row: Any, max_length: int | None, pool: list[tuple[Any, Any]] |
         if key in fields:
             continue
         if isinstance(value, str):
-            parts[key] = _perturb_text(value, max_length)
+            parts[key] = _perturb_text(value, max_length, key in blank)
         elif isinstance(value, list) and value and all(isinstance(m, Mapping) and "content" in m for m in value):
-            parts[key] = st.tuples(*[_perturb_text(m["content"], max_length) for m in value]).map(
+            texts = [
+                _perturb_text(m["content"], max_length, (key, m.get("role")) in blank)
+                if isinstance(m["content"], str)
+                else st.just(m["content"])
+                for m in value
+            ]
+            parts[key] = st.tuples(*texts).map(
                 lambda contents, msgs=value: [{**m, "content": c} for m, c in zip(msgs, contents)]
             )
             if pool and value[-1].get("role") == "assistant":
@@ -381,14 +430,18 @@ def _perturb_row(row: Any, max_length: int | None, pool: list[tuple[Any, Any]] |
     boundary = isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str)
     if boundary:
         parts["__boundary__"] = st.booleans()
+        if merging:
+            parts["__word__"] = st.sampled_from(merging)
 
     def build(drawn: dict[str, Any]) -> dict[str, Any]:
-        out = {k: v for k, v in drawn.items() if k not in ("__len__", "__boundary__")}
+        out = {k: v for k, v in drawn.items() if k not in ("__len__", "__boundary__", "__word__")}
         if fields:
             for key in fields:
                 out[key] = _resize(row[key], drawn["__len__"])
         out = {k: out.get(k, row[k]) for k in row}
-        return _move_space_onto_prompt(out) if drawn.get("__boundary__") else out
+        if drawn.get("__boundary__"):
+            return _move_space_onto_prompt(out, tokenizer, drawn.get("__word__"))
+        return out
 
     return st.fixed_dictionaries(parts).map(build)
 
@@ -397,18 +450,40 @@ def examples_like(
     dataset: Any, *, tokenizer: Any = None, max_length: int | None = None, n: int = 8
 ) -> st.SearchStrategy[Any]:
     """Examples drawn from ``dataset`` (a bounded, evenly spread sample of it, or a list of rows) and
-    perturbed at the edges: per-token fields (input_ids with their attention_mask, labels, …) resized
-    together to 1, max_length - 1, max_length, max_length + 1…; text fields emptied, cut or repeated;
-    chat turns emptied or cut; a conversation continued by 1-3 user/assistant turns of the data's own
-    (2-4 turns for single-turn data, see :func:`multi_turn_conversations`); a prompt/completion pair with
-    the completion's leading space moved onto the prompt ("Answer: " + "Paris.", the boundary a
-    tokenizer merges across, see :func:`boundary_merge_pairs`). ``tokenizer`` is accepted for symmetry
-    with the other strategies."""
+    perturbed at the edges, only into examples the data could hold: per-token fields (input_ids with their
+    attention_mask, labels, …) resized together to 1, max_length - 1, max_length, max_length + 1…; text
+    fields and chat turns cut or repeated, and emptied only when that field (that role's turns) is blank
+    in some sampled example (one never blank in the sample is never blank); a conversation continued by
+    1-3 user/assistant turns of the data's own (2-4 turns for single-turn data, see
+    :func:`multi_turn_conversations`); a prompt/completion pair built across the boundary a tokenizer
+    merges: the prompt ending in whitespace and the completion opening with a word the tokenizer merges
+    into it ("Answer: " + "Paris.", see :func:`boundary_merge_pairs`) — the completion's own first word
+    when ``tokenizer`` merges it, else one of the tokenizer's own merging words put in front, so the merge
+    is constructed rather than left to chance (without ``tokenizer``, only the completion's leading space
+    moves onto the prompt)."""
     rows = list(dataset) if isinstance(dataset, (list, tuple)) else sample_rows(dataset, n)[0]
     if not rows:
         raise ValueError("examples_like needs at least one example to shape the generated ones")
     pool = _turns_of(rows)[1]
-    return st.sampled_from(rows).flatmap(lambda row: _perturb_row(row, max_length, pool))
+    blank = _blank_fields(rows)
+    text_tok = _text_tokenizer(tokenizer) if _pairs_of(rows) else None
+    merging = None
+    if text_tok is not None:
+        try:
+            merging = _merging_words(text_tok) or None
+        except Exception:  # a tokenizer that cannot be probed: the boundary is moved, not built
+            text_tok = None
+    return st.sampled_from(rows).flatmap(
+        lambda row: _perturb_row(row, max_length, pool, blank, text_tok if merging else None, merging)
+    )
+
+
+def _text_tokenizer(tokenizer: Any) -> Any:
+    """The text tokenizer of a tokenizer or a processor (its ``tokenizer``), None without one."""
+    if tokenizer is None:
+        return None
+    inner = getattr(tokenizer, "tokenizer", None)
+    return inner if inner is not None and callable(inner) else tokenizer
 
 
 def collated_batches(

@@ -227,3 +227,54 @@ def test_examples_like_moves_the_completions_space_onto_the_prompt():
     collect()
     assert any(r["prompt"].endswith(" ") and r["completion"][:1].isalpha() for r in seen)
     assert any(r["completion"].startswith(" ") for r in seen)  # the data's own form stays
+
+
+# ---- only examples the user's data could hold; the boundary merge built, on every seed ---------------------
+
+
+def test_examples_like_never_blanks_a_field_the_data_never_holds_blank():
+    seen = []
+
+    @settings(max_examples=150, derandomize=True, database=None, deadline=None)
+    @given(st.one_of(dls.examples_like(PAIRS, tokenizer=TOK), dls.examples_like(SINGLE_TURN)))
+    def collect(row):
+        seen.append(row)
+        texts = [row["prompt"], row["completion"]] if "prompt" in row else [m["content"] for m in row["messages"]]
+        assert all(t.strip() for t in texts), row
+
+    collect()
+    assert any("prompt" in r and r["prompt"] not in tiny.PROMPTS for r in seen)  # still cut and repeated
+
+
+def test_examples_like_may_blank_a_field_the_data_holds_blank():
+    blank = []
+
+    @settings(max_examples=150, derandomize=True, database=None, deadline=None)
+    @given(dls.examples_like(PAIRS + [{"prompt": "", "completion": " 4"}], tokenizer=TOK))
+    def collect(row):
+        assert row["completion"].strip(), row  # never blank in the data
+        if not row["prompt"].strip():
+            blank.append(row)
+
+    collect()
+    assert blank
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4, 5, 6, 7])
+def test_examples_like_builds_the_boundary_merge_on_every_seed(seed):
+    from hypothesis import seed as with_seed
+
+    merged = []
+
+    @with_seed(seed)
+    @settings(max_examples=25, database=None, deadline=None)
+    @given(dls.examples_like(PAIRS, tokenizer=TOK))
+    def collect(row):
+        prompt, completion = row["prompt"], row["completion"]
+        if prompt[-1:].isspace() and completion[:1].isalpha():  # the boundary pair
+            alone, whole = TOK(prompt)["input_ids"], TOK(prompt + completion)["input_ids"]
+            assert whole[: len(alone)] != alone, row  # built: the tokenizer merges across it, every time
+            merged.append(row)
+
+    collect()
+    assert merged  # reached on this seed
