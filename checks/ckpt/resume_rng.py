@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...errors import RoleError
 from ...registry import check
 from ...training import get_setup, run_or_skip
 from ...training.resume import OTHER_RNG, ResumeRun
@@ -102,8 +103,11 @@ def check_resume_rng(dlcheck):
 
 def _rng_verdict(dlcheck: Any, setup: Any) -> None:
     total, baseline, label = resume_baseline(dlcheck, setup)
-    put = shared_resume(dlcheck, setup, total, frozenset({"rng"}), baseline)
-    own = shared_resume(dlcheck, setup, total, frozenset(), baseline)
+    try:
+        put = shared_resume(dlcheck, setup, total, frozenset({"rng"}), baseline)
+        own = shared_resume(dlcheck, setup, total, frozenset(), baseline)
+    except RoleError as exc:  # root cause first: a resume that raises is C1's finding
+        dlcheck.skip(f"the resume itself fails, before any random draw can be compared (C1 reports it): {exc}")
     how = how_saved(setup, put)
     head = f"{label}, saved after step {put.saved_at} through {how}, resumed on fresh objects"
     steps = f"steps {put.saved_at + 1}-{total}"

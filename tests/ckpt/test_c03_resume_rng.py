@@ -102,3 +102,27 @@ def test_a_plain_loop_that_loses_the_optimizer_fails_c1_and_not_c3(project, tmp_
     text = tt.section(run, "C1")
     assert "putting back optimizer from the uninterrupted run after the load makes the resumed run identical" in text
     assert "the optimizer state" in _results(out)["C1"]["cause"]
+
+
+def test_a_resume_that_raises_is_c1s_finding_and_c3_skips_naming_it(project, tmp_path):
+    """Root cause first: the load raises (the checkpoint holds no 'scheduler' entry), C1 reports the user's
+    error, C3 does not report it a second time as its own."""
+    broken = """
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        return tt.save_all
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        def load(state, path):
+            state["lr_scheduler"].load_state_dict(torch.load(path, weights_only=False)["scheduler"])
+        return load
+"""
+    project.conftest(tt.loop_project(model="tt.MLP(dropout=0.3)", extra=broken))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "failed")
+    assert "KeyError" in tt.section(run, "C1")
+    c3 = _results(out)["C3"]
+    assert c3["outcome"] == "skipped", c3
+    assert "the resume itself fails" in c3["reason"] and "C1 reports it" in c3["reason"], c3
