@@ -237,6 +237,18 @@ def _check_usage(config: pytest.Config, spec: str, source: str, options: Any) ->
                 if packs:
                     continue
             raise pytest.UsageError(unknown_token(what, token, catalog))
+    for name, parse in (
+        ("dlcheck_samples", _positive_int),
+        ("dlcheck_batch_size", _positive_int),
+        ("dlcheck_property_examples", _positive_int),
+        ("dlcheck_timeout", _seconds),
+    ):
+        value = config.getini(name)
+        if value:
+            try:
+                parse(value)
+            except Exception as exc:  # noqa: BLE001 - argparse.ArgumentTypeError, imported lazily
+                raise pytest.UsageError(f"ini {name} = {value!r}: {exc}") from None
     sets = list(config.getini("dlcheck_set")) + list(getattr(options, "dlcheck_set", None) or [])
     for text in sets:
         key, sep, _ = text.partition("=")

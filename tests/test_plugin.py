@@ -98,6 +98,11 @@ def test_a_run_without_dlcheck_imports_only_the_entry_module(pytester):
             "L11 has no setting 'max_mising_share' (did you mean max_missing_share?) (settings: max_missing_share)",
         ),
         (["--dlcheck=L11", "--dlcheck-set=L11max_missing_share=1"], "expected ID.NAME=VALUE"),
+        (["--dlcheck=L11", "-o", "dlcheck_samples=lots"], "ini dlcheck_samples = 'lots': expected a positive integer"),
+        (
+            ["--dlcheck=L11", "-o", "dlcheck_timeout=-1"],
+            "ini dlcheck_timeout = '-1': expected a number of seconds >= 0",
+        ),
     ],
 )
 def test_usage_errors_come_before_any_heavy_import(pytester, args, said):
