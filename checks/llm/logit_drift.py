@@ -9,9 +9,11 @@ from typing import Any
 
 import torch
 
+from ...isolation import CheckTimeout
 from ...registry import Setting, check
 from ...training import find_setup, modes, probe, run_or_skip, smoke_run
 from ...training.runs import NotTheBatch, model_call
+from ...training.setup import SMOKE_READERS, smoke_steps
 from ..shared import lm
 from .common import token_sample
 
@@ -152,12 +154,14 @@ def check_logit_drift(dlcheck):
         Computes log Z = logsumexp(logits) over the vocabulary at the positions your training scores
         (those predicting a supervised label) of a few sampled rows, in eval mode; on the current weights
         it reads them from the one forward of each sampled batch that the llm checks share with L1 (one
-        row at a time when a batch's logits exceed ``max_logits_mb``). When the smoke checks
-        run too (``--dlcheck=llm,smoke``) and a training set-up is given (``dlcheck_trainer``,
-        ``dlcheck_make_training``, a Lightning module), it does so on the fresh model and again after the
-        shared smoke run (``S1.steps`` optimizer steps), and reports the drift; otherwise it reports the
-        current weights' value (``dlcheck_model``, derived from a Trainer), training nothing. It never
-        fails: the item skips with the numbers.
+        row at a time when a batch's logits exceed ``max_logits_mb``). When a training set-up is given
+        (``dlcheck_trainer``, ``dlcheck_make_training``, a Lightning module) and the shared smoke run
+        (``S1.steps`` optimizer steps) is made anyway — a check before L6 made it, or S1-S3, which always
+        read it, are selected (``--dlcheck=llm,smoke``) — it measures the fresh model and again after that
+        run, and reports the drift. Otherwise it reports the current weights' value (``dlcheck_model``,
+        derived from a Trainer) and says the drift was not measured: it never starts a training run of
+        its own. It never fails: the item skips with the numbers; a smoke run that outlasts the item's
+        time limit is reported as not measured, not as a timeout (S1 makes it again).
     Why it is bad
         The softmax ignores a constant added to every logit, so nothing in the cross-entropy stops log Z
         from wandering; in long runs (bf16 especially) the logits grow, the softmax saturates and the loss
@@ -177,34 +181,21 @@ def check_logit_drift(dlcheck):
         batches that are not token batches: there is no log Z to report.
     """
     rows, budget = dlcheck.setting("rows"), dlcheck.setting("max_logits_mb")
-    # the drift rides on the smoke run only when the smoke checks make it anyway: an llm-only run trains nothing
-    smoke = any(c.domain == "smoke" for c in dlcheck.state.selected)
-    setup = find_setup(dlcheck) if smoke else None
-    if setup is not None:
-        fresh, batches, _ = probe(dlcheck)
-        if all(isinstance(b, Mapping) for b in batches) and lm.has_token_batches(batches):
-            lm.forward_ready(dlcheck, fresh.model, batches)  # ids past the embedding table: L3's failure
-        before = run_or_skip(dlcheck, lambda: measure(fresh.forward, fresh.model, batches, rows, budget))
-        if before is None:
-            dlcheck.skip(
-                "info: the training batches are not token batches with input_ids, or the model returns no "
-                "(batch, positions, vocabulary) logits: no log Z to report"
-            )
-        run = smoke_run(dlcheck)
-        trained = run.trained
-        after = run_or_skip(dlcheck, lambda: measure(trained.forward, trained.model, batches, rows, budget))
-        if after is None:
-            dlcheck.skip(f"info: mean log Z {before.text()} at initialisation; not measurable after the smoke run")
-        drift = after.mean - before.mean
-        vocab = lm.embedding_rows(fresh.model)
-        parts = [
-            f"info: mean log Z {before.text()} at initialisation, {after.text()} after {run.steps} smoke steps "
-            f"of {setup.describe()}: {drift:+.3g} ({drift / max(run.steps, 1):+.2g} per step)"
-        ]
-        if vocab:
-            parts.append(f"ln(vocabulary {vocab}) = {math.log(vocab):.3g}")
-        parts.append("z-loss (1e-4 · log²Z added to the loss) keeps it near 0 in long runs")
-        dlcheck.skip("; ".join(parts))
+    # information never pays for a training run of its own: L6 reads the shared smoke run when a check before it
+    # made it, or when a selected check that always reads it (S1-S3) makes it anyway (the run is counted once,
+    # for whoever asks first); otherwise it reports the current weights and says the drift was not measured
+    setup = find_setup(dlcheck)
+    made = setup is not None and dlcheck.state.made(setup.sources, f"smoke:{smoke_steps(dlcheck)}")
+    anyway = setup is not None and bool({c.id for c in dlcheck.state.selected} & set(SMOKE_READERS))
+    if made or anyway:
+        _drift(dlcheck, setup, rows, budget)
+    after_run = (
+        "after a short run: not measured: select the smoke checks (--dlcheck=llm,smoke) to measure how the shared "
+        "smoke run moves log Z (L6 trains nothing by itself)"
+        if setup is not None
+        else "after a short run: not measured: give a training (dlcheck_trainer, dlcheck_make_training or a "
+        "Lightning module) and select the smoke checks to measure how the shared smoke run moves log Z"
+    )
 
     model = dlcheck.require("model")[0]
     if not isinstance(model, torch.nn.Module):
@@ -239,10 +230,41 @@ def check_logit_drift(dlcheck):
     dlcheck.skip(
         f"info: mean log Z {now.text()} on {sample.source} with the current weights"
         + (f"; ln(vocabulary {vocab}) = {math.log(vocab):.3g}" if vocab else "")
-        + (
-            "; select the smoke checks too (--dlcheck=llm,smoke) to see how the smoke run moves it"
-            if not smoke
-            else "; define dlcheck_trainer or dlcheck_make_training to see how a short run moves it"
-        )
-        + " (z-loss, 1e-4 · log²Z added to the loss, keeps it near 0 in long runs)"
+        + f"; {after_run} (z-loss, 1e-4 · log²Z added to the loss, keeps it near 0 in long runs)"
     )
+
+
+def _drift(dlcheck: Any, setup: Any, rows: int, budget: float) -> None:
+    """log Z on the fresh model and after the shared smoke run, reported as an info skip. The run is made here
+    only when a selected smoke check makes it anyway; should it outlast this item's time limit, the drift is
+    reported as not measured (an information item never times out) and the smoke check makes it again."""
+    fresh, batches, _ = probe(dlcheck)
+    if all(isinstance(b, Mapping) for b in batches) and lm.has_token_batches(batches):
+        lm.forward_ready(dlcheck, fresh.model, batches)  # ids past the embedding table: L3's failure
+    before = run_or_skip(dlcheck, lambda: measure(fresh.forward, fresh.model, batches, rows, budget))
+    if before is None:
+        dlcheck.skip(
+            "info: the training batches are not token batches with input_ids, or the model returns no "
+            "(batch, positions, vocabulary) logits: no log Z to report"
+        )
+    try:
+        run = smoke_run(dlcheck)
+    except CheckTimeout as exc:
+        dlcheck.skip(
+            f"info: mean log Z {before.text()} at initialisation; after the smoke run: not measured (the shared "
+            f"smoke run did not finish within the {exc.seconds:g} s time limit of this item; S1 makes it again)"
+        )
+    trained = run.trained
+    after = run_or_skip(dlcheck, lambda: measure(trained.forward, trained.model, batches, rows, budget))
+    if after is None:
+        dlcheck.skip(f"info: mean log Z {before.text()} at initialisation; not measurable after the smoke run")
+    drift = after.mean - before.mean
+    vocab = lm.embedding_rows(fresh.model)
+    parts = [
+        f"info: mean log Z {before.text()} at initialisation, {after.text()} after {run.steps} smoke steps "
+        f"of {setup.describe()}: {drift:+.3g} ({drift / max(run.steps, 1):+.2g} per step)"
+    ]
+    if vocab:
+        parts.append(f"ln(vocabulary {vocab}) = {math.log(vocab):.3g}")
+    parts.append("z-loss (1e-4 · log²Z added to the loss) keeps it near 0 in long runs")
+    dlcheck.skip("; ".join(parts))

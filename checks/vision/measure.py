@@ -394,7 +394,7 @@ def _read_dataset(dataset: Any, n: int, role: str) -> tuple[list[Item], list[int
 
 def _read_loader(loader: Any, n: int, role: str) -> list[Item]:
     items: list[Item] = []
-    with preserved_dataloader(loader):
+    with preserved_dataloader(loader), first_read(loader):
         it = user_call(role, lambda: iter(loader))
         b = 0
         while len(items) < n and b < n:
@@ -406,6 +406,27 @@ def _read_loader(loader: Any, n: int, role: str) -> list[Item]:
             b += 1
         it = None  # stop worker processes now
     return items[:n]
+
+
+@contextlib.contextmanager
+def first_read(loader: Any) -> Iterator[None]:
+    """Read a DataLoader as its first epoch reads it. With ``persistent_workers`` the workers, and the RNG
+    states their random transforms draw from, live on between epochs, so what a read sees would depend on
+    how often the loader was read before (by the user, by another check): the read goes through fresh
+    workers (seeded from the global RNG, as a first epoch's are), which are shut down afterwards, and the
+    loader's own iterator is put back as it was."""
+    persistent = getattr(loader, "persistent_workers", False) and getattr(loader, "num_workers", 0) > 0
+    if not persistent or not hasattr(loader, "_iterator"):
+        yield
+        return
+    kept = loader._iterator
+    loader._iterator = None
+    try:
+        yield
+    finally:
+        fresh, loader._iterator = loader._iterator, kept
+        if fresh is not None and fresh is not kept and hasattr(fresh, "_shutdown_workers"):
+            fresh._shutdown_workers()
 
 
 def loader_batch_size(loader: Any) -> int | None:
@@ -442,7 +463,10 @@ def get_vision_sample(ctx: Any, split: str = "train", required: bool = True) -> 
     sources = tuple(o for o in (ds, dl) if o is not MISSING)
 
     def make() -> VisionSample:
-        with preserved_rng():
+        # the same sample whoever makes it and whatever ran before: the RNGs start from one seed (a check
+        # that drew before asking, or none, would otherwise see other random crops and erasings), and a
+        # loader's persistent workers are not reused (their RNGs advance with every earlier read)
+        with seeded(0):
             if ds is not MISSING:
                 items, _ = _read_dataset(ds, n, ds_role)
                 if not items:
@@ -1049,7 +1073,7 @@ def label_population(ctx: Any, sample: VisionSample, n: int) -> tuple[list[int],
                 if agree:
                     return list(values), where, True
             labels = []
-            with preserved_rng():
+            with seeded(0):  # the same labels whoever reads them first
                 for p in spread_positions(len(ds), n):
                     item = make_item(ctx.call(role, lambda p=p: ds[p]), f"dlcheck_{role}[{p}]", p)
                     if item.label is None:
@@ -1058,7 +1082,7 @@ def label_population(ctx: Any, sample: VisionSample, n: int) -> tuple[list[int],
             where = f"dlcheck_{role}" if role == "dataset" else "dlcheck_dataloader.dataset"
             return labels, f"{len(labels)} examples read from {where}", len(labels) == len(ds)
         labels = []
-        with preserved_rng(), preserved_dataloader(loader):
+        with seeded(0), preserved_dataloader(loader), first_read(loader):
             for b, batch in enumerate(loader):
                 for image, target in unbatch(batch, f"batch {b} of dlcheck_dataloader"):
                     item = make_item((image, target), f"batch {b}")

@@ -97,7 +97,10 @@ def test_a_model_alone_reports_its_current_weights(project):
         r"examples of dlcheck_dataset with the current weights",
         text,
     ), text
-    assert "select the smoke checks too (--dlcheck=llm,smoke) to see how the smoke run moves it" in text
+    assert (
+        "after a short run: not measured: give a training (dlcheck_trainer, dlcheck_make_training or a Lightning "
+        "module) and select the smoke checks to measure how the shared smoke run moves log Z"
+    ) in text
     run.fnmatch(["*dlcheck summary*", "info:      L6 mean log Z 5.* with the current weights; ln(vocabulary 300)*"])
 
 
@@ -158,6 +161,52 @@ def test_without_the_smoke_checks_nothing_is_trained(project):
     text = " ".join(run.text.split())
     assert "after 20 smoke steps" not in text
     assert "on 2 batches of dlcheck_dataloader with the current weights" in text
+    assert "after a short run: not measured: select the smoke checks (--dlcheck=llm,smoke)" in text
+
+
+SFT_TRAINER = """
+    import pytest, tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer(padding_side="right")
+        ds = Dataset.from_dict({"text": tiny.texts(8)})
+        args = tiny.trainer_args(tmp_path_factory.mktemp("sft"), SFTConfig, max_length=64)
+        return SFTTrainer(model=tiny.llama(tok), args=args, train_dataset=ds, processing_class=tok)
+"""
+
+
+def test_information_never_starts_the_smoke_run_on_a_trainer(project, tmp_path):
+    """An information item reports what is measured anyway: alone, or beside a smoke check that does not
+    read the shared smoke run (S4 concerns DPO only), L6 on a Trainer makes no optimizer step (the cost
+    counters of the JSON report) and says the drift was not measured; it skips, never fails."""
+    project.conftest(SFT_TRAINER)
+    for selection in ("L6", "L6,S4"):
+        out = tmp_path / f"{selection.replace(',', '_')}.json"
+        run = project.run(f"--dlcheck={selection}", f"--dlcheck-json={out}")
+        run.assert_outcome("L6", "skipped")
+        results = {r["id"]: r for r in json.loads(out.read_text())["results"]}
+        assert results["L6"]["cost"]["optimizer_steps"] == 0, (selection, results["L6"]["cost"])
+        assert sum(r["cost"]["optimizer_steps"] for r in results.values()) == 0, selection
+        reason = " ".join(results["L6"]["reason"].split())
+        assert reason.startswith("info: mean log Z ") and "with the current weights" in reason, reason
+        assert "after a short run: not measured: select the smoke checks (--dlcheck=llm,smoke)" in reason
+
+
+def test_the_drift_rides_on_the_smoke_run_a_selected_smoke_check_makes(project, tmp_path):
+    """With S1 selected the shared smoke run is made anyway: L6 reads it (the run counted once, for the
+    first check that asked) and reports the drift; S1 trains nothing more."""
+    project.conftest(SFT_TRAINER)
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=L6,S1", f"--dlcheck-json={out}")
+    run.assert_outcome("L6", "skipped")
+    results = {r["id"]: r for r in json.loads(out.read_text())["results"]}
+    assert re.search(
+        r"at initialisation, .* after \d+ smoke steps of a clone of your SFTTrainer", results["L6"]["reason"]
+    )
+    assert results["L6"]["cost"]["optimizer_steps"] > 0 and results["S1"]["cost"]["optimizer_steps"] == 0
 
 
 UNET_WITH_TEXT = """

@@ -1,5 +1,7 @@
 """V1: inputs scaled and normalised as the backbone expects, the same in train and eval."""
 
+import re
+
 import pytest
 import tiny_vision  # noqa: F401  (torchvision, timm and the plugin's roles imported once, outside the runs)
 from tiny_vision import section
@@ -224,6 +226,14 @@ IMAGENET = "list(tv.IMAGENET_MEAN)", "list(tv.IMAGENET_STD)"
 HALF = "[0.5] * 3", "[0.5] * 3"
 
 
+def _implied(text: str) -> list[float]:
+    """The statistics V1 says the inputs fit (mean, then std): estimated from a few randomly cropped images, so compared with
+    a tolerance, not digit for digit."""
+    m = re.search(r"the inputs fit Normalize\(mean≈\(([-\d., ]+)\), std≈\(([-\d., ]+)\)\)", " ".join(text.split()))
+    assert m, text
+    return [float(v) for v in m.group(1).split(",") + m.group(2).split(",")]
+
+
 @pytest.mark.parametrize(
     "declared, normalize, why",
     [
@@ -244,12 +254,12 @@ def test_with_transform_normalised_with_other_stats_than_the_processor(project, 
     if why == "span":
         assert "the model declares mean=(0.485, 0.456, 0.406) std=(0.229, 0.224, 0.225)" in text
         assert "a span of at most 0.4" in text and "normalised with a larger std than declared" in text
-        assert "the inputs fit Normalize(mean≈(0.50, 0.50, 0.50), std≈(0.50, 0.50, 0.50))" in text
+        assert _implied(text) == pytest.approx([0.5] * 6, abs=0.03)  # the statistics really used
         assert "T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])" in text
     else:
         assert "the model declares mean=(0.5, 0.5, 0.5) std=(0.5, 0.5, 0.5)" in text
         assert "outside [0, 1] (beyond ± 0.1): [0, 1] images normalised with these statistics cannot give them" in text
-        assert "the inputs fit Normalize(mean≈(0.48, 0.46, 0.41), std≈(0.23, 0.22, 0.2" in text
+        assert _implied(text) == pytest.approx([*tiny_vision.IMAGENET_MEAN, *tiny_vision.IMAGENET_STD], abs=0.03)
     assert "the train inputs are normalised with other statistics than the model declares" in text
     assert "Normalize(mean=image_processor.image_mean, std=image_processor.image_std) in the with_transform" in text
 
@@ -264,10 +274,13 @@ def test_with_transform_normalised_with_the_processors_stats_passes(project):
             "*dlcheck evidence*",
             "train: no Normalize transform to compare with the model's mean=(0.485, 0.456, 0.406) std=(0.229, 0.224, "
             "0.225) (ViTImageProcessor.image_mean/image_std); the inputs are not raw [[]0, 1] (range -2.* to 2.*); "
-            "undone with the declared statistics they come from pixels R 0.0* to 1.00, G 0.0* to 1.00, B 0.0* to "
-            "1.00, within [[]0, 1] (± 0.1)",
+            "undone with the declared statistics they come from pixels R * to *, G * to *, B * to *, within [[]0, 1] "
+            "(± 0.1)",
         ]
     )
+    # the range of a few randomly cropped images, undone: inside [0, 1] within the tolerance, whatever the draw
+    pixels = re.search(r"come from pixels R (\S+) to (\S+), G (\S+) to (\S+), B (\S+) to (\S+),", run.text)
+    assert pixels and all(-0.1 <= float(v.rstrip(",")) <= 1.1 for v in pixels.groups()), run.text
 
 
 def test_with_transform_forgetting_to_normalise(project):

@@ -58,7 +58,9 @@ def test_anchor_sizes_far_from_the_objects(project, sizes, outcome):
         run.fnmatch(
             [
                 "*dlcheck evidence*",
-                "100% of * ground-truth boxes have a best anchor IoU ≥ 0.2 (median 0.*; at most 50% may fall below); "
+                # how many of the sampled boxes an anchor reaches depends on the random crops drawn: the pass
+                # guarantees at most 50% below, not one draw's share
+                "*% of * ground-truth boxes have a best anchor IoU ≥ 0.2 (median 0.*; at most 50% may fall below); "
                 "AnchorGenerator sizes [[]16, 32, 64], aspect ratios [[]0.5, 1.0, 2.0]",
             ]
         )
