@@ -17,7 +17,7 @@ from .errors import CheckFailed, RoleError
 from .isolation import CheckTimeout, as_user, check_frame, checking, hypothesis_home, time_bound
 from .outcome import explain, internal_note, render_failure, render_role_error, timeout_rendered
 from .property import run_property
-from .report import PROPERTY, Results, payload, verdict_line
+from .report import PROPERTY, Results, partly_judged_text, payload
 from .roles import ROLES
 from .session import (
     ARTIFACTS_KEY,
@@ -405,8 +405,9 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
     not_judged = (info or {}).get("not_judged") or []
     if not evidence and not not_judged:
         return None
-    text = verdict_line(evidence, not_judged)
-    text = status_text(text)
+    text = " ".join(evidence[0].split()) if evidence else ""
+    tail = partly_judged_text(not_judged)  # a partly judged pass says which part it left, whatever the length
+    text = status_text(text) + ("; " if tail and text else "") + tail
     return "passed", ".", (f"PASSED ({text})", {"green": True})
 
 

@@ -131,14 +131,11 @@ def payload(
     return out
 
 
-def verdict_line(evidence: list[str], not_judged: list[dict[str, str]]) -> str:
-    """What ``-v`` says beside PASSED: the first line of evidence, or for a partly judged pass what was judged
-    and which part was not ("padding judged; prompt not judged: ...")."""
-    text = " ".join(evidence[0].split()) if evidence else ""
+def partly_judged_text(not_judged: list[dict[str, str]]) -> str:
+    """What a partly judged pass adds to its verdict: "partly judged: prompt not judged" ('' for a full pass)."""
     if not not_judged:
-        return text
-    parts = "; ".join(f"{p['part']} not judged" for p in not_judged)
-    return f"partly judged: {parts}" + (f" ({text})" if text else "")
+        return ""
+    return "partly judged: " + "; ".join(f"{p['part']} not judged" for p in not_judged)
 
 
 #: what each domain's checks need handed over to judge a pipeline: said when a selected domain judged nothing

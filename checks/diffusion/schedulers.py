@@ -430,6 +430,10 @@ def check_sampler_settings(dlcheck):
         decided = [x for x in judged if "not judged" not in x and "not measured" not in x]
         if not decided:
             dlcheck.skip("DF6 cannot decide: " + "; ".join(judged))
+        parts = {"(1)": "the trained objective", "(2)": "the zero-terminal-SNR spacing", "(3)": "clipping"}
+        for x in judged:
+            if ("not judged" in x or "not measured" in x) and "flow matching" not in x:  # flow matching: none
+                dlcheck.not_judged(parts.get(x[:3], x.split(":", 1)[0]), x[4:] if x[:3] in parts else x)
         dlcheck.measured(
             f"{iname} fits what {tn} trains: " + "; ".join(x.split(") ", 1)[1] for x in decided[:2]),
             *judged,

@@ -158,6 +158,7 @@ def check_sampler_shards(dlcheck):
     after = "after dlcheck_start_epoch" if dlcheck.has("start_epoch") else "(the prepared loader's second pass)"
     if not sharded and (recs[0].get("start_epoch_given", None) is False or not dlcheck.has("start_epoch")):
         notes.append("reshuffling not judged: define fixture dlcheck_start_epoch (the top of your epoch loop)")
+        dlcheck.not_judged("reshuffling", "define fixture dlcheck_start_epoch (the top of your epoch loop)")
     elif info["shuffle"] is False:
         notes.append("the sampler does not shuffle (shuffle=False): the same order every epoch, by design")
     elif all(i is not None for i in idx1):

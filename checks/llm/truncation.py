@@ -389,6 +389,11 @@ def check_truncation(dlcheck):
             "cut completions not judged: no raw text to compare with and no max_length (give dlcheck_raw_dataset, "
             "or a Trainer whose arguments set max_length)"
         )
+        dlcheck.not_judged(
+            "cut completions",
+            "no raw text to compare with and no max_length (give dlcheck_raw_dataset, or a Trainer whose "
+            "arguments set max_length)",
+        )
     if dropped:
         lines.append(f"TRL SFTTrainer dropped {dropped[0]} of {dropped[1]} examples while preparing the dataset")
     dlcheck.measured(

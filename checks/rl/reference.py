@@ -135,6 +135,9 @@ def check_frozen_reference(dlcheck):
         lines.append(f"none of its parameters is in the {type(opt).__name__}'s {len(opt.param_groups)} param group(s)")
     else:
         lines.append("no dlcheck_optimizer: whether the optimizer holds reference parameters is not judged")
+        dlcheck.not_judged("the optimizer", "no dlcheck_optimizer to tell whether it holds reference parameters")
+    if kl is MISSING:
+        dlcheck.not_judged("the KL coefficient", "no dlcheck_kl_coef")
     lines.append(
         "none carries a non-zero .grad; "
         + (

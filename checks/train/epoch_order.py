@@ -270,6 +270,8 @@ def check_epoch_order(dlcheck):
                 )
             )
     if judged:
+        for u in unjudged:
+            dlcheck.not_judged("worker streams" if u.startswith("worker_init_fn") else "epoch order", u)
         dlcheck.measured(*judged, *(f"not judged: {u}" for u in unjudged), judged=len(judged))
         return
     if unjudged:

@@ -311,12 +311,14 @@ def check_gradients(dlcheck):
         frozen=frozen,
     )
     if setup is None:
+        dlcheck.not_judged("the optimizer", "no training set-up gives an optimizer")
         dlcheck.measured(
             graded_line, "no training set-up gives an optimizer: whether it holds them is not judged", **numbers
         )
         return
     opt, _ = run_or_skip(dlcheck, fresh.make_optimizer)
     if opt is None:
+        dlcheck.not_judged("the optimizer", f"{setup.describe()} gives no optimizer")
         dlcheck.measured(
             graded_line, f"{setup.describe()} gives no optimizer: whether it holds them is not judged", **numbers
         )

@@ -291,6 +291,7 @@ def check_boxes_labels(dlcheck):
             passed.append(
                 f"{len(values)} box labels not judged: the number of classes is unknown (define dlcheck_num_classes)"
             )
+            dlcheck.not_judged("box labels", "the number of classes is unknown (define dlcheck_num_classes)")
         if not judged and unknown:
             dlcheck.skip(
                 "missing role: define fixture dlcheck_box_format ('xyxy', 'xywh' or 'cxcywh') in conftest.py: the "
@@ -298,6 +299,10 @@ def check_boxes_labels(dlcheck):
             )
         if unknown:
             passed.append(f"{len(unknown)} images with plain-tensor boxes of undeclared format not judged")
+            dlcheck.not_judged(
+                "boxes",
+                f"{len(unknown)} images hold plain-tensor boxes of undeclared format (define dlcheck_box_format)",
+            )
         boxes = sum(len(i.boxes) for i in det)
         dlcheck.measured(*passed, images=len(det), boxes=boxes, labels=len(values), num_classes=n_classes)
         return
