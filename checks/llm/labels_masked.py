@@ -697,6 +697,8 @@ def compare_dataset_labels(sample: Sample, rows: list[lm.Row], shift: int) -> La
             if not real or real != list(range(real[0], real[-1] + 1)):
                 continue
             ids, given = ids[real[0] : real[-1] + 1], given[real[0] : real[-1] + 1]
+            if -100 not in given:  # only the dataset's own padding was masked (padding is judged apart)
+                continue
             s = shift - _own_shift(ids, given)
             # its own row first (one example per row), then the other rows of the batch (packed rows)
             order = ([brows[j]] if len(brows) == len(indices) and j < len(brows) else []) + brows
