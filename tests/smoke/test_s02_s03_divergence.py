@@ -1,7 +1,11 @@
 """S2 and S3: a learning rate that diverges in a few steps spikes the loss and explodes the gradients."""
 
+import json
+import re
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 import tiny_train as tt  # noqa: E402
@@ -67,5 +71,137 @@ def test_a_policy_gradient_loss_is_not_judged_by_spikes(project):
         [
             "*not applicable: the loss takes negative values (step *: -*; a policy-gradient objective such as "
             "GRPO's): a spike as a multiple of its running mean means nothing*"
+        ]
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# S2 against the run's start: a loss that climbs steadily never jumps 3x over its running mean
+
+LEAST_SQUARES = """
+    import pytest, torch
+    from torch import nn
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = nn.Linear(1, 1, bias=False)
+            return {{"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr={lr})}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        # y = 2x with x = +-1: the loss is (w - 2)^2 on every batch, its curvature 2, so SGD is stable below
+        # lr 1 (= 2 / curvature) and above it multiplies the loss by (1 - 2 lr)^2 every step
+        x = torch.tensor([1.0, -1.0] * 32)[:, None]
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, 2 * x), batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_loss_fn():
+        return nn.MSELoss()
+"""
+
+
+def test_a_loss_that_climbs_steadily_fails_against_the_start(project):
+    """lr 1.04, just over the stability limit: the loss grows 1.08^2 = 1.17x a step (about 19x over 20
+    steps), so no step is more than 1.6x the mean of the five before it; the running mean alone passed it."""
+    project.conftest(LEAST_SQUARES.format(lr="1.04"))
+    run = project.run("--dlcheck=S2")
+    run.assert_outcome("S2", "failed")
+    text = tt.section(run, "S2")
+    found = re.search(
+        r"step (\d+) of 20: the median loss of the last 5 steps, ([\d.]+), is ([\d.]+) x where the run began "
+        r"\(([\d.]+) at step (\d), the lowest of the first 3; limit 3.0 x\)",
+        text,
+    )
+    assert found, text
+    level, ratio, start = float(found[2]), float(found[3]), float(found[4])
+    assert ratio > 3.0 and level == pytest.approx(ratio * start, rel=0.02)
+    assert "losses from the start: 1: " in text and "lr 1.04 is too high" in text
+    assert "lower the learning rate" in text
+
+
+def test_a_loss_that_wobbles_but_falls_passes(project, tmp_path):
+    """A classifier on shuffled small batches: the loss goes up and down from batch to batch, and falls."""
+    project.conftest(tt.loop_project(loader="tt.loader(64, batch_size=4, shuffle=True)"))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=S2", "-rA", f"--dlcheck-json={out}")
+    run.assert_outcome("S2", "passed")
+    run.fnmatch(
+        ["the median of 5 steps against the lowest of the first 3 is at most * x (step *; a divergence is 3.0 x)"]
+    )
+    (result,) = [r for r in json.loads(out.read_text())["results"] if r["id"] == "S2"]
+    data = result["data"]
+    assert data["last_loss"] < data["first_loss"] and data["largest_rise"] <= 3.0
+
+
+# --------------------------------------------------------------------------------------------------
+# S3 before clipping: a loop that clips at 1.0 shows "1 -> 1" at optimizer.step() whatever its gradients do
+
+CLIPPED = """
+    import pytest, torch, tiny_train as tt
+    from torch import nn
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+            return {{"model": model, "optimizer": optimizer,
+                     "lr_scheduler": torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma={gamma})}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        x, c = tt.blobs(64).tensors
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, c.float()[:, None]), batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_train_step():
+        def step(state, batch):
+            x, y = batch
+            loss = nn.functional.mse_loss(state["model"](x), y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(state["model"].parameters(), 1.0)
+            state["optimizer"].step()
+            state["lr_scheduler"].step()
+            state["optimizer"].zero_grad()
+            return loss
+        return step
+"""
+
+
+def test_clipping_hides_an_explosion_from_the_step_not_from_s3(project):
+    """ExponentialLR(gamma=1.6) (meant as 0.6): the learning rate grows 1.6x a step, to 0.05 x 1.6^19 = 380;
+    the weights grow with it and the gradients with them, by orders of magnitude, while clip_grad_norm_(…, 1.0)
+    leaves a norm of exactly 1 at every optimizer.step()."""
+    project.conftest(CLIPPED.format(gamma="1.6"))
+    run = project.run("--dlcheck=S3")
+    run.assert_outcome("S3", "failed")
+    text = tt.section(run, "S3")
+    found = re.search(r"step (\d+) of 20: gradient norm ([\d.e+]+) = (\d+) x the median ([\d.]+) of steps 1-3", text)
+    assert found, text
+    assert float(found[3]) > 10 and float(found[2]) > 10 * float(found[4])
+    before = re.search(r"gradient norms before clipping: ([^;]*?) at optimizer", text)
+    assert before, text
+    norms = [float(p.split(": ")[1]) for p in before[1].split(", ")]
+    assert len(norms) == int(found[1]) and min(norms) > 1  # every step clipped: none of these reached the update
+    after = re.search(r"at optimizer.step\(\), after your clipping: (.*?) \(the clip hides", text)
+    assert after, text
+    assert {p.split(": ")[1] for p in after[1].split(", ")} == {"1"}  # what a pre-step hook used to read
+    assert "clip gradients" in text
+
+
+def test_clipping_with_healthy_norms_passes(project):
+    """The same loop with a decaying learning rate (gamma 0.9): it clips, and its norms before clipping stay
+    within a few x of where they began."""
+    project.conftest(CLIPPED.format(gamma="0.9"))
+    run = project.run("--dlcheck=S3", "-rA")
+    run.assert_outcome("S3", "passed")
+    run.fnmatch(
+        [
+            "20-step smoke run: gradient norms * -> * (before clipping), at most * = * x the median * of steps 1-3 "
+            "(step *; an explosion is 10.0 x)",
+            "* of 20 steps clipped: at optimizer.step() the norm was at most 1",
         ]
     )

@@ -40,3 +40,48 @@ def test_aligned_labels_generalise(project):
             "before training: eval *, train *",
         ]
     )
+
+
+EXPLODING = """
+    import pytest, torch
+    from torch import nn
+
+    def data(n):
+        x = torch.tensor([1.0, -1.0] * (n // 2))[:, None]
+        return torch.utils.data.TensorDataset(x, 2 * x)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = nn.Linear(1, 1, bias=False)
+            return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=1.3)}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return torch.utils.data.DataLoader(data(64), batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataloader():
+        return torch.utils.data.DataLoader(data(32), batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_loss_fn():
+        return nn.MSELoss()
+"""
+
+
+def test_an_exploded_run_is_not_passed_as_generalising(project):
+    """Least squares at lr 1.3, above the stability limit 1: the loss is (w - 2)^2 on every batch, train and
+    eval alike, and grows 2.56x a step, to about 10^8. Its eval/train ratio is 1.0: the gap alone passed it.
+    S2 owns the cause; S5 skips naming it."""
+    project.conftest(EXPLODING)
+    run = project.run("--dlcheck=S2,S5", "-rs")
+    run.assert_outcome("S2", "failed")
+    run.assert_outcome("S5", "skipped")
+    run.fnmatch(
+        [
+            "*S5 not judged: the smoke run diverged (* S2 fails it): the eval/train gap of a diverged model is no sign "
+            "of memorisation or of different eval data (see S2, and the learning rate)*"
+        ]
+    )

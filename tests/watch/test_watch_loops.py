@@ -172,6 +172,46 @@ def diverging_loop(watch: Watch, steps: int = 30, lr: float = 1.5):
     return steps
 
 
+def least_squares(watch: Watch, lr: float, steps: int = 60, noise: float = 0.0):
+    """SGD on y = 2x, x = +-1 (loss (w - 2)^2, curvature 2: stable below lr 1), a batch's targets shifted by
+    ``noise``: the loss falls and wobbles below lr 1, and above it grows (1 - 2 lr)^2 x a step, never jumping."""
+    torch.manual_seed(0)
+    model = nn.Linear(1, 1, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(0)
+    for step in range(1, steps + 1):
+        x = torch.tensor([1.0, -1.0] * 32)[:, None]
+        loss = nn.functional.mse_loss(model(x), 2 * x + noise * torch.randn(64, 1, generator=g))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if watch.step(loss=loss, model=model, optimizer=opt):
+            return step
+    return steps
+
+
+def test_a_loss_that_climbs_steadily_is_stopped_against_the_start():
+    """lr 1.04: the loss grows 1.08^2 = 1.17x a step, at most 1.6x the running mean; the median of the last five
+    (the loss two steps back) passes 3x where the run began once 1.17^(t - 3) > 3, at step 11, and the run stops
+    at the check after it."""
+    watch = Watch(every=10)
+    ran, messages = caught(lambda: least_squares(watch, lr=1.04))
+    assert ran == 20 and [(f.id, f.step) for f in watch.findings] == [("S2", 11)]
+    finding = watch.findings[0]
+    assert finding.data["ratio"] > 3.0 and finding.data["start"] == watch.history[0]["loss"]
+    assert "the median loss of the last 5 steps" in messages[0] and "where the run began" in messages[0]
+    assert detectors.resolve(None)["S2"]["rise"] == 3.0
+
+
+def test_a_loss_that_wobbles_as_it_falls_runs_on():
+    """lr 0.3 on noisy targets: the loss goes up and down from step to step and settles at the noise level."""
+    watch = Watch(every=10)
+    ran, messages = caught(lambda: least_squares(watch, lr=0.3, steps=100, noise=0.5))
+    losses = [h["loss"] for h in watch.history]
+    assert ran == 100 and messages == [] and watch.findings == []
+    assert losses[-1] < losses[0] and any(b > a for a, b in zip(losses, losses[1:]))  # it wobbles, and falls
+
+
 def test_policies(tmp_path):
     with pytest.raises(WatchAlarm) as alarm:
         diverging_loop(Watch(policy="raise", every=5, output_dir=tmp_path))

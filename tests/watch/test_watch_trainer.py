@@ -87,6 +87,37 @@ def test_a_diverging_learning_rate_stops_the_run_with_a_postmortem(tok, tmp_path
     assert [s for s, g in zip(history["step"], history["grad_norm"]) if g is not None] == [5, 10, 15, 20]
 
 
+def test_a_run_that_diverges_at_its_second_step_and_stays_there_is_stopped(tok, tmp_path):
+    """AdamW at learning_rate=1.0 moves every weight of the tiny LM (initialised at std 0.02) by about 1 in its
+    first step: the loss leaps from its start (ln of the vocabulary, ~5.7) to several times that at step 2 and
+    stays there. The running mean starts judging at step 4, when every step it averages is already diverged,
+    so it never sees a jump (the run went its 40 steps without a finding); against the run's start it is a
+    divergence, caught at the first check."""
+    trainer = lm_trainer(tok, tmp_path / "watched", steps=40, learning_rate=1.0, logging_steps=1)
+    watch = TrainerWatch()  # the defaults: a check every 25 steps
+    trainer.add_callback(watch)
+    messages = train(trainer)
+    assert trainer.state.global_step == 25  # stopped at the first check, not after 40 steps
+    assert [f.id for f in watch.watch.findings] == ["S2"] and len(messages) == 1
+    text = flat(messages[0])
+    found = re.search(
+        r"step (\d+): the median loss of the last 5 steps, ([\d.]+), is ([\d.]+) x where the run began \(([\d.]+) "
+        r"at step 1, the lowest of the first 3; limit 3.0 x\)",
+        text,
+    )
+    assert found, text
+    assert float(found[3]) > 3.0 and float(found[2]) == pytest.approx(float(found[3]) * float(found[4]), rel=0.02)
+    assert "is too high for this model" in text and "policy stop: training stops cleanly after step 25" in text
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert min(losses[1:]) > 3 * losses[0]  # it did leap at step 2 and stay there
+
+    # the same run judged against its running mean only (the start comparison moved out of reach)
+    alone = lm_trainer(tok, tmp_path / "mean-only", steps=40, learning_rate=1.0, logging_steps=1)
+    mean_only = TrainerWatch(overrides={"S2.rise": 1e9}, checks=("S2",))
+    alone.add_callback(mean_only)
+    assert train(alone) == [] and alone.state.global_step == 40 and mean_only.watch.findings == []
+
+
 def test_a_clean_run_is_untouched(tok, tmp_path):
     """The same Trainer with and without the watch logs the same loss at every step and ends with the same
     weights; nothing fires and no postmortem is written."""
