@@ -17,7 +17,9 @@ watching the user's own training, where the GPU time is spent.
 
 Every step costs a few Python operations: the loss is kept as a tensor (no ``.item()``); every ``every``
 steps the kept values are read at once (one synchronisation with the GPU), the gradient norm is taken
-(pre-clipping; the Trainer's logged ``grad_norm``), the detectors judge each step since the last check,
+(before clipping: the Trainer's logged ``grad_norm``, Lightning's ``on_before_optimizer_step``; ``Watch.step``
+reads the gradients as they are when called, so a loop that clips passes ``grad_norm=clip_grad_norm_(...)``),
+the detectors judge each step since the last check (S2 against the run's start too, not only its recent steps),
 and under ``torch.distributed`` the ranks agree (one ``all_reduce``) so every rank stops at the same step.
 
 On a detection the message reads like a failing check (ID, evidence with the step and the numbers,
