@@ -4,7 +4,7 @@ from typing import Any
 
 from ...registry import Setting, check, load_checks
 from ...training import fresh_probe, get_setup, memo_or_skip, run_or_skip, smoke_baseline
-from ...training.resume import ResumeRun
+from ...training.resume import ResumeRun, keys_mismatch
 
 #: the order pieces are tried in: the usual culprits first, the weights last (the RNG states are C3's: C1
 #: puts them back in every resumed run)
@@ -463,6 +463,7 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
     fix = _fix(setup, missing)
     if "model" in missing and run.loads:
         evidence.extend(f"your load reported: {line}" for line in run.loads)
+    if "model" in missing and keys_mismatch(run.loads):
         cause = cause.replace(
             WHAT["model"],
             "the model weights: the load's load_state_dict finds other keys in what it loads than the model's "
@@ -594,7 +595,7 @@ def _broken_resume(
     )
     evidence.extend(f"your load reported: {line}" for line in run.loads)
     lr_first = what.startswith("learning rate") or (every is not None and every[1].startswith("learning rate"))
-    if run.loads:
+    if keys_mismatch(run.loads):
         cause = (
             "the load does not put the saved weights into the model being trained: its load_state_dict finds "
             "other keys than the model's (see its report), so the resumed run trains other weights, and the "

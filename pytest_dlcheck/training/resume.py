@@ -120,6 +120,19 @@ def _adapter_key(key: str) -> bool:
     return any(p in key for p in prefixes)
 
 
+def _storage(t: torch.Tensor) -> Any:
+    try:
+        return t.untyped_storage().data_ptr() or id(t)
+    except (RuntimeError, NotImplementedError):  # a tensor without storage (meta, a subclass)
+        return id(t)
+
+
+def keys_mismatch(loads: list[str]) -> bool:
+    """Whether what a load reported says the saved weights did not land in the model: keys it did not know, or
+    PEFT's missing adapter keys (missing keys alone may be frozen weights a checkpoint leaves out on purpose)."""
+    return any(line.startswith("PEFT:") or "unexpected keys" in line for line in loads)
+
+
 def _some(keys: list[str], n: int = 3) -> str:
     shown = ", ".join(repr(k) for k in keys[:n])
     return shown + (f", … ({len(keys)} in all)" if len(keys) > n else "")
@@ -137,6 +150,10 @@ def load_reports() -> Iterator[list[str]]:
         result = real(self, state_dict, *args, **kwargs)
         missing = list(getattr(result, "missing_keys", []) or [])
         unexpected = list(getattr(result, "unexpected_keys", []) or [])
+        if missing:  # a tied tensor (lm_head.weight = embed_tokens.weight) is loaded through its twin
+            own = self.state_dict(keep_vars=True)
+            loaded = {_storage(own[k]) for k in state_dict if k in own and isinstance(own[k], torch.Tensor)}
+            missing = [k for k in missing if not (isinstance(own.get(k), torch.Tensor) and _storage(own[k]) in loaded)]
         peft = any(c.__module__.startswith("peft.") for c in type(self).__mro__)
         if peft:  # the base weights are not in an adapter checkpoint, by design
             missing = [k for k in missing if _adapter_key(k)]

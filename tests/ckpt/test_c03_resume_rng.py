@@ -126,3 +126,39 @@ def test_a_resume_that_raises_is_c1s_finding_and_c3_skips_naming_it(project, tmp
     c3 = _results(out)["C3"]
     assert c3["outcome"] == "skipped", c3
     assert "the resume itself fails" in c3["reason"] and "C1 reports it" in c3["reason"], c3
+
+
+SFT_DROPOUT = """
+    import pytest, tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        data = Dataset.from_dict({{"prompt": tiny.PROMPTS * 2, "completion": tiny.COMPLETIONS * 2}})
+        args = tiny.trainer_args(tmp_path_factory.mktemp("o"), SFTConfig, learning_rate=1e-3, {args})
+        return SFTTrainer(model=tiny.llama(tok, attention_dropout=0.3), args=args, processing_class=tok,
+                          train_dataset=data)
+"""
+
+
+def test_a_trainer_with_dropout_restores_the_rng_from_its_checkpoint(project, tmp_path):
+    """The Trainer writes rng_state.pth and restores it on resume: the attention dropout draws the
+    uninterrupted run's masks (with other states set after the load they would differ)."""
+    project.conftest(SFT_DROPOUT.format(args="save_only_model=False"))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "passed")
+    run.assert_outcome("C3", "passed")
+    assert "your resume restores the RNG states" in _results(out)["C3"]["evidence"][0]
+
+
+def test_a_trainer_saving_the_model_only_loses_the_rng_too(project, tmp_path):
+    project.conftest(SFT_DROPOUT.format(args="save_only_model=True"))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C3", f"--dlcheck-json={out}")
+    run.assert_outcome("C3", "failed")
+    c3 = _results(out)["C3"]
+    assert "checkpoint-2 holds: no rng_state.pth" in " ".join(c3["evidence"]), c3
+    assert "drop save_only_model=True" in c3["fix"], c3["fix"]
