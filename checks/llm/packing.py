@@ -229,13 +229,18 @@ def _shared_line(sample: Any, shared: list[Shared]) -> str:
     return "the collator packs several dataset examples into one row: " + "; ".join(shown) + more
 
 
-def _pretraining_stream(plan: list[Packed]) -> bool:
+def _pretraining_stream(plan: list[Packed], eos: int | None, pad: int | None) -> bool:
     """Every packed row is an EOS-separated stream (no position_ids restart) whose every real token is
-    supervised: plain causal-LM pretraining on concatenated text, not packed fine-tuning examples."""
+    supervised, but for EOS/pad ids (DataCollatorForLanguageModeling masks them when pad == eos): plain
+    causal-LM pretraining on concatenated text, not packed fine-tuning examples (whose prompts are masked)."""
     for item in plan:
         for r, mode in item.modes.items():
             row = item.rows[r]
-            if mode != "eos" or len(set(row.supervised)) < len(row.content) - 1:
+            if mode != "eos":
+                return False
+            supervised = set(row.supervised)
+            unsupervised = [c for c in row.content[1:] if c not in supervised]
+            if any(row.input_ids[c] not in (eos, pad) for c in unsupervised):
                 return False
     return True
 
@@ -333,8 +338,9 @@ def check_packing(dlcheck):
         Pipelines that do not pack: no sampled row has position_ids restarts or several
         EOS-separated documents (padded or one-example rows); GRPO/RLOO trainers, which build their
         batches from generations; a pre-chunked pretraining stream (each row one dataset example holding
-        EOS-separated documents, no position_ids restart, every token supervised: run_clm's group_texts
-        with default_data_collator), whose documents attend across EOS by design
+        EOS-separated documents, no position_ids restart, every token but EOS/padding supervised:
+        run_clm's group_texts with default_data_collator, or with DataCollatorForLanguageModeling and
+        pad == eos), whose documents attend across EOS by design
         (L4.judge_streams=true judges it anyway), or any EOS stream with allow_cross_document=true;
         batches that are not token batches.
     """
@@ -379,7 +385,7 @@ def check_packing(dlcheck):
         if item.docs:
             plan.append(item)
     shared, seen = _rows_sharing_examples(sample, plan) if plan else ([], None)
-    stream = bool(plan) and not allow and not shared and _pretraining_stream(plan)
+    stream = bool(plan) and not allow and not shared and _pretraining_stream(plan, eos, pad)
     if stream and seen is None and _examples_hold_one_document(dlcheck, eos, pad):
         stream = False  # a bare dataloader whose examples are one document each: its collator packs them
     if stream and not dlcheck.setting("judge_streams"):
@@ -395,7 +401,7 @@ def check_packing(dlcheck):
         )
         dlcheck.not_applicable(
             f"the rows of {sample.source} are a pretraining stream: documents joined by EOS with no position_ids "
-            f"restart and every token supervised; {how}; its documents attend across EOS by design — L4 judges "
+            f"restart and every token but EOS/padding supervised; {how}; its documents attend across EOS by design — L4 judges "
             "packing of separate examples (set L4.judge_streams=true to judge this one)"
         )
     if not plan:

@@ -430,7 +430,7 @@ def test_packed_plain_text_is_not_applicable(project):
     run = project.run("--dlcheck=L2")
     run.fnmatch(
         [
-            "*::L2_labels_masked SKIPPED (not applicable: *",
+            "*::L2_labels_masked SKIPPED (*not applicable: *",
             "SKIPPED * not applicable: batches from dlcheck_collator on 8 examples of dlcheck_dataset are "
             "padding-free (position_ids, no attention_mask): no padding to judge, and the data has no "
             "prompt/completion or messages split",

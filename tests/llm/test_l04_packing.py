@@ -156,7 +156,8 @@ def test_a_pre_chunked_stream_is_pretraining_by_default(project):
     run.fnmatch(
         [
             "SKIPPED * not applicable: the rows of dlcheck_collator on 7 examples of dlcheck_dataset are a pretraining "
-            "stream: documents joined by EOS with no position_ids restart and every token supervised; each row is one "
+            "stream: documents joined by EOS with no position_ids restart and every token but EOS/padding supervised; "
+            "each row is one "
             "example of dlcheck_dataset as the dataset holds it*"
         ]
     )
@@ -167,6 +168,28 @@ def test_a_pre_chunked_stream_is_pretraining_by_default(project):
     assert "later documents lose differently inside the packed row than alone" in text
     assert "the collator packs several dataset examples" not in text
     assert "documents are concatenated with EOS and nothing marks their boundaries" in text
+
+
+HF_COURSE_STREAM = """
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_tokenizer):
+        return [{k: v for k, v in r.items() if k != "labels"} for r in group_texts(dlcheck_tokenizer)]
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        from transformers import DataCollatorForLanguageModeling
+        dlcheck_tokenizer.pad_token = dlcheck_tokenizer.eos_token
+        return DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)
+"""
+
+
+def test_a_pre_chunked_stream_with_its_eos_masked_is_pretraining(project):
+    # the HF course's causal LM from scratch: blocks cut from the stream, tokenizer.pad_token = eos_token and
+    # DataCollatorForLanguageModeling(mlm=False), which masks every EOS (L11's finding, not packing)
+    project.conftest(stream_project(HF_COURSE_STREAM))
+    run = project.run("--dlcheck=L4")
+    run.assert_outcome("L4", "skipped")
+    run.fnmatch(["SKIPPED * not applicable: * are a pretraining stream: *each row is one example of dlcheck_dataset*"])
 
 
 def test_a_pre_chunked_stream_behind_a_bare_dataloader_is_pretraining(project):
@@ -295,7 +318,7 @@ def test_unpacked_padded_batches_are_not_applicable(project):
     run.assert_outcome("L4", "skipped")
     run.fnmatch(
         [
-            "*::L4_packing SKIPPED (not applicable: *",
+            "*::L4_packing SKIPPED (*not applicable: *",
             "SKIPPED * not applicable: no packed row among the 8 sampled rows of dlcheck_collator on 8 examples of "
             "dlcheck_dataset: no position_ids restart and no several EOS-separated documents in one row",
         ]
