@@ -92,13 +92,13 @@ def check_loss_spike(dlcheck):
     worst, up = spikes.worst, rises.worst
     start = (
         f"the median of {window} steps against the lowest of the first {dlcheck.setting('warmup')} is at most "
-        f"{up[0]:.2f} x (step {up[1]}; a divergence is {rise} x)"
+        f"{up[0]:.2f} x ({run.where(up[1])}; a divergence is {rise} x)"
         if up[1] is not None
         else f"not judged against the start: {len(losses)} losses, fewer than the {window} its median needs"
     )
     dlcheck.measured(
         f"{run.length}: losses {losses[0][1]:.4g} -> {losses[-1][1]:.4g}; the highest loss against "
-        f"the mean of the {window} steps before it is {worst[0]:.2f} x (step {worst[1]}; a spike is {factor} x)",
+        f"the mean of the {window} steps before it is {worst[0]:.2f} x ({run.where(worst[1])}; a spike is {factor} x)",
         start,
         losses=len(losses),
         first_loss=losses[0][1],
@@ -189,7 +189,7 @@ def check_grad_explosion(dlcheck):
     dlcheck.measured(
         f"{run.length}: gradient norms {norms[0][1]:.3g} -> {norms[-1][1]:.3g} (before clipping), at most "
         f"{highest[1]:.3g} = {highest[1] / reference:.2f} x the median {reference:.3g} of steps 1-{base_n} "
-        f"(step {highest[0]}; an explosion is {factor} x)",
+        f"({run.where(highest[0])}; an explosion is {factor} x)",
         *(
             [
                 f"{len(clipped)} of {len(norms)} steps clipped: at optimizer.step() the norm was at most {max(n for _, n in clipped):.3g}"

@@ -321,6 +321,13 @@ class SmokeRun:
             text += f", cut from {self.wanted} optimizer steps by S1.max_micro_steps"
         return text
 
+    def where(self, step: int | None) -> str:
+        """``step 5``, or ``micro-step 37, optimizer step 9`` when the records are micro-steps."""
+        if step is None or not self.by_micro_step:
+            return f"step {step}"
+        made = sum(1 for r in self.trajectory.steps if r.step <= step and r.lr is not None)
+        return f"micro-step {step}, optimizer step {made}"
+
     def at(self, step: int) -> str:
         """Where a record of the trajectory is: ``step 5 of 20``, or ``micro-step 37 of 80 (optimizer step
         9)`` when the records are micro-steps."""
