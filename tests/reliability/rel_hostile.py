@@ -512,6 +512,36 @@ DERIVED = {
 }
 
 
+def reach(role: str) -> set[str]:
+    """The role and the roles derived from it: what a check reads when it reads the case's value."""
+    return set(DERIVED.get(role, (role,)))
+
+
+#: values no check can judge anything on: a check that read one (resolved the role to it) and passed judged
+#: nothing, so the pass is a false "clean" (None is no such value: it means "not given")
+UNUSABLE = {
+    "int",
+    "str",
+    "float",
+    "dict",
+    "object",
+    "list_of_ints",
+    "swapped",
+    "raises_call",
+    "returns_none",
+    "returns_str",
+    "raises_forward",
+    "meta",
+    "empty",
+    "empty_list",
+    "strings",
+    "none_batches",
+}
+#: the user's object raises on any input: on an input the check made up, that is reported as pytest-dlcheck's
+#: internal error naming the object and the input (the plugin cannot tell it from a bug of its own input)
+RAISING = {"raises_call", "raises_forward"}
+
+
 def selected(checks: dict, case: Case) -> list[str]:
     reach = set(DERIVED.get(case.role, (case.role,)))
     return [

@@ -4,7 +4,9 @@ tensors, fixtures and callables that raise or never return), each replacing one 
 project of its domain, and every check that can meet that role runs on it. Every outcome must be a pass,
 a skip, or a failure in the house format — a check's evidence, or the error of the role that is wrong
 (or of what was derived from or fed by it) — never an INTERNALERROR, never a traceback into plugin
-internals, never a hang."""
+internals, never a hang. A pass on a value no check can use (an int, an empty loader, a meta model...) by a
+check that read it is no clean outcome: it judged nothing and named nothing. The user's object that raises
+on any input, handed an input a check made up, is reported as pytest-dlcheck's internal error naming it."""
 
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ from rel_nonet import NoNetwork
 from rel_tracker import check_id
 
 from pytest_dlcheck import registry
+from pytest_dlcheck.errors import MISSING
 from pytest_dlcheck.outcome import Rendered
+from pytest_dlcheck.session import CONTEXT_KEY
 
 CHECKS = registry.load_checks()
 CASES = [H.Case(d, r, k) for (d, r), kinds in H.KINDS.items() for k in kinds]
@@ -69,6 +73,8 @@ class Verdicts:
         self.cases = cases
         self.problems: list[str] = []
         self.outcomes: dict[str, str] = {}
+        #: per item, the roles its check resolved to an object (given or derived)
+        self.resolved: dict[str, set[str]] = {}
 
     def case_of(self, nodeid: str) -> H.Case | None:
         return self.cases.get(nodeid.split("/conftest.py")[0].rsplit("/", 1)[-1])
@@ -81,10 +87,25 @@ class Verdicts:
         items[:] = keep
         config.hook.pytest_deselected(items=drop)
 
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        try:
+            return (yield)
+        finally:
+            roles = getattr(item.stash.get(CONTEXT_KEY, None), "_roles", {})
+            self.resolved[item.nodeid] = {n for n, v in roles.items() if v is not MISSING and v is not None}
+
     def pytest_runtest_logreport(self, report):
         case = self.case_of(report.nodeid)
         if case is None:
             return
+        where = f"{report.nodeid} ({case.kind} dlcheck_{case.role}, {report.when})"
+        if report.passed and report.when == "call":
+            # a value no check can use, read by the check (the role resolved to it): a pass did not judge it, and
+            # the check said nothing of the role being unusable
+            if case.kind in H.UNUSABLE and case.role in self.resolved.get(report.nodeid, set()):
+                evidence = dict(report.sections).get("dlcheck evidence", "(no evidence)")
+                self.problems.append(f"{where}: passed on {case.kind} dlcheck_{case.role}, which it read:\n{evidence}")
         if report.passed and report.when == "call" or report.skipped:
             self.outcomes.setdefault(report.nodeid, report.outcome)
             return
@@ -92,12 +113,18 @@ class Verdicts:
             return
         self.outcomes[report.nodeid] = "failed"
         text = str(report.longrepr)
-        where = f"{report.nodeid} ({case.kind} dlcheck_{case.role}, {report.when})"
+        if "pytest-dlcheck internal error" in text:
+            # the user's object that raises on any input, handed an input the check made up: the plugin's error
+            # (it cannot know the pipeline's own inputs would fail too), naming the object and the input
+            made_up = re.search(
+                r"\(dlcheck_(\w+) raised it on .+?, not on your pipeline's own data\)", " ".join(text.split())
+            )
+            if not (made_up and case.kind in H.RAISING and made_up.group(1) in H.related(case.role)):
+                self.problems.append(f"{where}: internal error:\n{text[-3000:]}")
+            return
         if not isinstance(report.longrepr, Rendered):
             self.problems.append(f"{where}: not in the house format:\n{text[-3000:]}")
             return
-        if "pytest-dlcheck internal error" in text:
-            self.problems.append(f"{where}: internal error:\n{text}")
         for line in text.splitlines():
             if line.strip().startswith("role ") and "dlcheck_" in line:
                 named = line.split("dlcheck_", 1)[1].split()[0].rstrip(":")
@@ -168,9 +195,83 @@ def generated_cases(examples: int = 2) -> list[list[H.Case]]:
     return drawn
 
 
-#: cases whose unclean outcome is a known gap: reported, not failed here, and proven open by
-#: test_known_open_cases (a strict xfail: fixing one makes it pass, then drop it). None open now.
-KNOWN_OPEN: dict[tuple[str, str, str, str], str] = {}
+#: a check that read a value no check can use (the role resolved to an int, a dict, a swapped object, a
+#: callable that raises or returns nonsense, an empty or all-None loader, a meta model) and passed, saying nothing
+#: of the role: found when passes on broken input stopped counting as clean (issue 30), not fixed yet
+PASS_ON_UNUSABLE = "passes on the unusable role without naming it"
+
+#: cases whose unclean outcome is a known gap: reported (DLCHECK_HOSTILE_REPORT), not failed here; a case that
+#: becomes clean must leave the list (checked at the default two draws, from which the list was read)
+KNOWN_OPEN: dict[tuple[str, str, str, str], str] = {
+    ("diffusion", "condition", "meta", "DF5"): PASS_ON_UNUSABLE,
+    ("diffusion", "noise_scheduler", "dict", "DF6"): PASS_ON_UNUSABLE,
+    ("diffusion", "noise_scheduler", "int", "DF6"): PASS_ON_UNUSABLE,
+    ("diffusion", "noise_scheduler", "object", "DF6"): PASS_ON_UNUSABLE,
+    ("diffusion", "noise_scheduler", "str", "DF6"): PASS_ON_UNUSABLE,
+    ("diffusion", "training_inputs", "dict", "DF4"): PASS_ON_UNUSABLE,
+    ("diffusion", "training_inputs", "dict", "DF5"): PASS_ON_UNUSABLE,
+    ("diffusion", "training_inputs", "int", "DF4"): PASS_ON_UNUSABLE,
+    ("diffusion", "training_inputs", "int", "DF5"): PASS_ON_UNUSABLE,
+    ("diffusion", "training_inputs", "meta", "DF4"): PASS_ON_UNUSABLE,
+    ("diffusion", "training_inputs", "meta", "DF5"): PASS_ON_UNUSABLE,
+    ("diffusion", "training_inputs", "object", "DF4"): PASS_ON_UNUSABLE,
+    ("diffusion", "training_inputs", "object", "DF5"): PASS_ON_UNUSABLE,
+    ("diffusion", "training_inputs", "raises_call", "DF4"): PASS_ON_UNUSABLE,
+    ("diffusion", "training_inputs", "raises_call", "DF5"): PASS_ON_UNUSABLE,
+    ("diffusion", "training_inputs", "returns_none", "DF4"): PASS_ON_UNUSABLE,
+    ("diffusion", "training_inputs", "returns_none", "DF5"): PASS_ON_UNUSABLE,
+    ("diffusion", "training_inputs", "returns_str", "DF4"): PASS_ON_UNUSABLE,
+    ("diffusion", "training_inputs", "returns_str", "DF5"): PASS_ON_UNUSABLE,
+    ("diffusion", "training_inputs", "str", "DF4"): PASS_ON_UNUSABLE,
+    ("diffusion", "training_inputs", "str", "DF5"): PASS_ON_UNUSABLE,
+    ("llm", "dataloader", "empty", "L3"): PASS_ON_UNUSABLE,
+    ("llm", "dataloader", "empty_list", "L3"): PASS_ON_UNUSABLE,
+    ("llm", "dataloader", "none_batches", "L3"): PASS_ON_UNUSABLE,
+    ("llm", "dataset", "empty", "L3"): PASS_ON_UNUSABLE,
+    ("llm", "model", "meta", "L11"): PASS_ON_UNUSABLE,
+    ("llm", "model", "meta", "L3"): PASS_ON_UNUSABLE,
+    ("llm", "model", "meta", "L5"): PASS_ON_UNUSABLE,
+    ("llm", "model", "raises_forward", "L11"): PASS_ON_UNUSABLE,
+    ("llm", "model", "swapped", "L11"): PASS_ON_UNUSABLE,
+    ("llm", "raw_dataset", "empty", "L12"): PASS_ON_UNUSABLE,
+    ("llm", "raw_dataset", "empty", "L13"): PASS_ON_UNUSABLE,
+    ("llm", "raw_dataset", "empty", "L2"): PASS_ON_UNUSABLE,
+    ("llm", "tokenizer", "swapped", "L1"): PASS_ON_UNUSABLE,
+    ("llm", "tokenizer", "swapped", "L13"): PASS_ON_UNUSABLE,
+    ("llm", "tokenizer", "swapped", "L14"): PASS_ON_UNUSABLE,
+    ("llm", "tokenizer", "swapped", "L2"): PASS_ON_UNUSABLE,
+    ("llm", "tokenizer", "swapped", "L5"): PASS_ON_UNUSABLE,
+    ("llm", "trainer", "dict", "L1"): PASS_ON_UNUSABLE,
+    ("llm", "trainer", "dict", "L13"): PASS_ON_UNUSABLE,
+    ("llm", "trainer", "dict", "L5"): PASS_ON_UNUSABLE,
+    ("llm", "trainer", "object", "L1"): PASS_ON_UNUSABLE,
+    ("llm", "trainer", "object", "L13"): PASS_ON_UNUSABLE,
+    ("llm", "trainer", "object", "L5"): PASS_ON_UNUSABLE,
+    ("llm", "training_args", "dict", "L13"): PASS_ON_UNUSABLE,
+    ("llm", "training_args", "dict", "L5"): PASS_ON_UNUSABLE,
+    ("llm", "training_args", "object", "L13"): PASS_ON_UNUSABLE,
+    ("llm", "training_args", "object", "L5"): PASS_ON_UNUSABLE,
+    ("rl", "env", "int", "R7"): PASS_ON_UNUSABLE,
+    ("rl", "env", "str", "R7"): PASS_ON_UNUSABLE,
+    ("train", "dataloader", "empty", "T8"): PASS_ON_UNUSABLE,
+    ("train", "dataloader", "none_batches", "T8"): PASS_ON_UNUSABLE,
+    ("train", "dataloader", "strings", "T8"): PASS_ON_UNUSABLE,
+    ("train", "make_training", "dict", "T7"): PASS_ON_UNUSABLE,
+    ("train", "make_training", "int", "T7"): PASS_ON_UNUSABLE,
+    ("train", "make_training", "raises_call", "T7"): PASS_ON_UNUSABLE,
+    ("train", "make_training", "returns_none", "T7"): PASS_ON_UNUSABLE,
+    ("train", "make_training", "returns_str", "T7"): PASS_ON_UNUSABLE,
+    ("vision", "dataloader", "empty", "V1"): PASS_ON_UNUSABLE,
+    ("vision", "dataloader", "empty_list", "V1"): PASS_ON_UNUSABLE,
+    ("vision", "dataloader", "none_batches", "V1"): PASS_ON_UNUSABLE,
+    ("vision", "eval_dataloader", "empty", "V1"): PASS_ON_UNUSABLE,
+    ("vision", "eval_fn", "returns_none", "V2"): PASS_ON_UNUSABLE,
+    ("vision", "eval_fn", "returns_str", "V2"): PASS_ON_UNUSABLE,
+    ("vision", "model", "meta", "V1"): PASS_ON_UNUSABLE,
+    ("vision", "model", "meta", "V3"): PASS_ON_UNUSABLE,
+    ("vision", "model", "meta", "V7"): PASS_ON_UNUSABLE,
+    ("vision", "model", "raises_forward", "V1"): PASS_ON_UNUSABLE,
+}
 
 
 def _open_key(problem: str) -> tuple | None:
@@ -188,10 +289,14 @@ def test_hostile_roles_fail_cleanly(pytester):
         verdicts = run_cases(pytester, cases, f"run{i}", "--dlcheck-timeout=60", "--dlcheck-set=DF5.draws=40")
         problems += verdicts.problems
     unexpected = [p for p in problems if _open_key(p) is None]
+    still_open = {_open_key(p) for p in problems} - {None}
+    closed = sorted(set(KNOWN_OPEN) - still_open)
     report = "\n\n".join(problems)
     if os.environ.get("DLCHECK_HOSTILE_REPORT"):
         Path(os.environ["DLCHECK_HOSTILE_REPORT"]).write_text(report)
     assert not unexpected, f"{len(unexpected)} unclean outcomes:\n\n" + "\n\n".join(unexpected)
+    if int(os.environ.get("DLCHECK_HOSTILE_EXAMPLES", 2)) == 2:  # the draws KNOWN_OPEN was read from
+        assert not closed, f"clean now, take them out of KNOWN_OPEN: {closed}"
 
 
 def test_formerly_open_cases(pytester):
