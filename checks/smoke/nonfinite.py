@@ -53,8 +53,9 @@ def check_nonfinite_run(dlcheck):
     Known problems
         A step a GradScaler skips because of Inf gradients is expected and not reported (its update never
         happens). A gradient accumulation longer than ``max_micro_steps / steps`` gets fewer optimizer steps
-        (the evidence says so; raise ``S1.max_micro_steps``). A step that never calls the optimizer it was
-        given runs ``steps`` micro-steps. The run is short: a NaN that needs thousands of steps to appear is out of reach here;
+        (the evidence says so; raise ``S1.max_micro_steps``). A state without an optimizer (a step that
+        steps its own) runs ``steps`` micro-steps; one whose optimizer the step never calls runs
+        ``max_micro_steps``. The run is short: a NaN that needs thousands of steps to appear is out of reach here;
         ``pytest_dlcheck.watch`` runs this detector during the real run (README, "During the real run").
     Not applicable
         None: every run's loss, gradients and weights must stay finite.

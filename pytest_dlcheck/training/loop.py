@@ -250,7 +250,7 @@ class LoopSetup:
         self, steps: int, save_from: int | None = None, max_micro: int | None = None
     ) -> tuple[Trajectory, Fresh, Baseline | None]:
         """The shared smoke run: micro-steps of the user's step until ``steps`` optimizer steps are made (or
-        ``max_micro`` micro-steps, under a gradient accumulation too long for it; a step that never calls the
+        ``max_micro`` micro-steps, under a gradient accumulation too long for it; a state without an
         optimizer runs ``steps`` micro-steps). With ``save_from``, it is C1's uninterrupted baseline too: it
         saves with the user's function right after optimizer step ``save_from`` (a save that raises, or finds
         no later step, leaves no baseline: C1 then runs its own and reports it). ``traj.notes`` says how many
@@ -260,10 +260,11 @@ class LoopSetup:
         limit = max(steps, max_micro or steps)
         saving = _Saving(self, state, traj, limit, save_from, tolerant=True, opt_steps=True) if save_from else None
 
+        watched = state.get("optimizer") is not None  # its steps are counted (an accumulation may outlast ``steps``)
+
         def enough() -> bool:
             made = traj.calls.count("opt")
-            micro = len(traj.steps)
-            return made >= steps or (made == 0 and micro >= steps)  # a step without optimizer: ``steps`` calls
+            return made >= steps or (not watched and len(traj.steps) >= steps)  # no optimizer: ``steps`` calls
 
         with preserved_rng():
             seed_all(SEED)

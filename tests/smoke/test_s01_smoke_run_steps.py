@@ -43,6 +43,14 @@ def test_an_accumulating_loop_gets_twenty_optimizer_steps(project, tmp_path):
     assert got["S3"]["data"]["norms"] == 20  # one gradient norm per optimizer step, not 5
 
 
+def test_an_accumulation_longer_than_the_run_still_gets_its_optimizer_steps(project):
+    """S1.steps=3 with an accumulation of 4: counting micro-batches, the run ended before its first update."""
+    project.conftest(tt.loop_project(extra=ACCUMULATING))
+    run = project.run("--dlcheck=S1", "-rA", "--dlcheck-set=S1.steps=3")
+    run.assert_outcome("S1", "passed")
+    run.fnmatch(["smoke run of 3 optimizer steps (12 micro-steps): losses *; weights finite after 3 optimizer steps"])
+
+
 def test_max_micro_steps_bounds_a_long_accumulation_and_says_so(project):
     project.conftest(tt.loop_project(extra=ACCUMULATING))
     run = project.run("--dlcheck=S1", "-rA", "--dlcheck-set=S1.max_micro_steps=40")
