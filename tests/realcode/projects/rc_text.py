@@ -287,7 +287,12 @@ def bert_like_tokenizer(save_dir, corpus=None, vocab_size: int = 400):
     raw.decoder = decoders.WordPiece()
     raw.train_from_iterator(
         corpus if corpus is not None else documents(400, seed=7) + _flat_chats(),
-        trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False),
+        trainers.WordPieceTrainer(
+            vocab_size=vocab_size,
+            special_tokens=special,
+            initial_alphabet=list("abcdefghijklmnopqrstuvwxyz0123456789.,;:!?'\"()-"),
+            show_progress=False,
+        ),
     )
     cls, sep = raw.token_to_id("[CLS]"), raw.token_to_id("[SEP]")
     raw.post_processor = processors.TemplateProcessing(
