@@ -13,6 +13,7 @@ import torch
 from ...guard import eval_mode
 from ...registry import Setting, check
 from ...roles import is_hf_trainer
+from ...session import user_call
 from ...training import run_or_skip
 from ..shared import lm
 from .common import token_sample
@@ -132,7 +133,13 @@ def close(value: float, ref: float, atol: float, rtol: float) -> bool:
     return math.isfinite(value) and abs(value - ref) <= atol + rtol * abs(ref)
 
 
+class NoLogits(Exception):
+    """The model's output holds no (batch, seq, vocab) logits: L7 cannot compare the loss it reports."""
+
+
 def forward_logits(model: Any, batch: dict) -> torch.Tensor:
+    """The float logits of the user's model on a sampled batch; the model raising is the user's error (the
+    batch is the pipeline's own), an output without logits :class:`NoLogits`."""
     device = lm.model_device(model)
     try:
         accepted = set(inspect.signature(model.forward).parameters)
@@ -143,10 +150,10 @@ def forward_logits(model: Any, batch: dict) -> torch.Tensor:
     if "use_cache" in inspect.signature(model.forward).parameters:
         kwargs["use_cache"] = False
     with eval_mode(model):
-        out = model(**kwargs)
+        out = user_call("model", lambda: model(**kwargs))
     logits = out.logits if hasattr(out, "logits") else out[0] if isinstance(out, (tuple, list)) else None
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3:
-        raise TypeError(type(out).__name__)
+        raise NoLogits(type(out).__name__)
     return logits.float()
 
 
@@ -400,7 +407,7 @@ def check_eval_metric(dlcheck):
     try:
         # root cause first: a VLM whose image tokens were cut is X4's finding, not a crash of L7
         logits = run_or_skip(dlcheck, lambda: [forward_logits(model, b) for b in batches])
-    except TypeError as exc:
+    except NoLogits as exc:
         dlcheck.skip(f"the model's output carries no (batch, seq, vocab) logits ({exc})")
     labels = [torch.as_tensor(b["labels"]).long().to(device) for b in batches]
     labels = [y.unsqueeze(0) if y.dim() == 1 else y for y in labels]
