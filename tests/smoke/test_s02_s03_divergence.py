@@ -205,3 +205,40 @@ def test_clipping_with_healthy_norms_passes(project):
             "* of 20 steps clipped: at optimizer.step() the norm was at most 1",
         ]
     )
+
+
+TRAINER = """
+    import pytest, tiny, torch
+    from datasets import Dataset
+    from transformers import DataCollatorForLanguageModeling, Trainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        model = tiny.llama(tok)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma={gamma})
+        args = tiny.trainer_args(tmp_path_factory.mktemp("o"), per_device_train_batch_size=4, max_grad_norm=1.0, seed=0)
+        return Trainer(model=model, args=args, train_dataset=Dataset.from_list(tiny.tokenized(tok, 24)),
+                       data_collator=DataCollatorForLanguageModeling(tok, mlm=False), optimizers=(opt, sched))
+"""
+
+
+def test_a_trainer_s_clip_hides_nothing_from_s3(project):
+    """The Trainer clips at max_grad_norm=1.0 before its optimizer step: S3 reads the grad_norm it logs (what its
+    clip_grad_norm_ returned), and shows the norm the step was left with apart."""
+    project.conftest(TRAINER.format(gamma="1.6"))
+    run = project.run("--dlcheck=S3")
+    run.assert_outcome("S3", "failed")
+    text = tt.section(run, "S3")
+    found = re.search(r"step (\d+) of 20: gradient norm ([\d.e+]+) = (\d+) x the median ([\d.]+) of steps 1-3", text)
+    assert found and float(found[3]) > 10, text
+    after = re.search(r"at optimizer.step\(\), after your clipping: (.*?) \(the clip hides", text)
+    assert after and {p.split(": ")[1] for p in after[1].split(", ")} == {"1"}, text
+
+
+def test_a_trainer_that_clips_healthy_norms_passes(project):
+    project.conftest(TRAINER.format(gamma="0.9"))
+    run = project.run("--dlcheck=S3", "-rA")
+    run.assert_outcome("S3", "passed")
+    run.fnmatch(["20-step smoke run: gradient norms * -> * (before clipping), at most * = * x the median *"])
