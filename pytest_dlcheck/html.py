@@ -308,11 +308,19 @@ def render_card(res: dict[str, Any], pictures: Pictures | None = None) -> str:
     return "".join(parts)
 
 
+def grouped_reason(check_id: str, reason: str) -> str:
+    """A skip reason as grouped across checks: the check's own ID left out ("not applicable: DF1 concerns
+    diffusion training, ..." and DF2's same reason are one reason)."""
+    import re
+
+    return re.sub(rf"^([a-z ]+:\s*){re.escape(check_id)} (?=[a-z])", r"\1", reason, count=1)
+
+
 def render_grouped(results: list[dict[str, Any]]) -> str:
     """Not-applicable and missing-role outcomes: one line per reason with the checks it concerns."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in results:
-        groups.setdefault(r["reason"], []).append(r)
+        groups.setdefault(grouped_reason(r["id"], r["reason"]), []).append(r)
     items = []
     for reason, rs in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         ids = " ".join(

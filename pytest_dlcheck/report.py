@@ -16,7 +16,7 @@ import pytest
 
 from . import __version__, registry
 from .errors import CheckFailed, RoleError
-from .html import write_html
+from .html import grouped_reason, write_html
 from .session import MISSING_ROLE, NOT_APPLICABLE, STATE_KEY
 
 PROPERTY = "dlcheck"
@@ -226,10 +226,10 @@ def judged_nothing(selection: str, results: list[Result]) -> list[str]:
             if c[k]
         )
         text = f"--dlcheck={domain} judged nothing of this pipeline (0 of {c['selected']} checks judged: {counts})."
-        reasons = Counter(r.reason for r in mine if r.outcome == "not_applicable")
+        reasons = Counter(grouped_reason(r.id, r.reason) for r in mine if r.outcome == "not_applicable")
         if reasons:
             reason, n = reasons.most_common(1)[0]
-            text += f" {n} said: {reason[len(NOT_APPLICABLE) :].strip()}."
+            text += f" {n} of them not applicable: {reason[len(NOT_APPLICABLE) :].strip()}."
         needs = [HAND_OVER[domain]] if domain in HAND_OVER else []
         missing = _missing_fixtures(mine)
         if needs:
@@ -336,8 +336,8 @@ class Results:
             ("not_applicable", "n/a:      "),
             ("skipped", "not run:  "),
         ):
-            grouped = Counter(
-                r.reason
+            grouped = Counter(  # the same reason, whichever check gave it, is one line
+                grouped_reason(r.id, r.reason)
                 for r in results
                 if r.outcome == outcome
                 and r.domain not in folded

@@ -210,3 +210,18 @@ def test_a_fixture_raising_while_a_check_runs_is_an_error_too(project):
     counts = run.result.parseoutcomes()
     assert counts.get("errors", counts.get("error")) == 1 and "failed" not in counts, run.text
     assert run.text.count("checkpoint shards missing") == 1, run.text
+
+
+def test_a_reason_that_names_its_check_is_grouped_with_the_same_reason_of_other_checks(project):
+    project.conftest(TOKENS)
+    run = project.run("--dlcheck=diffusion")
+    text = summary(run)
+    # before: seven lines "not applicable: DF1 concerns diffusion training, …", "…: DF2 concerns …", each (1 check)
+    lines = [line for line in text.splitlines() if line.startswith("n/a:") and "concerns diffusion training" in line]
+    assert lines == [
+        "n/a:       not applicable: concerns diffusion training, and no diffusion role is given (dlcheck_pipeline, "
+        "dlcheck_noise_scheduler, dlcheck_vae, dlcheck_training_inputs, … or a diffusers dlcheck_model) (7 checks)"
+    ], text
+    # and a diffusion selection on an LLM pipeline judged nothing: a usage error naming what diffusion needs
+    assert run.result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--dlcheck=diffusion judged nothing of this pipeline" in text and "dlcheck_training_inputs" in text
