@@ -194,10 +194,21 @@ def _missing_fixtures(results: list[Result]) -> list[str]:
     out: list[str] = []
     for r in results:
         m = re.match(rf"{re.escape(MISSING_ROLE)}\s*define fixture (.*?) in conftest\.py", r.reason)
-        for wanted in re.split(r";\s*", m.group(1)) if m else []:
+        for wanted in _top_level_parts(m.group(1)) if m else []:
             if wanted and wanted not in out:
                 out.append(wanted)
     return out
+
+
+def _top_level_parts(text: str) -> list[str]:
+    """``text`` split at the "; " outside parentheses ("a (PPO; or b); c" is "a (PPO; or b)" and "c")."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if ch == ";" and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return [*parts, text[start:].strip()]
 
 
 def judged_nothing(selection: str, results: list[Result]) -> list[str]:
