@@ -250,3 +250,61 @@ def test_an_adapter_loaded_into_the_trained_model_resumes_exactly(project):
     project.conftest(LORA_LOOP.format(how=how))
     run = project.run("--dlcheck=C1")
     run.assert_outcome("C1", "passed")
+
+
+COUNTED_MODULE = """
+    import pytest, torch, tiny_lightning as tl
+
+    class Counted(tl.Classifier):
+        \"\"\"A warmup computed from the module's own count of batches seen (``saved``: kept in the checkpoint
+        through on_save_checkpoint / on_load_checkpoint).\"\"\"
+
+        def __init__(self, saved, **kw):
+            super().__init__(**kw)
+            self.saved, self.seen = saved, 0
+
+        def training_step(self, batch, batch_idx):
+            for group in self.trainer.optimizers[0].param_groups:
+                group["lr"] = 1e-2 * min(1.0, (self.seen + 1) / 3)
+            self.seen += 1
+            return super().training_step(batch, batch_idx)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+        def on_save_checkpoint(self, checkpoint):
+            if self.saved:
+                checkpoint["seen"] = self.seen
+
+        def on_load_checkpoint(self, checkpoint):
+            if self.saved:
+                self.seen = checkpoint["seen"]
+
+    @pytest.fixture(scope="session")
+    def dlcheck_lightning_module():
+        torch.manual_seed(0)
+        return Counted({saved})
+
+    @pytest.fixture(scope="session")
+    def dlcheck_datamodule():
+        return tl.Blobs()
+"""
+
+
+def test_a_lightning_warmup_restarted_from_the_modules_own_counter_fails_c1(project, tmp_path):
+    project.conftest(COUNTED_MODULE.format(saved=False))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "failed")
+    c1 = _c1(out)
+    text = " ".join(c1["evidence"])
+    assert "at step 3 learning rate 0.00333333 resumed vs 0.01 uninterrupted" in text, text
+    assert "run a second time the same way, equals the first bitwise" in text, text
+    assert "step or epoch counter" in c1["cause"], c1["cause"]
+    assert "not reproducible" not in run.text
+
+
+def test_a_lightning_counter_kept_in_the_checkpoint_resumes_exactly(project):
+    project.conftest(COUNTED_MODULE.format(saved=True))
+    run = project.run("--dlcheck=C1")
+    run.assert_outcome("C1", "passed")
