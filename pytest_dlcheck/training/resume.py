@@ -138,6 +138,27 @@ def _some(keys: list[str], n: int = 3) -> str:
     return shown + (f", … ({len(keys)} in all)" if len(keys) > n else "")
 
 
+def _load_report(module: Any, state_dict: Any, result: Any) -> str | None:
+    """One line of what a ``load_state_dict`` left missing or unexpected, or None when it loaded every key."""
+    missing = list(getattr(result, "missing_keys", []) or [])
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    if missing:  # a tied tensor (lm_head.weight = embed_tokens.weight) is loaded through its twin
+        own = module.state_dict(keep_vars=True)
+        loaded = {_storage(own[k]) for k in state_dict if k in own and isinstance(own[k], torch.Tensor)}
+        missing = [k for k in missing if not (isinstance(own.get(k), torch.Tensor) and _storage(own[k]) in loaded)]
+    peft = any(c.__module__.startswith("peft.") for c in type(module).__mro__)
+    if peft:  # the base weights are not in an adapter checkpoint, by design
+        missing = [k for k in missing if _adapter_key(k)]
+    if not missing and not unexpected:
+        return None
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} of the model's {'adapter ' if peft else ''}keys missing ({_some(missing)})")
+    if unexpected:
+        parts.append(f"{len(unexpected)} unexpected keys in what was loaded ({_some(unexpected)})")
+    return f"{type(module).__name__}.load_state_dict(strict=False): " + "; ".join(parts)
+
+
 @contextlib.contextmanager
 def load_reports() -> Iterator[list[str]]:
     """While active, every ``Module.load_state_dict`` that leaves keys missing or unexpected (a strict=False
@@ -148,24 +169,12 @@ def load_reports() -> Iterator[list[str]]:
 
     def load_state_dict(self: Any, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
         result = real(self, state_dict, *args, **kwargs)
-        missing = list(getattr(result, "missing_keys", []) or [])
-        unexpected = list(getattr(result, "unexpected_keys", []) or [])
-        if missing:  # a tied tensor (lm_head.weight = embed_tokens.weight) is loaded through its twin
-            own = self.state_dict(keep_vars=True)
-            loaded = {_storage(own[k]) for k in state_dict if k in own and isinstance(own[k], torch.Tensor)}
-            missing = [k for k in missing if not (isinstance(own.get(k), torch.Tensor) and _storage(own[k]) in loaded)]
-        peft = any(c.__module__.startswith("peft.") for c in type(self).__mro__)
-        if peft:  # the base weights are not in an adapter checkpoint, by design
-            missing = [k for k in missing if _adapter_key(k)]
-        if missing or unexpected:
-            parts = []
-            if missing:
-                parts.append(
-                    f"{len(missing)} of the model's {'adapter ' if peft else ''}keys missing ({_some(missing)})"
-                )
-            if unexpected:
-                parts.append(f"{len(unexpected)} unexpected keys in what was loaded ({_some(unexpected)})")
-            found.append(f"{type(self).__name__}.load_state_dict(strict=False): " + "; ".join(parts))
+        try:
+            line = _load_report(self, state_dict, result)
+        except Exception:  # noqa: BLE001 - reading the report is ours: it never fails the user's load
+            line = None
+        if line:
+            found.append(line)
         return result
 
     torch.nn.Module.load_state_dict = load_state_dict  # type: ignore[method-assign]
