@@ -282,7 +282,9 @@ class Results:
                     setattr(res, key, info[key])
             return
         if report.failed:
-            res.pytest_outcome = "failed" if report.when == "call" else "error"
+            # a fixture that raised while the check ran is an ERROR to pytest too (plugin.pytest_report_teststatus)
+            raised = report.when != "call" or bool(info.get("raised_fixture"))
+            res.pytest_outcome = "error" if raised else "failed"
         elif res.pytest_outcome == "passed":
             res.pytest_outcome = report.outcome
         for key in ("evidence", "cause", "fix", "data", "error", "reason", "error_kind"):

@@ -197,7 +197,7 @@ def test_a_raising_role_fixture_is_one_error_naming_it(project, tmp_path):
     assert "dlcheck_collator" not in errors
 
 
-def test_a_fixture_raising_while_a_check_runs_is_an_error_too(project):
+def test_a_fixture_raising_while_a_check_runs_is_an_error_too(project, tmp_path):
     project.conftest(
         LM_COLLATOR.format(pad="tiny.PAD", eos=True)
         + """
@@ -206,10 +206,15 @@ def test_a_fixture_raising_while_a_check_runs_is_an_error_too(project):
         raise RuntimeError("checkpoint shards missing")
     """
     )
-    run = project.run("--dlcheck=L3,L15")  # the model is optional to both: resolved while they run
+    out = tmp_path / "r.json"
+    run = project.run(
+        "--dlcheck=L3,L15", f"--dlcheck-json={out}"
+    )  # the model is optional to both: resolved as they run
     counts = run.result.parseoutcomes()
     assert counts.get("errors", counts.get("error")) == 1 and "failed" not in counts, run.text
     assert run.text.count("checkpoint shards missing") == 1, run.text
+    (error,) = [r for r in json.loads(out.read_text())["results"] if r["outcome"] == "error"]
+    assert error["pytest_outcome"] == "error" and error["error_kind"] == "role", error
 
 
 def test_a_reason_that_names_its_check_is_grouped_with_the_same_reason_of_other_checks(project):
