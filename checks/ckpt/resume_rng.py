@@ -29,10 +29,10 @@ def _fix(setup: Any) -> str:
     if setup.kind == "lightning":
         return (
             "Lightning checkpoints hold no RNG state: save them in the module's on_save_checkpoint(checkpoint) "
-            "(checkpoint['rng'] = {'torch': torch.get_rng_state(), 'python': random.getstate(), 'numpy': "
-            "np.random.get_state()}) and set them back in on_load_checkpoint (torch.set_rng_state, random.setstate, "
-            "np.random.set_state); or ignore C3 (dlcheck_ignore = C3) if an exact resume of the random draws does "
-            "not matter to you"
+            "(checkpoint['rng'] = {'torch': torch.get_rng_state(), 'python': random.getstate()}, and numpy's "
+            "state as tensors if you draw from it: Lightning loads the .ckpt with weights_only) and set them back in "
+            "on_load_checkpoint (torch.set_rng_state, random.setstate); or ignore C3 (dlcheck_ignore = C3) if an "
+            "exact resume of the random draws does not matter to you"
         )
     if setup.kind == "accelerate" and setup.checkpoint_how().startswith("accelerator."):
         return "keep the RNG states that save_state writes (random_states_*.pkl) and load them with load_state"

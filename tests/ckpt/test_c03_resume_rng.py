@@ -162,3 +162,37 @@ def test_a_trainer_saving_the_model_only_loses_the_rng_too(project, tmp_path):
     c3 = _results(out)["C3"]
     assert "checkpoint-2 holds: no rng_state.pth" in " ".join(c3["evidence"]), c3
     assert "drop save_only_model=True" in c3["fix"], c3["fix"]
+
+
+RNG_SAVING_MODULE = """
+    import random
+    import pytest, torch, tiny_lightning as tl
+
+    class KeepsRng(tl.Classifier):
+        \"\"\"C3's fix for Lightning: the RNG states in the .ckpt, set back on load.\"\"\"
+
+        def on_save_checkpoint(self, checkpoint):
+            checkpoint["rng"] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+        def on_load_checkpoint(self, checkpoint):
+            torch.set_rng_state(checkpoint["rng"]["torch"])
+            random.setstate(checkpoint["rng"]["python"])
+
+    @pytest.fixture(scope="session")
+    def dlcheck_lightning_module():
+        torch.manual_seed(0)
+        return KeepsRng(dropout=0.3)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_datamodule():
+        return tl.Blobs(shuffle=True)
+"""
+
+
+def test_a_lightning_module_that_saves_its_rng_passes_c3(project, tmp_path):
+    project.conftest(RNG_SAVING_MODULE)
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "passed")
+    run.assert_outcome("C3", "passed")
+    assert "your resume restores the RNG states" in _results(out)["C3"]["evidence"][0]
