@@ -230,3 +230,13 @@ def test_a_reason_that_names_its_check_is_grouped_with_the_same_reason_of_other_
     # and a diffusion selection on an LLM pipeline judged nothing: a usage error naming what diffusion needs
     assert run.result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--dlcheck=diffusion judged nothing of this pipeline" in text and "dlcheck_training_inputs" in text
+
+
+def test_r4_is_not_applicable_to_a_preference_trainer(project):
+    """A DPO trainer has a reference model (an rl role), but no env and no running statistics: R4 is not
+    applicable to it, not a missing dlcheck_normalizer."""
+    project.conftest("        import pytest, tiny\n" + TRAINERS["dpo"])
+    run = project.run("--dlcheck=R4", "-rs")
+    run.assert_outcome("R4", "skipped")
+    assert "missing role" not in run.text, run.text
+    run.fnmatch(["*R4 not applicable: dlcheck_trainer is a DPOTrainer with no env and no SB3 algorithm*"])

@@ -8,6 +8,7 @@ from typing import Any, NoReturn
 
 from ...errors import MISSING
 from ...registry import Setting, check
+from ...roles import is_hf_trainer
 from ...session import user_call
 from . import measure as rl
 
@@ -147,7 +148,9 @@ def check_checkpoint_round_trip(dlcheck):
     Not applicable
         Pipelines with no running statistics and no replay buffer: an on-policy SB3 algorithm without
         VecNormalize, an env (or env factory) without a normalising wrapper. Their checkpoint is the
-        policy's weights alone (C1 checks a resume).
+        policy's weights alone (C1 checks a resume). A transformers/TRL trainer (DPO, KTO, GRPO, reward
+        modelling) with no env and no SB3 algorithm: it keeps no running observation statistics or replay
+        buffer.
     """
     sources = [dlcheck.role(name) for name in ("normalizer", "replay_buffer")]
     if dlcheck.has("algorithm"):
@@ -282,6 +285,12 @@ def _nothing_to_round_trip(dlcheck) -> NoReturn:
         dlcheck.skip(
             f"missing role: define fixture dlcheck_normalizer in conftest.py: dlcheck_env is a factory whose env "
             f"normalises ({built}), and R4 needs the live statistics your run updated"
+        )
+    trainer = dlcheck.role("trainer")
+    if trainer is not MISSING and is_hf_trainer(trainer):
+        dlcheck.not_applicable(
+            f"dlcheck_trainer is a {type(trainer).__name__} with no env and no SB3 algorithm: it keeps no running "
+            "observation statistics or replay buffer for a checkpoint to lose"
         )
     dlcheck.skip(
         "missing role: define fixture dlcheck_normalizer (or dlcheck_algorithm, or a normalising wrapper "
