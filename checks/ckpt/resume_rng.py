@@ -66,9 +66,11 @@ def check_resume_rng(dlcheck):
         your resume leaves the RNG states, once with the RNG states put back from the uninterrupted run at the
         save, after your own load. Everything else is the same in both, so where their losses, learning rates,
         weights (or a plain loop's EMAs) differ, only the random draws can make them differ: the resume does
-        not restore the RNG states (python, numpy, torch, CUDA). When both agree, a third resume with other RNG
-        states set after the load tells a resume that restores them (the draws then matter, and they match:
-        pass) from a run whose resumed steps draw no random numbers (not applicable).
+        not restore the RNG states (python, numpy, torch, CUDA). When both agree, what tells a resume that
+        restores them (pass) from a run whose resumed steps draw no random numbers (not applicable) is, for a
+        plain loop (dlcheck feeds the batches: only your step draws), whether the global RNGs' states move over
+        the resumed steps; for a Trainer or a Lightning fit (whose own dataloaders draw too), a third resume
+        with other RNG states set after the load.
     Why it is bad
         After such a resume, dropout masks, the shuffling drawn from the global generator and random
         augmentations differ from the uninterrupted run: the run is not the one that was saved, and a resumed
@@ -113,21 +115,32 @@ def _rng_verdict(dlcheck: Any, setup: Any) -> None:
     steps = f"steps {put.saved_at + 1}-{total}"
     differ = _versus(put, own)
     if differ is None:
-        other = run_or_skip(dlcheck, lambda: resume_run(setup, total, frozenset({OTHER_RNG}), baseline))
-        moved = _versus(put, other)
+        drawn = put.resumed.notes.get("rng_drawn")
+        if drawn is None:  # a Trainer's, a Lightning fit's own dataloaders draw too: a third resume tells
+            other = run_or_skip(dlcheck, lambda: resume_run(setup, total, frozenset({OTHER_RNG}), baseline))
+            moved = _versus(put, other)
+            shown = (
+                f"with other RNG states set after the load they differ at step {moved[0]} ({_words(moved[1], 'set to others')})"
+                if moved
+                else ""
+            )
+        else:  # a plain loop: dlcheck feeds the batches, only the user's step draws
+            moved = drawn or None
+            shown = f"the resumed steps draw from the global RNGs: their states advance over {steps}"
         if moved is None:
             dlcheck.not_applicable(
                 f"the resumed steps draw no random numbers that change them: resumed with the RNG states put back "
                 f"from the uninterrupted run, or set to others after the load, the {', '.join(compared(put, put.resumed)) or 'steps'} "
                 f"of {steps} are the same bitwise"
+                if drawn is None
+                else f"the resumed steps draw no random numbers: the global RNGs' states do not move over {steps}"
             )
         what = ", ".join(compared(own, put.resumed)) or "steps"
         dlcheck.measured(
             f"{head} (the global RNGs elsewhere first, as in a new process): your resume restores the RNG states: "
             f"the {what} of {steps} equal those of the resume with the uninterrupted run's RNG states put back, "
             "bitwise",
-            f"the resumed steps draw random numbers: with other RNG states set after the load they differ at step "
-            f"{moved[0]} ({_words(moved[1], 'set to others')})",
+            shown,
             steps=total,
             saved_at=put.saved_at,
         )

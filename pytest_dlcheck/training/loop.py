@@ -24,6 +24,7 @@ from .resume import (
     load_reports,
     put_back_rng,
     read_saved,
+    same_rng,
 )
 from .runs import (
     SEED,
@@ -352,7 +353,11 @@ class LoopSetup:
                     ) from None
                 raise
             _loop_restore(state, base.truth, restore)
+            before = rng_state()
             self.run(state, batches[saved_at:], saved_at, traj, digests=True)
+            # whether the resumed steps draw from the global RNGs (dlcheck feeds the batches: only the user's
+            # step can draw): C3 then needs no third resume to tell a run that draws none
+            traj.notes["rng_drawn"] = not same_rng(before, rng_state())
         traj.notes["ema"] = _ema_end(state)
         return ResumeRun(base.trajectory, traj, saved_at, base.checkpoint, base.pieces, loads)
 

@@ -21,6 +21,17 @@ from .runs import SEED, Trajectory, ema_difference, seed_all, set_rng_state
 OTHER_RNG = "rng elsewhere"
 
 
+def same_rng(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two :func:`~.runs.rng_state` snapshots are the same states."""
+    if a.keys() != b.keys() or a["python"] != b["python"] or not torch.equal(a["torch"], b["torch"]):
+        return False
+    if "numpy" in a:
+        (kind_a, keys_a, *rest_a), (kind_b, keys_b, *rest_b) = a["numpy"], b["numpy"]
+        if kind_a != kind_b or rest_a != rest_b or not (keys_a == keys_b).all():
+            return False
+    return all(torch.equal(x, y) for x, y in zip(a.get("cuda", []), b.get("cuda", [])))
+
+
 def put_back_rng(truth: dict[str, Any], restore: frozenset[str]) -> None:
     """Where a resume's RNG states are put back (after the user's or the framework's own load): the
     uninterrupted run's states at the save ("rng"), or others (:data:`OTHER_RNG`)."""

@@ -90,7 +90,20 @@ def test_a_plain_loop_that_saves_the_rng_passes_both(project, tmp_path):
     run.assert_outcome("C3", "passed")
     c3 = _results(out)["C3"]["evidence"]
     assert "your resume restores the RNG states" in c3[0], c3
-    assert "with other RNG states set after the load they differ at step 3" in c3[1], c3
+    assert "the resumed steps draw from the global RNGs: their states advance over steps 3-4" in c3[1], c3
+    # a plain loop: dlcheck feeds the batches, so the RNGs' states moving over the resumed steps say that the
+    # step draws; no third resume is made (C1's 4 + 2 steps, C3's own resume 2)
+    assert _results(out)["C3"]["cost"]["optimizer_steps"] == 2, _results(out)["C3"]["cost"]
+
+
+def test_a_plain_loop_that_draws_nothing_is_not_applicable(project, tmp_path):
+    project.conftest(tt.loop_project(extra=DROPOUT_LOOP.format(rng=False, optimizer=', "optimizer"')))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "passed")
+    c3 = _results(out)["C3"]
+    assert c3["outcome"] == "not_applicable", c3
+    assert "the global RNGs' states do not move over steps 3-4" in c3["reason"], c3
 
 
 def test_a_plain_loop_that_loses_the_optimizer_fails_c1_and_not_c3(project, tmp_path):
