@@ -77,6 +77,14 @@ def check_none_in_data(dlcheck):
     collator, dataset = dlcheck.require("collator", "dataset")
     batch = dlcheck.call("collator", lambda: collator([dataset[0], dataset[1]]))
     return batch["weights"] + 1  # the check's own code, not ready for a None
+
+
+@check("L96", domain="llm", title="a check's own code on a batch holding a NaN", roles=("collator", "dataset"))
+def check_nan_in_data(dlcheck):
+    {DOC}
+    collator, dataset = dlcheck.require("collator", "dataset")
+    batch = dlcheck.call("collator", lambda: collator([dataset[0], dataset[1]]))
+    return int(batch["scores"].sum())  # the check's own code, not ready for a NaN
 """
 
 CONFTEST = """
@@ -115,7 +123,8 @@ def dlcheck_dataset():
 @pytest.fixture(scope="session")
 def dlcheck_collator():
     def collate(rows):
-        return {{"x": torch.tensor([r["x"] for r in rows]), "weights": rows[0]["weights"]}}
+        return {{"x": torch.tensor([r["x"] for r in rows]), "weights": rows[0]["weights"],
+                 "scores": torch.tensor([1.0, float("nan")])}}
     return collate
 """
 
@@ -187,3 +196,14 @@ def test_a_none_in_the_users_data_does_not_blame_the_role(pack):
     text = _one_line(run.text)
     assert INTERNAL + "TypeError: unsupported operand type(s) for +: 'NoneType' and 'int' at check_none_in_data" in text
     assert "is None" not in text and "returned a value whose" not in text, run.text
+
+
+def test_a_nan_in_the_users_data_does_not_blame_the_role(pack):
+    """A NaN score (a legitimate value for the pipeline) that the check's own int() cannot take: the check's
+    bug, not "dlcheck_collator returned a value whose field 'scores' has 1 NaN/Inf values"."""
+    pack.conftest(CONFTEST.format(limit=10))
+    run = pack.run("--dlcheck=L96")
+    run.assert_outcome("L96", "failed")
+    text = _one_line(run.text)
+    assert INTERNAL + "ValueError: cannot convert float NaN to integer at check_nan_in_data" in text, run.text
+    assert "NaN/Inf values" not in text and "returned a value whose" not in text, run.text
