@@ -7,6 +7,7 @@ at most as many batches as needed to cover ``samples`` examples."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,8 +23,8 @@ from .session import user_call
 class Sample:
     #: the examples as the collator takes them; None when only a dataloader was given
     rows: list[Any] | None
-    #: collated batches, as dicts of the collator's outputs
-    batches: list[dict[str, Any]]
+    #: collated batches: mappings of the collator's outputs, of the type it returns (a dict, a BatchEncoding)
+    batches: list[Mapping[str, Any]]
     #: for each batch, the indices into ``rows`` it was collated from (None for dataloader batches)
     batch_rows: list[list[int]] | None
     #: where it came from, for evidence lines
@@ -63,9 +64,12 @@ def sample_rows(dataset: Any, n: int, role: str = "dataset") -> tuple[list[Any],
     return [user_call(role, lambda p=p: getitem(p)) for p in positions], positions
 
 
-def as_batch_dict(batch: Any, role: str) -> dict[str, Any]:
+def as_batch_dict(batch: Any, role: str) -> Mapping[str, Any]:
+    """The batch as the checks read it: a mapping of fields, of its own type (a ``BatchEncoding`` stays one, so
+    that the user's code handed a sampled batch gets what the pipeline gives it), a shallow copy (a check
+    that sets a field leaves the user's object as it was)."""
     if isinstance(batch, Mapping):
-        return dict(batch.items())
+        return _own_copy(batch)
     if isinstance(batch, (list, tuple)) and batch and all(isinstance(b, Mapping) for b in batch):
         raise SampleError(
             f"dlcheck_{role} returns the examples uncollated (a list of dicts, as TRL's GRPOTrainer, which "
@@ -85,6 +89,16 @@ def as_batch_dict(batch: Any, role: str) -> dict[str, Any]:
     raise RoleError(
         role, f"returned a {type(batch).__name__}, expected a mapping of batch fields (input_ids, labels, …)"
     )
+
+
+def _own_copy(batch: Mapping) -> Mapping[str, Any]:
+    if type(batch) is dict:
+        return dict(batch)
+    try:
+        again = copy.copy(batch)
+    except (TypeError, copy.Error):  # a mapping that cannot be copied: its fields in a plain dict
+        return dict(batch.items())
+    return again if isinstance(again, Mapping) and again is not batch else dict(batch.items())
 
 
 def collate_rows(collator: Any, rows: list[Any], batch_size: int) -> tuple[list[dict[str, Any]], list[list[int]]]:

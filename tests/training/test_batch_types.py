@@ -120,3 +120,18 @@ def test_a_moved_batch_keeps_its_type_and_the_shared_one_stays_put():
 
     nested = to_device({"enc": enc, "extra": [torch.ones(1)]}, "meta")
     assert type(nested["enc"]) is BatchEncoding and nested["enc"]["input_ids"].is_meta and nested["extra"][0].is_meta
+
+
+def test_a_sampled_batch_keeps_its_type_and_is_the_checks_own_copy():
+    """The shared sample keeps the collator's batch type (the diffusion domain hands sampled batches to the
+    user's dlcheck_training_inputs); a field a check sets does not reach the user's object."""
+    from pytest_dlcheck.sampling import as_batch_dict
+
+    enc = BatchEncoding({"input_ids": torch.ones(2, 3, dtype=torch.long)})
+    got = as_batch_dict(enc, "collator")
+    assert type(got) is BatchEncoding and got is not enc
+    got["labels"] = torch.zeros(2, 3)
+    assert "labels" not in enc
+    plain = {"input_ids": torch.ones(1)}
+    again = as_batch_dict(plain, "dataloader")
+    assert type(again) is dict and again is not plain
