@@ -1,6 +1,8 @@
 """R1: a reward jump together with a KL spike or a length collapse in the log of a short run; R5, R6
 information items."""
 
+import re
+
 import tiny_rl  # noqa: F401  (gymnasium, SB3 imported once, before the in-process runs)
 from rl_project import run_configs
 
@@ -121,46 +123,54 @@ SB3_RUN = """
     def dlcheck_algorithm(tmp_path_factory):
         torch.set_num_threads(1)
         model = PPO(
-            "MlpPolicy", "CartPole-v1", learning_rate={schedule}, n_steps=128, batch_size=64, n_epochs=4,
-            stats_window_size=10, seed=0, device="cpu", verbose={verbose},
+            "MlpPolicy", "CartPole-v1", learning_rate={schedule}, n_steps=512, batch_size=64, n_epochs=4,
+            stats_window_size=50, seed={seed}, device="cpu", verbose={verbose},
         )
         if {csv}:
             model.set_logger(configure(str(tmp_path_factory.mktemp("ppo_log")), ["csv"]))
-        model.learn(128 * 12)
+        model.learn(512 * 12)
         return model
 """
 
-#: a step decay for the last quarter of the run (SB3 calls the schedule with the progress remaining, 1 -> 0)
-#: written with * where / was meant: the rate jumps from 3e-4 to 0.3 and PPO's policy collapses
-STEP_UP = "lambda p: 3e-4 if p > 0.25 else 3e-4 * 1000"
-STEP_DOWN = "lambda p: 3e-4 if p > 0.25 else 3e-4 / 1000"
+#: a decay for the last quarter of the run (SB3 calls the schedule with the progress remaining, 1 -> 0) written
+#: with - where * was meant: the rate turns negative, -0.03, so PPO climbs its own loss at 1000x its step and
+#: drives the policy to its worst actions: CartPole's episodes fall to their ~9-step minimum within one rollout,
+#: whatever the seed. Before it the slow rate keeps the episode statistics flat (a mean over 50 episodes), so the
+#: drop is 10-12 spreads on every seed tried (a step up to 0.3, by contrast, collapses one seed's run and not
+#: another's, and a run still learning before the step has a spread too wide to call any move a jump)
+STEP_NEGATIVE = "lambda p: 3e-5 if p > 0.25 else 3e-5 - 0.03"
+STEP_DOWN = "lambda p: 3e-5 if p > 0.25 else 3e-5 * 0.03"
+SEEDS = (0, 1)
 
 
 def test_an_sb3_run_is_read_from_its_logger(project):
     """A Stable-Baselines3 user gives only dlcheck_algorithm: R1 reads its csv logger's progress.csv after
-    model.learn(); the collapse after the schedule's step up fails, the step down passes, and a logger that
-    keeps no history (stdout) skips naming the csv output."""
-    run = run_configs(
-        project,
-        {
-            "collapse": SB3_RUN.format(schedule=STEP_UP, verbose=0, csv=True),
-            "decay": SB3_RUN.format(schedule=STEP_DOWN, verbose=0, csv=True),
-            "stdout": SB3_RUN.format(schedule=STEP_DOWN, verbose=1, csv=False),
-        },
-        "--dlcheck=R1,R5",
-        "-rA",
-    )
-    run.assert_outcome("collapse", "R1", "failed")
-    text = run.flat("collapse", "R1")
-    assert "PPO's logger (progress.csv in " in text
-    assert "step 1536: rollout/ep_rew_mean drops to 8.9 from a median 24.9 (-5.52 spreads) while " in text, text
-    assert "train/approx_kl 113 vs median 0.001 before" in text and "rollout/ep_len_mean 8.9 vs median 24.9" in text
-    assert "step 1408: rollout/ep_rew_mean 13, train/approx_kl 61.2, rollout/ep_len_mean 13" in text
-    assert "train/learning_rate: 0.0003 at step 256 -> 0.3 at step 1536" in text
-    assert "the reward collapsed together with the outputs" in text
-    assert "lower learning_rate or fix its schedule" in text and "GRPOConfig" not in text
+    model.learn(); the collapse after the schedule's step fails, the step down passes (each run under two
+    seeds: the verdict, not one trajectory), and a logger that keeps no history (stdout) skips naming the csv
+    output."""
+    configs = {}
+    for seed in SEEDS:
+        configs[f"collapse{seed}"] = SB3_RUN.format(schedule=STEP_NEGATIVE, seed=seed, verbose=0, csv=True)
+        configs[f"decay{seed}"] = SB3_RUN.format(schedule=STEP_DOWN, seed=seed, verbose=0, csv=True)
+    configs["stdout"] = SB3_RUN.format(schedule=STEP_DOWN, seed=0, verbose=1, csv=False)
+    run = run_configs(project, configs, "--dlcheck=R1,R5", "-rA")
+    for seed in SEEDS:
+        run.assert_outcome(f"collapse{seed}", "R1", "failed")
+        text = run.flat(f"collapse{seed}", "R1")
+        assert "PPO's logger (progress.csv in " in text
+        drop = re.search(
+            r"step (\d+): rollout/ep_rew_mean drops to ([\d.]+) from a median ([\d.]+) \(-([\d.]+) spreads\) while ",
+            text,
+        )
+        assert drop, text
+        step, low, median, spreads = int(drop[1]), float(drop[2]), float(drop[3]), float(drop[4])
+        assert step > 512 * 9 and low < 0.5 * median and spreads >= 5, text  # after the step; a jump is ±5
+        assert re.search(rf"rollout/ep_len_mean {low:g} vs median {median:g}", text), text  # the length collapsed
+        assert re.search(r"train/learning_rate: 3e-05 at step \d+ -> -0\.03 at step 6144", text), text
+        assert "the reward collapsed together with the outputs" in text
+        assert "lower learning_rate or fix its schedule" in text and "GRPOConfig" not in text
 
-    assert run.passed("decay", "R1").startswith("12 logged steps of PPO's logger (progress.csv in ")
+        assert run.passed(f"decay{seed}", "R1").startswith("12 logged steps of PPO's logger")
     assert "none together with a KL spike or a length collapse" in run.text
     # the same log gives R5 the critic's loss
     assert "train/value_loss went from " in run.text
