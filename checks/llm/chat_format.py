@@ -6,7 +6,7 @@ from typing import Any
 
 from ...registry import Setting, check
 from ..shared import lm
-from .common import locate, packed_examples, raw_view, token_sample, unmatched
+from .common import locate, packed_examples, pipeline_kind, raw_view, token_sample, unmatched
 
 #: batch keys that carry images: token ids beside them, without labels, are captions conditioning an image model
 IMAGE_KEYS = ("pixel_values", "images", "image")
@@ -217,6 +217,9 @@ def check_chat_format(dlcheck):
             f"the batches of {sample.source} pair token ids with {image!r} and carry no labels: the ids are captions "
             "conditioning an image model (text-to-image, CLIP), not a language model's training text"
         )
+    kind = pipeline_kind(dlcheck)
+    if not kind.generates:  # an encoder's [CLS] is no BOS, and it reads no chat template
+        kind.not_for(dlcheck, "the BOS and chat template of models that generate (causal and seq2seq LMs)")
     bos = lm.special_id(tok, "bos")
     pad = lm.special_id(tok, "pad")
     eos = lm.special_id(tok, "eos")

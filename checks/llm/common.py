@@ -71,6 +71,104 @@ def locate(sample: Sample, rows: list[lm.Row]) -> dict[int, tuple[lm.Row, int, i
     return out
 
 
+@dataclass(frozen=True)
+class PipelineKind:
+    """What the pipeline trains, decided once per session from its objects (:func:`pipeline_kind`): which llm
+    checks concern it and how its labels line up with its tokens."""
+
+    #: one of lm.CAUSAL, lm.MASKED, lm.SEQ2SEQ, lm.SEQUENCE_CLASSIFIER, lm.TOKEN_CLASSIFIER
+    name: str
+    #: what decided it, for the reasons a check gives ("BertForSequenceClassification is a sequence classifier")
+    why: str
+
+    @property
+    def generates(self) -> bool:
+        """The model generates text (stops on EOS, reads chat templates, has prompts and completions)."""
+        return self.name in (lm.CAUSAL, lm.SEQ2SEQ)
+
+    @property
+    def causal(self) -> bool:
+        """labels[t] is predicted at position t - 1 (the model shifts the labels inside its loss)."""
+        return self.name == lm.CAUSAL
+
+    @property
+    def token_labels(self) -> bool:
+        """The labels are one per token (-100 where not supervised), not one per sequence."""
+        return self.name != lm.SEQUENCE_CLASSIFIER
+
+    @property
+    def vocabulary_logits(self) -> bool:
+        """The model's logits range over the token vocabulary (a language model), not over classes."""
+        return self.name in (lm.CAUSAL, lm.MASKED, lm.SEQ2SEQ)
+
+    def require(self, ctx: Any, *kinds: str, concerns: str) -> None:
+        """Not applicable unless the pipeline is one of ``kinds``."""
+        if self.name not in kinds:
+            self.not_for(ctx, concerns)
+
+    def not_for(self, ctx: Any, concerns: str) -> None:
+        """Not applicable: ``concerns`` says what the check is about ("causal LMs that generate")."""
+        ctx.not_applicable(f"{self.why}; this check concerns {concerns}")
+
+
+def pipeline_kind(ctx: Any) -> PipelineKind:
+    """What the pipeline trains, from its objects, once per session: the model's head class in transformers'
+    task mappings; without a model the collator transformers gives for the task (masked-LM, token-classification,
+    seq2seq); else the sampled labels, one per sequence (a classifier) or one per token. A pipeline none of them
+    marks otherwise is a causal LM, what the llm checks were written for."""
+    model, collator = ctx.role("model"), ctx.role("collator")
+
+    def make() -> PipelineKind:
+        if model is not MISSING:
+            task = lm.model_task(model)
+            if task is not None:
+                return PipelineKind(task[0], f"the model ({task[1]}) is a {task[0]}")
+        kind = _collator_kind(collator)
+        if kind is not None:
+            name = type(getattr(collator, "data_collator", None) or collator).__name__
+            return PipelineKind(kind, f"the collator ({name}) prepares batches for a {kind}")
+        if ctx.role("dataloader") is not MISSING or collator is not MISSING:
+            batches = get_sample(ctx).batches
+            seq = [b for b in batches if "input_ids" in b and lm.sequence_labels(b)]
+            if seq and len(seq) == len(batches):
+                shape = torch_shape(seq[0]["labels"])
+                return PipelineKind(
+                    lm.SEQUENCE_CLASSIFIER,
+                    f"the batches' labels are one per sequence (shape {shape} beside input_ids "
+                    f"{tuple(torch_shape(seq[0]['input_ids']))}): a sequence classifier",
+                )
+        return PipelineKind(lm.CAUSAL, "a causal LM (no model head, collator or labels say otherwise)")
+
+    return ctx.memo((model, collator, ctx.role("dataloader")), "llm:pipeline_kind", make)
+
+
+def torch_shape(value: Any) -> tuple[int, ...]:
+    import torch
+
+    return tuple(torch.as_tensor(value).shape)
+
+
+def _collator_kind(collator: Any) -> str | None:
+    """The kind a transformers collator is made for (DataCollatorForLanguageModeling with mlm=True: masked LM;
+    DataCollatorForTokenClassification; DataCollatorForSeq2Seq), else None."""
+    if collator is MISSING or collator is None:
+        return None
+    inner = getattr(collator, "data_collator", None)  # the Trainer's RemoveColumnsCollator wraps the user's
+    if inner is not None and callable(inner):
+        collator = inner
+    try:
+        import transformers
+    except ImportError:
+        return None
+    if isinstance(collator, transformers.DataCollatorForLanguageModeling):
+        return lm.MASKED if getattr(collator, "mlm", False) else None
+    if isinstance(collator, transformers.DataCollatorForTokenClassification):
+        return lm.TOKEN_CLASSIFIER
+    if isinstance(collator, transformers.DataCollatorForSeq2Seq):
+        return lm.SEQ2SEQ
+    return None
+
+
 #: TRL trainers that generate from batches of prompts during training (they left-pad the prompts themselves)
 ONLINE_TRAINERS = ("GRPOTrainer", "RLOOTrainer")
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 from ...errors import MISSING
 from ...registry import Setting, check
 from ..shared import lm
-from .common import labelled_rows, token_sample
+from .common import labelled_rows, pipeline_kind, token_sample
 
 
 def _raw_texts(dlcheck) -> list[str]:
@@ -151,11 +151,14 @@ def check_eos_supervised(dlcheck):
         Batches that are not token batches (images, (inputs, targets) tuples).
     """
     tok = dlcheck.role("tokenizer")
+    sample = token_sample(dlcheck)
+    kind = pipeline_kind(dlcheck)
+    if not kind.generates:  # an encoder that never generates has no EOS to learn (BERT has none by design)
+        kind.not_for(dlcheck, "models that generate and must learn where to stop (causal and seq2seq LMs)")
     eos = lm.special_id(tok, "eos")
     if eos is None:
         dlcheck.skip("the tokenizer has no eos_token_id; L3 owns a missing special token")
     stops = {eos} | lm.generation_stop_ids(dlcheck.role("model"))
-    sample = token_sample(dlcheck)
     rows = labelled_rows(dlcheck, sample)
     pad = lm.special_id(tok, "pad")
 

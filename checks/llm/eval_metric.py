@@ -16,7 +16,7 @@ from ...roles import is_hf_trainer
 from ...session import user_call
 from ...training import run_or_skip
 from ..shared import lm
-from .common import token_sample
+from .common import pipeline_kind, token_sample
 
 #: the probability the contrast probe gives every supervised target (its NLL is -ln 0.99 = 0.01005)
 CONTRAST_P = 0.99
@@ -43,13 +43,17 @@ class Probe:
     per_batch: list[float] = field(default_factory=list)
     results: dict[str, float] = field(default_factory=dict)  # metric key -> user's NLL-equivalent
     raw: dict[str, float] = field(default_factory=dict)  # metric key -> value as reported
+    #: 1: labels[t] is predicted at t - 1 (a causal LM); 0: at t itself (a masked LM, a seq2seq decoder)
+    shift: int = 1
 
 
-def supervised_nll(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(nll, mask), both (B, T-1): the causal-LM next-token NLL at every position and where label != -100."""
-    target = labels[:, 1:]
+def supervised_nll(logits: torch.Tensor, labels: torch.Tensor, shift: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(nll, mask), both (B, T-shift): the NLL of each label at every position and where label != -100; with
+    ``shift`` 1 the causal-LM next-token NLL (logits[t] against labels[t+1]), with 0 the masked-LM / seq2seq
+    one (logits[t] against labels[t])."""
+    target = labels[:, shift:]
     mask = target != lm.IGNORE
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    logp = torch.log_softmax(logits[:, : logits.shape[1] - shift].float(), dim=-1)
     nll = -logp.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     return nll.double() * mask, mask
 
@@ -60,7 +64,7 @@ def reference(probe: Probe) -> None:
     per-example perplexities."""
     sums, counts, batch_means = [], [], []
     for logits, labels in zip(probe.logits, probe.labels):
-        nll, mask = supervised_nll(logits, labels)
+        nll, mask = supervised_nll(logits, labels, probe.shift)
         s, c = nll.sum(1).cpu(), mask.sum(1).cpu()
         sums.append(s)
         counts.append(c)
@@ -81,12 +85,12 @@ def reference(probe: Probe) -> None:
     }
 
 
-def contrast(logits: torch.Tensor, labels: torch.Tensor, p: float = CONTRAST_P) -> torch.Tensor:
-    """The model's logits with every supervised next-token target raised to probability ``p`` exactly; the
-    masked positions keep the model's own logits. Any metric that reads a masked position then moves far
-    from -ln p, whatever the model's training state."""
+def contrast(logits: torch.Tensor, labels: torch.Tensor, p: float = CONTRAST_P, shift: int = 1) -> torch.Tensor:
+    """The model's logits with every supervised target (the next token's label with ``shift`` 1, the position's
+    own with 0) raised to probability ``p`` exactly; the masked positions keep the model's own logits. Any
+    metric that reads a masked position then moves far from -ln p, whatever the model's training state."""
     out = logits.clone()
-    target = labels[:, 1:]
+    target = labels[:, shift:]
     b, t = (target != lm.IGNORE).nonzero(as_tuple=True)
     if len(b) == 0:
         return out
@@ -177,8 +181,11 @@ def within_budget(batches: list[dict], vocab: int, max_mb: float) -> list[dict]:
     return kept
 
 
-def candidates(logits_np: Any, labels_np: Any, fill_ids: dict[str, int]) -> dict[str, tuple[float, int]]:
-    """What common wrong metrics give on the same arrays: (NLL, positions averaged over)."""
+def candidates(
+    logits_np: Any, labels_np: Any, fill_ids: dict[str, int], shift: int = 1
+) -> dict[str, tuple[float, int]]:
+    """What common wrong metrics give on the same arrays: (NLL, positions averaged over); ``shift`` 0 for a model
+    whose logits[t] score labels[t] (a masked LM), where shifting is the slip."""
     logits = torch.as_tensor(logits_np).float()
     labels = torch.as_tensor(labels_np).long()
     vocab = logits.shape[-1]
@@ -191,6 +198,14 @@ def candidates(logits_np: Any, labels_np: Any, fill_ids: dict[str, int]) -> dict
         return (float((nll * mask).sum() / n) if n else float("nan")), n
 
     shifted, target = logits[:, :-1], labels[:, 1:]
+    if shift == 0:
+        out["supervised positions, labels shifted (logits[t] scored against labels[t+1])"] = mean_nll(
+            shifted, target, target != lm.IGNORE
+        )
+        for what, token in fill_ids.items():
+            filled = torch.where(labels == lm.IGNORE, torch.full_like(labels, token), labels)
+            out[f"every position, label -100 read as {what}"] = mean_nll(logits, filled, torch.ones_like(labels))
+        return out
     out["supervised positions, labels not shifted (logits[t] scored against labels[t])"] = mean_nll(
         logits, labels, labels != lm.IGNORE
     )
@@ -361,6 +376,10 @@ def check_eval_metric(dlcheck):
             f"{other} evaluates its own objective (a preference or policy loss), not a next-token NLL: its eval "
             "loss and metrics are no perplexity over supervised tokens"
         )
+    pipeline = pipeline_kind(dlcheck)
+    if not pipeline.vocabulary_logits:
+        pipeline.not_for(dlcheck, "a language model's eval perplexity / loss over supervised tokens")
+    shift = 1 if pipeline.causal else 0  # a masked LM (and a seq2seq decoder) scores logits[t] against labels[t]
     args = dlcheck.optional("training_args")
     loss_fn = getattr(trainer, "compute_loss_func", None) if trainer is not None else None
     # a Trainer reports eval_loss, the model's own loss, beside (or without) compute_metrics
@@ -412,11 +431,12 @@ def check_eval_metric(dlcheck):
     labels = [torch.as_tensor(b["labels"]).long().to(device) for b in batches]
     labels = [y.unsqueeze(0) if y.dim() == 1 else y for y in labels]
     probes = [
-        Probe("the model's logits", logits, labels),
+        Probe("the model's logits", logits, labels, shift=shift),
         Probe(
             "contrast probe (each supervised target at probability 0.99)",
-            [contrast(lg, y) for lg, y in zip(logits, labels)],
+            [contrast(lg, y, shift=shift) for lg, y in zip(logits, labels)],
             labels,
+            shift=shift,
         ),
     ]
     for probe in probes:
@@ -526,8 +546,8 @@ def check_eval_metric(dlcheck):
                 else:
                     masked_pad += 1
     evidence = [
-        f"on {len(rows)} sampled examples from {source}: {probes[0].supervised} supervised next-token "
-        f"positions; label -100 at {masked_pad} padding and {masked_real} real-token (prompt) positions"
+        f"on {len(rows)} sampled examples from {source}: {probes[0].supervised} supervised "
+        f"{'next-token ' if shift else ''}positions ({pipeline.why}); label -100 at {masked_pad} padding and {masked_real} real-token (prompt) positions"
     ]
     for lines in findings:
         evidence += lines
@@ -543,7 +563,12 @@ def check_eval_metric(dlcheck):
         if uses_model
         else "the Trainer's compute_loss_func"
     )
-    if "not shifted" in culprit and "every position" not in culprit:
+    if "labels shifted" in culprit:
+        cause = (
+            f"{where} scores logits[t] against labels[t+1] as for a causal LM; {pipeline.why}, whose logits at t "
+            "predict the label at t itself, so each prediction is scored against its neighbour's label"
+        )
+    elif "not shifted" in culprit and "every position" not in culprit:
         cause = (
             f"{where} scores logits[t] against labels[t]; a causal LM's logits at t predict token t+1 "
             "(the model shifts labels by one inside its own loss), so each prediction is scored against "
@@ -567,7 +592,13 @@ def check_eval_metric(dlcheck):
         "(F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)); perplexity = exp(that mean)"
         ", or report exp(eval_loss)"
     )
-    if uses_model:
+    if shift == 0:
+        fix = (
+            "score each position against its own label, as the model's loss does: logits[t] against labels[t] (no "
+            "shift for a masked LM), labels != -100 only (F.cross_entropy(logits.flatten(0, 1), labels.flatten(), "
+            "ignore_index=-100)); perplexity = exp(that mean), or report exp(eval_loss)"
+        )
+    elif uses_model:
         fix = (
             "compute the model's loss like transformers' ForCausalLMLoss: logits[:, :-1] against labels[:, 1:] with "
             "ignore_index=-100 (do not override model.loss_function), or report a compute_metrics that does"
@@ -620,7 +651,7 @@ def _batch_losses(probe: Probe) -> list[float]:
     """The model's own loss per batch (token mean over supervised positions), what eval_pred.losses holds."""
     out = []
     for logits, labels in zip(probe.logits, probe.labels):
-        nll, mask = supervised_nll(logits, labels)
+        nll, mask = supervised_nll(logits, labels, probe.shift)
         out.append(float(nll.sum() / mask.sum().clamp(min=1)))
     return out
 
@@ -663,7 +694,7 @@ def _metric_evidence(bad: list[str], kinds: dict[str, str], probes: list[Probe],
     fill[f"vocabulary id {vocab - 100} (numpy index -100 wraps around)"] = vocab - 100
     if 0 not in fill.values():
         fill["token id 0"] = 0
-    cand = [candidates(_concat(p.logits), _concat(p.labels), fill) for p in probes]
+    cand = [candidates(_concat(p.logits), _concat(p.labels), fill, p.shift) for p in probes]
     total = cand[0]
     match, best = None, float("inf")
     for name in total:
@@ -699,7 +730,7 @@ def _check_loss_func(
     compared, worst = 0, 0.0
     for probe in probes:
         for i, (logits, labels) in enumerate(zip(probe.logits, probe.labels)):
-            nll, mask = supervised_nll(logits, labels)
+            nll, mask = supervised_nll(logits, labels, probe.shift)
             n = int(mask.sum())
             if n == 0:
                 continue
@@ -709,7 +740,7 @@ def _check_loss_func(
             value = dlcheck.call(role, lambda o=outputs, y=target, c=count: loss_fn(o, y, num_items_in_batch=c))
             value = float(value.detach().float().mean()) if isinstance(value, torch.Tensor) else float(value)
             if not close(value, ref, atol, rtol):
-                cand = candidates(logits.cpu(), labels.cpu(), {"token id 0": 0})
+                cand = candidates(logits.cpu(), labels.cpu(), {"token id 0": 0}, probe.shift)
                 match = next((k for k, (c, _) in cand.items() if close(value, c, 0.01, 0.005)), None)
                 lines = [
                     f"{what} gives {value:.4f} on batch {i} ({probe.name}); "

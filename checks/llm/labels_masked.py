@@ -16,7 +16,7 @@ from ...guard import preserved_tokenizer
 from ...registry import Setting, check
 from ...sampling import Sample
 from ..shared import lm
-from .common import labelled_rows, packed_examples, raw_view, token_sample, unmatched
+from .common import labelled_rows, packed_examples, pipeline_kind, raw_view, token_sample, unmatched
 
 # --------------------------------------------------------------------------------------------------
 # shared analysis (L2, L13)
@@ -905,6 +905,9 @@ def check_labels_masked(dlcheck):
     """
     tok = dlcheck.role("tokenizer")
     sample = token_sample(dlcheck)
+    kind = pipeline_kind(dlcheck)
+    if not kind.token_labels:
+        kind.not_for(dlcheck, "per-token labels (-100 on padding and prompts)")
     rows = labelled_rows(dlcheck, sample)
     analysis = analyse(dlcheck, sample, tok)
     shift = analysis.shift
@@ -939,6 +942,8 @@ def check_labels_masked(dlcheck):
     prompt_bad = [(ex, bad) for ex, bad in prompt_bad if bad]
 
     prompt_why = "" if judged else _prompt_not_judged(dlcheck, sample, examples, kinds, opt_out)
+    if not judged and not kind.generates:  # a masked LM or token classifier has no prompt to mask
+        prompt_why = f"{NO_SPLIT}: {kind.why}"
     if pad_judged == 0 and not judged:
         padding = (
             f"batches from {sample.source} are padding-free (position_ids, no attention_mask): no padding to judge"
@@ -946,7 +951,7 @@ def check_labels_masked(dlcheck):
             else f"batches from {sample.source} have no attention_mask to tell padding"
         )
         reason = f"{padding}, and {prompt_why}"
-        if padding_free and (opt_out or prompt_why == NO_SPLIT):
+        if padding_free and (opt_out or prompt_why == NO_SPLIT or not kind.generates):
             dlcheck.not_applicable(reason)
         dlcheck.skip(reason)
 
@@ -983,7 +988,7 @@ def check_labels_masked(dlcheck):
             )
         else:
             lines.append(f"prompt: not judged, {prompt_why}")
-            if not opt_out and prompt_why != NO_SPLIT:  # a prompt there is, but it could not be seen
+            if not opt_out and prompt_why != NO_SPLIT and kind.generates:  # a prompt there is, but it was not seen
                 dlcheck.not_judged("prompt", prompt_why)
         if comparison.compared:
             lines.append(

@@ -15,7 +15,7 @@ from ...training import find_setup, modes, probe, run_or_skip, smoke_run
 from ...training.runs import NotTheBatch, model_call
 from ...training.setup import SMOKE_READERS, smoke_steps
 from ..shared import lm
-from .common import token_sample
+from .common import pipeline_kind, token_sample
 
 
 @dataclass
@@ -201,6 +201,9 @@ def check_logit_drift(dlcheck):
     if not isinstance(model, torch.nn.Module):
         dlcheck.not_applicable(f"dlcheck_model is a {type(model).__name__}, not a torch.nn.Module: no logits to read")
     sample = token_sample(dlcheck)
+    kind = pipeline_kind(dlcheck)
+    if not kind.vocabulary_logits:
+        kind.not_for(dlcheck, "a language model's log Z over its vocabulary (its logits range over classes here)")
     try:  # the model-call rule: a model whose forward does not take the token batch (a UNet) is not concerned
         fields = {
             k: v for k, v in dict(sample.batches[0]).items() if k in ("input_ids", "attention_mask", "position_ids")

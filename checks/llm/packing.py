@@ -12,7 +12,7 @@ import torch
 from ...errors import MISSING
 from ...registry import Setting, check
 from ..shared import lm
-from .common import online_trainer, token_sample
+from .common import online_trainer, pipeline_kind, token_sample
 
 #: documents compared per session (each costs one forward alone)
 MAX_DOCUMENTS = 16
@@ -353,6 +353,9 @@ def check_packing(dlcheck):
             f"{kind} builds its training batches inside the trainer, from generations: nothing is packed"
         )
     sample = token_sample(dlcheck)
+    pipeline_kind(dlcheck).require(
+        dlcheck, lm.CAUSAL, lm.SEQ2SEQ, concerns="LMs whose packed documents must not attend to each other"
+    )
     eos = lm.special_id(tok, "eos") if tok is not None else None
     if eos is None:
         value = getattr(getattr(model, "config", None), "eos_token_id", None)

@@ -17,7 +17,7 @@ from ...registry import Setting, check
 from ...sampling import sample_rows
 from ...session import NOT_APPLICABLE
 from ..shared import lm
-from .common import online_trainer, token_sample
+from .common import online_trainer, pipeline_kind, token_sample
 
 
 @dataclass
@@ -151,6 +151,104 @@ def _measure_training(dlcheck: Any, model: Any, batches: list[dict]) -> list[Row
     return out
 
 
+#: the fields a sequence classifier's forward reads from its batch, beside input_ids and attention_mask
+_ROW_FIELDS = ("input_ids", "token_type_ids", "attention_mask", "position_ids")
+
+
+def _sequence_losses(logits: torch.Tensor, labels: torch.Tensor, problem_type: Any) -> torch.Tensor:
+    """Each row's loss against its own sequence label, the way transformers' sequence classifiers compute it
+    (problem_type, or: one logit -> regression, integer labels -> cross-entropy, float labels -> BCE)."""
+    logits = logits.float()
+    labels = labels.to(logits.device)
+    if problem_type == "regression" or (problem_type is None and logits.shape[-1] == 1):
+        return (
+            ((logits.squeeze(-1) - labels.float().view(logits.shape[0], -1).squeeze(-1)) ** 2)
+            .view(logits.shape[0], -1)
+            .mean(-1)
+        )
+    if problem_type == "multi_label_classification" or (problem_type is None and labels.is_floating_point()):
+        return torch.nn.functional.binary_cross_entropy_with_logits(
+            logits, labels.float().view_as(logits), reduction="none"
+        ).mean(-1)
+    return torch.nn.functional.cross_entropy(logits, labels.long().view(-1), reduction="none")
+
+
+def _sequence_logits(dlcheck: Any, model: Any, fields: dict[str, torch.Tensor], synthetic: str | bool) -> torch.Tensor:
+    device = lm.model_device(model)
+    kwargs = {k: v.to(device) for k, v in fields.items()}
+    with eval_mode(model), torch.no_grad():
+        out = dlcheck.call("model", lambda: model(**kwargs), synthetic=synthetic)
+    logits = getattr(out, "logits", None)
+    if logits is None and isinstance(out, Mapping):
+        logits = out.get("logits")
+    if logits is None and isinstance(out, (tuple, list)) and out:
+        logits = out[0]
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        dlcheck.skip(f"{type(model).__name__} returns no (batch, classes) logits: no loss to compare")
+    return logits.float().cpu()
+
+
+def _measure_sequences(dlcheck: Any, model: Any, batches: list[dict]) -> list[RowLoss]:
+    """L1's training half for a sequence classifier: each padded row's loss against its own sequence label
+    inside its batch as collated, alone (its real tokens only), and for left-padded rows with position_ids
+    from the attention mask."""
+    out: list[RowLoss] = []
+    control_ok = _accepts(model, "position_ids")
+    problem_type = getattr(getattr(model, "config", None), "problem_type", None)
+    atol, half = dlcheck.setting("atol"), _half_precision(model)
+    for b, batch in enumerate(batches):
+        if batch.get("attention_mask") is None or batch.get("labels") is None:
+            continue
+        fields = {k: torch.as_tensor(batch[k]) for k in _ROW_FIELDS if batch.get(k) is not None}
+        ids, mask = fields["input_ids"], fields["attention_mask"]
+        if ids.dim() != 2 or mask.shape != ids.shape or bool(mask.all()):
+            continue
+        labels = torch.as_tensor(batch["labels"])
+        padded = []
+        for r in lm.rows([batch]):
+            r.batch = b
+            content = r.content
+            if not content or len(content) == len(r.input_ids) or content != list(range(content[0], content[-1] + 1)):
+                continue  # unpadded, empty, or holes in the mask (L14's business)
+            padded.append((r, content, "left" if content[0] > 0 else "right"))
+        if not padded:
+            continue
+        in_batch = _sequence_losses(_sequence_logits(dlcheck, model, fields, False), labels, problem_type)
+        control = None
+        if "position_ids" not in fields and control_ok and any(side == "left" for *_, side in padded):
+            pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+            control = _sequence_losses(
+                _sequence_logits(
+                    dlcheck, model, {**fields, "position_ids": pos}, "the batch with position_ids from its mask"
+                ),
+                labels,
+                problem_type,
+            )
+        for r, content, side in padded:
+            alone_fields = {k: v[r.index, content[0] : content[-1] + 1].unsqueeze(0) for k, v in fields.items()}
+            alone = _sequence_losses(
+                _sequence_logits(dlcheck, model, alone_fields, "a padded example alone, without its padding"),
+                labels[r.index : r.index + 1],
+                problem_type,
+            )
+            fixed = control is not None and abs(float(control[r.index]) - float(alone[0])) <= atol
+            # correct positions that leave the difference in float32 show no rounding: the model reads the pads
+            # (pools the row's first position, a pad when left-padded); only in half precision is it noise
+            keep = control is not None and side == "left" and (fixed or half)
+            out.append(
+                RowLoss(
+                    r,
+                    len(r.input_ids) - len(content),
+                    side,
+                    float(in_batch[r.index]),
+                    float(alone[0]),
+                    float(control[r.index]) if keep else None,
+                    False,
+                )
+            )
+    return out
+
+
 def _training_half(dlcheck: Any, model: Any, tok: Any) -> Half:
     half = Half("training")
     trainer_kind = online_trainer(dlcheck.role("trainer"))
@@ -165,7 +263,9 @@ def _training_half(dlcheck: Any, model: Any, tok: Any) -> Half:
         half.reason = exc.msg.removeprefix(NOT_APPLICABLE).strip()
         return half
     lm.forward_ready(dlcheck, model, sample.batches)
-    measured = _measure_training(dlcheck, model, sample.batches)
+    sequences = pipeline_kind(dlcheck).name == lm.SEQUENCE_CLASSIFIER
+    what = "loss against the sequence's own label" if sequences else "mean NLL over the same supervised tokens"
+    measured = (_measure_sequences if sequences else _measure_training)(dlcheck, model, sample.batches)
     if not measured:
         n = len(lm.rows(sample.batches))
         half.reason = f"no padded, unpacked row with an attention_mask among the {n} sampled rows of {sample.source}"
@@ -186,7 +286,7 @@ def _training_half(dlcheck: Any, model: Any, tok: Any) -> Half:
         )
         half.measured.append(
             f"training: {len(measured)} padded examples ({sides}) lose as alone: max |Δ| {worst.delta:.1e} <= atol "
-            f"{atol:g} nats (mean NLL over the same supervised tokens in the batch and alone); source: {sample.source}"
+            f"{atol:g} nats ({what} in the batch and alone); source: {sample.source}"
         )
         half.measured.append(
             f"  example {worst.row.batch}.{worst.row.index} ({worst.pads} pad tokens on the {worst.side}): loss in "
@@ -205,7 +305,7 @@ def _training_half(dlcheck: Any, model: Any, tok: Any) -> Half:
     has_pos = any("position_ids" in b for b in sample.batches)
     half.evidence.append(
         f"{len(bad)} of {len(left)} left-padded sampled examples have another loss in the batch than alone "
-        f"(mean NLL over the same supervised tokens, tolerance {atol:g} nats); padding side: left, "
+        f"({what}, tolerance {atol:g} nats); padding side: left, "
         f"position_ids {'given' if has_pos else 'not given'}; source: {sample.source}"
     )
     shown: set[tuple[int, ...]] = set()
@@ -237,6 +337,12 @@ def _training_half(dlcheck: Any, model: Any, tok: Any) -> Half:
             f"left padding without position_ids: {model_type} numbers positions from the first pad token "
             f"({kind} position embeddings), so every real token of a left-padded example sits as many positions "
             f"later as there are pads, unlike alone or at inference"
+        )
+    elif sequences:
+        half.cause = (
+            "the classification of left-padded examples depends on their padding, and position_ids from the "
+            "attention mask do not remove the difference: the model reads a fixed position of the row (BERT-style "
+            "pooling of the first token, [CLS], which is a pad when the row is left-padded) or attends to the pads"
         )
     else:
         half.cause = (

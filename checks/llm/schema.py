@@ -14,7 +14,7 @@ from ...registry import Setting, check
 from ...roles import is_hf_trainer
 from ...sampling import get_sample, sample_rows
 from ..shared import lm
-from .common import unmatched
+from .common import pipeline_kind, unmatched
 
 #: columns whose text is meant to reach the model (a column of any name holding a conversation too)
 PAYLOAD = (
@@ -364,12 +364,21 @@ def check_schema(dlcheck):
     if judged:
         dlcheck.measured(*judged, examples=len(rows), aligned=aligned)
         return
+    pipeline = pipeline_kind(dlcheck)
+    if not pipeline.generates:
+        pipeline.not_for(dlcheck, "the data schemas of generative training (text, prompt/completion, conversations)")
     why = "no trainer kind (dlcheck_trainer or dlcheck_training_args), and " if kind is None else ""
     texts = [c for c in columns if c in PAYLOAD or any(is_conversation(r.get(c)) for r in rows)]
     if not texts:
         if kind is None and "input_ids" not in columns:
             dlcheck.not_applicable(
                 f"{why}the examples carry no text or conversation column (columns: {', '.join(columns)})"
+            )
+        strings = [c for c in columns if any(isinstance(r.get(c), str) for r in rows)]
+        if strings:
+            dlcheck.skip(
+                f"nothing to judge: {why}no column holds what L8 reads ({', '.join(PAYLOAD)} or conversations): "
+                f"the string columns {', '.join(strings)} are none of them (columns: {', '.join(columns)})"
             )
         dlcheck.skip(
             f"nothing to judge: {why}the examples hold token ids only (columns: {', '.join(columns)}); if they were "

@@ -9,7 +9,7 @@ import pytest
 from ...registry import Setting, check
 from ...sampling import spread_positions
 from ..shared import lm
-from .common import labelled_rows, token_sample
+from .common import labelled_rows, pipeline_kind, token_sample
 from .labels_masked import Example, analyse, encode, example_name, short
 
 #: table rows read to find an example of what TRL dropped (bounded, whatever the dataset size)
@@ -236,6 +236,9 @@ def check_truncation(dlcheck):
 
     try:
         sample = token_sample(dlcheck)
+        kind = pipeline_kind(dlcheck)
+        if not kind.token_labels:  # a truncated text keeps its one label: no supervised token to lose
+            kind.not_for(dlcheck, "per-token supervision that truncation can cut off")
         labelled_rows(dlcheck, sample)
     except pytest.skip.Exception:
         if evidence:  # TRL dropped every example: there is nothing left to sample
@@ -384,6 +387,8 @@ def check_truncation(dlcheck):
             + (f"; {limit_line}" if limit_line else "")
             + (f"; longest complete sequence {longest} tokens" if longest else "")
         )
+    elif not kind.generates:
+        lines.append(f"cut completions: none to judge, {kind.why} (no completion)")
     else:
         lines.append(
             "cut completions not judged: no raw text to compare with and no max_length (give dlcheck_raw_dataset, "

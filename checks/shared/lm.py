@@ -62,13 +62,29 @@ def has_token_batches(batches: Sequence[dict]) -> bool:
     return bool(batches) and all("input_ids" in b for b in batches)
 
 
+def sequence_labels(batch: Mapping[str, Any]) -> bool:
+    """The batch's labels are one label (or one vector of labels) per sequence, not one per token: shape
+    (batch,) beside (batch, positions) input_ids (a sequence classifier's class ids), or floats of another
+    shape (multi-label targets, regression values)."""
+    labels, ids = batch.get("labels"), batch.get("input_ids")
+    if labels is None or ids is None:
+        return False
+    ids_t, labels_t = torch.as_tensor(ids), torch.as_tensor(labels)
+    if ids_t.dim() != 2:
+        return False
+    if labels_t.dim() < ids_t.dim():
+        return True
+    return labels_t.is_floating_point() and labels_t.shape != ids_t.shape
+
+
 def rows(batches: Sequence[dict[str, Any]]) -> list[Row]:
-    """Every example of the sampled batches as a :class:`Row`."""
+    """Every example of the sampled batches as a :class:`Row` (``labels`` None when the batch's labels are
+    one per sequence, not one per token: :func:`sequence_labels`)."""
     out = []
     for b, batch in enumerate(batches):
         ids = _tolist(batch["input_ids"], 0)
         masks = _tolist(batch.get("attention_mask"), len(ids))
-        labels = _tolist(batch.get("labels"), len(ids))
+        labels = None if sequence_labels(batch) else _tolist(batch.get("labels"), len(ids))
         pos = _tolist(batch.get("position_ids"), len(ids))
         for i, row_ids in enumerate(ids):
             out.append(
@@ -290,3 +306,69 @@ def batch_forward(ctx: Any, model: Any, batch: Mapping[str, Any]) -> BatchForwar
         return BatchForward(nll.view(shift_labels.shape).cpu(), logz.cpu())
 
     return ctx.memo((model, batch), "lm:batch_forward", make)
+
+
+#: what a text model is trained to do, by the kind of its head
+CAUSAL, MASKED, SEQ2SEQ, SEQUENCE_CLASSIFIER, TOKEN_CLASSIFIER = (
+    "causal LM",
+    "masked LM",
+    "sequence-to-sequence LM",
+    "sequence classifier",
+    "token classifier",
+)
+
+#: transformers' task mappings (model type -> head class names) per kind, most specific first
+_TASK_MAPPINGS = (
+    (SEQ2SEQ, "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    (CAUSAL, "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    (CAUSAL, "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES"),
+    (MASKED, "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    (TOKEN_CLASSIFIER, "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
+    (SEQUENCE_CLASSIFIER, "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+)
+
+
+def _head_classes() -> dict[str, str]:
+    """Head class name -> kind, from transformers' own task mappings (the first kind listed wins)."""
+    try:
+        from transformers.models.auto import modeling_auto
+    except ImportError:
+        return {}
+    out: dict[str, str] = {}
+    for kind, name in _TASK_MAPPINGS:
+        for value in getattr(modeling_auto, name, {}).values():
+            for cls in value if isinstance(value, (list, tuple)) else [value]:
+                out.setdefault(str(cls), kind)
+    return out
+
+
+def base_model(model: Any) -> Any:
+    """The model inside the usual wrappers: a PEFT model's base model, TRL's value-head wrapper's
+    pretrained_model, DDP/compile's module."""
+    for _ in range(4):
+        inner = None
+        get_base = getattr(type(model), "get_base_model", None)
+        if callable(get_base):
+            try:
+                inner = model.get_base_model()
+            except Exception:  # noqa: BLE001 - a wrapper that cannot unwrap is judged as it is
+                inner = None
+        for attr in ("pretrained_model", "_orig_mod", "module"):
+            if inner is None and isinstance(getattr(model, attr, None), torch.nn.Module):
+                inner = getattr(model, attr)
+        if inner is None or inner is model:
+            return model
+        model = inner
+    return model
+
+
+def model_task(model: Any) -> tuple[str, str] | None:
+    """(kind, the head class that says so) of a transformers model, from its class (or a base class of it) in
+    transformers' task mappings; None for a model no mapping lists (a custom torch module)."""
+    model = base_model(model)
+    heads = _head_classes()
+    for cls in type(model).__mro__:
+        kind = heads.get(cls.__name__)
+        if kind is not None and cls.__module__.startswith("transformers."):
+            return kind, cls.__name__
+    return None

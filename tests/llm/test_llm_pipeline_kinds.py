@@ -1,0 +1,260 @@
+"""The llm checks on pipelines that are not causal LMs: a sequence classifier, a token classifier, a masked LM.
+What the pipeline trains is decided once from its objects (checks.llm.common.pipeline_kind: the model's head in
+transformers' task mappings, else the collator, else the labels' shape); each check concerns the kinds it names.
+Their causal-LM twins, buggy, still fail."""
+
+import json
+
+import pytest
+import tiny
+import torch
+
+# imported here, before pytester snapshots sys.modules, so the in-process runs share them
+import transformers.trainer  # noqa: F401,E402
+import transformers.trainer_pt_utils  # noqa: F401,E402
+from helpers import flat
+from transformers import (  # noqa: F401,E402
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    DataCollatorForLanguageModeling,
+    DataCollatorForTokenClassification,
+    DataCollatorWithPadding,
+    Trainer,
+)
+
+import pytest_dlcheck.checks.llm.common  # noqa: F401,E402
+import pytest_dlcheck.checks.llm.eval_metric  # noqa: F401,E402
+
+BERT = """
+import pytest, tiny, torch
+from transformers import (BertConfig, BertForMaskedLM, BertForSequenceClassification, BertForTokenClassification,
+                          DataCollatorForLanguageModeling, DataCollatorForTokenClassification, DataCollatorWithPadding,
+                          Trainer)
+
+
+def bert(cls, tok, **kw):
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=128, pad_token_id=tok.pad_token_id,
+                     initializer_range=0.2, **kw)  # weights large enough that reading a pad moves the logits
+    torch.manual_seed(0)
+    return cls(cfg)
+
+
+def pairs(tok, n=12):
+    return [{{**tok(t), "label": i % 2}} for i, t in enumerate(tiny.texts(n))]
+
+
+def tagged(tok, n=12):
+    out = []
+    for i, t in enumerate(tiny.texts(n)):
+        enc = tok(t)
+        out.append({{**enc, "labels": [(i + j) % 3 for j in range(len(enc["input_ids"]))]}})
+    return out
+
+
+def masked_metric(p):
+    import numpy as np
+    logits, labels = p.predictions, p.label_ids
+    m = logits.max(-1, keepdims=True)
+    logp = logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
+    {metric}
+    nll = -np.take_along_axis(logp, np.maximum(labels, 0)[..., None], -1)[..., 0]
+    keep = labels != -100
+    return {{"loss": float(nll[keep].mean())}}
+
+
+@pytest.fixture(scope="session")
+def dlcheck_trainer(tmp_path_factory):
+    tok = tiny.tokenizer(padding_side="{side}")
+    tok.mask_token = tiny.END  # a mask token for the masked LM, none added
+    args = tiny.trainer_args(tmp_path_factory.mktemp("out"), per_device_eval_batch_size=4)
+    {build}
+"""
+
+SEQUENCE = """model, collator, data = bert(BertForSequenceClassification, tok, num_labels=2), DataCollatorWithPadding(tok), pairs(tok)
+    return Trainer(model=model, args=args, data_collator=collator, train_dataset=data, eval_dataset=data,
+                   processing_class=tok)"""
+
+TOKENS = """model, collator, data = bert(BertForTokenClassification, tok, num_labels=3), DataCollatorForTokenClassification(tok), tagged(tok)
+    return Trainer(model=model, args=args, data_collator=collator, train_dataset=data, eval_dataset=data,
+                   processing_class=tok)"""
+
+MASKED = """model, data = bert(BertForMaskedLM, tok), tiny.tokenized(tok)
+    collator = DataCollatorForLanguageModeling(tok, mlm=True, mlm_probability=0.3)
+    return Trainer(model=model, args=args, data_collator=collator, train_dataset=data, eval_dataset=data,
+                   processing_class=tok, compute_metrics=masked_metric)"""
+
+# what a masked LM's metric must do: each position against its own label (no shift)
+ALIGNED = "pass"
+# the causal-LM habit on a masked LM: logits[t] scored against labels[t+1]
+SHIFTED = "logp, labels = logp[:, :-1], labels[:, 1:]"
+
+
+def _project(project, build: str, side: str = "right", metric: str = ALIGNED) -> None:
+    project.conftest(BERT.format(build=build, side=side, metric=metric))
+
+
+def _report(project, run_args: list[str]) -> tuple[object, dict[str, dict]]:
+    path = project.pytester.path / "report.json"
+    run = project.run(*run_args, f"--dlcheck-json={path}")
+    results = {r["id"]: r for r in json.loads(path.read_text())["results"]}
+    return run, results
+
+
+NOT_FOR_CLASSIFIERS = ("L2", "L4", "L6", "L7", "L8", "L11", "L12", "L13")
+
+
+def test_sequence_classifier_llm_checks_judge_the_token_side_and_leave_the_rest(project):
+    # BertForSequenceClassification with DataCollatorWithPadding: labels are one class id per sequence, shape (batch,)
+    _project(project, SEQUENCE)
+    run, results = _report(project, ["--dlcheck=llm", "-rA"])
+    assert "internal error" not in run.text and "fields of different shapes" not in run.text
+    assert not [cid for cid, r in results.items() if r["outcome"] in ("error", "failed")], run.text
+    for cid in NOT_FOR_CLASSIFIERS:
+        run.assert_outcome(cid, "skipped")
+        assert (
+            "not applicable: the model (BertForSequenceClassification) is a sequence classifier"
+            in (results[cid]["reason"])
+        ), results[cid]
+    for cid in ("L1", "L3", "L5", "L14"):
+        run.assert_outcome(cid, "passed")
+        assert not results[cid].get("not_judged"), results[cid]
+    run.fnmatch(["*training: * padded examples (* right-padded) lose as alone*loss against the sequence's own label*"])
+
+
+def test_left_padded_sequence_classifier_with_absolute_positions_fails_l1(project):
+    # BertForSequenceClassification pools the row's first position ([CLS]): left-padded, that is a pad, and
+    # position_ids from the mask do not help
+    _project(project, SEQUENCE, side="left")
+    run = project.run("--dlcheck=L1")
+    run.assert_outcome("L1", "failed")
+    text = flat(run.section("L1"))
+    assert (
+        "left-padded sampled examples have another loss in the batch than alone (loss against the sequence's own"
+        in text
+    )
+    assert "the model reads a fixed position of the row (BERT-style pooling of the first token, [CLS]" in text
+    assert "tokenizer.padding_side = 'right'" in text
+
+
+def test_token_classifier_no_internal_error_and_no_prompt_parts(project):
+    # BertForTokenClassification: L7 called its loss_function with causal-LM arguments (TypeError); L2/L13 left a
+    # prompt / completion part "not judged" that token classification does not have
+    _project(project, TOKENS)
+    run, results = _report(project, ["--dlcheck=llm", "-rA"])
+    assert "internal error" not in run.text
+    assert not [cid for cid, r in results.items() if r["outcome"] in ("error", "failed")], run.text
+    for cid in ("L6", "L7", "L8", "L11", "L12", "L4"):
+        run.assert_outcome(cid, "skipped")
+        assert "not applicable: the model (BertForTokenClassification) is a token classifier" in results[cid]["reason"]
+    for cid in ("L2", "L13", "L1", "L14", "L5"):
+        run.assert_outcome(cid, "passed")
+        assert not results[cid].get("not_judged"), results[cid]
+    run.fnmatch(["*padding: 0 of * sampled rows supervise any of their * padding positions*"])
+
+
+@pytest.mark.parametrize("metric, outcome", [(ALIGNED, "passed"), (SHIFTED, "failed")])
+def test_masked_lm_eval_loss_lines_each_position_up_with_its_own_label(project, metric, outcome):
+    # BertForMaskedLM's loss (ForMaskedLMLoss) scores logits[t] against labels[t]: L7 shifted as for a causal LM
+    # and failed the correct eval_loss; a metric that shifts is the slip on a masked LM
+    _project(project, MASKED, metric=metric)
+    run = project.run("--dlcheck=L7", "-rA")
+    run.assert_outcome("L7", outcome)
+    if outcome == "passed":
+        assert "compute_metrics()['loss'] = " in run.text
+        assert (
+            "the model's own loss (model.loss_function: the Trainer's eval_loss) equals the supervised-token NLL"
+            in (run.text)
+        )
+        return
+    text = flat(run.section("L7"))
+    assert "compute_metrics()['loss'] =" in text
+    assert "supervised positions (the model (BertForMaskedLM) is a masked LM)" in text
+    assert "scores logits[t] against labels[t+1] as for a causal LM" in text
+    assert "logits[t] against labels[t] (no shift for a masked LM)" in text
+
+
+def test_masked_lm_is_not_concerned_by_generation_checks(project):
+    _project(project, MASKED)
+    run, results = _report(project, ["--dlcheck=L4,L8,L11,L12"])
+    for cid in ("L4", "L8", "L11", "L12"):
+        run.assert_outcome(cid, "skipped")
+        assert "not applicable: the model (BertForMaskedLM) is a masked LM" in results[cid]["reason"], results[cid]
+
+
+CAUSAL_UNMASKED = """
+import pytest, tiny, torch
+
+
+def copy_ids(features):
+    # pads on the right and copies input_ids into labels: the padding is supervised (pad != eos)
+    tok = tiny.tokenizer()
+    batch = tok.pad([{"input_ids": f["input_ids"]} for f in features], return_tensors="pt")
+    batch["labels"] = batch["input_ids"].clone()
+    return batch
+
+
+@pytest.fixture(scope="session")
+def dlcheck_tokenizer():
+    return tiny.tokenizer()
+
+
+@pytest.fixture(scope="session")
+def dlcheck_model(dlcheck_tokenizer):
+    return tiny.llama(dlcheck_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def dlcheck_collator():
+    return copy_ids
+
+
+@pytest.fixture(scope="session")
+def dlcheck_dataset(dlcheck_tokenizer):
+    return tiny.tokenized(dlcheck_tokenizer)
+"""
+
+
+def test_causal_twin_that_supervises_padding_still_fails(project):
+    # the same decision on a causal LM: its checks concern it, and L2 fails on the supervised padding
+    project.conftest(CAUSAL_UNMASKED)
+    run = project.run("--dlcheck=L2")
+    run.assert_outcome("L2", "failed")
+    text = flat(run.section("L2"))
+    assert "padding" in text and "not applicable" not in text
+
+
+def test_kind_from_objects_without_a_model(project):
+    # no model: a bare dataloader whose labels are one per sequence is a sequence classifier's
+    project.conftest(
+        """
+import pytest, tiny, torch
+from transformers import DataCollatorWithPadding
+
+@pytest.fixture(scope="session")
+def dlcheck_tokenizer():
+    return tiny.tokenizer()
+
+@pytest.fixture(scope="session")
+def dlcheck_dataloader(dlcheck_tokenizer):
+    data = [{**dlcheck_tokenizer(t), "label": i % 2} for i, t in enumerate(tiny.texts(8))]
+    return torch.utils.data.DataLoader(data, batch_size=4, collate_fn=DataCollatorWithPadding(dlcheck_tokenizer))
+"""
+    )
+    run, results = _report(project, ["--dlcheck=L2,L11,L13,L14"])
+    for cid in ("L2", "L11", "L13"):
+        assert (
+            "not applicable: the batches' labels are one per sequence (shape (4,) beside input_ids (4,"
+            in (results[cid]["reason"])
+        ), results[cid]
+    run.assert_outcome("L14", "passed")
+
+
+def test_pipeline_kind_from_the_model_head():
+    from pytest_dlcheck.checks.shared import lm
+
+    tok = tiny.tokenizer()
+    assert lm.model_task(tiny.llama(tok)) == (lm.CAUSAL, "LlamaForCausalLM")
+    assert lm.model_task(tiny.gpt2(tok)) == (lm.CAUSAL, "GPT2LMHeadModel")
+    assert lm.model_task(torch.nn.Linear(2, 2)) is None
