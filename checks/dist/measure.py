@@ -93,7 +93,13 @@ def _rank_setup(dlcheck: Any) -> Any:
     setup = copy.copy(the_setup(dlcheck))
     setup.tmp = None
     setup.__dict__.pop("_kept", None)
+    if "make_room" in vars(setup):  # the session's (a bound method of its state): nothing of it goes to a rank
+        setup.make_room = _no_room
     return setup
+
+
+def _no_room() -> None:
+    """A rank's ``make_room``: the session's spares live in the pytest process, not in the rank."""
 
 
 def _job(roles: dict[str, Any], setup: Any, world: int, out: str, **extra: Any) -> Job:

@@ -58,6 +58,10 @@ from .runs import (
 # kind 3: a plain loop
 
 
+def _no_room() -> None:
+    """The default of ``make_room``: nothing to let go."""
+
+
 class LoopSetup:
     kind = "loop"
 
@@ -87,7 +91,7 @@ class LoopSetup:
         self.name = "dlcheck_make_training"
         self._batches: list[Any] = []
         #: lets the session's spares go (the probe, the smoke run's trained objects): get_setup sets it
-        self.make_room: Callable[[], None] = lambda: None
+        self.make_room: Callable[[], None] = _no_room  # module level: a spawned rank unpickles the setup
 
     @property
     def sources(self) -> Any:
