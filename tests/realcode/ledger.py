@@ -13,8 +13,8 @@ every other check of the registry under what it gives on this clean pipeline, ea
     skipped         the check concerns the pipeline but could not decide (says why)
 
 Two more tables keep the plugin's open defects honest instead of hiding them: ``[false_alarms]`` (check =
-why its failure on this correct pipeline is wrong) and ``[missed]`` (check = [the outcome it gives now, why
-the failure would be real]). The test expects those outcomes until the defect is fixed, and then asks for
+why its failure on this correct pipeline is wrong) and ``[missed]`` (check = [the outcome it gives now, what
+the true outcome is and why]: a true finding not caught, or a pass/skip/"not applicable" in the wrong category). The test expects those outcomes until the defect is fixed, and then asks for
 the entry to move to ``[findings]`` / ``[outcomes]``.
 
 ``error`` (an internal error, or a check ending in an error) is never a ledger outcome. Every check of the
