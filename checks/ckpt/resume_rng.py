@@ -137,7 +137,7 @@ def _rng_verdict(dlcheck: Any, setup: Any) -> None:
             )
         what = ", ".join(compared(own, put.resumed)) or "steps"
         dlcheck.measured(
-            f"{head} (the global RNGs elsewhere first, as in a new process): your resume restores the RNG states: "
+            f"{head} (the global RNGs elsewhere first, as in a new process): your resume draws the uninterrupted run's random numbers: "
             f"the {what} of {steps} equal those of the resume with the uninterrupted run's RNG states put back, "
             "bitwise",
             shown,

@@ -89,7 +89,7 @@ def test_a_plain_loop_that_saves_the_rng_passes_both(project, tmp_path):
     run.assert_outcome("C1", "passed")
     run.assert_outcome("C3", "passed")
     c3 = _results(out)["C3"]["evidence"]
-    assert "your resume restores the RNG states" in c3[0], c3
+    assert "your resume draws the uninterrupted run's random numbers" in c3[0], c3
     assert "the resumed steps draw from the global RNGs: their states advance over steps 3-4" in c3[1], c3
     # a plain loop: dlcheck feeds the batches, so the RNGs' states moving over the resumed steps say that the
     # step draws; no third resume is made (C1's 4 + 2 steps, C3's own resume 2)
@@ -164,7 +164,7 @@ def test_a_trainer_with_dropout_restores_the_rng_from_its_checkpoint(project, tm
     run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
     run.assert_outcome("C1", "passed")
     run.assert_outcome("C3", "passed")
-    assert "your resume restores the RNG states" in _results(out)["C3"]["evidence"][0]
+    assert "your resume draws the uninterrupted run's random numbers" in _results(out)["C3"]["evidence"][0]
 
 
 def test_a_trainer_saving_the_model_only_loses_the_rng_too(project, tmp_path):
@@ -208,4 +208,4 @@ def test_a_lightning_module_that_saves_its_rng_passes_c3(project, tmp_path):
     run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
     run.assert_outcome("C1", "passed")
     run.assert_outcome("C3", "passed")
-    assert "your resume restores the RNG states" in _results(out)["C3"]["evidence"][0]
+    assert "your resume draws the uninterrupted run's random numbers" in _results(out)["C3"]["evidence"][0]
