@@ -1,6 +1,8 @@
 """L1: padded batches must behave like their examples alone (training), and batched generation like
 single-prompt generation."""
 
+import re
+
 import pytest
 from helpers import flat
 
@@ -38,6 +40,15 @@ def train_project(side="left", arch="gpt2", positions=False):
     return TRAIN.format(side=side, arch=arch, positions=positions)
 
 
+def assert_lose_as_alone(text: str, atol: float = 0.001) -> None:
+    """What a pass guarantees: every padded example loses in its batch as alone, within atol. The difference
+    itself is float rounding, bitwise 0 on one machine and ~1e-7 on another: not asserted digit for digit."""
+    worst = re.search(r"lose as alone: max \|Δ\| (\S+) <= atol 0\.001 nats", text)
+    assert worst and float(worst[1]) <= atol, text
+    pairs = re.findall(r"loss in batch ([\d.]+), alone ([\d.]+)", text)
+    assert pairs and all(abs(float(a) - float(b)) <= atol for a, b in pairs), text
+
+
 def test_gpt2_trained_on_left_padding_fails(project):
     project.conftest(train_project("left", "gpt2"))
     run = project.run("--dlcheck=L1")
@@ -59,13 +70,14 @@ def test_gpt2_right_padding_passes(project):
     run.fnmatch(["*::L1_padding_side PASSED (training: 6 padded examples (6 right-padded) lose as alone*"])
     run.fnmatch(
         [
-            "training: 6 padded examples (6 right-padded) lose as alone: max |Δ| 0.0e+00 <= atol 0.001 nats (mean NLL "
+            "training: 6 padded examples (6 right-padded) lose as alone: max |Δ| * <= atol 0.001 nats (mean NLL "
             "over the same supervised tokens in the batch and alone); source: dlcheck_collator on 8 examples of "
             "dlcheck_dataset",
-            "  example 0.0 (4 pad tokens on the right): loss in batch 5.7297, alone 5.7297",
+            "  example 0.0 (4 pad tokens on the right): loss in batch *, alone *",
             "generation: not checked, the pipeline does not generate in batches (no TRL GRPOTrainer/RLOOTrainer)*",
         ]
     )
+    assert_lose_as_alone(run.text)
 
 
 def test_gpt2_left_padding_with_position_ids_passes(project):
@@ -73,7 +85,8 @@ def test_gpt2_left_padding_with_position_ids_passes(project):
     run = project.run("--dlcheck=L1", "-rA")
     run.assert_outcome("L1", "passed")
     # rows of equal length are forwarded alone together (one pass per length): equal up to float rounding
-    run.fnmatch(["training: 6 padded examples (6 left-padded) lose as alone: max |Δ| ?.?e-0? <= atol 0.001 nats*"])
+    run.fnmatch(["training: 6 padded examples (6 left-padded) lose as alone: max |Δ| * <= atol 0.001 nats*"])
+    assert_lose_as_alone(run.text)
 
 
 def test_llama_left_padding_is_position_invariant(project):
@@ -83,10 +96,11 @@ def test_llama_left_padding_is_position_invariant(project):
     run.assert_outcome("L1", "passed")
     run.fnmatch(
         [
-            "training: 6 padded examples (6 left-padded) lose as alone: max |Δ| ?.?e-0? <= atol 0.001 nats*",
-            "  example 0.0 (4 pad tokens on the left): loss in batch 5.7007, alone 5.7007",
+            "training: 6 padded examples (6 left-padded) lose as alone: max |Δ| * <= atol 0.001 nats*",
+            "  example 0.0 (4 pad tokens on the left): loss in batch *, alone *",
         ]
     )
+    assert_lose_as_alone(run.text)
 
 
 def test_unpadded_batches_without_a_mask_skip(project):

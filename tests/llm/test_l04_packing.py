@@ -1,5 +1,7 @@
 """L4: packed documents must not attend to each other, and no document's first token is a target."""
 
+import re
+
 from helpers import flat
 
 COMMON = """
@@ -251,20 +253,31 @@ def test_flattening_without_cache_isolates_documents(project):
     run.fnmatch(["*::L4_packing PASSED (6 later documents in 2 packed rows lose the same packed as alone*"])
     run.fnmatch(
         [
-            "6 later documents in 2 packed rows lose the same packed as alone: max |Δ| ?.?e-0? <= atol 0.001 nats "
+            "6 later documents in 2 packed rows lose the same packed as alone: max |Δ| * <= atol 0.001 nats "
             "(mean NLL over the same supervised tokens); documents found by position_ids restarts in "
             "dlcheck_collator on 8 examples of dlcheck_dataset",
-            "  document 3 of row 0.0: packed 5.7864, alone 5.7864",
+            "  document 3 of row 0.0: packed *, alone *",
             "6 of 6 later document starts have label -100",
         ]
     )
+    assert_same_packed_as_alone(run.text)
 
 
 def test_flattening_gpt2_without_cache_isolates_documents(project):
     project.conftest(packer_project(FLATTENING, "gpt2"))
     run = project.run("--dlcheck=L4", "-rA")
     run.assert_outcome("L4", "passed")
-    run.fnmatch(["6 later documents in 2 packed rows lose the same packed as alone: max |Δ| 0.0e+00 <= atol 0.001*"])
+    run.fnmatch(["6 later documents in 2 packed rows lose the same packed as alone: max |Δ| * <= atol 0.001*"])
+    assert_same_packed_as_alone(run.text)
+
+
+def assert_same_packed_as_alone(text: str, atol: float = 0.001) -> None:
+    """What a pass guarantees: each document loses packed as alone within atol; the difference itself is float
+    rounding (bitwise 0 on one machine, ~1e-7 on another), not asserted digit for digit."""
+    worst = re.search(r"lose the same packed as alone: max \|Δ\| (\S+) <= atol 0\.001", text)
+    assert worst and float(worst[1]) <= atol, text
+    pairs = re.findall(r"packed ([\d.]+), alone ([\d.]+)", text)
+    assert all(abs(float(a) - float(b)) <= atol for a, b in pairs), text
 
 
 def test_flattening_under_the_hf_trainer_passes(project):
