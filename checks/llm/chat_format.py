@@ -205,7 +205,9 @@ def check_chat_format(dlcheck):
         Caption token ids beside images (text-to-image or CLIP training: batches with pixel_values
         and no labels). Tokenizers without a distinct BOS token (none, or BOS == EOS) on data without
         conversations, or with conversations but no chat template to compare them with (or a
-        processor): there is neither a BOS to double nor a template to match.
+        processor): there is neither a BOS to double nor a template to match. Models that never
+        generate (masked LMs, sequence and token classifiers: BERT's [CLS] is no BOS, and no chat
+        template is read), decided from the objects (checks.llm.common.pipeline_kind).
     """
     role = dlcheck.role("tokenizer")
     tok = lm.text_tokenizer(role)

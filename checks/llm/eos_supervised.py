@@ -148,7 +148,10 @@ def check_eos_supervised(dlcheck):
         Needs labels in the batch; skips when the collator leaves them to the model. A pipeline that
         deliberately trains without EOS (pure continuation pretraining) should ignore L11.
     Not applicable
-        Batches that are not token batches (images, (inputs, targets) tuples).
+        Batches that are not token batches (images, (inputs, targets) tuples). Models that never
+        generate: masked LMs, sequence and token classifiers (an encoder such as BERT has no EOS by
+        design); what the pipeline trains is decided once from its objects (the model's head in
+        transformers' task mappings, else the collator, else the labels' shape).
     """
     tok = dlcheck.role("tokenizer")
     sample = token_sample(dlcheck)

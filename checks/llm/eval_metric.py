@@ -365,6 +365,9 @@ def check_eval_metric(dlcheck):
     Not applicable
         TRL trainers whose eval loss is their own objective, not a next-token NLL: DPOTrainer,
         GRPOTrainer, RLOOTrainer, KTOTrainer, RewardTrainer. Batches that are not token batches.
+        Sequence and token classifiers (no perplexity over a vocabulary; decided from the objects,
+        checks.llm.common.pipeline_kind). A masked LM is judged with each position's logits against
+        its own label (ForMaskedLMLoss shifts nothing), a causal LM with the shift by one.
     """
     model = dlcheck.role("model")
     metrics_fn = dlcheck.optional("compute_metrics")

@@ -901,7 +901,9 @@ def check_labels_masked(dlcheck):
     Not applicable
         Padding-free (flattened, position_ids and no attention_mask) batches of data with no
         prompt/completion or messages split, or with completion-only training switched off: there
-        is neither padding nor a prompt to mask. Batches that are not token batches.
+        is neither padding nor a prompt to mask. Batches that are not token batches. A sequence
+        classifier (one label per sequence: no token is supervised). A masked LM or token classifier
+        has no prompt: only its padding is judged, and the prompt part is no part left unjudged.
     """
     tok = dlcheck.role("tokenizer")
     sample = token_sample(dlcheck)
@@ -944,6 +946,11 @@ def check_labels_masked(dlcheck):
     prompt_why = "" if judged else _prompt_not_judged(dlcheck, sample, examples, kinds, opt_out)
     if not judged and not kind.generates:  # a masked LM or token classifier has no prompt to mask
         prompt_why = f"{NO_SPLIT}: {kind.why}"
+        if pad_positions == 0 and not comparison.compared:
+            dlcheck.not_applicable(
+                f"{kind.why}, which has no prompt, and the {len(rows)} sampled rows of {sample.source} hold no "
+                "padding (attention_mask 0): no position whose label must be -100"
+            )
     if pad_judged == 0 and not judged:
         padding = (
             f"batches from {sample.source} are padding-free (position_ids, no attention_mask): no padding to judge"
@@ -986,9 +993,11 @@ def check_labels_masked(dlcheck):
                 f"prompt: {len(prompt_bad)} of {len(judged)} sampled {'/'.join(sorted(judged_kinds))} examples "
                 f"supervise any of their {n_prompt} {side} tokens"
             )
+        elif not kind.generates:
+            lines.append(f"prompt: none to judge, {kind.why} (no prompt)")
         else:
             lines.append(f"prompt: not judged, {prompt_why}")
-            if not opt_out and prompt_why != NO_SPLIT and kind.generates:  # a prompt there is, but it was not seen
+            if not opt_out and prompt_why != NO_SPLIT:  # a prompt there is, but it was not seen
                 dlcheck.not_judged("prompt", prompt_why)
         if comparison.compared:
             lines.append(

@@ -131,6 +131,12 @@ def measure_shared(dlcheck: Any, model: Any, batches: list[Any], rows: int) -> L
     return _summary(values)
 
 
+def _vocabulary_logits(dlcheck: Any) -> None:
+    kind = pipeline_kind(dlcheck)
+    if not kind.vocabulary_logits:
+        kind.not_for(dlcheck, "a language model's log Z over its vocabulary (its logits range over classes here)")
+
+
 @check(
     "L6",
     domain="llm",
@@ -178,9 +184,13 @@ def check_logit_drift(dlcheck):
         its logits are small), and 20 steps show a trend, not a long run.
     Not applicable
         Models that are not torch.nn.Module or return no (batch, positions, vocabulary) logits, and
-        batches that are not token batches: there is no log Z to report.
+        batches that are not token batches: there is no log Z to report. Sequence and token
+        classifiers (their logits range over classes, not a vocabulary; what the pipeline trains is
+        decided once from its objects, checks.llm.common.pipeline_kind).
     """
     rows, budget = dlcheck.setting("rows"), dlcheck.setting("max_logits_mb")
+    if dlcheck.has("model") and lm.model_task(dlcheck.role("model")) is not None:  # the head decides: no sample
+        _vocabulary_logits(dlcheck)
     # information never pays for a training run of its own: L6 reads the shared smoke run when a check before it
     # made it, or when a selected check that always reads it (S1-S3) makes it anyway (the run is counted once,
     # for whoever asks first); otherwise it reports the current weights and says the drift was not measured
@@ -201,9 +211,7 @@ def check_logit_drift(dlcheck):
     if not isinstance(model, torch.nn.Module):
         dlcheck.not_applicable(f"dlcheck_model is a {type(model).__name__}, not a torch.nn.Module: no logits to read")
     sample = token_sample(dlcheck)
-    kind = pipeline_kind(dlcheck)
-    if not kind.vocabulary_logits:
-        kind.not_for(dlcheck, "a language model's log Z over its vocabulary (its logits range over classes here)")
+    _vocabulary_logits(dlcheck)
     try:  # the model-call rule: a model whose forward does not take the token batch (a UNet) is not concerned
         fields = {
             k: v for k, v in dict(sample.batches[0]).items() if k in ("input_ids", "attention_mask", "position_ids")

@@ -342,7 +342,8 @@ def check_packing(dlcheck):
         run_clm's group_texts with default_data_collator, or with DataCollatorForLanguageModeling and
         pad == eos), whose documents attend across EOS by design
         (L4.judge_streams=true judges it anyway), or any EOS stream with allow_cross_document=true;
-        batches that are not token batches.
+        batches that are not token batches; masked LMs (BERT/RoBERTa pretraining packs across
+        documents on purpose), sequence and token classifiers.
     """
     model = dlcheck.role("model")
     tok = dlcheck.role("tokenizer")

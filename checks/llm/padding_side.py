@@ -643,6 +643,8 @@ def check_padding_side(dlcheck):
         Pipelines that neither pad their training batches (packed or padding-free rows, equal-length
         rows, a GRPO/RLOO trainer that builds its batches from generations) nor generate in batches
         (no dlcheck_generation_prompts, no GRPO/RLOO trainer); batches that are not token batches.
+        A sequence classifier (labels one per sequence) is judged by each padded example's loss
+        against its own label in the batch and alone (a left-padded BERT pools a pad as its [CLS]).
     """
     model, tok = dlcheck.require("model", "tokenizer")
     halves = [_training_half(dlcheck, model, tok), _generation_half(dlcheck, model, tok)]

@@ -293,7 +293,8 @@ def check_schema(dlcheck):
     Not applicable
         Examples with neither text, conversations nor token ids (images, tabular rows) when no LLM
         trainer kind is known. Pre-tokenized examples are a skip instead: their rows before
-        tokenization (dlcheck_raw_dataset) would let the check run.
+        tokenization (dlcheck_raw_dataset) would let the check run. Masked LMs, sequence and token
+        classifiers with no schema L8 could judge (no generative training reads their columns).
     """
     tok, raw = dlcheck.require("tokenizer", "raw_dataset")
     trainer = dlcheck.optional("trainer")

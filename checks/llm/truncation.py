@@ -190,8 +190,9 @@ def check_truncation(dlcheck):
         max_length only. Deliberate truncation of long pretraining documents counts as cut: raise
         max_cut_share or ignore L13 there.
     Not applicable
-        Batches that are not token batches. (Every labelled token pipeline is judged for examples left
-        without supervision.)
+        Batches that are not token batches; a sequence classifier (a truncated text keeps its one
+        label). (Every pipeline with per-token labels is judged for examples left without
+        supervision; a masked LM or token classifier has no completion to find cut.)
     """
     tok = dlcheck.role("tokenizer")
     args = dlcheck.role("training_args") if dlcheck.has("training_args") else None

@@ -176,11 +176,33 @@ def test_masked_lm_eval_loss_lines_each_position_up_with_its_own_label(project, 
 
 
 def test_masked_lm_is_not_concerned_by_generation_checks(project):
+    # examples of different lengths, padded by DataCollatorForLanguageModeling: L2 judges the padding, L13 the
+    # supervision kept; neither has a prompt or completion part left unjudged
     _project(project, MASKED)
-    run, results = _report(project, ["--dlcheck=L4,L8,L11,L12"])
+    run, results = _report(project, ["--dlcheck=L2,L4,L8,L11,L12,L13"])
     for cid in ("L4", "L8", "L11", "L12"):
         run.assert_outcome(cid, "skipped")
         assert "not applicable: the model (BertForMaskedLM) is a masked LM" in results[cid]["reason"], results[cid]
+    for cid in ("L2", "L13"):
+        run.assert_outcome(cid, "passed")
+        assert not results[cid].get("not_judged"), results[cid]
+    assert "prompt: none to judge, the model (BertForMaskedLM) is a masked LM (no prompt)" in results["L2"]["evidence"]
+
+
+GROUPED = """model, data = bert(BertForMaskedLM, tok), [{"input_ids": list(range(10, 26))} for _ in range(12)]
+    collator = DataCollatorForLanguageModeling(tok, mlm=True, mlm_probability=0.3)
+    return Trainer(model=model, args=args, data_collator=collator, train_dataset=data, processing_class=tok)"""
+
+
+def test_masked_lm_blocks_without_padding_leave_l2_nothing_to_judge(project):
+    # run_mlm's group_texts blocks: no padding, no prompt: L2 passed on 0 padding positions before
+    _project(project, GROUPED)
+    run, results = _report(project, ["--dlcheck=L2"])
+    run.assert_outcome("L2", "skipped")
+    assert (
+        "not applicable: the model (BertForMaskedLM) is a masked LM, which has no prompt, and the 8 sampled rows"
+        in (results["L2"]["reason"])
+    ), results["L2"]
 
 
 CAUSAL_UNMASKED = """
@@ -258,3 +280,13 @@ def test_pipeline_kind_from_the_model_head():
     assert lm.model_task(tiny.llama(tok)) == (lm.CAUSAL, "LlamaForCausalLM")
     assert lm.model_task(tiny.gpt2(tok)) == (lm.CAUSAL, "GPT2LMHeadModel")
     assert lm.model_task(torch.nn.Linear(2, 2)) is None
+
+
+def test_sequence_classifier_l6_not_applicable_beside_the_smoke_checks(project):
+    # with a smoke check selected L6 reads the shared smoke run first: the model's head decides before that
+    _project(project, SEQUENCE)
+    run, results = _report(project, ["--dlcheck=L6,S1"])
+    assert (
+        "not applicable: the model (BertForSequenceClassification) is a sequence classifier"
+        in (results["L6"]["reason"])
+    ), results["L6"]
