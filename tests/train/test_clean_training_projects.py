@@ -1,6 +1,8 @@
-"""Clean training set-ups of the three kinds of users pass every check of train, ckpt and smoke (a check
-that does not apply skips, saying why); none fails."""
+"""Clean training set-ups of the three kinds of users pass every check of train, ckpt and smoke that concerns
+them (a check that does not apply says "not applicable", why); none fails, none skips undecided but the known
+gaps listed."""
 
+import json
 import re
 
 import pytest
@@ -93,14 +95,42 @@ PROJECTS = {
 RAN = {"grpo-trainer": {"C1", "C18", "S1", "S3"}}
 
 
+#: the checks that need held-out data, which the trainer projects here do not give (a missing role, named)
+NEED_EVAL_DATA = {"T8", "S5"}
+GRPO_STEP = "GRPOTrainer computes its loss on completions it generates inside the step"
+#: checks that concern a clean project yet cannot judge it, with the start of their reason: known gaps, kept
+#: visible (one that starts to pass, or skips for another reason, fails the test: then update this list)
+UNDECIDED = {
+    "grpo-trainer": {cid: GRPO_STEP for cid in ("T3", "T4", "T5", "T11", "T12", "T13")},
+    "sft-packed-trainer": {"T4": "no sampled batch holds 2 examples or more"},
+}
+
+
 @pytest.mark.parametrize("kind", sorted(PROJECTS))
-def test_clean_project_fails_no_check(project, kind):
+def test_clean_project_fails_no_check(project, kind, tmp_path):
     project.conftest(PROJECTS[kind])
+    out = tmp_path / "report.json"
     run = project.run(
-        "--dlcheck=train,ckpt,smoke,L9,L10", *(["--dlcheck-set=S1.steps=6"] if kind == "grpo-trainer" else [])
+        "--dlcheck=train,ckpt,smoke,L9,L10",
+        f"--dlcheck-json={out}",
+        *(["--dlcheck-set=S1.steps=6"] if kind == "grpo-trainer" else []),
     )
     failed = {cid for cid, outs in run.outcomes.items() if set(outs) & {"failed", "error"}}
     assert not failed, run.text
+    # every check that concerns the project passes (not a few among skips): only "not applicable", the eval
+    # data some projects do not hand over, and the known gaps below are left out
+    results = json.loads(out.read_text())["results"]
+    known = UNDECIDED.get(kind, {})
+    unexpected = [
+        f"{r['id']}: {r['outcome']}: {r.get('reason', '')}"
+        for r in results
+        if r["outcome"] not in ("passed", "not_applicable")
+        and not (r["outcome"] == "missing_role" and r["id"] in NEED_EVAL_DATA)
+        and not (r["id"] in known and r.get("reason", "").startswith(known[r["id"]]))
+    ]
+    assert not unexpected, f"{kind}: checks that concern the project did not pass:\n" + "\n".join(unexpected)
+    stale = [r["id"] for r in results if r["id"] in known and r["outcome"] != "skipped"]
+    assert not stale, f"{kind}: {stale} no longer skip: take them out of UNDECIDED"
     ran = {cid for cid, outs in run.outcomes.items() if "passed" in outs}
     assert RAN.get(kind, {"T3", "T5", "C1", "C18", "S1"}) <= ran, run.text
     # every pass says what it measured (-v shows it beside PASSED)
