@@ -6,21 +6,63 @@ from ...registry import Setting, check
 from ...training import get_setup, smoke_run
 
 
-def _trainer_schedule(trainer) -> tuple[int, int, int, int] | None:
-    """(optimizer steps of the run, warmup steps, micro-batches per epoch, accumulation) of a Trainer."""
-    args = trainer.args
-    try:
-        per_epoch = len(trainer.train_dataset) // max(1, args.per_device_train_batch_size)
-    except TypeError:
-        per_epoch = None
-    accum = max(1, args.gradient_accumulation_steps)
-    if args.max_steps and args.max_steps > 0:
-        total = args.max_steps
-    elif per_epoch:
-        total = math.ceil(per_epoch / accum) * math.ceil(args.num_train_epochs)
-    else:
-        return None
-    return total, int(args.get_warmup_steps(total)), per_epoch or 0, accum
+class _Plan:
+    """The optimizer steps a Trainer's arguments plan, and the warmup it asks for."""
+
+    def __init__(self, trainer):
+        args = trainer.args
+        self.args = args
+        self.batch = max(1, args.per_device_train_batch_size)
+        try:
+            n = len(trainer.train_dataset)
+            self.per_epoch = n // self.batch if args.dataloader_drop_last else math.ceil(n / self.batch)
+        except TypeError:  # an iterable dataset: its length is unknown, max_steps is the plan
+            self.per_epoch = 0
+        self.accum = max(1, args.gradient_accumulation_steps)
+        self.epochs = math.ceil(args.num_train_epochs)
+        self.max_steps = args.max_steps if args.max_steps and args.max_steps > 0 else 0
+        #: the optimizer steps the epochs plan, whether or not max_steps stops the Trainer sooner
+        self.by_epochs = math.ceil(self.per_epoch / self.accum) * self.epochs if self.per_epoch else 0
+        #: max_steps stops the handed-over Trainer before its epochs end (a Trainer shortened for the tests)
+        self.shortened = bool(self.max_steps and self.by_epochs > self.max_steps)
+        #: the judged run: at first the handed-over Trainer's own (max_steps wins, as in Trainer.train())
+        self.total = self.max_steps or self.by_epochs
+        self.warmup = self.warmup_of(self.total)
+
+    def warmup_of(self, total: int) -> int:
+        return int(self.args.get_warmup_steps(total)) if total else 0
+
+    def micro_batches(self) -> int:
+        """The micro-batches of the judged run."""
+        if self.per_epoch and self.total == self.by_epochs:
+            return self.per_epoch * self.epochs
+        return self.total * self.accum
+
+
+def _trainer_schedule(trainer) -> _Plan | None:
+    plan = _Plan(trainer)
+    return plan if plan.total else None
+
+
+def _warmup_cause(plan: _Plan) -> str:
+    """What the evidence shows about a warmup longer than the run (the cause names only what the numbers fit)."""
+    micro = plan.micro_batches()
+    if plan.accum > 1 and plan.warmup <= micro:
+        return (
+            f"the warmup is longer than the run and fits in its {micro} micro-batches: warmup counted in "
+            "micro-batches instead of optimizer steps (each optimizer step is gradient_accumulation_steps="
+            f"{plan.accum} micro-batches)"
+        )
+    if plan.warmup <= micro * plan.batch:
+        return (
+            f"the warmup is longer than the run and fits in its {micro * plan.batch} samples: warmup counted in "
+            "samples instead of optimizer steps (each optimizer step is per_device_train_batch_size x "
+            "gradient_accumulation_steps samples)"
+        )
+    return (
+        f"the warmup is longer than the run: warmup_steps asks for {plan.warmup} optimizer steps and the run has "
+        f"{plan.total} (a warmup taken from a longer run's configuration)"
+    )
 
 
 @check(
@@ -48,8 +90,11 @@ def check_lr_schedule(dlcheck):
         ``lr_scheduler.step()`` calls (a GradScaler-skipped step counts as taken): more scheduler steps than
         optimizer steps means the schedule is counted in micro-batches. For a Trainer, compares the warmup
         (``warmup_steps`` / ``warmup_ratio``) with the optimizer steps of the run (max_steps, or epochs x
-        micro-batches / gradient_accumulation_steps). For every kind, fails when the learning rate is 0 at
-        every optimizer step of the smoke run.
+        micro-batches / gradient_accumulation_steps). A handed-over Trainer whose ``max_steps`` stops it before
+        its epochs end (``max_steps=10`` to keep the tests short) plans a shorter run than the one launched: its
+        warmup is judged against the run its epochs plan, and the pass says so. The cause names what the numbers
+        fit: a warmup within the run's micro-batches (with accumulation) or samples, else a warmup longer than
+        the run. For every kind, fails when the learning rate is 0 at every optimizer step of the smoke run.
     Why it is bad
         With gradient accumulation of k, a scheduler stepped every micro-batch runs k times too fast: a
         1000-step warmup ends after 1000/k updates and the decay reaches its floor at 1/k of the run.
@@ -67,47 +112,60 @@ def check_lr_schedule(dlcheck):
         warmup/total steps in optimizer steps: len(dataloader) // accum * epochs.
     Known problems
         A scheduler stepped per epoch in your own epoch loop is not seen by the short run (it is not
-        reported). ReduceLROnPlateau is not judged.
+        reported). ReduceLROnPlateau is not judged. A Trainer shortened with ``max_steps`` is judged on the run its
+        epochs plan: a run really launched with that ``max_steps`` and a longer warmup is not reported (which of
+        the two you launch cannot be told from the Trainer); with an iterable dataset ``max_steps`` is the run.
     Not applicable
         None among runs that take optimizer steps: each has a learning rate to follow.
     """
     setup = get_setup(dlcheck)
     evidence, cause, fix = [], "", ""
     judged: list[str] = []
+    plan = None
     if setup.kind == "trainer":
-        sched = _trainer_schedule(setup.trainer)
-        if sched is not None:
-            total, warmup, per_epoch, accum = sched
-            if warmup > total:
+        plan = _trainer_schedule(setup.trainer)
+        if plan is not None:
+            short = ""
+            if plan.shortened and plan.warmup > plan.max_steps:
+                # a test's short Trainer (max_steps=10 on a run its epochs plan longer): the warmup is judged
+                # against the run the user launches without max_steps, the one its epochs plan
+                plan.total, plan.warmup = plan.by_epochs, plan.warmup_of(plan.by_epochs)
+                short = (
+                    f"the handed-over Trainer plans a shorter run than its epochs: max_steps={plan.max_steps} stops "
+                    f"it before its warmup of {plan.warmup_of(plan.max_steps)} optimizer steps ends; judged against "
+                    f"the {plan.total} optimizer steps its {plan.epochs} epochs plan (the run without max_steps)"
+                )
+            if plan.warmup > plan.total:
                 micro = (
-                    f", {per_epoch} micro-batches per epoch with gradient_accumulation_steps={accum}"
-                    if per_epoch
+                    f", {plan.per_epoch} micro-batches per epoch with gradient_accumulation_steps={plan.accum}"
+                    if plan.per_epoch
                     else ""
                 )
                 evidence = [
-                    f"warmup of {warmup} optimizer steps for a run of {total} optimizer steps{micro}",
-                    f"the LR ends the run at {warmup and min(1.0, total / warmup):.0%} of learning_rate="
+                    f"warmup of {plan.warmup} optimizer steps for a run of {plan.total} optimizer steps{micro}",
+                    f"the LR ends the run at {min(1.0, plan.total / plan.warmup):.0%} of learning_rate="
                     f"{setup.trainer.args.learning_rate:g}: it never reaches its peak",
                 ]
-                cause = (
-                    "the warmup is longer than the run: warmup counted in micro-batches or samples instead of "
-                    "optimizer steps (each optimizer step is gradient_accumulation_steps micro-batches)"
-                )
+                if short:
+                    evidence.append(short)
+                cause = _warmup_cause(plan)
                 fix = (
                     "set warmup_steps in optimizer steps (len(train_dataloader) // gradient_accumulation_steps x "
                     "epochs x ratio), or use warmup_ratio"
                 )
                 dlcheck.fail(evidence, cause, fix)
+            if short:
+                judged.append(short)
             judged.append(
-                f"the Trainer's warmup of {warmup} optimizer steps fits in its run of {total} optimizer steps"
-                + (f" (gradient_accumulation_steps={accum})" if accum > 1 else "")
+                f"the Trainer's warmup of {plan.warmup} optimizer steps fits in its run of {plan.total} optimizer steps"
+                + (f" (gradient_accumulation_steps={plan.accum})" if plan.accum > 1 else "")
             )
     run = smoke_run(dlcheck)
     traj = run.trajectory
     opt_steps, sched_steps = traj.calls.count("opt"), traj.calls.count("sched")
     lrs = [r.lr for r in traj.steps if r.lr is not None]
     if lrs:
-        declared = _trainer_schedule(setup.trainer) if setup.kind == "trainer" else None
+        declared = (plan.total, plan.warmup) if plan is not None else None  # the judged run
         dlcheck.attach(
             "series",
             title="T6: the learning rate at each step of the smoke run",

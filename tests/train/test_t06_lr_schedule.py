@@ -150,3 +150,78 @@ def test_lightning_manual_optimization_steps_the_scheduler_per_optimizer_step(pr
     ), text
     assert "warmup and decay run 2x too fast" in text
     assert "sch.step() (sch = self.lr_schedulers()) right after opt.step()" in text
+
+
+# README's "A transformers / TRL Trainer user writes one fixture", with tiny pieces built as the tests build them
+# and the user's own schedule (a warmup of {warmup} optimizer steps for the run its 3 epochs plan)
+README_TRAINER = """
+    import pytest, tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    def build_model():
+        return tiny.llama(tiny.tokenizer())
+
+    def build_tokenizer():
+        return tiny.tokenizer()
+
+    def load_my_data():  # 48 examples: 24 micro-batches of 2 per epoch
+        return Dataset.from_dict({{"prompt": tiny.PROMPTS * 8, "completion": tiny.COMPLETIONS * 8}})
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        return SFTTrainer(
+            model=build_model(),
+            processing_class=build_tokenizer(),
+            args=SFTConfig(output_dir=str(tmp_path_factory.mktemp("sft")), max_steps=10,
+                           # the user's real configuration (CPU-only and quiet for the test machine)
+                           num_train_epochs=3, per_device_train_batch_size=2, gradient_accumulation_steps={accum},
+                           warmup_steps={warmup}, use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+                           activation_checkpointing=False, disable_tqdm=True),
+            train_dataset=load_my_data(),
+        )
+"""
+
+
+def test_the_readme_trainer_example_with_a_correct_warmup_passes(project):
+    """max_steps=10 keeps the handed-over Trainer short; the run launched without it is 3 epochs x 24 = 72
+    optimizer steps, which hold the warmup of 20. The old check judged the warmup against max_steps=10 and
+    failed it as 'counted in micro-batches'."""
+    project.conftest(README_TRAINER.format(accum=1, warmup=20))
+    run = project.run("--dlcheck=T6", "-rA")
+    run.assert_outcome("T6", "passed")
+    text = " ".join(run.text.split())
+    assert (
+        "the handed-over Trainer plans a shorter run than its epochs: max_steps=10 stops it before its warmup of 20 "
+        "optimizer steps ends; judged against the 72 optimizer steps its 3 epochs plan (the run without max_steps)"
+        in text
+    ), text
+    assert "the Trainer's warmup of 20 optimizer steps fits in its run of 72 optimizer steps" in text
+
+
+def test_the_readme_trainer_example_with_a_warmup_in_micro_batches_fails(project):
+    """The same short Trainer with gradient_accumulation_steps=4: the 3 epochs are 18 optimizer steps, and a
+    warmup of 72 (the run's micro-batches) never ends."""
+    project.conftest(README_TRAINER.format(accum=4, warmup=72))
+    run = project.run("--dlcheck=T6")
+    run.assert_outcome("T6", "failed")
+    text = tt.section(run, "T6")
+    assert (
+        "warmup of 72 optimizer steps for a run of 18 optimizer steps, 24 micro-batches per epoch with "
+        "gradient_accumulation_steps=4" in text
+    ), text
+    assert "the handed-over Trainer plans a shorter run than its epochs: max_steps=10" in text
+    assert "fits in its 72 micro-batches: warmup counted in micro-batches instead of optimizer steps" in text
+    assert "use warmup_ratio" in text
+
+
+def test_a_warmup_longer_than_the_run_is_not_blamed_on_micro_batches(project):
+    """Without accumulation a warmup longer than the run (max_steps=-1: the 3 epochs are 72 optimizer steps and
+    144 samples) is no micro-batch count; the cause says what the numbers show."""
+    project.conftest(README_TRAINER.format(accum=1, warmup=200).replace("max_steps=10", "max_steps=-1"))
+    run = project.run("--dlcheck=T6")
+    run.assert_outcome("T6", "failed")
+    text = tt.section(run, "T6")
+    assert "warmup of 200 optimizer steps for a run of 72 optimizer steps" in text
+    assert "micro-batches instead" not in text and "samples instead" not in text
+    assert "warmup_steps asks for 200 optimizer steps and the run has 72" in text
