@@ -4,7 +4,7 @@ from typing import Any
 
 from ...registry import Setting, check, load_checks
 from ...training import fresh_probe, get_setup, memo_or_skip, run_or_skip, smoke_baseline
-from ...training.resume import ResumeRun, keys_mismatch
+from ...training.resume import ResumeLoadFailed, ResumeRun, holders_of, keys_mismatch, refused_global
 
 #: the order pieces are tried in: the usual culprits first, the weights last (the RNG states are C3's: C1
 #: puts them back in every resumed run)
@@ -365,7 +365,10 @@ def check_resume(dlcheck):
         and PEFT's "missing adapter keys" are shown as evidence. When the session runs the shared smoke run
         anyway (S1, S2 or S3 selected), that run is the uninterrupted one: it saves ``steps // 2`` optimizer
         steps before its end (``S1.steps``) and C1 trains only the resumed steps (a Lightning fit runs its own
-        two epochs).
+        two epochs). When the resume's own loading raises on the checkpoint the pipeline's own save wrote (your
+        load, ``fit(ckpt_path=...)`` or ``train(resume_from_checkpoint=...)`` on fresh objects), no checkpoint the
+        pipeline writes can be resumed: the check fails with the exception as evidence, and a class that
+        ``torch.load(weights_only=True)`` refuses is named with where the checkpoint holds it.
     Why it is bad
         A resume that restores the weights only is a different run: Adam restarts with zero moments (a
         jolt of large updates), the LR schedule starts over (warmup again, or no decay), an EMA starts anew.
@@ -378,12 +381,16 @@ def check_resume(dlcheck):
         lr = base_lr * warmup(state["step"])   # a counter the checkpoint does not hold: restarts at 0
         model.load_state_dict(torch.load(path)["model"], strict=False)   # "module."-prefixed keys: nothing loads
         SFTTrainer(model=llava, ...).train(resume_from_checkpoint=...)   # transformers 5: no weight restored
+        torch.save({..., "args": args}, path); torch.load(path)   # torchvision references: torch >= 2.6 refuses
+                                                                  # the argparse.Namespace (weights_only=True)
     Use instead
         save and load the optimizer, the scheduler, the GradScaler, every counter your loop reads, and the
         step: the Trainer does it unless save_only_model=True; Lightning does it for what configure_optimizers
         returns. Load weights with strict=True. For a model whose checkpoint names are converted (LLaVA and
         other VLMs in transformers 5), load the weights through from_pretrained in a Trainer subclass's
         _load_from_checkpoint.
+        Load a checkpoint you wrote yourself with torch.load(path, weights_only=False) (Lightning:
+        fit(..., weights_only=False)), or save plain types (vars(args)), or add_safe_globals([...]) the class.
     Known problems
         Compares bitwise: on GPU, nondeterministic kernels can make even the uninterrupted run differ from
         itself; the check then skips (not reproducible). A resume that loses only the RNG states passes here and
@@ -411,7 +418,10 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
     # the shared smoke run, when the session makes it anyway, is the uninterrupted run: it saved for C1
     # C1.steps // 2 steps before its end, and only the resumed steps are C1's own
     total, baseline, label = resume_baseline(dlcheck, setup)
-    run = shared_resume(dlcheck, setup, total, frozenset({"rng"}), baseline)
+    try:
+        run = shared_resume(dlcheck, setup, total, frozenset({"rng"}), baseline)
+    except ResumeLoadFailed as exc:
+        _load_raises(dlcheck, setup, exc, label)
     _curves(dlcheck, run)
     how = how_saved(setup, run)
     bad = run.mismatch()
@@ -507,6 +517,95 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
             "dtype=model.dtype).state_dict()) — or upgrade transformers once the Trainer applies the mapping"
         )
     dlcheck.fail(evidence, cause, fix)
+
+
+SAVED_BY = {
+    "trainer": "the Trainer's save (its checkpoint-* directory)",
+    "lightning": "Lightning's ModelCheckpoint",
+    "loop": "your dlcheck_save_checkpoint",
+    "accelerate": "your save",
+}
+LOADED_BY = {
+    "trainer": "train(resume_from_checkpoint=...)",
+    "lightning": "fit(ckpt_path=...)",
+    "loop": "your dlcheck_load_checkpoint",
+    "accelerate": "your load",
+}
+
+
+def _load_raises(dlcheck: Any, setup: Any, exc: ResumeLoadFailed, label: str) -> None:
+    """The resume's loading raised on the checkpoint the pipeline's own save wrote (fresh objects, the path the
+    save was given: the pipeline's own conditions): no checkpoint this pipeline writes can be resumed. The
+    exception is the evidence; a global that torch.load(weights_only=True) refuses is named with where the
+    checkpoint holds it."""
+    loaded_by = LOADED_BY.get(setup.kind, "the resume")
+    evidence = [
+        f"{label}, saved after step {exc.saved_at} by {SAVED_BY.get(setup.kind, 'the save')} "
+        f"({exc.checkpoint.name}); {loaded_by} on fresh objects raised on it, before any step was resumed:",
+        _shown(exc),
+    ]
+    refused = refused_global(exc.error)
+    if refused is None:
+        dlcheck.fail(
+            evidence,
+            cause=f"{loaded_by} raises on the checkpoint the pipeline's own save writes: no checkpoint this "
+            "pipeline writes can be resumed (the exception above says what the load could not read)",
+            fix="make the load read exactly what the save writes (the same keys, the same file names, the same "
+            "objects), and resume once from a checkpoint of a short run to see it work",
+        )
+    where = holders_of(exc.checkpoint, refused)
+    evidence.append(
+        (
+            f"{', '.join(where)} {'is' if len(where) == 1 else 'are'} {_article(refused)} {refused}"
+            if where
+            else f"the checkpoint holds {_article(refused)} {refused}"
+        )
+        + ", pickled: torch.load(weights_only=True) refuses it (only tensors, plain containers, numbers and "
+        "strings, and the globals allowed by torch.serialization.add_safe_globals, load)"
+    )
+    name = refused.rsplit(".", 1)[-1]
+    if setup.kind == "lightning":
+        knob = "trainer.fit(model, ckpt_path=path, weights_only=False) for a checkpoint you wrote yourself"
+        plain = "save plain types as hyperparameters (vars(args), numbers, strings) instead of the object"
+    elif setup.kind == "trainer":
+        knob = "load the file with torch.load(path, weights_only=False) where your Trainer subclass reads it"
+        plain = "keep plain types (dicts, numbers, strings) in what the Trainer saves"
+    else:
+        knob = "torch.load(path, weights_only=False) in your load, for a checkpoint you wrote yourself"
+        plain = (
+            "save plain types instead of the object (vars(args) for an argparse.Namespace)"
+            if refused == "argparse.Namespace"
+            else f"save plain types instead of the {name} object (its fields as a dict)"
+        )
+    dlcheck.fail(
+        evidence,
+        cause=f"torch.load's weights_only=True (its default since torch 2.6) refuses the {refused} that the save "
+        f"put in the checkpoint: {loaded_by} raises on every checkpoint this pipeline writes, so no run can be "
+        "resumed",
+        fix=f"{knob}; or {plain}; or allow the class: torch.serialization.add_safe_globals([{refused}]) before loading",
+    )
+
+
+def _article(name: str) -> str:
+    return "an" if name[:1].lower() in "aeiou" else "a"
+
+
+def _shown(exc: ResumeLoadFailed) -> str:
+    """The load's exception in one line: torch's weights_only refusal by its WeightsUnpickler line (the long
+    preamble cut), with where the user's code raised it."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", exc.message)
+    error = re.sub(r"\x1b\[[0-9;]*m", "", str(exc.error))
+    found = re.search(r"WeightsUnpickler error: ([^\n]*?allowed global[^.\n]*)", error)
+    if not found:
+        return text
+    from ...session import where_raised
+
+    return (
+        f"raised {type(exc.error).__name__}: Weights only load failed: {found.group(1).strip()}"
+        f"{where_raised(exc.error)}"
+    )
 
 
 def _parting(run: ResumeRun, label: str, how: str, step: int, what: str, trainer: bool) -> list[str]:

@@ -15,11 +15,13 @@ from ..errors import MISSING
 from .resume import (
     Baseline,
     InterruptedSave,
+    ResumeLoadFailed,
     ResumeRun,
     SaveInterrupted,
     interrupted_saves,
     load_reports,
     put_back_rng,
+    raised_loading,
     read_saved,
 )
 from .runs import (
@@ -269,7 +271,22 @@ class LightningSetup:
             callbacks.insert(0, _lightning_restorer(base.truth, restore))
         seed_all(SEED)
         with load_reports() as loads:
-            self._fit(module, dm, callbacks, ckpt_path=str(base.checkpoint), max_epochs=2, limit_train_batches=k)
+            try:
+                self._fit(module, dm, callbacks, ckpt_path=str(base.checkpoint), max_epochs=2, limit_train_batches=k)
+            except Exception as exc:
+                if not raised_loading(exc):
+                    raise
+                # Lightning's own resume refuses the .ckpt its own ModelCheckpoint wrote (as the user's fit
+                # would): C1's finding
+                raise ResumeLoadFailed(
+                    "lightning_module",
+                    f"fit(ckpt_path=...) raised {type(exc).__name__} loading {base.checkpoint.name}: "
+                    + " ".join(str(exc).split())[:600],
+                    exc,
+                    "fit(ckpt_path=...)",
+                    base.checkpoint,
+                    k,
+                ) from exc
         return ResumeRun(base.trajectory, traj, k, base.checkpoint, base.pieces, loads)
 
     def _uninterrupted(self, k: int) -> tuple[Trajectory, dict[str, Any], Any]:

@@ -18,6 +18,7 @@ from ..session import user_call
 from .resume import (
     Baseline,
     InterruptedSave,
+    ResumeLoadFailed,
     ResumeRun,
     SaveInterrupted,
     interrupted_saves,
@@ -355,7 +356,10 @@ class LoopSetup:
                         f"wrote nothing at the path it was given ({base.checkpoint}), "
                         f"so dlcheck_load_checkpoint {exc.message}",
                     ) from None
-                raise
+                # the user's load raising on what the user's own save wrote: C1's finding
+                raise ResumeLoadFailed(
+                    exc.role, exc.message, exc.__cause__ or exc, "load", base.checkpoint, saved_at
+                ) from exc.__cause__
             _loop_restore(state, base.truth, restore)
             before = rng_state()
             self.run(state, batches[saved_at:], saved_at, traj, digests=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..errors import RoleError
 from .runs import SEED, Trajectory, ema_difference, seed_all, set_rng_state
 
 #: a restore piece of the diagnostic resumes (C3): the global RNGs set to another state than the uninterrupted
@@ -39,6 +40,108 @@ def put_back_rng(truth: dict[str, Any], restore: frozenset[str]) -> None:
         set_rng_state(truth["rng"])
     elif OTHER_RNG in restore:
         seed_all(SEED + 2)
+
+
+class ResumeLoadFailed(RoleError):
+    """The resume's own loading raised on the checkpoint the pipeline's own save wrote, in the pipeline's own
+    conditions (fresh objects, the path the save was given): no checkpoint this pipeline writes can be resumed.
+    That is C1's finding (C3 skips naming C1), not an error of the check. ``error`` is the exception the load
+    raised, ``how`` the load in words, ``checkpoint`` what was loaded, ``saved_at`` the step it was saved
+    after."""
+
+    def __init__(self, role: str, message: str, error: BaseException, how: str, checkpoint: Path, saved_at: int):
+        super().__init__(role, message)
+        self.error = error
+        self.how = how
+        self.checkpoint = Path(checkpoint)
+        self.saved_at = saved_at
+
+
+#: the frames of a framework's resume that load a checkpoint: (a path ending, function names or None for any)
+_LOADING_FRAMES = (
+    ("torch/serialization.py", None),
+    ("safetensors/torch.py", None),
+    ("lightning/pytorch/trainer/connectors/checkpoint_connector.py", None),
+    (
+        "transformers/trainer.py",
+        (
+            "_load_from_checkpoint",
+            "_load_optimizer_and_scheduler",
+            "_load_rng_state",
+            "_load_scaler",
+            "_load_callback_state",
+        ),
+    ),
+)
+
+
+def raised_loading(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while a framework's resume (Lightning's ``fit(ckpt_path=...)``, the Trainer's
+    ``train(resume_from_checkpoint=...)``) loaded the checkpoint, not later in the resumed training."""
+    import traceback
+
+    from ..session import in_plugin
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames and in_plugin(frames[-1].filename):  # raised by dlcheck's own code: a bug of the plugin
+        return False
+    for frame in frames:
+        name = frame.filename.replace("\\", "/")
+        for ending, functions in _LOADING_FRAMES:
+            if name.endswith(ending) and (functions is None or frame.name in functions):
+                return True
+    return False
+
+
+def refused_global(exc: BaseException) -> str | None:
+    """The global ``torch.load(weights_only=True)`` refused (``argparse.Namespace``), from its
+    UnpicklingError (or one it was raised from), or None."""
+    import re
+
+    seen = 0
+    while exc is not None and seen < 5:
+        if type(exc).__name__ == "UnpicklingError":
+            found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(exc)) or re.search(
+                r"GLOBAL ([\w.]+) was not an allowed global", str(exc)
+            )
+            if found:
+                return found.group(1).rstrip(".")
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+def holders_of(checkpoint: Path, qualname: str, limit: int = 4) -> list[str]:
+    """Where the checkpoint file(s) at ``checkpoint`` hold an object of the class ``qualname`` (``module.Name``):
+    ``checkpoint.pth['args']``. Loaded with weights_only=False: the file is the one the pipeline's own save
+    wrote a moment ago, in dlcheck's temporary folder."""
+    path = Path(checkpoint)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in CHECKPOINT_SUFFIXES)
+    found: list[str] = []
+
+    def walk(obj: Any, where: str, depth: int) -> None:
+        if len(found) >= limit or depth > 5:
+            return
+        kind = type(obj)
+        if f"{kind.__module__}.{kind.__qualname__}" == qualname:
+            found.append(where)
+            return
+        if isinstance(obj, Mapping):
+            for key, value in list(obj.items())[:200]:
+                walk(value, f"{where}[{key!r}]", depth + 1)
+        elif isinstance(obj, (list, tuple)):
+            for i, value in enumerate(list(obj)[:200]):
+                walk(value, f"{where}[{i}]", depth + 1)
+
+    for f in files:
+        if not f.is_file() or f.suffix == ".safetensors":
+            continue
+        try:
+            obj = torch.load(f, map_location="cpu", weights_only=False)
+        except Exception:  # noqa: BLE001 - unreadable even so: no place to show, the exception stands
+            continue
+        walk(obj, f.name, 0)
+    return found
 
 
 @dataclass

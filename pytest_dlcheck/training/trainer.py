@@ -18,11 +18,13 @@ from ..session import collect_freed
 from .resume import (
     Baseline,
     InterruptedSave,
+    ResumeLoadFailed,
     ResumeRun,
     SaveInterrupted,
     interrupted_saves,
     load_reports,
     put_back_rng,
+    raised_loading,
     read_saved,
 )
 from .runs import (
@@ -302,7 +304,21 @@ class TrainerSetup:
         truth = base.truth
         loads = _patch_trainer_restore(clone, truth, restore)
         with _quiet():
-            clone.train(resume_from_checkpoint=str(base.checkpoint))
+            try:
+                clone.train(resume_from_checkpoint=str(base.checkpoint))
+            except Exception as exc:
+                if not raised_loading(exc):
+                    raise
+                # the Trainer's own resume refuses the checkpoint directory its own save wrote: C1's finding
+                raise ResumeLoadFailed(
+                    "trainer",
+                    f"train(resume_from_checkpoint=...) raised {type(exc).__name__} loading "
+                    f"{base.checkpoint.name}: " + " ".join(str(exc).split())[:600],
+                    exc,
+                    "train(resume_from_checkpoint=...)",
+                    base.checkpoint,
+                    k,
+                ) from exc
         return ResumeRun(base.trajectory, traj, k, base.checkpoint, base.pieces, loads)
 
     def uninterrupted_again(self, total: int, saved_at: int) -> Trajectory:

@@ -1,0 +1,134 @@
+"""C1 when the resume's own loading raises on the checkpoint the pipeline's own save wrote (torchvision's
+references save ``args``, an argparse.Namespace, and resume with a plain ``torch.load``: weights_only=True by
+default since torch 2.6 refuses it). That is C1's finding, a failure with the exception as evidence, not an
+error; C3 skips naming C1. The same for Lightning's own fit(ckpt_path=...) on a .ckpt whose hyperparameters
+hold a Namespace."""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+import tiny_lightning as tl  # noqa: E402
+import tiny_train as tt  # noqa: E402
+
+
+def _results(out: Path) -> dict:
+    return {r["id"]: r for r in json.loads(out.read_text())["results"]}
+
+
+#: torchvision's references/classification/train.py: checkpoint["args"] = args; resume with torch.load(path)
+NAMESPACE_CKPT = """
+    import argparse
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        def save(state, path):
+            torch.save({{"model": state["model"].state_dict(), "optimizer": state["optimizer"].state_dict(),
+                        "lr_scheduler": state["lr_scheduler"].state_dict(), "args": {args}}}, path)
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        def load(state, path):
+            ckpt = torch.load(path, map_location="cpu"{load})
+            state["model"].load_state_dict(ckpt["model"])
+            state["optimizer"].load_state_dict(ckpt["optimizer"])
+            state["lr_scheduler"].load_state_dict(ckpt["lr_scheduler"])
+        return load
+"""
+
+
+def _loop(args: str, load: str = "") -> str:
+    return tt.loop_project(extra=NAMESPACE_CKPT.format(args=args, load=load))
+
+
+def test_a_checkpoint_holding_a_namespace_that_torch_load_refuses_fails_c1_with_the_exception(project, tmp_path):
+    project.conftest(_loop("argparse.Namespace(lr=0.01, epochs=2)"))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
+    results = _results(out)
+    c1 = results["C1"]
+    assert c1["outcome"] == "failed", c1
+    text = tt.section(run, "C1")
+    assert "your dlcheck_load_checkpoint on fresh objects raised on it, before any step was resumed" in text
+    assert "UnpicklingError" in text and "argparse.Namespace" in text
+    assert "checkpoint['args'] is an argparse.Namespace, pickled: torch.load(weights_only=True) refuses it" in text
+    assert "weights_only=True (its default since torch 2.6) refuses the argparse.Namespace" in c1["cause"]
+    assert "weights_only=False" in c1["fix"] and "vars(args)" in c1["fix"]
+    assert "add_safe_globals([argparse.Namespace])" in c1["fix"]
+    c3 = results["C3"]
+    assert c3["outcome"] == "skipped" and "C1 reports it" in c3["reason"], c3
+
+
+def test_the_same_checkpoint_with_plain_args_resumes(project, tmp_path):
+    project.conftest(_loop("vars(argparse.Namespace(lr=0.01, epochs=2))"))
+    out = tmp_path / "r.json"
+    project.run("--dlcheck=C1", f"--dlcheck-json={out}")
+    assert _results(out)["C1"]["outcome"] == "passed"
+
+
+def test_the_namespace_loaded_with_weights_only_false_resumes(project, tmp_path):
+    project.conftest(_loop("argparse.Namespace(lr=0.01, epochs=2)", load=", weights_only=False"))
+    out = tmp_path / "r.json"
+    project.run("--dlcheck=C1", f"--dlcheck-json={out}")
+    assert _results(out)["C1"]["outcome"] == "passed"
+
+
+def test_a_load_raising_for_another_reason_fails_c1_with_its_exception(project, tmp_path):
+    """No refused global: the exception itself is the evidence, the cause says the load cannot read the save."""
+    broken = """
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        return tt.save_all
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        def load(state, path):
+            state["lr_scheduler"].load_state_dict(torch.load(path, weights_only=False)["scheduler"])
+        return load
+"""
+    project.conftest(tt.loop_project(extra=broken))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1", f"--dlcheck-json={out}")
+    c1 = _results(out)["C1"]
+    assert c1["outcome"] == "failed", c1
+    assert "KeyError" in tt.section(run, "C1")
+    assert "raises on the checkpoint the pipeline's own save writes" in c1["cause"]
+
+
+LIGHTNING_NAMESPACE = """
+
+    import argparse
+
+    class WithArgs(tl.Classifier):
+        def __init__(self, cfg=None, **kw):
+            super().__init__(**kw)
+            self.save_hyperparameters()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_lightning_module():
+        torch.manual_seed(0)
+        return WithArgs(cfg={cfg})
+"""
+
+
+def test_lightning_fit_refusing_its_own_ckpt_fails_c1_not_a_traceback(project, tmp_path):
+    project.conftest(tl.project() + LIGHTNING_NAMESPACE.format(cfg="argparse.Namespace(width=16)"))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
+    results = _results(out)
+    c1 = results["C1"]
+    assert c1["outcome"] == "failed", c1
+    text = tt.section(run, "C1")
+    assert "fit(ckpt_path=...) on fresh objects raised on it" in text and "UnpicklingError" in text
+    assert "['hyper_parameters']['cfg'] is an argparse.Namespace" in text
+    assert "weights_only=False" in c1["fix"] and "add_safe_globals([argparse.Namespace])" in c1["fix"]
+    assert results["C3"]["outcome"] == "skipped" and "C1 reports it" in results["C3"]["reason"]
+
+
+def test_lightning_with_plain_hyperparameters_resumes(project, tmp_path):
+    project.conftest(tl.project() + LIGHTNING_NAMESPACE.format(cfg="dict(width=16)"))
+    out = tmp_path / "r.json"
+    project.run("--dlcheck=C1", f"--dlcheck-json={out}")
+    assert _results(out)["C1"]["outcome"] == "passed"
