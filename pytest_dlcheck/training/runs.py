@@ -240,11 +240,7 @@ def _moved(batch: Any, device: torch.device, depth: int) -> Any:
         return batch.to(device)
     if depth < 0:
         return batch
-    if (
-        _is_batch_class(batch)
-        and not isinstance(batch, (list, tuple))
-        and not (isinstance(batch, dict) and type(batch) is dict)
-    ):
+    if _is_batch_class(batch):  # its own .to() (a BatchEncoding, a PackedSequence, a custom batch) knows how
         mine = copy.copy(batch)
         out = mine.to(device)
         return mine if out is None else out
