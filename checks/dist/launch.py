@@ -434,6 +434,7 @@ class Rank:
             "accelerate": getattr(self.setup, "kind", None) == "accelerate",
             "fsdp": fsdp_kind(model),
             "init": self.params(inner),
+            "unsynced": unsynced(model, inner),
             "small": sum(p.numel() for p in inner.parameters()) <= SMALL_MODEL,
         }
         rec["init_tensors"] = self.tensors(inner) if rec["small"] else None
@@ -555,6 +556,7 @@ class Rank:
             "drop_last": getattr(sampler, "drop_last", None),
             "sampler_rank": getattr(sampler, "rank", None),
             "sampler_replicas": getattr(sampler, "num_replicas", None),
+            "sampler_seed": getattr(sampler, "seed", None),
             "dataset_len": n,
             "num_workers": getattr(loader, "num_workers", None),
             "batch_size": getattr(loader, "batch_size", None),
@@ -627,6 +629,7 @@ class Rank:
             m.p = 0.0
         steps: list[dict[str, Any]] = []
         d2_batches: list[Any] = []
+        clips: list[dict[str, float]] = []
         try:
             for i in range(self.job.steps):
                 try:
@@ -637,7 +640,8 @@ class Rank:
                 if before == 0:
                     d2_batches.append(_cpu(batch))
                 self.progress(f"step {i}")
-                loss = self.setup.step(state, batch, i)
+                with _recording_clips(clips) if before == 0 else contextlib.nullcontext():
+                    loss = self.setup.step(state, batch, i)
                 if before == 0 and seen["steps"] > 0:
                     for m, p in drops:
                         m.p = p
@@ -660,6 +664,8 @@ class Rank:
         rec["grads"] = seen["grads"]
         rec["d2_batches"] = d2_batches if seen["grads"] is not None else None
         rec["hooked_optimizer"] = handle is not None
+        #: the gradient-norm clippings of the micro-steps up to the first optimizer step (D2: is the length judged)
+        rec["clips"] = clips if seen["grads"] is not None else None
 
     # ---- D5
 
@@ -766,6 +772,44 @@ class Rank:
             finite_params=all(bool(torch.isfinite(p).all()) for p in inner.parameters()),
         )
         self.write("d6", rec)
+
+
+def unsynced(model: Any, inner: Any) -> list[str]:
+    """The parameters of a DistributedDataParallel model that its reducer does not know: modules created or
+    attached after the wrap (DDP listed the parameters at construction; it neither broadcasts nor averages the
+    others). Empty for a model that is not DDP."""
+    import torch
+
+    if not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return []
+    known = {id(p) for p in getattr(model, "_module_parameters", None) or ()}
+    if not known:
+        return []
+    ignored = set(getattr(model, "parameters_to_ignore", ()) or ())
+    return [n for n, p in inner.named_parameters() if id(p) not in known and n not in ignored]
+
+
+@contextlib.contextmanager
+def _recording_clips(clips: list[dict[str, float]]):
+    """Record every gradient-norm clipping (``clip_grad_norm_``, however imported, and Accelerate's, which calls
+    it): torch's clip_grad_norm_ scales through the module-level ``_clip_grads_with_norm_``, patched here."""
+    from torch.nn.utils import clip_grad
+
+    orig = getattr(clip_grad, "_clip_grads_with_norm_", None)
+    if orig is None:  # pragma: no cover - torch before 2.6: clip_grad_norm_ scales inline
+        yield
+        return
+
+    def clip(parameters: Any, max_norm: float, total_norm: Any, *args: Any, **kwargs: Any) -> Any:
+        with contextlib.suppress(Exception):
+            clips.append({"max_norm": float(max_norm), "total_norm": float(total_norm)})
+        return orig(parameters, max_norm, total_norm, *args, **kwargs)
+
+    clip_grad._clip_grads_with_norm_ = clip
+    try:
+        yield
+    finally:
+        clip_grad._clip_grads_with_norm_ = orig
 
 
 def fsdp_kind(model: Any) -> str | None:

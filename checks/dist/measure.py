@@ -236,6 +236,42 @@ def first_difference(per_rank: list[dict[str, str]]) -> tuple[str, int] | None:
     return None
 
 
+def largest_differences(per_rank: list[dict[str, Any] | None]) -> list[tuple[str, int, float]]:
+    """(tensor name, rank, max |diff| from rank 0's) of every tensor that differs, the largest first; empty when
+    the tensors were not sent back (a large model: its digests say which differ, not by how much)."""
+    if not per_rank or any(t is None for t in per_rank):
+        return []
+    base = per_rank[0]
+    found = []
+    for name in base:
+        sizes = [(max_diff(base[name], other.get(name)), r) for r, other in enumerate(per_rank[1:], start=1)]
+        sizes = [(d, r) for d, r in sizes if d is not None and d != 0]
+        if sizes:
+            d, r = max(sizes)
+            found.append((name, r, d))
+    return sorted(found, key=lambda f: -f[2])
+
+
+def drift(recs: list[dict[str, Any]]) -> str | None:
+    """Why the replicas already differ before the checkpoint and the non-finite step, naming the check that
+    reports it (D4: the initialisation, D1: a step), or None when they are identical after every step."""
+    init = first_difference([r["init"] for r in recs])
+    if init is not None:
+        return (
+            f"the replicas already differ before the first step (parameter {short(init[0])!r}, rank {init[1]}): "
+            "D4 reports the initialisation"
+        )
+    for s in range(min(len(r["steps"]) for r in recs)):
+        for kind in ("params", "opt"):
+            diff = first_difference([r["steps"][s][kind] for r in recs])
+            if diff is not None:
+                return (
+                    f"the replicas already differ after micro-step {s + 1} ({short(diff[0])!r}, rank {diff[1]}): "
+                    "D1 reports the lost synchronisation"
+                )
+    return None
+
+
 def max_diff(a: Any, b: Any) -> float | None:
     if a is None or b is None:
         return None

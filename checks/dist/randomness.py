@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from ...registry import check
 from . import measure
-from .replicas import OPTIONAL, ROLES
+from .replicas import OPTIONAL, ROLES, _modules
 
 
 @check(
@@ -19,7 +19,8 @@ def check_rank_randomness(dlcheck):
         In the shared launch (see D1), every rank digests its parameters right after ``dlcheck_dist_wrap`` (DDP
         broadcasts rank 0's weights there), and fetches example 0 twice through its dataloader's dataset and
         collate (same workers, ``worker_init_fn`` and generator; the rank's generators put back afterwards).
-        Fails when the starting weights differ between ranks, or when the two fetches differ on a rank
+        Fails when the starting weights differ between ranks (naming a module created after the DDP wrap, whose
+        weights DDP did not broadcast, as such), or when the two fetches differ on a rank
         (the pipeline is random) yet every rank's first fetch is identical (every rank draws the same
         augmentation). States whether the ranks' torch generators, which dropout draws from, are identical at
         the first step.
@@ -54,23 +55,55 @@ def check_rank_randomness(dlcheck):
     diff = measure.first_difference([r["init"] for r in recs])
     if diff is not None:
         name, rank = diff
+        differing = [n for n in recs[0]["init"] if any(r["init"].get(n) != recs[0]["init"][n] for r in recs[1:])]
+        late = [n for n in recs[0].get("unsynced") or () if n in differing]
+        if late:
+            name = late[0]
+            rank = next(i for i, r in enumerate(recs) if r["init"].get(name) != recs[0]["init"][name])
         size = (
             measure.max_diff(recs[0]["init_tensors"].get(name), recs[rank]["init_tensors"].get(name))
             if recs[0]["init_tensors"] is not None
             else None
         )
-        dlcheck.fail(
-            [
-                f"right {after}, parameter {measure.short(name)!r} differs between rank 0 and rank "
-                f"{rank}" + (f" (max |diff| {size:.3g})" if size is not None else ""),
-                f"the model each rank trains: {recs[0]['wrapped']}",
-            ],
-            "each rank builds its model from its own random stream and nothing makes the replicas equal: no "
-            "DistributedDataParallel wrap (which broadcasts rank 0's weights), and a seed that differs per rank",
-            "wrap the model in DistributedDataParallel (it broadcasts rank 0's weights at construction), or seed "
-            "identically before building the model and with the rank only afterwards",
-            tensor=name,
-        )
+        evidence = [
+            f"right {after}, parameter {measure.short(name)!r} differs between rank 0 and rank "
+            f"{rank}" + (f" (max |diff| {size:.3g})" if size is not None else ""),
+            f"{len(differing)} of {len(recs[0]['init'])} parameters differ between the ranks",
+            f"the model each rank trains: {recs[0]['wrapped']}",
+        ]
+        wrapper = "accelerator.prepare" if recs[0].get("accelerate") else "DistributedDataParallel"
+        if late:
+            modules = _modules(late)
+            evidence.append(
+                f"parameters the {wrapper} wrap does not know (created after it): "
+                + ", ".join(repr(measure.short(n)) for n in late[:6])
+            )
+            cause = (
+                f"module {', '.join(map(repr, modules))} was created after the model was wrapped ({wrapper}): DDP "
+                "broadcast rank 0's weights at construction for the parameters it had then only, so each rank keeps "
+                "its own random initialisation of the module created afterwards (and DDP does not average its "
+                "gradients either)"
+            )
+            fix = "build (or attach) every module before wrapping: model.head = nn.Linear(...) first, then " + (
+                "model = accelerator.prepare(model)" if recs[0].get("accelerate") else "DistributedDataParallel(model)"
+            )
+        elif recs[0]["ddp"] or recs[0].get("fsdp"):
+            cause = (
+                f"the weights differ right after the wrap although the model is wrapped ({recs[0]['wrapped']}, which "
+                "broadcasts rank 0's weights at construction): they were changed on some ranks after the wrap (a "
+                "re-initialisation or a load that differs per rank)"
+            )
+            fix = "load or re-initialise the weights before wrapping, or identically on every rank"
+        else:
+            cause = (
+                "each rank builds its model from its own random stream and nothing makes the replicas equal: no "
+                "DistributedDataParallel wrap (which broadcasts rank 0's weights), and a seed that differs per rank"
+            )
+            fix = (
+                "wrap the model in DistributedDataParallel (it broadcasts rank 0's weights at construction), or seed "
+                "identically before building the model and with the rank only afterwards"
+            )
+        dlcheck.fail(evidence, cause, fix, tensor=name)
     notes = [f"{len(recs[0]['init'])} parameters identical on the {run.world} ranks {after}"]
     aug = [r.get("augment") for r in recs]
     # each rank's own loader: dlcheck_make_dataloader's, or the one an Accelerate user's factory prepared

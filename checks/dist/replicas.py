@@ -36,7 +36,10 @@ def check_replicas_identical(dlcheck):
         starts them): in each, ``dlcheck_dist_setup``, ``dlcheck_make_training``, ``dlcheck_dist_wrap``, then a
         few micro-steps of ``dlcheck_train_step`` on that rank's batches. After every micro-step each rank digests
         every parameter and every optimizer-state tensor (Adam's moments, …). Fails at the first step where a
-        tensor differs between ranks, naming it, the step and the largest difference. An Accelerate user's factory
+        tensor differs between ranks, naming the parameters that differ most (a module that trains apart, not a
+        weight moved by 1e-8 through a clipping coefficient computed from it) with their largest differences; a
+        module the DDP wrap does not know (created after ``DistributedDataParallel(model)`` or
+        ``accelerator.prepare``) is named as such. An Accelerate user's factory
         (its dict holds the ``Accelerator``) runs as under ``accelerate launch --cpu``: Accelerate's process state is
         reset in each rank, so ``accelerator.prepare`` wraps the model in DDP and shards the DataLoader it prepared.
         A transformers / TRL Trainer (``dlcheck_trainer``) runs as a clone in each rank, through its own
@@ -44,7 +47,8 @@ def check_replicas_identical(dlcheck):
     Why it is bad
         Data parallelism is only correct while every replica is the same model: once gradients stop being
         averaged (a model not wrapped in DistributedDataParallel, ``no_sync()`` left around the micro-step that
-        steps the optimizer, a loss computed through ``model.module`` that bypasses DDP's hooks) each rank
+        steps the optimizer, a loss computed through ``model.module`` that bypasses DDP's hooks, a head created
+        after the wrap, whose parameters DDP never saw) each rank
         trains its own model on its own shard. Nothing raises; the saved checkpoint (rank 0's) has seen 1/N of
         the data, and evaluations on different ranks disagree.
     Example
@@ -80,22 +84,47 @@ def check_replicas_identical(dlcheck):
             if diff is None:
                 continue
             name, rank = diff
-            size = (
-                measure.max_diff(steps[0]["tensors"].get(name), steps[rank]["tensors"].get(name))
-                if kind == "params" and steps[0]["tensors"] is not None
-                else None
-            )
+            size = None
+            # the tensors that differ most, not the first listed: a module that trains apart on each rank, not a
+            # weight that moved by 1e-8 through a clipping coefficient computed from it
+            ranked = measure.largest_differences([st["tensors"] for st in steps]) if kind == "params" else []
+            if ranked:
+                name, rank, size = ranked[0]
             drifting = [n for n in steps[0][kind] if any(st[kind].get(n) != steps[0][kind][n] for st in steps[1:])]
             evidence = [
                 f"after micro-step {s + 1} of {n_steps} on {run.world} ranks, {what} {measure.short(name)!r} differs "
                 f"between rank 0 and rank {rank}" + (f" (max |diff| {size:.3g})" if size is not None else ""),
                 f"{len(drifting)} of {len(steps[0][kind])} {what} tensors differ then; all were identical before "
                 "the first step",
-                f"the model each rank trains: {recs[0]['wrapped']}",
             ]
+            if len(ranked) > 1:
+                evidence.append(
+                    "the largest differences: "
+                    + ", ".join(f"{measure.short(n)!r} {d:.3g}" for n, _, d in ranked[:4])
+                    + (f", … ({len(ranked) - 4} more)" if len(ranked) > 4 else "")
+                )
+            evidence.append(f"the model each rank trains: {recs[0]['wrapped']}")
             grads = [r.get("grads") for r in recs]
             accelerate = recs[0].get("accelerate")
-            if not recs[0]["ddp"] and not recs[0].get("fsdp"):
+            late = [n for n in recs[0].get("unsynced") or () if n in drifting or any(n == d[0] for d in ranked)]
+            if late:
+                modules = _modules(late)
+                wrapper = "accelerator.prepare" if accelerate else "DistributedDataParallel"
+                evidence.append(
+                    f"parameters the {wrapper} wrap does not know (created after it): "
+                    + ", ".join(repr(measure.short(n)) for n in late[:6])
+                )
+                cause = (
+                    f"module {', '.join(map(repr, modules))} was created after the model was wrapped ({wrapper}): DDP "
+                    "averages the gradients of the parameters it saw at construction only, so each rank trains its own "
+                    "copy of the rest"
+                )
+                fix = "build (or attach) every module before wrapping: model.head = nn.Linear(...) first, then " + (
+                    "model = accelerator.prepare(model) (and the optimizer on model.parameters() after it)"
+                    if accelerate
+                    else "DistributedDataParallel(model), and the optimizer on the wrapped model's parameters"
+                )
+            elif not recs[0]["ddp"] and not recs[0].get("fsdp"):
                 cause = (
                     f"the model is not wrapped in DistributedDataParallel ({recs[0]['wrapped']}): nothing averages "
                     "the gradients, each rank steps on its own"
@@ -167,6 +196,12 @@ def check_replicas_identical(dlcheck):
         steps=n_steps,
         launch_seconds=round(run.wall, 2),
     )
+
+
+def _modules(names: list[str]) -> list[str]:
+    """The modules that own these parameters (their common prefixes, shortest first)."""
+    owners = sorted({n.rsplit(".", 1)[0] if "." in n else n for n in names}, key=len)
+    return [o for o in owners if not any(o.startswith(p + ".") for p in owners if p != o)]
 
 
 def _grads_differ(grads: list[dict]) -> bool:

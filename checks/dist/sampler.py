@@ -12,6 +12,35 @@ def _few(xs: list[int], n: int = 8) -> str:
     return ", ".join(map(str, xs[:n])) + (", …" if len(xs) > n else "")
 
 
+def _overlap_cause(loaders: list[dict], world: int) -> tuple[str, str | None]:
+    """Why a distributed sampler's shards overlap, from what each rank's sampler holds: its num_replicas and
+    rank against the process group's, then its seed."""
+    shown = "; ".join(
+        f"rank {r}: num_replicas={info['sampler_replicas']}, rank={info['sampler_rank']}, seed={info.get('sampler_seed')}"
+        for r, info in enumerate(loaders)
+    )
+    if any(info["sampler_replicas"] != world for info in loaders) or [info["sampler_rank"] for info in loaders] != list(
+        range(world)
+    ):
+        return (
+            f"the sampler's num_replicas / rank do not match the process group's ({world} ranks; {shown})",
+            None,
+        )
+    seeds = [info.get("sampler_seed") for info in loaders]
+    if None not in seeds and len(set(seeds)) > 1:
+        return (
+            f"the sampler is seeded differently on each rank ({shown}): each rank shuffles its own permutation of the "
+            "dataset and takes its slice of that one, so the slices overlap and leave examples out",
+            "the same seed on every rank: DistributedSampler(ds, shuffle=True, seed=seed) with a seed that does not "
+            "depend on the rank (seed + rank belongs in torch.manual_seed, for the augmentation, not in the sampler)",
+        )
+    return (
+        f"the sampler's shards overlap although num_replicas, rank and seed match the process group ({shown}): "
+        "its order differs between the ranks (a generator or a dataset order that depends on the rank)",
+        None,
+    )
+
+
 @check(
     "D3",
     domain="dist",
@@ -28,7 +57,9 @@ def check_sampler_shards(dlcheck):
         sampler yields that epoch. Fails when two ranks share examples beyond the padding ``DistributedSampler``
         adds to make the shards equal, when examples are left out beyond those ``drop_last=True`` drops, or when
         a shuffling sampler gives every rank the same order in epoch 1 as in epoch 0. States the padding
-        duplicates and the dropped examples.
+        duplicates and the dropped examples. Overlapping shards of a ``DistributedSampler`` are explained by what
+        each rank's sampler holds: its ``num_replicas`` / ``rank`` against the process group's, then its seed (a
+        seed that differs per rank gives each rank a slice of its own permutation).
     Why it is bad
         A dataloader built without a ``DistributedSampler`` (``shuffle=True`` alone) gives every rank the whole
         dataset: an epoch is N passes over the data, each example's gradient counted up to N times per step.
@@ -103,6 +134,7 @@ def check_sampler_shards(dlcheck):
             f"rank {a} and rank {b} share {k} examples (indices {_few(list(set(idx0[a]) & set(idx0[b])))})"
             + ("; every rank iterates them in the same order" if same_order else ""),
         ]
+        fix = None
         if info.get("unsharded"):
             cause = (
                 f"accelerator.prepare left the loader unsharded (its {info['sampler']} batches go to every rank): the "
@@ -119,8 +151,8 @@ def check_sampler_shards(dlcheck):
                 "ranks run: the Accelerator that prepared it does not describe this process group"
             )
         else:
-            cause = "the sampler's shards overlap: its num_replicas / rank do not match the process group's"
-        fix = (
+            cause, fix = _overlap_cause([r["loader"] for r in recs], world)
+        fix = fix or (
             "DataLoader(ds, batch_size=..., sampler=DistributedSampler(ds, shuffle=True)) built in every process "
             "after init_process_group (it reads the rank and the world size itself), and no shuffle=True beside it"
         )

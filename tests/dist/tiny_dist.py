@@ -182,6 +182,7 @@ def project(
     save="save_dcp",
     load="load_dcp",
     loss="token_loss",
+    training="make_training",
 ) -> str:
     """A user's conftest.py: every part named by the function of this module it returns."""
     parts = {
@@ -192,7 +193,7 @@ def project(
         "train_step": step,
         "save_checkpoint": save,
         "load_checkpoint": load,
-        "make_training": "make_training",
+        "make_training": training,
         "compute_loss": loss,
     }
     src = ["import pytest", "import tiny_dist as td", ""]
@@ -314,3 +315,31 @@ def load_per_rank_file(state, path):
     saved = torch.load(f"{path}.rank{dist.get_rank()}")
     state["model"].module.load_state_dict(saved["model"])
     state["optimizer"].load_state_dict(saved["optimizer"])
+
+
+def make_training_headless():
+    """A backbone whose task head the script attaches later (an identity until then: embeddings are VOCAB wide)."""
+    model = TokenLM()
+    model.head = nn.Identity()
+    return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}
+
+
+def wrap_ddp_then_head(state):
+    """Buggy: the task head is created after the DDP wrap (DDP neither broadcasts nor averages its parameters)."""
+    model = nn.parallel.DistributedDataParallel(state["model"])
+    model.module.head = nn.Linear(16, VOCAB)
+    return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}
+
+
+def wrap_head_then_ddp(state):
+    """Correct: the task head is attached first, then the whole model wrapped."""
+    state["model"].head = nn.Linear(16, VOCAB)
+    model = nn.parallel.DistributedDataParallel(state["model"])
+    return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}
+
+
+def loader_seeded_per_rank():
+    """Buggy: the DistributedSampler seeded with the rank (each rank slices its own permutation)."""
+    return DataLoader(
+        Prompts(), batch_size=2, sampler=DistributedSampler(Prompts(), shuffle=True, seed=dist.get_rank())
+    )
