@@ -101,6 +101,16 @@ class PipelineKind:
         """The model's logits range over the token vocabulary (a language model), not over classes."""
         return self.name in (lm.CAUSAL, lm.MASKED, lm.SEQ2SEQ)
 
+    def unmeasured(self, what: str) -> str | None:
+        """Why ``what`` is not measured on this kind (an encoder-decoder: the check's forward would need the
+        decoder inputs the model builds from the labels), or None. The check concerns it: a skip, not n/a."""
+        if self.name != lm.SEQ2SEQ:
+            return None
+        return (
+            f"{what} not measured for an encoder-decoder yet ({self.why}): its forward needs the decoder inputs "
+            "the model builds from the labels, which this check does not feed"
+        )
+
     def require(self, ctx: Any, *kinds: str, concerns: str) -> None:
         """Not applicable unless the pipeline is one of ``kinds``."""
         if self.name not in kinds:

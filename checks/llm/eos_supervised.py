@@ -147,6 +147,8 @@ def check_eos_supervised(dlcheck):
     Known problems
         Needs labels in the batch; skips when the collator leaves them to the model. A pipeline that
         deliberately trains without EOS (pure continuation pretraining) should ignore L11.
+        An encoder-decoder is not measured yet (a skip: its EOS is in the decoder's labels, which do
+        not line up with input_ids).
     Not applicable
         Batches that are not token batches (images, (inputs, targets) tuples). Models that never
         generate: masked LMs, sequence and token classifiers (an encoder such as BERT has no EOS by
@@ -158,6 +160,9 @@ def check_eos_supervised(dlcheck):
     kind = pipeline_kind(dlcheck)
     if not kind.generates:  # an encoder that never generates has no EOS to learn (BERT has none by design)
         kind.not_for(dlcheck, "models that generate and must learn where to stop (causal and seq2seq LMs)")
+    unmeasured = kind.unmeasured("the EOS in the decoder's labels")
+    if unmeasured:
+        dlcheck.skip(unmeasured)
     eos = lm.special_id(tok, "eos")
     if eos is None:
         dlcheck.skip("the tokenizer has no eos_token_id; L3 owns a missing special token")

@@ -362,6 +362,8 @@ def check_eval_metric(dlcheck):
         subclass with its own compute_loss is not); wrong labels are L2's business. Without a Trainer
         the check needs dlcheck_compute_metrics. A metric using EvalPrediction.inputs sees the sampled
         input_ids.
+        An encoder-decoder is not measured yet (a skip: its forward needs the decoder inputs, and a
+        predict_with_generate metric reads generated ids, not logits).
     Not applicable
         TRL trainers whose eval loss is their own objective, not a next-token NLL: DPOTrainer,
         GRPOTrainer, RLOOTrainer, KTOTrainer, RewardTrainer. Batches that are not token batches.
@@ -382,6 +384,9 @@ def check_eval_metric(dlcheck):
     pipeline = pipeline_kind(dlcheck)
     if not pipeline.vocabulary_logits:
         pipeline.not_for(dlcheck, "a language model's eval perplexity / loss over supervised tokens")
+    unmeasured = pipeline.unmeasured("the eval loss / perplexity")
+    if unmeasured:
+        dlcheck.skip(unmeasured)
     shift = 1 if pipeline.causal else 0  # a masked LM (and a seq2seq decoder) scores logits[t] against labels[t]
     args = dlcheck.optional("training_args")
     loss_fn = getattr(trainer, "compute_loss_func", None) if trainer is not None else None

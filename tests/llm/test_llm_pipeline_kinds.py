@@ -290,3 +290,36 @@ def test_sequence_classifier_l6_not_applicable_beside_the_smoke_checks(project):
         "not applicable: the model (BertForSequenceClassification) is a sequence classifier"
         in (results["L6"]["reason"])
     ), results["L6"]
+
+
+SEQ2SEQ = """
+import pytest, tiny, torch
+from transformers import DataCollatorForSeq2Seq, T5Config, T5ForConditionalGeneration, Trainer
+
+
+@pytest.fixture(scope="session")
+def dlcheck_trainer(tmp_path_factory):
+    tok = tiny.tokenizer()
+    cfg = T5Config(vocab_size=len(tok), d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2,
+                   pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, decoder_start_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(cfg)
+    data = [{"input_ids": tok(p)["input_ids"], "labels": tok(c + tok.eos_token)["input_ids"]}
+            for p, c in zip(tiny.PROMPTS * 2, tiny.COMPLETIONS * 2)]
+    return Trainer(model=model, args=tiny.trainer_args(tmp_path_factory.mktemp("out")), train_dataset=data,
+                   eval_dataset=data, data_collator=DataCollatorForSeq2Seq(tok, model=model), processing_class=tok)
+"""
+
+
+def test_encoder_decoder_checks_that_cannot_feed_the_decoder_skip_instead_of_crashing(project):
+    # T5 with DataCollatorForSeq2Seq: labels are the decoder's (another length than input_ids); L1/L6/L7 forwarded
+    # input_ids alone (T5 raised, blamed on dlcheck_model) and L11 indexed the labels by input positions
+    project.conftest(SEQ2SEQ)
+    run, results = _report(project, ["--dlcheck=L1,L6,L7,L11"])
+    assert "internal error" not in run.text and "raised" not in run.text, run.text
+    for cid in ("L1", "L6", "L7", "L11"):
+        run.assert_outcome(cid, "skipped")
+        assert (
+            "not measured for an encoder-decoder yet (the model (T5ForConditionalGeneration) is a "
+            "sequence-to-sequence LM)" in results[cid]["reason"]
+        ), results[cid]
