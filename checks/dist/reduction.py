@@ -57,8 +57,9 @@ def check_step_equals_single_process(dlcheck):
         and the batches every rank trained on until then. In this process, builds fresh objects from
         ``dlcheck_make_training`` with the ranks' starting weights, and computes the gradient of your loss
         (``dlcheck_compute_loss``, or the model's own) on all those batches concatenated. Fails when the two
-        differ; when the distributed gradient is the average of each rank's own mean loss, says so with the
-        supervised token counts of each rank.
+        differ (in direction, or in length when no gradient clipping ran in that step); when the distributed
+        gradient is the average of each rank's own mean loss, says so with the supervised token counts of each
+        rank; when it is 1/N of the single-process gradient, names the loss averaged over the ranks once more.
     Why it is bad
         DDP averages the ranks' gradients. A loss that is a mean over this rank's tokens makes each rank's
         tokens weigh 1/(N·tokens_on_rank): with variable-length sequences a token on a rank with few tokens
@@ -72,8 +73,10 @@ def check_step_equals_single_process(dlcheck):
         sum the token losses and divide by the global number of supervised tokens, times the world size (DDP
         divides by it again): ``n = (labels != -100).sum(); dist.all_reduce(n); loss = loss_sum * world / n``.
     Known problems
-        Gradient clipping scales the stepped gradient: a gradient in the same direction but shorter passes,
-        stated. Needs the first optimizer step's batches to concatenate (padded on the right when their lengths
+        Gradient clipping scales the stepped gradient: a gradient in the same direction but shorter passes, stated,
+        when ``clip_grad_norm_`` (torch's, however imported, or Accelerate's, which calls it) clipped in that step;
+        without clipping the length is judged (a loss averaged over the ranks once more makes the step 1/N as long).
+        A clipping of your own (scaling ``p.grad`` by hand) is not seen: the shorter gradient then fails. Needs the first optimizer step's batches to concatenate (padded on the right when their lengths
         differ: labels with -100, the rest with 0). A loss that calls collectives itself cannot be evaluated
         in one process: the check says so and skips. The concatenated batch is the check's own: your loss
         raising on it is reported as an internal error of pytest-dlcheck naming that batch, not as yours. A
@@ -130,16 +133,60 @@ def check_step_equals_single_process(dlcheck):
             relative_difference=rel,
         )
         return
+    clips = [r.get("clips") for r in recs]
     if cos >= 1 - 1e-4 and ratio < 1:
-        dlcheck.measured(
-            f"the averaged gradient of the first distributed step points the same way as the single-process gradient "
-            f"on the {what} (cosine {cos:.6f}), {ratio:.3g}x as long (gradient clipping, or a loss scaled down "
-            "uniformly: the length is not judged)",
+        clipped = [c for cs in clips for c in cs or () if c["total_norm"] > c["max_norm"]]
+        if clipped or any(cs is None for cs in clips):
+            how = (
+                f"clip_grad_norm_ clipped the norm {clipped[0]['total_norm']:.3g} to max_norm {clipped[0]['max_norm']:g} "
+                "in that step"
+                if clipped
+                else "clipping not observed in the ranks"
+            )
+            dlcheck.measured(
+                f"the averaged gradient of the first distributed step points the same way as the single-process "
+                f"gradient on the {what} (cosine {cos:.6f}), {ratio:.3g}x as long ({how}: the length is not judged)",
+                relative_difference=rel,
+                cosine=cos,
+                norm_ratio=ratio,
+            )
+            return
+        # no clipping in the step: the stepped gradient's length is the loss's own scale
+        seen = [c for cs in clips for c in cs or ()]
+        evidence = [
+            f"first optimizer step on {run.world} ranks vs one process on the {what}: the gradient points the same "
+            f"way (cosine {cos:.6f}) but is {ratio:.3g}x as long (relative difference {rel:.3g})",
+            "no gradient clipping in that step"
+            + (
+                f" (clip_grad_norm_ with max_norm {seen[0]['max_norm']:g} above the norm {seen[0]['total_norm']:.3g})"
+                if seen
+                else " (clip_grad_norm_ not called before the optimizer step)"
+            ),
+        ]
+        if abs(ratio * run.world - 1) < 0.05:
+            dlcheck.fail(
+                evidence,
+                f"the loss is averaged over the ranks once more: DDP already averages the ranks' gradients, so the "
+                f"step is 1/{run.world} (1/world size) of the single-process step (a loss or a token count divided by "
+                "the world size again, or the ranks' losses averaged before backward)",
+                "let DDP's average be the only one over the ranks: with a global token count, loss = loss_sum * "
+                "dist.get_world_size() / n_global (n_global all-reduced); with a per-rank mean, no division by the "
+                "world size",
+                relative_difference=rel,
+                cosine=cos,
+                norm_ratio=ratio,
+            )
+        dlcheck.fail(
+            evidence,
+            f"the loss is scaled down uniformly by {ratio:.3g} against the loss of the whole batch: a factor one "
+            "process would not apply (a division by the number of ranks or of accumulation steps too many), which "
+            "shrinks the effective learning rate",
+            "normalise the loss by global quantities only (loss_sum * world size / all-reduced token count, or a "
+            "per-rank mean), so that DDP's average of the ranks' gradients is the gradient of the global-batch loss",
             relative_difference=rel,
             cosine=cos,
             norm_ratio=ratio,
         )
-        return
     noise = _random_loss(setup, recs[0]["init_tensors"], whole, rtol)
     if noise is not None:
         dlcheck.skip(

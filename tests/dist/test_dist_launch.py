@@ -58,8 +58,8 @@ def test_clean_ddp_script_passes_every_dist_check(project):
             "3 parameters and 9 optimizer-state tensors identical on the 2 ranks after each of 3 micro-steps "
             "(DistributedDataParallel, gloo, forked processes)",
             "the averaged gradient of the first distributed step points the same way as the single-process gradient "
-            "on the 2 batches (4 examples) of 2 ranks concatenated (cosine 1.000000), *x as long (gradient clipping, or a "
-            "loss scaled down uniformly: the length is not judged)",
+            "on the 2 batches (4 examples) of 2 ranks concatenated (cosine 1.000000), *x as long (clip_grad_norm_ clipped "
+            "the norm * to max_norm 1 in that step: the length is not judged)",
             "the 2 ranks' shards of epoch 0 are disjoint and cover the 21 examples (11, 11 indices)",
             "1 example(s) appear on two ranks as padding (drop_last=False pads 21 to 22: indices *)",
             "epoch 1 reshuffled on every rank after dlcheck_start_epoch *",
@@ -398,4 +398,32 @@ def test_a_sampler_seeded_with_the_rank_is_named(project):
     assert "num_replicas=2, rank=1, seed=1)" in d3
     assert "a seed that does not depend on the rank" in d3
     assert "do not match" not in d3
+    _no_leftover_process()
+
+
+def test_a_loss_averaged_over_the_ranks_once_more_fails_d2_on_its_length(project):
+    # no clipping: the gradient points the right way but is 1/2 as long, judged
+    project.conftest(td.project(step="step_averaged_over_ranks_again", save=None, load=None))
+    run = project.run("--dlcheck=D2", "-rA")
+    run.assert_outcome("D2", "failed")
+    d2 = _flat(run.section("D2"))
+    assert "the gradient points the same way (cosine 1.0" in d2
+    assert "but is 0.5x as long" in d2
+    assert "no gradient clipping in that step (clip_grad_norm_ not called before the optimizer step)" in d2
+    assert "the loss is averaged over the ranks once more" in d2
+    assert "the step is 1/2 (1/world size) of the single-process step" in d2
+    assert "loss = loss_sum * dist.get_world_size() / n_global" in d2
+    _no_leftover_process()
+
+
+def test_a_global_token_loss_without_clipping_passes_d2_on_direction_and_length(project):
+    project.conftest(td.project(step="step_global_tokens_no_clip", save=None, load=None))
+    run = project.run("--dlcheck=D2", "-rA")
+    run.assert_outcome("D2", "passed")
+    run.fnmatch(
+        [
+            "*the averaged gradient of the first distributed step equals the single-process gradient on the 2 batches "
+            "(4 examples) of 2 ranks concatenated (relative difference *)"
+        ]
+    )
     _no_leftover_process()

@@ -343,3 +343,35 @@ def loader_seeded_per_rank():
     return DataLoader(
         Prompts(), batch_size=2, sampler=DistributedSampler(Prompts(), shuffle=True, seed=dist.get_rank())
     )
+
+
+def step_global_tokens_no_clip(state, batch, index):
+    """Correct, without gradient clipping: the sum of token losses over the global supervised token count, times
+    the world size (DDP divides by it again)."""
+    model, opt = state["model"], state["optimizer"]
+    model.train()
+    logits = model(batch["input_ids"])
+    total = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100, reduction="sum")
+    tokens = (batch["labels"] != -100).sum()
+    dist.all_reduce(tokens)
+    loss = total * dist.get_world_size() / tokens
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def step_averaged_over_ranks_again(state, batch, index):
+    """Buggy: the global token mean (all-reduced count), not multiplied back by the world size: DDP then averages
+    it once more, every gradient 1/world_size of the whole batch's. No clipping."""
+    model, opt = state["model"], state["optimizer"]
+    model.train()
+    logits = model(batch["input_ids"])
+    total = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100, reduction="sum")
+    tokens = (batch["labels"] != -100).sum()
+    dist.all_reduce(tokens)
+    loss = total / tokens
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
