@@ -238,6 +238,7 @@ def check_lr_schedule(dlcheck):
         f"smoke run of {run.steps} steps: the learning rate at its {len(lrs)} optimizer steps is {shown} "
         f"(not 0 throughout; scheduler: {type(scheduler).__name__ if scheduler is not None else 'none seen'})",
         *judged,
+        *([f"the smoke run {run.trajectory.notes['plan_end']}"] if run.trajectory.notes.get("plan_end") else []),
         optimizer_steps=opt_steps if opt_steps else len(lrs),
         scheduler_steps=sched_steps,
         first_lr=lrs[0],

@@ -49,6 +49,7 @@ from .runs import (
     param_names,
     release_training_memory,
     rng_state,
+    schedule_plan,
     scheduler_count,
     seed_all,
     to_device,
@@ -221,9 +222,13 @@ class LoopSetup:
         digests: bool = False,
         after: Callable[[int], None] | None = None,
         stop: Callable[[], bool] | None = None,
+        planned: int | None = None,
     ) -> None:
         """Micro-steps ``start .. start+len(batches)-1`` of the user's loop on ``state``, recorded (``batches``
-        may be any iterable); ``stop()``, asked after each micro-step, ends the run early when true."""
+        may be any iterable; ``planned`` bounds its length when it has none); ``stop()``, asked after each
+        micro-step, ends the run early when true. The run never steps the state's LR scheduler past the end
+        of its plan (:func:`schedule_plan`: the user's own run, planned for that schedule, never does): it
+        stops there instead, and ``traj.notes["plan_end"]`` says where and why."""
         model, opt = state["model"], state.get("optimizer")
         names = param_names(model)
         current = {"i": start}
@@ -233,9 +238,19 @@ class LoopSetup:
             else (lambda: None)
         )
         sched = state.get("lr_scheduler")
+        length = planned if planned is not None else len(batches) if hasattr(batches, "__len__") else None
+        plan = schedule_plan(sched, length) if sched is not None and length else None
+        first = scheduler_count(sched)
         try:
             for offset, batch in enumerate(batches):
                 i = start + offset
+                if plan is not None and first is not None and (scheduler_count(sched) or 0) - first >= plan[0]:
+                    traj.notes["plan_end"] = (
+                        f"stopped after {offset} micro-steps, where the user's LR schedule ends: "
+                        f"state['lr_scheduler'] ({type(sched).__name__}): {plan[1]}; the user's own run never "
+                        "steps past its plan"
+                    )
+                    break
                 current["i"] = i
                 before = scheduler_count(sched)
                 loss = self.step(state, batch, i)
@@ -274,7 +289,7 @@ class LoopSetup:
 
         with preserved_rng():
             seed_all(SEED)
-            self.run(state, self._stream(limit), 0, traj, after=saving, stop=enough)
+            self.run(state, self._stream(limit), 0, traj, after=saving, stop=enough, planned=limit)
         traj.notes["micro_steps"] = len(traj.steps)
         traj.notes["opt_steps"] = traj.calls.count("opt")
         baseline = saving.baseline() if saving is not None else None
@@ -391,6 +406,11 @@ class LoopSetup:
             seed_all(SEED)
             self.run(state, batches, 0, traj, after=saving)
         baseline = saving.baseline()
+        if baseline is None and traj.notes.get("plan_end"):
+            raise SetupError(
+                f"cannot judge a resume: the uninterrupted run of {total} micro-steps {traj.notes['plan_end']}, "
+                "before a step after its save (lower C1.steps below the user's planned run)"
+            )
         if baseline is None:
             raise SetupError(
                 f"no optimizer step happened between micro-steps {total // 2} and {total - 1} to save after "

@@ -60,8 +60,29 @@ def is_grpo(trainer: Any) -> bool:
     return any(c.__name__ == "GRPOTrainer" for c in type(trainer).__mro__)
 
 
+#: TRL's preference-optimisation trainers (a policy trained against a frozen reference model), by class name, and
+#: the loss each optimises: DPO's -log σ(β Δ) on chosen/rejected pairs (ln 2 at the start), KTO's 1 - σ(β(r - z))
+#: on unpaired desirable/undesirable completions (0.5 at the start)
+PREFERENCE_TRAINERS = {"DPOTrainer": "dpo", "KTOTrainer": "kto"}
+
+
+def preference_loss(trainer: Any) -> str | None:
+    """``"dpo"`` or ``"kto"`` for TRL's preference trainers (and their subclasses), else None."""
+    for c in type(trainer).__mro__:
+        if c.__name__ in PREFERENCE_TRAINERS:
+            return PREFERENCE_TRAINERS[c.__name__]
+    return None
+
+
 def is_preference(trainer: Any) -> bool:
-    return any(c.__name__ == "DPOTrainer" for c in type(trainer).__mro__)
+    """A TRL preference trainer (DPOTrainer, KTOTrainer): its loss compares the policy with a reference model,
+    it is no cross-entropy over classes."""
+    return preference_loss(trainer) is not None
+
+
+def is_reward_trainer(trainer: Any) -> bool:
+    """TRL's RewardTrainer (a sequence classifier trained on the pairwise loss -log σ(r_chosen - r_rejected))."""
+    return any(c.__name__ == "RewardTrainer" for c in type(trainer).__mro__)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -541,6 +562,57 @@ def scheduler_count(scheduler: Any) -> int | None:
     if count is None:
         count = getattr(scheduler, "last_epoch", None)
     return int(count) if isinstance(count, int) else None
+
+
+def _real_lr(value: Any) -> bool:
+    """Whether an LR is a real number (a complex one, or anything else, is not)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and not value.is_complex()
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def schedule_plan(scheduler: Any, limit: int) -> tuple[int, str] | None:
+    """Where the user's LR schedule ends, probed on a copy of it: ``(n, why)`` when stepping it ``n + 1``
+    more times from where it stands leaves its domain (its step raises, as OneCycleLR's does past
+    ``total_steps``, or its LR is no real number, as ``(1 - x / total) ** 0.9`` past ``total``), so that the
+    user's own run, planned for that schedule, makes at most ``n`` more scheduler steps; None when it stays
+    defined for ``limit`` steps or cannot be probed (no torch LR scheduler, ReduceLROnPlateau, a copy that
+    cannot be made). The copy shares the parameters and optimizer state (nothing is trained): only its LRs
+    move. A non-finite LR is not an end of the plan: that is a defect the smoke checks report."""
+    sched = unwrap_prepared(scheduler)
+    opt = getattr(sched, "optimizer", None)
+    if sched is None or opt is None or not hasattr(sched, "last_epoch") or type(sched).__name__ == "ReduceLROnPlateau":
+        return None
+    groups = getattr(opt, "param_groups", None)
+    if not groups or not all(_real_lr(g.get("lr")) for g in groups):
+        return None  # not a plan that is defined where it stands
+    memo: dict[int, Any] = {}
+    for g in groups:
+        for p in g.get("params", []):
+            memo[id(p)] = p
+    for st in getattr(opt, "state", {}).values():
+        for t in st.values() if isinstance(st, Mapping) else ():
+            if isinstance(t, torch.Tensor):
+                memo[id(t)] = t
+    import warnings
+
+    try:
+        probe = copy.deepcopy(sched, memo)
+    except Exception:  # noqa: BLE001 - a scheduler that cannot be copied is not probed (the run is as before)
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for k in range(1, limit + 1):
+            try:
+                probe.step()
+            except Exception as exc:  # noqa: BLE001 - the user's schedule raising past its end is the probe's answer
+                text = " ".join(str(exc).split())[:160]
+                return k - 1, f"its step {k} raises {type(exc).__name__}: {text}"
+            bad = [g.get("lr") for g in probe.optimizer.param_groups if not _real_lr(g.get("lr"))]
+            if bad:
+                shown = f"{complex(bad[0]):.3g}" if isinstance(bad[0], complex) else repr(bad[0])
+                return k - 1, f"stepped {k} times, its LR is {shown}, not a real number"
+    return None
 
 
 class PreClipNorms:

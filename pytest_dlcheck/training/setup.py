@@ -319,6 +319,8 @@ class SmokeRun:
             text = f"smoke run of {self.opt_steps} optimizer steps ({self.micro_steps} micro-steps)"
         if self.capped:
             text += f", cut from {self.wanted} optimizer steps by S1.max_micro_steps"
+        if self.trajectory.notes.get("plan_end"):
+            text += f" ({self.trajectory.notes['plan_end']})"
         return text
 
     def where(self, step: int | None) -> str:

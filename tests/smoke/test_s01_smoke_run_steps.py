@@ -119,3 +119,71 @@ def test_an_accelerate_accumulation_is_counted_in_optimizer_steps_and_read_befor
     run.fnmatch(["20 of 20 steps clipped: at optimizer.step() the norm was at most 0.01"])
     data = results(out)["S3"]["data"]
     assert data["norms"] == 20 and data["reference"] > 0.01 * 10  # before the clip: far above what it leaves
+
+
+# A user's LR schedule planned for a shorter run than the smoke run's 20 steps: torchvision's segmentation
+# reference builds LambdaLR(lambda x: (1 - x / total) ** 0.9) with total = len(loader) * epochs (a Python complex
+# past ``total``), OneCycleLR raises past total_steps. The user's own run never steps past the plan; the smoke
+# run used to, and ended every smoke check in an internal error (float() of a complex LR) or the user's error.
+PLANNED = """
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = tt.MLP()
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            {schedule}
+            return {{"model": model, "optimizer": optimizer, "lr_scheduler": scheduler}}
+        return make
+"""
+POLY = "scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda x: (1 - x / {total}) ** 0.9)"
+ONE_CYCLE = "scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps={total})"
+
+
+def test_the_smoke_run_stops_where_a_poly_schedule_ends(project, tmp_path):
+    project.conftest(tt.loop_project(extra=PLANNED.format(schedule=POLY.format(total=12))))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=S1,S2,S3,T6", "-rA", f"--dlcheck-json={out}")
+    for cid in ("S1", "S2", "S3", "T6"):
+        run.assert_outcome(cid, "passed")
+    run.fnmatch(
+        [
+            "12-step smoke run (stopped after 12 micro-steps, where the user's LR schedule ends: "
+            "state?'lr_scheduler'? (LambdaLR): stepped 13 times, its LR is *j, not a real number; the user's own run "
+            "never steps past its plan): losses * (12 logged), all finite;*"
+        ]
+    )
+    run.fnmatch(["the smoke run stopped after 12 micro-steps, where the user's LR schedule ends: *"])  # T6 says so
+    assert results(out)["S1"]["data"]["optimizer_steps"] == 12
+
+
+def test_the_smoke_run_stops_where_one_cycle_ends(project):
+    project.conftest(tt.loop_project(extra=PLANNED.format(schedule=ONE_CYCLE.format(total=10))))
+    run = project.run("--dlcheck=S1", "-rA")
+    run.assert_outcome("S1", "passed")
+    run.fnmatch(
+        [
+            "10-step smoke run (stopped after 10 micro-steps, where the user's LR schedule ends: "
+            "state?'lr_scheduler'? (OneCycleLR): its step 11 raises ValueError: Tried to step * times. The specified number of total steps is 10;*"
+        ]
+    )
+
+
+def test_a_schedule_planned_in_optimizer_steps_but_stepped_per_micro_batch_still_fails_t6(project):
+    """The bug of the family still shows: under an accumulation of 4 the scheduler is stepped every micro-batch,
+    so it runs through its 12-step plan in 3 optimizer steps (the user's own run would break past it too)."""
+    poly = PLANNED.format(schedule=POLY.format(total=12))
+    outside = ACCUMULATING.replace(
+        'state["lr_scheduler"].step()\n                state["optimizer"].zero_grad()',
+        'state["optimizer"].zero_grad()\n            state["lr_scheduler"].step()',
+    )
+    assert outside != ACCUMULATING
+    project.conftest(tt.loop_project(extra=poly + outside))
+    run = project.run("--dlcheck=T6")
+    run.assert_outcome("T6", "failed")
+    text = tt.section(run, "T6")
+    assert "in 12 micro-batches of your step: optimizer.step() ran 3 times, lr_scheduler.step() 12 times" in text
+    # the correct twin: stepped with the optimizer, the run trains the plan's 12 optimizer steps
+    project.conftest(tt.loop_project(extra=poly + ACCUMULATING))
+    run = project.run("--dlcheck=T6", "-rA")
+    run.assert_outcome("T6", "passed")
+    run.fnmatch(["in 48 micro-batches of your step: optimizer.step() ran 12 times, lr_scheduler.step() 12 times*"])
