@@ -39,7 +39,10 @@ role(
     "for [0, 1] coordinates; tv_tensors.BoundingBoxes carry their own, torchvision detectors expect 'xyxy'",
 )
 role("ignore_index", "the mask value that marks void pixels in segmentation targets (e.g. 255 for VOC)")
-role("metric", "the evaluation metric object (e.g. torchmetrics MulticlassJaccardIndex): its ignore_index is read")
+role(
+    "metric",
+    "the evaluation metric object (e.g. torchmetrics MulticlassJaccardIndex): V5 feeds copies of it void pixels",
+)
 role(
     "eval_fn",
     "the evaluation function, called as eval_fn(model, dataloader) on a DataLoader of 2 eval "

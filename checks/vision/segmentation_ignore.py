@@ -10,12 +10,109 @@ from . import measure as V
 
 
 def _ignore_of(obj: Any) -> int | None:
+    """The ignore index a loss declares (``ignore_index``; CrossEntropyLoss ignores -100 by default)."""
     if obj is MISSING or obj is None:
         return None
     v = getattr(obj, "ignore_index", None)
     if isinstance(v, torch.Tensor):
         v = int(v)
     return v if isinstance(v, int) else None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two results of a metric's compute() are equal (tensors, numbers, and containers of them)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
+            return False
+        a, b = a.detach().cpu(), b.detach().cpu()
+        if a.is_floating_point() or b.is_floating_point():
+            return bool(torch.allclose(a.double(), b.double(), rtol=1e-6, atol=1e-9, equal_nan=True))
+        return bool(torch.equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:
+        return True  # both NaN
+    return bool(a == b)
+
+
+def _brief(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().cpu().double().flatten()
+        shown = ", ".join(f"{float(v):.4g}" for v in flat[:4]) + (", …" if flat.numel() > 4 else "")
+        return f"[{shown}]" if flat.numel() != 1 or value.dim() else shown
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(_brief(v) for v in value[:3]) + (", …" if len(value) > 3 else "") + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_brief(v)}" for k, v in list(value.items())[:3]) + "}"
+    return f"{value:.4g}" if isinstance(value, float) else repr(value)[:60]
+
+
+def _metric_on_void(metric: Any, mask: torch.Tensor, void: int, n: int) -> tuple[str, str]:
+    """What the user's metric does with void pixels, measured on copies of it (the user's metric is not touched):
+    one copy is updated with a sampled mask's pixels that are classes (0..n-1), the other with the same pixels
+    and the mask's ``void`` pixels, against the same made-up prediction (the target's class, one pixel in three
+    off by one, class 0 on void pixels); their compute() results are compared. Returns (verdict, evidence):
+    ``ignores`` (equal results), ``counts`` (the result changes, or only the update with void pixels raises),
+    ``unknown`` (the metric cannot be fed so, or the argument orders disagree). A torchmetrics Metric is called
+    as documented, update(preds, target); another object (torchvision's references' ConfusionMatrix takes
+    update(target, prediction)) both ways: only an order its clean update accepts is read."""
+    import copy
+
+    if not (callable(getattr(metric, "update", None)) and callable(getattr(metric, "compute", None))):
+        return "unknown", f"{type(metric).__name__} has no update()/compute() to feed pixels to"
+    device = getattr(metric, "device", None)
+    device = device if isinstance(device, torch.device) else torch.device("cpu")
+    target = mask.detach().flatten().long().cpu()
+    is_void = target == void
+    keep = (target >= 0) & (target < n)
+    target = target[keep | is_void]
+    appended = not bool(is_void.any())
+    if appended:  # no void pixel in the sampled masks: a quarter as many are appended
+        target = torch.cat([target, torch.full((max(1, target.numel() // 4),), void, dtype=torch.long)])
+    is_void = target == void
+    pred = torch.where(is_void, torch.zeros_like(target), target)
+    off = (torch.arange(target.numel()) % 3 == 0) & ~is_void
+    pred = torch.where(off, (pred + 1) % n, pred)
+    fed = f"{target.numel()} pixels of a sampled mask, {int(is_void.sum())} of them {void}" + (
+        " (appended)" if appended else ""
+    )
+    torchmetrics = type(metric).__module__.split(".")[0] == "torchmetrics"
+    orders = [("update(preds, target)", False)] + ([] if torchmetrics else [("update(target, preds)", True)])
+    found: dict[str, list[str]] = {"ignores": [], "counts": [], "raises": []}
+    for name, swapped in orders:
+
+        def feed(p: torch.Tensor, t: torch.Tensor) -> Any:
+            m = copy.deepcopy(metric)
+            p, t = p.to(device), t.to(device)
+            m.update(*((t, p) if swapped else (p, t)))
+            return m.compute()
+
+        try:
+            clean = feed(pred[~is_void], target[~is_void])
+        except Exception:  # noqa: BLE001 - the user's metric refusing this order: the order is not read
+            continue
+        try:
+            with_void = feed(pred, target)
+        except Exception as exc:  # noqa: BLE001 - the user's metric raising on void pixels is the measurement
+            found["raises"].append(f"{name} raises {type(exc).__name__}: {' '.join(str(exc).split())[:160]}")
+            continue
+        if _same(clean, with_void):
+            found["ignores"].append(f"{name}: compute() gives {_brief(clean)} with or without the {void} pixels")
+        else:
+            found["counts"].append(
+                f"{name}: compute() gives {_brief(clean)} without the {void} pixels, {_brief(with_void)} with them"
+            )
+    if found["ignores"] and not found["counts"]:
+        return "ignores", f"{fed}: {found['ignores'][0]}"
+    if found["counts"] and not found["ignores"]:
+        return "counts", f"{fed}: {found['counts'][0]}"
+    if torchmetrics and found["raises"]:
+        return "counts", f"{fed}: {found['raises'][0]} (the update without them does not)"
+    if not any(found.values()):
+        return "unknown", f"{type(metric).__name__} takes neither update(preds, target) nor update(target, preds)"
+    return "unknown", f"{fed}: " + "; ".join(found["ignores"] + found["counts"] + found["raises"])
 
 
 def _ranges(values: list[int]) -> str:
@@ -48,9 +145,14 @@ def check_segmentation_ignore(dlcheck):
         tensors, PIL masks) with their pixel shares (and fails at once when the targets come out as
         float images: masks that transforms v2 treated as a second image), and compares them with num_classes (dlcheck_num_classes,
         else the model's output channels) and with the ignore index of dlcheck_loss_fn (CrossEntropyLoss
-        ignores -100 by default), of dlcheck_ignore_index (the data's declared void value) and of
-        dlcheck_metric. Fails on a value that is neither a class nor ignored by the loss, and on an
-        ignore index that differs between loss, data and metric.
+        ignores -100 by default) and of dlcheck_ignore_index (the data's declared void value). What
+        dlcheck_metric does with void pixels is measured, not read off an attribute: two copies of it are
+        updated with a sampled mask's class pixels against a made-up prediction, one with the mask's void
+        pixels too, and their compute() results compared (torchmetrics as update(preds, target); another
+        object both ways, torchvision's references' ConfusionMatrix takes update(target, prediction)).
+        Fails on a value that is neither a class nor ignored by the loss, on an ignore index that differs
+        between loss and data, and on a metric whose result changes (or whose update raises, for
+        torchmetrics) when the void pixels are added.
     Why it is bad
         VOC/Cityscapes-style masks mark void pixels 255. CrossEntropyLoss() ignores -100, so the void
         pixels are targets of class 255: an error ("Target 255 is out of bounds") or a CUDA device-side
@@ -66,6 +168,8 @@ def check_segmentation_ignore(dlcheck):
     Known problems
         Without dlcheck_loss_fn or dlcheck_ignore_index a value outside 0..C-1 cannot be judged (skip).
         Only semantic masks (one class id per pixel) are read; instance masks of detection targets are not.
+        A metric that takes no update(preds, target) / update(target, preds) of flat class maps, or whose
+        two argument orders disagree, is not judged (the pass says "partly judged: metric").
     Not applicable
         Classification and detection data (no semantic masks), data without targets (a diffusion or
         self-supervised training), vision-language batches, and data without images.
@@ -99,7 +203,7 @@ def check_segmentation_ignore(dlcheck):
             "dlcheck_model) in conftest.py"
         )
     loss_fn, metric = dlcheck.role("loss_fn"), dlcheck.role("metric")
-    loss_ignore, metric_ignore = _ignore_of(loss_fn), _ignore_of(metric)
+    loss_ignore = _ignore_of(loss_fn)
     declared = dlcheck.role("ignore_index")
     declared = None if declared is MISSING or declared is None else int(declared)
 
@@ -202,24 +306,33 @@ def check_segmentation_ignore(dlcheck):
             f"{loss_name}(ignore_index={declared})",
         )
     reference = loss_ignore if loss_ignore is not None and loss_ignore in counts else declared
-    if metric is not MISSING and reference is not None and metric_ignore != reference:
-        dlcheck.fail(
-            evidence
-            + [
-                f"dlcheck_metric {type(metric).__name__} ignore_index={metric_ignore}; "
-                f"void value {reference} ({'ignored by the loss' if reference == loss_ignore else 'dlcheck_ignore_index'})"
-            ],
-            "the metric scores the void pixels that the loss ignores, so the reported mIoU/accuracy "
-            "counts unlabelled regions",
-            f"{type(metric).__name__}(..., ignore_index={reference})",
-        )
     agree = []
-    if declared is not None and loss_ignore is not None:
-        agree.append(f"the data's void value {declared} is the loss's ignore_index")
     if metric is not MISSING and reference is not None:
-        agree.append(f"dlcheck_metric {type(metric).__name__} ignores {metric_ignore} too")
+        # what the metric does with void pixels, measured (an ignore_index attribute is not what decides it:
+        # torchvision's ConfusionMatrix has none and keeps only 0 <= target < num_classes)
+        mask = max(masks, key=lambda i: int((i.mask == reference).sum())).mask
+        verdict, seen = _metric_on_void(metric, mask, reference, n)
+        name = type(metric).__name__
+        void_of = "ignored by the loss" if reference == loss_ignore else "dlcheck_ignore_index"
+        if verdict == "counts":
+            torchmetrics = type(metric).__module__.split(".")[0] == "torchmetrics"
+            dlcheck.fail(
+                evidence + [f"dlcheck_metric {name} fed {seen}", f"void value {reference} ({void_of})"],
+                "the metric scores the void pixels that the loss ignores, so the reported mIoU/accuracy "
+                "counts unlabelled regions (or the evaluation breaks on them)",
+                f"{name}(..., ignore_index={reference})"
+                if torchmetrics or hasattr(metric, "ignore_index")
+                else f"leave out the target pixels equal to {reference} in {name}.update (keep only 0 <= target < "
+                f"{n}, as torchvision's references' ConfusionMatrix does)",
+            )
+        if verdict == "ignores":
+            agree.append(f"dlcheck_metric {name} ignores {reference} too: fed {seen}")
+        else:
+            dlcheck.not_judged("metric", f"dlcheck_metric {name}'s handling of void {reference} not measured: {seen}")
     elif metric is MISSING:
         agree.append("no dlcheck_metric: the metric's ignore_index was not compared")
+    if declared is not None and loss_ignore is not None:
+        agree.insert(0, f"the data's void value {declared} is the loss's ignore_index")
     void = [v for v in values if v in ignored]
     dlcheck.measured(
         f"{len(values)} mask values over {len(masks)} sampled masks: {len(values) - len(void)} classes within 0–{n - 1}"

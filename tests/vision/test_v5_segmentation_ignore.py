@@ -70,23 +70,82 @@ def test_pil_masks_through_transforms_v2_become_images(project):
     assert "tv_tensors.Mask(" in text
 
 
-def test_metric_ignore_index_differs_from_the_loss(project):
+def test_metric_without_ignore_index_scores_the_void(project):
+    # the Example: MulticlassJaccardIndex(num_classes=3) while the loss ignores 255 (V5 feeds it the void pixels)
     project.conftest(
         PROJECT.format(mask="tv", loss="torch.nn.CrossEntropyLoss(ignore_index=255)")
         + """
-    class Jaccard:  # any metric object with an ignore_index attribute (torchmetrics' are read the same way)
-        ignore_index = None
-
     @pytest.fixture(scope="session")
     def dlcheck_metric():
-        return Jaccard()
+        from torchmetrics.classification import MulticlassJaccardIndex
+        return MulticlassJaccardIndex(num_classes=3)
     """
     )
     run = project.run("--dlcheck=V5")
     run.assert_outcome("V5", "failed")
     text = section(run, "V5")
-    assert "dlcheck_metric Jaccard ignore_index=None; void value 255 (ignored by the loss)" in text
-    assert "Jaccard(..., ignore_index=255)" in text
+    assert "dlcheck_metric MulticlassJaccardIndex fed " in text and " of them 255: update(preds, target) raises" in text
+    assert "void value 255 (ignored by the loss)" in text
+    assert "the metric scores the void pixels that the loss ignores" in text
+    assert "MulticlassJaccardIndex(..., ignore_index=255)" in text
+
+
+# torchvision references/segmentation/utils.py's ConfusionMatrix (as the reference writes it): no ignore_index
+# attribute, but update(target, prediction) keeps only 0 <= target < num_classes, so 255 is never scored
+CONFUSION = """
+    class ConfusionMatrix:
+        def __init__(self, num_classes):
+            self.num_classes = num_classes
+            self.mat = None
+
+        def update(self, a, b):
+            n = self.num_classes
+            if self.mat is None:
+                self.mat = torch.zeros((n, n), dtype=torch.int64, device=a.device)
+            with torch.inference_mode():
+                k = {keep}
+                inds = n * a[k].to(torch.int64) + b[k]
+                self.mat += torch.bincount(inds, minlength=n**2).reshape(n, n)
+
+        def compute(self):
+            h = self.mat.float()
+            acc_global = torch.diag(h).sum() / h.sum()
+            acc = torch.diag(h) / h.sum(1)
+            iu = torch.diag(h) / (h.sum(1) + h.sum(0) - torch.diag(h))
+            return acc_global, acc, iu
+
+    @pytest.fixture(scope="session")
+    def dlcheck_metric():
+        return ConfusionMatrix(3)
+"""
+
+
+def test_reference_confusion_matrix_keeps_only_classes_passes(project):
+    project.conftest(
+        PROJECT.format(mask="tv", loss="torch.nn.CrossEntropyLoss(ignore_index=255)")
+        + CONFUSION.format(keep="(a >= 0) & (a < n)")
+    )
+    run = project.run("--dlcheck=V5", "-rA")
+    run.assert_outcome("V5", "passed")
+    run.fnmatch(
+        [
+            "dlcheck_metric ConfusionMatrix ignores 255 too: fed * pixels of a sampled mask, * of them 255: "
+            "update(target, preds): compute() gives * with or without the 255 pixels"
+        ]
+    )
+
+
+def test_confusion_matrix_that_scores_void_as_a_class_fails(project):
+    # the same matrix sized for 256 classes (every value a class) and keeping every target: void is scored
+    project.conftest(
+        PROJECT.format(mask="tv", loss="torch.nn.CrossEntropyLoss(ignore_index=255)")
+        + CONFUSION.format(keep="a >= 0").replace("return ConfusionMatrix(3)", "return ConfusionMatrix(256)")
+    )
+    run = project.run("--dlcheck=V5")
+    run.assert_outcome("V5", "failed")
+    text = section(run, "V5")
+    assert "dlcheck_metric ConfusionMatrix fed " in text and "without the 255 pixels, " in text
+    assert "leave out the target pixels equal to 255 in ConfusionMatrix.update" in text
 
 
 def test_metric_ignoring_the_same_void_passes(project):
@@ -112,7 +171,8 @@ def test_metric_ignoring_the_same_void_passes(project):
             "CrossEntropyLoss(ignore_index=255); dlcheck_ignore_index=255",
             "  255: *% of pixels, in 8 of 8 masks",
             "the data's void value 255 is the loss's ignore_index",
-            "dlcheck_metric MulticlassJaccardIndex ignores 255 too",
+            "dlcheck_metric MulticlassJaccardIndex ignores 255 too: fed * pixels of a sampled mask, * of them 255: "
+            "update(preds, target): compute() gives * with or without the 255 pixels",
         ]
     )
 
