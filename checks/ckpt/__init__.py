@@ -6,7 +6,9 @@ a plain loop hands over its save and load functions (roles declared here)."""
 
 from __future__ import annotations
 
+from ...registry import applicability
 from ...roles import role
+from ..shared.training_users import rl_agent_only
 
 role(
     "save_checkpoint",
@@ -17,3 +19,10 @@ role(
     "load_checkpoint",
     "callable (state, path): your resume, loading that path into the fresh dict from dlcheck_make_training",
 )
+
+
+@applicability("ckpt")
+def concerns_ckpt(ctx) -> str | None:
+    """Not applicable to a reinforcement-learning agent with no supervised training, decided from its objects
+    (``checks.shared.training_users.rl_agent_only``); otherwise a missing role stays one."""
+    return rl_agent_only(ctx, "ckpt")

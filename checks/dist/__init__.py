@@ -14,7 +14,9 @@ One launch per session is shared by D1–D6 (:mod:`.launch` runs it, :mod:`.meas
 
 from __future__ import annotations
 
+from ...registry import applicability
 from ...roles import a_callable, role
+from ..shared.training_users import rl_agent_only
 
 role(
     "dist_wrap",
@@ -45,3 +47,10 @@ role(
     "iterating the dataloader (dataloader.sampler.set_epoch(epoch), …)",
     expect=a_callable("the top of your epoch loop"),
 )
+
+
+@applicability("dist")
+def concerns_dist(ctx) -> str | None:
+    """Not applicable to a reinforcement-learning agent with no supervised training, decided from its objects
+    (``checks.shared.training_users.rl_agent_only``); otherwise a missing role stays one."""
+    return rl_agent_only(ctx, "dist")

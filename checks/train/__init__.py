@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 
 from ...errors import MISSING
+from ...registry import applicability
 from ...roles import deriver, role
+from ..shared.training_users import rl_agent_only
 
 role(
     "lightning_module",
@@ -106,3 +108,10 @@ def from_make_training(name: str, get: Get, cache: Cache) -> Any:
     state = cache(make, "make_training:state", build)
     value = state.get(name) if isinstance(state, dict) else None
     return value if value is not None else MISSING
+
+
+@applicability("train")
+def concerns_train(ctx) -> str | None:
+    """Not applicable to a reinforcement-learning agent with no supervised training, decided from its objects
+    (``checks.shared.training_users.rl_agent_only``); otherwise a missing role stays one."""
+    return rl_agent_only(ctx, "train")
