@@ -29,6 +29,13 @@ results are ``--dlcheck-json`` results), and the policy decides: ``"warn"`` (a :
 training goes on), ``"stop"`` (the default: the Trainer's ``control.should_training_stop``, Lightning's
 ``trainer.should_stop``, ``Watch.step`` returns True) or ``"raise"`` (:class:`WatchAlarm`).
 
+It is said where the user looks, whatever the warning filters (``python -W ignore`` hides only the
+:class:`WatchWarning`): a ``logging`` record on the logger ``pytest_dlcheck.watch`` (the whole message; ERROR,
+WARNING under "warn"), one line on stderr that starts on a line of its own (not glued to a progress bar)
+naming the finding, its cause, what the policy does and the postmortem's path; the Trainer's own ``log()``
+(``state.log_history`` and every ``report_to`` tracker), Lightning's loggers, and an alert on the active W&B
+run (``wandb.run.alert``; wandb is never imported by the watch).
+
 Nothing is healed: the watch never lowers a learning rate, skips a batch or restores weights. A run that
 silently repairs itself hides the bug that made it fail; the postmortem is there so that it is fixed.
 
@@ -38,6 +45,7 @@ Importing this module imports neither torch, transformers nor lightning: :class:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import platform
 import sys
@@ -158,6 +166,8 @@ class Watch:
         self.postmortems: list[Path] = []
         self.should_stop = False
         self.notes: list[str] = []
+        #: called with (finding, postmortem path, the stderr line) at a detection: the framework callbacks log there
+        self.reporters: list[Any] = []
         self._pending: list[_Step | tuple] = []  # the steps since the last check, not read yet
         self._count = 0  # steps seen (the step number when the caller gives none)
         self._last_check = 0
@@ -523,12 +533,42 @@ class Watch:
         path = self._postmortem(found)
         found.text = str(found.render(path))
         if self.policy == "raise":
-            self.should_stop = True
+            action = f"policy raise: training ends with WatchAlarm after step {at}"
+        elif self.policy == "stop":
+            action = f"policy stop: training stops cleanly after step {at} (the check that saw it)"
+            found.text += f"\n  policy    {action}"
+        else:
+            action = "policy warn: training goes on"
+        self.should_stop = self.policy != "warn"
+        self._announce(found, path, action)
+        if self.policy == "raise":
             raise WatchAlarm(found, path)
-        if self.policy == "stop":
-            self.should_stop = True
-            found.text += f"\n  policy    stop: training stops cleanly after step {at} (the check that saw it)"
         warnings.warn(WatchWarning(found.text), stacklevel=3)
+
+    def headline(self, found: Finding, path: Path | None, action: str) -> str:
+        """The one line said on stderr (and sent as an alert): what fired, what happens now, where to read."""
+        where = f"postmortem {path}" if path is not None else "no postmortem (no output_dir)"
+        return f"pytest-dlcheck watch: {found.id} {found.title}: {found.cause} -- {action}; {where}"
+
+    def _announce(self, found: Finding, path: Path | None, action: str) -> None:
+        """Say it where the user looks, whatever the warning filters: a ``logging`` record with the whole
+        message, one line on stderr that starts on its own line (not glued to a progress bar), a W&B alert when
+        a W&B run is active, and each framework's own log (the ``reporters`` the callbacks add). Under
+        torch.distributed the rank that detected it and rank 0 speak; the others only stop."""
+        dist = _dist()
+        speaks = dist is None or dist.get_rank() == 0 or not found.data.get("by_other_rank")
+        level = logging.WARNING if self.policy == "warn" else logging.ERROR
+        LOG.log(level, "%s", found.text, extra={"dlcheck_finding": found, "dlcheck_postmortem": path})
+        if not speaks:
+            return
+        line = self.headline(found, path, action)
+        stream = sys.stderr
+        if stream is not None:
+            stream.write("\n" + line + "\n")
+            stream.flush()
+        _wandb_alert(found, line)
+        for report in self.reporters:
+            report(found, path, line)
 
     def _postmortem(self, found: Finding) -> Path | None:
         if self.output_dir is None:
@@ -592,6 +632,25 @@ class Watch:
         path.write_text(json.dumps(doc, indent=1))
         self.postmortems.append(path)
         return path
+
+
+LOG = logging.getLogger("pytest_dlcheck.watch")
+# a library's logger: silent until the application configures logging (the stderr line speaks meanwhile)
+LOG.addHandler(logging.NullHandler())
+
+
+def _wandb_alert(found: Finding, line: str) -> None:
+    """An alert on the active W&B run, if any. wandb is never imported here: a run is active only where the
+    user imported it."""
+    wandb = sys.modules.get("wandb")
+    run = getattr(wandb, "run", None) if wandb is not None else None
+    if run is None:
+        return
+    try:
+        level = getattr(getattr(wandb, "AlertLevel", None), "ERROR", "ERROR")
+        run.alert(title=f"dlcheck {found.id}: {found.title}", text=line, level=level)
+    except Exception as exc:  # an alert that cannot be sent must not end the user's training
+        LOG.warning("pytest-dlcheck watch: the W&B alert for %s was not sent: %r", found.id, exc)
 
 
 def _json_float(value: Any) -> Any:
@@ -686,7 +745,10 @@ def _trainer_watch_class():
         their logged loss, every ``logging_steps``; the
         gradient norm, the learning rate, DPO's ``rewards/accuracies``, GRPO's reward, KL and completion
         length and ``eval_loss`` from the Trainer's own logs (``logging_steps`` sets how often). The
-        postmortem goes to ``args.output_dir``. Keywords are :class:`Watch`'s."""
+        postmortem goes to ``args.output_dir``. A finding is logged through the Trainer's own ``log()``
+        (``transformers.Trainer.log``: into ``state.log_history`` and every callback's ``on_log``, so the
+        ``report_to`` trackers show it) as ``dlcheck/<ID>`` (the step) and ``dlcheck/finding`` (the line).
+        Keywords are :class:`Watch`'s."""
 
         def __init__(self, trainer: Any = None, **kwargs: Any):
             kwargs.setdefault("framework", "transformers")
@@ -697,8 +759,13 @@ def _trainer_watch_class():
             self._losses: list[Any] = []
             self._lr = None
             self._hooked = False  # the model's output gave a loss: the logged loss is not used
+            self._logging = False  # inside our own Trainer.log call: our on_log ignores that record
+            self.watch.reporters.append(self._log_finding)
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
+            if self.trainer is None:
+                self.trainer = _calling_trainer(self)
+            self._state = state
             if self.watch.output_dir is None:
                 self.watch.output_dir = Path(args.output_dir or ".")
             self._model = model
@@ -733,6 +800,8 @@ def _trainer_watch_class():
                 self._check(control)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
+            if self._logging:
+                return
             logs = {k: v for k, v in (logs or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
             loss = logs.pop("loss", None)
             self.watch.observe(
@@ -761,6 +830,21 @@ def _trainer_watch_class():
                 self._hook.remove()
                 self._hook = None
 
+        def _log_finding(self, found, path, line):
+            """The finding in the Trainer's log: the base ``Trainer.log`` (a TRL trainer's own ``log`` would
+            fold its pending metrics into this record), so log_history and every callback's on_log see it."""
+            logs = {f"dlcheck/{found.id}": float(found.step), "dlcheck/finding": line}
+            self._logging = True
+            try:
+                if self.trainer is not None:
+                    from transformers import Trainer
+
+                    Trainer.log(self.trainer, logs)
+                elif getattr(self, "_state", None) is not None:  # no Trainer found: its history at least
+                    self._state.log_history.append({**logs, "step": self._state.global_step})
+            finally:
+                self._logging = False
+
         def _check(self, control):
             try:
                 self.watch.check(self._model)
@@ -785,15 +869,20 @@ def _lightning_watch_class():
         The loss of every step is the one ``training_step`` returns; the gradient norm is taken before
         clipping (``on_before_optimizer_step``) every ``every`` steps, the learning rate from the optimizer;
         S5 reads ``trainer.callback_metrics[eval_key]`` after each validation (default ``"val_loss"``). The
-        postmortem goes to ``trainer.default_root_dir``. Other keywords are :class:`Watch`'s."""
+        postmortem goes to ``trainer.default_root_dir``. A finding goes to every logger of the trainer
+        (``trainer.loggers``: CSV, TensorBoard, W&B, ...) as the metric ``dlcheck/<ID>`` (the step), and as text
+        where the logger takes text (TensorBoard). Other keywords are :class:`Watch`'s."""
 
         def __init__(self, eval_key: str = "val_loss", **kwargs: Any):
             kwargs.setdefault("framework", "lightning")
             self.watch = Watch(**kwargs)
             self.eval_key = eval_key
             self._stepped = False
+            self._trainer = None
+            self.watch.reporters.append(self._log_finding)
 
         def on_train_start(self, trainer, pl_module):
+            self._trainer = trainer
             if self.watch.output_dir is None:
                 self.watch.output_dir = Path(trainer.default_root_dir or ".")
 
@@ -826,12 +915,38 @@ def _lightning_watch_class():
             if self.watch._pending:
                 self._check(trainer, pl_module)
 
+        def _log_finding(self, found, path, line):
+            trainer = self._trainer
+            if trainer is None:
+                return
+            for logger in trainer.loggers:
+                logger.log_metrics({f"dlcheck/{found.id}": float(found.step)}, step=trainer.global_step)
+                if "TensorBoard" in type(logger).__name__:
+                    logger.experiment.add_text(f"dlcheck/{found.id}", found.text, trainer.global_step)
+                logger.save()
+
         def _check(self, trainer, pl_module):
             self.watch.check(pl_module)
             if self.watch.should_stop:
                 trainer.should_stop = True
 
     return LightningWatch
+
+
+def _calling_trainer(callback: Any) -> Any:
+    """The transformers Trainer whose callback handler is calling ``callback`` (found up the call stack, in
+    ``on_train_begin``): a callback is handed the Trainer's state, not the Trainer, and its ``log`` is the
+    path to ``log_history`` and the trackers."""
+    frame = sys._getframe(1)
+    for _ in range(12):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        handler = getattr(owner, "callback_handler", None)
+        if handler is not None and callback in getattr(handler, "callbacks", ()):
+            return owner
+        frame = frame.f_back
+    return None
 
 
 def _grad_enabled() -> bool:

@@ -6,6 +6,7 @@ the kept tensors per check, two real ranks that stop together, and an import tha
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import warnings
@@ -61,13 +62,13 @@ def blobs(corrupt_at: int | None):
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=32)
 
 
-def fit(tmp_path, corrupt_at, callbacks):
+def fit(tmp_path, corrupt_at, callbacks, logger=False):
     module = Regressor()
     trainer = pl.Trainer(
         max_steps=40,
         accelerator="cpu",
         devices=1,
-        logger=False,
+        logger=logger,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -89,6 +90,20 @@ def test_an_fp16_overflow_stops_a_lightning_run(tmp_path):
     assert doc["run"]["framework"] == "lightning" and "lightning" in doc["versions"]
     assert doc["history"]["loss"][12] == "nan" and doc["history"]["step"][:13] == list(range(1, 14))
     assert doc["history"]["grad_norm"][4] is not None  # every 5 steps, before clipping
+
+
+def test_the_finding_goes_to_the_lightning_loggers(tmp_path):
+    """The trainer's loggers (here a CSVLogger) record the finding as the metric dlcheck/S1 at its step."""
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    logger = CSVLogger(tmp_path, name="run")
+    _, trainer, messages = fit(tmp_path, corrupt_at=12, callbacks=[LightningWatch(every=5)], logger=logger)
+    assert trainer.global_step == 15 and len(messages) == 1
+    rows = list(csv.DictReader(open(logger.experiment.metrics_file_path)))
+    logged = [r for r in rows if r.get("dlcheck/S1")]
+    assert len(logged) == 1 and float(logged[0]["dlcheck/S1"]) == 13.0 and logged[0]["step"] == "15"
 
 
 def test_a_clean_lightning_run_is_untouched(tmp_path):
@@ -228,6 +243,24 @@ def test_policies(tmp_path):
 
     stopped = Watch(every=5)
     assert caught(lambda: diverging_loop(stopped))[0] == 15 and stopped.should_stop
+
+
+def test_a_loop_under_filtered_warnings_still_says_it(tmp_path, capsys, caplog):
+    """Warnings off (as under python -W ignore): the stderr line and the logging record still come."""
+    watch = Watch(every=5, output_dir=tmp_path)
+    with warnings.catch_warnings(), caplog.at_level(logging.INFO, logger="pytest_dlcheck.watch"):
+        warnings.simplefilter("ignore")
+        assert diverging_loop(watch) == 15
+    err = capsys.readouterr().err
+    path = tmp_path / "dlcheck-postmortem-S2-step12.json"
+    assert err.startswith("\npytest-dlcheck watch: S2 loss spike during the run (step 12): the run diverges")
+    assert err.endswith(
+        f"policy stop: training stops cleanly after step 15 (the check that saw it); postmortem {path}\n"
+    )
+    assert err.count("\n") == 2  # one line, on a line of its own
+    (record,) = [r for r in caplog.records if r.name == "pytest_dlcheck.watch"]
+    assert record.levelno == logging.ERROR and record.getMessage().startswith("S2 loss spike during the run (step 12)")
+    assert f"postmortem {path}" in " ".join(record.getMessage().split()) and record.dlcheck_finding.step == 12
 
 
 def test_overrides_move_the_checks_thresholds(tmp_path):

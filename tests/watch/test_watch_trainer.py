@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
+import os
 import re
 import warnings
 
@@ -55,11 +57,12 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
-def test_a_diverging_learning_rate_stops_the_run_with_a_postmortem(tok, tmp_path):
+def test_a_diverging_learning_rate_stops_the_run_with_a_postmortem(tok, tmp_path, caplog):
     trainer = lm_trainer(tok, tmp_path, exploding_lr, steps=80)
     watch = TrainerWatch(every=5)
     trainer.add_callback(watch)
-    messages = train(trainer)
+    with caplog.at_level(logging.INFO, logger="pytest_dlcheck.watch"):
+        messages = train(trainer)
     assert trainer.state.global_step == 20  # stopped cleanly at the check after the spike, not at 80
     assert len(messages) == 1
     text = flat(messages[0])
@@ -85,6 +88,71 @@ def test_a_diverging_learning_rate_stops_the_run_with_a_postmortem(tok, tmp_path
     assert history["step"] == list(range(1, 21))  # every step's loss, read at the checks only
     assert history["lr"][0] == pytest.approx(1e-3) and history["lr"][-1] == pytest.approx(1e-3 * 1.6**19)
     assert [s for s, g in zip(history["step"], history["grad_norm"]) if g is not None] == [5, 10, 15, 20]
+    # a logging record with the whole message, whatever the warning filters
+    (record,) = [r for r in caplog.records if r.name == "pytest_dlcheck.watch"]
+    assert record.levelno == logging.ERROR and record.getMessage() == messages[0]
+    assert record.dlcheck_finding.id == "S2" and record.dlcheck_postmortem == path
+    # the Trainer's own log: log_history (and so every report_to tracker) carries the finding
+    (logged,) = [h for h in trainer.state.log_history if "dlcheck/S2" in h]
+    assert logged["dlcheck/S2"] == 18.0 and logged["step"] == 20
+    assert logged["dlcheck/finding"].startswith("pytest-dlcheck watch: S2 loss spike during the run (step 18): ")
+    assert (
+        f"policy stop: training stops cleanly after step 20 (the check that saw it); postmortem {path}"
+        in (logged["dlcheck/finding"])
+    )
+
+
+SILENCED = """
+import json, sys
+sys.path.insert(0, {tests!r})
+import torch
+torch.set_num_threads(1)
+import tiny
+from datasets import Dataset
+from transformers import DataCollatorForLanguageModeling, Trainer
+from pytest_dlcheck.watch import TrainerWatch
+
+tok = tiny.tokenizer()
+model = tiny.llama(tok)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=1.6)  # gamma meant as 0.6: the LR explodes
+args = tiny.trainer_args({out!r}, max_steps=80, per_device_train_batch_size=4, logging_steps=5, seed=0,
+                         disable_tqdm=False)  # the progress bar on, as a user has it
+trainer = Trainer(model=model, args=args, train_dataset=Dataset.from_list(tiny.tokenized(tok, 24)),
+                  data_collator=DataCollatorForLanguageModeling(tok, mlm=False), optimizers=(opt, sched),
+                  callbacks=[TrainerWatch(every=5)])
+trainer.train()
+print(json.dumps({{"step": trainer.state.global_step,
+                  "logged": [h for h in trainer.state.log_history if "dlcheck/S2" in h]}}))
+"""
+
+
+def test_a_run_under_w_ignore_still_says_it_and_stops(tmp_path):
+    """python -W ignore train.py: the warning is filtered, the run still stops and says why on stderr, on a
+    line of its own (not glued to the tqdm bar), and the Trainer's log_history carries it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "train.py"
+    script.write_text(SILENCED.format(tests=str(Path(tiny.__file__).parent), out=str(tmp_path / "out")))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", str(script)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["step"] == 20  # stopped at the check after the spike, not at 80
+    path = tmp_path / "out" / "dlcheck-postmortem-S2-step18.json"
+    line = re.search(r"(?:^|\n)(pytest-dlcheck watch: S2 loss spike during the run \(step 18\): .*)\n", done.stderr)
+    assert line, done.stderr
+    assert "\npytest-dlcheck watch: S2" in done.stderr  # it starts a line of its own, after the bar's
+    assert line[1].endswith(
+        f"policy stop: training stops cleanly after step 20 (the check that saw it); postmortem {path}"
+    )
+    assert "WatchWarning" not in done.stderr  # the warning itself is filtered
+    (logged,) = result["logged"]
+    assert logged["dlcheck/S2"] == 18.0 and logged["dlcheck/finding"] == line[1]
 
 
 def test_a_run_that_diverges_at_its_second_step_and_stays_there_is_stopped(tok, tmp_path):
