@@ -274,6 +274,37 @@ def _mask_relation(a: Any, b: Any) -> str | None:
     return "other"
 
 
+def _content_box(a: Any, b: Any) -> tuple[int, int, int, int] | None:
+    """(top, bottom, left, right) of two reads of an image without the border rows and columns that are one
+    constant value, the same in both reads (the band a pad-to-crop-size fills: torchvision's references pad the
+    image with 0 and the mask with 255 after the flip, so the band stays where it is while the content is
+    mirrored). Both reads' content lies inside; a pure flip of the whole image keeps the box symmetric, so it
+    is still a flip inside it. None when nothing but such bands is left."""
+    if a.shape != b.shape or a.ndim < 2:
+        return None
+
+    def flat(x: Any, line: int, rows: bool) -> Any:
+        return (x[..., line, :] if rows else x[..., :, line]).reshape(*x.shape[:-2], -1)
+
+    def band(line: int, rows: bool) -> bool:
+        la, lb = flat(a, line, rows), flat(b, line, rows)
+        first = la[..., :1]
+        return bool((la == first).all() and (lb == first).all())
+
+    top, bottom, left, right = 0, a.shape[-2], 0, a.shape[-1]
+    while top < bottom and band(top, True):
+        top += 1
+    while bottom > top and band(bottom - 1, True):
+        bottom -= 1
+    while left < right and band(left, False):
+        left += 1
+    while right > left and band(right - 1, False):
+        right -= 1
+    if bottom - top < 2 or right - left < 2:
+        return None
+    return top, bottom, left, right
+
+
 def _flip_rereads(dlcheck: Any, ds: Any, items: list[V.Item], reads: int) -> tuple[list[str], list[str], bool]:
     """Read the same example several times. An image that comes back mirrored while its target stays put is a
     flip applied to the image only; a mask whose geometry relative to the first read differs from its image's
@@ -300,7 +331,12 @@ def _flip_rereads(dlcheck: Any, ds: Any, items: list[V.Item], reads: int) -> tup
             if other.image is None or other.image.shape != base.image.shape:
                 continue
             pairs += 1
-            rel, c_same, c_flip = _image_relation(base.image, other.image)
+            box = _content_box(base.image, other.image)
+            if box is None:
+                continue
+            top, bottom, left, right = box
+            img_a, img_b = base.image[..., top:bottom, left:right], other.image[..., top:bottom, left:right]
+            rel, c_same, c_flip = _image_relation(img_a, img_b)
             if rel in ("horizontally", "vertically") and (base.mask is None or other.mask is None):
                 same_target = _same_target(base, other)
                 if same_target:
@@ -315,7 +351,11 @@ def _flip_rereads(dlcheck: Any, ds: Any, items: list[V.Item], reads: int) -> tup
                     )
             if rel is None or base.mask is None or other.mask is None:
                 continue
-            mrel = _mask_relation(base.mask, other.mask)
+            mask_a, mask_b = base.mask, other.mask
+            if mask_a.shape[-2:] == base.image.shape[-2:] == mask_b.shape[-2:]:
+                # the image's content box, on the mask too: the mask's pad band (255) stays out of the comparison
+                mask_a, mask_b = mask_a[..., top:bottom, left:right], mask_b[..., top:bottom, left:right]
+            mrel = _mask_relation(mask_a, mask_b)
             if mrel is None:
                 continue
             judged += 1
@@ -409,7 +449,10 @@ def check_geometric_target(dlcheck):
         fails when the image comes back mirrored while the target stays identical (a custom dataset flipping
         only the image), or when a mask's geometry relative to the first read differs from its image's
         (the same random transform called once on the image and once on the mask: two draws), giving the
-        share of re-reads whose mask no longer matches the image.
+        share of re-reads whose mask no longer matches the image. Two reads are compared on their content:
+        border rows and columns holding one constant value in both reads (the band a pad to the crop size
+        adds after the flip, image 0 and mask 255 in torchvision's references) are left out of the image and
+        the mask alike, so a mirrored content beside a band that stays put counts as mirrored in both.
     Why it is bad
         A flip applied to the image only teaches the detector that objects sit where they are not: half
         the training boxes are wrong, silently. The same happens to plain-tensor boxes with transforms v2

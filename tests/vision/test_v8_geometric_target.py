@@ -239,3 +239,63 @@ def test_same_random_transform_called_separately_on_image_and_mask(project, join
                 "times each: no read is another mirrored with its target left identical",
             ]
         )
+
+
+# torchvision's segmentation reference (presets.py / transforms.py): RandomResize (the mask NEAREST), then
+# RandomHorizontalFlip, then RandomCrop's pad_if_smaller, which pads the image with 0 and the mask with 255 at
+# the right and bottom. Resized below the crop size, two reads with opposite flips share an identical padded band:
+# the image's content and the mask's content are both mirrored, the band is not. Counting the band, the image
+# looked "the same" (correlation above 0.95) while its mask agreed on too few pixels to be "the same": a false
+# alarm on the reference. Separate draws for image and mask must still fail.
+PADDED = """
+    import random
+    import numpy as np, pytest, torch, tiny_vision as tv
+    from torchvision import transforms as T1
+    from torchvision.transforms import functional as F
+
+    class PaddedSegmentation(torch.utils.data.Dataset):
+        def __init__(self, joint):
+            self.base = tv.ShapesSegmentation(8, mask="pil")
+            self.joint = joint
+            self.flip = T1.RandomHorizontalFlip()            # transforms v1: every call draws anew
+
+        def __len__(self):
+            return len(self.base)
+
+        def __getitem__(self, i):
+            img, mask = self.base[i]
+            img = F.resize(img, [20, 20])
+            mask = F.resize(mask, [20, 20], interpolation=T1.InterpolationMode.NEAREST)
+            if self.joint:                                     # the reference's RandomHorizontalFlip: one draw
+                if random.random() < 0.5:
+                    img, mask = F.hflip(img), F.hflip(mask)
+            else:                                              # two calls: two independent draws
+                img, mask = self.flip(img), self.flip(mask)
+            img, mask = F.pad(img, [0, 0, 20, 20], fill=0), F.pad(mask, [0, 0, 20, 20], fill=255)  # pad_if_smaller
+            img = F.normalize(F.to_tensor(img), mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+            return img, torch.as_tensor(np.array(mask), dtype=torch.int64)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return PaddedSegmentation(joint={joint})
+"""
+
+
+@pytest.mark.parametrize("joint, outcome", [(False, "failed"), (True, "passed")])
+def test_flip_then_pad_to_the_crop_size_compares_the_content(project, joint, outcome):
+    project.conftest(PADDED.format(joint=joint))
+    run = project.run("--dlcheck=V8", "-rA")
+    run.assert_outcome("V8", outcome)
+    if outcome == "failed":
+        text = section(run, "V8")
+        assert "%) the mask no longer matches the image" in text
+        assert "mirrored horizontally relative to" in text
+        assert "the image and its mask get separate random draws" in text
+    else:
+        run.fnmatch(
+            [
+                "*dlcheck evidence*",
+                "dlcheck_dataset[[]0] (* re-reads: every mask moved exactly as its image), dlcheck_dataset[[]*] read 6 "
+                "times each: no read is another mirrored with its target left identical",
+            ]
+        )
