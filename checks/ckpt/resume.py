@@ -542,7 +542,7 @@ def _load_raises(dlcheck: Any, setup: Any, exc: ResumeLoadFailed, label: str) ->
     evidence = [
         f"{label}, saved after step {exc.saved_at} by {SAVED_BY.get(setup.kind, 'the save')} "
         f"({exc.checkpoint.name}); {loaded_by} on fresh objects raised on it, before any step was resumed:",
-        _shown(exc),
+        exc.message,
     ]
     refused = refused_global(exc.error)
     if refused is None:
@@ -588,24 +588,6 @@ def _load_raises(dlcheck: Any, setup: Any, exc: ResumeLoadFailed, label: str) ->
 
 def _article(name: str) -> str:
     return "an" if name[:1].lower() in "aeiou" else "a"
-
-
-def _shown(exc: ResumeLoadFailed) -> str:
-    """The load's exception in one line: torch's weights_only refusal by its WeightsUnpickler line (the long
-    preamble cut), with where the user's code raised it."""
-    import re
-
-    text = re.sub(r"\x1b\[[0-9;]*m", "", exc.message)
-    error = re.sub(r"\x1b\[[0-9;]*m", "", str(exc.error))
-    found = re.search(r"WeightsUnpickler error: ([^\n]*?allowed global[^.\n]*)", error)
-    if not found:
-        return text
-    from ...session import where_raised
-
-    return (
-        f"raised {type(exc.error).__name__}: Weights only load failed: {found.group(1).strip()}"
-        f"{where_raised(exc.error)}"
-    )
 
 
 def _parting(run: ResumeRun, label: str, how: str, step: int, what: str, trainer: bool) -> list[str]:

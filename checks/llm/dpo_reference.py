@@ -15,6 +15,7 @@ from ...training import (
     device_of,
     draw_batches,
     is_preference,
+    preference_loss,
     to_device,
 )
 from .common import raw_rows
@@ -59,18 +60,20 @@ def check_dpo_reference(dlcheck):
     moves the loss away from ln 2.
 
     What it does
-        On your DPOTrainer's own objects (restored afterwards), checks that no reference parameter shares
+        On your DPOTrainer's or KTOTrainer's own objects (restored afterwards), checks that no reference parameter shares
         storage with the policy and that the trainer's optimizer (when built) holds none of them. Then takes
         the first sampled preference batch (the trainer's collator), computes the completions' summed
         log-probs under the policy and the reference and the DPO loss, makes one small SGD step on the
         policy (a copy of its weights is kept and put back), and computes them again: the reference's
-        log-probs must be identical, and the DPO loss must leave ln 2.
+        log-probs must be identical, and the DPO loss must leave ln 2 (for KTO, whose unpaired batches have
+        no DPO loss, the reference's log-probs and parameters are judged).
     Why it is bad
         DPO's loss is -log sigmoid(beta x ((policy - reference) on chosen - (policy - reference) on
         rejected)). A reference that moves with the policy keeps every log-ratio at 0: the loss stays at
         ln 2 = 0.693, the implicit rewards at 0, and the run trains on a constant gradient that never
         separates chosen from rejected. A shallow ``copy.copy(model)`` or a reference assembled from the
-        policy's own submodules does exactly that, and TRL only refuses ``ref_model is model``.
+        policy's own submodules does exactly that, and TRL only refuses ``ref_model is model``. KTO's loss
+        1 - sigmoid(beta x (log-ratio - KL estimate)) is pinned at 0.5 the same way.
     Example
         DPOTrainer(model=model, ref_model=copy.copy(model), ...)
     Use instead
@@ -82,7 +85,8 @@ def check_dpo_reference(dlcheck):
         batch (input_ids, attention_mask, completion_mask) to probe it skips, even when no parameter is
         shared: a reference can move without sharing storage.
     Not applicable
-        Trainers that are not DPO trainers (SFT, GRPO/RLOO, a plain Trainer); DPO without a separate
+        Trainers that are not preference trainers with a reference model, DPO or KTO (SFT, GRPO/RLOO, a
+        reward model's RewardTrainer, a plain Trainer); DPO or KTO without a separate
         reference model (precomputed reference log-probs, PEFT with the adapters disabled); pipelines
         with no trainer and no sign of DPO (DPO training arguments, chosen/rejected examples). DPO data
         without its trainer is a missing dlcheck_trainer.
@@ -97,8 +101,11 @@ def check_dpo_reference(dlcheck):
         )
     if not is_preference(trainer):
         dlcheck.not_applicable(
-            f"{type(trainer).__name__} is not a preference (DPO) trainer: L9 concerns TRL's DPOTrainer"
+            f"{type(trainer).__name__} is not a preference trainer with a reference model: L9 concerns TRL's "
+            "DPOTrainer and KTOTrainer"
         )
+    # KTO's loss is no DPO loss (unpaired completions, 0.5 at the start): its reference is judged, not ln 2
+    dpo = preference_loss(trainer) == "dpo"
     policy, ref = trainer.model, getattr(trainer, "ref_model", None)
     if ref is None:
         dlcheck.not_applicable(
@@ -120,11 +127,11 @@ def check_dpo_reference(dlcheck):
     probe = None
     if isinstance(batch, Mapping) and {"input_ids", "attention_mask", "completion_mask"} <= set(batch):
         probe = _probe_step(
-            policy, ref, to_device(batch, device_of(policy)), trainer.beta, dlcheck.setting("step_size")
+            policy, ref, to_device(batch, device_of(policy)), trainer.beta, dlcheck.setting("step_size"), dpo
         )
 
     moved = probe is not None and probe["ref_delta"] > 0
-    pinned = probe is not None and abs(probe["loss_after"] - LN2) < 1e-6 and abs(probe["policy_delta"]) > 0
+    pinned = dpo and probe is not None and abs(probe["loss_after"] - LN2) < 1e-6 and abs(probe["policy_delta"]) > 0
     if not shared and not in_optimizer and not moved and not pinned:
         if probe is None:
             dlcheck.skip(
@@ -139,14 +146,19 @@ def check_dpo_reference(dlcheck):
             f"one SGD step on the policy (its chosen+rejected log-likelihood moved by {probe['policy_delta']:.4g} nats) "
             f"left the reference's log-probs of batch 0 unchanged (max |Δ| {probe['ref_delta']:g})",
             f"0 of {n_ref} reference parameter tensors share storage with the policy's; {optimizer}",
-            f"DPO loss on batch 0 (beta {trainer.beta}): {probe['loss_before']:.5f} before the step, "
-            f"{probe['loss_after']:.5f} after (ln 2 = {LN2:.5f})",
+            *(
+                [
+                    f"DPO loss on batch 0 (beta {trainer.beta}): {probe['loss_before']:.5f} before the step, "
+                    f"{probe['loss_after']:.5f} after (ln 2 = {LN2:.5f})"
+                ]
+                if dpo
+                else []
+            ),
             reference_tensors=n_ref,
             shared=0,
             policy_delta=probe["policy_delta"],
             reference_delta=probe["ref_delta"],
-            loss_before=probe["loss_before"],
-            loss_after=probe["loss_after"],
+            **({"loss_before": probe["loss_before"], "loss_after": probe["loss_after"]} if dpo else {}),
         )
         return
 
@@ -167,17 +179,18 @@ def check_dpo_reference(dlcheck):
             f"nats) moved the reference's log-probs of batch 0 by {probe['ref_delta']:.4g} nats "
             f"(reference, chosen row 0: {probe['ref_before']:.4f} -> {probe['ref_after']:.4f}); a frozen one moves by 0"
         )
-        evidence.append(
-            f"DPO loss on batch 0 (beta {trainer.beta}): {probe['loss_before']:.5f} before the step, "
-            f"{probe['loss_after']:.5f} after (ln 2 = {LN2:.5f})"
-        )
+        if dpo:
+            evidence.append(
+                f"DPO loss on batch 0 (beta {trainer.beta}): {probe['loss_before']:.5f} before the step, "
+                f"{probe['loss_after']:.5f} after (ln 2 = {LN2:.5f})"
+            )
         if example:
             evidence.append(f"batch 0, row 0: {example}")
     if shared or moved:
         cause = (
             "the reference model shares its weights with the policy (a shallow copy.copy, or the policy's own "
-            "submodules): every policy update moves the reference too, so the log-ratios stay 0 and the DPO "
-            "loss stays ln 2"
+            "submodules): every policy update moves the reference too, so the log-ratios stay 0 and the "
+            + ("DPO loss stays ln 2" if dpo else "KTO loss stays 0.5 (its implicit rewards stay 0)")
         )
         fix = (
             "pass an independent reference: ref_model=copy.deepcopy(model), or ref_model=None with a model loaded "
@@ -198,7 +211,7 @@ def _preference_pipeline(dlcheck) -> bool:
     return any(isinstance(r, Mapping) and "chosen" in r and "rejected" in r for r in rows)
 
 
-def _probe_step(policy, ref, batch, beta: float, step_size: float) -> dict:
+def _probe_step(policy, ref, batch, beta: float, step_size: float, dpo: bool = True) -> dict:
     """Log-probs and DPO loss before and after one normalised SGD step on the policy; every tensor of both
     models (and their grads, requires_grad and modes) is put back afterwards."""
     snaps = [(m, ModuleSnapshot.take(m)) for m in (policy, ref)]
@@ -224,8 +237,9 @@ def _probe_step(policy, ref, batch, beta: float, step_size: float) -> dict:
             "policy_delta": float((pol_after - pol_before).sum()),
             "ref_before": float(ref_before[0]),
             "ref_after": float(ref_after[0]),
-            "loss_before": dpo_loss(pol_before, ref_before, beta),
-            "loss_after": dpo_loss(pol_after, ref_after, beta),
+            # the DPO loss of the batch's chosen/rejected halves (a KTO batch holds no pairs)
+            "loss_before": dpo_loss(pol_before, ref_before, beta) if dpo else None,
+            "loss_after": dpo_loss(pol_after, ref_after, beta) if dpo else None,
         }
     finally:
         for m, snap in snaps:

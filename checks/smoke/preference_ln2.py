@@ -5,7 +5,7 @@ import math
 from ... import detectors
 from ...errors import MISSING
 from ...registry import check
-from ...training import is_preference, smoke_run
+from ...training import is_preference, is_reward_trainer, preference_loss, smoke_run
 
 LN2 = detectors.LN2
 
@@ -42,9 +42,26 @@ def check_preference_pinned(dlcheck):
         judged. L9 tests the reference's freezing directly in one step.
     Not applicable
         Every other kind of training: SFT, GRPO, a plain Trainer, a Lightning module, a plain loop. Their
-        loss has no reason to start at ln 2.
+        loss has no reason to start at ln 2. KTO (KTOTrainer): its loss starts at 0.5, not ln 2, and it logs
+        no preference accuracy. A reward model (RewardTrainer): its pairwise loss starts near ln 2 but not at
+        it (a fresh score head ranks pairs at random), and without a reference a loss near ln 2 after a short
+        run does not tell slow learning from none.
     """
     trainer = dlcheck.role("trainer")
+    if trainer is not MISSING and preference_loss(trainer) == "kto":
+        dlcheck.not_applicable(
+            f"dlcheck_trainer is a {type(trainer).__name__}: KTO's loss 1 - σ(β x (log-ratio - KL estimate)) starts "
+            "at 0.5 (times the desirable/undesirable weights), not at ln 2, and KTO logs no preference accuracy: S4 "
+            "judges DPO's loss"
+        )
+    if trainer is not MISSING and is_reward_trainer(trainer):
+        dlcheck.not_applicable(
+            f"dlcheck_trainer is a {type(trainer).__name__}: its pairwise loss -log σ(r_chosen - r_rejected) starts "
+            "near ln 2, but not at it (the fresh score head already ranks chosen and rejected at random, and its "
+            "accuracy is at chance from the first step): with no reference model, a loss near ln 2 after a short "
+            "run does not tell a reward model that learns slowly from one that learns nothing; S4 judges DPO, whose "
+            "loss is ln 2 exactly while the policy equals its reference"
+        )
     if trainer is not MISSING and not is_preference(trainer):
         dlcheck.not_applicable(
             f"dlcheck_trainer is a {type(trainer).__name__}, not a preference trainer (DPOTrainer): its loss has no "

@@ -13,6 +13,7 @@ from ...training import (
     is_preference,
     modes,
     output_tensor,
+    preference_loss,
     probe,
     run_or_skip,
     targets_of,
@@ -75,7 +76,7 @@ def check_initial_loss(dlcheck):
         model starts below ln(C) and passes; the check does not tell a pretrained start from a leak.
     Not applicable
         Losses that are not a cross-entropy over classes: regression (float targets), a model with a
-        single output per example, DPO and other preference losses, GRPO. A model given as dlcheck_model
+        single output per example, DPO, KTO and other preference losses, GRPO. A model given as dlcheck_model
         whose forward needs fields the batches lack (a denoiser that your loss calls): it is not called on
         the batch.
     """
@@ -84,8 +85,12 @@ def check_initial_loss(dlcheck):
         dlcheck.not_applicable(
             f"{type(trainer).__name__}'s loss is "
             + (
+        kind = preference_loss(trainer)
                 "a sigmoid of policy/reference log-ratio margins"
-                if is_preference(trainer)
+                if kind == "dpo"
+                else "1 - σ(β x (policy/reference log-ratio - KL estimate)) on unpaired completions (KTO: 0.5 at the "
+                "start, whatever the vocabulary)"
+                if kind == "kto"
                 else "a policy-gradient objective on generated completions"
             )
             + ", not a cross-entropy over classes: ln(classes) does not apply"

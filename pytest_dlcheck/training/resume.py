@@ -50,6 +50,14 @@ class ResumeLoadFailed(RoleError):
     after."""
 
     def __init__(self, role: str, message: str, error: BaseException, how: str, checkpoint: Path, saved_at: int):
+        refused = refused_global(error)
+        if refused is not None:  # torch's refusal without its long preamble (and its terminal colour codes)
+            from ..session import where_raised
+
+            message = (
+                f"raised {type(error).__name__}: Weights only load failed: Unsupported global: GLOBAL {refused} was "
+                f"not an allowed global by default{where_raised(error)}"
+            )
         super().__init__(role, message)
         self.error = error
         self.how = how

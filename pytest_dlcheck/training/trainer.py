@@ -37,8 +37,8 @@ from .runs import (
     fresh_modules,
     grad_report,
     is_grpo,
-    is_preference,
     nonfinite_params,
+    preference_loss,
     release_training_memory,
     rng_state,
 )
@@ -63,7 +63,9 @@ class TrainerSetup:
         #: lets the session's spares go (the probe clone, the smoke run's trained model): get_setup sets it
         self.make_room: Any = lambda: None
         self.name = type(trainer).__name__
-        self.preference = is_preference(trainer)
+        # DPO pairs chosen and rejected inside its step (the dist domain does not launch it yet); KTO's
+        # unpaired batches launch as a Trainer's do
+        self.preference = preference_loss(trainer) == "dpo"
         self.grpo = is_grpo(trainer)
 
     @property

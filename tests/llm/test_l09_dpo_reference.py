@@ -78,7 +78,8 @@ def test_sft_trainer_skips(project):
     run.fnmatch(
         [
             "*::L9_dpo_reference SKIPPED (not applicable: *",
-            "SKIPPED * not applicable: SFTTrainer is not a preference (DPO) trainer: L9 concerns TRL's DPOTrainer",
+            "SKIPPED * not applicable: SFTTrainer is not a preference trainer with a reference model: L9 concerns TRL's "
+            "DPOTrainer and KTOTrainer",
         ]
     )
 
