@@ -15,7 +15,7 @@ import pytest
 import tiny
 import torch
 from datasets import Dataset
-from transformers import DataCollatorForLanguageModeling, Trainer
+from transformers import DataCollatorForLanguageModeling, Trainer, TrainerCallback
 
 from pytest_dlcheck.watch import TrainerWatch, WatchWarning
 
@@ -57,10 +57,22 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
+class Tracker(TrainerCallback):
+    """What a report_to integration receives: every on_log's logs."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.seen.append(dict(logs or {}))
+
+
 def test_a_diverging_learning_rate_stops_the_run_with_a_postmortem(tok, tmp_path, caplog):
     trainer = lm_trainer(tok, tmp_path, exploding_lr, steps=80)
     watch = TrainerWatch(every=5)
     trainer.add_callback(watch)
+    tracker = Tracker()  # a report_to integration sees what reaches the callbacks' on_log
+    trainer.add_callback(tracker)
     with caplog.at_level(logging.INFO, logger="pytest_dlcheck.watch"):
         messages = train(trainer)
     assert trainer.state.global_step == 20  # stopped cleanly at the check after the spike, not at 80
@@ -95,6 +107,7 @@ def test_a_diverging_learning_rate_stops_the_run_with_a_postmortem(tok, tmp_path
     # the Trainer's own log: log_history (and so every report_to tracker) carries the finding
     (logged,) = [h for h in trainer.state.log_history if "dlcheck/S2" in h]
     assert logged["dlcheck/S2"] == 18.0 and logged["step"] == 20
+    assert [e for e in tracker.seen if "dlcheck/S2" in e] == [{k: v for k, v in logged.items() if k != "step"}]
     assert logged["dlcheck/finding"].startswith("pytest-dlcheck watch: S2 loss spike during the run (step 18): ")
     assert (
         f"policy stop: training stops cleanly after step 20 (the check that saw it); postmortem {path}"
