@@ -87,6 +87,8 @@ class Launch:
     timed_out: bool
     out: str
     port: int = 0
+    #: the process group's timeout the ranks ran under (seconds)
+    pg_timeout: float = 60.0
 
     def stage(self, name: str) -> list[Any] | None:
         """Every rank's record of a stage, or None when some rank did not finish it."""
@@ -176,7 +178,9 @@ def launch(
             if p.pid is not None:
                 p.join(10)
     ranks = [_collect(out, r, procs[r].exitcode, r in killed) for r in range(job.world)]
-    return Launch(job.world, start_method, backend, ranks, time.monotonic() - t0, timed_out, str(out), port)
+    return Launch(
+        job.world, start_method, backend, ranks, time.monotonic() - t0, timed_out, str(out), port, job.pg_timeout
+    )
 
 
 def _collect(out: Path, rank: int, exitcode: int | None, killed: bool) -> RankResult:

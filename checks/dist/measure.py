@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,6 +18,9 @@ from .launch import Job, Launch, launch
 STEPS = 3
 LAUNCH_LIMIT = 120.0
 HANG_LIMIT = 8.0
+#: the shortest process-group timeout: the ranks of a launch start together (forked), their first collectives
+#: (DDP's broadcast of a small model) take well under a second
+MIN_COLLECTIVE_TIMEOUT = 5.0
 
 RUN_ROLES = (
     "make_training",
@@ -102,6 +106,17 @@ def _no_room() -> None:
     """A rank's ``make_room``: the session's spares live in the pytest process, not in the rank."""
 
 
+def bounds(dlcheck: Any) -> tuple[float, float]:
+    """(the launch's wall-clock limit, the process group's timeout), from the check's own time bound
+    (``--dlcheck-timeout``): a collective that never completes raises in its rank within a quarter of the launch's
+    limit (gloo's default, 60 s, would outlast a short bound), and the launch ends well within the check's bound."""
+    from ...session import session_state
+
+    bound = session_state(dlcheck.request.config).timeout or 0
+    limit = min(LAUNCH_LIMIT, 0.75 * bound) if bound else LAUNCH_LIMIT
+    return limit, min(60.0, max(MIN_COLLECTIVE_TIMEOUT, limit / 4))
+
+
 def _job(roles: dict[str, Any], setup: Any, world: int, out: str, **extra: Any) -> Job:
     """What every rank of a launch runs: the user's roles (None where not given) and the setup."""
     return Job(
@@ -128,9 +143,11 @@ def get_launch(dlcheck: Any) -> Launch:
     world = world_size(dlcheck)
     tmp = dlcheck.request.getfixturevalue("tmp_path_factory")
 
+    limit, pg_timeout = bounds(dlcheck)
+
     def run() -> Launch:
-        job = _job(roles, setup, world, str(tmp.mktemp("dlcheck-dist")))
-        return launch(job, limit=LAUNCH_LIMIT, hang=HANG_LIMIT)
+        job = _job(roles, setup, world, str(tmp.mktemp("dlcheck-dist")), pg_timeout=pg_timeout)
+        return launch(job, limit=limit, hang=HANG_LIMIT)
 
     return memo_or_skip(dlcheck, tuple(roles.values()), f"dist:launch:{world}", run)
 
@@ -142,9 +159,13 @@ def save_at(dlcheck: Any, base: Launch, world: int) -> Launch:
     roles = {name: dlcheck.role(name) for name in RUN_ROLES}
     tmp = dlcheck.request.getfixturevalue("tmp_path_factory")
 
+    limit, pg_timeout = bounds(dlcheck)
+
     def run() -> Launch:
-        job = _job(roles, setup, world, str(tmp.mktemp(f"dlcheck-dist-save{world}")), mode="save")
-        return launch(job, limit=LAUNCH_LIMIT, hang=HANG_LIMIT)
+        job = _job(
+            roles, setup, world, str(tmp.mktemp(f"dlcheck-dist-save{world}")), mode="save", pg_timeout=pg_timeout
+        )
+        return launch(job, limit=limit, hang=HANG_LIMIT)
 
     return memo_or_skip(dlcheck, (*roles.values(), base), f"dist:save:{world}", run)
 
@@ -154,11 +175,13 @@ def reload_at(dlcheck: Any, base: Launch, world: int, path: str) -> Launch:
     world size, ``base`` the launch that wrote it)."""
     roles = {name: dlcheck.role(name) for name in RUN_ROLES}
     tmp = dlcheck.request.getfixturevalue("tmp_path_factory")
+    limit, pg_timeout = bounds(dlcheck)
 
     def run() -> Launch:
         job = Job(
             world=world,
             out=str(tmp.mktemp("dlcheck-dist-reload")),
+            pg_timeout=pg_timeout,
             steps=0,
             make_training=roles["make_training"],
             load=_value(roles["load_checkpoint"]),
@@ -167,7 +190,7 @@ def reload_at(dlcheck: Any, base: Launch, world: int, path: str) -> Launch:
             mode="load",
             load_path=path,
         )
-        return launch(job, limit=LAUNCH_LIMIT, hang=HANG_LIMIT)
+        return launch(job, limit=limit, hang=HANG_LIMIT)
 
     return memo_or_skip(dlcheck, (*roles.values(), base), f"dist:reload:{base.world}to{world}", run)
 
@@ -187,8 +210,70 @@ def collective_failure(err: dict[str, Any]) -> bool:
     return any(k in text for k in ("gloo", "Connection reset", "Connection closed", "NCCL", "imed out", "Timeout"))
 
 
+def _position(r: Any) -> tuple[str, str]:
+    """(the part of the script a rank was in, the user's frame it stood at) from its progress and its error."""
+    last = r.last
+    if last.startswith("in dlcheck_"):
+        part = last.removeprefix("in ")
+    elif last.startswith("step "):
+        part = f"dlcheck_train_step (micro-step {int(last.split()[1]) + 1})"
+    elif last.startswith("non-finite step"):
+        part = "dlcheck_train_step (D6's non-finite micro-step)"
+    else:
+        part = last
+    found = re.search(r"\(in (\S+) at ([^()]+)\)\s*$", str((r.error or {}).get("message", "")))
+    return part, (f"{found.group(1)} at {found.group(2)}" if found else "")
+
+
+def unmatched_collective(dlcheck: Any, run: Launch) -> None:
+    """A collective that never completed because the ranks were not running the same one: a rank timed out
+    waiting in it while another rank stood elsewhere in the script. D1 fails naming both; the other checks skip
+    naming D1. Returns when the ranks' failures are not that."""
+    timed = [r for r in run.ranks if r.error and "imed out" in str(r.error.get("message", ""))]
+    if not timed or any(r.error and not collective_failure(r.error) for r in run.ranks):
+        return
+    positions = {r.rank: _position(r) for r in run.ranks}
+    waiter = timed[0]
+    here = positions[waiter.rank]
+    away = [r for r in run.ranks if positions[r.rank] != here]
+    if not away:
+        return
+    if dlcheck.check.id != "D1":
+        dlcheck.skip(
+            f"the ranks did not run the same collectives (rank {waiter.rank} waited in {here[0]} for rank "
+            f"{away[0].rank}): D1 reports it"
+        )
+
+    def at(r: Any) -> str:
+        part, frame = positions[r.rank]
+        return part + (f" ({frame})" if frame else "")
+
+    reason = str(waiter.error.get("message", "")).split("] ", 1)[-1].split(" (in ", 1)[0][:120]
+    others = ", ".join(str(r.rank) for r in away)
+    evidence = [
+        f"rank {waiter.rank} of {run.world} waited in a collective in {at(waiter)} until the process group's timeout "
+        f"({run.pg_timeout:g} s, set from the check's time bound): {reason}",
+        *(
+            f"rank {r.rank} was in {at(r)} meanwhile: it never called that collective"
+            + (" (it then lost its peer)" if r.error else " (stopped by the launch)")
+            for r in away
+        ),
+    ]
+    dlcheck.fail(
+        evidence,
+        f"the ranks do not run the same collectives in the same order: rank{'s' if len(away) > 1 else ''} {others} "
+        f"never joined the one rank {waiter.rank} waits in — a DistributedDataParallel wrap, a dist.barrier() or a "
+        "collective run on some ranks only (under `if rank == 0:`, a main-process-only block)",
+        "run DistributedDataParallel(model), dist.barrier() and every collective on every rank, in the same order; "
+        "keep under `if dist.get_rank() == 0:` only what needs no other rank (logging, writing a file)",
+        waiting_rank=waiter.rank,
+        absent_ranks=[r.rank for r in away],
+    )
+
+
 def raise_failure(dlcheck: Any, run: Launch, stage: str) -> Any:
     where = "; ".join(f"rank {r.rank}: {r.last}" for r in run.ranks)
+    unmatched_collective(dlcheck, run)
     # the first rank that raised on its own, before those whose collective broke because it had gone
     for r in sorted(run.errors, key=lambda r: (collective_failure(r.error or {}), (r.error or {}).get("time", 0))):
         err = r.error or {}

@@ -39,7 +39,11 @@ def check_replicas_identical(dlcheck):
         tensor differs between ranks, naming the parameters that differ most (a module that trains apart, not a
         weight moved by 1e-8 through a clipping coefficient computed from it) with their largest differences; a
         module the DDP wrap does not know (created after ``DistributedDataParallel(model)`` or
-        ``accelerator.prepare``) is named as such. An Accelerate user's factory
+        ``accelerator.prepare``) is named as such. A collective that never completes because the ranks do not run
+        the same ones (a rank waits in it while another stands elsewhere in the script: a DDP wrap, a barrier or a
+        collective under ``if rank == 0:``) fails here, naming where each rank was; the process group's timeout is
+        set from the check's time bound (a quarter of the launch's limit, itself at most 3/4 of
+        ``--dlcheck-timeout``; between 5 s and gloo's 60 s), and the other dist checks skip naming D1. An Accelerate user's factory
         (its dict holds the ``Accelerator``) runs as under ``accelerate launch --cpu``: Accelerate's process state is
         reset in each rank, so ``accelerator.prepare`` wraps the model in DDP and shards the DataLoader it prepared.
         A transformers / TRL Trainer (``dlcheck_trainer``) runs as a clone in each rank, through its own

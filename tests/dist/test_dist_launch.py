@@ -427,3 +427,45 @@ def test_a_global_token_loss_without_clipping_passes_d2_on_direction_and_length(
         ]
     )
     _no_leftover_process()
+
+
+def test_a_ddp_wrap_on_rank_0_only_is_named_within_the_checks_time_bound(project):
+    # rank 0 waits in DDP's constructor for a rank that never builds a DDP; the process group's timeout comes from
+    # --dlcheck-timeout (20 s: a 15 s launch, 5 s collectives), not gloo's 60 s
+    project.conftest(td.project(wrap="wrap_ddp_on_rank0", save=None, load=None))
+    t0 = time.monotonic()
+    run = project.run("--dlcheck=D1,D4", "--dlcheck-timeout=20", "-rA")
+    assert time.monotonic() - t0 < 40
+    run.assert_outcome("D1", "failed")
+    run.assert_outcome("D4", "skipped")
+    assert (
+        "the ranks did not run the same collectives (rank 0 waited in dlcheck_dist_wrap for rank 1): D1 reports it"
+        in (_flat(run.text))
+    )
+    d1 = _flat(run.section("D1"))
+    assert "rank 0 of 2 waited in a collective in dlcheck_dist_wrap (wrap_ddp at " in d1, d1
+    assert "until the process group's timeout (5 s, set from the check's time bound)" in d1
+    assert "rank 1 was in dlcheck_train_step (micro-step 1) (step_global_tokens at " in d1
+    assert "it never called that collective" in d1
+    assert "rank 1 never joined the one rank 0 waits in" in d1
+    assert "(under `if rank == 0:`, a main-process-only block)" in d1
+    assert "role dlcheck_dist_wrap" not in d1
+    _no_leftover_process()
+
+
+def test_a_barrier_on_rank_0_only_is_named(project):
+    project.conftest(td.project(wrap="barrier_on_rank0", save=None, load=None))
+    run = project.run("--dlcheck=D1", "--dlcheck-timeout=20", "-rA")
+    run.assert_outcome("D1", "failed")
+    d1 = _flat(run.section("D1"))
+    assert "barrier_on_rank0 at " in d1 and "wrap_ddp at " in d1, d1
+    assert "it never called that collective" in d1
+    assert "a DistributedDataParallel wrap, a dist.barrier() or a collective run on some ranks only" in d1
+    _no_leftover_process()
+
+
+def test_every_rank_wrapping_passes_under_the_same_short_time_bound(project):
+    project.conftest(td.project(save=None, load=None))
+    run = project.run("--dlcheck=D1", "--dlcheck-timeout=20", "-rA")
+    run.assert_outcome("D1", "passed")
+    _no_leftover_process()

@@ -375,3 +375,18 @@ def step_averaged_over_ranks_again(state, batch, index):
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss.detach()
+
+
+def wrap_ddp_on_rank0(state):
+    """Buggy: the DDP wrap under `if rank == 0` (a main-process-only block): rank 0 waits in DDP's constructor
+    for the others, which never build a DDP."""
+    if dist.get_rank() == 0:
+        return wrap_ddp(state)
+    return state
+
+
+def barrier_on_rank0(state):
+    """Buggy: a barrier only rank 0 reaches (inside `if rank == 0`), then the correct wrap."""
+    if dist.get_rank() == 0:
+        dist.barrier()
+    return wrap_ddp(state)
