@@ -7,6 +7,7 @@ import torch
 
 from ...registry import Setting, check
 from ...training import (
+    ModuleSnapshot,
     batch_len,
     describe_batch,
     device_of,
@@ -91,6 +92,60 @@ def _mixing(out: torch.Tensor, x: torch.Tensor, i: int, rtol: float) -> tuple[in
     return None
 
 
+def _step_forward_call(dlcheck: Any, fresh: Any, batch: Any) -> tuple[tuple, dict] | None:
+    """The (args, kwargs) a Lightning module's own ``training_step`` hands its forward on ``batch`` (the first
+    call of the module; in train mode, no grad, its state restored), or None when the step never calls it."""
+    model = fresh.model
+    seen: list[tuple[tuple, dict]] = []
+
+    def pre(mod, args, kwargs):
+        if not seen:
+            seen.append((args, kwargs))
+
+    start = ModuleSnapshot.take(model)
+    handle = model.register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        with modes(model, train=True), torch.no_grad():
+            run_or_skip(dlcheck, lambda: fresh.loss(batch))
+    finally:
+        handle.remove()
+        start.restore(model)
+    return seen[0] if seen else None
+
+
+def _pipeline_inputs(dlcheck: Any, fresh: Any, batch: Any, size: int) -> tuple[Any, dict, str]:
+    """For a Lightning module: (a call of the forward on the inputs its training_step gives it, with the first
+    float input a leaf to differentiate against, {"x": that leaf}, what those inputs are). Skips, saying so, when
+    the step never calls the forward or not on a batch-first float input: T4 cannot reproduce it."""
+    name = type(fresh.model).__name__
+    call = _step_forward_call(dlcheck, fresh, batch)
+    if call is None:
+        dlcheck.skip(
+            f"{name}.training_step never calls the module's own forward on the batch: T4 cannot reproduce the "
+            "input your pipeline gives forward, so it does not judge"
+        )
+    args, kwargs = call
+    place = next(
+        (i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()),
+        next((k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.is_floating_point()), None),
+    )
+    given = None if place is None else args[place] if isinstance(place, int) else kwargs[place]
+    if given is None or given.dim() < 1 or given.shape[0] != size:
+        dlcheck.skip(
+            f"{name}.training_step calls forward on "
+            + ("no float tensor" if given is None else f"a tensor of shape {tuple(given.shape)}")
+            + f", not on the {size} examples of the batch one by one: T4 cannot reproduce the input your pipeline "
+            "gives forward, so it does not judge"
+        )
+    x = given.detach().clone().requires_grad_(True)
+    if isinstance(place, int):
+        args = (*args[:place], x, *args[place + 1 :])
+    else:
+        kwargs = {**kwargs, place: x}
+    what = f"forward's input as {name}.training_step gives it: {describe_batch(given)}"
+    return (lambda: fresh.model(*args, **kwargs)), {"x": x}, what
+
+
 @check(
     "T4",
     domain="train",
@@ -130,12 +185,15 @@ def check_batch_independence(dlcheck):
     Known problems
         Batch statistics in train mode (BatchNorm) are by design and are not judged: the model runs in eval
         mode (V7 owns BatchNorm). Needs a batch of at least 2 examples whose inputs are float tensors or
-        token ids with input embeddings; others skip.
+        token ids with input embeddings; others skip. A Lightning module's forward is called on what its own
+        training_step hands it (captured from one step on the batch, no grad: an autoencoder's flattened
+        images), never on the loader's batch; a training_step that never calls the module's forward, or not
+        on the batch's examples one by one, is not judged (skip: T4 cannot reproduce the forward's input).
     Not applicable
         A model that is not called on the batch (its forward requires fields the batch lacks, the user's
         loss builds them: a denoiser), said by the training machinery.
     """
-    fresh, batches, _ = probe(dlcheck)
+    fresh, batches, setup = probe(dlcheck)
     model = fresh.model
     batch = next((b for b in batches if (batch_len(b) or 0) >= 2), None)
     if batch is None:
@@ -157,8 +215,17 @@ def check_batch_independence(dlcheck):
         ):
             outputs.append((names.get(mod, "?"), mod, t))
 
+    # a Lightning module's forward takes what its training_step makes of the batch (an autoencoder flattens the
+    # images first): the forward is called on those inputs, never on the loader's batch
+    lightning = setup is not None and setup.kind == "lightning"
+    pipeline = _pipeline_inputs(dlcheck, fresh, batch, size) if lightning else None
+    shown = f"batch: {describe_batch(batch)}" + (f"; {pipeline[2]}" if pipeline else "")
     with modes(model, train=False), torch.enable_grad():
-        run_batch, holder, handle = _inputs(model, batch)
+        if pipeline is not None:
+            forward, holder, handle = pipeline[0], pipeline[1], None
+        else:
+            run_batch, holder, handle = _inputs(model, batch)
+            forward = lambda: fresh.forward(run_batch)  # noqa: E731
         if holder is None:
             dlcheck.skip(
                 f"cannot differentiate the model's inputs: the batch is {describe_batch(batch)} (neither float "
@@ -166,7 +233,7 @@ def check_batch_independence(dlcheck):
             )
         hooks = [m.register_forward_hook(record) for m in model.modules() if m is not model]
         try:
-            out = output_tensor(run_or_skip(dlcheck, lambda: fresh.forward(run_batch)))
+            out = output_tensor(run_or_skip(dlcheck, forward))
         finally:
             for h in hooks:
                 h.remove()
@@ -198,7 +265,7 @@ def check_batch_independence(dlcheck):
                 f"{size} depend on no other example's input: max |d out[i] / d in[j]| "
                 f"{max(o for _, o, _ in measured):.3g} for j != i, against "
                 f"{min(own for _, _, own in measured):.3g} or more for their own input (rtol {rtol:g})",
-                f"batch: {describe_batch(batch)}",
+                shown,
                 batch_size=size,
                 max_cross_influence=max(o for _, o, _ in measured),
                 min_own_influence=min(own for _, _, own in measured),
@@ -214,7 +281,7 @@ def check_batch_independence(dlcheck):
     evidence = [
         f"in eval mode, the output of example {i} depends on the input of example {j} of the same batch: max "
         f"|d out[{i}] / d in[{j}]| = {other:.3g}, against {own:.3g} for its own input (independent examples give 0)",
-        f"batch: {describe_batch(batch)}",
+        shown,
     ]
     if culprit is not None:
         name, mod = culprit

@@ -146,3 +146,87 @@ PROJECT = """
 
 def project(module: str = "", data: str = "", cls: str = "Classifier") -> str:
     return PROJECT.format(module=module, data=data, cls=cls)
+
+
+# --------------------------------------------------------------------------------------------------
+# Lightning's autoencoder example in small: images (1, 12, 12) with int labels; the forward takes flat vectors and
+# only training_step flattens the images (the pipeline never calls forward on the loader's batch)
+
+
+class FlatAutoEncoder(pl.LightningModule):
+    """``F.mse_loss(x, self(x))`` on the flattened images, the labels ignored (as upstream). ``mix``: the forward
+    centres the codes over the batch (each example's reconstruction depends on the others: T4's bug).
+    ``direct``: training_step calls the encoder and decoder itself, never the module's forward."""
+
+    def __init__(self, mix: bool = False, direct: bool = False):
+        super().__init__()
+        self.mix, self.direct = mix, direct
+        self.encoder = torch.nn.Sequential(torch.nn.Linear(144, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+        self.decoder = torch.nn.Sequential(torch.nn.Linear(3, 16), torch.nn.ReLU(), torch.nn.Linear(16, 144))
+
+    def forward(self, x):
+        z = self.encoder(x)
+        if self.mix:
+            z = z - z.mean(0, keepdim=True)
+        return self.decoder(z)
+
+    def training_step(self, batch, batch_idx):
+        x, _ = batch
+        x = x.view(x.size(0), -1)
+        loss = F.mse_loss(x, self.decoder(self.encoder(x)) if self.direct else self(x))
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+class FlatClassifier(FlatAutoEncoder):
+    """The same flattening training_step, trained with cross-entropy on the labels by a ``classes``-way head."""
+
+    def __init__(self, classes: int = 10):
+        super().__init__()
+        self.encoder = torch.nn.Sequential(torch.nn.Linear(144, 16), torch.nn.ReLU(), torch.nn.Linear(16, classes))
+
+    def forward(self, x):
+        return self.encoder(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self(x.view(x.size(0), -1)), y)
+        self.log("train_loss", loss)
+        return loss
+
+
+class Digits(pl.LightningDataModule):
+    """64 images (1, 12, 12) in [0, 1] with labels ``offset``..``offset`` + 9 (1-based when offset=1)."""
+
+    def __init__(self, offset: int = 0):
+        super().__init__()
+        self.offset = offset
+
+    def setup(self, stage=None):
+        g = torch.Generator().manual_seed(0)
+        labels = torch.arange(64) % 10 + self.offset
+        self.train_set = torch.utils.data.TensorDataset(torch.rand(64, 1, 12, 12, generator=g), labels)
+
+    def train_dataloader(self):
+        return DataLoader(self.train_set, batch_size=8)
+
+
+FLAT = """
+    import pytest, torch, tiny_lightning as tl
+
+    @pytest.fixture(scope="session")
+    def dlcheck_lightning_module():
+        torch.manual_seed(0)
+        return tl.{cls}({module})
+
+    @pytest.fixture(scope="session")
+    def dlcheck_datamodule():
+        return tl.Digits({data})
+"""
+
+
+def flat_project(cls: str = "FlatAutoEncoder", module: str = "", data: str = "") -> str:
+    return FLAT.format(cls=cls, module=module, data=data)
