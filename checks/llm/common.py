@@ -166,6 +166,8 @@ def _collator_kind(collator: Any) -> str | None:
     inner = getattr(collator, "data_collator", None)  # the Trainer's RemoveColumnsCollator wraps the user's
     if inner is not None and callable(inner):
         collator = inner
+    if not type(collator).__module__.startswith("transformers."):
+        return None  # not a transformers collator (and transformers need not be imported to say so)
     try:
         import transformers
     except ImportError:

@@ -948,7 +948,7 @@ def check_labels_masked(dlcheck):
         prompt_why = f"{NO_SPLIT}: {kind.why}"
         if pad_positions == 0 and not comparison.compared:
             dlcheck.not_applicable(
-                f"{kind.why}, which has no prompt, and the {len(rows)} sampled rows of {sample.source} hold no "
+                f"{kind.why}, whose labels hold no prompt, and the {len(rows)} sampled rows of {sample.source} hold no "
                 "padding (attention_mask 0): no position whose label must be -100"
             )
     if pad_judged == 0 and not judged:
@@ -994,7 +994,7 @@ def check_labels_masked(dlcheck):
                 f"supervise any of their {n_prompt} {side} tokens"
             )
         elif not kind.generates:
-            lines.append(f"prompt: none to judge, {kind.why} (no prompt)")
+            lines.append(f"prompt: none to judge, {kind.why} (no prompt in its labels)")
         else:
             lines.append(f"prompt: not judged, {prompt_why}")
             if not opt_out and prompt_why != NO_SPLIT:  # a prompt there is, but it was not seen

@@ -3,6 +3,7 @@ and per-example losses computed once and reused. Imports torch; used only by the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -328,6 +329,7 @@ _TASK_MAPPINGS = (
 )
 
 
+@functools.cache
 def _head_classes() -> dict[str, str]:
     """Head class name -> kind, from transformers' own task mappings (the first kind listed wins)."""
     try:
@@ -366,6 +368,8 @@ def model_task(model: Any) -> tuple[str, str] | None:
     """(kind, the head class that says so) of a transformers model, from its class (or a base class of it) in
     transformers' task mappings; None for a model no mapping lists (a custom torch module)."""
     model = base_model(model)
+    if not any(cls.__module__.startswith("transformers.") for cls in type(model).__mro__):
+        return None  # no transformers class (and transformers need not be imported to say so)
     heads = _head_classes()
     for cls in type(model).__mro__:
         kind = heads.get(cls.__name__)

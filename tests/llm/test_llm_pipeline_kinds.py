@@ -186,7 +186,10 @@ def test_masked_lm_is_not_concerned_by_generation_checks(project):
     for cid in ("L2", "L13"):
         run.assert_outcome(cid, "passed")
         assert not results[cid].get("not_judged"), results[cid]
-    assert "prompt: none to judge, the model (BertForMaskedLM) is a masked LM (no prompt)" in results["L2"]["evidence"]
+    assert (
+        "prompt: none to judge, the model (BertForMaskedLM) is a masked LM (no prompt in its labels)"
+        in results["L2"]["evidence"]
+    )
 
 
 GROUPED = """model, data = bert(BertForMaskedLM, tok), [{"input_ids": list(range(10, 26))} for _ in range(12)]
@@ -200,7 +203,7 @@ def test_masked_lm_blocks_without_padding_leave_l2_nothing_to_judge(project):
     run, results = _report(project, ["--dlcheck=L2"])
     run.assert_outcome("L2", "skipped")
     assert (
-        "not applicable: the model (BertForMaskedLM) is a masked LM, which has no prompt, and the 8 sampled rows"
+        "not applicable: the model (BertForMaskedLM) is a masked LM, whose labels hold no prompt, and the 8 sampled rows"
         in (results["L2"]["reason"])
     ), results["L2"]
 
