@@ -112,11 +112,13 @@ def check_replicas_identical(dlcheck):
             accelerate = recs[0].get("accelerate")
             late = [n for n in recs[0].get("unsynced") or () if n in drifting or any(n == d[0] for d in ranked)]
             if late:
-                modules = _modules(late)
+                unknown = recs[0]["unsynced"]
+                modules = _modules(unknown)
                 wrapper = "accelerator.prepare" if accelerate else "DistributedDataParallel"
                 evidence.append(
                     f"parameters the {wrapper} wrap does not know (created after it): "
-                    + ", ".join(repr(measure.short(n)) for n in late[:6])
+                    + ", ".join(repr(measure.short(n)) for n in unknown[:6])
+                    + (f", … ({len(unknown) - 6} more)" if len(unknown) > 6 else "")
                 )
                 cause = (
                     f"module {', '.join(map(repr, modules))} was created after the model was wrapped ({wrapper}): DDP "

@@ -85,3 +85,26 @@ def test_a_model_left_out_of_prepare_drifts_and_an_unprepared_loader_is_not_judg
         "trained on dlcheck_dataloader prepared by the launch itself" in _flat(run.text)
     )
     _no_leftover_process()
+
+
+def test_a_head_attached_after_prepare_is_named_not_a_backbone_weight(project):
+    project.conftest(ta.project(make="make_training_head_after_prepare"))
+    run = project.run("--dlcheck=D1,D6", "-rA")
+    run.assert_outcome("D1", "failed")
+    run.assert_outcome("D6", "skipped")  # the replicas already differ: the overflow step is not D6's to judge
+    d1 = _flat(run.section("D1"))
+    assert "after micro-step 1 of 3 on 2 ranks, parameter 'out." in d1, d1
+    assert "parameters the accelerator.prepare wrap does not know (created after it): 'out.weight', 'out.bias'" in d1
+    assert "module 'out' was created after the model was wrapped (accelerator.prepare)" in d1
+    assert "then model = accelerator.prepare(model)" in d1
+    assert "unwrap_model(model)" not in d1  # not the cause of a step through the unwrapped model
+    assert "D1 reports the lost synchronisation" in _flat(run.text)
+    _no_leftover_process()
+
+
+def test_a_head_attached_before_prepare_passes(project):
+    project.conftest(ta.project(make="make_training_head_before_prepare"))
+    run = project.run("--dlcheck=D1,D6", "-rA")
+    run.assert_outcome("D1", "passed")
+    run.assert_outcome("D6", "passed")
+    _no_leftover_process()

@@ -53,6 +53,29 @@ def make_training_optimizer_only():
     return {"model": model, "optimizer": accelerator.prepare(opt), "accelerator": accelerator}
 
 
+def make_training_head_after_prepare():
+    """Buggy: the classifier head is attached after accelerator.prepare wrapped the backbone in DDP (the optimizer,
+    built afterwards, holds it): DDP neither broadcasts nor averages the head's parameters."""
+    accelerator = Accelerator(cpu=True)
+    model, _, loader = _parts()
+    model.out = nn.Identity()  # the backbone alone: 16 features, read as logits until the head is attached
+    model, loader = accelerator.prepare(model, loader)
+    accelerator.unwrap_model(model).out = nn.Linear(16, CLASSES)
+    opt = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-2))
+    return {"model": model, "optimizer": opt, "train_dataloader": loader, "accelerator": accelerator}
+
+
+def make_training_head_before_prepare():
+    """Correct twin: the head attached first, then everything prepared."""
+    accelerator = Accelerator(cpu=True)
+    model, _, loader = _parts()
+    model.out = nn.Identity()
+    model.out = nn.Linear(16, CLASSES)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt, loader = accelerator.prepare(model, opt, loader)
+    return {"model": model, "optimizer": opt, "train_dataloader": loader, "accelerator": accelerator}
+
+
 def plain_loader():
     return DataLoader(data(), batch_size=BATCH, shuffle=True)
 
