@@ -143,7 +143,7 @@ def check_dpo_reference(dlcheck):
             "the trainer's optimizer holds none of them" if trainer.optimizer is not None else "no optimizer built yet"
         )
         dlcheck.measured(
-            f"one SGD step on the policy (its chosen+rejected log-likelihood moved by {probe['policy_delta']:.4g} nats) "
+            f"one SGD step on the policy (its {'chosen+rejected' if dpo else 'completions'} log-likelihood moved by {probe['policy_delta']:.4g} nats) "
             f"left the reference's log-probs of batch 0 unchanged (max |Δ| {probe['ref_delta']:g})",
             f"0 of {n_ref} reference parameter tensors share storage with the policy's; {optimizer}",
             *(
@@ -175,7 +175,7 @@ def check_dpo_reference(dlcheck):
     if probe is not None:
         example = decode_example(dlcheck, batch)
         evidence.append(
-            f"one SGD step on the policy (its chosen+rejected log-likelihood moved by {probe['policy_delta']:.4g} "
+            f"one SGD step on the policy (its {'chosen+rejected' if dpo else 'completions'} log-likelihood moved by {probe['policy_delta']:.4g} "
             f"nats) moved the reference's log-probs of batch 0 by {probe['ref_delta']:.4g} nats "
             f"(reference, chosen row 0: {probe['ref_before']:.4f} -> {probe['ref_after']:.4f}); a frozen one moves by 0"
         )

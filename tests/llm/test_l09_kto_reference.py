@@ -67,7 +67,7 @@ def test_kto_independent_reference_passes_l9_and_t1_s4_are_not_applicable(projec
     assert results["L9"]["outcome"] == "passed", results["L9"]
     run.fnmatch(
         [
-            "one SGD step on the policy (its chosen+rejected log-likelihood moved by * nats) left the reference's "
+            "one SGD step on the policy (its completions log-likelihood moved by * nats) left the reference's "
             "log-probs of batch 0 unchanged (max |Δ| 0)",
         ]
     )
