@@ -20,6 +20,7 @@ from ...training import (
 )
 from ...training.runs import is_grpo
 from ..shared import frozen
+from ..shared.pipeline import labels_unused, step_forward_shape
 
 
 @check(
@@ -74,18 +75,22 @@ def check_initial_loss(dlcheck):
         Applies to classification and language-model losses (integer targets). A batch whose targets it
         cannot find (no ``labels``/``label`` field, not an ``(inputs, targets)`` pair) skips. A pretrained
         model starts below ln(C) and passes; the check does not tell a pretrained start from a leak.
+        A Lightning module's number of classes is read from its forward's output inside its own
+        training_step (its forward may take what the step makes of the batch), never from a forward on the batch.
     Not applicable
         Losses that are not a cross-entropy over classes: regression (float targets), a model with a
         single output per example, DPO, KTO and other preference losses, GRPO. A model given as dlcheck_model
         whose forward needs fields the batches lack (a denoiser that your loss calls): it is not called on
-        the batch.
+        the batch. A training whose loss does not read the batch's labels (an autoencoder's reconstruction
+        loss on (images, labels) batches: its loss is the same, to the bit, with the labels shuffled among the
+        batch's examples).
     """
     trainer = dlcheck.role("trainer")
     if trainer is not MISSING and (is_preference(trainer) or is_grpo(trainer)):
+        kind = preference_loss(trainer)
         dlcheck.not_applicable(
             f"{type(trainer).__name__}'s loss is "
             + (
-        kind = preference_loss(trainer)
                 "a sigmoid of policy/reference log-ratio margins"
                 if kind == "dpo"
                 else "1 - σ(β x (policy/reference log-ratio - KL estimate)) on unpaired completions (KTO: 0.5 at the "
@@ -95,7 +100,7 @@ def check_initial_loss(dlcheck):
             )
             + ", not a cross-entropy over classes: ln(classes) does not apply"
         )
-    fresh, batches, _ = probe(dlcheck)
+    fresh, batches, setup = probe(dlcheck)
     batch = batches[0]
     targets = targets_of(batch)
     if isinstance(targets, torch.Tensor) and targets.is_floating_point():
@@ -107,6 +112,9 @@ def check_initial_loss(dlcheck):
             f"cannot find integer targets in the batch ({describe_batch(batch)}): no labels/label field, not an "
             "(inputs, targets) pair"
         )
+    unused = labels_unused(dlcheck)
+    if unused:
+        dlcheck.not_applicable(f"{unused}: not a cross-entropy over classes, ln(classes) does not apply")
     model = fresh.model
     start = ModuleSnapshot.take(model)
     try:
@@ -118,21 +126,27 @@ def check_initial_loss(dlcheck):
                 if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
                     m.train()
             loss = run_or_skip(dlcheck, lambda: fresh.loss(batch))
-            # a plain forward for the logits: a trainer's loss path may never materialise them (TRL's fused head)
-            try:
-                logits = output_tensor(fresh.forward(batch))
-            except Exception:  # noqa: BLE001 - the model takes the batch only through the user's loss
-                logits = None
+            # a plain forward for the logits: a trainer's loss path may never materialise them (TRL's fused head);
+            # a Lightning module's forward takes what its training_step makes of the batch: read where it is called
+            shape, logits = None, None
+            if setup is not None and setup.kind == "lightning":
+                shape = step_forward_shape(dlcheck)
+            else:
+                try:
+                    logits = output_tensor(fresh.forward(batch))
+                    shape = None if logits is None else tuple(logits.shape)
+                except Exception:  # noqa: BLE001 - the model takes the batch only through the user's loss
+                    shape, logits = None, None
     finally:
         start.restore(model)  # the running statistics the batch updated, and every module's mode
     classes = dlcheck.role("num_classes")
     if not isinstance(classes, int):
-        if logits is None or logits.dim() < 2:
+        if shape is None or len(shape) < 2:
             dlcheck.skip(
                 "missing role: define fixture dlcheck_num_classes in conftest.py: the model's output does not tell "
                 "the number of classes"
             )
-        classes = int(logits.shape[-1])
+        classes = int(shape[-1])
     if classes < 2:
         dlcheck.not_applicable(f"the model outputs {classes} value per example: not a classification over classes")
     value = float(loss)

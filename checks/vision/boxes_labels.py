@@ -250,14 +250,21 @@ def check_boxes_labels(dlcheck):
         classifiers, 1..C-1 with num_classes = classes + 1 for torchvision detectors.
     Known problems
         Plain-tensor boxes with no dlcheck_box_format and a model that is not a torchvision detector
-        cannot be judged (skip). A dataset whose sampled boxes are all valid in the wrong format too
+        cannot be judged (skip). A Lightning module's number of classes is read from its forward's output
+        inside its own training_step (its forward may take what the step makes of the images, never the
+        images themselves). A dataset whose sampled boxes are all valid in the wrong format too
         (x2 > x1 by chance on every box) passes; the sample size (--dlcheck-samples) helps.
     Not applicable
         Segmentation (V5 judges mask values), data without targets (a diffusion or self-supervised
-        training), vision-language batches (token targets), and data without images.
+        training), vision-language batches (token targets), and data without images; a training whose loss does
+        not read the labels the batches carry (an autoencoder: its loss is the same with them shuffled among the
+        batch's examples).
     """
     sample = V.get_vision_sample(dlcheck, "train")
     V.require_task(dlcheck, sample, ("detection", "classification"), "boxes and class ids")
+    unused = V.labels_not_trained(dlcheck)
+    if unused:
+        dlcheck.not_applicable(f"V3 judges class ids against the model's head; {unused}")
     model = dlcheck.role("model")
     tv_det = model is not MISSING and V.is_tv_detection(model)
     n_classes, where = V.num_classes(dlcheck, sample)

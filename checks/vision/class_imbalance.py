@@ -154,11 +154,15 @@ def check_class_imbalance(dlcheck):
         Fewer than 40 labels (V6.min_labels) skip, even when they are the whole dataset.
     Not applicable
         Detection and segmentation data, data without targets (a diffusion or self-supervised training),
-        vision-language batches, and data without images.
+        vision-language batches, and data without images; a training whose loss does not read the labels
+        the batches carry (an autoencoder: its loss is the same with them shuffled among the batch's examples).
     """
     loss_fn, loader = dlcheck.role("loss_fn"), dlcheck.role("dataloader")
     sample = V.get_vision_sample(dlcheck, "train")
     V.require_task(dlcheck, sample, ("classification",), "single-label class imbalance")
+    unused = V.labels_not_trained(dlcheck)
+    if unused:
+        dlcheck.not_applicable(f"V6 judges the class balance the loss trains on; {unused}")
     if any(i.soft for i in sample.items):
         dlcheck.skip(
             f"the sampled classification targets ({sample.source}) are soft labels (mixup/cutmix or one-hot): V6 "

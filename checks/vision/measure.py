@@ -941,6 +941,14 @@ def output_tensor(out: Any) -> Any:
     return None
 
 
+def labels_not_trained(ctx: Any) -> str | None:
+    """Why the labels of the batches are not trained on (the user's training loss ignores them: an
+    autoencoder), or None; read through the training's own loss when the user gave a training."""
+    from ..shared.pipeline import labels_unused
+
+    return labels_unused(ctx)
+
+
 def num_classes(ctx: Any, sample: VisionSample | None = None) -> tuple[int | None, str]:
     """(number of classes, where it was read): dlcheck_num_classes, the model head, or one forward
     pass of the model on one sampled image (its output channels)."""
@@ -955,6 +963,16 @@ def num_classes(ctx: Any, sample: VisionSample | None = None) -> tuple[int | Non
         return n, f"model head {where}"
     if sample is None or not sample.images or is_tv_detection(model):
         return None, ""
+    from ...training import is_lightning_module
+
+    if is_lightning_module(model):
+        # its training_step decides what its forward takes (an autoencoder flattens the images first): the
+        # output is read where the pipeline calls the forward, never on an image the check hands it
+        from ..shared.pipeline import step_probe
+
+        probe = step_probe(ctx)
+        out = None if probe is None else probe.forward_out
+        return (out[1], "the model's output in its training_step") if out and len(out) >= 2 else (None, "")
     image = sample.images[0]
 
     def forward() -> Any:

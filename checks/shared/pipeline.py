@@ -1,0 +1,123 @@
+"""What the user's own loss path does with a sampled batch (train, vision): whether the loss reads the batch's
+labels at all, and what the model's forward returns when the training step calls it.
+
+A check that would otherwise call the model on a batch (or an image) it prepared itself goes through the
+training's own loss instead (a Lightning module's ``training_step``, a plain loop's ``dlcheck_compute_loss``, a
+Trainer's ``compute_loss``): an autoencoder's ``training_step`` flattens the images before its forward and trains
+on no label, which a forward on the loader's images cannot know."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from ...session import made_up
+from ...training import (
+    ModuleSnapshot,
+    describe_batch,
+    find_setup,
+    fresh_probe,
+    modes,
+    output_tensor,
+    run_or_skip,
+    targets_of,
+    training_batches,
+    with_field,
+)
+
+
+@dataclass
+class StepProbe:
+    """One batch through the training's own loss, in eval mode, no grad."""
+
+    loss: float
+    #: the shape of the model's output at its first call inside the loss, None when the loss never calls it
+    forward_out: tuple[int, ...] | None
+    #: the loss with the batch's integer labels shuffled among its examples, None when it has none to shuffle
+    shuffled_loss: float | None
+    targets: str
+    describe: str
+
+
+def _shuffled(batch: Any) -> Any:
+    """The batch with its integer labels rolled by one example (the same label values, other owners), or None
+    when it holds no integer labels with two distinct values."""
+    import torch
+
+    y = targets_of(batch)
+    if not isinstance(y, torch.Tensor) or y.is_floating_point() or y.dim() < 1 or y.shape[0] < 2:
+        return None
+    rolled = y.roll(1, dims=0)
+    if torch.equal(rolled, y):
+        return None
+    if isinstance(batch, Mapping):
+        return with_field(batch, "labels" if "labels" in batch else "label", rolled)
+    return type(batch)([batch[0], rolled, *batch[2:]]) if isinstance(batch, list) else (batch[0], rolled, *batch[2:])
+
+
+def step_probe(ctx: Any) -> StepProbe | None:
+    """The first sampled batch through the user's training loss (shared per session), or None when the user
+    gave no training (no Trainer, Lightning module or dlcheck_make_training)."""
+    setup = find_setup(ctx)
+    if setup is None:
+        return None
+
+    def make() -> StepProbe:
+        import torch
+
+        fresh = fresh_probe(ctx, setup)
+        batch = run_or_skip(ctx, lambda: training_batches(ctx, setup))[0]
+        model = fresh.model
+        seen: list[Any] = []
+
+        def hook(mod, args, out):
+            if not seen:
+                t = output_tensor(out)
+                seen.append(None if t is None else tuple(t.shape))
+
+        start = ModuleSnapshot.take(model)
+        handle = model.register_forward_hook(hook)
+        try:
+            with modes(model, train=False), torch.no_grad():
+                loss = float(run_or_skip(ctx, lambda: fresh.loss(batch)))
+                handle.remove()
+                shuffled = _shuffled(batch)
+                other = None
+                if shuffled is not None:
+                    with made_up("the batch with its labels shuffled among its examples"):
+                        other = float(run_or_skip(ctx, lambda: fresh.loss(shuffled)))
+        finally:
+            handle.remove()
+            start.restore(model)
+        return StepProbe(loss, seen[0] if seen else None, other, describe_batch(targets_of(batch)), setup.describe())
+
+    return ctx.memo(setup.sources, "shared:step-probe", make)
+
+
+def labels_unused(ctx: Any) -> str | None:
+    """Why the batch's labels are not trained on (the training's own loss is the same, to the bit, with them
+    shuffled among the batch's examples: an autoencoder's reconstruction loss), or None (they are, or it
+    cannot be told: no training given, no integer labels with two distinct values)."""
+    try:
+        probe = step_probe(ctx)
+    except pytest.skip.Exception:  # the loss cannot be computed the way the check needs: it cannot be told
+        return None
+    if probe is None or probe.shuffled_loss is None or probe.shuffled_loss != probe.loss:
+        return None
+    return (
+        f"the training's loss ({probe.describe}) does not read the batch's labels ({probe.targets}): it is "
+        f"{probe.loss:.6g} with them and the same with them shuffled among the batch's examples"
+    )
+
+
+def step_forward_shape(ctx: Any) -> tuple[int, ...] | None:
+    """The shape of the model's output where the training's own loss calls its forward (a Lightning module's
+    training_step), or None (no training given, the loss never calls it, or it cannot be run as needed)."""
+    try:
+        probe = step_probe(ctx)
+    except pytest.skip.Exception:
+        return None
+    return None if probe is None else probe.forward_out
