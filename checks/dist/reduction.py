@@ -168,10 +168,11 @@ def check_step_equals_single_process(dlcheck):
                 evidence,
                 f"the loss is averaged over the ranks once more: DDP already averages the ranks' gradients, so the "
                 f"step is 1/{run.world} (1/world size) of the single-process step (a loss or a token count divided by "
-                "the world size again, or the ranks' losses averaged before backward)",
+                "the world size again, the ranks' losses averaged before backward, or a summed loss, which DDP's "
+                "average turns into 1/world size of the whole batch's sum)",
                 "let DDP's average be the only one over the ranks: with a global token count, loss = loss_sum * "
                 "dist.get_world_size() / n_global (n_global all-reduced); with a per-rank mean, no division by the "
-                "world size",
+                "world size; a summed loss times the world size",
                 relative_difference=rel,
                 cosine=cos,
                 norm_ratio=ratio,
