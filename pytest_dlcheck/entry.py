@@ -26,6 +26,27 @@ FIXTURES_PLUGIN = "dlcheck-fixtures"
 
 _ID_RE = re.compile(r"^([A-Z]+)(\d+)$")
 
+_NO_CONFTEST = "; the checks are collected beside that module's file, no conftest.py needed"
+#: the options that name a role's builder (``builders.NAMED`` has the roles; a test says they are the same)
+_BUILDER_OPTIONS = {
+    "dlcheck_trainer_builder": (
+        "--dlcheck-trainer",
+        "a function (called once, with tmp_path_factory if it takes it) or attribute giving the Trainer" + _NO_CONFTEST,
+    ),
+    "dlcheck_lightning_builder": (
+        "--dlcheck-lightning",
+        "a function or attribute giving the LightningModule, or (module, datamodule)" + _NO_CONFTEST,
+    ),
+    "dlcheck_make_training_builder": (
+        "--dlcheck-make-training",
+        "your make_training factory (handed over as is: the checks call it for fresh objects)" + _NO_CONFTEST,
+    ),
+    "dlcheck_algorithm_builder": (
+        "--dlcheck-algorithm",
+        "a function or attribute giving the Stable-Baselines3 algorithm" + _NO_CONFTEST,
+    ),
+}
+
 
 # --------------------------------------------------------------------------------------------------
 # options
@@ -156,6 +177,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="PATH",
         help="write a self-contained HTML report with every check's outcome, evidence and pictures",
     )
+    for dest, (option, what) in _BUILDER_OPTIONS.items():
+        group.addoption(option, action="store", default=None, dest=dest, metavar="MODULE:ATTR", help=what)
+    group.addoption(
+        "--dlcheck-role",
+        action="append",
+        default=[],
+        dest="dlcheck_role_builder",
+        metavar="NAME=MODULE:ATTR",
+        help="hand over any role without a conftest.py, e.g. dataloader=mypkg.data:train_loader "
+        "(the attribute is the role; ATTR() calls it to build the role)",
+    )
+    group.addoption(
+        "--dlcheck-init",
+        action="store_true",
+        default=False,
+        help="write a starter conftest.py for the kind of training this project's source shows (Trainer, "
+        "Lightning, Accelerate or plain loop), the roles it could not fill marked TODO, and exit",
+    )
     parser.addini("dlcheck", "domains or check IDs to run (as --dlcheck)", default="")
     parser.addini("dlcheck_ignore", "checks or domains not to run", type="args", default=[])
     parser.addini("dlcheck_samples", "examples sampled per dataset/dataloader", default="")
@@ -269,17 +308,30 @@ def _check_usage(config: pytest.Config, spec: str, source: str, options: Any) ->
 def _turn_on(config: pytest.Config, options: Any) -> str:
     """Check the usage and register the hooks and the default role fixtures, once; the selection ('' when
     the plugin stays off)."""
-    if getattr(options, "dlcheck_list", None) is not None:
+    if getattr(options, "dlcheck_list", None) is not None or getattr(options, "dlcheck_init", False):
         return ""
     spec, source = setting_source(config, options)
-    if not spec or config.pluginmanager.has_plugin(CORE_PLUGIN):
+    if not spec:
+        builder = next((o for d, (o, _) in _BUILDER_OPTIONS.items() if getattr(options, d, None)), None)
+        builder = builder or ("--dlcheck-role" if getattr(options, "dlcheck_role_builder", None) else None)
+        if builder:
+            raise pytest.UsageError(
+                f"{builder} names a role for the checks: say which to run, e.g. --dlcheck=llm,train"
+            )
+        return spec
+    if config.pluginmanager.has_plugin(CORE_PLUGIN):
         return spec
     _check_usage(config, spec, source, options)
+    from . import builders
+
+    found = builders.resolve(config, options) if builders.given(options) else []
     from . import fixtures, plugin
 
     config.pluginmanager.register(plugin, CORE_PLUGIN)
     if not config.pluginmanager.has_plugin(FIXTURES_PLUGIN):
         config.pluginmanager.register(fixtures, FIXTURES_PLUGIN)
+    if found:
+        builders.register(config, found)
     return spec
 
 
@@ -303,6 +355,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    if config.option.dlcheck_init:
+        from .init import write_conftest
+
+        return write_conftest(config)
     if config.option.dlcheck_list is None:
         return None
     from .listing import print_catalog
