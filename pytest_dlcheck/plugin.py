@@ -381,16 +381,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
 
 
 def _name_the_check_in_skip(check: registry.Check, report: pytest.TestReport) -> None:
-    """A skip's short line (``-rs``: ``SKIPPED [1] conftest.py:1: reason``) names the check: its location is the
-    conftest.py the check was collected beside, which every check there shares."""
+    """A skip's short line (``-rs``) names the check: its location is the check item itself
+    (``SKIPPED [1] conftest.py::L11_eos_supervised: reason``) rather than the conftest.py line every check there
+    shares, so the reason stays as the check gave it (``-v`` already shows the item's name beside SKIPPED)."""
     if not report.skipped or hasattr(report, "wasxfail"):
         return
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
-        path, lineno, reason = longrepr
-        reason = str(reason).removeprefix("Skipped: ")
-        if not reason.startswith(f"{check.id} "):
-            report.longrepr = (path, lineno, f"{check.id} {reason}")
+        path, _lineno, reason = longrepr
+        name = report.nodeid.rsplit("::", 1)[-1]
+        if not str(path).endswith(f"::{name}"):
+            report.longrepr = (f"{path}::{name}", None, reason)
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):

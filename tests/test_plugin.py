@@ -343,12 +343,14 @@ def test_missing_roles_skip_naming_the_fixture(project):
 
 
 def test_short_skip_lines_name_the_check(project):
-    """``-rs`` lines read ``conftest.py:1: <ID> <reason>``: every check collected beside one conftest.py shares its
-    location, so the line names the check; two checks with the same reason get a line each."""
+    """``-rs`` lines read ``conftest.py::<ID>_<name>: <reason>``: every check collected beside one conftest.py shares
+    its location, so the line names the check item; two checks with the same reason get a line each; the reason
+    (and the ``-v`` line) does not repeat the ID."""
     project.conftest("import pytest\n\n@pytest.fixture\ndef dlcheck_model():\n    return object()\n")
     run = project.run("--dlcheck=L2,L11")
-    run.fnmatch(["SKIPPED [[]1[]] conftest.py:1: L2 missing role: define fixture dlcheck_tokenizer*"])
-    run.fnmatch(["SKIPPED [[]1[]] conftest.py:1: L11 missing role: define fixture dlcheck_tokenizer*"])
+    run.fnmatch(["SKIPPED [[]1[]] conftest.py::L2_labels_masked: missing role: define fixture dlcheck_tokenizer*"])
+    run.fnmatch(["SKIPPED [[]1[]] conftest.py::L11_eos_supervised: missing role: define fixture dlcheck_tokenizer*"])
+    assert "SKIPPED (L2 " not in run.text
     # the reports keep the reason itself
     run.fnmatch(["*dlcheck summary*", "skipped:   missing role: define fixture dlcheck_tokenizer* (2 checks)"])
 
