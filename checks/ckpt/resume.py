@@ -564,12 +564,16 @@ def _load_raises(dlcheck: Any, setup: Any, exc: ResumeLoadFailed, label: str) ->
         "strings, and the globals allowed by torch.serialization.add_safe_globals, load)"
     )
     name = refused.rsplit(".", 1)[-1]
+    default = "which the Trainer's resume passes" if setup.kind == "trainer" else "its default since torch 2.6"
     if setup.kind == "lightning":
         knob = "trainer.fit(model, ckpt_path=path, weights_only=False) for a checkpoint you wrote yourself"
         plain = "save plain types as hyperparameters (vars(args), numbers, strings) instead of the object"
-    elif setup.kind == "trainer":
-        knob = "load the file with torch.load(path, weights_only=False) where your Trainer subclass reads it"
-        plain = "keep plain types (dicts, numbers, strings) in what the Trainer saves"
+    elif setup.kind == "trainer":  # the Trainer's own loading passes weights_only=True itself
+        knob = (
+            "keep plain types (dicts, numbers, strings) in what the Trainer saves: the state_dict of your scheduler, "
+            "optimizer or stateful callback"
+        )
+        plain = "override the Trainer's _load_* method that reads the file with torch.load(..., weights_only=False)"
     else:
         knob = "torch.load(path, weights_only=False) in your load, for a checkpoint you wrote yourself"
         plain = (
@@ -579,7 +583,7 @@ def _load_raises(dlcheck: Any, setup: Any, exc: ResumeLoadFailed, label: str) ->
         )
     dlcheck.fail(
         evidence,
-        cause=f"torch.load's weights_only=True (its default since torch 2.6) refuses the {refused} that the save "
+        cause=f"torch.load's weights_only=True ({default}) refuses the {refused} that the save "
         f"put in the checkpoint: {loaded_by} raises on every checkpoint this pipeline writes, so no run can be "
         "resumed",
         fix=f"{knob}; or {plain}; or allow the class: torch.serialization.add_safe_globals([{refused}]) before loading",

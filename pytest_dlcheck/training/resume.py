@@ -54,9 +54,10 @@ class ResumeLoadFailed(RoleError):
         if refused is not None:  # torch's refusal without its long preamble (and its terminal colour codes)
             from ..session import where_raised
 
+            where = where_raised(error)  # the user's frame; a library's (torch.load inside Lightning) is no help
             message = (
                 f"raised {type(error).__name__}: Weights only load failed: Unsupported global: GLOBAL {refused} was "
-                f"not an allowed global by default{where_raised(error)}"
+                f"not an allowed global by default{'' if 'site-packages' in where else where}"
             )
         super().__init__(role, message)
         self.error = error

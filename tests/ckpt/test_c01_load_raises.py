@@ -132,3 +132,50 @@ def test_lightning_with_plain_hyperparameters_resumes(project, tmp_path):
     out = tmp_path / "r.json"
     project.run("--dlcheck=C1", f"--dlcheck-json={out}")
     assert _results(out)["C1"]["outcome"] == "passed"
+
+
+#: a Trainer subclass whose LR scheduler keeps its config (an argparse.Namespace) as an attribute: LambdaLR's
+#: state_dict holds every attribute, so scheduler.pt pickles the Namespace, and the Trainer's own resume loads
+#: scheduler.pt with torch.load(weights_only=True)
+SFT_SCHEDULER = """
+    import argparse, pytest, tiny, torch
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    class Warmup(torch.optim.lr_scheduler.LambdaLR):
+        def __init__(self, optimizer, cfg):
+            self.cfg = cfg
+            super().__init__(optimizer, lambda step: min(1.0, (step + 1) / 3))
+
+    class MyTrainer(SFTTrainer):
+        def create_scheduler(self, num_training_steps, optimizer=None):
+            if self.lr_scheduler is None:
+                self.lr_scheduler = Warmup(optimizer or self.optimizer, {cfg})
+            return self.lr_scheduler
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        data = Dataset.from_dict({{"prompt": tiny.PROMPTS * 2, "completion": tiny.COMPLETIONS * 2}})
+        args = tiny.trainer_args(tmp_path_factory.mktemp("o"), SFTConfig, learning_rate=1e-3)
+        return MyTrainer(model=tiny.llama(tok), args=args, processing_class=tok, train_dataset=data)
+"""
+
+
+def test_a_trainer_whose_resume_refuses_its_own_scheduler_pt_fails_c1(project, tmp_path):
+    project.conftest(SFT_SCHEDULER.format(cfg="argparse.Namespace(warmup=3)"))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1", f"--dlcheck-json={out}")
+    c1 = _results(out)["C1"]
+    assert c1["outcome"] == "failed", c1
+    text = tt.section(run, "C1")
+    assert "train(resume_from_checkpoint=...) on fresh objects raised on it" in text and "UnpicklingError" in text
+    assert "scheduler.pt['cfg'] is an argparse.Namespace" in text
+    assert "add_safe_globals([argparse.Namespace])" in c1["fix"]
+
+
+def test_the_same_trainer_with_a_plain_config_resumes(project, tmp_path):
+    project.conftest(SFT_SCHEDULER.format(cfg="dict(warmup=3)"))
+    out = tmp_path / "r.json"
+    project.run("--dlcheck=C1", f"--dlcheck-json={out}")
+    assert _results(out)["C1"]["outcome"] == "passed"
