@@ -49,3 +49,7 @@ def test_a_stale_missing_or_orphan_page_is_named(tmp_path):
     assert listing.main(["--pages", str(tmp_path), "--check"]) == 1
     assert listing.write_pages(tmp_path) == ["L2.md", "L99.md", "T1.md"]
     assert not (tmp_path / "L99.md").exists() and listing.stale_pages(tmp_path) == []
+
+
+def test_the_readme_links_the_pages():
+    assert "docs/checks/README.md" in (ROOT / "README.md").read_text()
