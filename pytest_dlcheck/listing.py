@@ -86,6 +86,7 @@ PAGES_COMMAND = "python -m pytest_dlcheck.listing --pages docs/checks"
 _VERBATIM = ("Example", "Use instead")
 _CODE_SPAN = re.compile(r"(``.*?``|`[^`\n]*`)", re.S)
 _TAG_START = re.compile(r"<(?=[A-Za-z/!?])")
+_FIXTURE = re.compile(r"(?<!`)\b(dlcheck_\w+)")
 
 
 def builtin_checks() -> dict[str, registry.Check]:
@@ -109,9 +110,10 @@ def _role_row(name: str, kind: str) -> str:
     role = ROLES.get(name)
     if role is None:
         return f"| `dlcheck_{name}` | {kind} | |"
-    alternatives = re.sub(r"\b(dlcheck_\w+)", r"`\1`", " ".join(role.alternatives.split()).replace("|", "\\|"))
+    alternatives = _FIXTURE.sub(r"`\1`", " ".join(role.alternatives.split()).replace("|", "\\|"))
     fixture = f"`{role.fixture}`" + (f" (or {alternatives})" if role.alternatives else "")
-    return f"| {fixture} | {kind} | {_cell(role.help)} |"
+    what = _FIXTURE.sub(r"`\1`", _cell(role.help))
+    return f"| {fixture} | {kind} | {what} |"
 
 
 def check_page(check: registry.Check) -> str:
