@@ -92,39 +92,44 @@ def _mixing(out: torch.Tensor, x: torch.Tensor, i: int, rtol: float) -> tuple[in
     return None
 
 
-def _step_forward_call(dlcheck: Any, fresh: Any, batch: Any) -> tuple[tuple, dict] | None:
-    """The (args, kwargs) a Lightning module's own ``training_step`` hands its forward on ``batch`` (the first
-    call of the module; in train mode, no grad, its state restored), or None when the step never calls it."""
+def _step_forward_call(dlcheck: Any, fresh: Any, batch: Any) -> tuple[Any, tuple, dict] | None:
+    """(module, args, kwargs) of the first module a Lightning module's own ``training_step`` calls on ``batch``:
+    the module itself when the step calls its forward (``self(x)``), else the outermost submodule it calls
+    first (``self.model(x)``); in train mode, no grad, its state restored. None when the step calls no module."""
     model = fresh.model
-    seen: list[tuple[tuple, dict]] = []
+    seen: list[tuple[Any, tuple, dict]] = []
 
     def pre(mod, args, kwargs):
         if not seen:
-            seen.append((args, kwargs))
+            seen.append((mod, args, kwargs))
 
     start = ModuleSnapshot.take(model)
-    handle = model.register_forward_pre_hook(pre, with_kwargs=True)
+    handles = [m.register_forward_pre_hook(pre, with_kwargs=True) for m in model.modules()]
     try:
         with modes(model, train=True), torch.no_grad():
             run_or_skip(dlcheck, lambda: fresh.loss(batch))
     finally:
-        handle.remove()
+        for h in handles:
+            h.remove()
         start.restore(model)
     return seen[0] if seen else None
 
 
 def _pipeline_inputs(dlcheck: Any, fresh: Any, batch: Any, size: int) -> tuple[Any, dict, str]:
-    """For a Lightning module: (a call of the forward on the inputs its training_step gives it, with the first
-    float input a leaf to differentiate against, {"x": that leaf}, what those inputs are). Skips, saying so, when
-    the step never calls the forward or not on a batch-first float input: T4 cannot reproduce it."""
-    name = type(fresh.model).__name__
+    """For a Lightning module: (a call of the module its training_step calls first, on the inputs the step gives
+    it, with the first float input a leaf to differentiate against, {"x": that leaf}, what those inputs are).
+    Skips, saying so, when the step calls no module, or not on a batch-first float input: T4 cannot reproduce
+    it. A submodule judged alone (the step calls others after it) is said with ``not_judged``."""
+    model = fresh.model
+    name = type(model).__name__
     call = _step_forward_call(dlcheck, fresh, batch)
     if call is None:
         dlcheck.skip(
-            f"{name}.training_step never calls the module's own forward on the batch: T4 cannot reproduce the "
-            "input your pipeline gives forward, so it does not judge"
+            f"{name}.training_step calls none of its modules on the batch: T4 cannot reproduce the input your "
+            "pipeline gives a forward, so it does not judge"
         )
-    args, kwargs = call
+    mod, args, kwargs = call
+    label = "forward" if mod is model else next((n for n, m in model.named_modules() if m is mod), "?")
     place = next(
         (i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()),
         next((k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.is_floating_point()), None),
@@ -132,18 +137,26 @@ def _pipeline_inputs(dlcheck: Any, fresh: Any, batch: Any, size: int) -> tuple[A
     given = None if place is None else args[place] if isinstance(place, int) else kwargs[place]
     if given is None or given.dim() < 1 or given.shape[0] != size:
         dlcheck.skip(
-            f"{name}.training_step calls forward on "
+            f"{name}.training_step calls {label} on "
             + ("no float tensor" if given is None else f"a tensor of shape {tuple(given.shape)}")
             + f", not on the {size} examples of the batch one by one: T4 cannot reproduce the input your pipeline "
-            "gives forward, so it does not judge"
+            f"gives {label}, so it does not judge"
         )
     x = given.detach().clone().requires_grad_(True)
     if isinstance(place, int):
         args = (*args[:place], x, *args[place + 1 :])
     else:
         kwargs = {**kwargs, place: x}
-    what = f"forward's input as {name}.training_step gives it: {describe_batch(given)}"
-    return (lambda: fresh.model(*args, **kwargs)), {"x": x}, what
+    if mod is model:
+        what = f"forward's input as {name}.training_step gives it: {describe_batch(given)}"
+    else:
+        what = f"the input of {label} ({type(mod).__name__}) as {name}.training_step gives it: {describe_batch(given)}"
+        dlcheck.not_judged(
+            "the rest of the step",
+            f"{name}.training_step does not call the module's own forward: T4 judged {label}, the module it calls "
+            "first on the batch, not what the step computes from its output",
+        )
+    return (lambda: mod(*args, **kwargs)), {"x": x}, what
 
 
 @check(
@@ -187,8 +200,9 @@ def check_batch_independence(dlcheck):
         mode (V7 owns BatchNorm). Needs a batch of at least 2 examples whose inputs are float tensors or
         token ids with input embeddings; others skip. A Lightning module's forward is called on what its own
         training_step hands it (captured from one step on the batch, no grad: an autoencoder's flattened
-        images), never on the loader's batch; a training_step that never calls the module's forward, or not
-        on the batch's examples one by one, is not judged (skip: T4 cannot reproduce the forward's input).
+        images), never on the loader's batch; a step that calls a submodule instead (``self.model(x)``) is
+        judged on the first module it calls, the rest of the step said as not judged; a step that calls no
+        module on a batch-first float input is not judged (skip: T4 cannot reproduce the forward's input).
     Not applicable
         A model that is not called on the batch (its forward requires fields the batch lacks, the user's
         loss builds them: a denoiser), said by the training machinery.

@@ -22,8 +22,18 @@ def test_the_autoencoder_example_passes(project):
     run.fnmatch(["*forward's input as FlatAutoEncoder.training_step gives it: float32 (8, 144)*"])
 
 
-def test_a_step_that_never_calls_forward_is_not_judged(project):
+def test_a_step_that_calls_its_submodules_is_judged_on_the_first_one_only(project):
     project.conftest(tl.flat_project(module="direct=True"))
-    run = project.run("--dlcheck=T4", "-rs")
-    run.assert_outcome("T4", "skipped")
-    run.fnmatch(["*T4 FlatAutoEncoder.training_step never calls the module's own forward on the batch: T4 cannot*"])
+    run = project.run("--dlcheck=T4", "-rA")
+    run.assert_outcome("T4", "passed")
+    run.fnmatch(["*T4_batch_independence PASSED (*; partly judged: the rest of the step not judged)*"])
+    run.fnmatch(["*the input of encoder (Sequential) as FlatAutoEncoder.training_step gives it: float32 (8, 144)*"])
+
+
+def test_a_submodule_the_step_calls_that_mixes_the_batch_fails(project):
+    project.conftest(tl.flat_project(module="mix='encoder', direct=True"))
+    run = project.run("--dlcheck=T4")
+    run.assert_outcome("T4", "failed")
+    text = tt.section(run, "T4")
+    assert "the input of encoder (Sequential) as FlatAutoEncoder.training_step gives it: float32 (8, 144)" in text
+    assert "the first module whose output mixes the examples: encoder.3 (Centre)" in text

@@ -153,20 +153,29 @@ def project(module: str = "", data: str = "", cls: str = "Classifier") -> str:
 # only training_step flattens the images (the pipeline never calls forward on the loader's batch)
 
 
+class Centre(torch.nn.Module):
+    """Subtracts the batch mean: every example's output depends on the others (T4's bug)."""
+
+    def forward(self, x):
+        return x - x.mean(0, keepdim=True)
+
+
 class FlatAutoEncoder(pl.LightningModule):
     """``F.mse_loss(x, self(x))`` on the flattened images, the labels ignored (as upstream). ``mix``: the forward
-    centres the codes over the batch (each example's reconstruction depends on the others: T4's bug).
+    centres the codes over the batch (each example's reconstruction depends on the others: T4's bug);
+    ``mix="encoder"`` puts that centring inside the encoder (a :class:`Centre` layer).
     ``direct``: training_step calls the encoder and decoder itself, never the module's forward."""
 
-    def __init__(self, mix: bool = False, direct: bool = False):
+    def __init__(self, mix: bool | str = False, direct: bool = False):
         super().__init__()
         self.mix, self.direct = mix, direct
-        self.encoder = torch.nn.Sequential(torch.nn.Linear(144, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+        layers = [torch.nn.Linear(144, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3)]
+        self.encoder = torch.nn.Sequential(*layers, *([Centre()] if mix == "encoder" else []))
         self.decoder = torch.nn.Sequential(torch.nn.Linear(3, 16), torch.nn.ReLU(), torch.nn.Linear(16, 144))
 
     def forward(self, x):
         z = self.encoder(x)
-        if self.mix:
+        if self.mix is True:
             z = z - z.mean(0, keepdim=True)
         return self.decoder(z)
 
