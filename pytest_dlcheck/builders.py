@@ -268,9 +268,9 @@ class BuilderPlugin:
     def pytest_collect_file(self, file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
         if self.home is None or file_path != self.home:
             return None
-        from .plugin import DlcheckFile
+        from . import plugin  # as the entry point imports it (the module whose hooks are registered)
 
-        return DlcheckFile.from_parent(parent, path=file_path)
+        return plugin.DlcheckFile.from_parent(parent, path=file_path)
 
     def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str] | None:
         from .session import STATE_KEY

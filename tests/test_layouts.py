@@ -70,3 +70,34 @@ def test_conftest_without_roles_collects_nothing(project):
     run = project.run("--dlcheck=llm")
     run.result.assert_outcomes(passed=1)
     assert "::L11" not in run.text
+
+
+def test_builder_module_without_conftest(project):
+    # roles named on the command line (no conftest.py): the checks are collected beside the
+    # builder's own module file (claimed in pytest_collect_file, under the user's own package node)
+    project.conftest("", path="mypkg/__init__.py")
+    project.conftest(
+        """
+        import tiny
+
+        def build_tokenizer():
+            return tiny.tokenizer(pad=tiny.PAD)
+
+        def build_dataset():
+            return tiny.tokenized(build_tokenizer())
+
+        def build_collator():
+            from transformers import DataCollatorForLanguageModeling
+            return DataCollatorForLanguageModeling(build_tokenizer(), mlm=False)
+        """,
+        path="mypkg/data.py",
+    )
+    project.pytester.makepyfile(test_user="def test_users_own():\n    pass\n")
+    run = project.run(
+        "--dlcheck=L11",
+        "--dlcheck-role=tokenizer=mypkg.data:build_tokenizer()",
+        "--dlcheck-role=dataset=mypkg.data:build_dataset()",
+        "--dlcheck-role=collator=mypkg.data:build_collator()",
+    )
+    run.fnmatch(["mypkg/data.py::L11_eos_supervised PASSED*", "test_user.py::test_users_own PASSED*"])
+    run.result.assert_outcomes(passed=2)
