@@ -125,14 +125,14 @@ def test_c10_is_not_applicable_to_a_trainer_user(project):
     run.assert_outcome("C10", "skipped")
     # before: "missing role: define fixture dlcheck_make_training", which would not make C10 judge a Trainer
     assert "missing role" not in run.text, run.text
-    run.fnmatch(["*C10 not applicable: dlcheck_trainer is a Trainer*checkpoints its own way*C1 judges its resume*"])
+    run.fnmatch(["*C10_*: not applicable: dlcheck_trainer is a Trainer*checkpoints its own way*C1 judges its resume*"])
 
 
 def test_c10_without_any_training_asks_for_make_training(project):
     project.conftest(TOKENS)
     run = project.run("--dlcheck=C10", "-rs")
     run.assert_outcome("C10", "skipped")
-    run.fnmatch(["*C10 missing role: define fixture dlcheck_make_training*"])
+    run.fnmatch(["*C10_*: missing role: define fixture dlcheck_make_training*"])
 
 
 def test_under_all_the_domains_that_do_not_concern_the_pipeline_fold_into_one_line(project):
@@ -239,4 +239,4 @@ def test_r4_is_not_applicable_to_a_preference_trainer(project):
     run = project.run("--dlcheck=R4", "-rs")
     run.assert_outcome("R4", "skipped")
     assert "missing role" not in run.text, run.text
-    run.fnmatch(["*R4 not applicable: dlcheck_trainer is a DPOTrainer with no env and no SB3 algorithm*"])
+    run.fnmatch(["*R4_*: not applicable: dlcheck_trainer is a DPOTrainer with no env and no SB3 algorithm*"])
