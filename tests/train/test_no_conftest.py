@@ -5,6 +5,8 @@ writes a starter conftest.py for the kind of training the source shows."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -194,3 +196,30 @@ def test_init_writes_a_plain_loop_conftest_with_todos_and_never_overwrites(proje
     assert again.result.ret == pytest.ExitCode.USAGE_ERROR
     again.fnmatch(["dlcheck-init: *conftest.py exists: not overwritten*"])
     assert (project.pytester.path / "conftest.py").read_text() == written
+
+
+def test_a_builder_usage_error_comes_before_any_heavy_import(pytester):
+    write(pytester, {"mypkg/__init__.py": "", "mypkg/train.py": "import torch\n\ndef build_trainer():\n    pass\n"})
+    run = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "pytest", "-p", "no:cacheprovider", "--dlcheck=llm"]
+        + ["--dlcheck-trainer=mypkg.train:build_traner"],
+        cwd=pytester.path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout + run.stderr
+    assert "defines no 'build_traner' (did you mean build_trainer?)" in run.stderr
+    imported = {line.rsplit("|", 1)[1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
+    assert not {"torch", "transformers", "mypkg.train", "pytest_dlcheck.plugin"} & imported
+
+
+def test_the_entry_module_and_the_builders_name_the_same_options_and_roles():
+    from pytest_dlcheck import builders, entry, registry
+    from pytest_dlcheck.roles import ROLES
+
+    assert set(entry._BUILDER_OPTIONS) == set(builders.NAMED)
+    assert all(entry._BUILDER_OPTIONS[d][0] == builders.NAMED[d][0] for d in builders.NAMED)
+    registry.load_checks()
+    assert builders.role_names() == set(ROLES)
+    assert {r for _, roles, _ in builders.NAMED.values() for r in roles} <= set(ROLES)
