@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 import pytest
 
 from . import registry, twin
-from .cost import users_work
+from .cost import shared_run, used_shared, users_work
 from .errors import MISSING, CheckFailed, RoleError
 from .report import NOT_RUN, jsonable
 from .roles import ROLES, derive, given
@@ -213,7 +213,13 @@ class CheckContext:
         return self.state.batch_size
 
     def memo(self, sources: Any, key: str, make: Callable[[], Any], spare: bool = False) -> Any:
-        value = self.state.memo(sources, key, make, spare)
+        label = shared_label(key)
+        if self.state.made(sources, key):
+            value = self.state.memo(sources, key, make, spare)
+        else:
+            with shared_run(label, self.check.id):  # timed apart: the run's, not this check's
+                value = self.state.memo(sources, key, make, spare)
+        used_shared(label)
         self.used.append((sources, key, value))
         return value
 
@@ -265,3 +271,19 @@ class CheckContext:
 
 
 __all__ = ["MISSING", "CheckContext"]
+
+
+#: the readable names of the shared runs, by their memo key's first part (the reports' "shared")
+SHARED_LABELS = {"smoke": "smoke run", "sample": "sampled batches", "derive": "derived role"}
+
+
+def shared_label(key: str) -> str:
+    """A shared run's name in the reports: "smoke run", "sampled batches (train)", else the memo key."""
+    head, _, rest = key.partition(":")
+    if head == "smoke":
+        return "smoke run"
+    if head == "sample":
+        return f"sampled batches ({rest.split(':')[0]})"
+    if head in SHARED_LABELS:
+        return f"{SHARED_LABELS[head]} ({rest})"
+    return key

@@ -6,13 +6,23 @@ first needed it and is free for the others, which is what sharing buys.
 
 Counting uses torch's global hooks (``register_module_forward_pre_hook`` / ``…_forward_hook`` with
 ``always_call``, the optimizer step post hook) and wraps ``torch.autograd.backward``; all of them are
-removed when the check ends. Nothing is counted when torch was never imported."""
+removed when the check ends. Nothing is counted when torch was never imported.
+
+What a check costs in wall time (:func:`timing`, ``perf_counter`` only): the seconds in the user's work, by
+category: ``forward`` (an outermost module call), ``backward``, ``step`` (an optimizer step), ``data`` (a
+DataLoader's ``__next__``, a user's dataset or dataloader called by the checks), ``calls`` (the user's
+own callables, :func:`pytest_dlcheck.session.user_call`) and ``fixtures`` (the user's fixtures built for the
+check); a nested region counts once, in the innermost category (a forward inside a user's callable is
+forward time), so the categories add up to the union. The rest of the check's duration is the plugin's own
+work. A shared run (:func:`shared_run`: the smoke run, the sampled batches) is timed apart, charged to
+the run, not to the check that happened to make it first."""
 
 from __future__ import annotations
 
 import contextlib
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,6 +34,129 @@ _paused = [0]
 _routines: list[str] = []
 #: the counters of the checks running now, with each one's stack of module calls (counted or not)
 _active: list[tuple[Cost, Any]] = []
+
+
+#: the user-time categories open now, innermost last (their owner thread: :data:`_clock_thread`)
+_open: list[str] = []
+#: the clocks running now (a check's, then a shared run's being made inside it), innermost last
+_clocks: list[Clock] = []
+_mark = [0.0]
+_clock_thread = [0]
+
+
+@dataclass
+class Clock:
+    """The seconds of the user's work per category, and the shared runs made inside (timed apart)."""
+
+    user: Counter = field(default_factory=Counter)
+    #: label -> the shared run made while this clock ran: {"seconds", "user": {category: s}, "made_by"}
+    made: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the labels of the shared runs read (made here or before)
+    used: list[str] = field(default_factory=list)
+
+    def settled(self) -> Clock:
+        """This clock with the time up to now charged (read it while it runs)."""
+        _charge()
+        return self
+
+
+def _charge() -> None:
+    now = time.perf_counter()
+    if _clocks and _open:
+        _clocks[-1].user[_open[-1]] += now - _mark[0]
+    _mark[0] = now
+
+
+def enter(category: str) -> None:
+    """The user's work of ``category`` starts (time before it goes to the category open until now)."""
+    if _clocks and threading.get_ident() == _clock_thread[0]:
+        _charge()
+        _open.append(category)
+
+
+def leave(category: str) -> None:
+    if _clocks and threading.get_ident() == _clock_thread[0]:
+        _charge()
+        for i in range(len(_open) - 1, -1, -1):
+            if _open[i] == category:
+                del _open[i]
+                break
+
+
+@contextlib.contextmanager
+def user_time(category: str) -> Iterator[None]:
+    """Time inside is the user's work of ``category`` (unless a nested region claims it)."""
+    enter(category)
+    try:
+        yield
+    finally:
+        leave(category)
+
+
+@contextlib.contextmanager
+def timing(category: str | None = None) -> Iterator[Clock]:
+    """A check's clock (its setup and call each run one; ``category``: all of it is the user's work of
+    that kind unless a nested region claims it, the setup's fixtures)."""
+    clock = Clock()
+    outer = bool(_clocks)
+    if not outer:
+        _clock_thread[0] = threading.get_ident()
+        _open.clear()
+    _charge()
+    _clocks.append(clock)
+    if category:
+        _open.append(category)
+    try:
+        yield clock
+    finally:
+        _charge()
+        _clocks.remove(clock)
+        if category and category in _open:
+            _open.remove(category)
+        if not _clocks:
+            _open.clear()  # a step hook whose post hook never ran (the step raised) leaves nothing behind
+
+
+@contextlib.contextmanager
+def shared_run(label: str, made_by: str) -> Iterator[None]:
+    """A shared run being made (``label``: "smoke run"): its time is the run's, recorded for the clock that
+    made it, apart from that check's own user and plugin time."""
+    if not _clocks or threading.get_ident() != _clock_thread[0]:
+        yield
+        return
+    parent = _clocks[-1]
+    _charge()
+    clock = Clock()
+    saved = list(_open)
+    _open.clear()  # a category open outside is not this run's
+    _clocks.append(clock)
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        _charge()
+        seconds = time.perf_counter() - started
+        _clocks.remove(clock)
+        _open[:] = saved
+        nested = sum(r["seconds"] for r in clock.made.values())
+        merge_run(parent.made, label, {"seconds": max(seconds - nested, 0.0), "user": dict(clock.user)}, made_by)
+        for inner, run in clock.made.items():  # made inside this one: each its own run
+            merge_run(parent.made, inner, run, run["made_by"])
+        _mark[0] = time.perf_counter()
+
+
+def merge_run(made: dict[str, dict[str, Any]], label: str, run: dict[str, Any], made_by: str) -> None:
+    """Add a shared run's seconds to ``made`` (a run of the same name made twice, a spare remade, adds up)."""
+    have = made.setdefault(label, {"seconds": 0.0, "user": {}, "made_by": made_by})
+    have["seconds"] += run["seconds"]
+    for category, seconds in run["user"].items():
+        have["user"][category] = have["user"].get(category, 0.0) + seconds
+
+
+def used_shared(label: str) -> None:
+    """A check read the shared run ``label`` (made by it or by an earlier check)."""
+    if _clocks and label not in _clocks[0].used:
+        _clocks[0].used.append(label)
 
 
 @contextlib.contextmanager
@@ -63,9 +196,11 @@ def users_work() -> Iterator[None]:
     project fixture that trains a few steps, or a PPO agent trained before it is handed over, costs the
     same with or without the checks."""
     _paused[0] += 1
+    enter("fixtures")
     try:
         yield
     finally:
+        leave("fixtures")
         _paused[0] -= 1
 
 
@@ -104,6 +239,8 @@ def counting() -> Iterator[Cost]:
 
     def pre(module, args):
         depth = getattr(local, "depth", 0)
+        if depth == 0:
+            enter("forward")
         counted = None
         if depth == 0 and not _paused[0] and next(module.parameters(), None) is not None:  # a model, not a loss
             cost.forward += 1
@@ -119,11 +256,17 @@ def counting() -> Iterator[Cost]:
 
     def post(module, args, output):
         local.depth = max(getattr(local, "depth", 1) - 1, 0)
+        if local.depth == 0:
+            leave("forward")
         stack = getattr(local, "stack", None)
         if stack:
             stack.pop()
 
+    def stepping(optimizer, args, kwargs):
+        enter("step")
+
     def stepped(optimizer, args, kwargs):
+        leave("step")
         if not _paused[0]:
             cost.optimizer_steps += 1
 
@@ -133,15 +276,26 @@ def counting() -> Iterator[Cost]:
     handles = [
         nn_module.register_module_forward_pre_hook(pre),
         nn_module.register_module_forward_hook(post, always_call=True),
+        optim.register_optimizer_step_pre_hook(stepping),
         optim.register_optimizer_step_post_hook(stepped),
     ]
+    loader_iter = _loader_iter_class()
+    loader_next = loader_iter.__dict__.get("__next__") if loader_iter is not None else None
+    if loader_next is not None:
+
+        def timed_next(self):
+            with user_time("data"):
+                return loader_next(self)
+
+        loader_iter.__next__ = timed_next
     originals = {name: getattr(torch.autograd, name) for name in ("backward", "grad")}
 
     def counted(fn):
         def run(*args, **kwargs):
             if not _paused[0]:
                 cost.backward += 1
-            return fn(*args, **kwargs)
+            with user_time("backward"):
+                return fn(*args, **kwargs)
 
         return run
 
@@ -159,3 +313,11 @@ def counting() -> Iterator[Cost]:
                 setattr(torch.autograd, name, originals[name])
         for handle in handles:
             handle.remove()
+        if loader_next is not None and loader_iter.__dict__.get("__next__") is timed_next:
+            loader_iter.__next__ = loader_next
+
+
+def _loader_iter_class() -> Any:
+    """torch's DataLoader iterator class (its ``__next__`` is the data loading), when torch is imported."""
+    module = sys.modules.get("torch.utils.data.dataloader")
+    return getattr(module, "_BaseDataLoaderIter", None) if module is not None else None

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from . import registry, twin
-from .cost import Cost, counting
+from .cost import Cost, counting, merge_run, timing
 from .errors import CheckFailed, RoleError
 from .isolation import CheckTimeout, as_user, check_frame, checking, hypothesis_home, time_bound
 from .outcome import explain, internal_note, render_failure, render_role_error, timeout_rendered
@@ -296,6 +296,7 @@ class CheckItem(pytest.Function):
             check_frame(),
             hypothesis_home(self.config),
             counting() if count else contextlib.nullcontext(Cost()) as cost,
+            timing(None if count else "fixtures") as clock,  # the setup builds the user's fixtures
         ):
             try:
                 with time_bound(left, session_state(self.config).timeout):
@@ -310,6 +311,7 @@ class CheckItem(pytest.Function):
                                     merged[name] = merged.get(name, 0) + n
                             else:
                                 total[key] = total.get(key, 0) + value
+                        _add_time(self.stash.setdefault(TIME_KEY, {}), clock)
             except (CheckFailed, RoleError, pytest.exit.Exception):
                 raise
             except CheckTimeout as exc:
@@ -339,6 +341,23 @@ class CheckItem(pytest.Function):
 
     def reportinfo(self):
         return self.path, 0, f"{self.check.id} {self.check.title}"
+
+
+#: a check's wall-time accounting (pytest_dlcheck.cost.timing), over its setup and call
+TIME_KEY = pytest.StashKey[dict]()
+
+
+def _add_time(total: dict[str, Any], clock: Any) -> None:
+    """Add a clock's seconds to the check's: the user's work per category, the shared runs it made (timed
+    apart) and those it read that another check made."""
+    user = total.setdefault("user", {})
+    for category, seconds in clock.settled().user.items():
+        user[category] = user.get(category, 0.0) + seconds
+    made = total.setdefault("shared_made", {})
+    for label, run in clock.made.items():
+        merge_run(made, label, run, run["made_by"])
+    waited = total.setdefault("shared_waited", [])
+    waited.extend(label for label in clock.used if label not in made and label not in waited)
 
 
 class CheckStopped(Exception):
@@ -372,6 +391,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
         try:
             info = payload(item.check, report.when, report.outcome, exc, artifacts, measured)
             info["cost"] = dict(item.stash.get(COST_KEY, {}))
+            info["time"] = dict(item.stash.get(TIME_KEY, {}))
         except Exception as err:  # noqa: BLE001 - a report must never turn into an INTERNALERROR
             info = payload(item.check, report.when, report.outcome, None, [])
             info["error"] = f"(could not record the outcome's details: {type(err).__name__})"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from . import __version__, registry
+from . import __version__, registry, walltime
 from .errors import CheckFailed, RoleError
 from .html import grouped_reason, write_html
 from .session import MISSING_ROLE, NOT_APPLICABLE, STATE_KEY
@@ -71,13 +71,17 @@ class Result:
     cost: dict[str, Any] = field(default_factory=dict)
     #: the parts of its subject a passing check did not judge, each {"part", "reason"} (a partly judged pass)
     not_judged: list[dict[str, str]] = field(default_factory=list)
+    #: its wall time as measured (pytest_dlcheck.cost.timing); the JSON holds the split (walltime.check_time)
+    time: dict[str, Any] = field(default_factory=dict)
 
     @property
     def partly_judged(self) -> bool:
         return self.outcome == "passed" and bool(self.not_judged)
 
     def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["time"] = walltime.check_time(self.duration, self.time)
+        return out
 
 
 def jsonable(value: Any) -> Any:
@@ -276,6 +280,8 @@ class Results:
         res.artifacts.extend(info.get("artifacts", []))
         if info.get("cost"):
             res.cost = info["cost"]  # cumulative over setup and call
+        if info.get("time"):
+            res.time = info["time"]  # cumulative over setup and call
         if report.outcome == "passed":
             for key in ("evidence", "data", "not_judged"):
                 if info.get(key):
@@ -380,6 +386,9 @@ class Results:
                 f"cost:      {spent['forward']} forward passes, {spent['backward']} backward passes, "
                 f"{steps} optimizer steps (per check in the JSON report)"
             )
+        shared = walltime.shared_runs(results)
+        for res in walltime.slowest(results, getattr(self.config.option, "durations", None)):
+            tr.write_line(f"time:      {walltime.line(res, shared)}")
         for option, label in (("dlcheck_json", "json"), ("dlcheck_report", "report")):
             path = getattr(self.config.option, option, None)
             if path:
@@ -430,6 +439,8 @@ class Results:
             "health": judged_nothing(self.selection(), results),
             "cost": {k: sum(r.cost.get(k, 0) for r in results) for k in ("forward", "backward", "optimizer_steps")},
             "results": [r.to_json() for r in results],
+            "shared": (shared := walltime.shared_runs(results)),
+            "time": walltime.totals(results, shared),
         }
 
 

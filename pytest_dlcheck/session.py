@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from .cost import user_time
 from .errors import CheckFailed, RoleError
 
 if TYPE_CHECKING:
@@ -162,7 +163,8 @@ def user_call(role: str, call: Callable[[], Any], synthetic: bool | str = False)
     it propagates as an internal error of the plugin, marked with what the made-up input was (the pipeline's
     own inputs may never have met that condition)."""
     try:
-        return call()
+        with user_time(_category(role)):
+            return call()
     except (RoleError, CheckFailed, pytest.skip.Exception, pytest.fail.Exception, KeyboardInterrupt):
         raise
     except Exception as exc:
@@ -176,6 +178,11 @@ def user_call(role: str, call: Callable[[], Any], synthetic: bool | str = False)
                 mark_synthetic(exc, f"dlcheck_{role} raised it on {what}")
             raise
         raise RoleError(role, f"raised {type(exc).__name__}: {_text(exc)}{where_raised(exc)}") from exc
+
+
+def _category(role: str) -> str:
+    """The wall-time category of a user's object (:mod:`pytest_dlcheck.cost`): its data, or its own callable."""
+    return "data" if any(w in role for w in ("data", "loader", "collator", "batch")) else "calls"
 
 
 #: the made-up inputs the user's code is being handed now (innermost last): see :func:`made_up`

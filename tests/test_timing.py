@@ -1,0 +1,72 @@
+"""The wall-time split (pytest_dlcheck.cost.timing, pytest_dlcheck.walltime): per check the seconds in the
+user's work (forward, backward, optimizer step, data) and in the plugin's own, adding up to at most the check's
+duration; the shared smoke run reported once, with the check that made it, and waited for by the others."""
+
+import json
+import sys
+from pathlib import Path
+
+import jsonschema
+
+sys.path.insert(0, str(Path(__file__).parent / "train"))
+
+import tiny_train as tt  # noqa: E402
+
+from pytest_dlcheck.report import schema_path  # noqa: E402
+
+
+def test_each_check_reports_the_users_and_the_plugins_seconds(project, tmp_path):
+    project.conftest(tt.loop_project())
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=T1,T2,S1,S2", f"--dlcheck-json={out}", "--durations=0")
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, json.loads(schema_path().read_text()))
+    results = {r["id"]: r for r in doc["results"]}
+    assert set(results) == {"T1", "T2", "S1", "S2"}, results
+    for r in results.values():
+        t = r["time"]
+        # a guarantee, not digits: the parts never exceed the whole
+        assert t["user"] + t["plugin"] + t["shared"] <= r["duration"] + 1e-9, (r["id"], t, r["duration"])
+        assert sum(t["user_by"].values()) <= t["user"] + 1e-9, t
+    # T2 trains the model on one batch: forward, backward and optimizer steps, each timed
+    t2 = results["T2"]["time"]["user_by"]
+    assert t2.get("forward", 0) > 0 and t2.get("backward", 0) > 0 and t2.get("step", 0) > 0, t2
+    # the smoke run: made once, by the first smoke check, timed apart; the other smoke check waited for it
+    assert doc["shared"]["smoke run"]["made_by"] == "S1", doc["shared"]
+    run_ = doc["shared"]["smoke run"]
+    assert run_["seconds"] > 0 and run_["user"] + run_["plugin"] <= run_["seconds"] + 1e-9, run_
+    assert results["S1"]["time"]["shared_made"] == ["smoke run"]
+    assert results["S1"]["time"]["shared"] > 0
+    assert "smoke run" in results["S2"]["time"]["shared_waited"], results["S2"]["time"]
+    assert "smoke run" not in results["S2"]["time"]["shared_made"]
+    total = doc["time"]
+    assert 0 <= total["plugin_share"] <= 1 and total["user"] + total["plugin"] <= total["checks"] + 1e-6, total
+    run.fnmatch(
+        [
+            "time:      T2 * s: user * s (forward *, backward *, step *), plugin * s*",
+            "time:      S2 * s: user * s*, plugin * s*, waited for smoke run (made by S1)*",
+        ]
+    )
+
+
+def test_nested_user_time_counts_once_in_the_innermost_category():
+    import time
+
+    import torch
+
+    from pytest_dlcheck.cost import counting, timing, user_time
+
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(2, 1)
+    with timing() as clock, counting():
+        with user_time("calls"):
+            time.sleep(0.02)
+            model(torch.ones(1, 2)).sum().backward()
+        loader = torch.utils.data.DataLoader(torch.ones(4, 2), batch_size=2)
+        for _ in loader:
+            pass
+        time.sleep(0.02)  # the plugin's own
+        clock.settled()
+        user = dict(clock.user)
+    assert user["calls"] >= 0.015 and user["forward"] > 0 and user["backward"] > 0 and user["data"] > 0, user
+    assert sum(user.values()) < 0.035, user  # the union: the forward is not also counted as the callable's
