@@ -188,11 +188,12 @@ def example(i):
 
 
 def watched(model):
+    import dlbench_guard
     import dlbench_probe
 
     model = model.to(DEVICE)
     dlbench_probe.watch(model)
-    return model
+    return dlbench_guard.watch(model)
 '''
 
 _TRAINER_ITERABLE = (
@@ -325,8 +326,11 @@ def dlcheck_trainer(tmp_path_factory):
     from trl import SFTConfig, SFTTrainer
 
     tok = tinyllm.build_tokenizer()
+    import dlbench_guard
+
     model = build_model(tok).to(DEVICE)
     dlbench_probe.watch(model)
+    dlbench_guard.watch(model)
     args = SFTConfig(**{{**tinyllm.common_args(tmp_path_factory.mktemp("sft")), "use_cpu": DEVICE == "cpu"}},
                      activation_checkpointing=False)
     return SFTTrainer(model=model, args=args, processing_class=tok, train_dataset=tinyllm.prompt_completion_dataset())
@@ -374,14 +378,16 @@ from torch.utils.data import DataLoader
 
 SIZE = {size!r}
 TOK = tinyllm.build_tokenizer()
+DEVICE = os.environ.get("DLBENCH_DEVICE", "cpu")
 
 
 def build_model():
+    import dlbench_guard
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     config = LlamaConfig(vocab_size=len(TOK), max_position_embeddings=128, eos_token_id=TOK.eos_token_id,
                          pad_token_id=TOK.pad_token_id, **SIZE)
-    return AutoModelForCausalLM.from_config(config)
+    return dlbench_guard.watch(AutoModelForCausalLM.from_config(config).to(DEVICE))
 
 
 def examples(pairs):
@@ -415,6 +421,7 @@ def make_training():
 def train_step(state, batch, index):
     model, optimizer = state["model"], state["optimizer"]
     model.train()
+    batch = {{k: v.to(model.device) for k, v in batch.items()}}
     loss = model(**batch).loss
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -496,14 +503,17 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 WIDTH, DEPTH = {width}, {depth}
+DEVICE = os.environ.get("DLBENCH_DEVICE", "cpu")
 
 
 def build_model():
+    import dlbench_guard
+
     layers, width_in = [], 64
     for _ in range(DEPTH + 1):
         layers += [nn.Linear(width_in, WIDTH), nn.ReLU()]
         width_in = WIDTH
-    return nn.Sequential(*layers, nn.Linear(WIDTH, 4))
+    return dlbench_guard.watch(nn.Sequential(*layers, nn.Linear(WIDTH, 4)).to(DEVICE))
 
 
 def make_training():
@@ -590,6 +600,7 @@ from torchvision.models.resnet import Bottleneck, ResNet
 from torchvision.transforms import v2 as T
 
 LAYERS, WIDTH, IMAGE, BATCH = {layers!r}, {width}, {image}, {batch}
+DEVICE = os.environ.get("DLBENCH_DEVICE", "cpu")
 
 train_tf = T.Compose([T.ToImage(), T.RandomResizedCrop(IMAGE, scale=(0.6, 1.0)), T.RandomHorizontalFlip(),
                       T.ToDtype(torch.float32, scale=True), T.Normalize(shapes.MEAN, shapes.STD)])
@@ -598,8 +609,12 @@ eval_tf = T.Compose([T.ToImage(), T.Resize(IMAGE + IMAGE // 8), T.CenterCrop(IMA
 
 
 def build_model():
-    """resnet50(weights=None, num_classes=3) at the full size: the same constructor torchvision calls."""
-    return ResNet(Bottleneck, LAYERS, num_classes=len(shapes.CLASSES), width_per_group=WIDTH)
+    """resnet50(weights=None, num_classes=3) at the full size: the same constructor torchvision calls; on
+    ``$DLBENCH_DEVICE`` (the benchmark's --device), registered with the GPU run's device guard."""
+    import dlbench_guard
+
+    model = ResNet(Bottleneck, LAYERS, num_classes=len(shapes.CLASSES), width_per_group=WIDTH)
+    return dlbench_guard.watch(model.to(DEVICE))
 
 
 def make_training():
@@ -649,9 +664,22 @@ def dlcheck_loss_fn():
     return torch.nn.CrossEntropyLoss()
 
 
+def accuracy(model, loader):
+    """shapes.accuracy, the batches moved to the model's device as the project's evaluation loop does."""
+    device = next(model.parameters()).device
+    model.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for images, labels in loader:
+            correct += (model(images.to(device)).argmax(1) == labels.to(device)).sum().item()
+            total += len(labels)
+    model.train()
+    return correct / max(total, 1)
+
+
 @pytest.fixture(scope="session")
 def dlcheck_eval_fn():
-    return shapes.accuracy
+    return accuracy
 
 
 @pytest.fixture(scope="session")

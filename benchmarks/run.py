@@ -4,9 +4,23 @@ the same project costs anyway, on this machine. One command:
     .venv/bin/python benchmarks/run.py                 # every figure, 5 interleaved repeats each
     .venv/bin/python benchmarks/run.py --only inactive,scale --repeats 9
     .venv/bin/python benchmarks/run.py --quick         # a reduced run (the test suite runs it)
+    python benchmarks/run.py --device cuda             # the GPU figure, in under 8 minutes on one large GPU
 
 Prints a table of medians over repeated runs and the ratios taken in the same run, checks the budgets,
-and exits 1 when one fails. See benchmarks/README.md for what each figure measures."""
+and exits 1 when one fails. See benchmarks/README.md for what each figure measures.
+
+--device cuda runs, on CUDA, the rows that show what the plugin costs on a real GPU: the memory row (peak
+RSS and CUDA memory of --dlcheck=llm on the 104M Llama under SFTTrainer), the realistic rows (--dlcheck=
+train,ckpt,smoke on that Llama under SFTTrainer and in a hand loop, vision,train,ckpt,smoke on a ResNet-50),
+the inactive row and the scale rows; one run of each side (5 for the inactive row), no warm-up. Every
+generated project puts its model on cuda (its batches go there through the pipeline's own path) and loads a
+device guard (benchmarks/inject/dlbench_guard.py) that fails the run when, after a check, a model's
+parameter or buffer is off its device, or when pytest-dlcheck's code copies a model's weights or gradients
+to the CPU. The whole run is bounded: 8 minutes (480 s), each pytest run at most 150 s; past the bound it
+aborts with a message and exit code 3. It writes the README's GPU figure (the section between
+<!-- gpu-figure --> and <!-- /gpu-figure -->) and, with --figure PATH, the same text to PATH. Without
+CUDA it says so in one line and exits 2 before building anything.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +85,19 @@ ACTIVE_MAX = 2.0
 SCALE_MAX = 1.10
 MEMORY_MAX_COPIES = 1.0
 
+#: --device cuda: the sections it runs, its bound over the whole run and each pytest run's (seconds)
+CUDA_SECTIONS = ("inactive", "scale", "gpu", "realistic", "realistic-loop", "realistic-vision")
+CUDA_BOUND_S = 480.0
+CUDA_COMMAND_S = 150.0
+NO_CUDA = "no CUDA device: torch.cuda.is_available() is False; run this on a GPU machine"
+#: the README section the --device cuda run fills
+FIGURE_START, FIGURE_END = "<!-- gpu-figure -->", "<!-- /gpu-figure -->"
+
+
+class BoundExceeded(Exception):
+    """The --device cuda run passed its bound."""
+
+
 #: quick mode's model for the memory figure: the same architecture, ~2M parameters
 SMALL = {
     "hidden_size": 128,
@@ -90,6 +118,13 @@ class Context:
     metric: str
     verbose: bool
     rows: list[Row] = field(default_factory=list)
+    #: where the benchmarked projects put their models; on a GPU each run loads the device guard
+    device: str = "cpu"
+    #: time.time() past which no run starts (and a running one is killed): the --device cuda bound
+    deadline: float | None = None
+    command_limit: float = 900.0
+    #: what the device guard recorded, one entry per run: {"where": ..., "violations": [...], "transfers": [...]}
+    guard: list[dict] = field(default_factory=list)
 
     def log(self, text: str) -> None:
         if self.verbose:
@@ -122,6 +157,8 @@ class Context:
             MKL_NUM_THREADS=str(self.threads),
             PYTHONPATH=os.pathsep.join([str(projects.INJECT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])),
         )
+        if self.device != "cpu":
+            env["DLBENCH_DEVICE"] = self.device
         env.update(extra)
         return env
 
@@ -136,9 +173,27 @@ class Context:
             counter[0] += 1
             probe = self.workdir / f"probe-{os.getpid()}-{id(go)}-{counter[0]}.json"
             floor_out = self.workdir / f"floor-{os.getpid()}-{id(go)}-{counter[0]}.json"
+            guard = self.workdir / f"guard-{os.getpid()}-{id(go)}-{counter[0]}.json"
             run_env = dict(env, DLBENCH_PROBE_OUT=str(probe), DLBENCH_FLOOR_OUT=str(floor_out))
             cmd = [self.python, "-m", "pytest", "-q", "-p", "dlbench_probe", *args]
-            m = measure.run_command(cmd, cwd=project_root, env=run_env, ok_codes=ok_codes)
+            if self.device != "cpu":  # on both sides of every ratio
+                cmd[4:4] = ["-p", "dlbench_guard"]
+                run_env.update(DLBENCH_GUARD_OUT=str(guard), DLBENCH_GUARD_DEVICE=self.device)
+            timeout = self.command_limit
+            if self.deadline is not None:
+                timeout = min(timeout, self.deadline - time.time())
+                if timeout <= 0:
+                    raise BoundExceeded(f"before {project_root.name}: {' '.join(args)}")
+            try:
+                m = measure.run_command(cmd, cwd=project_root, env=run_env, ok_codes=ok_codes, timeout=timeout)
+            finally:
+                if guard.exists():
+                    self.guard.append(
+                        {"where": f"{project_root.name}: {' '.join(args)}", **json.loads(guard.read_text())}
+                    )
+                    guard.unlink()
+                if self.deadline is not None and time.time() >= self.deadline:
+                    raise BoundExceeded(f"during {project_root.name}: {' '.join(args)}")
             if probe.exists():
                 m.info["probe"] = json.loads(probe.read_text())
                 probe.unlink()
@@ -590,6 +645,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="instead of the figures: profile --dlcheck=DOMAIN on its example once (cProfile) and print "
         "the plugin's functions by cumulative time",
     )
+    ap.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: the GPU figure in one command, bounded to 8 minutes (480 s, each pytest run ≤ 150 s; "
+        "past it the run aborts, exit 3): the memory row, the realistic rows (104M Llama under SFTTrainer and "
+        "a hand loop, ResNet-50), the inactive and scale rows, models on CUDA, a device guard after every "
+        "check (exit 1 on a model off its device or its weights copied to the CPU by the plugin); writes the "
+        "README's GPU figure. Without CUDA: one line, exit 2",
+    )
+    ap.add_argument("--figure", default=None, help="--device cuda: also write the GPU figure's text here")
+    ap.add_argument(
+        "--readme",
+        default=str(projects.REPO / "README.md"),
+        help="--device cuda: the README whose GPU figure section it fills (empty: none)",
+    )
     ap.add_argument("--no-check", action="store_true", help="exit 0 even when a budget fails")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     args = ap.parse_args(argv)
@@ -599,19 +670,92 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.sizes = "10,10000"
         args.scale_variants = "collator+map-style"
         args.small_model = True
+    if args.device == "cuda":  # one run of each side: what fits the 8-minute bound
+        if args.only == ",".join(SECTIONS):
+            args.only = ",".join(CUDA_SECTIONS)
+        args.repeats, args.warmup, args.memory_repeats = 1, 0, 1
+        args.inactive_repeats = min(args.inactive_repeats, 5)
     return args
 
 
+def cuda_here(python: str) -> str | None:
+    """The name of the first CUDA device ``python``'s torch sees, or None when it sees none."""
+    code = "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    name = out.stdout.strip().splitlines()[-1:] if out.returncode == 0 else []
+    return name[0] if name and name[0] else None
+
+
+def guard_row(ctx: Context) -> Row:
+    """The device guard over every run of a --device run: violations fail it; the plugin's other copies to
+    the CPU (values its checks computed and read) are counted in the note."""
+    violations = [f"{g['where']}: {v}" for g in ctx.guard for v in g.get("violations", [])]
+    transfers = [t for g in ctx.guard for t in g.get("transfers", []) if not t.get("model")]
+    sites = sorted({t["site"] for t in transfers})
+    note = (
+        f"{len(ctx.guard)} runs guarded; violations: {'; '.join(violations) or 'none'}; other copies of "
+        f"{ctx.device} tensors to the CPU by the plugin (values a check computed and reads): "
+        f"{sum(t['calls'] for t in transfers)} calls, {sum(t['bytes'] for t in transfers) / 2**20:.1f} MiB, "
+        f"at {', '.join(sites[:12]) or 'nowhere'}{' …' if len(sites) > 12 else ''}"
+    )
+    return Row(
+        "gpu",
+        f"device guard: every check's model stays on {ctx.device}; no check copies its weights to the CPU",
+        f"{len(violations)} violations",
+        "-",
+        "-",
+        "0",
+        not violations if ctx.guard else None,
+        note,
+        {"violations": violations, "transfers": transfers},
+    )
+
+
+def write_figure(readme: Path, text: str) -> bool:
+    """Replace the README's GPU figure section (between :data:`FIGURE_START` and :data:`FIGURE_END`) with
+    ``text``; False when the README has no such section."""
+    if not readme.is_file():
+        return False
+    body = readme.read_text()
+    start, end = body.find(FIGURE_START), body.find(FIGURE_END)
+    if start < 0 or end < start:
+        return False
+    readme.write_text(body[: start + len(FIGURE_START)] + "\n" + text.strip() + "\n" + body[end:])
+    return True
+
+
+@contextmanager
+def _stop_on_bound(stopped: list[BoundExceeded]) -> Iterator[None]:
+    """Stop the figures when the bound is passed, keeping the rows taken (the exception in ``stopped``)."""
+    try:
+        yield
+    except BoundExceeded as exc:
+        stopped.append(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
+    begun = time.time()
     args = parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(only) - set(SECTIONS)
     if unknown:
         raise SystemExit(f"--only: unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+    gpu_name = None
+    if args.device == "cuda":
+        gpu_name = cuda_here(args.python)
+        if gpu_name is None:
+            print(NO_CUDA)
+            return 2
     small, large = (int(x) for x in args.sizes.split(","))
     size = SMALL if args.small_model else projects.BIG
-    with tempfile.TemporaryDirectory(prefix="dlbench-", dir=args.workdir) as tmp:
+    stopped: list[BoundExceeded] = []
+    with tempfile.TemporaryDirectory(prefix="dlbench-", dir=args.workdir) as tmp, _stop_on_bound(stopped):
         ctx = Context(args.python, Path(tmp), args.repeats, args.warmup, args.threads, args.metric, not args.quiet)
+        if args.device == "cuda":
+            ctx.device, ctx.deadline, ctx.command_limit = "cuda", begun + CUDA_BOUND_S, CUDA_COMMAND_S
         if args.profile:
             print(profile(ctx, args.profile))
             return 0
@@ -658,6 +802,15 @@ def main(argv: list[str] | None = None) -> int:
             ctx.log("watch")
             watch.bench_watch(ctx, steps=30 if args.quick else 200, repeats=args.repeats)
         load_after = measure.load_average()
+    if stopped:
+        print(
+            f"aborted: the --device cuda run passed its {CUDA_BOUND_S / 60:.0f}-minute bound "
+            f"({CUDA_BOUND_S:.0f} s) {stopped[0]}; the rows taken before it:"
+        )
+        print(table(ctx.rows + [guard_row(ctx)]))
+        return 3
+    if args.device != "cpu":
+        ctx.rows.append(guard_row(ctx))
     header = (
         f"pytest-dlcheck benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {time.time() - started:.0f} s\n"
         f"machine: {machine.describe()}\n"
@@ -671,6 +824,20 @@ def main(argv: list[str] | None = None) -> int:
     print(table(ctx.rows))
     failed = [r for r in ctx.rows if r.ok is False]
     print(f"\n{len(failed)} budget(s) failed" if failed else "\nall budgets hold")
+    if args.device == "cuda":
+        violations = next(r for r in reversed(ctx.rows) if r.figure.startswith("device guard")).data["violations"]
+        if violations:
+            print("\ndevice guard violations:\n" + "\n".join(f"  {v}" for v in violations))
+        figure = (
+            f"Taken {time.strftime('%Y-%m-%d')} by `python benchmarks/run.py --device cuda` in "
+            f"{time.time() - begun:.0f} s (bound {CUDA_BOUND_S:.0f} s) on {gpu_name}; {machine.describe()}; one "
+            f"run of each side ({args.inactive_repeats} for the inactive row), CPU time, {args.threads} thread(s):"
+            f"\n\n{table(ctx.rows)}"
+        )
+        if args.figure:
+            Path(args.figure).write_text(figure + "\n")
+        if args.readme and not write_figure(Path(args.readme), figure):
+            print(f"{args.readme}: no {FIGURE_START} … {FIGURE_END} section; the figure was not written there")
     if args.json:
         Path(args.json).write_text(
             json.dumps(

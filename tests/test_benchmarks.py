@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks" / "inject")]
 
 import dlbench_floor
+import dlbench_guard
 import dlbench_probe
 
 from benchmarks import measure, projects, rows, run
@@ -396,6 +397,138 @@ def test_probe_watch_records_a_move_to_the_cpu():
         del torch.nn.Module._dlbench_patched
         dlbench_probe.MODELS.clear()
         dlbench_probe.MOVED.clear()
+
+
+# ---- the GPU run: the device guard, the bound, no CUDA ---------------------------------------------------
+
+#: check-like code, as pytest-dlcheck's would be: the guard attributes a call to the first frame outside torch
+PLUGIN_CODE = """\
+def clean_check(model, batch):
+    out = model(batch)
+    per_row = out.detach().sum(1).cpu()  # a value the check computed and reads: listed, not a violation
+    return out.sum().item(), per_row
+
+
+def copies_the_weights(model):
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def moves_the_model(model):
+    model.to("cpu")
+
+
+def leaves_the_model_elsewhere(model):
+    model.to("meta")
+"""
+
+
+def _plugin_code(tmp_path):
+    (tmp_path / "plug").mkdir()
+    (tmp_path / "plug" / "checkish.py").write_text(PLUGIN_CODE)
+    return _load(tmp_path / "plug" / "checkish.py", "dlbench_checkish"), (str(tmp_path / "plug") + "/",)
+
+
+def test_device_guard_catches_plugin_code_moving_or_copying_the_model_and_passes_a_clean_check(tmp_path):
+    # no GPU here: the guard watches the CPU (a test-only device filter), so every .cpu()/.to("cpu") of a
+    # tensor on it counts, and only the frame attribution and the model's storages decide
+    checks, roots = _plugin_code(tmp_path)
+    guard = dlbench_guard.Guard(device="cpu", roots=roots)
+    model = dlbench_guard.watch(torch.nn.Linear(4, 3))
+    batch = torch.randn(2, 4)
+    original = torch.Tensor.cpu, torch.Tensor.to, torch.nn.Module.cpu, torch.nn.Module.to
+    try:
+        with guard.active("clean"):
+            checks.clean_check(model, batch)
+            model.weight.detach().cpu()  # the test's (the user's) own code: not the plugin's, not recorded
+            batch.to("cpu")
+        assert guard.violations() == []
+        (clean,) = guard.transfers()
+        assert clean["site"].startswith("plug/checkish.py:3 clean_check") and clean["calls"] == 1
+        assert not clean["model"] and clean["shape"] == [2]
+        with guard.active("copies"):
+            checks.copies_the_weights(model)
+        with guard.active("moves"):
+            checks.moves_the_model(model)
+        with guard.active("leaves"):
+            checks.leaves_the_model_elsewhere(model)
+        found = guard.violations()
+        assert found[0].startswith("leaves: left Linear.weight on meta, Linear.bias on meta")
+        assert any(v.startswith("copies: plug/checkish.py:8 ") and "moved or copied a model" in v for v in found)
+        assert any(v.startswith("moves: plug/checkish.py:12 moves_the_model") and "Linear.to(cpu)" in v for v in found)
+        assert len(found) == 3
+    finally:
+        assert (torch.Tensor.cpu, torch.Tensor.to, torch.nn.Module.cpu, torch.nn.Module.to) == original
+        dlbench_guard._MODELS.clear()
+
+
+def test_device_guard_keeps_no_model_alive():
+    model = dlbench_guard.watch(torch.nn.Linear(2, 2, device="meta"))
+    assert [m for m, _ in dlbench_guard._models()] == [model]
+    del model
+    assert dlbench_guard._models() == [] and dlbench_guard._MODELS == []
+
+
+def test_generated_projects_put_the_model_on_the_benchmarks_device(tmp_path, monkeypatch):
+    mlp = projects.mlp_project(tmp_path, projects.MLP_SMALL)
+    monkeypatch.setenv("DLBENCH_DEVICE", "meta")  # as --device cuda sets it to cuda
+    try:
+        conf = _load(mlp.root / "clean" / "conftest.py", "dlbench_mlp_meta")
+        model = conf.make_training()["model"]
+        assert {p.device.type for p in model.parameters()} == {"meta"}
+        assert [(m, d) for m, d in dlbench_guard._models()] == [(model, "meta")]
+    finally:
+        dlbench_guard._MODELS.clear()
+    for source in (
+        (projects.loop_project(tmp_path, run.SMALL).root / "clean" / "conftest.py").read_text(),
+        (projects.vision_project(tmp_path, projects.RESNET_SMALL).root / "clean" / "conftest.py").read_text(),
+        (projects.memory_project(tmp_path, run.SMALL).root / "clean" / "conftest.py").read_text(),
+    ):
+        assert 'os.environ.get("DLBENCH_DEVICE", "cpu")' in source and "dlbench_guard.watch(" in source
+
+
+def test_device_cuda_without_cuda_says_so_in_one_line_and_exits_non_zero(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    proc = subprocess.run(
+        [PY, str(REPO / "benchmarks" / "run.py"), "--device", "cuda", "--workdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == run.NO_CUDA + "\n" and proc.stderr == ""
+    assert list(tmp_path.iterdir()) == []  # nothing was built
+
+
+def test_device_cuda_documents_its_bound_and_runs_the_realistic_rows(capsys):
+    with pytest.raises(SystemExit):
+        run.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--device {cpu,cuda}" in text and "8 minutes (480 s" in text and "exit 2" in text
+    args = run.parse_args(["--device", "cuda"])
+    assert args.only.split(",") == list(run.CUDA_SECTIONS) and (args.repeats, args.warmup) == (1, 0)
+    assert {"gpu", "realistic", "realistic-loop", "realistic-vision", "inactive", "scale"} == set(run.CUDA_SECTIONS)
+    assert run.CUDA_BOUND_S == 480 and "480 s" in (REPO / "benchmarks" / "README.md").read_text()
+
+
+def test_the_gpu_figure_fills_its_readme_section_and_the_guard_row_fails_on_a_violation(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"before\n{run.FIGURE_START}\nnot taken\n{run.FIGURE_END}\nafter\n")
+    assert run.write_figure(readme, "| a | b |")
+    assert readme.read_text() == f"before\n{run.FIGURE_START}\n| a | b |\n{run.FIGURE_END}\nafter\n"
+    assert not run.write_figure(tmp_path / "missing.md", "x")
+    ctx = run.Context(PY, tmp_path, 1, 0, 1, "cpu", False, device="cuda")
+    assert run.guard_row(ctx).ok is None  # nothing guarded: not judged
+    ctx.guard.append({"where": "llm: --dlcheck=llm", "violations": [], "transfers": [_transfer(False)]})
+    assert run.guard_row(ctx).ok is True and "1 calls" in run.guard_row(ctx).note
+    ctx.guard.append({"where": "loop: --dlcheck=ckpt", "violations": ["C2: left x on cpu"], "transfers": []})
+    row = run.guard_row(ctx)
+    assert row.ok is False and row.data["violations"] == ["loop: --dlcheck=ckpt: C2: left x on cpu"]
+
+
+def _transfer(model):
+    return {"item": "L1", "site": "checks/shared/lm.py:231 nll", "calls": 1, "bytes": 2**20, "model": model}
 
 
 # ---- the report ----------------------------------------------------------------------------------------
