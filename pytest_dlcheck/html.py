@@ -229,7 +229,22 @@ def cost_text(res: dict[str, Any]) -> str:
         for k, label in (("forward", "fwd"), ("backward", "bwd"), ("optimizer_steps", "steps"))
         if cost.get(k)
     ]
-    return (" · " + ", ".join(parts)) if parts else ""
+    return ((" · " + ", ".join(parts)) if parts else "") + time_text(res)
+
+
+def time_text(res: dict[str, Any]) -> str:
+    """The check's wall-time split (pytest_dlcheck.walltime): the user's work by category, the plugin's own,
+    the shared runs it made (timed apart) or waited for."""
+    t = res.get("time") or {}
+    if not t:
+        return ""
+    by = ", ".join(f"{c} {s:.2g}" for c, s in (t.get("user_by") or {}).items() if s > 0)
+    text = f" · user {t['user']:.2g}s" + (f" ({by})" if by else "") + f", plugin {t['plugin']:.2g}s"
+    if t.get("shared_made"):
+        text += f", made {esc(', '.join(t['shared_made']))} ({t['shared']:.2g}s, timed apart)"
+    if t.get("shared_waited"):
+        text += f", waited for {esc(', '.join(t['shared_waited']))}"
+    return text
 
 
 class Pictures:
@@ -393,7 +408,7 @@ def render(doc: dict[str, Any]) -> str:
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>pytest-dlcheck report</title>'
         f"<style>{CSS}</style></head><body>"
         f'<h1>pytest-dlcheck report</h1><div class="meta">{esc(doc["created"])} · selection {esc(doc["selection"])} · '
-        f"{doc['duration']:.1f}s · python {esc(doc['python'])} · {esc(versions)}</div>"
+        f"{doc['duration']:.1f}s{session_time_text(doc)} · python {esc(doc['python'])} · {esc(versions)}</div>"
         f'<div class="counts" id="summary">{counts}</div>{render_coverage(doc)}{note}'
         + "".join(body)
         + "</body></html>"
@@ -403,3 +418,11 @@ def render(doc: dict[str, Any]) -> str:
 def write_html(path: Path, doc: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(doc), encoding="utf-8")
+
+
+def session_time_text(doc: dict[str, Any]) -> str:
+    """The plugin's share of the checks' wall time (the shared runs' split included)."""
+    t = doc.get("time") or {}
+    if not t.get("checks"):
+        return ""
+    return f" (checks {t['checks']:.1f}s: user {t['user']:.1f}s, plugin {t['plugin']:.1f}s, {t['plugin_share']:.0%})"

@@ -17,8 +17,8 @@ from pytest_dlcheck.report import schema_path  # noqa: E402
 
 def test_each_check_reports_the_users_and_the_plugins_seconds(project, tmp_path):
     project.conftest(tt.loop_project())
-    out = tmp_path / "r.json"
-    run = project.run("--dlcheck=T1,T2,S1,S2", f"--dlcheck-json={out}", "--durations=0")
+    out, page = tmp_path / "r.json", tmp_path / "r.html"
+    run = project.run("--dlcheck=T1,T2,S1,S2", f"--dlcheck-json={out}", f"--dlcheck-report={page}", "--durations=0")
     doc = json.loads(out.read_text())
     jsonschema.validate(doc, json.loads(schema_path().read_text()))
     results = {r["id"]: r for r in doc["results"]}
@@ -41,6 +41,8 @@ def test_each_check_reports_the_users_and_the_plugins_seconds(project, tmp_path)
     assert "smoke run" not in results["S2"]["time"]["shared_made"]
     total = doc["time"]
     assert 0 <= total["plugin_share"] <= 1 and total["user"] + total["plugin"] <= total["checks"] + 1e-6, total
+    html = page.read_text()
+    assert "made smoke run (" in html and "waited for " in html and ", plugin " in html and "user " in html
     run.fnmatch(
         [
             "time:      T2 * s: user * s (forward *, backward *, step *), plugin * s*",
