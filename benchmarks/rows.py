@@ -130,6 +130,25 @@ def passes(m: Measurement) -> dict[str, int]:
     return total
 
 
+def time_split(m: Measurement) -> dict[str, float]:
+    """The checks' wall time split (pytest_dlcheck.cost.timing), summed over the items: the user's work
+    (forward, backward, steps, data, the user's callables and fixtures, in the checks and in the shared runs
+    they made) and the plugin's own (the rest), and the plugin's share of the checks' time."""
+    checks = user = 0.0
+    for item in m.info.get("probe", {}).get("items", {}).values():
+        t = item.get("time") or {}
+        checks += item.get("setup", 0.0) + item.get("call", 0.0) + item.get("teardown", 0.0)
+        user += sum((t.get("user") or {}).values())
+        user += sum(sum(run.get("user", {}).values()) for run in (t.get("shared_made") or {}).values())
+    user = min(user, checks)
+    return {
+        "checks": checks,
+        "user": user,
+        "plugin": checks - user,
+        "share": (checks - user) / checks if checks else 0.0,
+    }
+
+
 def check_of(nodeid: str, item: dict) -> str:
     """The check's ID: recorded by the probe, else the test name's prefix (``T2_overfit_batch`` → T2)."""
     return item.get("check") or nodeid.rsplit("::", 1)[-1].split("_")[0]

@@ -61,6 +61,7 @@ from benchmarks.rows import (
     phases,
     slowest,
     table,
+    time_split,
     work_by_check,
     work_by_domain,
 )
@@ -331,6 +332,12 @@ def bench_active(ctx: Context, domain: str) -> None:
         + "; slowest items: "
         + ", ".join(f"{n} {s:.1f}+{c:.1f} s" for n, s, c in slowest(mid))
     )
+    split = time_split(mid)  # the checks' time: the user's work and the plugin's own (its share)
+    if split["checks"]:
+        note += (
+            f"; the plugin's share of the checks' {split['checks']:.1f} s: {split['share']:.0%} "
+            f"(user {split['user']:.1f} s, plugin {split['plugin']:.1f} s)"
+        )
     if problem:
         note = f"NOT CLEAN: {problem}; " + note
     ctx.rows.append(

@@ -98,6 +98,8 @@ def pytest_runtest_logreport(report):
     info = next((v for k, v in report.user_properties if k == "dlcheck"), None)
     if isinstance(info, dict) and info.get("cost"):
         item["cost"] = info["cost"]  # pytest_dlcheck.cost: passes through the models, cumulative per item
+    if isinstance(info, dict) and info.get("time"):
+        item["time"] = info["time"]  # pytest_dlcheck.cost.timing: the user's seconds, the shared runs it made
     if isinstance(info, dict) and info.get("id"):
         item.update(check=info["id"], domain=info.get("domain"))
     if report.outcome != "passed" and item["outcome"] == "passed":
