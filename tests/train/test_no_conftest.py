@@ -223,3 +223,29 @@ def test_the_entry_module_and_the_builders_name_the_same_options_and_roles():
     registry.load_checks()
     assert builders.role_names() == set(ROLES)
     assert {r for _, roles, _ in builders.NAMED.values() for r in roles} <= set(ROLES)
+
+
+def test_a_builder_that_raises_is_one_error_naming_the_role(project):
+    write(
+        project.pytester,
+        {"mypkg/__init__.py": "", "mypkg/train.py": "def build_trainer():\n    raise ValueError('no data at /d')\n"},
+    )
+    run = project.run("--dlcheck=L11,T1", "--dlcheck-trainer=mypkg.train:build_trainer")
+    run.fnmatch(
+        [
+            "*the fixture raised ValueError: no data at /d (in build_trainer at*",
+            "*role      dlcheck_trainer*",
+            "*not run: fixture dlcheck_trainer raised ValueError (reported once*",
+        ]
+    )
+    run.result.assert_outcomes(errors=1, skipped=1)
+
+
+def test_a_run_that_does_not_reach_the_builders_file_says_where_the_checks_are(project):
+    trainer_project(project.pytester, pad="tiny.PAD")
+    project.pytester.makepyfile(**{"tests/test_user": "def test_one():\n    pass\n"})
+    run = project.run("tests", "--dlcheck=L11", "--dlcheck-trainer=mypkg.train:build_trainer")
+    run.result.assert_outcomes(passed=1)
+    run.fnmatch(["dlcheck: the checks of --dlcheck-trainer mypkg.train:build_trainer are collected at *train.py*"])
+    named = project.run("mypkg/train.py", "--dlcheck=L11", "--dlcheck-trainer=mypkg.train:build_trainer")
+    named.fnmatch(["mypkg/train.py::L11_eos_supervised PASSED*"])
