@@ -135,12 +135,17 @@ def _pipeline_inputs(dlcheck: Any, fresh: Any, batch: Any, size: int) -> tuple[A
         next((k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.is_floating_point()), None),
     )
     given = None if place is None else args[place] if isinstance(place, int) else kwargs[place]
-    if given is None or given.dim() < 1 or given.shape[0] != size:
+    if given is None:
+        shown = describe_batch(args[0] if len(args) == 1 else args) if args else ", ".join(map(str, kwargs))
         dlcheck.skip(
-            f"{name}.training_step calls {label} on "
-            + ("no float tensor" if given is None else f"a tensor of shape {tuple(given.shape)}")
-            + f", not on the {size} examples of the batch one by one: T4 cannot reproduce the input your pipeline "
-            f"gives {label}, so it does not judge"
+            f"{name}.training_step hands {label} no float tensor ({shown}): T4 differentiates the output against a "
+            "float input, so it does not judge this call"
+        )
+    if given.dim() < 1 or given.shape[0] != size:
+        dlcheck.skip(
+            f"{name}.training_step hands {label} a float tensor of shape {tuple(given.shape)}, not the {size} "
+            f"examples of the batch one by one: T4 cannot reproduce the input your pipeline gives {label} per "
+            "example, so it does not judge"
         )
     x = given.detach().clone().requires_grad_(True)
     if isinstance(place, int):
