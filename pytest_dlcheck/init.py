@@ -151,10 +151,10 @@ def detect(root: Path) -> Found:
 
     if where(LIGHTNING):
         found = Found("lightning", where(LIGHTNING))
-        builders = [(s, f) for s, f in _builders(sources, re.compile(r"LightningModule|\w+Module\(")) if s.tree]
         modules = _classes(sources, "LightningModule")
         datamodules = _classes(sources, "LightningDataModule")
-        made = [(s, f) for s, f in builders if any(re.search(rf"\b{c.name}\(", ast.unparse(f)) for _, c in modules)]
+        names = "|".join(re.escape(c.name) for _, c in modules)
+        made = _builders(sources, re.compile(rf"\b(?:{names})\(")) if modules else []
         if made:
             src, fn = made[0]
             found.roles["lightning_module"] = _call_fixture("lightning_module", src, fn.name, _required(fn))
@@ -214,11 +214,18 @@ def detect(root: Path) -> Found:
 
 
 def render(root: Path, found: Found) -> str:
-    where = ", ".join(str(p.relative_to(root)) for p in found.where[:3]) or "nothing"
+    where = ", ".join(str(p.relative_to(root)) for p in found.where[:3])
+    where = f"found in {where}" if where else "no training found in the source: a template"
     domains = DOMAINS.get(found.kind, "train,ckpt,smoke")
+    src = (
+        "The modules are imported from src/: install the package (pip install -e .) or set pythonpath = src "
+        "in the pytest ini.\n"
+        if any(p.relative_to(root).parts[0] == "src" for p in found.where)
+        else ""
+    )
     parts = [
-        f'"""Written by pytest --dlcheck-init for {KIND_WORDS[found.kind]} (found in {where}).\n'
-        f"Run the checks with: pytest --dlcheck={domains}\n"
+        f'"""Written by pytest --dlcheck-init for {KIND_WORDS[found.kind]} ({where}).\n'
+        f"Run the checks with: pytest --dlcheck={domains}\n{src}"
         "Roles marked TODO could not be filled from the source: fill them in (the checks needing them skip, "
         'naming the role, until then)."""\n\nimport pytest',
     ]

@@ -249,3 +249,31 @@ def test_a_run_that_does_not_reach_the_builders_file_says_where_the_checks_are(p
     run.fnmatch(["dlcheck: the checks of --dlcheck-trainer mypkg.train:build_trainer are collected at *train.py*"])
     named = project.run("mypkg/train.py", "--dlcheck=L11", "--dlcheck-trainer=mypkg.train:build_trainer")
     named.fnmatch(["mypkg/train.py::L11_eos_supervised PASSED*"])
+
+
+def test_init_writes_a_lightning_conftest_from_the_builder_function(project):
+    write(
+        project.pytester,
+        {
+            "proj/__init__.py": "",
+            "proj/model.py": """
+                import lightning.pytorch as pl
+
+                class Net(pl.LightningModule):
+                    def __init__(self, hidden):
+                        super().__init__()
+
+                class Data(pl.LightningDataModule):
+                    pass
+
+                def build_model(hidden=8):
+                    return Net(hidden)
+            """,
+        },
+    )
+    init = project.run("--dlcheck-init")
+    assert init.result.ret == 0
+    init.fnmatch(["*for a Lightning module: filled dlcheck_lightning_module, dlcheck_datamodule; TODO none*"])
+    written = (project.pytester.path / "conftest.py").read_text()
+    assert "from proj.model import build_model" in written and "return build_model()" in written
+    assert "from proj.model import Data" in written and "pytest --dlcheck=train,ckpt,smoke" in written
