@@ -274,7 +274,7 @@ __all__ = ["MISSING", "CheckContext"]
 
 
 #: the readable names of the shared runs, by their memo key's first part (the reports' "shared")
-SHARED_LABELS = {"smoke": "smoke run", "sample": "sampled batches", "derive": "derived role"}
+SHARED_LABELS = {"smoke": "smoke run", "sample": "sampled batches", "derive": "derived role", "resume": "resumed run"}
 
 
 def shared_label(key: str) -> str:

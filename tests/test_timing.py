@@ -72,3 +72,31 @@ def test_nested_user_time_counts_once_in_the_innermost_category():
         user = dict(clock.user)
     assert user["calls"] >= 0.015 and user["forward"] > 0 and user["backward"] > 0 and user["data"] > 0, user
     assert sum(user.values()) < 0.035, user  # the union: the forward is not also counted as the callable's
+
+
+SLOW = """
+    import time as _time
+
+    def _slow_collate(rows):
+        _time.sleep(0.1)  # the user's data loading, slow by construction
+        return torch.utils.data.default_collate(rows)
+
+    class SlowMLP(tt.MLP):
+        def forward(self, x):
+            _time.sleep(0.05)  # the user's forward, slow by construction
+            return super().forward(x)
+"""
+
+
+def test_the_users_slow_work_is_charged_to_the_user_not_to_the_plugin(project, tmp_path):
+    """A slow collate and a slow forward of the user's: their seconds are the user's data and forward time,
+    and the plugin's share is what is left (a twin of the same checks on the fast pipeline has none of it)."""
+    loader = "torch.utils.data.DataLoader(tt.blobs(16), batch_size=8, collate_fn=_slow_collate)"
+    project.conftest(tt.loop_project(model="SlowMLP()", loader=loader, extra=SLOW))
+    out = tmp_path / "r.json"
+    project.run("--dlcheck=T1", f"--dlcheck-json={out}")
+    t1 = next(r for r in json.loads(out.read_text())["results"] if r["id"] == "T1")
+    assert t1["outcome"] == "passed", t1
+    by, t = t1["time"]["user_by"], t1["time"]
+    assert by.get("data", 0) >= 0.09 and by.get("forward", 0) >= 0.045, t
+    assert t["plugin"] <= t1["duration"] - 0.135, t  # the user's 0.15 s are not the plugin's
