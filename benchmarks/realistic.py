@@ -45,6 +45,7 @@ from benchmarks.rows import (
     outcomes,
     passes,
     peak_item,
+    time_split,
     work_by_check,
     work_by_domain,
 )
@@ -109,7 +110,13 @@ def bench_project(ctx: Any, section: str, project: Any, selection: str, figure: 
         f"train/ckpt/smoke: {steps} optimizer steps"
         + "".join(f"; {d}: {n} forward passes" for d, n in forward.items())
         + f"; by check: {fmt_by_check(by_check)}; time {fmt_time(a)} vs floor {fmt_time(b)} ({text}); "
-        f"peak RSS {a.max_rss_mb:.0f} MiB vs floor {b.max_rss_mb:.0f} MiB ({extra:+.0f} MiB = {copies:+.2f} copies "
+        + (  # the checks' time: the user's work and the plugin's own (its share)
+            f"the plugin's share of the checks' {split['checks']:.1f} s: {split['share']:.0%} "
+            f"(user {split['user']:.1f} s, plugin {split['plugin']:.1f} s); "
+            if (split := time_split(mid))["checks"]
+            else ""
+        )
+        + f"peak RSS {a.max_rss_mb:.0f} MiB vs floor {b.max_rss_mb:.0f} MiB ({extra:+.0f} MiB = {copies:+.2f} copies "
         f"of {what})" + (f"; the peak was reached during {at_peak[0]}" if (at_peak := peak_item(mid)) else "")
     )
     if over:
