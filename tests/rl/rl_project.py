@@ -11,7 +11,7 @@ from helpers import flat
 
 ITEM_RE = re.compile(r"^(\S+)/conftest\.py::([A-Z]+\d+)_\w+ (PASSED|FAILED|SKIPPED|ERROR)", re.M)
 HEADER_RE = re.compile(r"^_+ ([A-Z]+\d+) .*? _+$", re.M)  # long titles leave only 2 underscores
-SKIP_RE = re.compile(r"^SKIPPED \[\d+\] (\S+)/conftest\.py:\d+: (.*)$", re.M)
+SKIP_RE = re.compile(r"^SKIPPED \[\d+\] (\S+)/conftest\.py(?::\d+|::\w+): (.*)$", re.M)
 
 
 class MultiRun:
