@@ -50,7 +50,13 @@ def run_project(pytester: pytest.Pytester, name: str) -> list[dict]:
     text = result.stdout.str()
     assert "INTERNALERROR" not in text, text[-5000:]
     assert report.is_file(), text[-3000:]
-    return json.loads(report.read_text())["results"]
+    doc = json.loads(report.read_text())
+    # the wall-time split (issue 33): every check's user and plugin seconds, at most its duration
+    for r in doc["results"]:
+        t = r["time"]
+        assert t["user"] + t["plugin"] + t["shared"] <= r["duration"] + 1e-6, (r["id"], t, r["duration"])
+    assert {"checks", "user", "plugin", "plugin_share"} <= set(doc["time"]) and isinstance(doc["shared"], dict)
+    return doc["results"]
 
 
 @pytest.mark.slow
