@@ -527,6 +527,22 @@ def test_the_gpu_figure_fills_its_readme_section_and_the_guard_row_fails_on_a_vi
     assert row.ok is False and row.data["violations"] == ["loop: --dlcheck=ckpt: C2: left x on cpu"]
 
 
+def test_the_bound_stops_a_run_past_it_and_keeps_the_rows_taken(tmp_path):
+    import time
+
+    (tmp_path / "test_slow.py").write_text("import time\n\ndef test_slow():\n    time.sleep(60)\n")
+    ctx = run.Context(PY, tmp_path, 1, 0, 1, "cpu", False, device="cuda", deadline=time.time() + 3)
+    ctx.rows.append(rows.Row("inactive", "taken before", "-", "-", "-", "-", True, ""))
+    stopped = []
+    started = time.time()
+    with run._stop_on_bound(stopped):
+        ctx.pytest(tmp_path, ["-p", "no:dlcheck", "test_slow.py"], ctx.env())()
+    assert time.time() - started < 30 and len(stopped) == 1 and str(stopped[0]).startswith("during ")
+    with pytest.raises(run.BoundExceeded, match="^before "):  # past the bound, nothing more starts
+        ctx.pytest(tmp_path, ["test_slow.py"], ctx.env())()
+    assert [r.figure for r in ctx.rows] == ["taken before"]
+
+
 def _transfer(model):
     return {"item": "L1", "site": "checks/shared/lm.py:231 nll", "calls": 1, "bytes": 2**20, "model": model}
 
