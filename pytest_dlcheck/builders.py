@@ -260,23 +260,40 @@ class BuilderPlugin:
     def __init__(self, builders: list[Builder]) -> None:
         self.builders = builders
         self.home = next((b.origin for b in builders if b.origin is not None), None)
+        self.conflict = False
         self.fixtures = types.ModuleType("pytest_dlcheck.builders.fixtures")
         for builder in builders:
             for role in builder.roles:
                 setattr(self.fixtures, f"dlcheck_{role}", _fixture(builder, role))
 
     def pytest_collect_file(self, file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-        if self.home is None or file_path != self.home:
-            return None
         from . import plugin  # as the entry point imports it (the module whose hooks are registered)
 
+        if file_path.name == "conftest.py":
+            # a conftest.py's own role fixture would override the one named on the command line for every
+            # check that sees it (the builder's checks too): two sources for one role is a mistake to say
+            twice = sorted(plugin._role_fixtures(parent.config, file_path) & set(vars(self.fixtures)))
+            if twice:
+                named = [f"{b.option} {b.text}" for b in self.builders if set(b.roles) & {t[8:] for t in twice}]
+                self.conflict = True
+                raise parent.CollectError(
+                    f"{file_path}: defines {', '.join(twice)}, which {'; '.join(named)} names too: keep one of them"
+                )
+        if self.home is None or file_path != self.home:
+            return None
         return plugin.DlcheckFile.from_parent(parent, path=file_path)
 
     def pytest_report_collectionfinish(self, config: pytest.Config) -> list[str] | None:
         from .session import STATE_KEY
 
         state = config.stash.get(STATE_KEY, None)
-        if state is None or not state.selected or self.home is None or str(self.home) in state.role_files:
+        if (
+            self.conflict
+            or state is None
+            or not state.selected
+            or self.home is None
+            or str(self.home) in state.role_files
+        ):
             return None
         first = self.builders[0]
         return [

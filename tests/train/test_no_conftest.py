@@ -277,3 +277,16 @@ def test_init_writes_a_lightning_conftest_from_the_builder_function(project):
     written = (project.pytester.path / "conftest.py").read_text()
     assert "from proj.model import build_model" in written and "return build_model()" in written
     assert "from proj.model import Data" in written and "pytest --dlcheck=train,ckpt,smoke" in written
+
+
+def test_a_role_named_by_an_option_and_by_a_conftest_is_a_collection_error(project):
+    trainer_project(project.pytester, pad="tiny.PAD")
+    project.conftest(SAME_AS_CONFTEST)
+    run = project.run("--dlcheck=L11", "--dlcheck-trainer=mypkg.train:build_trainer")
+    assert run.result.ret != 0
+    run.fnmatch(
+        [
+            "*conftest.py: defines dlcheck_trainer, which --dlcheck-trainer mypkg.train:build_trainer names too: keep one*"
+        ]
+    )
+    assert "PASSED" not in run.text
