@@ -710,7 +710,7 @@ def guard_row(ctx: Context) -> Row:
     )
     return Row(
         "gpu",
-        f"device guard: every check's model stays on {ctx.device}; no check copies its weights to the CPU",
+        f"device guard: every check's model stays on {ctx.device}; no check moves it or copies its weights to the CPU",
         f"{len(violations)} violations",
         "-",
         "-",
