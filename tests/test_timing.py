@@ -100,3 +100,16 @@ def test_the_users_slow_work_is_charged_to_the_user_not_to_the_plugin(project, t
     by, t = t1["time"]["user_by"], t1["time"]
     assert by.get("data", 0) >= 0.09 and by.get("forward", 0) >= 0.045, t
     assert t["plugin"] <= t1["duration"] - 0.135, t  # the user's 0.15 s are not the plugin's
+
+
+def test_a_shared_run_made_inside_a_check_leaves_the_check_s_clock_running():
+    """Clocks are told apart by identity: a shared run made before any user time was charged (both clocks
+    still empty, equal by value) must close its own clock, not the check's (V3 ended in 'list.remove(x): x
+    not in list' when the two compared equal)."""
+    from pytest_dlcheck import cost
+
+    with cost.timing() as check_clock:
+        with cost.shared_run("probe", "V3"):
+            pass
+        assert cost._clocks == [check_clock] and cost._clocks[0] is check_clock
+    assert "probe" in check_clock.made and not cost._clocks
