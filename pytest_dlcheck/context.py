@@ -113,6 +113,12 @@ class CheckContext:
         if ctx.state.twin and check.needs_real_weights:
             ctx.not_applicable(f"with --dlcheck-twin: {check.needs_real_weights}, not a tiny twin's")
         try:
+            kind = registry.wrong_kind(check.domain, ctx)
+        except RoleError:
+            kind = None  # a role that raises is reported where the check needs it
+        if kind:
+            ctx.not_applicable(kind)
+        try:
             ctx.require(*check.roles)
         except RoleError as exc:
             if getattr(exc, "fixture", None):

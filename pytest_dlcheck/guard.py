@@ -118,9 +118,19 @@ def preserved_dataloader(dl: Any) -> Iterator[Any]:
             gens.append((gen, gen.get_state()))
         if owner is not None and hasattr(owner, "__dict__"):
             counters += [(owner, name, owner.__dict__.get(name, _ABSENT)) for name in EPOCH_COUNTERS]
+    # an Accelerate-prepared loader registers itself in the process-wide GradientState while iterated and leaves
+    # only at its end: a partial read would leave it "active" (its end_of_dataloader then decides every later
+    # accumulate() of the user's Accelerator): put the registrations back as they were
+    grad_state = getattr(dl, "gradient_state", None)
+    references = list(getattr(grad_state, "dataloader_references", None) or []) if grad_state is not None else None
+    loader_flags = {n: dl.__dict__[n] for n in ("end_of_dataloader", "remainder") if n in getattr(dl, "__dict__", {})}
     try:
         yield dl
     finally:
+        if references is not None:
+            grad_state.dataloader_references = references
+        for name, value in loader_flags.items():
+            dl.__dict__[name] = value
         for gen, state in gens:
             gen.set_state(state)
         for owner, name, value in counters:

@@ -86,6 +86,7 @@ _CHECKS: dict[str, Check] = {}
 #: pipeline of another kind hears "not applicable" rather than a request for a fixture that would not make
 #: the check run (a vision project is not asked for a tokenizer); registered by the domain's package
 _APPLICABILITY: dict[str, Callable[[Any], str | None]] = {}
+_KIND_RULES: dict[str, Callable[[Any], str | None]] = {}
 
 
 def applicability(domain: str) -> Callable[[Callable[[Any], str | None]], Callable[[Any], str | None]]:
@@ -96,6 +97,23 @@ def applicability(domain: str) -> Callable[[Callable[[Any], str | None]], Callab
         return fn
 
     return register
+
+
+def kind_rule(domain: str) -> Callable[[Callable[[Any], str | None]], Callable[[Any], str | None]]:
+    """Register the predicate that tells, before any of ``domain``'s checks runs, that the pipeline is of a
+    kind the domain never concerns (a diffusers denoiser for the llm checks), decided from the objects."""
+
+    def register(fn: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+        _KIND_RULES[domain] = fn
+        return fn
+
+    return register
+
+
+def wrong_kind(domain: str, ctx: Any) -> str | None:
+    """Why ``domain``'s checks never concern this kind of pipeline, or None."""
+    fn = _KIND_RULES.get(domain)
+    return fn(ctx) if fn is not None else None
 
 
 def not_concerned(domain: str, ctx: Any) -> str | None:

@@ -1,7 +1,7 @@
 """Checks of causal-LM data and training (SFT, DPO, GRPO, pretraining)."""
 
 from ...errors import MISSING
-from ...registry import applicability
+from ...registry import applicability, kind_rule
 from ...roles import role
 
 role(
@@ -31,4 +31,18 @@ def concerns_token_data(ctx) -> str | None:
     from ...sampling import get_sample
 
     get_sample(ctx)  # not applicable when its batches are no token batches; else the role is really missing
+    return None
+
+
+@kind_rule("llm")
+def not_a_language_model(ctx) -> str | None:
+    """A diffusion training whose model is a diffusers denoiser is no language model: its token ids are captions
+    for a text encoder, never the model's own inputs (decided from the model's library, not its name)."""
+    for name in ("model", "unet"):
+        model = ctx.role(name)
+        if model is not MISSING and type(model).__module__.startswith("diffusers."):
+            return (
+                f"dlcheck_{name} is a diffusers {type(model).__name__}: the batches' token ids are captions for its "
+                "text encoder, not a language model's inputs (the llm checks concern language models)"
+            )
     return None

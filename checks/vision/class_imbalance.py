@@ -110,7 +110,7 @@ def _own_loss(dlcheck: Any) -> tuple[str | None, str | None]:
         ),
         Setting(
             "false_alarm",
-            1e-3,
+            1e-6,
             "when the labels are a sample (no cheap targets), the probability of failing a dataset whose true "
             "ratio is within max_ratio: an exact binomial test of the two extreme classes' counts, Bonferroni over "
             "the class pairs. A few hundred labels over 40 balanced classes show 13:1 by chance",
@@ -131,7 +131,7 @@ def check_class_imbalance(dlcheck):
         through Subsets, or a datasets label column), else from up to 256 examples read at spread
         positions — and fails when the most frequent class outnumbers the least frequent by more than
         10:1 (when the labels are a sample, by more than chance shows: an exact binomial test of the two
-        extreme counts at 10:1, Bonferroni over the class pairs, false alarm ≤ 1e-3, so a balanced
+        extreme counts at 10:1, Bonferroni over the class pairs, false alarm ≤ 1e-6, so a balanced
         40-class dataset read through a sample passes; a sample that cannot tell is read again, four
         times larger, and skips as not conclusive if it still cannot) while dlcheck_loss_fn has no class weights (weight, pos_weight, alpha, focal loss) and the
         dataloader does not sample with a WeightedRandomSampler. A transformers Trainer user without a loss

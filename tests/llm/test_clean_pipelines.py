@@ -134,7 +134,8 @@ def test_clean_sft_trainer_reports_what_each_check_measured(project, tmp_path):
     assert evidence["L4"].startswith("not applicable: no packed row among the 8 sampled rows")
     assert evidence["L7"][0].startswith("eval_loss averages the NLL over the 86 supervised (label != -100)")
     assert (
-        evidence["L9"] == "not applicable: SFTTrainer is not a preference (DPO) trainer: L9 concerns TRL's DPOTrainer"
+        evidence["L9"]
+        == "not applicable: SFTTrainer is not a preference trainer with a reference model: L9 concerns TRL's DPOTrainer and KTOTrainer"
     )
     assert evidence["L11"] == ["8 of 8 sampled documents end with a supervised stop token (<|endoftext|>)"]
     assert evidence["L14"][0].startswith("8 of 8 sampled rows: attention_mask is 0 on the 48 padding positions only")

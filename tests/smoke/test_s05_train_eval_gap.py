@@ -81,7 +81,7 @@ def test_an_exploded_run_is_not_passed_as_generalising(project):
     run.assert_outcome("S5", "skipped")
     run.fnmatch(
         [
-            "*S5 not judged: the smoke run diverged (* S2 fails it): the eval/train gap of a diverged model is no sign "
+            "*S5_train_eval_gap: not judged: the smoke run diverged (* S2 fails it): the eval/train gap of a diverged model is no sign "
             "of memorisation or of different eval data (see S2, and the learning rate)*"
         ]
     )
