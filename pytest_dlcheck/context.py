@@ -112,10 +112,13 @@ class CheckContext:
         request.addfinalizer(ctx.release)
         if ctx.state.twin and check.needs_real_weights:
             ctx.not_applicable(f"with --dlcheck-twin: {check.needs_real_weights}, not a tiny twin's")
+        read = dict(ctx._roles)
         try:
             kind = registry.wrong_kind(check.domain, ctx)
         except RoleError:
             kind = None  # a role that raises is reported where the check needs it
+        if not kind:
+            ctx._roles = read  # what the kind rule looked at is not what the check read
         if kind:
             ctx.not_applicable(kind)
         try:

@@ -236,9 +236,11 @@ UNET_WITH_TEXT = """
 
 
 def test_a_unet_is_not_called_on_token_batches(project):
-    """The model-call rule: a UNet's forward takes noisy latents, timesteps and text states, not the
-    caption batch; L6 is not applicable instead of blaming dlcheck_model for raising."""
+    """A UNet's forward takes noisy latents, timesteps and text states, not the caption batch: the llm domain's
+    kind rule (a diffusers denoiser is no language model) makes L6 not applicable before anything calls the
+    model, instead of blaming dlcheck_model for raising."""
     project.conftest(UNET_WITH_TEXT)
     run = project.run("--dlcheck=L6", "-rs")
     run.assert_outcome("L6", "skipped")
-    run.fnmatch(["*not applicable: UNet2DConditionModel.forward requires sample, timestep, encoder_hidden_states*"])
+    run.fnmatch(["*not applicable: dlcheck_model is a diffusers UNet2DConditionModel: *not a language model's inputs*"])
+    assert "raised" not in run.text

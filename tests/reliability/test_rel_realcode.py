@@ -26,6 +26,39 @@ import ledger  # noqa: E402
 PROJECTS = ledger.PROJECTS
 
 
+#: libraries whose public names load lazily (transformers' and TRL's _LazyModule): the classes a corpus project
+#: pickles (its Trainer's args: RewardConfig, KTOConfig, ...) must be the ones in sys.modules
+LAZY = ("transformers", "trl")
+
+
+@pytest.fixture(autouse=True)
+def settled_lazy_modules():
+    """Each project runs in-process under pytester, which forgets the modules a run imported. A lazily exposed
+    class imported during an earlier run stays cached on its package while its module was forgotten and is
+    imported anew by the next run: two classes of one name, and torch.save refuses to pickle the Trainer's
+    args ("it's not the same object as trl...RewardConfig"). Import the lazy classes here, before pytester takes
+    its snapshot, and point each package's cache at the module sys.modules holds."""
+    import importlib
+
+    for package in LAZY:
+        try:
+            pkg = importlib.import_module(package)
+        except ImportError:
+            continue
+        for name in getattr(pkg, "__all__", None) or ():
+            if not (name.endswith(("Trainer", "TrainingArguments")) or package == "trl" and name.endswith("Config")):
+                continue  # (transformers' thousand model configs are not what the Trainers pickle)
+            try:
+                cls = getattr(pkg, name)
+                module = importlib.import_module(cls.__module__)
+            except Exception:  # noqa: BLE001 - an optional backend's class: not the corpus's
+                continue
+            fresh = getattr(module, name, cls)
+            if fresh is not cls:
+                setattr(pkg, name, fresh)
+    yield
+
+
 def registry_ids() -> list[str]:
     from pytest_dlcheck.registry import load_checks
 

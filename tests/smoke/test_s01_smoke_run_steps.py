@@ -78,6 +78,13 @@ ACCELERATE = """
 
     @pytest.fixture(scope="session")
     def dlcheck_make_training():
+        # a fresh process, as a user's script starts: this in-process run shares the test process with earlier
+        # in-process runs, and Accelerate keeps its GradientState (the active dataloaders whose end decides
+        # accumulate()'s sync) in process-wide singletons
+        from accelerate.state import AcceleratorState, GradientState
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
         def make():
             acc = Accelerator(cpu=True, gradient_accumulation_steps=4)
             model = nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 3))
