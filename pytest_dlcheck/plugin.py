@@ -17,7 +17,7 @@ from .errors import CheckFailed, RoleError
 from .isolation import CheckTimeout, as_user, check_frame, checking, hypothesis_home, time_bound
 from .outcome import explain, internal_note, render_failure, render_role_error, timeout_rendered
 from .property import run_property
-from .report import PROPERTY, Results, partly_judged_text, payload
+from .report import PROPERTY, Results, partly_judged_text, payload, status_text
 from .roles import ROLES
 from .session import (
     ARTIFACTS_KEY,
@@ -430,25 +430,3 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
     tail = partly_judged_text(not_judged)  # a partly judged pass says which part it left, whatever the length
     text = status_text(text) + ("; " if tail and text else "") + tail
     return "passed", ".", (f"PASSED ({text})", {"green": True})
-
-
-#: where the whole evidence of a pass is, when the -v line shows only its first clauses
-MORE = "… (-rA)"
-
-
-def status_text(text: str, limit: int = 160) -> str:
-    """The evidence beside ``PASSED``: whole up to ``limit`` characters (the terminal wraps it), else up to the
-    last clause that fits, cut where a clause ends outside parentheses ("; ", ", ", ": ", " (") and never
-    inside a word, a number or a parenthesis, with a pointer to ``-rA``, which prints the whole evidence (as
-    the JSON report keeps it)."""
-    if len(text) <= limit:
-        return text
-    room = limit - len(MORE) - 1
-    depth, cut = 0, 0
-    for i, ch in enumerate(text[: room + 1]):
-        if ch == " " and depth == 0 and (text[i - 1 : i] in (";", ",", ":") or text[i + 1 : i + 2] == "("):
-            cut = i
-        depth += {"(": 1, ")": -1}.get(ch, 0)
-    if cut < 12:  # no clause worth showing: the pointer alone
-        return "evidence: -rA"
-    return f"{text[:cut].rstrip(' ,;:')} {MORE}"

@@ -378,7 +378,7 @@ class Results:
         for cid, where, reason in infos:
             text = reason[len("info:") :].strip()
             text = f"{cid} ({where}) {text}" if several else f"{cid} {text}"
-            tr.write_line(f"info:      {text if len(text) <= 200 else text[:199] + '…'}")
+            tr.write_line(f"info:      {status_text(text, 200)}")  # cut where a clause ends, never in a word
         spent = {k: sum(r.cost.get(k, 0) for r in self.results.values()) for k in ("forward", "backward")}
         steps = sum(r.cost.get("optimizer_steps", 0) for r in self.results.values())
         if spent["forward"] or steps:
@@ -482,3 +482,25 @@ def schema_path() -> Path:
 def _id_order(cid: str) -> tuple:
     checks = registry.load_checks()
     return checks[cid].sort_key if cid in checks else (99, cid, 0)
+
+
+#: where the whole evidence of a pass is, when the -v line shows only its first clauses
+MORE = "… (-rA)"
+
+
+def status_text(text: str, limit: int = 160) -> str:
+    """The evidence beside ``PASSED``: whole up to ``limit`` characters (the terminal wraps it), else up to the
+    last clause that fits, cut where a clause ends outside parentheses ("; ", ", ", ": ", " (") and never
+    inside a word, a number or a parenthesis, with a pointer to ``-rA``, which prints the whole evidence (as
+    the JSON report keeps it)."""
+    if len(text) <= limit:
+        return text
+    room = limit - len(MORE) - 1
+    depth, cut = 0, 0
+    for i, ch in enumerate(text[: room + 1]):
+        if ch == " " and depth == 0 and (text[i - 1 : i] in (";", ",", ":") or text[i + 1 : i + 2] == "("):
+            cut = i
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+    if cut < 12:  # no clause worth showing: the pointer alone
+        return "evidence: -rA"
+    return f"{text[:cut].rstrip(' ,;:')} {MORE}"

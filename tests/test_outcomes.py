@@ -117,3 +117,42 @@ def test_information_items_of_other_domains_do_not_speak_to_an_llm_pipeline(proj
         run.assert_outcome(cid, "skipped")
     assert "info:" not in run.text.split("dlcheck summary")[-1]
     run.fnmatch(["*n/a:*no reinforcement learning in the given fixtures*(2 checks)*"])
+
+
+def test_an_info_line_in_the_summary_is_cut_where_a_clause_ends(project, monkeypatch):
+    """An info item's summary line longer than the line allows ends at a clause with a pointer to -rA, never
+    inside a word (it was cut at character 199: 'after a short run: n…')."""
+    monkeypatch.setattr(registry, "_CHECKS", dict(registry._CHECKS))
+    monkeypatch.setattr(entry, "_packs", lambda: True)
+    project.conftest(
+        NOT_APPLICABLE
+        + """
+    import pytest
+    from pytest_dlcheck.registry import check
+
+    @check("L98", domain="llm", title="an information item", roles=("tokenizer",))
+    def check_info(dlcheck):
+        '''Reports a number.
+
+        What it does
+            x
+        Why it is bad
+            x
+        Example
+            x
+        Use instead
+            x
+        Known problems
+            x
+        Not applicable
+            x
+        '''
+        pytest.skip("info: mean log Z 5.78 (range 5.76 to 5.8, 55 positions) on the sampled batches with the "
+                    "current weights; ln(vocabulary 320) = 5.77; after a short run: not measured, select the "
+                    "smoke checks (S1-S3) to measure log Z after a short run of your training")
+    """
+    )
+    run = project.run("--dlcheck=L98")
+    line = next(x for x in run.text.splitlines() if x.startswith("info:"))
+    assert line.endswith("… (-rA)"), line
+    assert line.startswith("info:      L98 mean log Z 5.78") and "after a short run: n…" not in line, line

@@ -356,7 +356,7 @@ def test_short_skip_lines_name_the_check(project):
 
 
 def test_the_evidence_beside_passed_is_never_cut_inside_a_clause():
-    from pytest_dlcheck.plugin import status_text
+    from pytest_dlcheck.report import status_text
 
     short = "8 of 8 sampled documents end with a supervised stop token (<|endoftext|>)"
     assert status_text(short) == short
