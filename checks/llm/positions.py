@@ -139,6 +139,34 @@ def position_limit(cfg: dict) -> Limit | None:
     return max((_rope_limit(mpe, params) for params in groups.values()), key=lambda lim: lim.positions)
 
 
+def confirmed_by_modules(model: Any, limit: Limit) -> tuple[Limit | None, str | None]:
+    """A config without rope settings declares a limit (``n_positions``, ``max_position_embeddings``) that
+    only binds when the model really numbers positions: a learned table with that many rows (GPT-2's
+    ``wpe``, BERT's ``position_embeddings``, OPT's table of N + 2 rows) or a rotary embedding whose
+    settings the config leaves implicit. A model with neither (T5's relative-attention buckets, which
+    t5-small's legacy ``n_positions`` 512 does not describe) has no position past which anything breaks:
+    (None, why) then. Decided from the modules, not from the model's name."""
+    import torch
+
+    n = limit.positions
+    words = getattr(model, "get_input_embeddings", lambda: None)()
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Embedding) and module is not words and n <= module.num_embeddings <= n + 2:
+            return Limit(
+                n,
+                f"{limit.how.split(' (')[0]} (learned absolute position embeddings: {name} has "
+                f"{module.num_embeddings} rows)",
+                False,
+            ), None
+    for name, module in model.named_modules():
+        if "rotary" in type(module).__name__.lower():
+            return Limit(n, f"{limit.how.split(' (')[0]} (rotary embeddings, {name})", True), None
+    return None, (
+        f"the config declares {n} positions, but {type(model).__name__} has no position table of that size and "
+        "no rotary embedding (relative positions)"
+    )
+
+
 def _rope_limit(mpe: int, params: dict) -> Limit:
     rope_type = params.get("rope_type", "default")
     factor = params.get("factor")
@@ -284,7 +312,9 @@ def check_positions(dlcheck):
         passes. Without data and without an inference config the check skips.
     Not applicable
         Models whose config declares no position limit (ALiBi, relative positions) when no
-        dlcheck_inference_config is given: there is no limit to exceed and no rope to compare.
+        dlcheck_inference_config is given: there is no limit to exceed and no rope to compare. A config
+        without rope settings binds only when the model holds a learned position table of that size or a
+        rotary embedding: T5's legacy n_positions (relative-attention buckets, no table) binds nothing.
     """
     model = dlcheck.require("model")[0]
     tok = dlcheck.role("tokenizer")
@@ -292,12 +322,17 @@ def check_positions(dlcheck):
     if train_cfg is None:
         dlcheck.skip(f"{type(model).__name__} has no config to read positions from")
     limit = position_limit(train_cfg)
+    no_table = None
+    if limit is not None and not limit.rope:
+        limit, no_table = confirmed_by_modules(model, limit)
     evidence, causes, fixes, decided, reasons = [], [], [], False, []
     lines, numbers = [], {}  # what a pass measured
 
     # ---- (1) training lengths against the limit ---------------------------------------------------
     measured = _measure(dlcheck)
-    if limit is None:
+    if no_table is not None:
+        reasons.append(no_table)
+    elif limit is None:
         reasons.append(
             f"{train_cfg.get('model_type', type(model).__name__)} config declares no max_position_embeddings"
         )
@@ -392,8 +427,8 @@ def check_positions(dlcheck):
     if not decided:
         if limit is None and infer is MISSING:
             dlcheck.not_applicable(
-                f"{reasons[0]} (ALiBi or relative positions): no position limit to exceed and no rope settings "
-                "to compare"
+                f"{reasons[0]}{'' if no_table else ' (ALiBi or relative positions)'}: no position limit to exceed "
+                "and no rope settings to compare"
             )
         dlcheck.skip("; ".join(reasons))
     dlcheck.measured(*lines, *[f"not checked: {r}" for r in reasons], **numbers)

@@ -55,7 +55,9 @@ def test_gpt2_rows_past_its_position_table_fail(project):
     run = project.run("--dlcheck=L5")
     run.assert_outcome("L5", "failed")
     text = flat(run.section("L5"))
-    assert "> 64 = max_position_embeddings 64 (learned absolute position embeddings)" in text
+    assert (
+        "> 64 = max_position_embeddings 64 (learned absolute position embeddings: transformer.wpe has 64 rows)" in text
+    )
     assert "positions beyond the table do not exist" in text
 
 
@@ -268,3 +270,24 @@ def test_rope_settings_normalize_across_layouts():
     }
     assert rope_settings(per_layer)["full_attention.factor"] == 2.0
     assert position_limit(per_layer).positions == 128
+
+
+def test_t5_legacy_n_positions_binds_nothing(project):
+    # t5-small's config.json carries a legacy n_positions 512, but T5 places tokens with relative-attention
+    # buckets: no table to index past, so 128-token rows on "64 positions" are no finding (run_summarization)
+    project.conftest(
+        LONG_ROWS.format(arch="llama", size="", overrides={}).replace(
+            "return tiny.llama(dlcheck_tokenizer, , **{})",
+            "from transformers import T5Config, T5ForConditionalGeneration\n"
+            "        return T5ForConditionalGeneration(T5Config(vocab_size=len(dlcheck_tokenizer), d_model=32, d_ff=64, "
+            "d_kv=8, num_layers=1, num_heads=4, n_positions=64, decoder_start_token_id=0))",
+        )
+    )
+    run = project.run("--dlcheck=L5")
+    run.fnmatch(
+        [
+            "*::L5_positions SKIPPED (not applicable: *",
+            "SKIPPED * not applicable: the config declares 64 positions, but T5ForConditionalGeneration has no "
+            "position table of that size and no rotary embedding (relative positions)*",
+        ]
+    )
