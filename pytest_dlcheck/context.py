@@ -196,8 +196,20 @@ class CheckContext:
             parts = ([f"define fixture {'; '.join(missing)} in conftest.py"] if missing else []) + [
                 f"{n} returned None" for n in nones
             ]
-            pytest.skip(f"{MISSING_ROLE} {'; '.join(parts)}")
+            pytest.skip(self._where(f"{MISSING_ROLE} {'; '.join(parts)}"))
         return values
+
+    def _where(self, reason: str) -> str:
+        """A missing role's words for where roles come from in this run: with roles named on the command
+        line (``--dlcheck-trainer``, ``--dlcheck-role``) and no conftest.py, "in conftest.py" alone would
+        send the user to a file they do not have."""
+        if " in conftest.py" not in reason or not self.request.config.pluginmanager.has_plugin("dlcheck-builders"):
+            return reason
+        return reason.replace(
+            " in conftest.py",
+            " in conftest.py, or name it on the command line (--dlcheck-role=NAME=module:callable)",
+            1,
+        )
 
     def call(self, role: str, fn: Callable[[], Any], synthetic: bool | str = False) -> Any:
         """Run a user's object; its exceptions are reported as that role's error, not as a plugin crash.
@@ -273,6 +285,7 @@ class CheckContext:
             other = registry.not_concerned(self.check.domain, self)
             if other:
                 self.not_applicable(other)
+            reason = self._where(reason)
         pytest.skip(reason)
 
     def __repr__(self) -> str:
