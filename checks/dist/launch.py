@@ -35,7 +35,7 @@ from ...training.runs import unwrap_prepared
 TORCH_DEFAULT_SEED = 67280421310721
 #: models up to this many elements have their tensors sent back (max |diff| in the evidence), else digests
 SMALL_MODEL = 4_000_000
-STAGES = ("train", "ckpt", "d6", "load")
+STAGES = ("train", "ckpt", "d6", "load", "eval")
 
 
 @dataclass
@@ -56,10 +56,17 @@ class Job:
     make_dataloader: Any = None
     start_epoch: Any = None
     #: "train": the run of D1–D6; "save": train, save and load back, no non-finite step (D5's checkpoint written at
-    #: another world size); "load": load ``load_path`` at this world size (D5's sharded checkpoint reloaded)
+    #: another world size); "load": load ``load_path`` at this world size (D5's sharded checkpoint reloaded);
+    #: "eval": the user's distributed evaluation on the fresh objects (D7, :mod:`.evaluation`)
     mode: str = "train"
     load_path: str = ""
     pg_timeout: float = 60.0
+    #: D7: the user's evaluation (dlcheck_dist_eval), their eval DataLoader factory, the weights to evaluate (the
+    #: distributed launch's rank 0's, for the one-process reference), and whether to evaluate twice (determinism)
+    dist_eval: Any = None
+    make_eval_dataloader: Any = None
+    eval_weights: Any = None
+    eval_twice: bool = False
 
 
 @dataclass
@@ -160,7 +167,7 @@ def launch(
         while any(p.is_alive() for p in procs):
             now = time.monotonic()
             raised = any(p.exitcode not in (None, 0) for p in procs)
-            last_stage = {"train": "d6", "save": "ckpt"}.get(job.mode, "load")
+            last_stage = {"train": "d6", "save": "ckpt", "eval": "eval"}.get(job.mode, "load")
             finished = any((out / f"rank{r}.{last_stage}.pt").exists() for r in range(job.world))
             if raised or finished:
                 limit_here = now + (grace if raised else hang)
@@ -413,6 +420,11 @@ class Rank:
         if self.job.mode == "load":
             self.reload()
             return
+        if self.job.mode == "eval":
+            from .evaluation import evaluate
+
+            self.write("eval", evaluate(self))
+            return
         if getattr(self.setup, "kind", None) == "trainer":
             from .trainer import run as run_trainer
 
@@ -460,9 +472,13 @@ class Rank:
             for n, m in inner.named_modules()
             if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0
         ]
+        from .schedule import rank_end, rank_start
+
+        rec["schedule"] = rank_start(state, loader)  # D8: the scheduler's plan on this rank, before it trains
         it = iter(loader)
         self.train(state, inner, it, rec)
         del it
+        rank_end(rec["schedule"], state)
         self.start_epoch(state, loader, 1)
         rec["indices"][1] = self.indices(loader, 1)
         self.write("train", rec)
@@ -612,6 +628,8 @@ class Rank:
     def train(self, state: dict[str, Any], inner: Any, it: Any, rec: dict[str, Any]) -> None:
         import torch
 
+        from .schedule import current_lr
+
         opt = unwrap_prepared(state.get("optimizer"))
         names = {id(p): n for n, p in inner.named_parameters()}
         seen = {"steps": 0, "grads": None}
@@ -656,6 +674,7 @@ class Rank:
                         "opt_steps": seen["steps"] - before,
                         "params": self.params(inner),
                         "opt": self.optimizer_state(opt, inner),
+                        "lr": current_lr(state),
                         "tensors": self.tensors(inner) if rec["small"] else None,
                     }
                 )
