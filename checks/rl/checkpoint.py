@@ -150,7 +150,9 @@ def check_checkpoint_round_trip(dlcheck):
         VecNormalize, an env (or env factory) without a normalising wrapper. Their checkpoint is the
         policy's weights alone (C1 checks a resume). A transformers/TRL trainer (DPO, KTO, GRPO, reward
         modelling) with no env and no SB3 algorithm: it keeps no running observation statistics or replay
-        buffer.
+        buffer. A load that gives an SB3 algorithm with no env (``DQN.load(path)`` alone: a model to predict
+        with, which cannot learn on as loaded) when there are no running statistics: the replay buffer
+        concerns a resume, which passes ``env=`` (or calls ``set_env``) and is judged.
     """
     sources = [dlcheck.role(name) for name in ("normalizer", "replay_buffer")]
     if dlcheck.has("algorithm"):
@@ -182,6 +184,24 @@ def check_checkpoint_round_trip(dlcheck):
                 setattr(h.owner, h.attr, value)
 
     lost = [k for k in before if k not in after or not rl.same_value(before[k], after[k], rtol)]
+    # an SB3 algorithm loaded without an env (DQN.load(path) alone) cannot learn on as loaded: a load to predict
+    # with, which needs no replay buffer; a resume passes env= (or set_env) — the buffer is judged only then
+    # (a buffer the load filled says it is a resume all the same)
+    predict_only = _predict_only(loaded) if not after.get("replay_buffer.transitions") else None
+    buffer_unjudged = []
+    if predict_only and any(k.startswith("replay_buffer") for k in before):
+        buffer_unjudged = [k for k in before if k.startswith("replay_buffer")]
+        lost = [k for k in lost if k not in buffer_unjudged]
+        if len(buffer_unjudged) == len(before):
+            dlcheck.not_applicable(
+                f"dlcheck_load_agent gives {predict_only}: a load to predict with, which no replay buffer concerns "
+                "(a resume passes env= or calls set_env before learn, and is judged), and no running statistics "
+                "to lose"
+            )
+        dlcheck.not_judged(
+            "replay buffer",
+            f"dlcheck_load_agent gives {predict_only}: a load to predict with; the buffer concerns a resume only",
+        )
     # a reward normaliser's return statistics never reach the policy: losing them changes a resumed run's
     # reward scale, not what the loaded policy sees — noted, not judged (evaluation is unaffected)
     reward_only = [k for k in lost if "ret_rms" in k]
@@ -194,6 +214,8 @@ def check_checkpoint_round_trip(dlcheck):
     if not lost:
         kept = []
         for k, v in before.items():
+            if k in buffer_unjudged:
+                continue
             if k in reward_only or "ret_rms" in k and any(r.startswith(k.rsplit(".", 1)[0]) for r in reward_only):
                 continue
             if k.endswith(".count"):
@@ -202,7 +224,7 @@ def check_checkpoint_round_trip(dlcheck):
                 kept.append(f"the replay buffer ({int(v)} transitions, same content)")
         dlcheck.measured(
             f"save_agent wrote {len(saved_files)} file(s) ({', '.join(saved_files[:4]) or 'none'}); after "
-            f"load_agent all {len(before) - len(reward_only)} values "
+            f"load_agent all {len(before) - len(reward_only) - len(buffer_unjudged)} values "
             + ("the policy depends on " if reward_only else "")
             + f"are as saved (rtol {rtol:g}): "
             + ", ".join(kept),
@@ -260,6 +282,15 @@ def check_checkpoint_round_trip(dlcheck):
             "model.load_replay_buffer(d / 'replay_buffer.pkl') after PPO/SAC/DQN.load"
         )
     dlcheck.fail(evidence, "; ".join(causes), "; ".join(fixes))
+
+
+def _predict_only(loaded: Any) -> str | None:
+    """``"a DQN with no env (DQN.load without env=)"`` when the load gives an SB3 algorithm that has no env to
+    learn on (SB3's deployment load); None for anything else (a resume, a wrapper, the user's own object)."""
+    if not rl.is_sb3_algorithm(loaded) or loaded.get_env() is not None:
+        return None
+    name = type(loaded).__name__
+    return f"a {name} with no env ({name}.load without env=)"
 
 
 def _nothing_to_round_trip(dlcheck) -> NoReturn:

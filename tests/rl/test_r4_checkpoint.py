@@ -37,6 +37,7 @@ MODEL_ONLY = dict(save_stats="pass", load_env='venv = VecNormalize(make_vec_env(
 DQN = """
     import pytest, tiny_rl
     from stable_baselines3 import DQN
+    from stable_baselines3.common.env_util import make_vec_env
 
     @pytest.fixture(scope="session")
     def dlcheck_algorithm():
@@ -53,7 +54,7 @@ DQN = """
     @pytest.fixture(scope="session")
     def dlcheck_load_agent():
         def load(d):
-            model = DQN.load(d / "model", device="cpu")
+            model = DQN.load(d / "model", device="cpu"{env})
             if {with_buffer}:
                 model.load_replay_buffer(d / "replay_buffer.pkl")
             return model
@@ -101,8 +102,10 @@ def test_checkpoint_round_trips(project):
         {
             "ppo_correct": PPO_VECNORMALIZE.format(**CORRECT),
             "ppo_model_only": PPO_VECNORMALIZE.format(**MODEL_ONLY),
-            "dqn_with_buffer": DQN.format(with_buffer=True),
-            "dqn_model_only": DQN.format(with_buffer=False),
+            "dqn_with_buffer": DQN.format(with_buffer=True, env=""),
+            # a resume (an env to learn on) without the buffer, and SB3's load to predict with (no env)
+            "dqn_model_only": DQN.format(with_buffer=False, env=', env=make_vec_env("CartPole-v1", n_envs=1)'),
+            "dqn_predict_only": DQN.format(with_buffer=False, env=""),
             "gym_kept": GYM_WRAPPER.format(keep=True),
             "gym_lost": GYM_WRAPPER.format(keep=False),
             "fresh": "import pytest, tiny_rl\n\n@pytest.fixture\ndef dlcheck_algorithm():\n    return tiny_rl.sb3_ppo()\n\n"
@@ -142,6 +145,10 @@ def test_checkpoint_round_trips(project):
     text = run.flat("dqn_model_only", "R4")
     assert "replay_buffer.transitions: 120 before the save, 0 after the load" in text
     assert "model.save_replay_buffer" in text
+    run.assert_outcome("dqn_predict_only", "R4", "skipped")
+    assert "not applicable: dlcheck_load_agent gives a DQN with no env (DQN.load without env=)" in " ".join(
+        run.skips["dqn_predict_only"].split()
+    )
 
     run.assert_outcome("gym_lost", "R4", "failed")
     text = run.flat("gym_lost", "R4")
