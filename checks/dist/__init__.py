@@ -8,9 +8,11 @@ the roles declared here are the distributed parts of the script:
 
 - ``dlcheck_dist_wrap`` (required of a plain loop: it is what says the training runs distributed; an
   Accelerate user's ``accelerator.prepare`` wraps the model itself);
-- ``dlcheck_dist_setup``, ``dlcheck_make_dataloader``, ``dlcheck_start_epoch`` (optional).
+- ``dlcheck_dist_setup``, ``dlcheck_make_dataloader``, ``dlcheck_start_epoch`` (optional);
+- ``dlcheck_dist_eval`` and ``dlcheck_make_eval_dataloader``: the evaluation D7 judges.
 
-One launch per session is shared by D1–D6 (:mod:`.launch` runs it, :mod:`.measure` memoizes it)."""
+One launch per session is shared by D1–D6 (:mod:`.launch` runs it, :mod:`.measure` memoizes it); D7 evaluates in a
+launch of its own (:mod:`.evaluation` says why)."""
 
 from __future__ import annotations
 
@@ -46,6 +48,23 @@ role(
     "callable (state, dataloader, epoch): the top of your epoch loop, as your script runs it before "
     "iterating the dataloader (dataloader.sampler.set_epoch(epoch), …)",
     expect=a_callable("the top of your epoch loop"),
+)
+
+role(
+    "dist_eval",
+    "callable (state, eval_dataloader) -> what your evaluation computes in every process (D7): the predictions "
+    "your metric is computed over, gathered across the ranks (a tensor / array with a row per prediction, a tuple "
+    "or dict of them, a list), or the metric itself (a number or a dict of numbers); None on the ranks that report "
+    "nothing. Run it as your script does: its own model.eval(), gather (accelerator.gather_for_metrics, "
+    "dist.all_gather) or reductions (dist.all_reduce), compute_metrics",
+    expect=a_callable("your distributed evaluation"),
+)
+role(
+    "make_eval_dataloader",
+    "callable () -> this process's eval DataLoader, called in every process once the process group is up "
+    "(DistributedSampler(eval_set, shuffle=False) inside, …); an Accelerate user may instead return the prepared "
+    "eval DataLoader from dlcheck_make_training under a key naming 'eval'",
+    expect=a_callable("a factory of this rank's eval DataLoader"),
 )
 
 

@@ -1,0 +1,93 @@
+"""D7 end to end: the user's evaluation launched in two real processes (gloo), over an eval set of 9 examples that
+2 ranks do not divide evenly. Accelerate: accelerator.gather keeps the repeats of even_batches (12 predictions for
+9 examples) and fails, gather_for_metrics passes. A plain DDP loop: a loss all-reduced over a padded
+DistributedSampler counts example 0 twice and fails, a loss computed on rank 0's shard only fails naming the
+missing reduction, the same all-reduce over a split without padding passes (compared with the same evaluation in
+one process)."""
+
+import multiprocessing
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tiny_eval as te  # noqa: E402
+
+
+def _flat(text):
+    return " ".join(text.split())
+
+
+def _no_leftover_process():
+    assert not multiprocessing.active_children(), multiprocessing.active_children()
+
+
+def test_accelerate_gather_counts_the_padding_of_the_last_batches(project):
+    project.conftest(te.accelerate_project("eval_gather"))
+    run = project.run("--dlcheck=D7", "-rA")
+    run.assert_outcome("D7", "failed")
+    d7 = _flat(run.section("D7"))
+    assert "12 predictions gathered on rank 0 for 9 eval examples (a tuple of 2 arrays of 12 rows): 3 duplicates" in d7
+    assert "9 eval examples dealt as 12 indices: rank 0: 6, rank 1: 6; repeated on two ranks: 0, 1, 2" in d7
+    assert "Accelerate's BatchSamplerShard over a SequentialSampler (batch_size=3, drop_last=False" in d7
+    assert "accelerator.gather returns every rank's batches as they are, the repeats included" in d7
+    assert "accelerator.gather_for_metrics(...) in place of accelerator.gather(...)" in d7
+    _no_leftover_process()
+
+
+def test_accelerate_gather_for_metrics_counts_each_example_once(project):
+    project.conftest(te.accelerate_project("eval_gather_for_metrics"))
+    run = project.run("--dlcheck=D7", "-rA")
+    run.assert_outcome("D7", "passed")
+    run.fnmatch(
+        [
+            "*9 predictions gathered on ranks 0, 1 for the 9 eval examples (3 repeated as padding by the eval loader, "
+            "not counted)*"
+        ]
+    )
+    _no_leftover_process()
+
+
+def test_ddp_loss_all_reduced_over_a_padded_sampler_counts_an_example_twice(project):
+    project.conftest(te.dist_project("eval_loss_all_reduce", "padded_eval_loader"))
+    run = project.run("--dlcheck=D7", "-rA")
+    run.assert_outcome("D7", "failed")
+    d7 = _flat(run.section("D7"))
+    found = re.search(
+        r"eval_loss = ([\d.]+) on rank 0 of 2; the same evaluation in one process over the 9 eval examples "
+        r"\(rank 0's weights\) gives ([\d.]+)",
+        d7,
+    )
+    assert found and found.group(1) != found.group(2), d7
+    assert "9 eval examples dealt as 10 indices: rank 0: 5, rank 1: 5; repeated on two ranks: 0" in d7
+    assert "DistributedSampler(drop_last=False), batch_size=3" in d7
+    assert "the 1 example(s) the eval loader repeats to give every rank the same number of batches are counted" in d7
+    assert "sampler=range(rank, len(eval_set), world_size)" in d7 and "dist.all_reduce" in d7
+    _no_leftover_process()
+
+
+def test_ddp_loss_of_rank0s_shard_is_not_reduced(project):
+    project.conftest(te.dist_project("eval_loss_rank0_only", "padded_eval_loader"))
+    run = project.run("--dlcheck=D7", "-rA")
+    run.assert_outcome("D7", "failed")
+    d7 = _flat(run.section("D7"))
+    assert "no collective ran during dlcheck_dist_eval on any rank" in d7
+    assert "the metric is not reduced across the ranks: rank 0's eval_loss covers its own shard only (5 of 9" in d7
+    assert "dist.all_reduce the sums and the counts on every rank" in d7
+    _no_leftover_process()
+
+
+def test_ddp_loss_all_reduced_over_an_unpadded_split_passes(project):
+    project.conftest(te.dist_project("eval_loss_all_reduce", "unpadded_eval_loader"))
+    run = project.run("--dlcheck=D7", "-rA")
+    run.assert_outcome("D7", "passed")
+    run.fnmatch(
+        [
+            "*eval_loss = * on ranks 0, 1 of 2, the one-process evaluation of the same weights over the 9 eval examples "
+            "gives *"
+        ]
+    )
+    text = _flat(run.text)
+    found = re.search(r"eval_loss = ([\d.]+) on ranks 0, 1 of 2, .* over the 9 eval examples gives ([\d.]+)", text)
+    assert found and found.group(1) == found.group(2), text
+    _no_leftover_process()
