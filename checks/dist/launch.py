@@ -629,6 +629,7 @@ class Rank:
         import torch
 
         from .schedule import current_lr
+        from .zero import owned_state
 
         opt = unwrap_prepared(state.get("optimizer"))
         names = {id(p): n for n, p in inner.named_parameters()}
@@ -675,6 +676,7 @@ class Rank:
                         "params": self.params(inner),
                         "opt": self.optimizer_state(opt, inner),
                         "lr": current_lr(state),
+                        "owned": owned_state(opt, inner, rec["small"]),
                         "tensors": self.tensors(inner) if rec["small"] else None,
                     }
                 )

@@ -46,6 +46,8 @@ TRAINER_NOT_YET = {
     "construction) and the Trainer seeds every rank with args.seed: your own initialisation and seeding are not what "
     "runs, so D4 has nothing of yours to judge for a Trainer",
     "D6": "the injected non-finite micro-step runs outside the Trainer's train() loop: not measured for a Trainer yet",
+    "D8": "the Trainer builds and steps its LR scheduler inside train() (sized from each process's own DataLoader, "
+    "stepped once per optimizer step): its schedule on N processes is not recorded for a Trainer yet",
 }
 
 

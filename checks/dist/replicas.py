@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from ...registry import check
-from . import measure
+from . import measure, zero
 
 #: dlcheck_make_training or dlcheck_trainer, and a plain loop's dlcheck_dist_wrap, are asked for by measure.the_setup
 #: (an Accelerate user's prepare wraps the model; a Trainer user's launch serves D1, the others say why they skip)
@@ -48,6 +48,13 @@ def check_replicas_identical(dlcheck):
         reset in each rank, so ``accelerator.prepare`` wraps the model in DDP and shards the DataLoader it prepared.
         A transformers / TRL Trainer (``dlcheck_trainer``) runs as a clone in each rank, through its own
         ``train()`` for the same few steps, its TrainingArguments' cached device state set up again in the rank.
+        A ``torch.distributed.optim.ZeroRedundancyOptimizer`` keeps each parameter's optimizer state on the rank
+        that owns it (its local optimizer, ``optimizer.optim``) and broadcasts the parameters each owner updated, so
+        identical parameters say nothing about the shards: D1 compares the state each rank owns — the partitions
+        cover every parameter once, the local optimizers' hyperparameters and every owned parameter's step count
+        agree across ranks, the gradients the shards stepped on are the same on every rank, and after the first
+        optimizer step each rank's owned moments and the parameters it owns equal one optimizer of the same class
+        and hyperparameters stepped in one process from the same weights on the same gradient.
     Why it is bad
         Data parallelism is only correct while every replica is the same model: once gradients stop being
         averaged (a model not wrapped in DistributedDataParallel, ``no_sync()`` left around the micro-step that
@@ -67,8 +74,12 @@ def check_replicas_identical(dlcheck):
     Known problems
         Compares after each of a few micro-steps (3), so a drift that starts later (a rank-dependent learning
         rate schedule after warm-up) is not seen. Buffers (BatchNorm statistics, which DDP broadcasts from
-        rank 0 by default) are not compared. Launches plain loops and Accelerate loops (``dlcheck_make_training``)
-        and supervised Trainers (``dlcheck_trainer``: not GRPO or DPO yet); not Lightning.
+        rank 0 by default) are not compared. FSDP1 (``FullyShardedDataParallel``: flat sharded parameters and
+        optimizer state) runs on CPU with gloo but is not judged (it skips naming ``fully_shard``, whose DTensor state
+        is gathered and compared); a ZeroRedundancyOptimizer's owned state is compared against one process after
+        the first optimizer step only, and for small models (their tensors are sent back). Launches plain loops and
+        Accelerate loops (``dlcheck_make_training``) and supervised Trainers (``dlcheck_trainer``: not GRPO or DPO
+        yet); not Lightning.
     Not applicable
         Training that does not run distributed: a plain loop without ``dlcheck_dist_wrap`` is asked for it (an
         Accelerate user's ``accelerator.prepare`` and a Trainer's ``train()`` wrap the model in DDP themselves).
@@ -182,10 +193,13 @@ def check_replicas_identical(dlcheck):
                         "parameters must not run under `if state.is_world_process_zero:` (or args.process_index == 0)"
                     )
             dlcheck.fail(evidence, cause, fix, step=s + 1, tensor=name, rank=rank)
+    # a ZeroRedundancyOptimizer: each rank owns the state of its partition (its own ``state`` stays empty)
+    sharded = zero.judge(dlcheck, run, recs, n_steps)
     n_params = len(recs[0]["steps"][-1]["params"])
     n_opt = len(recs[0]["steps"][-1]["opt"])
+    what = f"{n_params} parameters" if sharded else f"{n_params} parameters and {n_opt} optimizer-state tensors"
     dlcheck.measured(
-        f"{n_params} parameters and {n_opt} optimizer-state tensors identical on the {run.world} ranks after each of "
+        f"{what} identical on the {run.world} ranks after each of "
         f"{n_steps} micro-steps ({recs[0]['wrapped']}, {run.backend}, {run.start_method}ed processes)"
         + (
             f"; a clone of your {recs[0]['trainer']} trained through its own train() in each rank "
@@ -198,6 +212,7 @@ def check_replicas_identical(dlcheck):
             if recs[0].get("fsdp")
             else ""
         ),
+        *(sharded or ()),
         world=run.world,
         steps=n_steps,
         launch_seconds=round(run.wall, 2),

@@ -1,0 +1,61 @@
+"""D8 end to end: an Accelerate user's LR schedule in two real processes against the single-process plan of the same
+factory. A cosine schedule sized in a rank's optimizer steps and passed to ``accelerator.prepare`` (stepped twice per
+optimizer step on two ranks) reaches 0 half way through the run and climbs back: D8 fails naming the
+AcceleratedScheduler; sized times ``num_processes`` (Accelerate's examples), or left unprepared, it passes."""
+
+import multiprocessing
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tiny_sched as ts  # noqa: E402
+
+
+def _flat(text):
+    return " ".join(text.split())
+
+
+def _no_leftover_process():
+    assert not multiprocessing.active_children(), multiprocessing.active_children()
+
+
+def test_a_prepared_schedule_sized_in_a_ranks_steps_ends_half_way(project):
+    project.conftest(ts.project("make_training_sized_per_rank"))
+    run = project.run("--dlcheck=D8", "-rA")
+    run.assert_outcome("D8", "failed")
+    d8 = _flat(run.section("D8"))
+    # 42 examples in batches of 4: 11 batches in one process, 6 per rank on two (even_batches)
+    assert "AcceleratedScheduler around LambdaLR, 2 scheduler step(s) per optimizer step (measured: 6 in 3" in d8, d8
+    assert "the single-process plan ends after 33 optimizer steps (3 epoch(s) of 11 batches)" in d8
+    assert "a rank's epoch is 6 batches, so the same data takes 18 optimizer steps on 2 processes" in d8
+    assert "on 2 processes the LR reaches 0 (its end) after optimizer step 9 of the 18 the run takes there" in d8
+    assert "the single-process plan, at the same point of the data (its step 16 of 33), says" in d8
+    assert "then it climbs back to" in d8 and "(the schedule restarts)" in d8
+    assert "accelerator.prepare(lr_scheduler) steps the scheduler num_processes=2 times per optimizer step" in d8
+    assert "the schedule ends after 50% of the run" in d8
+    assert "len(train_dataloader) * num_epochs * accelerator.num_processes" in d8
+    _no_leftover_process()
+
+
+def test_a_prepared_schedule_sized_times_num_processes_passes(project):
+    project.conftest(ts.project("make_training_sized_times_processes"))
+    run = project.run("--dlcheck=D8", "-rA")
+    run.assert_outcome("D8", "passed")
+    run.fnmatch(
+        [
+            "*on 2 processes the LR reaches its end (0) after 18 optimizer steps, within the run there (18 optimizer "
+            "steps for the same data as one process, 33 counted in optimizer steps)*",
+        ]
+    )
+    assert "AcceleratedScheduler around LambdaLR, 2 scheduler step(s) per optimizer step" in _flat(run.text)
+    _no_leftover_process()
+
+
+def test_an_unprepared_schedule_sized_in_a_ranks_steps_passes(project):
+    project.conftest(ts.project("make_training_unprepared_scheduler"))
+    run = project.run("--dlcheck=D8", "-rA")
+    run.assert_outcome("D8", "passed")
+    text = _flat(run.text)
+    assert "on 2 processes the LR reaches its end (0) after 18 optimizer steps" in text
+    assert "the scheduler: LambdaLR, 1 scheduler step(s) per optimizer step (measured: 3 in 3" in text
+    _no_leftover_process()

@@ -1,0 +1,101 @@
+"""A tiny real Accelerate user with an LR schedule, for D8: ``Accelerator(cpu=True)``, the model, optimizer, a shuffled
+DataLoader and transformers' ``get_cosine_schedule_with_warmup`` passed to ``accelerator.prepare`` (which wraps the
+scheduler in an ``AcceleratedScheduler``: ``num_processes`` scheduler steps per optimizer step). Buggy: the schedule
+sized in a rank's optimizer steps (``len(prepared loader) * epochs``); correct: times ``accelerator.num_processes``, as
+Accelerate's examples size it; correct too: an unprepared scheduler sized in a rank's optimizer steps."""
+
+from __future__ import annotations
+
+import tiny_accelerate as ta
+import torch
+from accelerate import Accelerator
+from transformers import get_cosine_schedule_with_warmup
+
+EPOCHS, WARMUP = 3, 2
+
+
+def _prepared():
+    accelerator = Accelerator(cpu=True)
+    model, opt, loader = accelerator.prepare(*ta._parts())
+    return accelerator, model, opt, loader
+
+
+def make_training_sized_per_rank():
+    """Buggy: sized in a rank's optimizer steps, then prepared (stepped num_processes times per optimizer step)."""
+    accelerator, model, opt, loader = _prepared()
+    sched = get_cosine_schedule_with_warmup(opt, WARMUP, len(loader) * EPOCHS)
+    sched = accelerator.prepare(sched)
+    return {
+        "model": model,
+        "optimizer": opt,
+        "train_dataloader": loader,
+        "lr_scheduler": sched,
+        "accelerator": accelerator,
+    }
+
+
+def make_training_sized_times_processes():
+    """Correct: sized as Accelerate's examples do (warmup and length times num_processes), then prepared."""
+    accelerator, model, opt, loader = _prepared()
+    n = accelerator.num_processes
+    sched = get_cosine_schedule_with_warmup(opt, WARMUP * n, len(loader) * EPOCHS * n)
+    sched = accelerator.prepare(sched)
+    return {
+        "model": model,
+        "optimizer": opt,
+        "train_dataloader": loader,
+        "lr_scheduler": sched,
+        "accelerator": accelerator,
+    }
+
+
+def make_training_unprepared_scheduler():
+    """Correct: sized in a rank's optimizer steps and left out of prepare (stepped once per optimizer step)."""
+    accelerator, model, opt, loader = _prepared()
+    sched = get_cosine_schedule_with_warmup(opt, WARMUP, len(loader) * EPOCHS)
+    return {
+        "model": model,
+        "optimizer": opt,
+        "train_dataloader": loader,
+        "lr_scheduler": sched,
+        "accelerator": accelerator,
+    }
+
+
+def step(state, batch):
+    """The Accelerate step of its examples: the scheduler stepped right after the optimizer."""
+    accelerator, model, opt, sched = state["accelerator"], state["model"], state["optimizer"], state["lr_scheduler"]
+    model.train()
+    with accelerator.accumulate(model):
+        loss = ta.loss_of(model, batch)
+        accelerator.backward(loss)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    return loss.detach()
+
+
+def project(make: str) -> str:
+    return "\n".join(
+        [
+            "import pytest",
+            "import tiny_sched as ts",
+            "import tiny_accelerate as ta",
+            "",
+            "@pytest.fixture(scope='session')",
+            "def dlcheck_make_training():",
+            f"    return ts.{make}",
+            "",
+            "@pytest.fixture(scope='session')",
+            "def dlcheck_train_step():",
+            "    return ts.step",
+            "",
+            "@pytest.fixture(scope='session')",
+            "def dlcheck_compute_loss():",
+            "    return ta.loss_of",
+            "",
+        ]
+    )
+
+
+torch.set_num_threads(1)
