@@ -141,20 +141,18 @@ def check_accelerate_state(dlcheck):
             )
             fix = "load_state into the objects prepare() returned, and restore every piece your save hooks write"
         dlcheck.fail(evidence, cause, fix)
+    from .resume import data_verdict
+
+    loaded_by = "accelerator.load_state" if how.startswith("accelerator.") else "your dlcheck_load_checkpoint"
+    data_lines = data_verdict(dlcheck, setup, how, loaded_by)
     restored = [p for p in trip.pieces if p.restored]
     if not restored:
         unread = ", ".join(f"state['{p.key}']" for p in trip.pieces)
         dlcheck.skip(f"{head}: the state of {unread} cannot be read back after the load, so nothing was compared")
-    loader_note = (
-        "data position: saved (use_stateful_dataloader=True)"
-        if trip.stateful_loader
-        else "data position: not in the checkpoint (no stateful dataloader): your loop must skip the batches "
-        "already seen on resume (accelerator.skip_first_batches)"
-    )
     dlcheck.measured(
         f"{head}: every piece training changed came back bit for bit: "
         + "; ".join(f"state['{p.key}'] ({p.kind}: {p.detail})" for p in restored),
-        loader_note,
+        *data_lines,
         pieces=[p.key for p in restored],
         micro_steps=trip.steps,
     )

@@ -35,6 +35,27 @@ def _hand_what(run: Any) -> str:
     )
 
 
+def _callback_what(run: Any, piece: str, lost_emas: dict[str, Any]) -> str:
+    """The cause's words for a Lightning callback whose state the checkpoint does not restore: the EMA it keeps
+    when that is what differs, else the attributes that changed during training."""
+    label = piece.removeprefix("callback ")
+    held = (run.uninterrupted.notes.get("callbacks") or {}).get(label, {})
+    saves = run.pieces.get(piece) == "callbacks"
+    how = (
+        "its state_dict() leaves them out"
+        if saves
+        else f"{label} defines no state_dict(), so Lightning saves nothing of it in the .ckpt"
+    )
+    emas = [d for name, d in lost_emas.items() if name.startswith(piece + ".")]
+    if emas:
+        return _ema_what(emas[0]) + f" ({how})"
+    attrs = ", ".join(f"self.{a}" for a in held.get("changed", [])[:4]) or "its attributes"
+    return (
+        f"the state of your callback {label} ({attrs} changed during training): Lightning keeps a callback's state "
+        f"only through its state_dict(), and {how}: the resumed fit starts the callback over"
+    )
+
+
 def _lr_side(run: Any) -> str | None:
     """``step 3: 0.0033 vs 0.01, ...``: the learning rates of the resumed steps beside the uninterrupted
     run's, when they differ somewhere (None otherwise)."""
@@ -44,6 +65,142 @@ def _lr_side(run: Any) -> str | None:
     if not any(lr != ref for _, lr, ref in pairs):
         return None
     return ", ".join(f"step {st}: {lr:.6g} vs {ref:.6g}" for st, lr, ref in pairs[:4])
+
+
+#: the fix for a data position the resume loses, per kind of user
+DATA_FIX = {
+    "loop": (
+        "make the resumed loop continue the epoch where the save left it: save the loader's position and restore "
+        "it in dlcheck_load_checkpoint — a torchdata StatefulDataLoader (state['dataloader'].state_dict() in the "
+        "checkpoint, load_state_dict on load), or save the step and, on load, skip the epoch's batches already "
+        "trained with the same shuffle (a DataLoader generator seeded per epoch, then "
+        "itertools.islice(loader, step_in_epoch, None))"
+    ),
+    "accelerate": (
+        "after accelerator.load_state, skip the epoch's batches already trained with the same shuffle: "
+        "state['dataloader'] = accelerator.skip_first_batches(state['dataloader'], step_in_epoch), with "
+        "Accelerator(dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True)) (or a DataLoader "
+        "generator seeded per epoch) so that the resumed epoch is shuffled as the uninterrupted one; or "
+        "DataLoaderConfiguration(use_stateful_dataloader=True) (torchdata), whose position save_state / "
+        "load_state carry"
+    ),
+    "trainer": (
+        "set ignore_data_skip=False (the default) so that train(resume_from_checkpoint=...) skips the batches of "
+        "the epoch already trained on"
+    ),
+}
+
+
+def data_probe(dlcheck: Any, setup: Any) -> Any:
+    """C1's and C10's data-position run (:meth:`LoopSetup.data_resume`, made once per session): the
+    DataResume, None when the training dict holds no dataloader, or the SetupError it ended with."""
+    from ...training.setup import memo_captured
+
+    if setup.kind not in ("loop", "accelerate") or not setup.can_resume():
+        return None
+    total = int(dlcheck.state.setting(load_checks()["C1"], "steps"))
+    return memo_captured(dlcheck, setup.sources, f"resume:data:{total}", lambda: setup.data_resume(total))
+
+
+def _counted(c: Any, steps: int, saved_at: int, whole: bool) -> str:
+    """``4 examples trained twice, 4 never seen in the resumed epoch (...)``."""
+    where = "in the resumed epoch" if whole else f"in steps {saved_at + 1}-{steps}"
+    return (
+        f"{c.repeated} examples trained twice, {c.never} never seen {where} ({c.before} examples trained before "
+        f"the save; after it the uninterrupted run trains {c.expected}, the resumed run {c.trained}"
+        + (f", {c.other} of them not among the uninterrupted run's" if c.other else "")
+        + ")"
+    )
+
+
+def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str]:
+    """The data position of a plain or Accelerate loop: fails when the resumed run, drawing from the loader its
+    training dict holds after the user's load, trains examples twice or never (counted by content); else the
+    lines of what was measured (or not judged, and why)."""
+    probe = data_probe(dlcheck, setup)
+    if probe is None:
+        if setup.kind not in ("loop", "accelerate"):
+            return []
+        return [
+            "data position: not judged: the dlcheck_make_training dict holds no dataloader, so both runs are fed "
+            "the same batches (return your training DataLoader in it, as state['dataloader'], and the resumed run "
+            "draws from it after your load)"
+        ]
+    if isinstance(probe, Exception):
+        dlcheck.not_judged("data position", str(probe))
+        return []
+    if probe.load_error:
+        return []  # the resume's own load raised: C1's main resume reports it
+    if probe.unreadable:
+        dlcheck.not_judged("data position", f"drawn from state['{probe.key}']: {probe.unreadable}")
+        return []
+    c = probe.count()
+    n, k = probe.steps, probe.saved_at
+    whole = probe.epoch is not None and probe.epoch == n
+    span = (
+        " (the whole first epoch)"
+        if whole
+        else f" ({n} of the epoch's {probe.epoch} batches)"
+        if probe.epoch and probe.epoch > n
+        else ""
+    )
+    drawn = (
+        f"the uninterrupted run draws steps 1-{n}{span} from state['{probe.key}'] ({probe.loader}) and saves "
+        f"after step {k} through {how}; fresh objects loaded by {loaded_by} draw steps {k + 1}-{n} from their "
+        f"state['{probe.key}']"
+        + (f" (a {probe.resumed_loader} after the load)" if probe.resumed_loader != probe.loader else "")
+    )
+    if c.conclusive:
+        evidence = [drawn, f"over steps 1-{n}: {_counted(c, n, k, whole)}"]
+        replayed = probe.replayed()
+        if replayed:
+            evidence.append(
+                "the resumed steps train batches already trained before the save: "
+                + ", ".join(f"step {a} = step {b}'s batch" for a, b in replayed[:4])
+            )
+        dlcheck.fail(
+            evidence,
+            cause=(
+                f"the resume does not restore the data position: after the load, state['{probe.key}'] does not "
+                "continue the epoch where the save left it — it yields examples already trained before the save ("
+                + (
+                    "the epoch starts again from its first batch"
+                    if replayed
+                    else "a new iterator over the epoch, or a skip over a reshuffled epoch"
+                )
+                + "), so the resumed epoch trains some examples twice and never reaches others"
+            ),
+            fix=DATA_FIX[setup.kind],
+        )
+    if c.same:
+        return [
+            f"data position: {drawn}: the uninterrupted run's batches, step by step (over steps 1-{n}: "
+            f"{c.before + c.trained} examples, none trained twice, none lost)"
+        ]
+    dlcheck.not_judged(
+        "data position",
+        f"{drawn}: other batches than the uninterrupted run's, whose examples are not recognised by content "
+        f"({c.other} of {c.trained} not among the uninterrupted run's, none trained twice): not counted",
+    )
+    return []
+
+
+def _trainer_counts(run: Any) -> list[str]:
+    """A Trainer's resumed run against the uninterrupted one: the examples trained twice and never, by content
+    (the steps' recorded example digests), when the resumed steps train other batches."""
+    from ...training.resume import count_examples
+
+    last = max((s.step for s in run.resumed.steps), default=run.saved_at)
+    base = {s.step: s.examples for s in run.uninterrupted.steps}
+    before = [base[t] for t in sorted(base) if t <= run.saved_at and base[t]]
+    expected = [base[t] for t in sorted(base) if run.saved_at < t <= last and base[t]]
+    resumed = [s.examples for s in run.resumed.steps if s.step > run.saved_at and s.examples]
+    if not before or not expected or not resumed:
+        return []
+    c = count_examples(before, expected, resumed)
+    if c.same or not c.conclusive:
+        return []
+    return [f"over steps 1-{last}: {_counted(c, last, run.saved_at, False)}"]
 
 
 def _curves(dlcheck, run: Any) -> None:
@@ -259,7 +416,7 @@ def _diagnose(
     return None, runs, tried
 
 
-def _fix(setup: Any, missing: list[str]) -> str:
+def _fix(setup: Any, missing: list[str], run: Any = None) -> str:
     if setup.kind == "trainer":
         args = setup.trainer.args
         parts = []
@@ -292,6 +449,20 @@ def _fix(setup: Any, missing: list[str]) -> str:
             )
         if "model" in missing:
             parts.append("keep every trained tensor registered (a Parameter or buffer) so it lands in state_dict")
+        held = (run.uninterrupted.notes.get("callbacks") or {}) if run is not None else {}
+        lost = [d["name"] for d in run.ema_mismatch()] if run is not None else []
+        for piece in (p for p in missing if p.startswith("callback ")):
+            label = piece.removeprefix("callback ")
+            attrs = ", ".join(f"self.{a}" for a in held.get(label, {}).get("changed", [])[:4]) or "its state"
+            ema = any(name.startswith(piece + ".") for name in lost)
+            parts.append(
+                f"give your callback {label.split('#')[0]} state_dict() returning {attrs}"
+                + (" (the EMA module's state_dict(), not the module)" if ema else "")
+                + " and load_state_dict() putting "
+                + ("it back into the EMA once the callback has built it" if ema else "them back")
+                + ": Lightning saves a callback's state_dict() in the .ckpt and hands it back on fit(ckpt_path=...)"
+                + (" (or use Lightning's EMAWeightAveraging callback, which saves its average)" if ema else "")
+            )
         return "; ".join(parts) or "save and restore every piece of the training state in the checkpoint"
     if setup.kind == "accelerate" and setup.checkpoint_how().startswith("accelerator."):
         pieces = [p for p in missing if p != "data position"]
@@ -424,6 +595,10 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
         _load_raises(dlcheck, setup, exc, label)
     _curves(dlcheck, run)
     how = how_saved(setup, run)
+    loaded_by = LOADED_BY.get(setup.kind, "the resume")
+    if setup.kind == "accelerate":
+        loaded_by = "accelerator.load_state" if how.startswith("accelerator.") else "your dlcheck_load_checkpoint"
+    data_lines = data_verdict(dlcheck, setup, how, loaded_by)
     bad = run.mismatch()
     if bad is None:
         after = [s for s in run.resumed.steps if s.step > run.saved_at]
@@ -436,6 +611,7 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
             "bitwise",
             *([f"resumed losses: {losses}"] if losses else []),
             *emas,
+            *data_lines,
             RNG_LINE,
             steps=total,
             saved_at=run.saved_at,
@@ -455,6 +631,8 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
         f"identical ({runs} diagnostic resumes)"
     )
     evidence.append(RNG_LINE)
+    if "data position" in missing:
+        evidence[2:2] = _trainer_counts(run)
     lost_emas = {d["name"]: d for d in run.ema_mismatch()}
     if lost_emas and bad[1] == next(iter(lost_emas.values()))["text"]:
         evidence.insert(
@@ -465,12 +643,14 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
     cause = "the checkpoint does not restore " + "; nor ".join(
         _ema_what(lost_emas[p])
         if p in lost_emas
+        else _callback_what(run, p, lost_emas)
+        if p.startswith("callback ")
         else _hand_what(run)
         if p == "hand-stepped scheduler"
         else WHAT.get(p, f"state['{p}']")
         for p in missing
     )
-    fix = _fix(setup, missing)
+    fix = _fix(setup, missing, run)
     if "model" in missing and run.loads:
         evidence.extend(f"your load reported: {line}" for line in run.loads)
     if "model" in missing and keys_mismatch(run.loads):

@@ -4,7 +4,8 @@ Besides the core roles (``dlcheck_trainer``, ``dlcheck_model``, ``dlcheck_datalo
 over their training in one of three ways; the training roles are declared here:
 
 - transformers / TRL: ``dlcheck_trainer`` alone;
-- Lightning: ``dlcheck_lightning_module`` and ``dlcheck_datamodule`` (or ``dlcheck_dataloader``);
+- Lightning: ``dlcheck_lightning_module`` and ``dlcheck_datamodule`` (or ``dlcheck_dataloader``), and the
+  Trainer's callbacks (``dlcheck_lightning_callbacks``, or your ``lightning.Trainer`` as ``dlcheck_trainer``);
 - a plain loop: ``dlcheck_make_training`` and the data (``dlcheck_dataloader``, or ``dlcheck_collator`` +
   ``dlcheck_dataset``), optionally ``dlcheck_train_step`` and ``dlcheck_compute_loss``; the ckpt domain
   adds ``dlcheck_save_checkpoint`` / ``dlcheck_load_checkpoint``."""
@@ -28,6 +29,12 @@ role(
     "dlcheck_model when it is a LightningModule",
 )
 role("datamodule", "your LightningDataModule; checks call setup('fit') and train_dataloader() on a copy of it")
+role(
+    "lightning_callbacks",
+    "callable () -> a fresh list of your Lightning Trainer's callbacks (BackboneFinetuning, an EMA callback, your "
+    "own): every Lightning run of the checks includes them; called once per run (callbacks hold state)",
+    "dlcheck_trainer when it is your lightning Trainer (its callbacks, deep-copied for every run)",
+)
 role(
     "make_training",
     "callable () -> dict of fresh training objects: {'model', 'optimizer'} and optionally "

@@ -6,12 +6,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
 from ..errors import MISSING
+from ..session import user_call
 from .resume import (
     Baseline,
     InterruptedSave,
@@ -33,6 +35,10 @@ from .runs import (
     batch_digest,
     device_of,
     digest,
+    ema_counter,
+    ema_describe,
+    ema_kind,
+    ema_state,
     fresh_modules,
     grad_report,
     loss_tensor,
@@ -49,6 +55,137 @@ from .runs import (
 
 #: the resume piece of the LR schedulers a module keeps in its own attributes and steps by hand
 HAND_SCHEDULER = "hand-stepped scheduler"
+#: the truth's entry of the user's callbacks whose attributes changed before the save (each a piece of its own)
+CALLBACKS = "callbacks"
+
+#: Lightning's callbacks that dlcheck's runs leave out (by class name, in the MRO of a Lightning callback):
+#: what the Trainer adds by itself or writes into the user's folders (checkpoints, a progress bar, a
+#: summary), what needs a logger or the validation loop dlcheck's runs do not have, a stop criterion, a
+#: tuner that trains runs of its own
+NOT_CARRIED = (
+    "Checkpoint",
+    "ProgressBar",
+    "ModelSummary",
+    "EarlyStopping",
+    "LearningRateMonitor",
+    "DeviceStatsMonitor",
+    "ThroughputMonitor",
+    "Timer",
+    "BatchSizeFinder",
+    "LearningRateFinder",
+    "BasePredictionWriter",
+)
+
+
+def carried(callbacks: list[Any]) -> tuple[list[Any], list[str]]:
+    """(the callbacks dlcheck's runs include, the class names of those left out): Lightning's own of
+    :data:`NOT_CARRIED`, and pytest-dlcheck's watch (it reports into the user's run, not dlcheck's)."""
+    kept, left = [], []
+    for cb in callbacks:
+        mro = type(cb).__mro__
+        lightning_own = any(
+            c.__name__ in NOT_CARRIED and c.__module__.startswith(("lightning.pytorch", "pytorch_lightning"))
+            for c in mro
+        )
+        ours = any(c.__module__.startswith("pytest_dlcheck") for c in mro)
+        if lightning_own or ours:
+            left.append(type(cb).__name__)
+        else:
+            kept.append(cb)
+    return kept, left
+
+
+def trainer_callbacks(trainer: Any) -> list[Any]:
+    """Deep copies of the callbacks of the user's Lightning Trainer (its own references to the Trainer and its
+    module are not copied: they stay unset)."""
+    import types
+
+    memo: dict[int, Any] = {id(trainer): None}
+    for cb in trainer.callbacks:  # the module's log / log_dict a fit attached: a run attaches its own
+        memo.update({id(v): None for v in vars(cb).values() if isinstance(v, types.MethodType)})
+    module = getattr(trainer, "_lightning_module", None) or getattr(
+        getattr(trainer, "strategy", None), "_lightning_module", None
+    )
+    if module is not None:
+        memo[id(module)] = None
+    return copy.deepcopy(list(trainer.callbacks), memo)
+
+
+def callback_labels(callbacks: list[Any]) -> list[str]:
+    """A name per callback: its class name, numbered when two share it."""
+    names = [type(cb).__name__ for cb in callbacks]
+    return [f"{n}#{names[:i].count(n) + 1}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+
+
+def callback_state(cb: Any) -> dict[str, Any]:
+    """Copies of a callback's attributes (not the Trainer or a LightningModule it keeps a reference to; an
+    attribute that cannot be copied is left out)."""
+    import types
+
+    import lightning.pytorch as pl
+
+    state = {}
+    for name, value in vars(cb).items():
+        # the run's own objects, and the module's log / log_dict Lightning attaches to every callback
+        if isinstance(value, (pl.Trainer, pl.LightningModule, types.MethodType)):
+            continue
+        try:
+            state[name] = copy.deepcopy(value)
+        except Exception:  # noqa: BLE001 - a handle, a lock: nothing a resume could put back
+            continue
+    return state
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.nn.Module) and isinstance(b, torch.nn.Module):
+        return _same(a.state_dict(), b.state_dict())
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and torch.equal(a.detach().cpu(), b.detach().cpu())
+        )
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - an object whose == does not give one bool
+        return a is b
+
+
+def callbacks_truth(callbacks: list[Any], at_start: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{label: {"state", "changed", "saves"}}`` for each callback whose attributes changed since the fit
+    started: its attributes now (what a diagnostic resume puts back), the names of those that changed, and
+    whether it defines ``state_dict`` (Lightning saves a callback's state through nothing else)."""
+    import lightning.pytorch as pl
+
+    out = {}
+    for label, cb, start in zip(callback_labels(callbacks), callbacks, at_start):
+        now = callback_state(cb)
+        changed = [n for n in now if n not in start or not _same(now[n], start[n])]
+        if changed:
+            saves = type(cb).state_dict is not pl.Callback.state_dict
+            out[label] = {"state": now, "changed": changed, "saves": saves}
+    return out
+
+
+def callback_emas(callbacks: list[Any]) -> dict[str, Any]:
+    """The EMAs the callbacks keep (an AveragedModel such as WeightAveraging's, a diffusers EMAModel, a module
+    under a name like ``ema``), at the end of a run, as the loop kind records a state's."""
+    out = {}
+    for label, cb in zip(callback_labels(callbacks), callbacks):
+        for name, value in vars(cb).items():
+            if value is None or ema_kind(value, name) is None:
+                continue
+            out[f"callback {label}.{name}"] = {
+                "what": ema_describe(f"self.{name} of your callback {label}", value),
+                "tensors": ema_state(value),
+                "counter": ema_counter(value),
+            }
+    return out
 
 
 class LightningSetup:
@@ -58,12 +195,24 @@ class LightningSetup:
         """A checkpoint saved over an earlier one and interrupted half way (C2)."""
         return lightning_interrupted_save(self)
 
-    def __init__(self, module: Any, datamodule: Any, l_trainer: Any, tmp: Any):
+    def __init__(self, module: Any, datamodule: Any, l_trainer: Any, tmp: Any, callbacks: Any = MISSING):
         self.module = module
         self.datamodule = datamodule
         self.l_trainer = l_trainer
         self.tmp = tmp
         self.name = type(module).__name__
+        #: the user's callbacks: ``dlcheck_lightning_callbacks`` (a factory, or a list copied per run), else
+        #: those of the Lightning Trainer given as ``dlcheck_trainer``; every run of a check includes them
+        self.callbacks_role = "lightning_callbacks"
+        if callbacks is MISSING and l_trainer not in (MISSING, None):
+            trainer = l_trainer
+            callbacks = lambda: trainer_callbacks(trainer)  # noqa: E731
+            self.callbacks_role = "trainer"
+        self.callbacks = callbacks
+        #: the callbacks handed to a run, by id: one handed again (a factory returning the same objects) is copied
+        self._handed: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        #: the names of the user's callbacks dlcheck's runs leave out (Lightning's own, a logger's, a stop criterion)
+        self.left_out: list[str] = []
         #: lets the session's spares go (the probe copy, the smoke run's trained module): get_setup sets it
         self.make_room: Any = lambda: None
 
@@ -86,6 +235,31 @@ class LightningSetup:
         )
         return module, dm
 
+    def user_callbacks(self) -> list[Any]:
+        """Fresh copies of the user's callbacks for one run (callbacks hold state: an EMA, a counter, the
+        param groups a finetuning schedule added), without those :func:`carried` leaves out."""
+        source = self.callbacks
+        if source is MISSING or source is None:
+            return []
+        if callable(source) and not isinstance(source, (list, tuple)):
+            made = user_call(self.callbacks_role, source)
+        else:
+            made = copy.deepcopy(list(source))
+        if made is None:
+            made = []
+        made = list(made) if isinstance(made, (list, tuple)) else [made]
+        fresh = []
+        for cb in made:
+            if self._handed.get(id(cb)) is cb:  # handed to an earlier run: its state is that run's
+                cb = copy.deepcopy(cb)
+            try:
+                self._handed[id(cb)] = cb
+            except TypeError:  # not weakly referenceable: copied every time instead
+                cb = copy.deepcopy(cb)
+            fresh.append(cb)
+        kept, self.left_out = carried(fresh)
+        return kept
+
     def fresh(self) -> Fresh:
         module, _ = self._copies()
         configured(module)
@@ -99,9 +273,20 @@ class LightningSetup:
 
         return Fresh(module, loss, make_optimizer, owner=module)
 
-    def _fit(self, module: Any, dm: Any, callbacks: list[Any], ckpt_path: str | None = None, **kwargs: Any) -> Any:
+    def _fit(
+        self,
+        module: Any,
+        dm: Any,
+        callbacks: list[Any],
+        ckpt_path: str | None = None,
+        user: list[Any] | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """``fit`` of a fresh Trainer with dlcheck's own callbacks (recorders, its ModelCheckpoint) and the
+        user's (``user``, else fresh ones), with the user's Trainer's training settings."""
         import lightning.pytorch as pl
 
+        callbacks = list(callbacks) + (self.user_callbacks() if user is None else list(user))
         settings = dict(
             accelerator="cpu" if device_of(module).type == "cpu" else "auto",
             devices=1,
@@ -130,7 +315,13 @@ class LightningSetup:
                 raise SetupError("no datamodule: define fixture dlcheck_datamodule")
         return trainer
 
-    def _recorder(self, traj: Trajectory, digests: bool = False, truth_at_epoch_end: dict | None = None):
+    def _recorder(
+        self,
+        traj: Trajectory,
+        digests: bool = False,
+        truth_at_epoch_end: dict | None = None,
+        user: list[Any] | None = None,
+    ):
         import lightning.pytorch as pl
 
         class Record(pl.Callback):
@@ -168,6 +359,9 @@ class LightningSetup:
 
             def on_train_start(self, trainer, pl_module):
                 self.sched_counts: dict[int, int] = {}
+                # the user's callbacks as the fit set them up (their on_fit_start, setup): what changes in
+                # them from here to the save is state a resume must restore
+                self.cb_start = [callback_state(cb) for cb in user or []] if truth_at_epoch_end is not None else []
                 self.manual: list[torch.Tensor] = []
                 if not pl_module.automatic_optimization:  # the loss goes to manual_backward, not out
                     backward = pl_module.manual_backward
@@ -195,6 +389,9 @@ class LightningSetup:
             def on_train_epoch_end(self, trainer, pl_module):
                 if truth_at_epoch_end is not None and trainer.current_epoch == 0:
                     truth_at_epoch_end.update(_lightning_truth(trainer, pl_module))
+                    held = callbacks_truth(user or [], self.cb_start)
+                    if held:
+                        truth_at_epoch_end[CALLBACKS] = held
 
         return Record()
 
@@ -257,6 +454,9 @@ class LightningSetup:
                 "lr_scheduler": "lr_schedulers" if saved.get("lr_schedulers") or not truth.get("lr_scheduler") else "",
                 "rng": "",
             }
+            for label, held in truth.get(CALLBACKS, {}).items():  # a callback whose state changed: a piece
+                pieces[f"callback {label}"] = "callbacks" if held["saves"] else ""
+                traj.notes.setdefault("callbacks", {})[label] = {"changed": held["changed"], "saves": held["saves"]}
             if truth.get(HAND_SCHEDULER):  # schedulers stepped by hand: a piece of their own
                 pieces[HAND_SCHEDULER] = ""
                 traj.notes["hand_schedulers"] = {
@@ -266,13 +466,22 @@ class LightningSetup:
         base = cache[k]
         module, dm = self._copies()
         traj = Trajectory()
+        user = self.user_callbacks()
         callbacks = [self._recorder(traj, True)]
         if restore:
-            callbacks.insert(0, _lightning_restorer(base.truth, restore))
+            callbacks.insert(0, _lightning_restorer(base.truth, restore, user))
         seed_all(SEED)
         with load_reports() as loads:
             try:
-                self._fit(module, dm, callbacks, ckpt_path=str(base.checkpoint), max_epochs=2, limit_train_batches=k)
+                self._fit(
+                    module,
+                    dm,
+                    callbacks,
+                    ckpt_path=str(base.checkpoint),
+                    user=user,
+                    max_epochs=2,
+                    limit_train_batches=k,
+                )
             except Exception as exc:
                 if not raised_loading(exc):
                     raise
@@ -287,6 +496,7 @@ class LightningSetup:
                     base.checkpoint,
                     k,
                 ) from exc
+        traj.notes["ema"] = callback_emas(user)
         return ResumeRun(base.trajectory, traj, k, base.checkpoint, base.pieces, loads)
 
     def _uninterrupted(self, k: int) -> tuple[Trajectory, dict[str, Any], Any]:
@@ -297,14 +507,22 @@ class LightningSetup:
         module, dm = self._copies()
         traj, truth = Trajectory(), {}
         ckdir = self.tmp.mktemp("dlcheck-ckpt")
+        user = self.user_callbacks()
         seed_all(SEED)
         self._fit(
             module,
             dm,
-            [self._recorder(traj, True, truth), ModelCheckpoint(dirpath=str(ckdir), every_n_epochs=1, save_top_k=-1)],
+            [
+                self._recorder(traj, True, truth, user),
+                ModelCheckpoint(dirpath=str(ckdir), every_n_epochs=1, save_top_k=-1),
+            ],
+            user=user,
             max_epochs=2,
             limit_train_batches=k,
         )
+        # the EMAs the user's callbacks keep (an EMA callback, WeightAveraging): C1 compares them at the end, as
+        # the EMAs of a plain loop's state (an EMA feeds no loss: only its tensors show what a resume lost)
+        traj.notes["ema"] = callback_emas(user)
         return traj, truth, ckdir
 
     def uninterrupted_again(self, total: int, saved_at: int) -> Trajectory:
@@ -380,8 +598,15 @@ def _lightning_truth(trainer: Any, module: Any) -> dict[str, Any]:
     return truth
 
 
-def _lightning_restorer(truth: dict[str, Any], restore: frozenset[str]) -> Any:
+def _lightning_restorer(truth: dict[str, Any], restore: frozenset[str], user: list[Any] | None = None) -> Any:
     import lightning.pytorch as pl
+
+    held = truth.get(CALLBACKS, {})
+    put_back = [
+        (cb, held[label]["state"])
+        for label, cb in zip(callback_labels(user or []), user or [])
+        if f"callback {label}" in restore and label in held
+    ]
 
     class Restore(pl.Callback):
         def on_load_checkpoint(self, trainer, pl_module, checkpoint):
@@ -401,9 +626,16 @@ def _lightning_restorer(truth: dict[str, Any], restore: frozenset[str]) -> Any:
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             # a scheduler stepped by hand is created by the user's own hooks (on_train_start runs after a
             # callback's): it is put back before the first resumed batch, with the LRs it had set
-            if HAND_SCHEDULER not in restore or getattr(self, "done", False):
+            if getattr(self, "done", False):
                 return
             self.done = True
+            # a callback's attributes as they stood at the save, before the first resumed batch (after the
+            # callback's own load_state_dict, on_fit_start and on_train_start, which may build them anew)
+            for cb, state in put_back:
+                for name, value in state.items():
+                    setattr(cb, name, copy.deepcopy(value))
+            if HAND_SCHEDULER not in restore:
+                return
             for label, (state, lrs, _) in truth.get(HAND_SCHEDULER, {}).items():
                 sched = _lookup(pl_module, label)
                 if sched is None:

@@ -4,9 +4,10 @@ user's step on fresh objects from the user's factory."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from ..guard import preserved_rng
 from ..session import user_call
 from .resume import (
     Baseline,
+    DataResume,
     InterruptedSave,
     ResumeLoadFailed,
     ResumeRun,
@@ -41,6 +43,7 @@ from .runs import (
     ema_counter,
     ema_describe,
     ema_state,
+    example_digests,
     find_emas,
     loss_scale_of,
     loss_tensor,
@@ -384,6 +387,61 @@ class LoopSetup:
         traj.notes["ema"] = _ema_end(state)
         return ResumeRun(base.trajectory, traj, saved_at, base.checkpoint, base.pieces, loads)
 
+    def data_resume(self, total: int) -> DataResume | None:
+        """The data position across a save and a resume, drawn from the user's own data path: the loader the
+        factory's training dict holds (:func:`loader_key`). Fresh objects train ``total`` micro-steps on
+        batches drawn from their ``state[key]`` (a new epoch when it runs out, as a loop's epochs do), saved
+        with the user's save after the first optimizer step at or past half way; other fresh objects, loaded
+        by the user's load, draw the remaining steps from their own ``state[key]`` (the one the load left
+        there: ``accelerator.skip_first_batches(...)`` or a restored stateful loader). Each draw is made with
+        the global RNGs at a state set by its position in the run, and each example with them set by its
+        index (a map-style dataset read in this process), so that a reshuffle shows as one and a random
+        augmentation does not hide an example. None when the dict holds no dataloader."""
+        state = self.state()
+        key = loader_key(state)
+        if key is None or not self.can_resume():
+            self.keep(state)  # built at the seed, unused: the next run takes it
+            return None
+        loader = state[key]
+        try:
+            epoch = len(loader)
+        except TypeError:
+            epoch = None
+        traj, drawn = Trajectory(), []
+        saving = _Saving(self, state, traj, total, total // 2)
+        with preserved_rng():
+            seed_all(SEED)
+            self.run(state, _draws(lambda: state[key], 0, total, drawn), 0, traj, after=saving, planned=total)
+        saved_at = saving.truth.get("_saved_at")
+        trained = len(traj.steps)
+        release_training_memory(state)
+        state = loader = None
+        if saved_at is None or saved_at >= trained:
+            raise SetupError(
+                f"no optimizer step happened between micro-steps {total // 2} and {total - 1} of the run drawn from "
+                "your loader to save after (raise C1.steps above your gradient accumulation)"
+            )
+        result = DataResume(key, "", "", trained, saved_at, epoch, drawn[:saved_at], drawn[saved_at:trained], [])
+        fresh = self.state()
+        result.loader = type(fresh[key]).__name__
+        with preserved_rng():
+            seed_all(SEED + 1)  # a new process: the global RNGs are wherever they are
+            try:
+                user_call("load_checkpoint", lambda: self.load(fresh, str(saving.path)))
+            except RoleError as exc:  # C1's resume reports the load that raises
+                result.load_error = exc.message
+                return result
+            if fresh.get(key) is None:
+                result.unreadable = f"your load left no state['{key}']"
+                return result
+            result.resumed_loader = type(fresh[key]).__name__
+            for _ in _draws(lambda: fresh[key], saved_at, trained - saved_at, result.resumed):
+                pass
+        if any(d is None for d in result.before + result.expected + result.resumed):
+            result.unreadable = "a batch holds no tensor with a batch dimension to tell its examples apart"
+        release_training_memory(fresh)
+        return result
+
     def uninterrupted_again(self, total: int, saved_at: int) -> Trajectory:
         """The uninterrupted run once more, the same way (fresh objects at the seed, the same batches, the same
         save after micro-step ``saved_at``): whether the run reproduces itself (C1 asks only when no piece put
@@ -417,6 +475,84 @@ class LoopSetup:
                 "(raise C1.steps above your gradient accumulation)"
             )
         return baseline
+
+
+#: the seeds of the data-position runs: per draw position, and per example index
+DRAW_SEED, EXAMPLE_SEED = SEED + 7919, SEED + 104729
+
+
+def loader_key(state: Mapping[str, Any]) -> str | None:
+    """The key of the training dataloader in a training dict: a ``torch.utils.data.DataLoader`` (Accelerate's
+    prepared loaders and torchdata's StatefulDataLoader are ones) under ``dataloader`` / ``train_dataloader``
+    / ``train_loader``, or the only one the dict holds. None when there is none (or several, none so named)."""
+    from torch.utils.data import DataLoader
+
+    found = [k for k, v in state.items() if isinstance(k, str) and isinstance(v, DataLoader)]
+    for name in ("dataloader", "train_dataloader", "train_loader"):
+        if name in found:
+            return name
+    return found[0] if len(found) == 1 else None
+
+
+@contextlib.contextmanager
+def _seeded_examples(loader: Any) -> Iterator[None]:
+    """While active, each example of the loader's map-style dataset (read in this process: no workers) is
+    read with the global RNGs seeded by its index, so that a random augmentation gives an example the same
+    content in every draw. The dataset's class is put back afterwards."""
+    from torch.utils.data import IterableDataset
+
+    ds = getattr(loader, "dataset", None)
+    cls = type(ds)
+    if ds is None or getattr(loader, "num_workers", 0) or isinstance(ds, IterableDataset):
+        yield
+        return
+
+    def index_seed(index: Any) -> int:
+        if isinstance(index, int):
+            return index
+        import zlib
+
+        return zlib.crc32(repr(index).encode())
+
+    def getitem(self: Any, index: Any) -> Any:
+        seed_all(EXAMPLE_SEED + index_seed(index))
+        return cls.__getitem__(self, index)
+
+    attrs: dict[str, Any] = {"__getitem__": getitem, "__module__": cls.__module__}
+    if hasattr(cls, "__getitems__"):
+        attrs["__getitems__"] = lambda self, indices: [getitem(self, i) for i in indices]
+    try:
+        ds.__class__ = type(cls.__name__, (cls,), attrs)
+    except TypeError:  # a class whose instances cannot change class (slots, an extension type)
+        yield
+        return
+    try:
+        yield
+    finally:
+        ds.__class__ = cls
+
+
+def _draws(get: Callable[[], Any], start: int, n: int, out: list[Any]) -> Iterator[Any]:
+    """Batches ``start .. start+n-1`` of a run drawn from the loader ``get()`` returns (a new epoch when it
+    runs out), each with the global RNGs set by its position; the examples of each are written to ``out``."""
+    it = None
+    for p in range(start, start + n):
+        seed_all(DRAW_SEED + p)
+        with _seeded_examples(get()):
+            if it is None:
+                it = iter(get())
+            try:
+                batch = next(it)
+            except StopIteration:
+                seed_all(DRAW_SEED + p)
+                it = iter(get())
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return
+        seed_all(DRAW_SEED + p)  # the step's own draws: the same in both runs whatever the examples drew
+        out.append(example_digests(batch))
+        yield batch
 
 
 class _Saving:

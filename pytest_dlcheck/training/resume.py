@@ -228,6 +228,78 @@ class ResumeRun:
 
 
 # --------------------------------------------------------------------------------------------------
+# the data position: which examples the resumed epoch trains
+
+
+@dataclass
+class ExampleCount:
+    """The examples of a run that resumes after step ``saved_at`` against the uninterrupted run's, counted
+    as multisets of content digests over the compared steps."""
+
+    before: int  # examples trained up to the save (the same in both runs)
+    expected: int  # examples the uninterrupted run trains after the save
+    trained: int  # examples the resumed run trains after the save
+    repeated: int  # examples the resumed run trains more often than the uninterrupted run (trained twice)
+    never: int  # examples the uninterrupted run trains that the resumed run never trains
+    other: int  # resumed examples the uninterrupted run does not train in these steps (not recognised)
+    same: bool  # the resumed steps train the uninterrupted run's batches, step by step
+
+    @property
+    def conclusive(self) -> bool:
+        """Examples trained twice are recognised by content whatever else differs; examples never seen count
+        only when every resumed example is recognised (nothing drawn from outside the compared steps)."""
+        return not self.same and (self.repeated > 0 or (self.never > 0 and self.other == 0))
+
+
+def count_examples(before: list[list[str]], expected: list[list[str]], resumed: list[list[str]]) -> ExampleCount:
+    """Count, per content digest, the examples trained up to the save (``before``, per step) and after it by
+    the uninterrupted run (``expected``) and by the resumed run (``resumed``)."""
+    from collections import Counter
+
+    flat = lambda steps: [d for step in steps for d in step]  # noqa: E731
+    pre, post, again = flat(before), flat(expected), flat(resumed)
+    uninterrupted, resumed_all = Counter(pre + post), Counter(pre + again)
+    return ExampleCount(
+        before=len(pre),
+        expected=len(post),
+        trained=len(again),
+        repeated=sum(max(0, n - uninterrupted[d]) for d, n in resumed_all.items() if d in uninterrupted),
+        never=sum(max(0, n - resumed_all[d]) for d, n in uninterrupted.items()),
+        other=sum(n for d, n in resumed_all.items() if d not in uninterrupted),
+        same=len(expected) == len(resumed) and all(a == b for a, b in zip(expected, resumed, strict=True)),
+    )
+
+
+@dataclass
+class DataResume:
+    """C1's and C10's data-position run of a plain loop or an Accelerate loop whose training dict holds its
+    dataloader: the uninterrupted run trains ``steps`` micro-steps drawn from ``state[key]``, saved after
+    ``saved_at``; fresh objects loaded by the user's load draw the rest from their own ``state[key]``."""
+
+    key: str
+    loader: str  # the class of the loader the fresh objects hold
+    resumed_loader: str  # the class of what ``state[key]`` is after the user's load
+    steps: int
+    saved_at: int
+    epoch: int | None  # batches in an epoch of the loader, when it has a length
+    before: list[list[str]]
+    expected: list[list[str]]
+    resumed: list[list[str]]
+    #: why the examples could not be read (a batch without a batch dimension), or None
+    unreadable: str | None = None
+    #: the user's load raised on the checkpoint (C1's main resume reports it): its message
+    load_error: str | None = None
+
+    def count(self) -> ExampleCount:
+        return count_examples(self.before, self.expected, self.resumed)
+
+    def replayed(self) -> list[tuple[int, int]]:
+        """(resumed step, the step before the save whose batch it trains again), for identical batches."""
+        first = {tuple(b): i + 1 for i, b in reversed(list(enumerate(self.before)))}
+        return [(self.saved_at + 1 + i, first[tuple(b)]) for i, b in enumerate(self.resumed) if tuple(b) in first]
+
+
+# --------------------------------------------------------------------------------------------------
 # what a resume's own loading reports
 
 

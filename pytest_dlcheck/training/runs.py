@@ -442,6 +442,8 @@ class StepRecord:
     #: the gradient norm at ``optimizer.step()`` when the user's step changed the gradients after the backward
     #: (clipped them): ``grad_norm`` is then the norm before, as ``clip_grad_norm_`` returns it
     clipped_norm: float | None = None
+    #: a content digest of each example trained at this step (:func:`example_digests`), every micro-batch's
+    examples: list[str] | None = None
 
 
 def batch_digest(batch: Any) -> float | None:
@@ -468,6 +470,63 @@ def batch_digest(batch: Any) -> float | None:
             flat = t.detach().flatten().double().cpu()
             total += float((flat * torch.arange(1, flat.numel() + 1, dtype=torch.float64)).sum())
         return total
+
+
+def _trimmed(row: torch.Tensor) -> torch.Tensor:
+    """A 1-D row without the runs of one value at its two ends (the padding a collator adds, left or right,
+    as long as the batch needs): the same example padded to two batch lengths trims to the same row."""
+    if row.ndim != 1 or row.numel() < 2:
+        return row
+    flat = row
+    keep = flat != flat[-1]
+    end = int(keep.nonzero().max()) + 1 if bool(keep.any()) else 0
+    flat = flat[:end]
+    if flat.numel() < 2:
+        return flat
+    keep = flat != flat[0]
+    start = int(keep.nonzero().min()) if bool(keep.any()) else flat.numel()
+    return flat[start:]
+
+
+def example_digests(batch: Any) -> list[str] | None:
+    """A content digest of each example (row) of a collated batch: every tensor whose first dimension is
+    the batch size, row by row, padding trimmed (:func:`_trimmed`). The same example drawn into two batches
+    has the same digest (two identical rows too: they are counted as a multiset). None when the batch holds
+    no tensor with a batch dimension."""
+    import hashlib
+
+    tensors: list[tuple[str, torch.Tensor]] = []
+
+    def walk(value: Any, where: str, depth: int) -> None:
+        if depth > 4:
+            return
+        if torch.is_tensor(value):
+            tensors.append((where, value))
+        elif isinstance(value, Mapping):
+            for k in sorted(value, key=str):
+                walk(value[k], f"{where}.{k}", depth + 1)
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                walk(v, f"{where}[{i}]", depth + 1)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for f in dataclasses.fields(value):
+                walk(getattr(value, f.name, None), f"{where}.{f.name}", depth + 1)
+
+    walk(batch, "", 0)
+    sized = [(w, t) for w, t in tensors if t.ndim >= 1]
+    if not sized:
+        return None
+    n = int(sized[0][1].shape[0])
+    rows = [(w, t.detach().cpu()) for w, t in sized if int(t.shape[0]) == n]
+    out = []
+    for i in range(n):
+        h = hashlib.sha1()
+        for where, t in rows:
+            row = _trimmed(t[i]).contiguous()
+            h.update(f"{where}:{row.dtype}:{tuple(row.shape)}".encode())
+            h.update(row.reshape(-1).view(torch.uint8).numpy().tobytes() if row.numel() else b"")
+        out.append(h.hexdigest()[:16])
+    return out
 
 
 @dataclass

@@ -30,6 +30,7 @@ from .runs import (
     is_lightning_trainer,
     loss_tensor,
     model_call,
+    targets_of,
     to_device,
 )
 from .trainer import TrainerSetup
@@ -62,7 +63,8 @@ def get_setup(ctx: Any) -> Any:
     if module is not MISSING:
         dm = ctx.role("datamodule")
         l_trainer = trainer if trainer is not MISSING and is_lightning_trainer(trainer) else MISSING
-        setup = ctx.memo((module, dm), "training:setup", lambda: LightningSetup(module, dm, l_trainer, tmp))
+        callbacks = ctx.role("lightning_callbacks")  # else those of the Lightning Trainer given as dlcheck_trainer
+        setup = ctx.memo((module, dm), "training:setup", lambda: LightningSetup(module, dm, l_trainer, tmp, callbacks))
         setup.make_room = ctx.state.make_room  # a copy it trains lets the session's spares go
         return setup
     ctx.skip(
@@ -245,6 +247,92 @@ def modes(model: Any, train: bool) -> Iterator[Any]:
     finally:
         for m, flag in saved:
             m.training = flag
+
+
+#: torchvision's detectors: their forward returns the loss dict in train mode only (detections in eval mode)
+_TRAIN_MODE_LOSSES = ("GeneralizedRCNN", "RetinaNet", "FCOS", "SSD")
+
+
+def losses_in_train_mode(model: Any) -> str | None:
+    """Why ``model`` computes its losses in train mode only, or None: a torchvision detector (Faster/Mask/Keypoint
+    R-CNN, RetinaNet, FCOS, SSD/SSDlite) returns its loss dict when ``model.training`` and its detections
+    otherwise, so a loss asked of it in eval mode is a condition its pipeline never produces."""
+    inner = getattr(model, "module", model)  # a DDP / DataParallel wrapper's module
+    for cls in type(inner).__mro__:
+        if cls.__name__ in _TRAIN_MODE_LOSSES and cls.__module__.startswith("torchvision.models.detection"):
+            return (
+                f"{type(inner).__name__} (torchvision detection) returns its losses in train mode only (in eval mode "
+                "its forward returns detections)"
+            )
+    return None
+
+
+#: the layers whose train/eval flag changes what a forward computes (statistics, dropout masks)
+_NORM_DROPOUT = (
+    torch.nn.modules.batchnorm._BatchNorm,
+    torch.nn.modules.instancenorm._InstanceNorm,
+    torch.nn.modules.dropout._DropoutNd,
+)
+
+
+@contextlib.contextmanager
+def loss_modes(model: Any) -> Iterator[Any]:
+    """The modes a loss is measured in under eval conditions: eval mode; but a model whose losses exist in train
+    mode only (:func:`losses_in_train_mode`) is put in train mode, as its pipeline computes them, with its
+    BatchNorm / InstanceNorm / dropout layers in eval mode (running statistics, no dropout: the eval conditions
+    the flag stands for; torchvision's pretrained detectors use FrozenBatchNorm2d, which has no flag). Every
+    submodule's own flag is restored afterwards."""
+    saved = [(m, m.training) for m in model.modules()]
+    if losses_in_train_mode(model) is None:
+        model.train(False)
+    else:
+        model.train(True)
+        for m in model.modules():
+            if isinstance(m, _NORM_DROPOUT):
+                m.training = False
+    try:
+        yield model
+    finally:
+        for m, flag in saved:
+            m.training = flag
+
+
+def soft_targets(targets: Any) -> bool:
+    """Whether ``targets`` are soft targets: a float ``(batch, classes)`` tensor whose rows are distributions
+    (non-negative, summing to 1), as Mixup/CutMix and label smoothing make them for a cross-entropy."""
+    if not isinstance(targets, torch.Tensor) or not targets.is_floating_point() or targets.dim() != 2:
+        return False
+    if targets.shape[-1] < 2 or targets.numel() == 0:
+        return False
+    t = targets.detach().float()
+    return bool((t >= -1e-6).all()) and bool(
+        torch.allclose(t.sum(-1), torch.ones(t.shape[0], device=t.device), atol=1e-3)
+    )
+
+
+def with_targets(batch: Any, targets: Any) -> Any:
+    """The batch with its targets (``labels``/``label``, or the second item of a pair) replaced, of its own type;
+    the batch itself is left as it was."""
+    from .runs import with_field
+
+    if isinstance(batch, Mapping):
+        return with_field(batch, "labels" if "labels" in batch else "label", targets)
+    items = [batch[0], targets, *batch[2:]]
+    return type(batch)(items) if isinstance(batch, list) else tuple(items)
+
+
+def as_soft_targets(batch: Any, like: Any) -> Any:
+    """``batch`` with its class indices as one-hot soft targets when the training's batches (``like``) hold soft
+    targets (:func:`soft_targets`) of as many classes, else None: a loss built for soft targets (timm's
+    SoftTargetCrossEntropy after Mixup) takes them, and its value on a one-hot target is the cross-entropy on the
+    class index."""
+    y, ref = targets_of(batch), targets_of(like)
+    if not soft_targets(ref) or not isinstance(y, torch.Tensor) or y.is_floating_point() or y.dim() != 1:
+        return None
+    classes = int(ref.shape[-1])
+    if y.numel() == 0 or int(y.min()) < 0 or int(y.max()) >= classes:
+        return None
+    return with_targets(batch, torch.nn.functional.one_hot(y.long(), classes).to(ref.dtype))
 
 
 def decode_example(ctx: Any, batch: Any, row: int = 0, limit: int = 120) -> str | None:
@@ -463,9 +551,10 @@ def _nonfinite(s: Any) -> bool:
 
 
 def mean_loss(fresh: Fresh, batches: list[Any]) -> float | None:
-    """Mean eval-mode loss of ``fresh`` over ``batches`` (no gradients, modes restored)."""
+    """Mean eval-mode loss of ``fresh`` over ``batches`` (no gradients, modes restored; a model whose losses exist
+    in train mode only is measured as :func:`loss_modes` says)."""
     values = []
-    with modes(fresh.model, train=False), torch.no_grad():
+    with loss_modes(fresh.model), torch.no_grad():
         for batch in batches:
             try:
                 values.append(float(fresh.loss(batch)))

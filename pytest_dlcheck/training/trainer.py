@@ -34,6 +34,7 @@ from .runs import (
     Trajectory,
     as_float,
     digest,
+    example_digests,
     fresh_modules,
     grad_report,
     is_grpo,
@@ -260,6 +261,7 @@ class TrainerSetup:
             steps = min(steps, max(1, max_micro // accum))
         clone = self.clone("smoke", max_steps=steps)
         traj = Trajectory()
+        _record_examples(clone, traj)
         clone.add_callback(self._recorder(traj, digests=bool(save_from), digest_after=save_from or 0))
         traj.notes["optimizer"] = None
         saving = _BaselineSave(clone, save_from, tolerant=True) if save_from and save_from < steps else None
@@ -302,6 +304,7 @@ class TrainerSetup:
             "resume", max_steps=total, **({"ignore_data_skip": False} if "data position" in restore else {})
         )
         traj = Trajectory()
+        _record_examples(clone, traj)
         clone.add_callback(self._recorder(traj, digests=True))
         truth = base.truth
         loads = _patch_trainer_restore(clone, truth, restore)
@@ -329,6 +332,7 @@ class TrainerSetup:
         identical)."""
         clone = self.clone("again", max_steps=total)
         traj = Trajectory()
+        _record_examples(clone, traj)
         clone.add_callback(self._recorder(traj, digests=True, digest_after=saved_at))
         _BaselineSave(clone, saved_at)
         with _quiet():
@@ -342,6 +346,7 @@ class TrainerSetup:
         if key not in cache:
             clone = self.clone("run", max_steps=total)
             traj = Trajectory()
+            _record_examples(clone, traj)
             clone.add_callback(self._recorder(traj, digests=True, digest_after=k))
             saving = _BaselineSave(clone, k)
             with _quiet():
@@ -429,6 +434,21 @@ class _BaselineSave:
             return None
         self.truth["_saved_at"] = self.k
         return Baseline(traj, self.truth, ckpt, _trainer_pieces(self.clone, ckpt))
+
+
+def _record_examples(clone: Any, traj: Trajectory) -> None:
+    """Write down, per optimizer step, a content digest of each example the clone trains (every micro-batch
+    its ``training_step`` is given): which examples a resumed epoch trains, against the uninterrupted one."""
+    step = clone.training_step
+
+    def training_step(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        found = example_digests(inputs)
+        if found is not None:
+            rec = traj.record(clone.state.global_step + 1)
+            rec.examples = (rec.examples or []) + found
+        return step(model, inputs, *args, **kwargs)
+
+    clone.training_step = training_step
 
 
 def _let_go(clone: Any) -> None:

@@ -1,0 +1,265 @@
+"""C1 and C10: the data position across a mid-epoch save and resume (issue 31 item 2, issue 29 item 4).
+
+After the resume the data comes from the user's own data path — the loader the training dict holds, as the
+user's load leaves it — and the examples of the resumed epoch are counted by content against the uninterrupted
+epoch's: trained twice, never seen. Each buggy pipeline has a correct twin that passes."""
+
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+import tiny_train as tt  # noqa: E402
+
+COMMON = """
+    import itertools, os
+    import pytest, torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.set_num_threads(1)
+    # 8 examples, 2 a batch: an epoch of 4 steps, C1's run (saved after step 2)
+    DATA = TensorDataset(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)), torch.arange(8) % 2)
+
+    def step(state, batch):
+        x, y = batch
+        loss = nn.functional.cross_entropy(state["model"](x), y)
+        loss.backward()
+        state["optimizer"].step()
+        state["optimizer"].zero_grad()
+        state["step"] += 1
+        return loss
+"""
+
+LOOP = (
+    COMMON
+    + """
+    def make():
+        model = nn.Linear(4, 2)
+        loader = DataLoader(DATA, batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(1))
+        return {{"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1), "dataloader": loader,
+                "step": 0}}
+
+    def save(state, path):
+        torch.save({{"model": state["model"].state_dict(), "optimizer": state["optimizer"].state_dict(),
+                    "step": state["step"]}}, path)
+
+    def load(state, path):
+        ckpt = torch.load(path)
+        state["model"].load_state_dict(ckpt["model"])
+        state["optimizer"].load_state_dict(ckpt["optimizer"])
+        state["step"] = ckpt["step"]
+        {skip}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return DataLoader(DATA, batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(1))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_train_step():
+        return step
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        return load
+"""
+)
+
+#: the correct loop: the same shuffle (a generator seeded in the factory), the trained batches skipped
+SKIP = 'state["dataloader"] = itertools.islice(state["dataloader"], ckpt["step"], None)'
+
+COUNTS = re.compile(r"(\d+) examples trained twice, (\d+) never seen in the resumed epoch")
+
+
+def _counts(text: str) -> tuple[int, int]:
+    found = COUNTS.search(text)
+    assert found, text
+    return int(found.group(1)), int(found.group(2))
+
+
+def test_loop_whose_resume_restarts_the_epoch(project):
+    project.conftest(LOOP.format(skip=""))
+    run = project.run("--dlcheck=C1")
+    run.assert_outcome("C1", "failed")
+    text = tt.section(run, "C1")
+    assert (
+        "the uninterrupted run draws steps 1-4 (the whole first epoch) from state['dataloader'] (DataLoader) and "
+        "saves after step 2" in text
+    ), text
+    # the same shuffle again from the first batch: the two batches before the save are trained twice, the
+    # epoch's last two never
+    assert "over steps 1-4: 4 examples trained twice, 4 never seen in the resumed epoch" in text, text
+    assert "step 3 = step 1's batch, step 4 = step 2's batch" in text, text
+    assert "does not restore the data position" in text and "the epoch starts again from its first batch" in text
+    assert "StatefulDataLoader" in text and "itertools.islice(loader, step_in_epoch, None)" in text
+
+
+def test_loop_that_skips_the_trained_batches_passes(project):
+    project.conftest(LOOP.format(skip=SKIP))
+    run = project.run("--dlcheck=C1", "-rA")
+    run.assert_outcome("C1", "passed")
+    run.fnmatch(
+        [
+            "data position: the uninterrupted run draws steps 1-4 (the whole first epoch) from state['dataloader'] "
+            "(DataLoader) and saves after step 2 through dlcheck_save_checkpoint / dlcheck_load_checkpoint; fresh "
+            "objects loaded by your dlcheck_load_checkpoint draw steps 3-4 from their state['dataloader'] (a islice "
+            "after the load): the uninterrupted run's batches, step by step (over steps 1-4: 8 examples, none "
+            "trained twice, none lost)",
+        ]
+    )
+
+
+def test_loop_without_a_loader_in_its_state_says_the_data_position_is_not_judged(project):
+    source = LOOP.format(skip="").replace('"dataloader": loader,', "")
+    project.conftest(source)
+    run = project.run("--dlcheck=C1", "-rA")
+    run.assert_outcome("C1", "passed")
+    run.fnmatch(["data position: not judged: the dlcheck_make_training dict holds no dataloader*"])
+
+
+ACCELERATE = (
+    COMMON
+    + """
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    def make():
+        acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler={seedable}))
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(DATA, batch_size=2, shuffle=True)
+        model, opt, loader = acc.prepare(model, opt, loader)
+        return {{"accelerator": acc, "model": model, "optimizer": opt, "dataloader": loader, "step": 0}}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return DataLoader(DATA, batch_size=2, shuffle=True)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_train_step():
+        def accelerate_step(state, batch):
+            acc = state["accelerator"]
+            with acc.accumulate(state["model"]):
+                x, y = batch
+                loss = nn.functional.cross_entropy(state["model"](x), y)
+                acc.backward(loss)
+                state["optimizer"].step()
+                state["optimizer"].zero_grad()
+            state["step"] += 1
+            return loss
+
+        return accelerate_step
+"""
+)
+
+#: the correct Accelerate resume: save_state plus the step; load_state, then skip_first_batches on the same
+#: (seedable) shuffle
+ACCELERATE_SKIP = """
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        def save(state, path):
+            state["accelerator"].save_state(path)
+            torch.save({"step": state["step"]}, os.path.join(path, "step.pt"))
+
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        def load(state, path):
+            state["accelerator"].load_state(path)
+            state["step"] = torch.load(os.path.join(path, "step.pt"))["step"]
+            state["dataloader"] = state["accelerator"].skip_first_batches(state["dataloader"], state["step"])
+
+        return load
+"""
+
+
+def test_accelerate_save_state_without_a_skip_repeats_examples(project):
+    project.conftest(ACCELERATE.format(seedable=False))
+    run = project.run("--dlcheck=C1,C10")
+    for cid in ("C1", "C10"):
+        run.assert_outcome(cid, "failed")
+        text = tt.section(run, cid)
+        assert "from state['dataloader'] (DataLoaderShard)" in text, text
+        twice, never = _counts(text)
+        # a full epoch compared: each example trained twice pushes one out of the epoch
+        assert twice > 0 and twice == never, text
+        assert "does not restore the data position" in text, text
+        assert "accelerator.skip_first_batches(state['dataloader'], step_in_epoch)" in text, text
+        assert "use_seedable_sampler=True" in text and "use_stateful_dataloader=True" in text, text
+
+
+def test_accelerate_skip_on_a_reshuffled_epoch_repeats_examples(project):
+    # skip_first_batches after load_state, but the resumed epoch is shuffled anew (no seedable sampler): the
+    # batches skipped are not the ones trained
+    project.conftest(ACCELERATE.format(seedable=False) + ACCELERATE_SKIP)
+    run = project.run("--dlcheck=C1,C10")
+    for cid in ("C1", "C10"):
+        run.assert_outcome(cid, "failed")
+        text = tt.section(run, cid)
+        twice, never = _counts(text)
+        assert twice > 0 and twice == never, text
+        assert "(a DataLoaderShard after the load)" not in text  # the same class: no note
+        assert "use_seedable_sampler=True" in text, text
+
+
+def test_accelerate_skip_with_a_seedable_sampler_passes(project):
+    project.conftest(ACCELERATE.format(seedable=True) + ACCELERATE_SKIP)
+    run = project.run("--dlcheck=C1,C10", "-rA")
+    run.assert_outcome("C1", "passed")
+    run.assert_outcome("C10", "passed")
+    run.fnmatch(
+        [
+            "data position: the uninterrupted run draws steps 1-4 (the whole first epoch) from state['dataloader'] "
+            "(DataLoaderShard) and saves after step 2 through dlcheck_save_checkpoint / dlcheck_load_checkpoint; "
+            "fresh objects loaded by your dlcheck_load_checkpoint draw steps 3-4 from their state['dataloader']: the uninterrupted "
+            "run's batches, step by step (over steps 1-4: 8 examples, none trained twice, none lost)",
+        ]
+    )
+
+
+SFT = """
+    import pytest, tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        data = Dataset.from_dict({{"prompt": tiny.PROMPTS * 2, "completion": tiny.COMPLETIONS * 2}})
+        args = tiny.trainer_args(tmp_path_factory.mktemp("o"), SFTConfig, learning_rate=1e-3, {args})
+        return SFTTrainer(model=tiny.llama(tok), args=args, processing_class=tok, train_dataset=data)
+"""
+
+
+def test_trainer_ignoring_the_data_skip_counts_the_repeated_examples(project):
+    project.conftest(SFT.format(args="ignore_data_skip=True"))
+    run = project.run("--dlcheck=C1")
+    run.assert_outcome("C1", "failed")
+    text = tt.section(run, "C1")
+    found = re.search(r"over steps 1-4: (\d+) examples trained twice, (\d+) never seen in steps 3-4", text)
+    assert found, text
+    twice, never = int(found.group(1)), int(found.group(2))
+    assert twice > 0 and never > 0, text
+    assert "putting back data position from the uninterrupted run after the load makes the resumed run identical" in (
+        text
+    ), text
+    assert "ignore_data_skip=False" in text, text
+
+
+def test_trainer_default_data_skip_passes(project):
+    project.conftest(SFT.format(args="ignore_data_skip=False"))
+    run = project.run("--dlcheck=C1", "-rA")
+    run.assert_outcome("C1", "passed")
