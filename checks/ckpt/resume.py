@@ -35,6 +35,27 @@ def _hand_what(run: Any) -> str:
     )
 
 
+def _callback_what(run: Any, piece: str, lost_emas: dict[str, Any]) -> str:
+    """The cause's words for a Lightning callback whose state the checkpoint does not restore: the EMA it keeps
+    when that is what differs, else the attributes that changed during training."""
+    label = piece.removeprefix("callback ")
+    held = (run.uninterrupted.notes.get("callbacks") or {}).get(label, {})
+    saves = run.pieces.get(piece) == "callbacks"
+    how = (
+        "its state_dict() leaves them out"
+        if saves
+        else f"{label} defines no state_dict(), so Lightning saves nothing of it in the .ckpt"
+    )
+    emas = [d for name, d in lost_emas.items() if name.startswith(piece + ".")]
+    if emas:
+        return _ema_what(emas[0]) + f" ({how})"
+    attrs = ", ".join(f"self.{a}" for a in held.get("changed", [])[:4]) or "its attributes"
+    return (
+        f"the state of your callback {label} ({attrs} changed during training): Lightning keeps a callback's state "
+        f"only through its state_dict(), and {how}: the resumed fit starts the callback over"
+    )
+
+
 def _lr_side(run: Any) -> str | None:
     """``step 3: 0.0033 vs 0.01, ...``: the learning rates of the resumed steps beside the uninterrupted
     run's, when they differ somewhere (None otherwise)."""
@@ -401,7 +422,7 @@ def _diagnose(
     return None, runs, tried
 
 
-def _fix(setup: Any, missing: list[str]) -> str:
+def _fix(setup: Any, missing: list[str], run: Any = None) -> str:
     if setup.kind == "trainer":
         args = setup.trainer.args
         parts = []
@@ -434,6 +455,20 @@ def _fix(setup: Any, missing: list[str]) -> str:
             )
         if "model" in missing:
             parts.append("keep every trained tensor registered (a Parameter or buffer) so it lands in state_dict")
+        held = (run.uninterrupted.notes.get("callbacks") or {}) if run is not None else {}
+        lost = [d["name"] for d in run.ema_mismatch()] if run is not None else []
+        for piece in (p for p in missing if p.startswith("callback ")):
+            label = piece.removeprefix("callback ")
+            attrs = ", ".join(f"self.{a}" for a in held.get(label, {}).get("changed", [])[:4]) or "its state"
+            ema = any(name.startswith(piece + ".") for name in lost)
+            parts.append(
+                f"give your callback {label.split('#')[0]} state_dict() returning {attrs}"
+                + (" (the EMA module's state_dict(), not the module)" if ema else "")
+                + " and load_state_dict() putting "
+                + ("it back into the EMA once the callback has built it" if ema else "them back")
+                + ": Lightning saves a callback's state_dict() in the .ckpt and hands it back on fit(ckpt_path=...)"
+                + (" (or use Lightning's EMAWeightAveraging callback, which saves its average)" if ema else "")
+            )
         return "; ".join(parts) or "save and restore every piece of the training state in the checkpoint"
     if setup.kind == "accelerate" and setup.checkpoint_how().startswith("accelerator."):
         pieces = [p for p in missing if p != "data position"]
@@ -614,12 +649,14 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
     cause = "the checkpoint does not restore " + "; nor ".join(
         _ema_what(lost_emas[p])
         if p in lost_emas
+        else _callback_what(run, p, lost_emas)
+        if p.startswith("callback ")
         else _hand_what(run)
         if p == "hand-stepped scheduler"
         else WHAT.get(p, f"state['{p}']")
         for p in missing
     )
-    fix = _fix(setup, missing)
+    fix = _fix(setup, missing, run)
     if "model" in missing and run.loads:
         evidence.extend(f"your load reported: {line}" for line in run.loads)
     if "model" in missing and keys_mismatch(run.loads):
