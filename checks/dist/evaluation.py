@@ -314,9 +314,8 @@ def check_eval_counts(dlcheck):
             "your Trainer's evaluate() is not launched yet (its evaluation loop gathers with "
             "accelerator.gather_for_metrics itself; a compute_metrics is not run in the ranks yet)"
         )
-    dlcheck.require("dist_eval")
-    if setup.kind != "accelerate":
-        dlcheck.require("make_eval_dataloader")
+    # an Accelerate user's factory may hand over the prepared eval DataLoader itself; a plain loop's comes from hers
+    dlcheck.require("dist_eval", *(() if setup.kind == "accelerate" else ("make_eval_dataloader",)))
     world = measure.world_size(dlcheck)
     run = eval_launch(dlcheck, world)
     recs = measure.records(dlcheck, run, "eval")
@@ -383,7 +382,7 @@ def check_eval_counts(dlcheck):
                     "then count each example once"
                 )
             elif total > n and rows == total:
-                evidence[0] += f": {rows - n} duplicates padding the last batches"
+                evidence[0] += f": {rows - n} duplicate{'s' if rows - n > 1 else ''} padding the last batches"
                 cause = (
                     f"the eval loader repeats {total - n} example(s) so that every rank gets the same number of "
                     "batches, and "

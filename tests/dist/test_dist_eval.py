@@ -91,3 +91,26 @@ def test_ddp_loss_all_reduced_over_an_unpadded_split_passes(project):
     found = re.search(r"eval_loss = ([\d.]+) on ranks 0, 1 of 2, .* over the 9 eval examples gives ([\d.]+)", text)
     assert found and found.group(1) == found.group(2), text
     _no_leftover_process()
+
+
+def test_ddp_all_gather_of_a_padded_sampler_counts_the_padding(project):
+    project.conftest(te.dist_project("eval_losses_all_gather", "padded_eval_loader"))
+    run = project.run("--dlcheck=D7", "-rA")
+    run.assert_outcome("D7", "failed")
+    d7 = _flat(run.section("D7"))
+    assert "10 predictions gathered on rank 0 for 9 eval examples (a Tensor of 10 rows): 1 duplicate padding" in d7
+    assert "the gather (all_gather) returns every rank's batches as they are, the repeats included" in d7
+    assert "gather the example indices with the predictions and keep the first of each" in d7
+    assert "gather_for_metrics" not in d7  # a plain DDP loop has no Accelerator
+    _no_leftover_process()
+
+
+def test_ddp_mean_of_the_ranks_means_over_unequal_shards(project):
+    project.conftest(te.dist_project("eval_loss_mean_of_ranks", "unpadded_eval_loader"))
+    run = project.run("--dlcheck=D7", "-rA")
+    run.assert_outcome("D7", "failed")
+    d7 = _flat(run.section("D7"))
+    assert "9 eval examples dealt as 9 indices: rank 0: 5, rank 1: 4" in d7
+    assert "the ranks' shards differ in size (5, 4 examples) and their eval_loss are averaged with equal weights" in d7
+    assert "all_reduce the sums and the counts on every rank, then divide" in d7
+    _no_leftover_process()

@@ -75,6 +75,28 @@ def eval_loss_rank0_only(state, loader):
     return {"eval_loss": float(total[0] / total[1])} if dist.get_rank() == 0 else None
 
 
+def eval_loss_mean_of_ranks(state, loader):
+    """Buggy over shards of different sizes: the mean of the ranks' means (each rank's example weighs 1/its count)."""
+    total = _local_sums(state, loader)
+    mean = total[0] / total[1]
+    dist.all_reduce(mean)
+    return {"eval_loss": float(mean / dist.get_world_size())}
+
+
+def eval_losses_all_gather(state, loader):
+    """Buggy over a padded sampler: every example's loss gathered with dist.all_gather, the padding included."""
+    model = state["model"]
+    model.eval()
+    gathered = []
+    with torch.no_grad():
+        for batch in loader:
+            losses = _example_losses(model, batch)
+            parts = [torch.empty_like(losses) for _ in range(dist.get_world_size())]
+            dist.all_gather(parts, losses)
+            gathered += parts
+    return torch.cat(gathered)
+
+
 # ---- Accelerate: the eval loader prepared beside the training objects
 
 
