@@ -3,6 +3,7 @@
 from ...errors import MISSING
 from ...registry import applicability, kind_rule
 from ...roles import role
+from ..shared.training_users import rl_agent_only
 
 role(
     "generation_prompts",
@@ -23,9 +24,14 @@ role(
 @applicability("llm")
 def concerns_token_data(ctx) -> str | None:
     """The llm checks do not concern a pipeline with no tokenizer and no Trainer whose training data are
-    not token batches (images and labels, rollouts): drawing its sample says so ("not applicable")."""
+    not token batches (images and labels, rollouts): drawing its sample says so ("not applicable"). Nor a
+    reinforcement-learning agent with no supervised training (an SB3 algorithm, a CleanRL loop's env and
+    update): asking it for a tokenizer names fixtures that do not describe it."""
     if ctx.role("tokenizer") is not MISSING or ctx.role("trainer") is not MISSING:
         return None
+    agent = rl_agent_only(ctx, "llm")
+    if agent:
+        return agent
     if ctx.role("dataloader") is MISSING and ctx.role("collator") is MISSING:
         return None  # nothing to look at: the missing role is the honest answer
     from ...sampling import get_sample

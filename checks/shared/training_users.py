@@ -42,6 +42,7 @@ RUNS = {
     "ckpt": "the ckpt checks save and resume a supervised training (an RL agent's save/load is R4's)",
     "smoke": "the smoke checks watch a short supervised training run on batches of a dataset",
     "dist": "the dist checks launch a supervised training loop in several processes",
+    "llm": "the llm checks read a language model's token batches",
 }
 
 

@@ -1,4 +1,4 @@
-"""The training domains (train, ckpt, smoke, dist) and a reinforcement-learning agent: an SB3 algorithm has no
+"""The training domains (train, ckpt, smoke, dist), the llm domain and a reinforcement-learning agent: an SB3 algorithm has no
 supervised training step and no dataset, so their checks are not applicable to it (not a request for
 dlcheck_make_training or a dataloader, fixtures that would not make them judge it); a supervised loop missing its
 dataloader is still asked for it."""
@@ -8,7 +8,7 @@ import json
 import stable_baselines3  # noqa: F401 - SB3 (and gymnasium) imported once, before the in-process runs
 import tiny_train  # noqa: F401
 
-DOMAINS = ("train", "ckpt", "smoke", "dist")
+DOMAINS = ("llm", "train", "ckpt", "smoke", "dist")
 
 SB3_DQN = """
     import pytest
