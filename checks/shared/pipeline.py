@@ -20,7 +20,7 @@ from ...training import (
     describe_batch,
     find_setup,
     fresh_probe,
-    modes,
+    loss_modes,
     output_tensor,
     run_or_skip,
     targets_of,
@@ -31,7 +31,8 @@ from ...training import (
 
 @dataclass
 class StepProbe:
-    """One batch through the training's own loss, in eval mode, no grad."""
+    """One batch through the training's own loss, in eval mode (a model whose losses exist in train mode only:
+    as ``loss_modes`` says), no grad."""
 
     loss: float
     #: the shape of the model's output at its first call inside the loss, None when the loss never calls it
@@ -81,7 +82,8 @@ def step_probe(ctx: Any) -> StepProbe | None:
         start = ModuleSnapshot.take(model)
         handle = model.register_forward_hook(hook)
         try:
-            with modes(model, train=False), torch.no_grad():
+            # eval conditions; a detector's losses exist in train mode only, where its pipeline computes them
+            with loss_modes(model), torch.no_grad():
                 loss = float(run_or_skip(ctx, lambda: fresh.loss(batch)))
                 handle.remove()
                 shuffled = _shuffled(batch)

@@ -1,15 +1,21 @@
 from __future__ import annotations
 
+import contextlib
 import math
 
 from ... import detectors
 from ...registry import check, load_checks
+from ...session import made_up
 from ...training import (
+    as_soft_targets,
+    describe_batch,
     eval_batches,
     mean_loss,
     probe,
     run_or_skip,
     smoke_run,
+    soft_targets,
+    targets_of,
     training_batches,
 )
 
@@ -50,6 +56,12 @@ def check_train_eval_gap(dlcheck):
         skips without it. Short runs see only fast overfitting: slow overfitting over
         epochs is for the eval metric of the real run (``pytest_dlcheck.watch`` judges it there with these
         thresholds).
+        When the training batches hold soft targets (Mixup/CutMix in the collate) and the eval batches class
+        indices, the indices are handed to the training's loss as one-hot rows (on which a soft-target
+        cross-entropy is the cross-entropy of the index); the train loss keeps the mixed targets' entropy, so
+        the gap reads smaller. Eval targets the training's loss cannot take are not judged. A model whose losses
+        exist in train mode only (a torchvision detector) is measured in train mode with its BatchNorm and
+        dropout layers in eval mode.
     Not applicable
         None: any run with eval data can overfit.
     """
@@ -62,9 +74,15 @@ def check_train_eval_gap(dlcheck):
             "eval_dataset, or a datamodule with val_dataloader) in conftest.py"
         )
     tr = run_or_skip(dlcheck, lambda: training_batches(dlcheck, run.setup))
+    ev, soft_note = _eval_targets_as_trained(dlcheck, tr, ev)
     initial, _, _ = probe(dlcheck)
-    before = (mean_loss(initial, tr), mean_loss(initial, ev))
-    after = (mean_loss(run.trained, tr), mean_loss(run.trained, ev))
+
+    def eval_loss(fresh):
+        with made_up(soft_note) if soft_note else contextlib.nullcontext():
+            return mean_loss(fresh, ev)
+
+    before = (mean_loss(initial, tr), eval_loss(initial))
+    after = (mean_loss(run.trained, tr), eval_loss(run.trained))
     if None in after:
         dlcheck.skip("the loss could not be computed on the sampled batches in eval mode")
     train_loss, eval_loss = after
@@ -77,6 +95,11 @@ def check_train_eval_gap(dlcheck):
             f"= {ratio:.2f} x, {eval_loss - train_loss:.3g} nats apart (fails when above {dlcheck.setting('max_ratio')} x "
             f"and more than {dlcheck.setting('min_gap')} nats apart)",
             *([f"before training: eval {before[1]:.4g}, train {before[0]:.4g}"] if None not in before else []),
+            *(
+                [f"{soft_note}; the train loss against mixed targets keeps their entropy, so it reads high"]
+                if soft_note
+                else []
+            ),
             train_loss=train_loss,
             eval_loss=eval_loss,
             ratio=round(ratio, 4),
@@ -95,6 +118,8 @@ def check_train_eval_gap(dlcheck):
     ]
     if None not in before:
         evidence.append(f"before training: eval {before[1]:.4g}, train {before[0]:.4g}")
+    if soft_note:
+        evidence.append(soft_note)
     gap_before = None if None in before else before[1] - before[0]
     if (
         gap_before is not None
@@ -147,3 +172,25 @@ def _steps(run) -> str:
     if run.micro_steps > run.opt_steps > 0:
         return f"{run.opt_steps} optimizer steps ({run.micro_steps} micro-steps)"
     return f"{run.steps} steps"
+
+
+def _eval_targets_as_trained(dlcheck, tr, ev):
+    """The eval batches as the training's loss takes them: when the training batches hold soft targets (Mixup /
+    CutMix in the collate, a float (batch, classes) distribution per row) and the eval batches class indices, the
+    indices as one-hot distributions (a loss built for soft targets computes on a one-hot row the cross-entropy
+    of the index) and a note saying so; eval batches of another kind are not judged (the training's loss would be
+    fed targets its pipeline never gives it)."""
+    if not tr or not soft_targets(targets_of(tr[0])) or all(soft_targets(targets_of(b)) for b in ev):
+        return ev, None
+    converted = [as_soft_targets(b, tr[0]) for b in ev]
+    if any(b is None for b in converted):
+        dlcheck.skip(
+            f"not judged: the training batches hold soft targets ({describe_batch(targets_of(tr[0]))}: Mixup/CutMix or "
+            f"label smoothing) and the eval batches {describe_batch(targets_of(ev[0]))}, which the training's loss "
+            "does not take as they are: the eval loss cannot be computed the way the pipeline computes it"
+        )
+    classes = int(targets_of(tr[0]).shape[-1])
+    return converted, (
+        f"the training batches hold soft targets ({describe_batch(targets_of(tr[0]))}); the eval batches' class "
+        f"indices were handed to the training's loss as one-hot rows over {classes} classes"
+    )

@@ -11,11 +11,14 @@ from ...training import (
     decode_example,
     describe_batch,
     is_preference,
+    loss_modes,
+    losses_in_train_mode,
     modes,
     output_tensor,
     preference_loss,
     probe,
     run_or_skip,
+    soft_targets,
     targets_of,
 )
 from ...training.runs import is_grpo
@@ -54,7 +57,9 @@ def check_initial_loss(dlcheck):
         otherwise) on the first sampled batch, without gradients, dropout off and BatchNorm on the batch's
         statistics (as the first training step sees it; running statistics put back), and compares the loss
         with ln(C), C being the last dimension of the model's output (the vocabulary of a language model,
-        the classes of a classifier; ``dlcheck_num_classes`` when given). Fails when it is above
+        the classes of a classifier; ``dlcheck_num_classes`` when given). Soft targets (a float (batch,
+        classes) distribution per row, as Mixup/CutMix or label smoothing make them) are judged the same way, C
+        their number of classes: a near-uniform prediction costs ln(C) against any distribution. Fails when it is above
         ``max_ratio`` x ln(C) (and ``min_excess`` nats above it), and names the likely cause: an output
         layer frozen at PyTorch's default (random) initialisation while at most 10% of the parameters train
         (the start is the random head's and stays), logits far too large (the initialisation scale),
@@ -72,14 +77,15 @@ def check_initial_loss(dlcheck):
         keep the default initializer_range (0.02) / initialise the output head small (or at zero), and
         average the loss (reduction="mean"); freeze the backbone before putting a new head in place.
     Known problems
-        Applies to classification and language-model losses (integer targets). A batch whose targets it
+        Applies to classification and language-model losses (integer or soft targets). A batch whose targets it
         cannot find (no ``labels``/``label`` field, not an ``(inputs, targets)`` pair) skips. A pretrained
         model starts below ln(C) and passes; the check does not tell a pretrained start from a leak.
         A Lightning module's number of classes is read from its forward's output inside its own
         training_step (its forward may take what the step makes of the batch), never from a forward on the batch.
     Not applicable
         Losses that are not a cross-entropy over classes: regression (float targets), a model with a
-        single output per example, DPO, KTO and other preference losses, GRPO. A model given as dlcheck_model
+        single output per example, DPO, KTO and other preference losses, GRPO. A torchvision detector (its loss
+        is a sum of classification, box-regression and objectness losses, and exists in train mode only). A model given as dlcheck_model
         whose forward needs fields the batches lack (a denoiser that your loss calls): it is not called on
         the batch. A training whose loss does not read the batch's labels (an autoencoder's reconstruction
         loss on (images, labels) batches: its loss is the same, to the bit, with the labels shuffled among the
@@ -103,7 +109,14 @@ def check_initial_loss(dlcheck):
     fresh, batches, setup = probe(dlcheck)
     batch = batches[0]
     targets = targets_of(batch)
-    if isinstance(targets, torch.Tensor) and targets.is_floating_point():
+    detector = losses_in_train_mode(fresh.model)
+    if detector:
+        dlcheck.not_applicable(
+            f"{detector}: its loss is a sum of classification, box-regression and objectness losses, not one "
+            "cross-entropy over classes: ln(classes) does not apply"
+        )
+    soft = soft_targets(targets)
+    if isinstance(targets, torch.Tensor) and targets.is_floating_point() and not soft:
         dlcheck.not_applicable(
             f"the targets are floats ({describe_batch(targets)}): a regression loss, not a cross-entropy over classes"
         )
@@ -118,7 +131,7 @@ def check_initial_loss(dlcheck):
     model = fresh.model
     start = ModuleSnapshot.take(model)
     try:
-        with modes(model, train=False), torch.no_grad():
+        with loss_modes(model), torch.no_grad():
             # BatchNorm normalises with the batch's own statistics, as the first training step does: a fresh
             # model's running statistics (mean 0, var 1) are not its activations' (in eval mode a fresh ResNet-50
             # gives logits of std ~14 and a loss 13x ln(C)); dropout stays off
@@ -140,6 +153,10 @@ def check_initial_loss(dlcheck):
     finally:
         start.restore(model)  # the running statistics the batch updated, and every module's mode
     classes = dlcheck.role("num_classes")
+    if soft and not isinstance(classes, int):
+        # soft targets (Mixup/CutMix, label smoothing): rows of a distribution over the classes; a near-uniform
+        # prediction costs -sum(q log 1/C) = ln(C) against any of them, as against a class index
+        classes = int(targets.shape[-1])
     if not isinstance(classes, int):
         if shape is None or len(shape) < 2:
             dlcheck.skip(
@@ -154,10 +171,16 @@ def check_initial_loss(dlcheck):
         dlcheck.skip(f"the initial loss is {value}: T5 owns non-finite values")
     ln_c = math.log(classes)
     ratio = value / ln_c
+    soft_note = (
+        f"; the targets are soft ({describe_batch(targets)}, rows summing to 1: Mixup/CutMix or label smoothing), "
+        f"and a near-uniform prediction costs ln({classes}) against them too"
+        if soft
+        else ""
+    )
     if ratio <= dlcheck.setting("max_ratio") or value - ln_c <= dlcheck.setting("min_excess"):
         dlcheck.measured(
             f"initial loss {value:.4g} on batch 0 = {ratio:.2f} x ln({classes}) = {ln_c:.3f} (fails above "
-            f"{dlcheck.setting('max_ratio')} x and {dlcheck.setting('min_excess')} nats over ln({classes}))",
+            f"{dlcheck.setting('max_ratio')} x and {dlcheck.setting('min_excess')} nats over ln({classes})){soft_note}",
             initial_loss=round(value, 6),
             classes=classes,
             ratio=round(ratio, 4),
@@ -166,12 +189,12 @@ def check_initial_loss(dlcheck):
 
     evidence = [
         f"initial loss {value:.4g} on batch 0 = {ratio:.2f} x ln({classes}) = {ln_c:.3f}; a model that predicts "
-        f"near-uniformly starts at 1.0 x (limit {dlcheck.setting('max_ratio')} x)"
+        f"near-uniformly starts at 1.0 x (limit {dlcheck.setting('max_ratio')} x){soft_note}"
     ]
     example = decode_example(dlcheck, batch)
     if example:
         evidence.append(f"batch 0, example 0: {example}")
-    supervised = int((targets != -100).sum())
+    supervised = int(targets.shape[0]) if soft else int((targets != -100).sum())
     std = float(logits.float().std()) if logits is not None and logits.numel() > 1 else None
     if std is not None:
         evidence.append(

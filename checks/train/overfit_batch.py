@@ -17,12 +17,15 @@ from ...training import (
     ModuleSnapshot,
     base_lr,
     decode_example,
+    describe_batch,
     get_setup,
     modes,
     output_tensor,
     probe,
     run_or_skip,
     seed_all,
+    soft_targets,
+    targets_of,
 )
 from ...training.runs import is_grpo
 from ..shared import frozen
@@ -280,6 +283,10 @@ def check_overfit_batch(dlcheck):
         the outputs needs the model to return a plain tensor that your loss reads as returned (one call of
         the model per loss); a loss computed inside the model (a transformers model given labels) is not
         descended on, and squashed outputs are then named only when they are probabilities.
+        Soft targets (Mixup/CutMix, label smoothing: a float (batch, classes) distribution per row) leave the
+        loss a floor above 0, their entropy: T2 measures that floor on the batch by descending on the outputs
+        themselves and asks that ``min_reduction`` of the loss above it go; when the floor cannot be measured
+        that way it says so and does not judge.
     Not applicable
         GRPO: its loss is computed on completions generated inside each step, so there is no fixed batch
         to memorise.
@@ -341,6 +348,31 @@ def check_overfit_batch(dlcheck):
             "unfreeze what should train (module.requires_grad_(True)) and give those parameters to the optimizer",
         )
     target = first * (1 - dlcheck.setting("min_reduction"))
+    floor_note, floor = "", 0.0
+    if soft_targets(targets_of(batch)):
+        # soft targets (Mixup/CutMix, label smoothing): a cross-entropy against a distribution cannot go below its
+        # entropy, so the share is taken of what lies above the loss's own floor on this batch, measured by
+        # descending on the outputs themselves (the weights left out)
+        floors = _floors(fresh, batch, fixed, None, -math.inf)
+        start.restore(model)
+        if floors is None:
+            dlcheck.skip(
+                f"not judged: the batch's targets are soft ({describe_batch(targets_of(batch))}: Mixup/CutMix or label "
+                "smoothing), so the loss has a floor above 0 on it, and that floor could not be measured (the loss does "
+                "not read the model's output tensor as returned): a share of the loss is no target"
+            )
+        floor = floors.free
+        if first - floor <= 1e-6 * max(1.0, abs(first)):
+            dlcheck.skip(
+                f"not judged: batch 0's loss {first:.4g} is at the floor its soft targets leave ({floor:.4g}): nothing "
+                "above it to cut"
+            )
+        target = floor + (first - floor) * (1 - dlcheck.setting("min_reduction"))
+        floor_note = (
+            f"; the targets are soft ({describe_batch(targets_of(batch))}), so the loss cannot go below "
+            f"{floors.free:.4g} on this batch (reached by the outputs themselves, the weights left out): "
+            f"{dlcheck.setting('min_reduction'):.0%} of the loss above that floor must go (target {target:.4g})"
+        )
     budget = int(dlcheck.setting("steps"))  # optimizer steps of all the attempts together
     attempts: list[tuple[float, float, float, int, bool]] = []  # (multiplier, lr, last loss, steps, moved up early)
     curves: dict[str, list[float]] = {}  # each attempt's loss per step, for the report's picture
@@ -419,8 +451,10 @@ def check_overfit_batch(dlcheck):
                 dlcheck.measured(
                     f"batch 0 loss {first:.4g} -> {last:.4g} after {_steps(attempts[-1][3])} on that batch alone at lr "
                     f"{attempts[-1][1]:.3g} ({mult:.3g}x your base LR), train mode, the model's randomness held "
-                    f"fixed: {1 - last / first:.0%} less, {dlcheck.setting('min_reduction'):.0%} needed"
+                    f"fixed: {(first - last) / (first - floor):.0%} less{' of the loss above its floor' if floor_note else ''}, "
+                    f"{dlcheck.setting('min_reduction'):.0%} needed"
                     + (f" (also tried: {others})" if others else "")
+                    + floor_note
                     + (
                         f"; at your base LR the loss diverged on this batch ({attempts[0][2]:.4g}): without the "
                         "scheduler's warmup that rate is too high for it"
@@ -459,7 +493,7 @@ def check_overfit_batch(dlcheck):
     )
     evidence = [
         f"batch 0 loss {first:.4g} before; on that batch alone, {spent} steps in all (T2.steps={budget}): {tried}; "
-        f"the target was {target:.4g} ({dlcheck.setting('min_reduction'):.0%} less)"
+        f"the target was {target:.4g} ({dlcheck.setting('min_reduction'):.0%} less){floor_note}"
     ]
     example = decode_example(dlcheck, batch)
     if example:
@@ -576,7 +610,7 @@ def check_overfit_batch(dlcheck):
             )
         dlcheck.skip(
             f"not conclusive: batch 0 loss {first:.4g} {how} in {spent} steps on that batch alone, all the "
-            f"learning rates together ({tried}); {dlcheck.setting('min_reduction'):.0%} less was needed{measured} — "
+            f"learning rates together ({tried}); {dlcheck.setting('min_reduction'):.0%} less was needed{floor_note}{measured} — "
             f"raise T2.steps to judge it (now {budget}: the budget of every rate tried)"
         )
     dlcheck.fail(evidence, cause, fix)

@@ -35,6 +35,7 @@ from .runs import (
     with_field,
 )
 from .setup import (
+    as_soft_targets,
     decode_example,
     describe_batch,
     eval_batches,
@@ -42,6 +43,8 @@ from .setup import (
     find_setup,
     fresh_probe,
     get_setup,
+    loss_modes,
+    losses_in_train_mode,
     mean_loss,
     memo_or_skip,
     modes,
@@ -50,6 +53,7 @@ from .setup import (
     show_losses,
     smoke_baseline,
     smoke_run,
+    soft_targets,
     training_batches,
 )
 
@@ -57,6 +61,7 @@ __all__ = [
     "SEED",
     "ModuleSnapshot",
     "SetupError",
+    "as_soft_targets",
     "base_lr",
     "batch_len",
     "decode_example",
@@ -72,6 +77,8 @@ __all__ = [
     "is_lightning_module",
     "is_preference",
     "is_reward_trainer",
+    "loss_modes",
+    "losses_in_train_mode",
     "preference_loss",
     "mean_loss",
     "memo_or_skip",
@@ -83,6 +90,7 @@ __all__ = [
     "show_losses",
     "smoke_baseline",
     "smoke_run",
+    "soft_targets",
     "strip_wrapper_prefix",
     "targets_of",
     "to_device",
