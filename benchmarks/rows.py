@@ -125,9 +125,26 @@ def passes(m: Measurement) -> dict[str, int]:
     through the models, optimizer steps."""
     total = dict.fromkeys(KEYS, 0)
     for item in m.info.get("probe", {}).get("items", {}).values():
+        cost = item_work(item)
         for key in total:
-            total[key] += item.get("cost", {}).get(key, 0)
+            total[key] += cost.get(key, 0)
     return total
+
+
+def item_work(item: dict) -> dict[str, Any]:
+    """One item's work: the check's own passes plus those of the shared runs it made (the plugin counts a
+    shared run's passes as the run's; the budgets here charge them to the check that made the run)."""
+    cost = dict(item.get("cost") or {})
+    for run in ((item.get("time") or {}).get("shared_made") or {}).values():
+        for key, value in (run.get("cost") or {}).items():
+            if isinstance(value, dict):
+                merged = dict(cost.get(key) or {})
+                for name, n in value.items():
+                    merged[name] = merged.get(name, 0) + n
+                cost[key] = merged
+            else:
+                cost[key] = cost.get(key, 0) + value
+    return cost
 
 
 def time_split(m: Measurement) -> dict[str, float]:
@@ -156,10 +173,10 @@ def check_of(nodeid: str, item: dict) -> str:
 
 def work_by_check(m: Any) -> dict[str, dict[str, Any]]:
     """Per check: its domain and the forward/backward passes and optimizer steps it caused (a shared run
-    counted by the check that first needed it)."""
+    counted by the check that first needed it: the report keeps its passes apart, :func:`item_work` adds them back)."""
     out = {}
     for nodeid, item in (m.info.get("probe") or {}).get("items", {}).items():
-        cost = item.get("cost", {})
+        cost = item_work(item)
         out[check_of(nodeid, item)] = {
             "domain": item.get("domain"),
             **{k: cost.get(k, 0) for k in KEYS},

@@ -1,8 +1,11 @@
 """What a check costs in work, not seconds: the forward passes of models (a call of a module with parameters
 that is not inside another module's forward), the backward passes and the optimizer steps that happen while the check
 (its setup and call) runs, except inside the user's own fixtures built during the call (:func:`users_work`).
-A shared run (the smoke run, a memoised forward) is counted by the check that
-first needed it and is free for the others, which is what sharing buys.
+A shared run (:func:`shared_run`: the smoke run, the sampled batches, a memoised forward) is counted apart,
+as the run's, not as the work of the check that happened to need it first, and is free for the others, which
+is what sharing buys. A module run again inside a backward pass (gradient checkpointing's recomputation) is
+part of that backward, not a forward pass; a backward started inside another (reentrant checkpointing) is
+part of the outer one.
 
 Counting uses torch's global hooks (``register_module_forward_pre_hook`` / ``…_forward_hook`` with
 ``always_call``, the optimizer step post hook) and wraps ``torch.autograd.backward``; all of them are
@@ -130,6 +133,7 @@ def shared_run(label: str, made_by: str) -> Iterator[None]:
     saved = list(_open)
     _open.clear()  # a category open outside is not this run's
     _clocks.append(clock)
+    counters = [(cost, cost.copy()) for cost, _ in _active]
     started = time.perf_counter()
     try:
         yield
@@ -139,7 +143,16 @@ def shared_run(label: str, made_by: str) -> Iterator[None]:
         _clocks.remove(clock)
         _open[:] = saved
         nested = sum(r["seconds"] for r in clock.made.values())
-        merge_run(parent.made, label, {"seconds": max(seconds - nested, 0.0), "user": dict(clock.user)}, made_by)
+        # the passes made inside are the run's too, taken off the check that happened to make it (a run made
+        # inside this one was taken off already, and is recorded as its own)
+        work = Cost()
+        for i, (cost, before) in enumerate(counters):
+            made = cost.minus(before)
+            cost.subtract(made)
+            if i == 0:
+                work = made
+        run = {"seconds": max(seconds - nested, 0.0), "user": dict(clock.user), "cost": work.to_json()}
+        merge_run(parent.made, label, run, made_by)
         for inner, run in clock.made.items():  # made inside this one: each its own run
             merge_run(parent.made, inner, run, run["made_by"])
         _mark[0] = time.perf_counter()
@@ -151,6 +164,22 @@ def merge_run(made: dict[str, dict[str, Any]], label: str, run: dict[str, Any], 
     have["seconds"] += run["seconds"]
     for category, seconds in run["user"].items():
         have["user"][category] = have["user"].get(category, 0.0) + seconds
+    if "cost" in run:
+        have["cost"] = add_cost(have.get("cost") or {}, run["cost"])
+
+
+def add_cost(total: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """Two costs' JSON (:meth:`Cost.to_json`) added up: the counts summed, the per-model counts merged."""
+    out = dict(total)
+    for key, value in more.items():
+        if isinstance(value, dict):
+            merged = dict(out.get(key) or {})
+            for name, n in value.items():
+                merged[name] = merged.get(name, 0) + n
+            out[key] = merged
+        else:
+            out[key] = out.get(key, 0) + value
+    return out
 
 
 def used_shared(label: str) -> None:
@@ -213,6 +242,27 @@ class Cost:
     #: of the forward passes, those inside a routine of the user's (:func:`users_routine`), per routine
     routines: Counter = field(default_factory=Counter)
 
+    def copy(self) -> Cost:
+        return Cost(self.forward, self.backward, self.optimizer_steps, Counter(self.models), Counter(self.routines))
+
+    def minus(self, before: Cost) -> Cost:
+        """The work counted since ``before`` (a copy taken then)."""
+        return Cost(
+            self.forward - before.forward,
+            self.backward - before.backward,
+            self.optimizer_steps - before.optimizer_steps,
+            +(self.models - before.models),
+            +(self.routines - before.routines),
+        )
+
+    def subtract(self, work: Cost) -> None:
+        """Take ``work`` off this count (a shared run's passes: the run's, not the check's)."""
+        self.forward -= work.forward
+        self.backward -= work.backward
+        self.optimizer_steps -= work.optimizer_steps
+        self.models = +(self.models - work.models)
+        self.routines = +(self.routines - work.routines)
+
     def to_json(self) -> dict[str, Any]:
         out = {
             "forward": self.forward,
@@ -239,10 +289,16 @@ def counting() -> Iterator[Cost]:
 
     def pre(module, args):
         depth = getattr(local, "depth", 0)
+        # a module run again inside a backward pass (gradient checkpointing recomputes each block's forward
+        # there) is part of that backward, not a forward pass of the model: its time stays backward time
+        recompute = depth == 0 and _in_backward(torch)
         if depth == 0:
-            enter("forward")
+            local.outer_forward = not recompute
+            if not recompute:
+                enter("forward")
         counted = None
-        if depth == 0 and not _paused[0] and next(module.parameters(), None) is not None:  # a model, not a loss
+        model = next(module.parameters(), None) is not None  # a model, not a loss
+        if depth == 0 and not recompute and not _paused[0] and model:
             cost.forward += 1
             twin = " (twin)" if getattr(module, "_dlcheck_twin", False) else ""  # pytest_dlcheck.twin
             name = type(module).__name__ + twin
@@ -256,7 +312,7 @@ def counting() -> Iterator[Cost]:
 
     def post(module, args, output):
         local.depth = max(getattr(local, "depth", 1) - 1, 0)
-        if local.depth == 0:
+        if local.depth == 0 and getattr(local, "outer_forward", True):
             leave("forward")
         stack = getattr(local, "stack", None)
         if stack:
@@ -292,7 +348,7 @@ def counting() -> Iterator[Cost]:
 
     def counted(fn):
         def run(*args, **kwargs):
-            if not _paused[0]:
+            if not _paused[0] and not _in_backward(torch):  # reentrant checkpointing's inner backward: the same pass
                 cost.backward += 1
             with user_time("backward"):
                 return fn(*args, **kwargs)
@@ -315,6 +371,15 @@ def counting() -> Iterator[Cost]:
             handle.remove()
         if loader_next is not None and loader_iter.__dict__.get("__next__") is timed_next:
             loader_iter.__next__ = loader_next
+
+
+def _in_backward(torch: Any) -> bool:
+    """True inside the autograd engine's execution of a backward pass (a gradient checkpoint's recomputation)."""
+    current = getattr(torch._C, "_current_autograd_node", None)
+    try:
+        return current is not None and current() is not None
+    except Exception:  # noqa: BLE001 - an older torch: count as before
+        return False
 
 
 def _loader_iter_class() -> Any:

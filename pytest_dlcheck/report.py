@@ -379,14 +379,13 @@ class Results:
             text = reason[len("info:") :].strip()
             text = f"{cid} ({where}) {text}" if several else f"{cid} {text}"
             tr.write_line(f"info:      {status_text(text, 200)}")  # cut where a clause ends, never in a word
-        spent = {k: sum(r.cost.get(k, 0) for r in self.results.values()) for k in ("forward", "backward")}
-        steps = sum(r.cost.get("optimizer_steps", 0) for r in self.results.values())
-        if spent["forward"] or steps:
+        shared = walltime.shared_runs(results)
+        spent = work_total(list(self.results.values()), shared)
+        if spent["forward"] or spent["optimizer_steps"]:
             tr.write_line(
                 f"cost:      {spent['forward']} forward passes, {spent['backward']} backward passes, "
-                f"{steps} optimizer steps (per check in the JSON report)"
+                f"{spent['optimizer_steps']} optimizer steps (per check and per shared run in the JSON report)"
             )
-        shared = walltime.shared_runs(results)
         for res in walltime.slowest(results, getattr(self.config.option, "durations", None)):
             tr.write_line(f"time:      {walltime.line(res, shared)}")
         for option, label in (("dlcheck_json", "json"), ("dlcheck_report", "report")):
@@ -437,11 +436,19 @@ class Results:
             "summary": {o: sum(1 for r in results if r.outcome == o) for o in OUTCOMES},
             "coverage": coverage(results),
             "health": judged_nothing(self.selection(), results),
-            "cost": {k: sum(r.cost.get(k, 0) for r in results) for k in ("forward", "backward", "optimizer_steps")},
+            "cost": work_total(results, shared := walltime.shared_runs(results)),
             "results": [r.to_json() for r in results],
-            "shared": (shared := walltime.shared_runs(results)),
+            "shared": shared,
             "time": walltime.totals(results, shared),
         }
+
+
+def work_total(results: list[Result], shared: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """The session's work: the checks' own passes and steps plus the shared runs' (each counted once, as the run's)."""
+    return {
+        k: sum(r.cost.get(k, 0) for r in results) + sum((run.get("cost") or {}).get(k, 0) for run in shared.values())
+        for k in walltime.WORK
+    }
 
 
 def outcome_of(res: Result) -> str:

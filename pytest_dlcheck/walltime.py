@@ -8,6 +8,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .cost import add_cost
+
+#: the work counted per check and per shared run (pytest_dlcheck.cost.Cost)
+WORK = ("forward", "backward", "optimizer_steps")
+
 #: the user-time categories, in the order the reports show them
 CATEGORIES = ("forward", "backward", "step", "data", "calls", "fixtures")
 
@@ -44,7 +49,8 @@ def _order(category: str) -> tuple[int, str]:
 
 
 def shared_runs(results: list[Any]) -> dict[str, dict[str, Any]]:
-    """The shared runs of the session, once each: {label: {"seconds", "user", "plugin", "made_by"}}. A run of
+    """The shared runs of the session, once each: {label: {"seconds", "user", "plugin", "made_by", "cost"}} (cost:
+    the forward/backward passes and optimizer steps made inside, the run's, not its maker's). A run of
     the same name in another directory (another project) is named with its directory."""
     out: dict[str, dict[str, Any]] = {}
     where_of: dict[str, str] = {}
@@ -52,7 +58,10 @@ def shared_runs(results: list[Any]) -> dict[str, dict[str, Any]]:
         where = res.nodeid.split("::")[0].rpartition("/")[0] or "."
         for label, run in ((res.time or {}).get("shared_made") or {}).items():
             key = label if where_of.setdefault(label, where) == where else f"{label} ({where})"
-            have = out.setdefault(key, {"seconds": 0.0, "user": 0.0, "plugin": 0.0, "made_by": res.id})
+            have = out.setdefault(
+                key, {"seconds": 0.0, "user": 0.0, "plugin": 0.0, "made_by": res.id, "cost": dict.fromkeys(WORK, 0)}
+            )
+            have["cost"] = add_cost(have["cost"], run.get("cost") or {})
             user = min(sum(run["user"].values()), run["seconds"])
             have["seconds"] = _floor(have["seconds"] + run["seconds"])
             have["user"] = _floor(have["user"] + user)

@@ -4,3 +4,24 @@
 def flat(text: str) -> str:
     """A failure text with its wrapping undone (whitespace runs become one space), for substring asserts."""
     return " ".join(text.split())
+
+
+def work_of(doc: dict, cid: str) -> dict:
+    """A check's work in a JSON report with the shared runs it made added back (the report counts a shared run's
+    passes as the run's, under ``shared``, not as its maker's): forward, backward, optimizer_steps, and the
+    per-model and per-routine forward passes."""
+    total = dict(next(r["cost"] for r in doc["results"] if r["id"] == cid))
+    for run in doc["shared"].values():
+        if run["made_by"] != cid:
+            continue
+        for key, value in (run.get("cost") or {}).items():
+            if isinstance(value, dict):
+                merged = dict(total.get(key) or {})
+                for name, n in value.items():
+                    merged[name] = merged.get(name, 0) + n
+                total[key] = merged
+            else:
+                total[key] = total.get(key, 0) + value
+    for key in ("forward", "backward", "optimizer_steps"):
+        total.setdefault(key, 0)
+    return total

@@ -1,10 +1,12 @@
 """C1: a resumed run continues exactly as the uninterrupted run."""
 
+import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 import tiny_train as tt  # noqa: E402
+from helpers import work_of  # noqa: E402
 
 SFT = """
     import pytest, tiny
@@ -110,10 +112,12 @@ def test_the_smoke_run_is_the_uninterrupted_run_when_the_session_makes_it(projec
             "equal the uninterrupted run's, bitwise",
         ]
     )
-    results = _results(out)
-    # C1 ran first: it made the 20-step smoke run (S1 reads it for free), then trained only the 2 resumed steps
-    assert results["C1"]["cost"]["optimizer_steps"] == 20 + 2, results["C1"]["cost"]
-    assert results["S1"].get("cost", {}).get("optimizer_steps", 0) == 0
+    doc = json.loads(out.read_text())
+    # C1 ran first: it made the 20-step smoke run (S1 reads it for free; its steps are the run's, under
+    # "shared"), then trained only the 2 resumed steps
+    assert doc["shared"]["smoke run"]["cost"]["optimizer_steps"] == 20 and doc["shared"]["smoke run"]["made_by"] == "C1"
+    assert work_of(doc, "C1")["optimizer_steps"] == 20 + 2, doc["shared"]
+    assert work_of(doc, "S1")["optimizer_steps"] == 0
 
 
 def test_a_lost_scheduler_is_found_on_the_smoke_run_too(project):
@@ -159,6 +163,7 @@ def test_a_trainer_s_smoke_run_writes_the_checkpoint_c1_resumes_from(project, tm
     # resume of C1, not a piece it prunes: C3 judges them)
     assert "(3 diagnostic resumes)" in text
     # the smoke run's 20 steps, then the 2 resumed steps, and 2 in each diagnostic resume
-    results = _results(out)
-    assert results["C1"]["cost"]["optimizer_steps"] == 20 + 2 + 3 * 2, results["C1"]["cost"]
-    assert results["S1"].get("cost", {}).get("optimizer_steps", 0) == 0
+    doc = json.loads(out.read_text())
+    assert doc["shared"]["smoke run"]["cost"]["optimizer_steps"] == 20
+    assert work_of(doc, "C1")["optimizer_steps"] == 20 + 2 + 3 * 2, doc["shared"]
+    assert work_of(doc, "S1")["optimizer_steps"] == 0

@@ -6,6 +6,7 @@ import json
 import re
 
 import tiny  # noqa: F401
+from helpers import work_of
 
 LOOP = """
     import pytest, tiny, torch
@@ -138,7 +139,7 @@ def _costs_and_log_z(project, tmp_path, selection: str) -> tuple[dict, str]:
     results = {r["id"]: r for r in doc["results"]}
     z = re.search(r"mean log Z ([\d.]+ \(range [\d.]+ to [\d.]+, \d+ positions\))", results["L6"]["reason"])
     assert z, results["L6"]["reason"]
-    return {k: r["cost"] for k, r in results.items()}, z.group(1)
+    return {k: work_of(doc, k) for k in results}, z.group(1)
 
 
 def test_log_z_comes_from_the_batch_forward_l1_shares(project, tmp_path):
@@ -187,9 +188,10 @@ def test_information_never_starts_the_smoke_run_on_a_trainer(project, tmp_path):
         out = tmp_path / f"{selection.replace(',', '_')}.json"
         run = project.run(f"--dlcheck={selection}", f"--dlcheck-json={out}")
         run.assert_outcome("L6", "skipped")
-        results = {r["id"]: r for r in json.loads(out.read_text())["results"]}
-        assert results["L6"]["cost"]["optimizer_steps"] == 0, (selection, results["L6"]["cost"])
-        assert sum(r["cost"]["optimizer_steps"] for r in results.values()) == 0, selection
+        doc = json.loads(out.read_text())
+        results = {r["id"]: r for r in doc["results"]}
+        assert work_of(doc, "L6")["optimizer_steps"] == 0, (selection, doc["shared"])
+        assert doc["cost"]["optimizer_steps"] == 0, selection  # the checks' and the shared runs' together
         reason = " ".join(results["L6"]["reason"].split())
         assert reason.startswith("info: mean log Z ") and "with the current weights" in reason, reason
         assert "after a short run: not measured: select the smoke checks (--dlcheck=llm,smoke)" in reason
@@ -202,11 +204,14 @@ def test_the_drift_rides_on_the_smoke_run_a_selected_smoke_check_makes(project, 
     out = tmp_path / "r.json"
     run = project.run("--dlcheck=L6,S1", f"--dlcheck-json={out}")
     run.assert_outcome("L6", "skipped")
-    results = {r["id"]: r for r in json.loads(out.read_text())["results"]}
+    doc = json.loads(out.read_text())
+    results = {r["id"]: r for r in doc["results"]}
     assert re.search(
         r"at initialisation, .* after \d+ smoke steps of a clone of your SFTTrainer", results["L6"]["reason"]
     )
-    assert results["L6"]["cost"]["optimizer_steps"] > 0 and results["S1"]["cost"]["optimizer_steps"] == 0
+    # the smoke run's steps are the run's (made while L6 waited for it), not L6's own work nor S1's
+    assert doc["shared"]["smoke run"]["cost"]["optimizer_steps"] > 0 and doc["shared"]["smoke run"]["made_by"] == "L6"
+    assert results["L6"]["cost"]["optimizer_steps"] == 0 and work_of(doc, "S1")["optimizer_steps"] == 0
 
 
 UNET_WITH_TEXT = """

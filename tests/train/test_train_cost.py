@@ -23,8 +23,10 @@ def test_each_check_reports_the_passes_it_caused(project, tmp_path):
     assert cost["T2"]["forward"] > cost["T2"]["optimizer_steps"] and set(cost["T2"]["models"]) == {"MLP"}, cost
     # T1 is one forward pass of the initial model, no training
     assert cost["T1"]["optimizer_steps"] == 0 and cost["T1"]["backward"] == 0 and 1 <= cost["T1"]["forward"] <= 4
-    assert doc["cost"]["optimizer_steps"] == sum(c.get("optimizer_steps", 0) for c in cost.values())
-    run.fnmatch(["cost:      * forward passes, * backward passes, * optimizer steps (per check in the JSON report)"])
+    shared = [run["cost"] for run in doc["shared"].values()]  # the shared runs' work: each run's, once
+    for key in ("forward", "optimizer_steps"):
+        assert doc["cost"][key] == sum(c.get(key, 0) for c in cost.values()) + sum(c[key] for c in shared), key
+    run.fnmatch(["cost:      * forward passes, * backward passes, * optimizer steps (per check and per shared run *"])
 
 
 def test_counting_leaves_torch_as_it_was():
@@ -88,3 +90,62 @@ def test_the_users_own_fixture_work_is_not_counted():
                 opt.step()
         model(torch.ones(1, 2))
     assert (cost.forward, cost.backward, cost.optimizer_steps) == (1, 0, 0)
+
+
+def test_gradient_checkpointing_recomputation_is_part_of_the_backward_pass():
+    """A checkpointed block runs its forward again inside the backward pass (and reentrant checkpointing starts
+    a backward of its own there): one training step is still one forward and one backward pass, not one more
+    "forward pass" per recomputed block (the corpus's SFT recipe, gradient checkpointing on, was charged 640
+    Qwen2RMSNorm "forward passes" for 20 steps)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    from pytest_dlcheck.cost import counting
+
+    class Blocks(torch.nn.Module):
+        def __init__(self, reentrant: bool):
+            super().__init__()
+            self.reentrant = reentrant
+            self.blocks = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = checkpoint(block, x, use_reentrant=self.reentrant)
+            return x
+
+    for reentrant in (True, False):
+        model = Blocks(reentrant)
+        with counting() as cost:
+            for _ in range(2):
+                model(torch.ones(2, 4, requires_grad=True)).sum().backward()
+        assert (cost.forward, cost.backward) == (2, 2), (reentrant, cost)
+        assert dict(cost.models) == {"Blocks": 2}, (reentrant, cost)
+
+
+def test_a_shared_runs_passes_are_the_runs_not_the_check_that_made_it():
+    """The passes made inside a shared run (the smoke run) are recorded with the run and taken off the check
+    that happened to make it first; a run made inside another is its own."""
+    import torch
+
+    from pytest_dlcheck.cost import counting, shared_run, timing
+
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step():
+        model(torch.ones(3, 2)).sum().backward()
+        opt.step()
+
+    with counting() as cost, timing() as clock:
+        step()  # the check's own
+        with shared_run("smoke run", "L6"):
+            for _ in range(3):
+                step()
+            with shared_run("fresh probe", "L6"):
+                model(torch.ones(1, 2))
+        model(torch.ones(1, 2))  # the check's own again
+    assert (cost.forward, cost.backward, cost.optimizer_steps) == (2, 1, 1), cost
+    smoke, probe = clock.made["smoke run"]["cost"], clock.made["fresh probe"]["cost"]
+    assert (smoke["forward"], smoke["backward"], smoke["optimizer_steps"]) == (3, 3, 3), smoke
+    assert (probe["forward"], probe["backward"], probe["optimizer_steps"]) == (1, 0, 0), probe
+    assert smoke["models"] == {"Linear": 3} and probe["models"] == {"Linear": 1}
