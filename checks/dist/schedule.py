@@ -297,8 +297,9 @@ def check_schedule_on_n_processes(dlcheck):
                 f"{run.world} processes: counted in optimizer steps or in examples, both are used",
             )
         dlcheck.measured(
-            f"a constant LR of {_g(max(lrs_n))} after its warmup on {run.world} processes and in the single-process "
-            f"plan: nothing for the number of processes to shift ({how}; LR after the launch's optimizer steps: "
+            f"a constant LR of {_g(max(lrs_n))}{' after its warmup' if end_1 or end_n else ''} on {run.world} "
+            "processes and in the single-process plan: nothing for the number of processes to shift "
+            f"({how}; LR after the launch's optimizer steps: "
             f"{shown})"
         )
         return

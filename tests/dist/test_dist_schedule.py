@@ -59,3 +59,28 @@ def test_an_unprepared_schedule_sized_in_a_ranks_steps_passes(project):
     assert "on 2 processes the LR reaches its end (0) after 18 optimizer steps" in text
     assert "the scheduler: LambdaLR, 1 scheduler step(s) per optimizer step (measured: 3 in 3" in text
     _no_leftover_process()
+
+
+def test_an_unprepared_schedule_sized_for_a_prepared_one_has_not_decayed_when_the_run_ends(project):
+    project.conftest(ts.project("make_training_unprepared_sized_twice"))
+    run = project.run("--dlcheck=D8", "-rA")
+    run.assert_outcome("D8", "failed")
+    d8 = _flat(run.section("D8"))
+    # sized 11 batches x 3 epochs x 2 processes = 66 scheduler steps, stepped once per optimizer step
+    assert "the scheduler is LambdaLR, 1 scheduler step(s) per optimizer step" in d8
+    assert "on 2 processes the schedule ends after 66 optimizer steps" in d8
+    assert "the single-process plan ends after 33 optimizer steps" in d8
+    assert "at optimizer step 33 the LR is still" in d8
+    assert "sized with num_processes while the scheduler steps once per optimizer step" in d8
+    _no_leftover_process()
+
+
+def test_a_constant_schedule_passes_with_nothing_to_shift(project):
+    project.conftest(ts.project("make_training_constant"))
+    run = project.run("--dlcheck=D8", "-rA")
+    run.assert_outcome("D8", "passed")
+    assert (
+        "a constant LR of 0.01 on 2 processes and in the single-process plan: nothing for the number of processes to "
+        "shift (AcceleratedScheduler around LambdaLR, 2 scheduler step(s) per optimizer step" in _flat(run.text)
+    )
+    _no_leftover_process()

@@ -62,6 +62,39 @@ def make_training_unprepared_scheduler():
     }
 
 
+def make_training_unprepared_sized_twice():
+    """Buggy the other way: sized from the DataLoader before prepare (all the examples) and times num_processes, as
+    for a prepared scheduler, but left out of prepare: stepped once per optimizer step, it has not decayed when the
+    run ends."""
+    accelerator = Accelerator(cpu=True)
+    model, opt, loader = ta._parts()
+    n = accelerator.num_processes
+    sched = get_cosine_schedule_with_warmup(opt, WARMUP * n, len(loader) * EPOCHS * n)
+    model, opt, loader = accelerator.prepare(model, opt, loader)
+    return {
+        "model": model,
+        "optimizer": opt,
+        "train_dataloader": loader,
+        "lr_scheduler": sched,
+        "accelerator": accelerator,
+    }
+
+
+def make_training_constant():
+    """A constant LR (transformers' get_constant_schedule), prepared: nothing for the processes to shift."""
+    from transformers import get_constant_schedule
+
+    accelerator, model, opt, loader = _prepared()
+    sched = accelerator.prepare(get_constant_schedule(opt))
+    return {
+        "model": model,
+        "optimizer": opt,
+        "train_dataloader": loader,
+        "lr_scheduler": sched,
+        "accelerator": accelerator,
+    }
+
+
 def step(state, batch):
     """The Accelerate step of its examples: the scheduler stepped right after the optimizer."""
     accelerator, model, opt, sched = state["accelerator"], state["model"], state["optimizer"], state["lr_scheduler"]
