@@ -56,7 +56,12 @@ def check_accelerate_state(dlcheck):
         compares, piece by piece, every object of the training dict that has a state (model, optimizer, LR
         scheduler, EMA, GradScaler, anything with ``state_dict``/``load_state_dict``) and that training
         changed. Fails naming each piece that does not come back bit for bit, with its first difference and
-        how Accelerate knows it (prepared, registered, or not at all).
+        how Accelerate knows it (prepared, registered, or not at all). The data position is a piece too: when
+        the dict holds the prepared training DataLoader, C1's data-position run (fresh objects trained half an
+        epoch drawn from it, saved; other fresh objects loaded, drawing the rest from their own
+        ``state['dataloader']`` as your load leaves it) counts the examples the resumed epoch trains twice or
+        never, and the check fails on them, naming ``skip_first_batches`` with the same shuffle
+        (``use_seedable_sampler=True``) or ``use_stateful_dataloader=True``.
     Why it is bad
         ``save_state`` saves what ``accelerator.prepare`` returned, the RNG states and what
         ``register_for_checkpointing`` registered — nothing else. An LR scheduler built but not prepared
@@ -69,16 +74,19 @@ def check_accelerate_state(dlcheck):
         ema = EMAModel(unet.parameters())
         unet, optimizer, lr_scheduler = accelerator.prepare(unet, optimizer, lr_scheduler)
         accelerator.save_state(out)          # the EMA is not in it
+        accelerator.load_state(out)          # then `for batch in train_dataloader`: the epoch starts again
     Use instead
         accelerator.register_for_checkpointing(ema) (or save it in a save-state hook, as diffusers'
         text-to-image script does with ``register_save_state_pre_hook``); prepare every scheduler you step.
+        After ``load_state``, skip the epoch's trained batches with ``accelerator.skip_first_batches(loader, n)``
+        on the same shuffle (``DataLoaderConfiguration(use_seedable_sampler=True)``), or use
+        ``use_stateful_dataloader=True``.
     Known problems
         Judges only pieces that training changed (a frozen module is not judged) and that live in the dict
-        your factory returns. The data position is not judged: ``save_state`` stores the sampler's state
-        only with ``DataLoaderConfiguration(use_stateful_dataloader=True)``; otherwise your loop must skip
-        the batches already seen on resume (``accelerator.skip_first_batches(loader, resume_step)``), which
-        happens in your loop around the step, where the check cannot see it: the pass evidence says which
-        of the two applies.
+        your factory returns. The data position is judged only when that dict holds the training
+        DataLoader, on what your load leaves in it (a skip done in your loop around the step, outside the load,
+        is not seen: return the skipped loader from your ``dlcheck_load_checkpoint``); the pass says when it
+        was not judged. Examples are told apart by content, as in C1.
     Not applicable
         Trainings without an ``Accelerator`` in the ``dlcheck_make_training`` dict (a Trainer — which runs
         on Accelerate but checkpoints its own way, C1 —, Lightning, a plain loop). A Trainer or Lightning
