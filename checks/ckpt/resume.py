@@ -3,32 +3,12 @@ from __future__ import annotations
 from typing import Any
 
 from ...registry import Setting, check, load_checks
-from ...training import (
-    fresh_probe,
-    get_setup,
-    memo_or_skip,
-    run_or_skip,
-    smoke_baseline,
-)
-from ...training.resume import (
-    ResumeLoadFailed,
-    ResumeRun,
-    holders_of,
-    keys_mismatch,
-    refused_global,
-)
+from ...training import fresh_probe, get_setup, memo_or_skip, run_or_skip, smoke_baseline
+from ...training.resume import ResumeLoadFailed, ResumeRun, holders_of, keys_mismatch, refused_global
 
 #: the order pieces are tried in: the usual culprits first, the weights last (the RNG states are C3's: C1
 #: puts them back in every resumed run)
-ORDER = (
-    "optimizer",
-    "lr_scheduler",
-    "hand-stepped scheduler",
-    "scaler",
-    "data position",
-    "ema",
-    "model",
-)
+ORDER = ("optimizer", "lr_scheduler", "hand-stepped scheduler", "scaler", "data position", "ema", "model")
 
 #: the checks that read the resume runs (and the uninterrupted run's saved state, freed once both are decided)
 RESUME_CHECKS = ("C1", "C3")
@@ -47,10 +27,7 @@ WHAT = {
 def _hand_what(run: Any) -> str:
     """The cause's words for LR schedulers a LightningModule keeps in its attributes and steps by hand."""
     found = run.uninterrupted.notes.get("hand_schedulers") or {}
-    names = (
-        ", ".join(f"{label} ({kind})" for label, kind in found.items())
-        or "a scheduler stepped by hand"
-    )
+    names = ", ".join(f"{label} ({kind})" for label, kind in found.items()) or "a scheduler stepped by hand"
     return (
         f"the LR scheduler {names} that the module creates and steps by hand: Lightning knows only the schedulers "
         "configure_optimizers returns, so it is not in the checkpoint, and the resumed run starts it again from its "
@@ -72,9 +49,7 @@ def _callback_what(run: Any, piece: str, lost_emas: dict[str, Any]) -> str:
     emas = [d for name, d in lost_emas.items() if name.startswith(piece + ".")]
     if emas:
         return _ema_what(emas[0]) + f" ({how})"
-    attrs = (
-        ", ".join(f"self.{a}" for a in held.get("changed", [])[:4]) or "its attributes"
-    )
+    attrs = ", ".join(f"self.{a}" for a in held.get("changed", [])[:4]) or "its attributes"
     return (
         f"the state of your callback {label} ({attrs} changed during training): Lightning keeps a callback's state "
         f"only through its state_dict(), and {how}: the resumed fit starts the callback over"
@@ -85,11 +60,7 @@ def _lr_side(run: Any) -> str | None:
     """``step 3: 0.0033 vs 0.01, ...``: the learning rates of the resumed steps beside the uninterrupted
     run's, when they differ somewhere (None otherwise)."""
     base = {s.step: s.lr for s in run.uninterrupted.steps}
-    resumed = [
-        (s.step, s.lr)
-        for s in run.resumed.steps
-        if s.step > run.saved_at and s.lr is not None
-    ]
+    resumed = [(s.step, s.lr) for s in run.resumed.steps if s.step > run.saved_at and s.lr is not None]
     pairs = [(st, lr, base[st]) for st, lr in resumed if base.get(st) is not None]
     if not any(lr != ref for _, lr, ref in pairs):
         return None
@@ -128,9 +99,7 @@ def data_probe(dlcheck: Any, setup: Any) -> Any:
     if setup.kind not in ("loop", "accelerate") or not setup.can_resume():
         return None
     total = int(dlcheck.state.setting(load_checks()["C1"], "steps"))
-    return memo_captured(
-        dlcheck, setup.sources, f"resume:data:{total}", lambda: setup.data_resume(total)
-    )
+    return memo_captured(dlcheck, setup.sources, f"resume:data:{total}", lambda: setup.data_resume(total))
 
 
 def _counted(c: Any, steps: int, saved_at: int, whole: bool) -> str:
@@ -157,8 +126,7 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
             "runs its own batches (return your training DataLoader in it, as state['dataloader'], and the resumed "
             "run draws from it after your load"
             + (
-                ": the position that accelerator.skip_first_batches or a stateful dataloader restores is then "
-                "judged)"
+                ": the position that accelerator.skip_first_batches or a stateful dataloader restores is then judged)"
                 if setup.kind == "accelerate"
                 else ")"
             )
@@ -169,9 +137,7 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
     if probe.load_error:
         return []  # the resume's own load raised: C1's main resume reports it
     if probe.unreadable:
-        dlcheck.not_judged(
-            "data position", f"drawn from state['{probe.key}']: {probe.unreadable}"
-        )
+        dlcheck.not_judged("data position", f"drawn from state['{probe.key}']: {probe.unreadable}")
         return []
     c = probe.count()
     n, k = probe.steps, probe.saved_at
@@ -187,11 +153,7 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
         f"the uninterrupted run draws steps 1-{n}{span} from state['{probe.key}'] ({probe.loader}) and saves "
         f"after step {k} through {how}; fresh objects loaded by {loaded_by} draw steps {k + 1}-{n} from their "
         f"state['{probe.key}']"
-        + (
-            f" (a {probe.resumed_loader} after the load)"
-            if probe.resumed_loader != probe.loader
-            else ""
-        )
+        + (f" (a {probe.resumed_loader} after the load)" if probe.resumed_loader != probe.loader else "")
     )
     if c.conclusive:
         evidence = [drawn, f"over steps 1-{n}: {_counted(c, n, k, whole)}"]
@@ -237,9 +199,7 @@ def _trainer_counts(run: Any) -> list[str]:
     base = {s.step: s.examples for s in run.uninterrupted.steps}
     before = [base[t] for t in sorted(base) if t <= run.saved_at and base[t]]
     expected = [base[t] for t in sorted(base) if run.saved_at < t <= last and base[t]]
-    resumed = [
-        s.examples for s in run.resumed.steps if s.step > run.saved_at and s.examples
-    ]
+    resumed = [s.examples for s in run.resumed.steps if s.step > run.saved_at and s.examples]
     if not before or not expected or not resumed:
         return []
     c = count_examples(before, expected, resumed)
@@ -279,11 +239,7 @@ def _curves(dlcheck, run: Any) -> None:
         ylabel2="learning rate",
         marks=marks,
         caption=f"saved after step {run.saved_at}; "
-        + (
-            f"the runs part at step {bad[0]} ({bad[1]})"
-            if bad
-            else "the resumed steps equal the uninterrupted ones"
-        ),
+        + (f"the runs part at step {bad[0]} ({bad[1]})" if bad else "the resumed steps equal the uninterrupted ones"),
     )
 
 
@@ -293,19 +249,13 @@ def _other_batches(dlcheck, run: Any, how: str, label: str) -> None:
     (a DataLoader's own generator seeded anew at every start replays the first epoch's order; a sampler
     whose epoch is not restored): conclusive, and named."""
     base = {s.step: s.batch for s in run.uninterrupted.steps if s.batch is not None}
-    after = [
-        (s.step, s.batch)
-        for s in run.resumed.steps
-        if s.step > run.saved_at and s.batch is not None
-    ]
+    after = [(s.step, s.batch) for s in run.resumed.steps if s.step > run.saved_at and s.batch is not None]
     differ = [(st, b) for st, b in after if st in base and base[st] != b]
     if not after or not differ:
         return
     step = differ[0][0]
     first = {b: st for st, b in sorted(base.items(), reverse=True)}
-    replayed = [
-        (st, first[b]) for st, b in after if b in first and first[b] <= run.saved_at
-    ]
+    replayed = [(st, first[b]) for st, b in after if b in first and first[b] <= run.saved_at]
     evidence = [
         f"{label}, saved after step {run.saved_at} through {how}, "
         f"resumed on fresh objects: from step {step} the resumed run trains on other batches than the "
@@ -337,11 +287,7 @@ def _ema_lines(run: Any) -> list[str]:
     lines = []
     for what in run.emas():
         end = next(e for e in ends.values() if e["what"] == what)
-        counter = (
-            f", {end['counter'][0]} {end['counter'][1]} in both runs"
-            if end["counter"]
-            else ""
-        )
+        counter = f", {end['counter'][0]} {end['counter'][1]} in both runs" if end["counter"] else ""
         lines.append(
             f"the EMA {what} at the end of the resumed run equals the uninterrupted run's, bitwise "
             f"({len(end['tensors'])} tensors{counter})"
@@ -364,19 +310,12 @@ def _ema_what(lost: dict[str, Any]) -> str:
 
 
 def _candidates(setup: Any, pieces: dict[str, str]) -> list[str]:
-    return sorted(
-        {p for p in pieces if p != "rng"},
-        key=lambda p: (ORDER.index(p) if p in ORDER else len(ORDER), p),
-    )
+    return sorted({p for p in pieces if p != "rng"}, key=lambda p: (ORDER.index(p) if p in ORDER else len(ORDER), p))
 
 
 def resume_run(setup: Any, total: int, restore: frozenset[str], baseline: Any) -> Any:
     """A resumed run: from ``baseline`` (the smoke run that saved for C1) where there is one."""
-    return (
-        setup.resume(total, restore, baseline)
-        if baseline is not None
-        else setup.resume(total, restore)
-    )
+    return setup.resume(total, restore, baseline) if baseline is not None else setup.resume(total, restore)
 
 
 def resume_baseline(dlcheck: Any, setup: Any) -> tuple[int, Any, str]:
@@ -390,22 +329,14 @@ def resume_baseline(dlcheck: Any, setup: Any) -> tuple[int, Any, str]:
     baseline = smoke.baseline if smoke is not None else None
     if smoke is not None:
         total = smoke.steps
-    return (
-        total,
-        baseline,
-        f"{total} steps" + (" (the shared smoke run)" if smoke is not None else ""),
-    )
+    return total, baseline, f"{total} steps" + (" (the shared smoke run)" if smoke is not None else "")
 
 
-def shared_resume(
-    dlcheck: Any, setup: Any, total: int, restore: frozenset[str], baseline: Any
-) -> ResumeRun:
+def shared_resume(dlcheck: Any, setup: Any, total: int, restore: frozenset[str], baseline: Any) -> ResumeRun:
     """A resumed run C1 and C3 share (made once per session): ``restore`` names what is put back from the
     uninterrupted run after the resume's own loading."""
     key = f"resume:{total}:{'+'.join(sorted(restore))}"
-    return memo_or_skip(
-        dlcheck, setup.sources, key, lambda: resume_run(setup, total, restore, baseline)
-    )
+    return memo_or_skip(dlcheck, setup.sources, key, lambda: resume_run(setup, total, restore, baseline))
 
 
 def how_saved(setup: Any, run: ResumeRun) -> str:
@@ -424,23 +355,10 @@ def compared(run: ResumeRun, reference: Any = None) -> list[str]:
     return [
         what
         for what, ok in (
-            (
-                "losses",
-                any(
-                    s.loss is not None
-                    and base.get(s.step)
-                    and base[s.step].loss is not None
-                    for s in after
-                ),
-            ),
+            ("losses", any(s.loss is not None and base.get(s.step) and base[s.step].loss is not None for s in after)),
             (
                 "learning rates",
-                any(
-                    s.lr is not None
-                    and base.get(s.step)
-                    and base[s.step].lr is not None
-                    for s in after
-                ),
+                any(s.lr is not None and base.get(s.step) and base[s.step].lr is not None for s in after),
             ),
             ("weights", any(st > run.saved_at for st, _ in run.resumed.digests)),
             ("EMA", bool(run.emas())),
@@ -459,20 +377,13 @@ def release_after(dlcheck: Any, setup: Any, cid: str) -> None:
         return
     setup.__dict__.pop("_baselines", None)
     smoke = smoke_baseline(dlcheck, setup, make_it=False)
-    if (
-        smoke is not None
-    ):  # the smoke run's part as C1's baseline: its EMA copies at the end
+    if smoke is not None:  # the smoke run's part as C1's baseline: its EMA copies at the end
         smoke.trajectory.notes.pop("ema", None)
         smoke.baseline = None
 
 
 def _diagnose(
-    dlcheck,
-    setup,
-    total: int,
-    candidates: list[str],
-    suspects: list[str],
-    baseline: Any = None,
+    dlcheck, setup, total: int, candidates: list[str], suspects: list[str], baseline: Any = None
 ) -> tuple[list[str] | None, int, dict[frozenset[str], Any]]:
     """The smallest set of pieces that, put back from the uninterrupted run after the user's own loading
     (with the RNG states: C3's, put back in every run), makes the resumed run identical. When the checkpoint
@@ -487,9 +398,7 @@ def _diagnose(
         key = frozenset(pieces)
         if key not in tried:
             runs += 1
-            tried[key] = run_or_skip(
-                dlcheck, lambda: resume_run(setup, total, key | {"rng"}, baseline)
-            ).mismatch()
+            tried[key] = run_or_skip(dlcheck, lambda: resume_run(setup, total, key | {"rng"}, baseline)).mismatch()
         return tried[key] is None
 
     def prune(chosen: list[str]) -> list[str]:
@@ -516,19 +425,13 @@ def _fix(setup: Any, missing: list[str], run: Any = None) -> str:
     if setup.kind == "trainer":
         args = setup.trainer.args
         parts = []
-        if getattr(args, "save_only_model", False) and set(missing) & {
-            "optimizer",
-            "lr_scheduler",
-            "scaler",
-        }:
+        if getattr(args, "save_only_model", False) and set(missing) & {"optimizer", "lr_scheduler", "scaler"}:
             parts.append(
                 "drop save_only_model=True from the training arguments: it saves the weights only, and "
                 "resume_from_checkpoint needs optimizer.pt, scheduler.pt and rng_state.pth"
             )
         if getattr(args, "ignore_data_skip", False) and "data position" in missing:
-            parts.append(
-                "set ignore_data_skip=False so resume_from_checkpoint skips the batches already trained on"
-            )
+            parts.append("set ignore_data_skip=False so resume_from_checkpoint skips the batches already trained on")
         if not parts:
             parts.append(
                 "let the Trainer save and load every piece (a custom _save_checkpoint/_load_* override or a "
@@ -550,55 +453,32 @@ def _fix(setup: Any, missing: list[str], run: Any = None) -> str:
                 "not saved) and do not checkpoint with save_weights_only=True"
             )
         if "model" in missing:
-            parts.append(
-                "keep every trained tensor registered (a Parameter or buffer) so it lands in state_dict"
-            )
-        held = (
-            (run.uninterrupted.notes.get("callbacks") or {}) if run is not None else {}
-        )
+            parts.append("keep every trained tensor registered (a Parameter or buffer) so it lands in state_dict")
+        held = (run.uninterrupted.notes.get("callbacks") or {}) if run is not None else {}
         lost = [d["name"] for d in run.ema_mismatch()] if run is not None else []
         for piece in (p for p in missing if p.startswith("callback ")):
             label = piece.removeprefix("callback ")
-            attrs = (
-                ", ".join(
-                    f"self.{a}" for a in held.get(label, {}).get("changed", [])[:4]
-                )
-                or "its state"
-            )
+            attrs = ", ".join(f"self.{a}" for a in held.get(label, {}).get("changed", [])[:4]) or "its state"
             ema = any(name.startswith(piece + ".") for name in lost)
             parts.append(
                 f"give your callback {label.split('#')[0]} state_dict() returning {attrs}"
                 + (" (the EMA module's state_dict(), not the module)" if ema else "")
                 + " and load_state_dict() putting "
-                + (
-                    "it back into the EMA once the callback has built it"
-                    if ema
-                    else "them back"
-                )
+                + ("it back into the EMA once the callback has built it" if ema else "them back")
                 + ": Lightning saves a callback's state_dict() in the .ckpt and hands it back on fit(ckpt_path=...)"
-                + (
-                    " (or use Lightning's EMAWeightAveraging callback, which saves its average)"
-                    if ema
-                    else ""
-                )
+                + (" (or use Lightning's EMAWeightAveraging callback, which saves its average)" if ema else "")
             )
-        return (
-            "; ".join(parts)
-            or "save and restore every piece of the training state in the checkpoint"
-        )
+        return "; ".join(parts) or "save and restore every piece of the training state in the checkpoint"
     if setup.kind == "accelerate" and setup.checkpoint_how().startswith("accelerator."):
         pieces = [p for p in missing if p != "data position"]
         if pieces:
-            return (
-                "accelerator.save_state saves only what accelerator.prepare() returned and what "
-                + (
-                    "accelerator.register_for_checkpointing() registered: "
-                    + "; ".join(
-                        f"prepare the scheduler (state['{p}'] = accelerator.prepare(state['{p}']))"
-                        if "sched" in p
-                        else f"accelerator.register_for_checkpointing(state['{p}'])"
-                        for p in pieces
-                    )
+            return "accelerator.save_state saves only what accelerator.prepare() returned and what " + (
+                "accelerator.register_for_checkpointing() registered: "
+                + "; ".join(
+                    f"prepare the scheduler (state['{p}'] = accelerator.prepare(state['{p}']))"
+                    if "sched" in p
+                    else f"accelerator.register_for_checkpointing(state['{p}'])"
+                    for p in pieces
                 )
             )
         return "save and restore every piece of the training state with save_state / load_state"
@@ -744,18 +624,12 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
     how = how_saved(setup, run)
     loaded_by = LOADED_BY.get(setup.kind, "the resume")
     if setup.kind == "accelerate":
-        loaded_by = (
-            "accelerator.load_state"
-            if how.startswith("accelerator.")
-            else "your dlcheck_load_checkpoint"
-        )
+        loaded_by = "accelerator.load_state" if how.startswith("accelerator.") else "your dlcheck_load_checkpoint"
     data_lines = data_verdict(dlcheck, setup, how, loaded_by)
     bad = run.mismatch()
     if bad is None:
         after = [s for s in run.resumed.steps if s.step > run.saved_at]
-        losses = ", ".join(
-            f"step {s.step}: {s.loss:.6g}" for s in after[:4] if s.loss is not None
-        )
+        losses = ", ".join(f"step {s.step}: {s.loss:.6g}" for s in after[:4] if s.loss is not None)
         what = compared(run)
         emas = _ema_lines(run)
         dlcheck.measured(
@@ -773,19 +647,11 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
         return
     step, what = bad
     candidates = _candidates(setup, run.pieces)
-    suspects = (
-        [p for p in candidates if p in run.pieces and not run.pieces[p]]
-        if setup.kind == "trainer"
-        else []
-    )
-    missing, runs, tried = _diagnose(
-        dlcheck, setup, total, candidates, suspects, baseline
-    )
+    suspects = [p for p in candidates if p in run.pieces and not run.pieces[p]] if setup.kind == "trainer" else []
+    missing, runs, tried = _diagnose(dlcheck, setup, total, candidates, suspects, baseline)
     if missing is None:
         _other_batches(dlcheck, run, how, label)
-        _broken_resume(
-            dlcheck, setup, run, total, label, how, candidates, runs, tried, baseline
-        )
+        _broken_resume(dlcheck, setup, run, total, label, how, candidates, runs, tried, baseline)
     evidence = _parting(run, label, how, step, what, setup.kind == "trainer")
     evidence.append(
         f"putting back {' + '.join(missing)} from the uninterrupted run after the load makes the resumed run "
@@ -822,11 +688,7 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
         )
         rest = [p for p in missing if p != "model"]
         fix = _keys_fix(run.loads) + ("; " + _fix(setup, rest) if rest else "")
-    if (
-        "model" in missing
-        and setup.kind in ("loop", "accelerate")
-        and _is_peft(dlcheck, setup)
-    ):
+    if "model" in missing and setup.kind in ("loop", "accelerate") and _is_peft(dlcheck, setup):
         cause += (
             " (a PEFT model: the adapter being trained does not get the saved adapter weights back — "
             "load_adapter(path, adapter_name=...) adds a second adapter beside it without activating it, and "
@@ -835,25 +697,19 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
         fix = (
             "load the saved adapter into the adapter you train: set_peft_model_state_dict(state['model'], "
             "load_file(f'{path}/adapter_model.safetensors')) (or load_adapter(path, adapter_name='default', "
-            "is_trainable=True), or set_adapter(name) after loading under another name); "
-            + fix
+            "is_trainable=True), or set_adapter(name) after loading under another name); " + fix
         )
     if set(missing) & set(lost_emas):
         fix += (
             " (an AveragedModel's state_dict holds its averaged weights and n_averaged; a diffusers EMAModel's its "
             "shadow_params and optimization_step)"
         )
-    renamed = (
-        _renamed_weights(setup, run.checkpoint)
-        if setup.kind == "trainer" and "model" in missing
-        else None
-    )
+    renamed = _renamed_weights(setup, run.checkpoint) if setup.kind == "trainer" and "model" in missing else None
     if renamed:
         n_saved, n_foreign, saved_name, own_name = renamed
         evidence.append(
             f"{n_foreign} of the {n_saved} tensor names in {run.checkpoint.name}'s weights file are not the "
-            f"model's: e.g. {saved_name!r}"
-            + (f" where the model has {own_name!r}" if own_name else "")
+            f"model's: e.g. {saved_name!r}" + (f" where the model has {own_name!r}" if own_name else "")
         )
         cause = (
             "save_pretrained wrote the weights under the checkpoint's original (converted-back) names, and "
@@ -915,17 +771,11 @@ def _load_raises(dlcheck: Any, setup: Any, exc: ResumeLoadFailed, label: str) ->
         "strings, and the globals allowed by torch.serialization.add_safe_globals, load)"
     )
     name = refused.rsplit(".", 1)[-1]
-    default = (
-        "which the Trainer's resume passes"
-        if setup.kind == "trainer"
-        else "its default since torch 2.6"
-    )
+    default = "which the Trainer's resume passes" if setup.kind == "trainer" else "its default since torch 2.6"
     if setup.kind == "lightning":
         knob = "trainer.fit(model, ckpt_path=path, weights_only=False) for a checkpoint you wrote yourself"
         plain = "save plain types as hyperparameters (vars(args), numbers, strings) instead of the object"
-    elif (
-        setup.kind == "trainer"
-    ):  # the Trainer's own loading passes weights_only=True itself
+    elif setup.kind == "trainer":  # the Trainer's own loading passes weights_only=True itself
         knob = (
             "keep plain types (dicts, numbers, strings) in what the Trainer saves: the state_dict of your scheduler, "
             "optimizer or stateful callback"
@@ -951,25 +801,15 @@ def _article(name: str) -> str:
     return "an" if name[:1].lower() in "aeiou" else "a"
 
 
-def _parting(
-    run: ResumeRun, label: str, how: str, step: int, what: str, trainer: bool
-) -> list[str]:
+def _parting(run: ResumeRun, label: str, how: str, step: int, what: str, trainer: bool) -> list[str]:
     """The evidence of where the resumed run parts from the uninterrupted one: the step, the losses and learning
     rates side by side, and (a Trainer's) what its checkpoint directory holds."""
     base = {s.step: s.loss for s in run.uninterrupted.steps}
-    resumed = [
-        (s.step, s.loss)
-        for s in run.resumed.steps
-        if s.step > run.saved_at and s.loss is not None
-    ]
-    side = ", ".join(
-        f"step {s}: {v:.6g} vs {base.get(s, float('nan')):.6g}" for s, v in resumed[:4]
-    )
+    resumed = [(s.step, s.loss) for s in run.resumed.steps if s.step > run.saved_at and s.loss is not None]
+    side = ", ".join(f"step {s}: {v:.6g} vs {base.get(s, float('nan')):.6g}" for s, v in resumed[:4])
     evidence = [
         f"{label}, saved after step {run.saved_at} through {how}, resumed on fresh objects: at step {step} {what}",
-        f"losses resumed vs uninterrupted: {side}"
-        if side
-        else "the resumed run logged no loss",
+        f"losses resumed vs uninterrupted: {side}" if side else "the resumed run logged no loss",
     ]
     lrs = _lr_side(run)
     if lrs:
@@ -986,9 +826,7 @@ def _parting(
 
 def _second(text: str) -> str:
     """A mismatch's words for the uninterrupted run against its second run."""
-    return text.replace(" resumed vs ", " in the second run vs ").replace(
-        " uninterrupted", " in the first"
-    )
+    return text.replace(" resumed vs ", " in the second run vs ").replace(" uninterrupted", " in the first")
 
 
 def _keys_fix(loads: list[str]) -> str:
@@ -1024,15 +862,9 @@ def _broken_resume(
     part and what the diagnosis could not put back); if it does not, the resume cannot be judged (skip)."""
     # as long as the first run: its last step recorded (a plain loop's micro-steps, under a gradient
     # accumulation more than its optimizer steps)
-    last = max(
-        [s.step for s in run.uninterrupted.steps]
-        + [st for st, _ in run.uninterrupted.digests]
-        + [total]
-    )
+    last = max([s.step for s in run.uninterrupted.steps] + [st for st, _ in run.uninterrupted.digests] + [total])
     again = run_or_skip(dlcheck, lambda: setup.uninterrupted_again(last, run.saved_at))
-    twice = ResumeRun(
-        run.uninterrupted, again, run.saved_at, run.checkpoint, run.pieces
-    ).mismatch()
+    twice = ResumeRun(run.uninterrupted, again, run.saved_at, run.checkpoint, run.pieces).mismatch()
     if twice is not None:
         dlcheck.skip(
             f"the resumed run differs from the uninterrupted one at step {run.mismatch()[0]} even with every piece "
@@ -1054,9 +886,7 @@ def _broken_resume(
         + f" ({runs} diagnostic resumes)"
     )
     evidence.extend(f"your load reported: {line}" for line in run.loads)
-    lr_first = what.startswith("learning rate") or (
-        every is not None and every[1].startswith("learning rate")
-    )
+    lr_first = what.startswith("learning rate") or (every is not None and every[1].startswith("learning rate"))
     if keys_mismatch(run.loads):
         cause = (
             "the load does not put the saved weights into the model being trained: its load_state_dict finds "
@@ -1131,9 +961,4 @@ def _renamed_weights(setup: Any, checkpoint: Any) -> tuple[int, int, str, str] |
         return k
 
     best = max(sorted(own), key=shared_tail, default="")
-    return (
-        len(names),
-        len(foreign),
-        foreign[0],
-        best if best and shared_tail(best) >= 2 else "",
-    )
+    return len(names), len(foreign), foreign[0], best if best and shared_tail(best) >= 2 else ""
