@@ -175,7 +175,7 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
                 )
                 + "), so the resumed epoch trains some examples twice and never reaches others"
             ),
-            fix=DATA_FIX[setup.kind],
+            fix=DATA_FIX[setup.kind].replace("state['dataloader']", f"state['{probe.key}']"),
         )
     if c.same:
         return [
