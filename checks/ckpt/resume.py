@@ -531,10 +531,12 @@ def check_resume(dlcheck):
         your resume restores them is C3's question: here random draws alone never fail) and continues. The
         losses, learning rates and weights of the resumed steps must equal the uninterrupted run's, bitwise (on
         CPU); for a plain loop, so must every EMA in the state (an AveragedModel with its ``n_averaged``, an
-        EMAModel's shadow params and ``optimization_step``) at the end of both runs. On a mismatch, the pieces
-        of the state (optimizer, LR scheduler, GradScaler, dataloader position, EMA, weights) are put back one
-        at a time from the uninterrupted run after your own loading, and the check names the piece(s) that make
-        the runs identical. When none does, the uninterrupted run is run a second time the same way: if the
+        EMAModel's shadow params and ``optimization_step``) at the end of both runs, and for Lightning every EMA
+        your Trainer's callbacks keep (``dlcheck_lightning_callbacks``, or the callbacks of your lightning
+        Trainer given as ``dlcheck_trainer``: every Lightning run includes them). On a mismatch, the pieces
+        of the state (optimizer, LR scheduler, GradScaler, dataloader position, EMA, weights, and each Lightning
+        callback whose attributes changed in training) are put back one at a time from the uninterrupted run
+        after your own loading, and the check names the piece(s) that make the runs identical. When none does, the uninterrupted run is run a second time the same way: if the
         two agree, the run is reproducible and the resume is broken (the check fails, saying where the runs
         part and what putting every piece back could not repair); only if they differ is the run not
         reproducible. What your load's ``load_state_dict`` leaves missing or unexpected (a strict=False load)
@@ -566,6 +568,7 @@ def check_resume(dlcheck):
         torch.save({"model": ..., "optimizer": ..., "lr_scheduler": ...}, path)   # state["ema"] left out
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)   # no scheduler
         lr = base_lr * warmup(state["step"])   # a counter the checkpoint does not hold: restarts at 0
+        class EMA(L.Callback): ...             # keeps self.ema, defines no state_dict(): a resumed fit starts it anew
         model.load_state_dict(torch.load(path)["model"], strict=False)   # "module."-prefixed keys: nothing loads
         SFTTrainer(model=llava, ...).train(resume_from_checkpoint=...)   # transformers 5: no weight restored
         torch.save({..., "args": args}, path); torch.load(path)   # torchvision references: torch >= 2.6 refuses
@@ -575,7 +578,8 @@ def check_resume(dlcheck):
     Use instead
         save and load the optimizer, the scheduler, the GradScaler, every counter your loop reads, and the
         step: the Trainer does it unless save_only_model=True; Lightning does it for what configure_optimizers
-        returns. Load weights with strict=True. For a model whose checkpoint names are converted (LLaVA and
+        returns, and for a callback through its state_dict() / load_state_dict(). Load weights with
+        strict=True. For a model whose checkpoint names are converted (LLaVA and
         other VLMs in transformers 5), load the weights through from_pretrained in a Trainer subclass's
         _load_from_checkpoint.
         Load a checkpoint you wrote yourself with torch.load(path, weights_only=False) (Lightning:
@@ -594,8 +598,11 @@ def check_resume(dlcheck):
         draw (an augmentation drawn in DataLoader workers) are not recognised, and the data position is then
         not judged; over a window shorter than an epoch, "never seen" means not trained in the compared steps.
         Lightning is resumed at an epoch boundary. EMAs are compared
-        for a plain loop only (entries of the dlcheck_make_training dict), not for a Trainer's callbacks or a
-        LightningModule's attributes.
+        for a plain loop (entries of the dlcheck_make_training dict) and in Lightning callbacks, not for a
+        transformers Trainer's callbacks or a LightningModule's attributes. A Lightning callback's attributes are
+        put back as they stood at the save (copies; its references to the Trainer and the module are left).
+        Lightning's own checkpointing, logging, progress, early-stopping and tuning callbacks are left out of
+        the runs (they write into your folders or need a logger or validation the runs do not have).
     Not applicable
         None: every run that saves checkpoints may be resumed from one.
     """
