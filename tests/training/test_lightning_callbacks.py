@@ -153,3 +153,28 @@ def test_an_ema_callback_that_saves_its_weights_resumes_exactly(project, callbac
             "*at the end of the resumed run equals the uninterrupted run's, bitwise*",
         ]
     )
+
+
+def test_the_callbacks_named_on_the_command_line_run_too(project):
+    """No conftest.py: the module and datamodule by --dlcheck-lightning, the callbacks' factory by --dlcheck-role
+    (the attribute without () is the role's value: called for every run)."""
+    project.conftest("", path="proj/__init__.py")
+    project.conftest(
+        """
+        import torch, tiny_lightning as tl, lightning_callbacks as lc
+
+        def build():
+            torch.manual_seed(0)
+            return tl.Classifier(), tl.Blobs()
+
+        def callbacks():
+            return [lc.EMA(decay=0.9)]
+        """,
+        path="proj/lit.py",
+    )
+    run = project.run(
+        "--dlcheck=C1", "--dlcheck-lightning=proj.lit:build", "--dlcheck-role=lightning_callbacks=proj.lit:callbacks"
+    )
+    run.assert_outcome("C1", "failed")
+    text = tt.section(run, "C1")
+    assert "the EMA self.ema of your callback EMA" in text and "EMA defines no state_dict()" in text, text
