@@ -6,8 +6,10 @@ accelerate kind of pytest_dlcheck.training) runs in every rank as their script r
   distribution. :func:`reset_state` forgets them once the rank's process group is up, so the user's
   ``Accelerator()`` reads this rank's environment (RANK, WORLD_SIZE, the gloo group: ``MULTI_CPU`` on CPU) and
   ``accelerator.prepare(model)`` wraps the model in DistributedDataParallel itself (no ``dlcheck_dist_wrap``).
-- The rank's data is the DataLoader the user's factory prepared (in its dict, else the first one its Accelerator
-  prepared), sharded by Accelerate's ``BatchSamplerShard``; :func:`indices` lists the indices the loader yields
+- The rank's data is the user's own DataLoader, never a stand-in: the one their factory prepared (in its dict,
+  else the first one its Accelerator prepared), sharded by Accelerate's ``BatchSamplerShard``; else a DataLoader
+  their dict holds that never went through ``accelerator.prepare``, else ``dlcheck_dataloader``, both as they are
+  (each rank then iterates the whole dataset, which D3 judges); :func:`indices` lists the indices the loader yields
   this epoch on this rank, as its ``__iter__`` draws them (the random generators synchronised from rank 0 first,
   a collective every rank calls at the same point); :func:`describe` adds how many examples Accelerate's own
   sharding repeats (``even_batches``) or leaves out (``drop_last``) by design, D3's allowance."""
@@ -22,7 +24,8 @@ from ...training.accelerate import accelerator_of
 
 #: where the loader of an Accelerate user's ranks comes from (D3 and D4 say so)
 FROM_FACTORY = "dlcheck_make_training"
-FROM_LAUNCH = "dlcheck_dataloader, prepared by the launch with your Accelerator"
+#: the user's dlcheck_dataloader, as it is: their factory's Accelerator prepared no DataLoader
+FROM_ROLE = "dlcheck_dataloader (dlcheck_make_training's Accelerator prepared no DataLoader)"
 
 
 def reset_state(cpu: bool) -> None:
@@ -46,22 +49,31 @@ def is_prepared_loader(obj: Any) -> bool:
     )
 
 
+def _train_first(state: dict[str, Any], keep: Any) -> list[tuple[Any, Any]]:
+    """The (key, value) pairs of the factory's dict that ``keep`` accepts, a key naming "train" first."""
+    return sorted(((k, v) for k, v in state.items() if keep(v)), key=lambda kv: "train" not in str(kv[0]).lower())
+
+
 def loader_of(state: dict[str, Any], given: Any) -> tuple[Any, str]:
-    """(this rank's loader, where it comes from): a prepared DataLoader in the factory's dict (a key naming
-    "train" first), else the first DataLoader the factory's Accelerator prepared, else ``given``
-    (dlcheck_dataloader) passed through ``accelerator.prepare`` as an Accelerate script does."""
-    found = sorted(
-        ((k, v) for k, v in state.items() if is_prepared_loader(v)), key=lambda kv: "train" not in str(kv[0]).lower()
-    )
+    """(this rank's loader, where it comes from): the user's own, never a stand-in — a prepared DataLoader in the
+    factory's dict (a key naming "train" first), else the first DataLoader the factory's Accelerator prepared, else
+    a DataLoader in the dict that was not prepared, else ``given`` (dlcheck_dataloader); the last two as they are,
+    as the user's script iterates them (D3 judges what that does to the shards)."""
+    from torch.utils.data import DataLoader
+
+    found = _train_first(state, is_prepared_loader)
     if found:
         return found[0][1], f"{FROM_FACTORY} (state[{found[0][0]!r}])"
     accelerator = accelerator_of(state)
     for loader in getattr(accelerator, "_dataloaders", None) or []:
         if is_prepared_loader(loader):
             return loader, f"{FROM_FACTORY} (the DataLoader it passed to accelerator.prepare)"
+    plain = _train_first(state, lambda v: isinstance(v, DataLoader))
+    if plain:
+        return plain[0][1], f"{FROM_FACTORY} (state[{plain[0][0]!r}])"
     if given is None or accelerator is None:
         return given, "dlcheck_dataloader"
-    return accelerator.prepare(given), FROM_LAUNCH
+    return given, FROM_ROLE
 
 
 def _shard_sampler(loader: Any) -> Any:

@@ -142,8 +142,10 @@ def launch(
     out.mkdir(parents=True, exist_ok=True)
     ctx = tmp.get_context(start_method)
     port = free_port()
+    # not daemonic: a rank is a script's process, which may start DataLoader workers (a daemonic process may not
+    # have children); every rank is ended and joined below whatever happens
     procs = [
-        ctx.Process(target=rank_entry, args=(r, job.world, port, backend, job), daemon=True, name=f"dlcheck-rank{r}")
+        ctx.Process(target=rank_entry, args=(r, job.world, port, backend, job), daemon=False, name=f"dlcheck-rank{r}")
         for r in range(job.world)
     ]
     t0 = time.monotonic()

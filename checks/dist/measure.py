@@ -42,9 +42,6 @@ TRAINER_NOT_YET = {
     "D2": "the single-process reference step needs the first distributed step's batches and gradients, which the "
     "Trainer's own train() loop does not hand out: D2 is not measured for a Trainer yet",
     "D3": "the Trainer builds its sharded DataLoader inside train(): its shards are not listed for a Trainer yet",
-    "D4": "each rank trains a copy of your Trainer's model made in the pytest process (identical on every rank by "
-    "construction) and the Trainer seeds every rank with args.seed: your own initialisation and seeding are not what "
-    "runs, so D4 has nothing of yours to judge for a Trainer",
     "D6": "the injected non-finite micro-step runs outside the Trainer's train() loop: not measured for a Trainer yet",
     "D8": "the Trainer builds and steps its LR scheduler inside train() (sized from each process's own DataLoader, "
     "stepped once per optimizer step): its schedule on N processes is not recorded for a Trainer yet",

@@ -79,8 +79,10 @@ def check_sampler_shards(dlcheck):
         only through ``dlcheck_start_epoch`` (the top of your epoch loop); without it the pass says it was not
         judged. An Accelerate user's ranks list the indices Accelerate's ``BatchSamplerShard`` gives them from
         the DataLoader their factory prepared (the ``even_batches`` padding Accelerate's own sharding makes is
-        allowed; reshuffling is judged on the loader's second pass); a loader the launch had to prepare itself,
-        or a ``DataLoaderDispatcher``, skips.
+        allowed; reshuffling is judged on the loader's second pass); a DataLoader their factory holds but never
+        prepared, or ``dlcheck_dataloader`` when their factory's Accelerator prepared none, is what their ranks
+        train on, as it is (the launch never prepares a stand-in), and fails when it is not sharded; a
+        ``DataLoaderDispatcher`` skips.
     Not applicable
         Training that does not run distributed (a plain loop without ``dlcheck_dist_wrap``; an Accelerate
         user's ``accelerator.prepare`` wraps the model itself).
@@ -91,12 +93,6 @@ def check_sampler_shards(dlcheck):
     idx0 = [r["indices"].get(0) for r in recs]
     idx1 = [r["indices"].get(1) for r in recs]
     info = recs[0]["loader"]
-    if info.get("built_by") == accelerate.FROM_LAUNCH:
-        dlcheck.skip(
-            "your script's sharding is not seen: dlcheck_make_training's Accelerator prepared no DataLoader, so the "
-            "ranks trained on dlcheck_dataloader prepared by the launch itself; prepare your DataLoader in "
-            "dlcheck_make_training (accelerator.prepare(model, optimizer, loader)) or define dlcheck_make_dataloader"
-        )
     if info.get("no_indices"):
         dlcheck.skip(f"the dataloader's shards are not judged: {info['no_indices']}")
     if any(i is None for i in idx0):
@@ -140,6 +136,12 @@ def check_sampler_shards(dlcheck):
                 f"accelerator.prepare left the loader unsharded (its {info['sampler']} batches go to every rank): the "
                 "Accelerator that prepared it ran as one process, so every rank iterates the whole dataset"
             )
+        elif info["sampler_replicas"] is None and recs[0].get("accelerate") and not dlcheck.has("make_dataloader"):
+            cause = (
+                f"the DataLoader the ranks train on — {info.get('built_by')} — was not passed to accelerator.prepare: "
+                f"its {info['sampler']} gives every rank the whole dataset, so each step trains on duplicates and an "
+                "epoch is world-size passes"
+            )
         elif info["sampler_replicas"] is None:
             cause = (
                 f"the dataloader's sampler is a {info['sampler']}, not a DistributedSampler: every rank iterates the "
@@ -160,6 +162,11 @@ def check_sampler_shards(dlcheck):
             fix = (
                 "pass the DataLoader to accelerator.prepare (model, optimizer, loader = accelerator.prepare(model, "
                 "optimizer, loader)) with an Accelerator built in the process: it deals each rank its own batches"
+                + (
+                    "; return the prepared loader in dlcheck_make_training's dict, as your script trains on it"
+                    if info.get("built_by") == accelerate.FROM_ROLE
+                    else ""
+                )
             )
         dlcheck.fail(evidence, cause, fix, shared=len(shared))
     missing = sorted(set(range(n)) - union)

@@ -10,7 +10,12 @@ the model) runs ``trainer.train()`` for the launch's few steps, as the script ru
   shards the DataLoader itself.
 - A ``TrainerCallback`` added last records what D1 needs: the parameters when training begins, the gradients the
   optimizer steps on first, and after every optimizer step (``on_step_end``, after the user's own callbacks) the
-  digests of every parameter and optimizer-state tensor."""
+  digests of every parameter and optimizer-state tensor; and, when ``train()`` begins, what D4 needs: example 0
+  fetched twice through the Trainer's own train DataLoader (its dataset, collator, ``dataloader_num_workers`` and
+  the Trainer's ``seed_worker``) at the random state the Trainer left after ``set_seed(args.seed)``, then once
+  more with this rank's global generators (random, NumPy, torch) reseeded with the rank: a draw that still
+  comes out the same on every rank comes from a generator of the user's own, not from the streams the Trainer
+  seeds (:func:`augmentation`)."""
 
 from __future__ import annotations
 
@@ -83,6 +88,7 @@ def run(rank: Any) -> dict[str, Any]:
                 init=rank.params(inner),
                 init_tensors=rank.tensors(inner) if small else None,
             )
+            rec.update(augmentation(rank, kw.get("train_dataloader"), args, inner))
             rank.progress("Trainer.train() began")
 
         def on_pre_optimizer_step(self, args, state, control, **kw):
@@ -110,3 +116,47 @@ def run(rank: Any) -> dict[str, Any]:
     with _quiet():
         rank.call("trainer", clone.train)
     return rec
+
+
+def augmentation(rank: Any, loader: Any, args: Any, inner: Any) -> dict[str, Any]:
+    """D4's part of the record, taken when ``train()`` begins, before the first batch is fetched: the Trainer's
+    train DataLoader described, example 0 fetched twice through it (:meth:`Rank.augmentation`), then again with the
+    rank's global generators reseeded per rank (``own_stream``), the global torch generator's digest and the
+    Trainer's seeding arguments. The rank's generators are put back after every probe."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from .launch import _saved_rng, tensor_digest
+
+    got: dict[str, Any] = {
+        "rng_at_step0": tensor_digest(torch.get_rng_state()),
+        "dropout": [
+            f"{n} (p={m.p})"
+            for n, m in inner.named_modules()
+            if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0
+        ],
+        "trainer_seed": {
+            "seed": getattr(args, "seed", None),
+            "data_seed": getattr(args, "data_seed", None),
+            "num_workers": getattr(args, "dataloader_num_workers", 0) or 0,
+            "process_index": getattr(args, "process_index", None),
+        },
+    }
+    if loader is None:
+        got["augment"] = None
+        return got
+    got["loader"] = rank.describe_loader(loader) | {"built_by": "the Trainer's get_train_dataloader()"}
+    got["augment"] = rank.augmentation(loader)
+    if got["augment"] and "digests" in got["augment"]:
+        # the same fetch with this rank's global streams made different from the other ranks': what still
+        # comes out the same on every rank is drawn from a generator the Trainer's seeding does not reach
+        with _saved_rng():
+            seed = 7919 * (rank.rank + 1)
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)
+            own = rank.augmentation(loader)
+        got["augment"]["own_stream"] = (own or {}).get("digests")
+    return got

@@ -1,7 +1,8 @@
 """transformers Trainer users through the dist domain: a clone of their Trainer runs its own ``train()`` in two real
 processes (the TrainingArguments' cached single-process device state dropped in each rank), so the Trainer's
 Accelerator sees the 2 processes and wraps the model in DDP itself. A clean Trainer keeps its replicas identical
-(D1 passes; D2, D3, D4 and D6 say why they do not judge a Trainer yet); a TrainerCallback that edits the weights on
+(D1 passes; D4 probes the Trainer's own DataLoader and passes; D2, D3 and D6 say why they do not judge a
+Trainer yet); a TrainerCallback that edits the weights on
 the main process only makes them drift (D1 fails). One launch per test."""
 
 import multiprocessing
@@ -22,7 +23,9 @@ def test_a_clean_trainer_keeps_its_replicas_identical(project):
     project.conftest(tt.project())
     run = project.run("--dlcheck=dist", "-rA")
     run.assert_outcome("D1", "passed")
-    for cid in ("D2", "D3", "D4", "D5", "D6"):
+    # D4 probes the Trainer's own train DataLoader: the causal-LM collator draws nothing at random
+    run.assert_outcome("D4", "passed")
+    for cid in ("D2", "D3", "D5", "D6"):
         run.assert_outcome(cid, "skipped")
     run.fnmatch(
         [
@@ -35,7 +38,9 @@ def test_a_clean_trainer_keeps_its_replicas_identical(project):
     text = _flat(run.text)
     assert "the Trainer builds its sharded DataLoader inside train()" in text
     assert "the single-process reference step needs the first distributed step's batches" in text
-    assert "the Trainer seeds every rank with args.seed" in text
+    assert "parameters identical on the 2 ranks when Trainer.train() began" in text
+    assert "example 0 comes out the same on two fetches: the pipeline has no randomness" in text
+    assert "the Trainer seeded every rank with set_seed(args.seed=0); dataloader_num_workers=0" in text
     assert "the injected non-finite micro-step runs outside the Trainer's train() loop" in text
     assert "a Trainer or a LightningModule is not launched" not in text
     assert not torch.distributed.is_initialized()

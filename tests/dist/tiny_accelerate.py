@@ -45,12 +45,13 @@ def make_training():
     return {"model": model, "optimizer": opt, "train_dataloader": loader, "accelerator": accelerator}
 
 
-def make_training_optimizer_only():
-    """Buggy: only the optimizer goes through accelerator.prepare; the model is left bare (no DDP: nothing averages
-    the gradients) and no DataLoader is prepared (the data comes from dlcheck_dataloader)."""
+def make_training_model_left_out():
+    """Buggy: the optimizer and the DataLoader go through accelerator.prepare, the model is left bare (no DDP:
+    nothing averages the gradients of the ranks' different batches)."""
     accelerator = Accelerator(cpu=True)
-    model, opt, _ = _parts()
-    return {"model": model, "optimizer": accelerator.prepare(opt), "accelerator": accelerator}
+    model, opt, loader = _parts()
+    opt, loader = accelerator.prepare(opt, loader)
+    return {"model": model, "optimizer": opt, "train_dataloader": loader, "accelerator": accelerator}
 
 
 def make_training_head_after_prepare():

@@ -1,0 +1,77 @@
+"""D4 for transformers Trainer users: in each of two real processes a clone of the user's Trainer runs its own
+``train()`` (which calls ``set_seed(args.seed)`` in every process); when training begins each rank fetches example
+0 twice through the Trainer's own train DataLoader (its dataset, collator, workers and ``seed_worker``), then once
+more with its global generators reseeded per rank. A dataset that draws its noise from torch's global generator
+with DataLoader workers is decorrelated by the Trainer itself (passes); the same dataset with no workers, and a
+dataset drawing from a generator seeded at import, give every rank the same noise (D4 fails, naming which).
+One launch per test."""
+
+import multiprocessing
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tiny_trainer_aug as tta  # noqa: E402
+
+
+def _flat(text):
+    return " ".join(text.split())
+
+
+def _no_leftover_process():
+    import torch
+
+    assert not torch.distributed.is_initialized()
+    assert not multiprocessing.active_children(), multiprocessing.active_children()
+
+
+def _same_first_fetch(d4):
+    """The first fetch of example 0 is the same digest on both ranks, and the pipeline is random."""
+    found = re.search(r"every rank's first fetch is identical \(rank 0: (\w+), rank 1: (\w+)\)", d4)
+    assert found, d4
+    assert found.group(1) == found.group(2)
+    assert "the two fetches differ (random augmentation)" in d4
+
+
+def test_global_noise_with_dataloader_workers_is_decorrelated_by_the_trainer(project):
+    project.conftest(tta.project(source="global", workers=1))
+    run = project.run("--dlcheck=D4", "-rA")
+    run.assert_outcome("D4", "passed")
+    text = _flat(run.text)
+    assert "parameters identical on the 2 ranks when Trainer.train() began" in text
+    # the noise is random and differs between the ranks: measured, not assumed
+    assert "example 0's augmentation differs between the ranks (2 different first fetches on 2 ranks)" in text
+    assert "the Trainer seeded every rank with set_seed(args.seed=0); dataloader_num_workers=1" in text
+    _no_leftover_process()
+
+
+def test_global_noise_without_workers_is_the_same_on_every_rank(project):
+    project.conftest(tta.project(source="global", workers=0))
+    run = project.run("--dlcheck=D4", "-rA")
+    run.assert_outcome("D4", "failed")
+    d4 = _flat(run.section("D4"))
+    _same_first_fetch(d4)
+    assert "set_seed(args.seed=0) (args.data_seed=None); dataloader_num_workers=0" in d4
+    # the draws follow the global generators the Trainer seeded alike: reseeded per rank, they differ
+    assert "reseeded differently: the first fetches are different (2 on 2 ranks: the draws come from the global" in d4
+    assert "the Trainer seeds every rank alike — set_seed(args.seed) in each process — and with" in d4
+    assert "dataloader_num_workers=0 your dataset's __getitem__ and the data collator draw in the main process" in d4
+    assert "dataloader_num_workers >= 1 in the TrainingArguments" in d4
+    _no_leftover_process()
+
+
+def test_noise_from_a_generator_seeded_at_import_is_the_same_on_every_rank_despite_workers(project):
+    project.conftest(tta.project(source="import", workers=1))
+    run = project.run("--dlcheck=D4", "-rA")
+    run.assert_outcome("D4", "failed")
+    d4 = _flat(run.section("D4"))
+    _same_first_fetch(d4)
+    assert "dataloader_num_workers=1" in d4
+    assert "the first fetches are still identical on every rank (the draws come from a generator of your own)" in d4
+    assert "draws its augmentation from a generator of its own, seeded alike on every rank" in d4
+    assert "its seed_worker reseeds those (not yours) in each of the 1 DataLoader worker(s)" in d4
+    assert "torch.Generator().manual_seed(seed + args.process_index)" in d4
+    # not the cause of the global stream drawn without workers
+    assert "with dataloader_num_workers=0 your dataset" not in d4
+    _no_leftover_process()
