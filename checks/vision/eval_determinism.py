@@ -82,6 +82,29 @@ def _zip_collate(batch: list) -> tuple:
     return tuple(zip(*batch))
 
 
+def _inner_loader(loader: Any) -> tuple[str, Any] | None:
+    """(attribute, DataLoader) when ``loader`` is not a torch DataLoader but wraps one (timm's ``PrefetchLoader``
+    keeps it as ``.loader``; a custom class that moves or normalises batches in its ``__iter__``), else None."""
+    from torch.utils.data import DataLoader
+
+    if isinstance(loader, DataLoader) or not hasattr(loader, "__iter__") or not hasattr(loader, "__dict__"):
+        return None
+    for name, value in vars(loader).items():
+        if isinstance(value, DataLoader):
+            return name, value
+    return None
+
+
+def _rewrapped(wrapper: Any, name: str, bounded: Any) -> Any:
+    """A shallow copy of the user's loader wrapper reading ``bounded`` in place of its own DataLoader (the wrapper
+    itself is left as it was)."""
+    import copy
+
+    again = copy.copy(wrapper)
+    setattr(again, name, bounded)
+    return again
+
+
 def _mode_problems(dlcheck: Any, model: Any, eval_fn: Any) -> tuple[list[str], str] | None:
     """Run the user's eval function (twice) with the model in train mode, as it is when called from a
     training loop; report modules that ran in training mode, BatchNorm statistics it moved, and
@@ -91,13 +114,19 @@ def _mode_problems(dlcheck: Any, model: Any, eval_fn: Any) -> tuple[list[str], s
     split = "eval" if V.map_dataset(dlcheck, "eval") is not None or dlcheck.has("eval_dataloader") else "train"
     ds = V.map_dataset(dlcheck, split)
     user_loader = dlcheck.role("eval_dataloader" if split == "eval" else "dataloader")
+    inner = _inner_loader(user_loader) if user_loader is not MISSING else None
     if ds is not None and len(ds) > 0:
-        collate = getattr(user_loader, "collate_fn", None) if user_loader is not MISSING else None
+        source = inner[1] if inner is not None else user_loader
+        collate = getattr(source, "collate_fn", None) if source is not MISSING else None
         if collate is None:
             sample = V.get_vision_sample(dlcheck, split, required=False)
             if sample is not None and sample.task == "detection":
                 collate = _zip_collate  # torchvision's detection convention: (images, targets) tuples
         loader = DataLoader(Subset(ds, spread_positions(len(ds), 2)), batch_size=2, shuffle=False, collate_fn=collate)
+        if inner is not None:
+            # the eval function gets the user's own loader: a wrapper (timm's PrefetchLoader) moves, converts and
+            # normalises each batch in its __iter__; a copy of it reads the bounded loader in place of its own
+            loader = _rewrapped(user_loader, inner[0], loader)
     elif user_loader is not MISSING:
         with preserved_dataloader(user_loader):
             batch = next(iter(user_loader), None)
@@ -225,7 +254,9 @@ def check_eval_determinism(dlcheck):
         eval dataloader's dataset; else runs dlcheck_eval_transform twice on one synthetic image) and
         fails when the two reads differ, naming the random transforms found in the eval transform. With
         dlcheck_model and dlcheck_eval_fn, calls eval_fn(model, loader) twice on 2 eval examples right
-        after model.train() (as a training loop would), with hooks on every BatchNorm/Dropout module:
+        after model.train() (as a training loop would; ``loader`` is your eval loader over those 2 examples,
+        with its collate_fn, inside your own loader wrapper when the eval loader is one, such as timm's
+        PrefetchLoader that converts and normalises the batches), with hooks on every BatchNorm/Dropout module:
         fails when any ran in training mode or a BatchNorm running mean moved. The model's weights,
         buffers and modes are restored.
     Why it is bad
