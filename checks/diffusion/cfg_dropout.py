@@ -8,6 +8,7 @@ from typing import Any
 
 from ...errors import MISSING
 from ...registry import Setting, check
+from ..shared.reuse import reusing
 from . import measure as D
 
 #: relative L2 distance under which a training row is the inference unconditional input (bf16 text
@@ -234,7 +235,7 @@ def _draw(dlcheck, batches, tally: Tally, state: _State, low: float, high: float
                 fn_in = D.user_callable(dlcheck, "training_inputs", dlcheck.role("training_inputs"))
 
                 def get_from_inputs(b, fn_in=fn_in):
-                    with torch.no_grad():
+                    with torch.no_grad(), reusing(dlcheck, dlcheck.optional("text_encoder")):
                         return _cond_from_inputs(dlcheck.call("training_inputs", lambda: fn_in(b)))
 
                 c = get_from_inputs(batch)
@@ -251,8 +252,8 @@ def _draw(dlcheck, batches, tally: Tally, state: _State, low: float, high: float
                 state.get, state.source, state.from_batch = (lambda b, key=key: b[key]), f"the batch's {key!r}", True
                 c = None
         if c is None:
-            with torch.no_grad():
-                c = state.get(batch)
+            with torch.no_grad(), reusing(dlcheck, dlcheck.optional("text_encoder")):
+                c = state.get(batch)  # the same caption encoded again is a copy of the first encoding, no pass
         if state.nulls is None:
             kind = _kind(c)
             if not kind:

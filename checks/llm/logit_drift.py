@@ -57,32 +57,42 @@ def _positions(row: Mapping[str, Any], length: int) -> torch.Tensor:
 
 def measure(forward: Any, model: Any, batches: list[Any], rows: int, budget_mb: float) -> LogZ | None:
     """log Z = logsumexp of the logits over the vocabulary, at the scored positions of the first ``rows``
-    rows, one row at a time (a row's logits cut to ``budget_mb``); eval mode, no gradients."""
+    rows; eval mode, no gradients. One pass per batch for the rows it holds when their float32 logits fit in
+    ``budget_mb`` (the 4 rows of a sampled batch: one forward of the fresh model, one of the trained one),
+    else one row at a time (a row's logits cut to ``budget_mb``)."""
+    whole = _fits(batches, rows, lm.embedding_rows(model), budget_mb)
     values = []
     seen = 0
     with modes(model, train=False), torch.no_grad():
         for batch in batches:
+            if seen >= rows:
+                break
             if not isinstance(batch, Mapping) or not isinstance(batch.get("input_ids"), torch.Tensor):
                 return None
             size = batch["input_ids"].shape[0]
-            for i in range(size):
-                if seen >= rows:
-                    break
-                row = {
-                    k: v[i : i + 1] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == size else v
-                    for k, v in batch.items()
-                }
-                out = lm.logits_of(forward(row))
+            take = min(size, rows - seen)
+            for a, b in [(0, take)] if whole else [(i, i + 1) for i in range(take)]:
+                part = _rows(batch, size, a, b)
+                out = lm.logits_of(forward(part))
                 if out is None:
                     return None
                 length = out.shape[1]
-                keep = _positions(row, length)
-                cap = max(1, int(budget_mb * 2**20 / (4 * out.shape[-1])))
-                keep[cap:] = False
-                z = torch.logsumexp(out[0, :length][keep.to(out.device)].float(), dim=-1)
-                values.append(z.cpu())
-                seen += 1
+                for j in range(b - a):
+                    keep = _positions(_rows(part, b - a, j, j + 1), length)
+                    if not whole:
+                        cap = max(1, int(budget_mb * 2**20 / (4 * out.shape[-1])))
+                        keep[cap:] = False
+                    z = torch.logsumexp(out[j, :length][keep.to(out.device)].float(), dim=-1)
+                    values.append(z.cpu())
+                seen += b - a
     return _summary(values)
+
+
+def _rows(batch: Mapping[str, Any], size: int, a: int, b: int) -> dict[str, Any]:
+    """Rows ``a:b`` of a collated batch of ``size`` rows (its other values as they are)."""
+    return {
+        k: v[a:b] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == size else v for k, v in batch.items()
+    }
 
 
 def _fits(batches: list[Any], rows: int, vocab: int | None, budget_mb: float) -> bool:
