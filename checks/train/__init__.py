@@ -20,7 +20,7 @@ import pytest
 
 from ...errors import MISSING
 from ...registry import applicability
-from ...roles import deriver, role
+from ...roles import an_object, deriver, role
 from ..shared.training_users import rl_agent_only
 
 role(
@@ -34,6 +34,7 @@ role(
     "callable () -> a fresh list of your Lightning Trainer's callbacks (BackboneFinetuning, an EMA callback, your "
     "own): every Lightning run of the checks includes them; called once per run (callbacks hold state)",
     "dlcheck_trainer when it is your lightning Trainer (its callbacks, deep-copied for every run)",
+    expect=an_object("a callable returning your Lightning callbacks (or a list of them)"),
 )
 role(
     "make_training",

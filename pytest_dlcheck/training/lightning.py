@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import warnings
-import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -93,6 +92,13 @@ def carried(callbacks: list[Any]) -> tuple[list[Any], list[str]]:
         else:
             kept.append(cb)
     return kept, left
+
+
+def _is_callback(obj: Any) -> bool:
+    return any(
+        c.__name__ == "Callback" and c.__module__.startswith(("lightning.pytorch", "pytorch_lightning"))
+        for c in type(obj).__mro__
+    )
 
 
 def trainer_callbacks(trainer: Any) -> list[Any]:
@@ -209,8 +215,6 @@ class LightningSetup:
             callbacks = lambda: trainer_callbacks(trainer)  # noqa: E731
             self.callbacks_role = "trainer"
         self.callbacks = callbacks
-        #: the callbacks handed to a run, by id: one handed again (a factory returning the same objects) is copied
-        self._handed: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
         #: the names of the user's callbacks dlcheck's runs leave out (Lightning's own, a logger's, a stop criterion)
         self.left_out: list[str] = []
         #: lets the session's spares go (the probe copy, the smoke run's trained module): get_setup sets it
@@ -241,23 +245,16 @@ class LightningSetup:
         source = self.callbacks
         if source is MISSING or source is None:
             return []
-        if callable(source) and not isinstance(source, (list, tuple)):
-            made = user_call(self.callbacks_role, source)
-        else:
+        if isinstance(source, (list, tuple)):
             made = copy.deepcopy(list(source))
-        if made is None:
-            made = []
-        made = list(made) if isinstance(made, (list, tuple)) else [made]
-        fresh = []
-        for cb in made:
-            if self._handed.get(id(cb)) is cb:  # handed to an earlier run: its state is that run's
-                cb = copy.deepcopy(cb)
-            try:
-                self._handed[id(cb)] = cb
-            except TypeError:  # not weakly referenceable: copied every time instead
-                cb = copy.deepcopy(cb)
-            fresh.append(cb)
-        kept, self.left_out = carried(fresh)
+        elif callable(source) and not _is_callback(source):  # a factory (or a callback class)
+            made = user_call(self.callbacks_role, source)
+            # copied even so: a factory handing out the same objects (a module-level list) must not have them
+            # trained, nor carry one run's state into the next
+            made = copy.deepcopy(list(made) if isinstance(made, (list, tuple)) else [made] if made is not None else [])
+        else:  # one callback
+            made = [copy.deepcopy(source)]
+        kept, self.left_out = carried(made)
         return kept
 
     def fresh(self) -> Fresh:

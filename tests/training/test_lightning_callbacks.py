@@ -100,6 +100,19 @@ def test_the_callbacks_of_the_users_trainer_are_copied_without_its_checkpoints_a
     assert not any(mine.iterdir())  # nothing written into the user's checkpoint folder
 
 
+@pytest.mark.parametrize("given", ["list", "one", "class", "same objects"])
+def test_every_run_gets_callbacks_of_its_own_however_they_are_given(tmp_path_factory, given):
+    mine = lc.EMA()
+    source = {"list": [mine], "one": mine, "class": lc.EMA, "same objects": lambda: [mine]}[given]
+    torch.manual_seed(0)
+    setup = LightningSetup(tl.Classifier(), tl.Blobs(), MISSING, tmp_path_factory, source)
+    runs = [setup.user_callbacks() for _ in range(3)]
+    assert all(len(r) == 1 and type(r[0]) is lc.EMA for r in runs)
+    assert len({id(r[0]) for r in runs}) == 3
+    # the user's objects are never trained, not even those a factory hands out twice
+    assert not any(r[0] is mine for r in runs) and mine.ema is None
+
+
 # --------------------------------------------------------------------------------------------------
 # C1: a callback's state the checkpoint does not keep
 
