@@ -407,6 +407,7 @@ class LoopSetup:
             epoch = len(loader)
         except TypeError:
             epoch = None
+        snapshot = _loader_state(loader)
         traj, drawn = Trajectory(), []
         saving = _Saving(self, state, traj, total, total // 2)
         with preserved_rng():
@@ -415,7 +416,7 @@ class LoopSetup:
         saved_at = saving.truth.get("_saved_at")
         trained = len(traj.steps)
         release_training_memory(state)
-        state = loader = None
+        state = None
         if saved_at is None or saved_at >= trained:
             raise SetupError(
                 f"no optimizer step happened between micro-steps {total // 2} and {total - 1} of the run drawn from "
@@ -424,6 +425,15 @@ class LoopSetup:
         result = DataResume(key, "", "", trained, saved_at, epoch, drawn[:saved_at], drawn[saved_at:trained], [])
         fresh = self.state()
         result.loader = type(fresh[key]).__name__
+        if fresh.get(key) is loader:  # one loader shared by every call of the factory: its state put back
+            if snapshot is not None:
+                loader.load_state_dict(snapshot)
+            result.unreadable = (
+                f"dlcheck_make_training returns the same state['{key}'] object on every call, so its position "
+                "would carry from the uninterrupted run into the resumed one (build the loader inside the factory)"
+            )
+            return result
+        loader = None
         with preserved_rng():
             seed_all(SEED + 1)  # a new process: the global RNGs are wherever they are
             try:
@@ -530,6 +540,16 @@ def _seeded_examples(loader: Any) -> Iterator[None]:
         yield
     finally:
         ds.__class__ = cls
+
+
+def _loader_state(loader: Any) -> Any:
+    """A stateful loader's ``state_dict()`` (torchdata's StatefulDataLoader), or None."""
+    if not callable(getattr(loader, "load_state_dict", None)):
+        return None
+    try:
+        return copy.deepcopy(loader.state_dict())
+    except Exception:  # noqa: BLE001 - e.g. Accelerate's DataLoaderShard without a stateful loader
+        return None
 
 
 def _draws(get: Callable[[], Any], start: int, n: int, out: list[Any]) -> Iterator[Any]:

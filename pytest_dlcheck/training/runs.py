@@ -472,27 +472,12 @@ def batch_digest(batch: Any) -> float | None:
         return total
 
 
-def _trimmed(row: torch.Tensor) -> torch.Tensor:
-    """A 1-D row without the runs of one value at its two ends (the padding a collator adds, left or right,
-    as long as the batch needs): the same example padded to two batch lengths trims to the same row."""
-    if row.ndim != 1 or row.numel() < 2:
-        return row
-    flat = row
-    keep = flat != flat[-1]
-    end = int(keep.nonzero().max()) + 1 if bool(keep.any()) else 0
-    flat = flat[:end]
-    if flat.numel() < 2:
-        return flat
-    keep = flat != flat[0]
-    start = int(keep.nonzero().min()) if bool(keep.any()) else flat.numel()
-    return flat[start:]
-
-
 def example_digests(batch: Any) -> list[str] | None:
     """A content digest of each example (row) of a collated batch: every tensor whose first dimension is
-    the batch size, row by row, padding trimmed (:func:`_trimmed`). The same example drawn into two batches
-    has the same digest (two identical rows too: they are counted as a multiset). None when the batch holds
-    no tensor with a batch dimension."""
+    the batch size, row by row; where the batch has an ``attention_mask`` (batch, length), the positions it
+    masks are left out of every tensor of that shape (the padding a collator adds, left or right, as long as
+    the batch needs). The same example drawn into two batches has the same digest (two identical rows too:
+    they are counted as a multiset). None when the batch holds no tensor with a batch dimension."""
     import hashlib
 
     tensors: list[tuple[str, torch.Tensor]] = []
@@ -518,11 +503,19 @@ def example_digests(batch: Any) -> list[str] | None:
         return None
     n = int(sized[0][1].shape[0])
     rows = [(w, t.detach().cpu()) for w, t in sized if int(t.shape[0]) == n]
+    mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+    if not (torch.is_tensor(mask) and mask.ndim == 2 and int(mask.shape[0]) == n):
+        mask = None
+    else:
+        mask = mask.detach().cpu().bool()
     out = []
     for i in range(n):
         h = hashlib.sha1()
         for where, t in rows:
-            row = _trimmed(t[i]).contiguous()
+            row = t[i]
+            if mask is not None and t.ndim >= 2 and t.shape[:2] == mask.shape:
+                row = row[mask[i]]
+            row = row.contiguous()
             h.update(f"{where}:{row.dtype}:{tuple(row.shape)}".encode())
             h.update(row.reshape(-1).view(torch.uint8).numpy().tobytes() if row.numel() else b"")
         out.append(h.hexdigest()[:16])

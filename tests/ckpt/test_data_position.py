@@ -263,3 +263,54 @@ def test_trainer_default_data_skip_passes(project):
     project.conftest(SFT.format(args="ignore_data_skip=False"))
     run = project.run("--dlcheck=C1", "-rA")
     run.assert_outcome("C1", "passed")
+
+
+def test_a_loader_shared_by_every_factory_call_is_not_judged(project):
+    source = LOOP.format(skip="").replace(
+        "    def make():\n        model = nn.Linear(4, 2)\n        loader = DataLoader(",
+        "    SHARED = DataLoader(DATA, batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(1))\n\n"
+        "    def make():\n        model = nn.Linear(4, 2)\n        loader = SHARED or DataLoader(",
+    )
+    assert "SHARED or" in source
+    project.conftest(source)
+    run = project.run("--dlcheck=C1", "-rA")
+    run.assert_outcome("C1", "passed")
+    assert "dlcheck_make_training returns the same state['dataloader'] object on every call" in run.text, run.text
+
+
+def test_example_digests_tell_examples_apart_whatever_their_padding():
+    import torch
+
+    from pytest_dlcheck.training.resume import count_examples
+    from pytest_dlcheck.training.runs import example_digests
+
+    # the same two sequences padded right to two batch lengths, and one padded left
+    short = {
+        "input_ids": torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
+        "labels": torch.tensor([[5, 6, 7, -100], [8, 9, -100, -100]]),
+    }
+    long = {
+        "input_ids": torch.tensor([[8, 9, 0, 0, 0, 0], [5, 6, 7, 0, 0, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0]]),
+        "labels": torch.tensor([[8, 9, -100, -100, -100, -100], [5, 6, 7, -100, -100, -100]]),
+    }
+    left = {
+        "input_ids": torch.tensor([[0, 0, 5, 6, 7]]),
+        "attention_mask": torch.tensor([[0, 0, 1, 1, 1]]),
+        "labels": torch.tensor([[-100, -100, 5, 6, 7]]),
+    }
+    a, b, c = example_digests(short), example_digests(long), example_digests(left)
+    assert a == b[::-1] and c == a[:1] and a[0] != a[1]
+    # images: a row is the whole example
+    images = (torch.arange(24.0).view(2, 3, 2, 2), torch.tensor([1, 0]))
+    assert len(set(example_digests(images))) == 2
+    assert example_digests({"text": ["a", "b"]}) is None
+    # an epoch of 4 steps saved after 2, resumed from its first batch: 2 steps' examples twice, 2 never
+    steps = [[f"e{i}", f"e{i + 1}"] for i in range(0, 8, 2)]
+    c = count_examples(steps[:2], steps[2:], steps[:2])
+    assert (c.repeated, c.never, c.other, c.same, c.conclusive) == (4, 4, 0, False, True)
+    assert count_examples(steps[:2], steps[2:], steps[2:]).same
+    # examples the uninterrupted steps do not hold (an augmentation, a skip too far): not conclusive alone
+    c = count_examples(steps[:2], steps[2:], [["x1", "x2"], ["x3", "x4"]])
+    assert (c.repeated, c.never, c.other, c.conclusive) == (0, 4, 4, False)
