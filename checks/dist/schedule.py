@@ -378,12 +378,11 @@ def check_schedule_on_n_processes(dlcheck):
         dlcheck.fail(evidence, cause, fix, rate=rate)
     if n_end is None:
         dlcheck.skip(f"the schedule on {run.world} processes has not ended after {len(lrs_n) - 1} scheduler steps")
-    dlcheck.not_judged("warmup", "counted in optimizer steps or in examples, both are used")
     dlcheck.measured(
         f"on {run.world} processes the LR reaches its end ({_g(_at(lrs_n, end_n))}) after {n_end:.3g} optimizer steps, "
-        f"within the run there ({run_epochs:.3g} optimizer steps for the same data as one process, {end_1} counted in "
-        f"optimizer steps): {plan_words}",
+        f"within the run there: {plan_words}",
         f"the scheduler: {how}; the LR after the launch's optimizer steps: {shown}",
+        "where the warmup ends is not compared (counted in optimizer steps or in examples: both are used)",
         world=run.world,
         rate=rate,
         end_steps=n_end,

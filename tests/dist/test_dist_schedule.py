@@ -43,8 +43,9 @@ def test_a_prepared_schedule_sized_times_num_processes_passes(project):
     run.assert_outcome("D8", "passed")
     run.fnmatch(
         [
-            "*on 2 processes the LR reaches its end (0) after 18 optimizer steps, within the run there (18 optimizer "
-            "steps for the same data as one process, 33 counted in optimizer steps)*",
+            "*on 2 processes the LR reaches its end (0) after 18 optimizer steps, within the run there: the "
+            "single-process plan ends after 33 optimizer steps (3 epoch(s) of 11 batches); a rank's epoch is 6 "
+            "batches, so the same data takes 18 optimizer steps on 2 processes (33 counted in optimizer steps)*",
         ]
     )
     assert "AcceleratedScheduler around LambdaLR, 2 scheduler step(s) per optimizer step" in _flat(run.text)
