@@ -256,14 +256,17 @@ _TRAIN_MODE_LOSSES = ("GeneralizedRCNN", "RetinaNet", "FCOS", "SSD")
 def losses_in_train_mode(model: Any) -> str | None:
     """Why ``model`` computes its losses in train mode only, or None: a torchvision detector (Faster/Mask/Keypoint
     R-CNN, RetinaNet, FCOS, SSD/SSDlite) returns its loss dict when ``model.training`` and its detections
-    otherwise, so a loss asked of it in eval mode is a condition its pipeline never produces."""
-    inner = getattr(model, "module", model)  # a DDP / DataParallel wrapper's module
-    for cls in type(inner).__mro__:
-        if cls.__name__ in _TRAIN_MODE_LOSSES and cls.__module__.startswith("torchvision.models.detection"):
-            return (
-                f"{type(inner).__name__} (torchvision detection) returns its losses in train mode only (in eval mode "
-                "its forward returns detections)"
-            )
+    otherwise, so a loss asked of it in eval mode is a condition its pipeline never produces. The detector may be
+    the model or inside it (a LightningModule's ``self.model``, a DDP wrapper's ``module``)."""
+    modules = model.named_modules() if isinstance(model, torch.nn.Module) else [("", model)]
+    for name, inner in modules:
+        for cls in type(inner).__mro__:
+            if cls.__name__ in _TRAIN_MODE_LOSSES and cls.__module__.startswith("torchvision.models.detection"):
+                where = f", as {type(model).__name__}.{name}" if name else ""
+                return (
+                    f"{type(inner).__name__} (torchvision detection{where}) returns its losses in train mode only (in "
+                    "eval mode its forward returns detections)"
+                )
     return None
 
 

@@ -6,6 +6,7 @@ reported its ``'list' object has no attribute 'values'`` as dlcheck_compute_loss
 targets were missing. A real detection bug on the same pipeline still fails: labels numbered from 0 with
 torchvision's background convention (V3)."""
 
+import lightning.pytorch  # noqa: F401  (imported once, outside the runs)
 import tiny_vision  # noqa: F401  (torchvision and the plugin's roles imported once, outside the runs)
 
 CONFTEST = """
@@ -110,3 +111,61 @@ def test_detection_labels_numbered_from_zero_still_fail_v3(project):
     assert "(the fixture that provides it" not in run.text and "bug of pytest-dlcheck" not in run.text, run.text
     run.assert_outcome("T3", "passed")  # the loss path runs in train mode on the same batch: no crash
     assert "returns its losses in train mode only" in " ".join(run.text.split())
+
+
+LIGHTNING = """
+    import pytest, torch, tiny_vision as tv
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, Subset
+
+    class Detector(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = tv.fasterrcnn(3)
+
+        def training_step(self, batch, batch_idx):
+            images, targets = batch
+            loss = sum(self.model(list(images), list(targets)).values())
+            self.log("train_loss", loss)
+            return loss
+
+        def validation_step(self, batch, batch_idx):
+            images, targets = batch
+            self.model(list(images))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.002, momentum=0.9)
+
+    class Data(pl.LightningDataModule):
+        def train_dataloader(self):
+            data = tv.ShapesDetection(16, transforms=tv.detection_tf(train=True))
+            return DataLoader(data, batch_size=8, shuffle=True, collate_fn=tv.detection_collate)
+
+        def val_dataloader(self):
+            data = tv.ShapesDetection(24, transforms=tv.detection_tf(train=False))
+            return DataLoader(Subset(data, range(16, 24)), batch_size=4, collate_fn=tv.detection_collate)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_lightning_module():
+        return Detector()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_datamodule():
+        return Data()
+"""
+
+
+def test_a_detector_inside_a_lightning_module_is_measured_in_train_mode(project):
+    # the detector as the LightningModule's self.model: its training_step sums the loss dict, which exists in
+    # train mode only; the checks that read the loss in eval conditions call that step with the detector there
+    project.conftest(LIGHTNING)
+    run = project.run("--dlcheck=V3,T1,T3,S5", "--dlcheck-set", "S1.steps=4", "-rA")
+    text = " ".join(run.text.split())
+    for cid in ("V3", "T3", "S5"):
+        run.assert_outcome(cid, "passed")
+    run.assert_outcome("T1", "skipped")
+    assert (
+        "not applicable: FasterRCNN (torchvision detection, as Detector.model) returns its losses in train mode" in text
+    )
+    assert "after 4 steps: eval loss" in text
+    assert "(the fixture that provides it" not in text and "bug of pytest-dlcheck" not in text, run.text
