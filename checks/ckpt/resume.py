@@ -295,6 +295,18 @@ def _ema_lines(run: Any) -> list[str]:
     return lines
 
 
+def _callback_lines(run: Any) -> list[str]:
+    """Which of your Lightning callbacks ran in C1's runs, and which were left out."""
+    ran = run.uninterrupted.notes.get("user_callbacks") or []
+    left = run.uninterrupted.notes.get("left_out_callbacks") or []
+    if not ran and not left:
+        return []
+    line = f"your callbacks ran in every run: {', '.join(ran)}" if ran else "none of your callbacks ran"
+    if left:
+        line += f" (left out: {', '.join(left)}: they checkpoint, log or stop, none trains)"
+    return [line]
+
+
 def _ema_what(lost: dict[str, Any]) -> str:
     """The cause's words for an EMA the checkpoint does not restore."""
     counters = lost["counters"]
@@ -638,7 +650,7 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
         after = [s for s in run.resumed.steps if s.step > run.saved_at]
         losses = ", ".join(f"step {s.step}: {s.loss:.6g}" for s in after[:4] if s.loss is not None)
         what = compared(run)
-        emas = _ema_lines(run)
+        emas = _ema_lines(run) + _callback_lines(run)
         dlcheck.measured(
             f"{label}, saved after step {run.saved_at} through {how}, resumed on fresh objects: the "
             f"{', '.join(what) or 'steps'} of steps {run.saved_at + 1}-{total} equal the uninterrupted run's, "

@@ -87,8 +87,9 @@ def carried(callbacks: list[Any]) -> tuple[list[Any], list[str]]:
             for c in mro
         )
         ours = any(c.__module__.startswith("pytest_dlcheck") for c in mro)
+        shown = not any(c.__name__ in ("ProgressBar", "ModelSummary") for c in mro)  # what any Trainer adds
         if lightning_own or ours:
-            left.append(type(cb).__name__)
+            left.extend([type(cb).__name__] if shown else [])
         else:
             kept.append(cb)
     return kept, left
@@ -520,6 +521,8 @@ class LightningSetup:
         # the EMAs the user's callbacks keep (an EMA callback, WeightAveraging): C1 compares them at the end, as
         # the EMAs of a plain loop's state (an EMA feeds no loss: only its tensors show what a resume lost)
         traj.notes["ema"] = callback_emas(user)
+        traj.notes["user_callbacks"] = callback_labels(user)
+        traj.notes["left_out_callbacks"] = list(self.left_out)
         return traj, truth, ckdir
 
     def uninterrupted_again(self, total: int, saved_at: int) -> Trajectory:

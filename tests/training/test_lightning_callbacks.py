@@ -139,7 +139,12 @@ def test_a_freeze_schedule_that_saves_its_state_resumes_exactly(project, callbac
     project.conftest(conftest("lc.Finetuner()", callback))
     run = project.run("--dlcheck=C1", "-rA")
     run.assert_outcome("C1", "passed")
-    run.fnmatch(["*resumed on fresh objects: the losses, learning rates, weights of steps 3-4 equal*bitwise*"])
+    run.fnmatch(
+        [
+            "*resumed on fresh objects: the losses, learning rates, weights of steps 3-4 equal*bitwise*",
+            f"*your callbacks ran in every run: {callback.split('(')[0].removeprefix('lc.')}*",
+        ]
+    )
 
 
 @pytest.mark.parametrize("via", ["role", "trainer"])
@@ -155,17 +160,23 @@ def test_an_ema_callback_without_state_dict_fails_c1_naming_the_ema(project, via
     assert "give your callback EMA state_dict() returning self.ema (the EMA module's state_dict()" in text, text
 
 
-@pytest.mark.parametrize("callback", ["lc.SavedEMA(decay=0.9)", "EMAWeightAveraging(decay=0.9)"])
-def test_an_ema_callback_that_saves_its_weights_resumes_exactly(project, callback):
-    project.conftest(conftest("tl.Classifier()", callback))
+@pytest.mark.parametrize(
+    "callback, via", [("lc.SavedEMA(decay=0.9)", "role"), ("EMAWeightAveraging(decay=0.9)", "trainer")]
+)
+def test_an_ema_callback_that_saves_its_weights_resumes_exactly(project, callback, via):
+    project.conftest(conftest("tl.Classifier()", callback, via))
     run = project.run("--dlcheck=C1", "-rA")
     run.assert_outcome("C1", "passed")
-    run.fnmatch(
-        [
-            "*resumed on fresh objects: the losses, learning rates, weights, EMA of steps 3-4 equal*bitwise*",
-            "*at the end of the resumed run equals the uninterrupted run's, bitwise*",
-        ]
-    )
+    name = callback.split("(")[0].removeprefix("lc.")
+    lines = [
+        "*resumed on fresh objects: the losses, learning rates, weights, EMA of steps 3-4 equal*bitwise*",
+        f"*the EMA self.* of your callback {name} * at the end of the resumed run equals the uninterrupted run's, "
+        "bitwise*",
+        f"*your callbacks ran in every run: {name}*",
+    ]
+    if via == "trainer":  # the user's Trainer's checkpointing and LR logging are not run by dlcheck
+        lines[-1] += "(left out: LearningRateMonitor, ModelCheckpoint: they checkpoint, log or stop, none trains)"
+    run.fnmatch(lines)
 
 
 def test_the_callbacks_named_on_the_command_line_run_too(project):
