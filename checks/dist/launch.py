@@ -481,6 +481,10 @@ class Rank:
         self.train(state, inner, it, rec)
         del it
         rank_end(rec["schedule"], state)
+        from .zero import rank_reference
+
+        # D1 on a ZeroRedundancyOptimizer: this rank's shard after the first step against one process's step
+        rec["zero_reference"] = rank_reference(unwrap_prepared(state.get("optimizer")), rec)
         self.start_epoch(state, loader, 1)
         rec["indices"][1] = self.indices(loader, 1)
         self.write("train", rec)

@@ -211,87 +211,86 @@ def judge(dlcheck: Any, run: Any, recs: list[dict[str, Any]], n_steps: int) -> l
     ]
 
 
-def _reference(dlcheck: Any, recs: list[dict[str, Any]], parts: list[list[str]]) -> list[str]:
-    """After the first optimizer step: each rank's owned state tensors and the parameters it owns against one
-    optimizer of its local optimizer's class and hyperparameters, stepped in this process on the same weights and
-    gradient. Fails on a difference; returns what was compared (a not-judged note when it cannot be built)."""
-    import importlib
-
+def rank_reference(opt: Any, rec: dict[str, Any]) -> dict[str, Any] | None:
+    """In a rank, after the launch's micro-steps: the owned state and owned parameters after the first optimizer step
+    against one optimizer of the local optimizer's class and hyperparameters, built here on copies of the weights
+    every rank started from and stepped once on the gradient this rank's ZeroRedundancyOptimizer stepped on (a
+    process that has stepped an optimizer already: no first-step imports in the pytest process). None for any other
+    optimizer; ``{"not_judged": why}`` when it cannot be built."""
     import torch
 
-    micro = recs[0].get("d2_micro_steps")
-    grads = recs[0].get("grads")
-    init = recs[0].get("init_tensors")
+    if not is_zero(opt):
+        return None
+    micro, grads, init = rec.get("d2_micro_steps"), rec.get("grads"), rec.get("init_tensors")
     if not micro or grads is None or init is None:
-        dlcheck.not_judged(
-            "owned state against one process", "the first optimizer step's gradients or weights were not sent back"
-        )
-        return []
-    s = micro - 1
-    owned = [r["steps"][s]["owned"] for r in recs]
-    if any(o["tensors"] is None for o in owned) or recs[0]["steps"][s].get("tensors") is None:
-        dlcheck.not_judged("owned state against one process", "a model too large to send its tensors back")
-        return []
+        return {
+            "not_judged": "the first optimizer step's gradients or the starting weights were not kept (a large model)"
+        }
+    step = rec["steps"][micro - 1]
+    owned, after = step.get("owned") or {}, step.get("tensors")
+    if owned.get("tensors") is None or after is None:
+        return {"not_judged": "a model too large to keep its tensors"}
+    local = opt.optim
+    params = {name: init[name].clone() for name in owned["partition"] if name in init}
+    for name, p in params.items():
+        if name in grads:
+            p.grad = grads[name].clone()
+    groups = [dict(h, params=list(params.values())) for h in owned["hyper"][:1]]
     try:
-        cls = getattr(importlib.import_module(owned[0]["local_module"]), owned[0]["local"])
-    except (ImportError, AttributeError):
-        dlcheck.not_judged("owned state against one process", f"{owned[0]['local']} cannot be imported here")
-        return []
-    worst: tuple[float, str, int] | None = None
+        ref = type(local)(groups)
+        with torch.no_grad():
+            ref.step()
+    except Exception as exc:  # noqa: BLE001 - an optimizer that cannot be rebuilt from its group: not judged
+        return {
+            "not_judged": f"{type(local).__name__} cannot be rebuilt from its parameter group: {type(exc).__name__}"
+        }
+    by_id = {id(p): name for name, p in params.items()}
+    worst: tuple[float, str] = (0.0, "")
     n = 0
-    for r, o in enumerate(owned):
-        params = {name: init[name].clone() for name in parts[r] if name in init}
-        for name, p in params.items():
-            p.requires_grad_(False)
-            if name in grads:
-                p.grad = grads[name].clone()
-        groups = [dict(h, params=[p for name, p in params.items()]) for h in o["hyper"][:1]]
-        try:
-            with torch.no_grad():
-                ref = cls(groups)
-                ref.step()
-        except Exception as exc:  # noqa: BLE001 - an optimizer that cannot be rebuilt from its group: not judged
-            dlcheck.not_judged(
-                "owned state against one process", f"{owned[0]['local']} cannot be rebuilt here: {type(exc).__name__}"
-            )
-            return []
-        by_id = {id(p): name for name, p in params.items()}
-        after = recs[r]["steps"][s]["tensors"]
-        for p, st in ref.state.items():
-            name = by_id[id(p)]
-            for k, v in st.items():
-                got = o["tensors"].get(f"{name}:{k}")
-                if not isinstance(v, torch.Tensor) or got is None:
-                    continue
+    for p, st in ref.state.items():
+        name = by_id[id(p)]
+        for k, v in st.items():
+            got = owned["tensors"].get(f"{name}:{k}")
+            if isinstance(v, torch.Tensor) and got is not None:
                 n += 1
-                d = _diff(got, v)
-                if worst is None or d > worst[0]:
-                    worst = (d, f"{name}:{k}", r)
-            n += 1
-            d = _diff(after[name], p)
-            if worst is None or d > worst[0]:
-                worst = (d, name, r)
-    if worst is not None and worst[0] > 1e-4:
-        d, what, r = worst
+                worst = max(worst, (_diff(got, v), f"{name}:{k}"))
+        n += 1
+        worst = max(worst, (_diff(after[name], p), name))
+    return {"tensors": n, "worst": worst[0], "what": worst[1], "micro": micro}
+
+
+def _reference(dlcheck: Any, recs: list[dict[str, Any]], parts: list[list[str]]) -> list[str]:
+    """D1's reading of each rank's :func:`rank_reference`: fails on an owned tensor that differs from the
+    one-process step; returns what was compared."""
+    got = [r.get("zero_reference") for r in recs]
+    why = next((g["not_judged"] for g in got if g and "not_judged" in g), None)
+    if why or any(g is None for g in got):
+        dlcheck.not_judged("the owned state against one process", why or "not computed in every rank")
+        return []
+    local = recs[0]["steps"][0]["owned"]["local"]
+    r = max(range(len(got)), key=lambda i: got[i]["worst"])
+    worst = got[r]
+    if worst["worst"] > 1e-4:
+        what = worst["what"]
         kind = "owned state tensor" if ":" in what else "parameter"
         dlcheck.fail(
             [
-                f"after the first optimizer step (micro-step {micro}) the {kind} {measure.short(what)!r} of rank {r}'s "
-                f"shard differs from one {owned[0]['local']} stepped in one process on the same weights and gradient "
-                f"(relative difference {d:.3g})",
+                f"after the first optimizer step (micro-step {worst['micro']}) the {kind} {measure.short(what)!r} of "
+                f"rank {r}'s shard differs from one {local} stepped in one process on the same weights and gradient "
+                f"(relative difference {worst['worst']:.3g})",
                 f"rank {r} owns {_few(parts[r])}",
             ],
-            "the rank that owns this shard updates it differently from the optimizer it was built as (its state "
-            "or parameters changed outside ZeroRedundancyOptimizer.step, or the step it ran is not the one of its "
-            "local optimizer)",
+            "the rank that owns this shard updates it differently from the optimizer it was built as (its state or "
+            "parameters changed outside ZeroRedundancyOptimizer.step, or the step it ran is not the one of its local "
+            "optimizer)",
             "change the shards only through ZeroRedundancyOptimizer.step(), identically on every rank",
             rank=r,
             tensor=what,
         )
     return [
-        f"after the first optimizer step each rank's owned state and the parameters it owns equal one "
-        f"{owned[0]['local']} stepped in one process from the same weights on the same gradient ({n} tensors, "
-        f"largest relative difference {worst[0] if worst else 0:.2g})"
+        f"after the first optimizer step each rank's owned state and the parameters it owns equal one {local} stepped "
+        f"in one process from the same weights on the same gradient ({sum(g['tensors'] for g in got)} tensors, "
+        f"largest relative difference {worst['worst']:.2g})"
     ]
 
 

@@ -68,3 +68,15 @@ def test_zero_without_ddp_steps_each_shard_on_its_owners_gradient(project):
     assert "the gradients are not averaged over the ranks before ZeroRedundancyOptimizer.step()" in d1
     assert "wrap the model in DistributedDataParallel and build the ZeroRedundancyOptimizer" in d1
     _no_leftover_process()
+
+
+def test_a_shard_changed_outside_the_step_differs_from_one_process(project):
+    project.conftest(tz.project("wrap_ddp_zero", step="step_resetting_moments_on_rank1"))
+    run = project.run("--dlcheck=D1", "-rA")
+    run.assert_outcome("D1", "failed")
+    d1 = _flat(run.section("D1"))
+    assert "after the first optimizer step (micro-step 1) the owned state tensor" in d1
+    assert ":exp_avg' of rank 1's shard differs from one AdamW stepped in one process on the same weights and" in d1
+    assert "rank 1 owns 'head.weight'" in d1
+    assert "changed outside ZeroRedundancyOptimizer.step" in d1
+    _no_leftover_process()

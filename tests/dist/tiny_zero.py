@@ -31,11 +31,24 @@ def wrap_zero_without_ddp(state):
     return {"model": model, "optimizer": opt}
 
 
-def project(wrap: str, setup: str = "seed_per_rank") -> str:
-    """tiny_dist's clean script with the wrap (and the ZeroRedundancyOptimizer) of this module."""
+def step_resetting_moments_on_rank1(state, batch, index):
+    """Buggy: tiny_dist's correct step, then rank 1 resets the first moments of the shard it owns (an optimizer-state
+    reset after a loss spike, run on the rank that saw the spike only): every count and hyperparameter still agrees."""
     import tiny_dist as td
 
-    src = td.project(setup=setup, wrap=None, save=None, load=None)
+    loss = td.step_global_tokens(state, batch, index)
+    if dist.get_rank() == 1:
+        for st in state["optimizer"].optim.state.values():
+            st["exp_avg"].zero_()
+    return loss
+
+
+def project(wrap: str, setup: str = "seed_per_rank", step: str = "step_global_tokens") -> str:
+    """tiny_dist's clean script with the wrap (and the ZeroRedundancyOptimizer) of this module, and its step (or
+    tiny_dist's)."""
+    import tiny_dist as td
+
+    src = td.project(setup=setup, wrap=None, save=None, load=None, step=step if hasattr(td, step) else None)
     return src + "\n".join(
         [
             "import tiny_zero as tz",
@@ -44,5 +57,10 @@ def project(wrap: str, setup: str = "seed_per_rank") -> str:
             "def dlcheck_dist_wrap():",
             f"    return tz.{wrap}",
             "",
+            *(
+                []
+                if hasattr(td, step)
+                else ["@pytest.fixture(scope='session')", "def dlcheck_train_step():", f"    return tz.{step}", ""]
+            ),
         ]
     )
