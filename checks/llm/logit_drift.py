@@ -264,6 +264,9 @@ def _drift(dlcheck: Any, setup: Any, rows: int, budget: float) -> None:
     only when a selected smoke check makes it anyway; should it outlast this item's time limit, the drift is
     reported as not measured (an information item never times out) and the smoke check makes it again."""
     fresh, batches, _ = probe(dlcheck)
+    # the rows of the first batch (at most ``rows``): one forward of the fresh model and one of the trained one,
+    # within the llm checks' 10 forward passes together (a batch of 2 rows: 2 passes, not 4)
+    batches = batches[:1]
     if all(isinstance(b, Mapping) for b in batches) and lm.has_token_batches(batches):
         lm.forward_ready(dlcheck, fresh.model, batches)  # ids past the embedding table: L3's failure
     before = run_or_skip(dlcheck, lambda: measure(fresh.forward, fresh.model, batches, rows, budget))
