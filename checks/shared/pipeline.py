@@ -18,9 +18,9 @@ from ...session import made_up
 from ...training import (
     ModuleSnapshot,
     describe_batch,
+    eval_loss,
     find_setup,
     fresh_probe,
-    loss_modes,
     output_tensor,
     run_or_skip,
     targets_of,
@@ -67,7 +67,6 @@ def step_probe(ctx: Any) -> StepProbe | None:
         return None
 
     def make() -> StepProbe:
-        import torch
 
         fresh = fresh_probe(ctx, setup)
         batch = run_or_skip(ctx, lambda: training_batches(ctx, setup))[0]
@@ -83,14 +82,13 @@ def step_probe(ctx: Any) -> StepProbe | None:
         handle = model.register_forward_hook(hook)
         try:
             # eval conditions; a detector's losses exist in train mode only, where its pipeline computes them
-            with loss_modes(model), torch.no_grad():
-                loss = float(run_or_skip(ctx, lambda: fresh.loss(batch)))
-                handle.remove()
-                shuffled = _shuffled(batch)
-                other = None
-                if shuffled is not None:
-                    with made_up("the batch with its labels shuffled among its examples"):
-                        other = float(run_or_skip(ctx, lambda: fresh.loss(shuffled)))
+            loss = float(run_or_skip(ctx, lambda: eval_loss(model, lambda: fresh.loss(batch))))
+            handle.remove()
+            shuffled = _shuffled(batch)
+            other = None
+            if shuffled is not None:
+                with made_up("the batch with its labels shuffled among its examples"):
+                    other = float(run_or_skip(ctx, lambda: eval_loss(model, lambda: fresh.loss(shuffled))))
         finally:
             handle.remove()
             start.restore(model)

@@ -77,14 +77,19 @@ def check_train_eval_gap(dlcheck):
     ev, soft_note = _eval_targets_as_trained(dlcheck, tr, ev)
     initial, _, _ = probe(dlcheck)
 
+    reasons: list[str] = []
+
     def eval_loss(fresh):
         with made_up(soft_note) if soft_note else contextlib.nullcontext():
-            return mean_loss(fresh, ev)
+            return mean_loss(fresh, ev, reasons)
 
-    before = (mean_loss(initial, tr), eval_loss(initial))
-    after = (mean_loss(run.trained, tr), eval_loss(run.trained))
+    before = (mean_loss(initial, tr, reasons), eval_loss(initial))
+    after = (mean_loss(run.trained, tr, reasons), eval_loss(run.trained))
     if None in after:
-        dlcheck.skip("the loss could not be computed on the sampled batches in eval mode")
+        dlcheck.skip(
+            "the loss could not be computed on the sampled batches in eval mode"
+            + (f": {reasons[0]}" if reasons else "")
+        )
     train_loss, eval_loss = after
     exceeded, ratio = detectors.gap_exceeded(
         train_loss, eval_loss, dlcheck.setting("max_ratio"), dlcheck.setting("min_gap")

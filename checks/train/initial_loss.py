@@ -4,12 +4,13 @@ import math
 
 import torch
 
-from ...errors import MISSING
+from ...errors import MISSING, RoleError
 from ...registry import Setting, check
 from ...training import (
     ModuleSnapshot,
     decode_example,
     describe_batch,
+    eval_loss,
     is_preference,
     loss_modes,
     losses_in_train_mode,
@@ -138,7 +139,12 @@ def check_initial_loss(dlcheck):
             for m in model.modules():
                 if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
                     m.train()
-            loss = run_or_skip(dlcheck, lambda: fresh.loss(batch))
+            try:
+                loss = run_or_skip(dlcheck, lambda: fresh.loss(batch))
+            except RoleError:
+                # raised in eval mode: a loss that exists in train mode only is not judged (eval_loss says so)
+                run_or_skip(dlcheck, lambda: eval_loss(model, lambda: fresh.loss(batch)))
+                raise
             # a plain forward for the logits: a trainer's loss path may never materialise them (TRL's fused head);
             # a Lightning module's forward takes what its training_step makes of the batch: read where it is called
             shape, logits = None, None

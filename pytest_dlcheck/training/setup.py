@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..errors import MISSING
+from ..errors import MISSING, RoleError
 from ..registry import load_checks
 from ..session import user_call
 from .accelerate import AccelerateSetup, accelerator_of
@@ -300,6 +300,48 @@ def loss_modes(model: Any) -> Iterator[Any]:
             m.training = flag
 
 
+@contextlib.contextmanager
+def _train_flags(model: Any) -> Iterator[Any]:
+    """Train mode with BatchNorm / InstanceNorm / dropout layers in eval mode; every flag restored afterwards."""
+    saved = [(m, m.training) for m in model.modules()]
+    model.train(True)
+    for m in model.modules():
+        if isinstance(m, _NORM_DROPOUT):
+            m.training = False
+    try:
+        yield model
+    finally:
+        for m, flag in saved:
+            m.training = flag
+
+
+def eval_loss(model: Any, compute: Callable[[], Any]) -> Any:
+    """``compute()`` (the training's loss on a batch) under eval conditions, no grad: :func:`loss_modes`. When
+    the user's loss raises in eval mode on a model not known to compute its losses in train mode only, it is
+    asked once more in train mode (BatchNorm and dropout still in eval mode): a loss that exists there only (a
+    detector of the user's own whose forward returns predictions in eval mode) is a condition the check cannot
+    reproduce in eval mode, said as a :class:`SetupError` (not judged), not blamed on the user's role; a loss that
+    raises in train mode too is the user's error, as it was."""
+    with loss_modes(model), torch.no_grad():
+        try:
+            return compute()
+        except RoleError as exc:
+            if losses_in_train_mode(model) is not None or not isinstance(model, torch.nn.Module):
+                raise
+            first = exc
+    with _train_flags(model), torch.no_grad():
+        try:
+            compute()
+        except Exception:  # noqa: BLE001 - it raises in train mode too: the first error is the user's, as it was
+            raise first from first.__cause__
+    raise SetupError(
+        f"not judged: dlcheck_{first.role} {first.message.split(' (in ')[0][:160]} with the model in eval mode, and "
+        "not in train mode: the model computes its losses in train mode only, and its training never asks them in "
+        "eval mode (a torchvision detector is measured in train mode with BatchNorm and dropout in eval mode; a "
+        "model of another kind is not)"
+    )
+
+
 def soft_targets(targets: Any) -> bool:
     """Whether ``targets`` are soft targets: a float ``(batch, classes)`` tensor whose rows are distributions
     (non-negative, summing to 1), as Mixup/CutMix and label smoothing make them for a cross-entropy."""
@@ -553,16 +595,18 @@ def _nonfinite(s: Any) -> bool:
     return bool(s.nonfinite_grads or s.nonfinite_params) or any(v is not None and not math.isfinite(v) for v in values)
 
 
-def mean_loss(fresh: Fresh, batches: list[Any]) -> float | None:
+def mean_loss(fresh: Fresh, batches: list[Any], reasons: list[str] | None = None) -> float | None:
     """Mean eval-mode loss of ``fresh`` over ``batches`` (no gradients, modes restored; a model whose losses exist
-    in train mode only is measured as :func:`loss_modes` says)."""
+    in train mode only is measured as :func:`loss_modes` says; see :func:`eval_loss`). None when it cannot be
+    computed, the reason appended to ``reasons``."""
     values = []
-    with loss_modes(fresh.model), torch.no_grad():
-        for batch in batches:
-            try:
-                values.append(float(fresh.loss(batch)))
-            except SetupError:
-                return None
+    for batch in batches:
+        try:
+            values.append(float(eval_loss(fresh.model, lambda b=batch: fresh.loss(b))))
+        except SetupError as exc:
+            if reasons is not None:
+                reasons.append(str(exc))
+            return None
     finite = [v for v in values if math.isfinite(v)]
     return sum(finite) / len(finite) if finite else None
 

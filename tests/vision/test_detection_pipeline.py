@@ -169,3 +169,70 @@ def test_a_detector_inside_a_lightning_module_is_measured_in_train_mode(project)
     )
     assert "after 4 steps: eval loss" in text
     assert "(the fixture that provides it" not in text and "bug of pytest-dlcheck" not in text, run.text
+
+
+OWN_DETECTOR = """
+    import pytest, torch
+    from torch import nn
+    from torch.nn import functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Net(nn.Module):
+        # a model of the user's own that, like a detector, returns its losses in train mode and its
+        # predictions in eval mode
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+
+        def forward(self, x, y=None):
+            logits = self.body(x)
+            if self.training:
+                return {"loss_cls": F.cross_entropy(logits, y)}
+            return logits.softmax(-1)
+
+    def data(seed, n):
+        g = torch.Generator().manual_seed(seed)
+        y = torch.arange(n) % 4
+        return TensorDataset(torch.randn(n, 8, generator=g) + y.view(-1, 1), y)
+
+    def make():
+        torch.manual_seed(0)
+        model = Net()
+        return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_compute_loss():
+        def compute_loss(model, batch):
+            x, y = batch
+            return sum(model(x, y).values())
+        return compute_loss
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return DataLoader(data(0, 64), batch_size=8, shuffle=True)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataloader():
+        return DataLoader(data(1, 32), batch_size=8)
+"""
+
+
+def test_a_model_of_its_own_with_train_mode_losses_is_not_judged_in_eval_mode(project):
+    # not a torchvision detector: the checks that need its loss in eval conditions cannot have it (its training
+    # never asks for it there), so they say so instead of blaming dlcheck_compute_loss's AttributeError on it
+    project.conftest(OWN_DETECTOR)
+    run = project.run("--dlcheck=T1,T3,S5", "--dlcheck-set", "S1.steps=4", "-rA")
+    text = " ".join(run.text.split())
+    run.assert_outcome("T3", "passed")  # the loss in train mode, as the training computes it
+    for cid in ("T1", "S5"):
+        run.assert_outcome(cid, "skipped")
+    assert "T1_initial_loss: not judged: dlcheck_compute_loss raised " in text, run.text
+    assert (
+        "with the model in eval mode, and not in train mode: the model computes its losses in train mode only" in text
+    )
+    assert text.count("the model computes its losses in train mode only") >= 2, run.text
+    assert "(the fixture that provides it" not in text and "bug of pytest-dlcheck" not in text, run.text
