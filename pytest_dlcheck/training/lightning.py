@@ -327,8 +327,8 @@ class LightningSetup:
                 self.params: list = []
 
             def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-                if not self.params:
-                    self.params = [(n, p) for n, p in pl_module.named_parameters() if p.requires_grad]
+                # read at every step: a finetuning callback (BackboneFinetuning) unfreezes parameters mid-run
+                self.params = [(n, p) for n, p in pl_module.named_parameters() if p.requires_grad]
                 rec = traj.record(_batch_number(trainer, trainer.global_step + 1))
                 rec.grad_norm, rec.nonfinite_grads = grad_report(self.params)
                 rec.lr = float(optimizer.param_groups[0]["lr"])
