@@ -40,7 +40,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import measure, projects, watch
+from benchmarks import corpus, measure, projects, watch
 from benchmarks.measure import Measurement, Summary
 from benchmarks.realistic import (
     bench_realistic,
@@ -56,6 +56,7 @@ from benchmarks.rows import (
     fmt_ratios,
     fmt_time,
     median_run,
+    not_measured,
     outcomes,
     passes,
     phases,
@@ -77,6 +78,7 @@ SECTIONS = (
     "realistic-loop",
     "realistic-vision",
     "realistic-memory",
+    "corpus",
 )
 
 #: the budgets (issue 10): inactive ≤ 3 % over -p no:dlcheck; active ≤ 2× the floor; 1,000,000 examples
@@ -646,6 +648,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
     ap.add_argument("--json", default=None, help="also write every figure as JSON here")
     ap.add_argument(
+        "--corpus-reports",
+        default=None,
+        help="corpus: read the projects' --dlcheck=all JSON reports from this directory (a corpus test run with "
+        "DLCHECK_CORPUS_REPORTS=DIR keeps them) instead of running the corpus (tests/realcode/projects) once here",
+    )
+    ap.add_argument("--corpus-projects", default="", help="corpus: a pytest -k expression selecting projects")
+    ap.add_argument(
         "--profile",
         default=None,
         metavar="DOMAIN",
@@ -677,6 +686,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.sizes = "10,10000"
         args.scale_variants = "collator+map-style"
         args.small_model = True
+        if args.only == ",".join(SECTIONS):  # the corpus runs every real-code project once: not a quick figure
+            args.only = ",".join(s for s in SECTIONS if s != "corpus")
     if args.device == "cuda":  # one run of each side: what fits the 8-minute bound
         if args.only == ",".join(SECTIONS):
             args.only = ",".join(CUDA_SECTIONS)
@@ -805,6 +816,12 @@ def main(argv: list[str] | None = None) -> int:
             ctx.log("realistic: train,ckpt,smoke on an MLP, peak RSS in training states over the floor")
             mlp_size = projects.MLP_SMALL if args.small_model else projects.MLP_BIG
             ctx.rows.append(bench_realistic_memory(ctx, mlp_size, args.memory_repeats))
+        if "corpus" in only:
+            ctx.log("corpus: --dlcheck=all on every project of tests/realcode/projects, one run each")
+            try:
+                ctx.rows.extend(corpus.bench_corpus(ctx, args.corpus_reports, args.corpus_projects))
+            except RuntimeError as exc:
+                ctx.rows.append(not_measured("corpus", "--dlcheck=all on the real-code corpus", "-", exc))
         if "watch" in only:
             ctx.log("watch")
             watch.bench_watch(ctx, steps=30 if args.quick else 200, repeats=args.repeats)

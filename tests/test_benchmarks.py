@@ -832,3 +832,48 @@ def test_every_example_rows_floor_runs(tmp_path):
         assert proc.returncode == 0, f"{domain} floor:\n{text[-3000:]}"
         info = json.loads(out.read_text())
         assert info["trainable_bytes"] > 0 or "loss" in info, (domain, info)
+
+
+def test_corpus_rows_judge_the_work_and_wall_budgets_of_each_project(tmp_path):
+    """benchmarks/corpus.py reads a corpus project's --dlcheck=all JSON report: the data domains' forward passes
+    (a check's own and the no-training shared runs it read; a shared training run is not a data domain's), the
+    step time from the smoke run's user seconds per step, the wall budget (70 steps + 15 s) and the plugin's share."""
+    from benchmarks import corpus
+
+    def result(cid, domain, forward, made=(), waited=(), steps=0):
+        return {
+            "id": cid,
+            "domain": domain,
+            "cost": {"forward": forward, "backward": 0, "optimizer_steps": steps},
+            "time": {"user": 0.0, "user_by": {}, "shared_made": list(made), "shared_waited": list(waited)},
+        }
+
+    def shared(forward, steps, user=0.0):
+        return {
+            "seconds": user,
+            "user": user,
+            "plugin": 0.0,
+            "made_by": "L1",
+            "cost": {"forward": forward, "optimizer_steps": steps},
+        }
+
+    cheap = {
+        "results": [result("L1", "llm", 3, made=["lm:batch_forward"]), result("L6", "llm", 2, made=["smoke run"])],
+        "shared": {"lm:batch_forward": shared(2, 0), "smoke run": shared(20, 20, user=0.2)},
+        "cost": {"forward": 27, "backward": 20, "optimizer_steps": 20},
+        "time": {"checks": 10.0, "user": 8.0, "plugin": 2.0, "plugin_share": 0.2},
+    }
+    costly = {
+        "results": [result("L1", "llm", 9, waited=["lm:batch_forward"]), result("T2", "train", 30, steps=30)],
+        "shared": {"lm:batch_forward": shared(4, 0), "smoke run": shared(20, 20, user=20.0)},
+        "cost": {"forward": 63, "backward": 50, "optimizer_steps": 50},
+        "time": {"checks": 100.0, "user": 50.0, "plugin": 50.0, "plugin_share": 0.5},
+    }
+    assert corpus.domain_forward(cheap) == {"llm": {"L1": 3, "shared: lm:batch_forward": 2, "L6": 2}}
+    for name, doc in (("costly", costly), ("cheap", cheap)):
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    rows = corpus.corpus_rows(tmp_path)
+    assert [r.figure for r in rows] == ["--dlcheck=all on cheap", "--dlcheck=all on costly"]  # by step time
+    assert rows[0].ok and rows[0].reference == "step 10 ms" and "≤ 15.7 s" in rows[0].budget
+    assert not rows[1].ok and "llm 13 forward passes" in rows[1].note and "plugin 50%" in rows[1].note
+    assert rows[1].data["wall"]["budget"] == pytest.approx(70 * 1.0 + 15)
