@@ -223,7 +223,9 @@ def check_schedule_on_n_processes(dlcheck):
         (and the warmup times ``num_processes``), or from the DataLoader before ``prepare``; or do not prepare a
         scheduler sized in a rank's optimizer steps (an unprepared one steps once per optimizer step).
     Known problems
-        The single-process plan assumes one scheduler step per optimizer step (T6 judges that in one process). A
+        The single-process plan assumes one scheduler step per optimizer step (T6 judges that in one process); a
+        scheduler stepped more often than its kind is on N processes (once per optimizer step, ``num_processes``
+        times when prepared) is left to T6: D8 skips saying so. A
         run counted in optimizer steps and one counted in epochs differ by N on N processes and the check cannot
         tell which yours is, so it fails only outside both: a scheduler sized ``max_train_steps`` without
         ``num_processes`` and prepared ends after 1/N of a run counted in optimizer steps and passes. The warmup
@@ -255,6 +257,18 @@ def check_schedule_on_n_processes(dlcheck):
             "no stepping rate to measure"
         )
     rate = taken / opt_steps
+    # what stepping it as its examples do gives: once per optimizer step, num_processes times when Accelerate prepared it
+    expected = (
+        rec.get("num_processes") or run.world
+        if rec["prepared"] and rec.get("step_with_optimizer", True) and not rec.get("split_batches")
+        else 1
+    )
+    if not math.isclose(rate, expected):
+        dlcheck.skip(
+            f"the scheduler ({rec['wrapper']}) makes {rate:g} scheduler steps per optimizer step on {run.world} processes "
+            f"({taken} in {opt_steps}; stepped once per optimizer step{' and prepared' if expected > 1 else ''} it makes "
+            f"{expected}): a schedule stepped per micro-batch is T6's, judged in one process"
+        )
     lrs_n = plan_n["lrs"]
     # the LRs the launch's optimizer held after each micro-step are the probe's, at the measured rate
     done, seen = 0, []

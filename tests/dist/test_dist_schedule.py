@@ -85,3 +85,14 @@ def test_a_constant_schedule_passes_with_nothing_to_shift(project):
         "shift (AcceleratedScheduler around LambdaLR, 2 scheduler step(s) per optimizer step" in _flat(run.text)
     )
     _no_leftover_process()
+
+
+def test_a_scheduler_stepped_per_micro_batch_is_left_to_t6(project):
+    project.conftest(ts.project("make_training_accumulating", train_step="step_every_micro_batch"))
+    run = project.run("--dlcheck=D8", "-rA")
+    run.assert_outcome("D8", "skipped")
+    text = _flat(run.text)
+    # 3 micro-steps, the optimizer stepping on the second only, the scheduler on all three
+    assert "the scheduler (LambdaLR) makes 3 scheduler steps per optimizer step on 2 processes (3 in 1" in text
+    assert "a schedule stepped per micro-batch is T6's, judged in one process" in text
+    _no_leftover_process()

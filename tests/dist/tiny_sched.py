@@ -95,6 +95,33 @@ def make_training_constant():
     }
 
 
+def make_training_accumulating():
+    """Gradient accumulation over 2 micro-batches, the scheduler unprepared (stepped by step_every_micro_batch)."""
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model, opt, loader = accelerator.prepare(*ta._parts())
+    sched = get_cosine_schedule_with_warmup(opt, WARMUP, len(loader) * EPOCHS // 2)
+    return {
+        "model": model,
+        "optimizer": opt,
+        "train_dataloader": loader,
+        "lr_scheduler": sched,
+        "accelerator": accelerator,
+    }
+
+
+def step_every_micro_batch(state, batch):
+    """Buggy (T6's): the unprepared scheduler stepped on every micro-batch while the optimizer steps every second."""
+    accelerator, model, opt, sched = state["accelerator"], state["model"], state["optimizer"], state["lr_scheduler"]
+    model.train()
+    with accelerator.accumulate(model):
+        loss = ta.loss_of(model, batch)
+        accelerator.backward(loss)
+        opt.step()
+        opt.zero_grad()
+    sched.step()
+    return loss.detach()
+
+
 def step(state, batch):
     """The Accelerate step of its examples: the scheduler stepped right after the optimizer."""
     accelerator, model, opt, sched = state["accelerator"], state["model"], state["optimizer"], state["lr_scheduler"]
@@ -108,7 +135,7 @@ def step(state, batch):
     return loss.detach()
 
 
-def project(make: str) -> str:
+def project(make: str, train_step: str = "step") -> str:
     return "\n".join(
         [
             "import pytest",
@@ -121,7 +148,7 @@ def project(make: str) -> str:
             "",
             "@pytest.fixture(scope='session')",
             "def dlcheck_train_step():",
-            "    return ts.step",
+            f"    return ts.{train_step}",
             "",
             "@pytest.fixture(scope='session')",
             "def dlcheck_compute_loss():",
