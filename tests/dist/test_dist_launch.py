@@ -95,7 +95,7 @@ def test_no_sync_same_seed_every_rank_saving_no_set_epoch_local_skip(project):
     assert "the ranks' gradients differ at the first optimizer step: D1 reports the lost synchronisation" in run.text
     # the replicas differ before the overflow step: its local skip is not D6's to judge (causes follow D1's)
     run.assert_outcome("D6", "skipped")
-    assert "D6 the replicas already differ after micro-step 1" in _flat(run.text)
+    assert "D6_nonfinite_agreement: the replicas already differ after micro-step 1" in _flat(run.text)
 
     d1 = _flat(run.section("D1"))
     _names_the_largest_difference(d1)
