@@ -134,8 +134,12 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
     if isinstance(probe, Exception):
         dlcheck.not_judged("data position", str(probe))
         return []
-    if probe.load_error:
-        return []  # the resume's own load raised: C1's main resume reports it
+    if probe.load_error:  # C1's own resume loaded (it reports a load that raises): this one did not
+        dlcheck.not_judged(
+            "data position",
+            f"your load raised on the checkpoint saved by the run drawn from state['{probe.key}']: {probe.load_error}",
+        )
+        return []
     if probe.unreadable:
         dlcheck.not_judged("data position", f"drawn from state['{probe.key}']: {probe.unreadable}")
         return []
