@@ -68,7 +68,11 @@ def loader_of(state: dict[str, Any], given: Any) -> tuple[Any, str]:
     for loader in getattr(accelerator, "_dataloaders", None) or []:
         if is_prepared_loader(loader):
             return loader, f"{FROM_FACTORY} (the DataLoader it passed to accelerator.prepare)"
-    plain = _train_first(state, lambda v: isinstance(v, DataLoader))
+    plain = [
+        (k, v)
+        for k, v in _train_first(state, lambda v: isinstance(v, DataLoader))
+        if not any(word in str(k).lower() for word in ("eval", "val", "test"))  # the training loader, not those
+    ]
     if plain:
         return plain[0][1], f"{FROM_FACTORY} (state[{plain[0][0]!r}])"
     if given is None or accelerator is None:
