@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ...errors import MISSING
+from ...errors import MISSING, RoleError
 
 #: roles of a supervised training (or its data): given or derived, the training domains concern the pipeline
 SUPERVISED = (
@@ -51,6 +51,8 @@ def _role(ctx: Any, name: str) -> Any:
         return ctx.role(name)
     except pytest.FixtureLookupError:  # a role no loaded domain declares, and no fixture
         return MISSING
+    except RoleError:  # given but unusable: something is there; the check that needs it says what is wrong
+        return name
 
 
 def _describe(obj: Any) -> str:
@@ -65,11 +67,11 @@ def rl_agent_only(ctx: Any, domain: str) -> str | None:
     """Why ``domain`` (train, ckpt, smoke, dist) does not concern the pipeline, or None: not applicable when
     the pipeline is a reinforcement-learning agent (given or derived) and nothing of a supervised training is
     there; None otherwise (a missing role is then the honest answer)."""
-    if any(_role(ctx, name) is not MISSING for name in SUPERVISED):
-        return None
-    agent = [(name, _role(ctx, name)) for name in RL_AGENT]
+    agent = [(name, _role(ctx, name)) for name in RL_AGENT]  # first: most pipelines have none of these
     agent = [(name, obj) for name, obj in agent if obj is not MISSING]
     if not agent:
+        return None
+    if any(_role(ctx, name) is not MISSING for name in SUPERVISED):
         return None
     shown = ", ".join(f"dlcheck_{name}: {_describe(obj)}" for name, obj in agent[:3])
     return (
