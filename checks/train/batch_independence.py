@@ -219,7 +219,7 @@ def check_batch_independence(dlcheck):
         dlcheck.skip("no sampled batch holds 2 examples or more")
     batch = to_device(batch, device_of(model))
     rtol = dlcheck.setting("rtol")
-    names = {m: n for n, m in model.named_modules()}
+    names = {id(m): n for n, m in model.named_modules()}  # by identity: a Metric hashes its state
     outputs: list[tuple[str, Any, torch.Tensor]] = []
     size = batch_len(batch)
 
@@ -232,7 +232,7 @@ def check_batch_independence(dlcheck):
             and t.shape[0] == size
             and len(outputs) < MAX_MODULES
         ):
-            outputs.append((names.get(mod, "?"), mod, t))
+            outputs.append((names.get(id(mod), "?"), mod, t))
 
     # a Lightning module's forward takes what its training_step makes of the batch (an autoencoder flattens the
     # images first): the forward is called on those inputs, never on the loader's batch

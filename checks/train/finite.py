@@ -84,7 +84,7 @@ def check_finite(dlcheck):
                     "the data itself contains NaN/Inf: the first step will turn every weight it touches into NaN",
                     "clean the data (drop or impute the missing values) and check the transforms that divide or take logs",
                 )
-    names = {m: n for n, m in model.named_modules()}
+    names = {id(m): n for n, m in model.named_modules()}  # by identity: a Metric hashes its state
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     fields = sum(len(_float_fields(b)) for b in batches)
     losses: list[float] = []
@@ -98,9 +98,9 @@ def check_finite(dlcheck):
             if first or not isinstance(t, torch.Tensor) or not t.is_floating_point():
                 return
             if not torch.isfinite(t.detach()).all():
-                first.append((names.get(mod, "?") or type(model).__name__, mod, args, t.detach()))
+                first.append((names.get(id(mod), "?") or type(model).__name__, mod, args, t.detach()))
             else:
-                last_finite.append(names.get(mod, "?"))
+                last_finite.append(names.get(id(mod), "?"))
 
         hooks = [m.register_forward_hook(hook) for m in model.modules()]
         try:

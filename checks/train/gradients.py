@@ -211,9 +211,12 @@ def check_gradients(dlcheck):
     if not trainable:
         dlcheck.not_applicable(f"{type(model).__name__} has no parameter with requires_grad=True: nothing is trained")
     ran: dict[str, int] = {}  # module name -> when its forward finished (first time)
-    names = {m: n for n, m in model.named_modules()}
+    # keyed by identity: a module's hash may change with its state (a torchmetrics Metric hashes its values)
+    names = {id(m): n for n, m in model.named_modules()}
     handles = [
-        m.register_forward_hook(lambda mod, i, o: None if names[mod] in ran else ran.update({names[mod]: len(ran)}))
+        m.register_forward_hook(
+            lambda mod, i, o: None if names[id(mod)] in ran else ran.update({names[id(mod)]: len(ran)})
+        )
         for m in model.modules()
     ]
     params = [p for _, p in trainable]

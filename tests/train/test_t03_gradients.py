@@ -72,3 +72,29 @@ def test_a_frozen_body_is_reported_as_not_judged(project):
             "the AdamW holds all 2 of them in 1 param group(s) with lr 0.01",
         ]
     )
+
+
+METRIC_MODEL = """
+
+    import torchmetrics
+
+    class MetricMLP(tt.MLP):
+        # a torchmetrics Metric inside the model, updated in forward: its hash follows its state
+        def __init__(self):
+            super().__init__()
+            self.acc = torchmetrics.classification.MulticlassAccuracy(num_classes=4)
+
+        def forward(self, x):
+            out = super().forward(x)
+            self.acc(out.detach().argmax(-1), torch.zeros(len(out), dtype=torch.long))
+            return out
+"""
+
+
+def test_a_metric_module_whose_hash_follows_its_state_is_no_crash(project):
+    # modules are told apart by identity: a Metric's hash changes as its forward updates it (was KeyError in T3)
+    project.conftest(tt.loop_project(model="MetricMLP()", extra=METRIC_MODEL))
+    run = project.run("--dlcheck=T3,T4,T5", "-rA")
+    for cid in ("T3", "T4", "T5"):
+        run.assert_outcome(cid, "passed")
+    assert "KeyError" not in run.text
