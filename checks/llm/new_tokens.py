@@ -296,6 +296,13 @@ def check_new_tokens(dlcheck):
             )
         short_in = (emb_name or "embed_tokens").rsplit(".", 1)[-1]
         short_out = (out_name or "lm_head").rsplit(".", 1)[-1]
+        unmatched = _unmatched_modules_to_save(model) if is_peft else []
+        for name, close in unmatched:
+            evidence.append(
+                f"modules_to_save names {name!r}, which matches no module of the model"
+                + (f" (did you mean {close!r}?)" if close else "")
+                + ": PEFT trains and saves nothing for it"
+            )
         if is_peft:
             targets = {short_in: bad}
             if bad_out and untied:
@@ -310,9 +317,17 @@ def check_new_tokens(dlcheck):
                 "unfreeze the embedding rows of the added tokens (model.get_input_embeddings().weight.requires_grad_"
                 "(True), and the untied output layer's), or build the model with a vocabulary that was trained"
             )
+        typo = [(n, c) for n, c in unmatched if c in (short_in, short_out)]
+        if typo:
+            fix = f"name the module as the model does: modules_to_save=[..., {typo[0][1]!r}] (or {fix})"
         dlcheck.fail(
             evidence,
-            cause="the tokens were added and the embeddings resized (the new rows set to the mean of the old ones), "
+            cause=(
+                f"modules_to_save lists {typo[0][0]!r}, a name no module has (the embedding is {typo[0][1]!r}), so "
+                if typo
+                else ""
+            )
+            + "the tokens were added and the embeddings resized (the new rows set to the mean of the old ones), "
             "but the embedding is frozen — LoRA trains only its adapters — so every new token reads the same "
             "untrained vector for the whole run, and no trained row of them is saved",
             fix=fix,
@@ -331,3 +346,24 @@ def check_new_tokens(dlcheck):
             f"the typical, above {threshold}): taken as pretrained rows"
         )
     dlcheck.measured(*lines, added=len(new), used=len(in_use), trainable_rows=len(trained), frozen_rows=len(frozen_in))
+
+
+def _unmatched_modules_to_save(model: Any) -> list[tuple[str, str | None]]:
+    """The entries of the PEFT config's ``modules_to_save`` that name no module of the model (PEFT matches a
+    module whose name ends with the entry), each with the closest module name, if one is close: a typo such as
+    ``"embed_token"`` for ``embed_tokens`` trains nothing and says nothing."""
+    import difflib
+
+    configs = getattr(model, "peft_config", None) or {}
+    wanted = [m for c in configs.values() for m in (getattr(c, "modules_to_save", None) or [])]
+    if not wanted:
+        return []
+    names = [n for n, _ in model.get_base_model().named_modules() if n]
+    shorts = sorted({n.rsplit(".", 1)[-1] for n in names if "modules_to_save" not in n and "original_module" not in n})
+    out = []
+    for entry in dict.fromkeys(wanted):
+        if any(n == entry or n.endswith("." + entry) for n in names):
+            continue
+        close = difflib.get_close_matches(entry, shorts, n=1, cutoff=0.8)
+        out.append((entry, close[0] if close else None))
+    return out

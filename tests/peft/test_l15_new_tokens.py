@@ -115,6 +115,20 @@ def test_modules_to_save_on_an_untied_model_passes(project):
     run.assert_outcome("L15", "passed")
 
 
+def test_a_misspelt_modules_to_save_entry_is_named_as_the_cause(project):
+    # TRL's adapter docs write modules_to_save=["lm_head", "embed_token"]: the second entry matches no module
+    project.conftest(loop(lora='modules_to_save=["lm_head", "embed_token"]'))
+    run = project.run("--dlcheck=L15")
+    run.assert_outcome("L15", "failed")
+    text = tt.section(run, "L15")
+    assert (
+        "modules_to_save names 'embed_token', which matches no module of the model (did you mean 'embed_tokens'?)"
+        in text
+    ), text
+    assert "modules_to_save lists 'embed_token', a name no module has (the embedding is 'embed_tokens')" in text, text
+    assert "modules_to_save=[..., 'embed_tokens']" in text, text
+
+
 def test_a_tokenizer_without_added_tokens_is_not_applicable(project):
     project.conftest(
         loop(
