@@ -2,7 +2,7 @@
 probe says (outcomes, phases, the work each check caused, the check at the peak), formatted.
 
 The modules import one way: ``run.py`` (the command and the figures 1-5) imports ``realistic.py`` (figure 7)
-and ``watch.py`` (figure 6), which build their rows from this module; this module imports only
+and ``watch.py`` (figure 6) and ``corpus.py`` (figure 9), which build their rows from this module; this module imports only
 ``measure.py``. Nothing here imports what builds the rows."""
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ PY = sys.executable
 
 #: run.py (the command) above the figures' modules, above the rows and their formatting, above measurement
 #: and the generated projects; a module imports only from the layers below its own
-LAYERS = ({"run"}, {"realistic", "watch"}, {"rows"}, {"measure", "projects"})
+LAYERS = ({"run"}, {"realistic", "watch", "corpus"}, {"rows"}, {"measure", "projects"})
 
 
 def _benchmark_imports(name: str) -> set[str]:
