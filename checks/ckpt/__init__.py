@@ -7,7 +7,7 @@ a plain loop hands over its save and load functions (roles declared here)."""
 from __future__ import annotations
 
 from ...registry import applicability
-from ...roles import role
+from ...roles import a_callable, role
 from ..shared.training_users import rl_agent_only
 
 role(
@@ -18,6 +18,15 @@ role(
 role(
     "load_checkpoint",
     "callable (state, path): your resume, loading that path into the fresh dict from dlcheck_make_training",
+)
+role(
+    "resume_dataloader",
+    "callable (state, dataloader, resumed_step): what your epoch loop does to the training loader after a resume "
+    "— the iterable it trains on for the rest of the epoch, given the loaded dict, the loader it holds and the "
+    "batches of the epoch trained before the save (accelerator.skip_first_batches(dataloader, resumed_step), "
+    "itertools.islice(dataloader, resumed_step, None), or dataloader itself when the loop starts the epoch "
+    "again): with it C1 and C10 judge the data position of a loop that skips outside its load",
+    expect=a_callable("what your loop trains on after a resume"),
 )
 
 

@@ -59,8 +59,9 @@ def check_accelerate_state(dlcheck):
         how Accelerate knows it (prepared, registered, or not at all). The data position is a piece too: when
         the dict holds the prepared training DataLoader, C1's data-position run (fresh objects trained half an
         epoch drawn from it, saved; other fresh objects loaded, drawing the rest from their own
-        ``state['dataloader']`` as your load leaves it) counts the examples the resumed epoch trains twice or
-        never, and the check fails on them, naming ``skip_first_batches`` with the same shuffle
+        ``state['dataloader']`` as your load leaves it, or from what your ``dlcheck_resume_dataloader``
+        returns for it: what your epoch loop trains on after a resume) counts the examples the resumed epoch
+        trains twice or never, and the check fails on them, naming ``skip_first_batches`` with the same shuffle
         (``use_seedable_sampler=True``) or ``use_stateful_dataloader=True``.
     Why it is bad
         ``save_state`` saves what ``accelerator.prepare`` returned, the RNG states and what
@@ -84,9 +85,13 @@ def check_accelerate_state(dlcheck):
     Known problems
         Judges only pieces that training changed (a frozen module is not judged) and that live in the dict
         your factory returns. The data position is judged only when that dict holds the training
-        DataLoader, on what your load leaves in it (a skip done in your loop around the step, outside the load,
-        is not seen: return the skipped loader from your ``dlcheck_load_checkpoint``); the pass says when it
-        was not judged. Examples are told apart by content, as in C1.
+        DataLoader and the data path after the resume is yours and visible: your ``dlcheck_load_checkpoint``
+        replaces or restores the loader (``skip_first_batches``, a stateful loader), or
+        ``dlcheck_resume_dataloader`` says what your epoch loop trains on after the resume (a skip in the loop,
+        outside the load, as in transformers' ``run_clm_no_trainer.py``). With dlcheck's own default load
+        (``accelerator.load_state``, no ``dlcheck_load_checkpoint``) and no ``dlcheck_resume_dataloader``, or a
+        load that leaves the loader untouched and no such role, the pass says it was not judged, and why.
+        Examples are told apart by content, as in C1.
     Not applicable
         Trainings without an ``Accelerator`` in the ``dlcheck_make_training`` dict (a Trainer — which runs
         on Accelerate but checkpoints its own way, C1 —, Lightning, a plain loop). A Trainer or Lightning

@@ -134,6 +134,13 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
     if isinstance(probe, Exception):
         dlcheck.not_judged("data position", str(probe))
         return []
+    if probe.not_seen:  # the data path after the resume is not the user's own, or not visible: said, not judged
+        return [
+            f"data position: not judged: {probe.not_seen} (define dlcheck_resume_dataloader (state, dataloader, "
+            "resumed_step) returning what your epoch loop trains on for the rest of the epoch after a resume — "
+            "accelerator.skip_first_batches(dataloader, resumed_step), itertools.islice(dataloader, resumed_step, "
+            "None), or dataloader itself when your loop starts the epoch again — and it is judged)"
+        ]
     if probe.load_error:  # C1's own resume loaded (it reports a load that raises): this one did not
         dlcheck.not_judged(
             "data position",
@@ -153,11 +160,18 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
         if probe.epoch and probe.epoch > n
         else ""
     )
+    if probe.through_role is not None:
+        source = (
+            f"what your dlcheck_resume_dataloader makes of their state['{probe.key}'] after the load (a "
+            f"{probe.through_role}, given resumed_step={probe.resumed_step})"
+        )
+    else:
+        source = f"their state['{probe.key}']" + (
+            f" (a {probe.resumed_loader} after the load)" if probe.resumed_loader != probe.loader else ""
+        )
     drawn = (
         f"the uninterrupted run draws steps 1-{n}{span} from state['{probe.key}'] ({probe.loader}) and saves "
-        f"after step {k} through {how}; fresh objects loaded by {loaded_by} draw steps {k + 1}-{n} from their "
-        f"state['{probe.key}']"
-        + (f" (a {probe.resumed_loader} after the load)" if probe.resumed_loader != probe.loader else "")
+        f"after step {k} through {how}; fresh objects loaded by {loaded_by} draw steps {k + 1}-{n} from {source}"
     )
     if c.conclusive:
         evidence = [drawn, f"over steps 1-{n}: {_counted(c, n, k, whole)}"]
@@ -170,8 +184,14 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
         dlcheck.fail(
             evidence,
             cause=(
-                f"the resume does not restore the data position: after the load, state['{probe.key}'] does not "
-                "continue the epoch where the save left it — it yields examples already trained before the save ("
+                "the resume does not restore the data position: "
+                + (
+                    f"what your loop trains on after the load (dlcheck_resume_dataloader on state['{probe.key}'])"
+                    if probe.through_role is not None
+                    else f"after the load, state['{probe.key}']"
+                )
+                + " does not continue the epoch where the save left it — it yields examples already trained before "
+                "the save ("
                 + (
                     "the epoch starts again from its first batch"
                     if replayed
@@ -567,8 +587,15 @@ def check_resume(dlcheck):
         training DataLoader (``state['dataloader']``, ``state['train_dataloader']``, or the only one), fresh
         objects train ``steps`` steps drawn from it, saved half way through your save, and other fresh objects
         loaded by your load draw the rest of the epoch from their own ``state['dataloader']`` as your load
-        leaves it (``accelerator.skip_first_batches(...)``, ``itertools.islice``, a restored stateful loader).
-        The examples are told apart by content (a digest per example row, the padding trimmed; a map-style
+        leaves it (``accelerator.skip_first_batches(...)``, ``itertools.islice``, a restored stateful loader),
+        or, with ``dlcheck_resume_dataloader`` (state, dataloader, resumed_step), from what that returns: what
+        your epoch loop trains on after a resume (``accelerator.skip_first_batches(dataloader, resumed_step)``
+        in the loop, as transformers' ``run_clm_no_trainer.py`` does, or ``dataloader`` itself when the loop
+        starts the epoch again); ``resumed_step`` is the number of the epoch's batches trained before the save.
+        The data position is judged only on that data path of yours: when your load leaves the loader untouched
+        (neither replaced nor its state loaded) and no ``dlcheck_resume_dataloader`` says what your loop does,
+        or when the load is dlcheck's own default (``accelerator.load_state``, no ``dlcheck_load_checkpoint``),
+        the pass says the data position was not judged and why. The examples are told apart by content (a digest per example row, the padding trimmed; a map-style
         dataset read in the process is read with the RNGs seeded by the example's index, so that a random
         augmentation does not hide an example), and the check fails when the resumed epoch trains examples twice
         or never, with the counts and the fix for that kind of user. A Trainer's resume is its own
@@ -608,7 +635,8 @@ def check_resume(dlcheck):
         Compares bitwise: on GPU, nondeterministic kernels can make even the uninterrupted run differ from
         itself; the check then skips (not reproducible). A resume that loses only the RNG states passes here and
         fails C3. For a plain or Accelerate loop whose ``dlcheck_make_training`` dict holds no dataloader, the
-        data position is not judged (the pass says so: dlcheck feeds the runs its own batches); the losses and
+        data position is not judged (the pass says so: dlcheck feeds the runs its own batches), nor when the
+        skip happens in your epoch loop and no ``dlcheck_resume_dataloader`` hands it over; the losses and
         weights are always compared on dlcheck's batches, the data position on the loader's. Examples are told
         apart by content: identical examples count as one multiset; examples whose content changes from draw to
         draw (an augmentation drawn in DataLoader workers) are not recognised, and the data position is then

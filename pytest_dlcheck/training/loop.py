@@ -56,6 +56,7 @@ from .runs import (
     scheduler_count,
     seed_all,
     to_device,
+    unwrap_prepared,
     watch_optimizer,
 )
 
@@ -84,6 +85,7 @@ class LoopSetup:
         save: Any,
         load: Any,
         tmp: Any,
+        resume_loader: Any = MISSING,
     ):
         self.make_training = make_training
         self.train_step = train_step
@@ -93,14 +95,36 @@ class LoopSetup:
         self.save = save
         self.load = load
         self.tmp = tmp
+        #: ``dlcheck_resume_dataloader``: what the user's epoch loop trains on after a resume (the data position)
+        self.resume_loader = resume_loader
         self.name = "dlcheck_make_training"
         self._batches: list[Any] = []
         #: lets the session's spares go (the probe, the smoke run's trained objects): get_setup sets it
         self.make_room: Callable[[], None] = _no_room  # module level: a spawned rank unpickles the setup
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A launched rank (pickled for ``spawn``) judges no data position: ``dlcheck_resume_dataloader`` stays
+        in this process (a lambda of a conftest need not pickle)."""
+        state = dict(self.__dict__)
+        state.pop("resume_loader", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.resume_loader = MISSING
+
     @property
     def sources(self) -> Any:
-        return (self.make_training, self.loader, self.train_step, self.compute_loss, self.loss_fn, self.save, self.load)
+        return (
+            self.make_training,
+            self.loader,
+            self.train_step,
+            self.compute_loss,
+            self.loss_fn,
+            self.save,
+            self.load,
+            self.resume_loader,
+        )
 
     def describe(self) -> str:
         step = (
@@ -181,6 +205,16 @@ class LoopSetup:
                 raise SetupError("dlcheck_dataloader yielded no batch")
         return [self._batches[i % len(self._batches)] for i in range(n)]
 
+    def train_mode(self, state: dict[str, Any]) -> None:
+        """Put the modules the state trains in train mode, as the user's epoch loop does before its steps
+        (``model.train()`` at the top of each epoch, outside the step): ``state['model']`` and every other
+        module of the state whose parameters an optimizer of the state steps (a GAN's second network, a text
+        encoder trained beside a UNet). A module nothing optimizes (an EMA, a frozen teacher or VAE) keeps its
+        mode. Each module's own ``train()`` is called (an override that keeps BatchNorm frozen stays in force);
+        the objects are fresh ones from the factory, so nothing is put back."""
+        for module in trained_modules(state):
+            user_call("make_training", module.train)
+
     def step(self, state: dict[str, Any], batch: Any, index: int) -> float | None:
         """One call of the user's step (or the default one) on a batch."""
         batch = to_device(batch, device_of(state["model"]))
@@ -244,6 +278,7 @@ class LoopSetup:
         length = planned if planned is not None else len(batches) if hasattr(batches, "__len__") else None
         plan = schedule_plan(sched, length) if sched is not None and length else None
         first = scheduler_count(sched)
+        self.train_mode(state)  # the user's epoch loop sets it before its steps (a from_pretrained model is in eval)
         try:
             for offset, batch in enumerate(batches):
                 i = start + offset
@@ -378,6 +413,9 @@ class LoopSetup:
                 raise ResumeLoadFailed(
                     exc.role, exc.message, exc.__cause__ or exc, "load", base.checkpoint, saved_at
                 ) from exc.__cause__
+            # whether the user's load put the global RNGs back where they were at the save (C3 asks it when
+            # the steps draw nothing but the user's data path does)
+            traj.notes["rng_restored"] = restored_rngs(base.truth.get("rng"), rng_state())
             _loop_restore(state, base.truth, restore)
             before = rng_state()
             self.run(state, batches[saved_at:], saved_at, traj, digests=True)
@@ -407,6 +445,11 @@ class LoopSetup:
             epoch = len(loader)
         except TypeError:
             epoch = None
+        if self.resume_loader is MISSING and getattr(self, "user_load", self.load) is MISSING:
+            # the resume would be dlcheck's own stand-in (accelerator.load_state), not the user's: not judged
+            self.keep(state)
+            name = type(loader).__name__
+            return DataResume(key, name, name, 0, 0, epoch, [], [], [], not_seen=DEFAULT_LOAD)
         snapshot = _loader_state(loader)
         traj, drawn = Trajectory(), []
         saving = _Saving(self, state, traj, total, total // 2)
@@ -434,10 +477,13 @@ class LoopSetup:
             )
             return result
         loader = None
+        held = fresh[key]
+        held_state = _loader_state(held)
         with preserved_rng():
             seed_all(SEED + 1)  # a new process: the global RNGs are wherever they are
             try:
-                user_call("load_checkpoint", lambda: self.load(fresh, str(saving.path)))
+                with _loads_watched(held) as loads:
+                    user_call("load_checkpoint", lambda: self.load(fresh, str(saving.path)))
             except RoleError as exc:  # C1's resume reports the load that raises
                 result.load_error = exc.message
                 return result
@@ -445,12 +491,54 @@ class LoopSetup:
                 result.unreadable = f"your load left no state['{key}']"
                 return result
             result.resumed_loader = type(fresh[key]).__name__
-            for _ in _draws(lambda: fresh[key], saved_at, trained - saved_at, result.resumed):
+            touched = fresh[key] is not held or bool(loads) or not _same_state(held_state, _loader_state(held))
+            first = None
+            if self.resume_loader is not MISSING:
+                result.resumed_step = saved_at % epoch if epoch else saved_at
+                first = user_call(
+                    "resume_dataloader", lambda: self.resume_loader(fresh, fresh[key], result.resumed_step)
+                )
+                result.through_role = type(first).__name__
+            elif not touched:
+                result.not_seen = UNTOUCHED.format(key=key)
+                release_training_memory(fresh)
+                return result
+            for _ in _draws(lambda: fresh[key], saved_at, trained - saved_at, result.resumed, first=first):
                 pass
         if any(d is None for d in result.before + result.expected + result.resumed):
             result.unreadable = "a batch holds no tensor with a batch dimension to tell its examples apart"
         release_training_memory(fresh)
         return result
+
+    def data_rng(self) -> tuple[str, list[str]] | None:
+        """Whether the user's data path draws from the global RNGs: the first batches of the training loader
+        (the one the factory's dict holds, else ``dlcheck_dataloader``) drawn with the global RNGs at one
+        state, then with one of them (torch, python, numpy) set elsewhere. Returns the loader in words and
+        the generators whose state changes the batches (a shuffle of a ``RandomSampler`` without
+        ``generator=``, a random transform, a Mixup in the collate, the seeds of the loader's workers); None
+        when the loader does not give the same batches twice from the same global states (a generator of its
+        own that its iteration advances): what it draws from cannot be told. The global RNGs, the loader's
+        generators and epoch counters are put back."""
+        loader, where, state = self.loader, "dlcheck_dataloader", None
+        if loader is MISSING or self.kind == "accelerate":  # an Accelerate user iterates the prepared loader
+            state = self.state()
+            key = loader_key(state)
+            if key is not None:
+                loader, where = state[key], f"dlcheck_make_training's state['{key}']"
+        if loader is MISSING:
+            return None
+        import sys
+
+        names = ["torch", "python"] + (["numpy"] if sys.modules.get("numpy") is not None else [])
+        try:
+            reference = _first_draws(loader, None)
+            if reference is None or _first_draws(loader, None) != reference:
+                return None
+            moved = [name for name in names if _first_draws(loader, name) != reference]
+        finally:
+            if state is not None:
+                release_training_memory(state)
+        return where, moved
 
     def uninterrupted_again(self, total: int, saved_at: int) -> Trajectory:
         """The uninterrupted run once more, the same way (fresh objects at the seed, the same batches, the same
@@ -485,6 +573,126 @@ class LoopSetup:
                 "(raise C1.steps above your gradient accumulation)"
             )
         return baseline
+
+
+def restored_rngs(saved: Mapping[str, Any] | None, now: Mapping[str, Any]) -> dict[str, bool]:
+    """Per global generator (python, numpy, torch, cuda), whether ``now`` is the state ``saved`` holds
+    (:func:`~.runs.rng_state` snapshots)."""
+    if not saved:
+        return {}
+    out = {}
+    for name in saved:
+        if name not in now:
+            continue
+        a, b = saved[name], now[name]
+        if name == "python":
+            out[name] = a == b
+        elif name == "numpy":
+            (kind_a, keys_a, *rest_a), (kind_b, keys_b, *rest_b) = a, b
+            out[name] = bool(kind_a == kind_b and rest_a == rest_b and (keys_a == keys_b).all())
+        elif name == "cuda":
+            out[name] = len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=False))
+        else:
+            out[name] = bool(torch.equal(a, b))
+    return out
+
+
+def _reseed(name: str, seed: int) -> None:
+    """Set one global generator (torch, python, numpy) to the state of ``seed``."""
+    import random
+    import sys
+
+    if name == "torch":
+        torch.random.manual_seed(seed)
+    elif name == "python":
+        random.seed(seed)
+    elif name == "numpy":
+        sys.modules["numpy"].random.seed(seed % 2**32)
+
+
+def _first_draws(loader: Any, moved: str | None, n: int = 2) -> str | None:
+    """A digest of the first ``n`` batches of a new iteration of ``loader``, drawn with the global RNGs
+    seeded, and ``moved`` (one of them) set elsewhere; None when it yields no batch. Everything the draw
+    moves (the global RNGs, the loader's generators and epoch counters) is put back."""
+    from ..guard import preserved_dataloader
+
+    with preserved_rng(), preserved_dataloader(loader):
+        seed_all(DRAW_SEED)
+        if moved is not None:
+            _reseed(moved, DRAW_SEED + 1)
+        it = iter(loader)
+        got = []
+        for _ in range(n):
+            try:
+                got.append(next(it))
+            except StopIteration:
+                break
+        del it
+    return _nested_digest(got) if got else None
+
+
+def _nested_digest(obj: Any) -> str:
+    """A digest of every tensor, array and number of a batch (or a list of them), in order."""
+    import hashlib
+
+    h = hashlib.sha1()
+
+    def walk(x: Any, depth: int) -> None:
+        if depth > 6:
+            return
+        if isinstance(x, torch.Tensor):
+            data = x.detach().cpu().contiguous()
+            if data.dtype in (torch.bfloat16, torch.float16):
+                data = data.float()
+            h.update(str((tuple(data.shape), data.dtype)).encode())
+            if data.numel():
+                h.update(data.reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(x, Mapping):
+            for k in x:
+                h.update(str(k).encode())
+                walk(x[k], depth + 1)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v, depth + 1)
+        elif hasattr(x, "__dataclass_fields__"):
+            for k in x.__dataclass_fields__:
+                walk(getattr(x, k, None), depth + 1)
+        elif hasattr(x, "tobytes") and hasattr(x, "shape"):  # a numpy array
+            h.update(x.tobytes())
+        elif isinstance(x, (int, float, str, bool)) or x is None:
+            h.update(repr(x).encode())
+        elif hasattr(x, "items"):  # a BatchEncoding-like mapping
+            for k, v in x.items():
+                h.update(str(k).encode())
+                walk(v, depth + 1)
+        else:
+            h.update(repr(type(x)).encode())
+
+    walk(obj, 0)
+    return h.hexdigest()
+
+
+def trained_modules(state: Mapping[str, Any]) -> list[Any]:
+    """The modules of a training dict that its training trains: ``state['model']``, and every other
+    ``torch.nn.Module`` of the dict with a parameter an optimizer of the dict steps (the prepared wrappers of
+    Accelerate looked through)."""
+    model = state.get("model")
+    out = [model] if isinstance(model, torch.nn.Module) else []
+    stepped: set[int] = set()
+    for value in state.values():
+        inner = unwrap_prepared(value)
+        if isinstance(inner, torch.optim.Optimizer):
+            stepped.update(id(p) for group in inner.param_groups for p in group["params"])
+    if not stepped:
+        return out
+    for value in state.values():
+        if (
+            isinstance(value, torch.nn.Module)
+            and all(value is not m for m in out)
+            and any(id(p) in stepped for p in value.parameters())
+        ):
+            out.append(value)
+    return out
 
 
 #: the seeds of the data-position runs: per draw position, and per example index
@@ -542,6 +750,59 @@ def _seeded_examples(loader: Any) -> Iterator[None]:
         ds.__class__ = cls
 
 
+#: why the data position is not judged when the resume's data path is not the user's own or not visible
+DEFAULT_LOAD = (
+    "the resume is dlcheck's own stand-in (accelerator.load_state: no dlcheck_load_checkpoint), not your loop's, "
+    "so where your loop resumes the epoch is not visible to dlcheck"
+)
+UNTOUCHED = (
+    "your dlcheck_load_checkpoint leaves state['{key}'] as the factory built it (neither replaced nor its state "
+    "loaded), so where your loop resumes the epoch (a skip in the epoch loop, outside the load) is not visible to "
+    "dlcheck"
+)
+
+
+@contextlib.contextmanager
+def _loads_watched(loader: Any) -> Iterator[list[int]]:
+    """While active, a call of the loader's own ``load_state_dict`` (a stateful loader restored by the user's
+    load or by ``accelerator.load_state``) is counted in the yielded list. The fresh loader is dlcheck's (built
+    by the factory for this run); the instance attribute is removed afterwards."""
+    calls: list[int] = []
+    real = getattr(loader, "load_state_dict", None)
+    if not callable(real):
+        yield calls
+        return
+
+    def load_state_dict(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    try:
+        object.__setattr__(loader, "load_state_dict", load_state_dict)
+    except (AttributeError, TypeError):  # slots, a read-only attribute: the state compared is what is left
+        yield calls
+        return
+    try:
+        yield calls
+    finally:
+        with contextlib.suppress(AttributeError):
+            object.__delattr__(loader, "load_state_dict")
+
+
+def _same_state(a: Any, b: Any) -> bool:
+    """Whether two loader ``state_dict()`` snapshots are the same (tensors compared by value)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_state(x, y) for x, y in zip(a, b, strict=True))
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - an object without a usable equality: taken as changed
+        return False
+
+
 def _loader_state(loader: Any) -> Any:
     """A stateful loader's ``state_dict()`` (torchdata's StatefulDataLoader), or None."""
     if not callable(getattr(loader, "load_state_dict", None)):
@@ -552,15 +813,17 @@ def _loader_state(loader: Any) -> Any:
         return None
 
 
-def _draws(get: Callable[[], Any], start: int, n: int, out: list[Any]) -> Iterator[Any]:
+def _draws(get: Callable[[], Any], start: int, n: int, out: list[Any], first: Any = None) -> Iterator[Any]:
     """Batches ``start .. start+n-1`` of a run drawn from the loader ``get()`` returns (a new epoch when it
-    runs out), each with the global RNGs set by its position; the examples of each are written to ``out``."""
+    runs out), each with the global RNGs set by its position; the examples of each are written to ``out``.
+    ``first``: the iterable the current epoch is drawn from instead (what the user's loop trains on after a
+    resume, ``dlcheck_resume_dataloader``'s), the next epochs from ``get()``."""
     it = None
     for p in range(start, start + n):
         seed_all(DRAW_SEED + p)
         with _seeded_examples(get()):
             if it is None:
-                it = iter(get())
+                it = iter(first if first is not None else get())
             try:
                 batch = next(it)
             except StopIteration:

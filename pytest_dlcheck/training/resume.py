@@ -289,6 +289,12 @@ class DataResume:
     unreadable: str | None = None
     #: the user's load raised on the checkpoint (C1's main resume reports it): its message
     load_error: str | None = None
+    #: why the resumed data path is not judged (dlcheck's own default load, or a load that leaves the loader
+    #: untouched with no ``dlcheck_resume_dataloader``): the resumed run was not drawn
+    not_seen: str | None = None
+    #: with ``dlcheck_resume_dataloader``: the class of what it returned, and the resumed_step it was given
+    through_role: str | None = None
+    resumed_step: int | None = None
 
     def count(self) -> ExampleCount:
         return count_examples(self.before, self.expected, self.resumed)

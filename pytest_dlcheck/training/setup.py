@@ -50,12 +50,24 @@ def get_setup(ctx: Any) -> Any:
     make = ctx.role("make_training")
     if make is not MISSING:
         loader = ctx.role("dataloader")
-        parts = [ctx.role(n) for n in ("train_step", "compute_loss", "loss_fn", "save_checkpoint", "load_checkpoint")]
+        parts = [
+            ctx.role(n)
+            for n in (
+                "train_step",
+                "compute_loss",
+                "loss_fn",
+                "save_checkpoint",
+                "load_checkpoint",
+                "resume_dataloader",
+            )
+        ]
         # every part of the loop is in the key: two projects sharing a factory and a loader keep their own step/save
         setup = ctx.memo(
             (make, loader, *parts),
             "training:setup",
-            lambda: _loop_or_accelerate(LoopSetup(make, parts[0], parts[1], parts[2], loader, parts[3], parts[4], tmp)),
+            lambda: _loop_or_accelerate(
+                LoopSetup(make, parts[0], parts[1], parts[2], loader, parts[3], parts[4], tmp, resume_loader=parts[5])
+            ),
         )
         setup.make_room = ctx.state.make_room  # a training state it builds lets the session's spares go
         return setup
@@ -92,6 +104,7 @@ def _loop_or_accelerate(setup: LoopSetup) -> LoopSetup:
         setup.save,
         setup.load,
         setup.tmp,
+        resume_loader=setup.resume_loader,
     )
     acc.keep(state)
     return acc

@@ -85,8 +85,24 @@ def _counts(text: str) -> tuple[int, int]:
     return int(found.group(1)), int(found.group(2))
 
 
+#: what the loop does to its loader after a resume: it starts the epoch again (no skip), or skips the epoch's
+#: batches trained before the save (run_clm_no_trainer.py's ``accelerator.skip_first_batches`` in its epoch loop)
+RESTARTS = """
+    @pytest.fixture(scope="session")
+    def dlcheck_resume_dataloader():
+        return lambda state, dataloader, resumed_step: dataloader
+"""
+SKIPS_IN_LOOP = """
+    @pytest.fixture(scope="session")
+    def dlcheck_resume_dataloader():
+        return lambda state, dataloader, resumed_step: state["accelerator"].skip_first_batches(dataloader, resumed_step)
+"""
+
+
 def test_loop_whose_resume_restarts_the_epoch(project):
-    project.conftest(LOOP.format(skip=""))
+    # the load restores weights, optimizer and step; the loop (handed as dlcheck_resume_dataloader) then
+    # iterates the loader from its first batch
+    project.conftest(LOOP.format(skip="") + RESTARTS)
     run = project.run("--dlcheck=C1")
     run.assert_outcome("C1", "failed")
     text = tt.section(run, "C1")
@@ -94,6 +110,8 @@ def test_loop_whose_resume_restarts_the_epoch(project):
         "the uninterrupted run draws steps 1-4 (the whole first epoch) from state['dataloader'] (DataLoader) and "
         "saves after step 2" in text
     ), text
+    assert "what your dlcheck_resume_dataloader makes of their state['dataloader'] after the load" in text, text
+    assert "given resumed_step=2" in text, text
     # the same shuffle again from the first batch: the two batches before the save are trained twice, the
     # epoch's last two never
     assert "over steps 1-4: 4 examples trained twice, 4 never seen in the resumed epoch" in text, text
@@ -115,6 +133,21 @@ def test_loop_that_skips_the_trained_batches_passes(project):
             "trained twice, none lost)",
         ]
     )
+
+
+def test_loop_whose_load_leaves_the_loader_untouched_is_not_judged_without_the_role(project):
+    # the same load, no dlcheck_resume_dataloader: what the loop does after the resume is not visible, so the
+    # data position is said not judged (not a failure), naming the role that would judge it
+    project.conftest(LOOP.format(skip=""))
+    run = project.run("--dlcheck=C1", "-rA")
+    run.assert_outcome("C1", "passed")
+    assert (
+        "data position: not judged: your dlcheck_load_checkpoint leaves state['dataloader'] as the factory built it "
+        "(neither replaced nor its state loaded), so where your loop resumes the epoch (a skip in the epoch loop, "
+        "outside the load) is not visible to dlcheck (define dlcheck_resume_dataloader (state, dataloader, "
+        "resumed_step)" in run.text
+    ), run.text
+    assert "trained twice" not in run.text, run.text
 
 
 def test_loop_without_a_loader_in_its_state_says_the_data_position_is_not_judged(project):
@@ -187,7 +220,9 @@ ACCELERATE_SKIP = """
 
 
 def test_accelerate_save_state_without_a_skip_repeats_examples(project):
-    project.conftest(ACCELERATE.format(seedable=False))
+    # accelerator.save_state / load_state (dlcheck's default, as the script does), then the epoch loop iterates
+    # the prepared loader from its first batch (handed as dlcheck_resume_dataloader)
+    project.conftest(ACCELERATE.format(seedable=False) + RESTARTS)
     run = project.run("--dlcheck=C1,C10")
     for cid in ("C1", "C10"):
         run.assert_outcome(cid, "failed")
@@ -228,6 +263,50 @@ def test_accelerate_skip_with_a_seedable_sampler_passes(project):
             "run's batches, step by step (over steps 1-4: 8 examples, none trained twice, none lost)",
         ]
     )
+
+
+def test_accelerate_loop_that_skips_in_its_epoch_loop_passes(project):
+    # run_clm_no_trainer.py: accelerator.load_state(path), then in the epoch loop
+    # active_dataloader = accelerator.skip_first_batches(train_dataloader, resume_step), on a seedable sampler
+    project.conftest(ACCELERATE.format(seedable=True) + SKIPS_IN_LOOP)
+    run = project.run("--dlcheck=C1,C10", "-rA")
+    run.assert_outcome("C1", "passed")
+    run.assert_outcome("C10", "passed")
+    run.fnmatch(
+        [
+            "data position: the uninterrupted run draws steps 1-4 (the whole first epoch) from state['dataloader'] "
+            "(DataLoaderShard) and saves after step 2 through accelerator.save_state / accelerator.load_state; "
+            "fresh objects loaded by accelerator.load_state draw steps 3-4 from what your dlcheck_resume_dataloader "
+            "makes of their state['dataloader'] after the load (a DataLoaderShard, given resumed_step=2): the "
+            "uninterrupted run's batches, step by step (over steps 1-4: 8 examples, none trained twice, none lost)",
+        ]
+    )
+
+
+def test_accelerate_skip_in_the_loop_on_a_reshuffled_epoch_repeats_examples(project):
+    # the same skip in the loop, but without a seedable sampler the resumed epoch is shuffled anew
+    project.conftest(ACCELERATE.format(seedable=False) + SKIPS_IN_LOOP)
+    run = project.run("--dlcheck=C1,C10")
+    for cid in ("C1", "C10"):
+        run.assert_outcome(cid, "failed")
+        text = tt.section(run, cid)
+        twice, never = _counts(text)
+        assert twice > 0 and twice == never, text
+        assert "what your loop trains on after the load (dlcheck_resume_dataloader" in text, text
+        assert "use_seedable_sampler=True" in text, text
+
+
+def test_accelerate_default_resume_without_the_role_is_not_judged(project):
+    # no dlcheck_load_checkpoint, no dlcheck_resume_dataloader: the resume would be dlcheck's own
+    # accelerator.load_state and the loop's skip is not visible: not judged, never blamed on the user
+    project.conftest(ACCELERATE.format(seedable=False))
+    run = project.run("--dlcheck=C1,C10", "-rA")
+    run.assert_outcome("C1", "passed")
+    run.assert_outcome("C10", "passed")
+    lines = [line for line in run.text.splitlines() if "data position: not judged: the resume is dlcheck's own" in line]
+    assert len(lines) >= 2, run.text
+    assert "dlcheck_resume_dataloader" in lines[0] and "skip_first_batches" in lines[0], lines[0]
+    assert "trained twice" not in run.text, run.text
 
 
 SFT = """
