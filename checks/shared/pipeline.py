@@ -59,6 +59,9 @@ def _shuffled(batch: Any) -> Any:
     return type(batch)([batch[0], rolled, *batch[2:]]) if isinstance(batch, list) else (batch[0], rolled, *batch[2:])
 
 
+_NONE = object()  # no forward of the instance's own
+
+
 def step_probe(ctx: Any) -> StepProbe | None:
     """The first sampled batch through the user's training loss (shared per session), or None when the user
     gave no training (no Trainer, Lightning module or dlcheck_make_training)."""
@@ -80,6 +83,17 @@ def step_probe(ctx: Any) -> StepProbe | None:
 
         start = ModuleSnapshot.take(model)
         handle = model.register_forward_hook(hook)
+        # a training_step that calls self.forward(x) (Lightning's fine-tuning example) runs no forward hook: the
+        # forward is read where it is called too, on the copy, and put back after
+        own = vars(model).get("forward", _NONE)
+        forward = model.forward
+
+        def spy(*args, **kwargs):
+            out = forward(*args, **kwargs)
+            hook(model, args, out)
+            return out
+
+        model.forward = spy
         try:
             # eval conditions; a detector's losses exist in train mode only, where its pipeline computes them
             loss = float(run_or_skip(ctx, lambda: eval_loss(model, lambda: fresh.loss(batch))))
@@ -91,6 +105,10 @@ def step_probe(ctx: Any) -> StepProbe | None:
                     other = float(run_or_skip(ctx, lambda: eval_loss(model, lambda: fresh.loss(shuffled))))
         finally:
             handle.remove()
+            if own is _NONE:
+                del model.forward
+            else:
+                model.forward = own
             start.restore(model)
         return StepProbe(loss, seen[0] if seen else None, other, describe_batch(targets_of(batch)), setup.describe())
 

@@ -60,7 +60,9 @@ def check_initial_loss(dlcheck):
         with ln(C), C being the last dimension of the model's output (the vocabulary of a language model,
         the classes of a classifier; ``dlcheck_num_classes`` when given). Soft targets (a float (batch,
         classes) distribution per row, as Mixup/CutMix or label smoothing make them) are judged the same way, C
-        their number of classes: a near-uniform prediction costs ln(C) against any distribution. Fails when it is above
+        their number of classes: a near-uniform prediction costs ln(C) against any distribution. A binary head (one logit
+        per example, (batch,) or (batch, 1), against 0/1 targets, integer or float: BCEWithLogitsLoss) is judged
+        against ln(2), what a logit of 0 costs against either target. Fails when it is above
         ``max_ratio`` x ln(C) (and ``min_excess`` nats above it), and names the likely cause: an output
         layer frozen at PyTorch's default (random) initialisation while at most 10% of the parameters train
         (the start is the random head's and stays), logits far too large (the initialisation scale),
@@ -84,8 +86,8 @@ def check_initial_loss(dlcheck):
         A Lightning module's number of classes is read from its forward's output inside its own
         training_step (its forward may take what the step makes of the batch), never from a forward on the batch.
     Not applicable
-        Losses that are not a cross-entropy over classes: regression (float targets), a model with a
-        single output per example, DPO, KTO and other preference losses, GRPO. A torchvision detector (its loss
+        Losses that are not a cross-entropy over classes: regression (float targets other than 0/1), a model with a
+        single output per example that is not a binary head, DPO, KTO and other preference losses, GRPO. A torchvision detector (its loss
         is a sum of classification, box-regression and objectness losses, and exists in train mode only). A model given as dlcheck_model
         whose forward needs fields the batches lack (a denoiser that your loss calls): it is not called on
         the batch. A training whose loss does not read the batch's labels (an autoencoder's reconstruction
@@ -117,7 +119,8 @@ def check_initial_loss(dlcheck):
             "cross-entropy over classes: ln(classes) does not apply"
         )
     soft = soft_targets(targets)
-    if isinstance(targets, torch.Tensor) and targets.is_floating_point() and not soft:
+    zero_one = _zero_one(targets)
+    if isinstance(targets, torch.Tensor) and targets.is_floating_point() and not soft and not zero_one:
         dlcheck.not_applicable(
             f"the targets are floats ({describe_batch(targets)}): a regression loss, not a cross-entropy over classes"
         )
@@ -163,6 +166,17 @@ def check_initial_loss(dlcheck):
         # soft targets (Mixup/CutMix, label smoothing): rows of a distribution over the classes; a near-uniform
         # prediction costs -sum(q log 1/C) = ln(C) against any of them, as against a class index
         classes = int(targets.shape[-1])
+    binary = not isinstance(classes, int) and not soft and zero_one and _one_logit(shape, targets)
+    if binary:
+        # one logit per example against 0/1 targets (BCEWithLogitsLoss): a binary head, whose near-uniform
+        # prediction (logit 0, p = 0.5) costs ln 2 against either target
+        classes = 2
+    elif isinstance(targets, torch.Tensor) and targets.is_floating_point() and not soft:
+        dlcheck.not_applicable(
+            f"the targets are floats ({describe_batch(targets)}) and the model's output "
+            f"({'unknown' if shape is None else tuple(shape)}) is not one logit per target: not a cross-entropy "
+            "over classes"
+        )
     if not isinstance(classes, int):
         if shape is None or len(shape) < 2:
             dlcheck.skip(
@@ -178,7 +192,10 @@ def check_initial_loss(dlcheck):
     ln_c = math.log(classes)
     ratio = value / ln_c
     soft_note = (
-        f"; the targets are soft ({describe_batch(targets)}, rows summing to 1: Mixup/CutMix or label smoothing), "
+        f"; a binary head: one logit per example (output {tuple(shape)}) against 0/1 targets ({describe_batch(targets)}), "
+        "a logit of 0 (p = 0.5) costs ln(2) against either"
+        if binary
+        else f"; the targets are soft ({describe_batch(targets)}, rows summing to 1: Mixup/CutMix or label smoothing), "
         f"and a near-uniform prediction costs ln({classes}) against them too"
         if soft
         else ""
@@ -222,6 +239,17 @@ def check_initial_loss(dlcheck):
             + info.consequence()
         )
         fix = info.fix()
+    elif binary and logits is not None and abs(float(logits.float().mean())) > 2.0:
+        mean = float(logits.float().mean())
+        cause = (
+            f"the binary head's logit starts far from 0 (mean {mean:.3g} over {tuple(logits.shape)}): the model "
+            f"predicts p = {1 / (1 + math.exp(-mean)):.3g} for every example before any step, confidently wrong on "
+            "the examples of the other class: the output layer's bias (or its scale) is too large"
+        )
+        fix = (
+            "initialise the output layer's bias at 0 (or at log(p / (1 - p)) for the positive class's share p "
+            "of the data) and its weights small"
+        )
     elif std is not None and std > 2.0:
         cause = (
             f"the logits are far too large at initialisation (std {std:.3g}; near-uniform predictions need std "
@@ -245,3 +273,19 @@ def check_initial_loss(dlcheck):
             "layer, and that the targets are the ones the outputs predict"
         )
     dlcheck.fail(evidence, cause, fix)
+
+
+def _zero_one(targets) -> bool:
+    """Every target is 0 or 1 (a binary label, integer or float)."""
+    if not isinstance(targets, torch.Tensor) or targets.numel() == 0 or targets.is_complex():
+        return False
+    return bool(((targets == 0) | (targets == 1)).all())
+
+
+def _one_logit(shape, targets) -> bool:
+    """The model's output is one value per target: (batch,) or (..., 1) with as many values as targets."""
+    if shape is None or len(shape) == 0 or not isinstance(targets, torch.Tensor):
+        return False
+    if len(shape) >= 2 and shape[-1] != 1:
+        return False
+    return math.prod(shape) == targets.numel() and shape[0] == targets.shape[0]

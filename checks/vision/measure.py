@@ -951,7 +951,15 @@ def labels_not_trained(ctx: Any) -> str | None:
 
 def num_classes(ctx: Any, sample: VisionSample | None = None) -> tuple[int | None, str]:
     """(number of classes, where it was read): dlcheck_num_classes, the model head, or one forward
-    pass of the model on one sampled image (its output channels)."""
+    pass of the model on one sampled image (its output channels). One output is a binary head (one logit,
+    BCEWithLogitsLoss): classes 0 and 1."""
+    n, where = _num_classes(ctx, sample)
+    if n == 1 and where != "dlcheck_num_classes":
+        return 2, f"{where}: one logit, a binary head (classes 0 and 1)"
+    return n, where
+
+
+def _num_classes(ctx: Any, sample: VisionSample | None = None) -> tuple[int | None, str]:
     given = ctx.role("num_classes")
     if given is not MISSING and given is not None:
         return int(given), "dlcheck_num_classes"

@@ -239,3 +239,35 @@ FLAT = """
 
 def flat_project(cls: str = "FlatAutoEncoder", module: str = "", data: str = "") -> str:
     return FLAT.format(cls=cls, module=module, data=data)
+
+
+class BinaryClassifier(pl.LightningModule):
+    """Lightning's fine-tuning example in small: one logit per image, ``F.binary_cross_entropy_with_logits``
+    on ``y.view(-1, 1)`` of the int 0/1 labels, the head called as ``self.forward(x)`` (no forward hook runs).
+    ``bias``: the output layer's bias at start (a large one is confidently wrong on the other class)."""
+
+    def __init__(self, bias: float = 0.0):
+        super().__init__()
+        self.fc = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        with torch.no_grad():
+            self.fc[-1].bias.fill_(bias)
+
+    def forward(self, x):
+        return self.fc(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.binary_cross_entropy_with_logits(self.forward(x), y.view(-1, 1).type_as(x))
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+class TwoBlobs(Blobs):
+    """The blobs task with two classes (int labels 0/1)."""
+
+    def setup(self, stage=None):
+        self.train_set = tt.blobs(64, classes=2, seed=0, scale=0.3)
+        self.val_set = tt.blobs(32, classes=2, seed=1, scale=0.3)
