@@ -70,7 +70,12 @@ def check_resume_rng(dlcheck):
         restores them (pass) from a run whose resumed steps draw no random numbers (not applicable) is, for a
         plain loop (dlcheck feeds the batches: only your step draws), whether the global RNGs' states move over
         the resumed steps; for a Trainer or a Lightning fit (whose own dataloaders draw too), a third resume
-        with other RNG states set after the load.
+        with other RNG states set after the load. A plain loop's data path (dlcheck draws its batches
+        beforehand, so the resumed runs never show it) is asked on its own: the first batches of your training
+        loader drawn with each global generator (torch, python, numpy) set elsewhere tell which ones it draws
+        from (a RandomSampler without generator=, random transforms, a Mixup in the collate, the workers'
+        seeds), and the global states right after your load, compared with those at the save, tell whether
+        your load puts them back.
     Why it is bad
         After such a resume, dropout masks, the shuffling drawn from the global generator and random
         augmentations differ from the uninterrupted run: the run is not the one that was saved, and a resumed
@@ -79,6 +84,7 @@ def check_resume_rng(dlcheck):
     Example
         pl.Trainer(...).fit(module, ckpt_path=...)   # a module with dropout: Lightning's .ckpt holds no RNG state
         torch.save({"model": ..., "optimizer": ..., "lr_scheduler": ...}, path)   # no torch.get_rng_state()
+        DataLoader(train_set, shuffle=True)   # its RandomSampler draws from torch's global RNG every epoch
         TrainingArguments(..., save_only_model=True)   # no rng_state.pth
     Use instead
         save the RNG states with the checkpoint and set them back on load: the Trainer's rng_state.pth,
@@ -92,6 +98,8 @@ def check_resume_rng(dlcheck):
         A generator of your own (a DataLoader's generator=, a sampler's seed) is not a global RNG: a data order
         it replays after a resume is C1's finding. Compares bitwise: on GPU, nondeterministic kernels can make
         two resumes differ; the check then skips.
+        A plain loop's data path is drawn once per generator set elsewhere, from a new iteration of the
+        loader: a draw that depends on the global RNGs only from a later epoch on is not seen.
     Not applicable
         Runs whose resumed steps draw no random numbers that change them (no dropout, no shuffling or
         augmentation from the global generators): with any RNG state after the load, they are the same.
@@ -127,6 +135,27 @@ def _rng_verdict(dlcheck: Any, setup: Any) -> None:
         else:  # a plain loop: dlcheck feeds the batches, only the user's step draws
             moved = drawn or None
             shown = f"the resumed steps draw from the global RNGs: their states advance over {steps}"
+            # dlcheck drew the batches beforehand: whether the user's data path draws from the global RNGs too
+            # (fails here when it draws from one the load does not put back)
+            data = _data_path(dlcheck, setup, own, head, steps)
+            if data is UNKNOWN and not drawn:
+                dlcheck.skip(
+                    "the resumed steps draw no random numbers, and whether your data path draws from the global "
+                    "RNGs cannot be told: your training loader does not yield the same batches twice from the "
+                    "same global RNG states (a generator of its own that its iteration advances)"
+                )
+            if data is UNKNOWN:
+                dlcheck.not_judged(
+                    "your data path's draws",
+                    "your training loader does not yield the same batches twice from the same global RNG states",
+                )
+            elif data and not drawn:
+                dlcheck.measured(
+                    f"{head} (the global RNGs elsewhere first, as in a new process): {data[0]}", data[1], steps=total
+                )
+                return
+            elif data:
+                shown = f"{shown}; {data[0]}: {data[1]}"
         if moved is None:
             dlcheck.not_applicable(
                 f"the resumed steps draw no random numbers that change them: resumed with the RNG states put back "
@@ -176,6 +205,67 @@ def _rng_verdict(dlcheck: Any, setup: Any) -> None:
         "and the shuffling or augmentations drawn from them differ after the resume",
         fix=_fix(setup),
     )
+
+
+#: what a global generator's draws in a data path are, in words
+_DRAWS = {
+    "torch": "a RandomSampler / shuffle=True without generator=, torch random transforms, the workers' seeds",
+    "python": "random transforms drawn with python's random",
+    "numpy": "numpy draws: a Mixup/CutMix in the collate, numpy augmentations",
+}
+
+
+#: :func:`_data_path`'s answer when what the data path draws from cannot be told
+UNKNOWN = ("", "")
+
+
+def _data_path(dlcheck: Any, setup: Any, own: ResumeRun, head: str, steps: str) -> tuple[str, str] | None:
+    """Whether the user's data path draws from the global RNGs (its first batches drawn with each global
+    generator set elsewhere: dlcheck feeds the resumed steps batches drawn beforehand, so the resumed runs
+    never show it) and whether the user's load puts those generators back where they were at the save.
+    Fails when the data path draws from one the load does not put back; returns what was measured (the
+    load's part, the data path's part) when it puts back every one it draws from, None when the data path
+    draws from none, :data:`UNKNOWN` when that cannot be told."""
+    data = run_or_skip(dlcheck, setup.data_rng)
+    if data is None:
+        return UNKNOWN
+    where, moved = data
+    if not moved:
+        return None
+    restored = own.resumed.notes.get("rng_restored") or {}
+    lost = [name for name in moved if not restored.get(name)]
+    draws = "; ".join(f"{name}: {_DRAWS[name]}" for name in moved)
+    seen = (
+        f"your data path draws from the global RNGs: with {_each(moved)} set elsewhere, "
+        f"{where} yields other batches ({draws}); dlcheck feeds the resumed steps ({steps}) batches it drew "
+        "beforehand, so only this tells"
+    )
+    if lost:
+        dlcheck.fail(
+            [
+                f"{head} (the global RNGs elsewhere first, as in a new process): right after your load, the "
+                f"global {' / '.join(lost)} RNG state{'s are not those' if len(lost) > 1 else ' is not the one'} at "
+                "the save",
+                seen,
+                "so after a resume your loop's shuffling or augmentations draw other random numbers than the "
+                "uninterrupted run's, from the first batch the resumed loop draws",
+            ],
+            cause="the checkpoint does not restore the random number generators (python, numpy, torch) that your "
+            "data path draws from: the shuffling or augmentations after the resume differ from the uninterrupted run",
+            fix=_fix(setup),
+        )
+    return (
+        f"right after your load, the global {' / '.join(moved)} RNG state{'s are those' if len(moved) > 1 else ' is the one'} "
+        "at the save",
+        seen,
+    )
+
+
+def _each(names: list[str]) -> str:
+    """``only the global torch RNG``, or ``the global torch, python or numpy RNG (each alone)``."""
+    if len(names) == 1:
+        return f"only the global {names[0]} RNG"
+    return f"the global {', '.join(names[:-1])} or {names[-1]} RNG (each alone)"
 
 
 def _words(text: str, first: str = "as your resume leaves them", second: str = "put back") -> str:

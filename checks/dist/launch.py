@@ -477,6 +477,8 @@ class Rank:
         from .schedule import rank_end, rank_start
 
         rec["schedule"] = rank_start(state, loader)  # D8: the scheduler's plan on this rank, before it trains
+        if hasattr(self.setup, "train_mode"):
+            self.setup.train_mode(state)  # as the user's epoch loop sets it before its steps
         it = iter(loader)
         self.train(state, inner, it, rec)
         del it

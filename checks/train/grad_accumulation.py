@@ -76,6 +76,7 @@ def _watch_window(setup: Any, n: int) -> Window:
     if not isinstance(model, torch.nn.Module):
         raise SetupError(f"dlcheck_make_training's 'model' is a {type(model).__name__}, not a torch.nn.Module")
     win.dropouts = _quiet_dropout(model)
+    setup.train_mode(state)  # as the user's epoch loop sets it before its steps
     inner = unwrap_prepared(opt)
     names = param_names(model)
     params = [(names[id(p)], p) for g in inner.param_groups for p in g["params"] if id(p) in names and p.requires_grad]

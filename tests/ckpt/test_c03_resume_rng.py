@@ -211,3 +211,141 @@ def test_a_lightning_module_that_saves_its_rng_passes_c3(project, tmp_path):
     run.assert_outcome("C1", "passed")
     run.assert_outcome("C3", "passed")
     assert "your resume draws the uninterrupted run's random numbers" in _results(out)["C3"]["evidence"][0]
+
+
+#: a plain loop's own step (no model.train() in it: the loop's epoch sets the mode) on a factory whose model
+#: comes in eval mode, as a transformers ``from_pretrained`` model does
+EVAL_MODE_FACTORY_STEP = """
+    @pytest.fixture(scope="session")
+    def dlcheck_train_step():
+        loss_fn = nn.CrossEntropyLoss()
+
+        def step(state, batch):
+            x, y = batch
+            loss = loss_fn(state["model"](x), y)
+            loss.backward()
+            state["optimizer"].step()
+            state["lr_scheduler"].step()
+            state["optimizer"].zero_grad()
+            return loss
+        return step
+"""
+
+
+def test_a_step_on_a_model_the_factory_leaves_in_eval_mode_runs_in_train_mode(project, tmp_path):
+    """The factory returns its dropout model in eval mode and the user's step calls no model.train() (their
+    epoch loop does, outside the step): dlcheck's runs put it in train mode as the epoch does, so dropout draws
+    and a checkpoint without the RNG state fails C3 (it was 'not applicable: draws no random numbers' while
+    the runs stepped an eval-mode model); its twin that saves the RNG state passes."""
+    for rng, outcome in ((False, "failed"), (True, "passed")):
+        extra = DROPOUT_LOOP.format(rng=rng, optimizer=', "optimizer"') + EVAL_MODE_FACTORY_STEP
+        project.conftest(tt.loop_project(model="tt.MLP(dropout=0.3).eval()", extra=extra))
+        out = tmp_path / f"r{rng}.json"
+        run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
+        run.assert_outcome("C1", "passed")
+        run.assert_outcome("C3", outcome)
+        c3 = _results(out)["C3"]
+        if rng:
+            assert "the resumed steps draw from the global RNGs: their states advance" in " ".join(c3["evidence"]), c3
+        else:
+            assert "only the random draws differ" in tt.section(run, "C3")
+
+
+#: a plain loop whose data path draws from the global RNGs: ``shuffle=True`` without ``generator=`` (the
+#: RandomSampler draws its permutation's seed from torch's global RNG) or a random transform drawing with
+#: python's ``random``; the model has no dropout, so the steps draw nothing
+DRAWING_DATA = """
+    import random
+    from torch.utils.data import DataLoader, Dataset
+
+    class Jitter(Dataset):
+        '''Blobs with a random flip of the features drawn with python's random (an augmentation).'''
+
+        def __init__(self):
+            self.base = tt.blobs()
+
+        def __len__(self):
+            return len(self.base)
+
+        def __getitem__(self, i):
+            x, y = self.base[i]
+            return (x.flip(0) if random.random() < 0.5 else x), y
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return {loader}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        def save(state, path):
+            ckpt = {{k: state[k].state_dict() for k in ("model", "optimizer", "lr_scheduler")}}
+            if {torch_rng}:
+                ckpt["torch_rng"] = torch.random.get_rng_state()
+            if {python_rng}:
+                ckpt["python_rng"] = random.getstate()
+            torch.save(ckpt, path)
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        def load(state, path):
+            ckpt = torch.load(path, weights_only=False)
+            for k in ("model", "optimizer", "lr_scheduler"):
+                state[k].load_state_dict(ckpt[k])
+            if {torch_rng}:
+                torch.random.set_rng_state(ckpt["torch_rng"])
+            if {python_rng}:
+                random.setstate(ckpt["python_rng"])
+        return load
+"""
+
+SHUFFLED = "DataLoader(tt.blobs(), batch_size=8, shuffle=True)"
+
+
+def _drawing(loader: str, torch_rng: bool, python_rng: bool) -> str:
+    # the fixture defined last wins: the drawing loader replaces the LOOP template's dlcheck_dataloader
+    return tt.loop_project(extra=DRAWING_DATA.format(loader=loader, torch_rng=torch_rng, python_rng=python_rng))
+
+
+def test_a_shuffle_from_the_global_rng_with_a_checkpoint_without_it_fails_c3(project, tmp_path):
+    """pytorch/examples' imagenet: shuffle=True without generator=, a checkpoint without RNG state. The steps
+    draw nothing (no dropout) and dlcheck feeds them batches drawn beforehand, so only the data path tells."""
+    project.conftest(_drawing(SHUFFLED, torch_rng=False, python_rng=False))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "passed")
+    run.assert_outcome("C3", "failed")
+    c3 = _results(out)["C3"]
+    text = " ".join(c3["evidence"])
+    assert "right after your load, the global torch RNG state is not the one at the save" in text, c3
+    assert "with only the global torch RNG set elsewhere, dlcheck_dataloader yields other batches" in text, c3
+    assert "python" not in text.split("set elsewhere")[1].split("yields")[0], c3  # the unshuffled draws: torch only
+    assert "data path draws from" in c3["cause"] and "torch.get_rng_state()" in c3["fix"], c3
+
+
+def test_a_shuffle_from_the_global_rng_restored_by_the_load_passes_c3(project, tmp_path):
+    project.conftest(_drawing(SHUFFLED, torch_rng=True, python_rng=False))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
+    run.assert_outcome("C3", "passed")
+    c3 = _results(out)["C3"]
+    assert "right after your load, the global torch RNG state is the one at the save" in c3["evidence"][0], c3
+    assert "dlcheck_dataloader yields other batches" in c3["evidence"][1], c3
+
+
+def test_a_python_random_transform_with_only_torchs_rng_saved_fails_naming_python(project, tmp_path):
+    """The loader does not shuffle; its dataset's augmentation draws with python's random; the checkpoint
+    restores torch's RNG only: python's is the one lost. Saving python's too passes."""
+    project.conftest(_drawing("DataLoader(Jitter(), batch_size=8)", torch_rng=True, python_rng=False))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
+    run.assert_outcome("C3", "failed")
+    text = " ".join(_results(out)["C3"]["evidence"])
+    assert "right after your load, the global python RNG state is not the one at the save" in text, text
+    assert "with only the global python RNG set elsewhere" in text, text
+
+    project.conftest(_drawing("DataLoader(Jitter(), batch_size=8)", torch_rng=True, python_rng=True))
+    out = tmp_path / "r2.json"
+    run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
+    run.assert_outcome("C3", "passed")
+    assert "the global python RNG state is the one at the save" in _results(out)["C3"]["evidence"][0]
