@@ -127,3 +127,11 @@ def dlcheck_load_checkpoint():
         state["global_step"] = int(chosen.split("-")[1])
 
     return load
+
+
+@pytest.fixture(scope="session")
+def dlcheck_resume_dataloader():
+    """What the script's epoch loop trains on after the resume: first_epoch = global_step //
+    num_update_steps_per_epoch (train_dreambooth.py:1220), then ``for step, batch in enumerate(train_dataloader)``
+    (1232-1236) on the prepared loader as it is, with no skip of the batches already trained."""
+    return lambda state, dataloader, resumed_step: dataloader
