@@ -29,9 +29,15 @@ KNOWN_OVER: dict[tuple[str, str], str] = {
     "frozen encoder's result does not reach it",
     ("diffusers_t2i", "diffusion"): "DF5: ~300 calls of dlcheck_condition (its text encoder on distinct captions), "
     "the calls a verdict on a path that never drops needs at the 1e-6 false-alarm bound",
+    ("trl_dpo", "llm"): "L1 (one forward per distinct length of the 14 padded chosen/rejected rows alone: 7) and "
+    "L9 (the policy and the reference before and after one SGD step: 5), beside the shared batch forward (2) and L6 (2)",
+    ("trl_sft_chatml_packed", "llm"): "L4 (18 forward passes: each packed document of the sampled rows run alone to "
+    "compare with its loss inside the packed row), beside L6 (2) and L7 (1)",
+    ("trl_kto", "llm"): "L9 (the policy and the reference before and after one SGD step: 5), beside L1 (3), the "
+    "shared batch forward (2) and L6 (2)",
 }
 
 #: the corpus projects with the cheapest and the costliest training step (the smoke run's user seconds per
-#: optimizer step, measured on this machine: makemore_mlp ~13 ms, trl_sft_chatml ~0.3-1.3 s): the wall-time
-#: budgets are judged on them
-CHEAPEST, COSTLIEST = "makemore_mlp", "trl_sft_chatml"
+#: optimizer step, measured on this machine in one corpus run: makemore_mlp 13 ms, trl_sft_chatml_packed 3.4 s,
+#: next run_summarization 2.0 s and tv_classification 1.8 s): the wall-time budgets are judged on them
+CHEAPEST, COSTLIEST = "makemore_mlp", "trl_sft_chatml_packed"
