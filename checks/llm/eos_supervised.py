@@ -3,7 +3,7 @@ from __future__ import annotations
 from ...errors import MISSING
 from ...registry import Setting, check
 from ..shared import lm
-from .common import labelled_rows, pipeline_kind, token_sample
+from .common import labelled_rows, pipeline_kind, raw_view, token_sample
 
 
 def _raw_texts(dlcheck) -> list[str]:
@@ -132,7 +132,11 @@ def check_eos_supervised(dlcheck):
         that its label is not -100 (labels aligned with input_ids, or pre-shifted by one). Stop tokens
         are the tokenizer's EOS plus the model's ``generation_config.eos_token_id`` (chat models stop
         on an end-of-turn token such as ``<|im_end|>``). Documents that fill the whole row without a
-        stop token are counted as truncated and left to L13.
+        stop token are counted as truncated and left to L13. When pad_token == eos_token, the padding after a document is
+        not its EOS: a row that carries no EOS of its own (a row of the sample ends with its content, no stop
+        token, no padding; or the data are conversations, to which TRL's SFTTrainer appends no EOS) is told
+        from an EOS that the attention mask shuts out, and a chat template's end-of-turn token (``<|im_end|>``
+        before its newline) is named with the fix (``SFTConfig(eos_token=...)`` under TRL).
     Why it is bad
         A model that never sees EOS as a target never learns to stop: generation runs to max_new_tokens
         and rambles. The classic cause: ``tokenizer.pad_token = tokenizer.eos_token`` with
@@ -187,8 +191,11 @@ def check_eos_supervised(dlcheck):
     pad_is_eos = pad is not None and pad == eos
     shut_out = stops if pad_is_eos or pad is None else stops - {pad}
     masked, no_eos, outside_mask, truncated, judged = [], [], [], 0, 0
+    filled = 0  # documents whose real tokens reach the row's end with no stop token: no EOS was appended
     for row, real, end, packed in docs:
         last = _end_of_document(tok, row, real, stops)
+        if row.input_ids[last] not in stops and not packed and last == len(row.input_ids) - 1:
+            filled += 1
         if row.input_ids[last] not in stops:
             # the EOS right after the content, shut out by the attention mask, is L14's bug
             if last + 1 < end and row.input_ids[last + 1] in shut_out and (last + 1) not in row.content:
@@ -205,6 +212,13 @@ def check_eos_supervised(dlcheck):
         if row.labels[last] == lm.IGNORE and not shifted_ok:
             masked.append((row, last))
 
+    conversational = _conversational(dlcheck, sample)
+    if pad_is_eos and outside_mask and (filled or conversational):
+        # pad == eos: the token after the content is padding, not an EOS the mask shuts out, when the rows carry
+        # no EOS at all: a row of the sample ends with its content and no stop token (no padding after it), or
+        # the data are conversations (TRL appends the EOS to non-conversational data only)
+        no_eos += [(row, pos - 1) for row, pos in outside_mask]
+        outside_mask = []
     if judged == 0:
         if _separators_in_stream(dlcheck, tok, rows, stops, pad):
             return
@@ -252,17 +266,54 @@ def check_eos_supervised(dlcheck):
     else:
         stop_text = ", ".join(f"{lm.token_text(tok, s)} (id {s})" for s in sorted(stops))
         evidence = [
-            f"{len(no_eos)} of {judged} sampled documents end without a stop token [{stop_text}]; "
-            f"{truncated} more fill the row (truncated?)"
+            f"{len(no_eos)} of {judged} sampled documents end without a stop token [{stop_text}]: the last real "
+            f"token (by attention_mask) is {ending}, not the EOS; {truncated} more fill the row (truncated?)"
         ] + example
+        if pad_is_eos and pos + 1 < len(row.input_ids) and row.input_ids[pos + 1] == pad:
+            evidence.append(
+                f"what follows is padding ({lm.token_text(tok, pad)}, attention_mask 0): pad_token == eos_token, "
+                "but the row carries no EOS of its own"
+                + (
+                    f" ({filled} sampled rows end with their content and no stop token, with no padding after it)"
+                    if filled
+                    else ""
+                )
+            )
+        turn_end = _turn_end(tok, row, pos, stops)
+        trl = _trl_sft(dlcheck.role("trainer"))
         if row.input_ids[pos] in lm.special_ids(tok):
             cause = (
                 f"the documents end with the special token {ending}, but generation stops only on [{stop_text}]: "
                 "the model learns to end its turn with a token that never stops generation"
             )
             fix = (
-                f"add {ending} to model.generation_config.eos_token_id (a list may hold several ids), or make it the "
+                (
+                    f"SFTConfig(eos_token={ending!r}) (TRL makes it the EOS of the tokenizer and the model), or "
+                    if trl and conversational
+                    else ""
+                )
+                + f"add {ending} to model.generation_config.eos_token_id (a list may hold several ids), or make it the "
                 "tokenizer's eos_token, as chat models do"
+            )
+        elif conversational and turn_end is not None:
+            turn = lm.token_text(tok, turn_end)
+            cause = (
+                f"the data are conversations and the chat template ends each turn with {turn}, but the tokenizer's "
+                f"EOS (what generation stops on: [{stop_text}]) never ends a row"
+                + (" (pad_token == eos_token: it is there as padding only)" if pad_is_eos else "")
+                + (
+                    f": {trl} appends the EOS to non-conversational data only; a conversation ends where the "
+                    "template ends it"
+                    if trl
+                    else ""
+                )
+                + f", so the model learns to end its turn with {turn}, a token that never stops generation"
+            )
+            fix = (
+                (f"SFTConfig(eos_token={turn!r}) (TRL makes it the EOS of the tokenizer and the model)" if trl else "")
+                + (", or " if trl else "")
+                + f"make {turn} the tokenizer's eos_token and add it to model.generation_config.eos_token_id, or use a "
+                "chat template whose turns end with the model's EOS"
             )
         else:
             cause = "the tokenizer appends no EOS (add_eos_token is off, as for Llama/Mistral) and the data pipeline does not add one"
@@ -294,3 +345,57 @@ def _blank(tok, token_id: int) -> bool:
         return not lm.text_tokenizer(tok).decode([int(token_id)]).strip()
     except Exception:  # noqa: BLE001 - a tokenizer that cannot decode one id: not known to be blank
         return False
+
+
+def _turn_end(tok, row, pos: int, stops: set[int]) -> int | None:
+    """The special token that ends the document before the template's trailing blanks (ChatML's <|im_end|>
+    then a newline), when it is no stop token; else None."""
+    specials = set(lm.special_ids(tok))
+    try:  # tokens added as special (tok.add_tokens([...], special_tokens=True)) are not in all_special_ids
+        added = lm.text_tokenizer(tok).added_tokens_decoder
+        specials |= {int(i) for i, t in added.items() if getattr(t, "special", False)}
+    except Exception:  # noqa: BLE001 - a tokenizer without added tokens
+        pass
+    for back in range(MAX_TRAILING_BLANKS + 1):
+        p = pos - back
+        if p < 0:
+            return None
+        token = row.input_ids[p]
+        if token in specials:
+            return None if token in stops else token
+        if not _blank(tok, token):
+            return None
+    return None
+
+
+def _conversational(dlcheck, sample) -> bool:
+    """The raw examples behind the sample are conversations (a ``messages`` column, or a conversational prompt
+    and completion: lists of {role, content} turns)."""
+
+    def turns(value) -> bool:
+        return (
+            isinstance(value, (list, tuple))
+            and bool(value)
+            and all(hasattr(t, "get") and "role" in t and "content" in t for t in value)
+        )
+
+    try:
+        view = raw_view(dlcheck, sample)
+    except Exception:  # noqa: BLE001 - raw rows that cannot be read: not known to be conversations
+        return False
+    if view is None:
+        return False
+    return any(
+        hasattr(r, "get") and (turns(r.get("messages")) or turns(r.get("prompt")) or turns(r.get("completion")))
+        for r in view.rows
+    )
+
+
+def _trl_sft(trainer) -> str | None:
+    """The class name of a TRL SFTTrainer (or a subclass), else None."""
+    if trainer is MISSING or trainer is None:
+        return None
+    for cls in type(trainer).__mro__:
+        if cls.__module__.startswith("trl.") and cls.__name__ == "SFTTrainer":
+            return type(trainer).__name__
+    return None

@@ -36,3 +36,44 @@ def test_end_of_turn_outside_the_supervised_span_fails(project):
     run = project.run("--dlcheck=L11")
     run.assert_outcome("L11", "failed")
     assert "<|end|>" in run.section("L11")
+
+
+# Qwen2.5-base's layout under TRL's SFT on conversations: pad == eos (<|endoftext|>), the only stop token; the
+# template ends each turn with <|end|> and a newline. TRL appends the EOS to non-conversational data only, so the
+# rows end "<|end|>\n" and then padding: the row carries no EOS at all (not an EOS shut out by the attention mask)
+PAD_IS_EOS = """
+    import pytest, tiny
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer(pad=tiny.EOS, chat_template={template!r})
+        rows = [[{{"role": "user", "content": p}}, {{"role": "assistant", "content": c.strip()}}]
+                for p, c in zip(tiny.PROMPTS, tiny.COMPLETIONS)]
+        model = tiny.llama(tok)
+        model.generation_config.eos_token_id = tok.eos_token_id
+        args = tiny.trainer_args(tmp_path_factory.mktemp("o"), SFTConfig{eos})
+        return SFTTrainer(model=model, args=args, processing_class=tok, train_dataset=Dataset.from_dict({{"messages": rows}}))
+"""
+
+
+def test_conversations_without_the_eos_under_pad_equal_eos_name_the_missing_eos(project):
+    template = NEWLINE_TEMPLATE.format(end_inside="<|end|>", end_outside="")
+    project.conftest(PAD_IS_EOS.format(template=template, eos=""))
+    run = project.run("--dlcheck=L11")
+    run.assert_outcome("L11", "failed")
+    text = " ".join(line.strip() for line in run.section("L11").splitlines())
+    assert "end without a stop token [<|endoftext|> (id 0)]: the last real token (by attention_mask) is" in text
+    assert "the chat template ends each turn with <|end|>" in text
+    assert "SFTTrainer appends the EOS to non-conversational data only" in text
+    assert "SFTConfig(eos_token='<|end|>')" in text
+    assert "attention mask was built" not in text and "its own pad token" not in text
+
+
+def test_conversations_with_the_end_of_turn_as_eos_pass(project):
+    template = NEWLINE_TEMPLATE.format(end_inside="<|end|>", end_outside="")
+    project.conftest(PAD_IS_EOS.format(template=template, eos=', eos_token="<|end|>"'))
+    run = project.run("--dlcheck=L11", "-rA")
+    run.assert_outcome("L11", "passed")
+    run.fnmatch(["* sampled documents end with a supervised stop token (*<|end|>*"])
