@@ -1,8 +1,10 @@
 """C1 and C10: the data position across a mid-epoch save and resume (issue 31 item 2, issue 29 item 4).
 
 After the resume the data comes from the user's own data path — the loader the training dict holds, as the
-user's load leaves it — and the examples of the resumed epoch are counted by content against the uninterrupted
-epoch's: trained twice, never seen. Each buggy pipeline has a correct twin that passes."""
+user's load leaves it, or what dlcheck_resume_dataloader says the epoch loop trains on after the resume — and the
+examples of the resumed epoch are counted by content against the uninterrupted epoch's: trained twice, never seen.
+Each buggy pipeline has a correct twin that passes; a data path that is not the user's own or not visible (dlcheck's
+default load_state, a load that leaves the loader untouched, no role) is said not judged, never failed."""
 
 import re
 import sys
