@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from ...registry import Setting, check
+from ...errors import MISSING
+from ...registry import Setting, check, not_concerned
 from ...roles import is_hf_trainer
 from ...sampling import get_sample, sample_rows
 from ..shared import lm
@@ -228,8 +229,8 @@ def present(column_words: set[str], unit_words: set[str]) -> float:
     "L8",
     domain="llm",
     title="dataset schema does not fit the trainer; chat template never applied",
-    roles=("tokenizer", "raw_dataset"),
-    optional_roles=("trainer", "training_args", "collator", "dataset", "dataloader"),
+    roles=("tokenizer",),
+    optional_roles=("raw_dataset", "trainer", "training_args", "collator", "dataset", "dataloader"),
     settings=(
         Setting(
             "min_examples",
@@ -296,11 +297,24 @@ def check_schema(dlcheck):
         tokenization (dlcheck_raw_dataset) would let the check run. Masked LMs, sequence and token
         classifiers with no schema L8 could judge (no generative training reads their columns).
     """
-    tok, raw = dlcheck.require("tokenizer", "raw_dataset")
+    (tok,) = dlcheck.require("tokenizer")
     trainer = dlcheck.optional("trainer")
     trainer = trainer if trainer is not None and is_hf_trainer(trainer) else None
     args = dlcheck.optional("training_args")
     kind, told_by = trainer_kind(trainer, args)
+    if kind is None and dlcheck.role("raw_dataset") is MISSING:
+        # no raw examples to read: a pipeline that trains no generative model (a sequence classifier) is not
+        # concerned, as for L2/L6/L11; a generative one misses the role (a pipeline of another domain: the llm
+        # domain's own rule says so first)
+        reason = not_concerned("llm", dlcheck)
+        if reason:
+            dlcheck.not_applicable(reason)
+        pipeline = pipeline_kind(dlcheck)
+        if not pipeline.generates:
+            pipeline.not_for(
+                dlcheck, "the data schemas of generative training (text, prompt/completion, conversations)"
+            )
+    (raw,) = dlcheck.require("raw_dataset")
     template = getattr(trainer, "chat_template", None) if trainer is not None else None
     template = template or getattr(tok, "chat_template", None)
 
