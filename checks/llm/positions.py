@@ -13,8 +13,12 @@ from typing import Any
 import pytest
 
 from ...errors import MISSING
+from ...guard import preserved_dataloader, preserved_rng
 from ...registry import Setting, check
+from ...sampling import get_sample
+from ...session import user_call
 from ..shared import lm
+from ..shared.training_users import rl_agent_only
 from .common import token_sample
 from .padding_side import online_trainer
 
@@ -203,6 +207,49 @@ def _declared_lengths(dlcheck: Any) -> list[tuple[str, int]]:
     return out
 
 
+def _no_language_model(dlcheck: Any, model: Any) -> str | None:
+    """Why a model without a config is no language model, from the objects: no tokenizer, no Trainer, and an RL
+    agent's training or batches whose inputs are no token ids (images, features, observations: floats); None
+    when it may be one (a hand-written LM without a config: its batches hold integer token ids)."""
+    if dlcheck.role("tokenizer") is not MISSING or dlcheck.role("trainer") is not MISSING:
+        return None
+    name = type(model).__name__
+    agent = rl_agent_only(dlcheck, "llm")
+    if agent:
+        return f"{name} has no config, and {agent}"
+    loader = dlcheck.role("dataloader")
+    if loader is MISSING:
+        return None
+    try:
+        batch = get_sample(dlcheck).batches[0]
+    except (pytest.skip.Exception, IndexError):
+        # the llm sample takes token mappings only: the loader's own first batch tells what its inputs are
+
+        def first() -> Any:
+            with preserved_rng(), preserved_dataloader(loader):
+                it = user_call("dataloader", lambda: iter(loader))
+                return user_call("dataloader", lambda it=it: next(it, None))
+
+        try:
+            batch = dlcheck.memo(loader, "llm:L5:first-batch", first)
+        except Exception:  # noqa: BLE001 - a loader that cannot be drawn here: not known to be no LM
+            return None
+    if isinstance(batch, Mapping):
+        if "input_ids" in batch:
+            return None
+        inputs = next((v for v in batch.values() if hasattr(v, "is_floating_point")), None)
+    elif isinstance(batch, (list, tuple)) and batch:
+        inputs = batch[0]
+    else:
+        inputs = batch
+    if not hasattr(inputs, "is_floating_point") or not inputs.is_floating_point():
+        return None
+    return (
+        f"{name} has no config and its training batches' inputs are floats ({inputs.dtype} "
+        f"{tuple(inputs.shape)}), not token ids: it is no language model (L5 concerns a language model's positions)"
+    )
+
+
 def _measure(dlcheck: Any) -> tuple[int, lm.Row, str, str] | str:
     """(longest position used + 1, its row, how it was counted, sample source), or why not measured."""
     trainer_kind = online_trainer(dlcheck.role("trainer"))
@@ -315,11 +362,17 @@ def check_positions(dlcheck):
         dlcheck_inference_config is given: there is no limit to exceed and no rope to compare. A config
         without rope settings binds only when the model holds a learned position table of that size or a
         rotary embedding: T5's legacy n_positions (relative-attention buckets, no table) binds nothing.
+        A model without a config that is no language model: no tokenizer, no Trainer, and an RL agent's
+        training or batches whose inputs are floats (images, features); a model without a config whose
+        batches hold integer token ids skips instead.
     """
     model = dlcheck.require("model")[0]
     tok = dlcheck.role("tokenizer")
     train_cfg = _as_dict(getattr(model, "config", None))
     if train_cfg is None:
+        other = _no_language_model(dlcheck, model)
+        if other:
+            dlcheck.not_applicable(other)
         dlcheck.skip(f"{type(model).__name__} has no config to read positions from")
     limit = position_limit(train_cfg)
     no_table = None
