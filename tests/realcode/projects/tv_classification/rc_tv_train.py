@@ -56,7 +56,7 @@ def default_args(**overrides) -> argparse.Namespace:
         epochs=10,
         workers=0,
         opt="sgd",
-        lr=0.1,
+        lr=0.1 * 32 / 256,  # the reference's 0.1 is for 8 GPUs x 32 images: scaled linearly to one process
         momentum=0.9,
         weight_decay=1e-4,
         norm_weight_decay=None,
