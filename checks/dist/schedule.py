@@ -9,7 +9,6 @@ pytest process (one process), probes their plan the same way and compares where 
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import warnings
 from collections.abc import Mapping
@@ -17,7 +16,7 @@ from typing import Any
 
 from ...registry import check
 from ...training import SetupError
-from ...training.runs import unwrap_prepared
+from ...training.runs import scheduler_copy, unwrap_prepared
 from . import measure
 from .replicas import OPTIONAL, ROLES
 
@@ -44,23 +43,12 @@ def lr_plan(scheduler: Any, limit: int = HORIZON) -> dict[str, Any] | None:
     optimizer LRs move) until ``limit`` steps, its step raising (OneCycleLR past ``total_steps``: the plan ends
     there), or ``AFTER_ZERO`` times the step at which it first reached 0 after its peak. None when the scheduler
     cannot be probed (no torch LR scheduler, ReduceLROnPlateau, a copy that cannot be made)."""
-    import torch
-
     sched = unwrap_prepared(scheduler)
     opt = getattr(sched, "optimizer", None)
     if sched is None or opt is None or not hasattr(sched, "last_epoch") or type(sched).__name__ == "ReduceLROnPlateau":
         return None
-    memo: dict[int, Any] = {}
-    for g in getattr(opt, "param_groups", None) or []:
-        for p in g.get("params", []):
-            memo[id(p)] = p
-    for st in getattr(opt, "state", {}).values():
-        for t in st.values() if isinstance(st, Mapping) else ():
-            if isinstance(t, torch.Tensor):
-                memo[id(t)] = t
-    try:
-        probe = copy.deepcopy(sched, memo)
-    except Exception:  # noqa: BLE001 - a scheduler that cannot be copied is not probed
+    probe = scheduler_copy(sched)
+    if probe is None:
         return None
     first = _lr(probe.optimizer)
     if first is None or not math.isfinite(first):

@@ -623,6 +623,24 @@ def _real_lr(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def scheduler_copy(sched: Any) -> Any | None:
+    """A copy of an (unwrapped) LR scheduler to probe its plan on: the copy shares the parameters and the
+    optimizer-state tensors (nothing trains, only the copy's optimizer LRs move); None when it cannot be made."""
+    opt = sched.optimizer
+    memo: dict[int, Any] = {}
+    for g in getattr(opt, "param_groups", None) or []:
+        for p in g.get("params", []):
+            memo[id(p)] = p
+    for st in getattr(opt, "state", {}).values():
+        for t in st.values() if isinstance(st, Mapping) else ():
+            if isinstance(t, torch.Tensor):
+                memo[id(t)] = t
+    try:
+        return copy.deepcopy(sched, memo)
+    except Exception:  # noqa: BLE001 - a scheduler that cannot be copied is not probed
+        return None
+
+
 def schedule_plan(scheduler: Any, limit: int) -> tuple[int, str] | None:
     """Where the user's LR schedule ends, probed on a copy of it: ``(n, why)`` when stepping it ``n + 1``
     more times from where it stands leaves its domain (its step raises, as OneCycleLR's does past
@@ -638,20 +656,11 @@ def schedule_plan(scheduler: Any, limit: int) -> tuple[int, str] | None:
     groups = getattr(opt, "param_groups", None)
     if not groups or not all(_real_lr(g.get("lr")) for g in groups):
         return None  # not a plan that is defined where it stands
-    memo: dict[int, Any] = {}
-    for g in groups:
-        for p in g.get("params", []):
-            memo[id(p)] = p
-    for st in getattr(opt, "state", {}).values():
-        for t in st.values() if isinstance(st, Mapping) else ():
-            if isinstance(t, torch.Tensor):
-                memo[id(t)] = t
+    probe = scheduler_copy(sched)
+    if probe is None:  # a scheduler that cannot be copied is not probed (the run is as before)
+        return None
     import warnings
 
-    try:
-        probe = copy.deepcopy(sched, memo)
-    except Exception:  # noqa: BLE001 - a scheduler that cannot be copied is not probed (the run is as before)
-        return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for k in range(1, limit + 1):

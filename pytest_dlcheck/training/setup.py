@@ -298,29 +298,27 @@ def loss_modes(model: Any) -> Iterator[Any]:
     BatchNorm / InstanceNorm / dropout layers in eval mode (running statistics, no dropout: the eval conditions
     the flag stands for; torchvision's pretrained detectors use FrozenBatchNorm2d, which has no flag). Every
     submodule's own flag is restored afterwards."""
-    saved = [(m, m.training) for m in model.modules()]
-    if losses_in_train_mode(model) is None:
-        model.train(False)
-    else:
-        model.train(True)
-        for m in model.modules():
-            if isinstance(m, _NORM_DROPOUT):
-                m.training = False
-    try:
-        yield model
-    finally:
-        for m, flag in saved:
-            m.training = flag
+    with _flags(model, train=losses_in_train_mode(model) is not None) as m:
+        yield m
 
 
 @contextlib.contextmanager
 def _train_flags(model: Any) -> Iterator[Any]:
     """Train mode with BatchNorm / InstanceNorm / dropout layers in eval mode; every flag restored afterwards."""
+    with _flags(model, train=True) as m:
+        yield m
+
+
+@contextlib.contextmanager
+def _flags(model: Any, train: bool) -> Iterator[Any]:
+    """Eval mode, or (``train``) train mode with the BatchNorm / InstanceNorm / dropout layers in eval mode;
+    every submodule's own flag restored afterwards."""
     saved = [(m, m.training) for m in model.modules()]
-    model.train(True)
-    for m in model.modules():
-        if isinstance(m, _NORM_DROPOUT):
-            m.training = False
+    model.train(train)
+    if train:
+        for m in model.modules():
+            if isinstance(m, _NORM_DROPOUT):
+                m.training = False
     try:
         yield model
     finally:
