@@ -4,7 +4,15 @@ from typing import Any
 
 from ...registry import Setting, check, load_checks
 from ...training import fresh_probe, get_setup, memo_or_skip, run_or_skip, smoke_baseline
-from ...training.resume import ResumeLoadFailed, ResumeRun, holders_of, keys_mismatch, refused_global
+from ...training.resume import (
+    DATA_FIX,
+    ResumeLoadFailed,
+    ResumeRun,
+    counted,
+    holders_of,
+    keys_mismatch,
+    refused_global,
+)
 
 #: the order pieces are tried in: the usual culprits first, the weights last (the RNG states are C3's: C1
 #: puts them back in every resumed run)
@@ -67,30 +75,6 @@ def _lr_side(run: Any) -> str | None:
     return ", ".join(f"step {st}: {lr:.6g} vs {ref:.6g}" for st, lr, ref in pairs[:4])
 
 
-#: the fix for a data position the resume loses, per kind of user
-DATA_FIX = {
-    "loop": (
-        "make the resumed loop continue the epoch where the save left it: save the loader's position and restore "
-        "it in dlcheck_load_checkpoint — a torchdata StatefulDataLoader (state['dataloader'].state_dict() in the "
-        "checkpoint, load_state_dict on load), or save the step and, on load, skip the epoch's batches already "
-        "trained with the same shuffle (a DataLoader generator seeded per epoch, then "
-        "itertools.islice(loader, step_in_epoch, None))"
-    ),
-    "accelerate": (
-        "after accelerator.load_state, skip the epoch's batches already trained with the same shuffle: "
-        "state['dataloader'] = accelerator.skip_first_batches(state['dataloader'], step_in_epoch), with "
-        "Accelerator(dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True)) (or a DataLoader "
-        "generator seeded per epoch) so that the resumed epoch is shuffled as the uninterrupted one; or "
-        "DataLoaderConfiguration(use_stateful_dataloader=True) (torchdata), whose position save_state / "
-        "load_state carry"
-    ),
-    "trainer": (
-        "set ignore_data_skip=False (the default) so that train(resume_from_checkpoint=...) skips the batches of "
-        "the epoch already trained on"
-    ),
-}
-
-
 def data_probe(dlcheck: Any, setup: Any) -> Any:
     """C1's and C10's data-position run (:meth:`LoopSetup.data_resume`, made once per session): the
     DataResume, None when the training dict holds no dataloader, or the SetupError it ended with."""
@@ -100,17 +84,6 @@ def data_probe(dlcheck: Any, setup: Any) -> Any:
         return None
     total = int(dlcheck.state.setting(load_checks()["C1"], "steps"))
     return memo_captured(dlcheck, setup.sources, f"resume:data:{total}", lambda: setup.data_resume(total))
-
-
-def _counted(c: Any, steps: int, saved_at: int, whole: bool) -> str:
-    """``4 examples trained twice, 4 never seen in the resumed epoch (...)``."""
-    where = "in the resumed epoch" if whole else f"in steps {saved_at + 1}-{steps}"
-    return (
-        f"{c.repeated} examples trained twice, {c.never} never seen {where} ({c.before} examples trained before "
-        f"the save; after it the uninterrupted run trains {c.expected}, the resumed run {c.trained}"
-        + (f", {c.other} of them not among the uninterrupted run's" if c.other else "")
-        + ")"
-    )
 
 
 def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str]:
@@ -174,7 +147,7 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
         f"after step {k} through {how}; fresh objects loaded by {loaded_by} draw steps {k + 1}-{n} from {source}"
     )
     if c.conclusive:
-        evidence = [drawn, f"over steps 1-{n}: {_counted(c, n, k, whole)}"]
+        evidence = [drawn, f"over steps 1-{n}: {counted(c, n, k, whole)}"]
         replayed = probe.replayed()
         if replayed:
             evidence.append(
@@ -229,7 +202,7 @@ def _trainer_counts(run: Any) -> list[str]:
     c = count_examples(before, expected, resumed)
     if c.same or not c.conclusive:
         return []
-    return [f"over steps 1-{last}: {_counted(c, last, run.saved_at, False)}"]
+    return [f"over steps 1-{last}: {counted(c, last, run.saved_at, False)}"]
 
 
 def _curves(dlcheck, run: Any) -> None:

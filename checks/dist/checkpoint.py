@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 
 from ...registry import check
+from ...training.resume import DATA_FIX, DataResume, count_examples, counted
 from . import measure
 from .replicas import OPTIONAL
 
@@ -149,10 +150,97 @@ def _reshard(dlcheck, run, recs, path, kind) -> list[str]:
     return notes
 
 
+def _data_position(dlcheck, run, kind: str | None) -> list[str]:
+    """The data position across a mid-epoch save and resume on every rank (the launch's "position" stage): the
+    examples the ranks train together after the resume against the uninterrupted ranks'. Fails when some are
+    trained twice or never; else the lines of what was measured, or why it was not judged."""
+    recs = measure.records(dlcheck, run, "position")
+    if all(rec["result"] is None and rec["error"] is None for rec in recs):
+        if kind not in ("loop", "accelerate"):
+            return []
+        return [
+            "data position: not judged: the dlcheck_make_training dict holds no dataloader (return the training "
+            "DataLoader in it, as state['dataloader'], and the ranks' resume is drawn from it after your load)"
+        ]
+    errors = [(r, rec["error"]) for r, rec in enumerate(recs) if rec["error"]]
+    if errors:
+        r, error = errors[0]
+        return [f"data position: not judged: the save-and-resume run on rank {r} ended with {error[:300]}"]
+    results = [DataResume(**rec["result"]) for rec in recs]
+    first = results[0]
+    for r, res in enumerate(results):
+        why = res.not_seen or res.unreadable or (res.load_error and f"your load raised: {res.load_error[:300]}")
+        if why:
+            return [f"data position: not judged on {run.world} ranks: rank {r}: {why}"]
+    flat = lambda name: [step for res in results for step in getattr(res, name)]  # noqa: E731
+    c = count_examples(flat("before"), flat("expected"), flat("resumed"))
+    n, k = first.steps, first.saved_at
+    whole = first.epoch is not None and first.epoch == n
+    span = " (each rank's whole epoch)" if whole else f" (of each rank's {first.epoch} batches)" if first.epoch else ""
+    source = (
+        f"what your dlcheck_resume_dataloader makes of their state['{first.key}'] (a {first.through_role}, given "
+        f"resumed_step={first.resumed_step})"
+        if first.through_role is not None
+        else f"their state['{first.key}']"
+        + (f" (a {first.resumed_loader} after the load)" if first.resumed_loader != first.loader else "")
+    )
+    drawn = (
+        f"on each of {run.world} ranks the uninterrupted run draws steps 1-{n}{span} from state['{first.key}'] "
+        f"({first.loader}) and saves after step {k} through dlcheck_save_checkpoint (one path for every rank); "
+        f"fresh objects loaded by dlcheck_load_checkpoint draw steps {k + 1}-{n} from {source}"
+    )
+    if c.conclusive:
+        per_rank = [count_examples(res.before, res.expected, res.resumed) for res in results]
+        fix = DATA_FIX["accelerate" if kind == "accelerate" else "loop"].replace(
+            "state['dataloader']", f"state['{first.key}']"
+        )
+        if c.repeated:
+            cause = (
+                "does not continue the epoch where the save left it: it yields examples already trained before the "
+                "save (each rank's shard started again, or skipped over another shuffle), so the resumed epoch trains "
+                "some examples twice and never reaches others"
+            )
+            fix += "; on every rank, with the shuffle of the uninterrupted epoch (the sampler's seed and set_epoch)"
+        else:
+            cause = (
+                "skips past batches it never trained: the resumed ranks train fewer examples than the uninterrupted "
+                "ones and never reach the rest of their shards (a skip counted in steps of all ranks, or in examples, "
+                "where each rank's loader counts its own batches)"
+            )
+            fix = (
+                "skip, on each rank, the batches that rank trained in the epoch: accelerator.skip_first_batches("
+                "loader, the rank's own micro-steps in the epoch) — not a step multiplied by num_processes, nor a "
+                "count of examples"
+            )
+        dlcheck.fail(
+            [
+                drawn,
+                f"over the {run.world} ranks together, steps 1-{n}: {counted(c, n, k, whole)}",
+                "per rank, against its own shard: "
+                + "; ".join(f"rank {r}: {pc.repeated} twice, {pc.never} never seen" for r, pc in enumerate(per_rank)),
+            ],
+            cause=f"the resume on {run.world} ranks does not restore the data position: after the load, the ranks' "
+            f"state['{first.key}'] " + cause,
+            fix=fix,
+            repeated=c.repeated,
+            never_seen=c.never,
+        )
+    if c.same:
+        return [
+            f"data position: {drawn}: the uninterrupted ranks' batches, step by step (over the {run.world} ranks: "
+            f"{c.before + c.trained} examples, none trained twice, none lost)"
+        ]
+    return [
+        f"data position: not judged: {drawn}: other batches than the uninterrupted ranks', whose examples are not "
+        f"recognised by content ({c.other} of {c.trained} not among the uninterrupted run's, none trained twice)"
+    ]
+
+
 @check(
     "D5",
     domain="dist",
-    title="every rank writes the checkpoint, a rank cannot load it, or it is tied to one world size",
+    title="every rank writes the checkpoint, a rank cannot load it, it is tied to one world size, or the ranks' resume "
+    "loses the data position",
     roles=("make_training", "save_checkpoint", "load_checkpoint"),
     optional_roles=tuple(r for r in OPTIONAL if r not in ("make_training", "save_checkpoint", "load_checkpoint")),
 )
@@ -173,22 +261,35 @@ def check_distributed_checkpoint(dlcheck):
         across world sizes in both directions: the one saved at world size N is loaded in one process, and one
         saved in one process (3 micro-steps, ``dlcheck_save_checkpoint``) is loaded on N ranks. Fails when either
         raises or gives other weights.
+
+        The data position on N ranks: when the ``dlcheck_make_training`` dict holds the training DataLoader (an
+        Accelerate-prepared one, sharded per rank), every rank runs C1's data-position run on its own shard — fresh
+        objects train one epoch of the rank's batches (at most 8), save half way through your save (one path for
+        every rank), and other fresh objects, loaded by your load once every rank has saved, draw the rest from
+        their ``state['dataloader']`` as your load leaves it. The examples the ranks train together after the resume
+        are counted by content against the uninterrupted ranks'. Fails when some are trained twice or never (a
+        skip over a reshuffled epoch; a skip of ``step * num_processes`` batches, which one process never shows).
     Why it is bad
         ``torch.save(state, path)`` on every rank has N processes truncate and write the same file at once: a
         reader can meet a half-written file, and on shared storage the result is any interleaving.
         ``model.state_dict()`` of a sharded model holds each rank's own shards only: saved by rank 0, the other
         ranks' shards are lost and every rank loads rank 0's in place of its own, silently. A checkpoint that
         only loads at the world size that wrote it (one file per rank, read back by rank number) ties the
-        resume to the same number of GPUs: a run resumed on more GPUs fails on the ranks that had no file.
+        resume to the same number of GPUs: a run resumed on more GPUs fails on the ranks that had no file. A resume
+        that does not put each rank back where its shard was trains the first examples twice and never reaches
+        others, silently, every time the job is preempted.
     Example
         torch.save({"model": model.module.state_dict()}, path)               # run by every rank
         torch.save(model.state_dict(), f"{path}.rank{dist.get_rank()}")     # one file per rank
         if rank == 0: torch.save(fsdp_model.state_dict(), path)             # rank 0's shards only
+        loader = accelerator.skip_first_batches(loader, step * accelerator.num_processes)  # past the shard
     Use instead
         ``if dist.get_rank() == 0: torch.save(...)`` then ``dist.barrier()`` before anyone loads; or a collective
         ``torch.distributed.checkpoint.save({"model": get_model_state_dict(model), "optim":
         get_optimizer_state_dict(model, optimizer)}, checkpoint_id=path)``, which every rank calls, which writes
         each rank's shard once, and whose ``dcp.load`` + ``set_model_state_dict`` reshards to any world size.
+        On resume, skip on each rank the batches that rank trained in the epoch, on the same shuffle
+        (``DataLoaderConfiguration(use_seedable_sampler=True)``), or use a stateful dataloader.
     Known problems
         The check waits for every rank to return from the save before loading (your script needs its own
         barrier there). Writes through other means (``open().write``, pickle) are not attributed to a rank: the
@@ -199,7 +300,9 @@ def check_distributed_checkpoint(dlcheck):
         follows from that: the check skips naming D1 (or D4); several ranks writing one file is still judged. FSDP is judged for
         FSDP2 (``fully_shard``, which runs on CPU with gloo in torch 2.14); FSDP1 (``FullyShardedDataParallel``)
         runs on CPU with gloo too, but its flat parameter is each rank's own shard: the dist checks skip it,
-        naming FSDP1.
+        naming FSDP1. The data position is judged only when the training dict holds the loader and your load
+        replaces or restores it (else the pass says it was not judged); ``dlcheck_resume_dataloader`` is used in
+        the ranks when they are forked (not under ``spawn``, where a conftest's lambda need not pickle).
     Not applicable
         Training that does not run distributed (no ``dlcheck_dist_wrap``).
     """
@@ -288,4 +391,5 @@ def check_distributed_checkpoint(dlcheck):
         notes.append(
             "one checkpoint of full tensors written by one rank: the same at any world size, not reloaded at another"
         )
+    notes += _data_position(dlcheck, run, getattr(measure.the_setup(dlcheck), "kind", None))
     dlcheck.measured(*notes, world=run.world)

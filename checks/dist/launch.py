@@ -35,7 +35,9 @@ from ...training.runs import unwrap_prepared
 TORCH_DEFAULT_SEED = 67280421310721
 #: models up to this many elements have their tensors sent back (max |diff| in the evidence), else digests
 SMALL_MODEL = 4_000_000
-STAGES = ("train", "ckpt", "d6", "load", "eval")
+STAGES = ("train", "ckpt", "position", "d6", "load", "eval")
+#: D5's data position: the micro-steps of the run saved half way and resumed (at most; a rank's epoch if shorter)
+POSITION_STEPS = 8
 
 
 @dataclass
@@ -365,6 +367,19 @@ def _saved_rng(*generators: Any):
             g.set_state(s)
 
 
+class _RankTmp:
+    """``tmp_path_factory.mktemp`` for a launched rank: numbered directories under the rank's own folder."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.n = root, 0
+
+    def mktemp(self, name: str) -> Path:
+        self.n += 1
+        path = self.root / f"{name}{self.n}"
+        path.mkdir(parents=True)
+        return path
+
+
 class Rank:
     def __init__(self, rank: int, world: int, backend: str, job: Job):
         self.rank, self.world, self.backend, self.job = rank, world, backend, job
@@ -492,6 +507,8 @@ class Rank:
         self.write("train", rec)
         if self.job.save is not None and self.job.load is not None:
             self.checkpoint(state, inner)
+            if self.job.mode == "train":
+                self.position(loader)
         if self.job.mode == "save":
             return
         self.nonfinite(state, inner, loader)
@@ -727,6 +744,39 @@ class Rank:
         rec["loaded"] = self.loaded_params(fresh["model"], rec["load_error"])
         rec["files"] = sorted(str(p.relative_to(path.parent)) for p in path.parent.rglob("*") if p.is_file())
         self.write("ckpt", rec)
+        dist.barrier()
+
+    def position(self, loader: Any) -> None:
+        """D5's data position: on every rank, fresh objects train from the loader their training dict holds,
+        save half way through the rank's epoch with the user's save (one path for every rank), and other fresh
+        objects loaded by the user's load (after a barrier) draw the rest from theirs — the one-process run of
+        C1 (:meth:`LoopSetup.data_resume`), on each rank. The examples are counted over the ranks together."""
+        import dataclasses
+
+        import torch.distributed as dist
+
+        rec: dict[str, Any] = {"result": None, "error": None, "total": None}
+        if not hasattr(self.setup, "data_resume"):
+            self.write("position", rec)
+            return
+        try:
+            epoch = len(loader)
+        except TypeError:
+            epoch = None
+        total = min(POSITION_STEPS, epoch) if epoch and epoch >= 2 else POSITION_STEPS
+        rec["total"] = total
+        self.setup.tmp = _RankTmp(self.out / f"rank{self.rank}.tmp")  # the run's other files: this rank's own
+        path = self.out / "position" / "checkpoint"
+        if self.rank == 0:
+            path.parent.mkdir(exist_ok=True)
+        dist.barrier()
+        self.progress("position")
+        try:
+            result = self.setup.data_resume(total, build=self.build, path=path, before_load=dist.barrier)
+            rec["result"] = dataclasses.asdict(result) if result is not None else None
+        except Exception as exc:  # noqa: BLE001 - a run that cannot be made: D5 says the position is not judged
+            rec["error"] = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        self.write("position", rec)
         dist.barrier()
 
     def reload(self) -> None:

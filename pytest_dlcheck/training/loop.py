@@ -425,7 +425,13 @@ class LoopSetup:
         traj.notes["ema"] = _ema_end(state)
         return ResumeRun(base.trajectory, traj, saved_at, base.checkpoint, base.pieces, loads)
 
-    def data_resume(self, total: int) -> DataResume | None:
+    def data_resume(
+        self,
+        total: int,
+        build: Callable[[], dict[str, Any]] | None = None,
+        path: Path | None = None,
+        before_load: Callable[[], None] | None = None,
+    ) -> DataResume | None:
         """The data position across a save and a resume, drawn from the user's own data path: the loader the
         factory's training dict holds (:func:`loader_key`). Fresh objects train ``total`` micro-steps on
         batches drawn from their ``state[key]`` (a new epoch when it runs out, as a loop's epochs do), saved
@@ -434,11 +440,17 @@ class LoopSetup:
         there: ``accelerator.skip_first_batches(...)`` or a restored stateful loader). Each draw is made with
         the global RNGs at a state set by its position in the run, and each example with them set by its
         index (a map-style dataset read in this process), so that a reshuffle shows as one and a random
-        augmentation does not hide an example. None when the dict holds no dataloader."""
-        state = self.state()
+        augmentation does not hide an example. None when the dict holds no dataloader.
+
+        A launched rank (D5, :mod:`checks.dist.launch`) passes ``build`` (the factory plus the user's wrap),
+        ``path`` (the one checkpoint path every rank saves to) and ``before_load`` (a barrier: every rank has
+        saved before any rank loads)."""
+        new_state = build if build is not None else self.state
+        state = new_state()
         key = loader_key(state)
         if key is None or not self.can_resume():
-            self.keep(state)  # built at the seed, unused: the next run takes it
+            if build is None:
+                self.keep(state)  # built at the seed, unused: the next run takes it
             return None
         loader = state[key]
         try:
@@ -447,12 +459,13 @@ class LoopSetup:
             epoch = None
         if self.resume_loader is MISSING and getattr(self, "user_load", self.load) is MISSING:
             # the resume would be dlcheck's own stand-in (accelerator.load_state), not the user's: not judged
-            self.keep(state)
+            if build is None:
+                self.keep(state)
             name = type(loader).__name__
             return DataResume(key, name, name, 0, 0, epoch, [], [], [], not_seen=DEFAULT_LOAD)
         snapshot = _loader_state(loader)
         traj, drawn = Trajectory(), []
-        saving = _Saving(self, state, traj, total, total // 2)
+        saving = _Saving(self, state, traj, total, total // 2, path=path)
         with preserved_rng():
             seed_all(SEED)
             self.run(state, _draws(lambda: state[key], 0, total, drawn), 0, traj, after=saving, planned=total)
@@ -466,7 +479,7 @@ class LoopSetup:
                 "your loader to save after (raise C1.steps above your gradient accumulation)"
             )
         result = DataResume(key, "", "", trained, saved_at, epoch, drawn[:saved_at], drawn[saved_at:trained], [])
-        fresh = self.state()
+        fresh = new_state()
         result.loader = type(fresh[key]).__name__
         if fresh.get(key) is loader:  # one loader shared by every call of the factory: its state put back
             if snapshot is not None:
@@ -481,6 +494,8 @@ class LoopSetup:
         held_state = _loader_state(held)
         with preserved_rng():
             seed_all(SEED + 1)  # a new process: the global RNGs are wherever they are
+            if before_load is not None:
+                before_load()
             try:
                 with _loads_watched(held) as loads:
                     user_call("load_checkpoint", lambda: self.load(fresh, str(saving.path)))
@@ -854,12 +869,13 @@ class _Saving:
         save_from: int,
         tolerant=False,
         opt_steps=False,
+        path: Path | None = None,
     ):
         self.setup, self.state, self.traj, self.total, self.save_from = setup, state, traj, total, save_from
         self.tolerant, self.truth, self.failed, self.opt_calls = tolerant, {}, False, 0
         #: ``save_from`` counts optimizer steps (the smoke run: save right after optimizer step ``save_from``)
         self.opt_steps = opt_steps
-        self.path = setup.tmp.mktemp("dlcheck-ckpt") / "checkpoint"
+        self.path = path if path is not None else setup.tmp.mktemp("dlcheck-ckpt") / "checkpoint"
 
     def __call__(self, i: int) -> None:
         stepped = self.traj.calls.count("opt") > self.opt_calls

@@ -305,6 +305,41 @@ class DataResume:
         return [(self.saved_at + 1 + i, first[tuple(b)]) for i, b in enumerate(self.resumed) if tuple(b) in first]
 
 
+#: the fix for a data position the resume loses, per kind of user
+DATA_FIX = {
+    "loop": (
+        "make the resumed loop continue the epoch where the save left it: save the loader's position and restore "
+        "it in dlcheck_load_checkpoint — a torchdata StatefulDataLoader (state['dataloader'].state_dict() in the "
+        "checkpoint, load_state_dict on load), or save the step and, on load, skip the epoch's batches already "
+        "trained with the same shuffle (a DataLoader generator seeded per epoch, then "
+        "itertools.islice(loader, step_in_epoch, None))"
+    ),
+    "accelerate": (
+        "after accelerator.load_state, skip the epoch's batches already trained with the same shuffle: "
+        "state['dataloader'] = accelerator.skip_first_batches(state['dataloader'], step_in_epoch), with "
+        "Accelerator(dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True)) (or a DataLoader "
+        "generator seeded per epoch) so that the resumed epoch is shuffled as the uninterrupted one; or "
+        "DataLoaderConfiguration(use_stateful_dataloader=True) (torchdata), whose position save_state / "
+        "load_state carry"
+    ),
+    "trainer": (
+        "set ignore_data_skip=False (the default) so that train(resume_from_checkpoint=...) skips the batches of "
+        "the epoch already trained on"
+    ),
+}
+
+
+def counted(c: Any, steps: int, saved_at: int, whole: bool) -> str:
+    """``4 examples trained twice, 4 never seen in the resumed epoch (...)``."""
+    where = "in the resumed epoch" if whole else f"in steps {saved_at + 1}-{steps}"
+    return (
+        f"{c.repeated} examples trained twice, {c.never} never seen {where} ({c.before} examples trained before "
+        f"the save; after it the uninterrupted run trains {c.expected}, the resumed run {c.trained}"
+        + (f", {c.other} of them not among the uninterrupted run's" if c.other else "")
+        + ")"
+    )
+
+
 # --------------------------------------------------------------------------------------------------
 # what a resume's own loading reports
 

@@ -1,0 +1,141 @@
+"""D5: the data position across a mid-epoch save and resume on two gloo ranks (issue 31 item 2).
+
+An Accelerate user whose factory prepares a shuffled DataLoader saves with ``accelerator.save_state`` (plus the
+step) and, on load, skips the batches already trained with ``accelerator.skip_first_batches``. In each rank the
+run of one epoch of the rank's shard is saved half way and resumed from fresh objects; the examples the two ranks
+train together after the resume are counted against the uninterrupted ranks':
+
+- the correct twin: a seedable sampler and a skip of this rank's own steps: the uninterrupted batches, step by step;
+- a skip over a reshuffled epoch (no seedable sampler): examples trained twice and never seen on the ranks;
+- a skip of ``step * num_processes`` batches (the step counted for all ranks, a bug one process never shows: there
+  ``num_processes`` is 1): each rank skips past its shard, and the examples left are never seen.
+
+One launch per test; the causes and counts are asserted, and no process is left behind."""
+
+import multiprocessing
+import re
+
+CONFTEST = """
+    import os
+    import pytest, torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    torch.set_num_threads(1)
+    # 16 examples, 2 a batch on each of 2 ranks: an epoch of 4 steps per rank
+    DATA = TensorDataset(torch.randn(16, 4, generator=torch.Generator().manual_seed(0)), torch.arange(16) % 2)
+
+    def make():
+        acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler={seedable}))
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(DATA, batch_size=2, shuffle=True)
+        model, opt, loader = acc.prepare(model, opt, loader)
+        return {{"accelerator": acc, "model": model, "optimizer": opt, "dataloader": loader, "step": 0}}
+
+    def step(state, batch):
+        acc = state["accelerator"]
+        with acc.accumulate(state["model"]):
+            x, y = batch
+            loss = nn.functional.cross_entropy(state["model"](x), y)
+            acc.backward(loss)
+            state["optimizer"].step()
+            state["optimizer"].zero_grad()
+        state["step"] += 1
+        return loss.detach()
+
+    def save(state, path):
+        acc = state["accelerator"]
+        acc.save_state(path)
+        if acc.is_main_process:
+            torch.save({{"step": state["step"]}}, os.path.join(path, "step.pt"))
+        acc.wait_for_everyone()
+
+    def load(state, path):
+        acc = state["accelerator"]
+        acc.load_state(path)
+        state["step"] = torch.load(os.path.join(path, "step.pt"))["step"]
+        state["dataloader"] = acc.skip_first_batches(state["dataloader"], {skipped})
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_train_step():
+        return step
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        return load
+"""
+
+#: the steps this rank trained (correct), or the steps of every rank (buggy on N ranks)
+OWN_STEPS = 'state["step"]'
+ALL_RANKS = 'state["step"] * acc.num_processes'
+
+COUNTS = re.compile(r"over the 2 ranks together, steps 1-4: (\d+) examples trained twice, (\d+) never seen")
+
+
+def _flat(text):
+    return " ".join(text.split())
+
+
+def _no_leftover_process():
+    import torch
+
+    assert not torch.distributed.is_initialized()
+    assert not multiprocessing.active_children(), multiprocessing.active_children()
+
+
+def _counts(text):
+    found = COUNTS.search(text)
+    assert found, text
+    return int(found.group(1)), int(found.group(2))
+
+
+def test_a_seedable_sampler_skipped_by_the_ranks_own_steps_passes(project):
+    project.conftest(CONFTEST.format(seedable=True, skipped=OWN_STEPS))
+    run = project.run("--dlcheck=D5", "-rA")
+    run.assert_outcome("D5", "passed")
+    text = _flat(run.text)
+    assert (
+        "data position: on each of 2 ranks the uninterrupted run draws steps 1-4 (each rank's whole epoch) from "
+        "state['dataloader'] (DataLoaderShard) and saves after step 2" in text
+    ), text
+    assert "the uninterrupted ranks' batches, step by step (over the 2 ranks: 16 examples, none trained twice" in text
+    _no_leftover_process()
+
+
+def test_a_skip_over_a_reshuffled_epoch_trains_examples_twice_on_the_ranks(project):
+    project.conftest(CONFTEST.format(seedable=False, skipped=OWN_STEPS))
+    run = project.run("--dlcheck=D5")
+    run.assert_outcome("D5", "failed")
+    text = _flat(run.section("D5"))
+    twice, never = _counts(text)
+    # a whole epoch of each rank compared: each example trained twice pushes one out
+    assert twice > 0 and twice == never, text
+    assert "the resume on 2 ranks does not restore the data position" in text, text
+    assert "it yields examples already trained before the save" in text, text
+    assert "use_seedable_sampler=True" in text, text
+    _no_leftover_process()
+
+
+def test_a_skip_of_every_ranks_steps_leaves_examples_never_seen(project):
+    project.conftest(CONFTEST.format(seedable=True, skipped=ALL_RANKS))
+    run = project.run("--dlcheck=D5")
+    run.assert_outcome("D5", "failed")
+    text = _flat(run.section("D5"))
+    twice, never = _counts(text)
+    # each rank skips 2 x 2 = 4 batches: its whole shard; the 2 batches left after the save are never trained
+    assert (twice, never) == (0, 8), text
+    assert "rank 0: 0 twice, 4 never seen; rank 1: 0 twice, 4 never seen" in text, text
+    assert "skips past batches it never trained" in text, text
+    assert "not a step multiplied by num_processes" in text, text
+    _no_leftover_process()
