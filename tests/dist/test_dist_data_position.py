@@ -139,3 +139,20 @@ def test_a_skip_of_every_ranks_steps_leaves_examples_never_seen(project):
     assert "skips past batches it never trained" in text, text
     assert "not a step multiplied by num_processes" in text, text
     _no_leftover_process()
+
+
+def test_a_load_that_leaves_the_loader_untouched_is_said_not_judged(project):
+    # load_state alone: the loop may skip in its epoch loop (run_clm_no_trainer.py does), which the launch does not
+    # see without dlcheck_resume_dataloader: not judged, and said (the family's bugs fail above)
+    project.conftest(
+        CONFTEST.format(seedable=True, skipped=OWN_STEPS).replace(
+            '        state["dataloader"] = acc.skip_first_batches(state["dataloader"], state["step"])\n', ""
+        )
+    )
+    run = project.run("--dlcheck=D5", "-rA")
+    run.assert_outcome("D5", "passed")
+    text = _flat(run.text)
+    assert (
+        "data position: not judged on 2 ranks: rank 0: your dlcheck_load_checkpoint leaves state['dataloader']" in text
+    ), text
+    _no_leftover_process()
