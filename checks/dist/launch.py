@@ -568,14 +568,20 @@ class Rank:
 
     def dataloader(self, state: dict[str, Any]) -> tuple[Any, str]:
         """(this rank's loader, which role built it): dlcheck_make_dataloader's; else, for an Accelerate user,
-        the one their factory prepared (or dlcheck_dataloader prepared with their Accelerator); else
-        dlcheck_dataloader, the same on every rank."""
+        the one their factory prepared (or dlcheck_dataloader prepared with their Accelerator); else the training
+        DataLoader the factory's dict holds (a torchrun loop's, with its DistributedSampler), as the user's loop
+        iterates it; else dlcheck_dataloader, the same on every rank."""
         if self.job.make_dataloader is not None:
             return self.call("make_dataloader", self.job.make_dataloader), "dlcheck_make_dataloader"
         if getattr(self.setup, "kind", None) == "accelerate":
             from .accelerate import loader_of
 
             return self.call("make_training", lambda: loader_of(state, self.job.loader))
+        from ...training.loop import loader_key
+
+        key = loader_key(state)
+        if key is not None:
+            return state[key], f"dlcheck_make_training (state[{key!r}])"
         return self.job.loader, "dlcheck_dataloader"
 
     def describe_loader(self, loader: Any) -> dict[str, Any]:

@@ -156,3 +156,97 @@ def test_a_load_that_leaves_the_loader_untouched_is_said_not_judged(project):
         "data position: not judged on 2 ranks: rank 0: your dlcheck_load_checkpoint leaves state['dataloader']" in text
     ), text
     _no_leftover_process()
+
+
+#: a torchrun-style plain loop: DDP by dlcheck_dist_wrap, a DistributedSampler (seed 0, epoch 0) in the training
+#: dict, rank 0 saves the weights and the step; on load each rank either builds its loader anew (the epoch starts
+#: again) or skips the batches it trained on the same shuffle
+PLAIN = """
+    import itertools
+    import pytest, torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    torch.set_num_threads(1)
+    DATA = TensorDataset(torch.randn(16, 4, generator=torch.Generator().manual_seed(0)), torch.arange(16) % 2)
+
+    def loader():
+        return DataLoader(DATA, batch_size=2, sampler=DistributedSampler(DATA, shuffle=True, seed=0))
+
+    def make():
+        model = nn.Linear(4, 2)
+        return {{"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1), "dataloader": loader(),
+                "step": 0}}
+
+    def wrap(state):
+        model = nn.parallel.DistributedDataParallel(state["model"])
+        return dict(state, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+
+    def step(state, batch):
+        x, y = batch
+        loss = nn.functional.cross_entropy(state["model"](x), y)
+        loss.backward()
+        state["optimizer"].step()
+        state["optimizer"].zero_grad()
+        state["step"] += 1
+        return loss.detach()
+
+    def save(state, path):
+        if dist.get_rank() == 0:
+            torch.save({{"model": state["model"].module.state_dict(), "step": state["step"]}}, path)
+        dist.barrier()
+
+    def load(state, path):
+        ckpt = torch.load(path)
+        state["model"].module.load_state_dict(ckpt["model"])
+        state["step"] = ckpt["step"]
+        state["dataloader"] = {resumed}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dist_wrap():
+        return wrap
+
+    @pytest.fixture(scope="session")
+    def dlcheck_train_step():
+        return step
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        return load
+"""
+
+
+def test_a_torchrun_loop_whose_resume_restarts_the_epoch_repeats_examples(project):
+    project.conftest(PLAIN.format(resumed="loader()"))
+    run = project.run("--dlcheck=D5")
+    run.assert_outcome("D5", "failed")
+    text = _flat(run.section("D5"))
+    twice, never = _counts(text)
+    # each rank trains its shard's first 2 batches again and never reaches its last 2
+    assert (twice, never) == (8, 8), text
+    assert "from state['dataloader'] (DataLoader)" in text, text
+    assert "it yields examples already trained before the save" in text, text
+    assert "itertools.islice(loader, step_in_epoch, None)" in text, text
+    _no_leftover_process()
+
+
+def test_a_torchrun_loop_that_skips_its_trained_batches_passes(project):
+    project.conftest(PLAIN.format(resumed='itertools.islice(state["dataloader"], ckpt["step"], None)'))
+    run = project.run("--dlcheck=D5", "-rA")
+    run.assert_outcome("D5", "passed")
+    text = _flat(run.text)
+    assert (
+        "fresh objects loaded by dlcheck_load_checkpoint draw steps 3-4 from their state['dataloader'] (a islice"
+        in text
+    ), text
+    assert "the uninterrupted ranks' batches, step by step (over the 2 ranks: 16 examples" in text, text
+    _no_leftover_process()
