@@ -1,5 +1,7 @@
 """Small helpers the test modules share."""
 
+from pytest_dlcheck.cost import add_cost
+
 
 def flat(text: str) -> str:
     """A failure text with its wrapping undone (whitespace runs become one space), for substring asserts."""
@@ -12,16 +14,8 @@ def work_of(doc: dict, cid: str) -> dict:
     per-model and per-routine forward passes."""
     total = dict(next(r["cost"] for r in doc["results"] if r["id"] == cid))
     for run in doc["shared"].values():
-        if run["made_by"] != cid:
-            continue
-        for key, value in (run.get("cost") or {}).items():
-            if isinstance(value, dict):
-                merged = dict(total.get(key) or {})
-                for name, n in value.items():
-                    merged[name] = merged.get(name, 0) + n
-                total[key] = merged
-            else:
-                total[key] = total.get(key, 0) + value
+        if run["made_by"] == cid:
+            total = add_cost(total, run.get("cost") or {})
     for key in ("forward", "backward", "optimizer_steps"):
         total.setdefault(key, 0)
     return total
