@@ -96,3 +96,16 @@ def test_a_scheduler_stepped_per_micro_batch_is_left_to_t6(project):
     assert "the scheduler (LambdaLR) makes 3 scheduler steps per optimizer step on 2 processes (3 in 1" in text
     assert "a schedule stepped per micro-batch is T6's, judged in one process" in text
     _no_leftover_process()
+
+
+def test_the_scheduler_stepped_per_micro_batch_that_d8_leaves_fails_t6(project):
+    # the buggy twin of D8's skip above: in one process T6 fails the same factory and step (T6 draws its batches
+    # from dlcheck_dataloader, the same data as the factory's loader)
+    project.conftest(
+        ts.project("make_training_accumulating", train_step="step_every_micro_batch")
+        + "\n@pytest.fixture(scope='session')\ndef dlcheck_dataloader():\n    return ta.plain_loader()\n"
+    )
+    run = project.run("--dlcheck=T6")
+    run.assert_outcome("T6", "failed")
+    text = _flat(run.section("T6"))
+    assert "2.0 scheduler steps per optimizer step" in text, text

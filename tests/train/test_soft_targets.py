@@ -136,3 +136,14 @@ def test_eval_targets_the_soft_target_loss_cannot_take_are_not_judged(project):
     text = " ".join(run.text.split())
     assert "not judged: the training batches hold soft targets (float32 (8, 4)" in text
     assert "the eval batches int64 (8,)" in text
+
+
+def test_soft_target_pipeline_whose_outputs_are_probabilities_fails_t2(project):
+    # the buggy twin of T2's floor on soft targets: a softmax after the head feeds probabilities to a loss that
+    # takes logits, so the model cannot bring the loss down to the floor its mixed targets leave
+    project.conftest(CONFTEST.format(head="model.append(nn.Softmax(dim=-1))", mix=TIMM))
+    run = project.run("--dlcheck=T2")
+    run.assert_outcome("T2", "failed")
+    text = " ".join(run.section("T2").split())
+    assert "the targets are soft (float32 (8, 4)" in text and "of the loss above that floor must go" in text, text
+    assert "outputs are probabilities" in text and "drop the final softmax" in text, text

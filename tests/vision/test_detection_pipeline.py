@@ -236,3 +236,18 @@ def test_a_model_of_its_own_with_train_mode_losses_is_not_judged_in_eval_mode(pr
     )
     assert text.count("the model computes its losses in train mode only") >= 2, run.text
     assert "(the fixture that provides it" not in text and "bug of pytest-dlcheck" not in text, run.text
+
+
+def test_a_loss_that_raises_in_train_mode_too_is_still_the_users_error(project):
+    # the buggy twin of the not-judged path above: the same model, its compute_loss handing the targets in a
+    # shape cross_entropy refuses ((8, 1) for 8 logits rows) raises in train mode as well as in eval mode, so the
+    # error is the user's role's, as it was, not 'the model computes its losses in train mode only'
+    project.conftest(
+        OWN_DETECTOR.replace("return sum(model(x, y).values())", "return sum(model(x, y[:, None]).values())")
+    )
+    run = project.run("--dlcheck=T1", "-rA")
+    text = " ".join(run.text.split())
+    run.assert_outcome("T1", "failed")
+    assert "dlcheck_compute_loss (the fixture that provides it" in text, run.text
+    assert "the model computes its losses in train mode only" not in text, run.text
+    assert "bug of pytest-dlcheck" not in text, run.text
