@@ -145,3 +145,33 @@ def test_segmentation_masks_are_not_applicable(project):
         "not applicable: V3 judges boxes and class ids; the sampled targets (8 examples of dlcheck_dataset) are "
         "segmentation masks"
     ) in run.text
+
+
+BINARY = """
+    import pytest, tiny_vision as tv
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model():
+        return tv.resnet18(num_classes=1)  # one logit: a binary head (BCEWithLogitsLoss)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return tv.Shapes([i % 2 for i in range(16)], transform=tv.classification_tf(train=True),
+                         target_transform={target_transform})
+"""
+
+
+@pytest.mark.parametrize("target_transform, outcome", [("None", "passed"), ("lambda y: y + 1", "failed")])
+def test_a_one_logit_head_takes_labels_0_and_1(project, target_transform, outcome):
+    # a one-logit head counts as classes 0..1 (not one class): 0/1 labels pass, 1/2 labels still fail
+    project.conftest(BINARY.format(target_transform=target_transform))
+    run = project.run("--dlcheck=V3", "-rA")
+    run.assert_outcome("V3", outcome)
+    text = " ".join(run.text.split())
+    assert "one logit, a binary head (classes 0 and 1)" in text, run.text
+    if outcome == "passed":
+        assert "all in 0..1" in text, run.text
+    else:
+        assert "labels found: 1, 2; num_classes 2" in text and "label 2 is past the head" in text, run.text
+        assert "8 of 16 labels (16 examples read from dlcheck_dataset) are outside 0..1" in text, run.text
+        assert "subtract 1 from every label" in text, run.text
