@@ -56,14 +56,28 @@ def _label_problem(values: list[int], n: int, where: str, background: bool) -> t
         return ev, cause, fix
     n_out = sum(1 for v in values if v < lo or v >= n)
     ev.append(f"{n_out} of {len(values)} sampled labels are outside 0..{n - 1}")
+    binary = "one logit" in where  # a one-logit head (BCEWithLogitsLoss): no index into logits, no error raised
     if min(found) >= 1 and max(found) == n:
         ev[0] += " — label 0 never occurs and label " + str(n) + " is past the head"
         cause = (
-            "the labels are 1-based but the model's head is 0-based: the last class indexes past the logits "
+            "the labels are 1-based but the one-logit head takes 0/1 targets (BCEWithLogitsLoss): label 1 is read as "
+            f"the positive class and label {n} is no probability, so the loss trains toward the wrong targets without "
+            "an error"
+            if binary
+            else "the labels are 1-based but the model's head is 0-based: the last class indexes past the logits "
             "(an error on CPU, a device-side assert on CUDA) and logit 0 is never trained"
         )
         fix = (
             "subtract 1 from every label (target_transform=lambda y: y - 1), or map class ids through a dict to 0..C-1"
+        )
+    elif binary:
+        cause = (
+            "labels other than 0 and 1 reach a one-logit (binary) head: BCEWithLogitsLoss takes them without an "
+            "error and trains toward targets that are no probabilities"
+        )
+        fix = (
+            f"remap the labels to 0/1, or, for {max(found) + 1} classes, build the head with "
+            f"num_classes={max(found) + 1} and train it with a cross-entropy"
         )
     else:
         cause = "some labels are outside the head's range: num_classes is too small or the class ids are not remapped"

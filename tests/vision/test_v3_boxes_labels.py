@@ -175,3 +175,6 @@ def test_a_one_logit_head_takes_labels_0_and_1(project, target_transform, outcom
         assert "labels found: 1, 2; num_classes 2" in text and "label 2 is past the head" in text, run.text
         assert "8 of 16 labels (16 examples read from dlcheck_dataset) are outside 0..1" in text, run.text
         assert "subtract 1 from every label" in text, run.text
+        # BCEWithLogitsLoss takes a target of 2 silently: no index past the logits, no error on CPU
+        assert "the one-logit head takes 0/1 targets (BCEWithLogitsLoss)" in text, run.text
+        assert "indexes past the logits" not in text, run.text
