@@ -76,11 +76,12 @@ def _lr_side(run: Any) -> str | None:
 
 
 def data_probe(dlcheck: Any, setup: Any) -> Any:
-    """C1's and C10's data-position run (:meth:`LoopSetup.data_resume`, made once per session): the
-    DataResume, None when the training dict holds no dataloader, or the SetupError it ended with."""
+    """C1's and C10's data-position run (:meth:`LoopSetup.data_resume`, C1's :meth:`LightningSetup.data_resume`,
+    made once per session): the DataResume, None when the training dict holds no dataloader, or the SetupError it
+    ended with."""
     from ...training.setup import memo_captured
 
-    if setup.kind not in ("loop", "accelerate") or not setup.can_resume():
+    if setup.kind != "lightning" and (setup.kind not in ("loop", "accelerate") or not setup.can_resume()):
         return None
     total = int(dlcheck.state.setting(load_checks()["C1"], "steps"))
     return memo_captured(dlcheck, setup.sources, f"resume:data:{total}", lambda: setup.data_resume(total))
@@ -90,6 +91,8 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
     """The data position of a plain or Accelerate loop: fails when the resumed run, drawing from the loader its
     training dict holds after the user's load, trains examples twice or never (counted by content); else the
     lines of what was measured (or not judged, and why)."""
+    if setup.kind == "lightning":
+        return _lightning_data(dlcheck, setup)
     probe = data_probe(dlcheck, setup)
     if probe is None:
         if setup.kind not in ("loop", "accelerate"):
@@ -183,6 +186,124 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
         "data position",
         f"{drawn}: other batches than the uninterrupted run's, whose examples are not recognised by content "
         f"({c.other} of {c.trained} not among the uninterrupted run's, none trained twice): not counted",
+    )
+    return []
+
+
+#: the fix for a Lightning loader whose position a mid-epoch checkpoint does not hold
+LIGHTNING_DATA_FIX = (
+    "make the training dataloader resumable: return torchdata.stateful_dataloader.StatefulDataLoader(...) from "
+    "train_dataloader() (the same arguments as DataLoader; Lightning saves its state_dict() in the .ckpt and calls "
+    "its load_state_dict() on fit(ckpt_path=...)), or give your loader state_dict() / load_state_dict() that save "
+    "and restore its position in the epoch; or checkpoint only at epoch ends (ModelCheckpoint without "
+    "every_n_train_steps / train_time_interval, no validation-time saves inside the epoch, "
+    "SLURMEnvironment(auto_requeue=False))"
+)
+
+
+def _lightning_data(dlcheck: Any, setup: Any) -> list[str]:
+    """The data position of a Lightning user across a mid-epoch checkpoint and fit(ckpt_path=...): fails when the
+    resumed epoch trains examples twice or never (counted by content against the uninterrupted epoch's); else the
+    line of what was measured, or the part recorded as not judged, and why. Judged only when the user's Trainer
+    (or checkpoint callbacks) writes checkpoints in the middle of an epoch: at epoch ends, Lightning starts every
+    loader's epoch anew and the resume above is the whole story."""
+    saves = setup.checkpointing()
+    if saves is None:
+        return [
+            "data position: not judged: how your runs checkpoint is not visible (hand over your Lightning Trainer as "
+            "dlcheck_trainer, or its ModelCheckpoint among dlcheck_lightning_callbacks, and it is judged): from a "
+            "checkpoint in the middle of an epoch (ModelCheckpoint(every_n_train_steps=...) or train_time_interval, "
+            "one at every validation with val_check_interval < 1, a SLURM requeue) Lightning resumes a loader "
+            "without state_dict() / load_state_dict() from its first batch"
+        ]
+    mid, ends = saves
+    if not mid:
+        held = ", ".join(ends) or "no checkpoint callback"
+        return [
+            f"data position: your Trainer writes no checkpoint in the middle of an epoch ({held}): at an epoch end "
+            "Lightning starts every loader's epoch anew, as the resume above "
+            "does (a mid-epoch checkpoint, every_n_train_steps or a SLURM requeue, would be judged across the epoch)"
+        ]
+    probe = data_probe(dlcheck, setup)
+    if isinstance(probe, Exception):
+        dlcheck.not_judged("data position", f"the mid-epoch save and resume of your train_dataloader(): {probe}")
+        return []
+    if probe.load_error:
+        dlcheck.not_judged("data position", f"the resume from the mid-epoch checkpoint: {probe.load_error}")
+        return []
+    if probe.unreadable:
+        dlcheck.not_judged("data position", f"your train_dataloader() ({probe.loader}): {probe.unreadable}")
+        return []
+    c = probe.count()
+    n, k = probe.steps, probe.saved_at
+    whole = probe.epoch is not None and probe.epoch == n
+    span = (
+        " (the whole first epoch)"
+        if whole
+        else f" ({n} of the epoch's {probe.epoch} batches)"
+        if probe.epoch and probe.epoch > n
+        else " (of an epoch whose length the loader does not tell)"
+        if probe.epoch is None
+        else ""
+    )
+    drawn = (
+        f"the uninterrupted fit trains batches 1-{n}{span} of your datamodule's train_dataloader() ({probe.loader}) "
+        f"and saves a mid-epoch checkpoint after batch {k} (trainer.save_checkpoint, as ModelCheckpoint("
+        f"every_n_train_steps=...) or a SLURM requeue does); fit(ckpt_path=...) on fresh copies trains batches "
+        f"{k + 1}-{n} from it"
+    )
+    if c.conclusive:
+        held = probe.notes.get("held")
+        evidence = [
+            f"your Trainer writes checkpoints in the middle of an epoch: {', '.join(mid)}",
+            drawn,
+            f"over batches 1-{n}: {counted(c, n, k, whole).replace('in steps', 'in batches')}",
+        ]
+        replayed = probe.replayed()
+        if replayed:
+            evidence.append(
+                "the resumed batches are ones already trained before the save: "
+                + ", ".join(f"batch {a} = batch {b}'s examples" for a, b in replayed[:4])
+            )
+        evidence.append(
+            f"the .ckpt holds {'a' if held else 'no'} dataloader state (its fit loop's 'combined_loader')"
+            + (
+                ""
+                if probe.notes.get("stateful")
+                else f": {probe.loader} defines no state_dict() / load_state_dict(), so Lightning cannot save "
+                "where the epoch stood"
+            )
+        )
+        if probe.notes.get("stateful"):
+            cause = (
+                f"the loader's own state_dict() / load_state_dict() ({probe.loader}) does not restore its position: "
+                "fit(ckpt_path=...) from the mid-epoch checkpoint loads it, and the resumed epoch still trains some "
+                "examples twice and never reaches others"
+            )
+            fix = (
+                "make state_dict() return the loader's position in the epoch (the batches yielded, the sampler's "
+                "and its generator's state) and load_state_dict() restore it before the next iteration; or use "
+                "torchdata.stateful_dataloader.StatefulDataLoader, whose state Lightning saves and restores"
+            )
+        else:
+            cause = (
+                "Lightning restarts a non-resumable loader's epoch from its first batch after a mid-epoch checkpoint "
+                f"(yours: {', '.join(mid)}): fit(ckpt_path=...) restores the batch counter and iterates "
+                "train_dataloader() anew, so the resumed epoch trains the examples of its first batches again and "
+                "never reaches its last ones (Lightning only warns: \"You're resuming from a checkpoint that ended "
+                'before the epoch ended and your dataloader is not resumable")'
+            )
+            fix = LIGHTNING_DATA_FIX
+        dlcheck.fail(evidence, cause=cause, fix=fix, repeated=c.repeated, never_seen=c.never)
+    if c.same:
+        return [
+            f"data position: {drawn}: the uninterrupted fit's batches, batch by batch (over batches 1-{n}: "
+            f"{c.before + c.trained} examples, none trained twice, none lost)"
+        ]
+    dlcheck.not_judged(
+        "data position",
+        f"{drawn}: other batches than the uninterrupted fit's, whose examples are not recognised by content "
+        f"({c.other} of {c.trained} not among the uninterrupted fit's, none trained twice): not counted",
     )
     return []
 
@@ -521,7 +642,8 @@ def _fix(setup: Any, missing: list[str], run: Any = None) -> str:
             4,
             "steps of the uninterrupted run (calls of dlcheck_train_step for a plain loop); the checkpoint "
             "is saved half way (after an "
-            "optimizer step, at an epoch boundary for Lightning) and the resumed run continues to the end; "
+            "optimizer step, at an epoch boundary for Lightning, and in the middle of an epoch of that many batches "
+            "for Lightning's data position) and the resumed run continues to the end; "
             "when the shared smoke run is the uninterrupted run, it saves steps // 2 steps before its end "
             "(C3 resumes the same runs)",
         ),
@@ -572,7 +694,20 @@ def check_resume(dlcheck):
         dataset read in the process is read with the RNGs seeded by the example's index, so that a random
         augmentation does not hide an example), and the check fails when the resumed epoch trains examples twice
         or never, with the counts and the fix for that kind of user. A Trainer's resume is its own
-        (``ignore_data_skip``): its failure counts the same from the examples each step trained.
+        (``ignore_data_skip``): its failure counts the same from the examples each step trained. Lightning's resume
+        above is at an epoch boundary, where Lightning starts every loader's epoch anew. When your Trainer
+        (``dlcheck_trainer``, or the checkpoint callbacks among ``dlcheck_lightning_callbacks``) writes checkpoints
+        in the middle of an epoch — ``ModelCheckpoint(every_n_train_steps=...)`` or ``train_time_interval``, a
+        ModelCheckpoint saving at every validation with ``val_check_interval`` < 1, ``OnExceptionCheckpoint``, a
+        SLURM requeue (``SLURMEnvironment(auto_requeue=True)``) — and the epoch-boundary resume is exact, the data
+        position is judged across a mid-epoch checkpoint with two more fits of fresh copies: one epoch of
+        ``steps`` batches of your datamodule's ``train_dataloader()``, ``trainer.save_checkpoint`` after the first
+        optimizer step at or past half way, then ``fit(ckpt_path=...)`` from it to the epoch's end, each fit
+        recording the examples of every batch it trains. Lightning saves and restores a loader's position only
+        through its ``state_dict()`` / ``load_state_dict()`` (torchdata's ``StatefulDataLoader``): it iterates a
+        plain ``DataLoader`` anew while its batch counter goes on, and the check fails with the examples trained
+        twice and never seen. A Trainer that checkpoints at epoch ends only is not concerned (said, no fit run);
+        without the Trainer or its checkpoint callbacks, the data position is said not judged.
     Why it is bad
         A resume that restores the weights only is a different run: Adam restarts with zero moments (a
         jolt of large updates), the LR schedule starts over (warmup again, or no decay), an EMA starts anew.
@@ -590,6 +725,8 @@ def check_resume(dlcheck):
         torch.save({..., "args": args}, path); torch.load(path)   # torchvision references: torch >= 2.6 refuses
                                                                   # the argparse.Namespace (weights_only=True)
         accelerator.load_state(path)   # then `for batch in train_dataloader`: the epoch starts again
+        def train_dataloader(self): return DataLoader(ds, shuffle=True)   # Lightning, with
+        ModelCheckpoint(every_n_train_steps=500)   # or a SLURM requeue: the resumed epoch starts again
         TrainingArguments(..., ignore_data_skip=True)                 # the resumed epoch from its first batch
     Use instead
         save and load the optimizer, the scheduler, the GradScaler, every counter your loop reads, and the
@@ -603,7 +740,9 @@ def check_resume(dlcheck):
         Resume mid-epoch where the save left the data: a stateful dataloader, or the step saved and the
         epoch's trained batches skipped with the same shuffle (``accelerator.skip_first_batches`` with
         ``use_seedable_sampler=True``; a DataLoader generator seeded per epoch); the Trainer's default
-        ``ignore_data_skip=False``.
+        ``ignore_data_skip=False``; for Lightning, ``torchdata.stateful_dataloader.StatefulDataLoader`` from
+        ``train_dataloader()`` (or a loader with ``state_dict`` / ``load_state_dict``), or checkpoints at epoch
+        ends only.
     Known problems
         Compares bitwise: on GPU, nondeterministic kernels can make even the uninterrupted run differ from
         itself; the check then skips (not reproducible). A resume that loses only the RNG states passes here and
@@ -614,7 +753,15 @@ def check_resume(dlcheck):
         apart by content: identical examples count as one multiset; examples whose content changes from draw to
         draw (an augmentation drawn in DataLoader workers) are not recognised, and the data position is then
         not judged; over a window shorter than an epoch, "never seen" means not trained in the compared steps.
-        Lightning is resumed at an epoch boundary. EMAs are compared
+        Lightning's optimizer, scheduler, callbacks and EMAs are compared across an epoch boundary; its data
+        position across a mid-epoch checkpoint only once those resume exactly (two more fits of up to ``steps``
+        batches), and only when your checkpoint settings are visible: a ``trainer.save_checkpoint`` of your own
+        inside the epoch is not seen. Both fits start the epoch from the same RNG states, so a loader whose epoch
+        starts again replays the same order (a real resumed process draws another one, which changes the counts,
+        not the finding); batches without a tensor with a batch dimension (python lists) leave the data position
+        not judged, said so. With torchdata 0.11, Lightning 2.6 resumes a shuffling ``StatefulDataLoader`` from an
+        epoch-end checkpoint with the first epoch's order again: the epoch-boundary resume fails on it (the
+        resumed run trains other batches than the uninterrupted one), before the data position is judged. EMAs are compared
         for a plain loop (entries of the dlcheck_make_training dict) and in Lightning callbacks, not for a
         transformers Trainer's callbacks or a LightningModule's attributes. A Lightning callback's attributes are
         put back as they stood at the save (copies; its references to the Trainer and the module are left).
@@ -649,9 +796,13 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
     loaded_by = LOADED_BY.get(setup.kind, "the resume")
     if setup.kind == "accelerate":
         loaded_by = "accelerator.load_state" if how.startswith("accelerator.") else "your dlcheck_load_checkpoint"
-    data_lines = data_verdict(dlcheck, setup, how, loaded_by)
+    # Lightning's resume above is at an epoch boundary: the mid-epoch data position is judged once it resumes
+    # exactly (its own two fits), so that what it finds there is said as before
+    data_lines = data_verdict(dlcheck, setup, how, loaded_by) if setup.kind != "lightning" else None
     bad = run.mismatch()
     if bad is None:
+        if data_lines is None:
+            data_lines = data_verdict(dlcheck, setup, how, loaded_by)
         after = [s for s in run.resumed.steps if s.step > run.saved_at]
         losses = ", ".join(f"step {s.step}: {s.loss:.6g}" for s in after[:4] if s.loss is not None)
         what = compared(run)

@@ -12,9 +12,12 @@ from typing import Any
 import torch
 
 from ..errors import MISSING
+from ..guard import preserved_rng
 from ..session import user_call
 from .resume import (
+    DRAW_SEED,
     Baseline,
+    DataResume,
     InterruptedSave,
     ResumeLoadFailed,
     ResumeRun,
@@ -24,6 +27,7 @@ from .resume import (
     put_back_rng,
     raised_loading,
     read_saved,
+    seeded_examples,
 )
 from .runs import (
     SEED,
@@ -38,6 +42,7 @@ from .runs import (
     ema_describe,
     ema_kind,
     ema_state,
+    example_digests,
     fresh_modules,
     grad_report,
     loss_tensor,
@@ -529,6 +534,176 @@ class LightningSetup:
         """The uninterrupted run once more, the same way: whether the run reproduces itself (C1 asks only when
         no piece put back makes the resumed run identical)."""
         return self._uninterrupted(max(1, total // 2))[0]
+
+    def checkpointing(self) -> tuple[list[str], list[str]] | None:
+        """(what writes a checkpoint in the middle of an epoch, what writes one at epoch ends), in words, from the
+        callbacks and settings of the user's Lightning Trainer (``dlcheck_trainer``) or the checkpoint callbacks
+        among ``dlcheck_lightning_callbacks``; None when neither shows how the user's runs checkpoint."""
+        trainer = self.l_trainer if self.l_trainer not in (MISSING, None) else None
+        if trainer is not None:
+            callbacks = list(trainer.callbacks)
+        else:
+            source = self.callbacks
+            if source is MISSING or source is None:
+                return None
+            if isinstance(source, (list, tuple)):
+                callbacks = list(source)
+            elif callable(source) and not _is_callback(source):
+                made = user_call(self.callbacks_role, source)
+                callbacks = list(made) if isinstance(made, (list, tuple)) else [made]
+            else:
+                callbacks = [source]
+        mid, ends = [], []
+        interval = getattr(trainer, "val_check_interval", 1.0) if trainer is not None else 1.0
+        validates_mid_epoch = (
+            trainer is not None
+            and getattr(trainer, "limit_val_batches", 0) != 0
+            and (isinstance(interval, int) or (isinstance(interval, float) and interval < 1.0))
+            and _validates(self.module, self.datamodule)
+        )
+        for cb in callbacks:
+            names = [c.__name__ for c in type(cb).__mro__]
+            if "OnExceptionCheckpoint" in names:
+                mid.append("OnExceptionCheckpoint (where an exception stops the fit)")
+            elif "ModelCheckpoint" in names:
+                steps = getattr(cb, "_every_n_train_steps", 0) or 0
+                timed = getattr(cb, "_train_time_interval", None)
+                if steps > 0:
+                    mid.append(f"ModelCheckpoint(every_n_train_steps={steps})")
+                elif timed is not None:
+                    mid.append(f"ModelCheckpoint(train_time_interval={timed})")
+                elif validates_mid_epoch and getattr(cb, "_save_on_train_epoch_end", None) is not True:
+                    mid.append(f"ModelCheckpoint at every validation (val_check_interval={interval})")
+                else:
+                    ends.append(f"ModelCheckpoint(every_n_epochs={getattr(cb, '_every_n_epochs', 1)})")
+        env = getattr(getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
+        if env is not None and type(env).__name__ == "SLURMEnvironment" and getattr(env, "auto_requeue", False):
+            mid.append("a SLURM requeue (SLURMEnvironment(auto_requeue=True) saves where the job is preempted)")
+        if trainer is None and not mid and not ends:
+            return None  # callbacks without a checkpoint callback: how the runs checkpoint is not shown
+        return mid, ends
+
+    def data_resume(self, total: int) -> DataResume:
+        """The data position across a mid-epoch save and resume through Lightning's own ``fit(ckpt_path=...)``
+        (C1): fresh copies fit one epoch of at most ``total`` batches of the datamodule's ``train_dataloader()``
+        (``limit_train_batches``) and ``trainer.save_checkpoint`` right after the first optimizer step at or past
+        half way (a mid-epoch checkpoint, as ``ModelCheckpoint(every_n_train_steps=...)`` or a SLURM requeue
+        writes one); other fresh copies resume from it with ``fit(ckpt_path=...)`` to the end of that epoch. Both
+        fits record the examples of every batch they train (``on_train_batch_start``), start from the same global
+        RNG states (a loader whose epoch starts again draws the same shuffle) and read each example of a map-style
+        dataset with the RNGs seeded by its index (a random augmentation does not hide an example). Two fits, of
+        ``total`` and ``total - total // 2`` batches: C1's other runs save at an epoch boundary, where Lightning
+        starts every loader's epoch anew, and cannot show this."""
+        from lightning.fabric.utilities.types import _Stateful
+
+        path = self.tmp.mktemp("dlcheck-midepoch") / "mid-epoch.ckpt"
+        with preserved_rng():
+            first = _data_draws(save_from=max(1, total // 2), path=path)
+            module, dm = self._copies()
+            seed_all(SEED)
+            with first.stack:
+                self._fit(module, dm, [first], max_epochs=1, limit_train_batches=total)
+            module = dm = None
+            trained, k = len(first.batches), first.saved_at
+            if k is None:
+                raise SetupError(
+                    f"an epoch of your {first.loader} has {trained} batch{'es' if trained != 1 else ''}: no "
+                    "checkpoint can be saved inside it"
+                    if trained < 2
+                    else f"no optimizer step ended between batches {first.save_from} and {trained - 1} of the epoch "
+                    "to save after (raise C1.steps above your accumulate_grad_batches)"
+                )
+            before = [d for n, d in first.batches if n <= k]
+            expected = [d for n, d in first.batches if n > k]
+            result = DataResume(
+                "train_dataloader", first.loader, first.loader, trained, k, first.epoch, before, expected, []
+            )
+            saved = torch.load(path, map_location="cpu", weights_only=False)
+            fit_state = ((saved.get("loops") or {}).get("fit_loop") or {}).get("state_dict") or {}
+            result.notes = {
+                "stateful": bool(first.loaders) and all(isinstance(dl, _Stateful) for dl in first.loaders),
+                "held": bool(fit_state.get("combined_loader")),
+            }
+            saved = None
+            again = _data_draws()
+            module, dm = self._copies()
+            seed_all(SEED)  # the same states as the first fit's start: a new iterator draws the same shuffle
+            try:
+                with again.stack:
+                    self._fit(module, dm, [again], ckpt_path=str(path), max_epochs=1, limit_train_batches=total)
+            except Exception as exc:
+                if not raised_loading(exc):
+                    raise
+                result.load_error = (
+                    f"fit(ckpt_path=...) raised {type(exc).__name__}: " + " ".join(str(exc).split())[:300]
+                )
+                return result
+            result.resumed_loader = again.loader
+            result.resumed = [d for _, d in again.batches]
+        if any(d is None for d in result.before + result.expected + result.resumed):
+            result.unreadable = "a batch holds no tensor with a batch dimension to tell its examples apart"
+        return result
+
+
+def _validates(module: Any, datamodule: Any) -> bool:
+    """Whether a fit of the module validates: it defines ``validation_step`` and it or the datamodule defines
+    ``val_dataloader`` (else a ModelCheckpoint saves at the epoch's end whatever ``val_check_interval`` says)."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    if not is_overridden("validation_step", module, pl.LightningModule):
+        return False
+    return is_overridden("val_dataloader", module, pl.LightningModule) or (
+        datamodule not in (MISSING, None) and is_overridden("val_dataloader", datamodule, pl.LightningDataModule)
+    )
+
+
+def _data_draws(save_from: int | None = None, path: Any = None) -> Any:
+    """The Lightning callback of the data-position fits: records the examples of each batch the fit trains, by
+    its 1-based number in the epoch; with ``save_from``, saves the checkpoint to ``path`` right after the first
+    optimizer step at or past that batch and before the epoch's last (a mid-epoch checkpoint)."""
+    import lightning.pytorch as pl
+
+    class DataDraws(pl.Callback):
+        def __init__(self) -> None:
+            self.save_from, self.path, self.saved_at = save_from, path, None
+            self.batches: list[tuple[int, list[str] | None]] = []
+            self.loaders: list[Any] = []
+            self.loader, self.epoch = "train_dataloader()", None
+            #: the examples read with the RNGs seeded by their index, while the fit runs
+            self.stack = contextlib.ExitStack()
+
+        def on_train_start(self, trainer, pl_module):
+            combined = trainer.fit_loop._combined_loader
+            self.loaders = list(combined.flattened) if combined is not None else []
+            names = [type(dl).__name__ for dl in self.loaders]
+            self.loader = " + ".join(names) or self.loader
+            if len(self.loaders) == 1:
+                try:
+                    self.epoch = len(self.loaders[0])
+                except TypeError:  # an iterable without a length
+                    self.epoch = None
+            self.limit = trainer.num_training_batches
+            for dl in self.loaders:
+                self.stack.enter_context(seeded_examples(dl))
+            seed_all(DRAW_SEED)  # where a loader drawing its shuffle at its first batch draws it: both fits alike
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.step_before = trainer.global_step
+            self.batches.append((batch_idx + 1, example_digests(batch)))
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            n = batch_idx + 1
+            if (
+                self.save_from is not None
+                and self.saved_at is None
+                and self.save_from <= n < self.limit
+                and trainer.global_step > self.step_before
+            ):
+                trainer.save_checkpoint(str(self.path))
+                self.saved_at = n
+
+    return DataDraws()
 
 
 def _batch_number(trainer: Any, fallback: int) -> int:

@@ -17,6 +17,7 @@ from ..errors import MISSING, RoleError
 from ..guard import preserved_rng
 from ..session import user_call
 from .resume import (
+    DRAW_SEED,
     Baseline,
     DataResume,
     InterruptedSave,
@@ -29,6 +30,7 @@ from .resume import (
     read_saved,
     same_rng,
 )
+from .resume import seeded_examples as _seeded_examples
 from .runs import (
     SEED,
     Fresh,
@@ -710,10 +712,6 @@ def trained_modules(state: Mapping[str, Any]) -> list[Any]:
     return out
 
 
-#: the seeds of the data-position runs: per draw position, and per example index
-DRAW_SEED, EXAMPLE_SEED = SEED + 7919, SEED + 104729
-
-
 def loader_key(state: Mapping[str, Any]) -> str | None:
     """The key of the training dataloader in a training dict: a ``torch.utils.data.DataLoader`` (Accelerate's
     prepared loaders and torchdata's StatefulDataLoader are ones) under ``dataloader`` / ``train_dataloader``
@@ -725,44 +723,6 @@ def loader_key(state: Mapping[str, Any]) -> str | None:
         if name in found:
             return name
     return found[0] if len(found) == 1 else None
-
-
-@contextlib.contextmanager
-def _seeded_examples(loader: Any) -> Iterator[None]:
-    """While active, each example of the loader's map-style dataset (read in this process: no workers) is
-    read with the global RNGs seeded by its index, so that a random augmentation gives an example the same
-    content in every draw. The dataset's class is put back afterwards."""
-    from torch.utils.data import IterableDataset
-
-    ds = getattr(loader, "dataset", None)
-    cls = type(ds)
-    if ds is None or getattr(loader, "num_workers", 0) or isinstance(ds, IterableDataset):
-        yield
-        return
-
-    def index_seed(index: Any) -> int:
-        if isinstance(index, int):
-            return index
-        import zlib
-
-        return zlib.crc32(repr(index).encode())
-
-    def getitem(self: Any, index: Any) -> Any:
-        seed_all(EXAMPLE_SEED + index_seed(index))
-        return cls.__getitem__(self, index)
-
-    attrs: dict[str, Any] = {"__getitem__": getitem, "__module__": cls.__module__}
-    if hasattr(cls, "__getitems__"):
-        attrs["__getitems__"] = lambda self, indices: [getitem(self, i) for i in indices]
-    try:
-        ds.__class__ = type(cls.__name__, (cls,), attrs)
-    except TypeError:  # a class whose instances cannot change class (slots, an extension type)
-        yield
-        return
-    try:
-        yield
-    finally:
-        ds.__class__ = cls
 
 
 #: why the data position is not judged when the resume's data path is not the user's own or not visible

@@ -270,11 +270,55 @@ def count_examples(before: list[list[str]], expected: list[list[str]], resumed: 
     )
 
 
+#: the seeds of the data-position runs: per draw position, and per example index
+DRAW_SEED, EXAMPLE_SEED = SEED + 7919, SEED + 104729
+
+
+@contextlib.contextmanager
+def seeded_examples(loader: Any) -> Iterator[None]:
+    """While active, each example of the loader's map-style dataset (read in this process: no workers) is
+    read with the global RNGs seeded by its index, so that a random augmentation gives an example the same
+    content in every draw. The dataset's class is put back afterwards."""
+    from torch.utils.data import IterableDataset
+
+    ds = getattr(loader, "dataset", None)
+    cls = type(ds)
+    if ds is None or getattr(loader, "num_workers", 0) or isinstance(ds, IterableDataset):
+        yield
+        return
+
+    def index_seed(index: Any) -> int:
+        if isinstance(index, int):
+            return index
+        import zlib
+
+        return zlib.crc32(repr(index).encode())
+
+    def getitem(self: Any, index: Any) -> Any:
+        seed_all(EXAMPLE_SEED + index_seed(index))
+        return cls.__getitem__(self, index)
+
+    attrs: dict[str, Any] = {"__getitem__": getitem, "__module__": cls.__module__}
+    if hasattr(cls, "__getitems__"):
+        attrs["__getitems__"] = lambda self, indices: [getitem(self, i) for i in indices]
+    try:
+        ds.__class__ = type(cls.__name__, (cls,), attrs)
+    except TypeError:  # a class whose instances cannot change class (slots, an extension type)
+        yield
+        return
+    try:
+        yield
+    finally:
+        ds.__class__ = cls
+
+
 @dataclass
 class DataResume:
     """C1's and C10's data-position run of a plain loop or an Accelerate loop whose training dict holds its
     dataloader: the uninterrupted run trains ``steps`` micro-steps drawn from ``state[key]``, saved after
-    ``saved_at``; fresh objects loaded by the user's load draw the rest from their own ``state[key]``."""
+    ``saved_at``; fresh objects loaded by the user's load draw the rest from their own ``state[key]``. C1's for a
+    Lightning user: the batches ``fit`` trains from the datamodule's ``train_dataloader()`` in an epoch saved
+    mid-epoch after batch ``saved_at``, and those ``fit(ckpt_path=...)`` trains after it (``key`` names the hook)."""
 
     key: str
     loader: str  # the class of the loader the fresh objects hold
@@ -295,6 +339,8 @@ class DataResume:
     #: with ``dlcheck_resume_dataloader``: the class of what it returned, and the resumed_step it was given
     through_role: str | None = None
     resumed_step: int | None = None
+    #: what a kind of user adds (Lightning: whether the loader is resumable, what the checkpoint holds of it)
+    notes: dict[str, Any] = field(default_factory=dict)
 
     def count(self) -> ExampleCount:
         return count_examples(self.before, self.expected, self.resumed)

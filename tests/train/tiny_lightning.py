@@ -106,25 +106,32 @@ class EpochShuffle(torch.utils.data.Sampler):
 
 
 class Blobs(pl.LightningDataModule):
-    def __init__(self, shuffle: bool = False, batch_size: int = 8, generator_seed=None, epoch_seed=None):
+    def __init__(
+        self, shuffle: bool = False, batch_size: int = 8, generator_seed=None, epoch_seed=None, stateful: bool = False
+    ):
         super().__init__()
         self.shuffle = shuffle
         self.batch_size = batch_size
         self.generator_seed = generator_seed  # DataLoader(generator=Generator().manual_seed(s)): seeded per fit
         self.epoch_seed = epoch_seed  # EpochShuffle: seeded per epoch
+        #: torchdata's StatefulDataLoader instead of DataLoader: a mid-epoch checkpoint holds its position
+        self.stateful = stateful
 
     def setup(self, stage=None):
         self.train_set = tt.blobs(64, seed=0)
         self.val_set = tt.blobs(32, seed=1)
 
     def train_dataloader(self):
+        loader = DataLoader
+        if self.stateful:
+            from torchdata.stateful_dataloader import StatefulDataLoader as loader
         if self.generator_seed is not None:
             g = torch.Generator().manual_seed(self.generator_seed)
-            return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, generator=g)
+            return loader(self.train_set, batch_size=self.batch_size, shuffle=True, generator=g)
         if self.epoch_seed is not None:
             sampler = EpochShuffle(len(self.train_set), self.epoch_seed)
-            return DataLoader(self.train_set, batch_size=self.batch_size, sampler=sampler)
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle)
+            return loader(self.train_set, batch_size=self.batch_size, sampler=sampler)
+        return loader(self.train_set, batch_size=self.batch_size, shuffle=self.shuffle)
 
     def val_dataloader(self):
         return DataLoader(self.val_set, batch_size=self.batch_size)
