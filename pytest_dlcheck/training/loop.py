@@ -294,6 +294,10 @@ class LoopSetup:
                 current["i"] = i
                 before = scheduler_count(sched)
                 loss = self.step(state, batch, i)
+                if opt is None:
+                    # no optimizer object: the user's step updates the weights itself (p.data.add_(p.grad, ...)),
+                    # one update a micro-step, as a hand-written SGD does
+                    traj.calls.append("opt")
                 after_count = scheduler_count(sched)
                 if before is not None and after_count is not None:
                     traj.calls.extend(["sched"] * max(0, after_count - before))
