@@ -128,7 +128,7 @@ SB3_RUN = """
         )
         if {csv}:
             model.set_logger(configure(str(tmp_path_factory.mktemp("ppo_log")), ["csv"]))
-        model.learn(512 * 12)
+        model.learn(512 * {rollouts})
         return model
 """
 
@@ -150,9 +150,10 @@ def test_an_sb3_run_is_read_from_its_logger(project):
     output."""
     configs = {}
     for seed in SEEDS:
-        configs[f"collapse{seed}"] = SB3_RUN.format(schedule=STEP_NEGATIVE, seed=seed, verbose=0, csv=True)
-        configs[f"decay{seed}"] = SB3_RUN.format(schedule=STEP_DOWN, seed=seed, verbose=0, csv=True)
-    configs["stdout"] = SB3_RUN.format(schedule=STEP_DOWN, seed=0, verbose=1, csv=False)
+        configs[f"collapse{seed}"] = SB3_RUN.format(schedule=STEP_NEGATIVE, seed=seed, verbose=0, csv=True, rollouts=12)
+        configs[f"decay{seed}"] = SB3_RUN.format(schedule=STEP_DOWN, seed=seed, verbose=0, csv=True, rollouts=12)
+    # a logger without history skips whatever the run's length: one rollout (and its update) shows it
+    configs["stdout"] = SB3_RUN.format(schedule=STEP_DOWN, seed=0, verbose=1, csv=False, rollouts=1)
     run = run_configs(project, configs, "--dlcheck=R1,R5", "-rA")
     for seed in SEEDS:
         run.assert_outcome(f"collapse{seed}", "R1", "failed")
