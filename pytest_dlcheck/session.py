@@ -172,6 +172,8 @@ def user_call(role: str, call: Callable[[], Any], synthetic: bool | str = False)
         if frames and in_plugin(frames[-1].filename):
             raise
         synthetic = synthetic or (_MADE_UP[-1] if _MADE_UP else False)
+        if synthetic_input(exc) is not None:  # an inner call marked it: raised on an input pytest-dlcheck made up
+            raise
         if synthetic:
             what = synthetic if isinstance(synthetic, str) else "an input pytest-dlcheck made up"
             if synthetic_input(exc) is None:  # an inner call named the input already

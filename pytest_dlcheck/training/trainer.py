@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..session import collect_freed
+from ..session import collect_freed, user_call
 from .resume import (
     Baseline,
     InterruptedSave,
@@ -121,11 +121,8 @@ class TrainerSetup:
         if getattr(tr, "padding_free", False):
             values["data_collator"] = None  # TRL makes its own in padding-free mode (and refuses one passed in)
         cls = type(tr)
-        params = inspect.signature(cls.__init__).parameters
         kwargs = {}
-        for name in params:
-            if name == "self" or params[name].kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
-                continue
+        for name in _init_parameters(cls):
             if name in values:
                 kwargs[name] = values[name]
             elif hasattr(tr, name):
@@ -135,7 +132,13 @@ class TrainerSetup:
         clone_cls = type(cls.__name__, (cls,), attrs)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            clone = clone_cls(**kwargs)
+            # the copy is built by pytest-dlcheck from the Trainer's attributes: a constructor that refuses them
+            # is ours to fix, not the user's Trainer raising
+            clone = user_call(
+                "trainer",
+                lambda: clone_cls(**kwargs),
+                synthetic=f"a copy of your {cls.__name__} built by pytest-dlcheck from its attributes",
+            )
         for cb in (PrinterCallback, ProgressCallback):
             clone.remove_callback(cb)
         return clone
@@ -607,3 +610,27 @@ def trainer_interrupted_save(setup: TrainerSetup) -> InterruptedSave:
             f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
         )
     return InterruptedSave("the Trainer's checkpoint-* directories", hits[0], str(previous), None, "previous")
+
+
+def _init_parameters(cls: type) -> list[str]:
+    """The keyword parameters a Trainer class's constructor takes: its own, and — while a constructor passes
+    ``**kwargs`` on to ``super().__init__`` (a ``QuestionAnsweringTrainer(*args, eval_examples=None,
+    post_process_function=None, **kwargs)``) — those of the classes above it, down to the first that takes no
+    ``**kwargs``, so that the clone gets its model and args by name."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        try:
+            params = inspect.signature(init).parameters
+        except (TypeError, ValueError):
+            break
+        for name, p in params.items():
+            if name == "self" or p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+                continue
+            if name not in names:
+                names.append(name)
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            break
+    return names
