@@ -92,6 +92,11 @@ def check_atomic_save(dlcheck):
             "the save writes straight onto the previous checkpoint's path: the file is truncated first, so an "
             "interruption leaves neither the old checkpoint nor the new one"
         )
+        if setup.kind in ("loop", "accelerate"):
+            cause += (
+                " (your dlcheck_save_checkpoint is given the same path at both saves, as a script with one checkpoint "
+                "path gives it, and writes the save at that path)"
+            )
     else:
         evidence.append(
             f"loading {_short(result.previous)} afterwards gives weights that are neither the previous nor the new ones"
@@ -101,4 +106,10 @@ def check_atomic_save(dlcheck):
         "save to a temporary file in the same directory and rename it: torch.save(state, tmp); os.replace(tmp, path) "
         "(or keep the previous checkpoint until the new one is complete)"
     )
+    if setup.kind in ("loop", "accelerate"):
+        fix += (
+            "; if your script versions its checkpoints instead (a new checkpoint-{step} directory each save), write "
+            "dlcheck_save_checkpoint the same way, under the path it is given, and dlcheck_load_checkpoint taking the "
+            "newest one: C2 then judges that"
+        )
     dlcheck.fail(evidence, cause, fix)

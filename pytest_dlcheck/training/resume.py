@@ -632,7 +632,11 @@ def interrupted_saves(armed: Callable[[], bool] = lambda: True) -> Iterator[list
                     real_save(obj, fh, *args, **kwargs)
 
             half(f, to_stream)
-        hits.append(str(f) if isinstance(f, (str, os.PathLike)) else type(f).__name__)
+        # a file object opened on a path (open(path, "wb")): its file is named, so that an overwrite is seen as one
+        name = getattr(f, "name", None)
+        hits.append(
+            str(f) if isinstance(f, (str, os.PathLike)) else name if isinstance(name, str) else type(f).__name__
+        )
         raise SaveInterrupted(hits[-1])
 
     patches = [(torch, "save", save), (torch.serialization, "save", save)]

@@ -66,3 +66,35 @@ def test_trainer_checkpoint_directories_keep_the_previous_one(project):
             "checkpoint-2/*: the previous checkpoint dlcheck-atomic0/checkpoint-1 still loads afterwards"
         ]
     )
+
+
+#: pytest/examples' word_language_model: ``with open(args.save, 'wb') as f: torch.save(model, f)``
+SAVE_THROUGH_FILE = """
+    def save_through_file(state, path):
+        with open(path, "wb") as f:
+            tt.torch.save({"model": state["model"].state_dict()}, f)
+
+    def load_model(state, path):
+        state["model"].load_state_dict(tt.torch.load(path)["model"])
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        return save_through_file
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        return load_model
+"""
+
+
+def test_torch_save_into_a_file_opened_on_the_previous_checkpoint(project):
+    # the interrupted write goes through a file object: it is still the previous checkpoint's file, overwritten
+    project.conftest(tt.loop_project(extra=SAVE_THROUGH_FILE))
+    run = project.run("--dlcheck=C2")
+    run.assert_outcome("C2", "failed")
+    text = tt.section(run, "C2")
+    assert "while writing dlcheck-atomic0/checkpoint" in text, text
+    assert "the interrupted file is new" not in text, text
+    assert "the save writes straight onto the previous checkpoint's path" in text, text
+    assert "is given the same path at both saves" in text, text
+    assert "if your script versions its checkpoints instead" in text, text
