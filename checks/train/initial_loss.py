@@ -1,12 +1,17 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from ...cost import reused
 from ...errors import MISSING, RoleError
+from ...guard import preserved_rng
 from ...registry import Setting, check
 from ...training import (
+    SEED,
     ModuleSnapshot,
     decode_example,
     describe_batch,
@@ -19,6 +24,7 @@ from ...training import (
     preference_loss,
     probe,
     run_or_skip,
+    seed_all,
     soft_targets,
     targets_of,
 )
@@ -62,7 +68,11 @@ def check_initial_loss(dlcheck):
         classes) distribution per row, as Mixup/CutMix or label smoothing make them) are judged the same way, C
         their number of classes: a near-uniform prediction costs ln(C) against any distribution. A binary head (one logit
         per example, (batch,) or (batch, 1), against 0/1 targets, integer or float: BCEWithLogitsLoss) is judged
-        against ln(2), what a logit of 0 costs against either target. Fails when it is above
+        against ln(2), what a logit of 0 costs against either target. Both hold of a cross-entropy only, so on
+        those two paths the loss is first replayed with the model's forward returning outputs put in its place (a
+        near-uniform one and random ones, no model run): its values must be those of a cross-entropy of the
+        outputs read as logits, probabilities or log-probabilities (label smoothing allowed, any reduction or
+        scale), binary ones weighing both classes alike. Fails when it is above
         ``max_ratio`` x ln(C) (and ``min_excess`` nats above it), and names the likely cause: an output
         layer frozen at PyTorch's default (random) initialisation while at most 10% of the parameters train
         (the start is the random head's and stays), logits far too large (the initialisation scale),
@@ -85,9 +95,13 @@ def check_initial_loss(dlcheck):
         model starts below ln(C) and passes; the check does not tell a pretrained start from a leak.
         A Lightning module's number of classes is read from its forward's output inside its own
         training_step (its forward may take what the step makes of the batch), never from a forward on the batch.
+        One output per example against 0/1 targets, or soft targets, whose loss cannot be replayed (computed
+        inside the model, or reading more than the model's output tensor) skip as not judged, as does a binary
+        cross-entropy weighing the classes unequally (pos_weight: ln(2) is not its near-uniform cost).
     Not applicable
-        Losses that are not a cross-entropy over classes: regression (float targets other than 0/1), a model with a
-        single output per example that is not a binary head, DPO, KTO and other preference losses, GRPO. A torchvision detector (its loss
+        Losses that are not a cross-entropy over classes: regression (float targets other than 0/1, or an MSE on a
+        0/1 score or on soft targets, as the replay of the loss shows), a model with a single output per example
+        that is not a binary head, DPO, KTO and other preference losses, GRPO. A torchvision detector (its loss
         is a sum of classification, box-regression and objectness losses, and exists in train mode only). A model given as dlcheck_model
         whose forward needs fields the batches lack (a denoiser that your loss calls): it is not called on
         the batch. A training whose loss does not read the batch's labels (an autoencoder's reconstruction
@@ -159,6 +173,16 @@ def check_initial_loss(dlcheck):
                     shape = None if logits is None else tuple(logits.shape)
                 except Exception:  # noqa: BLE001 - the model takes the batch only through the user's loss
                     shape, logits = None, None
+            # one output per example against 0/1 targets, or soft targets: ln 2 / ln C is what a near-uniform
+            # prediction costs under a cross-entropy only; what the loss is, is read by replaying it on outputs
+            # put in place of the model's (an MSE on a 0/1 score is no binary head)
+            candidate = (
+                not isinstance(dlcheck.role("num_classes"), int)
+                and not soft
+                and zero_one
+                and _one_logit(shape, targets)
+            )
+            replay = _replay(fresh, batch, targets, soft) if candidate or soft else None
     finally:
         start.restore(model)  # the running statistics the batch updated, and every module's mode
     classes = dlcheck.role("num_classes")
@@ -166,7 +190,34 @@ def check_initial_loss(dlcheck):
         # soft targets (Mixup/CutMix, label smoothing): rows of a distribution over the classes; a near-uniform
         # prediction costs -sum(q log 1/C) = ln(C) against any of them, as against a class index
         classes = int(targets.shape[-1])
-    binary = not isinstance(classes, int) and not soft and zero_one and _one_logit(shape, targets)
+    if replay is not None and replay.kind != "ce":
+        what = (
+            "a binary cross-entropy of the model's output"
+            if candidate
+            else "a cross-entropy of the model's output against the soft targets"
+        )
+        if replay.kind == "unread":
+            dlcheck.skip(
+                f"not judged: {'one output per example against 0/1 targets' if candidate else 'soft targets'} "
+                f"({describe_batch(targets)}), and whether the loss is {what} cannot be told: the loss does not read "
+                "the model's output tensor as returned (computed inside the model, or from more than its forward), so "
+                "it cannot be replayed on a near-uniform output; a loss over the model's output "
+                "(dlcheck_loss_fn(outputs, targets), or a training_step that calls self(x)) is judged"
+            )
+        if replay.kind == "weighted":
+            dlcheck.skip(
+                f"not judged: the loss is a binary cross-entropy that weighs the two classes unequally "
+                f"(pos_weight or class weights: replayed at logit 0 it costs {replay.at_uniform:.4g} on this "
+                f"batch, not the same multiple of ln(2) for either class), so ln(2) is not its near-uniform cost"
+            )
+        dlcheck.not_applicable(
+            f"{'one output per example against 0/1 targets' if candidate else 'soft targets'} "
+            f"({describe_batch(targets)}), but the loss is not {what}: replayed on outputs put in place of the "
+            f"model's it costs {replay.at_uniform:.4g} at a near-uniform output and does not follow a "
+            f"cross-entropy's values on other outputs (a regression loss, an MSE or a per-class binary loss): "
+            f"ln({'2' if candidate else int(targets.shape[-1])}) does not apply"
+        )
+    binary = candidate
     if binary:
         # one logit per example against 0/1 targets (BCEWithLogitsLoss): a binary head, whose near-uniform
         # prediction (logit 0, p = 0.5) costs ln 2 against either target
@@ -194,9 +245,11 @@ def check_initial_loss(dlcheck):
     soft_note = (
         f"; a binary head: one logit per example (output {tuple(shape)}) against 0/1 targets ({describe_batch(targets)}), "
         "a logit of 0 (p = 0.5) costs ln(2) against either"
+        + f"; the loss is a binary cross-entropy ({replay.measured()})"
         if binary
         else f"; the targets are soft ({describe_batch(targets)}, rows summing to 1: Mixup/CutMix or label smoothing), "
-        f"and a near-uniform prediction costs ln({classes}) against them too"
+        f"and a near-uniform prediction costs ln({classes}) against them too; the loss is a cross-entropy "
+        f"({replay.measured()})"
         if soft
         else ""
     )
@@ -289,3 +342,158 @@ def _one_logit(shape, targets) -> bool:
     if len(shape) >= 2 and shape[-1] != 1:
         return False
     return math.prod(shape) == targets.numel() and shape[0] == targets.shape[0]
+
+
+_NONE = object()  # the model has no forward of its own instance
+
+
+@dataclass
+class _Replayed:
+    """What the user's loss is on outputs put in place of the model's (see :func:`_replay`)."""
+
+    kind: str  # "ce": a cross-entropy as T1 judges it; "weighted": a binary one weighing the classes unequally;
+    # "other": not a cross-entropy over the output; "unread": the loss does not read the output as returned
+    at_uniform: float = math.nan  # the loss at the near-uniform output (logit 0, p = 0.5 or 1/C)
+    scale: float = 1.0  # the loss over the cross-entropy's mean (the number of targets for a summed one)
+    output: str = "logits"  # how the loss reads the model's output: logits, probabilities or log-probabilities
+    probes: int = 0
+
+    def measured(self) -> str:
+        scale = "" if math.isclose(self.scale, 1.0, rel_tol=1e-3) else f"{self.scale:.4g} x "
+        return (
+            f"replayed on {self.probes} outputs put in place of the model's, read as {self.output}, it is "
+            f"{scale}a cross-entropy's value; {self.at_uniform:.4g} at the near-uniform output"
+        )
+
+
+def _replay(fresh, batch, targets: torch.Tensor, soft: bool) -> _Replayed:
+    """Whether the training's loss on ``batch`` is a cross-entropy of the model's output: the loss is replayed
+    with the model's forward returning outputs of its shape put in its place (the near-uniform one and random
+    ones, no model run) and its values are fitted, as a non-negative combination, to cross-entropies of those
+    outputs read as logits (probabilities, log-probabilities): for one output per example against 0/1 targets,
+    the binary cross-entropies of either class against the example's target and against the other one (label
+    smoothing mixes them), which must weigh both classes alike; for soft targets, the softmax cross-entropy
+    against the rows and against the uniform distribution (label smoothing). Only the output is replaced, so
+    the loss's own reduction and scale stay (a summed loss is ``scale`` = the number of targets)."""
+    model = fresh.model
+    own = vars(model).get("forward", _NONE)
+    forward = model.forward
+    captured: list[Any] = []
+
+    def spy(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        captured.append(out)
+        return out
+
+    current: list[torch.Tensor] = []
+
+    def replay(*_args, **_kwargs):
+        reused()  # no model ran: this call returns the output put in place of the model's
+        captured.append(current[0])
+        return current[0]
+
+    def loss_at(out: torch.Tensor) -> float:
+        current[:] = [out]
+        with preserved_rng():
+            seed_all(SEED)
+            return float(fresh.loss(batch))
+
+    model.forward = spy
+    try:
+        with preserved_rng():
+            seed_all(SEED)
+            first = float(fresh.loss(batch))
+        out0 = captured[0] if len(captured) == 1 else None
+        if not isinstance(out0, torch.Tensor) or not out0.is_floating_point():
+            return _Replayed("unread")
+        out0 = out0.detach()
+        if (soft and tuple(out0.shape) != tuple(targets.shape)) or (not soft and out0.numel() != targets.numel()):
+            return _Replayed("unread")
+        model.forward = replay
+        if not math.isclose(loss_at(out0.clone()), first, rel_tol=1e-4, abs_tol=1e-6):
+            return _Replayed("unread")  # the loss reads more than the output the model returned
+        g = torch.Generator().manual_seed(SEED)
+        probes = [torch.zeros(out0.shape)] + [torch.randn(out0.shape, generator=g) * 2 for _ in range(5)]
+        basis = [_basis(z, targets, soft) for z in probes]
+        half = out0.dtype in (torch.float16, torch.bfloat16)
+        reads = (
+            ("logits", lambda z: z),
+            ("probabilities", torch.softmax if soft else (lambda z, dim: torch.sigmoid(z))),
+            ("log-probabilities", torch.log_softmax if soft else (lambda z, dim: torch.nn.functional.logsigmoid(z))),
+        )
+        for name, read in reads:
+            values = []
+            for z in probes:
+                out = (z if name == "logits" else read(z, dim=-1)).to(out0.dtype).to(out0.device)
+                try:
+                    values.append(loss_at(out))
+                except Exception:  # noqa: BLE001 - a loss of probabilities may reject logits (BCELoss outside [0, 1]): not this reading
+                    values = []
+                    break
+            if not values or not all(math.isfinite(v) for v in values):
+                continue
+            fit = _fit(basis, values, 1e-2 if half else 1e-4)
+            if fit is None:
+                continue
+            kind, scale = fit
+            return _Replayed(kind, values[0], scale, name, len(probes))
+        return _Replayed("other", at_uniform=_first_value(loss_at, out0, soft))
+    finally:
+        if own is _NONE:
+            vars(model).pop("forward", None)
+        else:
+            model.forward = own
+
+
+def _first_value(loss_at, out0: torch.Tensor, soft: bool) -> float:
+    """The loss at the near-uniform output read as logits (zeros), for the report."""
+    try:
+        return loss_at(torch.zeros_like(out0))
+    except Exception:  # noqa: BLE001 - a loss that takes no logits: the value is only reported
+        return math.nan
+
+
+def _basis(z: torch.Tensor, targets: torch.Tensor, soft: bool) -> list[float]:
+    """Cross-entropies of the outputs ``z`` read as logits, the mean over the batch: for soft targets, against
+    the rows and against the uniform distribution; for one logit per example against 0/1 targets, each class's
+    examples against their own class and against the other one (positives' -log p, negatives' -log(1 - p),
+    positives' -log(1 - p), negatives' -log p)."""
+    z = z.double()
+    if soft:
+        logp = torch.log_softmax(z, dim=-1)
+        q = targets.double().to("cpu")
+        return [float(-(q * logp).sum(-1).mean()), float(-logp.mean(-1).mean())]
+    z = z.flatten()
+    y = targets.double().flatten().to("cpu")
+    sp_pos, sp_neg = torch.nn.functional.softplus(-z), torch.nn.functional.softplus(z)
+    return [
+        float((y * sp_pos).mean()),
+        float(((1 - y) * sp_neg).mean()),
+        float((y * sp_neg).mean()),
+        float(((1 - y) * sp_pos).mean()),
+    ]
+
+
+def _fit(basis: list[list[float]], values: list[float], tol: float) -> tuple[str, float] | None:
+    """(kind, scale) when ``values`` are a non-negative combination of ``basis`` within ``tol`` (relative), else
+    None. Columns that are zero on every probe (a class absent from the batch) are left out."""
+    a = torch.tensor(basis, dtype=torch.float64)
+    b = torch.tensor(values, dtype=torch.float64)
+    used = [j for j in range(a.shape[1]) if float(a[:, j].abs().max()) > 0]
+    coef = torch.zeros(a.shape[1], dtype=torch.float64)
+    coef[used] = torch.linalg.lstsq(a[:, used], b.unsqueeze(1)).solution.squeeze(1)
+    size = float(b.abs().max())
+    if float((a @ coef - b).abs().max()) > tol * max(size, 1e-6) or float(coef.min()) < -tol * max(
+        1.0, float(coef.abs().max())
+    ):
+        return None
+    if len(coef) == 2:  # soft: against the rows, and the uniform part of label smoothing
+        return "ce", float(coef.sum())
+    positives, negatives = float(coef[0] + coef[2]), float(coef[1] + coef[3])
+    if not (0 in used or 2 in used):
+        return "ce", negatives
+    if not (1 in used or 3 in used):
+        return "ce", positives
+    if not math.isclose(positives, negatives, rel_tol=10 * tol):
+        return "weighted", positives
+    return "ce", positives

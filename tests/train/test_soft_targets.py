@@ -147,3 +147,22 @@ def test_soft_target_pipeline_whose_outputs_are_probabilities_fails_t2(project):
     text = " ".join(run.section("T2").split())
     assert "the targets are soft (float32 (8, 4)" in text and "of the loss above that floor must go" in text, text
     assert "outputs are probabilities" in text and "drop the final softmax" in text, text
+
+
+#: Mixup's soft targets regressed with an MSE on the model's outputs: no cross-entropy, whatever the targets are
+MSE = TIMM.replace("return SoftTargetCrossEntropy()", "return nn.MSELoss()")
+
+
+def test_an_mse_on_soft_targets_is_not_judged_against_ln_c(project):
+    # the twin of test_soft_target_pipeline_with_a_head_far_too_large_fails_t1 (the same head, logits of std ~30,
+    # which fails there under SoftTargetCrossEntropy): under an MSE no near-uniform prediction costs ln(4), and the
+    # replay of the loss on outputs put in place of the model's shows it is no cross-entropy
+    project.conftest(CONFTEST.format(head="nn.init.normal_(model[-1].weight, std=5.0)", mix=MSE))
+    run = project.run("--dlcheck=T1", "-rA")
+    run.assert_outcome("T1", "skipped")
+    text = " ".join(run.text.split())
+    assert (
+        "not applicable: soft targets (float32 (8, 4)), but the loss is not a cross-entropy of the model's output "
+        "against the soft targets" in text
+    ), text
+    assert "ln(4) does not apply" in text and "far too large" not in text, text

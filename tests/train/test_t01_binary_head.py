@@ -62,13 +62,15 @@ LOOP = """
 
     @pytest.fixture(scope="session")
     def dlcheck_loss_fn():
-        bce = nn.BCEWithLogitsLoss()
-        return lambda out, y: bce(out.squeeze(-1), y)
+        loss = {loss}
+        return lambda out, y: loss(out.squeeze(-1), y)
 """
+
+BCE = "nn.BCEWithLogitsLoss()"
 
 
 def test_float_zero_one_targets_with_one_logit_start_at_ln_2(project):
-    project.conftest(LOOP.format(bias=0.0))
+    project.conftest(LOOP.format(bias=0.0, loss=BCE))
     run = project.run("--dlcheck=T1", "-rA")
     run.assert_outcome("T1", "passed")
     run.fnmatch(
@@ -79,8 +81,98 @@ def test_float_zero_one_targets_with_one_logit_start_at_ln_2(project):
 
 
 def test_float_zero_one_targets_with_a_large_bias_fail_naming_the_bias(project):
-    project.conftest(LOOP.format(bias=-8.0))
+    project.conftest(LOOP.format(bias=-8.0, loss=BCE))
     run = project.run("--dlcheck=T1")
     run.assert_outcome("T1", "failed")
     text = tt.section(run, "T1")
     assert "x ln(2) = 0.693" in text and "the binary head's logit starts far from 0" in text and "bias" in text
+
+
+def test_a_binary_cross_entropy_with_a_bias_of_3_fails(project):
+    # the buggy twin of the loss replay below: the same head and bias under BCEWithLogitsLoss is confidently wrong
+    project.conftest(LOOP.format(bias=3.0, loss=BCE))
+    run = project.run("--dlcheck=T1")
+    run.assert_outcome("T1", "failed")
+    text = " ".join(tt.section(run, "T1").split())
+    assert "x ln(2) = 0.693" in text and "the model predicts p = 0.9" in text, text
+    assert (
+        "the loss is a binary cross-entropy (replayed on 6 outputs put in place of the model's, read as logits" in text
+    )
+
+
+def test_a_summed_binary_cross_entropy_still_fails_as_summed(project):
+    # a summed BCE costs 8 x ln 2 at logit 0: the replay reads it as a cross-entropy x 8, not as another loss
+    project.conftest(LOOP.format(bias=0.0, loss='nn.BCEWithLogitsLoss(reduction="sum")'))
+    run = project.run("--dlcheck=T1")
+    run.assert_outcome("T1", "failed")
+    text = " ".join(tt.section(run, "T1").split())
+    assert "8 x a cross-entropy's value" in text and "summed over the batch instead of averaged" in text, text
+
+
+def test_an_mse_on_a_zero_one_score_is_not_judged_against_ln_2(project):
+    # one output per example against float 0/1 targets, but an MSE: a bias of 3 costs 9.12 x ln 2, and the story
+    # of a binary head predicting p = 0.95 is untrue: the replay of the loss shows it is no cross-entropy
+    project.conftest(LOOP.format(bias=3.0, loss="nn.MSELoss()"))
+    run = project.run("--dlcheck=T1", "-rA")
+    run.assert_outcome("T1", "skipped")
+    text = " ".join(run.text.split())
+    assert "confidently wrong" not in text and "the model predicts p =" not in text, text
+    assert (
+        "not applicable: one output per example against 0/1 targets (float32 (8,)), but the loss is not a binary "
+        "cross-entropy of the model's output" in text
+    ), text
+
+
+def test_a_label_smoothed_binary_cross_entropy_is_judged(project):
+    # label smoothing mixes each example's two cross-entropies; the loss is still a binary cross-entropy
+    smoothed = "lambda out, y: nn.functional.binary_cross_entropy_with_logits(out, y * 0.9 + 0.05)"
+    project.conftest(LOOP.format(bias=0.0, loss=smoothed))
+    run = project.run("--dlcheck=T1", "-rA")
+    run.assert_outcome("T1", "passed")
+    run.fnmatch(["*x ln(2) = 0.693*the loss is a binary cross-entropy (replayed on 6 outputs*"])
+
+
+def test_a_probability_head_under_bce_loss_is_judged(project):
+    # a sigmoid inside the model and nn.BCELoss: the loss reads the output as a probability, still a binary
+    # cross-entropy; a bias of 3 is confidently wrong there too
+    sigmoid = (
+        LOOP.format(bias=3.0, loss="nn.BCELoss()")
+        .replace("nn.Linear(16, 1))", "nn.Linear(16, 1), nn.Sigmoid())")
+        .replace("model[-1].bias", "model[-2].bias")
+    )
+    project.conftest(sigmoid)
+    run = project.run("--dlcheck=T1")
+    run.assert_outcome("T1", "failed")
+    text = " ".join(tt.section(run, "T1").split())
+    assert "read as probabilities" in text and "x ln(2) = 0.693" in text, text
+
+
+def test_a_class_weighted_binary_cross_entropy_says_what_it_did_not_judge(project):
+    weighted = "nn.BCEWithLogitsLoss(pos_weight=torch.tensor(4.0))"
+    project.conftest(LOOP.format(bias=3.0, loss=weighted))
+    run = project.run("--dlcheck=T1", "-rA")
+    run.assert_outcome("T1", "skipped")
+    assert "weighs the two classes unequally" in " ".join(run.text.split()), run.text
+
+
+def test_a_loss_that_cannot_be_replayed_says_what_it_did_not_judge(project):
+    # the loss reads the model twice (a consistency term): it cannot be replayed on one output put in place of
+    # the model's, so whether it is a binary cross-entropy is not told; the bias-3 BCE twin above still fails
+    conftest = (
+        LOOP.format(bias=3.0, loss=BCE)
+        + """
+    @pytest.fixture(scope="session")
+    def dlcheck_compute_loss():
+        bce = nn.BCEWithLogitsLoss()
+        def loss(model, batch):
+            x, y = batch
+            return bce(model(x).squeeze(-1), y) + 0.0 * model(x + 1).mean()
+        return loss
+"""
+    )
+    project.conftest(conftest.replace("def dlcheck_loss_fn", "def _unused_loss_fn"))
+    run = project.run("--dlcheck=T1", "-rA")
+    run.assert_outcome("T1", "skipped")
+    text = " ".join(run.text.split())
+    assert "not judged: one output per example against 0/1 targets (float32 (8,))" in text, text
+    assert "the loss does not read the model's output tensor as returned" in text, text
