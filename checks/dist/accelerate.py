@@ -8,8 +8,10 @@ accelerate kind of pytest_dlcheck.training) runs in every rank as their script r
   ``accelerator.prepare(model)`` wraps the model in DistributedDataParallel itself (no ``dlcheck_dist_wrap``).
 - The rank's data is the user's own DataLoader, never a stand-in: the one their factory prepared (in its dict,
   else the first one its Accelerator prepared), sharded by Accelerate's ``BatchSamplerShard``; else a DataLoader
-  their dict holds that never went through ``accelerator.prepare``, else ``dlcheck_dataloader``, both as they are
-  (each rank then iterates the whole dataset, which D3 judges); :func:`indices` lists the indices the loader yields
+  their dict holds that never went through ``accelerator.prepare`` (each rank then iterates the whole dataset,
+  which D3 judges), else ``dlcheck_dataloader``, both as they are (of the fixture D3 says it was not judged: the
+  script may prepare its loader outside the factory); a loader the dict keys as an evaluation one (eval, val,
+  valid, test, dev as a word of the key) is never the training loader; :func:`indices` lists the indices the loader yields
   this epoch on this rank, as its ``__iter__`` draws them (the random generators synchronised from rank 0 first,
   a collective every rank calls at the same point); :func:`describe` adds how many examples Accelerate's own
   sharding repeats (``even_batches``) or leaves out (``drop_last``) by design, D3's allowance."""
@@ -17,6 +19,7 @@ accelerate kind of pytest_dlcheck.training) runs in every rank as their script r
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Any
 
@@ -24,8 +27,9 @@ from ...training.accelerate import accelerator_of
 
 #: where the loader of an Accelerate user's ranks comes from (D3 and D4 say so)
 FROM_FACTORY = "dlcheck_make_training"
-#: the user's dlcheck_dataloader, as it is: their factory's Accelerator prepared no DataLoader
-FROM_ROLE = "dlcheck_dataloader (dlcheck_make_training's Accelerator prepared no DataLoader)"
+#: the user's dlcheck_dataloader, as it is: their factory's Accelerator prepared no (training) DataLoader
+FROM_ROLE_PREFIX = "dlcheck_dataloader (dlcheck_make_training's Accelerator prepared no"
+FROM_ROLE = f"{FROM_ROLE_PREFIX} DataLoader)"
 
 
 def reset_state(cpu: bool) -> None:
@@ -49,32 +53,63 @@ def is_prepared_loader(obj: Any) -> bool:
     )
 
 
-def _train_first(state: dict[str, Any], keep: Any) -> list[tuple[Any, Any]]:
-    """The (key, value) pairs of the factory's dict that ``keep`` accepts, a key naming "train" first."""
-    return sorted(((k, v) for k, v in state.items() if keep(v)), key=lambda kv: "train" not in str(kv[0]).lower())
+#: words of a dict key that name an evaluation loader, never the training one (matched as whole words of the key:
+#: "val" names val_loader, not retrieval_loader; "test" names test_dl, not latest_loader)
+EVAL_WORDS = frozenset({"eval", "evaluation", "val", "valid", "validation", "test", "testing", "dev"})
+TRAIN_WORDS = frozenset({"train", "training"})
+
+
+def key_words(key: Any) -> set[str]:
+    """The words of a dict key, lower-cased: split on ``_ . -``, spaces, digits and camelCase humps."""
+    text = re.sub(r"([a-z])([A-Z])", r"\1_\2", str(key))
+    return {w for w in re.split(r"[_.\-\s\d]+", text.lower()) if w}
+
+
+def names_eval(key: Any) -> bool:
+    """The key names an evaluation loader (eval / val / valid / test / dev ... as a word of it) and not training."""
+    words = key_words(key)
+    return bool(words & EVAL_WORDS) and not words & TRAIN_WORDS
+
+
+def _training_candidates(state: dict[str, Any], keep: Any) -> list[tuple[Any, Any]]:
+    """The (key, value) pairs of the factory's dict that ``keep`` accepts and that may be the training loader: a
+    key naming "train" first, then keys naming neither training nor evaluation; never an evaluation-keyed one."""
+    found = [(k, v) for k, v in state.items() if keep(v) and not names_eval(k)]
+    return sorted(found, key=lambda kv: not key_words(kv[0]) & TRAIN_WORDS)
+
+
+def from_role(built_by: Any) -> bool:
+    """The ranks iterate ``dlcheck_dataloader`` as it is, because the factory's Accelerator prepared no training
+    DataLoader (:func:`loader_of`)."""
+    return isinstance(built_by, str) and built_by.startswith(FROM_ROLE_PREFIX)
 
 
 def loader_of(state: dict[str, Any], given: Any) -> tuple[Any, str]:
     """(this rank's loader, where it comes from): the user's own, never a stand-in — a prepared DataLoader in the
-    factory's dict (a key naming "train" first), else the first DataLoader the factory's Accelerator prepared, else
-    a DataLoader in the dict that was not prepared, else ``given`` (dlcheck_dataloader); the last two as they are,
-    as the user's script iterates them (D3 judges what that does to the shards)."""
+    factory's dict (a key naming "train" first, then one naming no evaluation), else the first DataLoader the
+    factory's Accelerator prepared that its dict does not key as an evaluation loader, else a DataLoader in the
+    dict that was not prepared (the same order), else ``given`` (dlcheck_dataloader); the last two as they are, as
+    the user's script iterates them (D3 judges what the first does to the shards; of the second it says it was not
+    judged). A loader keyed eval / val / valid / test / dev is never taken for the training one."""
     from torch.utils.data import DataLoader
 
-    found = _train_first(state, is_prepared_loader)
+    found = _training_candidates(state, is_prepared_loader)
     if found:
         return found[0][1], f"{FROM_FACTORY} (state[{found[0][0]!r}])"
+    evaluation = {id(v): k for k, v in state.items() if names_eval(k)}
     accelerator = accelerator_of(state)
     for loader in getattr(accelerator, "_dataloaders", None) or []:
-        if is_prepared_loader(loader):
+        if is_prepared_loader(loader) and id(loader) not in evaluation:
             return loader, f"{FROM_FACTORY} (the DataLoader it passed to accelerator.prepare)"
-    plain = [
-        (k, v)
-        for k, v in _train_first(state, lambda v: isinstance(v, DataLoader))
-        if not any(word in str(k).lower() for word in ("eval", "val", "test"))  # the training loader, not those
-    ]
+    plain = _training_candidates(state, lambda v: isinstance(v, DataLoader))
     if plain:
         return plain[0][1], f"{FROM_FACTORY} (state[{plain[0][0]!r}])"
+    prepared_eval = [k for k, v in state.items() if names_eval(k) and is_prepared_loader(v)]
+    if prepared_eval:
+        return given, (
+            f"{FROM_ROLE_PREFIX} training DataLoader: only {', '.join(f'state[{k!r}]' for k in prepared_eval)}, "
+            "keyed as an evaluation loader, which is not trained on)"
+        )
     if given is None or accelerator is None:
         return given, "dlcheck_dataloader"
     return given, FROM_ROLE

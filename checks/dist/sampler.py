@@ -80,9 +80,12 @@ def check_sampler_shards(dlcheck):
         judged. An Accelerate user's ranks list the indices Accelerate's ``BatchSamplerShard`` gives them from
         the DataLoader their factory prepared (the ``even_batches`` padding Accelerate's own sharding makes is
         allowed; reshuffling is judged on the loader's second pass); a DataLoader their factory holds but never
-        prepared, or ``dlcheck_dataloader`` when their factory's Accelerator prepared none, is what their ranks
-        train on, as it is (the launch never prepares a stand-in), and fails when it is not sharded; a
-        ``DataLoaderDispatcher`` skips.
+        prepared is what their ranks train on, as it is (the launch never prepares a stand-in), and fails when it
+        is not sharded. A loader keyed as an evaluation one (a word of the key: eval, val, valid, test, dev) is
+        never taken for the training loader. When the factory's dict holds no training DataLoader and its
+        Accelerator prepared none (or only an evaluation loader), the script may prepare its loader outside the
+        factory: D3 skips, saying so (return the prepared loader in ``dlcheck_make_training``'s dict to have it
+        judged). A ``DataLoaderDispatcher`` skips.
     Not applicable
         Training that does not run distributed (a plain loop without ``dlcheck_dist_wrap``; an Accelerate
         user's ``accelerator.prepare`` wraps the model itself).
@@ -93,6 +96,16 @@ def check_sampler_shards(dlcheck):
     idx0 = [r["indices"].get(0) for r in recs]
     idx1 = [r["indices"].get(1) for r in recs]
     info = recs[0]["loader"]
+    if accelerate.from_role(info.get("built_by")):
+        # the ranks iterate the plain fixture because the factory returned no prepared loader: a script may well
+        # prepare its loader outside the factory, so what the fixture does on every rank says nothing of its shards
+        dlcheck.skip(
+            f"not judged: the ranks' shards of your training loader: {info['built_by']}, so the launch iterates "
+            "dlcheck_dataloader as it is on every rank, and how your script shards its loader is not visible; return "
+            "the loader your script trains on, passed to accelerator.prepare, in dlcheck_make_training's dict "
+            "(model, optimizer, loader = accelerator.prepare(model, optimizer, loader); {..., 'train_dataloader': "
+            "loader}) to have it judged"
+        )
     if info.get("no_indices"):
         dlcheck.skip(f"the dataloader's shards are not judged: {info['no_indices']}")
     if any(i is None for i in idx0):
@@ -162,11 +175,6 @@ def check_sampler_shards(dlcheck):
             fix = (
                 "pass the DataLoader to accelerator.prepare (model, optimizer, loader = accelerator.prepare(model, "
                 "optimizer, loader)) with an Accelerator built in the process: it deals each rank its own batches"
-                + (
-                    "; return the prepared loader in dlcheck_make_training's dict, as your script trains on it"
-                    if info.get("built_by") == accelerate.FROM_ROLE
-                    else ""
-                )
             )
         dlcheck.fail(evidence, cause, fix, shared=len(shared))
     missing = sorted(set(range(n)) - union)
