@@ -58,8 +58,13 @@ def check_train_eval_gap(dlcheck):
         thresholds).
         When the training batches hold soft targets (Mixup/CutMix in the collate) and the eval batches class
         indices, the indices are handed to the training's loss as one-hot rows (on which a soft-target
-        cross-entropy is the cross-entropy of the index); the train loss keeps the mixed targets' entropy, so
-        the gap reads smaller. Eval targets the training's loss cannot take are not judged. A model whose losses
+        cross-entropy is the cross-entropy of the index). Against the mixed targets the train loss keeps their
+        entropy, which hides memorisation, so the train loss is measured on the training dataset's first
+        examples collated by the eval loader's collate_fn (class indices, no mixing), handed to the loss as
+        one-hot rows too: like is compared with like. When they cannot be collated so (the loaders are not
+        DataLoaders, the training dataset is not indexable, the eval collate does not take its examples), the
+        mixed batches are used and a pass says memorisation was not judged. Eval targets the training's loss
+        cannot take are not judged. A model whose losses
         exist in train mode only (a torchvision detector) is measured in train mode with its BatchNorm and
         dropout layers in eval mode.
     Not applicable
@@ -76,6 +81,14 @@ def check_train_eval_gap(dlcheck):
     tr = run_or_skip(dlcheck, lambda: training_batches(dlcheck, run.setup))
     ev, soft_note = _eval_targets_as_trained(dlcheck, tr, ev)
     initial, _, _ = probe(dlcheck)
+    # soft training targets (Mixup/CutMix in the collate) keep the train loss at their entropy at least, while the
+    # eval loss of class indices can go to 0: memorisation hides under that floor. Like is compared with like: the
+    # training examples collated as the eval loader collates its own (class indices, no mixing)
+    plain, plain_note, unmixed_why = (None, None, None)
+    if soft_note:
+        plain, plain_note, unmixed_why = _training_examples_as_eval(dlcheck, tr)
+    train_note = plain_note if plain is not None else None
+    train_batches = plain if plain is not None else tr
 
     reasons: list[str] = []
 
@@ -83,8 +96,12 @@ def check_train_eval_gap(dlcheck):
         with made_up(soft_note) if soft_note else contextlib.nullcontext():
             return mean_loss(fresh, ev, reasons)
 
-    before = (mean_loss(initial, tr, reasons), eval_loss(initial))
-    after = (mean_loss(run.trained, tr, reasons), eval_loss(run.trained))
+    def train_loss_of(fresh):
+        with made_up(train_note) if train_note else contextlib.nullcontext():
+            return mean_loss(fresh, train_batches, reasons)
+
+    before = (train_loss_of(initial), eval_loss(initial))
+    after = (train_loss_of(run.trained), eval_loss(run.trained))
     if None in after:
         dlcheck.skip(
             "the loss could not be computed on the sampled batches in eval mode"
@@ -100,15 +117,19 @@ def check_train_eval_gap(dlcheck):
             f"= {ratio:.2f} x, {eval_loss - train_loss:.3g} nats apart (fails when above {dlcheck.setting('max_ratio')} x "
             f"and more than {dlcheck.setting('min_gap')} nats apart)",
             *([f"before training: eval {before[1]:.4g}, train {before[0]:.4g}"] if None not in before else []),
-            *(
-                [f"{soft_note}; the train loss against mixed targets keeps their entropy, so it reads high"]
-                if soft_note
-                else []
-            ),
+            *([soft_note] if soft_note else []),
+            *([train_note] if train_note else []),
             train_loss=train_loss,
             eval_loss=eval_loss,
             ratio=round(ratio, 4),
         )
+        if soft_note and train_note is None:
+            dlcheck.not_judged(
+                "memorisation",
+                "the train loss is measured against the mixed soft targets, whose entropy keeps it high, and the "
+                f"training examples could not be collated without the mixing ({unmixed_why}): a gap of memorisation "
+                "reads smaller than it is",
+            )
         return
     if before[0] is not None and train_loss > before[0]:
         # memorisation needs a training loss that fell; one that rose is a diverging run (S2/S3 judge it)
@@ -125,6 +146,8 @@ def check_train_eval_gap(dlcheck):
         evidence.append(f"before training: eval {before[1]:.4g}, train {before[0]:.4g}")
     if soft_note:
         evidence.append(soft_note)
+    if train_note:
+        evidence.append(train_note)
     gap_before = None if None in before else before[1] - before[0]
     if (
         gap_before is not None
@@ -169,6 +192,39 @@ def _not_diverged(dlcheck, run) -> None:
     dlcheck.skip(
         f"not judged: the smoke run diverged ({what}; S2 fails it): the eval/train gap of a diverged model is no "
         "sign of memorisation or of different eval data (see S2, and the learning rate)"
+    )
+
+
+def _training_examples_as_eval(dlcheck, tr) -> tuple[list | None, str | None, str | None]:
+    """(batches, note, None): the training dataset's first examples collated by the eval loader's collate_fn (no
+    Mixup/CutMix: class indices), as many batches as ``tr``, their indices handed to the training's loss as one-hot
+    rows as the eval batches' are; or (None, None, why not) when the loaders are not DataLoaders over a dataset of
+    known length, or the eval collate does not give class indices for the training examples."""
+    from torch.utils.data import DataLoader
+
+    train_loader, eval_loader = dlcheck.role("dataloader"), dlcheck.role("eval_dataloader")
+    if not isinstance(train_loader, DataLoader) or not isinstance(eval_loader, DataLoader):
+        return None, None, "the training and eval loaders are not both torch DataLoaders"
+    dataset = train_loader.dataset
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        return None, None, "the training dataset is not indexable"
+    size = eval_loader.batch_size or train_loader.batch_size or len(targets_of(tr[0]))
+    want = min(len(tr) * size, len(dataset))
+    try:
+        rows = [dataset[i] for i in range(want)]
+        batches = [eval_loader.collate_fn(rows[i : i + size]) for i in range(0, want, size)]
+    except Exception as exc:  # noqa: BLE001 - the eval collate may not take the training examples: not judged, said so
+        return None, None, f"the eval loader's collate_fn raised {type(exc).__name__} on the training examples"
+    converted = [as_soft_targets(b, tr[0]) for b in batches]
+    if not converted or any(b is None for b in converted):
+        return None, None, "the eval loader's collate_fn gives the training examples no class indices"
+    classes = int(targets_of(tr[0]).shape[-1])
+    return (
+        converted,
+        f"the train loss is measured on the training dataset's first {want} examples collated as the eval loader "
+        f"collates (its collate_fn: class indices, no mixing), handed to the training's loss as one-hot rows over "
+        f"{classes} classes: against the mixed targets their entropy keeps the loss high and hides memorisation",
+        None,
     )
 
 
