@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import rel_background
 import rel_projects
 from rel_runs import run_group
 from rel_tracker import check_id
+
+#: its in-process baseline is rel_runs' runs, made once per process: on the worker of test_rel_no_trace.py's
+pytestmark = pytest.mark.xdist_group("rel_runs")
 
 
 def test_two_runs_in_two_processes_under_xdist_agree(pytester, tmp_path_factory):

@@ -16,6 +16,9 @@ from rel_tracker import Tracker, check_id
 from pytest_dlcheck import registry
 
 CHECKS = registry.load_checks()
+#: the tests that read rel_runs' in-process runs (made once per process) share one worker under xdist, with
+#: test_rel_flake_xdist.py's (scripts/test: loadgroup)
+pytestmark = pytest.mark.xdist_group("rel_runs")
 
 
 @pytest.mark.parametrize("cid", list(CHECKS))
