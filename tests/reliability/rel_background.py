@@ -106,6 +106,24 @@ def examples(base: Path) -> Run:
     return _RUNS["examples"]
 
 
+_EXAMPLES_DONE: dict = {}
+
+
+def examples_outcomes(base: Path) -> tuple[dict[str, tuple[str, str]], list[str], str, dict[str, Path]]:
+    """The examples' run, waited for and read once per process: junit outcomes (nodeid -> (outcome, failure
+    text)), the network attempts it logged, its terminal text and its files (junit, json, html, log). Every test
+    that reads it is in the xdist group "examples", so one worker makes it."""
+    if "run" not in _EXAMPLES_DONE:
+        run = examples(base)
+        rc, text = run.wait()
+        assert rc in (0, 1) and "INTERNALERROR" not in text, text[-5000:]
+        outcomes = junit_outcomes(run.files["junit"])
+        log = run.files["log"]
+        attempts = log.read_text().splitlines() if log.exists() else []
+        _EXAMPLES_DONE["run"] = outcomes, attempts, text, run.files
+    return _EXAMPLES_DONE["run"]
+
+
 # ---- the real projects under -n 2 -----------------------------------------------------------------
 
 #: the projects run a second time, under xdist: one of each kind without a Trainer (those make the run

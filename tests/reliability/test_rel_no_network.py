@@ -35,20 +35,9 @@ def test_the_blocker_sees_a_hub_request_in_online_mode():
     assert guard.attempts and "huggingface.co" in " ".join(guard.attempts), guard.attempts
 
 
-_DONE: dict = {}
-
-
 def examples_run(tmp_path_factory):
-    if "run" not in _DONE:
-        run = rel_background.examples(tmp_path_factory.mktemp("background"))
-        rc, text = run.wait()
-        assert rc in (0, 1) and "INTERNALERROR" not in text, text[-5000:]
-        outcomes = rel_background.junit_outcomes(run.files["junit"])
-        log = run.files["log"]
-        attempts = log.read_text().splitlines() if log.exists() else []
-        _DONE["run"] = outcomes, attempts, text
-        _DONE["files"] = run.files
-    return _DONE["run"]
+    outcomes, attempts, text, _ = rel_background.examples_outcomes(tmp_path_factory.mktemp("background"))
+    return outcomes, attempts, text
 
 
 def test_every_check_on_every_example_runs_offline(tmp_path_factory):
@@ -85,8 +74,7 @@ def test_report_of_every_example_reads_failures_first(tmp_path_factory, tmp_path
 
     from pytest_dlcheck.report import schema_path
 
-    outcomes, attempts, text = examples_run(tmp_path_factory)
-    files = _DONE["files"]
+    outcomes, attempts, text, files = rel_background.examples_outcomes(tmp_path_factory.mktemp("background"))
     doc = json.loads(Path(files["json"]).read_text())
     jsonschema.validate(doc, json.loads(schema_path().read_text()))
     page = Path(files["html"]).read_text()
