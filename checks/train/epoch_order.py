@@ -106,6 +106,75 @@ def _pristine() -> tuple:
     return random.getstate()[1][:4], tuple(np.random.get_state()[1][:4]) if np is not None else None
 
 
+def _planned_epochs(setup: Any, loader: Any) -> tuple[float, str] | None:
+    """(how many epochs the user's run trains, where that is read), when the run's plan is visible: a Trainer's
+    args (max_steps, else num_train_epochs) or a handed-over Lightning Trainer (max_steps, else max_epochs);
+    None for a loop, whose epochs live in its own code."""
+    try:
+        batches = len(loader)
+    except TypeError:
+        batches = 0
+    if setup is not None and setup.kind == "trainer":
+        args = setup.trainer.args
+        if getattr(args, "max_steps", -1) and args.max_steps > 0 and batches:
+            accum = max(1, int(getattr(args, "gradient_accumulation_steps", 1) or 1))
+            return args.max_steps * accum / batches, f"max_steps={args.max_steps} of {batches} batches an epoch"
+        return float(args.num_train_epochs), f"num_train_epochs={args.num_train_epochs}"
+    trainer = getattr(setup, "l_trainer", None) if setup is not None and setup.kind == "lightning" else None
+    if trainer is None or trainer is MISSING:
+        return None
+    if (getattr(trainer, "max_steps", -1) or -1) > 0 and batches:
+        accum = max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1))
+        return trainer.max_steps * accum / batches, f"max_steps={trainer.max_steps} of {batches} batches an epoch"
+    epochs = getattr(getattr(trainer, "fit_loop", None), "max_epochs", None)
+    if epochs is None or epochs < 0:
+        return None
+    return float(epochs), f"max_epochs={epochs}"
+
+
+def _fail_or_judge_no_shuffle(dlcheck, setup, loader, where) -> None:
+    """A training loader that does not shuffle gives every epoch the same order: fails when the run's plan is
+    visible and trains more than one epoch; not applicable for one epoch; not judged (a skip saying so) when the
+    number of epochs lives in the user's own loop."""
+    kind = type(getattr(loader, "sampler", None)).__name__
+    try:
+        with preserved_rng():
+            first = list(itertools.islice(iter(getattr(loader, "batch_sampler", None) or loader.sampler), 2))
+    except Exception:  # noqa: BLE001 - a sampler that cannot be iterated without data: its order is not read
+        first = []
+    plan = _planned_epochs(setup, loader)
+    if plan is None:
+        lightning = setup is not None and setup.kind == "lightning"
+        dlcheck.skip(
+            f"{where} does not shuffle ({kind}): every epoch visits the examples in the same order, which matters "
+            "when the run trains more than one epoch; "
+            + (
+                "how many epochs your run trains is not visible (hand over your Lightning Trainer as dlcheck_trainer "
+                "and its max_epochs is read)"
+                if lightning
+                else "how many epochs your loop trains is in your own code"
+            )
+            + ", so it is not judged (shuffle=True gives each epoch its own order)"
+        )
+    epochs, read = plan
+    if epochs <= 1:
+        dlcheck.not_applicable(
+            f"{where} does not shuffle ({kind}), and the run trains one epoch ({read}): no order repeats"
+        )
+    dlcheck.fail(
+        [
+            f"{where} does not shuffle: its {kind} gives every epoch the same order"
+            + (f" (the first batches: {[_entry(b) for b in first]})" if first else ""),
+            f"the run trains {epochs:g} epochs ({read})",
+        ],
+        "the training DataLoader is built without shuffle=True: every epoch presents the examples in the same "
+        "order, so the batches, their neighbours and the last batch of each epoch repeat epoch after epoch",
+        "shuffle the training data: DataLoader(..., shuffle=True) (seeded with a generator for reproducibility), or "
+        "a DistributedSampler(shuffle=True) with sampler.set_epoch(epoch) each epoch",
+        epochs=epochs,
+    )
+
+
 def _train_loader(dlcheck, setup) -> tuple[Any, str]:
     if setup is not None and setup.kind == "trainer":
 
@@ -170,9 +239,13 @@ def check_epoch_order(dlcheck):
         calls it is not seen. The order of an IterableDataset is its own (no sampler to read without loading
         data) and is not judged; ``worker_init_fn``s that need a real worker are not judged either: with
         nothing else to judge, the check skips.
+        A training loader that does not shuffle (a SequentialSampler, ``shuffle=False``) gives every epoch the
+        same order: it fails when the run's plan is visible and trains more than one epoch (a Trainer's
+        ``num_train_epochs`` / ``max_steps``, a Lightning Trainer handed over as ``dlcheck_trainer``: its
+        ``max_epochs`` / ``max_steps``); a plain loop's epochs live in its own code, so there it is said not
+        judged (a skip).
     Not applicable
-        A training loader that does not shuffle (a SequentialSampler, ``shuffle=False``) and has no
-        multi-worker ``worker_init_fn``: there is no random order or worker stream to judge.
+        A training loader that does not shuffle in a run of one epoch (no order repeats).
     """
     setup = find_setup(dlcheck)
     loader, where = _train_loader(dlcheck, setup)
@@ -269,6 +342,8 @@ def check_epoch_order(dlcheck):
                     "epoch's worker 0"
                 )
             )
+    if not judged and not unjudged and not _shuffles(loader) and not _iterable(loader):
+        _fail_or_judge_no_shuffle(dlcheck, setup, loader, where)
     if judged:
         for u in unjudged:
             dlcheck.not_judged("worker streams" if u.startswith("worker_init_fn") else "epoch order", u)

@@ -67,16 +67,62 @@ def test_workers_seeded_from_torch(project):
     )
 
 
-def test_a_loader_that_does_not_shuffle_is_not_applicable(project):
+def test_a_loop_whose_loader_does_not_shuffle_is_said_not_judged(project):
+    # the loop's epochs live in its own code: the same order every epoch matters only past one epoch
     project.conftest(with_loader("tt.loader(shuffle=False)"))
-    run = project.run("--dlcheck=T7")
+    run = project.run("--dlcheck=T7", "-rs")
     run.assert_outcome("T7", "skipped")
     run.fnmatch(
-        [
-            "*not applicable: dlcheck_dataloader does not shuffle (SequentialSampler) and has no multi-worker "
-            "worker_init_fn: no random order or worker stream to judge*"
-        ]
+        ["*dlcheck_dataloader does not shuffle (SequentialSampler): every epoch visits the examples in the same*"]
     )
+    assert "not applicable" not in run.text
+
+
+#: pytorch-lightning's examples/pytorch/basics/autoencoder.py: DataLoader(mnist_train, batch_size=...) without
+#: shuffle, trained for max_epochs epochs by the Lightning Trainer handed over
+LIGHTNING = """
+    import lightning as L
+    import pytest, torch
+    import tiny_lightning as tl
+
+
+    @pytest.fixture(scope="session")
+    def dlcheck_lightning_module():
+        return tl.Classifier()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_datamodule():
+        return tl.Blobs(shuffle={shuffle})
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer():
+        return L.Trainer(max_epochs={epochs}, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+"""
+
+
+def test_a_lightning_run_of_several_epochs_on_a_loader_that_does_not_shuffle_fails(project):
+    project.conftest(LIGHTNING.format(shuffle=False, epochs=10))
+    run = project.run("--dlcheck=T7")
+    run.assert_outcome("T7", "failed")
+    text = tt.section(run, "T7")
+    assert "does not shuffle: its SequentialSampler gives every epoch the same order" in text, text
+    assert "the run trains 10 epochs (max_epochs=10)" in text, text
+    assert "shuffle=True" in text, text
+
+
+def test_a_lightning_run_of_one_epoch_on_a_loader_that_does_not_shuffle_is_not_applicable(project):
+    project.conftest(LIGHTNING.format(shuffle=False, epochs=1))
+    run = project.run("--dlcheck=T7", "-rs")
+    run.assert_outcome("T7", "skipped")
+    run.fnmatch(
+        ["*not applicable: * does not shuffle (SequentialSampler), and the run trains one epoch (max_epochs=1)*"]
+    )
+
+
+def test_a_lightning_run_of_several_epochs_on_a_shuffling_loader_passes(project):
+    project.conftest(LIGHTNING.format(shuffle=True, epochs=10))
+    run = project.run("--dlcheck=T7")
+    run.assert_outcome("T7", "passed")
 
 
 def test_an_iterable_dataset_is_not_read_as_a_repeated_order(project):
