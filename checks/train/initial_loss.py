@@ -96,8 +96,9 @@ def check_initial_loss(dlcheck):
         A Lightning module's number of classes is read from its forward's output inside its own
         training_step (its forward may take what the step makes of the batch), never from a forward on the batch.
         One output per example against 0/1 targets, or soft targets, whose loss cannot be replayed (computed
-        inside the model, or reading more than the model's output tensor) skip as not judged, as does a binary
-        cross-entropy weighing the classes unequally (pos_weight: ln(2) is not its near-uniform cost).
+        inside the model, or reading more than the model's output tensor) skip as not judged. A binary
+        cross-entropy weighing the classes unequally (pos_weight) is judged against its own cost at logit 0 on
+        the batch (replayed), not ln(2).
     Not applicable
         Losses that are not a cross-entropy over classes: regression (float targets other than 0/1, or an MSE on a
         0/1 score or on soft targets, as the replay of the loss shows), a model with a single output per example
@@ -204,12 +205,18 @@ def check_initial_loss(dlcheck):
                 "it cannot be replayed on a near-uniform output; a loss over the model's output "
                 "(dlcheck_loss_fn(outputs, targets), or a training_step that calls self(x)) is judged"
             )
-        if replay.kind == "weighted":
+        if replay.kind == "weighted" and not (math.isfinite(replay.at_uniform) and replay.at_uniform > 0):
             dlcheck.skip(
                 f"not judged: the loss is a binary cross-entropy that weighs the two classes unequally "
-                f"(pos_weight or class weights: replayed at logit 0 it costs {replay.at_uniform:.4g} on this "
-                f"batch, not the same multiple of ln(2) for either class), so ln(2) is not its near-uniform cost"
+                f"(pos_weight or class weights), and its cost at logit 0 on this batch ({replay.at_uniform:.4g}) "
+                "gives no reference"
             )
+    if replay is not None and replay.kind not in ("ce", "weighted"):
+        what = (
+            "a binary cross-entropy of the model's output"
+            if candidate
+            else "a cross-entropy of the model's output against the soft targets"
+        )
         dlcheck.not_applicable(
             f"{'one output per example against 0/1 targets' if candidate else 'soft targets'} "
             f"({describe_batch(targets)}), but the loss is not {what}: replayed on outputs put in place of the "
@@ -240,11 +247,19 @@ def check_initial_loss(dlcheck):
     value = float(loss)
     if not math.isfinite(value):
         dlcheck.skip(f"the initial loss is {value}: T5 owns non-finite values")
-    ln_c = math.log(classes)
+    weighted = replay is not None and replay.kind == "weighted"
+    # a binary cross-entropy weighing the classes (pos_weight): its near-uniform cost is its own value at logit 0
+    # on this batch (replayed), not ln 2
+    ln_c = replay.at_uniform if weighted else math.log(classes)
+    ref_name = "its cost at logit 0 on this batch (pos_weight weighs the classes)" if weighted else f"ln({classes})"
     ratio = value / ln_c
     soft_note = (
         f"; a binary head: one logit per example (output {tuple(shape)}) against 0/1 targets ({describe_batch(targets)}), "
-        "a logit of 0 (p = 0.5) costs ln(2) against either"
+        + (
+            f"a logit of 0 (p = 0.5) costs {ln_c:.4g} on this batch under the loss's class weights"
+            if weighted
+            else "a logit of 0 (p = 0.5) costs ln(2) against either"
+        )
         + f"; the loss is a binary cross-entropy ({replay.measured()})"
         if binary
         else f"; the targets are soft ({describe_batch(targets)}, rows summing to 1: Mixup/CutMix or label smoothing), "
@@ -255,8 +270,8 @@ def check_initial_loss(dlcheck):
     )
     if ratio <= dlcheck.setting("max_ratio") or value - ln_c <= dlcheck.setting("min_excess"):
         dlcheck.measured(
-            f"initial loss {value:.4g} on batch 0 = {ratio:.2f} x ln({classes}) = {ln_c:.3f} (fails above "
-            f"{dlcheck.setting('max_ratio')} x and {dlcheck.setting('min_excess')} nats over ln({classes})){soft_note}",
+            f"initial loss {value:.4g} on batch 0 = {ratio:.2f} x {ref_name} = {ln_c:.3f} (fails above "
+            f"{dlcheck.setting('max_ratio')} x and {dlcheck.setting('min_excess')} nats over {'it' if weighted else ref_name}){soft_note}",
             initial_loss=round(value, 6),
             classes=classes,
             ratio=round(ratio, 4),
@@ -264,7 +279,7 @@ def check_initial_loss(dlcheck):
         return
 
     evidence = [
-        f"initial loss {value:.4g} on batch 0 = {ratio:.2f} x ln({classes}) = {ln_c:.3f}; a model that predicts "
+        f"initial loss {value:.4g} on batch 0 = {ratio:.2f} x {ref_name} = {ln_c:.3f}; a model that predicts "
         f"near-uniformly starts at 1.0 x (limit {dlcheck.setting('max_ratio')} x){soft_note}"
     ]
     example = decode_example(dlcheck, batch)

@@ -147,12 +147,25 @@ def test_a_probability_head_under_bce_loss_is_judged(project):
     assert "read as probabilities" in text and "x ln(2) = 0.693" in text, text
 
 
-def test_a_class_weighted_binary_cross_entropy_says_what_it_did_not_judge(project):
-    weighted = "nn.BCEWithLogitsLoss(pos_weight=torch.tensor(4.0))"
-    project.conftest(LOOP.format(bias=3.0, loss=weighted))
+WEIGHTED = "nn.BCEWithLogitsLoss(pos_weight=torch.tensor(4.0))"
+
+
+def test_a_class_weighted_binary_cross_entropy_starting_confidently_wrong_fails(project):
+    # pos_weight: the near-uniform cost is the loss's own value at logit 0 on the batch (replayed), not ln 2
+    project.conftest(LOOP.format(bias=-3.0, loss=WEIGHTED))  # p = 0.05 on the positives pos_weight amplifies
+    run = project.run("--dlcheck=T1")
+    run.assert_outcome("T1", "failed")
+    text = " ".join(run.text.split())
+    assert "x its cost at logit 0 on this batch (pos_weight weighs the classes)" in text, text
+    assert "the binary head's logit starts far from 0" in text, text
+
+
+def test_a_class_weighted_binary_cross_entropy_starting_near_uniform_passes(project):
+    project.conftest(LOOP.format(bias=0.0, loss=WEIGHTED))
     run = project.run("--dlcheck=T1", "-rA")
-    run.assert_outcome("T1", "skipped")
-    assert "weighs the two classes unequally" in " ".join(run.text.split()), run.text
+    run.assert_outcome("T1", "passed")
+    text = " ".join(run.text.split())
+    assert "x its cost at logit 0 on this batch (pos_weight weighs the classes)" in text, text
 
 
 def test_a_loss_that_cannot_be_replayed_says_what_it_did_not_judge(project):
