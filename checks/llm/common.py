@@ -76,7 +76,7 @@ class PipelineKind:
     """What the pipeline trains, decided once per session from its objects (:func:`pipeline_kind`): which llm
     checks concern it and how its labels line up with its tokens."""
 
-    #: one of lm.CAUSAL, lm.MASKED, lm.SEQ2SEQ, lm.SEQUENCE_CLASSIFIER, lm.TOKEN_CLASSIFIER
+    #: one of lm.CAUSAL, lm.MASKED, lm.SEQ2SEQ, lm.SEQUENCE_CLASSIFIER, lm.TOKEN_CLASSIFIER, lm.QUESTION_ANSWERING
     name: str
     #: what decided it, for the reasons a check gives ("BertForSequenceClassification is a sequence classifier")
     why: str
@@ -93,8 +93,9 @@ class PipelineKind:
 
     @property
     def token_labels(self) -> bool:
-        """The labels are one per token (-100 where not supervised), not one per sequence."""
-        return self.name != lm.SEQUENCE_CLASSIFIER
+        """The labels are one per token (-100 where not supervised), not one per sequence (a classifier) nor an
+        answer span's start/end positions (extractive question answering)."""
+        return self.name not in (lm.SEQUENCE_CLASSIFIER, lm.QUESTION_ANSWERING)
 
     @property
     def vocabulary_logits(self) -> bool:

@@ -155,8 +155,8 @@ def check_eos_supervised(dlcheck):
         not line up with input_ids).
     Not applicable
         Batches that are not token batches (images, (inputs, targets) tuples). Models that never
-        generate: masked LMs, sequence and token classifiers (an encoder such as BERT has no EOS by
-        design); what the pipeline trains is decided once from its objects (the model's head in
+        generate: masked LMs, sequence and token classifiers, extractive question-answering models
+        (an encoder such as BERT has no EOS by design, found blind on run_qa); what the pipeline trains is decided once from its objects (the model's head in
         transformers' task mappings, else the collator, else the labels' shape).
     """
     tok = dlcheck.role("tokenizer")

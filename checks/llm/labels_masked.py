@@ -902,7 +902,8 @@ def check_labels_masked(dlcheck):
         Padding-free (flattened, position_ids and no attention_mask) batches of data with no
         prompt/completion or messages split, or with completion-only training switched off: there
         is neither padding nor a prompt to mask. Batches that are not token batches. A sequence
-        classifier (one label per sequence: no token is supervised). A masked LM or token classifier
+        classifier (one label per sequence: no token is supervised), an extractive question-answering model
+        (its targets are an answer span's start and end positions, no per-token labels). A masked LM or token classifier
         has no prompt: only its padding is judged, and the prompt part is no part left unjudged.
     """
     tok = dlcheck.role("tokenizer")

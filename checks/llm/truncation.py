@@ -191,7 +191,7 @@ def check_truncation(dlcheck):
         max_cut_share or ignore L13 there.
     Not applicable
         Batches that are not token batches; a sequence classifier (a truncated text keeps its one
-        label). (Every pipeline with per-token labels is judged for examples left without
+        label); an extractive question-answering model (start/end positions, no per-token labels). (Every pipeline with per-token labels is judged for examples left without
         supervision; a masked LM or token classifier has no completion to find cut.)
     """
     tok = dlcheck.role("tokenizer")

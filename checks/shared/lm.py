@@ -310,12 +310,13 @@ def batch_forward(ctx: Any, model: Any, batch: Mapping[str, Any]) -> BatchForwar
 
 
 #: what a text model is trained to do, by the kind of its head
-CAUSAL, MASKED, SEQ2SEQ, SEQUENCE_CLASSIFIER, TOKEN_CLASSIFIER = (
+CAUSAL, MASKED, SEQ2SEQ, SEQUENCE_CLASSIFIER, TOKEN_CLASSIFIER, QUESTION_ANSWERING = (
     "causal LM",
     "masked LM",
     "sequence-to-sequence LM",
     "sequence classifier",
     "token classifier",
+    "question-answering model (it predicts the start and end positions of an answer span)",
 )
 
 #: transformers' task mappings (model type -> head class names) per kind, most specific first
@@ -326,6 +327,7 @@ _TASK_MAPPINGS = (
     (MASKED, "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
     (TOKEN_CLASSIFIER, "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
     (SEQUENCE_CLASSIFIER, "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+    (QUESTION_ANSWERING, "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),
 )
 
 
