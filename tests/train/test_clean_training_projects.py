@@ -88,7 +88,7 @@ PROJECTS = {
     "sft-packed-trainer": SFT_PACKED,
     "dpo-trainer": DPO,
     "grpo-trainer": GRPO,
-    "lightning": tl.project(),
+    "lightning": tl.project(data="epoch_seed=0"),  # shuffled anew each epoch by a sampler seeded with it (T7, C3)
     "plain-loop": LOOP,
 }
 #: GRPO generates inside every step: the T checks skip (its loss needs completions), the runs are real
