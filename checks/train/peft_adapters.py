@@ -29,11 +29,31 @@ def _peft_model(model: Any) -> bool:
     return any(c.__name__ == "PeftModel" and c.__module__.startswith("peft.") for c in type(model).__mro__)
 
 
-def _active(model: Any) -> str:
+def _tuner_layers(model: Any) -> list[Any]:
+    """The PEFT tuner layers (``peft.tuners.lora.LoraLayer`` and its siblings) inside ``model``, read from their
+    classes as :func:`_peft_model` reads the wrapper's: adapters injected into a plain module without a PeftModel
+    wrapper (peft's ``inject_adapter_in_model``, diffusers' and transformers' ``model.add_adapter(LoraConfig(...))``)."""
+    return [
+        m
+        for m in model.modules()
+        if any(c.__name__ == "BaseTunerLayer" and c.__module__.startswith("peft.") for c in type(m).__mro__)
+    ]
+
+
+def _active(model: Any, layers: list[Any] | None = None) -> str:
     active = getattr(model, "active_adapters", None)
     if isinstance(active, (list, tuple)) and active:
         return str(active[0])
+    for layer in layers or ():  # injected adapters: the tuner layers know which is active
+        active = getattr(layer, "active_adapters", None)
+        if isinstance(active, (list, tuple)) and active:
+            return str(active[0])
     return str(getattr(model, "active_adapter", "default"))
+
+
+def _base_model(model: Any) -> Any:
+    """The model the adapter was injected into: a PeftModel's base model, or the plain module itself."""
+    return model.get_base_model() if _peft_model(model) else model
 
 
 def split_parameters(model: Any, adapter: str) -> dict[str, list[tuple[str, torch.nn.Parameter]]]:
@@ -63,7 +83,7 @@ def adapted_modules(model: Any, adapter: str) -> list[str]:
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     found = []
-    for name, module in model.get_base_model().named_modules():
+    for name, module in _base_model(model).named_modules():
         if not isinstance(module, BaseTunerLayer) or "TrainableTokens" in type(module).__name__:
             continue
         holders = [getattr(module, attr, None) for attr in getattr(module, "adapter_layer_names", ())]
@@ -84,7 +104,7 @@ def coverage(model: Any, adapted: list[str]) -> dict[str, tuple[set[int], set[in
 
     adapted_set = set(adapted)
     types: dict[str, tuple[set[int], set[int]]] = {}
-    for name, module in model.get_base_model().named_modules():
+    for name, module in _base_model(model).named_modules():
         layer = layer_of(name)
         if layer is None or name.endswith(".base_layer") or ".base_layer." in name:
             continue
@@ -144,16 +164,27 @@ def check_peft_adapters(dlcheck):
         something else first is grouped by that number. A regular-expression ``target_modules``, or
         ``layers_to_transform`` / ``exclude_modules``, may select some layers on purpose: coverage is then
         reported, not judged. Only the active adapter is read.
+        Adapters injected into a plain module without the PeftModel wrapper (diffusers' or transformers'
+        ``model.add_adapter(LoraConfig(...))``, peft's ``inject_adapter_in_model``; found blind on diffusers'
+        train_text_to_image_lora.py) are read from their tuner layers (``LoraLayer``) and the module's
+        ``peft_config``, and judged the same way.
     Not applicable
-        A model that is not a ``peft.PeftModel`` (a full fine-tune, or adapters attached with transformers'
-        ``model.add_adapter``).
+        A model that is neither a ``peft.PeftModel`` nor holds PEFT tuner layers (a full fine-tune).
     """
     model, where = _model(dlcheck)
-    if not _peft_model(model):
-        dlcheck.not_applicable(f"{where} is a {type(model).__name__}, not a peft.PeftModel: no adapter to read")
-    adapter = _active(model)
-    config = model.peft_config.get(adapter)
+    wrapped = _peft_model(model)
+    layers = [] if wrapped else _tuner_layers(model)
+    if not wrapped and not layers:
+        dlcheck.not_applicable(
+            f"{where} is a {type(model).__name__}, not a peft.PeftModel, and holds no PEFT adapter layers "
+            "(none injected by add_adapter / inject_adapter_in_model): no adapter to read"
+        )
+    adapter = _active(model, layers)
+    configs = getattr(model, "peft_config", None)
+    config = configs.get(adapter) if isinstance(configs, dict) else None
     kind = str(getattr(getattr(config, "peft_type", None), "value", getattr(config, "peft_type", "PEFT")))
+    if not wrapped:  # the adapter injected into the plain module: said where the evidence names the kind
+        kind += f" injected into the {type(model).__name__} without a PeftModel wrapper"
     parts = split_parameters(model, adapter)
     bias_mode = str(getattr(config, "bias", "none"))
     base_trainable = [
@@ -163,6 +194,8 @@ def check_peft_adapters(dlcheck):
     adapter_trainable = [(n, p) for n, p in parts["adapter"] + parts["saved"] if p.requires_grad]
     adapter_values = sum(p.numel() for _, p in adapter_trainable)
 
+    setter = "get_peft_model" if wrapped else "add_adapter / inject_adapter_in_model"
+    made_by = "get_peft_model" if wrapped else "the adapter was added (add_adapter / inject_adapter_in_model)"
     if base_trainable:
         values = sum(p.numel() for _, p in base_trainable)
         shown = ", ".join(n for n, _ in base_trainable[:5]) + (" …" if len(base_trainable) > 5 else "")
@@ -175,11 +208,13 @@ def check_peft_adapters(dlcheck):
                 "they are neither adapter tensors nor modules_to_save copies: get_peft_model_state_dict / "
                 "save_pretrained does not save them",
             ],
-            cause="the base model was unfrozen after get_peft_model (for p in model.parameters(): p.requires_grad = "
+            cause=f"the base model was unfrozen after {made_by} (for p in model.parameters(): p.requires_grad = "
             "True, model.requires_grad_(True), or an optimizer/freeze helper that re-enables everything): the LoRA "
             "run is a full fine-tune whose base updates are lost when the adapter is saved",
-            fix="leave requires_grad as get_peft_model sets it (check with model.print_trainable_parameters()); to "
-            "train a base module on purpose, list it in LoraConfig(modules_to_save=[...]) so it is trained and saved",
+            fix=f"leave requires_grad as {setter} sets it"
+            + (" (check with model.print_trainable_parameters())" if wrapped else "")
+            + "; to train a base module on purpose, list it in LoraConfig(modules_to_save=[...]) so it is trained "
+            "and saved",
         )
 
     targets = getattr(config, "target_modules", None)
@@ -224,14 +259,14 @@ def check_peft_adapters(dlcheck):
         else:
             cause = (
                 "target_modules names the module type, yet some layers carry no adapter: those layers were replaced "
-                "or re-created after get_peft_model (a layer swap, a re-loaded block) and lost their adapters"
+                f"or re-created after {setter} (a layer swap, a re-loaded block) and lost their adapters"
             )
         first = sorted(partial)[0]
         dlcheck.fail(
             evidence,
             cause,
             fix=f"name the module type in target_modules (e.g. {first!r}), which matches it in every layer, and "
-            "change the model before get_peft_model, not after; to adapt some layers on purpose, say so with "
+            f"change the model before {setter}, not after; to adapt some layers on purpose, say so with "
             "layers_to_transform=[...]",
         )
     note = (
