@@ -19,3 +19,22 @@ def work_of(doc: dict, cid: str) -> dict:
     for key in ("forward", "backward", "optimizer_steps"):
         total.setdefault(key, 0)
     return total
+
+
+def role_fixtures(indent: str = "    ", **roles: str) -> str:
+    """The conftest text of session-scoped ``dlcheck_<role>`` fixtures, each returning the expression given
+    (``role_fixtures(make_training="make", train_step="step")``), indented as the conftest around it."""
+    lines = []
+    for role, value in roles.items():
+        lines += ["@pytest.fixture(scope='session')", f"def dlcheck_{role}():", f"    return {value}", ""]
+    return "\n".join(indent + line if line else "" for line in lines)
+
+
+def no_leftover_process() -> None:
+    """A launch left no process group open and no rank process alive."""
+    import multiprocessing
+
+    import torch
+
+    assert not torch.distributed.is_initialized()
+    assert not multiprocessing.active_children(), multiprocessing.active_children()

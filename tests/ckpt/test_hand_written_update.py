@@ -9,6 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 import tiny_train as tt  # noqa: E402
+from helpers import role_fixtures  # noqa: E402
 
 CONFTEST = """
     import pytest, torch
@@ -43,26 +44,20 @@ CONFTEST = """
         state["model"].load_state_dict(ckpt["model"])
         {loaded}
 
-    @pytest.fixture(scope="session")
-    def dlcheck_make_training():
-        return make
-
-    @pytest.fixture(scope="session")
-    def dlcheck_dataloader():
-        return DataLoader(DATA, batch_size=4, shuffle=False)
-
-    @pytest.fixture(scope="session")
-    def dlcheck_train_step():
-        return step
-
-    @pytest.fixture(scope="session")
-    def dlcheck_save_checkpoint():
-        return save
-
-    @pytest.fixture(scope="session")
-    def dlcheck_load_checkpoint():
-        return load
+{fixtures}
 """
+
+
+CONFTEST = CONFTEST.replace(
+    "{fixtures}",
+    role_fixtures(
+        make_training="make",
+        dataloader="DataLoader(DATA, batch_size=4, shuffle=False)",
+        train_step="step",
+        save_checkpoint="save",
+        load_checkpoint="load",
+    ),
+)
 
 
 def test_a_checkpoint_of_the_weights_alone_loses_the_annealed_lr(project):

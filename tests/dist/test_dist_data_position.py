@@ -12,8 +12,11 @@ train together after the resume are counted against the uninterrupted ranks':
 
 One launch per test; the causes and counts are asserted, and no process is left behind."""
 
-import multiprocessing
 import re
+
+from helpers import flat as _flat
+from helpers import no_leftover_process as _no_leftover_process
+from helpers import role_fixtures
 
 CONFTEST = """
     import os
@@ -59,39 +62,17 @@ CONFTEST = """
         state["step"] = torch.load(os.path.join(path, "step.pt"))["step"]
         state["dataloader"] = acc.skip_first_batches(state["dataloader"], {skipped})
 
-    @pytest.fixture(scope="session")
-    def dlcheck_make_training():
-        return make
-
-    @pytest.fixture(scope="session")
-    def dlcheck_train_step():
-        return step
-
-    @pytest.fixture(scope="session")
-    def dlcheck_save_checkpoint():
-        return save
-
-    @pytest.fixture(scope="session")
-    def dlcheck_load_checkpoint():
-        return load
+{fixtures}
 """
+
+ROLES = role_fixtures(make_training="make", train_step="step", save_checkpoint="save", load_checkpoint="load")
+CONFTEST = CONFTEST.replace("{fixtures}", ROLES.replace("{", "{{").replace("}", "}}"))
 
 #: the steps this rank trained (correct), or the steps of every rank (buggy on N ranks)
 OWN_STEPS = 'state["step"]'
 ALL_RANKS = 'state["step"] * acc.num_processes'
 
 COUNTS = re.compile(r"over the 2 ranks together, steps 1-4: (\d+) examples trained twice, (\d+) never seen")
-
-
-def _flat(text):
-    return " ".join(text.split())
-
-
-def _no_leftover_process():
-    import torch
-
-    assert not torch.distributed.is_initialized()
-    assert not multiprocessing.active_children(), multiprocessing.active_children()
 
 
 def _counts(text):
@@ -203,26 +184,18 @@ PLAIN = """
         state["step"] = ckpt["step"]
         state["dataloader"] = {resumed}
 
-    @pytest.fixture(scope="session")
-    def dlcheck_make_training():
-        return make
-
-    @pytest.fixture(scope="session")
-    def dlcheck_dist_wrap():
-        return wrap
-
-    @pytest.fixture(scope="session")
-    def dlcheck_train_step():
-        return step
-
-    @pytest.fixture(scope="session")
-    def dlcheck_save_checkpoint():
-        return save
-
-    @pytest.fixture(scope="session")
-    def dlcheck_load_checkpoint():
-        return load
+{fixtures}
 """
+
+
+PLAIN = PLAIN.replace(
+    "{fixtures}",
+    role_fixtures(
+        make_training="make", dist_wrap="wrap", train_step="step", save_checkpoint="save", load_checkpoint="load"
+    )
+    .replace("{", "{{")
+    .replace("}", "}}"),
+)
 
 
 def test_a_torchrun_loop_whose_resume_restarts_the_epoch_repeats_examples(project):
