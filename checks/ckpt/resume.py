@@ -127,15 +127,9 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
         dlcheck.not_judged("data position", f"drawn from state['{probe.key}']: {probe.unreadable}")
         return []
     c = probe.count()
-    n, k = probe.steps, probe.saved_at
-    whole = probe.epoch is not None and probe.epoch == n
-    span = (
-        " (the whole first epoch)"
-        if whole
-        else f" ({n} of the epoch's {probe.epoch} batches)"
-        if probe.epoch and probe.epoch > n
-        else ""
-    )
+    n, k, m = probe.steps, probe.saved_at, probe.drawn
+    whole = probe.whole
+    span = probe.span()
     if probe.through_role is not None:
         source = (
             f"what your dlcheck_resume_dataloader makes of their state['{probe.key}'] after the load (a "
@@ -146,11 +140,11 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
             f" (a {probe.resumed_loader} after the load)" if probe.resumed_loader != probe.loader else ""
         )
     drawn = (
-        f"the uninterrupted run draws steps 1-{n}{span} from state['{probe.key}'] ({probe.loader}) and saves "
-        f"after step {k} through {how}; fresh objects loaded by {loaded_by} draw steps {k + 1}-{n} from {source}"
+        f"the uninterrupted run draws steps 1-{n}{span} from state['{probe.key}'] ({probe.loader}){probe.rest()} and saves "
+        f"after step {k} through {how}; fresh objects loaded by {loaded_by} draw steps {k + 1}-{m} from {source}"
     )
     if c.conclusive:
-        evidence = [drawn, f"over steps 1-{n}: {counted(c, n, k, whole)}"]
+        evidence = [drawn, f"over steps 1-{m}: {counted(c, m, k, whole)}"]
         replayed = probe.replayed()
         if replayed:
             evidence.append(
@@ -179,7 +173,7 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
         )
     if c.same:
         return [
-            f"data position: {drawn}: the uninterrupted run's batches, step by step (over steps 1-{n}: "
+            f"data position: {drawn}: the uninterrupted run's batches, step by step (over steps 1-{m}: "
             f"{c.before + c.trained} examples, none trained twice, none lost)"
         ]
     dlcheck.not_judged(
@@ -692,8 +686,10 @@ def check_resume(dlcheck):
         or when the load is dlcheck's own default (``accelerator.load_state``, no ``dlcheck_load_checkpoint``),
         the pass says the data position was not judged and why. The examples are told apart by content (a digest per example row, the padding trimmed; a map-style
         dataset read in the process is read with the RNGs seeded by the example's index, so that a random
-        augmentation does not hide an example), and the check fails when the resumed epoch trains examples twice
-        or never, with the counts and the fix for that kind of user. A Trainer's resume is its own
+        augmentation does not hide an example); when the epoch is longer than ``steps`` (up to 256 batches), both
+        runs draw on to its end without training, so that every example of the epoch is known and a resumed
+        epoch that starts again on another shuffle is counted too. The check fails when the resumed epoch trains
+        examples twice or never, with the counts and the fix for that kind of user. A Trainer's resume is its own
         (``ignore_data_skip``): its failure counts the same from the examples each step trained. Lightning's resume
         above is at an epoch boundary, where Lightning starts every loader's epoch anew. When your Trainer
         (``dlcheck_trainer``, or the checkpoint callbacks among ``dlcheck_lightning_callbacks``) writes checkpoints
@@ -752,7 +748,8 @@ def check_resume(dlcheck):
         weights are always compared on dlcheck's batches, the data position on the loader's. Examples are told
         apart by content: identical examples count as one multiset; examples whose content changes from draw to
         draw (an augmentation drawn in DataLoader workers) are not recognised, and the data position is then
-        not judged; over a window shorter than an epoch, "never seen" means not trained in the compared steps.
+        not judged; over a window shorter than an epoch (an epoch of more than 256 batches, whose rest is not
+        drawn), "never seen" means not trained in the compared steps.
         Lightning's optimizer, scheduler, callbacks and EMAs are compared across an epoch boundary; its data
         position across a mid-epoch checkpoint only once those resume exactly (two more fits of up to ``steps``
         batches), and only when your checkpoint settings are visible: a ``trainer.save_checkpoint`` of your own

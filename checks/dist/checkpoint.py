@@ -174,9 +174,9 @@ def _data_position(dlcheck, run, kind: str | None) -> list[str]:
             return [f"data position: not judged on {run.world} ranks: rank {r}: {why}"]
     flat = lambda name: [step for res in results for step in getattr(res, name)]  # noqa: E731
     c = count_examples(flat("before"), flat("expected"), flat("resumed"))
-    n, k = first.steps, first.saved_at
-    whole = first.epoch is not None and first.epoch == n
-    span = " (each rank's whole epoch)" if whole else f" (of each rank's {first.epoch} batches)" if first.epoch else ""
+    n, k, m = first.steps, first.saved_at, min(res.drawn for res in results)
+    whole = first.whole
+    span = " (each rank's whole epoch)" if whole and m == n else first.span("each rank's")
     source = (
         f"what your dlcheck_resume_dataloader makes of their state['{first.key}'] (a {first.through_role}, given "
         f"resumed_step={first.resumed_step})"
@@ -186,8 +186,8 @@ def _data_position(dlcheck, run, kind: str | None) -> list[str]:
     )
     drawn = (
         f"on each of {run.world} ranks the uninterrupted run draws steps 1-{n}{span} from state['{first.key}'] "
-        f"({first.loader}) and saves after step {k} through dlcheck_save_checkpoint (one path for every rank); "
-        f"fresh objects loaded by dlcheck_load_checkpoint draw steps {k + 1}-{n} from {source}"
+        f"({first.loader}){first.rest()} and saves after step {k} through dlcheck_save_checkpoint (one path for every rank); "
+        f"fresh objects loaded by dlcheck_load_checkpoint draw steps {k + 1}-{m} from {source}"
     )
     if c.conclusive:
         per_rank = [count_examples(res.before, res.expected, res.resumed) for res in results]
@@ -215,7 +215,7 @@ def _data_position(dlcheck, run, kind: str | None) -> list[str]:
         dlcheck.fail(
             [
                 drawn,
-                f"over the {run.world} ranks together, steps 1-{n}: {counted(c, n, k, whole)}",
+                f"over the {run.world} ranks together, steps 1-{m}: {counted(c, m, k, whole)}",
                 "per rank, against its own shard: "
                 + "; ".join(f"rank {r}: {pc.repeated} twice, {pc.never} never seen" for r, pc in enumerate(per_rank)),
             ],

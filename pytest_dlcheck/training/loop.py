@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import itertools
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from .resume import (
     ResumeLoadFailed,
     ResumeRun,
     SaveInterrupted,
+    epoch_reach,
     interrupted_saves,
     load_reports,
     put_back_rng,
@@ -443,7 +445,10 @@ class LoopSetup:
         batches drawn from their ``state[key]`` (a new epoch when it runs out, as a loop's epochs do), saved
         with the user's save after the first optimizer step at or past half way; other fresh objects, loaded
         by the user's load, draw the remaining steps from their own ``state[key]`` (the one the load left
-        there: ``accelerator.skip_first_batches(...)`` or a restored stateful loader). Each draw is made with
+        there: ``accelerator.skip_first_batches(...)`` or a restored stateful loader). When the epoch is longer
+        than ``total`` (and at most :data:`~.resume.EPOCH_DRAWS` batches), both runs draw on to its end without
+        training: every example of the epoch is then known by content, and a resumed epoch drawn anew (a restart
+        on a reshuffled epoch) is counted rather than left as examples the compared steps do not hold. Each draw is made with
         the global RNGs at a state set by its position in the run, and each example with them set by its
         index (a map-style dataset read in this process), so that a reshuffle shows as one and a random
         augmentation does not hide an example. None when the dict holds no dataloader.
@@ -472,11 +477,18 @@ class LoopSetup:
         snapshot = _loader_state(loader)
         traj, drawn = Trajectory(), []
         saving = _Saving(self, state, traj, total, total // 2, path=path)
+        reach = epoch_reach(epoch, total)
         with preserved_rng():
             seed_all(SEED)
-            self.run(state, _draws(lambda: state[key], 0, total, drawn), 0, traj, after=saving, planned=total)
+            draws = _draws(lambda: state[key], 0, reach, drawn)
+            self.run(state, itertools.islice(draws, total), 0, traj, after=saving, planned=total)
+            # the rest of the epoch drawn without training: every example of it known by content, so that the
+            # examples of a resumed epoch drawn anew are recognised wherever the uninterrupted epoch has them
+            for _ in draws:
+                pass
         saved_at = saving.truth.get("_saved_at")
         trained = len(traj.steps)
+        reach = max(trained, len(drawn)) if reach > total else trained
         release_training_memory(state)
         state = None
         if saved_at is None or saved_at >= trained:
@@ -484,7 +496,7 @@ class LoopSetup:
                 f"no optimizer step happened between micro-steps {total // 2} and {total - 1} of the run drawn from "
                 "your loader to save after (raise C1.steps above your gradient accumulation)"
             )
-        result = DataResume(key, "", "", trained, saved_at, epoch, drawn[:saved_at], drawn[saved_at:trained], [])
+        result = DataResume(key, "", "", trained, saved_at, epoch, drawn[:saved_at], drawn[saved_at:reach], [])
         fresh = new_state()
         result.loader = type(fresh[key]).__name__
         if fresh.get(key) is loader:  # one loader shared by every call of the factory: its state put back
@@ -524,7 +536,7 @@ class LoopSetup:
                 result.not_seen = UNTOUCHED.format(key=key)
                 release_training_memory(fresh)
                 return result
-            for _ in _draws(lambda: fresh[key], saved_at, trained - saved_at, result.resumed, first=first):
+            for _ in _draws(lambda: fresh[key], saved_at, reach - saved_at, result.resumed, first=first):
                 pass
         if any(d is None for d in result.before + result.expected + result.resumed):
             result.unreadable = "a batch holds no tensor with a batch dimension to tell its examples apart"

@@ -273,6 +273,17 @@ def count_examples(before: list[list[str]], expected: list[list[str]], resumed: 
 #: the seeds of the data-position runs: per draw position, and per example index
 DRAW_SEED, EXAMPLE_SEED = SEED + 7919, SEED + 104729
 
+#: the longest epoch (in batches) whose rest the data-position runs draw without training, past the steps they
+#: train: every example of the epoch is then known by content, so that a resumed epoch drawn anew (a restart on
+#: a reshuffled epoch) is counted however few of its examples the trained steps hold
+EPOCH_DRAWS = 256
+
+
+def epoch_reach(epoch: int | None, total: int) -> int:
+    """How many batches of the epoch the data-position runs draw: the whole epoch when it is longer than the
+    ``total`` steps trained and at most :data:`EPOCH_DRAWS` batches, else ``total``."""
+    return epoch if epoch is not None and total < epoch <= EPOCH_DRAWS else total
+
 
 @contextlib.contextmanager
 def seeded_examples(loader: Any) -> Iterator[None]:
@@ -341,6 +352,41 @@ class DataResume:
     resumed_step: int | None = None
     #: what a kind of user adds (Lightning: whether the loader is resumable, what the checkpoint holds of it)
     notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def drawn(self) -> int:
+        """The batches whose examples both runs drew: the ``steps`` trained, and the rest of the epoch drawn
+        without training (:func:`epoch_reach`) when the epoch is longer."""
+        return max(self.steps, len(self.before) + len(self.expected))
+
+    @property
+    def whole(self) -> bool:
+        """Whether the compared batches are the whole epoch."""
+        return self.epoch is not None and self.epoch == self.drawn
+
+    def span(self, which: str = "the epoch's") -> str:
+        """`` (the whole first epoch)``, `` (4 of the epoch's 12 batches)``; where the epoch is longer than
+        :data:`EPOCH_DRAWS`, that its rest is not drawn."""
+        n = self.steps
+        if self.whole and self.drawn == n:
+            return " (the whole first epoch)"
+        if self.epoch and self.epoch > n:
+            longer = (
+                f"; its rest is not drawn, the epoch being longer than {EPOCH_DRAWS} batches"
+                if self.drawn == n and self.epoch > EPOCH_DRAWS
+                else ""
+            )
+            return f" ({n} of {which} {self.epoch} batches{longer})"
+        return ""
+
+    def rest(self) -> str:
+        """``, then steps 5-12 without training them (...)`` when the runs drew the rest of the epoch."""
+        if self.drawn <= self.steps:
+            return ""
+        return (
+            f", then steps {self.steps + 1}-{self.drawn} without training them (the rest of the epoch: every example "
+            "of it known by content)"
+        )
 
     def count(self) -> ExampleCount:
         return count_examples(self.before, self.expected, self.resumed)

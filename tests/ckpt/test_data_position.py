@@ -395,3 +395,111 @@ def test_example_digests_tell_examples_apart_whatever_their_padding():
     # examples the uninterrupted steps do not hold (an augmentation, a skip too far): not conclusive alone
     c = count_examples(steps[:2], steps[2:], [["x1", "x2"], ["x3", "x4"]])
     assert (c.repeated, c.never, c.other, c.conclusive) == (0, 4, 4, False)
+
+
+#: diffusers' train_text_to_image_lora.py: a HF datasets.Dataset whose with_transform crops and flips at random on
+#: every access, a shuffled loader prepared by Accelerate, an epoch (12 batches) longer than the steps C1 trains
+#: (4): the rest of the epoch is drawn without training, so that a restarted, reshuffled epoch is counted
+HF_IMAGES = """
+    import os
+    import numpy as np, pytest, torch
+    from torch import nn
+    from torch.utils.data import DataLoader
+    from datasets import Dataset
+    from PIL import Image
+    from torchvision.transforms import v2
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    torch.set_num_threads(1)
+    _g = np.random.default_rng(0)
+    ROWS = {{"image": [Image.fromarray(_g.integers(0, 256, (10, 10, 3), dtype=np.uint8)) for _ in range(24)],
+            "label": [i % 2 for i in range(24)]}}
+    TRANSFORMS = v2.Compose([v2.PILToTensor(), v2.RandomCrop(8), v2.RandomHorizontalFlip(),
+                             v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5], [0.5])])
+
+    def preprocess_train(examples):
+        examples["pixel_values"] = [TRANSFORMS(image.convert("RGB")) for image in examples["image"]]
+        return examples
+
+    def collate_fn(examples):
+        return {{"pixel_values": torch.stack([e["pixel_values"] for e in examples]).float(),
+                "labels": torch.tensor([e["label"] for e in examples])}}
+
+    def loader():
+        data = Dataset.from_dict(ROWS).with_transform(preprocess_train)
+        return DataLoader(data, batch_size=2, shuffle=True, collate_fn=collate_fn)
+
+    def make():
+        acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler={seedable}))
+        model = nn.Sequential(nn.Flatten(), nn.Linear(192, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt, train_loader = acc.prepare(model, opt, loader())
+        return {{"accelerator": acc, "model": model, "optimizer": opt, "dataloader": train_loader}}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return loader()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_train_step():
+        def step(state, batch):
+            acc = state["accelerator"]
+            with acc.accumulate(state["model"]):
+                loss = nn.functional.cross_entropy(state["model"](batch["pixel_values"]), batch["labels"])
+                acc.backward(loss)
+                state["optimizer"].step()
+                state["optimizer"].zero_grad()
+            return loss
+
+        return step
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        return lambda state, path: state["accelerator"].save_state(str(path))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        return lambda state, path: state["accelerator"].load_state(str(path))
+"""
+
+DRAWN_REST = (
+    "the uninterrupted run draws steps 1-4 (4 of the epoch's 12 batches) from state['dataloader'] (DataLoaderShard), "
+    "then steps 5-12 without training them (the rest of the epoch: every example of it known by content) and saves "
+    "after step 2"
+)
+
+
+def test_accelerate_hf_dataset_with_random_transforms_whose_epoch_restarts_is_counted(project):
+    # upstream restarts the epoch after load_state (no skip): the resumed epoch, reshuffled, draws 8 of its 20
+    # examples outside the 4 steps trained; with the rest of the epoch drawn, every one of them is recognised
+    project.conftest(HF_IMAGES.format(seedable=False) + RESTARTS)
+    run = project.run("--dlcheck=C1,C10")
+    for cid in ("C1", "C10"):
+        run.assert_outcome(cid, "failed")
+        text = " ".join(tt.section(run, cid).split())
+        assert DRAWN_REST in text, text
+        assert "draw steps 3-12 from what your dlcheck_resume_dataloader makes of their state['dataloader']" in text
+        twice, never = _counts(text)
+        assert twice > 0 and twice == never, text
+        assert "not among the uninterrupted run's" not in text, text  # every resumed example recognised
+        assert "does not restore the data position" in text and "use_seedable_sampler=True" in text, text
+
+
+def test_accelerate_hf_dataset_with_random_transforms_skipped_on_a_seedable_sampler_passes(project):
+    project.conftest(HF_IMAGES.format(seedable=True) + SKIPS_IN_LOOP)
+    run = project.run("--dlcheck=C1,C10", "-rA")
+    run.assert_outcome("C1", "passed")
+    run.assert_outcome("C10", "passed")
+    lines = [" ".join(line.split()) for line in run.text.splitlines() if line.startswith("data position:")]
+    assert len(lines) == 2, run.text
+    for line in lines:
+        assert DRAWN_REST in line, line
+        assert line.endswith(
+            "the uninterrupted run's batches, step by step (over steps 1-12: 24 examples, none trained twice, none "
+            "lost)"
+        ), line
