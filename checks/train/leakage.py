@@ -65,11 +65,13 @@ def content(example: Any) -> Any:
     return example
 
 
-def documents(example: Any, eos: int | None = None) -> list[Any]:
+def documents(example: Any, eos: int | None = None, pair: PairTemplate | None = None) -> list[Any]:
     """The documents packed in one example (TRL's packed rows: ``seq_lengths``, or ``position_ids`` restarting
     at 0; else, given ``eos``, the end-of-sequence token that closes each document of a row packed without
     them), each as ``{"input_ids": [...]}``; an unpacked example is its own single document. Packed rows hide
-    duplicates: the same documents packed in another order make another row."""
+    duplicates: the same documents packed in another order make another row. A row laid out as the
+    tokenizer's own pair template lays out two texts (``pair``: RoBERTa's ``<s>A</s></s>B</s>``) is one
+    example, a sentence pair, however many EOS its separators hold."""
     if not isinstance(example, Mapping) or "input_ids" not in example:
         return [example]
     ids = example["input_ids"]
@@ -85,7 +87,7 @@ def documents(example: Any, eos: int | None = None) -> list[Any]:
         starts = (
             [i for i, p in enumerate(pos) if p == 0] if isinstance(pos, (list, tuple)) and len(pos) == len(ids) else []
         )
-        if len(starts) < 2 and eos is not None:
+        if len(starts) < 2 and eos is not None and not (pair is not None and pair.holds(ids)):
             # each document ends with its EOS: a new one starts after every EOS but the row's last token
             starts = [0] + [i + 1 for i, t in enumerate(ids[:-1]) if t == eos]
         if len(starts) < 2:
@@ -154,6 +156,70 @@ def eos_boundary(tok: Any) -> int | None:
     return eos_id
 
 
+@dataclass
+class PairTemplate:
+    """The special tokens the tokenizer's own pair template (``tokenizer(text, text_pair)``) puts before the
+    first text, between the two and after the second: RoBERTa's ``<s>``, ``</s></s>``, ``</s>``."""
+
+    prefix: list[int]
+    separator: list[int]
+    suffix: list[int]
+    eos: int
+    pad: int | None
+
+    def holds(self, ids: list[int]) -> bool:
+        """Whether a row is two texts joined by this template (padding around it left out): it opens with the
+        prefix, closes with the suffix, and holds the separator once, with no other EOS between."""
+        if self.pad is not None and self.pad != self.eos:
+            a, b = 0, len(ids)
+            while a < b and ids[a] == self.pad:
+                a += 1
+            while b > a and ids[b - 1] == self.pad:
+                b -= 1
+            ids = ids[a:b]
+        p, q, sep = len(self.prefix), len(self.suffix), self.separator
+        if len(ids) < p + q + len(sep) or ids[:p] != self.prefix or (q and ids[len(ids) - q :] != self.suffix):
+            return False
+        middle = ids[p : len(ids) - q]
+        at = [i for i in range(len(middle) - len(sep) + 1) if middle[i : i + len(sep)] == sep]
+        if len(at) != 1:
+            return False
+        rest = middle[: at[0]] + middle[at[0] + len(sep) :]
+        return self.eos not in rest
+
+
+def pair_template(tok: Any, eos: int | None) -> PairTemplate | None:
+    """The tokenizer's pair template when its separator holds the EOS (a RoBERTa, BART or XLM-R tokenizer:
+    a pair row's EOS separate its two texts, not packed documents), read from ``tokenizer(text, text_pair)``;
+    None otherwise, or without a tokenizer that encodes pairs."""
+    if eos is None or tok is MISSING:
+        return None
+    try:
+        enc = tok("a", "b", return_special_tokens_mask=True)
+        ids, special = list(enc["input_ids"]), list(enc["special_tokens_mask"])
+    except Exception:  # noqa: BLE001 - a processor that takes no text pair: no template to read
+        return None
+    if len(ids) != len(special) or not ids:
+        return None
+    runs, i = [], 0
+    while i < len(ids):  # the texts: the runs of non-special tokens
+        if not special[i]:
+            j = i
+            while j < len(ids) and not special[j]:
+                j += 1
+            runs.append((i, j))
+            i = j
+        else:
+            i += 1
+    if len(runs) != 2:
+        return None
+    separator = ids[runs[0][1] : runs[1][0]]
+    if eos not in separator:
+        return None
+    pad = getattr(tok, "pad_token_id", None)
+    return PairTemplate(ids[: runs[0][0]], separator, ids[runs[1][1] :], eos, pad if isinstance(pad, int) else None)
+
+
 def fingerprint(example: Any) -> str:
     return hashlib.blake2b(_bytes(content(example)), digest_size=16).hexdigest()
 
@@ -214,6 +280,32 @@ def _split(dlcheck, split: str) -> Split:
         if iterable is MISSING:
             iterable, iterable_name = candidate, name
     return Split(dataset, dataset_name, iterable, iterable_name, dl, f"dlcheck_{dl_role}")
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    """The shape of an example's content when it is one tensor or array, else None."""
+    if isinstance(value, torch.Tensor) or (hasattr(value, "shape") and hasattr(value, "dtype")):
+        return tuple(int(d) for d in value.shape)
+    return None
+
+
+def _incomparable(train_rows: list[Any], eval_rows: list[Any]) -> tuple[str, str] | None:
+    """(the training units, the eval units) in words when both splits are fixed-shape tensors of different shapes
+    (each split one shape, but for a shorter last unit, the tail of a stream): no eval example can equal a
+    training one. None when they can (same shapes, or contents of varying shape: token sequences)."""
+
+    def fixed(rows: list[Any]) -> tuple[tuple[int, ...], int] | None:
+        shapes = [_shape(content(r)) for r in rows]
+        if len(rows) < 2 or any(s is None or not s for s in shapes):
+            return None
+        common, n = Counter(shapes).most_common(1)[0]
+        return (common, len(rows), n) if n >= len(rows) - 1 else None
+
+    a, b = fixed(train_rows), fixed(eval_rows)
+    if a is None or b is None or a[0] == b[0]:
+        return None
+    word = lambda shape, n, k: f"{n} tensors of shape {shape}" + (" (one other: a shorter tail)" if k < n else "")  # noqa: E731
+    return word(*a), word(*b)
 
 
 def _natural_overlap(
@@ -333,7 +425,12 @@ def check_train_eval_leakage(dlcheck):
         field of a record — and fails when eval examples are found in the training data, showing them.
         Packed rows are compared by their documents: a row is split at its boundaries (TRL's
         ``seq_lengths``, ``position_ids`` restarting at 0, else the tokenizer's EOS closing each document,
-        unless its chat template ends turns with it). An eval example long enough to be unique by chance
+        unless its chat template ends turns with it); a row laid out as the tokenizer's own pair template
+        (``tokenizer(text, text_pair)``: RoBERTa's ``<s>A</s></s>B</s>``) is one example, a text pair, not
+        documents. When both splits are tensors of one fixed shape each and the shapes differ (a token stream
+        batchified at two widths: (35, 20) training chunks, (35, 10) eval chunks), no eval example can equal a
+        training one: the check says it is not judged (skipped) rather than passing on a count that is 0
+        whatever the data. An eval example long enough to be unique by chance
         (``unique_bits``) is a leak wherever its copy is, even when the training data repeats itself;
         shorter inputs (a character model's contexts) are excused up to the rate at which two disjoint
         parts of the training data share them (three binomial standard deviations above it).
@@ -407,16 +504,34 @@ def check_train_eval_leakage(dlcheck):
     from_loaders = not both_sized and both_loaders
     train_rows, train_cut, train_src = read(train, from_loaders)
     eval_rows, eval_cut, eval_src = read(ev, from_loaders)
-    # packed rows are compared by the documents they hold
+    # packed rows are compared by the documents they hold; a sentence pair is one example, not two documents
     eos = eos_boundary(dlcheck.role("tokenizer"))
-    packed = any(len(documents(r, eos)) > 1 for r in eval_rows[:64] + train_rows[:64])
+    pair = pair_template(dlcheck.role("tokenizer"), eos)
+    sample = eval_rows[:64] + train_rows[:64]
+    packed = any(len(documents(r, eos, pair)) > 1 for r in sample)
     if packed:
-        train_rows = [d for r in train_rows for d in documents(r, eos)]
-        eval_rows = [d for r in eval_rows for d in documents(r, eos)]
+        train_rows = [d for r in train_rows for d in documents(r, eos, pair)]
+        eval_rows = [d for r in eval_rows for d in documents(r, eos, pair)]
         train_src += ", unpacked into its documents"
         eval_src += ", unpacked into its documents"
+    elif pair is not None and any(len(documents(r, eos)) > 1 for r in sample):
+        # the EOS inside a pair row separate its two texts: one example, not packed documents
+        train_src += ", text pairs"
+        eval_src += ", text pairs as your tokenizer's pair template joins them: one example each, not packed documents"
     if not eval_rows:
         dlcheck.skip(f"{eval_src} holds no example")
+    apart = _incomparable(train_rows, eval_rows)
+    if apart is not None:
+        # fixed-shape units of different shapes (a token stream batchified at two widths): no eval example can
+        # equal a training one, so a count of shared examples would be 0 whatever the data: not judged
+        dlcheck.skip(
+            f"not judged: the training examples ({train_src}) are {apart[0]} and the eval examples ({eval_src}) "
+            f"{apart[1]}: units of different shapes, so no eval example can equal a training one by content and a "
+            "count of shared examples would be 0 even if the eval data were the training data (contiguous chunks "
+            "of one token stream batchified at two widths, e.g. batchify(train, 20) and batchify(valid, 10)); give "
+            "dlcheck_dataset / dlcheck_eval_dataset of the examples themselves (token sequences, or the two "
+            "streams' chunks of one width) to compare them"
+        )
     seen: dict[str, int] = {}
     for i, row in enumerate(train_rows):
         seen.setdefault(fingerprint(row), i)

@@ -342,3 +342,136 @@ def test_trl_packed_rows_are_compared_by_their_documents(project, strategy):
     run = project.run("--dlcheck=T8", "-rA")
     run.assert_outcome("T8", "passed")
     run.fnmatch(["*0 of * eval examples (dlcheck_eval_dataset, unpacked into its documents) are among the *"])
+
+
+PAIRS = """
+    import pytest
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    SUBJECTS = ["the bank", "police", "the team", "a court", "the company"]
+    VERBS = ["reported", "estimated", "denied", "announced"]
+    PAIRS = [
+        (f"{{s}} {{v}} a rise on day {{i}} .", f"officials said {{s}} {{v}} it on day {{i + 1}} .")
+        for i, (s, v) in enumerate((s, v) for s in SUBJECTS for v in VERBS)
+    ] * 2
+    PAIRS = [(a, b.replace("said", "noted") if k >= 20 else b) for k, (a, b) in enumerate(PAIRS)]  # 40 distinct
+
+    def roberta_tokenizer():
+        # a RoBERTa-style byte-level BPE: tokenizer(a, b) -> <s> a </s></s> b </s>
+        tok = Tokenizer(models.BPE(unk_token=None))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.train_from_iterator(
+            [t for p in PAIRS for t in p],
+            trainers.BpeTrainer(vocab_size=300, special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False),
+        )
+        tok.post_processor = processors.RobertaProcessing(("</s>", tok.token_to_id("</s>")),
+                                                          ("<s>", tok.token_to_id("<s>")))
+        return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", sep_token="</s>",
+                                       cls_token="<s>", unk_token="<unk>", pad_token="<pad>", mask_token="<mask>")
+
+    TOK = roberta_tokenizer()
+
+    def rows(pairs):
+        return [dict(TOK(a, b), labels=k % 2) for k, (a, b) in enumerate(pairs)]
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return TOK
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset():
+        return rows(PAIRS[:32])
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataset():
+        return rows({eval_pairs})
+"""
+
+
+def test_sentence_pairs_copied_into_the_eval_split_are_counted_in_pairs(project):
+    """MRPC-style pairs for a RoBERTa tokenizer (<s>A</s></s>B</s>): the old T8 took every row with more than one
+    EOS as packed and counted 3 pieces a pair (the bare </s> in the middle shared by every pair). 2 of the 8 eval
+    pairs (25%) are copied from the training pairs: counted as pairs."""
+    project.conftest(PAIRS.format(eval_pairs="PAIRS[:2] + PAIRS[34:40]"))
+    run = project.run("--dlcheck=T8")
+    run.assert_outcome("T8", "failed")
+    text = tt.section(run, "T8")
+    assert "2 of 8 eval examples (25%) are also in the 32 training examples, by content: eval #0 = train #0" in text
+    assert "unpacked into its documents" not in text, text
+    assert "text pairs as your tokenizer's pair template joins them: one example each" in text, text
+
+
+def test_held_out_sentence_pairs_pass_counted_in_pairs(project):
+    project.conftest(PAIRS.format(eval_pairs="PAIRS[32:40]"))
+    run = project.run("--dlcheck=T8", "-rA")
+    run.assert_outcome("T8", "passed")
+    run.fnmatch(
+        [
+            "0 of 8 eval examples (dlcheck_eval_dataset, text pairs as your tokenizer's pair template joins them: one "
+            "example each, not packed documents) are among the 32 training examples (dlcheck_dataset, text pairs), by "
+            "the content of their inputs*"
+        ]
+    )
+
+
+STREAM = """
+    import pytest, torch
+    from torch.utils.data import DataLoader, Dataset
+
+    TRAIN = torch.randint(0, 50, (1400,), generator=torch.Generator().manual_seed(0))
+    HELD_OUT = torch.randint(0, 50, (700,), generator=torch.Generator().manual_seed(1))
+
+    def batchify(data, bsz):
+        # word_language_model's batchify: the stream cut into bsz columns, (seq, bsz)
+        n = data.size(0) // bsz
+        return data[: n * bsz].view(bsz, -1).t().contiguous()
+
+    class Chunks(Dataset):
+        # chunk k of the batchified stream, as get_batch(source, k * bptt) returns it: (data, target)
+        def __init__(self, source, bptt=7):
+            self.source, self.bptt = source, bptt
+            self.starts = list(range(0, source.size(0) - 1, bptt))
+
+        def __len__(self):
+            return len(self.starts)
+
+        def __getitem__(self, k):
+            i = self.starts[k]
+            n = min(self.bptt, len(self.source) - 1 - i)
+            return self.source[i : i + n], self.source[i + 1 : i + 1 + n].reshape(-1)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return DataLoader(Chunks(batchify(TRAIN, 20)), batch_size=None)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataloader():
+        return DataLoader(Chunks(batchify({eval_stream}, {eval_width})), batch_size=None)
+"""
+
+
+def test_a_token_stream_batchified_at_another_width_is_not_judged(project):
+    """The eval stream IS the training text, batchified at 10 columns where training uses 20: no (7, 10) chunk can
+    equal a (7, 20) one, and the old T8 passed on '0 of 20 eval examples'. It is said not judged."""
+    project.conftest(STREAM.format(eval_stream="TRAIN", eval_width=10))
+    run = project.run("--dlcheck=T8", "-rA")
+    run.assert_outcome("T8", "skipped")
+    text = flat(run.text)
+    assert "not judged: the training examples (dlcheck_dataloader.dataset) are 10 tensors of shape (7, 20)" in text
+    assert "the eval examples (dlcheck_eval_dataloader.dataset) 20 tensors of shape (7, 10)" in text, text
+    assert "even if the eval data were the training data" in text, text
+
+
+def test_token_streams_batchified_at_one_width_are_compared(project):
+    # the same width: chunks compare; the training text as eval data fails, a held-out stream passes
+    project.conftest(STREAM.format(eval_stream="TRAIN", eval_width=20))
+    run = project.run("--dlcheck=T8")
+    run.assert_outcome("T8", "failed")
+    assert "10 of 10 eval examples (100%) are also in the 10 training examples" in tt.section(run, "T8")
+    project.conftest(STREAM.format(eval_stream="HELD_OUT", eval_width=20))
+    run = project.run("--dlcheck=T8", "-rA")
+    run.assert_outcome("T8", "passed")
+    run.fnmatch(["*0 of 5 eval examples (dlcheck_eval_dataloader.dataset) are among the 10 training examples*"])
