@@ -57,8 +57,9 @@ def check_accelerate_state(dlcheck):
         scheduler, EMA, GradScaler, anything with ``state_dict``/``load_state_dict``) and that training
         changed. Fails naming each piece that does not come back bit for bit, with its first difference and
         how Accelerate knows it (prepared, registered, or not at all). The data position is a piece too: when
-        the dict holds the prepared training DataLoader, C1's data-position run (fresh objects trained half an
-        epoch drawn from it, saved; other fresh objects loaded, drawing the rest from their own
+        the dict holds the prepared training DataLoader, C1's data-position run (fresh objects trained C1's steps drawn from it,
+        saved half way, the rest of the epoch drawn without training when it is longer, up to 256 batches; other
+        fresh objects loaded, drawing the rest from their own
         ``state['dataloader']`` as your load leaves it, or from what your ``dlcheck_resume_dataloader``
         returns for it: what your epoch loop trains on after a resume) counts the examples the resumed epoch
         trains twice or never, and the check fails on them, naming ``skip_first_batches`` with the same shuffle
