@@ -32,7 +32,8 @@ def check_critic_loss_trend(dlcheck):
 
     What it does
         Nothing is judged. With dlcheck_train_log holding a value loss (train/value_loss, value_loss,
-        loss/value, vf_loss), the item skips with its first and last values and those of the reward;
+        loss/value, vf_loss, or a tag naming a critic's loss: losses/qf_loss, losses/td_loss,
+        losses/critic_loss), the item skips with its first and last values and those of the reward;
         without one, with the general note.
     Why it is bad
         In RL the critic regresses onto returns that change as the policy improves: its loss usually
@@ -61,7 +62,8 @@ def check_critic_loss_trend(dlcheck):
     reward_key, rewards = rl.log_series(log, "reward")
     if not values:
         dlcheck.not_applicable(
-            "dlcheck_train_log logs no value loss (train/value_loss, value_loss, loss/value, vf_loss): a run "
+            "dlcheck_train_log logs no value loss (train/value_loss, value_loss, loss/value, vf_loss, or a tag "
+            "such as losses/qf_loss): a run "
             "without a critic (GRPO) has no critic loss to read"
         )
     parts = [

@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import inspect
 import math
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -1438,14 +1439,62 @@ LOG_KEYS = {
 }
 
 
+#: what a tag's last part (split at "/", "_", "-", ".") must hold to name a quantity when none of its
+#: known keys is logged (TensorBoard-style tags of hand-written loops: CleanRL's charts/episodic_return,
+#: losses/qf_loss, losses/td_loss, losses/value_loss, losses/approx_kl): (any of these words, none of these)
+TAG_WORDS = {
+    "reward": (
+        {"return", "returns", "reward", "rewards", "rew"},
+        {"loss", "std", "min", "max", "var", "length", "len"},
+    ),
+    "value_loss": ({"value", "vf", "qf", "qf1", "qf2", "critic", "td", "q"}, {"actor", "policy", "alpha", "entropy"}),
+    "kl": ({"kl"}, {"coef", "beta", "target", "loss"}),
+}
+#: the word that must be there too (a value *loss*, not the values themselves)
+TAG_NEEDS = {"value_loss": "loss"}
+#: the keys read as the step of a row, in order (CleanRL's writer.add_scalar(tag, value, global_step))
+STEP_KEYS = ("step", "global_step", "time/total_timesteps")
+
+
+def _tag_words(key: str) -> set[str]:
+    return {w for w in re.split(r"[/_.\-]+", key.lower().rsplit("/", 1)[-1]) if w}
+
+
+def _tagged_keys(entries: list[Any], what: str) -> list[str]:
+    """The keys of a log that name ``what`` by their words, the plainest first (qf_loss before qf1_loss)."""
+    if what not in TAG_WORDS:
+        return []
+    anyof, noneof = TAG_WORDS[what]
+    need = TAG_NEEDS.get(what)
+    keys = dict.fromkeys(k for e in entries if isinstance(e, dict) for k in e if isinstance(k, str))
+    found = []
+    for key in keys:
+        words = _tag_words(key)
+        if words & anyof and not words & noneof and (need is None or need in words) and key not in STEP_KEYS:
+            found.append(key)
+    return sorted(found, key=lambda k: (any(c.isdigit() for c in k), len(k)))
+
+
+def _step_of(entry: dict, index: int) -> int:
+    for key in STEP_KEYS:
+        value = entry.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value)):
+            return int(value)
+    return index
+
+
 def log_series(log: Any, what: str) -> tuple[str | None, list[tuple[int, float]]]:
-    """(key found, [(step, value)]) of one quantity in a list-of-dicts log."""
+    """(key found, [(step, value)]) of one quantity in a list-of-dicts log: its known keys first, then a
+    tag whose words name it (:data:`TAG_WORDS`)."""
     entries = list(log or [])
-    for key in LOG_KEYS[what]:
+    for key in (*LOG_KEYS[what], *_tagged_keys(entries, what)):
         points = [
-            (int(e.get("step", i)), float(e[key]))
+            (_step_of(e, i), float(e[key]))
             for i, e in enumerate(entries)
-            if isinstance(e, dict) and isinstance(e.get(key), (int, float)) and math.isfinite(float(e[key]))
+            if isinstance(e, dict)
+            and isinstance(e.get(key), (int, float))
+            and not isinstance(e.get(key), bool)
+            and math.isfinite(float(e[key]))
         ]
         if points:
             return key, points

@@ -32,7 +32,9 @@ def check_reward_hacking(dlcheck):
     What it does
         Reads reward, KL and completion (or episode) length per logged step from dlcheck_train_log (TRL's
         trainer.state.log_history: reward, kl, completions/mean_length; SB3-style keys rollout/ep_rew_mean,
-        train/approx_kl, rollout/ep_len_mean are understood too) or, for a Stable-Baselines3 user, from
+        train/approx_kl, rollout/ep_len_mean are understood too, and the TensorBoard-style tags of a
+        hand-written loop whose words name them: charts/episodic_return, losses/approx_kl; a row's step is
+        its step, global_step or time/total_timesteps) or, for a Stable-Baselines3 user, from
         dlcheck_algorithm's logger after model.learn(): the progress.csv (or progress.json) its csv/json
         output wrote, one row per dump, its step time/total_timesteps. At each step after the first 3 it
         compares with the median of the steps before: a reward that moves by more than R1.reward_jump
@@ -88,7 +90,8 @@ def check_reward_hacking(dlcheck):
                 "in Monitor (make_vec_env wraps them), or no episode ended during the run"
             )
         dlcheck.not_applicable(
-            "dlcheck_train_log logs no reward (reward, rewards/mean, rollout/ep_rew_mean): not the log of an RL run"
+            "dlcheck_train_log logs no reward (reward, rewards/mean, rollout/ep_rew_mean, or a tag such as "
+            "charts/episodic_return): not the log of an RL run"
         )
     need = max(4, dlcheck.setting("min_points"))  # a baseline of 3 steps before the one tested
     if len(rewards) < need:

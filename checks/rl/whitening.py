@@ -106,7 +106,8 @@ def check_advantage_whitening(dlcheck):
         When one part is judged and another cannot be, the check passes and its evidence names the part
         left unjudged.
     Not applicable
-        Off-policy algorithms (SB3 DQN, SAC, TD3: they learn from TD targets, with no advantages); A2C,
+        Off-policy algorithms (SB3 DQN, SAC, TD3, or a hand-written loop that gives dlcheck_td_target_fn or
+        dlcheck_replay_buffer and no dlcheck_advantage_fn: they learn from TD targets, with no advantages); A2C,
         whose recipe does not whiten advantages (normalize_advantage=False); trainers without rewards
         (SFT, DPO) given as dlcheck_trainer.
     """
@@ -151,6 +152,12 @@ def check_advantage_whitening(dlcheck):
         dlcheck.not_applicable(
             f"dlcheck_trainer is a {type(trainer).__name__}: it trains without rewards, so it has no advantages to "
             "whiten and no reward groups"
+        )
+    off_policy = [f"dlcheck_{name}" for name in ("td_target_fn", "replay_buffer") if dlcheck.has(name)]
+    if off_policy and not dlcheck.has("advantage_fn"):
+        dlcheck.not_applicable(
+            f"an off-policy loop ({' and '.join(off_policy)} given, no advantage function): it learns from TD "
+            "targets on a replay buffer, so it has no advantages to whiten and no reward groups"
         )
     dlcheck.skip(
         "missing role: define fixture dlcheck_advantage_minibatches (PPO; or dlcheck_algorithm), "

@@ -18,6 +18,25 @@ HACKED = [
     {"step": 7, "reward": 0.93, "kl": 1.10, "completions/mean_length": 2.9},
 ]
 
+#: the same hacked run as a hand-written loop logs it, one tag per row the way CleanRL's
+#: writer.add_scalar(tag, value, global_step) writes it (charts/episodic_return, losses/approx_kl)
+HACKED_TAGS = [
+    row
+    for e in HACKED
+    for row in (
+        {"global_step": e["step"] * 100, "charts/episodic_return": e["reward"]},
+        {"global_step": e["step"] * 100, "losses/approx_kl": e["kl"], "losses/old_approx_kl": 0.0},
+    )
+]
+#: a CleanRL SAC run's tags: an episodic return, twin critics' losses, no KL and no completion length
+SAC_TAGS = [
+    {"global_step": 100 * s, "charts/episodic_return": -1200.0 + 40 * s, "charts/episodic_length": 200}
+    for s in range(1, 8)
+] + [
+    {"global_step": 100 * s + 50, "losses/qf1_loss": 2.0 * s, "losses/qf_loss": 1.5 * s, "losses/actor_loss": -s}
+    for s in range(1, 8)
+]
+
 SFT = """
     import pytest, tiny
     from datasets import Dataset
@@ -58,6 +77,8 @@ def test_reward_hacking_signature_in_a_run_log(project, tmp_path_factory):
                 )
             ),
             "sft_trainer": SFT,
+            "hacked_tags": LOG.format(log=repr(HACKED_TAGS)),
+            "sac_tags": LOG.format(log=repr(SAC_TAGS)),
         },
         "--dlcheck=R1,R5",
         "-rA",
@@ -95,6 +116,20 @@ def test_reward_hacking_signature_in_a_run_log(project, tmp_path_factory):
     # R5 reads a critic loss: a GRPO log has none
     run.assert_outcome("real_noisy_run", "R5", "skipped")
     assert "not applicable: dlcheck_train_log logs no value loss" in run.skips["real_noisy_run"]
+
+    # a hand-written loop's tags are read by their words, each row at its global_step
+    run.assert_outcome("hacked_tags", "R1", "failed")
+    text = run.flat("hacked_tags", "R1")
+    assert "step 600: charts/episodic_return jumps to 0.91 from a median 0.13" in text, text
+    assert "losses/approx_kl 0.84 vs median 0.004 before" in text, text
+    # an off-policy run logs returns and critic losses, no KL or length: R1 cannot judge, R5 reads the critic
+    run.assert_outcome("sac_tags", "R1", "skipped")
+    assert "logs charts/episodic_return but neither a KL nor a completion/episode length" in run.skips["sac_tags"]
+    run.assert_outcome("sac_tags", "R5", "skipped")
+    assert (
+        "info: losses/qf_loss went from 1.5 (step 150) to 10.5 (step 750); charts/episodic_return from -1.16e+03"
+        in (run.skips["sac_tags"])
+    ), run.skips["sac_tags"]
 
 
 def test_information_items(project):

@@ -130,9 +130,40 @@ def test_off_policy_algorithms_and_supervised_trainers_are_not_applicable(projec
         args = tiny.trainer_args(tmp_path_factory.mktemp("sft"), SFTConfig)
         return SFTTrainer(model=tiny.llama(tok), args=args, processing_class=tok, train_dataset=data)
 """,
+            # a hand-written off-policy loop (CleanRL's sac/ddpg/dqn) hands over its TD target, no advantages
+            "cleanrl_td": """
+    import pytest
+    from pytest_dlcheck.rl import td_target_fn
+
+    @pytest.fixture(scope="session")
+    def dlcheck_td_target_fn():
+        def td_target(rewards, terminations, next_values, gamma):
+            return rewards + gamma * next_values * (1 - terminations)
+        return td_target_fn(td_target, arrays="torch")
+""",
+            # the same loop with a GAE function too is on-policy: its minibatch advantages are still asked for
+            "cleanrl_gae": """
+    import pytest, torch
+    from pytest_dlcheck.rl import advantage_fn, td_target_fn
+
+    @pytest.fixture(scope="session")
+    def dlcheck_td_target_fn():
+        return td_target_fn(lambda rewards, terminations, next_values, gamma: rewards, arrays="torch")
+
+    @pytest.fixture(scope="session")
+    def dlcheck_advantage_fn():
+        return advantage_fn(lambda rewards: torch.zeros_like(rewards), arrays="torch")
+""",
         },
         "--dlcheck=R3,R7",
     )
+    run.assert_outcome("cleanrl_td", "R3", "skipped")
+    assert (
+        "not applicable: an off-policy loop (dlcheck_td_target_fn given, no advantage function): it learns from TD "
+        "targets" in run.skips["cleanrl_td"]
+    ), run.skips["cleanrl_td"]
+    run.assert_outcome("cleanrl_gae", "R3", "skipped")
+    assert "missing role: define fixture dlcheck_advantage_minibatches" in run.skips["cleanrl_gae"]
     for d in ("sac", "dqn", "sft"):
         run.assert_outcome(d, "R3", "skipped")
         assert "missing role" not in run.skips[d], run.skips[d]
