@@ -11,46 +11,95 @@ from ...training import get_setup, run_or_skip
 from ...training.runs import Trajectory, unwrap_prepared
 
 
+def _named_parameters(state: dict[str, Any]) -> dict[int, str]:
+    """Every parameter of the state's modules by id, named as the user knows it: ``model``'s by their own
+    names, another module's (a GAN's generator, a second critic) as ``key.name``."""
+    names: dict[int, str] = {}
+    model = unwrap_prepared(state.get("model"))
+    modules = [("model", model)] + [(k, unwrap_prepared(v)) for k, v in state.items() if k != "model"]
+    for key, module in modules:
+        if isinstance(module, torch.nn.Module):
+            for n, p in module.named_parameters():
+                names.setdefault(id(p), n if key == "model" else f"{key}.{n}")
+    return names
+
+
+def _optimizers(state: dict[str, Any]) -> list[Any]:
+    """Every optimizer of the state, ``state['optimizer']`` first (a GAN's two, an actor's and a critic's)."""
+    out: list[Any] = []
+    for key in ["optimizer", *(k for k in state if k != "optimizer")]:
+        opt = unwrap_prepared(state.get(key))
+        if isinstance(opt, torch.optim.Optimizer) and all(opt is not o for o in out):
+            out.append(opt)
+    return out
+
+
 def _watch(state: dict[str, Any], limit: int) -> tuple[dict[str, Any], Any]:
-    """Hooks on the fresh objects: at every optimizer step, a copy of the gradients of a few parameters;
-    at the first backward after a step, whether those gradients were still there (never reset)."""
-    model, opt = state["model"], unwrap_prepared(state["optimizer"])
-    # only parameters the optimizer updates: one left out of it (T3's finding) is never zeroed by zero_grad either
-    in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad and id(p) in in_opt][:limit]
-    # crossed: optimizer steps whose watched gradients the next backward has all reached
-    seen: dict[str, Any] = {"steps": 0, "stale": [], "reset": 0, "after": {}, "crossed": 0}
+    """Hooks on the fresh objects, for every optimizer of the state and a few of the parameters it updates:
+    at each optimizer step, a copy of their gradients; at each backward that reaches them, whether ``.grad``
+    was reset (``None`` or zeros) or still held that step's gradient; at the optimizer's next step, whether
+    the gradient it applies was reset since the last one. A backward of another network's loss that passes
+    through them (a GAN's generator loss through the discriminator) may add to a gradient not reset yet: only
+    a gradient that reaches the optimizer's next step unreset is stale."""
+    names = _named_parameters(state)
+    # seen["crossed"]: optimizer steps judged (the gradient they apply reset, or stale)
+    seen: dict[str, Any] = {"steps": 0, "stale": [], "reset": 0, "crossed": 0, "optimizers": 0}
+    handles = []
+    for opt in _optimizers(state):
+        # only parameters the optimizer updates: one left out of it (T3's finding) is never zeroed by zero_grad
+        params = [p for g in opt.param_groups for p in g["params"] if p.requires_grad][:limit]
+        if not params:
+            continue
+        seen["optimizers"] += 1
+        # per parameter since this optimizer's last step: its gradient then, "carried" (the first backward after
+        # it found exactly that gradient) or "reset" (a backward found None or zeros)
+        watch: dict[str, Any] = {"after": {}, "state": {}, "step": 0}
+        named = [
+            (names.get(id(p), f"parameter {i} of optimizer {seen['optimizers']}"), p) for i, p in enumerate(params)
+        ]
 
-    def stepped(optimizer, args, kwargs):
-        seen["steps"] += 1
-        seen["after"] = {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
-
-    def incoming(name: str, param: torch.Tensor):
-        def hook(grad: torch.Tensor) -> None:
-            before = seen["after"].pop(name, None)
-            if before is None:
-                return  # not the first backward after a step, or no gradient at that step
-            held = param.grad
-            if held is not None and held.shape == before.shape and bool(torch.equal(held, before)) and before.any():
-                seen["stale"].append((seen["steps"], name))
-            else:
-                seen["reset"] += 1
-            if not seen["after"]:
+        def before_step(optimizer, args, kwargs, watch=watch, named=named) -> None:
+            judged = False
+            for name, _ in named:
+                if watch["state"].get(name) == "carried":
+                    seen["stale"].append((watch["step"], name))
+                    judged = True
+            if judged:
                 seen["crossed"] += 1
 
-        return hook
+        def stepped(optimizer, args, kwargs, watch=watch, named=named) -> None:
+            seen["steps"] += 1
+            watch["step"] = seen["steps"]
+            watch["after"] = {n: p.grad.detach().clone() for n, p in named if p.grad is not None and p.grad.any()}
+            watch["state"] = {}
 
-    handles = [opt.register_step_post_hook(stepped)]
-    handles += [p.register_hook(incoming(n, p)) for n, p in params]
+        def incoming(name: str, param: torch.Tensor, watch=watch):
+            def hook(grad: torch.Tensor) -> None:
+                before = watch["after"].get(name)
+                if before is None or watch["state"].get(name) == "reset":
+                    return  # no gradient at the last step, or already reset since
+                held = param.grad
+                if held is None or not held.any():
+                    watch["state"][name] = "reset"
+                    seen["reset"] += 1
+                    if all(watch["state"].get(n) == "reset" for n in watch["after"]):
+                        seen["crossed"] += 1  # every watched gradient of that step reset: judged
+                elif name not in watch["state"] and held.shape == before.shape and bool(torch.equal(held, before)):
+                    watch["state"][name] = "carried"  # stale unless a reset comes before the next step
+
+            return hook
+
+        handles += [opt.register_step_pre_hook(before_step), opt.register_step_post_hook(stepped)]
+        handles += [p.register_hook(incoming(n, p)) for n, p in named]
     return seen, lambda: [h.remove() for h in handles]
 
 
-CROSSINGS = 2  # optimizer steps whose next backward is judged before the watch stops (a reset skipped every
-# other step shows at the second)
+CROSSINGS = 2  # optimizer steps judged before the watch stops (a reset skipped every other step shows at the
+# second); a stale gradient ends it at once
 
 
 class _Judged(Exception):
-    """Raised between two calls of the user's step once :data:`CROSSINGS` optimizer steps have been judged."""
+    """Raised between two calls of the user's step once the verdict is in."""
 
 
 @check(
@@ -74,13 +123,16 @@ def check_zero_grad(dlcheck):
 
     What it does
         Builds fresh objects with ``dlcheck_make_training`` and calls your ``dlcheck_train_step`` on a few
-        batches. At every optimizer step it keeps a copy of the gradients of a few parameters; when the
-        next backward arrives at a parameter, it looks at what ``.grad`` holds then: ``None`` or zeros
-        (reset: ``zero_grad``), or exactly the previous step's gradient (never reset). It stops calling
-        your step once the backward after two optimizer steps has reached the watched parameters (three
-        calls without accumulation; at most ``micro_steps``). Deliberate gradient
-        accumulation adds to ``.grad`` between optimizer steps and is not judged — only what crosses an
-        optimizer step is.
+        batches, watching every optimizer of the training dict (a GAN's two, an actor's and a critic's) on a
+        few of the parameters it updates. At every optimizer step it keeps a copy of their gradients; when
+        a backward arrives at a parameter, it looks at what ``.grad`` holds then: ``None`` or zeros
+        (reset: ``zero_grad``), or exactly the previous step's gradient. A gradient that reaches the same
+        optimizer's next step without a reset in between is stale; another network's loss that passes
+        through the parameters first (dcgan's generator loss through the discriminator, reset by the
+        discriminator's zero_grad before its own next step) is not. It stops calling your step at the first
+        stale gradient or once two steps of each optimizer have been judged (at most ``micro_steps``).
+        Deliberate gradient accumulation adds to ``.grad`` between optimizer steps and is not judged — only
+        what crosses an optimizer step is.
     Why it is bad
         Without ``optimizer.zero_grad()`` every backward adds to the gradients of all earlier batches: each
         update is the running sum of every gradient since the start, the steps grow, the loss goes in
@@ -116,7 +168,7 @@ def check_zero_grad(dlcheck):
 
         def after(i: int) -> None:
             seen["calls"] = i + 1
-            if seen["crossed"] >= CROSSINGS:
+            if seen["stale"] or seen["crossed"] >= CROSSINGS * seen["optimizers"]:
                 raise _Judged  # the verdict is in: no further step of the user's model is spent
 
         try:
@@ -145,7 +197,8 @@ def check_zero_grad(dlcheck):
             [
                 f"{calls} calls of dlcheck_train_step made {seen['steps']} optimizer step(s); after step "
                 f"{stale[0][0]}, the next backward found .grad of {', '.join(repr(x) for x in names[:3])} still "
-                "holding exactly the gradient that step used",
+                "holding exactly the gradient that step used, and nothing reset it before that optimizer's next "
+                "step",
                 f"{len(stale)} such carried-over gradient(s) in the run, {seen['reset']} reset",
             ],
             cause="the gradients are never zeroed between optimizer steps: every backward adds to the sum of all "
@@ -154,7 +207,9 @@ def check_zero_grad(dlcheck):
             "gradient-accumulation branch when you accumulate), or at the top of your step before the backward",
         )
     dlcheck.measured(
-        f"{calls} calls of dlcheck_train_step made {seen['steps']} optimizer step(s); the backward after "
+        f"{calls} calls of dlcheck_train_step made {seen['steps']} optimizer step(s)"
+        + (f" of {seen['optimizers']} optimizers" if seen["optimizers"] > 1 else "")
+        + "; the backward after "
         + (f"each of the first {seen['crossed']}" if seen["crossed"] > 1 else "the first")
         + f" found the watched gradients reset ({seen['reset']} parameter checks)",
         optimizer_steps=seen["steps"],
