@@ -150,10 +150,16 @@ def check_zero_grad(dlcheck):
         parameters is judged on those; parameters outside the optimizer are T3's. A Trainer, Lightning's automatic optimization and Accelerate's
         prepared optimizer zero gradients themselves.
     Not applicable
-        Trainer and Lightning users (the framework zeroes the gradients), and plain loops without their
+        Trainer and Lightning users under automatic optimization (the framework zeroes the gradients; a
+        LightningModule with automatic_optimization=False is said not judged), and plain loops without their
         own ``dlcheck_train_step`` (the default step zeroes them).
     """
     setup = get_setup(dlcheck)
+    if setup.kind == "lightning" and getattr(setup.module, "automatic_optimization", True) is False:
+        dlcheck.skip(
+            f"not judged: {setup.name} uses manual optimization (automatic_optimization=False), so its "
+            "training_step zeroes the gradients itself; T9 does not watch a Lightning manual step"
+        )
     if setup.kind not in ("loop", "accelerate"):
         dlcheck.not_applicable(f"{setup.describe()} zeroes the gradients itself (the framework's own step)")
     if getattr(setup, "train_step", MISSING) is MISSING:
