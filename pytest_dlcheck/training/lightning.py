@@ -897,11 +897,14 @@ def step_loss(module: Any, batch: Any) -> torch.Tensor:
         if module.automatic_optimization:
             return loss_tensor(_step(module, batch))
         captured: list[torch.Tensor] = []
-        opt, sched, _ = lightning_optimizers(module)
+        opts, scheds = all_lightning_optimizers(module)
+        # what self.optimizers() / self.lr_schedulers() return in a Trainer: one object, a list of several, None
+        stub_opts = _NoStep(opts[0]) if len(opts) == 1 else [_NoStep(o) for o in opts]
+        stub_scheds = None if not scheds else _NoStep(scheds[0]) if len(scheds) == 1 else [_NoStep(s) for s in scheds]
         patches = {
             "manual_backward": lambda loss, *a, **k: captured.append(loss),
-            "optimizers": lambda *a, **k: _NoStep(opt),
-            "lr_schedulers": lambda *a, **k: _NoStep(sched) if sched is not None else None,
+            "optimizers": lambda *a, **k: stub_opts,
+            "lr_schedulers": lambda *a, **k: stub_scheds,
             "toggle_optimizer": lambda *a, **k: None,
             "untoggle_optimizer": lambda *a, **k: None,
         }
@@ -915,9 +918,29 @@ def step_loss(module: Any, batch: Any) -> torch.Tensor:
                 delattr(module, name)
             for name, fn in saved.items():
                 setattr(module, name, fn)
-        if captured:
+        if len(captured) > 1 and len(opts) > 1:
+            raise SetupError(
+                f"not judged: {type(module).__name__}.training_step hands {len(captured)} losses to manual_backward "
+                f"for its {len(opts)} optimizers (a GAN's generator and discriminator, an actor and a critic): each "
+                "is minimised by its own optimizer, so the step has no one loss to judge"
+            )
+        if captured:  # one loss, or one optimizer's loss over several backward calls (accumulation by hand)
             return captured[0] if len(captured) == 1 else torch.stack([c.reshape(()) for c in captured]).mean()
         return loss_tensor(out)
+
+
+def all_lightning_optimizers(module: Any) -> tuple[list[Any], list[Any]]:
+    """Every optimizer and every scheduler ``configure_optimizers`` of a module copy gives, in order."""
+    conf = module.configure_optimizers()
+    try:
+        from lightning.pytorch.core.optimizer import _configure_optimizers
+
+        optimizers, schedulers, _ = _configure_optimizers(conf)
+    except Exception as exc:  # noqa: BLE001 - an unusual return value: say so
+        raise SetupError(f"configure_optimizers() returned {type(conf).__name__}: {exc}") from exc
+    if not optimizers:
+        raise SetupError("configure_optimizers() returned no optimizer")
+    return list(optimizers), [s.get("scheduler") if isinstance(s, Mapping) else s for s in schedulers or []]
 
 
 def lightning_optimizers(module: Any) -> tuple[Any, Any, str | None]:

@@ -86,6 +86,48 @@ class CompiledClassifier(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.lr)
 
 
+class GAN(pl.LightningModule):
+    """Lightning's basic GAN under manual optimization: two optimizers, ``self.optimizers()`` unpacked into
+    them, each loss handed to ``manual_backward`` between ``toggle_optimizer`` / ``untoggle_optimizer``."""
+
+    def __init__(self, lr: float = 2e-4, latent: int = 4):
+        super().__init__()
+        self.automatic_optimization = False
+        self.lr, self.latent = lr, latent
+        self.generator = nn.Sequential(nn.Linear(latent, 16), nn.ReLU(), nn.Linear(16, 2))
+        self.discriminator = nn.Sequential(nn.Linear(2, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+
+    def forward(self, z):
+        return self.generator(z)
+
+    def training_step(self, batch, batch_idx):
+        x, _ = batch
+        opt_g, opt_d = self.optimizers()
+        z = torch.randn(len(x), self.latent)
+        real, fake = torch.ones(len(x), 1), torch.zeros(len(x), 1)
+        self.toggle_optimizer(opt_g)
+        g_loss = F.binary_cross_entropy_with_logits(self.discriminator(self(z)), real)
+        self.manual_backward(g_loss)
+        opt_g.step()
+        opt_g.zero_grad()
+        self.untoggle_optimizer(opt_g)
+        self.toggle_optimizer(opt_d)
+        d_real = F.binary_cross_entropy_with_logits(self.discriminator(x), real)
+        d_fake = F.binary_cross_entropy_with_logits(self.discriminator(self(z).detach()), fake)
+        self.manual_backward((d_real + d_fake) / 2)
+        opt_d.step()
+        opt_d.zero_grad()
+        self.untoggle_optimizer(opt_d)
+        self.log_dict({"g_loss": g_loss, "d_loss": (d_real + d_fake) / 2})
+
+    def configure_optimizers(self):
+        betas = (0.5, 0.999)
+        return [
+            torch.optim.Adam(self.generator.parameters(), lr=self.lr, betas=betas),
+            torch.optim.Adam(self.discriminator.parameters(), lr=self.lr, betas=betas),
+        ], []
+
+
 class Blobs(pl.LightningDataModule):
     def setup(self, stage=None):
         self.train_set, self.val_set = blobs(64, seed=0), blobs(32, seed=1)

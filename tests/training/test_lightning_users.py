@@ -18,6 +18,25 @@ def test_train_ckpt_smoke_run_on_the_module_as_written(project, module):
     assert run.result.ret == 0, run.text
 
 
+def test_a_gan_s_two_losses_for_two_optimizers_are_not_averaged_into_one(project):
+    """self.optimizers() gives the step its two optimizers (a stand-in list, as a Trainer gives); the generator's
+    and the discriminator's losses are separate objectives, so the checks that need one loss of the step say they
+    do not judge it, instead of failing on the mean or blaming the module for the stand-ins."""
+    project.conftest(lk.PROJECT.format(module="GAN"))
+    run = project.run("--dlcheck=T1,T2,T3,T5,T9,S1", "-rA")
+    assert "internal error" not in run.text and "cannot unpack" not in run.text, run.text
+    for cid in ("T1", "T2", "T3", "T5"):
+        run.assert_outcome(cid, "skipped")
+    text = " ".join(run.text.split())
+    assert (
+        "T2_overfit_batch: not judged: GAN.training_step hands 2 losses to manual_backward for its 2 optimizers (a "
+        "GAN's generator and discriminator, an actor and a critic): each is minimised by its own optimizer" in text
+    ), text
+    run.assert_outcome("T9", "skipped")
+    assert "T9_zero_grad: not judged: GAN uses manual optimization" in text
+    run.assert_outcome("S1", "passed")
+
+
 def test_a_compiled_submodule_saves_its_keys_with_the_compile_prefix(project):
     # a true finding: Lightning saves the state dict of the module holding the compiled net as net._orig_mod.*
     project.conftest(lk.PROJECT.format(module="CompiledClassifier"))
