@@ -93,6 +93,25 @@ def _overrides(config: pytest.Config) -> dict[tuple[str, str], Any]:
     return out
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session: pytest.Session):
+    """The objects alive once the tests are collected (the modules torch, transformers, TRL... and the conftest
+    files imported: hundreds of thousands of them) are moved out of the garbage collector's sight for the run
+    (``gc.freeze``), so that each full collection the checks make between trainings (to free a finished clone
+    held in a cycle before the next is built; Accelerate's ``free_memory`` makes one too) walks only what the run
+    created: 0.2 s a collection on a transformers project, about 0 after. Objects made during the run (every
+    fixture, clone and spare) are collected as before; the collector is given back its objects when the loop
+    ends."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    try:
+        return (yield)
+    finally:
+        gc.unfreeze()
+
+
 # --------------------------------------------------------------------------------------------------
 # configuration
 
