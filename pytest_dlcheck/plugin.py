@@ -104,7 +104,9 @@ def pytest_runtestloop(session: pytest.Session):
     ends."""
     import gc
 
-    gc.collect()
+    if gc.get_freeze_count():  # the host process froze its own objects already: its freeze is left as it is
+        return (yield)
+    gc.collect(1)  # the young garbage of the collection (a full collection would walk every object once more)
     gc.freeze()
     try:
         return (yield)
