@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from ...guard import preserved_rng
 from ...registry import check
 from ...training import describe_batch, modes, output_tensor, probe, run_or_skip
 
@@ -66,10 +67,11 @@ def check_finite(dlcheck):
         (S1), not here.
     Not applicable
         A model given as dlcheck_model whose forward needs fields the batches lack (a denoiser that your
-        loss calls): it is not called on the batch (give dlcheck_make_training + dlcheck_compute_loss and T5
-        runs your loss). Every other trained model: its loss, activations and gradients must be finite.
+        loss calls): it is not called on the batch (give dlcheck_make_training with dlcheck_train_step or
+        dlcheck_compute_loss and T5 runs your loss; a loop whose loss lives inside its own dlcheck_train_step is
+        watched through that step: every module of every network it trains, the loss it returns, the gradients). Every other trained model: its loss, activations and gradients must be finite.
     """
-    fresh, batches, _ = probe(dlcheck)
+    fresh, batches, setup = probe(dlcheck)
     model = fresh.model
     for bi, batch in enumerate(batches):
         for name, t in _float_fields(batch):
@@ -84,9 +86,15 @@ def check_finite(dlcheck):
                     "the data itself contains NaN/Inf: the first step will turn every weight it touches into NaN",
                     "clean the data (drop or impute the missing values) and check the transforms that divide or take logs",
                 )
+    fields = sum(len(_float_fields(b)) for b in batches)
+    from .gradients import _loss_unavailable
+
+    why = _loss_unavailable(setup, model, batches[0])
+    if why is not None:
+        _through_the_step(dlcheck, setup, why, fields, len(batches))
+        return
     names = {id(m): n for n, m in model.named_modules()}  # by identity: a Metric hashes its state
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    fields = sum(len(_float_fields(b)) for b in batches)
     losses: list[float] = []
     checked_grads, outputs = 0, 0
     for bi, batch in enumerate(batches[:MAX_BATCHES]):
@@ -197,4 +205,135 @@ def check_finite(dlcheck):
         batches=len(losses),
         losses=[round(v, 6) for v in losses],
         gradients_checked=checked_grads,
+    )
+
+
+#: calls of the user's step T5 watches when the loss lives inside it
+STEP_CALLS = MAX_BATCHES
+
+
+def _through_the_step(dlcheck, setup: Any, why: str, fields: int, n_batches: int) -> None:
+    """T5 for a loop whose loss lives inside its own step: fresh objects from the factory, the user's
+    ``dlcheck_train_step`` called on the first training batches with a hook on every module of every network the
+    state trains (the first non-finite output), one on every trainable parameter (a non-finite gradient as backward
+    accumulates it), and the loss the step returns."""
+    from ...training.runs import Trajectory
+    from .gradients import _state_modules
+
+    def watched() -> dict[str, Any]:
+        state = setup.state()
+        roots = _state_modules(state)
+        names: dict[int, str] = {}
+        for prefix, root in roots:
+            for mn, m in root.named_modules():
+                names.setdefault(id(m), (prefix + mn).rstrip(".") or type(root).__name__)
+        seen: dict[str, Any] = {"first": None, "outputs": 0, "bad_grads": [], "grads": set(), "calls": 0}
+
+        def hook(mod, args, out):
+            t = output_tensor(out)
+            if seen["first"] is not None or not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                return
+            if not torch.isfinite(t.detach()).all():
+                seen["first"] = (
+                    names.get(id(mod), "?"),
+                    type(mod).__name__,
+                    str(t.dtype).replace("torch.", ""),
+                    int(torch.isnan(t).sum()),
+                    int(torch.isinf(t).sum()),
+                    t.numel(),
+                    _max_abs(args),
+                    seen["calls"],
+                )
+            else:
+                seen["outputs"] += 1
+
+        def grad_hook(name):
+            def h(p):
+                seen["grads"].add(name)
+                if p.grad is not None and not torch.isfinite(p.grad).all() and name not in seen["bad_grads"]:
+                    seen["bad_grads"].append(name)
+                    seen.setdefault("bad_grads_at", seen["calls"])
+
+            return h
+
+        handles = [m.register_forward_hook(hook) for _, root in roots for m in root.modules()]
+        for prefix, root in roots:
+            handles += [
+                p.register_post_accumulate_grad_hook(grad_hook(prefix + n))
+                for n, p in root.named_parameters()
+                if p.requires_grad
+            ]
+        traj = Trajectory()
+
+        def after(i: int) -> None:
+            seen["calls"] = i + 1
+
+        try:
+            with preserved_rng():
+                setup.run(state, setup.batches(STEP_CALLS), 0, traj, after=after)
+        finally:
+            for h in handles:
+                h.remove()
+        seen["losses"] = [loss for _, loss in traj.losses()]
+        return seen
+
+    seen = run_or_skip(dlcheck, watched)
+    calls = seen["calls"]
+    where = f"{calls} call(s) of dlcheck_train_step on fresh objects from dlcheck_make_training (its loss is computed inside the step: {why})"
+    # the first thing to go wrong, in the order the step runs (a forward, its backward, the loss it returns): an
+    # Inf loss at call 1 steps NaN into the weights, and every output of call 2 is its consequence
+    losses = [v for v in seen["losses"] if v is not None]
+    loss_at = next((i for i, v in enumerate(seen["losses"]) if v is not None and not math.isfinite(v)), None)
+    events = [
+        (seen["first"][7], 0) if seen["first"] is not None else None,
+        (seen["bad_grads_at"], 1) if seen["bad_grads"] else None,
+        (loss_at, 2) if loss_at is not None else None,
+    ]
+    earliest = min((e for e in events if e is not None), default=None)
+    if earliest is not None and earliest[1] > 0:
+        seen["first"] = None  # a module's non-finite output came after: the consequence, not the cause
+    if earliest is not None and earliest[1] == 1 and loss_at is not None and loss_at == earliest[0]:
+        earliest = (loss_at, 2)  # the same call's loss is already non-finite: the loss is the cause
+    if seen["first"] is not None:
+        name, kind, dtype, n_nan, n_inf, numel, in_max, at = seen["first"]
+        dlcheck.fail(
+            [
+                f"{where}: at call {at + 1}, the first module with a non-finite output is {name} ({kind}, {dtype}): "
+                f"{n_nan} NaN and {n_inf} Inf among {numel} values"
+                + (f"; its input's largest finite |value| {in_max:.4g}" if in_max is not None else "")
+            ],
+            f"{name} produces NaN/Inf in the training step: an overflow (float16 beyond 65504, exp or squares of large "
+            "values), an undefined operation (0/0, log of 0, sqrt of a negative), or non-finite values it was given",
+            "normalise the inputs, train in bfloat16 or float32 with autocast instead of model.half(), use the stable "
+            "library ops (log_softmax, logsumexp), clamp before log/sqrt",
+        )
+    if earliest is not None and earliest[1] == 2:
+        dlcheck.fail(
+            [
+                f"{where}: at call {loss_at + 1} the step returned the loss {seen['losses'][loss_at]} while every module "
+                "output was finite"
+            ],
+            "the loss itself is undefined: log of 0, a mean over zero supervised targets, or a division by zero in a "
+            "hand-written loss",
+            "use F.cross_entropy/log_softmax rather than log(softmax), make sure every batch has supervised targets, "
+            "add eps to divisions",
+        )
+    if seen["bad_grads"]:
+        bad = seen["bad_grads"]
+        dlcheck.fail(
+            [
+                f"{where}: every activation finite, but {len(bad)} parameter gradients hold NaN/Inf: {', '.join(bad[:6])}"
+            ],
+            "the backward pass overflows (float16 gradients beyond 65504, or the derivative of sqrt/log at 0)",
+            "train with a GradScaler (torch.amp.GradScaler) or in bfloat16, and add eps inside sqrt/log/norm",
+        )
+    dlcheck.measured(
+        f"{n_batches} sampled batch(es): "
+        + (f"{fields} float field(s) finite" if fields else "no float field (token ids)")
+        + f"; {where}: every module output finite ({seen['outputs']} outputs)"
+        + (f", losses {', '.join(f'{v:.4g}' for v in losses)}" if losses else ", the step returns no loss")
+        + (f", the gradients of {len(seen['grads'])} parameter tensors finite" if seen["grads"] else ", no gradient"),
+        batches=calls,
+        losses=[round(v, 6) for v in losses],
+        gradients_checked=len(seen["grads"]),
     )

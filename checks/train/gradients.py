@@ -8,8 +8,12 @@ from typing import Any
 
 import torch
 
+from ...errors import MISSING
+from ...guard import preserved_rng
 from ...registry import Setting, check
 from ...training import modes, probe, run_or_skip
+from ...training.loop import trained_modules
+from ...training.runs import Trajectory, unwrap_prepared
 
 
 def shape(t: torch.Tensor) -> str:
@@ -172,7 +176,11 @@ def check_gradients(dlcheck):
         parameters of the model are reported. A parameter autograd finds no path to is measured again with
         ``loss.backward()`` (each ``.grad`` put back): reentrant gradient checkpointing rebuilds a layer's graph
         only there. When torch warns that no input of a checkpointed segment requires grad, the failure names
-        gradient checkpointing as the cause.
+        gradient checkpointing as the cause. A plain or Accelerate loop whose loss lives inside its own
+        ``dlcheck_train_step`` (no ``dlcheck_compute_loss``, and a model that does not take the batch) is judged
+        through that step: fresh objects from ``dlcheck_make_training``, the step called on the training batches
+        (up to 8 calls, until every trainable parameter of every module its optimizers train has had a
+        gradient: a GAN's generator and discriminator alike), then which of them the dict's optimizers hold.
     Why it is bad
         Those parameters are frozen by accident: the layer trains for nothing, silently, and the model
         behaves like a smaller one. Classic causes: ``.detach()`` / ``torch.no_grad()`` in a forward, a
@@ -202,11 +210,16 @@ def check_gradients(dlcheck):
     Not applicable
         A model with no trainable parameter (everything frozen): nothing is trained. A model given as
         dlcheck_model whose forward needs fields the batches lack (a denoiser that your loss calls): it is
-        not called on the batch (give dlcheck_make_training + dlcheck_compute_loss and T3 runs your loss).
+        not called on the batch (give dlcheck_make_training with dlcheck_train_step or dlcheck_compute_loss and
+        T3 runs your loss).
     """
     fresh, batches, setup = probe(dlcheck)
     model = fresh.model
     batch = batches[0]
+    why = _loss_unavailable(setup, model, batch)
+    if why is not None:
+        _through_the_step(dlcheck, setup, why)
+        return
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not trainable:
         dlcheck.not_applicable(f"{type(model).__name__} has no parameter with requires_grad=True: nothing is trained")
@@ -376,3 +389,153 @@ def check_gradients(dlcheck):
         cause = "a param group with learning rate 0 freezes its parameters while they still get gradients"
         fix = "give the group a non-zero lr, or freeze its parameters with requires_grad_(False)"
     dlcheck.fail(evidence, cause, fix)
+
+
+#: calls of the user's step T3 makes at most to see every trainable parameter reached (a GAN that updates its
+#: generator every few critic steps reaches it within a few calls)
+STEP_CALLS = 8
+
+
+def _loss_unavailable(setup: Any, model: Any, batch: Any) -> str | None:
+    """Why the loss of a plain (or Accelerate) loop cannot be computed apart from its step, when the loop gives
+    its own ``dlcheck_train_step``: T3 then watches that step. None otherwise (the loss is computed, or a
+    missing ``dlcheck_compute_loss`` is the skip)."""
+    if setup is None or setup.kind not in ("loop", "accelerate") or getattr(setup, "train_step", MISSING) is MISSING:
+        return None
+    return setup.loss_unavailable(model, batch)
+
+
+def _state_modules(state: dict[str, Any]) -> list[tuple[str, torch.nn.Module]]:
+    """(prefix, module) of every module the state trains: ``model`` with no prefix (its parameters keep their own
+    names), another (a GAN's generator, a critic) as ``key.``."""
+    keys = {id(unwrap_prepared(v)): k for k, v in state.items()}
+    out = []
+    for module in trained_modules(state):
+        inner = unwrap_prepared(module)
+        key = keys.get(id(inner), keys.get(id(module), "model"))
+        out.append(("" if key == "model" else f"{key}.", inner))
+    return out
+
+
+def _through_the_step(dlcheck, setup: Any, why: str) -> None:
+    """T3 for a loop whose loss lives inside its own step: fresh objects from the factory, the user's
+    ``dlcheck_train_step`` called on the training batches (up to :data:`STEP_CALLS` calls, until every trainable
+    parameter of the modules it trains has had a gradient), each parameter's gradient seen as backward
+    accumulates it; then which of them the state's optimizers hold."""
+
+    def watched() -> dict[str, Any]:
+        state = setup.state()
+        roots = _state_modules(state)
+        params, ids = [], set()
+        names: dict[int, str] = {}
+        for prefix, root in roots:
+            for n, p in root.named_parameters():
+                if id(p) not in ids:
+                    ids.add(id(p))
+                    params.append((prefix + n, p))
+            for mn, m in root.named_modules():
+                names.setdefault(id(m), prefix + mn)
+        trainable = [(n, p) for n, p in params if p.requires_grad]
+        got: set[str] = set()
+        ran: set[str] = set()
+        handles = [p.register_post_accumulate_grad_hook(lambda _p, n=n: got.add(n)) for n, p in trainable]
+        handles += [
+            m.register_forward_hook(lambda mod, i, o: ran.add(names[id(mod)]))
+            for _, root in roots
+            for m in root.modules()
+        ]
+        seen = {"calls": 0}
+
+        def after(i: int) -> None:
+            seen["calls"] = i + 1
+            if len(got) == len(trainable):
+                raise _Reached
+
+        try:
+            with preserved_rng():
+                setup.run(state, setup.batches(STEP_CALLS), 0, Trajectory(), after=after)
+        except _Reached:
+            pass
+        finally:
+            for h in handles:
+                h.remove()
+        held: set[int] = set()
+        for value in state.values():
+            opt = unwrap_prepared(value)
+            if isinstance(opt, torch.optim.Optimizer):
+                held.update(id(p) for g in opt.param_groups for p in g["params"])
+        modules = [type(root).__name__ for _, root in roots]
+        return {
+            "calls": seen["calls"],
+            "trainable": [n for n, _ in trainable],
+            "shapes": {n: shape(p) for n, p in trainable},
+            "got": got,
+            "ran": ran,
+            "outside": [n for n, p in trainable if n in got and id(p) not in held],
+            "optimizers": bool(held),
+            "modules": modules,
+            "frozen": sum(1 for _, p in params if not p.requires_grad),
+        }
+
+    seen = run_or_skip(dlcheck, watched)
+    trainable, got, calls = seen["trainable"], seen["got"], seen["calls"]
+    if not trainable:
+        dlcheck.not_applicable("the modules the training trains have no parameter with requires_grad=True")
+    ignore = re.compile(dlcheck.setting("ignore")) if dlcheck.setting("ignore") else None
+    orphans = [n for n in trainable if n not in got and not (ignore and ignore.search(n))]
+    where = (
+        f"{calls} call(s) of dlcheck_train_step on fresh objects from dlcheck_make_training "
+        f"({', '.join(seen['modules'])}; its loss is computed inside the step: {why})"
+    )
+    frozen = f"; {seen['frozen']} frozen parameter tensors not judged" if seen["frozen"] else ""
+    if orphans:
+        shown = ", ".join(f"{n} [{seen['shapes'][n]}]" for n in orphans[:6]) + (" …" if len(orphans) > 6 else "")
+        owner = lambda n: n.rsplit(".", 1)[0] if "." in n else ""  # noqa: E731
+        never_ran = sorted({owner(n) for n in orphans if owner(n) not in seen["ran"]})
+        evidence = [f"{where}: {len(orphans)} of {len(trainable)} trainable parameter tensors got no gradient: {shown}"]
+        if never_ran and len(never_ran) == len({owner(n) for n in orphans}):
+            evidence.append(f"module(s) never called by a forward: {', '.join(never_ran[:6])}")
+            cause = "these modules are defined (and trainable) but the step never calls them: they train for nothing"
+            fix = (
+                "call them in the forward, or delete them / set requires_grad_(False) and leave them out of the "
+                "optimizer if they are unused on purpose"
+            )
+        else:
+            cause = (
+                "their output is cut from the autograd graph (a .detach(), a torch.no_grad() block, or a round-trip "
+                "through .item()/numpy), or the loss the step backpropagates does not depend on them: the layers are "
+                "frozen by accident"
+            )
+            fix = (
+                "remove the detach / no_grad around those modules; to freeze them on purpose, set "
+                "requires_grad_(False) and leave them out of the optimizer"
+            )
+        dlcheck.fail(evidence, cause, fix)
+    if seen["outside"]:
+        outside = seen["outside"]
+        shown = ", ".join(f"{n} [{seen['shapes'][n]}]" for n in outside[:6]) + (" …" if len(outside) > 6 else "")
+        dlcheck.fail(
+            [
+                f"{where}: {len(outside)} of {len(trainable)} parameter tensors that get a gradient are in no param "
+                f"group of the training dict's optimizers: {shown}"
+            ],
+            "the optimizer was built over a subset of the trainable parameters: the others get gradients but are "
+            "never updated",
+            "pass every trainable parameter to the optimizer (model.parameters(), or every param group you intend), "
+            "or freeze the rest with requires_grad_(False)",
+        )
+    held = (
+        "and the training dict's optimizers hold them all"
+        if seen["optimizers"]
+        else "(the training dict holds no optimizer object: the step updates them itself)"
+    )
+    dlcheck.measured(
+        f"{where}: all {len(trainable)} trainable parameter tensors got a gradient, {held}{frozen}",
+        trainable=len(trainable),
+        with_gradient=len(trainable),
+        calls=calls,
+    )
+
+
+class _Reached(Exception):
+    """Raised between two calls of the user's step once every trainable parameter has had a gradient."""

@@ -181,6 +181,22 @@ class LoopSetup:
             "(model, batch) -> loss, or dlcheck_loss_fn for (inputs, targets) batches"
         )
 
+    def loss_unavailable(self, model: Any, batch: Any) -> str | None:
+        """Why :meth:`loss_of` cannot compute the loss of ``batch`` without running anything (no
+        ``dlcheck_compute_loss``, a model that does not take the batch, batches that are no (inputs, targets)
+        pair for ``dlcheck_loss_fn``), or None when it can."""
+        if self.compute_loss is not MISSING:
+            return None
+        try:
+            model_call(model, batch)
+        except NotTheBatch as exc:
+            return f"{type(model).__name__} does not take the batch ({str(exc).split(': ', 1)[1].split(', which')[0]})"
+        if isinstance(batch, Mapping):
+            return None
+        if self.loss_fn is not MISSING and isinstance(batch, (list, tuple)) and len(batch) >= 2:
+            return None
+        return "the batches are not mappings the model takes by keyword, and no dlcheck_loss_fn takes (inputs, targets)"
+
     def fresh(self) -> Fresh:
         state = self._new_state()  # the probe, a spare itself: it lets no other go
         model = state["model"]

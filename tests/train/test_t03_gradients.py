@@ -98,3 +98,79 @@ def test_a_metric_module_whose_hash_follows_its_state_is_no_crash(project):
     for cid in ("T3", "T4", "T5"):
         run.assert_outcome(cid, "passed")
     assert "KeyError" not in run.text
+
+
+#: an Accelerate-style image loop (accelerate's cv_example): the batches are dicts the model does not take by
+#: keyword ({"image", "label"}), the loss lives inside the user's step and no dlcheck_compute_loss is given
+DICT_STEP = """
+    import pytest, torch, tiny_train as tt
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = {model}
+            return {{"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        data = tt.blobs()
+        rows = [{{"image": x, "label": y}} for x, y in zip(*data.tensors)]
+        return DataLoader(rows, batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_train_step():
+        def step(state, batch):
+            loss = nn.functional.cross_entropy(state["model"](batch["image"]), batch["label"])
+            loss.backward()
+            state["optimizer"].step()
+            state["optimizer"].zero_grad()
+            return loss.detach()
+        return step
+"""
+
+
+def test_a_loss_inside_the_step_is_judged_through_the_step(project):
+    """No dlcheck_compute_loss and a model that does not take the batch: T3 watches the user's own step (it used
+    to ask for dlcheck_compute_loss)."""
+    project.conftest(DICT_STEP.format(model="tt.MLP()"))
+    run = project.run("--dlcheck=T3", "-rA")
+    run.assert_outcome("T3", "passed")
+    text = " ".join(run.text.split())
+    assert (
+        "1 call(s) of dlcheck_train_step on fresh objects from dlcheck_make_training (MLP; its loss is computed "
+        "inside the step: MLP does not take the batch (MLP.forward requires x))" in text
+    ), text
+    assert "all 4 trainable parameter tensors got a gradient, and the training dict's optimizers hold them all" in text
+
+
+def test_a_detached_body_behind_the_step_fails(project):
+    project.conftest(DICT_STEP.format(model="tt.DetachedBodyMLP()"))
+    run = project.run("--dlcheck=T3")
+    run.assert_outcome("T3", "failed")
+    text = " ".join(run.section("T3").split())
+    assert "2 of 4 trainable parameter tensors got no gradient: body.0.weight [32x8], body.0.bias [32]" in text, text
+    assert "cut from the autograd graph" in text, text
+
+
+def test_a_gan_step_reaches_both_networks(project):
+    import test_t09_zero_grad as t9
+
+    project.conftest(t9.GAN.replace("{zero_d}", "netD.zero_grad()").replace("{zero_g}", "netG.zero_grad()"))
+    run = project.run("--dlcheck=T3", "-rA")
+    run.assert_outcome("T3", "passed")
+    assert "(Sequential, Sequential; its loss is computed inside the step" in " ".join(run.text.split()), run.text
+
+
+def test_a_gan_whose_generator_output_is_detached_for_its_own_loss_fails_naming_it(project):
+    import test_t09_zero_grad as t9
+
+    gan = t9.GAN.replace("{zero_d}", "netD.zero_grad()").replace("{zero_g}", "netG.zero_grad()")
+    gan = gan.replace("err_g = crit(netD(fake).view(-1)", "err_g = crit(netD(fake.detach()).view(-1)")
+    project.conftest(gan)
+    run = project.run("--dlcheck=T3")
+    run.assert_outcome("T3", "failed")
+    text = " ".join(run.section("T3").split())
+    assert "4 of 8 trainable parameter tensors got no gradient: netG.0.weight [16x4]" in text, text

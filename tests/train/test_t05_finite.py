@@ -64,3 +64,35 @@ def test_clean_mlp_passes(project):
             "(6 outputs), loss 1.493, 1.51, the gradients of 4 parameter tensors finite"
         ]
     )
+
+
+def test_a_loss_inside_the_step_is_watched_through_the_step(project):
+    """A loop whose model does not take the batch and whose loss lives inside its step: T5 watches the step's
+    modules, loss and gradients (it used to ask for dlcheck_compute_loss)."""
+    from test_t03_gradients import DICT_STEP
+
+    project.conftest(DICT_STEP.format(model="tt.MLP()"))
+    run = project.run("--dlcheck=T5", "-rA")
+    run.assert_outcome("T5", "passed")
+    text = " ".join(run.text.split())
+    assert "call(s) of dlcheck_train_step on fresh objects from dlcheck_make_training (its loss is computed inside" in text
+    assert "every module output finite (" in text and "the gradients of 4 parameter tensors finite" in text, text
+
+
+def test_a_step_whose_log_overflows_fails_through_the_step(project):
+    from test_t03_gradients import DICT_STEP
+
+    # a log of a softmax taken by hand on logits scaled up to overflow: Inf -> NaN in the loss the step returns
+    project.conftest(
+        DICT_STEP.format(model="tt.MLP()").replace(
+            'loss = nn.functional.cross_entropy(state["model"](batch["image"]), batch["label"])',
+            'p = torch.softmax(state["model"](batch["image"]) * 1e4, -1)\n'
+            '            loss = -torch.log(p[torch.arange(len(p)), batch["label"]]).mean()',
+        )
+    )
+    run = project.run("--dlcheck=T5")
+    run.assert_outcome("T5", "failed")
+    text = " ".join(run.section("T5").split())
+    assert "call(s) of dlcheck_train_step on fresh objects" in text, text
+    # the first thing to go wrong is named, not its consequence (the NaN weights of the next call)
+    assert "at call 1 the step returned the loss inf while every module output was finite" in text, text
