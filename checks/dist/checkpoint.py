@@ -150,6 +150,10 @@ def _reshard(dlcheck, run, recs, path, kind) -> list[str]:
     return notes
 
 
+#: how a line of :func:`_data_position` that judged nothing begins
+NOT_JUDGED = "data position: not judged"
+
+
 def _data_position(dlcheck, run, kind: str | None) -> list[str]:
     """The data position across a mid-epoch save and resume on every rank (the launch's "position" stage): the
     examples the ranks train together after the resume against the uninterrupted ranks'. Fails when some are
@@ -391,5 +395,9 @@ def check_distributed_checkpoint(dlcheck):
         notes.append(
             "one checkpoint of full tensors written by one rank: the same at any world size, not reloaded at another"
         )
-    notes += _data_position(dlcheck, run, getattr(measure.the_setup(dlcheck), "kind", None))
-    dlcheck.measured(*notes, world=run.world)
+    position = _data_position(dlcheck, run, getattr(measure.the_setup(dlcheck), "kind", None))
+    for line in position:
+        if line.startswith(NOT_JUDGED):  # the pass says so, and the summary counts it as partly judged
+            dlcheck.not_judged("the data position", line[len(NOT_JUDGED) :].lstrip(": "))
+    judged = [line for line in position if not line.startswith(NOT_JUDGED)]
+    dlcheck.measured(*notes, *judged, world=run.world)

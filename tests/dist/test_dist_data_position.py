@@ -133,9 +133,13 @@ def test_a_load_that_leaves_the_loader_untouched_is_said_not_judged(project):
     run = project.run("--dlcheck=D5", "-rA")
     run.assert_outcome("D5", "passed")
     text = _flat(run.text)
+    # a pass on the weights and the shards alone: counted apart, as partly judged, saying why
     assert (
-        "data position: not judged on 2 ranks: rank 0: your dlcheck_load_checkpoint leaves state['dataloader']" in text
+        "the data position: not judged, on 2 ranks: rank 0: your dlcheck_load_checkpoint leaves state['dataloader']"
+        in text
     ), text
+    assert "partly judged: the data position not judged" in text, text
+    assert re.search(r"^dist +0 of 1 judged: 1 partly judged$", run.text, re.M), run.text
     _no_leftover_process()
 
 
