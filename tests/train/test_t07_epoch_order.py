@@ -1,5 +1,7 @@
 """T7: a new order every epoch, distinct random streams per worker."""
 
+import re
+
 import tiny_train as tt
 
 
@@ -179,3 +181,40 @@ def test_the_users_sampler_epoch_is_left_where_it_was(project):
     tt.__dict__.pop("SEEN2", None)
     project.run("--dlcheck=T7").assert_outcome("T7", "passed")
     assert "epoch" not in vars(tt.SEEN2.sampler), "T7 left an epoch on the user's sampler"
+
+
+#: a Trainer whose train sampler is sequential (an override of _get_train_sampler, as curriculum scripts write),
+#: its plan read from its args: max_steps over the batches of an epoch
+SEQUENTIAL_TRAINER = """
+    import pytest, tiny
+    from datasets import Dataset
+    from torch.utils.data import SequentialSampler
+    from trl import SFTConfig, SFTTrainer
+
+    class InOrder(SFTTrainer):
+        def _get_train_sampler(self, *args, **kwargs):
+            return SequentialSampler(self.train_dataset)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        tok = tiny.tokenizer()
+        args = tiny.trainer_args(tmp_path_factory.mktemp("o"), SFTConfig, max_steps={steps})
+        return InOrder(model=tiny.llama(tok), args=args, processing_class=tok,
+                       train_dataset=Dataset.from_dict({{"text": tiny.texts()}}))
+"""
+
+
+def test_a_trainer_of_several_epochs_whose_sampler_does_not_shuffle_fails(project):
+    project.conftest(SEQUENTIAL_TRAINER.format(steps=400))
+    run = project.run("--dlcheck=T7")
+    run.assert_outcome("T7", "failed")
+    text = tt.section(run, "T7")
+    assert "does not shuffle: its SequentialSampler gives every epoch the same order" in text, text
+    assert re.search(r"the run trains [\d.]+ epochs \(max_steps=400 of \d+ batches an epoch\)", text), text
+
+
+def test_a_trainer_of_less_than_an_epoch_whose_sampler_does_not_shuffle_is_not_applicable(project):
+    project.conftest(SEQUENTIAL_TRAINER.format(steps=1))
+    run = project.run("--dlcheck=T7", "-rs")
+    run.assert_outcome("T7", "skipped")
+    run.fnmatch(["*not applicable: * does not shuffle (SequentialSampler), and the run trains one epoch (max_steps=1*"])
