@@ -132,8 +132,12 @@ def test_every_check_on_every_corpus_project_gives_its_ledger_outcome(pytester, 
     if name in (rel_budget.CHEAPEST, rel_budget.COSTLIEST):
         wall = rel_budget.wall_budget(doc)
         assert wall["step"] is not None, f"{name} is judged by its step time, and the run measured none"
-        if not (wall["share_ok"] and wall["time_ok"]):  # wall time on a shared machine: said, not a red run
-            pytest.xfail("issue 33 item 3, wall-time budget not met: " + rel_budget.figures(name, doc))
+        # the budget is in the project's own step time, measured in the same run under the same load
+        assert wall["time_ok"], "issue 33 item 3, wall-time budget not met: " + rel_budget.figures(name, doc)
+        if not wall["share_ok"]:
+            # makemore_mlp: a 4 ms step, 0.3 s of the user's work in all; the plugin's ~1 s for 76 checks is most of
+            # a 1.3 s run (within the 15 s fixed cost), so its share stays over 25 %: said, not a red run
+            pytest.xfail("issue 33 item 3, plugin share over 25 %: " + rel_budget.figures(name, doc))
 
 
 def test_every_corpus_project_has_a_ledger_that_names_every_check():
