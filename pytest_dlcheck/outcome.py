@@ -172,9 +172,11 @@ def _lengths(value) -> list[int] | None:
     return lengths
 
 
-def _field_problem(key: str, value) -> str | None:
+def _field_problem(key: str, value, raw: bool = False) -> str | None:
     """What makes one batch field unusable by any computation: a meta tensor, float token ids, ragged rows.
-    (A NaN or a None is no such thing: a check that crashes on it is the plugin's bug.)"""
+    (A NaN or a None is no such thing: a check that crashes on it is the plugin's bug.) ``raw``: a field of an
+    example before collation, whose lists are ragged by nature (the collator pads them; a multiple-choice example
+    holds one list per choice)."""
     torch = _torch()
     if torch is not None and isinstance(value, torch.Tensor):
         if value.is_meta:
@@ -186,7 +188,7 @@ def _field_problem(key: str, value) -> str | None:
         return "is a numpy array of dtype object (ragged rows?)"
     if isinstance(value, (list, tuple)) and key in TENSOR_FIELDS and value:
         lengths = _lengths(value)
-        if lengths and len(set(lengths)) > 1:
+        if lengths and len(set(lengths)) > 1 and not raw:
             return (
                 f"is a ragged {type(value).__name__} (rows of {min(lengths)} to {max(lengths)} items), expected "
                 "rows padded to one length (a tensor)"
@@ -198,12 +200,12 @@ def _field_problem(key: str, value) -> str | None:
     return None
 
 
-def _mapping_problem(b, exc: BaseException) -> str | None:
+def _mapping_problem(b, exc: BaseException, raw: bool = False) -> str | None:
     torch = _torch()
     if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) and exc.args[0] not in b:
         return f"has no field {exc.args[0]!r} (fields: {', '.join(map(str, b)) or 'none'})"
     for key, value in b.items():
-        problem = _field_problem(str(key), value)
+        problem = _field_problem(str(key), value, raw)
         if problem:
             return f"field {key!r} {problem}"
     if torch is not None:
@@ -213,9 +215,13 @@ def _mapping_problem(b, exc: BaseException) -> str | None:
     return None
 
 
-def _find(value, exc: BaseException, depth: int = 3, budget: list | None = None) -> str | None:
+#: the attributes of a Sample that hold examples before collation (their lists are ragged by nature)
+RAW_ATTRS = ("rows", "raw_rows")
+
+
+def _find(value, exc: BaseException, depth: int = 3, budget: list | None = None, raw: bool = False) -> str | None:
     """The first problem in a batch, a list of batches, a Sample (its batches and rows), a tensor or a
-    dict/list around them; bounded."""
+    dict/list around them; bounded. ``raw``: examples before collation."""
     from collections.abc import Mapping
 
     budget = [300] if budget is None else budget
@@ -226,18 +232,18 @@ def _find(value, exc: BaseException, depth: int = 3, budget: list | None = None)
     if torch is not None and isinstance(value, torch.Tensor):
         return "is a tensor on the meta device (it holds no values)" if value.is_meta else None
     if isinstance(value, Mapping):
-        found = _mapping_problem(value, exc)
+        found = _mapping_problem(value, exc, raw)
         if found:
             return found
         for k, v in list(value.items())[:32]:
             if isinstance(v, (Mapping, list, tuple)):
-                inner = _find(v, exc, depth - 1, budget)
+                inner = _find(v, exc, depth - 1, budget, raw)
                 if inner:
                     return f"[{k!r}] {inner}"
         return None
     if isinstance(value, (list, tuple)):
         for i, v in enumerate(value[:16]):
-            inner = _find(v, exc, depth - 1, budget)
+            inner = _find(v, exc, depth - 1, budget, raw)
             if inner:
                 return f"item {i}: {inner}"
         return None
@@ -245,7 +251,7 @@ def _find(value, exc: BaseException, depth: int = 3, budget: list | None = None)
     if isinstance(fields, dict) and not _is_module(value) and not isinstance(value, type):
         for attr, inner in list(fields.items())[:16]:
             if isinstance(inner, (list, tuple, Mapping)) or (torch is not None and isinstance(inner, torch.Tensor)):
-                found = _find(inner, exc, depth - 1, budget)
+                found = _find(inner, exc, depth - 1, budget, raw or attr in RAW_ATTRS)
                 if found:
                     return f"{attr} {found}"
     return None
@@ -261,6 +267,8 @@ def _role_for(sources, roles: dict, prefer: tuple[str, ...]) -> str | None:
 
 
 DATA_ROLES = ("collator", "dataloader", "dataset", "eval_dataloader", "eval_dataset", "raw_dataset")
+#: the roles that hold examples before collation (their lists are ragged by nature: the collator pads them)
+RAW_ROLES = ("dataset", "eval_dataset", "raw_dataset")
 
 
 def _mentions(exc: BaseException, value: object) -> bool:
@@ -300,15 +308,15 @@ def explain(ctx, exc: BaseException) -> RoleError | None:
     def data_problem() -> RoleError | None:
         """In what the user's objects returned and the shared samples the check used."""
         for role, value in returned:
-            problem = _find(value, exc)
+            problem = _find(value, exc, raw=role in RAW_ROLES)
             if problem:
                 return RoleError(role, f"returned a value whose {problem} ({stopped})")
         for sources, _key, value in used:
             if isinstance(value, BaseException):
                 continue
-            problem = _find(value, exc)
-            name = _role_for(sources, roles, DATA_ROLES) if problem else None
-            if name is not None:
+            name = _role_for(sources, roles, DATA_ROLES)
+            problem = _find(value, exc, raw=name in RAW_ROLES) if name is not None else None
+            if problem:
                 return RoleError(name, f"gave data whose {problem} ({stopped})")
         return None
 
@@ -321,19 +329,21 @@ def explain(ctx, exc: BaseException) -> RoleError | None:
             if f.f_code.co_name == "memo" and in_plugin(f.f_code.co_filename) and "sources" in f.f_locals
         ]
         sources = memos[-1].f_locals.get("sources") if memos else None
+        name = (_role_for(sources, roles, DATA_ROLES) if sources is not None else None) or next(
+            (r for r in DATA_ROLES if r in roles), None
+        )
+        if name is None:
+            return None
         for frame in reversed(frames):
             if not in_plugin(frame.f_code.co_filename) or frame.f_code.co_name in ("memo", "explain"):
                 continue
             for local in list(frame.f_locals.values())[:32]:
-                if any(local is v for v in roles.values()):
+                # a role itself, or the check's context (its records of what the check used are data_problem's)
+                if local is ctx or any(local is v for v in roles.values()):
                     continue
-                problem = _find(local, exc, depth=2)
+                problem = _find(local, exc, depth=2, raw=name in RAW_ROLES)
                 if problem:
-                    name = (_role_for(sources, roles, DATA_ROLES) if sources is not None else None) or next(
-                        (r for r in DATA_ROLES if r in roles), None
-                    )
-                    if name is not None:
-                        return RoleError(name, f"gave data whose {problem} ({stopped} in {_frame_text(frame)})")
+                    return RoleError(name, f"gave data whose {problem} ({stopped} in {_frame_text(frame)})")
         return None
 
     found = data_problem()

@@ -85,6 +85,17 @@ def check_nan_in_data(dlcheck):
     collator, dataset = dlcheck.require("collator", "dataset")
     batch = dlcheck.call("collator", lambda: collator([dataset[0], dataset[1]]))
     return int(batch["scores"].sum())  # the check's own code, not ready for a NaN
+
+
+@check("L97", domain="llm", title="a check's own code on examples before collation", roles=("dataset",))
+def check_raw_rows(dlcheck):
+    {DOC}
+    from pytest_dlcheck.sampling import Sample
+
+    (dataset,) = dlcheck.require("dataset")
+    # the examples as the collator takes them: a multiple-choice example holds one list of ids per choice
+    sample = dlcheck.memo(dataset, "attr:rows", lambda: Sample(list(dataset), [], None, "dlcheck_dataset"))
+    return sample.rows[0]["input_ids"][0][40]  # the check's own code, reading past a choice's end
 """
 
 CONFTEST = """
@@ -207,3 +218,20 @@ def test_a_nan_in_the_users_data_does_not_blame_the_role(pack):
     text = _one_line(run.text)
     assert INTERNAL + "ValueError: cannot convert float NaN to integer at check_nan_in_data" in text, run.text
     assert "NaN/Inf values" not in text and "returned a value whose" not in text, run.text
+
+
+def test_ragged_examples_before_collation_do_not_blame_the_role(pack, monkeypatch):
+    """Examples before collation hold lists of any length (the collator pads them; a multiple-choice example holds
+    one list per choice): a check's own IndexError on them is its bug, not "dlcheck_dataset gave data whose rows
+    item 0: field 'input_ids' is a ragged list" (what run_swag's collator and dataset were blamed for)."""
+    pack.conftest(
+        CONFTEST.format(limit=10).replace(
+            'return [{"x": [1.0, 2.0], "weights": None}, {"x": [3.0, 4.0], "weights": None}]',
+            'return [{"input_ids": [[5, 6, 7], [5, 6], [5, 6, 7, 8]], "label": 1}]',
+        )
+    )
+    run = pack.run("--dlcheck=L97")
+    run.assert_outcome("L97", "failed")
+    text = _one_line(run.text)
+    assert INTERNAL + "IndexError: list index out of range at check_raw_rows" in text, run.text
+    assert "is a ragged" not in text and "gave data whose" not in text, run.text

@@ -3,7 +3,8 @@
 from ...errors import MISSING
 from ...registry import applicability, kind_rule
 from ...roles import role
-from ..shared.training_users import rl_agent_only
+from ..shared import lm
+from ..shared.training_users import rl_agent_only, rl_agent_without_text
 
 role(
     "generation_prompts",
@@ -29,7 +30,7 @@ def concerns_token_data(ctx) -> str | None:
     update): asking it for a tokenizer names fixtures that do not describe it."""
     if ctx.role("tokenizer") is not MISSING or ctx.role("trainer") is not MISSING:
         return None
-    agent = rl_agent_only(ctx, "llm")
+    agent = rl_agent_only(ctx, "llm") or rl_agent_without_text(ctx)
     if agent:
         return agent
     if ctx.role("dataloader") is MISSING and ctx.role("collator") is MISSING:
@@ -51,4 +52,13 @@ def not_a_language_model(ctx) -> str | None:
                 f"dlcheck_{name} is a diffusers {type(model).__name__}: the batches' token ids are captions for its "
                 "text encoder, not a language model's inputs (the llm checks concern language models)"
             )
+    model = ctx.role("model")
+    task = lm.model_task(model) if model is not MISSING else None
+    if task is not None and task[0] == lm.MULTIPLE_CHOICE:
+        # its batches nest the choices ((batch, choices, positions) token ids, one label per example): the llm checks
+        # read token batches of (batch, positions) with labels per token or per sequence
+        return (
+            f"the model ({task[1]}) is a {task[0]}: the llm checks concern language models and sequence or token "
+            "classifiers, whose batches hold one sequence per row"
+        )
     return None

@@ -310,13 +310,15 @@ def batch_forward(ctx: Any, model: Any, batch: Mapping[str, Any]) -> BatchForwar
 
 
 #: what a text model is trained to do, by the kind of its head
-CAUSAL, MASKED, SEQ2SEQ, SEQUENCE_CLASSIFIER, TOKEN_CLASSIFIER, QUESTION_ANSWERING = (
+CAUSAL, MASKED, SEQ2SEQ, SEQUENCE_CLASSIFIER, TOKEN_CLASSIFIER, QUESTION_ANSWERING, MULTIPLE_CHOICE = (
     "causal LM",
     "masked LM",
     "sequence-to-sequence LM",
     "sequence classifier",
     "token classifier",
     "question-answering model (it predicts the start and end positions of an answer span)",
+    "multiple-choice model (it scores each of an example's choices: token ids (batch, choices, positions), one "
+    "label per example)",
 )
 
 #: transformers' task mappings (model type -> head class names) per kind, most specific first
@@ -328,6 +330,7 @@ _TASK_MAPPINGS = (
     (TOKEN_CLASSIFIER, "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
     (SEQUENCE_CLASSIFIER, "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
     (QUESTION_ANSWERING, "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),
+    (MULTIPLE_CHOICE, "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES"),
 )
 
 

@@ -79,3 +79,18 @@ def rl_agent_only(ctx: Any, domain: str) -> str | None:
         f"dlcheck_lightning_module, dlcheck_make_training or dataloader): {RUNS.get(domain, 'these checks')}; "
         "the rl checks judge this pipeline"
     )
+
+
+def rl_agent_without_text(ctx: Any) -> str | None:
+    """Why the llm domain does not concern the pipeline, or None: a reinforcement-learning agent (given or derived)
+    with no tokenizer and no Trainer, whose supervised-looking update (a CleanRL loop's factory and step) trains on
+    observations, not text. A policy trained on text (GRPO) comes with its trainer or its tokenizer."""
+    agent = [(name, _role(ctx, name)) for name in RL_AGENT]
+    agent = [(name, obj) for name, obj in agent if obj is not MISSING]
+    if not agent or any(_role(ctx, name) is not MISSING for name in ("tokenizer", "trainer", "collator")):
+        return None
+    shown = ", ".join(f"dlcheck_{name}: {_describe(obj)}" for name, obj in agent[:3])
+    return (
+        f"the pipeline is a reinforcement-learning agent ({shown}) with no tokenizer and no Trainer: the llm checks "
+        "concern language models (a policy trained on text comes with its trainer or its tokenizer)"
+    )

@@ -76,6 +76,10 @@ def _influence(out: torch.Tensor, x: torch.Tensor, i: int) -> tuple[int, float, 
     if grad is None:
         return None
     per = grad.detach().abs().flatten(1).amax(1)
+    if per.shape[0] != out.shape[0] and out.shape[0] and per.shape[0] % out.shape[0] == 0:
+        # inputs flattened example-major before the embeddings (a multiple-choice model embeds its (batch, choices,
+        # positions) ids as batch x choices rows): example i owns rows i*k .. i*k + k - 1
+        per = per.view(out.shape[0], -1).amax(1)
     own = float(per[i])
     others = per.clone()
     others[i] = 0

@@ -85,6 +85,24 @@ MASKED = """model, data = bert(BertForMaskedLM, tok), tiny.tokenized(tok)
     return Trainer(model=model, args=args, data_collator=collator, train_dataset=data, eval_dataset=data,
                    processing_class=tok, compute_metrics=masked_metric)"""
 
+#: run_swag's pipeline: BertForMultipleChoice, each example's 4 (context, ending) pairs tokenized and kept as 4
+#: lists of ids (ragged before collation), a collator that flattens them, pads and unflattens to (batch, 4, L)
+CHOICES = """from transformers import BertForMultipleChoice
+    def choices(n=12):
+        texts = tiny.texts(n + 3)
+        return [{**{k: [tok(texts[i], texts[i + j])[k] for j in range(4)] for k in ("input_ids", "attention_mask")},
+                  "label": i % 4} for i in range(n)]
+    def collate(features):
+        labels = torch.tensor([f["label"] for f in features])
+        flat = [{k: v[j] for k, v in f.items() if k != "label"} for f in features for j in range(4)]
+        batch = tok.pad(flat, return_tensors="pt")
+        batch = {k: v.view(len(features), 4, -1) for k, v in batch.items()}
+        batch["labels"] = labels
+        return batch
+    data = choices()
+    return Trainer(model=bert(BertForMultipleChoice, tok), args=args, data_collator=collate, train_dataset=data,
+                   eval_dataset=data, processing_class=tok)"""
+
 # what a masked LM's metric must do: each position against its own label (no shift)
 ALIGNED = "pass"
 # the causal-LM habit on a masked LM: logits[t] scored against labels[t+1]
@@ -326,3 +344,19 @@ def test_encoder_decoder_checks_that_cannot_feed_the_decoder_skip_instead_of_cra
             "not measured for an encoder-decoder yet (the model (T5ForConditionalGeneration) is a "
             "sequence-to-sequence LM)" in results[cid]["reason"]
         ), results[cid]
+
+
+def test_a_multiple_choice_model_is_not_a_language_model_and_blames_no_role(project):
+    """run_swag: token ids (batch, choices, positions), one label per example. The llm checks read batches of one
+    sequence per row: not applicable, decided from the model's head; none crashes on the nested choices nor blames
+    the collator for the examples' per-choice lists (ragged before collation, as every example before padding)."""
+    _project(project, CHOICES)
+    run, results = _report(project, ["--dlcheck=llm,T4", "-rA"])
+    assert "internal error" not in run.text and "gave data whose" not in run.text, run.text
+    llm = {cid: r for cid, r in results.items() if r["domain"] == "llm"}
+    assert llm and all(r["outcome"] == "not_applicable" for r in llm.values()), {
+        cid: (r["outcome"], r.get("reason")) for cid, r in llm.items()
+    }
+    assert "the model (BertForMultipleChoice) is a multiple-choice model" in llm["L1"]["reason"], llm["L1"]
+    # T4 reads the batch x choices embedded rows as each example's own: example 0 owns rows 0-3
+    assert results["T4"]["outcome"] == "passed", results["T4"]
