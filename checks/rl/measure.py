@@ -1441,8 +1441,9 @@ LOG_KEYS = {
 
 #: what a tag's last part (split at "/", "_", "-", ".") must hold to name a quantity when none of its
 #: known keys is logged (TensorBoard-style tags of hand-written loops: CleanRL's charts/episodic_return,
-#: losses/qf_loss, losses/td_loss, losses/value_loss, losses/approx_kl, charts/episodic_length): (any of these
-#: words, none of these)
+#: losses/qf_loss, losses/td_loss, losses/value_loss, losses/approx_kl): (any of these words, none of these). A
+#: length is read from its known keys only: a per-episode tag (charts/episodic_length) is one noisy episode a row,
+#: where CartPole's return is its length, so a bad episode would read as a reward drop with a length collapse
 TAG_WORDS = {
     "reward": (
         {"return", "returns", "reward", "rewards", "rew"},
@@ -1450,7 +1451,6 @@ TAG_WORDS = {
     ),
     "value_loss": ({"value", "vf", "qf", "qf1", "qf2", "critic", "td", "q"}, {"actor", "policy", "alpha", "entropy"}),
     "kl": ({"kl"}, {"coef", "beta", "target", "loss"}),
-    "length": ({"length", "len"}, {"loss", "std", "min", "max", "clip", "clipped"}),
 }
 #: the word that must be there too (a value *loss*, not the values themselves)
 TAG_NEEDS = {"value_loss": "loss"}

@@ -107,8 +107,9 @@ def check_reward_hacking(dlcheck):
     len_key, lengths = rl.log_series(log, "length")
     if not kls and not lengths:
         dlcheck.skip(
-            f"{source} logs {reward_key} but neither a KL nor a completion/episode length: a reward jump "
-            "cannot be told from reward hacking without them"
+            f"{source} logs {reward_key} but neither a KL nor a completion/episode length (a per-episode length "
+            "tag such as charts/episodic_length is not read: one episode a row is too noisy to tell a collapse): a "
+            "reward jump cannot be told from reward hacking without them"
         )
     kl_at, len_at = dict(kls), dict(lengths)
     steps = [s for s, _ in rewards]

@@ -122,9 +122,11 @@ def test_reward_hacking_signature_in_a_run_log(project, tmp_path_factory):
     text = run.flat("hacked_tags", "R1")
     assert "step 600: charts/episodic_return jumps to 0.91 from a median 0.13" in text, text
     assert "losses/approx_kl 0.84 vs median 0.004 before" in text, text
-    # an off-policy run logs returns and critic losses, no KL or length: R1 cannot judge, R5 reads the critic
+    # an off-policy run logs per-episode returns and lengths and critic losses, no KL: a single episode's length is
+    # too noisy to pair with a return, so R1 says it cannot judge; R5 reads the critic
     run.assert_outcome("sac_tags", "R1", "skipped")
     assert "logs charts/episodic_return but neither a KL nor a completion/episode length" in run.skips["sac_tags"]
+    assert "charts/episodic_length is not read" in run.skips["sac_tags"]
     run.assert_outcome("sac_tags", "R5", "skipped")
     assert (
         "info: losses/qf_loss went from 1.5 (step 150) to 10.5 (step 750); charts/episodic_return from -1.16e+03"
