@@ -343,21 +343,35 @@ def check_gradients(dlcheck):
     for gi, group in enumerate(opt.param_groups):
         for p in group["params"]:
             held[id(p)] = (gi, group.get("lr", 0.0), p)
+    # a loop's training dict may hold an optimizer per network (a GAN's optimizerD and optimizerG): the parameters
+    # any of them steps are held (those of the probe's own objects, built by the factory around these modules)
+    others = _other_optimizers(fresh.owner, opt)
+    for other in others:
+        for group in other.param_groups:
+            for p in group["params"]:
+                if id(p) not in held:
+                    held[id(p)] = (-1, group.get("lr", group.get("initial_lr", 0.0)), p)
     graded = [(n, p) for (n, p), g in zip(trainable, grads) if g is not None]
     outside = [(n, p) for n, p in graded if id(p) not in held]
     zero_lr = [
         (n, p, held[id(p)][0])
         for n, p in graded
-        if id(p) in held and held[id(p)][1] == 0 and opt.param_groups[held[id(p)][0]].get("initial_lr", 0) == 0
+        if id(p) in held
+        and held[id(p)][0] >= 0
+        and held[id(p)][1] == 0
+        and opt.param_groups[held[id(p)][0]].get("initial_lr", 0) == 0
     ]
     model_ids = {id(p) for p in model.parameters()}
     stale = [p for _, _, p in held.values() if id(p) not in model_ids]
     if not outside and not zero_lr:
         lrs = sorted({float(g.get("initial_lr", g.get("lr", 0.0))) for g in opt.param_groups})
+        holders = (
+            f"the training dict's {1 + len(others)} optimizers hold" if others else f"the {type(opt).__name__} holds"
+        )
         dlcheck.measured(
             graded_line,
-            f"the {type(opt).__name__} holds all {len(graded)} of them in {len(opt.param_groups)} param group(s) with "
-            f"lr {', '.join(f'{v:.3g}' for v in lrs[:4])}",
+            f"{holders} all {len(graded)} of them in {len(opt.param_groups)} param group(s) with "
+            f"lr {', '.join(f'{v:.3g}' for v in lrs[:4])}" + (" (and those of the others)" if others else ""),
             optimizer_groups=len(opt.param_groups),
             **numbers,
         )
@@ -539,3 +553,16 @@ def _through_the_step(dlcheck, setup: Any, why: str) -> None:
 
 class _Reached(Exception):
     """Raised between two calls of the user's step once every trainable parameter has had a gradient."""
+
+
+def _other_optimizers(owner: Any, opt: Any) -> list[Any]:
+    """The optimizers of a loop's training dict (``owner``) other than ``opt``'s own (a GAN's second one)."""
+    if not isinstance(owner, dict):
+        return []
+    inner = unwrap_prepared(opt)
+    out = []
+    for key, value in owner.items():
+        other = unwrap_prepared(value)
+        if key != "optimizer" and isinstance(other, torch.optim.Optimizer) and other is not inner:
+            out.append(other)
+    return out

@@ -982,6 +982,9 @@ def _num_classes(ctx: Any, sample: VisionSample | None = None) -> tuple[int | No
         out = None if probe is None else probe.forward_out
         return (out[1], "the model's output in its training_step") if out and len(out) >= 2 else (None, "")
     image = sample.images[0]
+    nn = _torch().nn
+    if isinstance(model, nn.Module) and type(model).forward is nn.Module.forward:
+        return None, ""  # a container of networks (a GAN's ModuleDict): no forward to read classes from
 
     def forward() -> Any:
         with preserved_rng(), eval_mode(model):

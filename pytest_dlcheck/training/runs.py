@@ -398,7 +398,14 @@ class NotTheBatch(SetupError):
 def model_call(model: Any, batch: Any) -> Callable[[], Any]:
     """How a model is called on a batch: a mapping by keyword (keys the forward does not name are left
     out), ``(inputs, targets, …)`` with its first element, a tensor as it is. A mapping without a field
-    the forward requires raises :class:`NotTheBatch` (the check says "not applicable")."""
+    the forward requires raises :class:`NotTheBatch` (the check says "not applicable"), and so does a module with
+    no forward of its own (an ``nn.ModuleDict`` / ``nn.ModuleList`` holding a GAN's generator and discriminator:
+    the loss calls its members)."""
+    if isinstance(model, torch.nn.Module) and type(model).forward is torch.nn.Module.forward:
+        raise NotTheBatch(
+            f"not applicable: {type(model).__name__} has no forward of its own (a container of networks): it is not "
+            "called on the batch, your loss (dlcheck_compute_loss / dlcheck_train_step) calls its members"
+        )
     if isinstance(batch, Mapping):
         found = _forward_params(model)
         names, required = found if found is not None else (None, [])

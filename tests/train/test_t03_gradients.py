@@ -174,3 +174,58 @@ def test_a_gan_whose_generator_output_is_detached_for_its_own_loss_fails_naming_
     run.assert_outcome("T3", "failed")
     text = " ".join(run.section("T3").split())
     assert "4 of 8 trainable parameter tensors got no gradient: netG.0.weight [16x4]" in text, text
+
+
+#: dcgan as a user hands it with a loss of their own: the networks in an nn.ModuleDict (no forward of its own), one
+#: Adam per network, dlcheck_compute_loss summing the discriminator's and the generator's losses
+MODULE_DICT_GAN = """
+    import pytest, torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            nets = nn.ModuleDict({"netG": nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8), nn.Tanh()),
+                                  "netD": nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))})
+            return {"model": nets, "optimizer": torch.optim.Adam(nets["netD"].parameters(), lr=2e-4),
+                    "optimizerG": torch.optim.Adam(nets[OPT_G].parameters(), lr=2e-4)}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(TensorDataset(torch.rand(32, 8, generator=g) * 2 - 1), batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_compute_loss():
+        def loss(nets, batch):
+            real, = batch
+            fake = nets["netG"](torch.randn(len(real), 4))
+            bce = nn.functional.binary_cross_entropy_with_logits
+            d = bce(nets["netD"](real), torch.ones(len(real), 1)) + bce(nets["netD"](fake.detach()),
+                                                                        torch.zeros(len(real), 1))
+            return d + bce(nets["netD"](fake), torch.ones(len(real), 1))
+        return loss
+"""
+
+
+def test_a_gan_in_a_module_dict_with_an_optimizer_per_network_passes(project):
+    """Both networks get a gradient and each is in its own optimizer: T3 reads every optimizer of the dict (it read
+    state['optimizer'] alone: '7 of 12 parameter tensors ... in no param group'); T4 has no forward to call."""
+    project.conftest(MODULE_DICT_GAN.replace("OPT_G", '"netG"'))
+    run = project.run("--dlcheck=T3,T4", "-rA")
+    run.assert_outcome("T3", "passed")
+    assert "the training dict's 2 optimizers hold all 8 of them" in " ".join(run.text.split()), run.text
+    run.assert_outcome("T4", "skipped")
+    assert "ModuleDict has no forward of its own (a container of networks)" in " ".join(run.text.split()), run.text
+    assert "internal error" not in run.text
+
+
+def test_a_gan_whose_generator_is_in_no_optimizer_fails(project):
+    project.conftest(MODULE_DICT_GAN.replace("OPT_G", '"netD"'))
+    run = project.run("--dlcheck=T3")
+    run.assert_outcome("T3", "failed")
+    text = " ".join(run.section("T3").split())
+    assert "4 of 8 parameter tensors that get a gradient are in no param group" in text, text
+    assert "netG.0.weight" in text, text
