@@ -133,6 +133,8 @@ def check_step_equals_single_process(dlcheck):
             relative_difference=rel,
         )
         return
+    if _per_rank_batchnorm(dlcheck, setup, recs, batches, grads[0], micro, run.world, what, rel, rtol):
+        return
     clips = [r.get("clips") for r in recs]
     if cos >= 1 - 1e-4 and ratio < 1:
         clipped = [c for cs in clips for c in cs or () if c["total_norm"] > c["max_norm"]]
@@ -242,3 +244,81 @@ def check_step_equals_single_process(dlcheck):
         cosine=cos,
         norm_ratio=ratio,
     )
+
+
+def _per_rank_batchnorm(dlcheck, setup, recs, batches, stepped, micro, world, what, rel, rtol) -> bool:
+    """A model with BatchNorm layers (not SyncBatchNorm) in train mode normalises each rank's batch with that
+    rank's statistics, which one process's step on the whole batch does not: the reference is then the whole batch's
+    loss with each rank's statistics, computed rank by rank in this process (each rank's gradient of your loss on its
+    batch, weighted by its share of the supervised tokens, or of the examples). Passes when the distributed step
+    equals it (True: judged); fails a per-rank mean over unequal token counts, or a sum over the ranks; else False
+    (the caller judges against the whole batch)."""
+    import torch
+
+    if micro != 1 or len(batches) != world:
+        return False
+    state = setup.state()
+    bn = [
+        n
+        for n, m in state["model"].named_modules()
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(m, torch.nn.SyncBatchNorm)
+    ]
+    del state
+    if not bn:
+        return False
+    try:
+        per_rank = [measure.reference_grads(setup, recs[0]["init_tensors"], b) for b in batches]
+    except Exception:  # noqa: BLE001 - the rank-by-rank reference is only for BatchNorm's statistics
+        return False
+    tokens = [measure.supervised_tokens(b) for b in batches]
+    units = tokens if all(t is not None for t in tokens) else [measure.batch_rows(b) or 0 for b in batches]
+    total = sum(units) or 1
+    names = per_rank[0]
+    weighted = {n: sum(g[n] * (u / total) for g, u in zip(per_rank, units)) for n in names}
+    mean = {n: sum(g[n] for g in per_rank) / len(per_rank) for n in names}
+    layers = f"{len(bn)} BatchNorm layers ({', '.join(bn[:3])}{' …' if len(bn) > 3 else ''})"
+    good = measure.compare(stepped, weighted)
+    clipped = [c for r in recs for c in r.get("clips") or () if c["total_norm"] > c["max_norm"]]
+    if good is not None and good[0] > rtol and good[1] >= 1 - 1e-4 and good[2] < 1 and clipped:
+        good = (0.0, good[1], good[2])  # the same direction, shortened by the clipping seen in that step
+        rel_text = f"the same direction (cosine {good[1]:.6f}), clip_grad_norm_ shortening it"
+    else:
+        rel_text = f"relative difference {good[0]:.2g}" if good is not None else ""
+    if good is not None and good[0] <= rtol:
+        dlcheck.measured(
+            f"the model's {layers} normalise each rank's batch with that rank's own statistics: the first "
+            f"distributed step equals the gradient of the whole batch's loss with each rank's statistics, computed "
+            f"rank by rank in this process ({rel_text}); one process's step on the {what}, "
+            f"with the whole batch's statistics, differs by {rel:.3g} from it, as BatchNorm makes it",
+            relative_difference=good[0],
+            batchnorm_layers=len(bn),
+        )
+        return True
+    alt = measure.compare(stepped, mean)
+    if alt is not None and alt[0] <= max(rtol, 1e-3) and len(set(units)) > 1:
+        dlcheck.fail(
+            [
+                f"first optimizer step on {world} ranks vs the ranks' own steps in this process (each rank's "
+                f"BatchNorm statistics): it is the plain average of each rank's own mean loss (relative difference "
+                f"{alt[0]:.2g}), with "
+                + ", ".join(f"rank {i}: {u}" for i, u in enumerate(units))
+                + (" supervised tokens" if units is tokens else " examples")
+            ],
+            "the loss is a per-rank mean over a variable number of tokens and DDP averages the ranks: each token "
+            "weighs 1/(world size x tokens on its rank), not 1/(tokens in the global batch)",
+            "sum the token losses and divide by the global token count times the world size: "
+            "n = (labels != -100).sum(); dist.all_reduce(n); loss = loss_sum * dist.get_world_size() / n",
+            relative_difference=alt[0],
+        )
+    if good is not None and good[1] >= 1 - 1e-4 and abs(good[2] - world) < 0.05 * world:
+        dlcheck.fail(
+            [
+                f"first optimizer step on {world} ranks vs the whole batch's gradient with each rank's BatchNorm "
+                f"statistics: cosine {good[1]:.6f}, norm ratio {good[2]:.3g}"
+            ],
+            f"the gradients are summed over the ranks, not averaged: the step is {world}x the whole batch's",
+            "let DDP average (do not all_reduce the gradients yourself with SUM), or divide the summed gradient by "
+            "the world size",
+            norm_ratio=good[2],
+        )
+    return False

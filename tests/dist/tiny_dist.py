@@ -390,3 +390,27 @@ def barrier_on_rank0(state):
     if dist.get_rank() == 0:
         dist.barrier()
     return wrap_ddp(state)
+
+
+class BatchNormTokenLM(TokenLM):
+    """TokenLM with a BatchNorm over its embedding features: in train mode each rank normalises with its own batch's
+    statistics (a torchvision ResNet's BatchNorm2d does the same to images)."""
+
+    def __init__(self):
+        super().__init__(dropout=0.0)
+        self.norm = nn.BatchNorm1d(16)
+
+    def forward(self, input_ids):
+        e = self.embed(input_ids)
+        return self.head(self.norm(e.flatten(0, 1)).view_as(e))
+
+
+def make_training_batchnorm():
+    torch.manual_seed(0)
+    model = BatchNormTokenLM()
+    return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}
+
+
+def wrap_ddp_batchnorm(state):
+    model = nn.parallel.DistributedDataParallel(state["model"])
+    return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}
