@@ -287,14 +287,16 @@ def epoch_reach(epoch: int | None, total: int) -> int:
 
 @contextlib.contextmanager
 def seeded_examples(loader: Any) -> Iterator[None]:
-    """While active, each example of the loader's map-style dataset (read in this process: no workers) is
-    read with the global RNGs seeded by its index, so that a random augmentation gives an example the same
-    content in every draw. The dataset's class is put back afterwards."""
+    """While active, each example of the loader's map-style dataset is read with the global RNGs seeded by its
+    index, so that a random augmentation gives an example the same content in every draw: in this process, or in
+    the loader's worker processes when they are forked from it (they inherit the dataset as it is, its reading
+    included: the crops of accelerate's cv_example, drawn in 4 workers); spawned workers (which import the dataset
+    anew) are left as they are. The dataset's class is put back afterwards."""
     from torch.utils.data import IterableDataset
 
     ds = getattr(loader, "dataset", None)
     cls = type(ds)
-    if ds is None or getattr(loader, "num_workers", 0) or isinstance(ds, IterableDataset):
+    if ds is None or isinstance(ds, IterableDataset) or (getattr(loader, "num_workers", 0) and not _forked(loader)):
         yield
         return
 
@@ -321,6 +323,19 @@ def seeded_examples(loader: Any) -> Iterator[None]:
         yield
     finally:
         ds.__class__ = cls
+
+
+def _forked(loader: Any) -> bool:
+    """Whether the loader's workers are forked from this process (its multiprocessing context, else the default)."""
+    import multiprocessing
+
+    ctx = getattr(loader, "multiprocessing_context", None)
+    if ctx is None:  # Accelerate's DataLoaderShard keeps the user's loader's settings on itself or its base loader
+        ctx = getattr(getattr(loader, "base_dataloader", None), "multiprocessing_context", None)
+    method = ctx.get_start_method() if ctx is not None and hasattr(ctx, "get_start_method") else ctx
+    if method is None:
+        method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    return method == "fork"
 
 
 @dataclass
