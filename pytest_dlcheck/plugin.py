@@ -438,10 +438,11 @@ def _name_the_check_in_skip(check: registry.Check, report: pytest.TestReport) ->
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
     """``-v`` shows what a passing check measured, in one line, beside PASSED. A fixture that raised while a
     check ran is an ERROR, as pytest says of a fixture that raised at setup (and as the summary counts it)."""
-    info = next((v for k, v in report.user_properties if k == PROPERTY), None)
-    if report.when == "call" and report.failed and (info or {}).get("raised_fixture"):
+    # a CollectReport (a test file that fails to import) has no user properties and no phase: not a check's
+    info = next((v for k, v in getattr(report, "user_properties", ()) if k == PROPERTY), None)
+    if getattr(report, "when", None) == "call" and report.failed and (info or {}).get("raised_fixture"):
         return "error", "E", "ERROR"
-    if report.when != "call" or not report.passed:
+    if getattr(report, "when", None) != "call" or not report.passed:
         return None
     evidence = (info or {}).get("evidence") or []
     not_judged = (info or {}).get("not_judged") or []

@@ -439,3 +439,15 @@ def test_readme_documents_every_check_and_core_role():
         assert f"| {check.id} |" in readme or f"`{check.id}`" in readme, f"README does not list {check.id}"
     for role in ROLES.values():
         assert f"`{role.fixture}`" in readme, f"README does not document {role.fixture}"
+
+
+def test_a_test_file_that_fails_to_import_is_a_collection_error_not_a_crash_of_the_plugin(project):
+    """A user's test module that raises at import gives pytest a CollectReport (no phase, no user properties): the
+    plugin's status hook leaves it to pytest (it raised AttributeError: 'CollectReport' object has no attribute
+    'user_properties', found blind beside a CleanRL project's probe folder)."""
+    project.conftest("import pytest\n")
+    project.pytester.makepyfile(test_broken="import os\nos.environ['NO_SUCH_KEY_FOR_DLCHECK']\n")
+    run = project.run("--dlcheck=T1", "-v")
+    assert "AttributeError" not in run.text and "user_properties" not in run.text, run.text
+    assert "ERROR collecting test_broken.py" in run.text, run.text
+    assert run.result.ret == 2, run.text
