@@ -75,7 +75,9 @@ def test_a_loss_inside_the_step_is_watched_through_the_step(project):
     run = project.run("--dlcheck=T5", "-rA")
     run.assert_outcome("T5", "passed")
     text = " ".join(run.text.split())
-    assert "call(s) of dlcheck_train_step on fresh objects from dlcheck_make_training (its loss is computed inside" in text
+    assert (
+        "call(s) of dlcheck_train_step on fresh objects from dlcheck_make_training (its loss is computed inside" in text
+    )
     assert "every module output finite (" in text and "the gradients of 4 parameter tensors finite" in text, text
 
 
