@@ -524,6 +524,8 @@ class Stats:
     n: int
     cmin: list[float] = field(default_factory=list)  # per channel
     cmax: list[float] = field(default_factory=list)
+    #: each image's per-channel mean (their spread is the sampling noise of ``mean``)
+    image_means: list[list[float]] = field(default_factory=list)
 
     @property
     def absmax(self) -> float:
@@ -567,6 +569,7 @@ def channel_stats(images: list[Any]) -> Stats | None:
         len(imgs),
         flat.min(1).values.tolist(),
         flat.max(1).values.tolist(),
+        [i.detach().to("cpu", torch.float64).reshape(c, -1).mean(1).tolist() for i in imgs],
     )
 
 

@@ -59,6 +59,80 @@ def _split(dlcheck: Any, name: str) -> Split | None:
     return None
 
 
+def _step_normalises(dlcheck: Any) -> str | None:
+    """What the model receives inside the user's own step, when a plain or Accelerate loop gives one and it
+    normalises the loader's images itself (accelerate's cv_example: ``(batch["image"] - mean) / std`` in the loop):
+    one call of ``dlcheck_train_step`` on fresh objects, the images taken at the model's forward. None when there is
+    no such step, or what the model receives is not normalised either (min >= -0.01)."""
+    from ...training import find_setup
+
+    setup = find_setup(dlcheck)
+    if setup is None or setup.kind not in ("loop", "accelerate") or getattr(setup, "train_step", MISSING) is MISSING:
+        return None
+
+    def run() -> Any:
+        import torch
+
+        from ...guard import preserved_rng
+        from ...training.runs import unwrap_prepared
+
+        state = setup.state()
+        model = unwrap_prepared(state.get("model"))
+        seen: list[Any] = []
+
+        def pre(mod, args, kwargs):
+            for a in [*args, *kwargs.values()]:
+                if isinstance(a, torch.Tensor) and a.is_floating_point() and a.ndim == 4 and not seen:
+                    seen.append(a.detach().float().cpu())
+
+        if not isinstance(model, torch.nn.Module):
+            return None
+        handle = model.register_forward_pre_hook(pre, with_kwargs=True)
+        try:
+            with preserved_rng():
+                setup.train_mode(state)
+                setup.step(state, setup.batches(1)[0], 0)
+        finally:
+            handle.remove()
+        return V.channel_stats(list(seen[0])) if seen else None
+
+    try:
+        stats = dlcheck.memo(setup.sources, "vision:step-inputs", run)
+    except Exception:  # noqa: BLE001 - the step as the check calls it is only a second look at the inputs
+        return None
+    if stats is None or stats.min >= -0.01:
+        return None
+    return f"your dlcheck_train_step normalises them before the model: the model receives {stats.describe()}"
+
+
+#: how many standard errors of the per-image means a train/eval mean shift must exceed to be a scaling difference
+SHIFT_Z = 4.0
+
+
+def _content_noise(tr: Any, ev: Any) -> str | None:
+    """When the per-channel difference of the train and eval means is within :data:`SHIFT_Z` standard errors of the
+    sampled images' own per-image means (a difference of content a few images make), the words saying so; None
+    when some channel's shift is beyond it (conclusive) or the per-image means are not known."""
+    import math
+
+    a, b = getattr(tr, "image_means", None), getattr(ev, "image_means", None)
+    if not a or not b or len(a) < 2 or len(b) < 2:
+        return None
+    worst = 0.0
+    for c in range(min(len(a[0]), len(b[0]))):
+        xa, xb = [m[c] for m in a], [m[c] for m in b]
+        ma, mb = sum(xa) / len(xa), sum(xb) / len(xb)
+        va = sum((x - ma) ** 2 for x in xa) / (len(xa) - 1)
+        vb = sum((x - mb) ** 2 for x in xb) / (len(xb) - 1)
+        se = math.sqrt(va / len(xa) + vb / len(xb))
+        if se <= 0:
+            return None
+        worst = max(worst, abs(ma - mb) / se)
+    if worst >= SHIFT_Z:
+        return None
+    return f"{worst:.2f} standard errors of the sampled images' per-image means (a scaling difference is beyond {SHIFT_Z:g})"
+
+
 def _in_unit(s: Split) -> bool:
     return s.stats.min >= -1e-6 and s.stats.max <= 1.0 + 1e-6
 
@@ -413,6 +487,17 @@ def check_normalization(dlcheck):
                     s, declared, dlcheck.setting("pixel_range_tolerance"), dlcheck.setting("min_pixel_span")
                 )
             )
+            inside = _step_normalises(dlcheck) if not identity and _in_unit(s) and s.real else None
+            if inside is not None:
+                if s.name == "train":
+                    judged.append(f"train: {s.source}: in [0, 1]; {inside}")
+                else:
+                    dlcheck.not_judged(
+                        s.name,
+                        f"{s.source} yields images in [0, 1] and your train step normalises them inside the loop; "
+                        "whether your evaluation does the same is not visible",
+                    )
+                continue
             if not identity and _in_unit(s) and s.real:
                 evidence.append(stats_line(s))
                 evidence.append(
@@ -497,7 +582,15 @@ def check_normalization(dlcheck):
                 max(a, 1e-6) / max(b, 1e-6)
                 for a, b in list(zip(tr.stats.std, ev.stats.std)) + list(zip(ev.stats.std, tr.stats.std))
             )
-            if shift > dlcheck.setting("max_split_shift") or ratio > dlcheck.setting("max_split_std_ratio"):
+            noise = _content_noise(tr.stats, ev.stats)
+            if shift > dlcheck.setting("max_split_shift") and ratio <= dlcheck.setting("max_split_std_ratio") and noise:
+                # the means differ by no more than the sampled images' own spread allows: their content, not a scale
+                dlcheck.not_judged(
+                    "train vs eval scale",
+                    f"the eval images' mean moved by {shift:.2f} train stds, within {noise}: the {tr.stats.n} and "
+                    f"{ev.stats.n} sampled images differ by content as much, so a scaling difference is not conclusive",
+                )
+            elif shift > dlcheck.setting("max_split_shift") or ratio > dlcheck.setting("max_split_std_ratio"):
                 evidence.append(stats_line(tr))
                 evidence.append(stats_line(ev))
                 evidence.append(f"eval mean moved by {shift:.2f} train stds; std ratio {ratio:.2f}")

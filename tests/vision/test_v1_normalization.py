@@ -364,3 +364,87 @@ def test_eval_transform_missing_the_train_normalize(project, model, eval_tf, out
         assert "the train transform applies Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))" in text
         assert "eval: 8 examples of dlcheck_eval_dataset: dtype float32, per-channel mean (" in text
         assert "T.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])" in text
+
+
+#: accelerate's cv_example as a loop: the loader yields images in [0, 1] and the step normalises each batch with the
+#: model's own statistics before the forward ({normalise}), a timm model declaring ImageNet statistics
+STEP_NORMALISES = """
+    import pytest, torch, tiny_vision as tv
+    from torch.utils.data import DataLoader
+    from torchvision.transforms import v2 as T
+
+    MEAN = torch.tensor(tv.IMAGENET_MEAN)[None, :, None, None]
+    STD = torch.tensor(tv.IMAGENET_STD)[None, :, None, None]
+
+    def data(n):
+        return tv.Shapes([i % 4 for i in range(n)], transform=T.Compose([T.ToImage(), T.ToDtype(torch.float32, scale=True)]))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model():
+        return tv.timm_resnet(4)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = tv.timm_resnet(4)
+            return {{"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.01)}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return DataLoader(data(16), batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataloader():
+        return DataLoader(data(8), batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_train_step():
+        def step(state, batch):
+            images, labels = batch
+            images = {normalise}
+            loss = torch.nn.functional.cross_entropy(state["model"](images), labels)
+            loss.backward()
+            state["optimizer"].step()
+            state["optimizer"].zero_grad()
+            return loss.detach()
+        return step
+"""
+
+
+def test_images_normalised_inside_the_users_step_pass_and_the_eval_loop_is_said_not_judged(project):
+    """The loader's images are in [0, 1]; the user's step normalises them before the model (found blind on
+    accelerate's cv_example: V1 failed 'the inputs are in [0, 1], not normalised', and its fix would normalise
+    twice). V1 reads what the model receives in one call of the step."""
+    project.conftest(STEP_NORMALISES.format(normalise="(images - MEAN) / STD"))
+    run = project.run("--dlcheck=V1", "-rA")
+    run.assert_outcome("V1", "passed")
+    text = " ".join(run.text.split())
+    assert "your dlcheck_train_step normalises them before the model: the model receives" in text, text
+    assert "eval not judged" in text and "whether your evaluation does the same is not visible" in text, text
+
+
+def test_a_step_that_does_not_normalise_still_fails(project):
+    project.conftest(STEP_NORMALISES.format(normalise="images"))
+    run = project.run("--dlcheck=V1")
+    run.assert_outcome("V1", "failed")
+    assert "the inputs are in [0, 1], not normalised" in " ".join(run.section("V1").split())
+
+
+def test_a_train_eval_shift_within_the_images_own_spread_is_not_conclusive():
+    """The per-image means of 8 + 8 sampled images: a shift their spread explains (content) is not a scaling
+    difference; the same shift between tightly grouped images (one scale vs another) is conclusive."""
+    from pytest_dlcheck.checks.vision.measure import Stats
+    from pytest_dlcheck.checks.vision.normalization import _content_noise
+
+    def stats(means):
+        return Stats(
+            [sum(means) / len(means)], [0.2], 0.0, 1.0, "float32", len(means), image_means=[[m] for m in means]
+        )
+
+    wide_train = [0.1, 0.5, 0.2, 0.6, 0.3, 0.45, 0.15, 0.55]
+    wide_eval = [m + 0.12 for m in wide_train[::-1]]
+    assert _content_noise(stats(wide_train), stats(wide_eval)) is not None
+    tight_train = [0.40, 0.41, 0.39, 0.40, 0.42, 0.38, 0.40, 0.41]
+    tight_eval = [m - 0.35 for m in tight_train]  # normalised eval beside [0, 1] train: beyond 4 standard errors
+    assert _content_noise(stats(tight_train), stats(tight_eval)) is None
