@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...errors import RoleError
+from ...errors import MISSING, RoleError
 from ...registry import check
 from ...training import get_setup, run_or_skip
 from ...training.resume import OTHER_RNG, ResumeRun
@@ -150,6 +150,7 @@ def _rng_verdict(dlcheck: Any, setup: Any) -> None:
                     "your training loader does not yield the same batches twice from the same global RNG states",
                 )
             elif data and not drawn:
+                _loop_draws_not_judged(dlcheck, setup)
                 dlcheck.measured(
                     f"{head} (the global RNGs elsewhere first, as in a new process): {data[0]}", data[1], steps=total
                 )
@@ -165,10 +166,11 @@ def _rng_verdict(dlcheck: Any, setup: Any) -> None:
                 else f"the resumed steps draw no random numbers: the global RNGs' states do not move over {steps}"
             )
         what = ", ".join(compared(own, put.resumed)) or "steps"
+        _loop_draws_not_judged(dlcheck, setup)
         dlcheck.measured(
-            f"{head} (the global RNGs elsewhere first, as in a new process): your resume draws the uninterrupted run's random numbers: "
-            f"the {what} of {steps} equal those of the resume with the uninterrupted run's RNG states put back, "
-            "bitwise",
+            f"{head} (the global RNGs elsewhere first, as in a new process): the resumed steps draw the uninterrupted "
+            f"run's random numbers: the {what} of {steps} equal those of the resume with the uninterrupted run's RNG "
+            "states put back, bitwise",
             shown,
             steps=total,
             saved_at=put.saved_at,
@@ -274,3 +276,15 @@ def _words(text: str, first: str = "as your resume leaves them", second: str = "
     return text.replace(" resumed vs ", f" with the RNG states {first} vs ").replace(
         " uninterrupted", f" with the uninterrupted run's RNG states {second}"
     )
+
+
+def _loop_draws_not_judged(dlcheck: Any, setup: Any) -> None:
+    """A pass with the user's epoch loop handed over (``dlcheck_resume_dataloader``): dlcheck feeds the resumed steps
+    their batches, so what that loop draws between the load and the first resumed step (a new iterator, the batches
+    it skips) is outside what was compared, and the pass says so."""
+    if getattr(setup, "resume_loader", MISSING) is not MISSING:
+        dlcheck.not_judged(
+            "your epoch loop's draws after the load",
+            "dlcheck_resume_dataloader's loop (a new iterator, the batches it skips) may draw from the global RNGs "
+            "between your load and the first resumed step; the compared steps are fed their batches",
+        )

@@ -56,7 +56,7 @@ def _inputs(model: Any, batch: Any) -> tuple[Any, Any, Any]:
         key = next(
             (
                 k
-                for k in ("pixel_values", "inputs_embeds", "input_values", "x", "inputs")
+                for k in ("pixel_values", "inputs_embeds", "input_values", "x", "inputs", "image", "images")
                 if isinstance(batch.get(k), torch.Tensor) and batch[k].is_floating_point()
             ),
             None,

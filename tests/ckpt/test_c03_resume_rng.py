@@ -90,7 +90,7 @@ def test_a_plain_loop_that_saves_the_rng_passes_both(project, tmp_path):
     run.assert_outcome("C1", "passed")
     run.assert_outcome("C3", "passed")
     c3 = _results(out)["C3"]["evidence"]
-    assert "your resume draws the uninterrupted run's random numbers" in c3[0], c3
+    assert "the resumed steps draw the uninterrupted run's random numbers" in c3[0], c3
     assert "the resumed steps draw from the global RNGs: their states advance over steps 3-4" in c3[1], c3
     # a plain loop: dlcheck feeds the batches, so the RNGs' states moving over the resumed steps say that the
     # step draws; no third resume is made (C1's 4 + 2 steps, C3's own resume 2)
@@ -166,7 +166,7 @@ def test_a_trainer_with_dropout_restores_the_rng_from_its_checkpoint(project, tm
     run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
     run.assert_outcome("C1", "passed")
     run.assert_outcome("C3", "passed")
-    assert "your resume draws the uninterrupted run's random numbers" in _results(out)["C3"]["evidence"][0]
+    assert "the resumed steps draw the uninterrupted run's random numbers" in _results(out)["C3"]["evidence"][0]
 
 
 def test_a_trainer_saving_the_model_only_loses_the_rng_too(project, tmp_path):
@@ -210,7 +210,7 @@ def test_a_lightning_module_that_saves_its_rng_passes_c3(project, tmp_path):
     run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
     run.assert_outcome("C1", "passed")
     run.assert_outcome("C3", "passed")
-    assert "your resume draws the uninterrupted run's random numbers" in _results(out)["C3"]["evidence"][0]
+    assert "the resumed steps draw the uninterrupted run's random numbers" in _results(out)["C3"]["evidence"][0]
 
 
 #: a plain loop's own step (no model.train() in it: the loop's epoch sets the mode) on a factory whose model

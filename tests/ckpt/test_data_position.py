@@ -509,3 +509,16 @@ def test_accelerate_hf_dataset_with_random_transforms_skipped_on_a_seedable_samp
             "the uninterrupted run's batches, step by step (over steps 1-12: 24 examples, none trained twice, none "
             "lost)"
         ), line
+
+
+def test_c3_with_the_epoch_loop_handed_over_says_its_draws_after_the_load_are_not_judged(project):
+    """C3 feeds the resumed steps their batches: what the user's epoch loop draws between the load and the first
+    resumed step (a new iterator, the batches it skips) is outside what it compares (found blind on diffusers'
+    train_unconditional: C3 passed 'your resume draws the uninterrupted run's random numbers' while the loop's new
+    iterator drew from the restored RNG). The pass says so instead."""
+    project.conftest(HF_IMAGES.format(seedable=True, workers=0) + SKIPS_IN_LOOP)
+    run = project.run("--dlcheck=C3", "-rA")
+    run.assert_outcome("C3", "passed")
+    text = " ".join(run.text.split())
+    assert "right after your load, the global torch RNG state is the one at the save" in text, text
+    assert "partly judged: your epoch loop's draws after the load not judged" in text, text
