@@ -929,8 +929,8 @@ def step_loss(module: Any, batch: Any) -> torch.Tensor:
         return loss_tensor(out)
 
 
-def all_lightning_optimizers(module: Any) -> tuple[list[Any], list[Any]]:
-    """Every optimizer and every scheduler ``configure_optimizers`` of a module copy gives, in order."""
+def _configured_optimizers(module: Any) -> tuple[list[Any], list[Any]]:
+    """(optimizers, scheduler configs) as Lightning reads ``configure_optimizers`` of a module copy."""
     conf = module.configure_optimizers()
     try:
         from lightning.pytorch.core.optimizer import _configure_optimizers
@@ -940,20 +940,18 @@ def all_lightning_optimizers(module: Any) -> tuple[list[Any], list[Any]]:
         raise SetupError(f"configure_optimizers() returned {type(conf).__name__}: {exc}") from exc
     if not optimizers:
         raise SetupError("configure_optimizers() returned no optimizer")
-    return list(optimizers), [s.get("scheduler") if isinstance(s, Mapping) else s for s in schedulers or []]
+    return list(optimizers), list(schedulers or [])
+
+
+def all_lightning_optimizers(module: Any) -> tuple[list[Any], list[Any]]:
+    """Every optimizer and every scheduler ``configure_optimizers`` of a module copy gives, in order."""
+    optimizers, schedulers = _configured_optimizers(module)
+    return optimizers, [s.get("scheduler") if isinstance(s, Mapping) else s for s in schedulers]
 
 
 def lightning_optimizers(module: Any) -> tuple[Any, Any, str | None]:
     """(first optimizer, first scheduler, its interval) from ``configure_optimizers`` of a module copy."""
-    conf = module.configure_optimizers()
-    try:
-        from lightning.pytorch.core.optimizer import _configure_optimizers
-
-        optimizers, schedulers, _ = _configure_optimizers(conf)
-    except Exception as exc:  # noqa: BLE001 - an unusual return value: say so
-        raise SetupError(f"configure_optimizers() returned {type(conf).__name__}: {exc}") from exc
-    if not optimizers:
-        raise SetupError("configure_optimizers() returned no optimizer")
+    optimizers, schedulers = _configured_optimizers(module)
     sched, interval = None, None
     if schedulers:
         first = schedulers[0]
