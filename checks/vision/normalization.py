@@ -59,11 +59,11 @@ def _split(dlcheck: Any, name: str) -> Split | None:
     return None
 
 
-def _step_normalises(dlcheck: Any) -> str | None:
+def _step_normalises(dlcheck: Any) -> Any:
     """What the model receives inside the user's own step, when a plain or Accelerate loop gives one and it
     normalises the loader's images itself (accelerate's cv_example: ``(batch["image"] - mean) / std`` in the loop):
-    one call of ``dlcheck_train_step`` on fresh objects, the images taken at the model's forward. None when there is
-    no such step, or what the model receives is not normalised either (min >= -0.01)."""
+    one call of ``dlcheck_train_step`` on fresh objects, the images taken at the model's forward: their Stats. None
+    when there is no such step, or what the model receives is not normalised either (min >= -0.01)."""
     from ...training import find_setup
 
     setup = find_setup(dlcheck)
@@ -102,7 +102,7 @@ def _step_normalises(dlcheck: Any) -> str | None:
         return None
     if stats is None or stats.min >= -0.01:
         return None
-    return f"your dlcheck_train_step normalises them before the model: the model receives {stats.describe()}"
+    return stats
 
 
 #: how many standard errors of the per-image means a train/eval mean shift must exceed to be a scaling difference
@@ -490,7 +490,29 @@ def check_normalization(dlcheck):
             inside = _step_normalises(dlcheck) if not identity and _in_unit(s) and s.real else None
             if inside is not None:
                 if s.name == "train":
-                    judged.append(f"train: {s.source}: in [0, 1]; {inside}")
+                    # what the model receives, judged against the declared statistics as a hidden Normalize is
+                    step = Split(
+                        "train", "the model's inputs inside your dlcheck_train_step", inside, s.transform, None, True
+                    )
+                    wrong = _judge_hidden(
+                        step, declared, dlcheck.setting("pixel_range_tolerance"), dlcheck.setting("min_pixel_span")
+                    )
+                    if wrong is not None:
+                        evidence.append(stats_line(s) + "; your dlcheck_train_step normalises them before the model")
+                        evidence += wrong[0]
+                        problems.append(
+                            (
+                                "your train step normalises the images with other statistics than the model declares, "
+                                "so every input feature is shifted and scaled from what the backbone was pretrained on",
+                                f"normalise with the declared statistics in the step: (images - mean) / std with "
+                                f"{norm_fix}'s mean and std",
+                            )
+                        )
+                    else:
+                        judged.append(
+                            f"train: {s.source}: in [0, 1]; your dlcheck_train_step normalises them before the model, "
+                            f"as the model declares ({declared.source}): the model receives {inside.describe()}"
+                        )
                 else:
                     dlcheck.not_judged(
                         s.name,

@@ -420,8 +420,18 @@ def test_images_normalised_inside_the_users_step_pass_and_the_eval_loop_is_said_
     run = project.run("--dlcheck=V1", "-rA")
     run.assert_outcome("V1", "passed")
     text = " ".join(run.text.split())
-    assert "your dlcheck_train_step normalises them before the model: the model receives" in text, text
+    assert "your dlcheck_train_step normalises them before the model, as the model declares" in text, text
     assert "eval not judged" in text and "whether your evaluation does the same is not visible" in text, text
+
+
+def test_a_step_that_normalises_with_other_statistics_than_the_model_declares_fails(project):
+    # (x - 0.5) / 0.5 gives [-1, 1]; undone with ImageNet's statistics those are no [0, 1] pixels
+    project.conftest(STEP_NORMALISES.format(normalise="(images - 0.5) / 0.5"))
+    run = project.run("--dlcheck=V1")
+    run.assert_outcome("V1", "failed")
+    text = " ".join(run.section("V1").split())
+    assert "your dlcheck_train_step normalises them before the model" in text, text
+    assert "normalises the images with other statistics than the model declares" in text, text
 
 
 def test_a_step_that_does_not_normalise_still_fails(project):
