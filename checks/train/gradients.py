@@ -485,7 +485,8 @@ def _through_the_step(dlcheck, setup: Any, why: str) -> None:
             "shapes": {n: shape(p) for n, p in trainable},
             "got": got,
             "ran": ran,
-            "outside": [n for n, p in trainable if n in got and id(p) not in held],
+            # with no optimizer object the step updates the weights itself (a hand-written SGD): nothing to hold them
+            "outside": [n for n, p in trainable if n in got and id(p) not in held] if held else [],
             "optimizers": bool(held),
             "modules": modules,
             "frozen": sum(1 for _, p in params if not p.requires_grad),

@@ -229,3 +229,21 @@ def test_a_gan_whose_generator_is_in_no_optimizer_fails(project):
     text = " ".join(run.section("T3").split())
     assert "4 of 8 parameter tensors that get a gradient are in no param group" in text, text
     assert "netG.0.weight" in text, text
+
+
+def test_a_step_that_updates_the_weights_by_hand_with_no_optimizer_passes(project):
+    """pytorch/examples' word_language_model: no optimizer object, the step applies p.data.add_(p.grad, alpha=-lr)
+    itself. No parameter is 'in no param group' when there is no optimizer to hold them."""
+    project.conftest(
+        DICT_STEP.format(model="tt.MLP()")
+        .replace(', "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)', "")
+        .replace(
+            '            state["optimizer"].step()\n            state["optimizer"].zero_grad()\n',
+            '            for p in state["model"].parameters():\n'
+            "                p.data.add_(p.grad, alpha=-0.1)\n"
+            "                p.grad = None\n",
+        )
+    )
+    run = project.run("--dlcheck=T3", "-rA")
+    run.assert_outcome("T3", "passed")
+    assert "(the training dict holds no optimizer object: the step updates them itself)" in " ".join(run.text.split())
