@@ -27,7 +27,11 @@ def check_atomic_save(dlcheck):
         ``save_file`` write the first half of their bytes and stop. Then loads what is on disk into fresh
         objects (your ``dlcheck_load_checkpoint``; for a Trainer, ``resume_from_checkpoint`` of the previous
         ``checkpoint-*``; for Lightning, the previous ``.ckpt``). Fails when the load raises, or loads weights
-        that are neither the previous nor the new ones.
+        that are neither the previous nor the new ones. A save that names its files after a counter of your
+        training dict (``netG_epoch_{epoch}.pth``) is saved the second time with that counter one on, as your
+        loop advances it between saves. When the interrupted file is a new one beside the previous checkpoint
+        and your load raises on it (it takes the newest), the half-written file is put aside and the load made
+        again: the previous checkpoint restoring the previous weights passes, with a note.
     Why it is bad
         Saving straight onto the path of the only checkpoint (``torch.save(state, "last.pt")``) truncates it
         first: a job killed during the save — the usual moment for preemption, since saves are slow — has
@@ -43,7 +47,9 @@ def check_atomic_save(dlcheck):
         Trainer's interrupted ``checkpoint-N`` directory stays on disk, and ``resume_from_checkpoint=True``
         picks the newest directory: resume from an explicit path after a crash during a save. An Accelerate
         training without ``dlcheck_save_checkpoint`` is not judged (``save_state`` writes where your loop
-        points it; the check would only judge its own choice of path).
+        points it; the check would only judge its own choice of path). A save named after a counter is judged
+        as made once per value of it: a loop saving several times per epoch under an epoch-named file
+        overwrites it, and C2 does not see that cadence.
     Not applicable
         None: every run that saves checkpoints can be interrupted while saving.
     """
@@ -55,6 +61,25 @@ def check_atomic_save(dlcheck):
             "directories keep the previous one; one reused directory does not), and only your save shows it"
         )
     result = memo_or_skip(dlcheck, setup.sources, "ckpt:interrupted-save", setup.interrupted_save)
+    cadence = (
+        [
+            f"the second save was made with the training dict's {result.advanced}, as your loop advances them between saves"
+        ]
+        if result.advanced
+        else []
+    )
+    if result.error is not None and result.overwrote is False and result.without_new == "previous":
+        dlcheck.measured(
+            f"a save through {result.how} was interrupted half way while writing {_short(result.target)}, a new file: "
+            f"the previous checkpoint's files were not touched, and with the half-written file put aside your "
+            f"dlcheck_load_checkpoint restores the previous weights",
+            *cadence,
+            f"note: your load takes the newest checkpoint, and on the half-written one it raises {result.error.split('. ')[0][:120]}: "
+            f"after a crash during a save, resume from the one before (or delete the half-written one) — loud, "
+            f"nothing is lost",
+            loaded="previous",
+        )
+        return
     if result.error is None and result.loaded in ("previous", "new"):
         same = result.previous == result.target
         dlcheck.measured(
@@ -66,10 +91,12 @@ def check_atomic_save(dlcheck):
             )
             + (f", with the {result.loaded} weights" if setup.kind in ("loop", "accelerate") else ""),
             *([f"file sizes before and after the interrupted save: {result.sizes}"] if result.sizes else []),
+            *cadence,
             loaded=result.loaded,
         )
         return
     evidence = [f"a save through {result.how} was interrupted half way while writing {_short(result.target)}"]
+    evidence += cadence
     if result.sizes:
         evidence.append(f"file sizes before and after the interrupted save: {result.sizes}")
     if result.error is not None and result.overwrote is False:

@@ -8,6 +8,7 @@ import contextlib
 import copy
 import inspect
 import itertools
+import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -967,6 +968,7 @@ def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
         )
     path = setup.tmp.mktemp("dlcheck-atomic") / "checkpoint"
     first = setup.state()
+    first_target = _save_target(setup, first) if _counters(first) else None
     user_call("save_checkpoint", lambda: setup.save(first, str(path)))
     old_weights = _fingerprints(first["model"])
     first = None  # one training state alive at a time
@@ -994,9 +996,10 @@ def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
         setup.run(second, setup.batches(1), 0, Trajectory())
     new_weights = _fingerprints(second["model"])
     written_before = _files_under(path)
+    to_save, advanced = _as_next_save(setup, first_target, second)
     with interrupted_saves() as hits:
         try:
-            user_call("save_checkpoint", lambda: setup.save(second, str(path)))
+            user_call("save_checkpoint", lambda: setup.save(to_save, str(path)))
         except SaveInterrupted:
             pass
     if not hits:
@@ -1018,14 +1021,98 @@ def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
     except SaveInterrupted:
         raise
     except Exception as exc:  # noqa: BLE001 - the user's load failing is the finding
+        overwrote = str(Path(hits[0]).resolve()) in written_before
+        third = None
         return InterruptedSave(
             "dlcheck_save_checkpoint",
             hits[0],
             str(path),
             f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
             sizes=size_text,
-            overwrote=str(Path(hits[0]).resolve()) in written_before,
+            overwrote=overwrote,
+            advanced=advanced,
+            without_new=None if overwrote else _load_without(setup, path, written_before, old_weights, new_weights),
         )
     loaded = _fingerprints(third["model"])
     which = "previous" if loaded == old_weights else "new" if loaded == new_weights else "mixed"
-    return InterruptedSave("dlcheck_save_checkpoint", hits[0], str(path), None, which, size_text)
+    return InterruptedSave("dlcheck_save_checkpoint", hits[0], str(path), None, which, size_text, advanced=advanced)
+
+
+def _counters(state: dict[str, Any]) -> dict[str, Any]:
+    """The training state's counters (an int, or a one-int list as loops keep a mutable step), each one on."""
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[key] = value + 1
+        elif (
+            isinstance(value, list) and len(value) == 1 and isinstance(value[0], int) and not isinstance(value[0], bool)
+        ):
+            out[key] = [value[0] + 1]
+    return out
+
+
+def _save_target(setup: LoopSetup, state: dict[str, Any]) -> str | None:
+    """Where the user's save writes its first file for ``state``, relative to the path it is given (a dry
+    save into a scratch directory: nothing is written through torch.save or save_file)."""
+    root = setup.tmp.mktemp("dlcheck-where")
+    with interrupted_saves(dry=True) as hits:
+        try:
+            user_call("save_checkpoint", lambda: setup.save(state, str(root / "checkpoint")))
+        except SaveInterrupted:
+            pass
+    return os.path.relpath(hits[0], root) if hits and isinstance(hits[0], str) and os.path.isabs(hits[0]) else None
+
+
+def _as_next_save(setup: LoopSetup, first: str | None, state: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The state as the loop's next save sees it. A save that names its files after a counter of the training
+    state (netG_epoch_{epoch}.pth) is made once per value of it: the loop advances the counter between two
+    saves, so when the training step did not (an epoch counter), the second save is made with the counters one
+    on. Otherwise the state as it is. ``first``: where the first save wrote."""
+    counters = _counters(state)
+    here = _save_target(setup, state) if counters else None
+    if here is None or here != first:
+        return state, ""
+    # the counters the save's names depend on, each probed alone (a run's num_epochs does not move between saves)
+    counters = {k: v for k, v in counters.items() if _save_target(setup, {**state, k: v}) not in (None, here)}
+    if not counters:
+        return state, ""
+    advanced = {**state, **counters}
+    there = _save_target(setup, advanced)
+    said = ", ".join(
+        f"{k} {state[k] if isinstance(state[k], int) else state[k][0]} -> {v if isinstance(v, int) else v[0]}"
+        for k, v in counters.items()
+    )
+    return advanced, f"{said} (your save names its files after them: {here} -> {there})"
+
+
+def _load_without(
+    setup: LoopSetup, path: Path, before: set[str], old_weights: dict[str, str], new_weights: dict[str, str]
+) -> str | None:
+    """Put the files the interrupted save added aside and load again: which weights the previous checkpoint
+    gives ("previous" when it is intact), or None when the load still fails."""
+    import shutil
+
+    aside = setup.tmp.mktemp("dlcheck-aside")
+    new = {Path(f) for f in _files_under(path) if f not in before}
+    old_dirs = {Path(f).parent for f in before} | {path.resolve()}
+    # the topmost new entry of each new file (a new step_N directory moves as one: a load that picks the newest
+    # directory must not find it left empty)
+    tops = set()
+    for f in new:
+        while f.parent not in old_dirs and f.parent != f.parent.parent and path.resolve() in f.parent.parents:
+            f = f.parent
+        tops.add(str(f))
+    moved = sorted(tops)
+    for i, f in enumerate(moved):
+        shutil.move(f, aside / str(i))
+    try:
+        state = setup.state()
+        with preserved_rng():
+            setup.load(state, str(path))
+        loaded = _fingerprints(state["model"])
+    except Exception:  # noqa: BLE001 - the previous checkpoint does not load either: the finding stands
+        return None
+    finally:
+        for i, f in enumerate(moved):
+            shutil.move(aside / str(i), f)
+    return "previous" if loaded == old_weights else "new" if loaded == new_weights else "mixed"

@@ -655,10 +655,10 @@ def _copy_bytes(src: Any, dst: Any, n: int, chunk: int) -> None:
 
 
 @contextlib.contextmanager
-def interrupted_saves(armed: Callable[[], bool] = lambda: True) -> Iterator[list[str]]:
+def interrupted_saves(armed: Callable[[], bool] = lambda: True, dry: bool = False) -> Iterator[list[str]]:
     """While active (and ``armed()``), ``torch.save`` and safetensors' ``save_file`` write the first half of
     what they would write to their target, then raise :class:`SaveInterrupted`. Yields the list of
-    interrupted targets."""
+    interrupted targets. ``dry``: write nothing, only name the target (where a save would go)."""
     import os
     import tempfile
 
@@ -684,7 +684,9 @@ def interrupted_saves(armed: Callable[[], bool] = lambda: True) -> Iterator[list
     def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
         if not armed():
             return real_save(obj, f, *args, **kwargs)
-        if isinstance(f, (str, os.PathLike)):
+        if dry:
+            pass
+        elif isinstance(f, (str, os.PathLike)):
             half(f, lambda whole: real_save(obj, whole, *args, **kwargs))
         else:  # a file object: written as torch writes to one (a zip stream), not as to a path
 
@@ -709,7 +711,8 @@ def interrupted_saves(armed: Callable[[], bool] = lambda: True) -> Iterator[list
         def save_file(tensors: Any, filename: Any, metadata: Any = None) -> None:
             if not armed():
                 return real_file(tensors, filename, metadata=metadata)
-            half(filename, lambda whole: real_file(tensors, whole, metadata=metadata))
+            if not dry:
+                half(filename, lambda whole: real_file(tensors, whole, metadata=metadata))
             hits.append(str(filename))
             raise SaveInterrupted(str(filename))
 
@@ -740,6 +743,12 @@ class InterruptedSave:
     #: whether the interrupted file was already there (a save over the previous checkpoint) or new (a
     #: versioned checkpoint beside it); None when not known
     overwrote: bool | None = None
+    #: the counters of the training state advanced for the second save, as the loop advances them between
+    #: saves, when the save names its files after them ("epoch 0 -> 1"); "" when none was
+    advanced: str = ""
+    #: a new file was interrupted and the load raised on it: what the load gives with that half-written
+    #: file put aside ("previous" when the previous checkpoint is intact and loads); None when not tried
+    without_new: str | None = None
 
 
 def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:

@@ -3,6 +3,8 @@ torchvision classification reference saves ``args`` (an argparse.Namespace) in i
 with ``torch.load(..., weights_only=True)``: under torch >= 2.6 that load fails whether or not a save was
 interrupted — the resume is broken (C1's finding), not the save's atomicity."""
 
+import pytest
+
 PROJECT = """
     import argparse, pytest, torch
     from torch import nn
@@ -103,12 +105,76 @@ VERSIONED = """
 
 
 def test_versioned_saves_whose_resume_picks_the_newest_half_written_one(project):
+    # the previous checkpoint is intact beside the half-written one: it loads once that one is put aside, so
+    # a checkpoint is left (the load raising on the newest is loud and said in a note, nothing is lost)
     project.conftest(VERSIONED)
+    run = project.run("--dlcheck=C2", "-rA")
+    run.assert_outcome("C2", "passed")
+    text = " ".join(run.text.split())
+    assert "ckpt-0001.pt, a new file: the previous checkpoint's files were not touched" in text, text
+    assert "restores the previous weights" in text and "note: your load takes the newest checkpoint" in text, text
+
+
+EPOCH_NAMED = """
+    import os, pytest, torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+            return {{"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1), "epoch": 0}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 3, (32,), generator=g)),
+                          batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_loss_fn():
+        return nn.CrossEntropyLoss()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        def save(state, path):  # once per epoch, at the epoch's end (the epoch loop advances state["epoch"])
+            target = os.path.join(path, {name!r}.format(epoch=state["epoch"]))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            torch.save(state["model"].state_dict(), target)
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        def load(state, path):  # --resume with the newest file (or the newest directory's file)
+            newest = os.path.join(path, sorted(os.listdir(path))[-1])
+            if os.path.isdir(newest):
+                newest = os.path.join(newest, "net.pth")
+            state["model"].load_state_dict(torch.load(newest))
+        return load
+"""
+
+
+@pytest.mark.parametrize("name", ["net_epoch_{epoch}.pth", "ep{epoch}/net.pth"])
+def test_a_save_named_after_the_epoch_is_saved_again_at_the_next_epoch(project, name):
+    # dcgan's netG_epoch_%d.pth: one file per epoch, never overwritten; the second save comes an epoch later.
+    # With a directory per epoch, the half-written epoch's directory is put aside whole for the second load
+    project.conftest(EPOCH_NAMED.format(name=name))
+    run = project.run("--dlcheck=C2", "-rA")
+    run.assert_outcome("C2", "passed")
+    text = " ".join(run.text.split())
+    first = "checkpoint/" + name.format(epoch=0)
+    assert f"epoch 0 -> 1 (your save names its files after them: {first} -> " in text, text
+    assert "restores the previous weights" in text, text
+
+
+def test_the_same_loop_saving_under_one_name_every_epoch_still_fails(project):
+    project.conftest(EPOCH_NAMED.format(name="net_last.pth"))
     run = project.run("--dlcheck=C2")
     run.assert_outcome("C2", "failed")
     text = " ".join(run.section("C2").split())
-    assert "the interrupted file is new (the previous checkpoint was not touched)" in text, text
-    assert "the load picks the newest" in text and "writes straight onto" not in text, text
+    assert "writes straight onto the previous checkpoint's path" in text and "epoch 0 -> 1" not in text, text
 
 
 TRAINER_UNLOADABLE = """
