@@ -31,8 +31,40 @@ from typing import Any
 
 from ...training.runs import unwrap_prepared
 
-#: torch's default seed: the state of the global generator in a fresh process that seeds nothing
+#: torch's default seed: the state of the global generator in a fresh process that seeds nothing (before torch
+#: 2.14, which seeds every fresh process from the OS instead: see :func:`fresh_process_seed`)
 TORCH_DEFAULT_SEED = 67280421310721
+_FRESH_SEED: list[int | None] = []
+
+
+def fresh_process_seed() -> int | None:
+    """The seed a fresh process of this torch starts its global generator with: a constant (torch's default
+    seed, the same in every process) or None when each fresh process is seeded from the OS (torch 2.14). The
+    ranks are forked from this process, whose generator the user's fixtures have seeded: they are given a fresh
+    process's. Measured once per session in a new interpreter (a new ``torch.Generator()`` keeps the constant
+    either way, so it cannot be read here)."""
+    if not _FRESH_SEED:
+        import subprocess
+
+        seeds = []
+        try:
+            for _ in range(2):
+                out = subprocess.run(
+                    [sys.executable, "-c", "import torch; print(torch.initial_seed())"],
+                    capture_output=True,
+                    text=True,
+                    timeout=180,
+                    env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+                )
+                seeds.append(int(out.stdout.strip().splitlines()[-1]))
+                if seeds[0] != TORCH_DEFAULT_SEED:
+                    break  # not the constant: seeded from the OS
+        except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+            seeds = [TORCH_DEFAULT_SEED]
+        _FRESH_SEED.append(seeds[0] if len(set(seeds)) == 1 and seeds[0] == TORCH_DEFAULT_SEED else None)
+    return _FRESH_SEED[0]
+
+
 #: models up to this many elements have their tensors sent back (max |diff| in the evidence), else digests
 SMALL_MODEL = 4_000_000
 STAGES = ("train", "ckpt", "position", "d6", "load", "eval")
@@ -63,6 +95,9 @@ class Job:
     mode: str = "train"
     load_path: str = ""
     pg_timeout: float = 60.0
+    #: the seed of a fresh process's global torch generator (None: from the OS, different on every rank), set by
+    #: :func:`launch`
+    fresh_seed: int | None = TORCH_DEFAULT_SEED
     #: D7: the user's evaluation (dlcheck_dist_eval), their eval DataLoader factory, the weights to evaluate (the
     #: distributed launch's rank 0's, for the one-process reference), and whether to evaluate twice (determinism)
     dist_eval: Any = None
@@ -140,6 +175,7 @@ def launch(
     if start_method == "fork" and "fork" not in tmp.get_all_start_methods():
         start_method = "spawn"
     backend = _backend(job.world)
+    job.fresh_seed = fresh_process_seed()
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
     ctx = tmp.get_context(start_method)
@@ -422,8 +458,12 @@ class Rank:
         import torch.distributed as dist
 
         torch.set_num_threads(1)
-        # a fresh process: torch's default seed (the same on every rank), Python and NumPy from the OS
-        torch.manual_seed(TORCH_DEFAULT_SEED)
+        # a fresh process: this torch's start (its default seed, the same on every rank, or one from the OS as
+        # torch 2.14 draws), Python and NumPy from the OS
+        if self.job.fresh_seed is None:
+            torch.seed()
+        else:
+            torch.manual_seed(self.job.fresh_seed)
         random.seed()
         np.random.seed()
         if torch.cuda.is_available() and torch.cuda.device_count() >= self.world:

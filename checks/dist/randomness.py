@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...registry import check
-from . import measure
+from . import launch, measure
 from .replicas import OPTIONAL, ROLES, _modules
 
 
@@ -34,7 +34,7 @@ def check_rank_randomness(dlcheck):
     Why it is bad
         Ranks that start from different weights train different models (DDP only keeps them in step if it
         broadcast them). Ranks seeded alike — the same ``torch.manual_seed(seed)`` on every rank, or no seed at
-        all (torch's default seed is the same in every process) — apply the same crops, flips and noise to their
+        all before torch 2.14 (its default seed is the same in every process; 2.14 seeds each from the OS) — apply the same crops, flips and noise to their
         different examples, and DataLoader workers inherit the same base seed: the augmentation's diversity is
         divided by the world size.
     Example
@@ -143,9 +143,13 @@ def check_rank_randomness(dlcheck):
                 dlcheck.fail(evidence + _trainer_evidence(recs, aug), *_trainer_cause(recs, aug, trainer))
             dlcheck.fail(
                 evidence,
-                "every rank draws its augmentation from the same random stream: the same seed on every rank (or "
-                "none: torch's default seed is the same in every process), so the ranks' examples get the same "
-                "crops, flips and noise",
+                "every rank draws its augmentation from the same random stream: the same seed on every rank"
+                + (
+                    " (or none: torch's default seed is the same in every process)"
+                    if launch.fresh_process_seed() is not None
+                    else ""
+                )
+                + ", so the ranks' examples get the same crops, flips and noise",
                 "seed each process with its rank before building the data pipeline: torch.manual_seed(seed + rank) "
                 "(and numpy / random), or DataLoader(..., generator=torch.Generator().manual_seed(seed + rank)); "
                 "DDP keeps the model's initial weights identical (it broadcasts rank 0's)",

@@ -5,6 +5,7 @@ asks for its save/load roles); a step through ``accelerator.unwrap_model(model)`
 of ``prepare`` drifts too (a loader left out of ``prepare``: test_dist_own_loader.py). One launch per test."""
 
 import multiprocessing
+import re
 import sys
 from pathlib import Path
 
@@ -62,7 +63,11 @@ def test_a_step_through_unwrap_model_lets_the_replicas_drift(project):
     run.assert_outcome("D2", "skipped")
     assert "the ranks' gradients differ at the first optimizer step: D1 reports the lost synchronisation" in run.text
     d1 = _flat(run.section("D1"))
-    assert "after micro-step 1 of 3 on 2 ranks, parameter 'hidden.weight' differs between rank 0 and rank 1" in d1
+    # which parameter differs most depends on the run's numbers: any of the MLP's
+    assert re.search(
+        r"after micro-step 1 of 3 on 2 ranks, parameter '(hidden|out)\.(weight|bias)' differs between rank 0 and rank 1",
+        d1,
+    ), d1
     assert "the model each rank trains: DistributedDataParallel" in d1
     assert "the gradients the optimizer stepped on already differed between ranks" in d1
     assert "computed through accelerator.unwrap_model(model)" in d1
@@ -76,7 +81,11 @@ def test_a_model_left_out_of_prepare_drifts(project):
     run.assert_outcome("D1", "failed")
     run.assert_outcome("D3", "passed")  # the loader is prepared: each rank trains on its own batches
     d1 = _flat(run.section("D1"))
-    assert "after micro-step 1 of 3 on 2 ranks, parameter 'hidden.weight' differs between rank 0 and rank 1" in d1
+    # which parameter differs most depends on the run's numbers: any of the MLP's
+    assert re.search(
+        r"after micro-step 1 of 3 on 2 ranks, parameter '(hidden|out)\.(weight|bias)' differs between rank 0 and rank 1",
+        d1,
+    ), d1
     assert "the model is not wrapped in DistributedDataParallel (MLP)" in d1
     assert "(state['model'] was not passed to accelerator.prepare)" in d1
     assert "model, optimizer, loader = accelerator.prepare(model, optimizer, loader)" in d1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
+from accelerate.utils import set_seed
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -34,6 +35,9 @@ def data() -> TensorDataset:
 
 
 def _parts():
+    # as Accelerate's examples do (set_seed(seed) in every process): the same start on every rank, which an
+    # unseeded script has only before torch 2.14 (2.14 seeds each fresh process from the OS)
+    set_seed(0)
     model = MLP()
     return model, torch.optim.AdamW(model.parameters(), lr=1e-2), DataLoader(data(), batch_size=BATCH, shuffle=True)
 

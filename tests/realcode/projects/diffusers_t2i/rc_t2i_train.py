@@ -355,6 +355,11 @@ def make_training(args, frozen, dataset):
         log_with=None,
         project_config=ProjectConfiguration(project_dir=args.output_dir),
     )
+    # main(): "If passed along, set the training seed now." — the same seed in every process (not device_specific)
+    if args.seed is not None:
+        from accelerate.utils import set_seed
+
+        set_seed(args.seed)
     path = args.pretrained_model_name_or_path
     unet = UNet2DConditionModel.from_pretrained(path, subfolder="unet", revision=args.non_ema_revision)
     unet.train()
