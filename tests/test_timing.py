@@ -152,3 +152,42 @@ def test_the_objects_alive_at_collection_are_frozen_for_the_run_and_given_back(p
     seen = eval(run.text.split("GC_SEEN ", 1)[1].splitlines()[0])  # noqa: S307 - our own probe's dict
     assert seen["frozen"] > 10_000 and seen["cycle_collected"], seen
     assert gc.get_freeze_count() == before
+
+
+def test_seeding_a_check_sets_the_seeded_states_without_queueing_cuda_calls():
+    # every check's setup and call start from seed 0: the same draws as random.seed / numpy / torch.manual_seed(0),
+    # set from cached states; with CUDA not initialised nothing is queued for it (torch.manual_seed queues a lazy
+    # call carrying a formatted stack: milliseconds per check under pytest's stack)
+    import random
+
+    import numpy as np
+    import torch
+    import torch.cuda
+
+    from pytest_dlcheck.guard import seed_everything
+
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    want = (random.random(), np.random.rand(), torch.rand(3))
+    for other in (1, 2):
+        random.seed(other)
+        np.random.seed(other)
+        torch.manual_seed(other)
+        seed_everything(0)
+        got = (random.random(), np.random.rand(), torch.rand(3))
+        assert got[0] == want[0] and got[1] == want[1] and torch.equal(got[2], want[2])
+    if not torch.cuda.is_initialized():
+        import traceback
+
+        formatted = []
+        real = traceback.format_stack
+        traceback.format_stack = lambda *a, **k: formatted.append(1) or real(*a, **k)
+        try:
+            torch.manual_seed(0)  # the control: torch's own seeding formats the stack for CUDA's lazy call
+            control = len(formatted)
+            for _ in range(5):
+                seed_everything(0)
+        finally:
+            traceback.format_stack = real
+        assert control > 0 and len(formatted) == control
