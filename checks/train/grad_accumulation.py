@@ -455,7 +455,16 @@ def check_grad_accumulation(dlcheck):
     best = min(errors, key=errors.get)
     full = errors["full batch"]
 
-    if k > 1 and not ref.summing and best == "not divided by k" and errors[best] <= tol and errors[best] < full / 2:
+    # a step on the full-batch gradient is right on these micro-batches whatever other formula it also matches (equal
+    # token counts make the plain mean of token means the token-weighted mean): fail only a step that differs from it
+    if (
+        k > 1
+        and full > tol
+        and not ref.summing
+        and best == "not divided by k"
+        and errors[best] <= tol
+        and errors[best] < full / 2
+    ):
         dlcheck.fail(
             [
                 window,
@@ -483,7 +492,14 @@ def check_grad_accumulation(dlcheck):
                 "optimizer step)"
             ),
         )
-    if k > 1 and ref.tokens and best == "per-micro-batch mean" and errors[best] <= tol and errors[best] < full / 2:
+    if (
+        k > 1
+        and full > tol
+        and ref.tokens
+        and best == "per-micro-batch mean"
+        and errors[best] <= tol
+        and errors[best] < full / 2
+    ):
         low = min(range(k), key=lambda i: ref.sizes[i])
         share = ref.sizes[low] / max(1, sum(ref.sizes))
         dlcheck.fail(
@@ -531,13 +547,20 @@ def check_grad_accumulation(dlcheck):
             f"(relative error {errors['per-micro-batch mean']:.2g}); weighted by their {unit} it would differ by "
             f"{full:.2g} (micro-batches of different sizes; not judged a bug)"
         )
+        if ref.tokens and k > 1 and spread <= tol:
+            dlcheck.not_judged(
+                "a per-micro-batch token mean",
+                f"the window's micro-batches hold equal token counts ({', '.join(map(str, ref.sizes))}): a plain mean "
+                "of their token means gives the full-batch gradient too, so whether your loss weighs micro-batches of "
+                "unequal counts by their tokens is not told apart",
+            )
         dlcheck.measured(
             window,
             f"{matched}, norm ratio {ratio:.3f}, cosine {cosine:.4f}",
             f"told apart: a loss divided by k would be off by {1 - 1 / k:.2g}"
             if ref.summing
             else f"told apart: a loss not divided by k would be off by {errors['not divided by k']:.2g}"
-            + (f", a per-micro-batch token mean by {spread:.2g}" if ref.tokens else ""),
+            + (f", a per-micro-batch token mean by {spread:.2g}" if ref.tokens and spread > tol else ""),
             *clip_note,
             f"dropout off in both runs ({win.dropouts} dropout layer(s) or attribute(s) of the fresh copies set to 0)"
             if win.dropouts

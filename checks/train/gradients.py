@@ -13,7 +13,7 @@ from ...guard import preserved_rng
 from ...registry import Setting, check
 from ...training import modes, probe, run_or_skip
 from ...training.loop import trained_modules
-from ...training.runs import Trajectory, unwrap_prepared
+from ...training.runs import NotTheBatch, Trajectory, model_call, unwrap_prepared
 
 
 def shape(t: torch.Tensor) -> str:
@@ -202,7 +202,7 @@ def check_gradients(dlcheck):
         ``gradient_checkpointing_kwargs={"use_reentrant": False}``.
     Known problems
         Zero gradients are allowed (a zero-initialised layer, such as LoRA's B matrix, gives its
-        neighbours exact zeros at step 0). Parameters matching ``T3.ignore`` (MoE experts) are exempt.
+        neighbours exact zeros at step 0) — but not on every parameter at once: a loss no weight moves fails. Parameters matching ``T3.ignore`` (MoE experts) are exempt.
         Frozen parameters (``requires_grad=False``) are taken as intended. A LLaVA-style model's vision
         layers above ``config.vision_feature_layer`` (and the tower's final norm / pooling head) run but
         feed nothing by design; they are exempt (freeze them to save their optimizer state, and set
@@ -300,6 +300,28 @@ def check_gradients(dlcheck):
         dlcheck.fail(evidence, cause, fix)
 
     zero = [n for (n, _), g in zip(trainable, grads) if g is not None and not bool(g.any())]
+    received = sum(1 for g in grads if g is not None)
+    if zero and len(zero) == received:
+        # a zero-initialised layer gives its neighbours exact zeros, never itself: every gradient exactly zero
+        # means the loss does not move with any weight
+        out = _output_width(fresh, batch)
+        dlcheck.fail(
+            [
+                f"every one of the {received} trainable parameter tensors that the loss reaches gets an exactly "
+                f"zero gradient on batch 0 (loss {float(loss.detach()):.4g}): no weight moves the loss"
+                + (f"; the model's output has {out} column per example" if out == 1 else "")
+            ],
+            "the loss is constant in the weights"
+            + (
+                ": cross-entropy over a single output column is always 0 (the log-softmax of one logit is 0), so "
+                "nothing ever trains"
+                if out == 1
+                else " (a loss over one class, a target that makes every term 0, or every path to it saturated): "
+                "training steps change nothing"
+            ),
+            "match the loss to the head: one logit per example takes BCEWithLogitsLoss (binary) or MSELoss "
+            "(regression); cross_entropy takes one logit per class",
+        )
     lora = [n for n in zero if "lora_" in n]
     zero_note = (
         f"; {len(zero)} of them get an exactly zero gradient"
@@ -567,3 +589,15 @@ def _other_optimizers(owner: Any, opt: Any) -> list[Any]:
         if key != "optimizer" and isinstance(other, torch.optim.Optimizer) and other is not inner:
             out.append(other)
     return out
+
+
+def _output_width(fresh: Any, batch: Any) -> int | None:
+    """The last dimension of the model's output on ``batch`` (a tensor output, or a transformers output's
+    logits), or None when it cannot be read without a guess."""
+    try:
+        with torch.no_grad():
+            out = model_call(fresh.model, batch)()
+    except (NotTheBatch, Exception):  # noqa: BLE001 - only an aid to the cause's wording
+        return None
+    out = getattr(out, "logits", out)
+    return int(out.shape[-1]) if isinstance(out, torch.Tensor) and out.dim() >= 1 else None

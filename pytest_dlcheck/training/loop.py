@@ -959,6 +959,10 @@ def _fingerprints(model: Any) -> dict[str, str]:
     return out
 
 
+#: the most micro-steps C2 trains between its two saves waiting for the optimizer to step (an accumulation)
+_ACCUMULATION_LIMIT = 64
+
+
 def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
     """Save a checkpoint, train a step, save again to the same path and interrupt that save half way; then
     load the path into fresh objects with the user's load function."""
@@ -992,8 +996,20 @@ def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
         if p.is_file()
     }
     second = setup.state()
+    # one optimizer step between the saves, as a loop saves after one: under gradient accumulation that is several
+    # micro-steps (a save named after the optimizer steps taken, step_{completed_steps}, moves on only then)
+    traj = Trajectory()
+    watched = second.get("optimizer") is not None
+    limit = _ACCUMULATION_LIMIT if watched else 1
     with preserved_rng():
-        setup.run(second, setup.batches(1), 0, Trajectory())
+        setup.run(
+            second,
+            setup._stream(limit),
+            0,
+            traj,
+            stop=lambda: not watched or traj.calls.count("opt") >= 1,
+            planned=limit,
+        )
     new_weights = _fingerprints(second["model"])
     written_before = _files_under(path)
     to_save, advanced = _as_next_save(setup, first_target, second)

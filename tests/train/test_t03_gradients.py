@@ -247,3 +247,50 @@ def test_a_step_that_updates_the_weights_by_hand_with_no_optimizer_passes(projec
     run = project.run("--dlcheck=T3", "-rA")
     run.assert_outcome("T3", "passed")
     assert "(the training dict holds no optimizer object: the step updates them itself)" in " ".join(run.text.split())
+
+
+ONE_COLUMN = """
+    import pytest, torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():  # pytorch/examples' ddp-tutorial-series: Linear(20, 1) on (x, y) with y = torch.rand(1)
+            model = nn.Linear(20, 1)
+            return {{"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=1e-3)}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(TensorDataset(torch.rand(64, 20, generator=g), torch.rand(64, 1, generator=g)), batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_compute_loss():
+        def loss(model, batch):
+            x, y = batch
+            return {loss}
+        return loss
+"""
+
+
+def test_a_loss_no_weight_moves_fails(project):
+    # cross_entropy over one output column with float targets: log_softmax of one logit is 0, the loss is 0 and every
+    # gradient exactly 0 — nothing trains (no zero-initialised neighbour explains those zeros)
+    project.conftest(ONE_COLUMN.format(loss="F.cross_entropy(model(x), y)"))
+    run = project.run("--dlcheck=T3")
+    run.assert_outcome("T3", "failed")
+    text = tt.section(run, "T3")
+    assert "every one of the 2 trainable parameter tensors that the loss reaches gets an exactly zero gradient" in text
+    assert "the model's output has 1 column per example" in text
+    assert "cross-entropy over a single output column is always 0" in text
+    assert "BCEWithLogitsLoss (binary) or MSELoss (regression)" in text
+
+
+def test_the_same_head_with_a_regression_loss_passes(project):
+    project.conftest(ONE_COLUMN.format(loss="F.mse_loss(model(x), y)"))
+    run = project.run("--dlcheck=T3", "-rA")
+    run.assert_outcome("T3", "passed")
+    assert "exactly zero gradient" not in run.text

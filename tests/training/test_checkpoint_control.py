@@ -201,3 +201,66 @@ def test_a_trainer_resume_that_fails_without_interruption_is_not_blamed_on_the_s
     run = project.run("--dlcheck=C2", "-rs")
     run.assert_outcome("C2", "skipped")
     run.fnmatch(["*cannot judge an interrupted save: resuming from checkpoint-1 fails with no interruption at all*"])
+
+
+ACCUMULATED = """
+    import os, pytest, torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def optimizer_steps(opt):  # as run_clm_no_trainer's completed_steps: one per synced optimizer step
+        return int(next(iter(opt.state.values()))["step"]) if opt.state else 0
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+            return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-2)}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 3, (32,), generator=g)),
+                          batch_size=4)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_train_step():
+        def step(state, batch, i):  # gradient accumulation over 2 micro-batches
+            x, y = batch
+            loss = nn.functional.cross_entropy(state["model"](x), y) / 2
+            loss.backward()
+            if (i + 1) % 2 == 0:
+                state["optimizer"].step()
+                state["optimizer"].zero_grad()
+            return loss.detach()
+        return step
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        def save(state, path):  # accelerator.save_state(f"step_{completed_steps}"), after an optimizer step
+            target = os.path.join(path, f"step_{optimizer_steps(state['optimizer'])}")
+            os.makedirs(target, exist_ok=True)
+            torch.save({"model": state["model"].state_dict(), "optimizer": state["optimizer"].state_dict()},
+                       os.path.join(target, "state.pt"))
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        def load(state, path):
+            newest = max(os.listdir(path), key=lambda d: int(d.split("_")[1]))
+            ckpt = torch.load(os.path.join(path, newest, "state.pt"))
+            state["model"].load_state_dict(ckpt["model"])
+            state["optimizer"].load_state_dict(ckpt["optimizer"])
+        return load
+"""
+
+
+def test_under_gradient_accumulation_the_second_save_comes_after_an_optimizer_step(project):
+    # the save is named after the optimizer steps taken: one micro-step of an accumulation leaves it at step_0, so
+    # saving again there would overwrite the first save, which the script never does
+    project.conftest(ACCUMULATED)
+    run = project.run("--dlcheck=C2", "-rA")
+    run.assert_outcome("C2", "passed")
+    text = " ".join(run.text.split())
+    assert "step_1/state.pt, a new file: the previous checkpoint's files were not touched" in text, text
