@@ -126,7 +126,7 @@ def check_initial_loss(dlcheck):
         )
     fresh, batches, setup = probe(dlcheck)
     batch = batches[0]
-    targets = targets_of(batch)
+    targets = targets_of(batch, fresh.model)
     detector = losses_in_train_mode(fresh.model)
     if detector:
         dlcheck.not_applicable(

@@ -60,6 +60,7 @@ from .runs import (
     schedule_plan,
     scheduler_count,
     seed_all,
+    targets_of,
     to_device,
     unwrap_prepared,
     watch_optimizer,
@@ -175,8 +176,8 @@ class LoopSetup:
             ) from None
         if isinstance(batch, Mapping):
             return loss_tensor(user_call("make_training", out_call))
-        if self.loss_fn is not MISSING and isinstance(batch, (list, tuple)) and len(batch) >= 2:
-            return loss_tensor(user_call("loss_fn", lambda: self.loss_fn(out_call(), batch[1])))
+        if self.loss_fn is not MISSING and isinstance(batch, (list, tuple)) and targets_of(batch, model) is not None:
+            return loss_tensor(user_call("loss_fn", lambda: self.loss_fn(out_call(), targets_of(batch, model))))
         raise SetupError(
             "the batches are not mappings the model takes by keyword: define fixture dlcheck_compute_loss "
             "(model, batch) -> loss, or dlcheck_loss_fn for (inputs, targets) batches"

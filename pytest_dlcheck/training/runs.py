@@ -49,6 +49,16 @@ def is_lightning_module(obj: Any) -> bool:
     )
 
 
+def own_dataloader(module: Any, method: str = "train_dataloader") -> bool:
+    """Whether a LightningModule defines its own ``train_dataloader()`` (or ``method``): Lightning's classic style,
+    ``trainer.fit(module)`` with no datamodule, the module's loaders being the data. Decided from the class, as
+    Lightning's ``is_overridden`` does: the first class of its MRO defining ``method`` is not Lightning's own."""
+    for c in type(module).__mro__:
+        if method in vars(c):
+            return not c.__module__.startswith(("lightning.", "pytorch_lightning."))
+    return False
+
+
 def is_lightning_trainer(obj: Any) -> bool:
     return any(
         c.__name__ == "Trainer" and c.__module__.startswith(("lightning.pytorch", "pytorch_lightning"))
@@ -419,15 +429,35 @@ def model_call(model: Any, batch: Any) -> Callable[[], Any]:
         kwargs = {k: v for k, v in batch.items() if names is None or k in names}
         return lambda: model(**kwargs)
     if isinstance(batch, (list, tuple)) and batch:
-        return lambda: model(batch[0])
+        n = positional_inputs(model)
+        if n > len(batch):
+            raise NotTheBatch(
+                f"not applicable: {type(model).__name__}.forward takes {n} inputs and the batches hold {len(batch)} "
+                "elements: the model is called by your loss (dlcheck_compute_loss / dlcheck_train_step), not on the batch"
+            )
+        # (inputs, targets) or, for a forward of n inputs (a siamese network's input1, input2), (in_1 .. in_n, targets)
+        return lambda: model(*batch[:n])
     return lambda: model(batch)
 
 
-def targets_of(batch: Any) -> Any:
+def positional_inputs(model: Any) -> int:
+    """How many inputs the model's forward requires positionally (at least 1; a forward taking *args: 1)."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError, AttributeError):
+        return 1
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return max(1, sum(1 for p in params if p.kind in kinds and p.default is inspect.Parameter.empty))
+
+
+def targets_of(batch: Any, model: Any = None) -> Any:
+    """The targets of a batch: a mapping's labels; a sequence's element after the model's inputs (element 1 of
+    ``(inputs, targets)``; element 2 of ``(input1, input2, targets)`` for a forward of two inputs)."""
     if isinstance(batch, Mapping):
         return batch.get("labels", batch.get("label"))
-    if isinstance(batch, (list, tuple)) and len(batch) >= 2:
-        return batch[1]
+    if isinstance(batch, (list, tuple)):
+        n = positional_inputs(model) if model is not None else 1
+        return batch[n] if len(batch) > n else None
     return None
 
 

@@ -58,3 +58,61 @@ def test_causal_lm_trainer_passes(project):
                        train_dataset=tiny.tokenized(tok), data_collator=DataCollatorForLanguageModeling(tok, mlm=False))
     """)
     project.run("--dlcheck=T4,T5").assert_outcome("T4", "passed")
+
+
+SIAMESE = """
+    import pytest, torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Siamese(nn.Module):  # pytorch/examples siamese_network: forward(input1, input2) on (img1, img2, target)
+        def __init__(self):
+            super().__init__()
+            self.tower = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.ReLU())
+            self.head = nn.Linear(16, 1)
+            self.mix = {mix}
+
+        def forward(self, input1, input2):
+            a, b = self.tower(input1), self.tower(input2)
+            if self.mix:
+                a = a + a.mean(0, keepdim=True)  # a batch statistic: each example sees the others
+            return torch.sigmoid(self.head(torch.cat([a, b], 1)))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = Siamese()
+            return {{"model": model, "optimizer": torch.optim.Adadelta(model.parameters(), lr=1.0)}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        g = torch.Generator().manual_seed(0)
+        data = TensorDataset(torch.rand(32, 1, 4, 4, generator=g), torch.rand(32, 1, 4, 4, generator=g),
+                             torch.randint(0, 2, (32,), generator=g).float())
+        return DataLoader(data, batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_compute_loss():
+        def loss(model, batch):
+            x1, x2, y = batch
+            return nn.functional.binary_cross_entropy(model(x1, x2).squeeze(1), y)
+        return loss
+"""
+
+
+def test_a_model_of_two_inputs_is_called_with_both(project):
+    # (images_1, images_2, targets): the forward takes the first two; T4 judged it instead of raising TypeError
+    # inside the model, and T1 reads element 2 as the targets (element 1 is the second image)
+    project.conftest(SIAMESE.format(mix=False))
+    run = project.run("--dlcheck=T1,T4", "-rA")
+    run.assert_outcome("T4", "passed")
+    run.assert_outcome("T1", "passed")
+    assert "internal error" not in run.text
+    assert "against 0/1 targets (float32 (8,))" in " ".join(run.text.split())
+
+
+def test_a_model_of_two_inputs_mixing_the_batch_fails(project):
+    project.conftest(SIAMESE.format(mix=True))
+    run = project.run("--dlcheck=T4")
+    run.assert_outcome("T4", "failed")
