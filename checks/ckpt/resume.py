@@ -241,7 +241,7 @@ def _lightning_data(dlcheck: Any, setup: Any) -> list[str]:
         else ""
     )
     drawn = (
-        f"the uninterrupted fit trains batches 1-{n}{span} of your datamodule's train_dataloader() ({probe.loader}) "
+        f"the uninterrupted fit trains batches 1-{n}{span} of {setup.train_loader} ({probe.loader}) "
         f"and saves a mid-epoch checkpoint after batch {k} (trainer.save_checkpoint, as ModelCheckpoint("
         f"every_n_train_steps=...) or a SLURM requeue does); fit(ckpt_path=...) on fresh copies trains batches "
         f"{k + 1}-{n} from it"

@@ -4,7 +4,8 @@ Besides the core roles (``dlcheck_trainer``, ``dlcheck_model``, ``dlcheck_datalo
 over their training in one of three ways; the training roles are declared here:
 
 - transformers / TRL: ``dlcheck_trainer`` alone;
-- Lightning: ``dlcheck_lightning_module`` and ``dlcheck_datamodule`` (or ``dlcheck_dataloader``), and the
+- Lightning: ``dlcheck_lightning_module`` and ``dlcheck_datamodule`` (or ``dlcheck_dataloader``; or nothing
+  more when the module defines its own ``train_dataloader()``, trained as ``fit(module)``), and the
   Trainer's callbacks (``dlcheck_lightning_callbacks``, or your ``lightning.Trainer`` as ``dlcheck_trainer``);
 - a plain loop: ``dlcheck_make_training`` and the data (``dlcheck_dataloader``, or ``dlcheck_collator`` +
   ``dlcheck_dataset``), optionally ``dlcheck_train_step`` and ``dlcheck_compute_loss``; the ckpt domain
@@ -73,6 +74,16 @@ def _prepared_datamodule(dm: Any) -> Any:
     return prepared
 
 
+def _prepared_module(module: Any) -> Any:
+    """A copy of the user's LightningModule, prepared as ``fit(module)`` prepares it before calling its own
+    ``train_dataloader()`` (the user's own stays as it was)."""
+    trainer_ref = getattr(module, "_trainer", None)
+    prepared = copy.deepcopy(module, {id(trainer_ref): None} if trainer_ref is not None else {})
+    prepared.prepare_data()
+    prepared.setup("fit")
+    return prepared
+
+
 @deriver
 def from_lightning(name: str, get: Get, cache: Cache) -> Any:
     from ...training import is_lightning_module
@@ -86,7 +97,7 @@ def from_lightning(name: str, get: Get, cache: Cache) -> Any:
     if name in ("dataloader", "eval_dataloader"):
         dm = get_role(get, "datamodule")
         if dm is MISSING:
-            return MISSING
+            return _own_dataloader(name, get, cache)
         prepared = cache(dm, "lightning:prepared", lambda: _prepared_datamodule(dm))
         method = "train_dataloader" if name == "dataloader" else "val_dataloader"
         try:
@@ -96,6 +107,21 @@ def from_lightning(name: str, get: Get, cache: Cache) -> Any:
                 raise
             return MISSING
     return MISSING
+
+
+def _own_dataloader(name: str, get: Get, cache: Cache) -> Any:
+    """No datamodule: the loader of a LightningModule that defines its own ``train_dataloader()`` (and
+    ``val_dataloader()``), called on a prepared copy of it, as ``fit(module)`` trains it."""
+    from ...training import own_dataloader
+
+    module = get_role(get, "lightning_module")
+    if module is MISSING or not own_dataloader(module):
+        return MISSING
+    method = "train_dataloader" if name == "dataloader" else "val_dataloader"
+    if not own_dataloader(module, method):
+        return MISSING
+    prepared = cache(module, "lightning:prepared-module", lambda: _prepared_module(module))
+    return cache(module, f"lightning:module-{method}", getattr(prepared, method))
 
 
 @deriver

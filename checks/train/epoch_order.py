@@ -188,6 +188,8 @@ def _train_loader(dlcheck, setup) -> tuple[Any, str]:
         loader,
         "dlcheck_dataloader"
         if setup is None or setup.kind in ("loop", "accelerate")
+        else setup.train_loader
+        if setup.own_loaders
         else "the datamodule's train_dataloader()",
     )
 
@@ -252,7 +254,11 @@ def check_epoch_order(dlcheck):
     if loader is MISSING or not hasattr(loader, "__iter__"):
         dlcheck.skip(
             "missing role: define fixture dlcheck_dataloader"
-            + (" (or dlcheck_datamodule)" if setup is not None and setup.kind == "lightning" else "")
+            + (
+                " (or dlcheck_datamodule, or a train_dataloader() in your LightningModule)"
+                if setup is not None and setup.kind == "lightning"
+                else ""
+            )
             + " in conftest.py"
         )
     judged: list[str] = []

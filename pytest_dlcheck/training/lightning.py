@@ -1,5 +1,6 @@
-"""Kind 2: a Lightning user (``dlcheck_lightning_module`` + ``dlcheck_datamodule``): runs are real
-``lightning.Trainer.fit`` calls on deep copies of the module and the datamodule."""
+"""Kind 2: a Lightning user (``dlcheck_lightning_module`` + ``dlcheck_datamodule``, or a module defining its own
+``train_dataloader()``): runs are real ``lightning.Trainer.fit`` calls on deep copies of the module and the
+datamodule (``fit(module)`` on a copy of the module alone when the module's loaders are the data)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ from .runs import (
     grad_report,
     loss_tensor,
     nonfinite_params,
+    own_dataloader,
     release_training_memory,
     rng_state,
     scheduler_count,
@@ -213,6 +215,15 @@ class LightningSetup:
         self.l_trainer = l_trainer
         self.tmp = tmp
         self.name = type(module).__name__
+        #: no datamodule, and the module defines its own train_dataloader(): every run is ``fit(module)`` on a
+        #: copy of the module, whose loaders are the data (Lightning's classic style)
+        self.own_loaders = datamodule is MISSING and own_dataloader(module)
+        #: the training loader in words, for the evidence
+        self.train_loader = (
+            "dlcheck_lightning_module's train_dataloader()"
+            if self.own_loaders
+            else "your datamodule's train_dataloader()"
+        )
         #: the user's callbacks: ``dlcheck_lightning_callbacks`` (a factory, or a list copied per run), else
         #: those of the Lightning Trainer given as ``dlcheck_trainer``; every run of a check includes them
         self.callbacks_role = "lightning_callbacks"
@@ -314,8 +325,12 @@ class LightningSetup:
         with _lightning_quiet():
             if dm is not None:
                 trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+            elif self.own_loaders:  # the module's own train_dataloader() (and val_dataloader()), as fit(module)
+                trainer.fit(module, ckpt_path=ckpt_path)
             else:
-                raise SetupError("no datamodule: define fixture dlcheck_datamodule")
+                raise SetupError(
+                    "no datamodule: define fixture dlcheck_datamodule (or a train_dataloader() in your LightningModule)"
+                )
         return trainer
 
     def _recorder(
@@ -585,7 +600,8 @@ class LightningSetup:
 
     def data_resume(self, total: int) -> DataResume:
         """The data position across a mid-epoch save and resume through Lightning's own ``fit(ckpt_path=...)``
-        (C1): fresh copies fit one epoch of at most ``total`` batches of the datamodule's ``train_dataloader()``
+        (C1): fresh copies fit one epoch of at most ``total`` batches of the datamodule's (or the module's own)
+        ``train_dataloader()``
         (``limit_train_batches``) and ``trainer.save_checkpoint`` right after the first optimizer step at or past
         half way (a mid-epoch checkpoint, as ``ModelCheckpoint(every_n_train_steps=...)`` or a SLURM requeue
         writes one); other fresh copies resume from it with ``fit(ckpt_path=...)`` to the end of that epoch. Both

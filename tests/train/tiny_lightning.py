@@ -278,3 +278,58 @@ class TwoBlobs(Blobs):
     def setup(self, stage=None):
         self.train_set = tt.blobs(64, classes=2, seed=0, scale=0.3)
         self.val_set = tt.blobs(32, classes=2, seed=1, scale=0.3)
+
+
+class OwnLoaders(Classifier):
+    """Lightning's classic style, without a datamodule: the module builds its data in ``__init__`` and defines its
+    own ``train_dataloader()`` / ``val_dataloader()``, trained as ``trainer.fit(module)`` (Lightning's
+    reinforce_learn_Qnet.py feeds its replay buffer this way). ``jitter``: training_step scales the inputs by a
+    draw of python's ``random`` (as the DQN's epsilon-greedy draws); ``keep_rng``: the torch and python RNG states
+    are saved in the .ckpt and set back on load (C3's fix)."""
+
+    def __init__(self, shuffle: bool = False, jitter: bool = False, keep_rng: bool = False, **kw):
+        super().__init__(**kw)
+        self.shuffle, self.jitter, self.keep_rng = shuffle, jitter, keep_rng
+        self.train_set = tt.blobs(64, seed=0)
+        self.val_set = tt.blobs(32, seed=1)
+
+    def training_step(self, batch, batch_idx):
+        if self.jitter:
+            import random
+
+            x, y = batch
+            batch = (x * (1.0 + 0.1 * random.random()), y)
+        return super().training_step(batch, batch_idx)
+
+    def train_dataloader(self):
+        return DataLoader(self.train_set, batch_size=8, shuffle=self.shuffle)
+
+    def val_dataloader(self):
+        return DataLoader(self.val_set, batch_size=8)
+
+    def on_save_checkpoint(self, checkpoint):
+        if self.keep_rng:
+            import random
+
+            checkpoint["rng"] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+
+    def on_load_checkpoint(self, checkpoint):
+        if self.keep_rng:
+            import random
+
+            torch.set_rng_state(checkpoint["rng"]["torch"])
+            random.setstate(checkpoint["rng"]["python"])
+
+
+OWN_LOADERS = """
+    import pytest, torch, tiny_lightning as tl
+
+    @pytest.fixture(scope="session")
+    def dlcheck_lightning_module():
+        torch.manual_seed(0)
+        return tl.OwnLoaders({module})
+"""
+
+
+def own_loaders_project(module: str = "") -> str:
+    return OWN_LOADERS.format(module=module)

@@ -1,0 +1,85 @@
+"""A LightningModule that defines its own train_dataloader() and no datamodule (Lightning's classic style, e.g.
+reinforce_learn_Qnet.py): the checks train it as Lightning does, ``trainer.fit(module)`` on fresh copies, and
+derive the training dataloader from the module's own train_dataloader()."""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
+import tiny_lightning as tl  # noqa: E402
+import tiny_train as tt  # noqa: E402
+
+
+def _results(run_json: Path) -> dict:
+    return {r["id"]: r for r in json.loads(run_json.read_text())["results"]}
+
+
+def test_the_module_s_own_loaders_are_the_data_of_the_smoke_run_c1_and_the_train_checks(project, tmp_path):
+    project.conftest(tl.own_loaders_project("shuffle=True"))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,S1,S3,T1,T3,T7", "-rA", f"--dlcheck-json={out}")
+    assert "no datamodule" not in run.text and "no training dataloader could be derived" not in run.text, run.text
+    assert "internal error" not in run.text, run.text
+    for cid in ("C1", "S1", "S3", "T1", "T3", "T7"):
+        run.assert_outcome(cid, "passed")
+    run.fnmatch(
+        [
+            "4 steps, saved after step 2 through ModelCheckpoint's epoch=0-step=2.ckpt and fit(ckpt_path=...), "
+            "resumed on fresh objects: the losses, learning rates, weights of steps 3-4 equal the uninterrupted "
+            "run's, bitwise",
+            "20-step smoke run: losses * (20 logged), all finite*",
+        ]
+    )
+    by = _results(out)
+    assert by["T7"]["evidence"][0].startswith(
+        "dlcheck_lightning_module's train_dataloader(): its RandomSampler gives epoch 1 an order other than"
+    ), by["T7"]
+
+
+def test_python_random_drawn_in_training_step_without_saved_rng_fails_c3(project, tmp_path):
+    """The DQN's way: training_step draws from python's random (epsilon-greedy there, an input scale here) and the
+    .ckpt holds no RNG state. C1 (the RNG states put back) passes; C3 fails and says how a LightningModule saves
+    them."""
+    project.conftest(tl.own_loaders_project("jitter=True"))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,C3", "-rA", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "passed")
+    run.assert_outcome("C3", "failed")
+    text = tt.section(run, "C3")
+    assert "ModelCheckpoint's epoch=0-step=2.ckpt and fit(ckpt_path=...)" in text
+    assert "at step 3 loss" in text and "with the RNG states as your resume leaves them vs" in text
+    assert "with them put back, the resumed run equals the uninterrupted run bitwise" in text
+    c3 = _results(out)["C3"]
+    assert "does not restore the random number generators" in c3["cause"]
+    assert "on_save_checkpoint" in c3["fix"] and "on_load_checkpoint" in c3["fix"]
+
+
+def test_the_twin_that_saves_its_rng_states_passes_c3(project, tmp_path):
+    project.conftest(tl.own_loaders_project("jitter=True, keep_rng=True"))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "passed")
+    run.assert_outcome("C3", "passed")
+    assert "the resumed steps draw the uninterrupted run's random numbers" in _results(out)["C3"]["evidence"][0]
+
+
+def test_a_module_without_loaders_and_no_datamodule_still_names_what_to_add(project):
+    """The module trains on nothing Lightning could fit (no train_dataloader(), no datamodule): the training
+    checks skip naming the datamodule, or the module's own train_dataloader()."""
+    project.conftest(
+        """
+    import pytest, torch, tiny_lightning as tl
+
+    @pytest.fixture(scope="session")
+    def dlcheck_lightning_module():
+        torch.manual_seed(0)
+        return tl.Classifier()
+"""
+    )
+    run = project.run("--dlcheck=C1,S1", "-rA")
+    run.assert_outcome("C1", "skipped")
+    run.assert_outcome("S1", "skipped")
+    assert "no datamodule: define fixture dlcheck_datamodule (or a train_dataloader() in your LightningModule)" in (
+        run.text
+    ), run.text
