@@ -159,6 +159,8 @@ def _loss_and_logits(setup: Any, model: Any, batch: Any) -> tuple[torch.Tensor, 
             call = model_call(model, batch)
         except NotTheBatch:
             return setup.loss_of(model, batch), None
+        if getattr(setup, "loss_unavailable", lambda m, b: None)(model, batch) is not None:
+            return setup.loss_of(model, batch), None  # its output carries no loss: loss_of says which role to give
         out = user_call("make_training", call)
         return loss_tensor(out), output_tensor(out)
     return setup.loss_of(model, batch), None

@@ -41,6 +41,7 @@ from .runs import (
     OnDisk,
     SetupError,
     Trajectory,
+    _forward_params,
     as_float,
     device_of,
     digest,
@@ -175,7 +176,16 @@ class LoopSetup:
                 f"does not take the batch ({str(exc).split(': ', 1)[1].split(', which')[0]})"
             ) from None
         if isinstance(batch, Mapping):
-            return loss_tensor(user_call("make_training", out_call))
+            out = user_call("make_training", out_call)
+            try:
+                return loss_tensor(out)
+            except SetupError:
+                why = self.loss_unavailable(model, batch)
+                if why is None:
+                    raise
+                raise SetupError(
+                    f"missing role: define fixture dlcheck_compute_loss (model, batch) -> loss: {why}"
+                ) from None
         if self.loss_fn is not MISSING and isinstance(batch, (list, tuple)) and targets_of(batch, model) is not None:
             return loss_tensor(user_call("loss_fn", lambda: self.loss_fn(out_call(), targets_of(batch, model))))
         raise SetupError(
@@ -194,8 +204,23 @@ class LoopSetup:
         except NotTheBatch as exc:
             return f"{type(model).__name__} does not take the batch ({str(exc).split(': ', 1)[1].split(', which')[0]})"
         if isinstance(batch, Mapping):
+            # a model called on a mapping returns a loss when it is given the targets (transformers' convention:
+            # labels, or return_loss); a text encoder on a textual-inversion batch returns hidden states
+            inner = unwrap_prepared(model)
+            found = _forward_params(inner)
+            takes = found[0] if found is not None else None
+            given = [k for k in ("labels", "label", "return_loss") if k in batch and (takes is None or k in takes)]
+            # transformers 5's forwards take **kwargs: a PreTrainedModel still computes no loss without its labels
+            transformers_model = any(
+                c.__name__ == "PreTrainedModel" and c.__module__.startswith("transformers") for c in type(inner).__mro__
+            )
+            if (found is not None or transformers_model) and not given:
+                return (
+                    f"{type(unwrap_prepared(model)).__name__} is given no labels by the batches (fields: "
+                    f"{', '.join(map(str, batch))}): its output carries no loss, your step computes it"
+                )
             return None
-        if self.loss_fn is not MISSING and isinstance(batch, (list, tuple)) and len(batch) >= 2:
+        if self.loss_fn is not MISSING and isinstance(batch, (list, tuple)) and targets_of(batch, model) is not None:
             return None
         return "the batches are not mappings the model takes by keyword, and no dlcheck_loss_fn takes (inputs, targets)"
 
