@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
@@ -139,6 +140,9 @@ def check_checkpoint_round_trip(dlcheck):
         venv = VecNormalize.load(d / "vecnormalize.pkl", make_vec_env("CartPole-v1"))
         model = PPO.load(d / "model", env=venv)
         Off-policy: model.save_replay_buffer(d / "replay.pkl"); model.load_replay_buffer(d / "replay.pkl").
+        A plain loop that resumes (it saves the network, the optimizer and the global step): save the buffer's
+        arrays with them (rb.observations, rb.next_observations, rb.actions, rb.rewards, rb.dones, rb.pos,
+        rb.full) and put them back into the buffer the resumed loop samples from.
     Known problems
         Needs statistics that have seen data (a count above 1): it skips on a freshly built normaliser.
         Statistics kept inside the policy network (a running-norm layer) are part of its state_dict and
@@ -152,7 +156,11 @@ def check_checkpoint_round_trip(dlcheck):
         modelling) with no env and no SB3 algorithm: it keeps no running observation statistics or replay
         buffer. A load that gives an SB3 algorithm with no env (``DQN.load(path)`` alone: a model to predict
         with, which cannot learn on as loaded) when there are no running statistics: the replay buffer
-        concerns a resume, which passes ``env=`` (or calls ``set_env``) and is judged.
+        concerns a resume, which passes ``env=`` (or calls ``set_env``) and is judged. Likewise, for a plain
+        loop as for SB3, a load that gives back the network alone (an nn.Module or its state_dict, or a dict /
+        tuple of networks with the envs to play them in and the run's configuration) and no optimizer, step
+        counter or replay buffer: an export to evaluate with (CleanRL's save_model for its evaluate()), not a
+        resume. A load that gives back the optimizer or the step counter is a resume, and its buffer is judged.
     """
     sources = [dlcheck.role(name) for name in ("normalizer", "replay_buffer")]
     if dlcheck.has("algorithm"):
@@ -187,21 +195,19 @@ def check_checkpoint_round_trip(dlcheck):
     # an SB3 algorithm loaded without an env (DQN.load(path) alone) cannot learn on as loaded: a load to predict
     # with, which needs no replay buffer; a resume passes env= (or set_env) — the buffer is judged only then
     # (a buffer the load filled says it is a resume all the same)
-    predict_only = _predict_only(loaded) if not after.get("replay_buffer.transitions") else None
+    # a plain loop's load that gives back the network alone (no optimizer, no step counter: CleanRL's save_model
+    # for its evaluate()) is an export to evaluate with, not a resume, whatever library the loop is written with
+    not_resume = None
+    if not after.get("replay_buffer.transitions"):
+        not_resume = _predict_only(loaded) or _export_only(loaded)
     buffer_unjudged = []
-    if predict_only and any(k.startswith("replay_buffer") for k in before):
+    if not_resume and any(k.startswith("replay_buffer") for k in before):
+        gives, why = not_resume
         buffer_unjudged = [k for k in before if k.startswith("replay_buffer")]
         lost = [k for k in lost if k not in buffer_unjudged]
         if len(buffer_unjudged) == len(before):
-            dlcheck.not_applicable(
-                f"dlcheck_load_agent gives {predict_only}: a load to predict with, which no replay buffer concerns "
-                "(a resume passes env= or calls set_env before learn, and is judged), and no running statistics "
-                "to lose"
-            )
-        dlcheck.not_judged(
-            "replay buffer",
-            f"dlcheck_load_agent gives {predict_only}: a load to predict with; the buffer concerns a resume only",
-        )
+            dlcheck.not_applicable(f"dlcheck_load_agent gives {gives}: {why}, and no running statistics to lose")
+        dlcheck.not_judged("replay buffer", f"dlcheck_load_agent gives {gives}: {why}")
     # a reward normaliser's return statistics never reach the policy: losing them changes a resumed run's
     # reward scale, not what the loaded policy sees — noted, not judged (evaluation is unaffected)
     reward_only = [k for k in lost if "ret_rms" in k]
@@ -273,24 +279,168 @@ def check_checkpoint_round_trip(dlcheck):
             )
         fixes.append(_statistics_fix(before, holders, sb3))
     if buffer_lost:
-        causes.append(
-            "the checkpoint does not carry the replay buffer (model.save() excludes it): a resumed off-policy "
-            "run starts from an empty buffer"
-        )
-        fixes.append(
-            "model.save_replay_buffer(d / 'replay_buffer.pkl') beside model.save(), and "
-            "model.load_replay_buffer(d / 'replay_buffer.pkl') after PPO/SAC/DQN.load"
-        )
+        if _sb3_buffer(dlcheck, holders):
+            causes.append(
+                "the checkpoint does not carry the replay buffer (model.save() excludes it): a resumed off-policy "
+                "run starts from an empty buffer"
+            )
+            fixes.append(
+                "model.save_replay_buffer(d / 'replay_buffer.pkl') beside model.save(), and "
+                "model.load_replay_buffer(d / 'replay_buffer.pkl') after PPO/SAC/DQN.load"
+            )
+        else:
+            restored = _resume_state(loaded)
+            if restored:
+                evidence.append(f"the load gives back {', '.join(restored)}: a resume, without the replay buffer")
+            causes.append(
+                "the checkpoint does not carry the replay buffer"
+                + (
+                    f" (the load restores {' and '.join(dict.fromkeys(r.split(' (')[0] for r in restored))}, not the buffer)"
+                    if restored
+                    else ""
+                )
+                + ": a resumed off-policy run starts from an empty buffer and learns from its first new transitions "
+                "only"
+            )
+            fixes.append(_buffer_fix(sources))
     dlcheck.fail(evidence, "; ".join(causes), "; ".join(fixes))
 
 
-def _predict_only(loaded: Any) -> str | None:
-    """``"a DQN with no env (DQN.load without env=)"`` when the load gives an SB3 algorithm that has no env to
-    learn on (SB3's deployment load); None for anything else (a resume, a wrapper, the user's own object)."""
+def _predict_only(loaded: Any) -> tuple[str, str] | None:
+    """What SB3's load to predict with gives (an SB3 algorithm that has no env to learn on), and why no replay
+    buffer concerns it; None for anything else (a resume, a wrapper, the user's own object)."""
     if not rl.is_sb3_algorithm(loaded) or loaded.get_env() is not None:
         return None
     name = type(loaded).__name__
-    return f"a {name} with no env ({name}.load without env=)"
+    return (
+        f"a {name} with no env ({name}.load without env=)",
+        "a load to predict with, which no replay buffer concerns (a resume passes env= or calls set_env before "
+        "learn, and is judged)",
+    )
+
+
+#: keys under which a load gives back the run's configuration (CleanRL saves vars(args) beside the weights)
+CONFIG_KEYS = ("args", "config", "cfg", "hparams", "hyperparameters", "hyper_parameters")
+
+
+def _export_only(loaded: Any) -> tuple[str, str] | None:
+    """What the load gives, when it is the trained network(s) alone: an nn.Module or a network's state_dict, or a
+    dict / list / tuple holding only those, the envs to play them in and the run's configuration — with no
+    optimizer (or optimizer state), no step counter, no replay buffer, nothing a resume restores. That is an export
+    to evaluate with (CleanRL's save_model for its evaluate()), and why no replay buffer concerns it; None for
+    anything else (a resume, the user's own agent object, a load into the live objects)."""
+    import argparse
+
+    import torch
+    from torch import nn
+
+    networks: list[str] = []
+    others: list[str] = []
+
+    def network(x: Any) -> str | None:
+        if isinstance(x, nn.Module):
+            # a module that carries its optimizer (self.optimizer = Adam(...)) is a training object, not an export
+            if any(isinstance(v, torch.optim.Optimizer) for v in vars(x).values()):
+                return None
+            return f"{type(x).__name__} (nn.Module)"
+        if isinstance(x, dict) and x and all(isinstance(v, torch.Tensor) for v in x.values()):
+            return f"a state_dict of {len(x)} tensors"
+        return None
+
+    def item(key: str | None, x: Any) -> bool:
+        net = network(x)
+        if net is not None:
+            networks.append(f"{key}: {net}" if key else net)
+            return True
+        if rl.is_env(x):
+            others.append(f"{key}: {type(x).__name__}" if key else type(x).__name__)
+            return True
+        if x is None or isinstance(x, (str, bool)):
+            return True
+        config = isinstance(x, argparse.Namespace) or (dataclasses.is_dataclass(x) and not isinstance(x, type))
+        if key is not None and key.lower() in CONFIG_KEYS and isinstance(x, dict):
+            config = all(v is None or isinstance(v, (str, bool, int, float, list, tuple)) for v in x.values())
+        if config:
+            others.append(f"{key}: the run's configuration" if key else "the run's configuration")
+        return config
+
+    if network(loaded) is not None:
+        item(None, loaded)
+    elif isinstance(loaded, dict) and loaded:
+        if not all(isinstance(k, str) and item(k, v) for k, v in loaded.items()):
+            return None
+    elif isinstance(loaded, (list, tuple)) and loaded:
+        if not all(item(None, v) for v in loaded):
+            return None
+    else:
+        return None
+    if not networks:
+        return None
+    gives = ", ".join(networks + others)
+    if isinstance(loaded, dict) and network(loaded) is None:
+        gives = "{" + gives + "}"
+    elif isinstance(loaded, (list, tuple)):
+        gives = f"({gives})"
+    return (
+        gives,
+        "the network alone, with no optimizer, step counter or replay buffer: an export to evaluate with, not a "
+        "resume (a run started from it begins anew, with a fresh optimizer at step 0 and a buffer of its own), "
+        "and a replay buffer concerns a resume only (a load that "
+        "gives back what a resume restores, the optimizer or the step counter, is judged)",
+    )
+
+
+#: keys of a loaded dict that hold a training-progress counter
+COUNTER_WORDS = ("step", "epoch", "iter", "update", "frame", "episode")
+
+
+def _resume_state(loaded: Any) -> list[str]:
+    """What the load gives back that only a resume needs: optimizers (or their state) and progress counters."""
+    import torch
+
+    items = list(loaded.items()) if isinstance(loaded, dict) else []
+    if isinstance(loaded, (list, tuple)):
+        items = [(f"[{i}]", v) for i, v in enumerate(loaded)]
+    found = []
+    for key, v in items[:32]:
+        if isinstance(v, torch.optim.Optimizer):
+            found.append(f"the optimizer ({key}: {type(v).__name__})")
+        elif isinstance(v, dict) and "param_groups" in v and "state" in v:
+            found.append(f"the optimizer ({key}: its state_dict)")
+        elif (
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and any(w in str(key).lower() for w in COUNTER_WORDS)
+        ):
+            found.append(f"the step counter ({key} = {v:g})")
+    return found
+
+
+def _sb3_buffer(dlcheck, holders: list[Any]) -> bool:
+    """Whether the replay buffer is an SB3 algorithm's (its save_replay_buffer is the fix), not a plain loop's."""
+    if dlcheck.has("algorithm") and rl.is_sb3_algorithm(dlcheck.role("algorithm")):
+        return True
+    return any(h.attr == "replay_buffer" and rl.is_sb3_algorithm(h.owner) for h in holders)
+
+
+def _buffer_fix(sources: list[Any]) -> str:
+    """The fix for a plain loop's lost buffer, naming the arrays of the user's own buffer."""
+    rb = next((s for s in sources if rl.is_replay_buffer(s)), None)
+    if rb is None:
+        rb = next((s.replay_buffer for s in sources if rl.is_replay_buffer(getattr(s, "replay_buffer", None))), None)
+    fields = [
+        f
+        for f in ("observations", "next_observations", "actions", "rewards", "dones", "timeouts")
+        if getattr(rb, f, None) is not None
+    ]
+    fields += [f for f in ("pos", "full") if hasattr(rb, f)]
+    name = type(rb).__name__ if rb is not None else "replay buffer"
+    listed = ", ".join(f"rb.{f}" for f in fields) or "the buffer's arrays and its write position"
+    return (
+        f"save the replay buffer's arrays with the checkpoint ({listed} of your {name}: e.g. "
+        "torch.save({..., 'replay_buffer': {k: getattr(rb, k) for k in (...)}}, path), or pickle the buffer beside "
+        "it) and, when resuming, put them back into the buffer the loop samples from before it learns on"
+    )
 
 
 def _nothing_to_round_trip(dlcheck) -> NoReturn:

@@ -1303,6 +1303,8 @@ def _is_replay_buffer(x: Any) -> bool:
     ) or (hasattr(x, "observations") and hasattr(x, "pos") and hasattr(x, "full") and hasattr(x, "buffer_size"))
 
 
+is_replay_buffer = _is_replay_buffer  # R4 names a plain loop's buffer arrays in its fix
+
 RMS_ATTRS = ("obs_rms", "ret_rms", "return_rms", "reward_rms")
 
 

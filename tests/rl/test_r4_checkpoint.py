@@ -314,3 +314,141 @@ def test_statistics_inside_a_vector_envs_sub_envs(project):
     assert "fresh statistics" not in text
     assert "the load does not put the saved normalisation statistics back where they were" in text
     assert "Traceback" not in run.text
+
+
+PLAIN_LOOP = """
+    import pickle, pytest, torch
+    import gymnasium as gym
+    import numpy as np
+    from torch import nn
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    torch.set_num_threads(1)
+
+    def make_envs():
+        return gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")])
+
+    class QNetwork(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.network = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+
+        def forward(self, x):
+            return self.network(x)
+
+    @pytest.fixture(scope="session")
+    def run():
+        # CleanRL's dqn.py / c51.py loop, shrunk: SB3's ReplayBuffer filled by a hand-written loop, Adam on TD targets
+        torch.manual_seed(0)
+        envs = make_envs()
+        q_network = QNetwork()
+        optimizer = torch.optim.Adam(q_network.parameters(), lr=1e-3)
+        rb = ReplayBuffer(200, envs.single_observation_space, envs.single_action_space, "cpu",
+                          handle_timeout_termination=False)
+        obs, _ = envs.reset(seed=0)
+        for global_step in range(60):
+            actions = np.array([envs.single_action_space.sample()])
+            next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+            rb.add(obs, next_obs, actions, rewards, terminations, [{{}}])
+            obs = next_obs
+            if global_step >= 32:
+                data = rb.sample(8)
+                with torch.no_grad():
+                    target = data.rewards.flatten() + 0.99 * q_network(data.next_observations).max(1).values * (
+                        1 - data.dones.flatten())
+                loss = nn.functional.mse_loss(q_network(data.observations).gather(1, data.actions).squeeze(1), target)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        return dict(q_network=q_network, optimizer=optimizer, rb=rb, envs=envs, global_step=global_step + 1)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_replay_buffer(run):
+        return run["rb"]
+
+    KIND = "{kind}"
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_agent(run):
+        def save(d):
+            if KIND.startswith("export"):  # CleanRL's save_model: the weights (and args) for evaluate()
+                torch.save({{"model_weights": run["q_network"].state_dict(), "args": {{"gamma": 0.99}}}}, d / "q.cleanrl_model")
+                return
+            ckpt = {{"q_network": run["q_network"].state_dict(), "optimizer": run["optimizer"].state_dict(),
+                    "global_step": run["global_step"]}}
+            if KIND == "resume_with_buffer":
+                rb = run["rb"]
+                ckpt["replay_buffer"] = {{k: getattr(rb, k) for k in
+                                         ("observations", "next_observations", "actions", "rewards", "dones", "pos", "full")}}
+            torch.save(ckpt, d / "checkpoint.pt")
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_agent(run):
+        def load(d):
+            q_network = QNetwork()
+            if KIND.startswith("export"):  # c51_eval / dqn_eval: a fresh network with the weights, to evaluate
+                q_network.load_state_dict(torch.load(d / "q.cleanrl_model", weights_only=False)["model_weights"])
+                q_network.eval()
+                return q_network if KIND == "export_module" else {{"q_network": q_network, "envs": make_envs()}}
+            ckpt = torch.load(d / "checkpoint.pt", weights_only=False)
+            q_network.load_state_dict(ckpt["q_network"])
+            optimizer = torch.optim.Adam(q_network.parameters(), lr=1e-3)
+            optimizer.load_state_dict(ckpt["optimizer"])
+            out = {{"q_network": q_network, "optimizer": optimizer, "global_step": ckpt["global_step"]}}
+            if KIND == "resume_with_buffer":
+                envs = make_envs()
+                rb = ReplayBuffer(200, envs.single_observation_space, envs.single_action_space, "cpu",
+                                  handle_timeout_termination=False)
+                for k, v in ckpt["replay_buffer"].items():
+                    setattr(rb, k, v)
+                out["rb"] = rb
+            return out
+        return load
+"""
+
+
+def test_a_plain_loops_export_is_not_a_resume(project):
+    """CleanRL's save_model writes the Q-network's weights once, for evaluate(): a load that gives back the network
+    alone (or with the envs to play it in) and no optimizer or step counter is an export, and R4 (what a resume
+    restores) is not applicable, as for SB3's load without env=. The same loop saving and loading the network,
+    the optimizer and the global step (a resume) without the buffer fails, with a plain loop's fix (no SB3 call);
+    the resume that carries the buffer's arrays passes."""
+    run = run_configs(
+        project,
+        {
+            kind: PLAIN_LOOP.format(kind=kind)
+            for kind in ("export_module", "export_with_envs", "resume_no_buffer", "resume_with_buffer")
+        },
+        "--dlcheck=R4",
+        "-rA",
+    )
+    for kind in ("export_module", "export_with_envs"):
+        run.assert_outcome(kind, "R4", "skipped")
+    skips = " ".join(run.text.split())
+    assert (
+        "not applicable: dlcheck_load_agent gives QNetwork (nn.Module): the network alone, with no optimizer, step "
+        "counter or replay buffer: an export to evaluate with, not a resume"
+    ) in skips, run.text
+    assert (
+        "not applicable: dlcheck_load_agent gives {q_network: QNetwork (nn.Module), envs: SyncVectorEnv}: the "
+        "network alone"
+    ) in skips, run.text
+    assert "a load that gives back what a resume restores, the optimizer or the step counter, is judged" in skips
+
+    run.assert_outcome("resume_no_buffer", "R4", "failed")
+    text = run.flat("resume_no_buffer", "R4")
+    assert "saved 1 file(s) (checkpoint.pt); after the load:" in text
+    assert "replay_buffer.transitions: 60 before the save, absent from the loaded objects after the load" in text
+    assert (
+        "the load gives back the optimizer (optimizer: Adam), the step counter (global_step = 60): a resume, "
+        "without the replay buffer"
+    ) in text
+    assert "the load restores the optimizer and the step counter, not the buffer" in text
+    assert "save the replay buffer's arrays with the checkpoint (rb.observations, rb.next_observations" in text
+    assert "rb.pos, rb.full of your ReplayBuffer" in text
+    assert "model.save" not in text and "save_replay_buffer" not in text and "PPO/SAC/DQN" not in text
+
+    assert run.passed("resume_with_buffer", "R4").startswith("save_agent wrote 1 file(s) (checkpoint.pt)")
+    assert "the replay buffer (60 transitions, same content)" in run.text
+    assert "Traceback" not in run.text
