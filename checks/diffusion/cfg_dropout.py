@@ -384,7 +384,11 @@ def check_cfg_dropout(dlcheck):
         to make the 300 draws cheap, or lower DF5.draws.
     Not applicable
         Unconditional diffusion (a UNet2DModel without class embeddings, DDPMPipeline): there is no
-        condition to drop. Projects that are not a diffusion training (no diffusion role: an LLM's or
+        condition to drop. A frozen denoiser (no parameter of dlcheck_unet requires grad, and no trained
+        ControlNet or adapter in the pipeline: textual inversion's unet.requires_grad_(False), training one
+        token embedding): caption dropout trains the denoiser's unconditional prediction, which a frozen
+        denoiser cannot learn; its pretrained one is what guidance uses. A LoRA inside the UNet is trained,
+        and judged. Projects that are not a diffusion training (no diffusion role: an LLM's or
         VLM's data is never read as captions).
     """
     if not D.diffusion_roles(dlcheck):
@@ -397,6 +401,13 @@ def check_cfg_dropout(dlcheck):
         reason = D.unconditional(dlcheck)
         if reason is not None:
             dlcheck.not_applicable(f"{reason}: classifier-free guidance has no condition to drop")
+    frozen = D.frozen_denoiser(dlcheck)
+    if frozen is not None:
+        dlcheck.not_applicable(
+            f"{frozen}: dropping the condition trains the denoiser's unconditional prediction, which a frozen "
+            "denoiser cannot learn; guidance uses the one it was pretrained with (textual inversion trains a token "
+            "embedding, not the denoiser)"
+        )
     calls = dlcheck.setting("draws")
     alpha = dlcheck.setting("false_alarm")
     low, high = dlcheck.setting("low"), dlcheck.setting("high")

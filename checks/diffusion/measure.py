@@ -137,6 +137,32 @@ def unconditional(ctx: Any) -> str | None:
     return None
 
 
+#: pipeline components that take part in the denoiser's prediction beside the UNet (a ControlNet's residuals, a
+#: T2I-Adapter's features): trained, they learn an unconditional prediction of their own
+DENOISING_PARTS = ("controlnet", "adapter")
+
+
+def frozen_denoiser(ctx: Any) -> str | None:
+    """Why the denoiser learns nothing (no parameter of dlcheck_unet requires grad, and no ControlNet or adapter of
+    the pipeline does: textual inversion freezes the UNet and trains one token embedding), else None. A LoRA or any
+    other trainable tensor inside the UNet makes it a trained denoiser."""
+    unet = ctx.role("unet")
+    if unet is MISSING or not callable(getattr(unet, "parameters", None)):
+        return None
+    params = list(unet.parameters())
+    if not params or any(p.requires_grad for p in params):
+        return None
+    pipe = ctx.role("pipeline")
+    for name in DENOISING_PARTS:
+        part = getattr(pipe, name, None) if pipe is not MISSING else None
+        if callable(getattr(part, "parameters", None)) and any(p.requires_grad for p in part.parameters()):
+            return None
+    return (
+        f"the denoiser {describe(unet)} (dlcheck_unet) is frozen: none of its {len(params)} parameter tensors "
+        "requires grad"
+    )
+
+
 def sched_config(sched: Any) -> Mapping[str, Any]:
     config = getattr(sched, "config", None)
     return config if isinstance(config, Mapping) else {}
