@@ -202,7 +202,10 @@ def check_gradients(dlcheck):
         ``gradient_checkpointing_kwargs={"use_reentrant": False}``.
     Known problems
         Zero gradients are allowed (a zero-initialised layer, such as LoRA's B matrix, gives its
-        neighbours exact zeros at step 0) — but not on every parameter at once: a loss no weight moves fails. Parameters matching ``T3.ignore`` (MoE experts) are exempt.
+        neighbours exact zeros at step 0) — but not on every parameter at once: a loss no weight moves fails.
+        A top-level submodule with the very parameters of another one that trains, getting no gradient and in no
+        optimizer, is a target network (DQN, TD3: updated by copying weights) and not judged; in an optimizer,
+        it is a tower cut from the graph and fails. Parameters matching ``T3.ignore`` (MoE experts) are exempt.
         Frozen parameters (``requires_grad=False``) are taken as intended. A LLaVA-style model's vision
         layers above ``config.vision_feature_layer`` (and the tower's final norm / pooling head) run but
         feed nothing by design; they are exempt (freeze them to save their optimizer state, and set
@@ -254,7 +257,14 @@ def check_gradients(dlcheck):
     orphans = [(n, p) for n, p in gradless if not (ignore and ignore.search(n))]
     by_design = unused_by_design(model)
     orphans = [(n, p) for n, p in orphans if not by_design(n)]
+    copies = _weight_copies(model, trainable, grads, orphans, lambda: _held_ids(setup, fresh)) if orphans else {}
+    orphans = [(n, p) for n, p in orphans if n.split(".", 1)[0] not in copies]
     exempt = len(gradless) - len(orphans)
+    copy_note = "".join(
+        f"; {copy}.* gets no gradient and is in no optimizer: a copy of {original} (same parameters, which train), "
+        "updated by copying its weights (a target network), not judged"
+        for copy, original in copies.items()
+    )
     frozen = sum(1 for p in model.parameters() if not p.requires_grad)
     frozen_note = f"; {frozen} parameter tensors are frozen (requires_grad=False) and not judged" if frozen else ""
 
@@ -339,6 +349,7 @@ def check_gradients(dlcheck):
         f"{float(loss.detach()):.4g})"
         + zero_note
         + (f"; {exempt} exempt ({dlcheck.setting('ignore')!r} or unused by design) get none" if exempt else "")
+        + copy_note
         + frozen_note
     )
     numbers = dict(
@@ -576,6 +587,57 @@ def _through_the_step(dlcheck, setup: Any, why: str) -> None:
 
 class _Reached(Exception):
     """Raised between two calls of the user's step once every trainable parameter has had a gradient."""
+
+
+def _held_ids(setup: Any, fresh: Any) -> set[int] | None:
+    """The ids of the parameters any optimizer of the training holds (the probe's objects), or None when the
+    training gives none."""
+    if setup is None:
+        return None
+    try:
+        opt, _ = fresh.make_optimizer()
+    except Exception:  # noqa: BLE001 - no optimizer to read: no parameter is called a copy
+        return None
+    if opt is None:
+        return None
+    held = {id(p) for group in opt.param_groups for p in group["params"]}
+    for other in _other_optimizers(fresh.owner, opt):
+        held |= {id(p) for group in other.param_groups for p in group["params"]}
+    return held
+
+
+def _weight_copies(
+    model: Any, trainable: list[tuple[str, Any]], grads: Any, orphans: list[tuple[str, Any]], held: Callable[[], Any]
+) -> dict[str, str]:
+    """Top-level submodules that get no gradient, are in no optimizer, and have the very parameters (names and
+    shapes) of another top-level submodule that gets gradients: a DQN / TD3 target network, updated by copying the
+    online network's weights. ``{copy: original}``; empty when the training gives no optimizer to read."""
+    graded = {n for (n, _), g in zip(trainable, grads) if g is not None}
+    orphan_names = {n for n, _ in orphans}
+    children = dict(model.named_children())
+
+    def signature(module: Any) -> list[tuple[str, tuple[int, ...]]]:
+        return [(n, tuple(p.shape)) for n, p in module.named_parameters()]
+
+    candidates = {}
+    for top in {n.split(".", 1)[0] for n in orphan_names if "." in n}:
+        module = children.get(top)
+        if module is None or not signature(module):
+            continue
+        if any(f"{top}.{n}" not in orphan_names for n, _ in module.named_parameters()):
+            continue  # part of it trains: not a copy
+        for other, om in children.items():
+            if other != top and signature(om) == signature(module):
+                if all(f"{other}.{n}" in graded for n, _ in om.named_parameters()):
+                    candidates[top] = other
+                    break
+    if not candidates:
+        return {}
+    ids = held()
+    if ids is None:
+        return {}
+    # a copy in an optimizer is meant to train (a second tower cut from the graph by accident): not exempt
+    return {c: o for c, o in candidates.items() if not any(id(p) in ids for p in children[c].parameters())}
 
 
 def _other_optimizers(owner: Any, opt: Any) -> list[Any]:

@@ -294,3 +294,69 @@ def test_the_same_head_with_a_regression_loss_passes(project):
     run = project.run("--dlcheck=T3", "-rA")
     run.assert_outcome("T3", "passed")
     assert "exactly zero gradient" not in run.text
+
+
+TARGET_NET = """
+    import pytest, torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class QNets(nn.Module):  # a DQN's online network and its target network, kept on one module (Lightning's Qnet)
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+            self.target_net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+            self.target_net.load_state_dict(self.net.state_dict())
+
+        def forward(self, x):
+            return self.net(x)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = QNets()
+            return {{"model": model, "optimizer": torch.optim.Adam({params}, lr=1e-3)}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        g = torch.Generator().manual_seed(0)
+        data = TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 2, (32,), generator=g),
+                             torch.randn(32, generator=g), torch.randn(32, 4, generator=g))
+        return DataLoader(data, batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_compute_loss():
+        def loss(model, batch):
+            s, a, r, s2 = batch
+            q = model.net(s).gather(1, a[:, None]).squeeze(1)
+            {target}
+            return nn.functional.mse_loss(q, r + 0.99 * t)
+        return loss
+"""
+
+
+def test_a_target_network_outside_the_optimizer_is_a_copy_not_an_accident(project):
+    project.conftest(
+        TARGET_NET.format(
+            params="model.net.parameters()",
+            target="with torch.no_grad():\n                t = model.target_net(s2).max(1).values",
+        )
+    )
+    run = project.run("--dlcheck=T3", "-rA")
+    run.assert_outcome("T3", "passed")
+    text = " ".join(run.text.split())
+    assert "target_net.* gets no gradient and is in no optimizer: a copy of net" in text, text
+
+
+def test_a_second_tower_in_the_optimizer_cut_from_the_graph_still_fails(project):
+    # the same shapes, but both towers are in the optimizer: the one that gets no gradient is frozen by accident
+    project.conftest(
+        TARGET_NET.format(
+            params="model.parameters()",
+            target="t = model.target_net(s2).max(1).values.detach()",
+        )
+    )
+    run = project.run("--dlcheck=T3")
+    run.assert_outcome("T3", "failed")
+    assert "target_net.0.weight" in tt.section(run, "T3")
