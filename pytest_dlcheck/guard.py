@@ -111,16 +111,27 @@ def tokenizer_settings(tok: Any) -> dict[str, Any]:
     return out
 
 
+def _with_inner(tok: Any) -> list[Any]:
+    """The tokenizer, and a processor's own ``.tokenizer`` (which holds the padding side, the special tokens)."""
+    try:
+        inner = getattr(tok, "tokenizer", None)
+    except Exception:  # some processors raise on absent attributes
+        inner = None
+    return [tok] if inner is None or inner is tok else [tok, inner]
+
+
 @contextlib.contextmanager
 def preserved_tokenizer(tok: Any) -> Iterator[Any]:
-    """For checks that must tokenize with other settings (say, left padding): put every setting back."""
-    before = tokenizer_settings(tok)
+    """For checks that must tokenize with other settings (say, left padding): put every setting back, on a
+    processor's ``.tokenizer`` too."""
+    before = [(t, tokenizer_settings(t)) for t in _with_inner(tok)]
     try:
         yield tok
     finally:
-        for name, value in before.items():
-            if tokenizer_settings(tok).get(name, value) != value:
-                setattr(tok, name, value)
+        for t, settings in before:
+            for name, value in settings.items():
+                if tokenizer_settings(t).get(name, value) != value:
+                    setattr(t, name, value)
 
 
 #: plain attributes ``set_epoch`` writes on a dataloader or sampler

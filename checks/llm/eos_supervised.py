@@ -112,7 +112,7 @@ def _stream_without_separators(dlcheck, tok, rows, stops) -> None:
     domain="llm",
     title="end-of-sequence token is never supervised",
     roles=("tokenizer", "dataloader"),
-    optional_roles=("model", "documents"),
+    optional_roles=("model", "documents", "collator"),
     property_mode=True,
     settings=(
         Setting(
@@ -136,7 +136,9 @@ def check_eos_supervised(dlcheck):
         not its EOS: a row that carries no EOS of its own (a row of the sample ends with its content, no stop
         token, no padding; or the data are conversations, to which TRL's SFTTrainer appends no EOS) is told
         from an EOS that the attention mask shuts out, and a chat template's end-of-turn token (``<|im_end|>``
-        before its newline) is named with the fix (``SFTConfig(eos_token=...)`` under TRL).
+        before its newline) is named with the fix (``SFTConfig(eos_token=...)`` under TRL); a chat template that
+        ends an assistant turn with no stop token at all (LLaVA-1.5's ``content + ' '``) is named as such. With a
+        processor (a vision-language model's) as dlcheck_tokenizer, the EOS is its ``.tokenizer``'s.
     Why it is bad
         A model that never sees EOS as a target never learns to stop: generation runs to max_new_tokens
         and rambles. The classic cause: ``tokenizer.pad_token = tokenizer.eos_token`` with
@@ -315,6 +317,36 @@ def check_eos_supervised(dlcheck):
                 + f"make {turn} the tokenizer's eos_token and add it to model.generation_config.eos_token_id, or use a "
                 "chat template whose turns end with the model's EOS"
             )
+        elif conversational:
+            eos_text = lm.token_text(tok, eos)
+            cause = (
+                f"the data are conversations and the chat template ends an assistant turn without a stop token "
+                f"[{stop_text}]"
+                + (
+                    f": {trl} appends the EOS to non-conversational data only; a conversation ends where the "
+                    "template ends it"
+                    if trl
+                    else ""
+                )
+                + f", so {eos_text} never appears in the labels and the model never learns to stop"
+            )
+            fix = (
+                f"render the conversations with a chat template that closes every assistant turn with {eos_text} "
+                "(append {{ eos_token }} after the assistant's content, inside its {% generation %} block), set as "
+                "the tokenizer's or processor's chat_template,"
+                + (" or passed as SFTConfig(chat_template_path='template.jinja')" if trl else "")
+            )
+        elif trl and _trl_vision_collator(dlcheck):
+            eos_text = lm.token_text(tok, eos)
+            cause = (
+                f"{trl} appends the EOS to the texts/completions of a text-only dataset (its dataset preparation) "
+                "but prepares no vision dataset, and DataCollatorForVisionLanguageModeling appends none: the "
+                f"completions end without {eos_text}, so the model never learns to stop"
+            )
+            fix = (
+                f"append the EOS (processor.tokenizer.eos_token, {eos_text}) to every completion (or text) of the "
+                "vision dataset before training"
+            )
         else:
             cause = "the tokenizer appends no EOS (add_eos_token is off, as for Llama/Mistral) and the data pipeline does not add one"
             fix = "append tokenizer.eos_token to every training text (or completion) before tokenizing, or enable the tokenizer's EOS post-processor"
@@ -388,6 +420,15 @@ def _conversational(dlcheck, sample) -> bool:
     return any(
         hasattr(r, "get") and (turns(r.get("messages")) or turns(r.get("prompt")) or turns(r.get("completion")))
         for r in view.rows
+    )
+
+
+def _trl_vision_collator(dlcheck) -> bool:
+    """The collator is TRL's DataCollatorForVisionLanguageModeling (or a subclass)."""
+    collator = dlcheck.role("collator") if dlcheck.has("collator") else None
+    return collator is not None and any(
+        c.__module__.startswith("trl.") and c.__name__ == "DataCollatorForVisionLanguageModeling"
+        for c in type(collator).__mro__
     )
 
 

@@ -78,8 +78,8 @@ def _split_by_eos(row: lm.Row, eos: int, pad: int | None) -> list[list[int]]:
 
 def _eos_ambiguous(tok: Any, raw_rows: list | None) -> str | None:
     """Why EOS cannot be read as a document separator here (multi-turn chats end turns with it)."""
-    template = getattr(tok, "chat_template", None)
-    eos_text = getattr(tok, "eos_token", None)
+    template = lm.chat_template(tok)
+    eos_text = lm.token_attr(tok, "eos_token")
     if isinstance(template, str):
         if isinstance(eos_text, str) and eos_text in template:
             return f"the chat template ends turns with the EOS token {eos_text!r}"

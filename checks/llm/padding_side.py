@@ -390,6 +390,7 @@ def _user_prompts(dlcheck: Any, prompts: Any, tok: Any) -> tuple[dict, str]:
     if not all(isinstance(p, str) for p in prompts):
         dlcheck.skip("dlcheck_generation_prompts must be prompt strings or a batch with input_ids and attention_mask")
     prompts = prompts[: dlcheck.samples]
+    tok = lm.text_tokenizer(tok)  # text prompts: a processor's own tokenizer pads them (and holds padding_side)
     if getattr(tok, "pad_token", None) is None:
         dlcheck.skip("generation: the tokenizer has no pad token, so the prompts cannot be padded (see L3)")
     enc = dlcheck.call("tokenizer", lambda: tok(prompts, padding=True, return_tensors="pt"))

@@ -413,7 +413,7 @@ def check_positions(dlcheck):
                 )
             for name, n in over:
                 evidence.append(f"{name} = {n} > {limit.positions} = {limit.how} (longest sampled: {longest})")
-            tml = getattr(tok, "model_max_length", None) if tok is not MISSING else None
+            tml = lm.token_attr(tok, "model_max_length") if tok is not MISSING else None
             if isinstance(tml, int) and tml < NO_LENGTH:
                 evidence.append(f"tokenizer.model_max_length = {tml}")
             what = (

@@ -316,7 +316,7 @@ def check_schema(dlcheck):
             )
     (raw,) = dlcheck.require("raw_dataset")
     template = getattr(trainer, "chat_template", None) if trainer is not None else None
-    template = template or getattr(tok, "chat_template", None)
+    template = template or lm.chat_template(tok)
 
     sample, units = None, None
     if kind != "prompt-only":

@@ -144,8 +144,21 @@ def show_labels(tok: Any, row: Row, positions: Sequence[int]) -> str:
     return ", ".join(parts)
 
 
+def token_attr(tok: Any, name: str, default: Any = None) -> Any:
+    """A tokenizer attribute (``eos_token``, ``pad_token_id``, ``padding_side``, ``model_max_length`` …) of the
+    tokenizer role: a processor (a VLM's ProcessorMixin) holds none of them itself, its ``.tokenizer`` does."""
+    return getattr(text_tokenizer(tok), name, default)
+
+
+def chat_template(tok: Any) -> Any:
+    """The chat template a tokenizer or processor renders conversations with: a processor's own (a VLM's
+    template lives on the processor; its tokenizer often has none), else its tokenizer's."""
+    return getattr(tok, "chat_template", None) or getattr(text_tokenizer(tok), "chat_template", None)
+
+
 def special_id(tok: Any, name: str) -> int | None:
-    value = getattr(tok, f"{name}_token_id", None)
+    """``tokenizer.<name>_token_id`` (eos, pad, bos …), read through a processor's ``.tokenizer``."""
+    value = token_attr(tok, f"{name}_token_id")
     return int(value) if isinstance(value, int) else None
 
 
@@ -159,7 +172,7 @@ def packed(row: Row) -> bool:
 
 def special_ids(tok: Any) -> set[int]:
     try:
-        return {int(i) for i in tok.all_special_ids}
+        return {int(i) for i in text_tokenizer(tok).all_special_ids}
     except Exception:
         return set()
 

@@ -104,7 +104,9 @@ def picture(colour, shape, seed):
 
 
 def dataset(n=16):
-    """Prompt/completion examples with one picture each, in TRL's vision format."""
+    """Prompt/completion examples with one picture each, in TRL's vision format. Each caption ends with the
+    tokenizer's EOS: SFTTrainer appends it to text-only datasets only (a vision dataset is not prepared, and
+    DataCollatorForVisionLanguageModeling adds none), and a model never trained on EOS never stops (L11)."""
     from datasets import Dataset
 
     pairs = [(c, s) for c in COLOURS for s in SHAPES]
@@ -113,7 +115,7 @@ def dataset(n=16):
         {
             "images": [[picture(c, s, i)] for i, (c, s) in enumerate(rows)],
             "prompt": [QUESTION] * n,
-            "completion": [caption(c, s) for c, s in rows],
+            "completion": [caption(c, s) + "<|endoftext|>" for c, s in rows],
         }
     )
 

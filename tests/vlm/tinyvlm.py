@@ -175,21 +175,76 @@ def image(i: int):
     return PIL.Image.fromarray(a)
 
 
-def rows(n: int = 8) -> list[dict]:
-    """Prompt/completion examples with one image each, as TRL's vision collator takes them."""
+def rows(n: int = 8, end: str = "") -> list[dict]:
+    """Prompt/completion examples with one image each, as TRL's vision collator takes them; ``end`` is appended
+    to every completion (tiny.EOS: what TRL leaves to the user for a vision dataset)."""
     prompts = tiny.PROMPTS * (n // len(tiny.PROMPTS) + 1)
     completions = tiny.COMPLETIONS * (n // len(tiny.COMPLETIONS) + 1)
-    return [{"images": [image(i)], "prompt": IMAGE + prompts[i], "completion": completions[i]} for i in range(n)]
+    return [{"images": [image(i)], "prompt": IMAGE + prompts[i], "completion": completions[i] + end} for i in range(n)]
+
+
+#: llava-hf/llava-1.5-7b-hf's chat_template.json: an assistant turn ends with its text and a space, no EOS
+LLAVA_15_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': '}}{% endif %}"
+    "{# Render all images first #}{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
+    "{{ '<image>\n' }}{% endfor %}{# Render all text next #}{% if message['role'] != 'assistant' %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] + ' '}}"
+    "{% endfor %}{% else %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{% generation %}{{ content['text'] + ' '}}{% endgeneration %}{% endfor %}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}"
+)
+#: the same template closing every assistant turn with the tokenizer's EOS (the fix)
+LLAVA_15_EOS_TEMPLATE = LLAVA_15_TEMPLATE.replace(
+    "{% generation %}{{ content['text'] + ' '}}{% endgeneration %}",
+    "{% generation %}{{ content['text'] + eos_token }}{% endgeneration %}",
+)
+
+
+def conversations(n: int = 8) -> list[dict]:
+    """llava-instruct-mix-style rows: "messages" (content lists with an image entry) and "images"; every
+    third conversation has a second, text-only exchange."""
+    prompts = tiny.PROMPTS * (n // len(tiny.PROMPTS) + 1)
+    completions = tiny.COMPLETIONS * (n // len(tiny.COMPLETIONS) + 1)
+    out = []
+    for i in range(n):
+        msgs = [
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompts[i]}]},
+            {"role": "assistant", "content": [{"type": "text", "text": completions[i].strip()}]},
+        ]
+        if i % 3 == 2:
+            msgs += [
+                {"role": "user", "content": [{"type": "text", "text": prompts[i + 1]}]},
+                {"role": "assistant", "content": [{"type": "text", "text": completions[i + 1].strip()}]},
+            ]
+        out.append({"messages": msgs, "images": [image(i)]})
+    return out
+
+
+def conversation_dataset(n: int = 8):
+    from datasets import Dataset
+
+    data = conversations(n)
+    return Dataset.from_dict({k: [r[k] for r in data] for k in data[0]})
+
+
+class ImageMaskingCollator(DataCollatorForVisionLanguageModeling):
+    """TRL's vision collator with the image placeholders masked in the labels (the fix for whole-sequence
+    training of a VLM: labels[input_ids == image_token_id] = -100)."""
+
+    def torch_call(self, examples):
+        batch = super().torch_call(examples)
+        batch["labels"][batch["input_ids"] == self.processor.image_token_id] = -100
+        return batch
 
 
 def collator(proc, max_length: int | None = None, completion_only_loss: bool = True):
     return DataCollatorForVisionLanguageModeling(proc, max_length=max_length, completion_only_loss=completion_only_loss)
 
 
-def dataset(n: int = 8):
+def dataset(n: int = 8, end: str = ""):
     from datasets import Dataset
 
-    data = rows(n)
+    data = rows(n, end)
     return Dataset.from_dict({k: [r[k] for r in data] for k in data[0]})
 
 
