@@ -767,6 +767,92 @@ def _labels_discarded(dlcheck: Any, comparison: LabelComparison, tok: Any) -> No
     )
 
 
+#: the model config's fields naming the placeholder ids the image/video features replace
+MODEL_PLACEHOLDERS = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")
+
+
+def _model_placeholders(ctx: Any, sample: Sample) -> set[int]:
+    """The model config's image/video placeholder ids (``image_token_id``, LLaVA's older ``image_token_index``),
+    counted only when the batches carry images (pixel_values …): a text-only run of such a model has none."""
+    if not ctx.has("model") or not any(
+        any("pixel_values" in str(k) or str(k).startswith("image") for k in b) for b in sample.batches
+    ):
+        return set()
+    cfg = getattr(ctx.role("model"), "config", None)
+    out = set()
+    for name in MODEL_PLACEHOLDERS:
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and value >= 0:
+            out.add(value)
+    return out
+
+
+def _is_trl_vlm_collator(collator: Any) -> bool:
+    return any(
+        c.__module__.startswith("trl.") and c.__name__ == "DataCollatorForVisionLanguageModeling"
+        for c in type(collator).__mro__
+    )
+
+
+def _placeholder_failure(
+    dlcheck: Any,
+    tok: Any,
+    placeholders: set[int],
+    found: tuple[list, int, int],
+    opt_out: str | None,
+    out: tuple[list, list, list],
+) -> None:
+    """Evidence, cause and fix for supervised image/video placeholders (``found``: the rows with their supervised
+    placeholder positions, all placeholder positions, the label shift)."""
+    ph_bad, ph_positions, shift = found
+    evidence, causes, fixes = out
+    row, bad = ph_bad[0]
+    n_bad = sum(len(b) for _, b in ph_bad)
+    token = _placeholder_text(tok, placeholders)
+    ids = "/".join(str(i) for i in sorted(placeholders))
+    values = Counter(r.labels[label_position(t, shift)] for r, b in ph_bad for t in b)
+    shown = ", ".join(f"{v} ×{k}" for v, k in values.most_common(3))
+    evidence += [
+        f"{n_bad} of the {ph_positions} image placeholder positions ({token}, id {ids}) in {len(ph_bad)} sampled "
+        f"rows carry labels != -100 (label values there: {shown}): the loss asks the language model to predict the "
+        "placeholder token where the image features stand",
+        f"example {row.batch}.{row.index}: {lm.decode(tok, [row.input_ids[c] for c in row.content])} "
+        f"({len(bad)} supervised placeholders)",
+        f"  labels on the placeholders: {lm.show_labels(tok, row, [label_position(t, shift) for t in bad[:4]])}",
+    ]
+    collator = dlcheck.role("collator") if dlcheck.has("collator") else None
+    trl = collator is not None and _is_trl_vlm_collator(collator)
+    copied = all(r.labels[label_position(t, shift)] == r.input_ids[t] for r, b in ph_bad for t in b)
+    if trl:
+        cause = (
+            f"TRL's {type(collator).__name__} builds labels = input_ids.clone() and masks only padding (and the "
+            "prompt under completion-only / assistant-only training), never the image placeholders"
+        )
+    elif copied:
+        cause = "the collator copies input_ids into labels and masks padding only, not the image placeholders"
+    else:
+        cause = "labels at the image placeholder positions are not -100"
+    if opt_out:
+        cause += f"; completion-only training is off ({opt_out}), so no prompt masking removes them either"
+    causes.append(cause)
+    fixes.append(
+        "set labels to -100 where input_ids is the image placeholder, after collating: "
+        f"labels[batch['input_ids'] == {min(placeholders)}] = -100 (processor.image_token_id)"
+        + (
+            f", in a subclass of {type(collator).__name__} (override torch_call) passed as "
+            "SFTTrainer(data_collator=...)"
+            if trl
+            else " in your collator"
+        )
+        + (
+            "; or train on the assistant turns only (SFTConfig(assistant_only_loss=True) with a {% generation %} "
+            "template), which masks them with the user turns"
+            if opt_out and "assistant_only_loss" in opt_out
+            else ""
+        )
+    )
+
+
 def _untrained_turns(judged: list[Example]) -> tuple[list[Example], list[tuple[Example, list[bool]]]]:
     """The conversations with two or more assistant turns located in their tokens, and those of them that
     leave a whole assistant turn unsupervised while another turn is supervised (with which turns are)."""
@@ -795,7 +881,7 @@ def _turns_pattern(bad: list[tuple[Example, list[bool]]]) -> str | None:
     property_mode=True,
     title="labels not -100 on padding or on the prompt",
     roles=("tokenizer", "dataloader"),
-    optional_roles=("raw_dataset", "training_args", "collator"),
+    optional_roles=("raw_dataset", "training_args", "collator", "model"),
     settings=(
         Setting(
             "max_padding_share",
@@ -827,6 +913,13 @@ def _turns_pattern(bad: list[tuple[Example, list[bool]]]) -> str | None:
             "assistant turn and leaves another whole turn at -100 fails; set false when training on the last "
             "(or first) turn only is intended",
         ),
+        Setting(
+            "max_placeholder_share",
+            0.0,
+            "share of the image/video placeholder positions of the sampled rows allowed to carry a label != -100, "
+            "whatever completion-only training says; 0 because no model is meant to generate a placeholder: a "
+            "supervised one is loss spent on predicting the token that stands where the image features go",
+        ),
     ),
 )
 def check_labels_masked(dlcheck):
@@ -851,7 +944,11 @@ def check_labels_masked(dlcheck):
         own `labels` with -100 (a prompt masked in the dataset, padded there or not), each is found in
         the collated rows and compared: a position the dataset masks that the collated labels supervise
         fails (the collator threw the dataset's labels away, e.g. DataCollatorForLanguageModeling
-        rebuilding them from input_ids); a pass says how many examples' labels were compared.
+        rebuilding them from input_ids); a pass says how many examples' labels were compared. Image/video
+        placeholder tokens (the processor's ``image_token_id``, or the model config's ``image_token_id`` /
+        ``image_token_index`` when the batches carry images) are judged whatever completion-only training
+        says: whole-sequence training of a VLM (TRL's assistant_only_loss=False) still must not supervise
+        them.
     Why it is bad
         Supervised padding trains the model to emit pad tokens (with pad == eos, to emit EOS after
         EOS) and dilutes the loss with free tokens. Supervised prompts turn an instruction tune into
@@ -874,7 +971,10 @@ def check_labels_masked(dlcheck):
         True for it), SFTConfig(assistant_only_loss=True) on messages with a {% generation %}
         template; in a hand collator labels[:n_prompt] = -100 and labels[attention_mask == 0] = -100
         (for a VLM, n_prompt = len(processor(text=prompt, images=images)["input_ids"][0]), or TRL's
-        DataCollatorForVisionLanguageModeling(processor)).
+        DataCollatorForVisionLanguageModeling(processor)). Image placeholders, in any collator:
+        labels[batch["input_ids"] == processor.image_token_id] = -100 (TRL 1.16's
+        DataCollatorForVisionLanguageModeling masks them only with the prompt, under completion-only or
+        assistant-only training).
         Several turns: labels = -100 where apply_chat_template(messages,
         return_assistant_tokens_mask=True)["assistant_masks"] is 0. Training one turn only is a choice:
         --dlcheck-set L2.every_assistant_turn=false.
@@ -898,6 +998,8 @@ def check_labels_masked(dlcheck):
         are compared only when the collator and dataset are known (not for a bare dataloader) and the
         example's token ids appear whole in a collated row (an example the collator truncated is not
         compared); L2.completion_only=false accepts labels the collator supervises on purpose.
+        Placeholders are judged in the batches' labels: a model whose own loss dropped the placeholder
+        positions (transformers' LlavaForConditionalGeneration does not) would make that part a false alarm.
     Not applicable
         Padding-free (flattened, position_ids and no attention_mask) batches of data with no
         prompt/completion or messages split, or with completion-only training switched off: there
@@ -936,6 +1038,20 @@ def check_labels_masked(dlcheck):
         if bad:
             pad_bad.append((row, bad))
 
+    # (c) image/video placeholders: never a target, whatever completion-only training says
+    placeholders = placeholder_ids(tok) | _model_placeholders(dlcheck, sample)
+    ph_positions, ph_bad = 0, []  # (row, supervised placeholder positions)
+    for row in rows if placeholders else []:
+        if row.labels is None:
+            continue
+        held = {p for p in row.content if row.input_ids[p] in placeholders}
+        ph_positions += len(held)
+        bad = sorted(set(row_targets(row, shift)) & held)
+        if bad:
+            ph_bad.append((row, bad))
+    n_ph_bad = sum(len(b) for _, b in ph_bad)
+    ph_fail = bool(ph_bad) and n_ph_bad / ph_positions > dlcheck.setting("max_placeholder_share")
+
     # (b) prompt
     examples = [ex for ex in analysis.examples if ex.row.labels is not None]
     kinds = {ex.kind for ex in examples if ex.kind in SPLIT_KINDS}
@@ -952,7 +1068,7 @@ def check_labels_masked(dlcheck):
                 f"{kind.why}, whose labels hold no prompt, and the {len(rows)} sampled rows of {sample.source} hold no "
                 "padding (attention_mask 0): no position whose label must be -100"
             )
-    if pad_judged == 0 and not judged:
+    if pad_judged == 0 and not judged and not ph_positions:
         padding = (
             f"batches from {sample.source} are padding-free (position_ids, no attention_mask): no padding to judge"
             if padding_free
@@ -967,7 +1083,7 @@ def check_labels_masked(dlcheck):
     prompt_fail = bool(prompt_bad) and len(prompt_bad) / len(judged) > dlcheck.setting("max_prompt_share")
     multi, turn_bad = _untrained_turns(judged) if dlcheck.setting("every_assistant_turn") else ([], [])
     turn_fail = bool(turn_bad)
-    if not pad_fail and not prompt_fail and not turn_fail:
+    if not pad_fail and not prompt_fail and not turn_fail and not ph_fail:
         lines = []
         if pad_judged:
             lines.append(
@@ -1009,6 +1125,11 @@ def check_labels_masked(dlcheck):
                 f"collated ones: {sum(len(b) for _, _, b in comparison.lost)} of the {comparison.masked} positions they "
                 "mask are supervised (L2.completion_only=false: whole-sequence training intended)"
             )
+        if ph_positions:
+            lines.append(
+                f"image placeholders: {n_ph_bad} of the {ph_positions} placeholder positions "
+                f"({_placeholder_text(tok, placeholders)}) in the sampled rows carry labels != -100"
+            )
         if multi:
             lines.append(
                 f"assistant turns: 0 of {len(multi)} sampled conversations with several assistant turns leave a "
@@ -1022,10 +1143,12 @@ def check_labels_masked(dlcheck):
             prompt_positions=sum(len(ex.prompt_side) for ex in judged),
             multi_turn_examples=len(multi),
             dataset_labels_compared=comparison.compared,
+            placeholder_positions=ph_positions,
         )
         return
 
     evidence, causes, fixes = [], [], []
+    images = None  # the prompt's failure tells of its own supervised placeholders
     if pad_fail:
         n_pos = sum(len(b) for _, b in pad_bad)
         row, bad = pad_bad[0]
@@ -1068,7 +1191,6 @@ def check_labels_masked(dlcheck):
         labelled = [i + shift for i in ex.row.supervised if i + shift in set(ex.positions)]
         shown = [label_position(t, shift) for t in labelled if t in set(ex.prompt_side)][:5]
         supervised_text = text_of(tok, [ex.row.input_ids[t] for t in labelled])
-        placeholders = placeholder_ids(tok)
         images = _placeholder_note(tok, prompt_bad, placeholders)
         evidence += [
             f"{len(prompt_bad)} of {len(judged)} sampled {kind} examples supervise {what} tokens: {n_pos} of "
@@ -1157,6 +1279,10 @@ def check_labels_masked(dlcheck):
                 "len(tokenizer(prompt)['input_ids']); if whole-sequence training is intended, "
                 "SFTConfig(completion_only_loss=False) or --dlcheck-set L2.completion_only=false"
             )
+    if ph_fail and not images:
+        _placeholder_failure(
+            dlcheck, tok, placeholders, (ph_bad, ph_positions, shift), opt_out, (evidence, causes, fixes)
+        )
     if turn_fail:
         ex, trained = turn_bad[0]
         n_turns = sum(len(t) for _, t in turn_bad)
