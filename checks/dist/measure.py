@@ -93,7 +93,12 @@ def the_setup(dlcheck: Any, *loop_roles: str) -> Any:
 def _rank_setup(dlcheck: Any) -> Any:
     """The user's setup as the ranks get it: written under the launch's directory only (a spawn pickles it),
     without the parent's first kept state (an Accelerator in it is the parent's, not a rank's)."""
-    setup = copy.copy(the_setup(dlcheck))
+    original = the_setup(dlcheck)
+    setup = copy.copy(original)
+    # copy.copy goes through __getstate__, which leaves dlcheck_resume_dataloader out for a spawned rank (pickled):
+    # forked ranks share this process's objects, and the user's epoch loop after a resume goes with them
+    if "resume_loader" in vars(original):
+        setup.resume_loader = original.resume_loader
     setup.tmp = None
     setup.__dict__.pop("_kept", None)
     if "make_room" in vars(setup):  # the session's (a bound method of its state): nothing of it goes to a rank

@@ -227,3 +227,37 @@ def test_a_torchrun_loop_that_skips_its_trained_batches_passes(project):
     ), text
     assert "the uninterrupted ranks' batches, step by step (over the 2 ranks: 16 examples" in text, text
     _no_leftover_process()
+
+
+def _epoch_loop_project(resumed: str) -> str:
+    """load_state alone, and the skip handed over as the user's epoch loop (dlcheck_resume_dataloader), as
+    run_clm_no_trainer does it: ``accelerator.skip_first_batches(train_dataloader, resume_step)`` in the loop."""
+    base = CONFTEST.format(seedable=True, skipped=OWN_STEPS).replace(
+        '        state["dataloader"] = acc.skip_first_batches(state["dataloader"], state["step"])\n', ""
+    )
+    loop = (
+        "\n    def resume(state, dataloader, resumed_step):\n"
+        f"        return {resumed}\n\n" + role_fixtures(resume_dataloader="resume") + "\n"
+    )
+    return base + loop
+
+
+def test_the_epoch_loop_handed_over_reaches_the_ranks(project):
+    # dlcheck_resume_dataloader went missing on the way to the forked ranks (copy.copy of the setup dropped it, as
+    # pickling for spawn does): D5 said "not visible" although the role was given
+    project.conftest(_epoch_loop_project('state["accelerator"].skip_first_batches(dataloader, resumed_step)'))
+    run = project.run("--dlcheck=D5", "-rA")
+    run.assert_outcome("D5", "passed")
+    text = _flat(run.text)
+    assert "what your dlcheck_resume_dataloader makes of their state['dataloader']" in text, text
+    assert "not visible" not in text and "partly judged" not in text, text
+    _no_leftover_process()
+
+
+def test_an_epoch_loop_that_restarts_the_epoch_fails_on_the_ranks(project):
+    project.conftest(_epoch_loop_project("dataloader"))
+    run = project.run("--dlcheck=D5")
+    run.assert_outcome("D5", "failed")
+    twice, never = _counts(_flat(run.section("D5")))
+    assert twice > 0 and never > 0
+    _no_leftover_process()
