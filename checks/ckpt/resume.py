@@ -84,7 +84,25 @@ def data_probe(dlcheck: Any, setup: Any) -> Any:
     if setup.kind != "lightning" and (setup.kind not in ("loop", "accelerate") or not setup.can_resume()):
         return None
     total = int(dlcheck.state.setting(load_checks()["C1"], "steps"))
-    return memo_captured(dlcheck, setup.sources, f"resume:data:{total}", lambda: setup.data_resume(total))
+    return memo_captured(dlcheck, setup.sources, f"resume:data:{total}", lambda: _data_resume(setup, total))
+
+
+def _data_resume(setup: Any, total: int) -> Any:
+    """The data-position run, doubled in length (up to :data:`DATA_STEPS_LIMIT` micro-steps) while a gradient
+    accumulation leaves no optimizer step in its second half to save after, as a loop saves only after one."""
+    from ...training.runs import NoStepToSaveAfter
+
+    while True:
+        try:
+            return setup.data_resume(total)
+        except NoStepToSaveAfter:
+            if total * 2 > DATA_STEPS_LIMIT:
+                raise
+            total *= 2
+
+
+#: the longest data-position run made to reach past one gradient accumulation (micro-steps)
+DATA_STEPS_LIMIT = 64
 
 
 def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str]:

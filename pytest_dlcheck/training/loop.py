@@ -37,6 +37,7 @@ from .resume import seeded_examples as _seeded_examples
 from .runs import (
     SEED,
     Fresh,
+    NoStepToSaveAfter,
     NotTheBatch,
     OnDisk,
     SetupError,
@@ -440,11 +441,14 @@ class LoopSetup:
                 "missing role: define fixtures dlcheck_save_checkpoint and dlcheck_load_checkpoint "
                 "(state, path) in conftest.py"
             )
-        batches = self.batches(total)
         cache = self.__dict__.setdefault("_baselines", {})
         if baseline is None and total not in cache:
-            cache[total] = self._uninterrupted(batches, total)
-        base = baseline if baseline is not None else cache[total]
+            cache[total] = self._uninterrupted_past_accumulation(total)
+        if baseline is None:
+            run_length, base = cache[total]
+        else:
+            run_length, base = total, baseline
+        batches = self.batches(run_length)
         saved_at = base.truth["_saved_at"]
         state = self.state()
         traj = Trajectory()
@@ -535,7 +539,7 @@ class LoopSetup:
         release_training_memory(state)
         state = None
         if saved_at is None or saved_at >= trained:
-            raise SetupError(
+            raise NoStepToSaveAfter(
                 f"no optimizer step happened between micro-steps {total // 2} and {total - 1} of the run drawn from "
                 "your loader to save after (raise C1.steps above your gradient accumulation)"
             )
@@ -630,6 +634,18 @@ class LoopSetup:
         release_training_memory(state)
         return traj
 
+    def _uninterrupted_past_accumulation(self, total: int) -> tuple[int, Baseline]:
+        """(run length, baseline) of the uninterrupted run: ``total`` micro-steps, doubled (up to
+        :data:`_ACCUMULATION_LIMIT`) while a gradient accumulation leaves no optimizer step in the second half to
+        save after, as a loop saves only after one."""
+        while True:
+            try:
+                return total, self._uninterrupted(self.batches(total), total)
+            except NoStepToSaveAfter:
+                if total * 2 > _ACCUMULATION_LIMIT:
+                    raise
+                total *= 2
+
     def _uninterrupted(self, batches: list[Any], total: int) -> Baseline:
         state = self.state()
         traj = Trajectory()
@@ -644,7 +660,7 @@ class LoopSetup:
                 "before a step after its save (lower C1.steps below the user's planned run)"
             )
         if baseline is None:
-            raise SetupError(
+            raise NoStepToSaveAfter(
                 f"no optimizer step happened between micro-steps {total // 2} and {total - 1} to save after "
                 "(raise C1.steps above your gradient accumulation)"
             )

@@ -399,6 +399,11 @@ def _forward_params(model: Any) -> tuple[set[str], list[str]] | None:
     return (named, required) if named else None
 
 
+class NoStepToSaveAfter(SetupError):
+    """A run had no optimizer step in its second half to save after: the micro-steps of one accumulation outlast
+    it (a longer run judges it)."""
+
+
 class NotTheBatch(SetupError):
     """The model's forward does not take the batch as it comes (a UNet called on a text-to-image batch
     needs noisy latents, timesteps and text states the user's loss computes): the checks that call the

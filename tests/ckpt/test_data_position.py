@@ -522,3 +522,37 @@ def test_c3_with_the_epoch_loop_handed_over_says_its_draws_after_the_load_are_no
     text = " ".join(run.text.split())
     assert "right after your load, the global torch RNG state is the one at the save" in text, text
     assert "partly judged: your epoch loop's draws after the load not judged" in text, text
+
+
+#: the same loop under a gradient accumulation of 4 micro-batches (textual_inversion.py's README command): C1's run
+#: of 4 micro-steps had no optimizer step in its second half to save after, and the data position went unjudged
+ACCUMULATING = (
+    LOOP.replace("torch.arange(8) % 2)", "torch.arange(32) % 2)")
+    .replace("torch.randn(8, 4,", "torch.randn(32, 4,")
+    .replace(
+        """        loss.backward()
+        state["optimizer"].step()
+        state["optimizer"].zero_grad()
+        state["step"] += 1""",
+        """        (loss / 4).backward()
+        state["step"] += 1
+        if state["step"] % 4 == 0:
+            state["optimizer"].step()
+            state["optimizer"].zero_grad()""",
+    )
+)
+
+
+@pytest.mark.parametrize("skip, outcome", [("", "failed"), (SKIP, "passed")], ids=["restarts", "skips"])
+def test_a_loop_under_gradient_accumulation_has_its_data_position_judged(project, skip, outcome):
+    assert "(loss / 4).backward()" in ACCUMULATING and "torch.arange(32)" in ACCUMULATING
+    project.conftest(ACCUMULATING.format(skip=skip) + ("" if skip else RESTARTS))
+    run = project.run("--dlcheck=C1", "-rA")
+    run.assert_outcome("C1", outcome)
+    text = " ".join(run.text.split())
+    assert "raise C1.steps above your gradient accumulation" not in text, text
+    if outcome == "failed":
+        twice, never = _counts(text)
+        assert twice > 0 and never > 0, text
+    else:
+        assert "none trained twice, none lost" in text, text
