@@ -43,6 +43,22 @@ def _hand_what(run: Any) -> str:
     )
 
 
+def _attributes(run: Any) -> str:
+    names = run.uninterrupted.notes.get("module_attributes") or []
+    shown = ", ".join(f"self.{n}" for n in names[:5]) or "its attributes"
+    return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def _attributes_what(run: Any) -> str:
+    """The cause's words for a LightningModule's own attributes (outside its state_dict) that training changes."""
+    return (
+        f"the LightningModule's own attributes {_attributes(run)}, which training changed: Lightning's .ckpt holds "
+        "the module's state_dict() (parameters and buffers), the optimizers and the loops' counters, not the "
+        "module's other attributes, so the resumed fit trains on with them as a new module holds them (a replay "
+        "buffer refilled from scratch, an environment's episode or a counter started over)"
+    )
+
+
 def _callback_what(run: Any, piece: str, lost_emas: dict[str, Any]) -> str:
     """The cause's words for a Lightning callback whose state the checkpoint does not restore: the EMA it keeps
     when that is what differs, else the attributes that changed during training."""
@@ -596,6 +612,13 @@ def _fix(setup: Any, missing: list[str], run: Any = None) -> str:
             )
         if "model" in missing:
             parts.append("keep every trained tensor registered (a Parameter or buffer) so it lands in state_dict")
+        if "module attributes" in missing and run is not None:
+            parts.append(
+                f"save {_attributes(run)} in the module's on_save_checkpoint(checkpoint) (checkpoint['...'] = a "
+                "copy, or their state) and set them back in on_load_checkpoint(checkpoint), which fit(ckpt_path=...) "
+                "calls before the training starts and before train_dataloader() builds its loader (a loader over a replay "
+                "buffer then reads the restored buffer)"
+            )
         held = (run.uninterrupted.notes.get("callbacks") or {}) if run is not None else {}
         lost = [d["name"] for d in run.ema_mismatch()] if run is not None else []
         for piece in (p for p in missing if p.startswith("callback ")):
@@ -677,8 +700,9 @@ def check_resume(dlcheck):
         EMAModel's shadow params and ``optimization_step``) at the end of both runs, and for Lightning every EMA
         your Trainer's callbacks keep (``dlcheck_lightning_callbacks``, or the callbacks of your lightning
         Trainer given as ``dlcheck_trainer``: every Lightning run includes them). On a mismatch, the pieces
-        of the state (optimizer, LR scheduler, GradScaler, dataloader position, EMA, weights, and each Lightning
-        callback whose attributes changed in training) are put back one at a time from the uninterrupted run
+        of the state (optimizer, LR scheduler, GradScaler, dataloader position, EMA, weights, each Lightning
+        callback whose attributes changed in training, and a LightningModule's own attributes outside its
+        state_dict that training changed: a replay buffer, an agent, counters) are put back one at a time from the uninterrupted run
         after your own loading, and the check names the piece(s) that make the runs identical. When none does, the uninterrupted run is run a second time the same way: if the
         two agree, the run is reproducible and the resume is broken (the check fails, saying where the runs
         part and what putting every piece back could not repair); only if they differ is the run not
@@ -864,6 +888,8 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
         if p.startswith("callback ")
         else _hand_what(run)
         if p == "hand-stepped scheduler"
+        else _attributes_what(run)
+        if p == "module attributes"
         else WHAT.get(p, f"state['{p}']")
         for p in missing
     )

@@ -63,6 +63,9 @@ from .runs import (
 HAND_SCHEDULER = "hand-stepped scheduler"
 #: the truth's entry of the user's callbacks whose attributes changed before the save (each a piece of its own)
 CALLBACKS = "callbacks"
+#: the resume piece of the LightningModule's own attributes outside its state_dict that training changed (a replay
+#: buffer and the agent filling it, an environment, counters): Lightning's .ckpt does not hold them
+MODULE_ATTRS = "module attributes"
 
 #: Lightning's callbacks that dlcheck's runs leave out (by class name, in the MRO of a Lightning callback):
 #: what the Trainer adds by itself or writes into the user's folders (checkpoints, a progress bar, a
@@ -168,6 +171,111 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a == b)
     except Exception:  # noqa: BLE001 - an object whose == does not give one bool
         return a is b
+
+
+#: attributes of every LightningModule that are the framework's, never the user's training state
+_FRAMEWORK_ATTRS = frozenset(
+    {"training", "prepare_data_per_node", "allow_zero_length_dataloader_with_multiple_devices"}
+)
+
+
+class _HoldsModel(Exception):
+    """An attribute reaches the model, an optimizer or a Lightning object: Lightning's own pieces, not the module's
+    own state."""
+
+
+def _fingerprint(obj: Any, seen: dict[int, int], depth: int = 0) -> Any:
+    """A comparable summary of ``obj``'s content (tensors and arrays by their bytes, objects by their attributes),
+    without copying it; raises :class:`_HoldsModel` where it reaches a torch module, a parameter, an optimizer, a
+    scheduler or a Lightning object. Deeper than 12 levels, met again (a cycle), or past the first 200,000 objects
+    of an attribute, an object is summarised by its type (what changes there is not seen)."""
+    import hashlib
+    import random
+    import types
+
+    if obj is None or isinstance(obj, (str, bytes, int, float, complex, bool)):
+        return obj
+    seen[-1] = seen.get(-1, 0) + 1  # the objects read so far (ids are never negative)
+    if seen[-1] > 200_000:
+        return ("unread", type(obj).__name__)
+    if isinstance(obj, (torch.nn.Module, torch.nn.Parameter, torch.optim.Optimizer)) or hasattr(obj, "optimizer"):
+        raise _HoldsModel
+    if any(c.__module__.startswith(("lightning.", "pytorch_lightning.")) for c in type(obj).__mro__):
+        raise _HoldsModel
+    if isinstance(obj, torch.Tensor):
+        data = obj.detach().cpu().contiguous()
+        return (
+            "tensor",
+            tuple(data.shape),
+            str(data.dtype),
+            hashlib.blake2b(data.view(-1).view(torch.uint8).numpy()).hexdigest(),
+        )
+    if isinstance(obj, (types.FunctionType, types.MethodType, types.ModuleType, type)):
+        return ("code", getattr(obj, "__qualname__", type(obj).__name__))
+    if id(obj) in seen or depth > 12:
+        return ("seen", type(obj).__name__)
+    seen[id(obj)] = depth
+    if isinstance(obj, random.Random):
+        return ("random", obj.getstate())
+    if type(obj).__module__ == "numpy":
+        try:
+            import numpy as np
+
+            if isinstance(obj, np.ndarray):
+                return (
+                    "array",
+                    obj.shape,
+                    str(obj.dtype),
+                    hashlib.blake2b(np.ascontiguousarray(obj).tobytes()).hexdigest(),
+                )
+            if isinstance(obj, np.generic):
+                return ("scalar", obj.item())
+        except ImportError:
+            pass
+    if type(obj).__name__ == "Generator" and hasattr(obj, "bit_generator"):  # numpy's Generator
+        return ("generator", repr(obj.bit_generator.state))
+    if isinstance(obj, Mapping):
+        return ("map", type(obj).__name__, tuple((repr(k), _fingerprint(v, seen, depth + 1)) for k, v in obj.items()))
+    if isinstance(obj, (list, tuple)) or type(obj).__name__ == "deque":
+        return ("seq", type(obj).__name__, tuple(_fingerprint(v, seen, depth + 1) for v in obj))
+    if isinstance(obj, (set, frozenset)):
+        return ("set", tuple(sorted(repr(v) for v in obj)))
+    attrs = getattr(obj, "__dict__", None)
+    if isinstance(attrs, dict):
+        return ("object", type(obj).__name__, _fingerprint(attrs, seen, depth + 1))
+    return ("other", type(obj).__name__, repr(obj)[:200])
+
+
+def module_fingerprints(module: Any) -> dict[str, Any]:
+    """``{name: fingerprint}`` of the LightningModule's own public attributes outside its state_dict: not a
+    submodule, a parameter or a buffer (Lightning saves those), not the framework's flags, and reaching neither the
+    model nor an optimizer nor a Lightning object (the pieces Lightning knows); None where one cannot be read."""
+    out = {}
+    for name, value in vars(module).items():
+        if name.startswith("_") or name in _FRAMEWORK_ATTRS:
+            continue
+        try:
+            out[name] = _fingerprint(value, {})
+        except _HoldsModel:
+            continue
+        except Exception:  # noqa: BLE001 - an attribute whose content cannot be read: not compared
+            continue
+    return out
+
+
+def module_attributes_truth(module: Any, at_start: dict[str, Any]) -> dict[str, Any] | None:
+    """``{"state", "changed"}`` of the module's own attributes that changed since the fit started (what a
+    diagnostic resume puts back: copies, made together so that the references they share stay shared), or None
+    when none changed or they cannot be copied."""
+    now = module_fingerprints(module)
+    changed = [n for n, f in now.items() if n not in at_start or at_start[n] != f]
+    if not changed:
+        return None
+    try:
+        state = copy.deepcopy({n: getattr(module, n) for n in changed})
+    except Exception:  # noqa: BLE001 - a handle, a lock: nothing a resume could put back
+        return None
+    return {"state": state, "changed": changed}
 
 
 def callbacks_truth(callbacks: list[Any], at_start: list[dict[str, Any]]) -> dict[str, Any]:
@@ -380,6 +488,7 @@ class LightningSetup:
                 # the user's callbacks as the fit set them up (their on_fit_start, setup): what changes in
                 # them from here to the save is state a resume must restore
                 self.cb_start = [callback_state(cb) for cb in user or []] if truth_at_epoch_end is not None else []
+                self.attrs_start = module_fingerprints(pl_module) if truth_at_epoch_end is not None else {}
                 self.manual: list[torch.Tensor] = []
                 if not pl_module.automatic_optimization:  # the loss goes to manual_backward, not out
                     backward = pl_module.manual_backward
@@ -410,6 +519,9 @@ class LightningSetup:
                     held = callbacks_truth(user or [], self.cb_start)
                     if held:
                         truth_at_epoch_end[CALLBACKS] = held
+                    own = module_attributes_truth(pl_module, self.attrs_start)
+                    if own:
+                        truth_at_epoch_end[MODULE_ATTRS] = own
 
         return Record()
 
@@ -475,6 +587,9 @@ class LightningSetup:
             for label, held in truth.get(CALLBACKS, {}).items():  # a callback whose state changed: a piece
                 pieces[f"callback {label}"] = "callbacks" if held["saves"] else ""
                 traj.notes.setdefault("callbacks", {})[label] = {"changed": held["changed"], "saves": held["saves"]}
+            if truth.get(MODULE_ATTRS):  # the module's own attributes that training changed: a piece
+                pieces[MODULE_ATTRS] = ""
+                traj.notes["module_attributes"] = list(truth[MODULE_ATTRS]["changed"])
             if truth.get(HAND_SCHEDULER):  # schedulers stepped by hand: a piece of their own
                 pieces[HAND_SCHEDULER] = ""
                 traj.notes["hand_schedulers"] = {
@@ -803,6 +918,11 @@ def _lightning_restorer(truth: dict[str, Any], restore: frozenset[str], user: li
         def on_load_checkpoint(self, trainer, pl_module, checkpoint):
             # where a user's own RNG callback restores: before the fit loop builds its dataloader iterator
             put_back_rng(truth, restore)
+            if MODULE_ATTRS in restore and truth.get(MODULE_ATTRS):
+                # as on_load_checkpoint would set them: before train_dataloader() is called (a loader over a replay
+                # buffer reads the buffer put back), copied together (the agent keeps the buffer it fills)
+                for name, value in copy.deepcopy(truth[MODULE_ATTRS]["state"]).items():
+                    setattr(pl_module, name, value)
 
         def on_train_start(self, trainer, pl_module):
             if "model" in restore:

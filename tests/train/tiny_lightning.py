@@ -3,6 +3,8 @@ Lightning is imported here, once, before the in-process pytest runs of the tests
 
 from __future__ import annotations
 
+from collections import deque
+
 import lightning.pytorch as pl
 import tiny_train as tt
 import torch
@@ -333,3 +335,46 @@ OWN_LOADERS = """
 
 def own_loaders_project(module: str = "") -> str:
     return OWN_LOADERS.format(module=module)
+
+
+class _Replay(torch.utils.data.IterableDataset):
+    """The newest ``n`` entries of a replay buffer, newest last (RLDataset's way: built over the module's buffer)."""
+
+    def __init__(self, buffer, n: int = 16):
+        self.buffer, self.n = buffer, n
+
+    def __iter__(self):
+        yield from list(self.buffer)[-self.n :]
+
+
+class ReplayClassifier(Classifier):
+    """reinforce_learn_Qnet.py's data path in small: a replay buffer (a deque) filled in ``__init__``, a
+    train_dataloader() over it, and every training_step appending a new experience (here the next example of a
+    fixed pool). ``keep``: on_save_checkpoint saves the buffer and the pool position, on_load_checkpoint sets them
+    back (C1's fix); else Lightning's .ckpt holds neither and a resumed fit trains on the buffer of a new module."""
+
+    def __init__(self, keep: bool = False, **kw):
+        super().__init__(**kw)
+        self.keep = keep
+        pool = tt.blobs(128, seed=2)
+        self.pool = list(zip(*pool.tensors))
+        self.buffer = deque(self.pool[:32], maxlen=32)
+        self.filled = 32
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.buffer.append(self.pool[self.filled % len(self.pool)])
+        self.filled += 1
+        return loss
+
+    def train_dataloader(self):
+        return DataLoader(_Replay(self.buffer), batch_size=8)
+
+    def on_save_checkpoint(self, checkpoint):
+        if self.keep:
+            checkpoint["replay"] = {"buffer": list(self.buffer), "filled": self.filled}
+
+    def on_load_checkpoint(self, checkpoint):
+        if self.keep:
+            self.buffer = deque(checkpoint["replay"]["buffer"], maxlen=32)
+            self.filled = checkpoint["replay"]["filled"]

@@ -83,3 +83,38 @@ def test_a_module_without_loaders_and_no_datamodule_still_names_what_to_add(proj
     assert "no datamodule: define fixture dlcheck_datamodule (or a train_dataloader() in your LightningModule)" in (
         run.text
     ), run.text
+
+
+REPLAY = """
+    import pytest, torch, tiny_lightning as tl
+
+    @pytest.fixture(scope="session")
+    def dlcheck_lightning_module():
+        torch.manual_seed(0)
+        return tl.ReplayClassifier({module})
+"""
+
+
+def test_a_replay_buffer_outside_the_checkpoint_fails_c1_naming_it(project, tmp_path):
+    """reinforce_learn_Qnet.py's data path: training_step fills the replay buffer train_dataloader() reads, and the
+    .ckpt holds the module's state_dict only. The resumed fit trains on a new module's buffer; putting the module's
+    own attributes back from the uninterrupted run makes it identical, and C1 names them."""
+    project.conftest(REPLAY.format(module=""))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "failed")
+    text = tt.section(run, "C1")
+    assert "putting back module attributes from the uninterrupted run after the load makes the resumed run" in text
+    c1 = _results(out)["C1"]
+    assert c1["cause"].startswith(
+        "the checkpoint does not restore the LightningModule's own attributes self.buffer, self.filled, which "
+        "training changed"
+    ), c1["cause"]
+    assert "on_save_checkpoint" in c1["fix"] and "on_load_checkpoint" in c1["fix"] and "self.buffer" in c1["fix"]
+
+
+def test_the_twin_that_saves_its_replay_buffer_resumes_exactly(project):
+    project.conftest(REPLAY.format(module="keep=True"))
+    run = project.run("--dlcheck=C1", "-rA")
+    run.assert_outcome("C1", "passed")
+    run.fnmatch(["*resumed on fresh objects: the losses, learning rates, weights of steps 3-4 equal*bitwise"])
