@@ -321,6 +321,24 @@ def check_eval_determinism(dlcheck):
                 "build the eval dataset separately with a deterministic transform (e.g. two dataset objects with "
                 "transform=train_tf / eval_tf, then Subset each with the same indices)"
             )
+        elif (
+            tf is MISSING
+            and eval_ds is not None
+            and all(getattr(V.base_dataset(eval_ds), a, None) is None for a in ("transform", "transforms"))
+        ):
+            # no transform to blame: the dataset's own __getitem__ draws (a siamese pair, a sampled crop)
+            evidence.append(
+                f"the eval dataset ({type(V.base_dataset(eval_ds)).__name__}) has no transform: the draw is in the "
+                "dataset itself"
+            )
+            cause = (
+                "the eval dataset draws at random on every read of an index (its __getitem__ picks a pair, an offset "
+                "or a sample from a random generator), so each evaluation scores other examples"
+            )
+            fix = (
+                "draw the eval examples once, with a seeded generator, when the eval dataset is built (e.g. the pairs "
+                "in __init__ from random.Random(seed)), so that index i is the same example on every pass"
+            )
         else:
             what = ", ".join(sorted({type(r).__name__ for r in randoms})) or "a random transform"
             cause = f"the eval transform applies {what}, so the same image gives a different input on every pass"

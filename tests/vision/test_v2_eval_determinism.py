@@ -178,3 +178,39 @@ def test_language_model_data_is_not_applicable(project):
         ]
     )
     assert "missing role" not in run.text
+
+
+PAIRS = """
+    import random, pytest, torch
+
+    class Pairs(torch.utils.data.Dataset):  # pytorch/examples siamese_network's APP_MATCHER: no transform
+        def __init__(self, fixed):
+            g = torch.Generator().manual_seed(0)
+            self.images = torch.rand(8, 1, 8, 8, generator=g)
+            rng = random.Random(0)
+            self.pairs = [(rng.randrange(8), rng.randrange(8)) for _ in range(8)] if fixed else None
+
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            # a new pair of images on every read (the pair drawn once, in __init__, in the correct twin)
+            a, b = self.pairs[i] if self.pairs is not None else (random.randrange(8), random.randrange(8))
+            return self.images[a], self.images[b], torch.tensor(float(a % 2 == b % 2))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataset():
+        return Pairs(fixed={fixed})
+"""
+
+
+@pytest.mark.parametrize("fixed, outcome", [(False, "failed"), (True, "passed")])
+def test_an_eval_dataset_drawing_in_its_own_getitem(project, fixed, outcome):
+    project.conftest(PAIRS.format(fixed=fixed))
+    run = project.run("--dlcheck=V2", "-rA")
+    run.assert_outcome("V2", outcome)
+    if outcome == "failed":
+        text = section(run, "V2")
+        assert "the eval dataset (Pairs) has no transform: the draw is in the dataset itself" in text, text
+        assert "the eval dataset draws at random on every read of an index" in text, text
+        assert "RandomResizedCrop" not in text, text
