@@ -1,10 +1,12 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from ... import detectors
 from ...registry import check
-from ...training import show_losses, smoke_run
+from ...training import find_setup, show_losses, smoke_run
+from ..shared.targets import optimizer_held, weight_copies
 
 
 def _lr_text(rec) -> str:
@@ -46,7 +48,9 @@ def check_loss_spike(dlcheck):
         loss that is meant to rise (an annealed regulariser weighted up from 0) can fail ``rise``: raise it.
     Not applicable
         Losses that take negative values (GRPO and other policy-gradient objectives, a loss with a
-        negative offset): a multiple of their running mean or start means nothing.
+        negative offset): a multiple of their running mean or start means nothing. A model that keeps a target
+        network (a top-level submodule with the very parameters of one the optimizer trains, in no optimizer
+        itself: a DQN's, TD3's): its temporal-difference loss chases the copy's moving targets.
     """
     run = smoke_run(dlcheck)
     losses = [(s, v) for s, v in run.trajectory.losses() if v is not None and math.isfinite(v)]
@@ -63,6 +67,16 @@ def check_loss_spike(dlcheck):
         )
     if any(v == 0 for _, v in losses):
         dlcheck.skip("the loss reaches 0 in the smoke run: spikes relative to its mean cannot be judged")
+    copies = _target_networks(dlcheck)
+    if copies:
+        copy, original = next(iter(copies.items()))
+        dlcheck.not_applicable(
+            f"the model keeps a target network: {copy} has the very parameters of {original}, which the optimizer "
+            f"trains, and is in no optimizer itself (updated by copying {original}'s weights, as a DQN's or TD3's): "
+            "the loss is a temporal-difference loss against that copy's moving targets, which jumps at each sync and "
+            "grows as rewards propagate, so a multiple of its running mean or start is no divergence (S1 and S3 "
+            "still judge non-finite losses and exploding gradients)"
+        )
     factor, window, rise = dlcheck.setting("factor"), dlcheck.setting("window"), dlcheck.setting("rise")
     recs = {r.step: r for r in run.trajectory.steps}
     hit, spikes, rises = detectors.divergence(losses, factor, window, dlcheck.setting("warmup"), rise)
@@ -203,3 +217,31 @@ def check_grad_explosion(dlcheck):
         largest_ratio=round(highest[1] / reference, 4),
         clipped_steps=len(clipped),
     )
+
+
+def _target_networks(dlcheck: Any) -> dict[str, str]:
+    """The target networks of the training's model (:func:`weight_copies`), read from the shared probe's fresh
+    objects only when the model has two top-level submodules of one structure; {} when there is none."""
+    from ...training import probe
+
+    setup = find_setup(dlcheck)
+    if setup is None:
+        return {}
+    import pytest
+
+    try:
+        fresh, _, _ = probe(dlcheck)
+    except (Exception, pytest.skip.Exception):  # noqa: BLE001 - a probe that cannot be made leaves S2 as it was
+        return {}
+    model = fresh.model
+    shapes = [tuple((n, tuple(p.shape)) for n, p in m.named_parameters()) for _, m in model.named_children()]
+    shapes = [s for s in shapes if s]
+    if len(shapes) == len(set(shapes)):
+        return {}
+    try:
+        opt, _ = fresh.make_optimizer()
+    except Exception:  # noqa: BLE001 - no optimizer to read: no copy is recognised
+        return {}
+    if opt is None:
+        return {}
+    return weight_copies(model, optimizer_held([opt]))

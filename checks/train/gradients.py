@@ -14,6 +14,7 @@ from ...registry import Setting, check
 from ...training import modes, probe, run_or_skip
 from ...training.loop import trained_modules
 from ...training.runs import NotTheBatch, Trajectory, model_call, unwrap_prepared
+from ..shared.targets import optimizer_held, weight_copies
 
 
 def shape(t: torch.Tensor) -> str:
@@ -258,6 +259,7 @@ def check_gradients(dlcheck):
     by_design = unused_by_design(model)
     orphans = [(n, p) for n, p in orphans if not by_design(n)]
     copies = _weight_copies(model, trainable, grads, orphans, lambda: _held_ids(setup, fresh)) if orphans else {}
+    copied = sum(1 for n, _ in orphans if n.split(".", 1)[0] in copies)
     orphans = [(n, p) for n, p in orphans if n.split(".", 1)[0] not in copies]
     exempt = len(gradless) - len(orphans)
     copy_note = "".join(
@@ -348,7 +350,11 @@ def check_gradients(dlcheck):
         f"all {len(trainable) - exempt} trainable parameter tensors get a gradient from the loss on batch 0 (loss "
         f"{float(loss.detach()):.4g})"
         + zero_note
-        + (f"; {exempt} exempt ({dlcheck.setting('ignore')!r} or unused by design) get none" if exempt else "")
+        + (
+            f"; {exempt - copied} exempt ({dlcheck.setting('ignore')!r} or unused by design) get none"
+            if exempt - copied
+            else ""
+        )
         + copy_note
         + frozen_note
     )
@@ -600,10 +606,7 @@ def _held_ids(setup: Any, fresh: Any) -> set[int] | None:
         return None
     if opt is None:
         return None
-    held = {id(p) for group in opt.param_groups for p in group["params"]}
-    for other in _other_optimizers(fresh.owner, opt):
-        held |= {id(p) for group in other.param_groups for p in group["params"]}
-    return held
+    return optimizer_held([opt, *_other_optimizers(fresh.owner, opt)])
 
 
 def _weight_copies(
@@ -615,29 +618,23 @@ def _weight_copies(
     graded = {n for (n, _), g in zip(trainable, grads) if g is not None}
     orphan_names = {n for n, _ in orphans}
     children = dict(model.named_children())
-
-    def signature(module: Any) -> list[tuple[str, tuple[int, ...]]]:
-        return [(n, tuple(p.shape)) for n, p in module.named_parameters()]
-
-    candidates = {}
-    for top in {n.split(".", 1)[0] for n in orphan_names if "." in n}:
-        module = children.get(top)
-        if module is None or not signature(module):
-            continue
-        if any(f"{top}.{n}" not in orphan_names for n, _ in module.named_parameters()):
-            continue  # part of it trains: not a copy
-        for other, om in children.items():
-            if other != top and signature(om) == signature(module):
-                if all(f"{other}.{n}" in graded for n, _ in om.named_parameters()):
-                    candidates[top] = other
-                    break
-    if not candidates:
+    # candidates: top-level submodules every parameter of which gets no gradient
+    tops = {
+        top
+        for top in {n.split(".", 1)[0] for n in orphan_names if "." in n}
+        if top in children and all(f"{top}.{n}" in orphan_names for n, _ in children[top].named_parameters())
+    }
+    if not tops:
         return {}
     ids = held()
     if ids is None:
         return {}
+
+    def trains(name: str) -> bool:
+        return all(f"{name}.{n}" in graded for n, _ in children[name].named_parameters())
+
     # a copy in an optimizer is meant to train (a second tower cut from the graph by accident): not exempt
-    return {c: o for c, o in candidates.items() if not any(id(p) in ids for p in children[c].parameters())}
+    return {c: o for c, o in weight_copies(model, ids, trains).items() if c in tops}
 
 
 def _other_optimizers(owner: Any, opt: Any) -> list[Any]:

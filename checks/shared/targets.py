@@ -1,0 +1,35 @@
+"""Target networks: a copy of a trained network kept beside it and updated by copying its weights (a DQN's or
+TD3's target network), recognised from the objects — the same parameters by name and shape as a network the
+optimizer trains, and in no optimizer itself."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def weight_copies(model: Any, held: set[int], trains: Callable[[str], bool] | None = None) -> dict[str, str]:
+    """``{copy: original}`` over the model's top-level submodules: ``copy`` has the very parameters (names and
+    shapes) of ``original``; none of ``copy``'s is in an optimizer (``held``: the ids the optimizers hold), all of
+    ``original``'s are (and ``trains(original)``, when given)."""
+    children = dict(model.named_children())
+    signature = {name: [(n, tuple(p.shape)) for n, p in m.named_parameters()] for name, m in children.items()}
+    out: dict[str, str] = {}
+    for copy, module in children.items():
+        if not signature[copy] or any(id(p) in held for p in module.parameters()):
+            continue
+        for original, other in children.items():
+            if (
+                original != copy
+                and signature[original] == signature[copy]
+                and all(id(p) in held for p in other.parameters())
+                and (trains is None or trains(original))
+            ):
+                out[copy] = original
+                break
+    return out
+
+
+def optimizer_held(optimizers: list[Any]) -> set[int]:
+    """The ids of the parameters the optimizers hold."""
+    return {id(p) for opt in optimizers if opt is not None for group in opt.param_groups for p in group["params"]}
