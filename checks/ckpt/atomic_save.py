@@ -22,7 +22,7 @@ def check_atomic_save(dlcheck):
     """An interruption in the middle of a save leaves the previous checkpoint loadable.
 
     What it does
-        Saves a checkpoint through your own path, trains a step, saves again — and interrupts that second
+        Saves a checkpoint through your own path, trains an optimizer step, saves again — and interrupts that second
         save half way, the way a kill, a preemption or a full disk does: ``torch.save`` and safetensors'
         ``save_file`` write the first half of their bytes and stop. Then loads what is on disk into fresh
         objects (your ``dlcheck_load_checkpoint``; for a Trainer, ``resume_from_checkpoint`` of the previous
@@ -31,7 +31,10 @@ def check_atomic_save(dlcheck):
         training dict (``netG_epoch_{epoch}.pth``) is saved the second time with that counter one on, as your
         loop advances it between saves. When the interrupted file is a new one beside the previous checkpoint
         and your load raises on it (it takes the newest), the half-written file is put aside and the load made
-        again: the previous checkpoint restoring the previous weights passes, with a note.
+        again, and the evidence says whether the previous checkpoint restores the previous weights; the load
+        taking the half-written newest one still fails (an automatic resume 'latest' stops there). When a person
+        picks the checkpoint to resume from, write ``dlcheck_load_checkpoint`` as that choice (the newest complete
+        one) and C2 judges it.
     Why it is bad
         Saving straight onto the path of the only checkpoint (``torch.save(state, "last.pt")``) truncates it
         first: a job killed during the save — the usual moment for preemption, since saves are slow — has
@@ -68,18 +71,6 @@ def check_atomic_save(dlcheck):
         if result.advanced
         else []
     )
-    if result.error is not None and result.overwrote is False and result.without_new == "previous":
-        dlcheck.measured(
-            f"a save through {result.how} was interrupted half way while writing {_short(result.target)}, a new file: "
-            f"the previous checkpoint's files were not touched, and with the half-written file put aside your "
-            f"dlcheck_load_checkpoint restores the previous weights",
-            *cadence,
-            f"note: your load takes the newest checkpoint, and on the half-written one it raises {result.error.split('. ')[0][:120]}: "
-            f"after a crash during a save, resume from the one before (or delete the half-written one) — loud, "
-            f"nothing is lost",
-            loaded="previous",
-        )
-        return
     if result.error is None and result.loaded in ("previous", "new"):
         same = result.previous == result.target
         dlcheck.measured(
@@ -102,11 +93,17 @@ def check_atomic_save(dlcheck):
     if result.error is not None and result.overwrote is False:
         evidence.append(
             f"the interrupted file is new (the previous checkpoint was not touched), yet loading "
-            f"{_short(result.previous)} afterwards raises {result.error}"
+            f"{_short(result.previous)} afterwards raises {result.error.split('. ')[0][:200]}"
         )
+        if result.without_new == "previous":
+            evidence.append(
+                "with the half-written checkpoint put aside, your dlcheck_load_checkpoint restores the previous "
+                "weights: the previous checkpoint is intact, the load takes the newest"
+            )
         cause = (
             "each save writes a new checkpoint beside the previous one, and the load picks the newest: after a "
-            "crash during a save, the resume loads the half-written checkpoint instead of the complete one"
+            "crash during a save, the resume loads the half-written checkpoint instead of the complete one (a "
+            "resume 'latest', a restart after preemption, fails until someone deletes it)"
         )
         fix = (
             "write the new checkpoint under a temporary name and rename it when complete (os.replace), or make the "

@@ -105,14 +105,15 @@ VERSIONED = """
 
 
 def test_versioned_saves_whose_resume_picks_the_newest_half_written_one(project):
-    # the previous checkpoint is intact beside the half-written one: it loads once that one is put aside, so
-    # a checkpoint is left (the load raising on the newest is loud and said in a note, nothing is lost)
+    # the previous checkpoint is intact beside the half-written one, but the load takes the newest: a resume
+    # 'latest' (an automatic restart after preemption) loads the half-written one and fails until it is deleted
     project.conftest(VERSIONED)
-    run = project.run("--dlcheck=C2", "-rA")
-    run.assert_outcome("C2", "passed")
-    text = " ".join(run.text.split())
-    assert "ckpt-0001.pt, a new file: the previous checkpoint's files were not touched" in text, text
-    assert "restores the previous weights" in text and "note: your load takes the newest checkpoint" in text, text
+    run = project.run("--dlcheck=C2")
+    run.assert_outcome("C2", "failed")
+    text = " ".join(run.section("C2").split())
+    assert "the interrupted file is new (the previous checkpoint was not touched)" in text, text
+    assert "your dlcheck_load_checkpoint restores the previous weights: the previous checkpoint is intact" in text
+    assert "the load picks the newest" in text and "writes straight onto" not in text, text
 
 
 EPOCH_NAMED = """
@@ -147,30 +148,54 @@ EPOCH_NAMED = """
 
     @pytest.fixture(scope="session")
     def dlcheck_load_checkpoint():
-        def load(state, path):  # --resume with the newest file (or the newest directory's file)
-            newest = os.path.join(path, sorted(os.listdir(path))[-1])
-            if os.path.isdir(newest):
-                newest = os.path.join(newest, "net.pth")
-            state["model"].load_state_dict(torch.load(newest))
+{load}
         return load
 """
 
 
+NEWEST = """
+        def load(state, path):  # --resume with the newest file (or the newest directory's file)
+            newest = os.path.join(path, sorted(os.listdir(path))[-1])
+            if os.path.isdir(newest):
+                newest = os.path.join(newest, "net.pth")
+            state["model"].load_state_dict(torch.load(newest))"""
+
+NEWEST_COMPLETE = """
+        def load(state, path):  # by hand: the newest checkpoint that loads
+            for name in sorted(os.listdir(path), reverse=True):
+                try:
+                    weights = torch.load(os.path.join(path, name))
+                except Exception:
+                    continue
+                state["model"].load_state_dict(weights)
+                return"""
+
+
 @pytest.mark.parametrize("name", ["net_epoch_{epoch}.pth", "ep{epoch}/net.pth"])
 def test_a_save_named_after_the_epoch_is_saved_again_at_the_next_epoch(project, name):
-    # dcgan's netG_epoch_%d.pth: one file per epoch, never overwritten; the second save comes an epoch later.
-    # With a directory per epoch, the half-written epoch's directory is put aside whole for the second load
-    project.conftest(EPOCH_NAMED.format(name=name))
-    run = project.run("--dlcheck=C2", "-rA")
-    run.assert_outcome("C2", "passed")
-    text = " ".join(run.text.split())
+    # dcgan's netG_epoch_%d.pth: one file per epoch, never overwritten; the second save comes an epoch later, so
+    # the interrupted file is a new one (not the previous checkpoint truncated). The load here takes the newest
+    # (resume 'latest'): that is what fails; a directory per epoch is put aside whole to show the previous intact
+    project.conftest(EPOCH_NAMED.format(name=name, load=NEWEST))
+    run = project.run("--dlcheck=C2")
+    run.assert_outcome("C2", "failed")
+    text = " ".join(run.section("C2").split())
     first = "checkpoint/" + name.format(epoch=0)
     assert f"epoch 0 -> 1 (your save names its files after them: {first} -> " in text, text
-    assert "restores the previous weights" in text, text
+    assert "the interrupted file is new" in text and "the previous checkpoint is intact" in text, text
+    assert "writes straight onto" not in text, text
+
+
+def test_a_resume_from_the_newest_complete_checkpoint_passes(project):
+    # a person resuming by hand picks the newest checkpoint that loads: written so, the load passes C2
+    project.conftest(EPOCH_NAMED.format(name="net_epoch_{epoch}.pth", load=NEWEST_COMPLETE))
+    run = project.run("--dlcheck=C2", "-rA")
+    run.assert_outcome("C2", "passed")
+    assert "the previous checkpoint" in run.text and "still loads afterwards" in run.text, run.text
 
 
 def test_the_same_loop_saving_under_one_name_every_epoch_still_fails(project):
-    project.conftest(EPOCH_NAMED.format(name="net_last.pth"))
+    project.conftest(EPOCH_NAMED.format(name="net_last.pth", load=NEWEST))
     run = project.run("--dlcheck=C2")
     run.assert_outcome("C2", "failed")
     text = " ".join(run.section("C2").split())
@@ -260,7 +285,8 @@ def test_under_gradient_accumulation_the_second_save_comes_after_an_optimizer_st
     # the save is named after the optimizer steps taken: one micro-step of an accumulation leaves it at step_0, so
     # saving again there would overwrite the first save, which the script never does
     project.conftest(ACCUMULATED)
-    run = project.run("--dlcheck=C2", "-rA")
-    run.assert_outcome("C2", "passed")
-    text = " ".join(run.text.split())
-    assert "step_1/state.pt, a new file: the previous checkpoint's files were not touched" in text, text
+    run = project.run("--dlcheck=C2")
+    run.assert_outcome("C2", "failed")  # the load takes the newest (a resume 'latest'): see the versioned test
+    text = " ".join(run.section("C2").split())
+    assert "interrupted half way while writing step_1/state.pt" in text, text
+    assert "the interrupted file is new" in text and "writes straight onto" not in text, text
