@@ -156,3 +156,42 @@ def test_an_info_line_in_the_summary_is_cut_where_a_clause_ends(project, monkeyp
     line = next(x for x in run.text.splitlines() if x.startswith("info:"))
     assert line.endswith("… (-rA)"), line
     assert line.startswith("info:      L98 mean log Z 5.78") and "after a short run: n…" not in line, line
+
+
+IMAGE_DICTS = """
+    import pytest, torch
+    from torch.utils.data import DataLoader
+
+    ROWS = [{"pixel_values": torch.randn(3, 8, 8), "labels": i % 4} for i in range(16)]
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():  # a transformers image-classification collate_fn: pixel_values and labels
+        return DataLoader(ROWS, batch_size=4)
+"""
+
+
+def test_image_batches_of_mappings_get_no_tokenizer_or_tower_request(project):
+    # run_image_classification_no_trainer's batches: a mapping with no input_ids. The llm checks (L7 included) and
+    # the vlm checks are not applicable; they asked for dlcheck_tokenizer, dlcheck_compute_metrics, dlcheck_towers
+    project.conftest(IMAGE_DICTS)
+    run = project.run("--dlcheck=L2,L7,L11,X1,X3", "-rs")
+    for cid in ("L2", "L7", "L11", "X1", "X3"):
+        run.assert_outcome(cid, "skipped")
+    text = " ".join(run.text.split())
+    assert "missing role" not in text, text
+    assert "carry no input_ids (keys: labels, pixel_values): they are not token batches" in text, text
+    assert "carry images and no token ids (keys: labels, pixel_values): an image-only pipeline" in text, text
+
+
+def test_token_batches_without_a_tokenizer_still_ask_for_it(project):
+    # the twin: token batches and no tokenizer are an llm pipeline whose tokenizer is really missing
+    project.conftest(
+        IMAGE_DICTS.replace(
+            'ROWS = [{"pixel_values": torch.randn(3, 8, 8), "labels": i % 4} for i in range(16)]',
+            'ROWS = [{"input_ids": torch.arange(6), "attention_mask": torch.ones(6, dtype=torch.long), '
+            '"labels": torch.arange(6)} for i in range(16)]',
+        )
+    )
+    run = project.run("--dlcheck=L11", "-rs")
+    run.assert_outcome("L11", "skipped")
+    assert "define fixture dlcheck_tokenizer" in run.text, run.text

@@ -1,5 +1,7 @@
 """Checks of causal-LM data and training (SFT, DPO, GRPO, pretraining)."""
 
+from collections.abc import Mapping
+
 from ...errors import MISSING
 from ...registry import applicability, kind_rule
 from ...roles import role
@@ -37,8 +39,16 @@ def concerns_token_data(ctx) -> str | None:
         return None  # nothing to look at: the missing role is the honest answer
     from ...sampling import get_sample
 
-    get_sample(ctx)  # not applicable when its batches are no token batches; else the role is really missing
-    return None
+    sample = get_sample(ctx)
+    if sample.batches and not lm.has_token_batches(sample.batches):
+        # image batches (pixel_values and labels), rollouts: no tokenizer would make the llm checks concern them
+        keys = sorted(sample.batches[0]) if isinstance(sample.batches[0], Mapping) else []
+        return (
+            f"batches from {sample.source} carry no input_ids"
+            + (f" (keys: {', '.join(map(str, keys))})" if keys else "")
+            + ": they are not token batches, and the given fixtures hold no tokenizer and no Trainer"
+        )
+    return None  # token batches: the tokenizer is really missing
 
 
 @kind_rule("llm")

@@ -75,7 +75,8 @@ def _images_in(batch: Any) -> bool:
 
 
 def _data_without_images(ctx: Any) -> str | None:
-    """Why the sampled batches show a text-only pipeline (token batches without any image), else None; the
+    """Why the sampled batches show a text-only pipeline (token batches without any image) or an image-only one
+    (images without token ids), else None; the
     data is read only when it is there (a dataloader, or a collator with a dataset)."""
     import pytest
 
@@ -90,6 +91,9 @@ def _data_without_images(ctx: Any) -> str | None:
             raise  # batches that are no token batches at all (tuples of tensors): not a vision-language pipeline
         return None
     batches = [b for b in sample.batches if isinstance(b, Mapping)]
+    if batches and all(_images_in(b) for b in batches) and not any("input_ids" in b for b in batches):
+        keys = ", ".join(sorted(map(str, batches[0])))
+        return f"the batches of {sample.source} carry images and no token ids (keys: {keys}): an image-only pipeline"
     if not batches or any(_images_in(b) for b in batches) or not all("input_ids" in b for b in batches):
         return None
     keys = ", ".join(sorted(map(str, batches[0])))
