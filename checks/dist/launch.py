@@ -37,6 +37,12 @@ TORCH_DEFAULT_SEED = 67280421310721
 _FRESH_SEED: list[int | None] = []
 
 
+def rank_seed(rank: int) -> int:
+    """A rank's stand-in for the seed torch 2.14 draws from the OS in a fresh process: different on every rank,
+    the same on every launch (64 bits of a hash of the rank)."""
+    return int.from_bytes(hashlib.sha256(f"dlcheck-rank-{rank}".encode()).digest()[:8], "little") >> 1
+
+
 def fresh_process_seed() -> int | None:
     """The seed a fresh process of this torch starts its global generator with: a constant (torch's default
     seed, the same in every process) or None when each fresh process is seeded from the OS (torch 2.14). The
@@ -461,7 +467,9 @@ class Rank:
         # a fresh process: this torch's start (its default seed, the same on every rank, or one from the OS as
         # torch 2.14 draws), Python and NumPy from the OS
         if self.job.fresh_seed is None:
-            torch.seed()
+            # seeded from the OS in a real launch (a different seed on every rank): here a seed of the rank's own,
+            # fixed, so that a verdict is the same on every run of the checks
+            torch.manual_seed(rank_seed(self.rank))
         else:
             torch.manual_seed(self.job.fresh_seed)
         random.seed()

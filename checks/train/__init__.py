@@ -114,6 +114,10 @@ def _own_dataloader(name: str, get: Get, cache: Cache) -> Any:
     ``val_dataloader()``), called on a prepared copy of it, as ``fit(module)`` trains it."""
     from ...training import own_dataloader
 
+    if get_role(get, "make_training") is not MISSING:
+        # a plain loop's factory: its model is not a Lightning user's module, and asking for it here would call the
+        # factory in this process (a torchrun factory building a DistributedSampler raises without a process group)
+        return MISSING
     module = get_role(get, "lightning_module")
     if module is MISSING or not own_dataloader(module):
         return MISSING
