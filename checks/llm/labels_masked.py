@@ -774,9 +774,9 @@ MODEL_PLACEHOLDERS = ("image_token_id", "image_token_index", "video_token_id", "
 def _model_placeholders(ctx: Any, sample: Sample) -> set[int]:
     """The model config's image/video placeholder ids (``image_token_id``, LLaVA's older ``image_token_index``),
     counted only when the batches carry images (pixel_values …): a text-only run of such a model has none."""
-    if not ctx.has("model") or not any(
-        any("pixel_values" in str(k) or str(k).startswith("image") for k in b) for b in sample.batches
-    ):
+    if not any(any("pixel_values" in str(k) or str(k).startswith("image") for k in b) for b in sample.batches):
+        return set()  # no image in the batches: the model is not read (a text run of it has no placeholder)
+    if not ctx.has("model"):
         return set()
     cfg = getattr(ctx.role("model"), "config", None)
     out = set()
@@ -881,7 +881,7 @@ def _turns_pattern(bad: list[tuple[Example, list[bool]]]) -> str | None:
     property_mode=True,
     title="labels not -100 on padding or on the prompt",
     roles=("tokenizer", "dataloader"),
-    optional_roles=("raw_dataset", "training_args", "collator", "model"),
+    optional_roles=("raw_dataset", "training_args", "collator"),
     settings=(
         Setting(
             "max_padding_share",

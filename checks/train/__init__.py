@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from ...errors import MISSING
+from ...errors import MISSING, RoleError
 from ...registry import applicability
 from ...roles import an_object, deriver, role
 from ..shared.training_users import rl_agent_only
@@ -118,7 +118,10 @@ def _own_dataloader(name: str, get: Get, cache: Cache) -> Any:
         # a plain loop's factory: its model is not a Lightning user's module, and asking for it here would call the
         # factory in this process (a torchrun factory building a DistributedSampler raises without a process group)
         return MISSING
-    module = get_role(get, "lightning_module")
+    try:
+        module = get_role(get, "lightning_module")
+    except RoleError:
+        return MISSING  # a dlcheck_model that is no module at all: the checks that need it say so, not the data
     if module is MISSING or not own_dataloader(module):
         return MISSING
     method = "train_dataloader" if name == "dataloader" else "val_dataloader"
