@@ -30,7 +30,11 @@ def concerns_token_data(ctx) -> str | None:
     not token batches (images and labels, rollouts): drawing its sample says so ("not applicable"). Nor a
     reinforcement-learning agent with no supervised training (an SB3 algorithm, a CleanRL loop's env and
     update): asking it for a tokenizer names fixtures that do not describe it."""
-    if ctx.role("tokenizer") is not MISSING or ctx.role("trainer") is not MISSING:
+    from ...training.runs import is_lightning_trainer
+
+    trainer = ctx.role("trainer")
+    # a transformers / TRL Trainer holds a tokenizer (processing_class); a Lightning Trainer says nothing of text
+    if ctx.role("tokenizer") is not MISSING or (trainer is not MISSING and not is_lightning_trainer(trainer)):
         return None
     agent = rl_agent_only(ctx, "llm") or rl_agent_without_text(ctx)
     if agent:

@@ -80,8 +80,37 @@ def _prepared_module(module: Any) -> Any:
     trainer_ref = getattr(module, "_trainer", None)
     prepared = copy.deepcopy(module, {id(trainer_ref): None} if trainer_ref is not None else {})
     prepared.prepare_data()
+    if getattr(prepared, "_trainer", None) is None:
+        # fit() calls setup() with a Trainer attached, and a module's setup may read it (self.trainer.strategy,
+        # its world size: Lightning's imagenet template): a bare one of the module's own library, on the CPU
+        prepared.trainer = _bare_trainer(prepared)
     prepared.setup("fit")
     return prepared
+
+
+def _bare_trainer(module: Any) -> Any:
+    """A Trainer of the module's Lightning package that logs, saves and prints nothing: what ``setup('fit')`` may
+    read of the Trainer fit() attaches (its strategy, world size, ranks)."""
+    import importlib
+
+    package = next(
+        (
+            name
+            for c in type(module).__mro__
+            for name in ("lightning.pytorch", "pytorch_lightning")
+            if c.__module__.startswith(name)
+        ),
+        "lightning.pytorch",
+    )
+    trainer_cls = importlib.import_module(package).Trainer
+    return trainer_cls(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
 
 
 @deriver

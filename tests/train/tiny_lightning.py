@@ -323,18 +323,27 @@ class OwnLoaders(Classifier):
             random.setstate(checkpoint["rng"]["python"])
 
 
+class SetupReadsTrainer(OwnLoaders):
+    """Lightning's imagenet template: ``setup()`` builds the datasets and reads the Trainer fit() attaches
+    (``self.trainer.world_size``); its own loaders read what setup built."""
+
+    def setup(self, stage=None):
+        self.shards = self.trainer.world_size  # raises "not attached to a Trainer" on a bare copy
+        self.train_set = tt.blobs(64, seed=0)
+
+
 OWN_LOADERS = """
     import pytest, torch, tiny_lightning as tl
 
     @pytest.fixture(scope="session")
     def dlcheck_lightning_module():
         torch.manual_seed(0)
-        return tl.OwnLoaders({module})
+        return tl.{cls}({module})
 """
 
 
-def own_loaders_project(module: str = "") -> str:
-    return OWN_LOADERS.format(module=module)
+def own_loaders_project(module: str = "", cls: str = "OwnLoaders") -> str:
+    return OWN_LOADERS.format(module=module, cls=cls)
 
 
 class _Replay(torch.utils.data.IterableDataset):

@@ -118,3 +118,27 @@ def test_the_twin_that_saves_its_replay_buffer_resumes_exactly(project):
     run = project.run("--dlcheck=C1", "-rA")
     run.assert_outcome("C1", "passed")
     run.fnmatch(["*resumed on fresh objects: the losses, learning rates, weights of steps 3-4 equal*bitwise"])
+
+
+def test_a_setup_that_reads_the_trainer_gets_one_and_an_image_module_gets_no_tokenizer_request(project):
+    # Lightning's imagenet template: setup() reads self.trainer; the loaders were derived from a bare copy and every
+    # check that read them failed blaming dlcheck_dataloader. With a Lightning Trainer handed over and image batches,
+    # the llm checks are not applicable (they asked for a tokenizer: a Lightning Trainer holds none)
+    project.conftest(
+        tl.own_loaders_project(cls="SetupReadsTrainer")
+        + """
+    import lightning.pytorch as pl
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer():
+        return pl.Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False)
+"""
+    )
+    run = project.run("--dlcheck=T3,T7,L2,L11", "-rA")
+    assert "not attached to a `Trainer`" not in run.text and "internal error" not in run.text, run.text
+    run.assert_outcome("T3", "passed")
+    run.assert_outcome("T7", "skipped")  # read from the derived loader: unshuffled, one epoch
+    assert "dlcheck_lightning_module's train_dataloader() does not shuffle" in run.text, run.text
+    for cid in ("L2", "L11"):
+        run.assert_outcome(cid, "skipped")
+    assert "define fixture dlcheck_tokenizer" not in run.text, run.text
