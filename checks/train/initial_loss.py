@@ -102,7 +102,9 @@ def check_initial_loss(dlcheck):
     Not applicable
         Losses that are not a cross-entropy over classes: regression (float targets other than 0/1, or an MSE on a
         0/1 score or on soft targets, as the replay of the loss shows), a model with a single output per example
-        that is not a binary head, DPO, KTO and other preference losses, GRPO. A torchvision detector (its loss
+        that is not a binary head, a model whose output is more than a row of scores per example against one
+        label per example (an image-to-image network, a feature map), DPO, KTO and other preference losses,
+        GRPO. A torchvision detector (its loss
         is a sum of classification, box-regression and objectness losses, and exists in train mode only). A model given as dlcheck_model
         whose forward needs fields the batches lack (a denoiser that your loss calls): it is not called on
         the batch. A training whose loss does not read the batch's labels (an autoencoder's reconstruction
@@ -234,6 +236,14 @@ def check_initial_loss(dlcheck):
             f"the targets are floats ({describe_batch(targets)}) and the model's output "
             f"({'unknown' if shape is None else tuple(shape)}) is not one logit per target: not a cross-entropy "
             "over classes"
+        )
+    if not isinstance(classes, int) and shape is not None and len(shape) >= 3 and targets.dim() == 1:
+        # one label per example, but an output with more than a row of scores per example: an image-to-image network
+        # (fast_neural_style's TransformerNet) or a feature map, whose last dimension is a width, not classes
+        dlcheck.not_applicable(
+            f"the model's output {tuple(shape)} is no row of class scores per example, and the targets hold one label "
+            f"per example ({describe_batch(targets)}): not a classification head (an image-to-image network, a "
+            "feature map), ln(classes) does not apply"
         )
     if not isinstance(classes, int):
         if shape is None or len(shape) < 2:

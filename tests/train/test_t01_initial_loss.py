@@ -197,3 +197,59 @@ def test_the_start_of_a_head_frozen_at_its_random_init_is_named(project):
     assert "the logits are far too large at initialisation" in text and "frozen" not in text, text
     project.conftest(HEAD_ON_LARGE_FEATURES.format(order=f"{FREEZE}\n            {HEAD}", scale=1.0))
     project.run("--dlcheck=T1").assert_outcome("T1", "passed")
+
+
+IMAGE_TO_IMAGE = """
+    import pytest, torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = {model}
+            return {{"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3)}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():  # an ImageFolder's (image, class) pairs
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(TensorDataset(torch.rand(32, 3, 16, 16, generator=g) * 255,
+                                        {labels}), batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_compute_loss():
+        def loss(model, batch):
+            x, y = batch
+            {loss}
+        return loss
+"""
+
+
+def test_an_image_to_image_network_has_no_classes(project):
+    # fast_neural_style: TransformerNet maps 0-255 images to images; its perceptual loss ignores the ImageFolder
+    # label. T1 took the image's width (16) for a number of classes and failed at 1e8 x ln(16)
+    project.conftest(
+        IMAGE_TO_IMAGE.format(
+            model="nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 3, 3, padding=1))",
+            loss="return 1e5 * nn.functional.mse_loss(model(x), x)",
+            labels="torch.zeros(32, dtype=torch.long)",  # one class folder: shuffling tells nothing of their use
+        )
+    )
+    run = project.run("--dlcheck=T1", "-rs")
+    run.assert_outcome("T1", "skipped")
+    assert "not applicable: the model's output (8, 3, 16, 16) is no row of class scores per example" in run.text
+
+
+def test_the_same_images_under_a_classifier_head_are_judged(project):
+    project.conftest(
+        IMAGE_TO_IMAGE.format(
+            model="nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), "
+            "nn.Linear(8, 4))",
+            loss="return nn.functional.cross_entropy(model(x / 255), y)",
+            labels="torch.randint(0, 4, (32,), generator=g)",
+        )
+    )
+    run = project.run("--dlcheck=T1", "-rA")
+    assert run.outcome("T1") in ("passed", "failed"), run.text
+    assert "no row of class scores" not in run.text
