@@ -62,6 +62,8 @@ class Window:
     start_weights: dict[str, torch.Tensor] | None = None  # the weights the window started from (after step 1)
     dropouts: int = 0
     no_optimizer: bool = False
+    first_grads: dict[str, torch.Tensor] | None = None  # what the optimizer saw when it stepped at the very first call
+    first_modes: dict[str, bool] | None = None  # the train/eval flags at that first call's forward
 
 
 def _watch_window(setup: Any, n: int) -> Window:
@@ -87,6 +89,8 @@ def _watch_window(setup: Any, n: int) -> Window:
         win.calls.append(now["call"])
         win.grads = {name: p.grad.detach().clone() for name, p in params if p.grad is not None}
         win.end = now["call"]
+        if win.calls == [0]:
+            win.first_grads = win.grads
 
     def post(optimizer, args, kwargs):
         if len(win.calls) == 1 and win.calls[0] == 0:
@@ -120,6 +124,7 @@ def _watch_window(setup: Any, n: int) -> Window:
         win.start = win.calls[0] + 1
     # the flags at the window's first forward (a step that buffers its micro-batches runs none before the last)
     win.modes = next((modes[c] for c in sorted(modes) if c >= win.start), None)
+    win.first_modes = modes.get(0)
     return win
 
 
@@ -287,6 +292,19 @@ def _judge(grads: dict[str, torch.Tensor], ref: Reference, k: int) -> dict[str, 
     }
 
 
+def _first_window(setup: Any, win: Window, k: int) -> tuple[float, float] | None:
+    """When the optimizer stepped at the very first call and the next window held k > 1 micro-batches: the
+    relative errors of that first step's gradient to 1/k and to all of the first micro-batch's gradient (the
+    full-batch gradient of a window of one), at the initial weights in the first call's modes."""
+    if win.first_grads is None or not win.first_grads or k <= 1 or win.start != 1:
+        return None
+    first = Window(modes=win.first_modes)
+    ref = _reference(setup, setup.batches(1)[:1], first, list(win.first_grads))
+    if not ref.summed or _norm(ref.summed) == 0:
+        return None
+    return _rel(win.first_grads, ref.summed, 1.0 / k), _rel(win.first_grads, ref.summed)
+
+
 def _trainer_accumulation(setup: Any) -> int:
     if setup.kind == "trainer":
         return int(getattr(setup.trainer.args, "gradient_accumulation_steps", 1) or 1)
@@ -329,8 +347,10 @@ def check_grad_accumulation(dlcheck):
         of the k micro-batches and compares the optimizer's gradient with three candidates: the full-batch
         gradient (token-level batches, labels with -100: the sum of token losses over the supervised tokens
         of all k micro-batches; other batches: weighted by examples), the k gradients summed (the loss not
-        divided by k), and their plain mean (each micro-batch's own token mean divided by k). One accumulated
-        step and k reference passes.
+        divided by k), and their plain mean (each micro-batch's own token mean divided by k). When the
+        optimizer stepped at the very first call and then after k > 1 (a counter tested as ``step % k == 0``
+        from 0), that first step is judged too: a gradient 1/k of its one micro-batch's is an off-by-one
+        window. One accumulated step and k (k + 1) reference passes.
     Why it is bad
         Not dividing the loss by k makes every update k times the full-batch gradient: with SGD the
         effective learning rate is k times too high, with Adam the scale mostly cancels but gradient
@@ -549,6 +569,29 @@ def check_grad_accumulation(dlcheck):
             f"(relative error {errors['per-micro-batch mean']:.2g}); weighted by their {unit} it would differ by "
             f"{full:.2g} (micro-batches of different sizes; not judged a bug)"
         )
+        first = run_or_skip(dlcheck, lambda: _first_window(setup, win, k)) if clipped is None else None
+        if first is not None and first[0] <= tol and first[0] < first[1] / 2:
+            dlcheck.fail(
+                [
+                    f"the optimizer stepped at call 1 of {stepname}, after one micro-batch, and then after the "
+                    f"{k} micro-batches of calls {win.start + 1}-{win.end + 1}",
+                    f"the first step's gradient is 1/{k} of its one micro-batch's gradient (relative error "
+                    f"{first[0]:.2g}; to the whole micro-batch gradient {first[1]:.2g}): the loss divided by {k} for "
+                    "a window of one",
+                    f"the window of calls {win.start + 1}-{win.end + 1} is right: {matched}",
+                ],
+                cause=f"the first accumulation window is off by one: the optimizer steps when the micro-step counter is "
+                f"a multiple of {k} (0, {k}, {2 * k}, ...) while the counter starts at 0, so the first optimizer step "
+                f"comes after one micro-batch and moves the weights on 1/{k} of its gradient, and every later window "
+                f"ends one micro-batch early (a resume that counts steps as micro_steps // {k} lands off by one too)",
+                fix=f"step when (step + 1) % {k} == 0 (or at the epoch's last batch), or use `with "
+                "accelerator.accumulate(model):` and step on every call (Accelerate steps when the window is full)",
+            )
+        if first is not None:
+            dlcheck.measured(
+                f"the first optimizer step came at call 1 (a window of one micro-batch); its gradient is that "
+                f"micro-batch's whole gradient (relative error {first[1]:.2g}), not 1/{k} of it"
+            )
         if ref.tokens and k > 1 and spread <= tol:
             dlcheck.not_judged(
                 "a per-micro-batch token mean",

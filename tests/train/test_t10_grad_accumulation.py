@@ -169,6 +169,37 @@ def test_a_first_step_at_the_first_call_is_followed_by_the_window_after_it(proje
     assert "it is the sum of the 4 micro-batch gradients" in text
 
 
+def test_a_first_window_of_one_micro_batch_with_the_loss_divided_by_k_fails(project):
+    """transformers' run_ner_no_trainer before its fix: `loss / k`, then `if step % k == 0: step` from step 0: the
+    first optimizer step moves the weights on 1/k of one micro-batch's gradient; the later windows are right."""
+    source = mlp_project(accum=4, divide=True).replace("if (i + 1) % 4 == 0:", "if i % 4 == 0:")
+    project.conftest(source)
+    run = project.run("--dlcheck=T10")
+    run.assert_outcome("T10", "failed")
+    text = tt.section(run, "T10")
+    assert "the optimizer stepped at call 1 of dlcheck_train_step, after one micro-batch" in text
+    assert "the first step's gradient is 1/4 of its one micro-batch's gradient" in text
+    assert "the window of calls 2-5 is right" in text
+    assert "the first accumulation window is off by one" in text
+    assert "step when (step + 1) % 4 == 0" in text
+
+
+def test_a_first_window_of_one_micro_batch_at_its_whole_gradient_is_judged_right(project):
+    """The same counter with the first step on the whole gradient of its one micro-batch (`loss / (1 if i == 0
+    else k)`): a smaller first batch, not a wrong gradient: passes, and says what it measured."""
+    source = mlp_project(accum=4, divide=False).replace("if (i + 1) % 4 == 0:", "if i % 4 == 0:")
+    source = source.replace(
+        "loss = nn.functional.cross_entropy(model(x), y)",
+        "loss = nn.functional.cross_entropy(model(x), y) / (1 if i == 0 else 4)",
+    )
+    project.conftest(source)
+    run = project.run("--dlcheck=T10", "-rA")
+    run.assert_outcome("T10", "passed")
+    text = " ".join(run.text.split())
+    assert "the first optimizer step came at call 1 (a window of one micro-batch); its gradient is that" in text
+    assert "not 1/4 of it" in text
+
+
 def test_a_summed_loss_not_divided_by_k_is_the_full_batch_sum_and_passes(project):
     """reduction='sum' everywhere: the full batch's loss is the sum of the micro-batch sums."""
     source = mlp_project(accum=4, divide=False).replace("model(x), y)", "model(x), y, reduction='sum')")
