@@ -105,6 +105,49 @@ def _step_normalises(dlcheck: Any) -> Any:
     return stats
 
 
+def _maps_images(dlcheck: Any, name: str) -> str | None:
+    """When the model maps an image to an image of its channels (a style-transfer, super-resolution or denoising
+    net) and the sampled targets are neither masks nor boxes: what it gave, for the reason; else None. One forward of
+    the model (``dlcheck_model``, or the model of fresh ``dlcheck_make_training`` objects) on one sampled image as the
+    data gives it, in eval mode, on the fail path of the scale only."""
+    sample = V.get_vision_sample(dlcheck, name, required=False)
+    items = [i for i in (sample.items if sample is not None else []) if i.image is not None and not i.pil]
+    if not items or any(i.kind in ("segmentation", "detection") for i in items):
+        return None
+    import torch
+
+    from ...guard import eval_mode, preserved_rng
+
+    def run() -> str | None:
+        model = dlcheck.role("model")
+        if model is MISSING:
+            from ...training import find_setup
+            from ...training.runs import unwrap_prepared
+
+            setup = find_setup(dlcheck)
+            model = unwrap_prepared(setup.state().get("model")) if setup is not None else None
+        if not isinstance(model, torch.nn.Module):
+            return None
+        image = items[0].image
+        device = V.model_device(model)
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+        x = image.detach().to(device, dtype).unsqueeze(0)  # the pixels as the data gives them, not rescaled
+        with preserved_rng(), eval_mode(model):
+            out = V.output_tensor(model(x))
+        if out is None or out.dim() != 4 or out.shape[1] != x.shape[1] or min(out.shape[-2:]) < 2:
+            return None
+        return (
+            f"{type(model).__name__} maps a {tuple(x.shape[1:])} image to a {tuple(out.shape[1:])} image: an "
+            "image-to-image network, whose input scale is the scale of the images it is trained to give, set by your "
+            "loss and its targets, which V1 does not read"
+        )
+
+    try:
+        return run()
+    except Exception:  # noqa: BLE001 - one made-up forward: a model that needs other inputs is not this kind
+        return None
+
+
 #: how many standard errors of the per-image means a train/eval mean shift must exceed to be a scaling difference
 SHIFT_Z = 4.0
 
@@ -326,7 +369,10 @@ def check_normalization(dlcheck):
         Without a declared normalisation (a model from scratch, no image processor or weights) only the
         scale and the train/eval agreement are judged. Without a Normalize object the statistics are
         inferred from the measured range, assuming the pixels span most of [0, 1]: data of very low
-        contrast can trip V1.min_pixel_span, and statistics close to the declared ones pass.
+        contrast can trip V1.min_pixel_span, and statistics close to the declared ones pass. 0–255 inputs to an
+        image-to-image model (its output an image of the input's channels, the targets neither masks nor boxes: a
+        style-transfer or super-resolution net) are not judged: the scale it should get is the scale of the images
+        its loss trains it to give, which V1 does not read (one forward of the model, on that path only).
     Not applicable
         Data without images (token batches of a language model, tabular rows, RL observations), and a
         diffusion training whose batches hold precomputed latents rather than pixels (DF3 judges those).
@@ -366,7 +412,11 @@ def check_normalization(dlcheck):
         elif tr0.stats.min < -0.01:
             train_normalised = f"the train inputs are normalised (range {tr0.stats.min:.3g} to {tr0.stats.max:.3g})"
 
+    unjudged: list[str] = []  # splits whose 0-255 scale an image-to-image model makes a choice, not judged
     for s in splits:
+        if s.stats.absmax > limit and diffusion is None and (maps := _maps_images(dlcheck, s.name)) is not None:
+            unjudged.append(f"{s.name}: {s.source}: |values| up to {s.stats.absmax:.3g}; {maps}")
+            continue
         if s.stats.absmax > limit:
             evidence.append(stats_line(s))
             if s.transform is not MISSING:
@@ -628,6 +678,12 @@ def check_normalization(dlcheck):
                     f"eval inputs' mean within {shift:.2f} train stds (limit {dlcheck.setting('max_split_shift'):g}), "
                     f"std ratio {ratio:.2f} (limit {dlcheck.setting('max_split_std_ratio'):g})"
                 )
+    if not problems and unjudged:
+        dlcheck.skip(
+            "V1 does not judge the scale of an image-to-image model's input: "
+            + "; ".join(unjudged)
+            + (f". Judged: {'; '.join(judged)}" if judged else "")
+        )
     if not problems:
         absmax = max(s.stats.absmax for s in splits)
         if declared is None and diffusion is None:

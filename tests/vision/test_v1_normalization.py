@@ -458,3 +458,22 @@ def test_a_train_eval_shift_within_the_images_own_spread_is_not_conclusive():
     tight_train = [0.40, 0.41, 0.39, 0.40, 0.42, 0.38, 0.40, 0.41]
     tight_eval = [m - 0.35 for m in tight_train]  # normalised eval beside [0, 1] train: beyond 4 standard errors
     assert _content_noise(stats(tight_train), stats(tight_eval)) is None
+
+
+IMAGE_TO_IMAGE = (
+    "torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.InstanceNorm2d(8), torch.nn.ReLU(), "
+    "torch.nn.Conv2d(8, 3, 3, padding=1))"
+)
+
+
+def test_an_image_to_image_network_on_0_255_pixels_is_not_judged(project):
+    """pytorch/examples fast_neural_style trains its TransformerNet on 0-255 images towards 0-255 images (its loss
+    normalises both for VGG): the input scale is the output scale the loss asks for. V1 says it does not judge it;
+    the same data into a classifier still fails (test_todtype_without_scale_keeps_0_255_pixels)."""
+    project.conftest(CLASSIFIER.format(model=IMAGE_TO_IMAGE, train_tf=TRAIN_UNSCALED, eval_tf=TRAIN_UNSCALED))
+    run = project.run("--dlcheck=V1", "-rA")
+    run.assert_outcome("V1", "skipped")
+    text = " ".join(run.text.split())
+    assert "V1 does not judge the scale of an image-to-image model's input" in text
+    assert "Sequential maps a (3, 32, 32) image to a (3, 32, 32) image" in text
+    assert "set by your loss and its targets, which V1 does not read" in text
