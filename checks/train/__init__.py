@@ -49,6 +49,16 @@ role(
     "from 0; default: loss.backward(), optimizer.step(), lr_scheduler.step(), zero_grad()",
 )
 role(
+    "num_epochs",
+    "how many epochs your plain or Accelerate loop trains (an int, e.g. args.epochs): the plan a Trainer's "
+    "num_train_epochs or a Lightning Trainer's max_epochs gives; T7 judges a loader that does not shuffle with it",
+    expect=lambda v: (
+        None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+        else f"is {v!r}, expected a positive number: the epochs your loop trains"
+    ),
+)
+role(
     "compute_loss",
     "callable (model, batch) -> scalar loss tensor, the forward half of your step; default: "
     "model(**batch).loss for mapping batches, dlcheck_loss_fn(model(inputs), targets) for (inputs, targets)",

@@ -106,10 +106,10 @@ def _pristine() -> tuple:
     return random.getstate()[1][:4], tuple(np.random.get_state()[1][:4]) if np is not None else None
 
 
-def _planned_epochs(setup: Any, loader: Any) -> tuple[float, str] | None:
+def _planned_epochs(setup: Any, loader: Any, epochs_role: Any = MISSING) -> tuple[float, str] | None:
     """(how many epochs the user's run trains, where that is read), when the run's plan is visible: a Trainer's
-    args (max_steps, else num_train_epochs) or a handed-over Lightning Trainer (max_steps, else max_epochs);
-    None for a loop, whose epochs live in its own code."""
+    args (max_steps, else num_train_epochs), a handed-over Lightning Trainer (max_steps, else max_epochs), a loop's
+    ``dlcheck_num_epochs``; None for a loop that does not say, whose epochs live in its own code."""
     try:
         batches = len(loader)
     except TypeError:
@@ -120,6 +120,8 @@ def _planned_epochs(setup: Any, loader: Any) -> tuple[float, str] | None:
             accum = max(1, int(getattr(args, "gradient_accumulation_steps", 1) or 1))
             return args.max_steps * accum / batches, f"max_steps={args.max_steps} of {batches} batches an epoch"
         return float(args.num_train_epochs), f"num_train_epochs={args.num_train_epochs}"
+    if setup is not None and setup.kind in ("loop", "accelerate") and epochs_role not in (MISSING, None):
+        return float(epochs_role), f"dlcheck_num_epochs={epochs_role}"
     trainer = getattr(setup, "l_trainer", None) if setup is not None and setup.kind == "lightning" else None
     if trainer is None or trainer is MISSING:
         return None
@@ -142,7 +144,7 @@ def _fail_or_judge_no_shuffle(dlcheck, setup, loader, where) -> None:
             first = list(itertools.islice(iter(getattr(loader, "batch_sampler", None) or loader.sampler), 2))
     except Exception:  # noqa: BLE001 - a sampler that cannot be iterated without data: its order is not read
         first = []
-    plan = _planned_epochs(setup, loader)
+    plan = _planned_epochs(setup, loader, dlcheck.role("num_epochs"))
     if plan is None:
         lightning = setup is not None and setup.kind == "lightning"
         dlcheck.skip(
@@ -152,7 +154,8 @@ def _fail_or_judge_no_shuffle(dlcheck, setup, loader, where) -> None:
                 "how many epochs your run trains is not visible (hand over your Lightning Trainer as dlcheck_trainer "
                 "and its max_epochs is read)"
                 if lightning
-                else "how many epochs your loop trains is in your own code"
+                else "how many epochs your loop trains is in your own code (define fixture dlcheck_num_epochs "
+                "returning it, and T7 judges it)"
             )
             + ", so it is not judged (shuffle=True gives each epoch its own order)"
         )
@@ -199,7 +202,7 @@ def _train_loader(dlcheck, setup) -> tuple[Any, str]:
     domain="train",
     title="every epoch sees the same order, or every worker the same random stream",
     roles=(),
-    optional_roles=("trainer", "lightning_module", "datamodule", "make_training", "dataloader"),
+    optional_roles=("trainer", "lightning_module", "datamodule", "make_training", "dataloader", "num_epochs"),
     settings=(
         Setting(
             "false_alarm",
@@ -244,8 +247,8 @@ def check_epoch_order(dlcheck):
         A training loader that does not shuffle (a SequentialSampler, ``shuffle=False``) gives every epoch the
         same order: it fails when the run's plan is visible and trains more than one epoch (a Trainer's
         ``num_train_epochs`` / ``max_steps``, a Lightning Trainer handed over as ``dlcheck_trainer``: its
-        ``max_epochs`` / ``max_steps``); a plain loop's epochs live in its own code, so there it is said not
-        judged (a skip).
+        ``max_epochs`` / ``max_steps``, a plain or Accelerate loop's ``dlcheck_num_epochs``); a loop that does
+        not say how many epochs it trains is said not judged (a skip naming the fixture).
     Not applicable
         A training loader that does not shuffle in a run of one epoch (no order repeats).
     """

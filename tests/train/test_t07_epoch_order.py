@@ -2,6 +2,7 @@
 
 import re
 
+import pytest
 import tiny_train as tt
 
 
@@ -78,6 +79,30 @@ def test_a_loop_whose_loader_does_not_shuffle_is_said_not_judged(project):
         ["*dlcheck_dataloader does not shuffle (SequentialSampler): every epoch visits the examples in the same*"]
     )
     assert "not applicable" not in run.text
+    assert "define fixture dlcheck_num_epochs returning it, and T7 judges it" in " ".join(run.text.split())
+
+
+@pytest.mark.parametrize("epochs, outcome", [(2, "failed"), (1, "skipped")])
+def test_a_loop_that_says_its_epochs_is_judged_on_a_loader_that_does_not_shuffle(project, epochs, outcome):
+    """pytorch/examples fast_neural_style: DataLoader(train_dataset, batch_size) without shuffle, --epochs 2: with
+    dlcheck_num_epochs the plain loop's plan is read as a Trainer's is; one epoch repeats no order (not applicable)."""
+    extra = f"""
+    @pytest.fixture(scope="session")
+    def dlcheck_num_epochs():
+        return {epochs}
+"""
+    project.conftest(with_loader("tt.loader(shuffle=False)") + extra)
+    run = project.run("--dlcheck=T7", "-rA")
+    run.assert_outcome("T7", outcome)
+    text = " ".join(run.text.split())
+    if outcome == "failed":
+        assert "does not shuffle: its SequentialSampler gives every epoch the same order" in text
+        assert "the run trains 2 epochs (dlcheck_num_epochs=2)" in text
+    else:
+        assert (
+            "not applicable: dlcheck_dataloader does not shuffle (SequentialSampler), and the run trains one epoch"
+            in text
+        )
 
 
 #: pytorch-lightning's examples/pytorch/basics/autoencoder.py: DataLoader(mnist_train, batch_size=...) without
