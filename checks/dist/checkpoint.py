@@ -245,8 +245,8 @@ def _data_position(dlcheck, run, kind: str | None) -> list[str]:
     domain="dist",
     title="every rank writes the checkpoint, a rank cannot load it, it is tied to one world size, or the ranks' resume "
     "loses the data position",
-    roles=("make_training", "save_checkpoint", "load_checkpoint"),
-    optional_roles=tuple(r for r in OPTIONAL if r not in ("make_training", "save_checkpoint", "load_checkpoint")),
+    roles=(),
+    optional_roles=tuple(dict.fromkeys((*OPTIONAL, "make_training", "save_checkpoint", "load_checkpoint"))),
 )
 def check_distributed_checkpoint(dlcheck):
     """A checkpoint is written once (by rank 0, or by one collective save), loads on every rank, and a sharded
@@ -310,6 +310,9 @@ def check_distributed_checkpoint(dlcheck):
     Not applicable
         Training that does not run distributed (no ``dlcheck_dist_wrap``).
     """
+    if dlcheck.has("lightning_module") and not dlcheck.has("make_training"):
+        measure.the_setup(dlcheck)  # a LightningModule is said not launched, not asked for a plain loop's roles
+    dlcheck.require("make_training", "save_checkpoint", "load_checkpoint")
     run = measure.get_launch(dlcheck)
     train = measure.records(dlcheck, run, "train")
     recs = measure.records(dlcheck, run, "ckpt")

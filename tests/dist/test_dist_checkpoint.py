@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "train"))
 import tiny_dist as td  # noqa: E402
+import tiny_lightning as tl  # noqa: E402, F401 - Lightning imported once, before the in-process runs
 
 DIST = ("D1", "D2", "D3", "D4", "D5", "D6")
 
@@ -86,3 +88,29 @@ def test_fsdp1_runs_on_cpu_but_is_not_judged_yet(project):
     assert "the model is wrapped in FullyShardedDataParallel (FSDP1)" in _flat(run.text)
     assert "the dist domain compares FSDP2 models only yet (fully_shard(model))" in _flat(run.text)
     _no_leftover_process()
+
+
+LIGHTNING = """
+    import pytest
+    import tiny_lightning as tl
+
+
+    @pytest.fixture(scope="session")
+    def dlcheck_lightning_module():
+        return tl.Classifier()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_datamodule():
+        return tl.Blobs(shuffle=True)
+"""
+
+
+def test_a_lightning_module_is_said_not_launched_not_asked_for_a_plain_loops_roles(project):
+    """Lightning's imagenet example, found blind: D1-D4 said a LightningModule is not launched while D5 asked for
+    dlcheck_make_training, dlcheck_save_checkpoint and dlcheck_load_checkpoint (roles of another kind of user)."""
+    project.conftest(LIGHTNING)
+    run = project.run("--dlcheck=D1,D5", "-rs")
+    run.assert_outcome("D5", "skipped")
+    d5 = _flat(next(ln for ln in run.text.splitlines() if ln.startswith("SKIPPED") and "D5_distributed" in ln))
+    assert "a LightningModule is not launched in several processes" in d5, d5
+    assert "missing role" not in d5 and "dlcheck_make_training" not in d5, d5
