@@ -595,9 +595,10 @@ def check_grad_accumulation(dlcheck):
         if ref.tokens and k > 1 and spread <= tol:
             dlcheck.not_judged(
                 "a per-micro-batch token mean",
-                f"the window's micro-batches hold equal token counts ({', '.join(map(str, ref.sizes))}): a plain mean "
-                "of their token means gives the full-batch gradient too, so whether your loss weighs micro-batches of "
-                "unequal counts by their tokens is not told apart",
+                f"the window's micro-batches hold token counts close enough ({', '.join(map(str, ref.sizes))}) that a "
+                f"plain mean of their token means gives the full-batch gradient within {tol:g} too (it differs by "
+                f"{spread:.2g}), so whether your loss weighs micro-batches of unequal counts by their tokens is not "
+                "told apart",
             )
         dlcheck.measured(
             window,

@@ -332,8 +332,13 @@ def check_boxes_labels(dlcheck):
     if cls:
         if n_classes is None:
             dlcheck.skip(
-                "missing role: the number of classes is unknown: define fixture dlcheck_num_classes (or "
-                "dlcheck_model) in conftest.py"
+                "missing role: the number of classes is unknown: define fixture dlcheck_num_classes"
+                + (
+                    " (or dlcheck_model)"
+                    if not dlcheck.has("model")
+                    else " (your model's output is no row of class scores per image to read them from)"
+                )
+                + " in conftest.py"
             )
         labels, source, _ = V.label_population(dlcheck, sample, V.LABEL_SAMPLES)
         values = list(labels) or [i.label for i in cls]

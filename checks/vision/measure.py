@@ -989,12 +989,18 @@ def _num_classes(ctx: Any, sample: VisionSample | None = None) -> tuple[int | No
     if isinstance(model, nn.Module) and type(model).forward is nn.Module.forward:
         return None, ""  # a container of networks (a GAN's ModuleDict): no forward to read classes from
 
+    # per-pixel outputs hold classes in their channels only for masks; against one label per image they are an
+    # image (a style-transfer or super-resolution net's RGB), not a classifier's scores
+    per_pixel_classes = any(i.kind == "segmentation" for i in sample.items)
+
     def forward() -> Any:
         with preserved_rng(), eval_mode(model):
             out = output_tensor(ctx.call("model", lambda: model(model_input(image, model)[None])))
-        return None if out is None or out.ndim < 2 else int(out.shape[1])
+        if out is None or out.ndim < 2 or (out.ndim > 2 and not per_pixel_classes):
+            return None
+        return int(out.shape[1])
 
-    c = ctx.memo(model, f"vision:out-channels:{tuple(image.shape)}", forward)
+    c = ctx.memo(model, f"vision:out-channels:{tuple(image.shape)}:{per_pixel_classes}", forward)
     return (c, "the model's output channels on a sampled image") if c else (None, "")
 
 

@@ -477,3 +477,15 @@ def test_an_image_to_image_network_on_0_255_pixels_is_not_judged(project):
     assert "V1 does not judge the scale of an image-to-image model's input" in text
     assert "Sequential maps a (3, 32, 32) image to a (3, 32, 32) image" in text
     assert "set by your loss and its targets, which V1 does not read" in text
+
+
+def test_an_image_to_image_networks_rgb_channels_are_not_read_as_classes(project):
+    """fast_neural_style, found blind: V3 passed saying the labels lie in 0..2, 'num_classes 3 from the model's output
+    channels', which were the RGB of the image it gives. Against one label per image a per-pixel output is no
+    classifier's scores: the classes are not read from it (a segmentation model's still are, from its masks)."""
+    project.conftest(CLASSIFIER.format(model=IMAGE_TO_IMAGE, train_tf=TRAIN_SCALED, eval_tf=EVAL_OK))
+    run = project.run("--dlcheck=V3,V6", "-rA")
+    text = " ".join(run.text.split())
+    assert "from the model's output channels" not in text, text
+    assert "num_classes 3" not in text, text
+    assert "your model's output is no row of class scores per image to read them from" in text, text
