@@ -315,11 +315,15 @@ def check_schedule_on_n_processes(dlcheck):
     run_epochs = end_1 * ln / l1  # the same data on N processes, in their optimizer steps
     run_steps = float(end_1)  # a run counted in optimizer steps
     n_end = end_n / rate if kind_n == "end" else None
-    epochs = end_1 / l1
+    # micro-batches per optimizer step in the launch (gradient accumulation): an epoch of l1 batches is l1 / accum
+    # optimizer steps; the same data on N processes is end_1 * ln / l1 optimizer steps whatever accum is
+    accum = next((i + 1 for i, st in enumerate(steps) if st["opt_steps"]), 1)  # micro-steps up to the first step
+    epochs = end_1 * accum / l1
+    per_step = f", {accum} per optimizer step" if accum > 1 else ""
     plan_words = (
-        f"the single-process plan ends after {end_1} optimizer steps ({epochs:.3g} epoch(s) of {l1} batches); a "
-        f"rank's epoch is {ln} batches, so the same data takes {run_epochs:.3g} optimizer steps on {run.world} "
-        f"processes ({end_1} counted in optimizer steps)"
+        f"the single-process plan ends after {end_1} optimizer steps ({epochs:.3g} epoch(s) of {l1} batches"
+        f"{per_step}); a rank's epoch is {ln} batches, so the same data takes {run_epochs:.3g} optimizer steps on "
+        f"{run.world} processes ({end_1} counted in optimizer steps)"
     )
     if n_end is not None and n_end < run_epochs / FACTOR:
         k = math.floor(n_end)

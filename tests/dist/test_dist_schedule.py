@@ -109,3 +109,17 @@ def test_the_scheduler_stepped_per_micro_batch_that_d8_leaves_fails_t6(project):
     run.assert_outcome("T6", "failed")
     text = _flat(run.section("T6"))
     assert "2.0 scheduler steps per optimizer step" in text, text
+
+
+def test_the_epochs_of_an_accumulating_plan_count_its_micro_batches(project):
+    """run_ner_no_trainer, found blind: with 2 micro-batches per optimizer step, 9 optimizer steps of 6-batch epochs
+    were said to be 1.5 epochs (they are 3). The same data on 2 processes is the same whatever the accumulation."""
+    project.conftest(ts.project("make_training_accumulating", train_step="step_when_synced"))
+    run = project.run("--dlcheck=D8", "-rA")
+    run.assert_outcome("D8", "passed")
+    text = _flat(run.text)
+    assert (
+        "the single-process plan ends after 16 optimizer steps (2.91 epoch(s) of 11 batches, 2 per optimizer step)"
+        in text
+    ), text
+    _no_leftover_process()

@@ -122,6 +122,20 @@ def step_every_micro_batch(state, batch):
     return loss.detach()
 
 
+def step_when_synced(state, batch):
+    """Accumulation done right with an unprepared scheduler: stepped only when the optimizer really steps."""
+    accelerator, model, opt, sched = state["accelerator"], state["model"], state["optimizer"], state["lr_scheduler"]
+    model.train()
+    with accelerator.accumulate(model):
+        loss = ta.loss_of(model, batch)
+        accelerator.backward(loss)
+        opt.step()
+        if accelerator.sync_gradients:
+            sched.step()
+        opt.zero_grad()
+    return loss.detach()
+
+
 def step(state, batch):
     """The Accelerate step of its examples: the scheduler stepped right after the optimizer."""
     accelerator, model, opt, sched = state["accelerator"], state["model"], state["optimizer"], state["lr_scheduler"]
