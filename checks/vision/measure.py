@@ -1071,6 +1071,9 @@ def _cheap_labels(ds: Any) -> tuple[list[int], str] | None:
             if col is None:
                 return None
             values = base.data.column(col).to_pylist()
+            mapping = getattr(base, "_indices", None)  # select / filter / shuffle / train_test_split: rows of the table
+            if mapping is not None:
+                values = [values[i] for i in mapping.column(0).to_pylist()]
             if not values or not isinstance(values[0], int):
                 return None
             return ([values[i] for i in indices] if indices is not None else values), f"the '{col}' column"

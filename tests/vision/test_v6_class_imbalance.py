@@ -269,3 +269,21 @@ def test_an_unweighted_loss_at_20_to_1_fails_whole_or_sampled(project, target_tr
     assert "class 0 outnumbers class 1 20:1 (limit 10:1)" in text, text
     if target_transform:
         assert "in a sample of 1024 labels, beyond what chance shows at the limit" in text, text
+
+
+def test_the_labels_of_a_split_datasets_dataset_are_the_splits_own():
+    """run_image_classification_no_trainer, found blind: V3/V6 read the whole arrow table under a train_test_split
+    (60 rows, train + validation) instead of the 51 rows of the train split."""
+    import collections
+
+    import datasets
+
+    from pytest_dlcheck.checks.vision.measure import _cheap_labels
+
+    full = datasets.Dataset.from_dict({"x": list(range(60)), "label": [i % 4 for i in range(60)]})
+    train = full.train_test_split(test_size=0.15, seed=0)["train"]
+    picked = full.select([0, 4, 8, 1])
+    for ds in (train, picked, full.shuffle(seed=1)):
+        labels, where = _cheap_labels(ds)
+        assert collections.Counter(labels) == collections.Counter(ds["label"]), where
+        assert len(labels) == len(ds)
