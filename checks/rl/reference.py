@@ -185,11 +185,23 @@ def _without_reference(dlcheck, kl: Any) -> None:
                     else "it learns from TD targets, with no KL penalty to a frozen reference"
                 )
             )
-        given = [f"dlcheck_{n}" for n in ("env", "advantage_fn", "advantage_minibatches") if dlcheck.has(n)]
+        given = [
+            f"dlcheck_{n}"
+            for n in ("env", "advantage_fn", "advantage_minibatches", "td_target_fn", "replay_buffer")
+            if dlcheck.has(n)
+        ]
         if given:
             dlcheck.not_applicable(
-                f"a classic RL pipeline ({', '.join(given)}) with no dlcheck_ref_model or dlcheck_kl_coef: PPO's "
-                "clipped objective anchors each update to the rollout policy, not to a frozen reference model"
+                f"a classic RL pipeline ({', '.join(given)}) with no dlcheck_ref_model or dlcheck_kl_coef: it trains "
+                "with no KL penalty to a frozen reference model ("
+                + (
+                    "a policy-gradient update is anchored to the rollout policy by its clipping or step size"
+                    if dlcheck.has("advantage_fn") or dlcheck.has("advantage_minibatches")
+                    else "a value-based or off-policy agent learns from TD targets"
+                    if dlcheck.has("td_target_fn") or dlcheck.has("replay_buffer")
+                    else "what anchors its updates is its own algorithm's"
+                )
+                + ")"
             )
     dlcheck.require("ref_model")
 

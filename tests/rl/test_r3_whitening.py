@@ -155,8 +155,14 @@ def test_off_policy_algorithms_and_supervised_trainers_are_not_applicable(projec
         return advantage_fn(lambda rewards: torch.zeros_like(rewards), arrays="torch")
 """,
         },
-        "--dlcheck=R3,R7",
+        "--dlcheck=R3,R7,R2",
     )
+    # R2: no reference model, said as an off-policy agent's (not PPO's clipping, which C51 was told blind)
+    assert (
+        "not applicable: a classic RL pipeline (dlcheck_td_target_fn) with no dlcheck_ref_model or dlcheck_kl_coef: it "
+        "trains with no KL penalty to a frozen reference model (a value-based or off-policy agent learns from TD "
+        "targets)" in run.skips["cleanrl_td"]
+    ), run.skips["cleanrl_td"]
     run.assert_outcome("cleanrl_td", "R3", "skipped")
     assert (
         "not applicable: an off-policy loop (dlcheck_td_target_fn given, no advantage function): it learns from TD "
