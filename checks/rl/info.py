@@ -62,9 +62,10 @@ def check_critic_loss_trend(dlcheck):
     reward_key, rewards = rl.log_series(log, "reward")
     if not values:
         dlcheck.not_applicable(
-            "dlcheck_train_log logs no value loss (train/value_loss, value_loss, loss/value, vf_loss, or a tag "
-            "such as losses/qf_loss): a run "
-            "without a critic (GRPO) has no critic loss to read"
+            "dlcheck_train_log logs no value loss under a tag R5 knows (train/value_loss, value_loss, loss/value, "
+            "vf_loss, or a tag such as losses/qf_loss, losses/td_loss): no critic loss to read (a run without a critic, "
+            "GRPO, logs none; a value-based agent's loss under a plain tag such as losses/loss is not told from "
+            "another loss)"
         )
     parts = [
         f"info: {key} went from {values[0][1]:.3g} (step {values[0][0]}) to {values[-1][1]:.3g} (step {values[-1][0]})"

@@ -115,7 +115,10 @@ def test_reward_hacking_signature_in_a_run_log(project, tmp_path_factory):
     run.assert_outcome("hacked", "R5", "skipped")
     # R5 reads a critic loss: a GRPO log has none
     run.assert_outcome("real_noisy_run", "R5", "skipped")
-    assert "not applicable: dlcheck_train_log logs no value loss" in run.skips["real_noisy_run"]
+    assert "not applicable: dlcheck_train_log logs no value loss under a tag R5 knows" in run.skips["real_noisy_run"]
+    assert "a value-based agent's loss under a plain tag such as losses/loss is not told from another loss" in " ".join(
+        run.skips["real_noisy_run"].split()
+    )
 
     # a hand-written loop's tags are read by their words, each row at its global_step
     run.assert_outcome("hacked_tags", "R1", "failed")
