@@ -122,31 +122,27 @@ def step_every_micro_batch(state, batch):
     return loss.detach()
 
 
-def step_when_synced(state, batch):
-    """Accumulation done right with an unprepared scheduler: stepped only when the optimizer really steps."""
+def _accumulated_step(state, batch, when_synced: bool):
     accelerator, model, opt, sched = state["accelerator"], state["model"], state["optimizer"], state["lr_scheduler"]
     model.train()
     with accelerator.accumulate(model):
         loss = ta.loss_of(model, batch)
         accelerator.backward(loss)
         opt.step()
-        if accelerator.sync_gradients:
+        if accelerator.sync_gradients or not when_synced:
             sched.step()
         opt.zero_grad()
     return loss.detach()
 
 
+def step_when_synced(state, batch):
+    """Accumulation done right with an unprepared scheduler: stepped only when the optimizer really steps."""
+    return _accumulated_step(state, batch, when_synced=True)
+
+
 def step(state, batch):
     """The Accelerate step of its examples: the scheduler stepped right after the optimizer."""
-    accelerator, model, opt, sched = state["accelerator"], state["model"], state["optimizer"], state["lr_scheduler"]
-    model.train()
-    with accelerator.accumulate(model):
-        loss = ta.loss_of(model, batch)
-        accelerator.backward(loss)
-        opt.step()
-        sched.step()
-        opt.zero_grad()
-    return loss.detach()
+    return _accumulated_step(state, batch, when_synced=False)
 
 
 def project(make: str, train_step: str = "step") -> str:
