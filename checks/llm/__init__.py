@@ -33,13 +33,19 @@ def concerns_token_data(ctx) -> str | None:
     from ...training.runs import is_lightning_trainer
 
     trainer = ctx.role("trainer")
-    # a transformers / TRL Trainer holds a tokenizer (processing_class); a Lightning Trainer says nothing of text
-    if ctx.role("tokenizer") is not MISSING or (trainer is not MISSING and not is_lightning_trainer(trainer)):
+    hf_trainer = trainer is not MISSING and not is_lightning_trainer(trainer)
+    tok = ctx.role("tokenizer")
+    # a text tokenizer (or a processor holding one) makes the pipeline a language model's; an image processor (a
+    # transformers Trainer's processing_class for ViT/MAE) does not: its batches decide, as without a tokenizer
+    if tok is not MISSING and hasattr(lm.text_tokenizer(tok), "convert_ids_to_tokens"):
+        return None
+    # a transformers / TRL Trainer holds its tokenizer as processing_class; a Lightning Trainer says nothing of text
+    if hf_trainer and tok is MISSING:
         return None
     agent = rl_agent_only(ctx, "llm") or rl_agent_without_text(ctx)
     if agent:
         return agent
-    if ctx.role("dataloader") is MISSING and ctx.role("collator") is MISSING:
+    if not hf_trainer and ctx.role("dataloader") is MISSING and ctx.role("collator") is MISSING:
         return None  # nothing to look at: the missing role is the honest answer
     from ...sampling import get_sample
 
@@ -50,7 +56,11 @@ def concerns_token_data(ctx) -> str | None:
         return (
             f"batches from {sample.source} carry no input_ids"
             + (f" (keys: {', '.join(map(str, keys))})" if keys else "")
-            + ": they are not token batches, and the given fixtures hold no tokenizer and no Trainer"
+            + (
+                f": they are not token batches, and dlcheck_tokenizer is a {type(tok).__name__}, no text tokenizer"
+                if tok is not MISSING
+                else ": they are not token batches, and the given fixtures hold no tokenizer and no Trainer"
+            )
         )
     return None  # token batches: the tokenizer is really missing
 
@@ -65,6 +75,24 @@ def not_a_language_model(ctx) -> str | None:
             return (
                 f"dlcheck_{name} is a diffusers {type(model).__name__}: the batches' token ids are captions for its "
                 "text encoder, not a language model's inputs (the llm checks concern language models)"
+            )
+    tok = ctx.role("tokenizer")
+    if tok is not MISSING and not hasattr(lm.text_tokenizer(tok), "convert_ids_to_tokens"):
+        # an image processor as the Trainer's processing_class (ViT, MAE): the batches say whether text is trained
+        import pytest
+
+        from ...sampling import get_sample
+
+        try:
+            sample = get_sample(ctx)
+        except (Exception, pytest.skip.Exception):  # noqa: BLE001 - no data to read: the checks say what they lack
+            sample = None
+        if sample is not None and sample.batches and not lm.has_token_batches(sample.batches):
+            keys = sorted(sample.batches[0]) if isinstance(sample.batches[0], Mapping) else []
+            return (
+                f"dlcheck_tokenizer is a {type(tok).__name__}, no text tokenizer, and the batches from {sample.source} "
+                "carry no input_ids" + (f" (keys: {', '.join(map(str, keys))})" if keys else "") + ": no language "
+                "model is trained (the llm checks concern token batches)"
             )
     model = ctx.role("model")
     task = lm.model_task(model) if model is not MISSING else None
