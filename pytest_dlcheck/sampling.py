@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import MISSING, RoleError
-from .guard import preserved_dataloader, preserved_rng
+from .guard import preserved_dataloader, preserved_rng, seed_everything
 from .roles import ROLES
 from .session import user_call
 
@@ -158,7 +158,10 @@ def get_sample(ctx: Any, split: str = "train") -> Sample:
     if collator is not MISSING and dataset is not MISSING:
 
         def make() -> Sample:
+            # drawn from the global RNGs at one seed: random transforms and shuffles give the same sample whichever
+            # check draws it first (a verdict does not depend on the selection)
             with preserved_rng():
+                seed_everything(0)
                 rows, positions = sample_rows(dataset, n, dataset_role)
                 if not rows:
                     raise SampleError(f"dlcheck_{dataset_role} is empty")
@@ -175,6 +178,7 @@ def get_sample(ctx: Any, split: str = "train") -> Sample:
 
         def make_from_loader() -> Sample:
             with preserved_rng():
+                seed_everything(0)
                 batches = draw_batches(loader, n, loader_role)
             if not batches:
                 raise SampleError(f"dlcheck_{loader_role} yielded no batch")

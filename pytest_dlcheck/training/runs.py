@@ -319,9 +319,12 @@ def batch_len(batch: Any) -> int | None:
 def draw_batches(loader: Any, n: int) -> list[Any]:
     """The first ``n`` batches of a dataloader, whatever their shape, re-iterating it (a new epoch,
     ``set_epoch`` applied when the sampler has it) when it runs out. The loader's generators and the
-    global RNGs are left as they were."""
+    global RNGs are left as they were. The draw starts from the global RNGs at :data:`SEED`, so a loader that
+    shuffles or augments from them gives the same batches whichever check draws first (and the first ``n`` of a
+    longer draw are these): a verdict does not depend on which checks ran before."""
     out: list[Any] = []
     with preserved_rng(), preserved_dataloader(loader):
+        seed_all(SEED)
         epoch = 0
         while len(out) < n:
             sampler = getattr(loader, "sampler", None)
