@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ...training.runs import unwrap_prepared
+from ..shared.dropout import quiet_dropout, restore_dropout
 
 #: torch's default seed: the state of the global generator in a fresh process that seeds nothing (before torch
 #: 2.14, which seeds every fresh process from the OS instead: see :func:`fresh_process_seed`)
@@ -705,7 +706,6 @@ class Rank:
         return {"index": idx, "digests": got}
 
     def train(self, state: dict[str, Any], inner: Any, it: Any, rec: dict[str, Any]) -> None:
-        import torch
 
         from .schedule import current_lr
         from .zero import owned_state
@@ -726,9 +726,7 @@ class Rank:
 
         handle = opt.register_step_pre_hook(pre) if hasattr(opt, "register_step_pre_hook") else None
         # D2 compares the first optimizer step with a single-process step: no dropout noise in it
-        drops = [(m, m.p) for m in inner.modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0]
-        for m, _ in drops:
-            m.p = 0.0
+        drops = quiet_dropout(inner)  # layers and float attention-dropout attributes, put back after the first step
         steps: list[dict[str, Any]] = []
         d2_batches: list[Any] = []
         clips: list[dict[str, float]] = []
@@ -745,8 +743,7 @@ class Rank:
                 with _recording_clips(clips) if before == 0 else contextlib.nullcontext():
                     loss = self.setup.step(state, batch, i)
                 if before == 0 and seen["steps"] > 0:
-                    for m, p in drops:
-                        m.p = p
+                    restore_dropout(drops)
                     rec["d2_micro_steps"] = i + 1
                 steps.append(
                     {
@@ -760,8 +757,7 @@ class Rank:
                     }
                 )
         finally:
-            for m, p in drops:
-                m.p = p
+            restore_dropout(drops)
             if handle is not None:
                 handle.remove()
         rec["steps"] = steps

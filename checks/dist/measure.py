@@ -426,9 +426,9 @@ def reference_grads(setup: Any, init: dict[str, Any], batch: Any) -> dict[str, A
             for n, p in model.named_parameters():
                 if n in init:
                     p.copy_(init[n].to(p.device))
-        for m in model.modules():
-            if isinstance(m, torch.nn.modules.dropout._DropoutNd):
-                m.p = 0.0
+        from ..shared.dropout import quiet_dropout
+
+        quiet_dropout(model)  # layers and the float attention-dropout attributes (fresh objects: nothing to put back)
         model.train()
         loss = setup.loss_of(model, batch)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]

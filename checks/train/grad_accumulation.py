@@ -23,30 +23,13 @@ from ...training.runs import (
     to_device,
     unwrap_prepared,
 )
-
-_DROPOUT = (
-    torch.nn.Dropout,
-    torch.nn.Dropout1d,
-    torch.nn.Dropout2d,
-    torch.nn.Dropout3d,
-    torch.nn.AlphaDropout,
-    torch.nn.FeatureAlphaDropout,
-)
+from ..shared.dropout import quiet_dropout
 
 
 def _quiet_dropout(model: Any) -> int:
     """Dropout off on a fresh copy (layers' ``p`` and the float ``*dropout*`` attributes attention modules
     read at every call), so the user's step and the reference see the same function. Returns how many."""
-    changed = 0
-    for mod in model.modules():
-        if isinstance(mod, _DROPOUT) and mod.p > 0:
-            mod.p = 0.0
-            changed += 1
-        for attr, value in list(vars(mod).items()):
-            if "dropout" in attr.lower() and isinstance(value, float) and value > 0:
-                setattr(mod, attr, 0.0)
-                changed += 1
-    return changed
+    return len(quiet_dropout(model))
 
 
 @dataclass

@@ -512,3 +512,15 @@ def test_batchnorm_does_not_hide_a_per_rank_mean_over_unequal_tokens(project):
     assert "it is the plain average of each rank's own mean loss" in d2, d2
     assert "per-rank mean over a variable number of tokens" in d2, d2
     _no_leftover_process()
+
+
+def test_a_models_functional_attention_dropout_is_off_in_d2s_comparison(project):
+    """run_summarization_no_trainer, found blind: T5's attention dropout is a float attribute passed to
+    F.dropout, which D2 left on, so it skipped ("your loss draws its own random numbers") on a per-rank token mean
+    it should fail. Both computations now run with it at 0, as T10's do."""
+    project.conftest(td.project(step="step_rank_mean_local_skip", training="make_training_functional_dropout"))
+    run = project.run("--dlcheck=D2", "-rA")
+    run.assert_outcome("D2", "failed")
+    d2 = _flat(run.section("D2"))
+    assert "the distributed gradient is the average of each rank's own mean loss" in d2
+    _no_leftover_process()

@@ -68,6 +68,22 @@ def make_training():
     return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}
 
 
+class TokenLMFunctionalDropout(TokenLM):
+    """Its dropout a float attribute passed to F.dropout at every call, as T5's and Llama's attention dropout is."""
+
+    def __init__(self):
+        super().__init__(dropout=0.0)
+        self.attention_dropout = 0.3
+
+    def forward(self, input_ids):
+        return self.head(F.dropout(self.embed(input_ids), self.attention_dropout, self.training))
+
+
+def make_training_functional_dropout():
+    model = TokenLMFunctionalDropout()
+    return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}
+
+
 def wrap_ddp(state):
     model = nn.parallel.DistributedDataParallel(state["model"])
     return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}

@@ -383,5 +383,7 @@ def test_a_per_micro_batch_token_mean_over_equal_token_counts_passes_partly(proj
     run.assert_outcome("T10", "passed")
     text = " ".join(run.text.split())
     assert "the gradient the optimizer steps on matches the full-batch gradient" in text, text
-    assert "a per-micro-batch token mean: not judged, the window's micro-batches hold token counts close enough" in text, text
+    assert (
+        "a per-micro-batch token mean: not judged, the window's micro-batches hold token counts close enough" in text
+    ), text
     assert "a per-micro-batch token mean by" not in text, text
