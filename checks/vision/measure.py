@@ -23,7 +23,9 @@ from ...guard import eval_mode, preserved_dataloader, preserved_rng
 from ...sampling import sample_rows, spread_positions
 from ...session import user_call
 
-IMAGE_KEYS = ("image", "img", "pixel_values", "images", "imgs", "input", "inputs", "x")
+#: where an example keeps its image; pixel_values first: a transformers pipeline keeps the raw "image"/"img" column
+#: beside the transformed pixel_values the model receives (run_mae's eval crops were read off the raw column)
+IMAGE_KEYS = ("pixel_values", "image", "img", "images", "imgs", "input", "inputs", "x")
 TARGET_KEYS = (
     "target",
     "targets",

@@ -214,3 +214,34 @@ def test_an_eval_dataset_drawing_in_its_own_getitem(project, fixed, outcome):
         assert "the eval dataset (Pairs) has no transform: the draw is in the dataset itself" in text, text
         assert "the eval dataset draws at random on every read of an index" in text, text
         assert "RandomResizedCrop" not in text, text
+
+
+MAE_EVAL = """
+    import pytest, torch, tiny_vision as tv
+    from torchvision import transforms as T1
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataset():
+        tf = T1.Compose([T1.{crop}, T1.ToTensor(), T1.Normalize([0.5] * 3, [0.5] * 3)])
+
+        def preprocess(examples):  # run_mae's: the raw image column is kept beside pixel_values
+            examples["pixel_values"] = [tf(image.convert("RGB")) for image in examples["image"]]
+            return examples
+
+        ds = tv.hf_images([i % 4 for i in range(8)], size=40)
+        ds.set_transform(preprocess)
+        return ds
+"""
+
+
+@pytest.mark.parametrize(
+    "crop, outcome", [("RandomResizedCrop(32, scale=(0.2, 1.0))", "failed"), ("CenterCrop(32)", "passed")]
+)
+def test_the_transformed_pixel_values_are_judged_not_the_raw_image_column_beside_them(project, crop, outcome):
+    """transformers' run_mae, found blind: its validation split gets the training crops through set_transform, which
+    keeps the raw 'image' column beside 'pixel_values'; V2 compared the raw column (identical) and passed."""
+    project.conftest(MAE_EVAL.format(crop=crop))
+    run = project.run("--dlcheck=V2", "-rA")
+    run.assert_outcome("V2", outcome)
+    if outcome == "failed":
+        assert "% of pixel values differ" in section(run, "V2")
