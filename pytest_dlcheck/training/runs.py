@@ -521,7 +521,8 @@ def example_digests(batch: Any) -> list[str] | None:
     """A content digest of each example (row) of a collated batch: every tensor whose first dimension is
     the batch size, row by row; where the batch has an ``attention_mask`` (batch, length), the positions it
     masks are left out of every tensor of that shape (the padding a collator adds, left or right, as long as
-    the batch needs). The same example drawn into two batches has the same digest (two identical rows too:
+    the batch needs), and integer (batch, length) tensors of another length (a seq2seq batch's padded labels) are left
+    out. The same example drawn into two batches has the same digest (two identical rows too:
     they are counted as a multiset). None when the batch holds no tensor with a batch dimension."""
     import hashlib
 
@@ -553,6 +554,13 @@ def example_digests(batch: Any) -> list[str] | None:
         mask = None
     else:
         mask = mask.detach().cpu().bool()
+    if mask is not None:
+        # token tensors of another length than the mask (a seq2seq batch's labels and decoder_input_ids, padded to
+        # the batch's longest target) carry the batch's padding, which the mask does not cover: the example is told by
+        # what the mask covers and the rest of its tensors
+        rows = [
+            (w, t) for w, t in rows if not (t.ndim == 2 and not t.is_floating_point() and t.shape[1] != mask.shape[1])
+        ]
     out = []
     for i in range(n):
         h = hashlib.sha1()

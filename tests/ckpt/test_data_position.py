@@ -385,6 +385,20 @@ def test_example_digests_tell_examples_apart_whatever_their_padding():
     }
     a, b, c = example_digests(short), example_digests(long), example_digests(left)
     assert a == b[::-1] and c == a[:1] and a[0] != a[1]
+    # seq2seq (run_summarization_no_trainer, found blind): the targets padded to each batch's longest summary
+    s2s_short = {
+        "input_ids": torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
+        "labels": torch.tensor([[3, 1, -100], [4, 4, 1]]),
+        "decoder_input_ids": torch.tensor([[0, 3, 1], [0, 4, 4]]),
+    }
+    s2s_long = {
+        "input_ids": torch.tensor([[8, 9, 0], [5, 6, 7]]),
+        "attention_mask": torch.tensor([[1, 1, 0], [1, 1, 1]]),
+        "labels": torch.tensor([[4, 4, 1, -100, -100], [3, 1, -100, -100, -100]]),
+        "decoder_input_ids": torch.tensor([[0, 4, 4, 1, 0], [0, 3, 1, 0, 0]]),
+    }
+    assert example_digests(s2s_short) == example_digests(s2s_long)[::-1]
     # images: a row is the whole example
     images = (torch.arange(24.0).view(2, 3, 2, 2), torch.tensor([1, 0]))
     assert len(set(example_digests(images))) == 2
