@@ -252,6 +252,12 @@ def check_initial_loss(dlcheck):
                 "the number of classes"
             )
         classes = int(shape[-1])
+        dense = tuple(targets.shape) == (int(shape[0]), *map(int, shape[2:]))
+        if len(shape) >= 3 and dense and tuple(targets.shape) != tuple(map(int, shape[:-1])):
+            # a dense prediction, channels first: (batch, classes, H, W) scores against (batch, H, W) class maps (a
+            # segmentation net); the last dimension is a width (the semantic_segmentation example's 48 was read as
+            # the classes)
+            classes = int(shape[1])
     if classes < 2:
         dlcheck.not_applicable(f"the model outputs {classes} value per example: not a classification over classes")
     value = float(loss)

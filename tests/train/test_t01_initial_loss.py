@@ -253,3 +253,19 @@ def test_the_same_images_under_a_classifier_head_are_judged(project):
     run = project.run("--dlcheck=T1", "-rA")
     assert run.outcome("T1") in ("passed", "failed"), run.text
     assert "no row of class scores" not in run.text
+
+
+def test_a_segmentation_net_s_classes_are_its_channels_not_the_width(project):
+    """Lightning's semantic_segmentation example, found blind: (batch, 19, H, 48) scores against (batch, H, 48)
+    masks were read as 48 classes (the width). The classes of a channels-first dense prediction are dim 1."""
+    project.conftest(
+        IMAGE_TO_IMAGE.format(
+            model="nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 5, 3, padding=1))",
+            loss="return nn.functional.cross_entropy(model(x / 255), y)",
+            labels="torch.randint(0, 5, (32, 16, 16), generator=g)",
+        )
+    )
+    run = project.run("--dlcheck=T1", "-rA")
+    assert run.outcome("T1") in ("passed", "failed"), run.text
+    text = " ".join(run.text.split())
+    assert "ln(5)" in text and "ln(16)" not in text, text
