@@ -310,8 +310,10 @@ def check_distributed_checkpoint(dlcheck):
     Not applicable
         Training that does not run distributed (no ``dlcheck_dist_wrap``).
     """
-    if dlcheck.has("lightning_module") and not dlcheck.has("make_training"):
-        measure.the_setup(dlcheck)  # a LightningModule is said not launched, not asked for a plain loop's roles
+    if (dlcheck.has("lightning_module") or dlcheck.has("trainer")) and not dlcheck.has("make_training"):
+        # a LightningModule is said not launched, a Trainer's checkpoints not yet recorded: neither is asked for a
+        # plain loop's roles
+        measure.the_setup(dlcheck)
     dlcheck.require("make_training", "save_checkpoint", "load_checkpoint")
     run = measure.get_launch(dlcheck)
     train = measure.records(dlcheck, run, "train")

@@ -42,6 +42,8 @@ TRAINER_NOT_YET = {
     "D2": "the single-process reference step needs the first distributed step's batches and gradients, which the "
     "Trainer's own train() loop does not hand out: D2 is not measured for a Trainer yet",
     "D3": "the Trainer builds its sharded DataLoader inside train(): its shards are not listed for a Trainer yet",
+    "D5": "the Trainer saves and loads its checkpoints inside train() (_save_checkpoint on the main process, "
+    "resume_from_checkpoint): the ranks' writes and loads are not recorded for a Trainer yet",
     "D6": "the injected non-finite micro-step runs outside the Trainer's train() loop: not measured for a Trainer yet",
     "D8": "the Trainer builds and steps its LR scheduler inside train() (sized from each process's own DataLoader, "
     "stepped once per optimizer step): its schedule on N processes is not recorded for a Trainer yet",
