@@ -334,14 +334,39 @@ def check_gradients(dlcheck):
             "match the loss to the head: one logit per example takes BCEWithLogitsLoss (binary) or MSELoss "
             "(regression); cross_entropy takes one logit per class",
         )
-    lora = [n for n in zero if "lora_" in n]
+    # a LoRA A factor whose B is all zeros (PEFT's initialisation) gets exact zeros until B's first update: seen on the
+    # weights, no backward needed; any other zero gradient is looked at again a step away
+    by_name = dict(trainable)
+    lora = [
+        n
+        for n in zero
+        for partner in (n.replace("lora_A", "lora_B").replace("lora_embedding_B", "lora_embedding_A"),)
+        if "lora_" in n and partner != n and partner in by_name and not bool(by_name[partner].detach().any())
+    ]
+    unexplained = [n for n in zero if n not in lora]
+    still = _zero_after_a_nudge(fresh, batch, trainable, grads, unexplained, dlcheck) if unexplained else []
+    if still:
+        shown = ", ".join(still[:6]) + (" …" if len(still) > 6 else "")
+        dlcheck.fail(
+            [
+                f"{len(zero)} of the {received} trainable parameter tensors that the loss reaches get an exactly zero "
+                f"gradient on batch 0 (loss {float(loss.detach()):.4g}), and {len(still)} of them still do after every "
+                f"weight that gets a gradient moved a step along it: {shown}"
+            ],
+            "the loss reaches these parameters but never moves with them: their gradient is zero whatever the other "
+            "weights (a zero-initialised neighbour would pass gradient after one step): they never train (a factor "
+            "multiplied by a constant 0, a mask that zeroes their path, a saturated gate)",
+            "find where their output is multiplied by zero or masked out in the forward; to freeze them on purpose, set "
+            "requires_grad_(False) and leave them out of the optimizer",
+        )
     zero_note = (
         f"; {len(zero)} of them get an exactly zero gradient"
         + (
             f" ({len(lora)} LoRA factors, e.g. {lora[0]}: the other factor of each adapter (lora_B; lora_embedding_A "
             "for embeddings) is zero at initialisation, so this one's gradient is 0 until the first step — expected)"
-            if lora
-            else " (a zero-initialised neighbour, such as LoRA's B, gives exact zeros at step 0; allowed)"
+            if lora and len(lora) == len(zero)
+            else " at step 0, and a gradient once the weights that get one moved a step: a zero-initialised neighbour "
+            "(a zero convolution, LoRA's B) passes none before its first update; allowed"
         )
         if zero
         else ""
@@ -442,6 +467,32 @@ def check_gradients(dlcheck):
         cause = "a param group with learning rate 0 freezes its parameters while they still get gradients"
         fix = "give the group a non-zero lr, or freeze its parameters with requires_grad_(False)"
     dlcheck.fail(evidence, cause, fix)
+
+
+def _zero_after_a_nudge(
+    fresh: Any, batch: Any, trainable: list, grads: list, zero: list[str], dlcheck: Any
+) -> list[str]:
+    """The names among ``zero`` (tensors with an exactly zero gradient on batch 0) whose gradient is still exactly
+    zero after every weight with a non-zero gradient moved a small step along it (a sign step of 1e-2 of its own
+    scale: the user's optimizer may start at lr 0 under a warmup). A zero-initialised neighbour (ControlNet's zero
+    convolutions, LoRA's B) passes gradient after such a step. The probe's weights are put back. One more backward."""
+    moved = [(b, b.detach().clone()) for b in fresh.model.buffers()]  # BatchNorm's running statistics too
+    with torch.no_grad():
+        for (_n, p), g in zip(trainable, grads):
+            if g is not None and bool(g.any()):
+                moved.append((p, p.detach().clone()))
+                scale = float(p.detach().abs().mean()) or 1.0
+                p.sub_(1e-2 * scale * g.sign().to(p.dtype))
+    try:
+        params = [p for _, p in trainable]
+        with modes(fresh.model, train=True):
+            _, again = run_or_skip(dlcheck, lambda: backward_grads(lambda: fresh.loss(batch), params))
+    finally:
+        with torch.no_grad():
+            for p, old in moved:
+                p.copy_(old)
+    wanted = set(zero)
+    return [n for (n, _), g in zip(trainable, again) if n in wanted and (g is None or not bool(g.any()))]
 
 
 #: calls of the user's step T3 makes at most to see every trainable parameter reached (a GAN that updates its

@@ -1,5 +1,6 @@
 """T3: every trainable parameter gets a gradient, and the optimizer holds it."""
 
+import pytest
 import tiny_train as tt
 
 
@@ -360,3 +361,47 @@ def test_a_second_tower_in_the_optimizer_cut_from_the_graph_still_fails(project)
     run = project.run("--dlcheck=T3")
     run.assert_outcome("T3", "failed")
     assert "target_net.0.weight" in tt.section(run, "T3")
+
+
+ZERO_PATHS = """
+    class Model(nn.Module):
+        def __init__(self, dead):
+            super().__init__()
+            self.body = nn.Linear(20, 8)
+            self.head = nn.Linear(8, 1)
+            self.side = nn.Linear(20, 1)
+            self.dead = dead
+            if not dead:  # a zero convolution (ControlNet) / LoRA's B: zero at the start, trained from the first step
+                nn.init.zeros_(self.head.weight)
+
+        def forward(self, x):
+            if self.dead:  # a path multiplied by a constant 0: its weights never train
+                return self.side(x) + 0.0 * self.head(self.body(x))
+            return self.side(x) + self.head(self.body(x))
+"""
+
+
+@pytest.mark.parametrize("dead, outcome", [(False, "passed"), (True, "failed")])
+def test_zero_gradients_a_step_away_from_a_zero_initialised_neighbour_pass_and_zero_forever_fails(
+    project, dead, outcome
+):
+    """diffusers' ControlNet, found blind: 118 tensors got exact zeros at step 0 behind its zero convolutions, and T3
+    allowed them with LoRA's excuse without looking. They get a gradient once the weights that get one moved a step;
+    a path multiplied by a constant 0 gets none after that either and fails."""
+    source = ONE_COLUMN.format(loss="F.mse_loss(model(x), y)").replace(
+        "model = nn.Linear(20, 1)", f"model = Model({dead})"
+    )
+    source = source.replace(
+        '\n    @pytest.fixture(scope="session")\n    def dlcheck_make_training',
+        ZERO_PATHS + '\n    @pytest.fixture(scope="session")\n    def dlcheck_make_training',
+        1,
+    )
+    project.conftest(source)
+    run = project.run("--dlcheck=T3", "-rA")
+    run.assert_outcome("T3", outcome)
+    text = " ".join(run.text.split())
+    if dead:
+        assert "get an exactly zero gradient on batch 0" in text and "still do after every weight" in text, text
+        assert "body.weight" in text and "head.weight" in text
+    else:
+        assert "and a gradient once the weights that get one moved a step" in text, text
