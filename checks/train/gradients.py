@@ -202,8 +202,11 @@ def check_gradients(dlcheck):
         With checkpointing and frozen embeddings: ``model.enable_input_require_grads()``, or
         ``gradient_checkpointing_kwargs={"use_reentrant": False}``.
     Known problems
-        Zero gradients are allowed (a zero-initialised layer, such as LoRA's B matrix, gives its
-        neighbours exact zeros at step 0) — but not on every parameter at once: a loss no weight moves fails.
+        Exact-zero gradients at step 0 are looked at again: a LoRA A factor whose B is all zeros is explained
+        from the weights; any other is judged a step away (the weights that get a gradient moved a little along
+        it, then put back): a zero-initialised neighbour (ControlNet's zero convolutions) passes gradient then,
+        a path multiplied by 0 still does not and fails; every parameter at zero at once fails (a loss no weight
+        moves).
         A top-level submodule with the very parameters of another one that trains, getting no gradient and in no
         optimizer, is a target network (DQN, TD3: updated by copying weights) and not judged; in an optimizer,
         it is a tower cut from the graph and fails. Parameters matching ``T3.ignore`` (MoE experts) are exempt.
