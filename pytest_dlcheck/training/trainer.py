@@ -127,6 +127,16 @@ class TrainerSetup:
                 kwargs[name] = values[name]
             elif hasattr(tr, name):
                 kwargs[name] = getattr(tr, name)
+        # a model the user named by a hub id or path is an instance on the Trainer: its *_init_kwargs (TRL's
+        # model_init_kwargs, teacher_model_init_kwargs, ref_model_init_kwargs) applied when the Trainer loaded it, and
+        # TRL refuses them beside an instance (GKDTrainer: "your teacher_model is already instantiated")
+        loaded = {
+            f"{name}_init_kwargs": None
+            for name in ("model", "ref_model", "teacher_model")
+            if getattr(args, f"{name}_init_kwargs", None) is not None and hasattr(kwargs.get(name), "parameters")
+        }
+        if loaded and "args" in kwargs:
+            kwargs["args"] = clone_args(tr.args, {**base, **loaded})
         # the datasets are already prepared (tokenized, packed): TRL must not prepare them again
         attrs = {"_prepare_dataset": lambda self, dataset, *a, **k: dataset} if hasattr(cls, "_prepare_dataset") else {}
         clone_cls = type(cls.__name__, (cls,), attrs)
