@@ -233,6 +233,11 @@ def _examples(dataset: Any, limit: int) -> tuple[list[Any] | None, bool]:
     take = min(n, limit)
     if hasattr(dataset, "column_names") and hasattr(dataset, "select"):
         part = dataset.select(range(take)) if take < n else dataset
+        if hasattr(part, "with_format"):
+            # the stored columns, without a with_transform / set_transform function: that function runs on whole
+            # rows (a column read alone hands it a batch without the others: KeyError 'image'), and the content of
+            # an example is what is stored, not one random augmentation of it
+            part = part.with_format(None)
         cols = [c for c in part.column_names if c not in NOT_CONTENT]
         # a packed dataset's document boundaries travel with its ids (TRL's pack_dataset: seq_lengths)
         bounds = [c for c in ("seq_lengths", "position_ids") if c in part.column_names]
