@@ -252,7 +252,10 @@ def check_initial_loss(dlcheck):
                 "the number of classes"
             )
         classes = int(shape[-1])
-        dense = tuple(targets.shape) == (int(shape[0]), *map(int, shape[2:]))
+        dense = tuple(targets.shape) == (int(shape[0]), *map(int, shape[2:])) or (
+            # an image's class map against scores at a lower resolution, upsampled by the loss (Segformer's 1/4)
+            len(shape) == 4 and targets.dim() == 3 and int(targets.shape[0]) == int(shape[0])
+        )
         if len(shape) >= 3 and dense and tuple(targets.shape) != tuple(map(int, shape[:-1])):
             # a dense prediction, channels first: (batch, classes, H, W) scores against (batch, H, W) class maps (a
             # segmentation net); the last dimension is a width (the semantic_segmentation example's 48 was read as

@@ -269,3 +269,20 @@ def test_a_segmentation_net_s_classes_are_its_channels_not_the_width(project):
     assert run.outcome("T1") in ("passed", "failed"), run.text
     text = " ".join(run.text.split())
     assert "ln(5)" in text and "ln(16)" not in text, text
+
+
+def test_a_segmentation_net_at_a_quarter_of_the_resolution_is_judged_on_its_channels(project):
+    """transformers' run_semantic_segmentation_no_trainer, found blind: Segformer's (batch, 4, H/4, W/4) logits against
+    (batch, H, W) masks, upsampled inside the loss, were read as ln(8), a quarter of the width."""
+    project.conftest(
+        IMAGE_TO_IMAGE.format(
+            model="nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, stride=4), nn.ReLU(), nn.Conv2d(8, 5, 1))",
+            loss="return nn.functional.cross_entropy(nn.functional.interpolate(model(x / 255), size=(16, 16), "
+            "mode='bilinear'), y)",
+            labels="torch.randint(0, 5, (32, 16, 16), generator=g)",
+        )
+    )
+    run = project.run("--dlcheck=T1", "-rA")
+    assert run.outcome("T1") in ("passed", "failed"), run.text
+    text = " ".join(run.text.split())
+    assert "ln(5)" in text and "ln(4)" not in text, text
