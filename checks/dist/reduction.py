@@ -165,6 +165,27 @@ def check_step_equals_single_process(dlcheck):
                 else " (clip_grad_norm_ not called before the optimizer step)"
             ),
         ]
+        # a first window shorter than the next (the optimizer stepped after `micro` micro-steps, then after k: a
+        # counter tested as step % k == 0 from 0) is scaled micro/k by the step itself, in one process as on N ranks
+        stepped = [i for i, st in enumerate(recs[0].get("steps") or []) if st.get("opt_steps")]
+        k_next = stepped[1] - stepped[0] if len(stepped) >= 2 else None
+        if k_next is not None and micro < k_next and abs(ratio * k_next / micro - 1) < 0.05:
+            dlcheck.not_judged(
+                "the first step's length",
+                f"the first optimizer step came after {micro} micro-step(s) and the next after {k_next}: the first "
+                f"window is shorter than the others, and its gradient is {ratio:.3g}x the single-process gradient of "
+                f"its batches, {micro}/{k_next} as the step scales a window of {micro} by 1/{k_next} in one process too "
+                "(T10 judges that window): no factor of the ranks is left",
+            )
+            dlcheck.measured(
+                f"the averaged gradient of the first distributed step points the same way as the single-process "
+                f"gradient on the {what} (cosine {cos:.6f}); its length, {ratio:.3g}x, is the short first window's "
+                f"{micro}/{k_next}, not the ranks'",
+                relative_difference=rel,
+                cosine=cos,
+                norm_ratio=ratio,
+            )
+            return
         if abs(ratio * run.world - 1) < 0.05:
             dlcheck.fail(
                 evidence,

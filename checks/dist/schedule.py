@@ -317,7 +317,10 @@ def check_schedule_on_n_processes(dlcheck):
     n_end = end_n / rate if kind_n == "end" else None
     # micro-batches per optimizer step in the launch (gradient accumulation): an epoch of l1 batches is l1 / accum
     # optimizer steps; the same data on N processes is end_1 * ln / l1 optimizer steps whatever accum is
-    accum = next((i + 1 for i, st in enumerate(steps) if st["opt_steps"]), 1)  # micro-steps up to the first step
+    # micro-steps per optimizer step: between the first two steps (a first window of one micro-step, `step % k == 0`
+    # from 0, is short), else up to the first
+    stepped = [i for i, st in enumerate(steps) if st["opt_steps"]]
+    accum = stepped[1] - stepped[0] if len(stepped) >= 2 else (stepped[0] + 1 if stepped else 1)
     epochs = end_1 * accum / l1
     per_step = f", {accum} per optimizer step" if accum > 1 else ""
     plan_words = (

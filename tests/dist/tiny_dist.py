@@ -135,6 +135,26 @@ def step_global_tokens(state, batch, index):
     return loss.detach()
 
 
+def step_off_by_one_window(state, batch, index):
+    """run_glue_no_trainer's accumulation: the global-token loss divided by k=2, the optimizer stepped when
+    index % 2 == 0 (after one micro-batch first, then every two): a short first window, not a ranks' factor."""
+    model, opt = state["model"], state["optimizer"]
+    model.train()
+    logits = model(batch["input_ids"])
+    total = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100, reduction="sum")
+    tokens = (batch["labels"] != -100).sum()
+    world = 1
+    if dist.is_initialized():
+        dist.all_reduce(tokens)
+        world = dist.get_world_size()
+    loss = total * world / tokens / 2
+    loss.backward()
+    if index % 2 == 0:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
 def step_rank_mean_local_skip(state, batch, index):
     """Buggy: each rank's own token mean (DDP then averages the ranks' means), and a rank-local skip."""
     model, opt = state["model"], state["optimizer"]
