@@ -168,6 +168,36 @@ def _wrapped_boxes_follow(dlcheck: Any, tf: Any, template: V.Item) -> bool:
     return judged > 0 and not bad
 
 
+def _wrapped_masks_follow(dlcheck: Any, tf: Any, template: V.Item) -> bool:
+    """The train transform moves a mask with the image when it comes as tv_tensors.Mask (a pipeline that wraps its
+    masks before the transform and hands on plain tensors after it: transformers' segmentation examples)."""
+    import dataclasses
+
+    from torchvision import tv_tensors
+
+    t = template.target
+    if isinstance(t, Mapping):
+        key = next((k for k in MASK_KEYS if k in t and isinstance(t[k], torch.Tensor)), None)
+        if key is None:
+            return False
+        wrapped: Any = dict(t)
+        wrapped[key] = tv_tensors.Mask(t[key])
+    elif isinstance(t, torch.Tensor):
+        wrapped = tv_tensors.Mask(t)
+    else:
+        return False
+    try:
+        bad, judged, _ = _synthetic_trials(
+            dlcheck, tf, dataclasses.replace(template, target=wrapped), dlcheck.setting("trials"), []
+        )
+    except _Rejected:
+        return False
+    return judged > 0 and not bad
+
+
+MASK_KEYS = ("mask", "masks", "semantic_mask", "segmentation", "label_mask", "labels", "label", "target")
+
+
 def _synthetic_trials(
     dlcheck: Any, tf: Any, template: V.Item, trials: int, ious: list[float]
 ) -> tuple[list[str], int, str]:
@@ -554,6 +584,11 @@ def check_geometric_target(dlcheck):
                     "wrap them: target['boxes'] = tv_tensors.BoundingBoxes(boxes, format='XYXY', "
                     "canvas_size=(H, W)) before the transform"
                 )
+            elif kind == "mask" and _plain_mask(template.target) and _wrapped_masks_follow(dlcheck, tf, template):
+                # the sampled masks are plain after the pipeline, but the same transform moves a tv_tensors.Mask with
+                # the image: whether the pipeline wraps them before it is judged on the dataset below
+                evidence, bad = [], []
+                judged_any = False
             elif kind == "mask" and _plain_mask(template.target):
                 cause = "the masks are plain tensors, which transforms v2 pass through untouched while the image moves"
                 fix = "wrap them: tv_tensors.Mask(mask) before the transform"
