@@ -206,6 +206,18 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
             fix=DATA_FIX[setup.kind].replace("state['dataloader']", f"state['{probe.key}']"),
         )
     if c.same:
+        drawn_all = [d for step in list(probe.before) + list(probe.expected) for d in step]
+        distinct = len(set(drawn_all))
+        if distinct < len(drawn_all):
+            # equal digests of different examples (DreamBooth: one prompt for every example, images alike): equal
+            # batches do not show that the same examples were trained
+            dlcheck.not_judged(
+                "data position",
+                f"{drawn}: the resumed steps draw batches equal by content to the uninterrupted run's, but the "
+                f"uninterrupted run's {len(drawn_all)} drawn examples hold {distinct} distinct contents: examples "
+                "that look alike are not told apart, so whether the same ones were trained is not known",
+            )
+            return []
         return [
             f"data position: {drawn}: the uninterrupted run's batches, step by step (over steps 1-{m}: "
             f"{c.before + c.trained} examples, none trained twice, none lost)"
@@ -324,6 +336,18 @@ def _lightning_data(dlcheck: Any, setup: Any) -> list[str]:
             fix = LIGHTNING_DATA_FIX
         dlcheck.fail(evidence, cause=cause, fix=fix, repeated=c.repeated, never_seen=c.never)
     if c.same:
+        drawn_all = [d for step in list(probe.before) + list(probe.expected) for d in step]
+        distinct = len(set(drawn_all))
+        if distinct < len(drawn_all):
+            # equal digests of different examples (DreamBooth: one prompt for every example, images alike): equal
+            # batches do not show that the same examples were trained
+            dlcheck.not_judged(
+                "data position",
+                f"{drawn}: the resumed steps draw batches equal by content to the uninterrupted run's, but the "
+                f"uninterrupted run's {len(drawn_all)} drawn examples hold {distinct} distinct contents: examples "
+                "that look alike are not told apart, so whether the same ones were trained is not known",
+            )
+            return []
         return [
             f"data position: {drawn}: the uninterrupted fit's batches, batch by batch (over batches 1-{n}: "
             f"{c.before + c.trained} examples, none trained twice, none lost)"

@@ -570,3 +570,20 @@ def test_a_loop_under_gradient_accumulation_has_its_data_position_judged(project
         assert twice > 0 and never > 0, text
     else:
         assert "none trained twice, none lost" in text, text
+
+
+def test_examples_alike_by_content_are_not_counted_as_the_same_position(project):
+    """diffusers' train_dreambooth_lora, found blind: every example carried the same prompt and the images were
+    alike, so a resumed epoch that restarted drew batches equal by content to the uninterrupted run's and C1 passed,
+    'none trained twice, none lost'. Examples that cannot be told apart leave the data position not judged."""
+    alike = "DATA = TensorDataset(torch.zeros(8, 4), torch.zeros(8, dtype=torch.long))"
+    source = LOOP.format(skip="").replace(
+        "DATA = TensorDataset(torch.randn(8, 4, generator=torch.Generator().manual_seed(0)), torch.arange(8) % 2)",
+        alike,
+    )
+    assert alike in source
+    project.conftest(source + RESTARTS)
+    run = project.run("--dlcheck=C1", "-rA")
+    text = " ".join(run.text.split())
+    assert "none trained twice, none lost" not in text, text
+    assert "examples that look alike are not told apart" in text, text
