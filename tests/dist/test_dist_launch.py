@@ -537,3 +537,15 @@ def test_a_short_first_accumulation_window_is_not_blamed_on_the_ranks(project):
     assert "the first optimizer step came after 1 micro-step(s) and the next after 2" in text, text
     assert "averaged over the ranks once more" not in text
     _no_leftover_process()
+
+
+def test_an_overflow_injected_inside_an_accumulation_window_is_said_not_seen(project):
+    """run_glue_no_trainer and train_dreambooth_lora, found blind: D6 passed 'every rank skipped the update' when the
+    injected micro-step fell where the loop takes no optimizer step anyway (gradient accumulation)."""
+    project.conftest(td.project(step="step_off_by_one_window"))
+    run = project.run("--dlcheck=D6", "-rA")
+    run.assert_outcome("D6", "skipped")
+    text = _flat(run.text)
+    assert "falls inside an accumulation window (your loop steps its optimizer every 2 micro-steps" in text, text
+    assert "skipped the update" not in text
+    _no_leftover_process()
