@@ -31,16 +31,20 @@ def epochs_needed(order: list[Any], false_alarm: float) -> int:
     return min(MAX_EPOCHS, 1 + math.ceil(math.log(false_alarm) / log_p - 1e-9))
 
 
-def _order(loader: Any, epoch: int) -> list[Any] | None:
+def _order(loader: Any, epoch: int, start_epoch: Any = None) -> list[Any] | None:
     """The index order the loader's sampler gives in ``epoch`` (``set_epoch`` applied, as the Trainer,
-    Lightning and a correct loop do), read from the sampler without loading any data."""
-    if hasattr(loader, "set_epoch"):
-        loader.set_epoch(epoch)
+    Lightning and a correct loop do; or the top of the user's own epoch loop, ``start_epoch``, when they hand it
+    over), read from the sampler without loading any data."""
     sampler = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None)
     inner = getattr(sampler, "sampler", sampler)
-    for owner in (sampler, inner, getattr(inner, "sampler", None)):
-        if hasattr(owner, "set_epoch"):
-            owner.set_epoch(epoch)
+    if start_epoch is not None:
+        start_epoch(loader, epoch)
+    else:
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        for owner in (sampler, inner, getattr(inner, "sampler", None)):
+            if hasattr(owner, "set_epoch"):
+                owner.set_epoch(epoch)
     if sampler is None:
         return None
     return [_entry(b) for b in itertools.islice(iter(sampler), COMPARED)]
@@ -134,6 +138,18 @@ def _planned_epochs(setup: Any, loader: Any, epochs_role: Any = MISSING) -> tupl
     return float(epochs), f"max_epochs={epochs}"
 
 
+def _own_epoch_start(dlcheck: Any, setup: Any) -> Any:
+    """The top of the user's own epoch loop (``dlcheck_start_epoch``, the dist domain's role) as ``(loader, epoch)
+    -> None``, for a plain or Accelerate loop that hands it over: T7 then reads each epoch's order as the user's
+    loop leaves it (a loop that never calls set_epoch outside distributed runs: MAE's main_pretrain), on fresh
+    objects of dlcheck_make_training. None otherwise (dlcheck calls set_epoch itself, as a correct loop does)."""
+    fn = dlcheck.role("start_epoch")
+    if fn is MISSING or setup is None or setup.kind not in ("loop", "accelerate"):
+        return None
+    state = setup.state()
+    return lambda loader, epoch: dlcheck.call("start_epoch", lambda: fn(state, loader, epoch))
+
+
 def _fail_or_judge_no_shuffle(dlcheck, setup, loader, where) -> None:
     """A training loader that does not shuffle gives every epoch the same order: fails when the run's plan is
     visible and trains more than one epoch; not applicable for one epoch; not judged (a skip saying so) when the
@@ -202,7 +218,15 @@ def _train_loader(dlcheck, setup) -> tuple[Any, str]:
     domain="train",
     title="every epoch sees the same order, or every worker the same random stream",
     roles=(),
-    optional_roles=("trainer", "lightning_module", "datamodule", "make_training", "dataloader", "num_epochs"),
+    optional_roles=(
+        "trainer",
+        "lightning_module",
+        "datamodule",
+        "make_training",
+        "dataloader",
+        "num_epochs",
+        "start_epoch",
+    ),
     settings=(
         Setting(
             "false_alarm",
@@ -240,8 +264,9 @@ def check_epoch_order(dlcheck):
         DistributedSampler does); seed workers from torch: ``numpy.random.seed(torch.initial_seed() % 2**32)``
         (torch already seeds each worker differently).
     Known problems
-        For a plain loop, dlcheck calls ``set_epoch`` itself, as a correct loop does: whether your own loop
-        calls it is not seen. The order of an IterableDataset is its own (no sampler to read without loading
+        For a plain loop, dlcheck calls ``set_epoch`` itself, as a correct loop does, unless you hand over the
+        top of your epoch loop as ``dlcheck_start_epoch`` (the dist domain's role): then each epoch's order is read
+        as your loop leaves it (a ``set_epoch`` called only when distributed is seen). The order of an IterableDataset is its own (no sampler to read without loading
         data) and is not judged; ``worker_init_fn``s that need a real worker are not judged either: with
         nothing else to judge, the check skips.
         A training loader that does not shuffle (a SequentialSampler, ``shuffle=False``) gives every epoch the
@@ -277,11 +302,12 @@ def check_epoch_order(dlcheck):
             "loading the data"
         )
     elif _shuffles(loader):
+        own = _own_epoch_start(dlcheck, setup)
         with preserved_rng(), preserved_dataloader(loader):
-            orders = [_order(loader, 0)]
+            orders = [_order(loader, 0, own)]
             if orders[0] is not None and len(orders[0]) > 1:
                 for epoch in range(1, epochs_needed(orders[0], dlcheck.setting("false_alarm"))):
-                    orders.append(_order(loader, epoch))
+                    orders.append(_order(loader, epoch, own))
                     if orders[-1] != orders[0]:
                         break
         if len(orders) > 1 and all(o is not None for o in orders):
@@ -300,11 +326,17 @@ def check_epoch_order(dlcheck):
                             if len(set(orders[0])) == len(orders[0])
                             else ")"
                         ),
-                        "set_epoch(epoch) was called before each epoch"
+                        "your dlcheck_start_epoch (the top of your epoch loop) ran before each epoch"
+                        if own is not None
+                        else "set_epoch(epoch) was called before each epoch"
                         if hasattr(inner, "set_epoch")
                         else f"{type(inner).__name__} has no set_epoch",
                     ],
-                    f"the {type(inner).__name__} re-seeds its shuffle identically every epoch (a fixed seed that ignores the epoch)",
+                    f"your epoch loop does not call {type(inner).__name__}.set_epoch(epoch): it gives every epoch the "
+                    "order of its first (DistributedSampler seeds its shuffle with seed + epoch)"
+                    if own is not None and hasattr(inner, "set_epoch")
+                    else f"the {type(inner).__name__} re-seeds its shuffle identically every epoch (a fixed seed that "
+                    "ignores the epoch)",
                     "seed the shuffle with seed + epoch and give the sampler a set_epoch(epoch) method (or use RandomSampler / "
                     "DistributedSampler, and call sampler.set_epoch(epoch) at the start of each epoch)",
                 )

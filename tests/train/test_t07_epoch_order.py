@@ -243,3 +243,35 @@ def test_a_trainer_of_less_than_an_epoch_whose_sampler_does_not_shuffle_is_not_a
     run = project.run("--dlcheck=T7", "-rs")
     run.assert_outcome("T7", "skipped")
     run.fnmatch(["*not applicable: * does not shuffle (SequentialSampler), and the run trains one epoch (max_steps=1*"])
+
+
+@pytest.mark.parametrize(
+    "top, outcome",
+    [
+        ("if distributed: dataloader.sampler.set_epoch(epoch)", "failed"),
+        ("dataloader.sampler.set_epoch(epoch)", "passed"),
+    ],
+)
+def test_a_loop_that_hands_over_its_epoch_start_is_judged_by_it(project, top, outcome):
+    """facebookresearch/mae main_pretrain, found blind: a DistributedSampler in one process, set_epoch called only
+    `if args.distributed`: every epoch repeats its order. T7 called set_epoch itself and passed; with the top of the
+    user's epoch loop handed over (dlcheck_start_epoch), that loop is what sets the epoch."""
+    loader = (
+        "torch.utils.data.DataLoader(tt.blobs(), batch_size=8, "
+        "sampler=torch.utils.data.DistributedSampler(tt.blobs(), num_replicas=1, rank=0, shuffle=True))"
+    )
+    extra = f"""
+    @pytest.fixture(scope="session")
+    def dlcheck_start_epoch():
+        distributed = False
+        def top(state, dataloader, epoch):
+            {top}
+        return top
+"""
+    project.conftest(with_loader(loader) + extra)
+    run = project.run("--dlcheck=T7", "-rA")
+    run.assert_outcome("T7", outcome)
+    if outcome == "failed":
+        text = tt.section(run, "T7")
+        assert "your dlcheck_start_epoch (the top of your epoch loop) ran before each epoch" in text
+        assert "your epoch loop does not call DistributedSampler.set_epoch(epoch)" in text
