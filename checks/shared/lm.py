@@ -86,6 +86,10 @@ def rows(batches: Sequence[dict[str, Any]]) -> list[Row]:
         ids = _tolist(batch["input_ids"], 0)
         masks = _tolist(batch.get("attention_mask"), len(ids))
         labels = None if sequence_labels(batch) else _tolist(batch.get("labels"), len(ids))
+        if labels and any(len(lab) != len(row) for lab, row in zip(labels, ids)):
+            # an encoder-decoder's targets (DataCollatorForSeq2Seq pads them to the batch's longest target): not
+            # positions of input_ids, so no label is read against the encoder's tokens or attention mask
+            labels = None
         pos = _tolist(batch.get("position_ids"), len(ids))
         for i, row_ids in enumerate(ids):
             out.append(

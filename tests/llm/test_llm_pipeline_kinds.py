@@ -360,3 +360,13 @@ def test_a_multiple_choice_model_is_not_a_language_model_and_blames_no_role(proj
     assert "the model (BertForMultipleChoice) is a multiple-choice model" in llm["L1"]["reason"], llm["L1"]
     # T4 reads the batch x choices embedded rows as each example's own: example 0 owns rows 0-3
     assert results["T4"]["outcome"] == "passed", results["T4"]
+
+
+def test_encoder_decoder_targets_are_not_read_against_the_encoders_tokens(project):
+    """run_translation_no_trainer, found blind: targets of another length than the sources (DataCollatorForSeq2Seq
+    pads them to the batch's longest target): L2 and L13 indexed the labels by input positions and raised an
+    IndexError reported as 'your role raised'. The decoder's targets are no labels of input_ids' positions."""
+    project.conftest(SEQ2SEQ)
+    run, results = _report(project, ["--dlcheck=L2,L13"])
+    assert "internal error" not in run.text and "raised" not in run.text, run.text
+    assert "IndexError" not in run.text
