@@ -293,6 +293,18 @@ def check_eval_determinism(dlcheck):
     reads = _transform_reads(dlcheck, tol)
     mode = _mode_problems(dlcheck, model, eval_fn) if model is not MISSING and eval_fn is not MISSING else None
     if reads is None and mode is None:
+        if has_eval:
+            # the eval data is given: data without images is not V2's (said so), never a missing role
+            V.get_vision_sample(dlcheck, "eval", required=False)
+            V.get_vision_sample(dlcheck, "train", required=False)
+            dlcheck.skip(
+                "V2 could not read the eval examples twice (nor an eval transform to run on an image); "
+                + (
+                    "dlcheck_model + dlcheck_eval_fn would let it check model.eval()"
+                    if model is MISSING or eval_fn is MISSING
+                    else "your eval function's model mode was not measured"
+                )
+            )
         dlcheck.skip(
             "missing role: define fixture dlcheck_eval_dataloader or dlcheck_eval_dataset (or "
             "dlcheck_eval_transform); dlcheck_model + dlcheck_eval_fn to check model.eval()"

@@ -245,3 +245,22 @@ def test_the_transformed_pixel_values_are_judged_not_the_raw_image_column_beside
     run.assert_outcome("V2", outcome)
     if outcome == "failed":
         assert "% of pixel values differ" in section(run, "V2")
+
+
+def test_a_given_eval_loader_of_token_batches_is_not_a_missing_role(project):
+    """llm.c and llama2.c, found blind: V2 asked for dlcheck_eval_dataloader, which was given (a list of (x, y) token
+    batches): data without images is not V2's, said so."""
+    project.conftest("""
+        import pytest, torch
+        from torch.utils.data import DataLoader, TensorDataset
+
+        @pytest.fixture(scope="session")
+        def dlcheck_eval_dataloader():
+            g = torch.Generator().manual_seed(0)
+            ids = torch.randint(0, 50, (16, 9), generator=g)
+            return list(DataLoader(TensorDataset(ids[:, :-1], ids[:, 1:]), batch_size=4))
+    """)
+    run = project.run("--dlcheck=V2", "-rs")
+    run.assert_outcome("V2", "skipped")
+    assert "missing role" not in run.text
+    assert "not applicable" in run.text and "holds no images" in run.text
