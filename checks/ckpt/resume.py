@@ -205,19 +205,9 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
             ),
             fix=DATA_FIX[setup.kind].replace("state['dataloader']", f"state['{probe.key}']"),
         )
+    if c.same and _alike(dlcheck, probe, drawn):
+        return []
     if c.same:
-        drawn_all = [d for step in list(probe.before) + list(probe.expected) for d in step]
-        distinct = len(set(drawn_all))
-        if distinct < len(drawn_all):
-            # equal digests of different examples (DreamBooth: one prompt for every example, images alike): equal
-            # batches do not show that the same examples were trained
-            dlcheck.not_judged(
-                "data position",
-                f"{drawn}: the resumed steps draw batches equal by content to the uninterrupted run's, but the "
-                f"uninterrupted run's {len(drawn_all)} drawn examples hold {distinct} distinct contents: examples "
-                "that look alike are not told apart, so whether the same ones were trained is not known",
-            )
-            return []
         return [
             f"data position: {drawn}: the uninterrupted run's batches, step by step (over steps 1-{m}: "
             f"{c.before + c.trained} examples, none trained twice, none lost)"
@@ -228,6 +218,23 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
         f"({c.other} of {c.trained} not among the uninterrupted run's, none trained twice): not counted",
     )
     return []
+
+
+def _alike(dlcheck: Any, probe: Any, drawn: str) -> bool:
+    """When the uninterrupted run's drawn examples are not all distinct by content (DreamBooth: one prompt for every
+    example, images alike), batches equal by content do not show that the same examples were trained: the data
+    position is said not judged (True)."""
+    drawn_all = [d for step in list(probe.before) + list(probe.expected) for d in step]
+    distinct = len(set(drawn_all))
+    if distinct == len(drawn_all):
+        return False
+    dlcheck.not_judged(
+        "data position",
+        f"{drawn}: the resumed steps draw batches equal by content to the uninterrupted run's, but the uninterrupted "
+        f"run's {len(drawn_all)} drawn examples hold {distinct} distinct contents: examples that look alike are not "
+        "told apart, so whether the same ones were trained is not known",
+    )
+    return True
 
 
 #: the fix for a Lightning loader whose position a mid-epoch checkpoint does not hold
@@ -335,19 +342,9 @@ def _lightning_data(dlcheck: Any, setup: Any) -> list[str]:
             )
             fix = LIGHTNING_DATA_FIX
         dlcheck.fail(evidence, cause=cause, fix=fix, repeated=c.repeated, never_seen=c.never)
+    if c.same and _alike(dlcheck, probe, f"the mid-epoch save and resume of your train_dataloader() ({probe.loader})"):
+        return []
     if c.same:
-        drawn_all = [d for step in list(probe.before) + list(probe.expected) for d in step]
-        distinct = len(set(drawn_all))
-        if distinct < len(drawn_all):
-            # equal digests of different examples (DreamBooth: one prompt for every example, images alike): equal
-            # batches do not show that the same examples were trained
-            dlcheck.not_judged(
-                "data position",
-                f"{drawn}: the resumed steps draw batches equal by content to the uninterrupted run's, but the "
-                f"uninterrupted run's {len(drawn_all)} drawn examples hold {distinct} distinct contents: examples "
-                "that look alike are not told apart, so whether the same ones were trained is not known",
-            )
-            return []
         return [
             f"data position: {drawn}: the uninterrupted fit's batches, batch by batch (over batches 1-{n}: "
             f"{c.before + c.trained} examples, none trained twice, none lost)"
