@@ -76,8 +76,17 @@ def not_a_language_model(ctx) -> str | None:
                 f"dlcheck_{name} is a diffusers {type(model).__name__}: the batches' token ids are captions for its "
                 "text encoder, not a language model's inputs (the llm checks concern language models)"
             )
-    tok = ctx.role("tokenizer")
-    if tok is not MISSING and not hasattr(lm.text_tokenizer(tok), "convert_ids_to_tokens"):
+    # the Trainer's own processing_class, read off the Trainer: a dlcheck_tokenizer fixture is not resolved here (one
+    # that raises is reported once, by the checks that need it)
+    from ...training.runs import is_lightning_trainer
+
+    trainer = ctx.role("trainer")
+    tok = (
+        getattr(trainer, "processing_class", None)
+        if trainer is not MISSING and not is_lightning_trainer(trainer)
+        else None
+    )
+    if tok is not None and not hasattr(lm.text_tokenizer(tok), "convert_ids_to_tokens"):
         # an image processor as the Trainer's processing_class (ViT, MAE): the batches say whether text is trained
         import pytest
 
@@ -90,7 +99,8 @@ def not_a_language_model(ctx) -> str | None:
         if sample is not None and sample.batches and not lm.has_token_batches(sample.batches):
             keys = sorted(sample.batches[0]) if isinstance(sample.batches[0], Mapping) else []
             return (
-                f"dlcheck_tokenizer is a {type(tok).__name__}, no text tokenizer, and the batches from {sample.source} "
+                f"the Trainer's processing_class is a {type(tok).__name__}, no text tokenizer, and the batches from "
+                f"{sample.source} "
                 "carry no input_ids" + (f" (keys: {', '.join(map(str, keys))})" if keys else "") + ": no language "
                 "model is trained (the llm checks concern token batches)"
             )

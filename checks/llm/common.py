@@ -47,6 +47,11 @@ def attach_tokens(ctx: Any, sample: Sample, max_rows: int = 8, max_tokens: int =
 def labelled_rows(ctx: Any, sample: Sample) -> list[lm.Row]:
     rows = lm.rows(sample.batches)
     if all(r.labels is None for r in rows):
+        if any(lm.seq2seq_targets(b) for b in sample.batches):
+            ctx.skip(
+                f"batches from {sample.source} carry an encoder-decoder's targets (labels of another length than "
+                "input_ids): they are no labels of the inputs' positions, and the decoder's side is not judged yet"
+            )
         ctx.skip(f"batches from {sample.source} carry no labels (the model or the trainer derives its targets itself)")
     return rows
 

@@ -78,6 +78,16 @@ def sequence_labels(batch: Mapping[str, Any]) -> bool:
     return labels_t.is_floating_point() and labels_t.shape != ids_t.shape
 
 
+def seq2seq_targets(batch: Mapping[str, Any]) -> bool:
+    """The batch's labels are an encoder-decoder's targets: (batch, length) labels of another length than its
+    (batch, length) input_ids (DataCollatorForSeq2Seq pads them to the batch's longest target)."""
+    labels, ids = batch.get("labels"), batch.get("input_ids")
+    if labels is None or ids is None:
+        return False
+    labels_t, ids_t = torch.as_tensor(labels), torch.as_tensor(ids)
+    return labels_t.dim() == 2 and ids_t.dim() == 2 and labels_t.shape[1] != ids_t.shape[1]
+
+
 def rows(batches: Sequence[dict[str, Any]]) -> list[Row]:
     """Every example of the sampled batches as a :class:`Row` (``labels`` None when the batch's labels are
     one per sequence, not one per token: :func:`sequence_labels`)."""
