@@ -531,6 +531,9 @@ class Rank:
         rec["indices"] = {}
         self.start_epoch(state, loader, 0)
         rec["indices"][0] = self.indices(loader, 0)
+        from .shards import resolve
+
+        rec["resolved"] = resolve(getattr(loader, "dataset", None), rec["indices"][0])  # D3: the examples selected
         rec["augment"] = self.augmentation(loader)
         rec["rng_at_step0"] = tensor_digest(torch.get_rng_state())
         rec["dropout"] = [

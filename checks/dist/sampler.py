@@ -41,6 +41,57 @@ def _overlap_cause(loaders: list[dict], world: int) -> tuple[str, str | None]:
     )
 
 
+def _selections(dlcheck, recs: list[dict], head: str, pad: int, world: int) -> str | None:
+    """When the ranks' datasets select other examples of the data underneath (a ``random_split`` drawn in every
+    process), the sampler's indices name different examples on each rank: judge the shards on the examples they
+    select. Fails when the ranks share examples beyond the padding; returns what it measured, or None when every
+    rank selects alike (the indices are then the examples, as judged by the caller)."""
+    views = [r.get("resolved") for r in recs]
+    if not all(views) or len({v["digest"] for v in views}) == 1:
+        return None
+    if len({v["base_len"] for v in views}) > 1 or None in {v["base_len"] for v in views}:
+        dlcheck.skip(
+            "not judged: the ranks' datasets are selections of data underneath of different sizes ("
+            + ", ".join(f"rank {r}: {v['selected']} of {v['base_len']}" for r, v in enumerate(views))
+            + "): which examples their shards share cannot be told"
+        )
+    counts = Counter(x for v in views for x in set(v["shard"]))
+    shared = [x for x, c in counts.items() if c > 1]
+    kind = " of a ".join(views[0]["kinds"])
+    held = "; ".join(
+        f"rank {r}'s selects {v['selected']} of the {v['base_len']} examples underneath (first: "
+        f"{', '.join(map(str, v['head']))}, …)"
+        for r, v in enumerate(views)
+    )
+    if len(shared) > pad:
+        pairs = [
+            (a, b, len(set(views[a]["shard"]) & set(views[b]["shard"])))
+            for a in range(world)
+            for b in range(a + 1, world)
+        ]
+        a, b, k = max(pairs, key=lambda p: p[2])
+        dlcheck.fail(
+            [
+                head,
+                f"each rank's dataset is a {kind} that selects other examples: {held}",
+                f"resolved to the examples underneath, rank {a}'s and rank {b}'s shards share {k} examples "
+                f"({_few(list(set(views[a]['shard']) & set(views[b]['shard'])))})",
+            ],
+            "every process draws its own selection of the data (a random_split, a shuffled select or a "
+            "train_test_split without a generator or seed the ranks share): the sampler deals out disjoint "
+            "indices, but they index different selections, so the ranks train on the same examples, leave others "
+            "out, and one rank's held-out examples can be another rank's training examples",
+            "draw the split with a fixed generator, the same on every rank: random_split(ds, lengths, "
+            "generator=torch.Generator().manual_seed(seed)) (datasets: train_test_split(..., seed=seed)), or "
+            "split once before the processes start",
+            shared=len(shared),
+        )
+    return (
+        f"each rank's dataset is a {kind} that selects other examples ({held}); resolved to the examples "
+        f"underneath, the shards share none ({', '.join(str(len(v['shard'])) for v in views)} examples)"
+    )
+
+
 @check(
     "D3",
     domain="dist",
@@ -57,7 +108,12 @@ def check_sampler_shards(dlcheck):
         sampler yields that epoch. Fails when two ranks share examples beyond the padding ``DistributedSampler``
         adds to make the shards equal, when examples are left out beyond those ``drop_last=True`` drops, or when
         a shuffling sampler gives every rank the same order in epoch 1 as in epoch 0. States the padding
-        duplicates and the dropped examples. Overlapping shards of a ``DistributedSampler`` are explained by what
+        duplicates and the dropped examples. An index is a position in the rank's own dataset: when that dataset
+        selects from data underneath (a ``Subset``, what ``random_split`` returns, or a ``datasets.Dataset``
+        after ``select`` / ``shuffle`` / ``train_test_split``) and the ranks' selections differ (a split drawn in
+        every process without a shared generator), the shards are judged on the examples underneath that the
+        indices select: shared examples fail, and a dataset each rank slices for itself passes without a
+        ``DistributedSampler``. Overlapping shards of a ``DistributedSampler`` are explained by what
         each rank's sampler holds: its ``num_replicas`` / ``rank`` against the process group's, then its seed (a
         seed that differs per rank gives each rank a slice of its own permutation).
     Why it is bad
@@ -85,7 +141,9 @@ def check_sampler_shards(dlcheck):
         never taken for the training loader. When the factory's dict holds no training DataLoader and its
         Accelerator prepared none (or only an evaluation loader), the script may prepare its loader outside the
         factory: D3 skips, saying so (return the prepared loader in ``dlcheck_make_training``'s dict to have it
-        judged). A ``DataLoaderDispatcher`` skips.
+        judged). A ``DataLoaderDispatcher`` skips. Selections are followed through ``Subset`` and
+        ``datasets.Dataset`` indices only: two ranks' datasets that differ in another way (each built from its own
+        file list) are compared by index, as if they held the same examples.
     Not applicable
         Training that does not run distributed (a plain loop without ``dlcheck_dist_wrap``; an Accelerate
         user's ``accelerator.prepare`` wraps the model itself).
@@ -134,7 +192,8 @@ def check_sampler_shards(dlcheck):
     evidence_head = f"epoch 0 on {world} ranks, dataset of {n} examples, sampler {where}: " + ", ".join(
         f"rank {r}: {len(i)} indices" for r, i in enumerate(idx0)
     )
-    if len(shared) > pad:
+    selections = _selections(dlcheck, recs, evidence_head, pad, world)
+    if selections is None and len(shared) > pad:
         pairs = [(a, b, len(set(idx0[a]) & set(idx0[b]))) for a in range(world) for b in range(a + 1, world)]
         a, b, k = max(pairs, key=lambda p: p[2])
         same_order = all(i == idx0[0] for i in idx0[1:])
@@ -178,7 +237,7 @@ def check_sampler_shards(dlcheck):
             )
         dlcheck.fail(evidence, cause, fix, shared=len(shared))
     missing = sorted(set(range(n)) - union)
-    if len(missing) > dropped:
+    if selections is None and len(missing) > dropped:
         dlcheck.fail(
             [evidence_head, f"{len(missing)} of {n} examples are on no rank (indices {_few(missing)})"],
             "the shards together do not cover the dataset: the sampler's num_replicas is larger than the world "
@@ -186,8 +245,10 @@ def check_sampler_shards(dlcheck):
             "DistributedSampler(ds) built after init_process_group, with num_replicas = world size",
             missing=len(missing),
         )
-    notes = []
-    if pad and "padding" in info:
+    notes = [selections] if selections else []
+    if selections:
+        pass  # the padding and the left-out examples are those of each rank's own selection
+    elif pad and "padding" in info:
         notes.append(
             f"{total - len(union)} index(es) repeated as padding: Accelerate's even_batches completes the last "
             f"batches from the start of the epoch ({n} examples dealt as {total} indices"
@@ -198,7 +259,7 @@ def check_sampler_shards(dlcheck):
             f"{total - len(union)} example(s) appear on two ranks as padding (drop_last=False pads {n} to "
             f"{n + pad}: indices {_few(shared)})"
         )
-    if dropped:
+    if dropped and not selections:
         notes.append(f"{len(missing)} example(s) are left out this epoch (drop_last=True: {_few(missing)})")
     # Accelerate's prepared loader counts its passes and sets its sampler's epoch itself: judged without the role
     sharded = info["sampler"] == "BatchSamplerShard"
@@ -230,8 +291,12 @@ def check_sampler_shards(dlcheck):
             )
         notes.append(f"epoch 1 reshuffled on every rank {after} (rank 0 starts {idx0[0][:4]} then {idx1[0][:4]})")
     dlcheck.measured(
-        f"the {world} ranks' shards of epoch 0 are disjoint and cover the {n} examples "
-        f"({', '.join(str(len(i)) for i in idx0)} indices)",
+        (
+            f"the {world} ranks' shards of epoch 0, resolved through each rank's own selection, share no example"
+            if selections
+            else f"the {world} ranks' shards of epoch 0 are disjoint and cover the {n} examples "
+            f"({', '.join(str(len(i)) for i in idx0)} indices)"
+        ),
         *notes,
         dataset=n,
         padding=total - len(union),

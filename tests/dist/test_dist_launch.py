@@ -64,7 +64,8 @@ def test_clean_ddp_script_passes_every_dist_check(project):
             "1 example(s) appear on two ranks as padding (drop_last=False pads 21 to 22: indices *)",
             "epoch 1 reshuffled on every rank after dlcheck_start_epoch *",
             "3 parameters identical on the 2 ranks after dlcheck_dist_wrap",
-            "example 0's augmentation differs between the ranks (2 different first fetches on 2 ranks)",
+            "example 0's augmentation differs between the ranks (2 different sequences of 16 fetches on 2 ranks)",
+            "the first micro-step of dlcheck_train_step (dropout off) draws nothing from the global generators *",
             "dlcheck_save_checkpoint on 2 ranks: one collective torch.distributed.checkpoint save",
             "loaded on every rank with the saved weights (3 parameters); files: checkpoint/.metadata, "
             "checkpoint/__0_0.distcp, checkpoint/__1_0.distcp",
@@ -109,7 +110,7 @@ def test_no_sync_same_seed_every_rank_saving_no_set_epoch_local_skip(project):
     assert "DistributedSampler.set_epoch(epoch) is not called at the top of the epoch loop" in d3
 
     d4 = _flat(run.section("D4"))
-    assert "the two fetches differ (random augmentation), yet every rank's first fetch is identical" in d4
+    assert "the fetches differ (random augmentation), yet every rank's fetches are identical, one by one" in d4
     assert "torch.manual_seed(seed + rank)" in d4
 
     d5 = _flat(run.section("D5"))
@@ -409,6 +410,38 @@ def test_a_sampler_seeded_with_the_rank_is_named(project):
     assert "num_replicas=2, rank=1, seed=1)" in d3
     assert "a seed that does not depend on the rank" in d3
     assert "do not match" not in d3
+    _no_leftover_process()
+
+
+def test_a_random_split_drawn_in_every_process_fails_d3_on_the_examples_its_indices_select(project):
+    # the sampler's indices are disjoint; they index two different splits (minGPT-ddp's unseeded random_split)
+    project.conftest(td.project(loader="loader_split_per_rank", save=None, load=None))
+    run = project.run("--dlcheck=D3", "-rA")
+    run.assert_outcome("D3", "failed")
+    d3 = _flat(run.section("D3"))
+    assert "each rank's dataset is a Subset that selects other examples: rank 0's selects 15 of the 21 examples" in d3
+    assert "resolved to the examples underneath, rank 0's and rank 1's shards share" in d3
+    assert "random_split(ds, lengths, generator=torch.Generator().manual_seed(seed))" in d3
+    assert "not a DistributedSampler" not in d3
+    _no_leftover_process()
+
+
+def test_a_random_split_with_a_fixed_generator_passes_d3(project):
+    project.conftest(td.project(loader="loader_split_seeded", save=None, load=None))
+    run = project.run("--dlcheck=D3", "-rA")
+    run.assert_outcome("D3", "passed")
+    d3 = _flat(run.text)
+    assert "are disjoint and cover the 15 examples" in d3
+    _no_leftover_process()
+
+
+def test_a_dataset_presharded_by_rank_passes_d3_without_a_distributed_sampler(project):
+    project.conftest(td.project(loader="loader_presharded_by_rank", save=None, load=None))
+    run = project.run("--dlcheck=D3", "-rA")
+    run.assert_outcome("D3", "passed")
+    d3 = _flat(run.text)
+    assert "resolved through each rank's own selection, share no example" in d3
+    assert "rank 0's selects 11 of the 21 examples underneath (first: 0, 2, 4" in d3
     _no_leftover_process()
 
 

@@ -16,7 +16,7 @@ import torch.distributed.fsdp  # noqa: F401  (FSDP2's fully_shard and DTensor, i
 import torch.distributed.tensor  # noqa: F401
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, random_split
 
 VOCAB, LENGTH, N = 16, 8, 21
 
@@ -379,6 +379,26 @@ def loader_seeded_per_rank():
     return DataLoader(
         Prompts(), batch_size=2, sampler=DistributedSampler(Prompts(), shuffle=True, seed=dist.get_rank())
     )
+
+
+def loader_split_per_rank():
+    """Buggy (minGPT-ddp's main.py): the training split drawn in every process by random_split without a
+    generator, so from each rank's own global generator: the DistributedSampler deals out disjoint indices, but
+    each rank's indices select from its own split."""
+    train, _held_out = random_split(Prompts(), [15, 6])
+    return DataLoader(train, batch_size=2, sampler=DistributedSampler(train, shuffle=True, seed=0))
+
+
+def loader_split_seeded():
+    """Correct: the same split on every rank, drawn with a fixed generator."""
+    train, _held_out = random_split(Prompts(), [15, 6], generator=torch.Generator().manual_seed(0))
+    return DataLoader(train, batch_size=2, sampler=DistributedSampler(train, shuffle=True, seed=0))
+
+
+def loader_presharded_by_rank():
+    """Correct without a DistributedSampler: each rank's dataset is its own slice of the examples."""
+    mine = Subset(Prompts(), range(dist.get_rank(), N, dist.get_world_size()))
+    return DataLoader(mine, batch_size=2, shuffle=True)
 
 
 def step_global_tokens_no_clip(state, batch, index):
