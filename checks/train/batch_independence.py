@@ -18,6 +18,7 @@ from ...training import (
     to_device,
     with_field,
 )
+from ...training.runs import model_call
 
 ATTENTION = (
     torch.nn.MultiheadAttention,
@@ -41,6 +42,23 @@ def _inputs(model: Any, batch: Any) -> tuple[Any, Any, Any]:
             return leaf
 
         return batch, holder, emb.register_forward_hook(hook)
+    ids = _token_ids(batch)
+    embeddings = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)] if ids is not None else []
+    if embeddings:
+        # a model without get_input_embeddings (nanoGPT's wte, llama2.c's tok_embeddings): the embedding that
+        # receives the batch's token ids is differentiated at its output
+        found: dict[str, torch.Tensor] = {}
+
+        def on_ids(mod, args, out):
+            given = args[0] if args else None
+            if "x" not in found and isinstance(given, torch.Tensor) and given.shape == ids.shape:
+                if torch.equal(given, ids):
+                    leaf = out.detach().requires_grad_(True)
+                    found["x"] = leaf
+                    return leaf
+            return None
+
+        return batch, found, _Handles([m.register_forward_hook(on_ids) for m in embeddings])
     if (
         isinstance(batch, (list, tuple))
         and batch
@@ -65,6 +83,31 @@ def _inputs(model: Any, batch: Any) -> tuple[Any, Any, Any]:
             x = batch[key].detach().clone().requires_grad_(True)
             return with_field(batch, key, x), {"x": x}, None
     return batch, None, None
+
+
+def _token_ids(batch: Any) -> torch.Tensor | None:
+    """The integer token ids of a batch: its ``input_ids``, the first tensor of an ``(x, y)`` pair, or the batch
+    itself; None when the batch carries none."""
+    if isinstance(batch, Mapping):
+        ids = batch.get("input_ids")
+    elif isinstance(batch, (list, tuple)) and batch:
+        ids = batch[0]
+    else:
+        ids = batch
+    if isinstance(ids, torch.Tensor) and ids.dim() >= 2 and not ids.is_floating_point() and ids.dtype != torch.bool:
+        return ids
+    return None
+
+
+class _Handles:
+    """Several hook handles removed as one."""
+
+    def __init__(self, handles: list[Any]) -> None:
+        self.handles = handles
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
 
 
 def _influence(out: torch.Tensor, x: torch.Tensor, i: int) -> tuple[int, float, float] | None:
@@ -207,7 +250,9 @@ def check_batch_independence(dlcheck):
     Known problems
         Batch statistics in train mode (BatchNorm) are by design and are not judged: the model runs in eval
         mode (V7 owns BatchNorm). Needs a batch of at least 2 examples whose inputs are float tensors or
-        token ids with input embeddings; others skip. A Lightning module's forward is called on what its own
+        token ids with input embeddings (``get_input_embeddings``, or the ``nn.Embedding`` that receives the
+        batch's token ids: an ``(x, y)`` pair's ``x`` in a nanoGPT-style loop); others skip. A ``torch.compile``
+        model is judged through its module (``_orig_mod``), not compiled again. A Lightning module's forward is called on what its own
         training_step hands it (captured from one step on the batch, no grad: an autoencoder's flattened
         images), never on the loader's batch; a step that calls a submodule instead (``self.model(x)``) is
         judged on the first module it calls, the rest of the step said as not judged; a step that calls no
@@ -218,6 +263,9 @@ def check_batch_independence(dlcheck):
     """
     fresh, batches, setup = probe(dlcheck)
     model = fresh.model
+    compiled = getattr(model, "_orig_mod", None)
+    if isinstance(compiled, torch.nn.Module):  # torch.compile's wrapper: its module is judged, not compiled again
+        model = compiled
     batch = next((b for b in batches if (batch_len(b) or 0) >= 2), None)
     if batch is None:
         dlcheck.skip("no sampled batch holds 2 examples or more")
@@ -248,7 +296,11 @@ def check_batch_independence(dlcheck):
             forward, holder, handle = pipeline[0], pipeline[1], None
         else:
             run_batch, holder, handle = _inputs(model, batch)
-            forward = lambda: fresh.forward(run_batch)  # noqa: E731
+            forward = (  # noqa: E731
+                (lambda: model_call(model, run_batch)())
+                if model is not fresh.model
+                else (lambda: fresh.forward(run_batch))
+            )
         if holder is None:
             dlcheck.skip(
                 f"cannot differentiate the model's inputs: the batch is {describe_batch(batch)} (neither float "

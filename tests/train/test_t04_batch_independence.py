@@ -1,6 +1,13 @@
 """T4: in eval mode, an example's output does not depend on the other examples of its batch."""
 
 import tiny_train as tt
+import torch
+
+# torch.compile's modules imported once here, outside pytester's in-process runs, which forget them and would
+# register their operator libraries a second time
+torch.compile(torch.nn.Identity())
+import torch._dynamo  # noqa: E402,F401
+import torch.ao.quantization.fx._decomposed  # noqa: E402,F401
 
 SEQ = dict(loader="torch.utils.data.DataLoader(tt.sequences(), batch_size=4)")
 
@@ -116,3 +123,44 @@ def test_a_model_of_two_inputs_mixing_the_batch_fails(project):
     project.conftest(SIAMESE.format(mix=True))
     run = project.run("--dlcheck=T4")
     run.assert_outcome("T4", "failed")
+
+
+GPT = """
+import pytest, torch, tiny_train as tt
+
+@pytest.fixture(scope="session")
+def dlcheck_make_training():
+    def make():
+        model = tt.TokenGPT(pool_batch={pool})
+        if {compiled}:
+            model = torch.compile(model)  # never run by T4: it judges the module inside
+        return {{"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-3)}}
+    return make
+
+@pytest.fixture(scope="session")
+def dlcheck_dataloader():
+    return torch.utils.data.DataLoader(tt.token_pairs(), batch_size=4)
+
+@pytest.fixture(scope="session")
+def dlcheck_compute_loss():
+    def loss(model, batch):
+        x, y = batch
+        return model(x, y)[1]
+    return loss
+"""
+
+
+def test_a_token_pair_model_without_get_input_embeddings_is_judged_at_its_embedding(project):
+    # nanoGPT / llama2.c: (x, y) token pairs, the token embedding found as the nn.Embedding that receives x
+    project.conftest(GPT.format(pool="False", compiled="True"))
+    run = project.run("--dlcheck=T4", "-rA")
+    run.assert_outcome("T4", "passed")
+    run.fnmatch(["*depend on no other example's input*", "batch: (int64 (4, 8), int64 (4, 8))"])
+
+
+def test_a_token_pair_model_mixing_the_batch_fails(project):
+    project.conftest(GPT.format(pool="True", compiled="True"))
+    run = project.run("--dlcheck=T4")
+    run.assert_outcome("T4", "failed")
+    text = tt.section(run, "T4")
+    assert "the output of example 0 depends on the input of example" in text

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -193,6 +194,37 @@ class SeqClassifier(nn.Module):
 
     def forward(self, x):
         return self.head(self.encoder(self.proj(x)).mean(dim=1))
+
+
+class TokenGPT(nn.Module):
+    """A nanoGPT-style causal LM without get_input_embeddings: forward(idx, targets) -> (logits, loss), token and
+    position embeddings of its own; ``pool_batch`` mixes the examples (a mean over dim 0 added to every row)."""
+
+    def __init__(self, pool_batch: bool = False, vocab: int = 16, width: int = 16, length: int = 8):
+        super().__init__()
+        self.pool_batch = pool_batch
+        self.wte = nn.Embedding(vocab, width)
+        self.wpe = nn.Embedding(length, width)
+        self.mix = nn.Linear(width, width)
+        self.lm_head = nn.Linear(width, vocab)
+
+    def forward(self, idx, targets=None):
+        h = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        h = torch.tanh(self.mix(h))
+        if self.pool_batch:
+            h = h + h.mean(dim=0, keepdim=True)
+        logits = self.lm_head(h)
+        loss = None if targets is None else F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits, loss
+
+
+def token_pairs(n: int = 32, length: int = 8, vocab: int = 16) -> TensorDataset:
+    """(x, y) next-token pairs cut from one random token stream, as nanoGPT's get_batch makes them."""
+    g = torch.Generator().manual_seed(0)
+    stream = torch.randint(0, vocab, (n * length + 1,), generator=g)
+    x = torch.stack([stream[i * length : (i + 1) * length] for i in range(n)])
+    y = torch.stack([stream[i * length + 1 : (i + 1) * length + 1] for i in range(n)])
+    return TensorDataset(x, y)
 
 
 class SeqPooler(nn.Module):
