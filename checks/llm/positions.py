@@ -367,6 +367,9 @@ def check_positions(dlcheck):
         batches hold integer token ids skips instead.
     """
     model = dlcheck.require("model")[0]
+    compiled = getattr(model, "_orig_mod", None)
+    if getattr(model, "config", None) is None and compiled is not None:
+        model = compiled  # torch.compile's wrapper: its module holds the config and the position table
     tok = dlcheck.role("tokenizer")
     train_cfg = _as_dict(getattr(model, "config", None))
     if train_cfg is None:

@@ -2,6 +2,15 @@
 and no Trainer, is no language model: not applicable; a hand-written language model without a config (integer
 token ids in its batches) still skips saying it has no config to read positions from."""
 
+import pytest
+import torch
+
+# torch.compile's modules imported once here, outside pytester's in-process runs, which forget them and would
+# register their operator libraries a second time
+torch.compile(torch.nn.Identity())
+import torch._dynamo  # noqa: E402,F401
+import torch.ao.quantization.fx._decomposed  # noqa: E402,F401
+
 PROJECT = """
     import pytest, torch
     from torch import nn
@@ -12,7 +21,8 @@ PROJECT = """
         torch.manual_seed(0)
         if {images}:
             return nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
-        return nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 50))  # a character LM without a config
+        lm = nn.Sequential(nn.Embedding(50, 8), nn.Linear(8, 50))  # a character LM without a config
+        return torch.compile(lm) if {compiled} else lm
 
     @pytest.fixture(scope="session")
     def dlcheck_dataloader():
@@ -26,7 +36,7 @@ PROJECT = """
 
 
 def test_an_image_model_without_a_config_is_not_applicable(project):
-    project.conftest(PROJECT.format(images=True))
+    project.conftest(PROJECT.format(images=True, compiled=False))
     run = project.run("--dlcheck=L5", "-rs")
     run.assert_outcome("L5", "skipped")
     run.fnmatch(
@@ -37,8 +47,10 @@ def test_an_image_model_without_a_config_is_not_applicable(project):
     )
 
 
-def test_a_language_model_without_a_config_still_skips(project):
-    project.conftest(PROJECT.format(images=False))
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_language_model_without_a_config_still_skips(project, compiled):
+    # a torch.compile wrapper is looked through: the skip names the module, not OptimizedModule
+    project.conftest(PROJECT.format(images=False, compiled=compiled))
     run = project.run("--dlcheck=L5", "-rs")
     run.assert_outcome("L5", "skipped")
     run.fnmatch(["*L5_positions: Sequential has no config to read positions from*"])
