@@ -109,11 +109,16 @@ def summarize(result: Any) -> dict[str, Any]:
             rows = sizes.pop()
             return {"kind": "predictions", "rows": rows, "shape": f"a tuple of {len(result)} arrays of {rows} rows"}
     if isinstance(result, list):
+        if result and all(isinstance(v, str) for v in result):  # decoded texts, what BLEU / ROUGE are computed over
+            return {"kind": "predictions", "rows": len(result), "shape": f"a list of {len(result)} texts"}
         if all(_scalar(v) is not None for v in result):
             return {"kind": "predictions", "rows": len(result), "shape": f"a list of {len(result)} values"}
         if all(_rows(v) is not None or _scalar(v) is not None for v in result):
             rows = sum(_rows(v) if _rows(v) is not None else 1 for v in result)
             return {"kind": "predictions", "rows": rows, "shape": f"a list of {len(result)} chunks ({rows} rows)"}
+    if isinstance(result, list) and result:
+        kinds = sorted({type(v).__name__ for v in result})
+        return {"kind": "other", "type": f"a list of {', '.join(kinds[:3])}"}
     return {"kind": "other", "type": f"a {type(result).__name__}"}
 
 
@@ -157,23 +162,49 @@ def evaluate(rank: Any) -> dict[str, Any]:
         after = _sequence(dist)
         base = after - before if before is not None and after is not None else 0
     batch_dependent = [(n, m) for n, m in inner.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    dropouts = [(n, m) for n, m in inner.named_modules() if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p]
     in_train_mode: set[str] = set()
+    dropout_on: set[str] = set()
 
     def pre(module: Any, args: Any) -> None:
         in_train_mode.update(n for n, m in batch_dependent if m.training)
+        dropout_on.update(n for n, m in dropouts if m.training)
 
-    handle = inner.register_forward_pre_hook(pre)
+    # the collectives a wrapper runs inside its own forward (DistributedDataParallel broadcasts its buffers there)
+    # are no reduction of the metric: counted apart
+    inside = {"n": 0, "at": None}
+
+    def wrapper_pre(module: Any, args: Any) -> None:
+        inside["at"] = _sequence(dist)
+
+    def wrapper_post(module: Any, args: Any, out: Any) -> None:
+        now = _sequence(dist)
+        if inside["at"] is not None and now is not None:
+            inside["n"] += now - inside["at"]
+        inside["at"] = None
+
+    handles = [inner.register_forward_pre_hook(pre)]
+    if state["model"] is not inner and isinstance(state["model"], torch.nn.Module):
+        handles += [
+            state["model"].register_forward_pre_hook(wrapper_pre),
+            state["model"].register_forward_hook(wrapper_post),
+        ]
     try:
         before = _sequence(dist)
         result = rank.call("dist_eval", lambda: job.dist_eval(state, loader))
         after = _sequence(dist)
+        rec["wrapper_collectives"] = inside["n"]
         rec["result"] = summarize(result)
         if job.eval_twice:
             rec["again"] = summarize(rank.call("dist_eval", lambda: job.dist_eval(state, loader)))
     finally:
-        handle.remove()
-    rec["collectives"] = after - before - base if before is not None and after is not None else None
+        for handle in handles:
+            handle.remove()
+    rec["collectives"] = (
+        after - before - base - rec["wrapper_collectives"] if before is not None and after is not None else None
+    )
     rec["train_mode"] = sorted(in_train_mode)
+    rec["dropout_on"] = sorted(dropout_on)
     return rec
 
 
@@ -275,9 +306,9 @@ def check_eval_counts(dlcheck):
         then ``dlcheck_dist_eval(state, eval_dataloader)``: your own evaluation, with your own gather or
         ``compute_metrics`` and reductions, as the script runs it in every rank. Lists the indices each rank's eval
         loader yields (the padding that evens the shards out), and counts the collectives your evaluation ran.
-        Gathered predictions (a tensor / array with a row per prediction, a tuple or dict of them, a list) fail
-        when their count on a rank differs from the eval set's length. A metric (a number or a dict of numbers)
-        is compared with the same evaluation run in one process (world size 1, rank 0's weights) over the whole
+        Gathered predictions (a tensor / array with a row per prediction, a tuple or dict of them, a list of
+        numbers, arrays or decoded texts) fail when their count on a rank differs from the eval set's length. A
+        metric (a number or a dict of numbers) is compared with the same evaluation run in one process (world size 1, rank 0's weights) over the whole
         eval set, which counts each example once; it fails when they differ, naming why: no collective at all
         (each rank's metric covers its own shard), ranks reporting different values, the padding counted,
         examples dropped, or shards of different sizes averaged with equal weights.
@@ -302,7 +333,11 @@ def check_eval_counts(dlcheck):
         evenly (9 examples on 2 ranks at batch 3), or no padding is there to be counted. A metric that changes
         from one evaluation to the next on the same weights (dropout left on) is not judged, nor one computed
         with BatchNorm in training mode (its outputs depend on how the examples are batched). The one-process
-        reference needs a model small enough to send its weights back (up to 4M elements). Launches plain loops
+        reference needs a model small enough to send its weights back (up to 4M elements). An eval loader without
+        a dataset length or a sampler to list (a script's own strided loader, as llm.c's) has its metric compared
+        with one process all the same; which examples each rank evaluates is then not listed (partly judged), and
+        gathered predictions are not judged. The collectives a wrapper runs inside its forwards
+        (``DistributedDataParallel``'s buffer broadcast) are not counted as the evaluation's reduction. Launches plain loops
         and Accelerate loops; a transformers Trainer's ``evaluate()`` is not launched yet.
     Not applicable
         Training that does not run distributed (a plain loop without ``dlcheck_dist_wrap``; an Accelerate user's
@@ -332,20 +367,37 @@ def check_eval_counts(dlcheck):
         )
     info = recs[0]["loader"]
     n = info.get("dataset_len")
-    if not n:
-        dlcheck.skip("the eval DataLoader's dataset has no length: how many examples the evaluation counts is unknown")
     indices = [r["indices"] for r in recs]
-    if any(i is None for i in indices):
-        dlcheck.skip(f"the eval DataLoader's sampler ({info.get('sampler')}) yields no indices to list")
     results = [r["result"] for r in recs]
     other = next((res for res in results if res["kind"] == "other"), None)
     if other is not None:
         dlcheck.skip(
             f"dlcheck_dist_eval returned {other['type']}: neither predictions (a tensor / array with a row per "
-            "prediction, a tuple or dict of them, a list) nor a metric (a number or a dict of numbers)"
+            "prediction, a tuple or dict of them, a list of numbers, arrays or texts) nor a metric (a number or a "
+            "dict of numbers)"
         )
     if all(res["kind"] == "none" for res in results):
         dlcheck.skip("dlcheck_dist_eval returned None on every rank: no predictions or metric to judge")
+    uncounted = (
+        "the eval DataLoader's dataset has no length"
+        if not n
+        else f"the eval DataLoader's sampler ({info.get('sampler')}) yields no indices to list"
+        if any(i is None for i in indices)
+        else None
+    )
+    if uncounted:
+        metrics = [(r, res["values"]) for r, res in enumerate(results) if res["kind"] == "metric"]
+        if not metrics or any(res["kind"] == "predictions" for res in results):
+            dlcheck.skip(f"{uncounted}: how many examples the evaluation counts is unknown")
+        # a metric needs no count: it is compared with the same evaluation in one process
+        dlcheck.not_judged(
+            "the examples each rank evaluates", f"{uncounted}: the padding and the shards are not listed"
+        )
+        notes = _judge_metrics(
+            dlcheck, run, recs, metrics, None, None, None, [], [], uncounted, setup.kind == "accelerate"
+        )
+        dlcheck.measured(*notes)
+        return
 
     counts = [len(i) for i in indices]
     total = sum(counts)
@@ -450,16 +502,25 @@ def _judge_metrics(dlcheck, run, recs, metrics, n, counts, total, repeated, miss
             unstable.append(key)
         elif all(key in values for _, values in metrics):
             judged.append(key)
+    dropout_on = sorted({m for r in (ref, *recs) for m in r.get("dropout_on") or ()})
+    why_unstable = (
+        f"its dropout runs in training mode during the evaluation ({', '.join(dropout_on[:4])}: model.eval() is not "
+        "called; V2 judges it)"
+        if dropout_on
+        else "dropout left on: model.eval() missing?"
+    )
     if unstable:
         dlcheck.not_judged(
             ", ".join(unstable),
-            "changes from one evaluation to the next on the same weights and data in one process (dropout left on: "
-            "model.eval() missing?), or is not finite",
+            f"changes from one evaluation to the next on the same weights and data in one process ({why_unstable}), "
+            "or is not finite",
         )
     if not judged:
         dlcheck.skip(
             "no metric of dlcheck_dist_eval can be compared with the one-process evaluation "
-            f"(reported: {', '.join(reference) or 'none'}; not the same twice: {', '.join(unstable) or 'none'})"
+            f"(reported: {', '.join(reference) or 'none'}; not the same twice: {', '.join(unstable) or 'none'}"
+            + (f": {why_unstable}" if unstable else "")
+            + ")"
         )
     if any(r["train_mode"] for r in recs):
         modules = sorted({m for r in recs for m in r["train_mode"]})
@@ -469,28 +530,37 @@ def _judge_metrics(dlcheck, run, recs, metrics, n, counts, total, repeated, miss
             "model.eval() in the evaluation)"
         )
     bad = [(key, r, values[key]) for key in judged for r, values in metrics if differ(values[key], reference[key])]
+    over = f"over the {n} eval examples" if n else "over its whole eval loader"
     if not bad:
         key = judged[0]
         return [
             f"{key} = {_fmt(metrics[0][1][key])} on rank{'s' if len(metrics) > 1 else ''} "
             f"{', '.join(str(r) for r, _ in metrics)} of {run.world}, the one-process evaluation of the same weights "
-            f"over the {n} eval examples gives {_fmt(reference[key])}"
+            f"{over} gives {_fmt(reference[key])}"
             + (f" ({total - n + len(missing)} index(es) repeated as padding, not counted)" if repeated else "")
         ]
     key, r, value = bad[0]
     evidence = [
-        f"{key} = {_fmt(value)} on rank {r} of {run.world}; the same evaluation in one process over the {n} eval "
-        f"examples (rank 0's weights) gives {_fmt(reference[key])}",
+        f"{key} = {_fmt(value)} on rank {r} of {run.world}; the same evaluation in one process {over} (rank 0's "
+        f"weights) gives {_fmt(reference[key])}",
         head,
     ]
     collectives = [rec.get("collectives") for rec in recs]
     values = [values[key] for _, values in metrics]
     fix = REDUCE_FIX
     if all(c == 0 for c in collectives):
-        evidence.append("no collective ran during dlcheck_dist_eval on any rank (the process group's count stayed put)")
-        cause = (
-            f"the metric is not reduced across the ranks: rank {r}'s {key} covers its own shard only "
-            f"({counts[r]} of {n} examples)"
+        wrapped = sum(rec.get("wrapper_collectives") or 0 for rec in recs)
+        evidence.append(
+            "no collective ran during dlcheck_dist_eval on any rank (the process group's count stayed put"
+            + (
+                f", beside the {wrapped} the model's wrapper ran inside its forwards: DistributedDataParallel's "
+                "buffer broadcast, no reduction of the metric)"
+                if wrapped
+                else ")"
+            )
+        )
+        cause = f"the metric is not reduced across the ranks: rank {r}'s {key} covers its own shard only" + (
+            f" ({counts[r]} of {n} examples)" if counts else ""
         )
     elif len(metrics) > 1 and any(differ(v, values[0]) for v in values[1:]):
         evidence.append(
@@ -499,6 +569,12 @@ def _judge_metrics(dlcheck, run, recs, metrics, n, counts, total, repeated, miss
         cause = (
             f"the ranks' {key} differ: the reduction leaves the full value on some ranks only (dist.reduce / "
             "dist.gather to one rank) or reduces only part of it"
+        )
+    elif n is None:
+        dlcheck.skip(
+            f"{key} differs from the one-process evaluation ({_fmt(value)} on rank {r}, {_fmt(reference[key])} in one "
+            f"process), a reduction ran and the ranks agree; {head}: which examples are counted twice or left out "
+            "cannot be told"
         )
     elif missing:
         cause = f"the eval loader leaves {len(missing)} example(s) out (drop_last=True): they are never evaluated"

@@ -118,3 +118,46 @@ def test_ddp_mean_of_the_ranks_means_over_unequal_shards(project):
     assert "the ranks' shards differ in size (5, 4 examples) and their eval_loss are averaged with equal weights" in d7
     assert "all_reduce the sums and the counts on every rank, then divide" in d7
     _no_leftover_process()
+
+
+def test_ddp_buffer_broadcast_is_no_reduction_of_the_metric(project):
+    # llm.c: a DDP model with a buffer (the causal mask) broadcasts it in every forward; rank 0's unreduced loss
+    # was read as "a reduction ran"
+    project.conftest(te.dist_project("eval_loss_rank0_only", "unpadded_eval_loader", "make_training_with_buffer"))
+    run = project.run("--dlcheck=D7", "-rA")
+    run.assert_outcome("D7", "failed")
+    d7 = _flat(run.section("D7"))
+    assert "no collective ran during dlcheck_dist_eval on any rank" in d7
+    assert "the model's wrapper ran inside its forwards: DistributedDataParallel's buffer broadcast" in d7
+    assert "the metric is not reduced across the ranks: rank 0's eval_loss covers its own shard only (5 of 9" in d7
+    _no_leftover_process()
+
+
+def test_an_eval_loader_without_a_length_still_has_its_metric_judged(project):
+    # llm.c's own loader: no dataset, no sampler; the metric needs no count to be compared with one process
+    project.conftest(te.dist_project("eval_loss_rank0_only", "strided_eval_batches"))
+    run = project.run("--dlcheck=D7", "-rA")
+    run.assert_outcome("D7", "failed")
+    d7 = _flat(run.section("D7"))
+    assert "the same evaluation in one process over its whole eval loader (rank 0's weights) gives" in d7
+    assert "the metric is not reduced across the ranks: rank 0's eval_loss covers its own shard only" in d7
+    _no_leftover_process()
+
+
+def test_an_eval_loader_without_a_length_all_reduced_passes(project):
+    project.conftest(te.dist_project("eval_loss_all_reduce", "strided_eval_batches"))
+    run = project.run("--dlcheck=D7", "-rA")
+    run.assert_outcome("D7", "passed")
+    text = _flat(run.text)
+    assert "the one-process evaluation of the same weights over its whole eval loader gives" in text
+    assert "the examples each rank evaluates not judged" in text or "examples each rank evaluates" in text
+    _no_leftover_process()
+
+
+def test_decoded_texts_are_counted_as_predictions(project):
+    project.conftest(te.dist_project("eval_texts_all_gather", "padded_eval_loader"))
+    run = project.run("--dlcheck=D7", "-rA")
+    run.assert_outcome("D7", "failed")
+    d7 = _flat(run.section("D7"))
+    assert "10 predictions gathered on rank 0 for 9 eval examples (a list of 10 texts)" in d7
+    _no_leftover_process()

@@ -97,6 +97,45 @@ def eval_losses_all_gather(state, loader):
     return torch.cat(gathered)
 
 
+def eval_texts_all_gather(state, loader):
+    """Buggy over a padded sampler: every example's predicted tokens decoded to a text and gathered with
+    all_gather_object (what BLEU / ROUGE are computed over), the padding included."""
+    model = state["model"]
+    model.eval()
+    texts = []
+    with torch.no_grad():
+        for batch in loader:
+            for row in model(batch["input_ids"]).argmax(-1):
+                texts.append(" ".join(map(str, row.tolist())))
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, texts)
+    return [t for part in parts for t in part]
+
+
+class StridedEvalBatches:
+    """llm.c's DistributedDataLoader: batches of this rank's strided share of the eval examples, built by the
+    script itself: no dataset, no sampler, no length."""
+
+    def __iter__(self):
+        ds = EvalPrompts()
+        mine = list(range(dist.get_rank(), len(ds), dist.get_world_size()))
+        for i in range(0, len(mine), EVAL_BATCH):
+            items = [ds[j] for j in mine[i : i + EVAL_BATCH]]
+            yield {k: torch.stack([it[k] for it in items]) for k in items[0]}
+
+
+def strided_eval_batches():
+    return StridedEvalBatches()
+
+
+def make_training_with_buffer():
+    """tiny_dist's training, the model holding a buffer (GPT's causal mask): DistributedDataParallel broadcasts its
+    buffers in every forward, a collective of the wrapper, not of the evaluation."""
+    model = td.TokenLM()
+    model.register_buffer("causal", torch.ones(td.LENGTH, td.LENGTH).tril())
+    return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}
+
+
 # ---- Accelerate: the eval loader prepared beside the training objects
 
 
@@ -146,8 +185,8 @@ def _fixture(role: str, value: str) -> list[str]:
     return ["@pytest.fixture(scope='session')", f"def dlcheck_{role}():", f"    return {value}", ""]
 
 
-def dist_project(evaluate: str, loader: str) -> str:
-    """tiny_dist's correct DDP script, with this module's evaluation and eval loader factory."""
+def dist_project(evaluate: str, loader: str, training: str | None = None) -> str:
+    """tiny_dist's correct DDP script, with this module's evaluation and eval loader factory (and training)."""
     return "\n".join(
         [
             td.project(),
@@ -155,6 +194,7 @@ def dist_project(evaluate: str, loader: str) -> str:
             "",
             *_fixture("dist_eval", f"te.{evaluate}"),
             *_fixture("make_eval_dataloader", f"te.{loader}"),
+            *(_fixture("make_training", f"te.{training}") if training else []),
         ]
     )
 
