@@ -79,13 +79,21 @@ def sequence_labels(batch: Mapping[str, Any]) -> bool:
 
 
 def seq2seq_targets(batch: Mapping[str, Any]) -> bool:
-    """The batch's labels are an encoder-decoder's targets: (batch, length) labels of another length than its
-    (batch, length) input_ids (DataCollatorForSeq2Seq pads them to the batch's longest target)."""
+    """The batch's labels are an encoder-decoder's targets: the batch carries the decoder's own inputs
+    (``decoder_input_ids``), or (batch, length) labels of another length than its (batch, length) input_ids
+    (DataCollatorForSeq2Seq pads them to the batch's longest target)."""
     labels, ids = batch.get("labels"), batch.get("input_ids")
     if labels is None or ids is None:
         return False
+    if any(batch.get(k) is not None for k in DECODER_FIELDS):
+        return True  # the decoder's own inputs beside them: the labels are its targets, whatever their length
     labels_t, ids_t = torch.as_tensor(labels), torch.as_tensor(ids)
     return labels_t.dim() == 2 and ids_t.dim() == 2 and labels_t.shape[1] != ids_t.shape[1]
+
+
+#: fields of a batch that feed an encoder-decoder's decoder (DataCollatorForSeq2Seq(model=...) adds
+#: decoder_input_ids): beside them, labels are the decoder's targets even when their length equals the encoder's
+DECODER_FIELDS = ("decoder_input_ids", "decoder_attention_mask")
 
 
 def rows(batches: Sequence[dict[str, Any]]) -> list[Row]:
@@ -96,7 +104,10 @@ def rows(batches: Sequence[dict[str, Any]]) -> list[Row]:
         ids = _tolist(batch["input_ids"], 0)
         masks = _tolist(batch.get("attention_mask"), len(ids))
         labels = None if sequence_labels(batch) else _tolist(batch.get("labels"), len(ids))
-        if labels and any(len(lab) != len(row) for lab, row in zip(labels, ids)):
+        if labels and (
+            any(len(lab) != len(row) for lab, row in zip(labels, ids))
+            or any(batch.get(k) is not None for k in DECODER_FIELDS)
+        ):
             # an encoder-decoder's targets (DataCollatorForSeq2Seq pads them to the batch's longest target): not
             # positions of input_ids, so no label is read against the encoder's tokens or attention mask
             labels = None

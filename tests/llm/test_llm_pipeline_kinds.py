@@ -370,3 +370,15 @@ def test_encoder_decoder_targets_are_not_read_against_the_encoders_tokens(projec
     run, results = _report(project, ["--dlcheck=L2,L13"])
     assert "internal error" not in run.text and "raised" not in run.text, run.text
     assert "IndexError" not in run.text
+
+
+def test_encoder_decoder_targets_of_the_inputs_length_are_not_read_against_the_encoder(project):
+    """Targets as long as the sources (a copy / denoising task): the batch carries the decoder's own inputs
+    (DataCollatorForSeq2Seq(model=...) adds decoder_input_ids), so the labels are the decoder's targets all the same
+    and L2 / L13 do not read them against the encoder's tokens and attention mask."""
+    project.conftest(SEQ2SEQ.replace('tok(c + tok.eos_token)["input_ids"]', 'tok(p)["input_ids"]'))
+    run, results = _report(project, ["--dlcheck=L2,L13"])
+    assert "internal error" not in run.text, run.text
+    for cid in ("L2", "L13"):
+        assert results[cid]["outcome"] == "skipped", results[cid]
+        assert "encoder-decoder's targets" in results[cid]["reason"], results[cid]
