@@ -1,7 +1,8 @@
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -11,11 +12,60 @@ from ...registry import Setting, check
 from ...sampling import spread_positions
 from . import measure as V
 
-NORM_TYPES = (
-    torch.nn.modules.batchnorm._BatchNorm,
-    torch.nn.modules.dropout._DropoutNd,
-    torch.nn.modules.instancenorm._InstanceNorm,
-)
+
+def _drop_rate(value: Any) -> float | None:
+    """A dropout probability held as a plain number (a module's ``dropout``/``attention_dropout``/``drop_prob``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 < value <= 1 else None
+
+
+def _mode_dependent(module: Any) -> str | None:
+    """What makes ``module``'s own forward differ between train and eval mode, or None: dropout with p > 0 (the
+    Dropout family, or a functional dropout rate held as a number: nn.MultiheadAttention's ``dropout``, nanoGPT's and
+    transformers' attention ``dropout``/``attention_dropout`` handed to scaled_dot_product_attention only while
+    ``self.training``, a layerdrop, timm's DropPath ``drop_prob``, torchvision's StochasticDepth ``p``), and batch or
+    instance norm that keeps running statistics (without them the forward is the same in both modes)."""
+    nn = torch.nn
+    if isinstance(module, nn.modules.dropout._DropoutNd):
+        return f"p={module.p:g}" if _drop_rate(module.p) else None
+    if isinstance(module, (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm)):
+        return "running statistics" if module.track_running_stats and module.running_mean is not None else None
+    name = type(module).__name__
+    held = False
+    for attr, value in vars(module).items():
+        if attr.startswith("_") or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if "drop" in attr.lower() or (attr == "p" and ("Drop" in name or "StochasticDepth" in name)):
+            rate = _drop_rate(value)
+            if rate is not None:
+                return f"{attr}={rate:g}"
+            held = True
+    # a dropout rate of 0 held: the forward's own `self.training` test is that dropout's, which is off
+    return None if held else _reads_training(type(module))
+
+
+@functools.cache
+def _reads_training(cls: type) -> str | None:
+    """'its forward reads self.training' when the class's forward source tests the mode (a torchvision detector returns
+    losses in training mode and detections in eval mode), else None."""
+    import inspect
+
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return None
+    return READS_TRAINING if "self.training" in source else None
+
+
+READS_TRAINING = "its forward reads self.training"
+
+
+def _named(found: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
+    """The modules to name: those with a dropout or running statistics, when any; else those whose forward reads
+    self.training (a transformers model's own test, for gradient checkpointing, is no evidence beside its dropouts)."""
+    strong = {n: k for n, k in found.items() if k[1] != READS_TRAINING}
+    return strong or found
 
 
 def _image_of(out: Any) -> Any:
@@ -27,10 +77,11 @@ def _image_of(out: Any) -> Any:
     return img
 
 
-def _transform_reads(dlcheck: Any, tol: float) -> tuple[list[str], str] | None:
+def _transform_reads(dlcheck: Any, tol: float) -> tuple[list[str], str] | str | None:
     """Read the eval data twice at the same positions (or run the eval transform twice on one synthetic
     image): evidence lines of the differences, and what was compared (for a pass). None when there is no
-    eval data or transform; not applicable when the eval examples hold no image."""
+    eval data or transform; a sentence saying so when the eval examples hold no image (the half of V2 that
+    does not concern them)."""
     ds = V.map_dataset(dlcheck, "eval")
     tf = dlcheck.role("eval_transform")
     role = "eval_dataset" if dlcheck.has("eval_dataset") else "eval_dataloader"
@@ -59,7 +110,7 @@ def _transform_reads(dlcheck: Any, tol: float) -> tuple[list[str], str] | None:
         return None
     judged = [(w, a, b) for w, a, b in reads if a is not None and b is not None]
     if not judged:
-        dlcheck.not_applicable(f"{reads[0][0]} holds no image: V2 judges an image pipeline's eval transform")
+        return f"{reads[0][0]} holds no image: V2 judges an image pipeline's eval transform"
     lines = []
     worst = 0.0
     for where, a, b in judged:
@@ -105,10 +156,9 @@ def _rewrapped(wrapper: Any, name: str, bounded: Any) -> Any:
     return again
 
 
-def _mode_problems(dlcheck: Any, model: Any, eval_fn: Any) -> tuple[list[str], str] | None:
-    """Run the user's eval function (twice) with the model in train mode, as it is when called from a
-    training loop; report modules that ran in training mode, BatchNorm statistics it moved, and
-    outputs that differ between the two runs. Everything is restored afterwards."""
+def _eval_loader(dlcheck: Any) -> Any:
+    """What the eval function is handed: the user's eval loader over 2 of its examples (its collate_fn, inside its own
+    wrapper), or the first batch of a loader that cannot be indexed; None when there is no eval (or train) data."""
     from torch.utils.data import DataLoader, Subset
 
     split = "eval" if V.map_dataset(dlcheck, "eval") is not None or dlcheck.has("eval_dataloader") else "train"
@@ -118,22 +168,68 @@ def _mode_problems(dlcheck: Any, model: Any, eval_fn: Any) -> tuple[list[str], s
     if ds is not None and len(ds) > 0:
         source = inner[1] if inner is not None else user_loader
         collate = getattr(source, "collate_fn", None) if source is not MISSING else None
-        if collate is None:
+        positions = spread_positions(len(ds), 2)
+        if collate is None and _image_of(ds[positions[0]]) is not None:
             sample = V.get_vision_sample(dlcheck, split, required=False)
             if sample is not None and sample.task == "detection":
                 collate = _zip_collate  # torchvision's detection convention: (images, targets) tuples
-        loader = DataLoader(Subset(ds, spread_positions(len(ds), 2)), batch_size=2, shuffle=False, collate_fn=collate)
+        loader = DataLoader(Subset(ds, positions), batch_size=2, shuffle=False, collate_fn=collate)
         if inner is not None:
             # the eval function gets the user's own loader: a wrapper (timm's PrefetchLoader) moves, converts and
             # normalises each batch in its __iter__; a copy of it reads the bounded loader in place of its own
             loader = _rewrapped(user_loader, inner[0], loader)
-    elif user_loader is not MISSING:
+        return loader
+    if user_loader is not MISSING:
         with preserved_dataloader(user_loader):
             batch = next(iter(user_loader), None)
-        if batch is None:
-            return None
-        loader = [batch]
-    else:
+        return None if batch is None else [batch]
+    return None
+
+
+def _kinds(found: dict[str, tuple[str, str]], limit: int = 3) -> str:
+    """'3 Dropout (p=0.1, e.g. blocks.0.attn.resid_drop), 1 MultiheadAttention (dropout=0.1, e.g. ...)'."""
+    by_type: dict[str, list[tuple[str, str]]] = {}
+    for name, (kind, why) in found.items():
+        by_type.setdefault(kind, []).append((name, why))
+    parts = []
+    for kind, items in sorted(by_type.items(), key=lambda kv: -len(kv[1]))[:limit]:
+        whys = sorted({w for _, w in items})
+        parts.append(f"{len(items)} {kind} ({', '.join(whys[:2])}, e.g. {items[0][0] or '(the model itself)'})")
+    if len(by_type) > limit:
+        parts.append(f"{sum(len(v) for k, v in by_type.items()) - sum(int(p.split()[0]) for p in parts)} more")
+    return ", ".join(parts)
+
+
+def _shown(values: list[Any]) -> str:
+    if len(values) == 1 and values[0].numel() == 1:
+        return f"{float(values[0]):.6g}"
+    flat = [float(v) for t in values for v in t.flatten()[:4]]
+    return "[" + ", ".join(f"{v:.4g}" for v in flat[:4]) + (", …]" if sum(t.numel() for t in values) > 4 else "]")
+
+
+class ModeResult(NamedTuple):
+    lines: list[str]  # evidence of a failure
+    measured: str  # what a pass measured
+    dependent: int  # modules whose forward depends on the mode
+    dropout: bool  # a dropout-like module ran in training mode
+    norm: bool  # a BatchNorm/InstanceNorm ran in training mode, or its running statistics moved
+    undecided: str | None = None  # why the mode's effect could not be told apart from the eval's own randomness
+
+
+def _mode_problems(dlcheck: Any, model: Any, eval_fn: Any) -> ModeResult | None:
+    """Run the user's eval function twice on the same eval examples and the same weights, with the model in train mode
+    as it is when called from a training loop; report the modules whose forward depends on the mode (dropout,
+    BatchNorm with running statistics, a functional dropout rate) that ran in training mode, BatchNorm statistics it
+    moved, and results that differ between the two runs. Weights, buffers and modes are restored afterwards.
+
+    Returns (evidence lines, what was measured for a pass, number of mode-dependent modules, whether dropout-like and
+    whether normalisation modules ran in training mode); (…, 0, …) without running anything when no module's forward
+    depends on the mode; None when there is no eval batch."""
+    dependent = {n: (type(m).__name__, why) for n, m in model.named_modules() if (why := _mode_dependent(m))}
+    if not dependent:
+        return ModeResult([], "", 0, False, False)
+    loader = _eval_loader(dlcheck)
+    if loader is None:
         return None
 
     modes = [(m, m.training) for m in model.modules()]
@@ -143,21 +239,23 @@ def _mode_problems(dlcheck: Any, model: Any, eval_fn: Any) -> tuple[list[str], s
         for n, m in model.named_modules()
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats and m.running_mean is not None
     }
-    seen_training: dict[str, str] = {}
-    outputs: list[list[Any]] = [[], []]
+    seen_training: dict[str, tuple[str, str]] = {}
+    outputs: list[list[Any]] = [[], [], [], []]  # two evals in train mode, then (when asked) two in eval mode
+    returned: list[list[Any]] = [[], [], [], []]
     run_index = [0]
 
     def pre_hook(name: str):
         def hook(mod: Any, args: Any) -> None:
             if mod.training:
-                seen_training.setdefault(name, type(mod).__name__)
+                seen_training.setdefault(name, dependent[name])
 
         return hook
 
     def out_hook(mod: Any, args: Any, out: Any) -> None:
         outputs[run_index[0]].extend(V.tensors_in(out))
 
-    handles = [m.register_forward_pre_hook(pre_hook(n)) for n, m in model.named_modules() if isinstance(m, NORM_TYPES)]
+    modules = dict(model.named_modules())
+    handles = [modules[n].register_forward_pre_hook(pre_hook(n)) for n in dependent]
     handles.append(model.register_forward_hook(out_hook))
     moved: list[tuple[str, float]] = []
     error = None
@@ -165,11 +263,12 @@ def _mode_problems(dlcheck: Any, model: Any, eval_fn: Any) -> tuple[list[str], s
     try:
         for i, seed in enumerate((3, 4)):
             run_index[0] = i
+            model.load_state_dict(state)  # the same weights and statistics for both evals
             model.train()
             before = {n: m.running_mean.detach().clone() for n, m in bn.items()}
             with V.seeded(seed):
                 try:
-                    eval_fn(model, loader)
+                    returned[i] = V.tensors_in(eval_fn(model, loader))
                 except Exception as exc:  # noqa: BLE001 - reported below, as the user's error or as evidence
                     error = exc
                     raised_training[0] = model.training and "train" in str(exc).lower()
@@ -190,26 +289,84 @@ def _mode_problems(dlcheck: Any, model: Any, eval_fn: Any) -> tuple[list[str], s
             m.training = training
     if error is not None and not seen_training and not raised_training[0]:
         raise RoleError("eval_fn", f"raised {type(error).__name__}: {error}") from error
-    if not seen_training and not moved and error is None:
-        hooked = sum(1 for m in model.modules() if isinstance(m, NORM_TYPES))
-        d = V.max_abs_diff(outputs[0], outputs[1])
+    d_out = V.max_abs_diff(outputs[0], outputs[1]) if error is None else None
+    d_ret = V.max_abs_diff(returned[0], returned[1]) if error is None else None
+    differ = any(d is not None and d > 0 for d in (d_out, d_ret))
+    # a numeric dropout attribute alone is read from the module, not seen acting: it counts when the evals differ
+    typed = (
+        torch.nn.modules.dropout._DropoutNd,
+        torch.nn.modules.batchnorm._BatchNorm,
+        torch.nn.modules.instancenorm._InstanceNorm,
+    )
+    conclusive = [n for n in seen_training if isinstance(modules[n], typed)]
+    confirmed = None
+    if seen_training and differ and not conclusive and not moved:
+        # only a dropout rate held as a number, or a forward reading self.training, ran in training mode: the two
+        # evals differ because of the mode only if the same two evals in eval mode agree (an eval that samples
+        # draws differently under the two seeds whatever the mode)
+        again = model.register_forward_hook(out_hook)
+        try:
+            for i, seed in ((2, 3), (3, 4)):
+                run_index[0] = i
+                model.load_state_dict(state)
+                model.eval()
+                with V.seeded(seed):
+                    try:
+                        returned[i] = V.tensors_in(eval_fn(model, loader))
+                    except Exception as exc:  # noqa: BLE001 - the user's eval, on the pipeline's own examples
+                        raise RoleError("eval_fn", f"raised {type(exc).__name__} in eval mode: {exc}") from exc
+        finally:
+            again.remove()
+            model.load_state_dict(state)
+            for m, training in modes:
+                m.training = training
+        e_out, e_ret = V.max_abs_diff(outputs[2], outputs[3]), V.max_abs_diff(returned[2], returned[3])
+        confirmed = not any(d is not None and d > 0 for d in (e_out, e_ret))
+    if not conclusive and not moved and error is None and not confirmed:
         same = (
-            "two runs give identical outputs"
-            if d == 0
-            else "its outputs were not captured"
-            if d is None
-            else f"two runs' outputs differ by {'shape' if math.isinf(d) else f'{d:.3g}'}"
+            "two evals give identical results"
+            if d_out == 0 and d_ret in (0, None)
+            else "its model outputs were not captured"
+            if d_out is None and d_ret is None
+            else f"two evals differ by {'shape' if math.isinf(max(d_out or 0, d_ret or 0)) else f'{max(d_out or 0, d_ret or 0):.3g}'}"
         )
-        return [], (
-            f"dlcheck_eval_fn called twice right after model.train(): 0 of {hooked} BatchNorm/Dropout/InstanceNorm "
-            f"modules ran in training mode, no BatchNorm running mean moved ({len(bn)} tracked), {same}"
+        ran = (
+            f"0 of {len(_named(dependent))} modules whose forward depends on the mode ({_kinds(_named(dependent))}) ran in "
+            "training mode"
+            if not seen_training
+            else f"{len(seen_training)} of {len(dependent)} modules holding a dropout rate or reading self.training "
+            f"ran in training mode ({_kinds(_named(seen_training))}) "
+            + (
+                "without changing the results"
+                if not differ
+                else "and two evals differed, but differed in eval mode too (the eval draws at random itself)"
+            )
+        )
+        if seen_training and differ:
+            return ModeResult(
+                [],
+                "",
+                len(dependent),
+                False,
+                False,
+                f"dlcheck_eval_fn called twice right after model.train(): {ran}, so the mode's effect cannot be told "
+                "apart from the eval's own randomness",
+            )
+        return ModeResult(
+            [],
+            f"dlcheck_eval_fn called twice right after model.train(): {ran}, "
+            + (f"no BatchNorm running mean moved ({len(bn)} tracked), " if bn else "")
+            + same,
+            len(dependent),
+            False,
+            False,
         )
     lines = []
     if seen_training:
-        names = sorted(set(seen_training.values()))
         lines.append(
-            f"dlcheck_eval_fn ran {len(seen_training)} {'/'.join(names)} modules in training mode "
-            f"(e.g. {next(iter(seen_training))}), called after model.train() as in a training loop"
+            f"dlcheck_eval_fn ran {len(_named(seen_training))} of {len(_named(dependent))} modules whose forward "
+            f"depends on the mode in training mode: {_kinds(_named(seen_training))}; called right after model.train(), "
+            "as in a training loop"
         )
     if moved:
         worst = max(moved, key=lambda x: x[1])
@@ -222,14 +379,25 @@ def _mode_problems(dlcheck: Any, model: Any, eval_fn: Any) -> tuple[list[str], s
             f"dlcheck_eval_fn raised {type(error).__name__}: {str(error)[:160]} — with the model still in "
             "training mode (called after model.train(), as in a training loop)"
         )
-    else:
-        d = V.max_abs_diff(outputs[0], outputs[1])
-        if d is not None and d > 0:
-            lines.append(
-                "two runs on the same examples give different outputs (max |Δ| "
-                f"{'shape differs' if math.isinf(d) else f'{d:.3g}'})"
+    elif differ:
+        parts = []
+        if d_ret is not None and d_ret > 0:
+            parts.append(
+                f"dlcheck_eval_fn returned {_shown(returned[0])} then {_shown(returned[1])}"
+                if not math.isinf(d_ret)
+                else "dlcheck_eval_fn's results differ in shape"
             )
-    return lines, ""
+        if d_out is not None and d_out > 0:
+            parts.append(f"the model's outputs differ by max |Δ| {'(shape)' if math.isinf(d_out) else f'{d_out:.3g}'}")
+        lines.append(
+            "two evals of the same weights on the same 2 examples give different results: "
+            + "; ".join(parts)
+            + ("; in eval mode the same two evals agree" if confirmed else "")
+        )
+    norms = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.instancenorm._InstanceNorm)
+    norm_seen = bool(moved) or any(isinstance(modules[n], norms) for n in seen_training)
+    drop_seen = any(not isinstance(modules[n], norms) for n in seen_training)
+    return ModeResult(lines, "", len(dependent), drop_seen, norm_seen)
 
 
 @check(
@@ -250,34 +418,53 @@ def check_eval_determinism(dlcheck):
     """Evaluation is deterministic: the eval transform has no randomness and the model runs in eval mode.
 
     What it does
-        Reads up to 3 evaluation examples twice each under different seeds (dlcheck_eval_dataset, or the
-        eval dataloader's dataset; else runs dlcheck_eval_transform twice on one synthetic image) and
-        fails when the two reads differ, naming the random transforms found in the eval transform. With
-        dlcheck_model and dlcheck_eval_fn, calls eval_fn(model, loader) twice on 2 eval examples right
-        after model.train() (as a training loop would; ``loader`` is your eval loader over those 2 examples,
-        with its collate_fn, inside your own loader wrapper when the eval loader is one, such as timm's
-        PrefetchLoader that converts and normalises the batches), with hooks on every BatchNorm/Dropout module:
-        fails when any ran in training mode or a BatchNorm running mean moved. The model's weights,
-        buffers and modes are restored.
+        Two halves. The eval transform (image data only): reads up to 3 evaluation examples twice each
+        under different seeds (dlcheck_eval_dataset, or the eval dataloader's dataset; else runs
+        dlcheck_eval_transform twice on one synthetic image) and fails when the two reads differ, naming
+        the random transforms found in the eval transform. The model's mode during your eval (any model: an
+        image model, a token model such as a GPT, anything): with dlcheck_model and dlcheck_eval_fn, calls
+        eval_fn(model, loader) twice on the same 2 eval examples and the same weights, each time right after
+        model.train() (as a training loop would; ``loader`` is your eval loader over those 2 examples, with
+        its collate_fn, inside your own loader wrapper when the eval loader is one, such as timm's
+        PrefetchLoader that converts and normalises the batches), with forward pre-hooks on every module whose
+        forward depends on the mode: the Dropout family with p > 0, a dropout rate held as a number and
+        applied only while ``self.training`` (nn.MultiheadAttention's ``dropout``, nanoGPT's and
+        transformers' attention dropout handed to scaled_dot_product_attention, a layerdrop, DropPath,
+        StochasticDepth), BatchNorm/InstanceNorm with running statistics, and a module whose forward reads
+        ``self.training`` otherwise (a torchvision detector returns losses in training mode). Fails when a
+        Dropout or BatchNorm ran in training mode during the eval, a BatchNorm running mean moved, the eval
+        raised in training mode, or another of those modules ran in training mode and the two evals gave
+        different results while the same two evals in eval mode agree; the evidence names the modules and
+        the two evals' results. The model's weights, buffers and modes are restored.
+        V2 is a check of the vision domain: it runs under --dlcheck=vision, --dlcheck=all or --dlcheck=V2,
+        not under --dlcheck=llm, although its model.eval() half judges a language model's eval as well.
     Why it is bad
         A random crop or flip at eval makes the metric noisy and biased (objects cropped away), and a
-        model evaluated in training mode uses batch statistics and active dropout — and updates its
-        BatchNorm running statistics with eval data, corrupting the model it is measuring. A train/eval
-        split made with random_split of one dataset shares the train transform silently.
+        model evaluated in training mode uses batch statistics and active dropout: every evaluation scores a
+        randomly thinned model (two evaluations of the same weights disagree, the eval loss is too high), and
+        BatchNorm updates its running statistics with eval data, corrupting the model it is measuring. A
+        train/eval split made with random_split of one dataset shares the train transform silently.
     Example
         eval_tf = T.Compose([T.ToImage(), T.RandomResizedCrop(224), T.ToDtype(torch.float32, scale=True)])
-        def evaluate(model, loader):          # no model.eval()
-            with torch.no_grad(): return [model(x) for x, _ in loader]
+        def evaluate(model, loader):          # no model.eval(): pytorch/examples minGPT-ddp's test epoch
+            with torch.no_grad(): return [model(x, y)[1].item() for x, y in loader]
     Use instead
         eval_tf = T.Compose([T.ToImage(), T.Resize(256), T.CenterCrop(224), T.ToDtype(torch.float32, scale=True), T.Normalize(...)])
         (timm: create_transform(**cfg, is_training=False)); give the eval split its own dataset object;
-        call model.eval() (and torch.inference_mode()) at the start of evaluate, model.train() after.
+        call model.eval() (with torch.no_grad() or torch.inference_mode()) at the start of evaluate, and
+        model.train() after it (nanoGPT's estimate_loss does both).
     Known problems
         Test-time augmentation on purpose should ignore V2. Without dlcheck_eval_fn the eval-mode half is
-        not checked: the model's mode during your eval loop cannot be seen otherwise.
+        not checked: the model's mode during your eval loop cannot be seen otherwise (a Trainer's or
+        Lightning's own evaluation sets eval mode itself; a distributed dlcheck_dist_eval is not called by
+        V2). An eval that draws at random itself (sampled generations) while only a module holding a dropout
+        rate ran in training mode is not judged: the mode's effect cannot be told apart from its own draws.
+        Dropout kept active at eval on purpose (Monte Carlo dropout) should ignore V2.
     Not applicable
-        Data without images (a language model's token batches, tabular rows), and a diffusion training
-        without eval data: it evaluates by sampling, with no eval split or eval transform.
+        Data without images (a language model's token batches, tabular rows) when no dlcheck_eval_fn is
+        given, or when dlcheck_model has no module whose forward depends on the mode (no dropout with p > 0,
+        no BatchNorm with running statistics); and a diffusion training without eval data: it evaluates by
+        sampling, with no eval split or eval transform.
     """
     tol = dlcheck.setting("atol")
     model, eval_fn = dlcheck.role("model"), dlcheck.role("eval_fn")
@@ -291,8 +478,37 @@ def check_eval_determinism(dlcheck):
             )
         V.get_vision_sample(dlcheck, "train", required=False)  # not applicable when the data holds no image
     reads = _transform_reads(dlcheck, tol)
+    no_image = reads if isinstance(reads, str) else None
+    if no_image is not None:
+        reads = None
+        if model is MISSING or eval_fn is MISSING:
+            dlcheck.not_applicable(no_image)
     mode = _mode_problems(dlcheck, model, eval_fn) if model is not MISSING and eval_fn is not MISSING else None
+    if mode is not None and mode[2] == 0:
+        # no module of the model behaves differently in train and eval mode: whether the eval sets eval mode
+        # changes nothing it computes
+        constant = (
+            f"dlcheck_model ({type(model).__name__}) has no module whose forward depends on train/eval mode (no "
+            "dropout with p > 0, no BatchNorm with running statistics): whether dlcheck_eval_fn calls model.eval() "
+            "changes nothing"
+        )
+        if reads is None:
+            dlcheck.not_applicable(f"{no_image}; and {constant}" if no_image else constant)
+        mode = ModeResult([], constant, 0, False, False)
+    if mode is not None and mode.undecided:
+        if reads is None:
+            dlcheck.skip(f"{mode.undecided}; V2 could not decide" + (f" ({no_image})" if no_image else ""))
+        dlcheck.not_judged("the model's mode during dlcheck_eval_fn", mode.undecided)
+        mode = None
+        eval_mode_undecided = True
+    else:
+        eval_mode_undecided = False
     if reads is None and mode is None:
+        if no_image is not None:
+            dlcheck.skip(
+                f"{no_image}, and V2 found no eval batch to call dlcheck_eval_fn on: your eval function's model mode "
+                "was not measured"
+            )
         if has_eval:
             # the eval data is given: data without images is not V2's (said so), never a missing role
             V.get_vision_sample(dlcheck, "eval", required=False)
@@ -361,21 +577,39 @@ def check_eval_determinism(dlcheck):
     if mode is not None and mode[0]:
         evidence += mode[0]
         m_cause = (
-            "the eval function runs the model in training mode: BatchNorm uses batch statistics and updates "
-            "its running stats with eval data, dropout stays active"
+            "the eval function runs the model in training mode (it never calls model.eval()): "
+            + ", ".join(
+                x
+                for x in (
+                    "dropout stays active, so every evaluation scores a randomly thinned model and two evaluations "
+                    "of the same weights disagree"
+                    if mode[3]
+                    else "",
+                    "BatchNorm normalises with the eval batch's own statistics and updates its running statistics "
+                    "with eval data, corrupting the model it measures"
+                    if mode[4]
+                    else "",
+                )
+                if x
+            )
+            if mode[3] or mode[4]
+            else "the eval function runs the model in training mode (it never calls model.eval()), where it computes "
+            "otherwise than in eval mode"
         )
         m_fix = (
-            "call model.eval() at the start of the eval function (with torch.inference_mode()), and "
-            "model.train() again before training resumes"
+            "call model.eval() at the start of the eval function (with torch.no_grad() or torch.inference_mode()), "
+            "and model.train() again after it, before training resumes"
         )
         cause = f"{cause}; and {m_cause}" if cause else m_cause
         fix = f"{fix}; and {m_fix}" if fix else m_fix
     if evidence:
         dlcheck.fail(evidence, cause, fix)
     lines = [x for x in (reads[1] if reads else "", mode[1] if mode else "") if x]
-    if reads is None:
+    if no_image is not None:
+        lines.append(f"the eval transform half does not concern this pipeline: {no_image}")
+    elif reads is None:
         lines.append("the eval transform was not checked: define dlcheck_eval_dataset or dlcheck_eval_transform")
-    if mode is None:
+    if mode is None and not eval_mode_undecided:
         lines.append(
             "model.eval() was not checked: "
             + (

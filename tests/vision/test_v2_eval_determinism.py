@@ -97,14 +97,17 @@ def test_eval_function_without_model_eval(project, set_mode, outcome):
             [
                 "*dlcheck evidence*",
                 "3 eval examples (*) read twice under different seeds: identical (max |Δ| 0 ≤ 1e-06)",
-                "dlcheck_eval_fn called twice right after model.train(): 0 of 20 BatchNorm/Dropout/InstanceNorm "
-                "modules ran in training mode, no BatchNorm running mean moved (20 tracked), two runs give identical "
-                "outputs",
+                "dlcheck_eval_fn called twice right after model.train(): 0 of 20 modules whose forward depends on "
+                "the mode (20 BatchNorm2d (running statistics, e.g. bn1)) ran in training mode, no BatchNorm running "
+                "mean moved (20 tracked), two evals give identical results",
             ]
         )
     if outcome == "failed":
         text = section(run, "V2")
-        assert "dlcheck_eval_fn ran 20 BatchNorm2d modules in training mode (e.g. bn1)" in text
+        assert (
+            "dlcheck_eval_fn ran 20 of 20 modules whose forward depends on the mode in training mode: 20 BatchNorm2d "
+            "(running statistics, e.g. bn1)" in text
+        )
         assert "it moved the BatchNorm running_mean of 20 of 20 layers" in text
         assert "runs the model in training mode" in text  # cause
         assert "call model.eval() at the start of the eval function" in text  # fix
@@ -264,3 +267,144 @@ def test_a_given_eval_loader_of_token_batches_is_not_a_missing_role(project):
     run.assert_outcome("V2", "skipped")
     assert "missing role" not in run.text
     assert "not applicable" in run.text and "holds no images" in run.text
+
+
+GPT2_EVAL = """
+    import pytest, torch, tiny
+    from torch.utils.data import DataLoader
+    from transformers import DataCollatorForLanguageModeling
+
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model(dlcheck_tokenizer):
+        return tiny.gpt2(dlcheck_tokenizer)  # GPT2Config's dropouts: resid, embd and attn_pdrop 0.1
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataloader(dlcheck_tokenizer):
+        collate = DataCollatorForLanguageModeling(dlcheck_tokenizer, mlm=False)
+        return DataLoader(tiny.tokenized(dlcheck_tokenizer), batch_size=4, collate_fn=collate)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_fn():
+        def evaluate(model, loader):  # a hand-written eval loop
+            {set_mode}
+            losses = []
+            with torch.no_grad():
+                for batch in loader:
+                    losses.append(model(**batch).loss.item())
+            {restore}
+            return sum(losses) / len(losses)
+        return evaluate
+"""
+
+
+@pytest.mark.parametrize(
+    "set_mode, restore, outcome", [("pass", "pass", "failed"), ("model.eval()", "model.train()", "passed")]
+)
+def test_a_token_model_evaluated_without_model_eval(project, set_mode, restore, outcome):
+    """pytorch/examples minGPT-ddp, found blind: its test epoch runs the GPT without model.eval() (dropout 0.1 active),
+    and V2 said "holds no image" although dlcheck_eval_fn was given. The model.eval() half judges any model, and runs
+    under --dlcheck=all on a token pipeline."""
+    project.conftest(GPT2_EVAL.format(set_mode=set_mode, restore=restore))
+    run = project.run("--dlcheck=all", "-k", "V2", "-rA")
+    run.assert_outcome("V2", outcome)
+    if outcome == "failed":
+        text = section(run, "V2")
+        assert (
+            "dlcheck_eval_fn ran 5 of 7 modules whose forward depends on the mode in training mode: 5 Dropout" in text
+        ), text
+        assert "Dropout (p=0.1, e.g. transformer.drop)" in text, text
+        assert "two evals of the same weights on the same 2 examples give different results: dlcheck_eval_fn " in text
+        assert "dropout stays active" in text and "never calls model.eval()" in text  # cause
+        assert "call model.eval() at the start of the eval function" in text  # fix
+        assert "and model.train() again after it" in text
+    if outcome == "passed":
+        run.fnmatch(
+            [
+                "*dlcheck evidence*",
+                "dlcheck_eval_fn called twice right after model.train(): 0 of 7 modules whose forward depends on the "
+                "mode (*Dropout (p=0.1, e.g. transformer.drop)*) ran in training mode, two evals give identical results",
+            ]
+        )
+        assert (
+            "the eval transform half does not concern this pipeline: dlcheck_eval_dataloader.dataset[0] holds no image"
+            in run.text
+        )
+
+
+NANO_EVAL = """
+    import pytest, torch
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class TinyLM(torch.nn.Module):
+        # nanoGPT's CausalSelfAttention: no nn.Dropout here, the rate is handed to SDPA only while self.training
+        def __init__(self, dropout):
+            super().__init__()
+            torch.manual_seed(0)
+            self.emb = torch.nn.Embedding(50, 16)
+            self.qkv = torch.nn.Linear(16, 48)
+            self.head = torch.nn.Linear(16, 50)
+            self.dropout = dropout
+
+        def forward(self, idx, targets):
+            x = self.emb(idx)
+            q, k, v = self.qkv(x).split(16, dim=2)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0)
+            logits = self.head(x + y)
+            return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model():
+        return TinyLM(dropout={dropout})
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataloader():
+        ids = torch.randint(0, 50, (16, 9), generator=torch.Generator().manual_seed(0))
+        return DataLoader(TensorDataset(ids[:, :-1], ids[:, 1:]), batch_size=4)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_fn():
+        def estimate_loss(model, loader):
+            {set_mode}
+            with torch.no_grad():
+                out = [model(x, y)[1].item() for x, y in loader]
+            {restore}
+            return out
+        return estimate_loss
+"""
+
+
+@pytest.mark.parametrize(
+    "set_mode, restore, outcome", [("pass", "pass", "failed"), ("model.eval()", "model.train()", "passed")]
+)
+def test_a_functional_dropout_rate_at_eval(project, set_mode, restore, outcome):
+    """A dropout rate held as a number and applied only while self.training (nanoGPT's attention) is judged too: it
+    fails when two evals in train mode differ while the same two in eval mode agree."""
+    project.conftest(NANO_EVAL.format(dropout=0.5, set_mode=set_mode, restore=restore))
+    run = project.run("--dlcheck=V2", "-rA")
+    run.assert_outcome("V2", outcome)
+    if outcome == "failed":
+        text = section(run, "V2")
+        assert (
+            "1 of 1 modules whose forward depends on the mode in training mode: 1 TinyLM (dropout=0.5, e.g. (the "
+            in text
+        )
+        assert "dlcheck_eval_fn returned " in text and "in eval mode the same two evals agree" in text, text
+        assert "dropout stays active" in text
+    if outcome == "passed":
+        assert "0 of 1 modules whose forward depends on the mode (1 TinyLM (dropout=0.5" in run.text
+
+
+def test_a_model_without_mode_dependent_modules_is_not_applicable(project):
+    """Dropout 0 and no BatchNorm: the model computes the same in train and eval mode, so whether the eval calls
+    model.eval() changes nothing; with token data there is no eval transform either."""
+    project.conftest(NANO_EVAL.format(dropout=0.0, set_mode="pass", restore="pass"))
+    run = project.run("--dlcheck=V2", "-rs")
+    run.assert_outcome("V2", "skipped")
+    assert "not applicable" in run.text
+    assert "dlcheck_model (TinyLM) has no module whose forward depends on train/eval mode" in run.text
+    assert "missing role" not in run.text
