@@ -348,6 +348,8 @@ def check_gradients(dlcheck):
     ]
     unexplained = [n for n in zero if n not in lora]
     still = _zero_after_a_nudge(fresh, batch, trainable, grads, unexplained, dlcheck) if unexplained else []
+    built_in = _zero_input_by_construction(fresh, batch, still, dlcheck) if still else {}
+    still = [n for n in still if n not in built_in]
     if still:
         shown = ", ".join(still[:6]) + (" …" if len(still) > 6 else "")
         dlcheck.fail(
@@ -362,6 +364,16 @@ def check_gradients(dlcheck):
             "find where their output is multiplied by zero or masked out in the forward; to freeze them on purpose, set "
             "requires_grad_(False) and leave them out of the optimizer",
         )
+    built_note = ""
+    if built_in:
+        first = next(iter(built_in))
+        built_note = (
+            f"; {len(built_in)} get an exactly zero gradient a step away too, by the model's own construction: their "
+            f"module's input is exactly zero on every example, fed by installed library code ({first}: "
+            f"{built_in[first]}; DETR's decoder starts its object queries at zero, so its first layer's value "
+            "projection never trains): not your training's doing, and allowed"
+        )
+        zero = [n for n in zero if n not in built_in]
     zero_note = (
         f"; {len(zero)} of them get an exactly zero gradient"
         + (
@@ -378,6 +390,7 @@ def check_gradients(dlcheck):
         f"all {len(trainable) - exempt} trainable parameter tensors get a gradient from the loss on batch 0 (loss "
         f"{float(loss.detach()):.4g})"
         + zero_note
+        + built_note
         + (
             f"; {exempt - copied} exempt ({dlcheck.setting('ignore')!r} or unused by design) get none"
             if exempt - copied
@@ -496,6 +509,56 @@ def _zero_after_a_nudge(
                 p.copy_(old)
     wanted = set(zero)
     return [n for (n, _), g in zip(trainable, again) if n in wanted and (g is None or not bool(g.any()))]
+
+
+def _zero_input_by_construction(fresh: Any, batch: Any, names: list[str], dlcheck: Any) -> dict[str, str]:
+    """{parameter name: where its zero input comes from} for the parameters among ``names`` (exactly zero gradients
+    a step away) whose module receives an exactly zero input on every example of the batch while every module from
+    it up to the model is code of an installed library (its class defined under site-packages): the zero is the
+    model's own construction (DETR's decoder feeds its first self-attention zeros as values), not the user's. A
+    zero made by a module of the user's own code is not explained. One forward, no grad, train mode."""
+    import inspect
+
+    model = fresh.model
+    modules = dict(model.named_modules())
+
+    def installed(module: Any) -> bool:
+        try:
+            path = inspect.getfile(type(module))
+        except (TypeError, OSError):
+            return False
+        return "site-packages" in path or "dist-packages" in path
+
+    owners: dict[str, str] = {}
+    for n in names:
+        owner = n.rsplit(".", 1)[0] if "." in n else ""
+        chain = [owner.rsplit(".", i)[0] for i in range(owner.count(".") + 1)] + [""]
+        if owner in modules and owner and all(c in modules and installed(modules[c]) for c in chain):
+            owners[n] = owner
+    if not owners:
+        return {}
+    zero_inputs: dict[str, bool] = {}
+
+    def pre(name: str):
+        def hook(mod: Any, args: Any, kwargs: Any) -> None:
+            given = args[0] if args else next(iter(kwargs.values()), None) if kwargs else None
+            ok = isinstance(given, torch.Tensor) and given.numel() > 0 and not bool(given.detach().any())
+            zero_inputs[name] = zero_inputs.get(name, True) and ok
+
+        return hook
+
+    handles = [modules[o].register_forward_pre_hook(pre(o), with_kwargs=True) for o in set(owners.values())]
+    try:
+        with modes(model, train=True), torch.no_grad(), preserved_rng():
+            run_or_skip(dlcheck, lambda: fresh.loss(batch))
+    finally:
+        for h in handles:
+            h.remove()
+    return {
+        n: f"{o} ({type(modules[o]).__name__} in {type(modules[o.rsplit('.', 1)[0] if '.' in o else '']).__name__})"
+        for n, o in owners.items()
+        if zero_inputs.get(o)
+    }
 
 
 #: calls of the user's step T3 makes at most to see every trainable parameter reached (a GAN that updates its

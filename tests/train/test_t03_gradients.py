@@ -375,13 +375,15 @@ ZERO_PATHS = """
                 nn.init.zeros_(self.head.weight)
 
         def forward(self, x):
+            if self.dead == "input":  # the head fed zeros by this (user's) forward: never trains either
+                return self.side(x) + self.head(0.0 * self.body(x))
             if self.dead:  # a path multiplied by a constant 0: its weights never train
                 return self.side(x) + 0.0 * self.head(self.body(x))
             return self.side(x) + self.head(self.body(x))
 """
 
 
-@pytest.mark.parametrize("dead, outcome", [(False, "passed"), (True, "failed")])
+@pytest.mark.parametrize("dead, outcome", [(False, "passed"), (True, "failed"), ('"input"', "failed")])
 def test_zero_gradients_a_step_away_from_a_zero_initialised_neighbour_pass_and_zero_forever_fails(
     project, dead, outcome
 ):
@@ -405,3 +407,57 @@ def test_zero_gradients_a_step_away_from_a_zero_initialised_neighbour_pass_and_z
         assert "body.weight" in text and "head.weight" in text
     else:
         assert "and a gradient once the weights that get one moved a step" in text, text
+
+
+DETR = """
+import pytest, torch
+from transformers import (DetrConfig, DetrForObjectDetection, DetrImageProcessor, ResNetConfig, Trainer,
+                          TrainingArguments)
+
+
+class Boxes(torch.utils.data.Dataset):
+    def __init__(self, n=8):
+        self.proc = DetrImageProcessor(size={"shortest_edge": 32, "longest_edge": 32})
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        g = torch.Generator().manual_seed(i)
+        image = (torch.rand(32, 32, 3, generator=g) * 255).to(torch.uint8).numpy()
+        box = [float(i % 8), float(i % 5), 12.0, 12.0]
+        ann = {"image_id": i, "annotations": [{"image_id": i, "category_id": i % 3, "bbox": box, "iscrowd": 0,
+                                               "area": 144.0}]}
+        enc = self.proc(images=image, annotations=ann, return_tensors="pt")
+        return {"pixel_values": enc["pixel_values"][0], "labels": enc["labels"][0]}
+
+
+def collate(batch):
+    return {"pixel_values": torch.stack([b["pixel_values"] for b in batch]), "labels": [b["labels"] for b in batch]}
+
+
+@pytest.fixture(scope="session")
+def dlcheck_trainer(tmp_path_factory):
+    backbone = ResNetConfig(embedding_size=8, hidden_sizes=[8, 8, 8, 16], depths=[1, 1, 1, 1], out_features=["stage4"])
+    cfg = DetrConfig(use_timm_backbone=False, use_pretrained_backbone=False, backbone_config=backbone, d_model=16,
+                     encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+                     encoder_ffn_dim=32, decoder_ffn_dim=32, num_queries=5, num_labels=3)
+    torch.manual_seed(0)
+    args = TrainingArguments(str(tmp_path_factory.mktemp("out")), per_device_train_batch_size=4, max_steps=4,
+                             remove_unused_columns=False, report_to=[], save_strategy="no", use_cpu=True)
+    return Trainer(model=DetrForObjectDetection(cfg), args=args, train_dataset=Boxes(), data_collator=collate)
+"""
+
+
+def test_a_weight_a_library_model_feeds_zeros_by_construction_passes_naming_it(project):
+    """transformers' DETR: the decoder starts its object queries at zero, so the first decoder layer's value
+    projection gets an exactly zero input, and gradient, whatever the weights. Installed library code makes that
+    zero, not the user's training: allowed, and said. A user's own forward feeding a head zeros still fails (the
+    '"input"' case of the test above)."""
+    project.conftest(DETR)
+    run = project.run("--dlcheck=T3", "-rA")
+    run.assert_outcome("T3", "passed")
+    text = " ".join(run.text.split())
+    assert "by the model's own construction: their module's input is exactly zero on every example" in text, text
+    assert "model.decoder.layers.0.self_attn.v_proj.weight" in text
