@@ -50,7 +50,7 @@ import pytest_dlcheck.strategies  # noqa: E402,F401
 from pytest_dlcheck import registry  # noqa: E402
 
 registry.load_checks()
-from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer  # noqa: E402,F401
+from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer, SFTConfig, SFTTrainer  # noqa: E402,F401
 from xdist_groups import pytest_collection_modifyitems  # noqa: E402,F401  (xdist_group marks under pytest 9)
 
 OUTCOME_RE = re.compile(r"::([A-Z]+\d+)_\w+(\[property\])? (PASSED|FAILED|SKIPPED|ERROR|XFAIL)")

@@ -13,6 +13,7 @@ from ...training.resume import (
     keys_mismatch,
     refused_global,
 )
+from ...training.runs import generation_cycle
 
 #: the order pieces are tried in: the usual culprits first, the weights last (the RNG states are C3's: C1
 #: puts them back in every resumed run)
@@ -508,7 +509,14 @@ def resume_baseline(dlcheck: Any, setup: Any) -> tuple[int, Any, str]:
     baseline = smoke.baseline if smoke is not None else None
     if smoke is not None:
         total = smoke.steps
+    elif hasattr(setup, "resume_plan"):  # where C1's own run saves (a trainer's generation cycle)
+        total, _, setup.__dict__["_resume_lines"], setup.__dict__["_mid_cycle"] = setup.resume_plan(total)
     return total, baseline, f"{total} steps" + (" (the shared smoke run)" if smoke is not None else "")
+
+
+def _plan_lines(setup: Any) -> list[str]:
+    """Why C1's own run saved where it did (a trainer's generation cycle), for the evidence."""
+    return list(setup.__dict__.get("_resume_lines", []))
 
 
 def shared_resume(dlcheck: Any, setup: Any, total: int, restore: frozenset[str], baseline: Any) -> ResumeRun:
@@ -827,6 +835,12 @@ def check_resume(dlcheck):
         put back as they stood at the save (copies; its references to the Trainer and the module are left).
         Lightning's own checkpointing, logging, progress, early-stopping and tuning callbacks are left out of
         the runs (they write into your folders or need a logger or validation the runs do not have).
+        A Trainer that keeps the completions it generated in a buffer across a cycle of steps (TRL's GRPOTrainer
+        and RLOOTrainer with ``steps_per_generation`` × ``num_iterations`` more than the gradient accumulation: the
+        checkpoint does not hold the buffer) is saved where your own cadence saves in that cycle: at a cycle
+        boundary when ``save_steps`` is a multiple of the cycle (or ``save_strategy`` is not "steps"), at the
+        same place inside the cycle when it is not (the check then fails as your resumes do); the run is then
+        longer than ``steps`` by up to a cycle.
     Not applicable
         None: every run that saves checkpoints may be resumed from one.
     """
@@ -874,6 +888,7 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
             *([f"resumed losses: {losses}"] if losses else []),
             *emas,
             *data_lines,
+            *_plan_lines(setup),
             RNG_LINE,
             steps=total,
             saved_at=run.saved_at,
@@ -893,6 +908,7 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
         f"identical ({runs} diagnostic resumes)"
     )
     evidence.append(RNG_LINE)
+    evidence.extend(_plan_lines(setup))
     if "data position" in missing:
         evidence[2:2] = _trainer_counts(run)
     lost_emas = {d["name"]: d for d in run.ema_mismatch()}
@@ -1123,8 +1139,22 @@ def _broken_resume(
         + f" ({runs} diagnostic resumes)"
     )
     evidence.extend(f"your load reported: {line}" for line in run.loads)
+    evidence.extend(_plan_lines(setup))
     lr_first = what.startswith("learning rate") or (every is not None and every[1].startswith("learning rate"))
-    if keys_mismatch(run.loads):
+    if setup.__dict__.get("_mid_cycle"):
+        args, (steps, _) = setup.trainer.args, generation_cycle(setup.trainer)
+        cause = (
+            "the save falls inside the trainer's generation cycle: the completions it generated for the cycle are "
+            "kept in a buffer (and a step counter) the checkpoint does not hold, so the resumed run generates anew "
+            "at the save, out of phase with the uninterrupted run"
+        )
+        fix = (
+            f"save at generation-cycle boundaries: set save_steps to a multiple of {steps} (optimizer steps: "
+            f"steps_per_generation {args.steps_per_generation} x num_iterations "
+            f"{getattr(setup.trainer, 'num_iterations', 1)} training steps, {args.gradient_accumulation_steps} per "
+            "optimizer step)"
+        )
+    elif keys_mismatch(run.loads):
         cause = (
             "the load does not put the saved weights into the model being trained: its load_state_dict finds "
             "other keys than the model's (see its report), so the resumed run trains other weights, and the "

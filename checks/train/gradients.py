@@ -206,7 +206,10 @@ def check_gradients(dlcheck):
         from the weights; any other is judged a step away (the weights that get a gradient moved a little along
         it, then put back): a zero-initialised neighbour (ControlNet's zero convolutions) passes gradient then,
         a path multiplied by 0 still does not and fails; every parameter at zero at once fails (a loss no weight
-        moves).
+        moves). A trainer that generates its completions inside the step (TRL's GRPOTrainer, RLOOTrainer) is
+        judged on a batch of its own train dataloader (a generation batch, split as its first step splits it),
+        with completions generated once from seeded RNGs; when every advantage of those completions is 0 (equal
+        rewards within each group) its policy loss is constant by construction and the check skips, saying so.
         A top-level submodule with the very parameters of another one that trains, getting no gradient and in no
         optimizer, is a target network (DQN, TD3: updated by copying weights) and not judged; in an optimizer,
         it is a tower cut from the graph and fails. Parameters matching ``T3.ignore`` (MoE experts) are exempt.
@@ -318,7 +321,11 @@ def check_gradients(dlcheck):
     received = sum(1 for g in grads if g is not None)
     if zero and len(zero) == received:
         # a zero-initialised layer gives its neighbours exact zeros, never itself: every gradient exactly zero
-        # means the loss does not move with any weight
+        # means the loss does not move with any weight, unless the loss is constant by construction on this batch
+        # (a policy loss whose every advantage is 0): that says nothing of the weights
+        constant = fresh.why_constant(batch) if fresh.why_constant is not None else None
+        if constant is not None:
+            dlcheck.skip(f"cannot judge the gradients on batch 0: {constant}")
         out = _output_width(fresh, batch)
         dlcheck.fail(
             [

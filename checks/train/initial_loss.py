@@ -104,7 +104,8 @@ def check_initial_loss(dlcheck):
         0/1 score or on soft targets, as the replay of the loss shows), a model with a single output per example
         that is not a binary head, a model whose output is more than a row of scores per example against one
         label per example (an image-to-image network, a feature map), DPO, KTO and other preference losses,
-        GRPO. A torchvision detector (its loss
+        GRPO, RLOO (a policy-gradient objective on completions generated inside the step). A torchvision
+        detector (its loss
         is a sum of classification, box-regression and objectness losses, and exists in train mode only). A model given as dlcheck_model
         whose forward needs fields the batches lack (a denoiser that your loss calls): it is not called on
         the batch. A training whose loss does not read the batch's labels (an autoencoder's reconstruction

@@ -288,8 +288,8 @@ def check_overfit_batch(dlcheck):
         themselves and asks that ``min_reduction`` of the loss above it go; when the floor cannot be measured
         that way it says so and does not judge.
     Not applicable
-        GRPO: its loss is computed on completions generated inside each step, so there is no fixed batch
-        to memorise.
+        GRPO, RLOO and other trainers that generate their completions inside each step (a generation buffer):
+        their loss is computed on those completions, so there is no fixed batch to memorise.
     """
     trainer = dlcheck.role("trainer")
     if trainer is not MISSING and is_grpo(trainer):

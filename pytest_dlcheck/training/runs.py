@@ -67,7 +67,24 @@ def is_lightning_trainer(obj: Any) -> bool:
 
 
 def is_grpo(trainer: Any) -> bool:
-    return any(c.__name__ == "GRPOTrainer" for c in type(trainer).__mro__)
+    """A trainer that generates the completions it trains on inside its step (TRL's GRPOTrainer, RLOOTrainer): a
+    GRPOTrainer, or a Trainer that keeps generated completions in a generation buffer (``_buffered_inputs``)."""
+    return any(c.__name__ == "GRPOTrainer" for c in type(trainer).__mro__) or hasattr(trainer, "_buffered_inputs")
+
+
+def generation_cycle(trainer: Any) -> tuple[int, int] | None:
+    """(optimizer steps, micro-steps) of a trainer's generation cycle, or None: a trainer that keeps the completions
+    it generated in a buffer (``_buffered_inputs``) and regenerates every ``args.steps_per_generation`` ×
+    ``num_iterations`` calls of its training step (TRL's GRPOTrainer, RLOOTrainer) is at a cycle boundary after
+    ``g`` optimizer steps when ``g`` × gradient accumulation is a multiple of that; None when every optimizer step
+    is one (or the trainer keeps no such buffer)."""
+    spg = getattr(getattr(trainer, "args", None), "steps_per_generation", None)
+    if not hasattr(trainer, "_buffered_inputs") or not isinstance(spg, int) or spg < 1:
+        return None
+    micro = spg * max(1, int(getattr(trainer, "num_iterations", 1) or 1))
+    accum = max(1, int(getattr(trainer.args, "gradient_accumulation_steps", 1) or 1))
+    steps = micro // math.gcd(micro, accum)
+    return (steps, micro) if steps > 1 else None
 
 
 #: TRL's preference-optimisation trainers (a policy trained against a frozen reference model), by class name, and
@@ -836,6 +853,9 @@ class Fresh:
     make_optimizer: Callable[[], tuple[Any, Any]]
     #: what produced them (a cloned trainer, a module copy, a loop state), kept alive with them
     owner: Any = None
+    #: why the loss on a batch is constant in the weights by construction, or None (a trainer that generates its
+    #: completions: every group's rewards equal, so every advantage is 0)
+    why_constant: Callable[[Any], str | None] | None = None
 
     def forward(self, batch: Any) -> Any:
         return model_call(self.model, to_device(batch, device_of(self.model)))()

@@ -114,6 +114,18 @@ def training_batches(ctx: Any, setup: Any, n: int | None = None) -> list[Any]:
     """Sampled training batches as the user's step takes them (shared across checks)."""
     if setup.kind in LOOP_KINDS:
         return setup.batches(n or _n_batches(ctx))
+    if getattr(setup, "own_loader", False):
+        # a Trainer whose class builds its own train dataloader (TRL's online trainers: a generation batch of
+        # per_device_train_batch_size x steps_per_generation rows): its training_step receives that loader's batches
+        want = n or _n_batches(ctx)
+        got = ctx.memo(
+            setup.sources,
+            f"training:own-batches:{want}",
+            lambda: setup.own_batches(want, fresh_probe(ctx, setup).owner),
+        )
+        if not got:
+            raise SetupError("the Trainer's get_train_dataloader() yielded no batch")
+        return got
     loader = ctx.role("dataloader")
     if loader is MISSING:
         raise SetupError("no training dataloader could be derived: define fixture dlcheck_dataloader")

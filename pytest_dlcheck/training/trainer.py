@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import math
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,7 @@ from .runs import (
     digest,
     example_digests,
     fresh_modules,
+    generation_cycle,
     grad_report,
     is_grpo,
     nonfinite_params,
@@ -67,7 +69,11 @@ class TrainerSetup:
         # DPO pairs chosen and rejected inside its step (the dist domain does not launch it yet); KTO's
         # unpaired batches launch as a Trainer's do
         self.preference = preference_loss(trainer) == "dpo"
-        self.grpo = is_grpo(trainer)
+        # a trainer that generates its completions inside the step (GRPO, RLOO): its loss is judged on batches of
+        # its own train dataloader, and C1 runs its own resume, saved where its generation cycle asks
+        self.generates = is_grpo(trainer)
+        # GRPOTrainer itself (the dist domain does not launch it yet)
+        self.grpo = any(c.__name__ == "GRPOTrainer" for c in type(trainer).__mro__)
 
     @property
     def sources(self) -> Any:
@@ -193,13 +199,20 @@ class TrainerSetup:
 
     # ---- fresh objects --------------------------------------------------------------------------------
 
+    @property
+    def own_loader(self) -> bool:
+        """Whether the Trainer's class builds its own train dataloader (TRL's GRPOTrainer and RLOOTrainer batch
+        ``per_device_train_batch_size`` × ``steps_per_generation`` rows, a generation batch its step splits): the
+        batches its ``training_step`` receives are then that loader's, drawn through a clone's
+        ``get_train_dataloader()``, not a plain loader's over its collator and dataset."""
+        from transformers import Trainer
+
+        return type(self.trainer).get_train_dataloader is not Trainer.get_train_dataloader
+
     def fresh(self) -> Fresh:
-        if self.grpo:
-            raise SetupError(
-                "GRPOTrainer computes its loss on completions it generates inside the step; the "
-                "smoke checks (S1-S3) run it for real"
-            )
         clone = self.clone("fresh")
+        if self.generates:
+            return self._generating_fresh(clone)
 
         def loss(batch: Any) -> torch.Tensor:
             inputs = clone._prepare_inputs(batch)
@@ -213,6 +226,66 @@ class TrainerSetup:
             return clone.create_optimizer(), None
 
         return Fresh(clone.model, loss, make_optimizer, owner=clone)
+
+    def _generating_fresh(self, clone: Any) -> Fresh:
+        """Fresh objects of a trainer that generates its completions inside the step (GRPO, RLOO): the loss on a
+        batch of its own train dataloader (a generation batch) is its ``_prepare_inputs`` — completions generated
+        once per batch, from the RNGs seeded the same way, and kept as the trainer keeps its generation buffer
+        across the steps of a cycle — then its ``compute_loss`` on the first slice, as its first step trains."""
+        from ..guard import preserved_rng
+        from .runs import SEED, seed_all
+
+        prepared: dict[int, tuple[Any, Any]] = {}
+        if not hasattr(clone, "current_gradient_accumulation_steps"):
+            # set by train() for each accumulation window (its loss normalises by it): a full window, as most are
+            clone.current_gradient_accumulation_steps = max(1, int(clone.args.gradient_accumulation_steps or 1))
+
+        def inputs_of(batch: Any) -> Any:
+            if id(batch) not in prepared:
+                with preserved_rng(), torch.no_grad():
+                    seed_all(SEED)
+                    clone._step, clone._buffered_inputs = 0, None
+                    was = clone.model.training
+                    clone.model.train()  # the training's split of the generation batch, not evaluation's
+                    try:
+                        prepared[id(batch)] = (batch, clone._prepare_inputs(batch))
+                    finally:
+                        clone.model.train(was)
+                        clone._step, clone._buffered_inputs = 0, None
+            return prepared[id(batch)][1]
+
+        def loss(batch: Any) -> torch.Tensor:
+            inputs = inputs_of(batch)
+            with clone.compute_loss_context_manager():
+                return clone.compute_loss(clone.model, inputs)
+
+        def why_constant(batch: Any) -> str | None:
+            adv = inputs_of(batch).get("advantages") if isinstance(inputs_of(batch), dict) else None
+            if isinstance(adv, torch.Tensor) and adv.numel() and not bool(adv.any()):
+                return (
+                    f"every advantage of the {adv.shape[0]} completions {self.name} trains first from batch 0 (the "
+                    "first slice of its generation batch) is 0 (the rewards are equal within each group): its policy "
+                    "loss is constant in the weights by construction, so a gradient of 0 says nothing"
+                )
+            return None
+
+        def make_optimizer() -> tuple[Any, Any]:
+            if self.trainer.optimizer is not None:
+                return self._rebuild_optimizers(clone.model)
+            clone.optimizer = None
+            return clone.create_optimizer(), None
+
+        return Fresh(clone.model, loss, make_optimizer, owner=clone, why_constant=why_constant)
+
+    def own_batches(self, n: int, owner: Any = None) -> list[Any]:
+        """The first ``n`` batches of the Trainer's own ``get_train_dataloader()`` (:attr:`own_loader`), built on
+        ``owner`` (a clone: the user's Trainer gets no accelerate-prepared loader registered on it)."""
+        from .runs import draw_batches
+
+        clone = owner if owner is not None else self.clone("batches")
+        with _quiet():
+            loader = clone.get_train_dataloader()
+        return draw_batches(loader, n)
 
     # ---- runs -----------------------------------------------------------------------------------------
 
@@ -296,12 +369,60 @@ class TrainerSetup:
     @property
     def smoke_baseline(self) -> bool:
         """Whether the smoke run can save for C1 and be its uninterrupted baseline (``smoke(steps, save_from)``):
-        not for GRPO, whose resumes late in a run do not reproduce it bitwise (completions generated inside
-        each step; resumed at step 2 of 4, C1's own run, they do)."""
-        return not self.grpo
+        not for a trainer that generates its completions inside the step (GRPO, RLOO), whose resumes late in a run
+        were seen not to reproduce it bitwise, and whose save must sit where its generation cycle asks (C1's own
+        run, :meth:`resume_plan`)."""
+        return not self.generates
 
     def can_resume(self) -> bool:
         return True
+
+    def resume_plan(self, total: int) -> tuple[int, int, list[str], bool]:
+        """(steps of C1's own uninterrupted run, the optimizer step after which it saves, lines saying why there,
+        whether that save is inside the trainer's generation cycle). Half way by default. A trainer that keeps
+        its generated completions in a buffer across a cycle of steps (:func:`generation_cycle`; the checkpoint
+        does not hold the buffer) is saved where your own save cadence puts a save in that cycle: at a cycle
+        boundary when your ``save_steps`` is a multiple of the cycle (or you save at epoch ends, or not at all),
+        at the same place inside it when it is not; the run then goes on as many steps past the save as half of
+        ``total``."""
+        k = max(1, total // 2)
+        cycle = generation_cycle(self.trainer)
+        lines: list[str] = []
+        inside = False
+        if cycle is not None:
+            steps, micro = cycle
+            args = self.trainer.args
+            strategy = str(getattr(getattr(args, "save_strategy", None), "value", args.save_strategy))
+            every = getattr(args, "save_steps", None)
+            if strategy == "steps" and isinstance(every, float) and every < 1:
+                every = math.ceil(args.max_steps * every) if args.max_steps and args.max_steps > 0 else None
+            every = int(every) if strategy == "steps" and every else None
+            phase = every % steps if every else 0
+            resumed = max(1, total - k)
+            k = k + (phase - k) % steps
+            total = k + resumed
+            accum = max(1, int(getattr(args, "gradient_accumulation_steps", 1) or 1))
+            lines.append(
+                f"{self.name} generates completions once every {steps} optimizer steps ({micro} training steps: "
+                f"steps_per_generation x num_iterations, gradient accumulation {accum}) and keeps them in a buffer "
+                "the checkpoint does not hold"
+            )
+            if phase:
+                inside = True
+                lines.append(
+                    f"your save_steps={every} is not a multiple of {steps}: your run saves {phase} step(s) into a "
+                    f"generation cycle, so the check saved after step {k}, at the same place in the cycle"
+                )
+            else:
+                lines.append(
+                    f"your save_steps={every} is a multiple of {steps}: your run saves at a cycle boundary, so the "
+                    f"check saved after step {k}, at one too"
+                    if every
+                    else f"your save_strategy is '{strategy}' (no save_steps cadence): the check saved after step {k}, "
+                    "at a cycle boundary"
+                )
+        self.__dict__.setdefault("_save_at", {})[total] = k
+        return total, k, lines, inside
 
     def resume(self, total: int, restore: frozenset[str] = frozenset(), baseline: Baseline | None = None) -> ResumeRun:
         """Train ``total`` steps saving at half way (the Trainer's own checkpoint-* directory; or take
@@ -311,7 +432,7 @@ class TrainerSetup:
         if baseline is not None:
             base, k = baseline, baseline.truth["_saved_at"]
         else:
-            k = max(1, total // 2)
+            k = self.__dict__.get("_save_at", {}).get(total, max(1, total // 2))
             base = self._uninterrupted(total, k)
         clone = self.clone(
             "resume", max_steps=total, **({"ignore_data_skip": False} if "data position" in restore else {})
