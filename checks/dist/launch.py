@@ -399,6 +399,7 @@ def _saved_rng(*generators: Any):
     import torch
 
     states = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     gens = [(g, g.get_state()) for g in generators if g is not None and hasattr(g, "get_state")]
     try:
         yield
@@ -406,8 +407,62 @@ def _saved_rng(*generators: Any):
         random.setstate(states[0])
         np.random.set_state(states[1])
         torch.set_rng_state(states[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
         for g, s in gens:
             g.set_state(s)
+
+
+#: D4: how many times example 0 is fetched on each rank: a p = 0.5 flip comes out the same on every fetch with
+#: probability 2 ** -(FETCHES - 1)
+FETCHES = 16
+
+#: the global generators D4 follows, as its evidence names them
+GENERATORS = {"random": "Python's random", "numpy": "NumPy's global generator", "torch": "torch's global generator"}
+
+
+def generator_name(key: str) -> str:
+    return GENERATORS.get(key) or f"torch's CUDA generator ({key})"
+
+
+def rng_digests() -> dict[str, str]:
+    """A digest of every global generator's state: Python's random, NumPy's, torch's CPU one and, when CUDA is in
+    use in this process, each device's."""
+    import numpy as np
+    import torch
+
+    kind, keys, pos, gauss, cached = np.random.get_state()
+    found = {
+        "random": hashlib.sha1(repr(random.getstate()).encode()).hexdigest()[:16],
+        "numpy": hashlib.sha1(keys.tobytes() + repr((kind, pos, gauss, cached)).encode()).hexdigest()[:16],
+        "torch": tensor_digest(torch.get_rng_state()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            found[f"cuda:{i}"] = tensor_digest(state)
+    return found
+
+
+def next_draws(n: int = 3) -> dict[str, list[float]]:
+    """The next ``n`` uniform numbers of every global generator, drawn from copies (the generators do not move)."""
+    import numpy as np
+    import torch
+
+    r = random.Random()
+    r.setstate(random.getstate())
+    g = np.random.RandomState()
+    g.set_state(np.random.get_state())
+    found = {
+        "random": [r.random() for _ in range(n)],
+        "numpy": [float(x) for x in g.random_sample(n)],
+        "torch": torch.rand(n, generator=torch.Generator().set_state(torch.get_rng_state())).tolist(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            cg = torch.Generator(device=f"cuda:{i}")
+            cg.set_state(state)
+            found[f"cuda:{i}"] = torch.rand(n, generator=cg, device=f"cuda:{i}").cpu().tolist()
+    return found
 
 
 class _RankTmp:
@@ -680,8 +735,9 @@ class Rank:
             return None
 
     def augmentation(self, loader: Any) -> dict[str, Any] | None:
-        """Example 0 fetched twice through the dataset's pipeline, as the loader fetches
-        it (same workers, collate, worker_init_fn, generator), the rank's generators put back afterwards."""
+        """Example 0 fetched :data:`FETCHES` times through the dataset's pipeline, as the loader fetches it (same
+        workers, collate, worker_init_fn, generator), the rank's generators put back afterwards; without workers,
+        which global generators the fetches moved (``moved``: a pipeline that draws, whatever came out)."""
         from torch.utils.data import DataLoader
 
         dataset = getattr(loader, "dataset", None)
@@ -694,19 +750,24 @@ class Rank:
         gen = getattr(loader, "generator", None)
         try:
             with _saved_rng(gen):
+                workers = getattr(loader, "num_workers", 0) or 0
                 probe = DataLoader(
                     dataset,
                     batch_size=1,
-                    sampler=[idx, idx],
-                    num_workers=getattr(loader, "num_workers", 0),
+                    sampler=[idx] * FETCHES,
+                    num_workers=workers,
                     collate_fn=getattr(loader, "collate_fn", None),
                     worker_init_fn=getattr(loader, "worker_init_fn", None),
                     generator=gen,
                 )
-                got = [nested_digest(b) for b in probe]
+                fetches = iter(probe)  # its creation draws the workers' base seed: not the pipeline's draw
+                before = rng_digests()
+                got = [nested_digest(b) for b in fetches]
+                after = rng_digests()
         except Exception as exc:  # noqa: BLE001 - a dataset the probe cannot fetch from: D4 says so
             return {"index": idx, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-        return {"index": idx, "digests": got}
+        moved = None if workers else sorted(k for k in before if after.get(k) != before[k])
+        return {"index": idx, "digests": got, "moved": moved}
 
     def train(self, state: dict[str, Any], inner: Any, it: Any, rec: dict[str, Any]) -> None:
 
@@ -743,8 +804,19 @@ class Rank:
                 if before == 0:
                     d2_batches.append(_cpu(batch))
                 self.progress(f"step {i}")
+                if i == 0:  # D4: the global generators as the first step (dropout off) finds them
+                    at_step, draws = rng_digests(), next_draws()
                 with _recording_clips(clips) if before == 0 else contextlib.nullcontext():
                     loss = self.setup.step(state, batch, i)
+                if i == 0:
+                    after = rng_digests()
+                    moved = sorted(k for k in at_step if after.get(k) != at_step[k])
+                    rec["step_rng"] = {
+                        "at_step": at_step,
+                        "next": draws,
+                        "moved": moved,
+                        "depends": self.stream_dependence(state, inner, batch) if moved else None,
+                    }
                 if before == 0 and seen["steps"] > 0:
                     restore_dropout(drops)
                     rec["d2_micro_steps"] = i + 1
@@ -769,6 +841,34 @@ class Rank:
         rec["hooked_optimizer"] = handle is not None
         #: the gradient-norm clippings of the micro-steps up to the first optimizer step (D2: is the length judged)
         rec["clips"] = clips if seen["grads"] is not None else None
+
+    def stream_dependence(self, state: dict[str, Any], inner: Any, batch: Any) -> dict[str, Any]:
+        """D4: whether the loss of the first batch depends on the global generators (dropout still off): the
+        user's loss (dlcheck_compute_loss, or the model's own) on that batch under two different seeds, without
+        gradient, the model's buffers and the generators put back. ``{"losses": [a, b]}``, or ``{"error": why}``
+        when the loss cannot be computed here (a sharded model, no loss of the batch)."""
+        import numpy as np
+        import torch
+
+        if fsdp_kind(state["model"]) is not None or not hasattr(self.setup, "loss_of"):
+            return {"error": "the loss of a batch is not computed on a sharded model"}
+        buffers = {n: b.detach().clone() for n, b in inner.named_buffers()}
+        losses: list[float] = []
+        try:
+            for seed in (11, 12):
+                with _saved_rng(), torch.no_grad():
+                    random.seed(seed)
+                    np.random.seed(seed)
+                    torch.manual_seed(seed)
+                    losses.append(float(self.setup.loss_of(inner, batch)))
+        except Exception as exc:  # noqa: BLE001 - a loss the rank cannot compute: D4 says the dependence is not known
+            return {"error": getattr(exc, "message", None) or f"{type(exc).__name__}: {str(exc)[:200]}"}
+        finally:
+            with torch.no_grad():
+                for n, b in inner.named_buffers():
+                    if n in buffers:
+                        b.copy_(buffers[n])
+        return {"losses": losses}
 
     # ---- D5
 

@@ -15,38 +15,55 @@ from .replicas import OPTIONAL, ROLES, _modules
     optional_roles=OPTIONAL,
 )
 def check_rank_randomness(dlcheck):
-    """The model starts identical on every rank; the data augmentation draws different numbers on each.
+    """The model starts identical on every rank; the augmentation and the training step draw different numbers on each.
 
     What it does
         In the shared launch (see D1), every rank digests its parameters right after ``dlcheck_dist_wrap`` (DDP
-        broadcasts rank 0's weights there), and fetches example 0 twice through its dataloader's dataset and
-        collate (same workers, ``worker_init_fn`` and generator; the rank's generators put back afterwards).
+        broadcasts rank 0's weights there), and fetches example 0 sixteen times through its dataloader's dataset
+        and collate (same workers, ``worker_init_fn`` and generator; the rank's generators put back afterwards):
+        a p = 0.5 flip comes out the same on all of them with probability 3e-5, and without DataLoader workers the
+        fetches' draws from the global generators are followed too (no "no randomness" from a pipeline that draws).
+        On the first micro-step of ``dlcheck_train_step``, with dropout off (its layers and float attention-dropout
+        attributes), it reads which global generators (Python's random, NumPy's, torch's CPU and CUDA ones) the
+        step moves — the noise and timesteps of a diffusion step (``torch.randn_like``, ``torch.randint``) — and
+        whether they are identical on every rank when the step begins; when they are, the loss of that batch
+        (``dlcheck_compute_loss`` or the model's own, no gradient) is computed under two different seeds to tell
+        draws that change the loss from draws that change nothing (BART's LayerDrop number at layerdrop 0).
         Fails when the starting weights differ between ranks (naming a module created after the DDP wrap, whose
-        weights DDP did not broadcast, as such), or when the two fetches differ on a rank
-        (the pipeline is random) yet every rank's first fetch is identical (every rank draws the same
-        augmentation). States whether the ranks' torch generators, which dropout draws from, are identical at
-        the first step. For a transformers / TRL Trainer, each rank's clone of it runs ``train()`` (which calls
-        ``set_seed(args.seed)`` in every process) and, when training begins, example 0 is fetched through the
-        Trainer's own train DataLoader (its dataset, collator, ``dataloader_num_workers`` and ``seed_worker``),
-        then once more with the rank's global generators reseeded per rank: the cause says whether the shared
-        draws come from the global streams the Trainer seeds alike (drawn in the main process: no DataLoader
-        worker for ``seed_worker`` to reseed with the rank) or from a generator of the user's own.
+        weights DDP did not broadcast, as such), when the fetches differ on a rank (the pipeline is random) yet
+        every rank's fetches are identical one by one (every rank draws the same augmentation), or when the step
+        draws from a global generator that is identical on every rank and its draws change the loss (the same
+        noise on every rank). States whether the ranks' torch generators, which dropout draws from, are
+        identical at the first step. For a transformers / TRL Trainer, each rank's clone of it runs ``train()``
+        (which calls ``set_seed(args.seed)`` in every process) and, when training begins, example 0 is fetched
+        through the Trainer's own train DataLoader (its dataset, collator, ``dataloader_num_workers`` and
+        ``seed_worker``), then again with the rank's global generators reseeded per rank: the cause says whether
+        the shared draws come from the global streams the Trainer seeds alike (drawn in the main process: no
+        DataLoader worker for ``seed_worker`` to reseed with the rank) or from a generator of the user's own.
     Why it is bad
         Ranks that start from different weights train different models (DDP only keeps them in step if it
-        broadcast them). Ranks seeded alike — the same ``torch.manual_seed(seed)`` on every rank, or no seed at
-        all before torch 2.14 (its default seed is the same in every process; 2.14 seeds each from the OS) — apply the same crops, flips and noise to their
-        different examples, and DataLoader workers inherit the same base seed: the augmentation's diversity is
-        divided by the world size.
+        broadcast them). Ranks seeded alike — the same ``torch.manual_seed(seed)`` or Accelerate ``set_seed(seed)``
+        on every rank, or no seed at all before torch 2.14 (its default seed is the same in every process; 2.14
+        seeds each from the OS) — apply the same crops, flips and noise to their different examples, draw the same
+        diffusion noise and timesteps in every step, and DataLoader workers inherit the same base seed: the
+        randomness's diversity is divided by the world size.
     Example
-        torch.manual_seed(1234)          # in every process: the same augmentation stream on every rank
+        set_seed(args.seed)              # in every process (diffusers' scripts): the same flips, noise and
+                                         # timesteps on every rank
     Use instead
-        seed with the rank, ``torch.manual_seed(seed + rank)`` (numpy and random too), before building the data
-        pipeline; wrap the model in DDP, which broadcasts rank 0's initial weights; or give the DataLoader a
-        ``generator`` seeded with ``seed + rank``.
+        seed with the rank: Accelerate's ``set_seed(seed, device_specific=True)`` or ``torch.manual_seed(seed +
+        rank)`` (numpy and random too), before building the data pipeline; wrap the model in DDP, which broadcasts
+        rank 0's initial weights; or give the DataLoader a ``generator`` seeded with ``seed + rank``.
     Known problems
         Identical dropout masks across ranks (the same seed on every rank, as transformers' ``set_seed`` does) are
-        stated, not failed: many recipes do so on purpose. Only the map-style dataset's example 0 is probed; an
-        IterableDataset is not. The augmentation is probed through the loader each process builds:
+        stated, not failed: many recipes do so on purpose; a dropout the step draws through a literal
+        ``F.dropout(x, 0.1)`` cannot be turned off and reads as a draw of the step. Only the map-style dataset's
+        example 0 is probed; an IterableDataset is not; a pipeline that changes example 0 rarely (p well under 0.5)
+        may read as unchanged. Draws from a ``torch.Generator`` of the user's own are not followed in the step
+        (they show in the augmentation's fetches only). When the loss of the batch cannot be computed (no
+        ``dlcheck_compute_loss`` for a model that does not take the batch), a step drawing alike on every rank
+        fails without that measurement, saying so. A Trainer's own training steps are not followed (its dropout
+        is stated). The augmentation is probed through the loader each process builds:
         ``dlcheck_make_dataloader``'s, the one an Accelerate user's factory holds, or a Trainer's own; a
         Trainer's initial weights are a copy of your Trainer's model on every rank (your own initialisation is
         not what runs).
@@ -129,38 +146,48 @@ def check_rank_randomness(dlcheck):
     elif not own_loader:
         notes.append("the augmentation was not probed: define fixture dlcheck_make_dataloader (each rank's loader)")
     elif all(a is not None and "digests" in a for a in aug):
-        random_pipeline = any(a["digests"][0] != a["digests"][1] for a in aug)
-        firsts = {a["digests"][0] for a in aug}
-        shown = ", ".join(f"rank {r}: {a['digests'][0]}" for r, a in enumerate(aug))
-        if random_pipeline and len(firsts) == 1:
+        fetched = len(aug[0]["digests"])
+        seqs = [tuple(a["digests"]) for a in aug]
+        random_pipeline = any(len(set(q)) > 1 for q in seqs)
+        if random_pipeline and len(set(seqs)) == 1:
+            shown = ", ".join(
+                f"rank {r}: {len(set(q))} different results, the first {q[0]}" for r, q in enumerate(seqs)
+            )
             evidence = [
                 notes[0],
-                f"example {aug[0]['index']} fetched twice through the dataloader's pipeline on each rank: the two "
-                "fetches differ (random augmentation), yet every rank's first fetch is identical "
+                f"example {aug[0]['index']} fetched {fetched} times through the dataloader's pipeline on each rank: "
+                "the fetches differ (random augmentation), yet every rank's fetches are identical, one by one "
                 f"({shown})",
             ]
             if trainer:
                 dlcheck.fail(evidence + _trainer_evidence(recs, aug), *_trainer_cause(recs, aug, trainer))
+            step = _step_evidence(recs)
             dlcheck.fail(
-                evidence,
+                evidence + step,
                 "every rank draws its augmentation from the same random stream: the same seed on every rank"
                 + (
                     " (or none: torch's default seed is the same in every process)"
                     if launch.fresh_process_seed() is not None
                     else ""
                 )
-                + ", so the ranks' examples get the same crops, flips and noise",
+                + ", so the ranks' examples get the same crops, flips and noise"
+                + (
+                    ", and your training step draws the same random numbers (noise, timesteps) on every rank"
+                    if step
+                    else ""
+                ),
                 "seed each process with its rank before building the data pipeline: torch.manual_seed(seed + rank) "
-                "(and numpy / random), or DataLoader(..., generator=torch.Generator().manual_seed(seed + rank)); "
-                "DDP keeps the model's initial weights identical (it broadcasts rank 0's)",
+                "(and numpy / random; Accelerate: set_seed(seed, device_specific=True)), or DataLoader(..., "
+                "generator=torch.Generator().manual_seed(seed + rank)); DDP keeps the model's initial weights "
+                "identical (it broadcasts rank 0's)",
             )
         if random_pipeline:
             notes.append(
-                f"example {aug[0]['index']}'s augmentation differs between the ranks "
-                f"({len(firsts)} different first fetches on {run.world} ranks)"
+                f"example {aug[0]['index']}'s augmentation differs between the ranks ({len(set(seqs))} different "
+                f"sequences of {fetched} fetches on {run.world} ranks)"
             )
         else:
-            notes.append(f"example {aug[0]['index']} comes out the same on two fetches: the pipeline has no randomness")
+            notes.append(_no_randomness_seen(aug, fetched))
     elif any(a is not None and "error" in a for a in aug):
         notes.append(f"the augmentation was not probed: {next(a['error'] for a in aug if a and 'error' in a)}")
     elif trainer:
@@ -171,6 +198,7 @@ def check_rank_randomness(dlcheck):
             f"the Trainer seeded every rank with set_seed(args.seed={seeding.get('seed')}); "
             f"dataloader_num_workers={seeding.get('num_workers')}"
         )
+    _judge_step(dlcheck, recs, run.world, notes)
     if recs[0]["dropout"]:
         same = len({r["rng_at_step0"] for r in recs}) == 1
         notes.append(
@@ -189,14 +217,15 @@ def _trainer_evidence(recs: list[dict[str, Any]], aug: list[dict[str, Any]]) -> 
     ]
     own = [a.get("own_stream") for a in aug]
     if all(o for o in own):
-        firsts = {o[0] for o in own}
+        firsts = {tuple(o) for o in own}
         lines.append(
-            "fetched again with each rank's global generators (random, NumPy, torch) reseeded differently: the first "
+            "fetched again with each rank's global generators (random, NumPy, torch) reseeded differently: the "
             "fetches are "
             + (
-                "still identical on every rank (the draws come from a generator of your own)"
+                "still identical on every rank, one by one (the draws come from a generator of your own)"
                 if len(firsts) == 1
-                else f"different ({len(firsts)} on {len(own)} ranks: the draws come from the global generators)"
+                else f"different ({len(firsts)} sequences on {len(own)} ranks: the draws come from the global "
+                "generators)"
             )
         )
     return lines
@@ -208,7 +237,7 @@ def _trainer_cause(recs: list[dict[str, Any]], aug: list[dict[str, Any]], traine
     for the Trainer's ``seed_worker`` to reseed with the rank)."""
     workers = (recs[0].get("trainer_seed") or {}).get("num_workers") or 0
     own = [a.get("own_stream") for a in aug]
-    if all(o for o in own) and len({o[0] for o in own}) == 1:
+    if all(o for o in own) and len({tuple(o) for o in own}) == 1:
         return (
             f"your dataset or data collator draws its augmentation from a generator of its own, seeded alike on every "
             f"rank (a fixed seed, at import or from args.seed): the {trainer}'s seeding never reaches it — set_seed("
@@ -238,4 +267,118 @@ def _trainer_cause(recs: list[dict[str, Any]], aug: list[dict[str, Any]], traine
         "reseeds them alike on every rank",
         "reseed each worker with the rank: the Trainer's own seed_worker, or a worker_init_fn that adds "
         "args.process_index * num_workers to torch.utils.data.get_worker_info().seed",
+    )
+
+
+def _no_randomness_seen(aug: list[dict[str, Any]], fetched: int) -> str:
+    """What a pipeline whose example 0 came out the same on every fetch of every rank says: no randomness only when
+    the fetches drew nothing from the global generators either (measured without DataLoader workers)."""
+    head = f"example {aug[0]['index']} comes out the same on {fetched} fetches on every rank"
+    moved = [a.get("moved") for a in aug]
+    if any(m for m in moved):
+        drawn = sorted({k for m in moved if m for k in m})
+        return (
+            f"{head}, although each fetch draws from {', '.join(map(launch.generator_name, drawn))}: no random change "
+            f"of example {aug[0]['index']} seen in {fetched} fetches (a p = 0.5 flip would show with probability "
+            f"1 - {2.0 ** -(fetched - 1):.0e})"
+        )
+    if all(m is not None for m in moved):
+        return f"{head}, and the fetch draws nothing from the global generators: the pipeline has no randomness"
+    return (
+        f"{head} (in DataLoader workers, whose generators are not followed): no random augmentation seen (a p = 0.5 "
+        f"flip comes out the same {fetched} times with probability {2.0 ** -(fetched - 1):.0e})"
+    )
+
+
+def _step_draws(recs: list[dict[str, Any]]) -> tuple[list[str], list[str], list[float] | None, str | None]:
+    """(the global generators the first micro-step moved, those of them identical on every rank when it began, the
+    loss of its batch under two different seeds, why that loss was not measured)."""
+    step = [r["step_rng"] for r in recs]
+    moved = sorted({k for s in step for k in s["moved"]})
+    alike = [k for k in moved if len({s["at_step"].get(k) for s in step}) == 1]
+    dep = step[0].get("depends") or {}
+    return moved, alike, dep.get("losses"), dep.get("error")
+
+
+def _loss_unchanged(losses: list[float] | None) -> bool:
+    return losses is not None and abs(losses[0] - losses[1]) <= 1e-6 * max(1.0, abs(losses[0]))
+
+
+def _step_evidence(recs: list[dict[str, Any]]) -> list[str]:
+    """The evidence lines of a first micro-step that draws the same numbers on every rank (empty when it does not)."""
+    if not all(r.get("step_rng") for r in recs):
+        return []
+    moved, alike, losses, error = _step_draws(recs)
+    if not alike or _loss_unchanged(losses):
+        return []
+    key = alike[0]
+    step = [r["step_rng"] for r in recs]
+    values = "; ".join(
+        f"rank {r}: " + ", ".join(f"{v:.4f}" for v in s["next"].get(key, [])) for r, s in enumerate(step)
+    )
+    lines = [
+        "the first micro-step of dlcheck_train_step (dropout off) draws from "
+        f"{', '.join(map(launch.generator_name, moved))}: its state moves over the step",
+        f"{launch.generator_name(key)} is identical on every rank when that step begins (state "
+        f"{step[0]['at_step'][key]} on the {len(recs)} ranks); its next numbers: {values}",
+    ]
+    if losses is not None:
+        lines.append(
+            f"the loss of that step's batch under two different seeds of the global generators: {losses[0]:.6g} vs "
+            f"{losses[1]:.6g} (the draws change the loss)"
+        )
+    else:
+        lines.append(f"whether the draws change the loss was not measured ({error})")
+    return lines
+
+
+def _judge_step(dlcheck: Any, recs: list[dict[str, Any]], world: int, notes: list[str]) -> None:
+    """The random numbers the training step itself draws (noise, timesteps, masks), read on the first micro-step
+    with dropout off: failed when they come from a global generator that is identical on every rank."""
+    if not all(r.get("step_rng") for r in recs):
+        return  # a Trainer's launch: its train() runs its own steps
+    moved, alike, losses, error = _step_draws(recs)
+    if not moved:
+        notes.append(
+            "the first micro-step of dlcheck_train_step (dropout off) draws nothing from the global generators "
+            "(Python's random, NumPy's, torch's)"
+        )
+        return
+    drawn = ", ".join(map(launch.generator_name, moved))
+    if alike and _loss_unchanged(losses):
+        notes.append(
+            f"the first micro-step (dropout off) draws from {drawn}, identical on every rank, but the loss of its "
+            f"batch is the same under two different seeds ({losses[0]:.6g}): draws that change nothing (a LayerDrop "
+            "of 0)"
+        )
+        return
+    if not alike:
+        states = "; ".join(
+            f"{launch.generator_name(k)}: "
+            + ", ".join(f"rank {r}: {rec['step_rng']['at_step'][k]}" for r, rec in enumerate(recs))
+            for k in moved
+        )
+        notes.append(
+            f"the first micro-step (dropout off) draws from {drawn}, whose state differs between the ranks when it "
+            f"begins (the ranks are seeded apart: {states})"
+        )
+        return
+    seeded = (
+        "dlcheck_dist_setup seeds every rank alike"
+        if dlcheck.has("dist_setup")
+        else "every rank is seeded alike"
+        + (
+            " (or not at all: torch's default seed is the same in every process)"
+            if launch.fresh_process_seed() is not None
+            else ""
+        )
+    )
+    dlcheck.fail(
+        [*notes, *_step_evidence(recs)],
+        f"{seeded}, so the random numbers your training step draws — its noise, timesteps or masks "
+        "(torch.randn_like, torch.randint, ...) — are the same on every rank: the ranks' different examples get the "
+        f"same draws, and the step's randomness is divided by the world size ({world})",
+        "seed each process with its rank: Accelerate's set_seed(seed, device_specific=True) (it adds the process "
+        "index), or torch.manual_seed(seed + rank) (and numpy / random) before training; DDP keeps the model's "
+        "initial weights identical (it broadcasts rank 0's)",
     )

@@ -44,7 +44,8 @@ def test_a_clean_accelerate_script_passes_without_a_wrap_role(project):
             "the epoch (42 examples dealt as 48 indices; on two ranks: *)",
             "epoch 1 reshuffled on every rank (the prepared loader's second pass) *",
             "4 parameters identical on the 2 ranks after dlcheck_make_training (accelerator.prepare)",
-            "example 0 comes out the same on two fetches: the pipeline has no randomness",
+            "example 0 comes out the same on 16 fetches on every rank, and the fetch draws nothing from the global "
+            "generators: the pipeline has no randomness",
             "micro-step 4: rank 1's 'hidden' outputs inf, the other ranks' batches are finite",
         ]
     )

@@ -1,6 +1,6 @@
 """D4 for transformers Trainer users: in each of two real processes a clone of the user's Trainer runs its own
 ``train()`` (which calls ``set_seed(args.seed)`` in every process); when training begins each rank fetches example
-0 twice through the Trainer's own train DataLoader (its dataset, collator, workers and ``seed_worker``), then once
+0 16 times through the Trainer's own train DataLoader (its dataset, collator, workers and ``seed_worker``), then once
 more with its global generators reseeded per rank. A dataset that draws its noise from torch's global generator
 with DataLoader workers is decorrelated by the Trainer itself (passes); the same dataset with no workers, and a
 dataset drawing from a generator seeded at import, give every rank the same noise (D4 fails, naming which).
@@ -27,11 +27,15 @@ def _no_leftover_process():
 
 
 def _same_first_fetch(d4):
-    """The first fetch of example 0 is the same digest on both ranks, and the pipeline is random."""
-    found = re.search(r"every rank's first fetch is identical \(rank 0: (\w+), rank 1: (\w+)\)", d4)
+    """The fetches of example 0 are the same digests, one by one, on both ranks, and the pipeline is random."""
+    found = re.search(
+        r"every rank's fetches are identical, one by one \(rank 0: (\d+) different results, the first (\w+), "
+        r"rank 1: (\d+) different results, the first (\w+)\)",
+        d4,
+    )
     assert found, d4
-    assert found.group(1) == found.group(2)
-    assert "the two fetches differ (random augmentation)" in d4
+    assert found.group(1, 2) == found.group(3, 4) and int(found.group(1)) > 1
+    assert "fetched 16 times through the dataloader's pipeline on each rank: the fetches differ (random" in d4
 
 
 def test_global_noise_with_dataloader_workers_is_decorrelated_by_the_trainer(project):
@@ -41,7 +45,7 @@ def test_global_noise_with_dataloader_workers_is_decorrelated_by_the_trainer(pro
     text = _flat(run.text)
     assert "parameters identical on the 2 ranks when Trainer.train() began" in text
     # the noise is random and differs between the ranks: measured, not assumed
-    assert "example 0's augmentation differs between the ranks (2 different first fetches on 2 ranks)" in text
+    assert "example 0's augmentation differs between the ranks (2 different sequences of 16 fetches on 2 ranks)" in text
     assert "the Trainer seeded every rank with set_seed(args.seed=0); dataloader_num_workers=1" in text
     _no_leftover_process()
 
@@ -54,7 +58,7 @@ def test_global_noise_without_workers_is_the_same_on_every_rank(project):
     _same_first_fetch(d4)
     assert "set_seed(args.seed=0) (args.data_seed=None); dataloader_num_workers=0" in d4
     # the draws follow the global generators the Trainer seeded alike: reseeded per rank, they differ
-    assert "reseeded differently: the first fetches are different (2 on 2 ranks: the draws come from the global" in d4
+    assert "reseeded differently: the fetches are different (2 sequences on 2 ranks: the draws come from the" in d4
     assert "the Trainer seeds every rank alike — set_seed(args.seed) in each process — and with" in d4
     assert "dataloader_num_workers=0 your dataset's __getitem__ and the data collator draw in the main process" in d4
     assert "dataloader_num_workers >= 1 in the TrainingArguments" in d4
@@ -68,7 +72,9 @@ def test_noise_from_a_generator_seeded_at_import_is_the_same_on_every_rank_despi
     d4 = _flat(run.section("D4"))
     _same_first_fetch(d4)
     assert "dataloader_num_workers=1" in d4
-    assert "the first fetches are still identical on every rank (the draws come from a generator of your own)" in d4
+    assert (
+        "the fetches are still identical on every rank, one by one (the draws come from a generator of your own)" in d4
+    )
     assert "draws its augmentation from a generator of its own, seeded alike on every rank" in d4
     assert "its seed_worker reseeds those (not yours) in each of the 1 DataLoader worker(s)" in d4
     assert "torch.Generator().manual_seed(seed + args.process_index)" in d4

@@ -39,7 +39,10 @@ def test_a_clean_trainer_keeps_its_replicas_identical(project):
     assert "the Trainer builds its sharded DataLoader inside train()" in text
     assert "the single-process reference step needs the first distributed step's batches" in text
     assert "parameters identical on the 2 ranks when Trainer.train() began" in text
-    assert "example 0 comes out the same on two fetches: the pipeline has no randomness" in text
+    assert (
+        "example 0 comes out the same on 16 fetches on every rank, and the fetch draws nothing from the global "
+        "generators: the pipeline has no randomness" in text
+    )
     assert "the Trainer seeded every rank with set_seed(args.seed=0); dataloader_num_workers=0" in text
     assert "the injected non-finite micro-step runs outside the Trainer's train() loop" in text
     # D5 says why it is not judged, not "missing role" for a plain loop's fixtures (found blind on run_mae)
