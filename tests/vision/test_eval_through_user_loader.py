@@ -50,7 +50,7 @@ def test_eval_fn_gets_the_users_prefetch_loader_and_passes(project):
     run.assert_outcome("V2", "passed")
     text = " ".join(run.text.split())
     assert "dlcheck_eval_fn called twice right after model.train(): 0 of" in text
-    assert "two runs give identical outputs" in text
+    assert "two evals give identical results" in text
     assert "(the fixture that provides it" not in text and "bug of pytest-dlcheck" not in text, run.text
     assert (project.pytester.path / "trace.txt").read_text() == "untouched"
 
@@ -60,7 +60,7 @@ def test_eval_fn_without_model_eval_through_the_prefetch_loader_fails(project):
     run = project.run("--dlcheck=V2", "-rA")
     run.assert_outcome("V2", "failed")
     section = " ".join(run.section("V2").split())
-    assert "BatchNorm2d modules in training mode" in section, section
+    assert "modules whose forward depends on the mode in training mode: 20 BatchNorm2d" in section, section
     assert "it moved the BatchNorm running_mean" in section
     assert "(the fixture that provides it" not in section and "raised RuntimeError" not in section, section
     assert (project.pytester.path / "trace.txt").read_text() == "untouched"
