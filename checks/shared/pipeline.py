@@ -27,6 +27,7 @@ from ...training import (
     training_batches,
     with_field,
 )
+from .forward import ABSENT, put_forward, restore_forward
 
 
 @dataclass
@@ -93,7 +94,7 @@ def step_probe(ctx: Any) -> StepProbe | None:
             hook(model, args, out)
             return out
 
-        model.forward = spy
+        put_forward(model, spy)
         try:
             # eval conditions; a detector's losses exist in train mode only, where its pipeline computes them
             loss = float(run_or_skip(ctx, lambda: eval_loss(model, lambda: fresh.loss(batch))))
@@ -105,10 +106,7 @@ def step_probe(ctx: Any) -> StepProbe | None:
                     other = float(run_or_skip(ctx, lambda: eval_loss(model, lambda: fresh.loss(shuffled))))
         finally:
             handle.remove()
-            if own is _NONE:
-                del model.forward
-            else:
-                model.forward = own
+            restore_forward(model, ABSENT if own is _NONE else own)
             start.restore(model)
         return StepProbe(loss, seen[0] if seen else None, other, describe_batch(targets_of(batch)), setup.describe())
 

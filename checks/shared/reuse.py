@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...cost import reused
+from .forward import ABSENT, put_forward, restore_forward
 
 #: results kept per session (oldest dropped first): a sampled batch's encodings, a few per check
 MAX_ENTRIES = 64
@@ -145,11 +146,8 @@ def reusing(ctx: Any, *modules: Any) -> Iterator[None]:
         for module in targets:
             had = "forward" in module.__dict__
             wrapped.append((module, had, module.__dict__.get("forward")))
-            module.forward = wrap(module)
+            put_forward(module, wrap(module))
         yield
     finally:
         for module, had, own in reversed(wrapped):
-            if had:
-                module.forward = own
-            else:
-                module.__dict__.pop("forward", None)
+            restore_forward(module, own if had else ABSENT)

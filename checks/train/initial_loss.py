@@ -30,6 +30,7 @@ from ...training import (
 )
 from ...training.runs import is_grpo
 from ..shared import frozen
+from ..shared.forward import ABSENT, put_forward, restore_forward
 from ..shared.pipeline import labels_unused, step_forward_shape
 
 
@@ -433,7 +434,7 @@ def _replay(fresh, batch, targets: torch.Tensor, soft: bool) -> _Replayed:
             seed_all(SEED)
             return float(fresh.loss(batch))
 
-    model.forward = spy
+    put_forward(model, spy)
     try:
         with preserved_rng():
             seed_all(SEED)
@@ -444,7 +445,7 @@ def _replay(fresh, batch, targets: torch.Tensor, soft: bool) -> _Replayed:
         out0 = out0.detach()
         if (soft and tuple(out0.shape) != tuple(targets.shape)) or (not soft and out0.numel() != targets.numel()):
             return _Replayed("unread")
-        model.forward = replay
+        put_forward(model, replay)
         if not math.isclose(loss_at(out0.clone()), first, rel_tol=1e-4, abs_tol=1e-6):
             return _Replayed("unread")  # the loss reads more than the output the model returned
         g = torch.Generator().manual_seed(SEED)
@@ -474,10 +475,7 @@ def _replay(fresh, batch, targets: torch.Tensor, soft: bool) -> _Replayed:
             return _Replayed(kind, values[0], scale, name, len(probes))
         return _Replayed("other", at_uniform=_first_value(loss_at, out0, soft))
     finally:
-        if own is _NONE:
-            vars(model).pop("forward", None)
-        else:
-            model.forward = own
+        restore_forward(model, ABSENT if own is _NONE else own)
 
 
 def _first_value(loss_at, out0: torch.Tensor, soft: bool) -> float:

@@ -29,6 +29,7 @@ from ...training import (
 )
 from ...training.runs import is_grpo
 from ..shared import frozen
+from ..shared.forward import put_forward, restore_forward
 
 #: steps of the direct descent on the model's outputs (the loss alone, no weights: cheap) and its rate, in the
 #: outputs' own units (a logit, or the logit of a squashed output). Adam-style steps move each value by about the
@@ -157,7 +158,7 @@ def _floors(fresh, batch, fixed, squash: str | None, target: float) -> Floors | 
         current[0] = theta
         return fixed(lambda: fresh.loss(batch))
 
-    model.forward = replay
+    put_forward(model, replay)
     try:
         with modes(model, train=True):
             with torch.no_grad():
@@ -169,10 +170,7 @@ def _floors(fresh, batch, fixed, squash: str | None, target: float) -> Floors | 
                 return None
             confined = _descend(loss_at, out0, squash, target) if squash else None
     finally:
-        if own is None:
-            model.__dict__.pop("forward", None)
-        else:
-            model.forward = own
+        restore_forward(model, own)
     return Floors(free[0], free[1], confined[0] if confined else None, confined[1] if confined else 0)
 
 

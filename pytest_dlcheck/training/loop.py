@@ -235,7 +235,9 @@ class LoopSetup:
             # the factory built the optimizer for its own model; map it onto this one by parameter name
             by_name = dict(model.named_parameters())
             memo = {id(p): by_name[n] for n, p in again["model"].named_parameters() if n in by_name}
-            new_opt = copy.deepcopy(again.get("optimizer"), memo) if again.get("optimizer") is not None else opt
+            # a wrapper's torch optimizer (Fabric's _FabricOptimizer forwards attributes to it and cannot be copied)
+            source = unwrap_prepared(again.get("optimizer"))
+            new_opt = copy.deepcopy(source, memo) if source is not None else opt
             sched = again.get("lr_scheduler")
             new_sched = copy.deepcopy(sched, {**memo, id(again["optimizer"]): new_opt}) if sched is not None else None
             return new_opt, new_sched

@@ -665,12 +665,15 @@ def optimizer_params(optimizer: Any, names: dict[int, str]) -> list[tuple[str, t
 
 def unwrap_prepared(obj: Any) -> Any:
     """The torch optimizer or LR scheduler inside what ``accelerator.prepare`` returned
-    (``AcceleratedOptimizer.optimizer``, ``AcceleratedScheduler.scheduler``), else ``obj``. The wrappers
+    (``AcceleratedOptimizer.optimizer``, ``AcceleratedScheduler.scheduler``) or Lightning Fabric's ``setup``
+    (``_FabricOptimizer``), else ``obj``. The wrappers
     step the inner object only when gradients are synchronised (the end of an accumulation), so the inner
     one's counters and hooks see the real steps."""
     kind = type(obj)
     if kind.__module__.startswith("accelerate.") and kind.__name__ in ("AcceleratedOptimizer", "AcceleratedScheduler"):
         return getattr(obj, "optimizer", None) or getattr(obj, "scheduler", None) or obj
+    if kind.__module__.endswith("fabric.wrappers") and "_optimizer" in vars(obj):
+        return vars(obj)["_optimizer"]  # Lightning Fabric's _FabricOptimizer (fabric.setup's optimizer)
     return obj
 
 
