@@ -206,7 +206,9 @@ def check_gradients(dlcheck):
         from the weights; any other is judged a step away (the weights that get a gradient moved a little along
         it, then put back): a zero-initialised neighbour (ControlNet's zero convolutions) passes gradient then,
         a path multiplied by 0 still does not and fails; every parameter at zero at once fails (a loss no weight
-        moves). A trainer that generates its completions inside the step (TRL's GRPOTrainer, RLOOTrainer) is
+        moves). A weight whose module is fed an exactly zero input by installed library code, with no module of
+        your own on the way (DETR's decoder starts its object queries at zero: its first value projection never
+        trains), is allowed and said; a zero fed by your own forward fails. A trainer that generates its completions inside the step (TRL's GRPOTrainer, RLOOTrainer) is
         judged on a batch of its own train dataloader (a generation batch, split as its first step splits it),
         with completions generated once from seeded RNGs; when every advantage of those completions is 0 (equal
         rewards within each group) its policy loss is constant by construction and the check skips, saying so.
