@@ -549,6 +549,7 @@ def compared(run: ResumeRun, reference: Any = None) -> list[str]:
             ),
             ("weights", any(st > run.saved_at for st, _ in run.resumed.digests)),
             ("EMA", bool(run.emas())),
+            ("GradScaler", bool(run.resumed.notes.get("scalers")) and bool(run.uninterrupted.notes.get("scalers"))),
         )
         if ok
     ]
@@ -726,7 +727,10 @@ def check_resume(dlcheck):
         your resume restores them is C3's question: here random draws alone never fail) and continues. The
         losses, learning rates and weights of the resumed steps must equal the uninterrupted run's, bitwise (on
         CPU); for a plain loop, so must every EMA in the state (an AveragedModel with its ``n_averaged``, an
-        EMAModel's shadow params and ``optimization_step``) at the end of both runs, and for Lightning every EMA
+        EMAModel's shadow params and ``optimization_step``) and every enabled ``torch.amp.GradScaler``
+        (``state['scaler']``, an Accelerator's ``scaler``: its scale and growth tracker, which a resume with a fresh
+        scaler restarts while the losses match as long as the scale has not moved) at the end of both runs, and
+        for Lightning every EMA
         your Trainer's callbacks keep (``dlcheck_lightning_callbacks``, or the callbacks of your lightning
         Trainer given as ``dlcheck_trainer``: every Lightning run includes them). On a mismatch, the pieces
         of the state (optimizer, LR scheduler, GradScaler, dataloader position, EMA, weights, each Lightning
@@ -813,7 +817,9 @@ def check_resume(dlcheck):
     Known problems
         Compares bitwise: on GPU, nondeterministic kernels can make even the uninterrupted run differ from
         itself; the check then skips (not reproducible). A resume that loses only the RNG states passes here and
-        fails C3. For a plain or Accelerate loop whose ``dlcheck_make_training`` dict holds no dataloader, the
+        fails C3. A GradScaler's own state is compared for a plain or Accelerate loop only (a Trainer's or a
+        Lightning precision plugin's scaler is not read yet: there only a scale that moved shows, in the losses).
+        For a plain or Accelerate loop whose ``dlcheck_make_training`` dict holds no dataloader, the
         data position is not judged (the pass says so: dlcheck feeds the runs its own batches), nor when the
         skip happens in your epoch loop and no ``dlcheck_resume_dataloader`` hands it over; the losses and
         weights are always compared on dlcheck's batches, the data position on the loader's. Examples are told

@@ -5,7 +5,7 @@ from typing import Any
 from ...errors import MISSING, RoleError
 from ...registry import check
 from ...training import get_setup, run_or_skip
-from ...training.resume import OTHER_RNG, ResumeRun
+from ...training.resume import GLOBAL_ONLY, OTHER_RNG, OWN_ONLY, ResumeRun
 from .resume import compared, how_saved, release_after, resume_baseline, resume_run, shared_resume
 
 
@@ -64,10 +64,22 @@ def check_resume_rng(dlcheck):
         Resumes your training from the checkpoint saved half way, as C1 does (the same runs: ``C1.steps``, or
         the shared smoke run), on fresh objects with the global RNGs elsewhere, as in a new process: once as
         your resume leaves the RNG states, once with the RNG states put back from the uninterrupted run at the
-        save, after your own load. Everything else is the same in both, so where their losses, learning rates,
-        weights (or a plain loop's EMAs) differ, only the random draws can make them differ: the resume does
-        not restore the RNG states (python, numpy, torch, CUDA). When both agree, what tells a resume that
-        restores them (pass) from a run whose resumed steps draw no random numbers (not applicable) is, for a
+        save, after your own load. The RNG states are the global ones (python, numpy, torch, CUDA) and, for a
+        plain or Accelerate loop, those of the ``torch.Generator`` objects your training holds itself: found in
+        what ``dlcheck_make_training`` returns (``state['generator']``, a loader's or a module's attribute, a
+        few levels deep) and in your ``dlcheck_train_step`` (its closure variables, default arguments,
+        attributes), by where they are, so that the uninterrupted run's are put back on the fresh objects'.
+        Everything else is the same in both resumes, so where their losses, learning rates, weights (or a plain
+        loop's EMAs) differ, only the random draws can make them differ: the resume does not restore the RNG
+        states. When your own generators are among those your load does not put back, two more resumes tell
+        which RNGs make the difference (only the global ones put back, only your generators), and the failure
+        names the generator and where it was found. When both agree, the pass says the resumed steps draw the
+        uninterrupted run's numbers only when the resumed run equals the uninterrupted run itself; when both
+        resumes differ from it alike (a piece C1 finds lost), it passes only where it sees, right after your
+        load, the states of every generator the resumed steps draw from equal the uninterrupted run's at the
+        save (a plain loop), and otherwise skips saying that what makes the runs differ is not a random state it
+        finds. What tells a resume that restores them (pass) from a run whose resumed steps draw no random
+        numbers (not applicable) is, for a
         plain loop (dlcheck feeds the batches: only your step draws), whether the global RNGs' states move over
         the resumed steps; for a Trainer or a Lightning fit (whose own dataloaders draw too), a third resume
         with other RNG states set after the load. A plain loop's data path (dlcheck draws its batches
@@ -86,18 +98,24 @@ def check_resume_rng(dlcheck):
         torch.save({"model": ..., "optimizer": ..., "lr_scheduler": ...}, path)   # no torch.get_rng_state()
         DataLoader(train_set, shuffle=True)   # its RandomSampler draws from torch's global RNG every epoch
         TrainingArguments(..., save_only_model=True)   # no rng_state.pth
+        generator = torch.Generator().manual_seed(seed)   # diffusers' train_instruct_pix2pix.py: the step's
+        torch.rand(bsz, generator=generator)              # conditioning dropout; save_state does not hold it
     Use instead
         save the RNG states with the checkpoint and set them back on load: the Trainer's rng_state.pth,
         Accelerate's save_state / load_state; torch.get_rng_state(), random.getstate(),
         numpy.random.get_state() (and the CUDA states) in a plain loop's checkpoint or a LightningModule's
-        on_save_checkpoint / on_load_checkpoint.
+        on_save_checkpoint / on_load_checkpoint; a ``torch.Generator`` of your own: its ``get_state()`` in the
+        checkpoint and ``set_state(...)`` on load.
     Known problems
         The RNG states are put back where the framework restores its own (after a plain loop's load, the
         Trainer's _load_rng_state, a Lightning callback's on_load_checkpoint): a resume that sets them later
         than that (in a Lightning on_train_start) reads as a run that draws no random numbers (not applicable).
-        A generator of your own (a DataLoader's generator=, a sampler's seed) is not a global RNG: a data order
-        it replays after a resume is C1's finding. Compares bitwise: on GPU, nondeterministic kernels can make
-        two resumes differ; the check then skips.
+        A generator of your own is found only where listed above, and only for a plain or Accelerate loop (not
+        in a Trainer's or a LightningModule's attributes yet): one kept elsewhere (a module-level global your
+        step reads by name) is not put back, and a run that draws only from it reads as drawing no random
+        numbers. A data order a DataLoader's generator= or a sampler's seed replays after a resume is C1's
+        finding (dlcheck feeds a plain loop's resumed steps their batches). Compares bitwise: on GPU,
+        nondeterministic kernels can make two resumes differ; the check then skips.
         A plain loop's data path is drawn once per generator set elsewhere, from a new iteration of the
         loader: a draw that depends on the global RNGs only from a later epoch on is not seen.
     Not applicable
@@ -134,7 +152,7 @@ def _rng_verdict(dlcheck: Any, setup: Any) -> None:
             )
         else:  # a plain loop: dlcheck feeds the batches, only the user's step draws
             moved = drawn or None
-            shown = f"the resumed steps draw from the global RNGs: their states advance over {steps}"
+            shown = _drawn_words(put, steps)
             # dlcheck drew the batches beforehand: whether the user's data path draws from the global RNGs too
             # (fails here when it draws from one the load does not put back)
             data = _data_path(dlcheck, setup, own, head, steps)
@@ -164,18 +182,53 @@ def _rng_verdict(dlcheck: Any, setup: Any) -> None:
                 f"of {steps} are the same bitwise"
                 if drawn is None
                 else f"the resumed steps draw no random numbers: the global RNGs' states do not move over {steps}"
+                + (
+                    f", nor do those of your own generators ({', '.join(put.resumed.notes['generators'])})"
+                    if put.resumed.notes.get("generators")
+                    else ""
+                )
             )
-        what = ", ".join(compared(own, put.resumed)) or "steps"
-        _loop_draws_not_judged(dlcheck, setup)
-        dlcheck.measured(
-            f"{head} (the global RNGs elsewhere first, as in a new process): the resumed steps draw the uninterrupted "
-            f"run's random numbers: the {what} of {steps} equal those of the resume with the uninterrupted run's RNG "
-            "states put back, bitwise",
-            shown,
-            steps=total,
-            saved_at=put.saved_at,
+        gens = own.resumed.notes.get("generators") or []
+        put_back = "the uninterrupted run's RNG states put back" + (
+            f" (the global ones and your own generator{'s' if len(gens) > 1 else ''} {', '.join(gens)})" if gens else ""
         )
-        return
+        parted = own.mismatch()
+        if parted is None:  # compared with the uninterrupted run itself
+            what = ", ".join(compared(own)) or "steps"
+            _loop_draws_not_judged(dlcheck, setup)
+            dlcheck.measured(
+                f"{head} (the global RNGs elsewhere first, as in a new process): the resumed steps draw the "
+                f"uninterrupted run's random numbers: the {what} of {steps} equal the uninterrupted run's, bitwise, "
+                f"as those of the resume with {put_back} do",
+                shown,
+                steps=total,
+                saved_at=put.saved_at,
+            )
+            return
+        # the resumed run is not the uninterrupted run, with or without the RNG states put back: whether its steps
+        # draw the uninterrupted run's numbers is known only where the load is seen to put back what they draw from
+        parted_words = f"at step {parted[0]} ({parted[1]})"
+        restored = _restores_what_it_draws(own)
+        if restored:
+            _loop_draws_not_judged(dlcheck, setup)
+            dlcheck.measured(
+                f"{head} (the global RNGs elsewhere first, as in a new process): right after your load, the states "
+                f"of the generators the resumed steps draw from ({', '.join(restored)}) are those of the "
+                "uninterrupted run at the save",
+                f"the resumed run differs from the uninterrupted run {parted_words} for another reason: the resume "
+                f"with {put_back} differs alike (C1 judges the rest of the resume)",
+                shown,
+                steps=total,
+                saved_at=put.saved_at,
+            )
+            return
+        dlcheck.skip(
+            f"{head}: the resumed run differs from the uninterrupted run {parted_words}, and the resume with "
+            f"{put_back} after your load differs alike: what makes it differ is not a random state C3 finds and "
+            "puts back, so whether the resumed steps draw the uninterrupted run's random numbers is not known "
+            "(C1 judges the rest of the resume; a generator of your own that dlcheck does not find, or RNG states "
+            "drawn from before the point where they are put back, would be C3's)"
+        )
     # the two resumes differ by the RNG states alone; conclusive when a resume is deterministic: proven when the
     # one with the RNG states put back equals the uninterrupted run, else by making it a second time
     exact = put.mismatch() is None
@@ -189,6 +242,12 @@ def _rng_verdict(dlcheck: Any, setup: Any) -> None:
                 "draws cannot be judged"
             )
     step, what = differ
+    lost = [w for w, ok in (own.resumed.notes.get("generators_restored") or {}).items() if not ok]
+    if lost:  # the training's own generators are not put back by the load: which of the RNGs make the difference
+        globs = run_or_skip(dlcheck, lambda: resume_run(setup, total, frozenset({"rng", GLOBAL_ONLY}), baseline))
+        if _versus(put, globs) is not None:
+            mine = run_or_skip(dlcheck, lambda: resume_run(setup, total, frozenset({"rng", OWN_ONLY}), baseline))
+            _own_generators_fail(dlcheck, setup, put, globs, mine, lost, head, exact)
     evidence = [
         f"{head} with the global RNGs elsewhere, as in a new process: at step {step} {_words(what)}",
         "the two resumes differ only by the RNG states put back after your load; "
@@ -288,3 +347,87 @@ def _loop_draws_not_judged(dlcheck: Any, setup: Any) -> None:
             "dlcheck_resume_dataloader's loop (a new iterator, the batches it skips) may draw from the global RNGs "
             "between your load and the first resumed step; the compared steps are fed their batches",
         )
+
+
+def _restores_what_it_draws(own: ResumeRun) -> list[str]:
+    """The generators the resumed steps draw from (a plain loop's: the global ones whose states move over the
+    resumed steps, the training's own), when the user's load put every one of them back where it was at the save
+    (compared with the uninterrupted run's states at the save); else []."""
+    notes = own.resumed.notes
+    drawn, mine = notes.get("rng_drawn_from"), notes.get("own_drawn_from") or []
+    if drawn is None or not (drawn or mine):
+        return []
+    globs, gens = notes.get("rng_restored") or {}, notes.get("generators_restored") or {}
+    if all(globs.get(name) for name in drawn) and all(gens.get(where) for where in mine):
+        return [f"the global {name} RNG" for name in drawn] + list(mine)
+    return []
+
+
+def _where(found: str) -> str:
+    """Where a generator of the training's own was found, in words."""
+    if found.startswith("state"):
+        return f"{found} (in what dlcheck_make_training returns)"
+    return found
+
+
+def _own_generators_fail(
+    dlcheck: Any,
+    setup: Any,
+    put: ResumeRun,
+    globs: ResumeRun,
+    mine: ResumeRun,
+    lost: list[str],
+    head: str,
+    exact: bool,
+) -> None:
+    """The resume does not put back generators the training creates itself (not torch's global ones): with only
+    the global RNG states put back the resumed run still differs, with those generators put back too it does not."""
+    step, what = _versus(put, globs)
+    names = ", ".join(_where(w) for w in lost)
+    also_global = _versus(put, mine) is not None
+    evidence = [
+        f"{head} with the global RNGs elsewhere, as in a new process: your training's own torch.Generator "
+        f"{names} is not put back by your load (right after it, its state is not the one at the save)",
+        f"with only the global RNG states put back after your load, the resumed run differs at step {step} "
+        f"({_words(what, 'put back but your generators as your resume leaves them', 'put back, your generators too')})",
+        "with your generators put back too, the resumed run "
+        + (
+            "equals the uninterrupted run bitwise: only the random draws differ"
+            if exact
+            else "is the same when made twice (it differs from the uninterrupted run for another reason: C1's finding)"
+        ),
+    ]
+    if also_global:
+        evidence.append("with your generators put back and not the global RNG states, it differs too: both are lost")
+    gens = " / ".join(lost)
+    fix = (
+        f"save the generator's state with the checkpoint ({gens}.get_state()) and set it back on load "
+        f"({gens}.set_state(saved)): a fresh process makes it anew from its seed"
+    )
+    if setup.kind == "accelerate" and setup.checkpoint_how().startswith("accelerator."):
+        fix += (
+            " (accelerator.save_state does not hold it: register_for_checkpointing an object whose state_dict() "
+            "returns {'generator': generator.get_state()} and whose load_state_dict() calls generator.set_state)"
+        )
+    if also_global:
+        fix += "; and " + _fix(setup)
+    dlcheck.fail(
+        evidence,
+        cause="the checkpoint does not hold the state of a torch.Generator your training creates itself: a resumed "
+        "process makes it anew from its seed, so what the steps draw from it (a conditioning dropout, noise drawn "
+        "with generator=) after the resume repeats the run's first draws instead of the uninterrupted run's"
+        + (", and it does not restore the global random number generators either" if also_global else ""),
+        fix=fix,
+    )
+
+
+def _drawn_words(run: ResumeRun, steps: str) -> str:
+    """What a plain loop's resumed steps draw from: the global RNGs whose states advance over them, the training's
+    own generators whose states do."""
+    notes = run.resumed.notes
+    glob, mine = notes.get("rng_drawn_from"), notes.get("own_drawn_from") or []
+    named = f" ({' / '.join(glob)})" if glob else ""
+    if not mine:
+        return f"the resumed steps draw from the global RNGs: their states advance over {steps}{named}"
+    own = f"your own generator{'s' if len(mine) > 1 else ''} {', '.join(mine)}"
+    return f"the resumed steps draw from {own}{f' and the global RNGs{named}' if glob else ''}: their states advance over {steps}"

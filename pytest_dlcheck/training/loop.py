@@ -27,11 +27,15 @@ from .resume import (
     ResumeRun,
     SaveInterrupted,
     epoch_reach,
+    generator_states,
     interrupted_saves,
     load_reports,
+    own_generators,
     put_back_rng,
     read_saved,
+    same_generators,
     same_rng,
+    scaler_ends,
 )
 from .resume import seeded_examples as _seeded_examples
 from .runs import (
@@ -265,6 +269,10 @@ class LoopSetup:
         for module in trained_modules(state):
             user_call("make_training", module.train)
 
+    def _step_fn(self) -> Any:
+        """The user's step function (searched for generators of its own), or None for dlcheck's default step."""
+        return None if self.train_step is MISSING else self.train_step
+
     def step(self, state: dict[str, Any], batch: Any, index: int) -> float | None:
         """One call of the user's step (or the default one) on a batch."""
         batch = to_device(batch, device_of(state["model"]))
@@ -454,7 +462,10 @@ class LoopSetup:
         saved_at = base.truth["_saved_at"]
         state = self.state()
         traj = Trajectory()
-        with preserved_rng():
+        # the generators the user's step holds (its closure, defaults) outlive the resume: put back as they were
+        held = own_generators(None, self._step_fn())
+        held_states = generator_states(held)
+        with preserved_rng(), _generators_kept(held, held_states):
             seed_all(SEED + 1)  # a new process: the global RNGs are wherever they are
             try:
                 with load_reports() as loads:
@@ -473,13 +484,27 @@ class LoopSetup:
             # whether the user's load put the global RNGs back where they were at the save (C3 asks it when
             # the steps draw nothing but the user's data path does)
             traj.notes["rng_restored"] = restored_rngs(base.truth.get("rng"), rng_state())
-            _loop_restore(state, base.truth, restore)
-            before = rng_state()
+            # the training's own generators (state['generator'], the step's closure): whether the load put each back
+            gens = own_generators(state, self._step_fn())
+            traj.notes["generators"] = list(gens)
+            traj.notes["generators_restored"] = same_generators(
+                base.truth.get("generators") or {}, generator_states(gens)
+            )
+            _loop_restore(state, base.truth, restore, gens)
+            before, own_before = rng_state(), generator_states(gens)
             self.run(state, batches[saved_at:], saved_at, traj, digests=True)
             # whether the resumed steps draw from the global RNGs (dlcheck feeds the batches: only the user's
             # step can draw): C3 then needs no third resume to tell a run that draws none
-            traj.notes["rng_drawn"] = not same_rng(before, rng_state())
+            now = rng_state()
+            traj.notes["rng_drawn"] = not same_rng(before, now)
+            # which generators the resumed steps draw from: the global ones whose states moved, and the own ones
+            kept = restored_rngs(before, now)
+            moved_own = same_generators(own_before, generator_states(gens))
+            traj.notes["rng_drawn_from"] = [n for n, same in kept.items() if not same]
+            traj.notes["own_drawn_from"] = [w for w, same in moved_own.items() if not same]
+            traj.notes["rng_drawn"] = traj.notes["rng_drawn"] or not all(moved_own.values())
         traj.notes["ema"] = _ema_end(state)
+        traj.notes["scalers"] = scaler_ends(state)
         return ResumeRun(base.trajectory, traj, saved_at, base.checkpoint, base.pieces, loads)
 
     def data_resume(
@@ -928,14 +953,17 @@ class _Saving:
                     raise
                 self.failed = True
                 return
-            self.truth.update(_saved_truth(self.state, self.setup.tmp.mktemp("dlcheck-truth") / "state.pt"))
+            self.truth.update(
+                _saved_truth(self.state, self.setup.tmp.mktemp("dlcheck-truth") / "state.pt", self.setup._step_fn())
+            )
             self.truth["_saved_at"] = i + 1
 
     def baseline(self) -> Baseline | None:
         if "_saved_at" not in self.truth or self.truth["_saved_at"] >= len(self.traj.steps):
             return None  # no save, or nothing trained after it (the run ended at the save)
         self.traj.notes["ema"] = _ema_end(self.state)
-        pieces = {p: "" for p in self.truth if not p.startswith("_")}
+        self.traj.notes["scalers"] = scaler_ends(self.state)
+        pieces = {p: "" for p in self.truth if not p.startswith("_") and p != "generators"}
         return Baseline(self.traj, self.truth, self.path, pieces)
 
 
@@ -960,7 +988,7 @@ def _ema_end(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _saved_truth(state: dict[str, Any], file: Path) -> dict[str, Any]:
+def _saved_truth(state: dict[str, Any], file: Path, step: Any = None) -> dict[str, Any]:
     """The state at a save, for the diagnostic resumes: the state dict of every piece that has one (model,
     optimizer, scheduler, EMA…) written to ``file`` as it stands, with no copy in memory (at most one extra
     copy of the training state is alive at a time), replaced by :class:`OnDisk` handles; the RNG states
@@ -972,24 +1000,40 @@ def _saved_truth(state: dict[str, Any], file: Path) -> dict[str, Any]:
                 heavy[key] = obj.state_dict()
             except Exception:  # noqa: BLE001 - e.g. Accelerate's DataLoaderShard without a stateful loader
                 continue  # an object whose state cannot be read is not a piece the diagnosis can put back
-    truth: dict[str, Any] = {"rng": rng_state()}
+    truth: dict[str, Any] = {"rng": rng_state(), "generators": generator_states(own_generators(state, step))}
     if heavy:
         torch.save(heavy, file)
         truth.update({k: OnDisk(file, k) for k in heavy})
     return truth
 
 
-def _loop_restore(state: dict[str, Any], truth: dict[str, Any], restore: frozenset[str]) -> None:
-    truth = {k: (v.load() if isinstance(v, OnDisk) else v) for k, v in truth.items() if k in restore}
+@contextlib.contextmanager
+def _generators_kept(found: Mapping[str, torch.Generator], states: Mapping[str, torch.Tensor]) -> Iterator[None]:
+    """Put the generators found back in the states given once the block ends."""
+    try:
+        yield
+    finally:
+        for where, gen in found.items():
+            gen.set_state(states[where])
+
+
+def _loop_restore(
+    state: dict[str, Any], truth: dict[str, Any], restore: frozenset[str], generators: Any = None
+) -> None:
+    truth = {
+        k: (v.load() if isinstance(v, OnDisk) else v)
+        for k, v in truth.items()
+        if k in restore or (k == "generators" and "rng" in restore)
+    }
     for piece in restore:
-        if piece in truth and piece in state and piece != "rng":
+        if piece in truth and piece in state and piece not in ("rng", "generators"):
             if isinstance(state[piece], torch.nn.Module):
                 # the user's load may have changed the module's structure (a PEFT adapter added under another
                 # name): put back every tensor the saved state had, leave what the load added
                 state[piece].load_state_dict(copy.deepcopy(truth[piece]), strict=False)
             else:
                 state[piece].load_state_dict(copy.deepcopy(truth[piece]))
-    put_back_rng(truth, restore)
+    put_back_rng(truth, restore, generators)
 
 
 def _fingerprints(model: Any) -> dict[str, str]:

@@ -33,13 +33,125 @@ def same_rng(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a.get("cuda", []), b.get("cuda", [])))
 
 
-def put_back_rng(truth: dict[str, Any], restore: frozenset[str]) -> None:
+#: a restore piece beside "rng": the global RNG states only, not the training's own generators
+#: (:func:`own_generators`), so that C3 tells which of them a resume loses
+GLOBAL_ONLY = "rng global only"
+#: a restore piece beside "rng": the training's own generators only, not the global RNG states
+OWN_ONLY = "rng own generators only"
+
+
+def put_back_rng(
+    truth: dict[str, Any], restore: frozenset[str], generators: Mapping[str, torch.Generator] | None = None
+) -> None:
     """Where a resume's RNG states are put back (after the user's or the framework's own load): the
-    uninterrupted run's states at the save ("rng"), or others (:data:`OTHER_RNG`)."""
+    uninterrupted run's states at the save ("rng": the global RNGs and the training's own generators found at
+    the same places, ``generators``, unless :data:`GLOBAL_ONLY` / :data:`OWN_ONLY` leaves one of them out), or
+    others (:data:`OTHER_RNG`)."""
     if "rng" in restore and "rng" in truth:
-        set_rng_state(truth["rng"])
+        if OWN_ONLY not in restore:
+            set_rng_state(truth["rng"])
+        if GLOBAL_ONLY not in restore:
+            saved = truth.get("generators") or {}
+            for where, gen in (generators or {}).items():
+                if where in saved:
+                    gen.set_state(saved[where])
     elif OTHER_RNG in restore:
         seed_all(SEED + 2)
+
+
+def _global_generators() -> set[int]:
+    """The ids of torch's global generators (the CPU default, CUDA's defaults once initialised): the global RNG
+    states, not generators of the training's own."""
+    ids = {id(torch.default_generator)}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        ids |= {id(g) for g in torch.cuda.default_generators}
+    return ids
+
+
+def own_generators(state: Any, step: Any = None, limit: int = 4000) -> dict[str, torch.Generator]:
+    """The ``torch.Generator`` objects of the training's own (not torch's global ones), by where they were found:
+    in what the user's factory returned (``state['generator']``, ``state['dataloader'].sampler.generator``, a
+    module's attribute), or in the user's step (its closure variables, default arguments, attributes, the object
+    a bound method belongs to). Where a generator is found is the same in every state the factory builds, so the
+    states of the uninterrupted run's generators can be put back on a resumed run's. The walk is bounded: a few
+    levels deep, ``limit`` objects at most."""
+    found: dict[str, torch.Generator] = {}
+    skip = _global_generators()
+    seen: set[int] = set()
+    budget = [limit]
+    plain = (str, bytes, int, float, bool, complex, type(None), torch.Tensor, type)
+
+    def add(obj: torch.Generator, where: str) -> None:
+        if id(obj) not in skip and all(g is not obj for g in found.values()):
+            found[where] = obj
+
+    def walk(obj: Any, where: str, depth: int) -> None:
+        if isinstance(obj, torch.Generator):
+            add(obj, where)
+            return
+        if depth > 5 or budget[0] <= 0 or isinstance(obj, plain) or id(obj) in seen:
+            return
+        import types
+
+        if isinstance(obj, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType)):
+            return
+        seen.add(id(obj))
+        budget[0] -= 1
+        if isinstance(obj, torch.nn.Module):  # its submodules' attributes (a dropout of its own with a generator)
+            for name, mod in list(obj.named_modules())[:2000]:
+                for attr, value in vars(mod).items():
+                    if isinstance(value, torch.Generator):
+                        add(value, f"{where}{'.' + name if name else ''}.{attr}")
+            return
+        if isinstance(obj, Mapping):
+            items = [(f"{where}[{k!r}]", v) for k, v in list(obj.items())[:200]]
+        elif isinstance(obj, (list, tuple)):
+            items = [(f"{where}[{i}]", v) for i, v in enumerate(list(obj)[:200])]
+        else:
+            attrs = getattr(obj, "__dict__", None)
+            if not isinstance(attrs, dict):
+                return
+            items = [(f"{where}.{k}", v) for k, v in list(attrs.items())[:200]]
+        for at, value in items:
+            walk(value, at, depth + 1)
+
+    walk(state, "state", 0)
+    if step is not None:
+        _step_generators(step, walk)
+    return found
+
+
+def _step_generators(step: Any, walk: Callable[[Any, str, int], None]) -> None:
+    """Walk what the user's step function holds: closure variables, defaults, attributes, its ``self``."""
+    fn = getattr(step, "__func__", step)
+    owner = getattr(step, "__self__", None)
+    if owner is not None:
+        walk(owner, "your step's self", 1)
+    code = getattr(fn, "__code__", None)
+    for name, cell in zip(getattr(code, "co_freevars", ()), getattr(fn, "__closure__", None) or (), strict=False):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        walk(value, f"your step's closure variable {name!r}", 1)
+    for i, value in enumerate(getattr(fn, "__defaults__", None) or ()):
+        walk(value, f"your step's default argument {i}", 1)
+    for name, value in (getattr(fn, "__kwdefaults__", None) or {}).items():
+        walk(value, f"your step's default argument {name!r}", 1)
+    attrs = getattr(step, "__dict__", None)
+    if isinstance(attrs, dict):
+        for name, value in list(attrs.items())[:200]:
+            walk(value, f"your step.{name}", 1)
+
+
+def generator_states(found: Mapping[str, torch.Generator]) -> dict[str, torch.Tensor]:
+    """The state of each generator :func:`own_generators` found."""
+    return {where: gen.get_state() for where, gen in found.items()}
+
+
+def same_generators(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> dict[str, bool]:
+    """Per generator found in both snapshots, whether its states are the same."""
+    return {where: bool(torch.equal(a[where], b[where])) for where in a if where in b}
 
 
 class ResumeLoadFailed(RoleError):
@@ -153,6 +265,25 @@ def holders_of(checkpoint: Path, qualname: str, limit: int = 4) -> list[str]:
     return found
 
 
+def scaler_ends(state: Any) -> dict[str, dict[str, Any]]:
+    """Each enabled ``torch.amp.GradScaler`` of a training state (an entry, or an Accelerator's ``scaler``), by
+    where it is, with its loss scale and growth tracker: C1 compares them at the ends of the uninterrupted and
+    the resumed run (a scale that did not move leaves the losses and weights alike, while a resumed scaler that
+    starts over counts its growth interval from zero and doubles its scale later than the uninterrupted run's)."""
+    out: dict[str, dict[str, Any]] = {}
+    if not isinstance(state, Mapping):
+        return out
+    seen: list[Any] = []
+    for key, value in state.items():
+        for obj, where in ((value, f"state[{key!r}]"), (getattr(value, "scaler", None), f"state[{key!r}].scaler")):
+            if isinstance(obj, torch.amp.GradScaler) and all(o is not obj for o in seen):
+                seen.append(obj)
+                if obj.is_enabled():
+                    saved = obj.state_dict()
+                    out[where] = {"scale": float(saved.get("scale", 0.0)), "growth": saved.get("_growth_tracker")}
+    return out
+
+
 @dataclass
 class Baseline:
     trajectory: Trajectory
@@ -191,11 +322,28 @@ class ResumeRun:
             st > self.saved_at for st, _ in self.resumed.digests
         ):
             return self.saved_at + 1, "the resumed run trained no step"
-        lost = self.ema_mismatch()
+        lost = self.ema_mismatch() or self.scaler_mismatch()
         if lost:
             last = max([s.step for s in self.resumed.steps] + [st for st, _ in self.resumed.digests])
             return last, lost[0]["text"]
         return None
+
+    def scaler_mismatch(self) -> list[dict[str, Any]]:
+        """Each GradScaler (:func:`scaler_ends`) whose loss scale or growth tracker differs between the ends of the
+        two runs, with a line of text."""
+        base = self.uninterrupted.notes.get("scalers") or {}
+        out = []
+        for where, end in (self.resumed.notes.get("scalers") or {}).items():
+            ref = base.get(where)
+            if ref is None or ref == end:
+                continue
+            text = (
+                f"the GradScaler {where} differs from the uninterrupted run's at the end: scale {end['scale']:g}, "
+                f"growth tracker {end['growth']} resumed vs scale {ref['scale']:g}, growth tracker {ref['growth']} "
+                "uninterrupted"
+            )
+            out.append({"name": where, "text": text})
+        return out
 
     def ema_mismatch(self) -> list[dict[str, Any]]:
         """Each EMA of the state (a plain loop's) whose tensors or counter differ between the ends of the

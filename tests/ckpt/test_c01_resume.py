@@ -167,3 +167,75 @@ def test_a_trainer_s_smoke_run_writes_the_checkpoint_c1_resumes_from(project, tm
     assert doc["shared"]["smoke run"]["cost"]["optimizer_steps"] == 20
     assert work_of(doc, "C1")["optimizer_steps"] == 20 + 2 + 3 * 2, doc["shared"]
     assert work_of(doc, "S1")["optimizer_steps"] == 0
+
+
+# ---- a GradScaler's own state (scale, growth tracker): lost without a step of difference ------------------------
+
+#: a plain loop with an enabled GradScaler (torch.amp.GradScaler("cpu"), dlcheck's default step scales the loss
+#: with state['scaler']); the checkpoint holds the scaler's state when ``keeps`` says so. The scale does not move
+#: in 4 steps (no overflow, growth_interval 2000): the losses and weights of a resume with a fresh scaler are the
+#: uninterrupted run's, only the scaler's growth tracker (and its later doubling) differs
+SCALER_LOOP = """
+    import pytest, torch, tiny_train as tt
+    from torch import nn
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = tt.MLP()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            return {{"model": model, "optimizer": optimizer,
+                     "lr_scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, tt.warmup(3)),
+                     "scaler": torch.amp.GradScaler("cpu")}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return tt.loader()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_loss_fn():
+        return nn.CrossEntropyLoss()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        def save(state, path):
+            tt.save_all(state, path)
+            if {keeps}:
+                torch.save(state["scaler"].state_dict(), f"{{path}}.scaler")
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        def load(state, path):
+            tt.load_all(state, path)
+            if {keeps}:
+                state["scaler"].load_state_dict(torch.load(f"{{path}}.scaler"))
+        return load
+"""
+
+
+def test_a_resume_that_does_not_restore_the_gradscaler_fails_c1(project, tmp_path):
+    """The scale does not move over the run, so the resumed losses and weights are the uninterrupted run's; the
+    resumed scaler counts its growth interval from zero: C1 compares the scalers' states at the ends."""
+    project.conftest(SCALER_LOOP.format(keeps=False))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "failed")
+    text = tt.section(run, "C1")
+    c1 = _results(out)["C1"]
+    assert (
+        "the GradScaler state['scaler'] differs from the uninterrupted run's at the end: scale 65536, growth tracker 2 "
+        "resumed vs scale 65536, growth tracker 4 uninterrupted"
+    ) in text
+    assert "putting back scaler from the uninterrupted run after the load makes the resumed run identical" in text
+    assert "the GradScaler's loss scale and growth tracker" in c1["cause"], c1
+    assert "state['scaler'].state_dict()" in c1["fix"], c1["fix"]
+
+
+def test_a_resume_that_restores_the_gradscaler_passes_c1(project, tmp_path):
+    project.conftest(SCALER_LOOP.format(keeps=True))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "passed")
+    assert "equal the uninterrupted run's, bitwise" in _results(out)["C1"]["evidence"][0]

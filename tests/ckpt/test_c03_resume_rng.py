@@ -117,6 +117,15 @@ def test_a_plain_loop_that_loses_the_optimizer_fails_c1_and_not_c3(project, tmp_
     text = tt.section(run, "C1")
     assert "putting back optimizer from the uninterrupted run after the load makes the resumed run identical" in text
     assert "the optimizer state" in _results(out)["C1"]["cause"]
+    # both resumes differ from the uninterrupted run (the optimizer): C3 does not say they draw its numbers, it
+    # says what it compared with the uninterrupted run, the torch RNG state right after the load
+    c3 = " ".join(_results(out)["C3"]["evidence"])
+    assert "draw the uninterrupted run's random numbers" not in c3, c3
+    assert (
+        "right after your load, the states of the generators the resumed steps draw from (the global torch RNG) are "
+        "those of the uninterrupted run at the save"
+    ) in c3, c3
+    assert "the resumed run differs from the uninterrupted run at step 3" in c3 and "for another reason" in c3, c3
 
 
 def test_a_resume_that_raises_is_c1s_finding_and_c3_skips_naming_it(project, tmp_path):
@@ -349,3 +358,119 @@ def test_a_python_random_transform_with_only_torchs_rng_saved_fails_naming_pytho
     run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
     run.assert_outcome("C3", "passed")
     assert "the global python RNG state is the one at the save" in _results(out)["C3"]["evidence"][0]
+
+
+#: a plain loop whose step draws a conditioning dropout from a torch.Generator the training creates itself
+#: (diffusers' train_instruct_pix2pix.py: ``generator = torch.Generator(device=...).manual_seed(args.seed)``, then
+#: ``torch.rand(bsz, generator=generator)`` in the step); the checkpoint holds the global RNG states, and the
+#: generator's state when ``keeps`` says so. ``where``: the generator in the factory's dict ("state") or in the
+#: step's closure ("closure")
+OWN_GENERATOR = """
+    import pytest, torch, tiny_train as tt
+    from torch import nn
+
+    CLOSURE = torch.Generator().manual_seed(7)
+
+    def gen_of(state):
+        return state["generator"] if {where!r} == "state" else CLOSURE
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = tt.MLP()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            state = {{"model": model, "optimizer": optimizer,
+                      "lr_scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, tt.warmup(3))}}
+            if {where!r} == "state":
+                state["generator"] = torch.Generator().manual_seed(7)
+            else:
+                CLOSURE.manual_seed(7)  # a fresh process makes it anew from its seed
+            return state
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return tt.loader()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_train_step():
+        loss_fn = nn.CrossEntropyLoss()
+        gen = CLOSURE
+
+        def step(state, batch):
+            x, y = batch
+            g = state["generator"] if "generator" in state else gen
+            keep = (torch.rand(x.shape[0], generator=g) >= 0.3).float()[:, None]  # conditioning dropout
+            loss = loss_fn(state["model"](x * keep), y)
+            loss.backward()
+            state["optimizer"].step()
+            state["lr_scheduler"].step()
+            state["optimizer"].zero_grad()
+            return loss
+        return step
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        def save(state, path):
+            ckpt = {{k: state[k].state_dict() for k in ("model", "optimizer", "lr_scheduler")}}
+            ckpt["rng"] = torch.random.get_rng_state()
+            if {keeps}:
+                ckpt["generator"] = gen_of(state).get_state()
+            torch.save(ckpt, path)
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        def load(state, path):
+            ckpt = torch.load(path, weights_only=False)
+            for k in ("model", "optimizer", "lr_scheduler"):
+                state[k].load_state_dict(ckpt[k])
+            torch.random.set_rng_state(ckpt["rng"])
+            if {keeps}:
+                gen_of(state).set_state(ckpt["generator"])
+        return load
+"""
+
+
+def test_a_generator_of_the_training_left_out_of_the_checkpoint_fails_c3_naming_it(project, tmp_path):
+    """The global RNG states are saved, the training's own generator is not: a resume with only the global
+    states put back equals the plain resume, so C3 passed saying the resumed steps draw the uninterrupted run's
+    numbers; it now puts back the generator found in the factory's dict and fails naming it."""
+    project.conftest(OWN_GENERATOR.format(where="state", keeps=False))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
+    run.assert_outcome("C1", "passed")  # C1 puts every RNG back, the generator too
+    run.assert_outcome("C3", "failed")
+    text = tt.section(run, "C3")
+    c3 = _results(out)["C3"]
+    assert (
+        "your training's own torch.Generator state['generator'] (in what dlcheck_make_training returns) is not put back"
+        in text
+    )
+    assert "with only the global RNG states put back after your load, the resumed run differs at step 3" in text
+    assert "with your generators put back too, the resumed run equals the uninterrupted run bitwise" in text
+    assert "torch.Generator your training creates itself" in c3["cause"], c3
+    assert "state['generator'].get_state()" in c3["fix"] and "set_state" in c3["fix"], c3["fix"]
+    assert "global" not in c3["fix"], c3["fix"]  # the global states are saved: not asked for
+
+
+def test_a_generator_in_the_steps_closure_left_out_fails_c3(project, tmp_path):
+    project.conftest(OWN_GENERATOR.format(where="closure", keeps=False))
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C3", f"--dlcheck-json={out}")
+    run.assert_outcome("C3", "failed")
+    assert "your training's own torch.Generator your step's closure variable 'gen'" in tt.section(run, "C3")
+
+
+def test_a_checkpoint_holding_the_trainings_generator_passes_c3(project, tmp_path):
+    for where in ("state", "closure"):
+        project.conftest(OWN_GENERATOR.format(where=where, keeps=True))
+        out = tmp_path / f"r{where}.json"
+        run = project.run("--dlcheck=C1,C3", f"--dlcheck-json={out}")
+        run.assert_outcome("C1", "passed")
+        run.assert_outcome("C3", "passed")
+        c3 = " ".join(_results(out)["C3"]["evidence"])
+        assert "the resumed steps draw the uninterrupted run's random numbers" in c3, c3
+        assert "equal the uninterrupted run's, bitwise" in c3, c3
+        name = "state['generator']" if where == "state" else "your step's closure variable 'gen'"
+        assert f"the resumed steps draw from your own generator {name}" in c3, c3
