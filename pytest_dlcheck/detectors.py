@@ -424,7 +424,8 @@ class RewardWatch:
         self.kls: deque[float] = deque(maxlen=horizon)
         self.lengths: deque[float] = deque(maxlen=horizon)
         self.largest: tuple[float, int | None] = (0.0, None)
-        self.kl_most: tuple[float, int] | None = None
+        #: (the highest KL / its baseline, step, that KL, the baseline: the median before, at least 1e-3)
+        self.kl_most: tuple[float, int, float, float] | None = None
         self.len_least: tuple[float, int] | None = None
         self.unpaired: list[int] = []
 
@@ -444,7 +445,7 @@ class RewardWatch:
             if kl is not None and self.kls:
                 kl_med = max(statistics.median(self.kls), 1e-3)
                 if self.kl_most is None or kl / kl_med > self.kl_most[0]:
-                    self.kl_most = (kl / kl_med, step)
+                    self.kl_most = (kl / kl_med, step, kl, kl_med)
                 if kl > self.kl_spike * kl_med:
                     signs.append(f"{names[0]} {kl:.3g} vs median {kl_med:.3g} before ({kl / kl_med:.3g}×)")
             if length is not None and self.lengths:

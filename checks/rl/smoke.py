@@ -161,8 +161,13 @@ def check_reward_hacking(dlcheck):
     ]
     if kl_most is not None:
         evidence.append(
-            f"{kl_key}: at most {kl_most[0]:.3g}× its median before (step {kl_most[1]}; a spike is "
-            f"{dlcheck.setting('kl_spike'):g}×)"
+            f"{kl_key}: at most {kl_most[0]:.3g}× its baseline before (step {kl_most[1]}: {kl_most[2]:.3g} against "
+            + (
+                f"the median {kl_most[3]:.3g}"
+                if kl_most[3] > 1e-3
+                else "the floor 1e-3 (the median before is below it: a KL that small is no spike)"
+            )
+            + f"; a spike is {dlcheck.setting('kl_spike'):g}×)"
         )
     if len_least is not None:
         evidence.append(

@@ -97,7 +97,7 @@ def test_reward_hacking_signature_in_a_run_log(project, tmp_path_factory):
         [
             "10 logged steps of dlcheck_train_log: reward * -> *; largest one-step move * spreads (step *; a jump "
             "is ±5), none together with a KL spike or a length collapse",
-            "kl: at most *× its median before (step *; a spike is 10×)",
+            "kl: at most *× its baseline before (step *: * against the *; a spike is 10×)",
             "completions/mean_length: at least *× its median before (step *; a collapse is below 0.5×)",
         ]
     )
@@ -222,3 +222,15 @@ def test_an_sb3_run_is_read_from_its_logger(project):
         "read (outputs: human; name_to_value holds only the 10 value(s) recorded since its last dump): give it a csv "
         "output" in run.skips["stdout"]
     ), run.text
+
+
+def test_a_kl_below_the_floor_is_said_against_the_floor_not_its_median():
+    """CleanRL's approx_kl of 1e-7: the baseline is the floor 1e-3 (a KL that small is no spike), and the evidence
+    says so instead of calling the ratio to the floor a ratio to the median (found blind: '0.000123x its median')."""
+    from pytest_dlcheck import detectors
+
+    watch = detectors.RewardWatch(reward_jump=5.0, kl_spike=10.0, length_collapse=0.5)
+    for step in range(8):
+        watch.add(step, 1.0 + 0.01 * step, kl=1e-7 * (step + 1))
+    ratio, step, kl, baseline = watch.kl_most
+    assert baseline == 1e-3 and kl < 1e-5 and ratio < 0.01
