@@ -101,6 +101,8 @@ def _rank_setup(dlcheck: Any) -> Any:
     # forked ranks share this process's objects, and the user's epoch loop after a resume goes with them
     if "resume_loader" in vars(original):
         setup.resume_loader = original.resume_loader
+    if "start_epoch" in vars(original):
+        setup.start_epoch = original.start_epoch
     setup.tmp = None
     setup.__dict__.pop("_kept", None)
     if "make_room" in vars(setup):  # the session's (a bound method of its state): nothing of it goes to a rank
@@ -420,12 +422,16 @@ def reference_grads(setup: Any, init: dict[str, Any], batch: Any) -> dict[str, A
     import torch
 
     from ...guard import preserved_rng
+    from .launch import unwrap
 
     with preserved_rng():
         state = setup.state()
         model = state["model"]
+        # named as the ranks name them: the module inside a wrapper the factory applies (Lightning Fabric's
+        # fabric.setup returns a _FabricModule, whose own names carry _forward_module.)
+        inner = unwrap(model)
         with torch.no_grad():
-            for n, p in model.named_parameters():
+            for n, p in inner.named_parameters():
                 if n in init:
                     p.copy_(init[n].to(p.device))
         from ..shared.dropout import quiet_dropout
@@ -433,7 +439,7 @@ def reference_grads(setup: Any, init: dict[str, Any], batch: Any) -> dict[str, A
         quiet_dropout(model)  # layers and the float attention-dropout attributes (fresh objects: nothing to put back)
         model.train()
         loss = setup.loss_of(model, batch)
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        named = [(n, p) for n, p in inner.named_parameters() if p.requires_grad]
         grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
     return {n: g.detach().cpu() for (n, _), g in zip(named, grads) if g is not None}
 

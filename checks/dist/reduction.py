@@ -117,7 +117,13 @@ def check_step_equals_single_process(dlcheck):
         )
     got = measure.compare(grads[0], ref)
     if got is None:
-        dlcheck.skip("the gradients are zero or not finite: nothing to compare")
+        common = [n for n in grads[0] if n in ref and grads[0][n].shape == ref[n].shape]
+        dlcheck.skip(
+            "the gradients are zero or not finite: nothing to compare"
+            if common
+            else f"no parameter of the ranks' gradients ({', '.join(list(grads[0])[:3])}, …) is one of the "
+            f"single-process model's ({', '.join(list(ref)[:3]) or 'none'}, …) by name and shape: nothing to compare"
+        )
     rel, cos, ratio = got
     rtol = dlcheck.setting("rtol")
     rows = sum(measure.batch_rows(b) or 0 for b in batches)

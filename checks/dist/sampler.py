@@ -268,7 +268,10 @@ def check_sampler_shards(dlcheck):
         notes.append("reshuffling not judged: define fixture dlcheck_start_epoch (the top of your epoch loop)")
         dlcheck.not_judged("reshuffling", "define fixture dlcheck_start_epoch (the top of your epoch loop)")
     elif info["shuffle"] is False:
-        notes.append("the sampler does not shuffle (shuffle=False): the same order every epoch, by design")
+        notes.append(
+            "the sampler does not shuffle (shuffle=False): every epoch repeats one order on every rank; whether your "
+            "training needs it reshuffled is T7's to judge, in one process (it reads dlcheck_num_epochs)"
+        )
     elif all(i is not None for i in idx1):
         if all(a == b for a, b in zip(idx0, idx1)):
             dlcheck.fail(
