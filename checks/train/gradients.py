@@ -11,9 +11,10 @@ import torch
 from ...errors import MISSING
 from ...guard import preserved_rng
 from ...registry import Setting, check
+from ...session import made_up
 from ...training import modes, probe, run_or_skip
 from ...training.loop import trained_modules
-from ...training.runs import NotTheBatch, Trajectory, model_call, unwrap_prepared
+from ...training.runs import NotTheBatch, Trajectory, model_call, unwrap_prepared, with_field
 from ..shared.targets import optimizer_held, weight_copies
 
 
@@ -378,9 +379,9 @@ def check_gradients(dlcheck):
         first = next(iter(built_in))
         built_note = (
             f"; {len(built_in)} get an exactly zero gradient a step away too, by the model's own construction: their "
-            f"module's input is exactly zero on every example, fed by installed library code ({first}: "
-            f"{built_in[first]}; DETR's decoder starts its object queries at zero, so its first layer's value "
-            "projection never trains): not your training's doing, and allowed"
+            f"module's input is exactly zero on every example, with the batch's float inputs as they are and made "
+            f"up at random alike, fed by installed library code ({first}: {built_in[first]}; as in DETR, whose "
+            "decoder starts its object queries at zero): not your training's doing, and allowed"
         )
         zero = [n for n in zero if n not in built_in]
     zero_note = (
@@ -556,10 +557,17 @@ def _zero_input_by_construction(fresh: Any, batch: Any, names: list[str], dlchec
 
         return hook
 
+    # the batch's own float inputs once more, made up (random values of their shapes): a zero that follows the
+    # data (all-zero features, black images) is the pipeline's, and it is not explained
+    other = _other_float_inputs(batch)
     handles = [modules[o].register_forward_pre_hook(pre(o), with_kwargs=True) for o in set(owners.values())]
     try:
         with modes(model, train=True), torch.no_grad(), preserved_rng():
             run_or_skip(dlcheck, lambda: fresh.loss(batch))
+            if other is None:
+                return {}
+            with made_up("the batch with its float inputs replaced by random values"):
+                run_or_skip(dlcheck, lambda: fresh.loss(other))
     finally:
         for h in handles:
             h.remove()
@@ -568,6 +576,33 @@ def _zero_input_by_construction(fresh: Any, batch: Any, names: list[str], dlchec
         for n, o in owners.items()
         if zero_inputs.get(o)
     }
+
+
+def _other_float_inputs(batch: Any) -> Any:
+    """``batch`` with its float inputs replaced by standard-normal values of their shapes: a mapping's top-level
+    float tensors other than its targets (``labels``, ``targets``...), an ``(inputs, targets, ...)`` sequence's
+    first element, or a float tensor batch; None when there is no float input."""
+    from collections.abc import Mapping
+
+    def noise(x: torch.Tensor) -> torch.Tensor:
+        g = torch.Generator().manual_seed(x.numel())
+        return torch.randn(x.shape, generator=g, dtype=torch.float32).to(dtype=x.dtype, device=x.device)
+
+    def is_input(x: Any) -> bool:
+        return isinstance(x, torch.Tensor) and x.is_floating_point()
+
+    if is_input(batch):
+        return noise(batch)
+    if isinstance(batch, Mapping):
+        out, found = batch, False
+        for k, v in batch.items():
+            if is_input(v) and not any(w in str(k).lower() for w in ("label", "target")):
+                out, found = with_field(out, k, noise(v)), True
+        return out if found else None
+    if isinstance(batch, (list, tuple)) and batch and is_input(batch[0]) and not hasattr(batch, "_fields"):
+        rest = list(batch[1:])
+        return [noise(batch[0]), *rest] if isinstance(batch, list) else (noise(batch[0]), *rest)
+    return None
 
 
 #: calls of the user's step T3 makes at most to see every trainable parameter reached (a GAN that updates its

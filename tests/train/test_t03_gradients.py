@@ -461,3 +461,19 @@ def test_a_weight_a_library_model_feeds_zeros_by_construction_passes_naming_it(p
     text = " ".join(run.text.split())
     assert "by the model's own construction: their module's input is exactly zero on every example" in text, text
     assert "model.decoder.layers.0.self_attn.v_proj.weight" in text
+
+
+def test_a_zero_input_that_follows_the_data_is_not_excused_as_the_models_construction(project):
+    """Found in review: all-zero input features (a loading bug) feed the first Linear of a library Sequential exact
+    zeros; every module on the way is installed code, yet the zero is the data's: with the batch's float inputs made
+    up at random the input is no longer zero, so T3 fails as before."""
+    source = ONE_COLUMN.format(loss="F.mse_loss(model(x), y)").replace(
+        "model = nn.Linear(20, 1)", "model = nn.Sequential(nn.Linear(20, 8), nn.Tanh(), nn.Linear(8, 1))"
+    )
+    source = source.replace("TensorDataset(torch.rand(64, 20, generator=g),", "TensorDataset(torch.zeros(64, 20),")
+    assert "torch.zeros(64, 20)" in source
+    project.conftest(source)
+    run = project.run("--dlcheck=T3", "-rA")
+    run.assert_outcome("T3", "failed")
+    text = " ".join(run.text.split())
+    assert "0.weight" in text and "by the model's own construction" not in text, text
