@@ -42,23 +42,6 @@ def _inputs(model: Any, batch: Any) -> tuple[Any, Any, Any]:
             return leaf
 
         return batch, holder, emb.register_forward_hook(hook)
-    ids = _token_ids(batch)
-    embeddings = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)] if ids is not None else []
-    if embeddings:
-        # a model without get_input_embeddings (nanoGPT's wte, llama2.c's tok_embeddings): the embedding that
-        # receives the batch's token ids is differentiated at its output
-        found: dict[str, torch.Tensor] = {}
-
-        def on_ids(mod, args, out):
-            given = args[0] if args else None
-            if "x" not in found and isinstance(given, torch.Tensor) and given.shape == ids.shape:
-                if torch.equal(given, ids):
-                    leaf = out.detach().requires_grad_(True)
-                    found["x"] = leaf
-                    return leaf
-            return None
-
-        return batch, found, _Handles([m.register_forward_hook(on_ids) for m in embeddings])
     if (
         isinstance(batch, (list, tuple))
         and batch
@@ -82,6 +65,23 @@ def _inputs(model: Any, batch: Any) -> tuple[Any, Any, Any]:
         if key is not None:
             x = batch[key].detach().clone().requires_grad_(True)
             return with_field(batch, key, x), {"x": x}, None
+    ids = _token_ids(batch)
+    embeddings = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)] if ids is not None else []
+    if embeddings:
+        # a model without get_input_embeddings (nanoGPT's wte, llama2.c's tok_embeddings): the embedding that
+        # receives the batch's token ids is differentiated at its output
+        found: dict[str, Any] = {"_embedding": True}
+
+        def on_ids(mod, args, out):
+            given = args[0] if args else None
+            if "x" not in found and isinstance(given, torch.Tensor) and given.shape == ids.shape:
+                if torch.equal(given, ids):
+                    leaf = out.detach().requires_grad_(True)
+                    found["x"] = leaf
+                    return leaf
+            return None
+
+        return batch, found, _Handles([m.register_forward_hook(on_ids) for m in embeddings])
     return batch, None, None
 
 
@@ -315,6 +315,11 @@ def check_batch_independence(dlcheck):
             if handle is not None:
                 handle.remove()
         x = holder.get("x")
+        if x is None and holder.get("_embedding"):
+            dlcheck.skip(
+                f"no nn.Embedding of the model received the batch's token ids ({describe_batch(batch)}): T4 found no "
+                "input to differentiate against"
+            )
         if out is None or x is None or out.shape[0] != size:
             dlcheck.skip(
                 f"the model's output is not batch-first ({None if out is None else tuple(out.shape)} for {size} examples)"
