@@ -47,7 +47,20 @@ def _selections(dlcheck, recs: list[dict], head: str, pad: int, world: int) -> s
     select. Fails when the ranks share examples beyond the padding; returns what it measured, or None when every
     rank selects alike (the indices are then the examples, as judged by the caller)."""
     views = [r.get("resolved") for r in recs]
-    if not all(views) or len({v["digest"] for v in views}) == 1:
+    if not all(views):
+        return None
+    if not all("digest" in v for v in views):
+        probes = [v.get("probe") for v in views]
+        if None not in probes and len(set(probes)) > 1:
+            dlcheck.skip(
+                "not judged: the ranks' datasets hold other examples at the same positions (examples 0, n/2 and n-1 "
+                "fetched at one seed differ between the ranks: each rank builds its own shard, e.g. datasets' "
+                "shard(num_shards, index) or a file list per rank), so the sampler's indices name different "
+                "examples on each rank, and this selection is not one D3 resolves (a Subset, a datasets "
+                "select/shuffle/split)"
+            )
+        return None
+    if len({v["digest"] for v in views}) == 1:
         return None
     if len({v["base_len"] for v in views}) > 1 or None in {v["base_len"] for v in views}:
         dlcheck.skip(

@@ -445,6 +445,17 @@ def test_a_dataset_presharded_by_rank_passes_d3_without_a_distributed_sampler(pr
     _no_leftover_process()
 
 
+def test_a_datasets_shard_per_rank_is_not_compared_by_position(project):
+    # found in review: ds.shard(world, rank) keeps no indices; D3 compared positions and said the ranks share 16
+    # examples, while each rank holds its own
+    project.conftest(td.project(loader="loader_hf_shard_per_rank", save=None, load=None))
+    run = project.run("--dlcheck=D3", "-rA")
+    run.assert_outcome("D3", "skipped")
+    text = _flat(run.text)
+    assert "the ranks' datasets hold other examples at the same positions" in text, text
+    _no_leftover_process()
+
+
 def test_a_loss_averaged_over_the_ranks_once_more_fails_d2_on_its_length(project):
     # no clipping: the gradient points the right way but is 1/2 as long, judged
     project.conftest(td.project(step="step_averaged_over_ranks_again", save=None, load=None))

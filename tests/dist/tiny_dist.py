@@ -401,6 +401,16 @@ def loader_presharded_by_rank():
     return DataLoader(mine, batch_size=2, shuffle=True)
 
 
+def loader_hf_shard_per_rank():
+    """Each rank its own contiguous shard of a datasets.Dataset (ds.shard(world, rank)), no DistributedSampler: the
+    shard slices the table and keeps no indices to resolve; the ranks' positions name different examples."""
+    from datasets import Dataset
+
+    rows = [Prompts()[i] for i in range(N)]
+    ds = Dataset.from_dict({k: [r[k].tolist() for r in rows] for k in rows[0]}).with_format("torch")
+    return DataLoader(ds.shard(dist.get_world_size(), dist.get_rank(), contiguous=True), batch_size=2, shuffle=True)
+
+
 def step_global_tokens_no_clip(state, batch, index):
     """Correct, without gradient clipping: the sum of token losses over the global supervised token count, times
     the world size (DDP divides by it again)."""
