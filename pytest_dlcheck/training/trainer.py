@@ -207,7 +207,9 @@ class TrainerSetup:
         ``get_train_dataloader()``, not a plain loader's over its collator and dataset."""
         from transformers import Trainer
 
-        return type(self.trainer).get_train_dataloader is not Trainer.get_train_dataloader
+        # only for a trainer that generates inside its step: another subclass's loader may do work of its own when
+        # built (an older DPOTrainer's precompute_ref_log_probs passes over the whole train set)
+        return self.generates and type(self.trainer).get_train_dataloader is not Trainer.get_train_dataloader
 
     def fresh(self) -> Fresh:
         clone = self.clone("fresh")
