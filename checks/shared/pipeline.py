@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 
+from ...guard import preserved_rng
 from ...session import made_up
 from ...training import (
+    SEED,
     ModuleSnapshot,
     describe_batch,
     eval_loss,
@@ -23,6 +25,7 @@ from ...training import (
     fresh_probe,
     output_tensor,
     run_or_skip,
+    seed_all,
     targets_of,
     training_batches,
     with_field,
@@ -38,7 +41,8 @@ class StepProbe:
     loss: float
     #: the shape of the model's output at its first call inside the loss, None when the loss never calls it
     forward_out: tuple[int, ...] | None
-    #: the loss with the batch's integer labels shuffled among its examples, None when it has none to shuffle
+    #: the loss with the batch's integer labels shuffled among its examples, None when it has none to shuffle (both
+    #: losses from the same seeded random state)
     shuffled_loss: float | None
     targets: str
     describe: str
@@ -94,16 +98,24 @@ def step_probe(ctx: Any) -> StepProbe | None:
             hook(model, args, out)
             return out
 
+        def seeded_loss(b: Any) -> float:
+            # the same random draws for either batch: a loss that samples in eval mode too (a VAE's
+            # reparameterisation noise, torch.randn_like in its forward) differs between two calls by its noise
+            # alone, which is not reading the labels
+            with preserved_rng():
+                seed_all(SEED)
+                # eval conditions; a detector's losses exist in train mode only, where its pipeline computes them
+                return float(run_or_skip(ctx, lambda: eval_loss(model, lambda: fresh.loss(b))))
+
         put_forward(model, spy)
         try:
-            # eval conditions; a detector's losses exist in train mode only, where its pipeline computes them
-            loss = float(run_or_skip(ctx, lambda: eval_loss(model, lambda: fresh.loss(batch))))
+            loss = seeded_loss(batch)
             handle.remove()
             shuffled = _shuffled(batch)
             other = None
             if shuffled is not None:
                 with made_up("the batch with its labels shuffled among its examples"):
-                    other = float(run_or_skip(ctx, lambda: eval_loss(model, lambda: fresh.loss(shuffled))))
+                    other = seeded_loss(shuffled)
         finally:
             handle.remove()
             restore_forward(model, ABSENT if own is _NONE else own)
@@ -115,7 +127,8 @@ def step_probe(ctx: Any) -> StepProbe | None:
 
 def labels_unused(ctx: Any) -> str | None:
     """Why the batch's labels are not trained on (the training's own loss is the same, to the bit, with them
-    shuffled among the batch's examples: an autoencoder's reconstruction loss), or None (they are, or it
+    shuffled among the batch's examples, both computed from the same seeded random state: an autoencoder's
+    reconstruction loss, a VAE's that draws its reparameterisation noise in eval mode too), or None (they are, or it
     cannot be told: no training given, no integer labels with two distinct values)."""
     try:
         probe = step_probe(ctx)
@@ -125,7 +138,8 @@ def labels_unused(ctx: Any) -> str | None:
         return None
     return (
         f"the training's loss ({probe.describe}) does not read the batch's labels ({probe.targets}): it is "
-        f"{probe.loss:.6g} with them and the same with them shuffled among the batch's examples"
+        f"{probe.loss:.6g} with them and the same, to the bit, with them shuffled among the batch's examples (both "
+        "from the same seeded random state)"
     )
 
 

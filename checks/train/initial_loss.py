@@ -111,7 +111,7 @@ def check_initial_loss(dlcheck):
         whose forward needs fields the batches lack (a denoiser that your loss calls): it is not called on
         the batch. A training whose loss does not read the batch's labels (an autoencoder's reconstruction
         loss on (images, labels) batches: its loss is the same, to the bit, with the labels shuffled among the
-        batch's examples).
+        batch's examples, both computed from the same random state: a VAE that draws its noise in eval mode too).
     """
     trainer = dlcheck.role("trainer")
     if trainer is not MISSING and (is_preference(trainer) or is_grpo(trainer)):

@@ -271,8 +271,8 @@ def check_boxes_labels(dlcheck):
     Not applicable
         Segmentation (V5 judges mask values), data without targets (a diffusion or self-supervised
         training), vision-language batches (token targets), and data without images; a training whose loss does
-        not read the labels the batches carry (an autoencoder: its loss is the same with them shuffled among the
-        batch's examples).
+        not read the labels the batches carry (an autoencoder, a VAE: its loss is the same, to the bit, with them
+        shuffled among the batch's examples, both computed from the same random state).
     """
     sample = V.get_vision_sample(dlcheck, "train")
     V.require_task(dlcheck, sample, ("detection", "classification"), "boxes and class ids")

@@ -155,7 +155,8 @@ def check_class_imbalance(dlcheck):
     Not applicable
         Detection and segmentation data, data without targets (a diffusion or self-supervised training),
         vision-language batches, and data without images; a training whose loss does not read the labels
-        the batches carry (an autoencoder: its loss is the same with them shuffled among the batch's examples).
+        the batches carry (an autoencoder, a VAE: its loss is the same, to the bit, with them shuffled among the
+        batch's examples, both computed from the same random state).
     """
     loss_fn, loader = dlcheck.role("loss_fn"), dlcheck.role("dataloader")
     sample = V.get_vision_sample(dlcheck, "train")

@@ -18,7 +18,7 @@ def test_labels_the_autoencoders_loss_never_reads_are_not_judged_as_classes(proj
     run.fnmatch(
         [
             "*V3_*: not applicable: V3 judges class ids against the model's head; the training's loss (*) does not "
-            "read the batch's labels (int64 (8,)): it is * with them and the same with them shuffled among the "
+            "read the batch's labels (int64 (8,)): it is * with them and the same, to the bit, with them shuffled among the "
             "batch's examples*"
         ]
     )
