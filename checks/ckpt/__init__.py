@@ -30,6 +30,21 @@ role(
 )
 
 
+def _cadence(value) -> str | None:
+    if value == "epoch" or (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+        return None
+    return f"is {value!r}, expected 'epoch' or a positive int N (a checkpoint every N optimizer steps)"
+
+
+role(
+    "checkpoint_every",
+    "where your plain or Accelerate loop saves: 'epoch' (only at epoch ends, resuming at the next epoch's start) or "
+    "an int N (every N optimizer steps); C1, C3 and D5 then save there instead of half way through their run "
+    "(an epoch's end: after len(training loader) micro-steps)",
+    expect=_cadence,
+)
+
+
 @applicability("ckpt")
 def concerns_ckpt(ctx) -> str | None:
     """Not applicable to a reinforcement-learning agent with no supervised training, decided from its objects

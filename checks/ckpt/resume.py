@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...errors import MISSING
 from ...registry import Setting, check, load_checks
 from ...training import fresh_probe, get_setup, memo_or_skip, run_or_skip, smoke_baseline
 from ...training.resume import (
@@ -174,9 +175,10 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
         source = f"their state['{probe.key}']" + (
             f" (a {probe.resumed_loader} after the load)" if probe.resumed_loader != probe.loader else ""
         )
+    at = f" ({probe.cadence})" if getattr(probe, "cadence", None) else ""
     drawn = (
         f"the uninterrupted run draws steps 1-{n}{span} from state['{probe.key}'] ({probe.loader}){probe.rest()} and saves "
-        f"after step {k} through {how}; fresh objects loaded by {loaded_by} draw steps {k + 1}-{m} from {source}"
+        f"after step {k}{at} through {how}; fresh objects loaded by {loaded_by} draw steps {k + 1}-{m} from {source}"
     )
     if c.conclusive:
         evidence = [drawn, f"over steps 1-{m}: {counted(c, m, k, whole)}"]
@@ -186,15 +188,42 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
                 "the resumed steps train batches already trained before the save: "
                 + ", ".join(f"step {a} = step {b}'s batch" for a, b in replayed[:4])
             )
+        what = (
+            f"what your loop trains on after the load (dlcheck_resume_dataloader on state['{probe.key}'])"
+            if probe.through_role is not None
+            else f"after the load, state['{probe.key}']"
+        )
+        if getattr(probe, "cadence", None) and setup.checkpoint_every == "epoch":
+            dlcheck.fail(
+                evidence,
+                cause=(
+                    f"the resume does not start the epoch after the saved one: {what} yields examples of the epoch "
+                    "trained before the save ("
+                    + (
+                        "the saved epoch again, in its order: the loop resumes at the saved epoch, not the next one"
+                        if replayed
+                        else "another order of the examples the uninterrupted run's next epoch holds"
+                    )
+                    + "), so the resumed run trains an epoch's examples twice and never reaches as many others"
+                ),
+                fix=(
+                    "resume at the epoch after the saved one: save the epoch just finished and start the loop at "
+                    "checkpoint['epoch'] + 1 (for epoch in range(start_epoch, epochs)), with the sampler's "
+                    "set_epoch(epoch) given that epoch"
+                ),
+            )
+        fix = DATA_FIX[setup.kind].replace("state['dataloader']", f"state['{probe.key}']")
+        if setup.kind in ("loop", "accelerate") and not getattr(probe, "cadence", None):
+            fix += (
+                f" (C1 saved after step {k}, in the middle of an epoch: if your loop checkpoints only at epoch ends, "
+                "say so with dlcheck_checkpoint_every = 'epoch', or = N for a checkpoint every N optimizer steps, "
+                "and C1 saves there)"
+            )
         dlcheck.fail(
             evidence,
             cause=(
                 "the resume does not restore the data position: "
-                + (
-                    f"what your loop trains on after the load (dlcheck_resume_dataloader on state['{probe.key}'])"
-                    if probe.through_role is not None
-                    else f"after the load, state['{probe.key}']"
-                )
+                + what
                 + " does not continue the epoch where the save left it — it yields examples already trained before "
                 "the save ("
                 + (
@@ -204,7 +233,7 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
                 )
                 + "), so the resumed epoch trains some examples twice and never reaches others"
             ),
-            fix=DATA_FIX[setup.kind].replace("state['dataloader']", f"state['{probe.key}']"),
+            fix=fix,
         )
     if c.same and _alike(dlcheck, probe, drawn):
         return []
@@ -229,6 +258,16 @@ def _alike(dlcheck: Any, probe: Any, drawn: str) -> bool:
     distinct = len(set(drawn_all))
     if distinct == len(drawn_all):
         return False
+    if getattr(probe, "cadence", None):
+        # a run saved at the user's cadence spans more than an epoch: an example comes back once per epoch, so the
+        # examples are told apart within the epoch(s) before the save and within the steps after it
+        size = probe.epoch or len(probe.before) or 1
+        epochs = [probe.before[i : i + size] for i in range(0, len(probe.before), size)]
+        parts = [[d for step in part for d in step] for part in (*epochs, probe.expected)]
+        if all(len(set(part)) == len(part) for part in parts):
+            return False
+        drawn_all = max(parts, key=lambda part: len(part) - len(set(part)))
+        distinct = len(set(drawn_all))
     dlcheck.not_judged(
         "data position",
         f"{drawn}: the resumed steps draw batches equal by content to the uninterrupted run's, but the uninterrupted "
@@ -514,6 +553,21 @@ def resume_baseline(dlcheck: Any, setup: Any) -> tuple[int, Any, str]:
     return total, baseline, f"{total} steps" + (" (the shared smoke run)" if smoke is not None else "")
 
 
+def run_end(run: Any, total: int) -> int:
+    """The last step of a resumed run: ``total``, or past it in a run saved at the user's checkpoint cadence."""
+    return max([s.step for s in run.resumed.steps] + [total])
+
+
+def cadence_words(setup: Any) -> str:
+    """`` (the end of epoch 1 of 10 micro-steps, where your loop checkpoints: dlcheck_checkpoint_every = 'epoch')``
+    for a run saved at the user's cadence; empty otherwise."""
+    every = getattr(setup, "checkpoint_every", MISSING)
+    if every is MISSING or setup.kind not in ("loop", "accelerate"):
+        return ""
+    where = "at an epoch's end" if every == "epoch" else f"after an optimizer step that is a multiple of {every}"
+    return f" ({where}, where your loop checkpoints: dlcheck_checkpoint_every = {every!r})"
+
+
 def _plan_lines(setup: Any) -> list[str]:
     """Why C1's own run saved where it did (a trainer's generation cycle), for the evidence."""
     return list(setup.__dict__.get("_resume_lines", []))
@@ -700,6 +754,9 @@ def _fix(setup: Any, missing: list[str], run: Any = None) -> str:
         "save_checkpoint",
         "load_checkpoint",
         "dataloader",
+        "resume_dataloader",
+        "checkpoint_every",
+        "start_epoch",
     ),
     settings=(
         Setting(
@@ -779,6 +836,20 @@ def check_resume(dlcheck):
         plain ``DataLoader`` anew while its batch counter goes on, and the check fails with the examples trained
         twice and never seen. A Trainer that checkpoints at epoch ends only is not concerned (said, no fit run);
         without the Trainer or its checkpoint callbacks, the data position is said not judged.
+        A plain or Accelerate loop says where it saves with ``dlcheck_checkpoint_every``: ``"epoch"`` (a save only
+        at epoch ends, the resume starting the next epoch: mae's ``main_pretrain.py``, pytorch/examples' imagenet
+        and DDP tutorial, torchvision's references, ``--checkpointing_steps epoch``) or N (every N optimizer
+        steps). C1 (and C3, which resumes the same runs, and D5's data position) then saves right after the last
+        micro-step of the first epoch of ``len(training loader)`` micro-steps, or after the first optimizer step
+        that is a multiple of N, at or past half way (else the first such point), and trains ``steps - steps // 2``
+        micro-steps more; in the data-position runs ``dlcheck_start_epoch`` is called at the top of every epoch,
+        and after the load the next epoch is drawn from what ``dlcheck_resume_dataloader`` returns (given
+        ``resumed_step=0``; it sees your own epoch counter as your load left it) or from the loader as your load
+        leaves it. A resume that starts the saved epoch again trains its batches a second time and fails with
+        the counts. The save point is looked for within ``max(2 x steps, 64)`` micro-steps: an epoch longer than
+        that, a loader without a length, or no multiple of N in reach leaves the resume not judged at your
+        cadence (the check skips, saying why: a save elsewhere would not be yours). Without the role, a plain or
+        Accelerate loop is saved half way, in the middle of an epoch, and a data-position failure names the role.
     Why it is bad
         A resume that restores the weights only is a different run: Adam restarts with zero moments (a
         jolt of large updates), the LR schedule starts over (warmup again, or no decay), an EMA starts anew.
@@ -887,10 +958,13 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
         losses = ", ".join(f"step {s.step}: {s.loss:.6g}" for s in after[:4] if s.loss is not None)
         what = compared(run)
         emas = _ema_lines(run) + _callback_lines(run)
+        end = run_end(run, total)
+        if end != total:  # a run as long as the user's checkpoint cadence needs (dlcheck_checkpoint_every)
+            label = f"{end} steps"
         dlcheck.measured(
-            f"{label}, saved after step {run.saved_at} through {how}, resumed on fresh objects: the "
-            f"{', '.join(what) or 'steps'} of steps {run.saved_at + 1}-{total} equal the uninterrupted run's, "
-            "bitwise",
+            f"{label}, saved after step {run.saved_at}{cadence_words(setup)} through {how}, resumed on fresh "
+            f"objects: the {', '.join(what) or 'steps'} of steps {run.saved_at + 1}-{end} equal the uninterrupted "
+            "run's, bitwise",
             *([f"resumed losses: {losses}"] if losses else []),
             *emas,
             *data_lines,

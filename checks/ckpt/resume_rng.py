@@ -6,7 +6,16 @@ from ...errors import MISSING, RoleError
 from ...registry import check
 from ...training import get_setup, run_or_skip
 from ...training.resume import GLOBAL_ONLY, OTHER_RNG, OWN_ONLY, ResumeRun
-from .resume import compared, how_saved, release_after, resume_baseline, resume_run, shared_resume
+from .resume import (
+    cadence_words,
+    compared,
+    how_saved,
+    release_after,
+    resume_baseline,
+    resume_run,
+    run_end,
+    shared_resume,
+)
 
 
 def _versus(reference: ResumeRun, other: ResumeRun) -> tuple[int, str] | None:
@@ -137,8 +146,11 @@ def _rng_verdict(dlcheck: Any, setup: Any) -> None:
     except RoleError as exc:  # root cause first: a resume that raises is C1's finding
         dlcheck.skip(f"the resume itself fails, before any random draw can be compared (C1 reports it): {exc}")
     how = how_saved(setup, put)
-    head = f"{label}, saved after step {put.saved_at} through {how}, resumed on fresh objects"
-    steps = f"steps {put.saved_at + 1}-{total}"
+    end = run_end(put, total)
+    if end != total:  # a run as long as the user's checkpoint cadence needs (dlcheck_checkpoint_every)
+        label = f"{end} steps"
+    head = f"{label}, saved after step {put.saved_at}{cadence_words(setup)} through {how}, resumed on fresh objects"
+    steps = f"steps {put.saved_at + 1}-{end}"
     differ = _versus(put, own)
     if differ is None:
         drawn = put.resumed.notes.get("rng_drawn")

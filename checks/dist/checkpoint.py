@@ -190,7 +190,8 @@ def _data_position(dlcheck, run, kind: str | None) -> list[str]:
     )
     drawn = (
         f"on each of {run.world} ranks the uninterrupted run draws steps 1-{n}{span} from state['{first.key}'] "
-        f"({first.loader}){first.rest()} and saves after step {k} through dlcheck_save_checkpoint (one path for every rank); "
+        f"({first.loader}){first.rest()} and saves after step {k}{f' ({first.cadence})' if first.cadence else ''} "
+        "through dlcheck_save_checkpoint (one path for every rank); "
         f"fresh objects loaded by dlcheck_load_checkpoint draw steps {k + 1}-{m} from {source}"
     )
     if c.conclusive:
@@ -205,6 +206,21 @@ def _data_position(dlcheck, run, kind: str | None) -> list[str]:
                 "some examples twice and never reaches others"
             )
             fix += "; on every rank, with the shuffle of the uninterrupted epoch (the sampler's seed and set_epoch)"
+            if first.cadence and "epoch" in first.cadence:
+                cause = (
+                    "does not start the epoch after the saved one: it yields examples of the epoch trained before the "
+                    "save (the loop resumes at the saved epoch, not the next one), so the resumed run trains an "
+                    "epoch's examples twice"
+                )
+                fix = (
+                    "resume at the epoch after the saved one: start the loop at checkpoint['epoch'] + 1, with the "
+                    "sampler's set_epoch(epoch) given that epoch"
+                )
+            elif not first.cadence:
+                fix += (
+                    f" (D5 saved after step {k}, in the middle of an epoch: if your loop checkpoints only at epoch "
+                    "ends, say so with dlcheck_checkpoint_every = 'epoch')"
+                )
         else:
             cause = (
                 "skips past batches it never trained: the resumed ranks train fewer examples than the uninterrupted "
@@ -246,7 +262,9 @@ def _data_position(dlcheck, run, kind: str | None) -> list[str]:
     title="every rank writes the checkpoint, a rank cannot load it, it is tied to one world size, or the ranks' resume "
     "loses the data position",
     roles=(),
-    optional_roles=tuple(dict.fromkeys((*OPTIONAL, "make_training", "save_checkpoint", "load_checkpoint"))),
+    optional_roles=tuple(
+        dict.fromkeys((*OPTIONAL, "make_training", "save_checkpoint", "load_checkpoint", "checkpoint_every"))
+    ),
 )
 def check_distributed_checkpoint(dlcheck):
     """A checkpoint is written once (by rank 0, or by one collective save), loads on every rank, and a sharded
@@ -306,7 +324,10 @@ def check_distributed_checkpoint(dlcheck):
         runs on CPU with gloo too, but its flat parameter is each rank's own shard: the dist checks skip it,
         naming FSDP1. The data position is judged only when the training dict holds the loader and your load
         replaces or restores it (else the pass says it was not judged); ``dlcheck_resume_dataloader`` is used in
-        the ranks when they are forked (not under ``spawn``, where a conftest's lambda need not pickle).
+        the ranks when they are forked (not under ``spawn``, where a conftest's lambda need not pickle). With
+        ``dlcheck_checkpoint_every`` ("epoch", or N optimizer steps) each rank saves where your loop saves, as C1
+        does (an epoch's end: a resume that starts the saved epoch again fails); without it the save is half way
+        through each rank's epoch, and a failure names the role.
     Not applicable
         Training that does not run distributed (no ``dlcheck_dist_wrap``).
     """

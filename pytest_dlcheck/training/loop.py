@@ -98,6 +98,8 @@ class LoopSetup:
         load: Any,
         tmp: Any,
         resume_loader: Any = MISSING,
+        checkpoint_every: Any = MISSING,
+        start_epoch: Any = MISSING,
     ):
         self.make_training = make_training
         self.train_step = train_step
@@ -109,6 +111,12 @@ class LoopSetup:
         self.tmp = tmp
         #: ``dlcheck_resume_dataloader``: what the user's epoch loop trains on after a resume (the data position)
         self.resume_loader = resume_loader
+        #: ``dlcheck_checkpoint_every``: where the user's loop saves ("epoch", or every N optimizer steps); C1's
+        #: runs save there instead of half way
+        self.checkpoint_every = checkpoint_every
+        #: ``dlcheck_start_epoch``: the top of the user's epoch loop, called at each epoch's start of C1's data
+        #: runs when the loop checkpoints at epoch ends
+        self.start_epoch = start_epoch
         self.name = "dlcheck_make_training"
         self._batches: list[Any] = []
         #: lets the session's spares go (the probe, the smoke run's trained objects): get_setup sets it
@@ -119,11 +127,13 @@ class LoopSetup:
         in this process (a lambda of a conftest need not pickle)."""
         state = dict(self.__dict__)
         state.pop("resume_loader", None)
+        state.pop("start_epoch", None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.resume_loader = MISSING
+        self.start_epoch = MISSING
 
     @property
     def sources(self) -> Any:
@@ -443,7 +453,8 @@ class LoopSetup:
 
     def resume(self, total: int, restore: frozenset[str] = frozenset(), baseline: Baseline | None = None) -> ResumeRun:
         """Run ``total`` micro-steps, saving with the user's save function after the first optimizer step
-        at or past half way (or take ``baseline``, the smoke run that saved); fresh objects from the factory
+        at or past half way (or where ``dlcheck_checkpoint_every`` says the user's loop saves, the run then as long
+        as that needs; or take ``baseline``, the smoke run that saved); fresh objects from the factory
         load it with the user's load function (the global RNGs first moved elsewhere, as in a new process)
         and continue on the same batches."""
         if not self.can_resume():
@@ -517,7 +528,10 @@ class LoopSetup:
         """The data position across a save and a resume, drawn from the user's own data path: the loader the
         factory's training dict holds (:func:`loader_key`). Fresh objects train ``total`` micro-steps on
         batches drawn from their ``state[key]`` (a new epoch when it runs out, as a loop's epochs do), saved
-        with the user's save after the first optimizer step at or past half way; other fresh objects, loaded
+        with the user's save after the first optimizer step at or past half way (with ``dlcheck_checkpoint_every``:
+        at the user's cadence, :meth:`_uninterrupted_at_cadence`, the next epoch after an epoch-end save started by
+        ``dlcheck_start_epoch`` and drawn from what the load or ``dlcheck_resume_dataloader`` hands over); other
+        fresh objects, loaded
         by the user's load, draw the remaining steps from their own ``state[key]`` (the one the load left
         there: ``accelerator.skip_first_batches(...)`` or a restored stateful loader). When the epoch is longer
         than ``total`` (and at most :data:`~.resume.EPOCH_DRAWS` batches), both runs draw on to its end without
@@ -550,27 +564,66 @@ class LoopSetup:
             return DataResume(key, name, name, 0, 0, epoch, [], [], [], not_seen=DEFAULT_LOAD)
         snapshot = _loader_state(loader)
         traj, drawn = Trajectory(), []
-        saving = _Saving(self, state, traj, total, total // 2, path=path)
-        reach = epoch_reach(epoch, total)
+        every = self.checkpoint_every
+        starts = self._epoch_starts(state) if every == "epoch" else None
+        if every is MISSING:
+            saving = _Saving(self, state, traj, total, total // 2, path=path)
+            reach, limit, stop = epoch_reach(epoch, total), total, None
+        else:
+            # the save where the user's loop saves (its epoch end, every N optimizer steps), then as many resumed
+            # steps as C1 compares; the epoch after the save is not drawn to its end (a resumed loop that starts
+            # the next epoch draws it anew, its order the loop's own)
+            half, after = max(1, total // 2), total - total // 2
+            bound = cadence_bound(total)
+            if every == "epoch" and (epoch is None or epoch * max(1, -(-half // epoch)) > bound):
+                if build is None:
+                    self.keep(state)
+                else:
+                    release_training_memory(state)
+                why = (
+                    "your training loader has no length, so an epoch's end is not known"
+                    if epoch is None
+                    else epoch_too_long(epoch, epoch * max(1, -(-half // epoch)), bound, total)
+                )
+                raise SetupError(off_cadence(every, why))
+            limit = bound + after
+            saving = _Saving(self, state, traj, limit, half, path=path, every=(every, epoch), after=after)
+            reach, stop = limit, saving.done
         with preserved_rng():
             seed_all(SEED)
-            draws = _draws(lambda: state[key], 0, reach, drawn)
-            self.run(state, itertools.islice(draws, total), 0, traj, after=saving, planned=total)
-            # the rest of the epoch drawn without training: every example of it known by content, so that the
-            # examples of a resumed epoch drawn anew are recognised wherever the uninterrupted epoch has them
-            for _ in draws:
-                pass
+            draws = _draws(lambda: state[key], 0, reach, drawn, starts=starts)
+            self.run(state, itertools.islice(draws, limit), 0, traj, after=saving, stop=stop, planned=limit)
+            if every is MISSING:
+                # the rest of the epoch drawn without training: every example of it known by content, so that the
+                # examples of a resumed epoch drawn anew are recognised wherever the uninterrupted epoch has them
+                for _ in draws:
+                    pass
         saved_at = saving.truth.get("_saved_at")
         trained = len(traj.steps)
-        reach = max(trained, len(drawn)) if reach > total else trained
+        reach = max(trained, len(drawn)) if reach > total and every is MISSING else trained
         release_training_memory(state)
         state = None
+        if every is not MISSING and (saved_at is None or not saving.done()):
+            raise SetupError(
+                off_cadence(
+                    every,
+                    traj.notes.get("plan_end")
+                    or f"no {cadence_point(every)} within the first {cadence_bound(total)} micro-steps of the run "
+                    f"drawn from your loader (the most C1 trains before its save: max(2 x C1.steps, {CADENCE_STEPS}))",
+                )
+            )
         if saved_at is None or saved_at >= trained:
             raise NoStepToSaveAfter(
                 f"no optimizer step happened between micro-steps {total // 2} and {total - 1} of the run drawn from "
                 "your loader to save after (raise C1.steps above your gradient accumulation)"
             )
         result = DataResume(key, "", "", trained, saved_at, epoch, drawn[:saved_at], drawn[saved_at:reach], [])
+        if every is not MISSING:
+            result.cadence = (
+                f"the end of epoch {saved_at // epoch}"
+                if every == "epoch" and epoch
+                else f"optimizer step {saving.saved_opt}"
+            ) + f", where your loop checkpoints: {cadence_words(every)}"
         fresh = new_state()
         result.loader = type(fresh[key]).__name__
         if fresh.get(key) is loader:  # one loader shared by every call of the factory: its state put back
@@ -600,22 +653,45 @@ class LoopSetup:
             result.resumed_loader = type(fresh[key]).__name__
             touched = fresh[key] is not held or bool(loads) or not _same_state(held_state, _loader_state(held))
             first = None
+            resumed_starts = None
+            if every == "epoch" and epoch:
+                # the save was at an epoch's end: the resumed loop starts the next epoch at the top of its epoch loop
+                # (dlcheck_start_epoch, given the epoch's index in the run), then trains on what your loop makes of
+                # the loader after the load (dlcheck_resume_dataloader, which sees your own epoch counter), or on
+                # the loader as your load leaves it, as a loop does at an epoch's start
+                resumed_starts = self._epoch_starts(fresh, saved_at // epoch)
+                if self.resume_loader is not MISSING:
+                    seed_all(DRAW_SEED + saved_at)
+                    next(resumed_starts)
             if self.resume_loader is not MISSING:
                 result.resumed_step = saved_at % epoch if epoch else saved_at
                 first = user_call(
                     "resume_dataloader", lambda: self.resume_loader(fresh, fresh[key], result.resumed_step)
                 )
                 result.through_role = type(first).__name__
-            elif not touched:
+            elif not touched and resumed_starts is None:
                 result.not_seen = UNTOUCHED.format(key=key)
                 release_training_memory(fresh)
                 return result
-            for _ in _draws(lambda: fresh[key], saved_at, reach - saved_at, result.resumed, first=first):
+            for _ in _draws(
+                lambda: fresh[key], saved_at, reach - saved_at, result.resumed, first=first, starts=resumed_starts
+            ):
                 pass
         if any(d is None for d in result.before + result.expected + result.resumed):
             result.unreadable = "a batch holds no tensor with a batch dimension to tell its examples apart"
         release_training_memory(fresh)
         return result
+
+    def _epoch_starts(self, state: dict[str, Any], epoch: int = 0) -> Iterator[None]:
+        """The top of the user's epoch loop, once per epoch from ``epoch`` on: ``dlcheck_start_epoch(state,
+        state[key], epoch)`` when given (nothing otherwise)."""
+        key = loader_key(state)
+        while True:
+            if self.start_epoch is not MISSING and key is not None:
+                n = epoch
+                user_call("start_epoch", lambda: self.start_epoch(state, state[key], n))
+            epoch += 1
+            yield
 
     def data_rng(self) -> tuple[str, list[str]] | None:
         """Whether the user's data path draws from the global RNGs: the first batches of the training loader
@@ -664,7 +740,10 @@ class LoopSetup:
     def _uninterrupted_past_accumulation(self, total: int) -> tuple[int, Baseline]:
         """(run length, baseline) of the uninterrupted run: ``total`` micro-steps, doubled (up to
         :data:`_ACCUMULATION_LIMIT`) while a gradient accumulation leaves no optimizer step in the second half to
-        save after, as a loop saves only after one."""
+        save after, as a loop saves only after one. With ``dlcheck_checkpoint_every``, the run saves where the
+        user's loop does and is as long as that save plus the resumed steps (:meth:`_uninterrupted_at_cadence`)."""
+        if self.checkpoint_every is not MISSING:
+            return self._uninterrupted_at_cadence(total)
         while True:
             try:
                 return total, self._uninterrupted(self.batches(total), total)
@@ -672,6 +751,42 @@ class LoopSetup:
                 if total * 2 > _ACCUMULATION_LIMIT:
                     raise
                 total *= 2
+
+    def _uninterrupted_at_cadence(self, total: int) -> tuple[int, Baseline]:
+        """(run length, baseline) of the uninterrupted run saved where the user's loop saves
+        (``dlcheck_checkpoint_every``): right after the last micro-step of an epoch of the training loader, or after
+        the first optimizer step that is a multiple of N, at or past micro-step ``total // 2`` (else the first such
+        point), then ``total - total // 2`` micro-steps more. A save point past :func:`cadence_bound` is not
+        reached: a SetupError says the resume is not judged at the user's cadence, and why."""
+        state = self.state()
+        every, half, after = self.checkpoint_every, max(1, total // 2), total - total // 2
+        bound = cadence_bound(total)
+        epoch = training_epoch(state, self.loader) if every == "epoch" else None
+        if every == "epoch":
+            if epoch is None:
+                release_training_memory(state)
+                raise SetupError(
+                    off_cadence(every, "your training loader has no length, so an epoch's end is not known")
+                )
+            first = epoch * max(1, -(-half // epoch))
+            if first > bound:
+                release_training_memory(state)
+                raise SetupError(off_cadence(every, epoch_too_long(epoch, first, bound, total)))
+        traj = Trajectory()
+        limit = bound + after
+        saving = _Saving(self, state, traj, limit, half, every=(every, epoch), after=after)
+        with preserved_rng():
+            seed_all(SEED)
+            self.run(state, self._stream(limit), 0, traj, after=saving, stop=saving.done, planned=limit)
+        baseline = saving.baseline()
+        if baseline is None or len(traj.steps) < baseline.truth["_saved_at"] + after:
+            why = traj.notes.get("plan_end") or (
+                f"no {cadence_point(every)} within the first {bound} micro-steps of the run (the most C1 trains "
+                f"before its save: max(2 x C1.steps, {CADENCE_STEPS}))"
+            )
+            release_training_memory(state)
+            raise SetupError(off_cadence(every, why))
+        return len(traj.steps), baseline
 
     def _uninterrupted(self, batches: list[Any], total: int) -> Baseline:
         state = self.state()
@@ -890,21 +1005,28 @@ def _loader_state(loader: Any) -> Any:
         return None
 
 
-def _draws(get: Callable[[], Any], start: int, n: int, out: list[Any], first: Any = None) -> Iterator[Any]:
+def _draws(
+    get: Callable[[], Any], start: int, n: int, out: list[Any], first: Any = None, starts: Iterator[None] | None = None
+) -> Iterator[Any]:
     """Batches ``start .. start+n-1`` of a run drawn from the loader ``get()`` returns (a new epoch when it
     runs out), each with the global RNGs set by its position; the examples of each are written to ``out``.
     ``first``: the iterable the current epoch is drawn from instead (what the user's loop trains on after a
-    resume, ``dlcheck_resume_dataloader``'s), the next epochs from ``get()``."""
+    resume, ``dlcheck_resume_dataloader``'s), the next epochs from ``get()``. ``starts``: advanced once before
+    each epoch drawn from ``get()`` (the top of the user's epoch loop, :meth:`LoopSetup._epoch_starts`)."""
     it = None
     for p in range(start, start + n):
         seed_all(DRAW_SEED + p)
         with _seeded_examples(get()):
             if it is None:
+                if first is None and starts is not None:
+                    next(starts)
                 it = iter(first if first is not None else get())
             try:
                 batch = next(it)
             except StopIteration:
                 seed_all(DRAW_SEED + p)
+                if starts is not None:
+                    next(starts)
                 it = iter(get())
                 try:
                     batch = next(it)
@@ -932,8 +1054,13 @@ class _Saving:
         tolerant=False,
         opt_steps=False,
         path: Path | None = None,
+        every: tuple[Any, int | None] | None = None,
+        after: int = 0,
     ):
         self.setup, self.state, self.traj, self.total, self.save_from = setup, state, traj, total, save_from
+        #: the user's checkpoint cadence (``("epoch", epoch length)`` or ``(N, None)``): the save is made at the
+        #: first such point at or past ``save_from``, and :meth:`done` ends the run ``after`` micro-steps later
+        self.every, self.after = every, after
         self.tolerant, self.truth, self.failed, self.opt_calls = tolerant, {}, False, 0
         #: ``save_from`` counts optimizer steps (the smoke run: save right after optimizer step ``save_from``)
         self.opt_steps = opt_steps
@@ -943,6 +1070,9 @@ class _Saving:
         stepped = self.traj.calls.count("opt") > self.opt_calls
         self.opt_calls = self.traj.calls.count("opt")
         reached = self.opt_calls >= self.save_from if self.opt_steps else self.save_from <= i + 1
+        if reached and self.every is not None:
+            every, epoch = self.every
+            reached = (i + 1) % epoch == 0 if every == "epoch" else self.opt_calls % int(every) == 0
         if "_saved_at" in self.truth:
             self.traj.digests.append((i + 1, digest(self.state["model"])))
         elif not self.failed and reached and i + 1 < self.total and stepped:
@@ -957,6 +1087,11 @@ class _Saving:
                 _saved_truth(self.state, self.setup.tmp.mktemp("dlcheck-truth") / "state.pt", self.setup._step_fn())
             )
             self.truth["_saved_at"] = i + 1
+            self.saved_opt = self.opt_calls  # the optimizer steps made at the save
+
+    def done(self) -> bool:
+        """True once the run has trained ``after`` micro-steps past its save (a run at the user's cadence)."""
+        return "_saved_at" in self.truth and len(self.traj.steps) >= self.truth["_saved_at"] + self.after
 
     def baseline(self) -> Baseline | None:
         if "_saved_at" not in self.truth or self.truth["_saved_at"] >= len(self.traj.steps):
@@ -1049,6 +1184,57 @@ def _fingerprints(model: Any) -> dict[str, str]:
 
 #: the most micro-steps C2 trains between its two saves waiting for the optimizer to step (an accumulation)
 _ACCUMULATION_LIMIT = 64
+
+#: the furthest micro-step C1's runs reach for the user's checkpoint cadence (``dlcheck_checkpoint_every``), when
+#: twice ``C1.steps`` is less: an epoch of up to this many batches is judged at its end
+CADENCE_STEPS = 64
+
+
+def cadence_bound(total: int) -> int:
+    """The last micro-step after which a run of ``total`` steps may save at the user's cadence."""
+    return max(2 * total, CADENCE_STEPS)
+
+
+def training_epoch(state: Mapping[str, Any], loader: Any) -> int | None:
+    """The micro-steps of an epoch: the length of the loader the training dict holds, else of
+    ``dlcheck_dataloader``; None when it has none."""
+    key = loader_key(state)
+    for source in ([state[key]] if key is not None else []) + ([loader] if loader is not MISSING else []):
+        try:
+            return len(source)
+        except TypeError:
+            continue
+    return None
+
+
+def cadence_words(every: Any) -> str:
+    """``dlcheck_checkpoint_every = 'epoch'`` / ``= 50``."""
+    return f"dlcheck_checkpoint_every = {every!r}"
+
+
+def cadence_point(every: Any) -> str:
+    """Where the user's loop saves, in words."""
+    return (
+        "end of an epoch after an optimizer step"
+        if every == "epoch"
+        else f"optimizer step that is a multiple of {every}"
+    )
+
+
+def off_cadence(every: Any, why: str) -> str:
+    """The reason C1 gives for a resume it does not judge at the user's checkpoint cadence."""
+    return (
+        f"the resume is not judged at your checkpoint cadence ({cadence_words(every)}): {why}; a save anywhere else "
+        "would not be where your loop saves, so none is judged"
+    )
+
+
+def epoch_too_long(epoch: int, first: int, bound: int, total: int) -> str:
+    return (
+        f"an epoch of your training loader is {epoch} micro-steps, and its end (micro-step {first}) lies past the "
+        f"{bound} micro-steps C1 trains at most before its save (max(2 x C1.steps, {CADENCE_STEPS}); raise C1.steps "
+        f"to {-(-first // 2)} with --dlcheck-set C1.steps=N, or hand over a shorter loader)"
+    )
 
 
 def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:

@@ -515,6 +515,9 @@ class DataResume:
     resumed_step: int | None = None
     #: what a kind of user adds (Lightning: whether the loader is resumable, what the checkpoint holds of it)
     notes: dict[str, Any] = field(default_factory=dict)
+    #: with ``dlcheck_checkpoint_every``: where the save was made, in words (the end of epoch 1, where your loop
+    #: checkpoints); None for a save half way through the run
+    cadence: str | None = None
 
     @property
     def drawn(self) -> int:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import torch
 
 from ..errors import MISSING, RoleError
@@ -60,13 +61,25 @@ def get_setup(ctx: Any) -> Any:
                 "load_checkpoint",
                 "resume_dataloader",
             )
-        ]
+        ] + [_given_only(ctx, n) for n in ("checkpoint_every", "start_epoch")]
         # every part of the loop is in the key: two projects sharing a factory and a loader keep their own step/save
         setup = ctx.memo(
             (make, loader, *parts),
             "training:setup",
             lambda: _loop_or_accelerate(
-                LoopSetup(make, parts[0], parts[1], parts[2], loader, parts[3], parts[4], tmp, resume_loader=parts[5])
+                LoopSetup(
+                    make,
+                    parts[0],
+                    parts[1],
+                    parts[2],
+                    loader,
+                    parts[3],
+                    parts[4],
+                    tmp,
+                    resume_loader=parts[5],
+                    checkpoint_every=parts[6],
+                    start_epoch=parts[7],
+                )
             ),
         )
         setup.make_room = ctx.state.make_room  # a training state it builds lets the session's spares go
@@ -83,6 +96,16 @@ def get_setup(ctx: Any) -> Any:
         "missing role: define fixture dlcheck_trainer (transformers/TRL), or dlcheck_lightning_module + "
         "dlcheck_datamodule (Lightning), or dlcheck_make_training + dlcheck_dataloader (plain loop) in conftest.py"
     )
+
+
+def _given_only(ctx: Any, name: str) -> Any:
+    """Role ``name`` when the user defines its fixture, else MISSING, never derived (nothing derives these, and a
+    derivation would build the user's objects: a factory that needs a process group raises outside the ranks)."""
+    try:
+        ctx.request.getfixturevalue(f"dlcheck_{name}")
+    except pytest.FixtureLookupError:
+        return MISSING
+    return ctx.role(name)
 
 
 def _loop_or_accelerate(setup: LoopSetup) -> LoopSetup:
@@ -105,6 +128,8 @@ def _loop_or_accelerate(setup: LoopSetup) -> LoopSetup:
         setup.load,
         setup.tmp,
         resume_loader=setup.resume_loader,
+        checkpoint_every=setup.checkpoint_every,
+        start_epoch=setup.start_epoch,
     )
     acc.keep(state)
     return acc
@@ -559,6 +584,8 @@ def resume_save_point(ctx: Any, setup: Any, steps: int) -> int | None:
         return None
     if not setup.can_resume():
         return None
+    if getattr(setup, "checkpoint_every", MISSING) is not MISSING:
+        return None  # C1 saves where the user's loop saves (dlcheck_checkpoint_every): its own run, not the smoke run
     resumed = max(1, int(ctx.state.setting(checks["C1"], "steps")) // 2)
     return steps - resumed if steps - resumed >= 1 else None
 
