@@ -1,4 +1,5 @@
-"""Checks of vision pipelines: classification, detection, segmentation (torchvision, timm, transformers).
+"""Checks of vision pipelines: classification, detection, segmentation (torchvision, timm, transformers), on
+images and on video clips (C, T, H, W) where a check's measurement holds per frame.
 
 The vision roles a user may define, besides the core ones (dlcheck_model, dlcheck_dataset,
 dlcheck_dataloader, dlcheck_eval_dataset, dlcheck_eval_dataloader, dlcheck_optimizer, …). Targets that
@@ -46,7 +47,8 @@ role(
 role(
     "eval_fn",
     "the evaluation function, called as eval_fn(model, dataloader) on a DataLoader of 2 eval "
-    "examples; it should run the model in eval mode",
+    "examples (its .dataset reads as your eval dataset, its other attributes yours); it should run the model in "
+    "eval mode",
 )
 role(
     "image_processor",

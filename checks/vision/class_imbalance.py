@@ -129,9 +129,11 @@ def check_class_imbalance(dlcheck):
     What it does
         Builds the label histogram of the training data — from labels the dataset exposes (``targets``,
         through Subsets, or a datasets label column), else from up to 256 examples read at spread
-        positions — and fails when the most frequent class outnumbers the least frequent by more than
-        10:1 (when the labels are a sample, by more than chance shows: an exact binomial test of the two
-        extreme counts at 10:1, Bonferroni over the class pairs, false alarm ≤ 1e-6, so a balanced
+        positions (from the dataloader's batches when its dataset gives its examples in another shape than its
+        collate_fn makes of them: torchvision's video reference drops the audio of (video, audio, label,
+        video_idx)); image and video (C, T, H, W) classification alike — and fails when the most frequent
+        class outnumbers the least frequent by more than 10:1 (when the labels are a sample, by more than
+        chance shows: an exact binomial test of the two extreme counts at 10:1, Bonferroni over the class pairs, false alarm ≤ 1e-6, so a balanced
         40-class dataset read through a sample passes; a sample that cannot tell is read again, four
         times larger, and skips as not conclusive if it still cannot) while dlcheck_loss_fn has no class weights (weight, pos_weight, alpha, focal loss) and the
         dataloader does not sample with a WeightedRandomSampler. A transformers Trainer user without a loss

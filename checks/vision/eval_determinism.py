@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ...errors import MISSING, RoleError
+from ...errors import MISSING
 from ...guard import preserved_dataloader
 from ...registry import Setting, check
 from ...sampling import spread_positions
@@ -69,11 +69,12 @@ def _named(found: dict[str, tuple[str, str]]) -> dict[str, tuple[str, str]]:
 
 
 def _image_of(out: Any) -> Any:
+    """The image (C, H, W) or video clip (C, T, H, W) of an example, or None."""
     if isinstance(out, (tuple, list)) and out:
         out = out[0]
     elif isinstance(out, dict):
         out = next((out[k] for k in V.IMAGE_KEYS if k in out), None)
-    img, _ = V.as_image(out)
+    img, _, _ = V.as_pixels(out)
     return img
 
 
@@ -156,33 +157,93 @@ def _rewrapped(wrapper: Any, name: str, bounded: Any) -> Any:
     return again
 
 
-def _eval_loader(dlcheck: Any) -> Any:
-    """What the eval function is handed: the user's eval loader over 2 of its examples (its collate_fn, inside its own
-    wrapper), or the first batch of a loader that cannot be indexed; None when there is no eval (or train) data."""
-    from torch.utils.data import DataLoader, Subset
+def _bounded_settings(source: Any, examples: int) -> dict[str, Any]:
+    """The user's DataLoader settings a loader over ``examples`` examples keeps: its workers (at most one per
+    example), their init function and context, pinned memory, timeout and prefetch; not persistent (the bounded loader
+    is read twice and let go), never dropping the last batch."""
+    if source is None:
+        return {}
+    workers = min(int(getattr(source, "num_workers", 0) or 0), examples)
+    kept: dict[str, Any] = {"num_workers": workers, "pin_memory": bool(getattr(source, "pin_memory", False))}
+    if workers:
+        kept["timeout"] = getattr(source, "timeout", 0) or 0
+        kept["worker_init_fn"] = getattr(source, "worker_init_fn", None)
+        kept["multiprocessing_context"] = getattr(source, "multiprocessing_context", None)
+        if getattr(source, "prefetch_factor", None):
+            kept["prefetch_factor"] = source.prefetch_factor
+    return kept
+
+
+class Examples:
+    """A few examples of the user's dataset that read as that dataset: indexed 0..n-1 over the chosen positions, its
+    length theirs, and every other attribute the user's object's own (an evaluate that reads ``loader.dataset.samples``
+    or ``.classes``, torchvision's video reference, works; one that compares ``len(loader.dataset)`` with the examples
+    it counted, torchvision's classification reference, finds them equal, as on its own loader)."""
+
+    def __init__(self, dataset: Any, positions: list[int]):
+        self.__dict__["_dlcheck_dataset"] = dataset
+        self.__dict__["_dlcheck_positions"] = list(positions)
+
+    def __len__(self) -> int:
+        return len(self._dlcheck_positions)
+
+    def __getitem__(self, index: int) -> Any:
+        return self._dlcheck_dataset[self._dlcheck_positions[index]]
+
+    def __getattr__(self, name: str) -> Any:
+        dataset = self.__dict__.get("_dlcheck_dataset")
+        if dataset is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(dataset, name)
+
+
+def _eval_loader(dlcheck: Any) -> tuple[Any, str] | None:
+    """What the eval function is handed, and what it is in words (an input V2 made up: the user's code raising on it
+    is pytest-dlcheck's error). A DataLoader over 2 examples of the eval dataset, its ``.dataset`` reading as the
+    user's dataset object (:class:`Examples`), with the user's loader's collate_fn, batch size (up to 2) and workers
+    settings, inside the user's own wrapper when the eval loader is one; or the first batch of a loader that cannot be
+    indexed; None when there is no eval (or train) data."""
+    from torch.utils.data import DataLoader
 
     split = "eval" if V.map_dataset(dlcheck, "eval") is not None or dlcheck.has("eval_dataloader") else "train"
     ds = V.map_dataset(dlcheck, split)
-    user_loader = dlcheck.role("eval_dataloader" if split == "eval" else "dataloader")
+    loader_role = "eval_dataloader" if split == "eval" else "dataloader"
+    user_loader = dlcheck.role(loader_role)
     inner = _inner_loader(user_loader) if user_loader is not MISSING else None
     if ds is not None and len(ds) > 0:
         source = inner[1] if inner is not None else user_loader
         collate = getattr(source, "collate_fn", None) if source is not MISSING else None
+        source = source if isinstance(source, DataLoader) else None  # the settings below are a DataLoader's
         positions = spread_positions(len(ds), 2)
         if collate is None and _image_of(ds[positions[0]]) is not None:
             sample = V.get_vision_sample(dlcheck, split, required=False)
             if sample is not None and sample.task == "detection":
                 collate = _zip_collate  # torchvision's detection convention: (images, targets) tuples
-        loader = DataLoader(Subset(ds, positions), batch_size=2, shuffle=False, collate_fn=collate)
+        size = min(V.loader_batch_size(source) or 2, 2) if source is not None else 2
+        loader = DataLoader(
+            Examples(ds, positions),
+            batch_size=size,
+            shuffle=False,
+            collate_fn=collate,
+            **_bounded_settings(source, len(positions)),
+        )
         if inner is not None:
             # the eval function gets the user's own loader: a wrapper (timm's PrefetchLoader) moves, converts and
             # normalises each batch in its __iter__; a copy of it reads the bounded loader in place of its own
             loader = _rewrapped(user_loader, inner[0], loader)
-        return loader
+        ds_role = V.split_roles(split)[0]
+        where = f"dlcheck_{ds_role}" if dlcheck.has(ds_role) else f"dlcheck_{loader_role}.dataset"
+        what = (
+            f"the DataLoader V2 made over {len(positions)} examples of {where} (positions "
+            f"{', '.join(map(str, positions))}; its .dataset reads as {type(ds).__name__}, {len(positions)} long)"
+            + (f" inside a copy of your {type(user_loader).__name__}" if inner else "")
+        )
+        return loader, what
     if user_loader is not MISSING:
         with preserved_dataloader(user_loader):
             batch = next(iter(user_loader), None)
-        return None if batch is None else [batch]
+        what = f"a list holding the first batch of dlcheck_{loader_role} (V2's bounded stand-in for the loader)"
+        return None if batch is None else ([batch], what)
     return None
 
 
@@ -228,9 +289,10 @@ def _mode_problems(dlcheck: Any, model: Any, eval_fn: Any) -> ModeResult | None:
     dependent = {n: (type(m).__name__, why) for n, m in model.named_modules() if (why := _mode_dependent(m))}
     if not dependent:
         return ModeResult([], "", 0, False, False)
-    loader = _eval_loader(dlcheck)
-    if loader is None:
+    made = _eval_loader(dlcheck)
+    if made is None:
         return None
+    loader, what = made
 
     modes = [(m, m.training) for m in model.modules()]
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -268,8 +330,8 @@ def _mode_problems(dlcheck: Any, model: Any, eval_fn: Any) -> ModeResult | None:
             before = {n: m.running_mean.detach().clone() for n, m in bn.items()}
             with V.seeded(seed):
                 try:
-                    returned[i] = V.tensors_in(eval_fn(model, loader))
-                except Exception as exc:  # noqa: BLE001 - reported below, as the user's error or as evidence
+                    returned[i] = V.tensors_in(dlcheck.call("eval_fn", lambda: eval_fn(model, loader), synthetic=what))
+                except Exception as exc:  # noqa: BLE001 - reported below, as pytest-dlcheck's error or as evidence
                     error = exc
                     raised_training[0] = model.training and "train" in str(exc).lower()
             if i == 0:
@@ -288,7 +350,9 @@ def _mode_problems(dlcheck: Any, model: Any, eval_fn: Any) -> ModeResult | None:
         for m, training in modes:
             m.training = training
     if error is not None and not seen_training and not raised_training[0]:
-        raise RoleError("eval_fn", f"raised {type(error).__name__}: {error}") from error
+        # raised on the loader V2 made (marked so by dlcheck.call): an internal error of pytest-dlcheck naming that
+        # input, never the role's (the pipeline's own eval loader may never meet that condition)
+        raise error
     d_out = V.max_abs_diff(outputs[0], outputs[1]) if error is None else None
     d_ret = V.max_abs_diff(returned[0], returned[1]) if error is None else None
     differ = any(d is not None and d > 0 for d in (d_out, d_ret))
@@ -311,10 +375,9 @@ def _mode_problems(dlcheck: Any, model: Any, eval_fn: Any) -> ModeResult | None:
                 model.load_state_dict(state)
                 model.eval()
                 with V.seeded(seed):
-                    try:
-                        returned[i] = V.tensors_in(eval_fn(model, loader))
-                    except Exception as exc:  # noqa: BLE001 - the user's eval, on the pipeline's own examples
-                        raise RoleError("eval_fn", f"raised {type(exc).__name__} in eval mode: {exc}") from exc
+                    returned[i] = V.tensors_in(
+                        dlcheck.call("eval_fn", lambda: eval_fn(model, loader), synthetic=f"{what}, in eval mode")
+                    )
         finally:
             again.remove()
             model.load_state_dict(state)
@@ -418,15 +481,18 @@ def check_eval_determinism(dlcheck):
     """Evaluation is deterministic: the eval transform has no randomness and the model runs in eval mode.
 
     What it does
-        Two halves. The eval transform (image data only): reads up to 3 evaluation examples twice each
+        Two halves. The eval transform (image or video data only): reads up to 3 evaluation examples twice each
         under different seeds (dlcheck_eval_dataset, or the eval dataloader's dataset; else runs
         dlcheck_eval_transform twice on one synthetic image) and fails when the two reads differ, naming
         the random transforms found in the eval transform. The model's mode during your eval (any model: an
         image model, a token model such as a GPT, anything): with dlcheck_model and dlcheck_eval_fn, calls
         eval_fn(model, loader) twice on the same 2 eval examples and the same weights, each time right after
-        model.train() (as a training loop would; ``loader`` is your eval loader over those 2 examples, with
-        its collate_fn, inside your own loader wrapper when the eval loader is one, such as timm's
-        PrefetchLoader that converts and normalises the batches), with forward pre-hooks on every module whose
+        model.train() (as a training loop would; ``loader`` is a DataLoader over those 2 examples whose
+        ``.dataset`` reads as your eval dataset object, 2 examples long, its other attributes yours (an
+        evaluate that reads ``loader.dataset.samples`` or ``.classes``, as torchvision's video reference does,
+        works), with your loader's collate_fn, batch size (up to 2) and workers settings, inside your own
+        loader wrapper when the eval loader is one, such as timm's PrefetchLoader that converts and normalises
+        the batches), with forward pre-hooks on every module whose
         forward depends on the mode: the Dropout family with p > 0, a dropout rate held as a number and
         applied only while ``self.training`` (nn.MultiheadAttention's ``dropout``, nanoGPT's and
         transformers' attention dropout handed to scaled_dot_product_attention, a layerdrop, DropPath,
@@ -459,7 +525,11 @@ def check_eval_determinism(dlcheck):
         Lightning's own evaluation sets eval mode itself; a distributed dlcheck_dist_eval is not called by
         V2). An eval that draws at random itself (sampled generations) while only a module holding a dropout
         rate ran in training mode is not judged: the mode's effect cannot be told apart from its own draws.
-        Dropout kept active at eval on purpose (Monte Carlo dropout) should ignore V2.
+        Dropout kept active at eval on purpose (Monte Carlo dropout) should ignore V2. The loader V2 hands
+        your eval function is its own (2 examples; ``isinstance(loader.dataset, YourDataset)`` is false): an
+        exception your eval function raises on it is reported as an internal error of pytest-dlcheck naming
+        that loader, never as your dlcheck_eval_fn's error. The eval transform half reads images (C, H, W) and
+        video clips (C, T, H, W).
     Not applicable
         Data without images (a language model's token batches, tabular rows) when no dlcheck_eval_fn is
         given, or when dlcheck_model has no module whose forward depends on the mode (no dropout with p > 0,

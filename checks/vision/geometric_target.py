@@ -499,13 +499,19 @@ def check_geometric_target(dlcheck):
         A custom dataset whose transform attribute is applied to the image only cannot be told from a joint
         one by calling it; only the re-read test sees its flips (not its crops: a random crop drawn
         separately for image and mask is not seen). A transform that rejects a PIL image with the synthetic
-        target skips.
+        target skips, and so does video data (clips (C, T, H, W) with boxes or masks): V8 follows an object
+        through the transform on one image, not through a clip's frames.
     Not applicable
         Classification (a class label does not move with the image), data without targets (a diffusion or
         self-supervised training), vision-language batches, and data without images.
     """
     sample = V.get_vision_sample(dlcheck, "train")
     V.require_task(dlcheck, sample, ("detection", "segmentation"), "boxes and masks moving with the image")
+    if sample.video:
+        dlcheck.skip(
+            f"V8 cannot judge video clips ({sample.source}: (C, T, H, W) clips with boxes or masks): it draws an "
+            "object on one synthetic image and follows it through the transform, frame by frame it does not"
+        )
     spatial = [i for i in sample.items if i.kind in ("detection", "segmentation")]
     spatial = [i for i in spatial if i.mask_as_image is None]
     if not spatial:

@@ -1,6 +1,6 @@
 """Shared vision measurement: a bounded sample of (image, target) examples from the user's dataset or
 dataloader, understood whatever its shape (tuples, dicts, torchvision ``tv_tensors``, COCO annotation
-lists, HF ``pixel_values`` batches), plus what the vision checks share: per-channel image statistics,
+lists, HF ``pixel_values`` batches, video clips (C, T, H, W) in (B, C, T, H, W) batches), plus what the vision checks share: per-channel image statistics,
 transform introspection, box formats, the normalisation a model declares, the number of classes.
 
 Everything here is imported only when a vision check runs; torch/torchvision are imported lazily so
@@ -76,6 +76,8 @@ class Item:
     labels: Any = None  # detection labels (N,)
     mask: Any = None  # (H, W) int64 segmentation mask
     mask_as_image: Any = None  # a mask that went through the transform as an image (few distinct float values)
+    video: bool = False  # the image is a video clip (C, T, H, W), its frames along dim 1
+    unread: str | None = None  # pixels in a layout the checks do not read (frames first), in words
 
     @property
     def kind(self) -> str:
@@ -115,6 +117,11 @@ class VisionSample:
     def images(self) -> list[Any]:
         return [i.image for i in self.items if i.image is not None]
 
+    @property
+    def video(self) -> bool:
+        """The sampled inputs are video clips (C, T, H, W), not images."""
+        return any(i.video for i in self.items if i.image is not None)
+
 
 def _torch():
     import torch
@@ -140,6 +147,52 @@ def as_image(x: Any) -> tuple[Any, bool]:
         if x.ndim == 3:
             return x, False
     return None, False
+
+
+def as_clip(x: Any) -> Any:
+    """A video clip as a (C, T, H, W) tensor, or None: a 4-D tensor with its 3 (RGB) or 1 (grey) channels first,
+    the layout torchvision's video models take and its video reference's transforms give
+    (``ConvertBCHWtoCBTHW``), or a numpy (T, H, W, C) array with the channels last (as :func:`as_image` reads a numpy
+    (H, W, C) image). Frames first, (T, C, H, W), is not read: its channel axis cannot be told from a clip of 3
+    frames."""
+    torch = _torch()
+    if type(x).__module__ == "numpy" and getattr(x, "ndim", 0) == 4:
+        if x.shape[-1] in (1, 3) and x.shape[0] not in (1, 3):
+            return torch.from_numpy(x).permute(3, 0, 1, 2)
+        return None
+    if isinstance(x, torch.Tensor) and x.ndim == 4 and not _is_mask_stack(x):
+        x = x.as_subclass(torch.Tensor)
+        if x.shape[0] == 3 or (x.shape[0] == 1 and x.shape[1] not in (1, 3)):
+            return x
+    return None
+
+
+def _is_mask_stack(x: Any) -> bool:
+    """An integer (N, H, W)-like stack is masks, not frames: clips hold floats or uint8 pixels."""
+    torch = _torch()
+    return not x.is_floating_point() and x.dtype != torch.uint8
+
+
+def as_pixels(x: Any) -> tuple[Any, bool, bool]:
+    """An image (C, H, W) or a video clip (C, T, H, W): (tensor, from PIL, is a clip); (None, False, False) when
+    ``x`` is neither."""
+    img, pil = as_image(x)
+    if img is not None:
+        return img, pil, False
+    clip = as_clip(x)
+    return (clip, False, True) if clip is not None else (None, False, False)
+
+
+def unread_pixels(x: Any) -> str | None:
+    """'a (T, C, H, W)-like 4-D tensor of shape (…)' when ``x`` looks like stacked frames the vision checks do not read
+    (:func:`as_clip` reads channels first only), else None."""
+    shape = getattr(x, "shape", None)
+    if shape is None or len(shape) != 4 or as_clip(x) is not None:
+        return None
+    kind = str(getattr(x, "dtype", "")).removeprefix("torch.")
+    if not (kind.startswith("float") or kind in ("uint8", "bfloat16", "half")):
+        return None  # integer stacks are masks or ids, not pixels
+    return f"4-D {type_name(x)}s of shape {tuple(int(v) for v in shape)}"
 
 
 def _is_pil(x: Any) -> bool:
@@ -265,8 +318,10 @@ def make_item(example: Any, where: str, position: int | None = None) -> Item:
             f"{where} is a {type(example).__name__}, not an (image, target) pair or a dict with an image",
             not_images=not _image_like(example),
         )
-    tensor, pil = as_image(image)
-    item = Item(tensor, target, where, position, pil=pil)
+    tensor, pil, video = as_pixels(image)
+    item = Item(tensor, target, where, position, pil=pil, video=video)
+    if tensor is None and (unread := unread_pixels(image)) is not None:
+        item.unread = unread
     parse_target(item, target)
     return item
 
@@ -298,7 +353,10 @@ def unbatch(batch: Any, where: str) -> list[tuple[Any, Any]]:
     if isinstance(batch, (list, tuple)) and len(batch) >= 2:
         images, targets = batch[0], batch[1]
         column = isinstance(images, (list, tuple)) and all(_image_like(x) for x in images)
-        if isinstance(images, torch.Tensor) and images.ndim == 4 or column:
+        stacked = isinstance(images, torch.Tensor) and (
+            images.ndim == 4 or images.ndim == 5 and len(images) and as_clip(images[0]) is not None
+        )
+        if stacked or column:
             n = len(images)
             if isinstance(targets, Mapping):
                 cols = {k: _rows_of(v, n) for k, v in targets.items()}
@@ -311,6 +369,11 @@ def unbatch(batch: Any, where: str) -> list[tuple[Any, Any]]:
     if isinstance(batch, (list, tuple)) and batch and all(isinstance(b, (list, tuple)) and len(b) >= 2 for b in batch):
         return [(b[0], b[1]) for b in batch]  # a list of examples (collate_fn=list)
     first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+    if getattr(first, "ndim", 0) == 5:
+        raise VisionSampleError(
+            f"{where} holds 5-D {type_name(first)}s of shape {tuple(first.shape)}: video clips whose layout the vision "
+            "checks do not read (they read clips channels first, (batch, C, T, H, W) with C = 3 or 1)"
+        )
     raise VisionSampleError(
         f"{where} is a {type(batch).__name__}: expected (images, targets) or a dict with pixel_values",
         not_images=not (_image_like(first) or getattr(first, "ndim", 0) == 4),
@@ -318,8 +381,9 @@ def unbatch(batch: Any, where: str) -> list[tuple[Any, Any]]:
 
 
 def _image_like(x: Any) -> bool:
+    """An image (PIL, a (C, H, W) tensor) or a video clip (:func:`as_clip`)."""
     torch = _torch()
-    return _is_pil(x) or isinstance(x, torch.Tensor) and x.ndim == 3
+    return _is_pil(x) or isinstance(x, torch.Tensor) and (x.ndim == 3 or as_clip(x) is not None)
 
 
 def base_dataset(ds: Any) -> Any:
@@ -475,7 +539,7 @@ def get_vision_sample(ctx: Any, split: str = "train", required: bool = True) -> 
                     raise VisionSampleError(f"dlcheck_{ds_role} is empty")
                 untensored = all(i.image is None or i.pil for i in items)
                 if dl is MISSING and all(i.image is None for i in items):
-                    raise VisionSampleError(f"the examples of dlcheck_{ds_role} carry no image", not_images=True)
+                    raise _no_image(items, f"dlcheck_{ds_role}")
                 if not (untensored and dl is not MISSING):
                     sample = VisionSample(items, f"{len(items)} examples of dlcheck_{ds_role}", ds_role, ds)
                     if untensored:
@@ -485,7 +549,7 @@ def get_vision_sample(ctx: Any, split: str = "train", required: bool = True) -> 
             if not items:
                 raise VisionSampleError(f"dlcheck_{dl_role} yielded no batch")
             if all(i.image is None for i in items):
-                raise VisionSampleError(f"the examples of dlcheck_{dl_role} carry no image", not_images=True)
+                raise _no_image(items, f"dlcheck_{dl_role}")
             return VisionSample(
                 items, f"{len(items)} examples from batches of dlcheck_{dl_role}", dl_role, getattr(dl, "dataset", None)
             )
@@ -503,6 +567,18 @@ def get_vision_sample(ctx: Any, split: str = "train", required: bool = True) -> 
         result.batch_size = loader_batch_size(dl)
     result.task = _task(result.items)
     return result
+
+
+def _no_image(items: list[Item], where: str) -> VisionSampleError:
+    """The examples hold no image the checks read: stacked frames in a layout they do not read (a video clip frames
+    first) say so, as a reason to skip; else the data holds no image at all (not applicable)."""
+    unread = next((i.unread for i in items if i.unread), None)
+    if unread is not None:
+        return VisionSampleError(
+            f"the examples of {where} hold {unread}: video clips whose layout the vision checks do not read (they "
+            "read clips channels first, (C, T, H, W) with C = 3 or 1)"
+        )
+    return VisionSampleError(f"the examples of {where} carry no image", not_images=True)
 
 
 def _capture(make: Callable[[], Any]) -> Any:
@@ -553,9 +629,10 @@ def fmt_seq(values: Any) -> str:
 
 
 def channel_stats(images: list[Any]) -> Stats | None:
-    """Per-channel mean/std and the overall range of some (C, H, W) images (all of one channel count)."""
+    """Per-channel mean/std and the overall range of some (C, H, W) images or (C, T, H, W) video clips, every frame
+    of a clip counted (all of one channel count)."""
     torch = _torch()
-    imgs = [i for i in images if isinstance(i, torch.Tensor) and i.ndim == 3]
+    imgs = [i for i in images if isinstance(i, torch.Tensor) and i.ndim in (3, 4)]
     if not imgs:
         return None
     c = imgs[0].shape[0]
@@ -1097,7 +1174,8 @@ def _cheap_labels(ds: Any) -> tuple[list[int], str] | None:
 def label_population(ctx: Any, sample: VisionSample, n: int) -> tuple[list[int], str, bool]:
     """Classification labels of the training data: every label when the dataset exposes them (checked
     against the sampled examples), else up to ``n`` labels read at spread positions (or from the
-    dataloader's batches). Returns (labels, where from, complete)."""
+    dataloader's batches, also when the loader's dataset gives its examples in a shape its collate_fn
+    rearranges). Returns (labels, where from, complete)."""
     ds = map_dataset(ctx, "train")
     loader = ctx.role("dataloader")
     role = "dataset" if ctx.has("dataset") else "dataloader"
@@ -1123,7 +1201,10 @@ def label_population(ctx: Any, sample: VisionSample, n: int) -> tuple[list[int],
                         break
                     labels.append(item.label)
             where = f"dlcheck_{role}" if role == "dataset" else "dlcheck_dataloader.dataset"
-            return labels, f"{len(labels)} examples read from {where}", len(labels) == len(ds)
+            if labels or role == "dataset" or loader is MISSING:
+                return labels, f"{len(labels)} examples read from {where}", len(labels) == len(ds)
+            # the loader's dataset gives its examples in another shape than the loader's batches (torchvision's video
+            # reference: (video, audio, label, video_idx), its collate_fn drops the audio): read the batches
         labels = []
         with seeded(0), preserved_dataloader(loader), first_read(loader):
             for b, batch in enumerate(loader):
@@ -1148,6 +1229,8 @@ def attach_images(
     shown = []
     for item in [i for i in sample.items if i.image is not None and not i.pil][:limit]:
         img = item.image.detach().float().cpu()
+        if item.video and img.ndim == 4:
+            img = img[:, 0]  # a clip is shown by its first frame
         if img.ndim != 3:
             continue
         stats = channel_stats([img])

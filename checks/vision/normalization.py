@@ -16,6 +16,7 @@ class Split:
     transform: Any  # the transform (or MISSING)
     norm: tuple | None  # (mean, std, leaf) of its Normalize
     real: bool  # measured on the user's data (not on synthetic images through the transform)
+    video: bool = False  # the sampled inputs are video clips (C, T, H, W): statistics over all their frames
 
 
 def _close(a: list[float], b: list[float], tol: float) -> bool:
@@ -34,7 +35,7 @@ def _split(dlcheck: Any, name: str) -> Split | None:
     if sample is not None and sample.images and not all(i.pil for i in sample.items):
         stats = V.channel_stats([i.image for i in sample.items if not i.pil])
         V.attach_images(dlcheck, sample, norm)
-        return Split(name, sample.source, stats, tf, norm, True)
+        return Split(name, sample.source, stats, tf, norm, True, sample.video)
     if tf is not MISSING:
 
         def run() -> Any:
@@ -62,8 +63,9 @@ def _split(dlcheck: Any, name: str) -> Split | None:
 def _step_normalises(dlcheck: Any) -> Any:
     """What the model receives inside the user's own step, when a plain or Accelerate loop gives one and it
     normalises the loader's images itself (accelerate's cv_example: ``(batch["image"] - mean) / std`` in the loop):
-    one call of ``dlcheck_train_step`` on fresh objects, the images taken at the model's forward: their Stats. None
-    when there is no such step, or what the model receives is not normalised either (min >= -0.01)."""
+    one call of ``dlcheck_train_step`` on fresh objects, the images (or video clips: a 5-D batch) taken at the model's
+    forward: their Stats. None when there is no such step, or what the model receives is not normalised either
+    (min >= -0.01)."""
     from ...training import find_setup
 
     setup = find_setup(dlcheck)
@@ -82,7 +84,9 @@ def _step_normalises(dlcheck: Any) -> Any:
 
         def pre(mod, args, kwargs):
             for a in [*args, *kwargs.values()]:
-                if isinstance(a, torch.Tensor) and a.is_floating_point() and a.ndim == 4 and not seen:
+                if not isinstance(a, torch.Tensor) or not a.is_floating_point() or seen:
+                    continue
+                if a.ndim == 4 or a.ndim == 5 and a.shape[1] in (1, 3):  # images, or (batch, C, T, H, W) clips
                     seen.append(a.detach().float().cpu())
 
         if not isinstance(model, torch.nn.Module):
@@ -336,8 +340,9 @@ def check_normalization(dlcheck):
     """Images reach the model scaled and normalised as the backbone expects, the same in train and eval.
 
     What it does
-        Measures the per-channel mean/std and range of the sampled training and evaluation images as the
-        model receives them (after the dataset's transform; without data, of synthetic images through
+        Measures the per-channel mean/std and range of the sampled training and evaluation images (or video
+        clips (C, T, H, W), every frame counted) as the model receives them (after the dataset's transform;
+        without data, of synthetic images through
         dlcheck_train_transform / dlcheck_eval_transform). Fails when values reach the 0–255 range,
         when the Normalize mean/std differ from what the model declares (timm ``pretrained_cfg``, a
         transformers image processor, ``dlcheck_weights.transforms()``), when a torchvision detector —
@@ -373,12 +378,17 @@ def check_normalization(dlcheck):
         image-to-image model (its output an image of the input's channels, the targets neither masks nor boxes: a
         style-transfer or super-resolution net) are not judged: the scale it should get is the scale of the images
         its loss trains it to give, which V1 does not read (one forward of the model, on that path only).
+        Video clips are read with their channels first ((C, T, H, W), torchvision's video models' layout; a
+        numpy (T, H, W, C) array too); clips with their frames first ((T, C, H, W), transformers' VideoMAE
+        pixel_values) skip, saying so.
     Not applicable
         Data without images (token batches of a language model, tabular rows, RL observations), and a
         diffusion training whose batches hold precomputed latents rather than pixels (DF3 judges those).
     """
     splits = [s for s in (_split(dlcheck, "train"), _split(dlcheck, "eval")) if s is not None and s.stats is not None]
     if not splits:
+        if dlcheck.has("dataset") or dlcheck.has("dataloader"):
+            V.get_vision_sample(dlcheck, "train")  # data it cannot read says why (a video clip's layout), as a skip
         if any(dlcheck.has(r) for r in ("dataset", "dataloader", "train_transform")):
             dlcheck.skip(
                 "V1 cannot decide: the training data yields no tensor image (PIL images without a tensor transform?) "
@@ -692,8 +702,9 @@ def check_normalization(dlcheck):
                 "only the scale" + (" and the train/eval agreement were" if len(splits) > 1 else " was") + " judged"
             )
         head = splits[0]
+        what = "video clips (every frame counted)" if any(s.video for s in splits) else "images"
         dlcheck.measured(
-            f"{' + '.join(f'{s.stats.n} {s.name}' for s in splits)} images: |values| ≤ {absmax:.3g} (0–255 pixels "
+            f"{' + '.join(f'{s.stats.n} {s.name}' for s in splits)} {what}: |values| ≤ {absmax:.3g} (0–255 pixels "
             f"exceed {limit:g}); {head.name} per-channel mean ({V.fmt_seq(head.stats.mean)}) std "
             f"({V.fmt_seq(head.stats.std)})",
             *[stats_line(s) for s in splits],
