@@ -331,7 +331,7 @@ def check_distributed_checkpoint(dlcheck):
     Not applicable
         Training that does not run distributed (no ``dlcheck_dist_wrap``).
     """
-    if (dlcheck.has("lightning_module") or dlcheck.has("trainer")) and not dlcheck.has("make_training"):
+    if not dlcheck.has("make_training") and (dlcheck.has("lightning_module") or dlcheck.has("trainer")):
         # a LightningModule is said not launched, a Trainer's checkpoints not yet recorded: neither is asked for a
         # plain loop's roles
         measure.the_setup(dlcheck)
