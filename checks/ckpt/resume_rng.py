@@ -254,7 +254,14 @@ def _rng_verdict(dlcheck: Any, setup: Any) -> None:
                 "draws cannot be judged"
             )
     step, what = differ
-    lost = [w for w, ok in (own.resumed.notes.get("generators_restored") or {}).items() if not ok]
+    # the training's own generators the load left behind, among those the resumed steps draw from (a loader's
+    # generator the batches moved but no step reads is not named: its order is C1's data position)
+    drawn_own = own.resumed.notes.get("own_drawn_from")
+    lost = [
+        w
+        for w, ok in (own.resumed.notes.get("generators_restored") or {}).items()
+        if not ok and (drawn_own is None or w in drawn_own)
+    ]
     if lost:  # the training's own generators are not put back by the load: which of the RNGs make the difference
         globs = run_or_skip(dlcheck, lambda: resume_run(setup, total, frozenset({"rng", GLOBAL_ONLY}), baseline))
         if _versus(put, globs) is not None:
