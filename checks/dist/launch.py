@@ -520,6 +520,10 @@ class Rank:
         import torch.distributed as dist
 
         torch.set_num_threads(1)
+        from . import generators
+
+        # D4: what is alive before any of the user's code runs here was built before the rank (in the pytest process)
+        self.before_user = generators.alive() if self.job.mode == "train" else None
         # a fresh process: this torch's start (its default seed, the same on every rank, or one from the OS as
         # torch 2.14 draws), Python and NumPy from the OS
         if self.job.fresh_seed is None:
@@ -590,6 +594,8 @@ class Rank:
 
         rec["resolved"] = resolve(getattr(loader, "dataset", None), rec["indices"][0])  # D3: the examples selected
         rec["augment"] = self.augmentation(loader)
+        self.own_streams(loader, rec["augment"])
+        self.before_user = None  # the objects alive before the rank, kept for the probe only
         rec["rng_at_step0"] = tensor_digest(torch.get_rng_state())
         rec["dropout"] = [
             f"{n} (p={m.p})"
@@ -768,6 +774,48 @@ class Rank:
             return {"index": idx, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
         moved = None if workers else sorted(k for k in before if after.get(k) != before[k])
         return {"index": idx, "digests": got, "moved": moved}
+
+    def own_streams(self, loader: Any, aug: dict[str, Any] | None) -> None:
+        """Where a random pipeline's draws come from, added to ``aug`` (the rank's generators put back after every
+        probe): example 0 fetched again with this rank's global generators (random, NumPy, torch) reseeded with
+        the rank (``own_stream``: what still comes out the same on every rank is drawn from a generator of the
+        user's own); the generators of the user's own reachable from the dataset, the collate function and the
+        ``worker_init_fn`` (``generators``: each built in this rank or before it, inherited from the pytest
+        process); and the fetches again with those built in the rank reseeded with the rank
+        (``rank_built_stream``), then with those inherited reseeded (``inherited_stream``), and, where either holds
+        several, the first few of them each alone (the generator's ``stream``)."""
+        import numpy as np
+        import torch
+
+        from . import generators
+
+        if not aug or "digests" not in aug or len(set(aug["digests"])) < 2:
+            return
+        with _saved_rng():
+            seed = 7919 * (self.rank + 1)
+            random.seed(seed)
+            np.random.seed(seed)
+            torch.manual_seed(seed)
+            aug["own_stream"] = (self.augmentation(loader) or {}).get("digests")
+        before = getattr(self, "before_user", None)
+        if before is None:
+            return
+        roots = [
+            ("dataset", getattr(loader, "dataset", None)),
+            ("collate_fn", getattr(loader, "collate_fn", None)),
+            ("worker_init_fn", getattr(loader, "worker_init_fn", None)),
+        ]
+        found = [(path, gen, gen in before) for path, gen in generators.reachable(roots)]
+        aug["generators"] = [generators.describe(path, gen, inherited) for path, gen, inherited in found]
+        for key, inherited in (("rank_built_stream", False), ("inherited_stream", True)):
+            part = [(i, gen) for i, (_, gen, inh) in enumerate(found) if inh is inherited]
+            if part:
+                with generators.reseeded([gen for _, gen in part], self.rank):
+                    aug[key] = (self.augmentation(loader) or {}).get("digests")
+            if len(part) > 1:
+                for i, gen in part[: generators.ONE_BY_ONE]:  # which of them the draws come from
+                    with generators.reseeded([gen], self.rank):
+                        aug["generators"][i]["stream"] = (self.augmentation(loader) or {}).get("digests")
 
     def train(self, state: dict[str, Any], inner: Any, it: Any, rec: dict[str, Any]) -> None:
 

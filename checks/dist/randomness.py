@@ -39,7 +39,15 @@ def check_rank_randomness(dlcheck):
         through the Trainer's own train DataLoader (its dataset, collator, ``dataloader_num_workers`` and
         ``seed_worker``), then again with the rank's global generators reseeded per rank: the cause says whether
         the shared draws come from the global streams the Trainer seeds alike (drawn in the main process: no
-        DataLoader worker for ``seed_worker`` to reseed with the rank) or from a generator of the user's own.
+        DataLoader worker for ``seed_worker`` to reseed with the rank) or from a generator of the user's own. When
+        the same fetches survive reseeding the global generators per rank (a plain loop's too), D4 looks for the
+        generators of the user's own the dataset, the collate function and the ``worker_init_fn`` reach
+        (``torch.Generator``, NumPy ``Generator`` / ``RandomState``, ``random.Random``, in attributes, closures and
+        the module globals their code reads), tells those built in the rank (after the launch started it) from
+        those built before it, in the pytest process, and fetches again with each group reseeded per rank. A
+        generator built in every rank whose reseeding makes the ranks differ fails (seeded alike in every
+        process: ``torch.Generator().manual_seed(0)`` in the dataset ``dlcheck_make_dataloader`` builds). One
+        built before the launch is not judged (below).
     Why it is bad
         Ranks that start from different weights train different models (DDP only keeps them in step if it
         broadcast them). Ranks seeded alike — the same ``torch.manual_seed(seed)`` or Accelerate ``set_seed(seed)``
@@ -53,7 +61,9 @@ def check_rank_randomness(dlcheck):
     Use instead
         seed with the rank: Accelerate's ``set_seed(seed, device_specific=True)`` or ``torch.manual_seed(seed +
         rank)`` (numpy and random too), before building the data pipeline; wrap the model in DDP, which broadcasts
-        rank 0's initial weights; or give the DataLoader a ``generator`` seeded with ``seed + rank``.
+        rank 0's initial weights; or give the DataLoader a ``generator`` seeded with ``seed + rank``; a generator of
+        your own seeded with the rank too (``torch.Generator().manual_seed(seed + rank)``, ``A.Compose(...,
+        seed=seed + rank)``), or from the OS in each process.
     Known problems
         Identical dropout masks across ranks (the same seed on every rank, as transformers' ``set_seed`` does) are
         stated, not failed: many recipes do so on purpose; a dropout the step draws through a literal
@@ -66,7 +76,16 @@ def check_rank_randomness(dlcheck):
         is stated). The augmentation is probed through the loader each process builds:
         ``dlcheck_make_dataloader``'s, the one an Accelerate user's factory holds, or a Trainer's own; a
         Trainer's initial weights are a copy of your Trainer's model on every rank (your own initialisation is
-        not what runs).
+        not what runs). The ranks are forked from the pytest process: an object built there — your Trainer's
+        train dataset and its transform, always; a module-level dataset or generator a plain loop's
+        ``dlcheck_make_dataloader`` hands out instead of building — reaches every rank in one state, whereas
+        each process of a real launch builds its own. An identical stream from a generator of that kind is
+        therefore not judged ("partly judged", naming the generator and what its state tells of its seed: a
+        NumPy ``SeedSequence`` entropy of 128 bits is ``default_rng()``'s draw from the OS, as albumentations
+        2.x's ``A.Compose`` makes without ``seed``; a torch initial seed): whether the script seeds it alike in
+        every process (``A.Compose(..., seed=42)``, a real finding) or from the OS (correct) is not seen, and
+        the seed its state shows cannot tell ``seed`` from ``seed + rank`` either (the pytest process is rank 0).
+        A generator D4 cannot locate (held by C code, created in DataLoader workers only) is not judged alike.
     Not applicable
         Training that does not run distributed (a plain loop without ``dlcheck_dist_wrap``; an Accelerate
         user's ``accelerator.prepare`` wraps the model itself).
@@ -159,34 +178,52 @@ def check_rank_randomness(dlcheck):
                 "the fetches differ (random augmentation), yet every rank's fetches are identical, one by one "
                 f"({shown})",
             ]
-            if trainer:
-                dlcheck.fail(evidence + _trainer_evidence(recs, aug), *_trainer_cause(recs, aug, trainer))
-            step = _step_evidence(recs)
-            dlcheck.fail(
-                evidence + step,
-                "every rank draws its augmentation from the same random stream: the same seed on every rank"
-                + (
-                    " (or none: torch's default seed is the same in every process)"
-                    if launch.fresh_process_seed() is not None
-                    else ""
+            source, gens = _own_source(aug)
+            if source in ("inherited", "unlocated"):
+                # a generator the forked ranks inherit in one state: a real launch builds one per process
+                notes.append(evidence[1])
+                notes.extend(_trainer_evidence(recs, aug)[1:] if trainer else _own_stream_lines(aug))
+                dlcheck.not_judged(
+                    "the augmentation's random stream across the ranks", _inherited_reason(source, gens, trainer)
                 )
-                + ", so the ranks' examples get the same crops, flips and noise"
-                + (
-                    ", and your training step draws the same random numbers (noise, timesteps) on every rank"
-                    if step
-                    else ""
-                ),
-                "seed each process with its rank before building the data pipeline: torch.manual_seed(seed + rank) "
-                "(and numpy / random; Accelerate: set_seed(seed, device_specific=True)), or DataLoader(..., "
-                "generator=torch.Generator().manual_seed(seed + rank)); DDP keeps the model's initial weights "
-                "identical (it broadcasts rank 0's)",
-            )
-        if random_pipeline:
+            elif trainer:
+                dlcheck.fail(evidence + _trainer_evidence(recs, aug), *_trainer_cause(recs, aug, trainer, gens))
+            elif source == "rank_built":
+                dlcheck.fail(
+                    evidence + _own_stream_lines(aug),
+                    f"your data pipeline draws its augmentation from {_named(gens)}, built in every rank "
+                    "(dlcheck_make_dataloader runs in each process) and seeded alike: every rank draws the same "
+                    "stream from it, so the ranks' examples get the same crops, flips and noise; reseeded with the "
+                    "rank, the ranks' fetches differ",
+                    _own_fix("rank"),
+                )
+            else:
+                step = _step_evidence(recs)
+                dlcheck.fail(
+                    evidence + step,
+                    "every rank draws its augmentation from the same random stream: the same seed on every rank"
+                    + (
+                        " (or none: torch's default seed is the same in every process)"
+                        if launch.fresh_process_seed() is not None
+                        else ""
+                    )
+                    + ", so the ranks' examples get the same crops, flips and noise"
+                    + (
+                        ", and your training step draws the same random numbers (noise, timesteps) on every rank"
+                        if step
+                        else ""
+                    ),
+                    "seed each process with its rank before building the data pipeline: torch.manual_seed(seed + "
+                    "rank) (and numpy / random; Accelerate: set_seed(seed, device_specific=True)), or DataLoader(..., "
+                    "generator=torch.Generator().manual_seed(seed + rank)); DDP keeps the model's initial weights "
+                    "identical (it broadcasts rank 0's)",
+                )
+        elif random_pipeline:
             notes.append(
                 f"example {aug[0]['index']}'s augmentation differs between the ranks ({len(set(seqs))} different "
                 f"sequences of {fetched} fetches on {run.world} ranks)"
             )
-        else:
+        if not random_pipeline:
             notes.append(_no_randomness_seen(aug, fetched))
     elif any(a is not None and "error" in a for a in aug):
         notes.append(f"the augmentation was not probed: {next(a['error'] for a in aug if a and 'error' in a)}")
@@ -206,6 +243,125 @@ def check_rank_randomness(dlcheck):
             + ("identical (the same masks on every rank; stated, not judged)" if same else "different")
         )
     dlcheck.measured(*notes, world=run.world)
+
+
+def _differs(aug: list[dict[str, Any]], key: str) -> bool:
+    """Whether the fetches of the probe ``key`` were taken on every rank and differ between the ranks."""
+    runs = [a.get(key) for a in aug]
+    return all(runs) and len({tuple(r) for r in runs}) > 1
+
+
+def _own_source(aug: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """Where the draws that are the same on every rank come from, and the generators of the user's own found:
+    ``global`` (reseeding the global generators per rank makes the ranks differ, or that was not probed),
+    ``rank_built`` (a generator built in the rank, after the fork: reseeding it per rank makes them differ),
+    ``inherited`` (one built before the launch, in the pytest process, does) or ``unlocated`` (none found does)."""
+    own = [a.get("own_stream") for a in aug]
+    if not all(own) or len({tuple(o) for o in own}) > 1:
+        return "global", []
+    gens = aug[0].get("generators") or []
+    if _differs(aug, "rank_built_stream"):
+        return "rank_built", _responsible(aug, [g for g in gens if not g["inherited"]])
+    if _differs(aug, "inherited_stream"):
+        return "inherited", _responsible(aug, [g for g in gens if g["inherited"]])
+    return "unlocated", gens
+
+
+def _responsible(aug: list[dict[str, Any]], gens: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Of a group of generators whose reseeding made the ranks differ, those that do so alone (probed one by one
+    when the group holds a few); the whole group when none was probed alone or none does it alone."""
+    alone = []
+    for g in gens:
+        runs = [next((h.get("stream") for h in a.get("generators") or () if h["path"] == g["path"]), None) for a in aug]
+        if all(runs) and len({tuple(r) for r in runs}) > 1:
+            alone.append(g)
+    return alone or gens
+
+
+def _named(gens: list[dict[str, Any]]) -> str:
+    """The generators as the evidence names them: type, where the pipeline holds it, what its state says of its
+    seed."""
+    if not gens:
+        return "a generator of your own"
+    shown = [f"{g['type']} at {g['path']}" + (f" ({g['seed']})" if g.get("seed") else "") for g in gens[:3]]
+    return ", ".join(shown) + (f" and {len(gens) - 3} more" if len(gens) > 3 else "")
+
+
+def _own_stream_lines(aug: list[dict[str, Any]]) -> list[str]:
+    """The probes that locate a plain loop's shared draws: the global generators reseeded, then the generators of
+    the user's own."""
+    own = [a.get("own_stream") for a in aug]
+    if not all(own):
+        return []
+    lines = [
+        "fetched again with each rank's global generators (random, NumPy, torch) reseeded differently: the fetches "
+        + (
+            "are still identical on every rank, one by one (the draws come from a generator of your own)"
+            if len({tuple(o) for o in own}) == 1
+            else f"differ ({len({tuple(o) for o in own})} sequences on {len(own)} ranks)"
+        )
+    ]
+    return lines + _generator_lines(aug)
+
+
+def _generator_lines(aug: list[dict[str, Any]]) -> list[str]:
+    gens = aug[0].get("generators")
+    if gens is None:
+        return []
+    if not gens:
+        return [
+            "no generator of your own (torch.Generator, NumPy Generator / RandomState, random.Random) is reachable "
+            "from the dataset, the collate function or the worker_init_fn"
+        ]
+    lines = []
+    for key, inherited, what in (
+        ("rank_built_stream", False, "built in the rank (after the launch started it)"),
+        ("inherited_stream", True, "built before the launch (in the pytest process) and inherited by the rank"),
+    ):
+        part = [g for g in gens if g["inherited"] is inherited]
+        if part:
+            runs = [a.get(key) for a in aug]
+            line = f"{_named(part)}: {what}; reseeded differently on each rank, the fetches " + (
+                "differ" if _differs(aug, key) else "are still identical" if all(runs) else "were not taken"
+            )
+            alone = _responsible(aug, part) if _differs(aug, key) and len(part) > 1 else part
+            if len(alone) < len(part):
+                line += f" (reseeded alone, {_named(alone)} makes them differ)"
+            lines.append(line)
+    return lines
+
+
+def _own_fix(rank: str) -> str:
+    return (
+        f"seed that generator with the process when you build it: torch.Generator().manual_seed(seed + {rank}), "
+        f"np.random.default_rng(seed + {rank}), random.Random(seed + {rank}), albumentations' A.Compose(..., "
+        f"seed=seed + {rank}); or draw from the global generators, seeded with the rank"
+    )
+
+
+def _inherited_reason(source: str, gens: list[dict[str, Any]], trainer: str | None) -> str:
+    """Why an identical stream drawn from a generator of the user's own is not judged."""
+    built = (
+        f"your {trainer}'s train dataset (and its transform) was built in the pytest process and reaches every "
+        "forked rank as it is"
+        if trainer
+        else "dlcheck_make_dataloader hands every rank an object built before the launch (a module-level dataset, "
+        "transform or generator), which the forked ranks inherit instead of building"
+    )
+    if source == "inherited":
+        head = f"the same draws on every rank come from {_named(gens)}, built before the launch: {built}"
+    else:
+        head = (
+            "the same draws on every rank come from a generator of your own that D4 did not locate (reseeding "
+            + ("the generators it found, " + _named(gens) + ", changes nothing" if gens else "none found reachable")
+            + f"): it may be one built before the launch ({built})"
+        )
+    return (
+        f"{head}. Forked, every rank starts from one state of it, whereas each process of a real launch builds its "
+        "own: seeded alike in every process (a fixed seed: the ranks draw the same augmentation, a real finding) or "
+        "from the OS (different on every rank, correct). Which of the two your script does is not seen here"
+        + ("" if trainer else "; build it in dlcheck_make_dataloader, as each process does, to have it judged")
+    )
 
 
 def _trainer_evidence(recs: list[dict[str, Any]], aug: list[dict[str, Any]]) -> list[str]:
@@ -228,20 +384,24 @@ def _trainer_evidence(recs: list[dict[str, Any]], aug: list[dict[str, Any]]) -> 
                 "generators)"
             )
         )
+        if len(firsts) == 1:
+            lines += _generator_lines(aug)
     return lines
 
 
-def _trainer_cause(recs: list[dict[str, Any]], aug: list[dict[str, Any]], trainer: str) -> tuple[str, str]:
-    """(cause, fix) of a Trainer's ranks drawing the same augmentation: a generator of the user's own seeded alike
-    on every rank, or the global streams the Trainer seeds alike, drawn in the main process (no DataLoader worker
-    for the Trainer's ``seed_worker`` to reseed with the rank)."""
+def _trainer_cause(
+    recs: list[dict[str, Any]], aug: list[dict[str, Any]], trainer: str, gens: list[dict[str, Any]]
+) -> tuple[str, str]:
+    """(cause, fix) of a Trainer's ranks drawing the same augmentation: a generator of the user's own built in every
+    rank (lazily, in the fetch) and seeded alike, or the global streams the Trainer seeds alike, drawn in the main
+    process (no DataLoader worker for the Trainer's ``seed_worker`` to reseed with the rank)."""
     workers = (recs[0].get("trainer_seed") or {}).get("num_workers") or 0
     own = [a.get("own_stream") for a in aug]
     if all(o for o in own) and len({tuple(o) for o in own}) == 1:
         return (
-            f"your dataset or data collator draws its augmentation from a generator of its own, seeded alike on every "
-            f"rank (a fixed seed, at import or from args.seed): the {trainer}'s seeding never reaches it — set_seed("
-            "args.seed) seeds the global random / NumPy / torch generators"
+            f"your dataset or data collator draws its augmentation from {_named(gens)}, built in every rank (while "
+            f"the rank fetched, after the launch) and seeded alike: the {trainer}'s seeding never reaches it — "
+            "set_seed(args.seed) seeds the global random / NumPy / torch generators"
             + (
                 f", and its seed_worker reseeds those (not yours) in each of the {workers} DataLoader worker(s)"
                 if workers

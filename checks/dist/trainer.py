@@ -11,11 +11,13 @@ the model) runs ``trainer.train()`` for the launch's few steps, as the script ru
 - A ``TrainerCallback`` added last records what D1 needs: the parameters when training begins, the gradients the
   optimizer steps on first, and after every optimizer step (``on_step_end``, after the user's own callbacks) the
   digests of every parameter and optimizer-state tensor; and, when ``train()`` begins, what D4 needs: example 0
-  fetched twice through the Trainer's own train DataLoader (its dataset, collator, ``dataloader_num_workers`` and
+  fetched 16 times through the Trainer's own train DataLoader (its dataset, collator, ``dataloader_num_workers`` and
   the Trainer's ``seed_worker``) at the random state the Trainer left after ``set_seed(args.seed)``, then once
   more with this rank's global generators (random, NumPy, torch) reseeded with the rank: a draw that still
   comes out the same on every rank comes from a generator of the user's own, not from the streams the Trainer
-  seeds (:func:`augmentation`)."""
+  seeds (:func:`augmentation`). Such a generator is usually built in the pytest process with the user's Trainer (its
+  dataset, its transform) and reached every forked rank in one state: whether the script seeds it alike in every
+  process is not seen here (D4 says so; one built in the rank is judged: ``checks/dist/generators.py``)."""
 
 from __future__ import annotations
 
@@ -120,15 +122,13 @@ def run(rank: Any) -> dict[str, Any]:
 
 def augmentation(rank: Any, loader: Any, args: Any, inner: Any) -> dict[str, Any]:
     """D4's part of the record, taken when ``train()`` begins, before the first batch is fetched: the Trainer's
-    train DataLoader described, example 0 fetched twice through it (:meth:`Rank.augmentation`), then again with the
-    rank's global generators reseeded per rank (``own_stream``), the global torch generator's digest and the
-    Trainer's seeding arguments. The rank's generators are put back after every probe."""
-    import random
-
-    import numpy as np
+    train DataLoader described, example 0 fetched through it (:meth:`Rank.augmentation`), then again with the
+    rank's global generators reseeded per rank and with the generators of the user's own it reaches reseeded
+    (:meth:`Rank.own_streams`), the global torch generator's digest and the Trainer's seeding arguments. The rank's
+    generators are put back after every probe."""
     import torch
 
-    from .launch import _saved_rng, tensor_digest
+    from .launch import tensor_digest
 
     got: dict[str, Any] = {
         "rng_at_step0": tensor_digest(torch.get_rng_state()),
@@ -149,14 +149,6 @@ def augmentation(rank: Any, loader: Any, args: Any, inner: Any) -> dict[str, Any
         return got
     got["loader"] = rank.describe_loader(loader) | {"built_by": "the Trainer's get_train_dataloader()"}
     got["augment"] = rank.augmentation(loader)
-    if got["augment"] and "digests" in got["augment"]:
-        # the same fetch with this rank's global streams made different from the other ranks': what still
-        # comes out the same on every rank is drawn from a generator the Trainer's seeding does not reach
-        with _saved_rng():
-            seed = 7919 * (rank.rank + 1)
-            random.seed(seed)
-            np.random.seed(seed)
-            torch.manual_seed(seed)
-            own = rank.augmentation(loader)
-        got["augment"]["own_stream"] = (own or {}).get("digests")
+    rank.own_streams(loader, got["augment"])
+    rank.before_user = None  # the objects alive before the rank, kept for the probe only
     return got

@@ -97,3 +97,37 @@ def test_a_layerdrop_draw_that_changes_nothing_passes(project):
     )
     assert "dropout (drop (p=0.1)): the ranks' torch generators at the first step are identical" in text
     _no_leftover_process()
+
+
+def test_a_flip_from_a_generator_seeded_alike_in_every_rank_fails(project):
+    # dlcheck_make_dataloader runs in every rank: the dataset's torch.Generator().manual_seed(0) is built there, alike
+    project.conftest(t4.project(setup="seed_with_rank", loader="own_seeded_loader"))
+    run = project.run("--dlcheck=D4", "-rA")
+    run.assert_outcome("D4", "failed")
+    d4 = _flat(run.section("D4"))
+    assert "every rank's fetches are identical, one by one (rank 0: 2 different results" in d4
+    assert "reseeded differently: the fetches are still identical on every rank, one by one" in d4
+    assert (
+        "torch.Generator at dataset.gen (initial seed 0): built in the rank (after the launch started it); reseeded "
+        "differently on each rank, the fetches differ" in d4
+    )
+    assert (
+        "your data pipeline draws its augmentation from torch.Generator at dataset.gen (initial seed 0), built in" in d4
+    )
+    assert "torch.Generator().manual_seed(seed + rank)" in d4 and "A.Compose(..., seed=seed + rank)" in d4
+    _no_leftover_process()
+
+
+def test_a_flip_from_a_generator_the_ranks_inherit_is_not_judged(project):
+    # a module-level dataset whose NumPy generator was seeded from the OS in the pytest process: the forked ranks
+    # share its state, each process of a real launch would build its own
+    project.conftest(t4.project(setup="seed_with_rank", loader="inherited_loader"))
+    run = project.run("--dlcheck=D4", "-rA")
+    run.assert_outcome("D4", "passed")
+    text = _flat(run.text)
+    assert "every rank's fetches are identical, one by one" in text
+    assert "the augmentation's random stream across the ranks not judged" in text, text
+    assert "the same draws on every rank come from numpy.random.Generator at dataset.gen (SeedSequence entropy" in text
+    assert "dlcheck_make_dataloader hands every rank an object built before the launch" in text
+    assert "build it in dlcheck_make_dataloader, as each process does, to have it judged" in text
+    _no_leftover_process()

@@ -7,6 +7,7 @@ their rank processes, through the fork)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -75,6 +76,28 @@ def make_training_layerdrop():
     return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}
 
 
+class OwnFlipImages(Images):
+    """The same images flipped at random (p = 0.5) with a generator of the dataset's own: a ``torch.Generator`` or a
+    NumPy ``Generator`` (as albumentations 2.x's ``A.Compose`` holds), which no global seeding reaches."""
+
+    def __init__(self, gen):
+        super().__init__(flip=False)
+        self.gen = gen
+
+    def __getitem__(self, i):
+        image = super().__getitem__(i)["pixel_values"]
+        if isinstance(self.gen, torch.Generator):
+            flip = bool(torch.rand((), generator=self.gen) < 0.5)
+        else:
+            flip = bool(self.gen.random() < 0.5)
+        return {"pixel_values": image.flip(-1) if flip else image}
+
+
+#: built at import, in the pytest process, from the OS: each process of a real launch builds its own (different on
+#: every rank); the forked ranks inherit this one
+INHERITED = OwnFlipImages(np.random.default_rng())
+
+
 def wrap_ddp(state):
     model = nn.parallel.DistributedDataParallel(state["model"])
     return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}
@@ -97,6 +120,17 @@ def seed_with_rank(rank, world_size):
 def flip_loader():
     data = Images()
     return DataLoader(data, batch_size=2, sampler=DistributedSampler(data, shuffle=True, seed=0))
+
+
+def own_seeded_loader():
+    """Buggy: every rank builds its dataset with a generator seeded 0: the same flips on every rank."""
+    data = OwnFlipImages(torch.Generator().manual_seed(0))
+    return DataLoader(data, batch_size=2, sampler=DistributedSampler(data, shuffle=True, seed=0))
+
+
+def inherited_loader():
+    """The module-level dataset (its generator seeded from the OS at import), not built by the rank."""
+    return DataLoader(INHERITED, batch_size=2, sampler=DistributedSampler(INHERITED, shuffle=True, seed=0))
 
 
 def plain_loader():

@@ -11,6 +11,13 @@ draws from and whether DataLoader workers run:
   #37932 is this report for workers);
 - ``import`` with ``dataloader_num_workers=1``: buggy — the noise comes from a ``torch.Generator`` seeded once, at
   import, with a fixed seed: the same stream on every rank, which neither ``set_seed`` nor ``seed_worker`` reaches.
+  But the dist launch forks its ranks from the pytest process, which imported the module: they inherit that one
+  generator, as they would one seeded from the OS (``entropy``), so D4 cannot tell it (not judged, saying why);
+- ``entropy``: correct under torchrun — the dataset draws from a NumPy ``Generator`` built with ``default_rng()``
+  (seeded from the OS, as albumentations 2.x's ``A.Compose`` does without ``seed``) when the dataset is built: each
+  process of a real launch builds its own; the forked ranks inherit the pytest process's (not judged, saying why);
+- ``lazy`` with ``dataloader_num_workers=0``: buggy — the dataset builds its ``torch.Generator`` seeded with a fixed
+  seed at its first fetch, in the process that fetches: in every rank, alike (D4 fails).
 
 Imported by the throwaway user projects (and, in their rank processes, through the fork)."""
 
@@ -19,6 +26,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import DataCollatorForLanguageModeling, Trainer
 
@@ -33,18 +41,27 @@ REPLACE = 0.3
 
 class NoisyTokens(torch.utils.data.Dataset):
     """Tokenized examples whose tokens are replaced at random (probability ``REPLACE``) every time one is fetched;
-    the draws come from torch's global generator (``source="global"``) or from the module's ``NOISE``
-    (``source="import"``)."""
+    the draws come from torch's global generator (``source="global"``), from the module's ``NOISE``
+    (``source="import"``), from a NumPy generator seeded from the OS when the dataset is built (``"entropy"``) or
+    from a ``torch.Generator`` seeded with a fixed seed at the first fetch (``"lazy"``)."""
 
     def __init__(self, examples: list[dict], vocab: int, source: str = "global"):
         self.examples, self.vocab, self.source = examples, vocab, source
+        self.rng = np.random.default_rng() if source == "entropy" else None
+        self.gen: torch.Generator | None = None
 
     def __len__(self) -> int:
         return len(self.examples)
 
     def __getitem__(self, i: int) -> dict:
         ids = torch.tensor(self.examples[i]["input_ids"])
-        gen = NOISE if self.source == "import" else None
+        if self.rng is not None:
+            replace = torch.from_numpy(self.rng.random(ids.shape) < REPLACE)
+            noise = torch.from_numpy(self.rng.integers(3, self.vocab, ids.shape))
+            return {"input_ids": torch.where(replace, noise, ids).tolist()}
+        if self.source == "lazy" and self.gen is None:
+            self.gen = torch.Generator().manual_seed(1234)
+        gen = NOISE if self.source == "import" else self.gen
         replace = torch.rand(ids.shape, generator=gen) < REPLACE
         noise = torch.randint(3, self.vocab, ids.shape, generator=gen)
         return {"input_ids": torch.where(replace, noise, ids).tolist()}
