@@ -139,12 +139,18 @@ def check_grad_explosion(dlcheck):
         Uses the shared smoke run (see S1): the total gradient 2-norm at every optimizer step, before
         clipping, is compared with the median of the first ``baseline`` steps; the first step above
         ``factor`` x fails. Before clipping means: a Trainer's logged ``grad_norm`` (what its
-        ``clip_grad_norm_`` returns); a Lightning fit's gradients at ``on_before_optimizer_step`` (Lightning
-        clips after it); a plain loop's or an Accelerate step's gradients as the backward leaves them
-        (each parameter's gradient read when it is accumulated, unscaled by a GradScaler's scale), so the
-        value ``clip_grad_norm_`` / ``accelerator.clip_grad_norm_`` returns whichever way the step clips,
+        ``clip_grad_norm_`` returns; the smoke run logs every step, whatever the Trainer's
+        ``logging_strategy`` / ``logging_steps``); a Lightning fit's gradients at ``on_before_optimizer_step``
+        (Lightning clips after it); a plain loop's or an Accelerate step's gradients as the backward leaves
+        them (each parameter's gradient read when it is accumulated, unscaled by a GradScaler's scale), so
+        the value ``clip_grad_norm_`` / ``accelerator.clip_grad_norm_`` returns whichever way the step clips,
         and the norm at ``optimizer.step()`` for a step that does not clip. When the step clipped, the
-        evidence shows the norms at the step too.
+        evidence shows the norms at the step too. The series compared is of one kind: a step whose norm
+        before clipping is not known (a Trainer that clips, at a step it did not log; a loop step with a
+        gradient from no backward the run saw) is left out, and the pass says how many. When too few norms
+        before clipping are known for the baseline, every step's norm at ``optimizer.step()`` is compared
+        instead (a clip only lowers a norm, so an explosion there is one before clipping too), and the pass
+        leaves the norms before clipping not judged (partly judged).
     Why it is bad
         Exploding gradients precede a divergence (S2) or a NaN (S1): updates grow, the weights leave the
         region where the loss is smooth, and training is lost. Clipping hides it in the updates but not in
@@ -159,25 +165,41 @@ def check_grad_explosion(dlcheck):
         is averaged, not summed, over tokens/examples.
     Known problems
         Needs gradient norms: a run that does not expose them (a custom loop whose optimizer is not in
-        dlcheck_make_training) skips. A loop step that scales the loss with a GradScaler kept outside the
+        dlcheck_make_training) skips. A Trainer whose own callback stops its logs (``control.should_log``)
+        gives norms before clipping at the logged steps only; a clip hides an explosion from a comparison of
+        the norms at ``optimizer.step()``. A loop step that scales the loss with a GradScaler kept outside the
         dlcheck_make_training dict (not an entry, not the Accelerator's) has its norms before clipping read
         scaled by the loss scale (the comparison with the first steps holds; the numbers are the scaled ones).
     Not applicable
         None: every run that takes optimizer steps has gradients.
     """
     run = smoke_run(dlcheck)
-    norms = [
-        (r.step, r.grad_norm, r) for r in run.trajectory.steps if r.grad_norm is not None and math.isfinite(r.grad_norm)
-    ]
-    base_n = dlcheck.setting("baseline")
+    steps = run.trajectory.steps
+    base_n, factor = dlcheck.setting("baseline"), dlcheck.setting("factor")
+    before = [(r.step, r.grad_norm, r) for r in steps if r.grad_norm is not None and math.isfinite(r.grad_norm)]
+    unknown = [r for r in steps if r.grad_norm is None and r.step_norm is not None]
+    why = run.trajectory.notes.get("step_norm_why") or "read after the step's clipping, if any"
+    pre = len(before) > base_n or not unknown
+    # one kind of norm: before clipping; or, when too few of those are known, every step's at optimizer.step()
+    # (a clip only lowers a norm, so an explosion there is one before it too; none there proves nothing)
+    norms = before if pre else [(r.step, n, r) for r in steps if (n := _at_step(r)) is not None and math.isfinite(n)]
     if len(norms) <= base_n:
         dlcheck.skip(
             f"the smoke run recorded {len(norms)} finite gradient norms: too few to judge (raise S1.steps"
             + (", or S1.max_micro_steps under gradient accumulation)" if run.capped else ")")
         )
-    factor = dlcheck.setting("factor")
+    kind = "before clipping" if pre else "at optimizer.step(), after any clipping of yours"
+    base_steps = _steps_text([s for s, _, _ in norms[:base_n]])
+    if run.by_micro_step:  # records by micro-step: say which optimizer steps they are
+        made = [sum(1 for r in steps if r.step <= s and r.lr is not None) for s, _, _ in norms[:base_n]]
+        base_steps = f"micro-{base_steps} (optimizer {_steps_text(made)})"
+    left = (
+        f"{len(unknown)} of {len(steps)} steps not compared: their norm before clipping is not known ({why})"
+        if pre and unknown
+        else None
+    )
     watch = detectors.GradWatch(factor, base_n)
-    clipped = [(s, r.clipped_norm) for s, _, r in norms if r.clipped_norm is not None]
+    clipped = [(s, r.clipped_norm) for s, _, r in norms if r.clipped_norm is not None] if pre else []
     for step, norm, rec in norms:
         if watch.reference is not None and watch.reference <= 0:
             dlcheck.skip("the first gradient norms are 0: nothing to compare against (see T3)")
@@ -186,8 +208,8 @@ def check_grad_explosion(dlcheck):
             series = ", ".join(f"{s}: {n:.3g}" for s, n, _ in norms if s <= step)
             evidence = [
                 f"{run.at(step)}: gradient norm {norm:.4g} = {boom.ratio:.0f} x the median "
-                f"{boom.reference:.4g} of steps 1-{base_n} (limit {factor} x)",
-                f"gradient norms before clipping: {series}",
+                f"{boom.reference:.4g} of {base_steps} (limit {factor} x)",
+                f"gradient norms {kind}: {series}",
             ]
             shown = [(s, n) for s, n in clipped if s <= step]
             if shown:
@@ -196,13 +218,26 @@ def check_grad_explosion(dlcheck):
                     + ", ".join(f"{s}: {n:.3g}" for s, n in shown[-8:])
                     + " (the clip hides the explosion from the updates, not from the norm)"
                 )
+            if not pre:
+                evidence.append(
+                    f"the norm before clipping is known at {len(before)} of {len(steps)} steps ({why}): these are "
+                    "the norms the updates used, and a clip only lowers them"
+                )
+            elif left:
+                evidence.append(left)
             evidence.append(f"losses: {show_losses(run.trajectory, upto=step)}; {_lr_text(rec)}")
             dlcheck.fail(evidence, detectors.grad_cause(_lr_text(rec)), detectors.GRAD_FIX)
     reference = watch.reference
     highest = max(norms[base_n:], key=lambda t: t[1])
+    if not pre:
+        dlcheck.not_judged(
+            "the gradient norms before clipping",
+            f"known at {len(before)} of {len(steps)} steps ({why}); the norms at optimizer.step() were compared "
+            "instead, in which a clip would hide an explosion",
+        )
     dlcheck.measured(
-        f"{run.length}: gradient norms {norms[0][1]:.3g} -> {norms[-1][1]:.3g} (before clipping), at most "
-        f"{highest[1]:.3g} = {highest[1] / reference:.2f} x the median {reference:.3g} of steps 1-{base_n} "
+        f"{run.length}: gradient norms {norms[0][1]:.3g} -> {norms[-1][1]:.3g} ({kind}), at most "
+        f"{highest[1]:.3g} = {highest[1] / reference:.2f} x the median {reference:.3g} of {base_steps} "
         f"({run.where(highest[0])}; an explosion is {factor} x)",
         *(
             [
@@ -211,12 +246,32 @@ def check_grad_explosion(dlcheck):
             if clipped
             else []
         ),
+        *([left] if left else []),
         norms=len(norms),
+        before_clipping=pre,
         reference=reference,
         largest=highest[1],
         largest_ratio=round(highest[1] / reference, 4),
         clipped_steps=len(clipped),
+        not_compared=len(unknown) if pre else 0,
     )
+
+
+def _at_step(rec: Any) -> float | None:
+    """The gradient norm at ``optimizer.step()``: after the step's clipping, when it clipped."""
+    for value in (rec.clipped_norm, rec.step_norm, rec.grad_norm):
+        if value is not None:
+            return value
+    return None
+
+
+def _steps_text(steps: list[int]) -> str:
+    """``steps 1-3``, or ``steps 5, 10 and 15`` when they do not follow one another."""
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    if steps == list(range(steps[0], steps[0] + len(steps))):
+        return f"steps {steps[0]}-{steps[-1]}"
+    return "steps " + ", ".join(map(str, steps[:-1])) + f" and {steps[-1]}"
 
 
 def _target_networks(dlcheck: Any) -> dict[str, str]:

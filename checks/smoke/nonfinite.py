@@ -16,6 +16,12 @@ def _num(value) -> str:
     return "not logged" if value is None else f"{value:.4g}"
 
 
+def _norm(rec) -> str:
+    if rec.grad_norm is None and rec.step_norm is not None:
+        return f"{rec.step_norm:.4g} at optimizer.step()"  # the norm before clipping not known at this step
+    return _num(rec.grad_norm)
+
+
 def _param_dtypes(optimizer) -> set:
     return {p.dtype for g in optimizer.param_groups for p in g["params"]} if optimizer is not None else set()
 
@@ -68,7 +74,7 @@ def check_nonfinite_run(dlcheck):
             continue
         before = show_losses(traj, upto=rec.step - 1) if rec.step > 1 else "none (the first step)"
         evidence = [
-            f"{run.at(rec.step)}: loss {_num(rec.loss)}, gradient norm {_num(rec.grad_norm)}, "
+            f"{run.at(rec.step)}: loss {_num(rec.loss)}, gradient norm {_norm(rec)}, "
             f"lr {_num(rec.lr)}; losses before it: {before}"
         ]
         opt = traj.notes.get("optimizer")

@@ -504,6 +504,9 @@ class StepRecord:
     #: the gradient norm at ``optimizer.step()`` when the user's step changed the gradients after the backward
     #: (clipped them): ``grad_norm`` is then the norm before, as ``clip_grad_norm_`` returns it
     clipped_norm: float | None = None
+    #: the gradient norm at ``optimizer.step()`` of a step whose norm before clipping is not known (``grad_norm``
+    #: None): the step may have clipped it, so it is never compared with norms before clipping
+    step_norm: float | None = None
     #: a content digest of each example trained at this step (:func:`example_digests`), every micro-batch's
     examples: list[str] | None = None
 
@@ -810,7 +813,8 @@ def watch_optimizer(
     loss_scale: Callable[[], float | None] | None = None,
 ) -> Callable[[], None]:
     """Record, at every optimizer step, the gradient norm (before the step's clipping: :class:`PreClipNorms`;
-    the norm at the step too, in ``clipped_norm``, when they differ), non-finite gradients and parameters,
+    the norm at the step too, in ``clipped_norm``, when they differ; only the norm at the step, in ``step_norm``,
+    when the one before clipping is not known), non-finite gradients and parameters,
     the LR, and the optimizer steps in ``traj.calls``. Returns the function that removes the watch."""
     optimizer = unwrap_prepared(optimizer)
     params = optimizer_params(optimizer, names)
@@ -820,10 +824,17 @@ def watch_optimizer(
         rec = traj.record(step_of())
         at_step, rec.nonfinite_grads = grad_report(params)
         backward = before_clip.take()
-        rec.grad_norm = at_step
-        if backward is not None and math.isfinite(at_step) and math.isfinite(backward):
-            if abs(backward - at_step) > 1e-3 * max(backward, at_step):
-                rec.grad_norm, rec.clipped_norm = backward, at_step
+        if backward is None and any(p.grad is not None for _, p in params):
+            # a gradient that came from no backward this watch saw: whether the step clipped before this is not known
+            rec.step_norm = at_step
+            traj.notes.setdefault(
+                "step_norm_why", "a gradient at optimizer.step() came from no backward the smoke run watched"
+            )
+        else:
+            rec.grad_norm = at_step
+            if backward is not None and math.isfinite(at_step) and math.isfinite(backward):
+                if abs(backward - at_step) > 1e-3 * max(backward, at_step):
+                    rec.grad_norm, rec.clipped_norm = backward, at_step
         rec.lr = float(opt.param_groups[0]["lr"])
 
     def post(opt, args, kwargs):

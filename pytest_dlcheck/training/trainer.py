@@ -100,6 +100,7 @@ class TrainerSetup:
             report_to="none",
             push_to_hub=False,
             disable_tqdm=True,
+            logging_strategy="steps",  # every step's loss and grad_norm, whatever the user's cadence (epoch, no)
             logging_steps=1,
             logging_nan_inf_filter=False,
             eval_strategy="no",
@@ -302,7 +303,18 @@ class TrainerSetup:
                 if model is not None and not self.params:
                     self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
                 rec = traj.record(state.global_step + 1)
-                rec.grad_norm, rec.nonfinite_grads = grad_report(self.params)
+                norm, rec.nonfinite_grads = grad_report(self.params)
+                clip = as_float(getattr(args, "max_grad_norm", None)) or 0
+                if clip > 0:
+                    # the Trainer clipped before this hook: the norm before its clipping comes with its log
+                    rec.step_norm = norm
+                    traj.notes.setdefault(
+                        "step_norm_why",
+                        f"the Trainer clips at max_grad_norm={clip:g} before its optimizer step and logs the norm "
+                        "before clipping (grad_norm) only at the steps it logs",
+                    )
+                else:
+                    rec.grad_norm = norm
 
             def on_optimizer_step(self, args, state, control, **kw):
                 traj.calls.append("opt")
@@ -322,9 +334,11 @@ class TrainerSetup:
                 rec.loss = as_float(logs["loss"])
                 rec.lr = as_float(logs.get("learning_rate", rec.lr))
                 if logs.get("grad_norm") is not None:
-                    # the Trainer logs the norm before its clipping (what clip_grad_norm_ returned); the hook
-                    # before the optimizer step read the gradients after it
-                    at_step, rec.grad_norm = rec.grad_norm, as_float(logs["grad_norm"])
+                    # the Trainer logs the norm before its clipping (what clip_grad_norm_ returned) of the step it
+                    # logs at; the hook before the optimizer step read the gradients after it. A step it does not
+                    # log keeps only that (step_norm): never compared with norms before clipping
+                    at_step = rec.step_norm if rec.step_norm is not None else rec.grad_norm
+                    rec.grad_norm, rec.step_norm = as_float(logs["grad_norm"]), None
                     if at_step is not None and rec.grad_norm is not None and at_step < rec.grad_norm * (1 - 1e-3):
                         rec.clipped_norm = at_step
                 rec.metrics = {

@@ -242,3 +242,120 @@ def test_a_trainer_that_clips_healthy_norms_passes(project):
     run = project.run("--dlcheck=S3", "-rA")
     run.assert_outcome("S3", "passed")
     run.fnmatch(["20-step smoke run: gradient norms * -> * (before clipping), at most * = * x the median *"])
+
+
+# --------------------------------------------------------------------------------------------------
+# S3 and a Trainer that clips and logs less often than every step: its logged grad_norm is the norm before clipping,
+# the gradients at its optimizer step are clipped; the two are never one series (found blind on transformers'
+# run_object_detection.py: logging_strategy="epoch", norms 1, 1, 1, 1, 1 after clipping then 283 before it)
+
+REGRESSOR_TRAINER = """
+    import pytest, torch
+    from torch import nn
+    from datasets import Dataset
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    class Regressor(nn.Module):
+        # targets around 50 +- 50, as a detector's box regression in pixels: gradient norms in the hundreds
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+        def forward(self, x, labels=None):
+            out = self.net(x).squeeze(-1)
+            return {{"loss": nn.functional.mse_loss(out, labels), "logits": out}}
+
+    class LogEvery(TrainerCallback):
+        def __init__(self, n):
+            self.n = n
+
+        def on_step_end(self, args, state, control, **kwargs):
+            control.should_log = state.global_step % self.n == 0
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(48, 8, generator=g)
+        y = 30 * x[:, :3].sum(-1) + 50
+        model = Regressor()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma={gamma})
+        args = TrainingArguments(str(tmp_path_factory.mktemp("o")), report_to="none", use_cpu=True, max_steps=20,
+                                 per_device_train_batch_size=8, save_strategy="no", disable_tqdm=True,
+                                 max_grad_norm=1.0, seed=0, {logging})
+        return Trainer(model=model, args=args, optimizers=(opt, sched), callbacks={callbacks},
+                       train_dataset=Dataset.from_list([{{"x": a.tolist(), "labels": float(b)}} for a, b in zip(x, y)]))
+"""
+
+
+def regressor_trainer(gamma: str, logging: str = 'logging_strategy="epoch"', callbacks: str = "[]") -> str:
+    return REGRESSOR_TRAINER.format(gamma=gamma, logging=logging, callbacks=callbacks)
+
+
+@pytest.mark.parametrize("logging", ['logging_strategy="epoch"', 'logging_strategy="no"', "logging_steps=5"])
+def test_a_trainer_logging_less_often_compares_norms_before_clipping(project, logging):
+    """Norms in the hundreds, clipped to 1 at every step, falling as the learning rate decays (gamma 0.9): the
+    smoke run logs every step whatever the user's cadence, so S3 compares the norms before clipping only."""
+    project.conftest(regressor_trainer("0.9", logging))
+    run = project.run("--dlcheck=S3", "-rA")
+    run.assert_outcome("S3", "passed")
+    run.fnmatch(
+        [
+            "20-step smoke run: gradient norms 1?? -> 1?? (before clipping), at most * = * x the median 1?? of steps "
+            "1-3 (step *; an explosion is 10.0 x)",
+            "20 of 20 steps clipped: at optimizer.step() the norm was at most 1",
+        ]
+    )
+
+
+def test_a_trainer_logging_per_epoch_whose_norms_explode_fails(project):
+    """The same Trainer with the learning rate growing 2x a step (gamma 2.0, meant 0.2): its norms before clipping
+    grow past 10x their start while the clip leaves 1 at every optimizer step."""
+    project.conftest(regressor_trainer("2.0"))
+    run = project.run("--dlcheck=S3")
+    run.assert_outcome("S3", "failed")
+    text = tt.section(run, "S3")
+    found = re.search(r"step (\d+) of 20: gradient norm ([\d.e+]+) = (\d+) x the median ([\d.]+) of steps 1-3", text)
+    assert found and float(found[3]) > 10 and float(found[4]) > 100, text
+    before = re.search(r"gradient norms before clipping: ([^;]*?) at optimizer", text)
+    assert before and len(before[1].split(", ")) == int(found[1]), text
+    assert min(float(p.split(": ")[1]) for p in before[1].split(", ")) > 50, text  # no clipped norm among them
+    after = re.search(r"at optimizer.step\(\), after your clipping: (.*?) \(the clip hides", text)
+    assert after and {p.split(": ")[1] for p in after[1].split(", ")} == {"1"}, text
+
+
+def test_steps_a_trainer_does_not_log_are_not_compared_with_norms_before_clipping(project):
+    """A callback of the user's lets the Trainer log every fifth step only: the other steps' norms are known only
+    after the clipping, and S3 compares the four logged norms before clipping, saying which steps it left."""
+    project.conftest(regressor_trainer("0.9", "logging_steps=1", "[LogEvery(5)]"))
+    run = project.run("--dlcheck=S3", "-rA")
+    run.assert_outcome("S3", "passed")
+    run.fnmatch(
+        [
+            "20-step smoke run: gradient norms * -> * (before clipping), at most * = * x the median 1?? of steps 5, "
+            "10 and 15 (step 20; an explosion is 10.0 x)",
+            "16 of 20 steps not compared: their norm before clipping is not known (the Trainer clips at "
+            "max_grad_norm=1 before its optimizer step and logs the norm before clipping (grad_norm) only at the "
+            "steps it logs)",
+        ]
+    )
+
+
+def test_too_few_norms_before_clipping_compares_the_norms_at_the_step_and_says_so(project):
+    """Logged every tenth step only: two norms before clipping, too few for a baseline of three. S3 compares every
+    step's norm at optimizer.step() instead (one kind: a clip only lowers them), and its pass leaves the norms before
+    clipping not judged."""
+    project.conftest(regressor_trainer("0.9", "logging_steps=1", "[LogEvery(10)]"))
+    run = project.run("--dlcheck=S3", "-rA")
+    run.assert_outcome("S3", "passed")
+    run.fnmatch(
+        [
+            "*S3_grad_explosion PASSED (*partly judged: the gradient norms before clipping not judged)*",
+            "20-step smoke run: gradient norms 1 -> 1 (at optimizer.step(), after any clipping of yours), at most 1 = "
+            "1.00 x the median 1 of steps 1-3 (step *; an explosion is 10.0 x)",
+            "the gradient norms before clipping: not judged, known at 2 of 20 steps (the Trainer clips at max_grad_norm=1 before "
+            "its optimizer step and logs the norm before clipping (grad_norm) only at the steps it logs); the norms at "
+            "optimizer.step() were compared instead, in which a clip would hide an explosion*",
+        ]
+    )
