@@ -427,7 +427,7 @@ def generator_name(key: str) -> str:
 
 def rng_digests() -> dict[str, str]:
     """A digest of every global generator's state: Python's random, NumPy's, torch's CPU one and, when CUDA is in
-    use in this process, each device's."""
+    use in this process, its current device's."""
     import numpy as np
     import torch
 
@@ -438,8 +438,8 @@ def rng_digests() -> dict[str, str]:
         "torch": tensor_digest(torch.get_rng_state()),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for i, state in enumerate(torch.cuda.get_rng_state_all()):
-            found[f"cuda:{i}"] = tensor_digest(state)
+        i = torch.cuda.current_device()  # this rank's device only: another device's generator is another rank's
+        found[f"cuda:{i}"] = tensor_digest(torch.cuda.get_rng_state(i))
     return found
 
 
@@ -458,10 +458,10 @@ def next_draws(n: int = 3) -> dict[str, list[float]]:
         "torch": torch.rand(n, generator=torch.Generator().set_state(torch.get_rng_state())).tolist(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for i, state in enumerate(torch.cuda.get_rng_state_all()):
-            cg = torch.Generator(device=f"cuda:{i}")
-            cg.set_state(state)
-            found[f"cuda:{i}"] = torch.rand(n, generator=cg, device=f"cuda:{i}").cpu().tolist()
+        i = torch.cuda.current_device()  # this rank's device only: no CUDA context opened on the other ranks' GPUs
+        cg = torch.Generator(device=f"cuda:{i}")
+        cg.set_state(torch.cuda.get_rng_state(i))
+        found[f"cuda:{i}"] = torch.rand(n, generator=cg, device=f"cuda:{i}").cpu().tolist()
     return found
 
 
@@ -863,7 +863,7 @@ class Rank:
                         "at_step": at_step,
                         "next": draws,
                         "moved": moved,
-                        "depends": self.stream_dependence(state, inner, batch) if moved else None,
+                        "depends": self.stream_dependence(state, inner, batch, moved) if moved else None,
                     }
                 if before == 0 and seen["steps"] > 0:
                     restore_dropout(drops)
@@ -890,11 +890,15 @@ class Rank:
         #: the gradient-norm clippings of the micro-steps up to the first optimizer step (D2: is the length judged)
         rec["clips"] = clips if seen["grads"] is not None else None
 
-    def stream_dependence(self, state: dict[str, Any], inner: Any, batch: Any) -> dict[str, Any]:
+    def stream_dependence(
+        self, state: dict[str, Any], inner: Any, batch: Any, moved: list[str] | None = None
+    ) -> dict[str, Any]:
         """D4: whether the loss of the first batch depends on the global generators (dropout still off): the
         user's loss (dlcheck_compute_loss, or the model's own) on that batch under two different seeds, without
-        gradient, the model's buffers and the generators put back. ``{"losses": [a, b]}``, or ``{"error": why}``
-        when the loss cannot be computed here (a sharded model, no loss of the batch)."""
+        gradient, the model's buffers and the generators put back. ``{"losses": [a, b], "by": {generator: whether
+        reseeding it alone changes the loss}}`` (``by`` only when the step moved more than one generator: one
+        reseeded at a time), or ``{"error": why}`` when the loss cannot be computed here (a sharded model, no loss
+        of the batch)."""
         import numpy as np
         import torch
 
@@ -902,13 +906,21 @@ class Rank:
             return {"error": "the loss of a batch is not computed on a sharded model"}
         buffers = {n: b.detach().clone() for n, b in inner.named_buffers()}
         losses: list[float] = []
+        by: dict[str, bool] = {}
+        seeders = {"random": random.seed, "numpy": np.random.seed, "torch": torch.manual_seed}
+
+        def loss_at(seeds: dict[str, int]) -> float:
+            with _saved_rng(), torch.no_grad():
+                for name, seed_fn in seeders.items():
+                    seed_fn(seeds.get(name, 11))
+                return float(self.setup.loss_of(inner, batch))
+
         try:
-            for seed in (11, 12):
-                with _saved_rng(), torch.no_grad():
-                    random.seed(seed)
-                    np.random.seed(seed)
-                    torch.manual_seed(seed)
-                    losses.append(float(self.setup.loss_of(inner, batch)))
+            losses = [loss_at({}), loss_at(dict.fromkeys(seeders, 12))]
+            several = [g for g in (moved or []) if g in seeders]
+            if len(several) > 1:
+                for g in several:
+                    by[g] = loss_at({g: 12}) != losses[0]
         except Exception as exc:  # noqa: BLE001 - a loss the rank cannot compute: D4 says the dependence is not known
             return {"error": getattr(exc, "message", None) or f"{type(exc).__name__}: {str(exc)[:200]}"}
         finally:
@@ -916,7 +928,7 @@ class Rank:
                 for n, b in inner.named_buffers():
                     if n in buffers:
                         b.copy_(buffers[n])
-        return {"losses": losses}
+        return {"losses": losses, "by": by}
 
     # ---- D5
 

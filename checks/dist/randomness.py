@@ -457,7 +457,19 @@ def _step_draws(recs: list[dict[str, Any]]) -> tuple[list[str], list[str], list[
     moved = sorted({k for s in step for k in s["moved"]})
     alike = [k for k in moved if len({s["at_step"].get(k) for s in step}) == 1]
     dep = step[0].get("depends") or {}
-    return moved, alike, dep.get("losses"), dep.get("error")
+    by = dep.get("by") or {}
+    # a generator alike on every rank whose reseeding alone leaves the loss as it is (a np.random draw for logging
+    # beside noise drawn from torch seeded apart) is not what makes the ranks' draws matter: left out
+    return moved, [k for k in alike if by.get(k, True)], dep.get("losses"), dep.get("error")
+
+
+def _alike_but_idle(recs: list[dict[str, Any]]) -> list[str]:
+    """The generators identical on every rank that the first micro-step moved, whose reseeding alone does not change
+    the loss of its batch (measured when the step moved more than one generator)."""
+    step = [r["step_rng"] for r in recs]
+    by = (step[0].get("depends") or {}).get("by") or {}
+    moved = sorted({k for s in step for k in s["moved"]})
+    return [k for k in moved if len({s["at_step"].get(k) for s in step}) == 1 and by.get(k) is False]
 
 
 def _loss_unchanged(losses: list[float] | None) -> bool:
@@ -512,6 +524,14 @@ def _judge_step(dlcheck: Any, recs: list[dict[str, Any]], world: int, notes: lis
             "of 0)"
         )
         return
+    idle = _alike_but_idle(recs)
+    if not alike and idle:
+        notes.append(
+            f"the first micro-step (dropout off) draws from {drawn}; {', '.join(map(launch.generator_name, idle))} "
+            "is identical on every rank, but reseeding it alone leaves the loss of the step's batch as it is: the "
+            "draws that change the loss come from generators seeded apart"
+        )
+        return
     if not alike:
         states = "; ".join(
             f"{launch.generator_name(k)}: "
@@ -521,6 +541,16 @@ def _judge_step(dlcheck: Any, recs: list[dict[str, Any]], world: int, notes: lis
         notes.append(
             f"the first micro-step (dropout off) draws from {drawn}, whose state differs between the ranks when it "
             f"begins (the ranks are seeded apart: {states})"
+        )
+        return
+    if losses is None:
+        # draws alike on every rank whose effect on the loss is not known (no loss of the batch here: a step of its
+        # own without dlcheck_compute_loss): a LayerDrop draw at 0 changes nothing, noise changes everything
+        dlcheck.not_judged(
+            "the training step's draws",
+            f"the first micro-step (dropout off) draws from {', '.join(map(launch.generator_name, alike))}, identical "
+            f"on every rank, and whether those draws change the loss was not measured ({error}): define "
+            "dlcheck_compute_loss to have it judged",
         )
         return
     seeded = (

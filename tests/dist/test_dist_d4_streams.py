@@ -131,3 +131,22 @@ def test_a_flip_from_a_generator_the_ranks_inherit_is_not_judged(project):
     assert "dlcheck_make_dataloader hands every rank an object built before the launch" in text
     assert "build it in dlcheck_make_dataloader, as each process does, to have it judged" in text
     _no_leftover_process()
+
+
+def test_a_generator_alike_on_every_rank_that_the_loss_does_not_read_passes(project):
+    """Found in review: NumPy seeded alike (a draw that decides whether to log) beside torch seeded with the rank
+    (the noise): reseeding every generator at once made the loss move, and D4 blamed NumPy's. Each generator is now
+    reseeded alone: NumPy's leaves the loss as it is, and the noise differs between the ranks."""
+    project.conftest(
+        t4.project(
+            setup="seed_numpy_alike_torch_apart",
+            loader="plain_loader",
+            step="noise_step_logging",
+            loss="noise_loss_logging",
+        )
+    )
+    run = project.run("--dlcheck=D4", "-rA")
+    run.assert_outcome("D4", "passed")
+    text = _flat(run.text)
+    assert "NumPy's global generator is identical on every rank, but reseeding it alone leaves the loss" in text, text
+    _no_leftover_process()

@@ -59,6 +59,14 @@ def noise_loss(model, batch):
     return F.mse_loss(model(alpha.sqrt() * x + (1 - alpha).sqrt() * noise, t), noise)
 
 
+def noise_loss_logging(model, batch):
+    """noise_loss, and a NumPy draw that decides nothing the loss reads (whether to log this step)."""
+    import numpy as np
+
+    np.random.rand()
+    return noise_loss(model, batch)
+
+
 def plain_loss(model, batch):
     """A deterministic loss (a fixed timestep, no noise): nothing drawn but what the model draws."""
     x = batch["pixel_values"]
@@ -117,6 +125,17 @@ def seed_with_rank(rank, world_size):
     set_seed(42 + rank)
 
 
+def seed_numpy_alike_torch_apart(rank, world_size):
+    """Python's and NumPy's generators seeded alike, torch's with the rank: only torch's draws reach the loss."""
+    import random
+
+    import numpy as np
+
+    random.seed(42)
+    np.random.seed(42)
+    torch.manual_seed(42 + rank)
+
+
 def flip_loader():
     data = Images()
     return DataLoader(data, batch_size=2, sampler=DistributedSampler(data, shuffle=True, seed=0))
@@ -156,6 +175,7 @@ def _step(loss_of):
 
 
 noise_step = _step(noise_loss)
+noise_step_logging = _step(noise_loss_logging)
 plain_step = _step(plain_loss)
 
 
