@@ -72,7 +72,9 @@ def check_rank_randomness(dlcheck):
         may read as unchanged. Draws from a ``torch.Generator`` of the user's own are not followed in the step
         (they show in the augmentation's fetches only). When the loss of the batch cannot be computed (no
         ``dlcheck_compute_loss`` for a model that does not take the batch), a step drawing alike on every rank
-        fails without that measurement, saying so. A Trainer's own training steps are not followed (its dropout
+        is said not judged (the draws may change nothing: a LayerDrop at 0); define ``dlcheck_compute_loss``.
+        When the step moves several global generators, each is reseeded alone: one alike on every rank that
+        leaves the loss as it is (a draw for logging) is not blamed. A Trainer's own training steps are not followed (its dropout
         is stated). The augmentation is probed through the loader each process builds:
         ``dlcheck_make_dataloader``'s, the one an Accelerate user's factory holds, or a Trainer's own; a
         Trainer's initial weights are a copy of your Trainer's model on every rank (your own initialisation is
