@@ -271,6 +271,9 @@ KNOWN_OPEN: dict[tuple[str, str, str, str], str] = {
     ("vision", "model", "meta", "V3"): PASS_ON_UNUSABLE,
     ("vision", "model", "meta", "V7"): PASS_ON_UNUSABLE,
     ("vision", "model", "raises_forward", "V1"): PASS_ON_UNUSABLE,
+    # V2's model-mode half reads the model's modules (no dropout, no BatchNorm with running statistics: model.eval()
+    # changes nothing) without running its forward, which raises: true of the modules, silent on the forward
+    ("vision", "model", "raises_forward", "V2"): PASS_ON_UNUSABLE,
 }
 
 
