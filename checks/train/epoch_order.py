@@ -12,6 +12,7 @@ from ...errors import MISSING
 from ...guard import preserved_dataloader, preserved_rng
 from ...registry import Setting, check
 from ...training import find_setup, memo_or_skip
+from . import worker_streams
 
 #: entries of an epoch's order that are compared (the first ones): bounded cost on any dataset
 COMPARED = 64
@@ -150,9 +151,9 @@ def _own_epoch_start(dlcheck: Any, setup: Any) -> Any:
     return lambda loader, epoch: dlcheck.call("start_epoch", lambda: fn(state, loader, epoch))
 
 
-def _fail_or_judge_no_shuffle(dlcheck, setup, loader, where) -> None:
+def _fail_or_judge_no_shuffle(dlcheck, setup, loader, where) -> tuple[str, str]:
     """A training loader that does not shuffle gives every epoch the same order: fails when the run's plan is
-    visible and trains more than one epoch; not applicable for one epoch; not judged (a skip saying so) when the
+    visible and trains more than one epoch; ("not applicable", why) for one epoch; ("not judged", why) when the
     number of epochs lives in the user's own loop."""
     kind = type(getattr(loader, "sampler", None)).__name__
     try:
@@ -163,7 +164,7 @@ def _fail_or_judge_no_shuffle(dlcheck, setup, loader, where) -> None:
     plan = _planned_epochs(setup, loader, dlcheck.role("num_epochs"))
     if plan is None:
         lightning = setup is not None and setup.kind == "lightning"
-        dlcheck.skip(
+        return "not judged", (
             f"{where} does not shuffle ({kind}): every epoch visits the examples in the same order, which matters "
             "when the run trains more than one epoch; "
             + (
@@ -177,7 +178,7 @@ def _fail_or_judge_no_shuffle(dlcheck, setup, loader, where) -> None:
         )
     epochs, read = plan
     if epochs <= 1:
-        dlcheck.not_applicable(
+        return "not applicable", (
             f"{where} does not shuffle ({kind}), and the run trains one epoch ({read}): no order repeats"
         )
     dlcheck.fail(
@@ -192,6 +193,95 @@ def _fail_or_judge_no_shuffle(dlcheck, setup, loader, where) -> None:
         "a DistributedSampler(shuffle=True) with sampler.set_epoch(epoch) each epoch",
         epochs=epochs,
     )
+    raise AssertionError("unreachable: dlcheck.fail raises")
+
+
+def _judge_worker_streams(dlcheck, loader, where) -> tuple[str | None, str | None]:
+    """Run the loader's dataset in its own worker setup (:mod:`.worker_streams`) and fail when the workers, or
+    each epoch's fresh workers, replay one random stream. Returns (what was judged, what was not) — None where
+    there is nothing of the kind."""
+    workers = int(getattr(loader, "num_workers", 0) or 0)
+    persistent = bool(getattr(loader, "persistent_workers", False))
+    if workers < 1 or _iterable(loader) or not hasattr(getattr(loader, "dataset", None), "__getitem__"):
+        return None, None
+    if workers < 2 and persistent:
+        return None, None  # one worker that lives across the epochs: one stream, never replayed
+    got = worker_streams.probe(loader)
+    n = worker_streams.FETCHES
+    if "error" in got:
+        return None, (
+            f"worker streams: fetching one example {n} times in {min(2, workers)} workers of a loader built like "
+            f"yours raised {got['error']}"
+        )
+    fetches, index, used = got["fetches"], got["index"], got["workers"]
+    distinct = len({d for ds in fetches.values() for d in ds})
+    if all(len(set(ds)) == 1 for ds in fetches.values()):
+        return (
+            f"num_workers={workers}: example {index} fetched {n} times in each of {used} worker(s), in two epochs, "
+            "is the same every time: the examples draw no random augmentation that workers could repeat"
+        ), None
+    w0, w1, e1 = fetches.get((0, 0)), fetches.get((0, 1)), fetches.get((1, 0))
+    same_workers = w1 is not None and w0 == w1
+    same_epochs = not persistent and e1 is not None and e1 == w0
+    chance = worker_streams.chance_alike(fetches)
+    if same_workers or same_epochs:
+        if chance > dlcheck.setting("false_alarm"):
+            return None, (
+                f"worker streams: example {index} fetched {n} times gives the same results in "
+                + ("both workers" if same_workers else "each epoch's fresh worker")
+                + f", but its augmentation has only {distinct} distinct results: two independent streams agree so "
+                f"with probability {chance:.1e}, too likely to tell"
+            )
+        gens = worker_streams.private_generators(loader.dataset)
+        replay = " and ".join(
+            part
+            for part, on in (
+                (f"worker 0 and worker 1 give the same {n} results in the same order", same_workers),
+                ("epoch 1's fresh worker 0 gives them again", same_epochs),
+            )
+            if on
+        )
+        dlcheck.fail(
+            [
+                f"{where}: num_workers={workers}"
+                + (", persistent_workers=True" if persistent else "")
+                + f"; example {index} fetched {n} times in each worker of a loader built like yours (its "
+                "worker_init_fn and start method): "
+                + replay
+                + f" ({distinct} distinct results among them; independent streams agree so with probability "
+                f"{chance:.1e})",
+                "the dataset holds its own random generator(s): " + ", ".join(gens)
+                if gens
+                else "no generator of the dataset's own was found in its attributes (it may live in a closure or a "
+                "module)",
+            ],
+            "the examples' random augmentation draws from a generator that every DataLoader worker copies from the "
+            "main process (torch seeds each worker's global torch, python and numpy generators, never one that a "
+            "dataset or a transform owns): "
+            + (
+                "the workers replay one stream, so each augmentation is repeated num_workers times"
+                if same_workers
+                else ""
+            )
+            + ("; " if same_workers and same_epochs else "")
+            + (
+                "each epoch's workers start again from the main process's copy, so every epoch repeats the "
+                "augmentations of the first"
+                if same_epochs
+                else ""
+            ),
+            "reseed the dataset's own generator in each worker from the seed torch gives it, in a worker_init_fn: "
+            "info = torch.utils.data.get_worker_info(); info.dataset.<generator> = numpy.random.default_rng(info.seed) "
+            "(an albumentations Compose: info.dataset.<transform>.set_random_seed(info.seed % 2**32)); or draw from "
+            "torch's or numpy's global generator, which torch seeds per worker and per epoch",
+            chance=chance,
+        )
+    return (
+        f"num_workers={workers}: example {index} fetched {n} times in each of {used} worker(s), in two epochs: "
+        f"{distinct} distinct results, and "
+        + ("the workers' streams differ" if used > 1 else "one worker")
+        + (", and epoch 1's workers draw anew" if not persistent else " (persistent workers keep their stream)")
+    ), None
 
 
 def _train_loader(dlcheck, setup) -> tuple[Any, str]:
@@ -249,26 +339,37 @@ def check_epoch_order(dlcheck):
         2 or for samplers that draw with replacement). Then, when the loader has
         several workers and a ``worker_init_fn``, runs that function in-process as two workers of one
         epoch and one of the next would, and fails when it leaves python's and numpy's random state
-        identical for all of them.
+        identical for all of them. When the loader has workers (a map-style dataset), it also builds a loader like
+        the user's (their dataset, worker count, ``worker_init_fn``, start method and ``persistent_workers``) that
+        fetches one example 24 times in each of two workers, in two epochs, and fails when the workers give the
+        same results in the same order, or each epoch's fresh workers give them again: the augmentation draws from
+        a generator the dataset owns (an albumentations ``Compose``'s, a ``numpy.random.default_rng`` made in
+        ``__init__``), which every worker copies from the main process. The fetches run in the workers only, so
+        the dataset's generators in the user's process are left as they are.
     Why it is bad
         The same order every epoch makes the batches — and the gradient noise — repeat: the model sees
         the same neighbours and the same last batch each epoch, which biases it and can look like an
         epoch-periodic loss. A ``worker_init_fn`` that seeds every worker with a constant gives all workers
         the same augmentations: with 8 workers, 8 copies of each random crop per epoch, and again the next
-        epoch.
+        epoch. A generator the dataset owns does the same without any ``worker_init_fn``: torch seeds each
+        worker's global torch, python and numpy generators, never a private one.
     Example
         class Sampler: __iter__: g = torch.Generator(); g.manual_seed(self.seed)   # ignores the epoch
         DataLoader(..., num_workers=4, worker_init_fn=lambda wid: numpy.random.seed(42))
+        class Images(Dataset): __init__: self.rng = numpy.random.default_rng(0)   # drawn in __getitem__, 4 workers
     Use instead
         seed the sampler with seed + epoch and call ``sampler.set_epoch(epoch)`` each epoch (as
         DistributedSampler does); seed workers from torch: ``numpy.random.seed(torch.initial_seed() % 2**32)``
-        (torch already seeds each worker differently).
+        (torch already seeds each worker differently); reseed a generator the dataset owns in ``worker_init_fn``
+        from ``torch.utils.data.get_worker_info().seed``.
     Known problems
         For a plain loop, dlcheck calls ``set_epoch`` itself, as a correct loop does, unless you hand over the
         top of your epoch loop as ``dlcheck_start_epoch`` (the dist domain's role): then each epoch's order is read
         as your loop leaves it (a ``set_epoch`` called only when distributed is seen). The order of an IterableDataset is its own (no sampler to read without loading
         data) and is not judged; ``worker_init_fn``s that need a real worker are not judged either: with
-        nothing else to judge, the check skips.
+        nothing else to judge, the check skips. The worker streams are compared on whole examples: an
+        augmentation with few outcomes (a flip alone) agrees by chance too often to tell and is said not judged;
+        one replayed stream mixed with another drawn anew in each worker makes the examples differ and passes.
         A training loader that does not shuffle (a SequentialSampler, ``shuffle=False``) gives every epoch the
         same order: it fails when the run's plan is visible and trains more than one epoch (a Trainer's
         ``num_train_epochs`` / ``max_steps``, a Lightning Trainer handed over as ``dlcheck_trainer``: its
@@ -383,15 +484,33 @@ def check_epoch_order(dlcheck):
                     "epoch's worker 0"
                 )
             )
-    if not judged and not unjudged and not _shuffles(loader) and not _iterable(loader):
-        _fail_or_judge_no_shuffle(dlcheck, setup, loader, where)
+    streams, unstreamed = _judge_worker_streams(dlcheck, loader, where)
+    if streams is not None:
+        judged.append(streams)
+        # the real workers ran the worker_init_fn: the in-process simulation's "needs a real worker" is answered
+        unjudged = [u for u in unjudged if not u.startswith("worker_init_fn")]
+    if unstreamed is not None:
+        unjudged.append(unstreamed)
+    no_shuffle = None
+    if (
+        not _shuffles(loader)
+        and not _iterable(loader)
+        and (getattr(loader, "sampler", None) is not None or getattr(loader, "batch_sampler", None) is not None)
+    ):
+        no_shuffle = _fail_or_judge_no_shuffle(dlcheck, setup, loader, where)
+        if no_shuffle[0] == "not judged":
+            unjudged.append(no_shuffle[1])
+        elif judged:
+            judged.append(no_shuffle[1])
     if judged:
         for u in unjudged:
-            dlcheck.not_judged("worker streams" if u.startswith("worker_init_fn") else "epoch order", u)
+            dlcheck.not_judged("worker streams" if u.startswith(("worker", "worker_init_fn")) else "epoch order", u)
         dlcheck.measured(*judged, *(f"not judged: {u}" for u in unjudged), judged=len(judged))
         return
     if unjudged:
         dlcheck.skip("; ".join(unjudged))
+    if no_shuffle is not None:
+        dlcheck.not_applicable(no_shuffle[1])
     dlcheck.not_applicable(
         f"{where} does not shuffle ({type(getattr(loader, 'sampler', None)).__name__}) and has no multi-worker "
         "worker_init_fn: no random order or worker stream to judge"

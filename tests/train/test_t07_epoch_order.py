@@ -275,3 +275,61 @@ def test_a_loop_that_hands_over_its_epoch_start_is_judged_by_it(project, top, ou
         text = tt.section(run, "T7")
         assert "your dlcheck_start_epoch (the top of your epoch loop) ran before each epoch" in text
         assert "your epoch loop does not call DistributedSampler.set_epoch(epoch)" in text
+
+
+def augmented(source: str, **kw: str) -> str:
+    extra = "".join(f", {k}={v}" for k, v in kw.items())
+    return with_loader(f"torch.utils.data.DataLoader(tt.AugmentedBlobs({source!r}), batch_size=8, shuffle=True{extra})")
+
+
+@pytest.mark.parametrize(
+    ("workers", "persistent", "replays"),
+    [
+        ("2", "False", ["worker 0 and worker 1 give the same 24 results", "epoch 1's fresh worker 0 gives them again"]),
+        ("2", "True", ["worker 0 and worker 1 give the same 24 results"]),
+        ("1", "False", ["epoch 1's fresh worker 0 gives them again"]),
+    ],
+)
+def test_workers_that_copy_the_datasets_own_generator_replay_one_stream(project, workers, persistent, replays):
+    # an augmentation drawn from a generator the dataset owns (an albumentations Compose's): every worker gets
+    # the main process's copy, and each epoch's fresh workers get it again
+    project.conftest(augmented("private", num_workers=workers, persistent_workers=persistent))
+    run = project.run("--dlcheck=T7")
+    run.assert_outcome("T7", "failed")
+    text = tt.section(run, "T7")
+    for replay in replays:
+        assert replay in text
+    if persistent == "True":
+        assert "gives them again" not in text
+    if workers == "1":
+        assert "worker 1" not in text
+    assert "the dataset holds its own random generator(s): dataset.rng (numpy.random._generator.Generator)" in text
+    assert "info.dataset.<generator> = numpy.random.default_rng(info.seed)" in text
+
+
+@pytest.mark.parametrize(
+    ("source", "init"),
+    [("torch", None), ("private", "tt.reseed_dataset_rng")],
+    ids=["torch-global-generator", "own-generator-reseeded-per-worker"],
+)
+def test_workers_whose_augmentation_draws_differ_pass(project, source, init):
+    # the correct twins: torch seeds its global generator in every worker; the fix the failure gives reseeds the
+    # dataset's own generator from the worker's seed
+    kw = {"num_workers": "2"} | ({"worker_init_fn": init} if init else {})
+    project.conftest(augmented(source, **kw))
+    run = project.run("--dlcheck=T7", "-rA")
+    run.assert_outcome("T7", "passed")
+    run.fnmatch(
+        [
+            "*num_workers=2: example * fetched 24 times in each of 2 worker(s), in two epochs: * distinct results, "
+            "and the workers' streams differ, and epoch 1's workers draw anew*"
+        ]
+    )
+    assert "needs a real worker" not in run.text
+
+
+def test_workers_of_a_dataset_without_random_augmentation_are_measured_as_such(project):
+    project.conftest(with_loader("torch.utils.data.DataLoader(tt.blobs(), batch_size=8, shuffle=True, num_workers=2)"))
+    run = project.run("--dlcheck=T7", "-rA")
+    run.assert_outcome("T7", "passed")
+    run.fnmatch(["*is the same every time: the examples draw no random augmentation that workers could repeat*"])

@@ -375,3 +375,34 @@ class GeneratorLoader:
     def __iter__(self):
         for start in range(0, len(self.ds), self.batch_size):
             yield self.collate([self.ds[i] for i in range(start, min(start + self.batch_size, len(self.ds)))])
+
+
+class AugmentedBlobs(torch.utils.data.Dataset):
+    """blobs with a random augmentation (noise on the features) drawn from ``source``: "private", a numpy
+    Generator the dataset owns (as an albumentations Compose holds one), or "torch", torch's global generator
+    (which torch seeds in every DataLoader worker)."""
+
+    def __init__(self, source: str = "private", n: int = 64) -> None:
+        import numpy as np
+
+        self.base = blobs(n)
+        self.rng = np.random.default_rng(0) if source == "private" else None
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int):
+        x, y = self.base[i]
+        if self.rng is not None:
+            noise = torch.from_numpy(self.rng.normal(size=x.shape[0]).astype("float32"))
+        else:
+            noise = torch.randn(x.shape[0])
+        return x + 0.1 * noise, y
+
+
+def reseed_dataset_rng(worker_id: int) -> None:
+    """The fix: each worker reseeds the dataset's own generator from the seed torch gives it."""
+    import numpy as np
+
+    info = torch.utils.data.get_worker_info()
+    info.dataset.rng = np.random.default_rng(info.seed)
