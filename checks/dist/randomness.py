@@ -551,8 +551,8 @@ def _judge_step(dlcheck: Any, recs: list[dict[str, Any]], world: int, notes: lis
         dlcheck.not_judged(
             "the training step's draws",
             f"the first micro-step (dropout off) draws from {', '.join(map(launch.generator_name, alike))}, identical "
-            f"on every rank, and whether those draws change the loss was not measured ({error}): define "
-            "dlcheck_compute_loss to have it judged",
+            f"on every rank, and whether those draws change the loss was not measured ({error})"
+            + ("" if dlcheck.has("compute_loss") else ": define dlcheck_compute_loss to have it judged"),
         )
         return
     seeded = (

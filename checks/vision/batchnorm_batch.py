@@ -118,9 +118,12 @@ def check_batchnorm_batch(dlcheck):
         )
     limit = dlcheck.setting("min_batch_size")
     kinds = sorted({type(m).__name__ for _, m in training})
+    sample = V.get_vision_sample(dlcheck, "train", required=False)  # the shared sample: are the examples clips
+    images = "clips" if sample is not None and sample.video else "images"
+    image = images[:-1]
     if bs >= limit:
         dlcheck.measured(
-            f"{where}: each BatchNorm step normalises over {bs} images, at least {limit}; "
+            f"{where}: each BatchNorm step normalises over {bs} {images}, at least {limit}; "
             f"{len(training)} of {len(all_bn)} {'/'.join(kinds)} layers are in training mode",
             batch_size=bs,
             limit=limit,
@@ -131,7 +134,7 @@ def check_batchnorm_batch(dlcheck):
     trainable = sum(1 for _, m in training if any(p.requires_grad for p in m.parameters(recurse=False)))
     names = ", ".join(n for n, _ in training[:3])
     evidence = [
-        f"{where}: each BatchNorm step normalises over {bs} image{'s' if bs != 1 else ''} (limit {limit})",
+        f"{where}: each BatchNorm step normalises over {bs} {image}{'s' if bs != 1 else ''} (limit {limit})",
         f"{len(training)} of {len(bns)} {'/'.join(kinds)} layers are in training mode ({trainable} with "
         f"trainable affine parameters), e.g. {names}",
     ]
@@ -139,7 +142,7 @@ def check_batchnorm_batch(dlcheck):
         fix = (
             "build the detector with norm_layer frozen: pass weights_backbone (torchvision then uses "
             "FrozenBatchNorm2d), or torchvision.ops.misc.FrozenBatchNorm2d / GroupNorm in the backbone; or "
-            f"train with at least {limit} images per device"
+            f"train with at least {limit} {images} per device"
         )
     else:
         fix = (
@@ -149,7 +152,7 @@ def check_batchnorm_batch(dlcheck):
         )
     dlcheck.fail(
         evidence,
-        f"BatchNorm in training mode normalises with the statistics of {bs} image{'s' if bs != 1 else ''}: too "
+        f"BatchNorm in training mode normalises with the statistics of {bs} {image}{'s' if bs != 1 else ''}: too "
         "noisy, and its running statistics drift from what eval needs",
         fix,
     )

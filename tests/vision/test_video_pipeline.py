@@ -127,8 +127,8 @@ def _conftest(tf="SCALED", labels=BALANCED, strict=LENIENT):
 
 def test_video_classification_reference_is_judged_by_the_vision_checks(project):
     project.conftest(_conftest())
-    run = project.run("--dlcheck=V1,V2,V3,V5,V6,V8", "-rA")
-    for cid in ("V1", "V2", "V3", "V6"):
+    run = project.run("--dlcheck=V1,V2,V3,V5,V6,V7,V8", "-rA")
+    for cid in ("V1", "V2", "V3", "V6", "V7"):
         run.assert_outcome(cid, "passed")
     text = " ".join(run.text.split())
     assert "holds no image" not in text and "bug of pytest-dlcheck" not in text, run.text
@@ -140,6 +140,8 @@ def test_video_classification_reference_is_judged_by_the_vision_checks(project):
     assert "dlcheck_eval_fn called twice right after model.train(): 0 of 2 modules" in text
     # V6: the labels come from the loader's batches (the dataset's own examples carry the audio in position 1)
     assert "the 2 classes are equally frequent (24 labels each) over 48 labels" in text
+    # V7: the BatchNorm3d layers normalise over clips
+    assert "each BatchNorm step normalises over 8 clips, at least 8" in text
     # V5 and V8: not applicable for what the targets are, not for a lack of images
     run.assert_outcome("V5", "skipped")
     run.assert_outcome("V8", "skipped")
