@@ -162,7 +162,7 @@ def check_attention_mask(dlcheck):
         or a model that builds its mask itself), and batches that are not token batches.
     """
     tok = lm.text_tokenizer(dlcheck.role("tokenizer"))
-    sample = token_sample(dlcheck)
+    sample = token_sample(dlcheck, predicts_tokens=False)
     rows = [r for r in lm.rows(sample.batches) if r.attention_mask is not None]
     if not rows:
         dlcheck.not_applicable(

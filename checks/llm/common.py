@@ -11,9 +11,14 @@ from ...sampling import Sample, get_sample, sample_rows
 from ..shared import lm
 
 
-def token_sample(ctx: Any, split: str = "train") -> Sample:
+def token_sample(ctx: Any, split: str = "train", predicts_tokens: bool = True) -> Sample:
     """The shared sample; not applicable unless its batches carry input_ids (image batches, a GRPO prompt
-    loader do not)."""
+    loader do not), nor, for a check about what a model learns from the tokens (``predicts_tokens``), when the
+    model predicts no tokens (a CLIP-style dual encoder: its token batches are still read by the checks of the
+    tokens themselves, a mask that disagrees with the padding)."""
+    kind = pipeline_kind(ctx) if predicts_tokens else None
+    if kind is not None and kind.name == lm.NOT_LM:
+        ctx.not_applicable(f"{kind.why}; the llm checks concern models that predict tokens or classify text")
     sample = get_sample(ctx, split)
     if not lm.has_token_batches(sample.batches):
         keys = sorted(sample.batches[0]) if sample.batches else []
@@ -81,7 +86,8 @@ class PipelineKind:
     """What the pipeline trains, decided once per session from its objects (:func:`pipeline_kind`): which llm
     checks concern it and how its labels line up with its tokens."""
 
-    #: one of lm.CAUSAL, lm.MASKED, lm.SEQ2SEQ, lm.SEQUENCE_CLASSIFIER, lm.TOKEN_CLASSIFIER, lm.QUESTION_ANSWERING
+    #: one of lm.CAUSAL, lm.MASKED, lm.SEQ2SEQ, lm.SEQUENCE_CLASSIFIER, lm.TOKEN_CLASSIFIER, lm.QUESTION_ANSWERING,
+    #: lm.NOT_LM
     name: str
     #: what decided it, for the reasons a check gives ("BertForSequenceClassification is a sequence classifier")
     why: str
@@ -144,6 +150,7 @@ def pipeline_kind(ctx: Any) -> PipelineKind:
             name = type(getattr(collator, "data_collator", None) or collator).__name__
             return PipelineKind(kind, f"the collator ({name}) prepares batches for a {kind}")
         if ctx.role("dataloader") is not MISSING or collator is not MISSING:
+            not_lm = lm.predicts_no_tokens(model) if model is not MISSING else None
             batches = get_sample(ctx).batches
             seq = [b for b in batches if "input_ids" in b and lm.sequence_labels(b)]
             if seq and len(seq) == len(batches):
@@ -153,6 +160,10 @@ def pipeline_kind(ctx: Any) -> PipelineKind:
                     f"the batches' labels are one per sequence (shape {shape} beside input_ids "
                     f"{tuple(torch_shape(seq[0]['input_ids']))}): a sequence classifier",
                 )
+            if not_lm is not None:
+                return PipelineKind(lm.NOT_LM, not_lm)
+        elif model is not MISSING and (not_lm := lm.predicts_no_tokens(model)) is not None:
+            return PipelineKind(lm.NOT_LM, not_lm)
         return PipelineKind(lm.CAUSAL, "a causal LM (no model head, collator or labels say otherwise)")
 
     return ctx.memo((model, collator, ctx.role("dataloader")), "llm:pipeline_kind", make)

@@ -192,9 +192,9 @@ def check_new_tokens(dlcheck):
             "missing role: define fixture dlcheck_model (or dlcheck_trainer / dlcheck_make_training) to read the "
             "embedding rows of the added tokens"
         )
-    if not isinstance(model, torch.nn.Module) or not hasattr(model, "get_input_embeddings"):
+    emb = lm.input_embeddings(model) if isinstance(model, torch.nn.Module) else None
+    if emb is None:
         dlcheck.not_applicable(f"{type(model).__name__} exposes no input embeddings to read")
-    emb = model.get_input_embeddings()
     in_weight = _table(emb)
     if in_weight is None:
         dlcheck.not_applicable(f"the input embeddings of {type(model).__name__} hold no embedding table")
@@ -207,7 +207,7 @@ def check_new_tokens(dlcheck):
             "(L3 reports those)"
         )
 
-    sample = token_sample(dlcheck)
+    sample = token_sample(dlcheck, predicts_tokens=False)
     rows = lm.rows(sample.batches)
     used: dict[int, int] = dict.fromkeys(new, 0)
     labelled: dict[int, int] = dict.fromkeys(new, 0)

@@ -153,7 +153,7 @@ def confirmed_by_modules(model: Any, limit: Limit) -> tuple[Limit | None, str | 
     import torch
 
     n = limit.positions
-    words = getattr(model, "get_input_embeddings", lambda: None)()
+    words = lm.input_embeddings(model)
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Embedding) and module is not words and n <= module.num_embeddings <= n + 2:
             return Limit(

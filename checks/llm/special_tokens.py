@@ -179,7 +179,7 @@ def check_special_tokens(dlcheck):
     # 1. ids beyond the embedding table -----------------------------------------------------------
     largest, n_ids = None, 0  # the largest id and the number of ids the sampled batches carry
     if table is not None:
-        emb = model.get_input_embeddings()
+        emb = lm.input_embeddings(model)
         emitted: Counter = Counter()  # id -> positions
         first_bad = None  # (batch, row, key) of the first offending row
         negative = []
@@ -289,7 +289,7 @@ def check_special_tokens(dlcheck):
             f"model.config.pad_token_id = {config_pad} {lm.token_text(tok, config_pad)!r} but "
             f"tokenizer.pad_token_id = {pad} {lm.token_text(tok, pad)!r}"
         ]
-        padding_idx = getattr(model.get_input_embeddings(), "padding_idx", None)
+        padding_idx = getattr(lm.input_embeddings(model), "padding_idx", None)
         if padding_idx is not None and padding_idx == config_pad:
             lines.append(
                 f"the input embedding's padding_idx is {padding_idx} {lm.token_text(tok, padding_idx)!r}: "

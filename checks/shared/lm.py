@@ -213,11 +213,24 @@ def generation_stop_ids(model: Any) -> set[int]:
     return out
 
 
-def embedding_rows(model: Any) -> int | None:
-    try:
-        return int(model.get_input_embeddings().num_embeddings)
-    except Exception:
+def input_embeddings(model: Any) -> Any:
+    """The model's input embedding module, or None: a model without ``get_input_embeddings`` (nanoGPT), or one
+    whose transformers base class raises NotImplementedError for it (a VisionTextDualEncoderModel, whose
+    token embeddings live in its text tower)."""
+    get = getattr(model, "get_input_embeddings", None)
+    if not callable(get):
         return None
+    try:
+        emb = get()
+    except (NotImplementedError, AttributeError):
+        return None
+    return emb if isinstance(emb, torch.nn.Module) else None
+
+
+def embedding_rows(model: Any) -> int | None:
+    emb = input_embeddings(model)
+    rows = getattr(emb, "num_embeddings", None)
+    return int(rows) if isinstance(rows, int) else None
 
 
 def model_device(model: Any) -> torch.device:
@@ -358,6 +371,32 @@ CAUSAL, MASKED, SEQ2SEQ, SEQUENCE_CLASSIFIER, TOKEN_CLASSIFIER, QUESTION_ANSWERI
     "multiple-choice model (it scores each of an example's choices: token ids (batch, choices, positions), one "
     "label per example)",
 )
+#: a transformers model that no text task mapping lists and that has no language-model head (a CLIP-style dual
+#: encoder, a masked-image model): its tokens, if any, feed an encoder whose output is no token prediction
+NOT_LM = "model that predicts no tokens"
+
+
+def predicts_no_tokens(model: Any) -> str | None:
+    """Why a transformers model is no language model, or None: its class is in none of transformers' text task
+    mappings (:func:`model_task` is None) and it has no output embeddings (``get_output_embeddings()`` is None:
+    no head over the vocabulary). Decided from the model object, for a model whose kind the mappings do not
+    give; a custom torch module is not judged here (None)."""
+    inner = base_model(model)
+    if model_task(inner) is not None:
+        return None
+    if not any(cls.__module__.startswith("transformers.") for cls in type(inner).__mro__):
+        return None
+    get = getattr(inner, "get_output_embeddings", None)
+    try:
+        head = get() if callable(get) else None
+    except (NotImplementedError, AttributeError):
+        head = None
+    if head is not None:
+        return None
+    return (
+        f"the model ({type(inner).__name__}) is in none of transformers' text task mappings and has no "
+        "language-model head (get_output_embeddings() is None): it predicts no tokens and classifies no text"
+    )
 
 #: transformers' task mappings (model type -> head class names) per kind, most specific first
 _TASK_MAPPINGS = (

@@ -19,6 +19,7 @@ from ...training import (
     with_field,
 )
 from ...training.runs import model_call
+from ..shared.lm import input_embeddings
 
 ATTENTION = (
     torch.nn.MultiheadAttention,
@@ -32,8 +33,8 @@ MAX_MODULES = 400
 def _inputs(model: Any, batch: Any) -> tuple[Any, Any, Any]:
     """(batch to run, the input tensor to differentiate against or None, hook handle). Token batches are
     differentiated at the input embeddings' output; float inputs directly."""
-    if isinstance(batch, Mapping) and "input_ids" in batch and hasattr(model, "get_input_embeddings"):
-        emb = model.get_input_embeddings()
+    emb = input_embeddings(model) if isinstance(batch, Mapping) and "input_ids" in batch else None
+    if emb is not None:
         holder: dict[str, torch.Tensor] = {}
 
         def hook(mod, args, out):

@@ -382,3 +382,53 @@ def test_encoder_decoder_targets_of_the_inputs_length_are_not_read_against_the_e
     for cid in ("L2", "L13"):
         assert results[cid]["outcome"] == "skipped", results[cid]
         assert "encoder-decoder's targets" in results[cid]["reason"], results[cid]
+
+
+#: run_clip's pipeline: a CLIP dual encoder trained contrastively under the Trainer, a collate_fn that stacks the
+#: images and pads the captions, return_loss=True; no labels anywhere
+DUAL = """from transformers import CLIPConfig, CLIPModel
+    torch.manual_seed(0)
+    cfg = CLIPConfig(
+        text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, max_position_embeddings=64, pad_token_id=tok.pad_token_id,
+                         eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=16, patch_size=8), projection_dim=16)
+    model = CLIPModel(cfg)
+    data = [{**tok(t), "pixel_values": torch.randn(3, 16, 16)} for t in tiny.texts(12)]
+    def collate(features):
+        batch = tok.pad([{k: f[k] for k in ("input_ids", "attention_mask")} for f in features], return_tensors="pt")
+        return {**batch, "pixel_values": torch.stack([f["pixel_values"] for f in features]), "return_loss": True}
+    args.remove_unused_columns = False
+    return Trainer(model=model, args=args, data_collator=collate, train_dataset=data, eval_dataset=data,
+                   processing_class=tok)"""
+
+
+def test_a_dual_encoder_predicts_no_tokens_and_its_forward_is_never_fed_text_alone(project):
+    """A CLIP-style model (no text task mapping lists it, no language-model head): the llm checks about what a model
+    learns from tokens are not applicable (L1 had fed it the tokens without the images: "your role raised"); the
+    checks of the tokens themselves (the mask against the padding) still judge its caption batches; T4 and L5 read
+    no get_input_embeddings() that transformers does not implement for it."""
+    _project(project, DUAL)
+    run, results = _report(project, ["--dlcheck=llm,T4", "-rA"])
+    assert "raised" not in run.text and "internal error" not in run.text, run.text
+    for cid in ("L1", "L2", "L4", "L6", "L11", "L13"):
+        assert results[cid]["outcome"] == "not_applicable", (cid, results[cid])
+        assert (
+            "the model (CLIPModel) is in none of transformers' text task mappings and has no language-model head"
+            in (results[cid]["reason"])
+        )
+    assert results["L14"]["outcome"] == "passed", results["L14"]
+    assert results["T4"]["outcome"] in ("passed", "skipped"), results["T4"]
+
+
+def test_a_model_predicts_no_tokens_only_without_a_task_head_and_a_language_model_head():
+    from transformers import CLIPConfig, CLIPModel
+
+    from pytest_dlcheck.checks.shared import lm
+
+    tok = tiny.tokenizer()
+    assert lm.predicts_no_tokens(tiny.llama(tok)) is None
+    assert lm.predicts_no_tokens(torch.nn.Linear(2, 2)) is None  # a custom module: not decided here
+    clip = CLIPModel(CLIPConfig(text_config=dict(vocab_size=64), vision_config=dict(image_size=16, patch_size=8)))
+    assert "CLIPModel" in lm.predicts_no_tokens(clip)
