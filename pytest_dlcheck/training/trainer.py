@@ -219,6 +219,8 @@ class TrainerSetup:
 
         def loss(batch: Any) -> torch.Tensor:
             inputs = clone._prepare_inputs(batch)
+            if not _holds_tensor(inputs):
+                raise SetupError(self._no_model_inputs(inputs))
             with clone.compute_loss_context_manager():
                 return clone.compute_loss(clone.model, inputs)
 
@@ -229,6 +231,24 @@ class TrainerSetup:
             return clone.create_optimizer(), None
 
         return Fresh(clone.model, loss, make_optimizer, owner=clone)
+
+    def _no_model_inputs(self, inputs: Any) -> str:
+        """Why the loss of a batch is not judged when the trainer's batches hold no tensor (TRL's online DPO
+        trainer batches prompt strings and generates the model's inputs inside its own training_step)."""
+        from transformers import Trainer
+
+        keys = (
+            ", ".join(f"{k}: {type(v).__name__}" for k, v in list(inputs.items())[:4])
+            if isinstance(inputs, dict)
+            else type(inputs).__name__
+        )
+        own_step = type(self.trainer).training_step is not Trainer.training_step
+        return (
+            f"the batches of {self.name}'s train dataloader hold no tensor ({keys}): {self.name} builds the model's "
+            "inputs inside its own training step"
+            + (f" ({type(self.trainer).__name__} overrides Trainer.training_step)" if own_step else "")
+            + ", so a loss of the batch as given is not what it trains on, and is not judged"
+        )
 
     def _generating_fresh(self, clone: Any) -> Fresh:
         """Fresh objects of a trainer that generates its completions inside the step (GRPO, RLOO): the loss on a
@@ -781,3 +801,19 @@ def _init_parameters(cls: type) -> list[str]:
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             break
     return names
+
+
+def _holds_tensor(value: Any, depth: int = 0) -> bool:
+    """Whether a batch holds a tensor anywhere (a mapping, a sequence, a dataclass-like batch), to a bounded depth."""
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth > 4 or isinstance(value, (str, bytes)):
+        return False
+    if isinstance(value, dict) or hasattr(value, "items"):
+        try:
+            return any(_holds_tensor(v, depth + 1) for v in value.values())
+        except Exception:  # noqa: BLE001 - a mapping-like object that cannot be walked: judged as it is
+            return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_tensor(v, depth + 1) for v in value[:64])
+    return hasattr(value, "__dict__") and any(_holds_tensor(v, depth + 1) for v in vars(value).values())
