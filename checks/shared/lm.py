@@ -398,6 +398,7 @@ def predicts_no_tokens(model: Any) -> str | None:
         "language-model head (get_output_embeddings() is None): it predicts no tokens and classifies no text"
     )
 
+
 #: transformers' task mappings (model type -> head class names) per kind, most specific first
 _TASK_MAPPINGS = (
     (SEQ2SEQ, "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
