@@ -18,7 +18,8 @@ def weight_copies(model: Any, held: set[int], trains: Callable[[str], bool] | No
     for copy, module in children.items():
         if not signature[copy] or any(id(p) in held for p in module.parameters()):
             continue
-        for original, other in children.items():
+        # the original the copy is named after first (qf2_target: qf2, not qf1 of the same shapes)
+        for original, other in sorted(children.items(), key=lambda kv: kv[0] not in copy):
             if (
                 original != copy
                 and signature[original] == signature[copy]

@@ -680,6 +680,7 @@ def _through_the_step(dlcheck, setup: Any, why: str) -> None:
                 held.update(id(p) for g in opt.param_groups for p in g["params"])
         modules = [type(root).__name__ for _, root in roots]
         return {
+            "copies": _step_weight_copies(roots, held, got),
             "calls": seen["calls"],
             "trainable": [n for n, _ in trainable],
             "shapes": {n: shape(p) for n, p in trainable},
@@ -698,6 +699,13 @@ def _through_the_step(dlcheck, setup: Any, why: str) -> None:
         dlcheck.not_applicable("the modules the training trains have no parameter with requires_grad=True")
     ignore = re.compile(dlcheck.setting("ignore")) if dlcheck.setting("ignore") else None
     orphans = [n for n in trainable if n not in got and not (ignore and ignore.search(n))]
+    copies = seen["copies"]
+    orphans = [n for n in orphans if not any(n.startswith(f"{copy}.") for copy in copies)]
+    copy_note = "".join(
+        f"; {copy}.* gets no gradient and is in no optimizer: a copy of {original} (same parameters, which train), "
+        "updated by copying its weights (a target network), not judged"
+        for copy, original in copies.items()
+    )
     where = (
         f"{calls} call(s) of dlcheck_train_step on fresh objects from dlcheck_make_training "
         f"({', '.join(seen['modules'])}; its loss is computed inside the step: {why})"
@@ -744,12 +752,43 @@ def _through_the_step(dlcheck, setup: Any, why: str) -> None:
         if seen["optimizers"]
         else "(the training dict holds no optimizer object: the step updates them itself)"
     )
+    copied = sum(1 for n in trainable if any(n.startswith(f"{copy}.") for copy in copies))
     dlcheck.measured(
-        f"{where}: all {len(trainable)} trainable parameter tensors got a gradient, {held}{frozen}",
+        f"{where}: all {len(trainable) - copied} trainable parameter tensors"
+        + (" outside the target networks" if copied else "")
+        + f" got a gradient, {held}{frozen}{copy_note}",
         trainable=len(trainable),
         with_gradient=len(trainable),
         calls=calls,
     )
+
+
+def _step_weight_copies(roots: list[tuple[str, torch.nn.Module]], held: set[int], got: set[str]) -> dict[str, str]:
+    """``{copy: original}`` (by parameter-name prefix) among the modules a step trains: a module of the training
+    dict (SAC's ``qf1_target`` beside ``qf1``), or a top-level submodule of one, that is in no optimizer and has the
+    very parameters of another that is and whose parameters all got a gradient: a target network, updated by
+    copying weights. Empty when the training holds no optimizer object."""
+    if not held:
+        return {}
+    out: dict[str, str] = {}
+    by_name = {(prefix[:-1] if prefix else "model"): root for prefix, root in roots}
+
+    def trains_root(name: str) -> bool:
+        pre = "" if name == "model" else f"{name}."
+        return all(f"{pre}{n}" in got for n, p in by_name[name].named_parameters() if p.requires_grad)
+
+    if len(by_name) > 1:
+        for copy, original in weight_copies(torch.nn.ModuleDict(by_name), held, trains_root).items():
+            out["" if copy == "model" else copy] = original
+    for prefix, root in roots:
+        children = dict(root.named_children())
+
+        def trains_child(name: str, prefix: str = prefix, children: dict = children) -> bool:
+            return all(f"{prefix}{name}.{n}" in got for n, p in children[name].named_parameters() if p.requires_grad)
+
+        for copy, original in weight_copies(root, held, trains_child).items():
+            out[f"{prefix}{copy}"] = f"{prefix}{original}"
+    return {c: o for c, o in out.items() if c}
 
 
 class _Reached(Exception):

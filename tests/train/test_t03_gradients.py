@@ -477,3 +477,75 @@ def test_a_zero_input_that_follows_the_data_is_not_excused_as_the_models_constru
     run.assert_outcome("T3", "failed")
     text = " ".join(run.text.split())
     assert "0.weight" in text and "by the model's own construction" not in text, text
+
+
+SAC_STEP = """
+    import pytest, torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def critic():
+        return nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():  # CleanRL's SAC: the critics and their targets, kept together in one ModuleDict
+            torch.manual_seed(0)
+            qf1, qf2 = critic(), critic()
+            qf1_target, qf2_target = critic(), critic()
+            qf1_target.load_state_dict(qf1.state_dict())
+            qf2_target.load_state_dict(qf2.state_dict())
+            params = {params}
+            nets = nn.ModuleDict({{"qf1": qf1, "qf2": qf2, "qf1_target": qf1_target, "qf2_target": qf2_target}})
+            return {{"model": nets, "optimizer": torch.optim.Adam(params, lr=1e-3)}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        g = torch.Generator().manual_seed(0)
+        data = TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 2, (32,), generator=g),
+                             torch.randn(32, generator=g), torch.randn(32, 4, generator=g))
+        return DataLoader(data, batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_train_step():
+        def step(state, batch, i):
+            s, a, r, s2 = batch
+            qf1, qf2 = state["model"]["qf1"], state["model"]["qf2"]
+            {target}
+            loss = sum(nn.functional.mse_loss(q(s).gather(1, a[:, None]).squeeze(1), r + 0.99 * t) for q in (qf1, qf2))
+            state["optimizer"].zero_grad()
+            loss.backward()
+            state["optimizer"].step()
+            return loss.detach()
+        return step
+"""
+
+
+def test_target_networks_of_a_step_s_training_dict_are_copies_not_accidents(project):
+    # the step path (the loss inside dlcheck_train_step): target networks kept beside the critics in the training's
+    # module, in no optimizer, computed under no_grad (blind set 10's CleanRL SAC had failed T3 on them)
+    project.conftest(
+        SAC_STEP.format(
+            params="list(qf1.parameters()) + list(qf2.parameters())",
+            target="with torch.no_grad():\n                t = torch.min(state['model']['qf1_target'](s2), state['model']['qf2_target'](s2)).max(1).values",
+        )
+    )
+    run = project.run("--dlcheck=T3", "-rA")
+    run.assert_outcome("T3", "passed")
+    text = " ".join(run.text.split())
+    assert "qf1_target.* gets no gradient and is in no optimizer: a copy of qf1 (same parameters" in text, text
+    assert "qf2_target.* gets no gradient and is in no optimizer: a copy of qf2 (same parameters" in text
+
+
+def test_a_step_s_target_network_held_by_the_optimizer_still_fails(project):
+    # the same modules, but the optimizer holds the targets too: meant to train, cut from the graph by accident
+    project.conftest(
+        SAC_STEP.format(
+            params="[p for m in (qf1, qf2, qf1_target, qf2_target) for p in m.parameters()]",
+            target="t = torch.min(state['model']['qf1_target'](s2), state['model']['qf2_target'](s2)).max(1).values.detach()",
+        )
+    )
+    run = project.run("--dlcheck=T3")
+    run.assert_outcome("T3", "failed")
+    assert "qf1_target.0.weight" in tt.section(run, "T3")
