@@ -190,7 +190,12 @@ def check_scheduler_agreement(dlcheck):
     if not diffs:
         dlcheck.measured(
             f"{iname} agrees with {tn}: num_train_timesteps {tc.get('num_train_timesteps')}, "
-            f"prediction_type {tp!r}, {agreed_noise}",
+            + (
+                f"prediction_type {tp!r}"
+                if "prediction_type" in tc or "prediction_type" in ic
+                else "no prediction_type on either side (flow matching: the output is read as the flow's velocity)"
+            )
+            + f", {agreed_noise}",
             "beta fields: "
             + ", ".join(f"{f}={_show(_get(tc, f))}" for f in BETA_FIELDS if f in tc or f in ic)
             + (f" (written differently: {', '.join(named)}; same ᾱ_t)" if named else ""),
@@ -298,8 +303,17 @@ def check_sampler_settings(dlcheck):
 
     # (1) the objective really trained
     tp, ip = tc.get("prediction_type", "epsilon"), ic.get("prediction_type", "epsilon")
+    # a flow-matching scheduler (FlowMatchEulerDiscreteScheduler) has no prediction_type and no ᾱ_t: the sampler
+    # reads the output as the flow's velocity, and a step may train on x0 with the output preconditioned into it
+    # (SD3's precondition_outputs): a target compared with a prediction_type it does not have says nothing
+    flow = "prediction_type" not in tc and "prediction_type" not in ic and D.alphas_cumprod(train) is None
     draws = None
-    if dlcheck.has("training_inputs"):
+    if flow:
+        judged.append(
+            f"(1) {tn} is a flow-matching scheduler with no prediction_type (the sampler reads the model's output as "
+            "the flow's velocity, noise − x0): the training target is not compared with a prediction_type"
+        )
+    elif dlcheck.has("training_inputs"):
         draws = D.training_draws(dlcheck)
         if all(d.get("target") is not None for d in draws) and tp == ip:
             best, counts, n_judged = D.measured_objective(draws, train, dlcheck.setting("target_rtol"))

@@ -55,10 +55,12 @@ def test_dkw_bound_and_cdf_gap():
     assert worst < eps  # 200 uniform samples of 64 draws all stay inside the 1e-6 bound
 
 
-def test_flow_matching_training_is_not_misjudged(project):
+@pytest.mark.parametrize("target", ["noise - x0", "x0"], ids=["velocity", "preconditioned-x0"])
+def test_flow_matching_training_is_not_misjudged(project, target):
     """SD3-style rectified flow: logit-normal sigmas, t = 1000·σ, noisy = (1 − σ)·x0 + σ·noise, target
-    noise − x0 with FlowMatchEulerDiscreteScheduler on both sides: no ᾱ_t, so DF8 tests range and
-    spread only, and nothing fails."""
+    noise − x0 (or x0, SD3's DreamBooth script with its output preconditioned into x0: blind set 10's DF6 false
+    alarm) with FlowMatchEulerDiscreteScheduler on both sides: no ᾱ_t and no prediction_type, so DF8 tests range
+    and spread only, DF6 compares the target with no prediction_type, and nothing fails."""
     project.conftest(
         tinydiff.conftest(roles=("pipeline", "dataset", "collator"))
         + """
@@ -81,9 +83,9 @@ def dlcheck_training_inputs(sd):
         sigmas = torch.sigmoid(torch.randn(x0.shape[0]))            # logit-normal, on purpose
         noisy = (1 - sigmas[:, None, None, None]) * x0 + sigmas[:, None, None, None] * noise
         return {"latents": x0, "noise": noise, "timesteps": sigmas * 1000, "noisy_latents": noisy,
-                "target": noise - x0}
+                "target": TARGET}
     return fn
-"""
+""".replace("TARGET", target)
     )
     run = project.run("--dlcheck=DF3,DF4,DF6,DF8", "-rA")
     for cid in ("DF3", "DF4", "DF6", "DF8"):
@@ -92,10 +94,13 @@ def dlcheck_training_inputs(sd):
     run.fnmatch(
         [
             "*FlowMatchEulerDiscreteScheduler agrees with training FlowMatchEulerDiscreteScheduler: "
-            "num_train_timesteps 1000, prediction_type 'epsilon', no ᾱ_t on either side (flow matching)*",
+            "num_train_timesteps 1000, no prediction_type on either side (flow matching: the output is read as the "
+            "flow's velocity), no ᾱ_t on either side (flow matching)*",
         ]
     )
+    assert "prediction_type 'epsilon'" not in run.text  # a prediction_type the scheduler does not have
     for line in (
+        "(1) training FlowMatchEulerDiscreteScheduler is a flow-matching scheduler with no prediction_type",
         "(2) training FlowMatchEulerDiscreteScheduler has no ᾱ_t schedule (flow matching): the zero-terminal-SNR "
         "spacing is not judged",
         "not tested against the uniform law: the scheduler has no ᾱ_t (flow matching)",
