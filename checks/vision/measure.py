@@ -544,6 +544,12 @@ def get_vision_sample(ctx: Any, split: str = "train", required: bool = True) -> 
                     sample = VisionSample(items, f"{len(items)} examples of dlcheck_{ds_role}", ds_role, ds)
                     if untensored:
                         sample.notes.append(f"dlcheck_{ds_role} yields PIL images, not tensors")
+                    dropped = _targets_dropped(dl, dl_role, items)
+                    if dropped:
+                        for item in items:
+                            item.target = item.label = item.boxes = item.labels = item.mask = None
+                            item.mask_as_image, item.soft = None, False
+                        sample.notes.append(dropped)
                     return sample
             items = _read_loader(dl, n, dl_role)
             if not items:
@@ -567,6 +573,25 @@ def get_vision_sample(ctx: Any, split: str = "train", required: bool = True) -> 
         result.batch_size = loader_batch_size(dl)
     result.task = _task(result.items)
     return result
+
+
+def _targets_dropped(loader: Any, role: str, items: list[Item]) -> str | None:
+    """Why the examples' targets are not what the model trains on, or None: the dataset's examples carry a target
+    (a 'label' column) that the loader's collated batches leave out (run_mim's collate_fn keeps pixel_values and
+    bool_masked_pos only): the model is trained on no such target. One batch of the loader is read."""
+    if loader is MISSING or not any(i.target is not None for i in items):
+        return None
+    with preserved_dataloader(loader), first_read(loader):
+        it = user_call(role, lambda: iter(loader))
+        batch = user_call(role, lambda: next(it, None))
+        it = None  # stop worker processes now
+    if not isinstance(batch, Mapping) or any(k in batch for k in TARGET_KEYS):
+        return None
+    keys = ", ".join(map(str, list(batch)[:6]))
+    return (
+        f"the batches of dlcheck_{role} carry no target (keys: {keys}): the collator leaves the examples' targets "
+        "out, so the model trains on none"
+    )
 
 
 def _no_image(items: list[Item], where: str) -> VisionSampleError:
@@ -958,6 +983,41 @@ def saved_image_processor(model: Any) -> tuple[Any, str] | None:
     return proc, where
 
 
+#: transformers' task mappings whose heads predict config.num_labels classes
+_CLASS_HEAD_MAPPINGS = (
+    "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_VIDEO_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES",
+    "MODEL_FOR_UNIVERSAL_SEGMENTATION_MAPPING_NAMES",
+    "MODEL_FOR_INSTANCE_SEGMENTATION_MAPPING_NAMES",
+    "MODEL_FOR_IMAGE_SEGMENTATION_MAPPING_NAMES",
+    "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES",
+    "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+    "MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES",
+)
+
+
+def has_class_head(model: Any) -> bool:
+    """Whether a transformers model's class has a head over ``config.num_labels`` classes: it (or a base class) is
+    in one of transformers' classification / segmentation / detection task mappings. A model of another task (a
+    masked-image model, a dual encoder) carries the config's default num_labels (2) without predicting classes.
+    A model that is not a transformers class is not judged here (True)."""
+    if not any(c.__module__.startswith("transformers.") for c in type(model).__mro__):
+        return True
+    try:
+        from transformers.models.auto import modeling_auto
+    except ImportError:
+        return True
+    heads = {
+        name
+        for mapping in _CLASS_HEAD_MAPPINGS
+        for value in getattr(modeling_auto, mapping, {}).values()
+        for name in (value if isinstance(value, (list, tuple)) else (value,))
+    }
+    return any(c.__name__ in heads and c.__module__.startswith("transformers.") for c in type(model).__mro__)
+
+
 def head_classes(model: Any) -> tuple[int | None, str]:
     """The number of classes a model's head predicts, from its structure (no forward pass)."""
     if model is MISSING or model is None:
@@ -977,7 +1037,12 @@ def head_classes(model: Any) -> tuple[int | None, str]:
     if type(model).__module__.startswith("timm.") and isinstance(getattr(model, "num_classes", None), int):
         return model.num_classes, "timm model.num_classes"
     cfg = getattr(model, "config", None)
-    if cfg is not None and isinstance(getattr(cfg, "num_labels", None), int) and hasattr(cfg, "id2label"):
+    if (
+        cfg is not None
+        and isinstance(getattr(cfg, "num_labels", None), int)
+        and hasattr(cfg, "id2label")
+        and has_class_head(model)
+    ):
         return cfg.num_labels, "model.config.num_labels"
     if type(model).__module__.startswith("torchvision.models") and "segmentation" not in type(model).__module__:
         for attr in ("fc", "classifier", "heads", "head"):
