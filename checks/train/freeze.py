@@ -75,10 +75,23 @@ def check_freeze(dlcheck):
             fix=f"{first}.requires_grad_(False) (the method, with the underscore), then build the optimizer from "
             "[p for p in model.parameters() if p.requires_grad]",
         )
+    # optimizers the modules keep (SB3's actor.optimizer / critic.optimizer): a module in eval mode whose parameters
+    # none of them holds (a TD3 / SAC target network, updated by copying weights) is not trained at all
+    held = {
+        id(p)
+        for module in model.modules()
+        for value in vars(module).values()
+        if isinstance(value, torch.optim.Optimizer)
+        for group in value.param_groups
+        for p in group["params"]
+    }
     eval_but_training = [
         name
         for name, module in model.named_modules()
-        if name and not module.training and model.training and any(p.requires_grad for p in module.parameters(False))
+        if name
+        and not module.training
+        and model.training
+        and any(p.requires_grad and (not held or id(p) in held) for p in module.parameters(False))
     ]
     note = (
         f"; {len(eval_but_training)} submodules in eval mode still have trainable parameters (e.g. "
