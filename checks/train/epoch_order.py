@@ -298,7 +298,7 @@ def _train_loader(dlcheck, setup) -> tuple[Any, str]:
         "dlcheck_dataloader"
         if setup is None or setup.kind in ("loop", "accelerate")
         else setup.train_loader
-        if setup.own_loaders
+        if setup.own_loaders or getattr(setup, "given_loaders", False)
         else "the datamodule's train_dataloader()",
     )
 

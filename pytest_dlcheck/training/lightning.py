@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..errors import MISSING
-from ..guard import preserved_rng
+from ..guard import preserved_dataloader, preserved_rng
 from ..session import user_call
 from .resume import (
     DRAW_SEED,
@@ -310,6 +310,31 @@ def callback_emas(callbacks: list[Any]) -> dict[str, Any]:
     return out
 
 
+def given_loaders(train: Any, val: Any) -> Any:
+    """A LightningDataModule over the loaders a user hands to ``fit(module, train_dataloaders=...,
+    val_dataloaders=...)`` (dlcheck_dataloader, dlcheck_eval_dataloader), for a module without loaders of its own
+    and no datamodule: every run fits on those very loaders, as the user's does (never copied: their cost would
+    grow with the data; :meth:`LightningSetup._fit` puts back what a fit advances in them)."""
+    import lightning.pytorch as pl
+
+    class GivenLoaders(pl.LightningDataModule):
+        given = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.loaders = [dl for dl in (train, val) if dl is not MISSING and dl is not None]
+
+        def train_dataloader(self) -> Any:
+            return train
+
+        def __deepcopy__(self, memo: dict) -> Any:
+            return self
+
+    if val is not MISSING and val is not None:
+        GivenLoaders.val_dataloader = lambda self: val  # type: ignore[attr-defined]
+    return GivenLoaders()
+
+
 class LightningSetup:
     kind = "lightning"
 
@@ -326,10 +351,14 @@ class LightningSetup:
         #: no datamodule, and the module defines its own train_dataloader(): every run is ``fit(module)`` on a
         #: copy of the module, whose loaders are the data (Lightning's classic style)
         self.own_loaders = datamodule is MISSING and own_dataloader(module)
+        #: no datamodule, no loader of the module's own: the loaders handed over (fit(module, loaders)) are the data
+        self.given_loaders = getattr(datamodule, "given", False)
         #: the training loader in words, for the evidence
         self.train_loader = (
             "dlcheck_lightning_module's train_dataloader()"
             if self.own_loaders
+            else "dlcheck_dataloader"
+            if self.given_loaders
             else "your datamodule's train_dataloader()"
         )
         #: the user's callbacks: ``dlcheck_lightning_callbacks`` (a factory, or a list copied per run), else
@@ -430,7 +459,9 @@ class LightningSetup:
             )
         settings.update(kwargs)
         trainer = pl.Trainer(callbacks=callbacks, **settings)
-        with _lightning_quiet():
+        with _lightning_quiet(), contextlib.ExitStack() as kept:
+            for loader in getattr(dm, "loaders", []) if getattr(dm, "given", False) else []:
+                kept.enter_context(preserved_dataloader(loader))  # the user's own loaders: their state put back
             if dm is not None:
                 trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
             elif self.own_loaders:  # the module's own train_dataloader() (and val_dataloader()), as fit(module)

@@ -18,7 +18,7 @@ from ..errors import MISSING, RoleError
 from ..registry import load_checks
 from ..session import user_call
 from .accelerate import AccelerateSetup, accelerator_of
-from .lightning import LightningSetup
+from .lightning import LightningSetup, given_loaders
 from .loop import LoopSetup
 from .runs import (
     LOOP_KINDS,
@@ -31,6 +31,7 @@ from .runs import (
     is_lightning_trainer,
     loss_tensor,
     model_call,
+    own_dataloader,
     targets_of,
     to_device,
 )
@@ -87,6 +88,10 @@ def get_setup(ctx: Any) -> Any:
     module = ctx.role("lightning_module")
     if module is not MISSING:
         dm = ctx.role("datamodule")
+        if dm is MISSING and not own_dataloader(module) and ctx.role("dataloader") is not MISSING:
+            # fit(module, train_dataloaders=..., val_dataloaders=...): the loaders the user handed over are the data
+            train, val = ctx.role("dataloader"), ctx.role("eval_dataloader")
+            dm = ctx.memo((module, train), "training:given-loaders", lambda: given_loaders(train, val))
         l_trainer = trainer if trainer is not MISSING and is_lightning_trainer(trainer) else MISSING
         callbacks = ctx.role("lightning_callbacks")  # else those of the Lightning Trainer given as dlcheck_trainer
         setup = ctx.memo((module, dm), "training:setup", lambda: LightningSetup(module, dm, l_trainer, tmp, callbacks))

@@ -142,3 +142,52 @@ def test_a_setup_that_reads_the_trainer_gets_one_and_an_image_module_gets_no_tok
     for cid in ("L2", "L11"):
         run.assert_outcome(cid, "skipped")
     assert "define fixture dlcheck_tokenizer" not in run.text, run.text
+
+
+GIVEN_LOADERS = """
+    import pytest, torch, tiny_lightning as tl, tiny_train as tt
+    from torch.utils.data import DataLoader
+
+    # Lightning's examples/pytorch/basics: trainer.fit(model, train_dataloader, val_dataloader), no datamodule and
+    # no loader of the module's own: the user hands the loaders over
+    @pytest.fixture(scope="session")
+    def dlcheck_lightning_module():
+        torch.manual_seed(0)
+        return tl.Classifier()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return DataLoader(tt.blobs(64), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(7))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataloader():
+        return DataLoader(tt.blobs(32, seed=1), batch_size=8)
+
+    def pytest_sessionfinish(session):
+        # the user's loader's generator is where the fixture left it: no run of a check advanced it
+        loader = session.config._dlcheck_loader
+        fresh = torch.Generator().manual_seed(7).get_state()
+        session.config._dlcheck_untouched = bool(torch.equal(loader.generator.get_state(), fresh))
+        print("UNTOUCHED", session.config._dlcheck_untouched)
+
+    @pytest.fixture(scope="session", autouse=True)
+    def _keep(request, dlcheck_dataloader):
+        request.config._dlcheck_loader = dlcheck_dataloader
+"""
+
+
+def test_loaders_handed_over_without_a_datamodule_are_the_data_of_every_run(project, tmp_path):
+    """Blind set 10 (Lightning's basics examples): nine checks had skipped with "no datamodule" although
+    dlcheck_dataloader was given. Every run now fits on the user's loaders, as fit(module, loaders) does, and puts
+    back what the fits advanced in them."""
+    project.conftest(GIVEN_LOADERS)
+    run = project.run("--dlcheck=C1,S1,T6,T7", "-rA", "-s")
+    assert "no datamodule" not in run.text, run.text
+    for cid in ("S1", "T6", "T7"):
+        run.assert_outcome(cid, "passed")
+    assert "dlcheck_dataloader: its RandomSampler gives epoch 1 an order other than epoch 0's" in run.text
+    # C1 judges the resume on those loaders: a generator seeded when the loader is built gives a resumed process the
+    # first epoch's order again (Lightning restarts the epoch's loader), which C1 sees
+    run.assert_outcome("C1", "failed")
+    assert "the resumed run's batches are the ones already trained before the save" in " ".join(run.text.split())
+    assert "UNTOUCHED True" in run.text
