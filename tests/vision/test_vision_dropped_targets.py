@@ -54,7 +54,9 @@ def test_labels_the_collator_leaves_out_are_not_judged_against_a_head_the_model_
     for cid in ("V3", "V5", "V6", "V8"):
         run.assert_outcome(cid, "skipped")
     text = " ".join(run.text.split())
-    assert "V3 judges boxes and class ids; the sampled examples (8 examples of dlcheck_dataset) carry no targets" in text
+    assert (
+        "V3 judges boxes and class ids; the sampled examples (8 examples of dlcheck_dataset) carry no targets" in text
+    )
     assert "num_classes 2" not in text
 
 
