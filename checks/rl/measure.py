@@ -1277,6 +1277,13 @@ def observation_scales(obs: np.ndarray) -> list[Scale]:
     """Per-dimension scale of flat observations (one entry for image-like ones): the 90th percentile of
     |x|, robust to rare outliers, with the mean and std for the evidence."""
     x = observation_matrix(obs)
+    raw = np.asarray(obs)
+    if raw.ndim > 2 and raw[0].size > 64:
+        # image-like: the pixels pooled; a sparse frame (a few lit pixels on black) is mostly zeros, so its scale is
+        # read off the pixels that are lit (a 0-255 frame whose lit pixels are 255 is unscaled, however few)
+        lit = np.abs(x[x != 0])
+        scale = float(np.percentile(lit, 90)) if lit.size else 0.0
+        return [Scale(0, scale, float(x.mean()), float(x.std()))]
     p90 = np.percentile(np.abs(x), 90, axis=0)
     return [Scale(i, float(p90[i]), float(x[:, i].mean()), float(x[:, i].std())) for i in range(x.shape[1])]
 

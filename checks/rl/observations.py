@@ -121,8 +121,8 @@ def check_observation_scale(dlcheck):
     wide = ratio > dlcheck.setting("max_scale_ratio")
     if not big and not wide and np.asarray(obs).ndim > 2 and rl.observation_matrix(obs).shape[1] == 1:
         dlcheck.measured(
-            f"{source}; image observations of shape {tuple(np.asarray(obs).shape[1:])}: 90% of the pixel values over "
-            f"every axis are ≤ {hi.scale:.3g} ≤ R8.max_scale {dlcheck.setting('max_scale'):g}",
+            f"{source}; image observations of shape {tuple(np.asarray(obs).shape[1:])}: 90% of the nonzero pixel values "
+            f"over every axis are ≤ {hi.scale:.3g} ≤ R8.max_scale {dlcheck.setting('max_scale'):g}",
             largest_scale=round(hi.scale, 6),
         )
         return

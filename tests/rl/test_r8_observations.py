@@ -1,6 +1,7 @@
 """R8: observations reach the policy on unit-like scales."""
 
 import numpy as np
+import pytest
 import tiny_rl  # noqa: F401  (gymnasium, SB3 imported once, before the in-process runs)
 from rl_project import run_configs
 
@@ -182,4 +183,26 @@ def test_image_observations_divided_by_255_pass(project):
     project.conftest(FRAMES.format(scale=" / 255.0"))
     run = project.run("--dlcheck=R8", "-rA")
     run.assert_outcome("R8", "passed")
-    run.fnmatch(["*image observations of shape (84, 84): 90% of the pixel values over every axis are*"])
+    run.fnmatch(["*image observations of shape (84, 84): 90% of the nonzero pixel values over every axis are*"])
+
+
+SPARSE = """
+import numpy as np, pytest
+
+@pytest.fixture(scope="session")
+def dlcheck_rollout():
+    # a catch game's frames: one lit pixel on black, as an agent buffers them (steps, 36, 36)
+    frames = np.zeros((64, 36, 36), dtype=np.uint8)
+    r = np.random.RandomState(0)
+    frames[np.arange(64), r.randint(0, 36, 64), r.randint(0, 36, 64)] = 255
+    return {{"obs": frames{scale}}}
+"""
+
+
+@pytest.mark.parametrize(("scale", "outcome"), [("", "failed"), (" / 255.0", "passed")])
+def test_sparse_frames_are_judged_on_their_lit_pixels(project, scale, outcome):
+    # almost every pixel is 0: pooled, the 90th percentile is 0 and R8 had skipped ("every dimension is 0"), so
+    # unscaled 0-255 sparse frames went unseen (blind set 10's CleanRL SAC)
+    project.conftest(SPARSE.format(scale=scale))
+    run = project.run("--dlcheck=R8")
+    run.assert_outcome("R8", outcome)
