@@ -24,7 +24,8 @@ ORDER = ("optimizer", "lr_scheduler", "hand-stepped scheduler", "scaler", "data 
 RESUME_CHECKS = ("C1", "C3")
 
 WHAT = {
-    "optimizer": "the optimizer state (Adam's moments and step counts): the resumed run restarts them from zero",
+    "optimizer": "the optimizer state (its per-parameter buffers, such as Adam's moments, and step counts): the "
+    "resumed run restarts them from zero",
     "lr_scheduler": "the LR scheduler's position: the resumed run restarts the warmup/decay from its first step",
     "scaler": "the GradScaler's loss scale and growth tracker",
     "rng": "the random number generators (python, numpy, torch): dropout masks and shuffling differ after the resume",

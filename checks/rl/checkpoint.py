@@ -280,13 +280,17 @@ def check_checkpoint_round_trip(dlcheck):
         fixes.append(_statistics_fix(before, holders, sb3))
     if buffer_lost:
         if _sb3_buffer(dlcheck, holders):
+            algo = dlcheck.role("algorithm") if dlcheck.has("algorithm") else None
+            algo = algo if algo is not None and rl.is_sb3_algorithm(algo) else None
+            algo = algo or next((h.owner for h in holders if rl.is_sb3_algorithm(h.owner)), None)
+            name = type(algo).__name__ if algo is not None else "the algorithm's"
             causes.append(
                 "the checkpoint does not carry the replay buffer (model.save() excludes it): a resumed off-policy "
                 "run starts from an empty buffer"
             )
             fixes.append(
                 "model.save_replay_buffer(d / 'replay_buffer.pkl') beside model.save(), and "
-                "model.load_replay_buffer(d / 'replay_buffer.pkl') after PPO/SAC/DQN.load"
+                f"model.load_replay_buffer(d / 'replay_buffer.pkl') after {name}.load(...)"
             )
         else:
             restored = _resume_state(loaded)
