@@ -88,6 +88,18 @@ def step_probe(ctx: Any) -> StepProbe | None:
 
         start = ModuleSnapshot.take(model)
         handle = model.register_forward_hook(hook)
+        # a training_step that calls its one network directly (self.model(x, y), Lightning's demo Transformer) runs
+        # no forward of the module itself: the output of the one top-level child the step calls is the output
+        children: dict[str, Any] = {}
+
+        def child_hook(name: str) -> Any:
+            def record(mod, args, out):
+                t = output_tensor(out)
+                children.setdefault(name, None if t is None else tuple(t.shape))
+
+            return record
+
+        child_handles = [m.register_forward_hook(child_hook(n)) for n, m in model.named_children()]
         # a training_step that calls self.forward(x) (Lightning's fine-tuning example) runs no forward hook: the
         # forward is read where it is called too, on the copy, and put back after
         own = vars(model).get("forward", _NONE)
@@ -118,9 +130,14 @@ def step_probe(ctx: Any) -> StepProbe | None:
                     other = seeded_loss(shuffled)
         finally:
             handle.remove()
+            for h in child_handles:
+                h.remove()
             restore_forward(model, ABSENT if own is _NONE else own)
             start.restore(model)
-        return StepProbe(loss, seen[0] if seen else None, other, describe_batch(targets_of(batch)), setup.describe())
+        out = seen[0] if seen else None
+        if not seen and len(children) == 1:
+            out = next(iter(children.values()))
+        return StepProbe(loss, out, other, describe_batch(targets_of(batch)), setup.describe())
 
     return ctx.memo(setup.sources, "shared:step-probe", make)
 

@@ -286,3 +286,45 @@ def test_a_segmentation_net_at_a_quarter_of_the_resolution_is_judged_on_its_chan
     assert run.outcome("T1") in ("passed", "failed"), run.text
     text = " ".join(run.text.split())
     assert "ln(5)" in text and "ln(4)" not in text, text
+
+
+DIRECT_NET = """
+    import pytest, torch, tiny_lightning as tl
+    import torch.nn.functional as F
+
+    class Direct(tl.Classifier):
+        # Lightning's demo Transformer: training_step calls the network it wraps, never the module's own forward
+        def __init__(self, scale):
+            super().__init__()
+            with torch.no_grad():
+                self.net.head.weight.mul_(scale)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_lightning_module():
+        torch.manual_seed(0)
+        return Direct({scale})
+
+    @pytest.fixture(scope="session")
+    def dlcheck_datamodule():
+        return tl.Blobs()
+"""
+
+
+def test_a_training_step_that_calls_its_one_network_directly_tells_the_classes(project):
+    # the output of the one top-level network the step calls gives the number of classes (T1 had asked for
+    # dlcheck_num_classes: blind set 10's Lightning transformer example)
+    project.conftest(DIRECT_NET.format(scale=1.0))
+    run = project.run("--dlcheck=T1", "-rA")
+    run.assert_outcome("T1", "passed")
+    run.fnmatch(["*x ln(4) = 1.386*"])
+
+
+def test_a_directly_called_network_that_starts_overconfident_fails(project):
+    project.conftest(DIRECT_NET.format(scale=200.0))
+    run = project.run("--dlcheck=T1")
+    run.assert_outcome("T1", "failed")
+    assert "ln(4) = 1.386" in " ".join(run.text.split())
