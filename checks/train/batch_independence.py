@@ -100,6 +100,51 @@ def _token_ids(batch: Any) -> torch.Tensor | None:
     return None
 
 
+def _step_token_call(mod: Any, args: tuple, kwargs: dict, size: int) -> tuple[Any, dict, Any] | None:
+    """A module a training step calls on token ids (Lightning's demo Transformer: ``self.model(input, target)``):
+    (the call, with every nn.Embedding of the module hooked so that the one receiving the first batch-first id tensor
+    is differentiated at its output, the holder the leaf lands in, the ids). None without such ids or embeddings."""
+    ids = next(
+        (
+            a
+            for a in (*args, *kwargs.values())
+            if isinstance(a, torch.Tensor)
+            and not a.is_floating_point()
+            and a.dtype != torch.bool
+            and a.dim() >= 2
+            and a.shape[0] == size
+        ),
+        None,
+    )
+    embeddings = [m for m in mod.modules() if isinstance(m, torch.nn.Embedding)]
+    if ids is None or not embeddings:
+        return None
+    found: dict[str, Any] = {"_embedding": True}
+
+    def on_ids(m, a, out):
+        given = a[0] if a else None
+        if (
+            "x" not in found
+            and isinstance(given, torch.Tensor)
+            and given.shape == ids.shape
+            and torch.equal(given, ids)
+        ):
+            leaf = out.detach().requires_grad_(True)
+            found["x"] = leaf
+            return leaf
+        return None
+
+    def call() -> Any:
+        handles = [m.register_forward_hook(on_ids) for m in embeddings]
+        try:
+            return mod(*args, **kwargs)
+        finally:
+            for h in handles:
+                h.remove()
+
+    return call, found, ids
+
+
 class _Handles:
     """Several hook handles removed as one."""
 
@@ -184,6 +229,21 @@ def _pipeline_inputs(dlcheck: Any, fresh: Any, batch: Any, size: int) -> tuple[A
     )
     given = None if place is None else args[place] if isinstance(place, int) else kwargs[place]
     if given is None:
+        tokens = _step_token_call(mod, args, kwargs, size)
+        if tokens is not None:
+            call, found, ids = tokens
+            if mod is not model:
+                dlcheck.not_judged(
+                    "the rest of the step",
+                    f"{name}.training_step does not call the module's own forward: T4 judged {label}, the module it "
+                    "calls first on the batch, not what the step computes from its output",
+                )
+            return (
+                call,
+                found,
+                f"the token ids {label} is given by {name}.training_step ({describe_batch(ids)}), differentiated at "
+                "the nn.Embedding that receives them",
+            )
         shown = describe_batch(args[0] if len(args) == 1 else args) if args else ", ".join(map(str, kwargs))
         dlcheck.skip(
             f"{name}.training_step hands {label} no float tensor ({shown}): T4 differentiates the output against a "

@@ -1,5 +1,6 @@
 """T4: in eval mode, an example's output does not depend on the other examples of its batch."""
 
+import pytest
 import tiny_train as tt
 import torch
 
@@ -164,3 +165,55 @@ def test_a_token_pair_model_mixing_the_batch_fails(project):
     run.assert_outcome("T4", "failed")
     text = tt.section(run, "T4")
     assert "the output of example 0 depends on the input of example" in text
+
+
+TOKEN_STEP = """
+    import pytest, torch
+    import lightning.pytorch as pl
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class TokenNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(50, 8)
+            self.rnn = nn.GRU(8, 8, batch_first={batch_first})  # batch_first=False on (batch, time): mixes examples
+            self.head = nn.Linear(8, 50)
+
+        def forward(self, ids, targets):
+            return self.head(self.rnn(self.emb(ids))[0])
+
+    class Lit(pl.LightningModule):
+        # Lightning's demo Transformer: the step calls its network on two token tensors, not the module's forward
+        def __init__(self):
+            super().__init__()
+            self.model = TokenNet()
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self.model(x, y).reshape(-1, 50), y.reshape(-1))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_lightning_module():
+        torch.manual_seed(0)
+        return Lit()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, 50, (16, 7), generator=g)
+        return DataLoader(TensorDataset(ids[:, :-1], ids[:, 1:]), batch_size=4, shuffle=True)
+"""
+
+
+@pytest.mark.parametrize(("batch_first", "outcome"), [("True", "passed"), ("False", "failed")])
+def test_a_lightning_step_that_feeds_token_ids_is_judged_at_their_embedding(project, batch_first, outcome):
+    # T4 had skipped "hands the model no float tensor" (blind set 10's Lightning transformer example)
+    project.conftest(TOKEN_STEP.format(batch_first=batch_first))
+    run = project.run("--dlcheck=T4", "-rA")
+    run.assert_outcome("T4", outcome)
+    assert "differentiated at the nn.Embedding that receives them" in " ".join(run.text.split())
