@@ -10,6 +10,7 @@ from typing import Any
 from ...errors import MISSING, RoleError
 from ...sampling import get_sample
 from ...session import NOT_APPLICABLE, user_call
+from ..shared.lm import predicts_no_tokens
 from . import measure as vlm
 
 SETUP_HINT = (
@@ -51,6 +52,14 @@ def not_vlm(model: Any) -> str | None:
             if getattr(config, k, None) is not None
         ]
         if vision or any(p in params for p in ("pixel_values", "images", "image")):
+            no_tokens = predicts_no_tokens(model)
+            if no_tokens is not None:
+                # a CLIP-style dual encoder: a vision tower beside a text encoder, no language model that reads the
+                # image features through a projector
+                return (
+                    f"{no_tokens}: a vision tower beside a text encoder (a dual encoder), with no language model "
+                    "reading image features, so no projector, image tokens or language-model tower to judge"
+                )
             return None
         if "input_ids" in params:
             return (

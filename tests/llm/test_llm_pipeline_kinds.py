@@ -410,7 +410,7 @@ def test_a_dual_encoder_predicts_no_tokens_and_its_forward_is_never_fed_text_alo
     checks of the tokens themselves (the mask against the padding) still judge its caption batches; T4 and L5 read
     no get_input_embeddings() that transformers does not implement for it."""
     _project(project, DUAL)
-    run, results = _report(project, ["--dlcheck=llm,T4", "-rA"])
+    run, results = _report(project, ["--dlcheck=llm,vlm,T4", "-rA"])
     assert "raised" not in run.text and "internal error" not in run.text, run.text
     for cid in ("L1", "L2", "L4", "L6", "L11", "L13"):
         assert results[cid]["outcome"] == "not_applicable", (cid, results[cid])
@@ -420,6 +420,10 @@ def test_a_dual_encoder_predicts_no_tokens_and_its_forward_is_never_fed_text_alo
         )
     assert results["L14"]["outcome"] == "passed", results["L14"]
     assert results["T4"]["outcome"] in ("passed", "skipped"), results["T4"]
+    # nor is it a vision-language model: no language model reads its image features (X1-X3 had asked for towers)
+    for cid in ("X1", "X2", "X3", "X4", "X5"):
+        assert results[cid]["outcome"] == "not_applicable", (cid, results[cid])
+        assert "a vision tower beside a text encoder (a dual encoder)" in results[cid]["reason"]
 
 
 def test_a_model_predicts_no_tokens_only_without_a_task_head_and_a_language_model_head():
