@@ -681,17 +681,24 @@ def channel_stats(images: list[Any]) -> Stats | None:
 # transforms
 
 
+def tname(t: Any) -> str:
+    """A transform's class name; a torch.jit.script'ed one (run_clip's scripted Transform) by the class it was
+    scripted from (its ``original_name``), not RecursiveScriptModule."""
+    original = getattr(t, "original_name", None) if type(t).__name__ == "RecursiveScriptModule" else None
+    return original if isinstance(original, str) else type(t).__name__
+
+
 def transform_children(t: Any) -> list[Any]:
     kids: list[Any] = []
-    name = type(t).__name__
+    name = tname(t)
     if name == "StandardTransform":
         return [x for x in (t.transform, t.target_transform) if x is not None]
     inner = getattr(t, "transforms", None)
-    if isinstance(inner, (list, tuple)) or type(inner).__name__ in ("ModuleList", "Sequential"):
+    if isinstance(inner, (list, tuple)) or tname(inner) in ("ModuleList", "Sequential"):
         kids.extend(list(inner))
     elif callable(inner) and inner is not t:
         kids.append(inner)
-    if not kids and type(t).__name__ == "Sequential":
+    if not kids and name == "Sequential":
         kids.extend(list(t.children()))
     for attr in ("transform", "base_transform"):
         sub = getattr(t, attr, None)
@@ -714,14 +721,14 @@ def walk_transforms(t: Any, depth: int = 0) -> Iterator[Any]:
 
 def image_transform(t: Any) -> Any:
     """The part of a (joint) transform that touches the image."""
-    if type(t).__name__ == "StandardTransform":
+    if tname(t) == "StandardTransform":
         return t.transform
     return t
 
 
 def find_normalize(t: Any) -> tuple[list[float], list[float], Any] | None:
     for leaf in walk_transforms(image_transform(t)):
-        if type(leaf).__name__ in ("Normalize", "NormalizeImage") and hasattr(leaf, "mean") and hasattr(leaf, "std"):
+        if tname(leaf) in ("Normalize", "NormalizeImage") and hasattr(leaf, "mean") and hasattr(leaf, "std"):
             return [float(v) for v in _seq(leaf.mean)], [float(v) for v in _seq(leaf.std)], leaf
     return None
 
@@ -753,7 +760,7 @@ RANDOM_NAMES = {
 def random_transforms(t: Any) -> list[Any]:
     out = []
     for leaf in walk_transforms(image_transform(t)):
-        name = type(leaf).__name__
+        name = tname(leaf)
         if name.startswith("Random") or name in RANDOM_NAMES:
             p = getattr(leaf, "p", None)
             if isinstance(p, (int, float)) and p == 0:
@@ -772,7 +779,7 @@ def pipeline(t: Any) -> str:
     leaves = [leaf for leaf in walk_transforms(t) if not transform_children(leaf)]
     names = []
     for leaf in leaves:
-        name = type(leaf).__name__
+        name = tname(leaf)
         if name == "ToDtype":
             dt = getattr(leaf, "dtype", None)
             dt = str(dt).removeprefix("torch.") if not isinstance(dt, Mapping) else "…"
@@ -780,7 +787,7 @@ def pipeline(t: Any) -> str:
         elif name == "Normalize":
             name = f"Normalize(mean=({fmt_seq(_seq(leaf.mean))}), std=({fmt_seq(_seq(leaf.std))}))"
         names.append(name)
-    return " → ".join(names) if names else type(t).__name__
+    return " → ".join(names) if names else tname(t)
 
 
 def synthetic_pil(width: int = 96, height: int = 96, seed: int = 0) -> Any:

@@ -489,3 +489,50 @@ def test_an_image_to_image_networks_rgb_channels_are_not_read_as_classes(project
     assert "from the model's output channels" not in text, text
     assert "num_classes 3" not in text, text
     assert "your model's output is no row of class scores per image to read them from" in text, text
+
+
+SCRIPTED = """
+    import pytest, torch
+    from torch import nn
+    from torchvision.transforms import ConvertImageDtype, Normalize
+    from transformers import CLIPImageProcessor
+
+    class Transform(nn.Module):  # run_clip's transform, torch.jit.script'ed as the script does
+        def __init__(self, mean, std):
+            super().__init__()
+            self.transforms = nn.Sequential(ConvertImageDtype(torch.float), Normalize(mean, std))
+
+        def forward(self, x):
+            with torch.no_grad():
+                return self.transforms(x)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_image_processor():
+        return CLIPImageProcessor()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_train_transform():
+        return torch.jit.script(Transform({mean}, {std}))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_train_transform):
+        g = torch.Generator().manual_seed(0)
+        images = torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8, generator=g)
+        return [(dlcheck_train_transform(img), i % 2) for i, img in enumerate(images)]
+"""
+
+
+@pytest.mark.parametrize(
+    ("mean", "std", "outcome"),
+    [
+        ("[0.48145466, 0.4578275, 0.40821073]", "[0.26862954, 0.26130258, 0.27577711]", "passed"),
+        ("[0.5, 0.5, 0.5]", "[0.5, 0.5, 0.5]", "failed"),
+    ],
+)
+def test_a_scripted_transform_s_normalize_is_read(project, mean, std, outcome):
+    # torch.jit.script hides the classes (RecursiveScriptModule): the Normalize is read by its original name (V1 had
+    # said "no Normalize transform" on run_clip's, blind set 10)
+    project.conftest(SCRIPTED.format(mean=mean, std=std))
+    run = project.run("--dlcheck=V1", "-rA")
+    run.assert_outcome("V1", outcome)
+    assert "no Normalize transform" not in run.text
