@@ -78,6 +78,13 @@ def documents(example: Any, eos: int | None = None, pair: PairTemplate | None = 
     ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids) if isinstance(ids, (list, tuple)) else None
     if not ids or isinstance(ids[0], list):
         return [example]
+    mask = example.get("attention_mask")
+    mask = mask.tolist() if isinstance(mask, torch.Tensor) else mask
+    if isinstance(mask, (list, tuple)) and len(mask) == len(ids) and not all(mask) and "position_ids" not in example:
+        # a row padded to max_length (run_clip's captions): the pads (the EOS token, where pad = EOS) are no documents
+        ids = [t for t, m in zip(ids, mask) if m]
+        if not ids:
+            return [example]
     lengths = example.get("seq_lengths")
     if isinstance(lengths, torch.Tensor):
         lengths = lengths.tolist()
@@ -239,8 +246,9 @@ def _examples(dataset: Any, limit: int) -> tuple[list[Any] | None, bool]:
             # an example is what is stored, not one random augmentation of it
             part = part.with_format(None)
         cols = [c for c in part.column_names if c not in NOT_CONTENT]
-        # a packed dataset's document boundaries travel with its ids (TRL's pack_dataset: seq_lengths)
-        bounds = [c for c in ("seq_lengths", "position_ids") if c in part.column_names]
+        # a packed dataset's document boundaries travel with its ids (TRL's pack_dataset: seq_lengths), and a padded
+        # one's padding with its attention_mask (the pads after a caption's EOS are no documents)
+        bounds = [c for c in ("seq_lengths", "position_ids", "attention_mask") if c in part.column_names]
         key = ["input_ids", *bounds] if "input_ids" in cols else cols
         data = {c: part[c] for c in key}
         return [{c: data[c][i] for c in key} for i in range(take)], take < n

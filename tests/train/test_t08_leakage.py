@@ -475,3 +475,39 @@ def test_token_streams_batchified_at_one_width_are_compared(project):
     run = project.run("--dlcheck=T8", "-rA")
     run.assert_outcome("T8", "passed")
     run.fnmatch(["*0 of 5 eval examples (dlcheck_eval_dataloader.dataset) are among the 10 training examples*"])
+
+
+PADDED_CAPTIONS = """
+    import pytest, tiny
+    from datasets import Dataset
+
+    # run_clip's captions, tokenized with padding="max_length" in the dataset: every row ends with its EOS and pads
+    @pytest.fixture(scope="session")
+    def dlcheck_tokenizer():
+        return tiny.tokenizer()
+
+    def captions(tok, texts):
+        enc = tok(texts, padding="max_length", max_length=32, truncation=True)
+        return Dataset.from_dict({{"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}})
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(dlcheck_tokenizer):
+        return captions(dlcheck_tokenizer, [t + tiny.END for t in tiny.texts(12)])
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataset(dlcheck_tokenizer):
+        held_out = [f"a held out caption number {{i}} of the eval split" + tiny.END for i in range(4)]
+        return captions(dlcheck_tokenizer, {eval_texts})
+"""
+
+
+@pytest.mark.parametrize(
+    ("eval_texts", "outcome"), [("held_out", "passed"), ("[t + tiny.END for t in tiny.texts(4)]", "failed")]
+)
+def test_rows_padded_to_max_length_are_compared_whole_not_as_documents(project, eval_texts, outcome):
+    # the pads after each row's EOS had been read as packed documents, identical in every row: "50% of eval
+    # examples share their inputs ... by nature" on run_clip's distinct captions (blind set 10)
+    project.conftest(PADDED_CAPTIONS.format(eval_texts=eval_texts))
+    run = project.run("--dlcheck=T8", "-rA")
+    run.assert_outcome("T8", outcome)
+    assert "unpacked into its documents" not in run.text
