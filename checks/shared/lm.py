@@ -382,8 +382,8 @@ def predicts_no_tokens(model: Any) -> str | None:
     no head over the vocabulary). Decided from the model object, for a model whose kind the mappings do not
     give; a custom torch module is not judged here (None)."""
     inner = base_model(model)
-    if model_task(inner) is not None:
-        return None
+    if not isinstance(inner, torch.nn.Module) or model_task(inner) is not None:
+        return None  # a tokenizer handed over as the model is another matter (its role is misused)
     if not any(cls.__module__.startswith("transformers.") for cls in type(inner).__mro__):
         return None
     get = getattr(inner, "get_output_embeddings", None)
