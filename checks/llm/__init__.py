@@ -69,6 +69,12 @@ def concerns_token_data(ctx) -> str | None:
 def not_a_language_model(ctx) -> str | None:
     """A diffusion training whose model is a diffusers denoiser is no language model: its token ids are captions
     for a text encoder, never the model's own inputs (decided from the model's library, not its name)."""
+    # a reinforcement-learning agent with no tokenizer and no Trainer (a plain actor-critic loop whose dataloader
+    # yields observation tensors): decided before any llm check reads its data as token batches (L4, L5, L7 had
+    # blamed its dataloader for not yielding mappings)
+    agent = rl_agent_without_text(ctx)
+    if agent:
+        return agent
     for name in ("model", "unet"):
         model = ctx.role(name)
         if model is not MISSING and type(model).__module__.startswith("diffusers."):

@@ -180,3 +180,31 @@ def test_rolling_out_an_untrained_algorithm_leaves_its_env_alone(project):
         algo.num_timesteps,
     )
     assert _same(before, after)
+
+
+ACTOR_CRITIC = """
+import gymnasium as gym, pytest, torch
+from torch.utils.data import DataLoader
+
+
+@pytest.fixture(scope="session")
+def dlcheck_env():
+    return lambda: gym.make("CartPole-v1")
+
+
+@pytest.fixture(scope="session")
+def dlcheck_dataloader():
+    # pytorch/examples' actor-critic: no dataset, one item per episode (tensors, not mappings of token fields)
+    return DataLoader(list(range(16)), batch_size=1)
+"""
+
+
+def test_an_rl_loop_s_dataloader_is_not_read_as_token_batches(project):
+    # blind set 11's actor-critic: L4, L5 and L7 read its dataloader before deciding that the llm checks concern
+    # no language model here, and blamed it for yielding tensors ("your role raised")
+    project.conftest(ACTOR_CRITIC)
+    run = project.run("--dlcheck=llm", "-rA")
+    assert "raised" not in run.text, run.text
+    for cid in ("L1", "L4", "L5", "L7", "L11"):
+        run.assert_outcome(cid, "skipped")
+    assert "the pipeline is a reinforcement-learning agent (dlcheck_env" in " ".join(run.text.split())
