@@ -402,6 +402,7 @@ def check_overfit_batch(dlcheck):
         if opt is None:
             dlcheck.skip(f"{setup.describe()} gives no optimizer")
         base_lr(opt)
+        needs_closure = _needs_closure(opt)
         for g in opt.param_groups:
             g["lr"] = g["lr"] * mult
         lr = opt.param_groups[0]["lr"]
@@ -423,7 +424,18 @@ def check_overfit_batch(dlcheck):
                     early = True
                     break
                 loss.backward()
-                opt.step()
+                if needs_closure:
+                    # LBFGS (time_sequence_prediction): the optimizer re-evaluates the loss itself, as the user's
+                    # step hands it a closure (it had raised a TypeError inside T2: blind set 11)
+                    def closure() -> Any:
+                        opt.zero_grad(set_to_none=True)
+                        again = fixed(lambda: fresh.loss(batch))
+                        again.backward()
+                        return again
+
+                    opt.step(closure)
+                else:
+                    opt.step()
         opt.zero_grad(set_to_none=True)
         attempts.append((mult, lr, value, i, early))
         return value
@@ -612,3 +624,14 @@ def check_overfit_batch(dlcheck):
             f"raise T2.steps to judge it (now {budget}: the budget of every rate tried)"
         )
     dlcheck.fail(evidence, cause, fix)
+
+
+def _needs_closure(opt: Any) -> bool:
+    """Whether the optimizer's step requires a closure that re-evaluates the loss (torch.optim.LBFGS)."""
+    import inspect
+
+    try:
+        param = inspect.signature(type(opt).step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    return param is not None and param.default is inspect.Parameter.empty

@@ -252,6 +252,13 @@ class LoopSetup:
             # a wrapper's torch optimizer (Fabric's _FabricOptimizer forwards attributes to it and cannot be copied)
             source = unwrap_prepared(again.get("optimizer"))
             new_opt = copy.deepcopy(source, memo) if source is not None else opt
+            if source is not None and new_opt is not source:
+                # torch's Optimizer pickles only defaults, state and param_groups: what a subclass keeps beside them
+                # (LBFGS's _params, the flat list its step reads) is copied over too, onto this model's parameters
+                for key, value in vars(source).items():
+                    # data only: a scheduler's wrapper of the old optimizer's step (an instance attribute) stays behind
+                    if key not in vars(new_opt) and not callable(value):
+                        setattr(new_opt, key, copy.deepcopy(value, memo))
             sched = again.get("lr_scheduler")
             new_sched = copy.deepcopy(sched, {**memo, id(again["optimizer"]): new_opt}) if sched is not None else None
             return new_opt, new_sched

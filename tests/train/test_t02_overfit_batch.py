@@ -324,3 +324,12 @@ def test_outputs_matched_to_their_loss_overfit(project, out, loss):
     run = project.run("--dlcheck=T2", "-rA")
     run.assert_outcome("T2", "passed")
     run.fnmatch(["*batch 0 loss * -> * after * steps on that batch alone at lr *"])
+
+
+def test_an_lbfgs_optimizer_is_stepped_with_a_closure(project):
+    # time_sequence_prediction's LBFGS: its step takes a closure that re-evaluates the loss, and its flat parameter
+    # list lives beside the pickled state (T2 had raised a TypeError, then an AttributeError: blind set 11)
+    project.conftest(tt.loop_project(optimizer="torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)"))
+    run = project.run("--dlcheck=T2", "-rA")
+    assert "internal error" not in run.text, run.text
+    run.assert_outcome("T2", "passed")
