@@ -157,6 +157,21 @@ def _fail_or_judge_no_shuffle(dlcheck, setup, loader, where) -> tuple[str, str]:
     number of epochs lives in the user's own loop."""
     kind = type(getattr(loader, "sampler", None)).__name__
     try:
+        batches = len(loader)
+    except TypeError:
+        batches = None
+    if batches == 1:
+        # full-batch training (time_sequence_prediction's LBFGS on all 97 rows): every epoch trains on the one
+        # batch that holds every example, in whatever order (T7 had failed it: blind set 11)
+        size = (
+            len(getattr(loader, "dataset", None) or []) if hasattr(getattr(loader, "dataset", None), "__len__") else 0
+        )
+        return "not applicable", (
+            f"{where} does not shuffle ({kind}), but yields one batch"
+            + (f" holding all {size} examples" if size else "")
+            + " per epoch: the epochs train on the same full batch, whatever its order"
+        )
+    try:
         with preserved_rng():
             first = list(itertools.islice(iter(getattr(loader, "batch_sampler", None) or loader.sampler), 2))
     except Exception:  # noqa: BLE001 - a sampler that cannot be iterated without data: its order is not read

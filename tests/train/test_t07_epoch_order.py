@@ -333,3 +333,17 @@ def test_workers_of_a_dataset_without_random_augmentation_are_measured_as_such(p
     run = project.run("--dlcheck=T7", "-rA")
     run.assert_outcome("T7", "passed")
     run.fnmatch(["*is the same every time: the examples draw no random augmentation that workers could repeat*"])
+
+
+def test_a_loader_of_one_full_batch_repeats_no_order(project):
+    # full-batch training (time_sequence_prediction: all rows in one batch, LBFGS): the epochs train on the same batch
+    # whatever its order; the same loader in batches of 8 still fails (the test above)
+    extra = """
+    @pytest.fixture(scope="session")
+    def dlcheck_num_epochs():
+        return 15
+"""
+    project.conftest(with_loader("tt.loader(batch_size=64, shuffle=False)") + extra)
+    run = project.run("--dlcheck=T7", "-rA")
+    run.assert_outcome("T7", "skipped")
+    assert "yields one batch holding all 64 examples per epoch" in " ".join(run.text.split())
