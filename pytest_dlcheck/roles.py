@@ -263,6 +263,12 @@ def _from_trainer(name: str, trainer: Any, cache: Callable[[str, Callable[[], An
         return trainer.model
     if name == "tokenizer":
         tok = getattr(trainer, "processing_class", None) or getattr(trainer, "tokenizer", None)
+        if tok is None:
+            # a Trainer built without processing_class (peft's DoRA example): its collator holds the tokenizer it
+            # pads with (DataCollatorForLanguageModeling, DataCollatorWithPadding, ...)
+            collator = getattr(trainer, "data_collator", None)
+            found = getattr(collator, "tokenizer", None) or getattr(collator, "processing_class", None)
+            tok = found if found is not None and hasattr(found, "convert_ids_to_tokens") else None
         return tok if tok is not None else MISSING
     if name == "training_args":
         return trainer.args

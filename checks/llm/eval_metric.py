@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -145,13 +144,11 @@ def forward_logits(model: Any, batch: dict) -> torch.Tensor:
     """The float logits of the user's model on a sampled batch; the model raising is the user's error (the
     batch is the pipeline's own), an output without logits :class:`NoLogits`."""
     device = lm.model_device(model)
-    try:
-        accepted = set(inspect.signature(model.forward).parameters)
-    except (TypeError, ValueError):
-        accepted = {"input_ids", "attention_mask"}
+    # a PEFT-wrapped model's forward takes **kwargs: the names are read through it (L7 had called it with none)
+    accepted = lm.forward_names(model) or {"input_ids", "attention_mask"}
     accepted -= {"labels", "past_key_values", "use_cache", "logits_to_keep", "num_items_in_batch", "return_dict"}
     kwargs = {k: torch.as_tensor(v).to(device) for k, v in batch.items() if k in accepted and v is not None}
-    if "use_cache" in inspect.signature(model.forward).parameters:
+    if "use_cache" in lm.forward_names(model):
         kwargs["use_cache"] = False
     with eval_mode(model):
         out = user_call("model", lambda: model(**kwargs))

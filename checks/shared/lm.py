@@ -447,6 +447,41 @@ def base_model(model: Any) -> Any:
     return model
 
 
+def forward_names(model: Any) -> set[str]:
+    """The named parameters of the model's forward; through a wrapper whose forward takes ``**kwargs`` (a PEFT
+    model's ``forward(*args, **kwargs)``, TRL's value-head wrapper) those of the model inside too, which the
+    wrapper hands its keywords to. Empty when no forward can be read (then every input is passed)."""
+    import inspect
+
+    names: set[str] = set()
+    seen: set[int] = set()
+    current = model
+    for _ in range(4):
+        if current is None or id(current) in seen:
+            break
+        seen.add(id(current))
+        try:
+            params = inspect.signature(current.forward).parameters
+        except (TypeError, ValueError, AttributeError):
+            break
+        names |= {n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            break
+        inner = base_model(current)
+        if inner is current:
+            # one level down: PEFT's get_base_model(), a wrapper's .model / .module
+            inner = next(
+                (
+                    getattr(current, a)
+                    for a in ("base_model", "model", "module")
+                    if isinstance(getattr(current, a, None), torch.nn.Module)
+                ),
+                None,
+            )
+        current = inner
+    return names
+
+
 def model_task(model: Any) -> tuple[str, str] | None:
     """(kind, the head class that says so) of a transformers model, from its class (or a base class of it) in
     transformers' task mappings; None for a model no mapping lists (a custom torch module)."""

@@ -9,7 +9,6 @@ transformers never."""
 from __future__ import annotations
 
 import contextlib
-import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ import torch
 from ...errors import MISSING, RoleError
 from ...guard import eval_mode, preserved_tokenizer
 from ...session import user_call
-from ..shared.lm import model_device, token_text
+from ..shared.lm import forward_names, model_device, token_text
 
 # the towers of a multimodal model are shared with T3; the vlm checks read them through this module
 from ..shared.multimodal import (  # noqa: F401
@@ -421,11 +420,8 @@ NOT_INPUTS = ("labels", "completion_mask", "assistant_masks")
 
 def forward_kwargs(model: Any, batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
     """The batch's model inputs (keys the model's forward names), on the model's device."""
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        params = {}
-    names = {n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    # through a PEFT wrapper's forward(*args, **kwargs) to the model it hands them to (X5 had dropped the images)
+    names = forward_names(model)
     out = {}
     for k, v in batch.items():
         if k in NOT_INPUTS or (names and k not in names):

@@ -367,3 +367,42 @@ def test_candidates_name_the_wrapping_numpy_bug():
     cand = candidates(logits.numpy(), labels.numpy(), {"wrap": 20})
     assert cand["every position, label -100 read as wrap"][0] == pytest.approx(float(wrapped), abs=1e-5)
     assert cand["every position, label -100 read as wrap"][1] == 4
+
+
+DORA = """
+import pytest, tiny
+from peft import LoraConfig, get_peft_model
+from transformers import DataCollatorForLanguageModeling, Trainer
+
+
+# peft's DoRA example: a PEFT-wrapped causal LM under a Trainer built without processing_class (the collator holds
+# the tokenizer); the wrapper's forward takes **kwargs
+@pytest.fixture(scope="session")
+def dlcheck_trainer(tmp_path_factory):
+    tok = tiny.tokenizer()
+    model = get_peft_model(tiny.llama(tok), LoraConfig(r=4, target_modules=["q_proj", "v_proj"], use_dora=True))
+    data = tiny.tokenized(tok)
+    return Trainer(model=model, args=tiny.trainer_args(tmp_path_factory.mktemp("out")),
+                   data_collator=DataCollatorForLanguageModeling(tok, mlm=False), train_dataset=data,
+                   eval_dataset=data)
+"""
+
+
+def test_a_peft_model_under_a_trainer_without_processing_class_is_judged(project):
+    # blind set 11's DoRA recipe: the tokenizer is read off the collator (nine llm checks had asked for it, hiding
+    # L11), and the wrapper's **kwargs forward gets the batch's inputs (L7 had called it with none: "your role raised")
+    project.conftest(DORA)
+    run = project.run("--dlcheck=L7,L14", "-rA")
+    assert "raised" not in run.text and "missing role" not in run.text, run.text
+    run.assert_outcome("L7", "passed")
+    run.assert_outcome("L14", "passed")
+
+
+def test_forward_names_read_through_a_peft_wrapper():
+    from peft import LoraConfig, get_peft_model
+
+    from pytest_dlcheck.checks.shared import lm
+
+    tok = tiny.tokenizer()
+    model = get_peft_model(tiny.llama(tok), LoraConfig(r=4, target_modules=["q_proj"]))
+    assert {"input_ids", "attention_mask", "labels"} <= lm.forward_names(model)
