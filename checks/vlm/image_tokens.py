@@ -201,12 +201,21 @@ def check_image_tokens(dlcheck):
 
     rows = lm.rows(sample.batches)
     raw = sample.raw_rows or sample.rows
+    per_batch: dict[int, int] = {}
+    for row in rows:
+        per_batch[row.batch] = per_batch.get(row.batch, 0) + 1
     judged, bad = 0, []  # (row, count, expected, images)
     for row in rows:
         ids = row.input_ids
         count = sum(1 for i in ids if i == image_id)
         images = None
-        if sample.batch_rows is not None and raw is not None:
+        # a row per example only: a preference collator stacks each example's chosen and rejected rows (TRL's
+        # DataCollatorForVisionPreference: 2 rows an example), whose order is its own (X4 had indexed past the examples)
+        if (
+            sample.batch_rows is not None
+            and raw is not None
+            and len(sample.batch_rows[row.batch]) == per_batch.get(row.batch)
+        ):
             images = vlm.example_images(raw[sample.batch_rows[row.batch][row.index]])
         if images is not None:
             if not images:

@@ -198,3 +198,27 @@ def test_a_siglip_tower_without_a_cls_feature_is_not_told_to_add_a_token(project
     assert "num_additional_image_tokens=1" not in run.text, run.text
     run.assert_outcome("X4", "passed")
     run.fnmatch(["*its SiglipVision vision tower, run once on a 32x32 image, emits 16 features*"])
+
+
+def test_a_collator_that_stacks_two_rows_per_example_is_read_without_indexing_past_the_examples(project):
+    # TRL's DataCollatorForVisionPreference stacks each example's chosen and rejected rows: 2 rows an example (X4 had
+    # raised an IndexError, blind set 11's DPO VLM); the rows are judged by the images in the batch
+    stacked = """
+    class Stacked:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __call__(self, examples):
+            batch = self.inner(examples)
+            return {k: torch.cat([v, v]) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_collator(dlcheck_tokenizer):
+        return Stacked(tinyvlm.collator(dlcheck_tokenizer))
+"""
+    conftest = DATA.format(processor="", collator="tinyvlm.collator(dlcheck_tokenizer)")
+    conftest = conftest[: conftest.index('    @pytest.fixture(scope="session")\n    def dlcheck_collator')] + stacked
+    project.conftest(conftest)
+    run = project.run("--dlcheck=X4", "-rA")
+    assert "internal error" not in run.text, run.text
+    run.assert_outcome("X4", "passed")
