@@ -284,6 +284,19 @@ def _split(dlcheck, split: str) -> Split:
     ds_role, dl_role = ("dataset", "dataloader") if split == "train" else ("eval_dataset", "eval_dataloader")
     ds, dl = dlcheck.role(ds_role), dlcheck.role(dl_role)
     dataset, dataset_name, iterable, iterable_name = MISSING, "", MISSING, ""
+    subset = _sampler_subset(dl)
+    if subset is not None and (ds is MISSING or ds is getattr(dl, "dataset", None)):
+        # a loader that draws a subset of its dataset (K-fold's SubsetRandomSampler over the whole dataset): the split
+        # is what its sampler selects, not the dataset it indexes (T8 had compared the whole dataset with itself)
+        indices = subset
+        return Split(
+            torch.utils.data.Subset(dl.dataset, indices),
+            f"dlcheck_{dl_role}.dataset at the {len(indices)} indices its {type(_inner_sampler(dl)).__name__} draws",
+            MISSING,
+            "",
+            dl,
+            f"dlcheck_{dl_role}",
+        )
     for candidate, name in ((ds, f"dlcheck_{ds_role}"), (getattr(dl, "dataset", None), f"dlcheck_{dl_role}.dataset")):
         if candidate is None or candidate is MISSING:
             continue
@@ -293,6 +306,30 @@ def _split(dlcheck, split: str) -> Split:
         if iterable is MISSING:
             iterable, iterable_name = candidate, name
     return Split(dataset, dataset_name, iterable, iterable_name, dl, f"dlcheck_{dl_role}")
+
+
+def _inner_sampler(loader: Any) -> Any:
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    return getattr(batch_sampler, "sampler", None) or getattr(loader, "sampler", None)
+
+
+def _sampler_subset(loader: Any) -> list[int] | None:
+    """The dataset indices a loader's sampler is restricted to (SubsetRandomSampler and any sampler holding a
+    sequence of integer ``indices``), or None: the loader reads its whole dataset."""
+    if loader is MISSING or loader is None or not hasattr(loader, "dataset"):
+        return None
+    indices = getattr(_inner_sampler(loader), "indices", None)
+    if indices is None or isinstance(indices, (str, bytes)):
+        return None
+    try:
+        out = [int(i) for i in indices]
+    except (TypeError, ValueError):
+        return None
+    try:
+        n = len(loader.dataset)
+    except TypeError:
+        return None
+    return out if out and len(out) < n and all(0 <= i < n for i in out) else None
 
 
 def _shape(value: Any) -> tuple[int, ...] | None:

@@ -511,3 +511,30 @@ def test_rows_padded_to_max_length_are_compared_whole_not_as_documents(project, 
     run = project.run("--dlcheck=T8", "-rA")
     run.assert_outcome("T8", outcome)
     assert "unpacked into its documents" not in run.text
+
+
+KFOLD = """
+    import pytest, torch, tiny_train as tt
+    from torch.utils.data import DataLoader, SubsetRandomSampler
+
+    # Lightning Fabric's kfold_cv: one dataset, each fold's loaders drawing their indices with SubsetRandomSampler
+    data = tt.blobs(100)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return DataLoader(data, batch_size=8, sampler=SubsetRandomSampler(list(range(20, 100))))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_eval_dataloader():
+        return DataLoader(data, batch_size=8, sampler=SubsetRandomSampler(list(range({start}, {start} + 20))))
+"""
+
+
+@pytest.mark.parametrize(("start", "outcome"), [(0, "passed"), (40, "failed")])
+def test_folds_drawn_by_a_subset_sampler_are_compared_by_the_indices_they_draw(project, start, outcome):
+    # T8 had compared the whole dataset behind both loaders with itself: "100 of 100 eval examples in training"
+    # (blind set 11's Fabric k-fold); a validation fold inside the training indices still fails
+    project.conftest(KFOLD.format(start=start))
+    run = project.run("--dlcheck=T8", "-rA")
+    run.assert_outcome("T8", outcome)
+    assert "at the 20 indices its SubsetRandomSampler draws" in " ".join(run.text.split())
