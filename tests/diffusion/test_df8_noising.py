@@ -30,6 +30,17 @@ def test_timesteps_drawn_from_num_inference_steps(project):
     assert "largest gap 0.9" in text and "above the DKW bound 0.34 for 64 draws (false alarm ≤ 1e-06)" in text
 
 
+def test_a_cubic_schedule_that_draws_every_noise_level_is_not_failed(project):
+    # train_t2i_adapter_sdxl.py draws t = (1 - u^3) T on purpose: not uniform, but every level is trained (DF8 had
+    # failed it as a narrowed range: blind set 11); the range cut above still fails
+    project.conftest(tinydiff.conftest(timesteps="cubic"))
+    run = project.run("--dlcheck=DF8", "-rA")
+    run.assert_outcome("DF8", "passed")
+    assert "a weighting that draws every noise level (a cubic or SNR-weighted schedule) is not failed" in tinydiff.flat(
+        run.text
+    )
+
+
 def test_scaled_noise(project):
     text = _fail(project, noise_scale=0.1)
     assert re.search(r"noise from dlcheck_training_inputs: std 0\.(09|1)", text), text

@@ -199,6 +199,8 @@ def training_inputs(
             t = torch.full((bsz,), 500, dtype=torch.long)
         elif timesteps == "narrow":
             t = torch.randint(0, 50, (bsz,))
+        elif timesteps == "cubic":  # the T2I-Adapter's schedule: every level drawn, the noisy ones more often
+            t = ((1 - (torch.rand((bsz,)) ** 3)) * T).long().clamp(0, T - 1)
         else:
             t = torch.randint(0, T, (bsz,))
         noisy = (noising or sched).add_noise(lat, noise, t)
