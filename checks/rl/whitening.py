@@ -14,7 +14,7 @@ from ...sampling import sample_rows
 from ...session import user_call
 from . import measure as rl
 
-LEVELS = ("minibatch", "buffer", "none")
+LEVELS = ("any", "minibatch", "buffer", "none")
 
 #: completions every sampled prompt is scored with, besides the data's own answers
 PROBE_COMPLETIONS = ("", " 4", " The answer is 4.", " I do not know.", " yes", " " + "word " * 24)
@@ -45,10 +45,11 @@ class Finding:
     settings=(
         Setting(
             "level",
-            "minibatch",
-            "where the recipe whitens PPO advantages: 'minibatch' (CleanRL norm_adv, SB3 "
-            "PPO normalize_advantage, OpenAI baselines), 'buffer' (once over the rollout, as SpinningUp), or "
-            "'none'; a derived SB3 algorithm uses its own recipe",
+            "any",
+            "where the recipe whitens PPO advantages: 'any' (whitened per minibatch or once over the rollout, "
+            "both valid recipes; unwhitened fails), 'minibatch' (CleanRL norm_adv, SB3 PPO normalize_advantage, "
+            "OpenAI baselines), 'buffer' (once over the rollout, as SpinningUp and CleanRL's PPG), or 'none'; a "
+            "derived SB3 algorithm uses its own recipe",
         ),
         Setting(
             "tolerance",
@@ -79,7 +80,9 @@ def check_advantage_whitening(dlcheck):
         from an SB3 PPO: the minibatches PPO.train() forms from its last rollout, or from 256 steps of its
         policy on a copy of its env, normalize_advantage applied) and finds the level they are whitened at:
         every minibatch mean 0 / std 1 (minibatch), only their concatenation (buffer), or neither (none);
-        it fails when that differs from R3.level. GRPO: generates reward groups with Hypothesis, groups
+        it fails when they are not whitened, or, when R3.level names a level (your recipe's), when that
+        differs from it (by default either level passes: per minibatch as CleanRL's PPO, once over the
+        rollout as SpinningUp and CleanRL's PPG; an SB3 algorithm is held to its own recipe). GRPO: generates reward groups with Hypothesis, groups
         whose rewards are all equal included, and checks that dlcheck_group_advantages gives finite
         advantages with mean 0 within every group and 0 for flat groups; scores sampled prompts of
         dlcheck_raw_dataset with several completions each through dlcheck_reward_funcs (as TRL calls
@@ -195,14 +198,23 @@ def _ppo_minibatches(dlcheck, findings: list[Finding], judged: list[str], notes:
     tol = dlcheck.setting("tolerance")
     per_minibatch = all(rl.whitened(mb, tol) for mb in batches)
     level = "minibatch" if per_minibatch else "buffer" if rl.whitened(whole, tol) else "none"
-    if level == expected or (expected == "buffer" and level == "minibatch" and len(batches) == 1):
+    if (
+        level == expected
+        or (expected == "any" and level != "none")
+        or (expected == "buffer" and level == "minibatch" and len(batches) == 1)
+    ):
         stats = [rl.minibatch_stats(mb) for mb in batches]
         sizes = sorted({s[0] for s in stats})
         size_text = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
         n, mean, std = rl.minibatch_stats(whole)
         judged.append(
-            f"{source}: {len(batches)} minibatches of {size_text} advantages, whitened at the level '{level}' as "
-            f"the recipe says ('{expected}'): minibatch means within "
+            f"{source}: {len(batches)} minibatches of {size_text} advantages, whitened at the level '{level}' "
+            + (
+                "(R3.level 'any': per minibatch or once over the rollout, both valid recipes)"
+                if expected == "any"
+                else f"as the recipe says ('{expected}')"
+            )
+            + ": minibatch means within "
             f"±{max(abs(s[1]) for s in stats):.2g}, stds {min(s[2] for s in stats):.3f} to "
             f"{max(s[2] for s in stats):.3f}; all {n} together: mean {mean:.2g}, std {std:.3f} (tolerance {tol:g})"
         )
@@ -213,7 +225,10 @@ def _ppo_minibatches(dlcheck, findings: list[Finding], judged: list[str], notes:
         rows.append(f"minibatch {i}: {n} advantages, mean {mean:.3g}, std {std:.3g}")
     n, mean, std = rl.minibatch_stats(whole)
     evidence = (
-        [f"{source}: advantages whitened at the level '{level}', the recipe says '{expected}'"]
+        [
+            f"{source}: advantages whitened at the level '{level}', "
+            + ("the recipe whitens them (R3.level 'any')" if expected == "any" else f"the recipe says '{expected}'")
+        ]
         + rows
         + [f"all {len(batches)} minibatches together: {n} advantages, mean {mean:.3g}, std {std:.3g}"]
     )
