@@ -318,6 +318,17 @@ def check_gradients(dlcheck):
                 "round-trip through .item()/numpy in the forward): the layers are frozen by accident"
             )
             fix = "remove the detach / no_grad around those modules; to freeze them on purpose, set requires_grad_(False) and leave them out of the optimizer"
+        step = getattr(setup, "train_step", MISSING) if setup is not None else MISSING
+        if step is not MISSING and step is not None and not diagnosis and loss.requires_grad:
+            # the loop's own step is given beside the loss: a module that loss never reaches may be trained by another
+            # loss of the step (PPG's auxiliary phase trains aux_critic: blind set 11's false alarm); the step decides
+            _through_the_step(
+                dlcheck,
+                setup,
+                f"dlcheck_compute_loss's loss gives {len(orphans)} of {len(trainable)} parameter tensors no gradient "
+                f"({', '.join(n for n, _ in orphans[:3])}), which your step may train with a loss of its own",
+            )
+            return
         dlcheck.fail(evidence, cause, fix)
 
     zero = [n for (n, _), g in zip(trainable, grads) if g is not None and not bool(g.any())]

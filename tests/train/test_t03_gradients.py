@@ -549,3 +549,63 @@ def test_a_step_s_target_network_held_by_the_optimizer_still_fails(project):
     run = project.run("--dlcheck=T3")
     run.assert_outcome("T3", "failed")
     assert "qf1_target.0.weight" in tt.section(run, "T3")
+
+
+TWO_PHASES = """
+    import pytest, torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Agent(nn.Module):  # PPG's shape: a policy head and an auxiliary value head on one trunk
+        def __init__(self):
+            super().__init__()
+            self.trunk = nn.Linear(4, 16)
+            self.pi = nn.Linear(16, 2)
+            self.aux_critic = nn.Linear(16, 1)
+
+    def policy_loss(model, batch):
+        x, a = batch
+        return nn.functional.cross_entropy(model.pi(torch.relu(model.trunk(x))), a)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            torch.manual_seed(0)
+            model = Agent()
+            return {{"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-3)}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(TensorDataset(torch.randn(32, 4, generator=g), torch.randint(0, 2, (32,), generator=g)),
+                          batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_compute_loss():
+        return policy_loss  # the policy phase's loss only
+
+    @pytest.fixture(scope="session")
+    def dlcheck_train_step():
+        def step(state, batch, i):
+            model, opt = state["model"], state["optimizer"]
+            loss = policy_loss(model, batch)
+            if {aux}:  # the auxiliary phase
+                x, _ = batch
+                loss = loss + model.aux_critic(torch.relu(model.trunk(x))).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return step
+"""
+
+
+@pytest.mark.parametrize(("aux", "outcome"), [("i == 2", "passed"), ("False", "failed")])
+def test_a_head_trained_by_another_loss_of_the_step_is_judged_through_the_step(project, aux, outcome):
+    # dlcheck_compute_loss gives the policy phase's loss; the step trains aux_critic in a phase of its own (CleanRL's
+    # PPG: T3 had failed 'aux_critic never called by the forward', blind set 11); a head no loss ever trains fails
+    project.conftest(TWO_PHASES.format(aux=aux))
+    run = project.run("--dlcheck=T3", "-rA")
+    run.assert_outcome("T3", outcome)
+    assert "dlcheck_compute_loss's loss gives 2 of 6 parameter tensors no gradient" in " ".join(run.text.split())
