@@ -688,6 +688,7 @@ class Rank:
             "dataset_len": n,
             "num_workers": getattr(loader, "num_workers", None),
             "batch_size": getattr(loader, "batch_size", None),
+            "subset": subset_indices(sampler, n),
         }
 
     def indices(self, loader: Any, epoch: int = 0) -> list[int] | None:
@@ -1142,3 +1143,27 @@ def _recording_writes(events: list[tuple[str, str]], shards: list[dict[str, Any]
     finally:
         for mod, name, old in originals:
             setattr(mod, name, old)
+
+
+def subset_indices(sampler: Any, n: int | None) -> list[int] | None:
+    """The dataset indices a sampler draws from when it is restricted to a subset of the dataset (a
+    SubsetRandomSampler, also inside a distributed wrapper: Lightning's DistributedSamplerWrapper holds it as its
+    ``dataset``), or None: the whole dataset."""
+    seen: set[int] = set()
+    current, depth = sampler, 0
+    while current is not None and depth < 5 and id(current) not in seen:
+        seen.add(id(current))
+        indices = getattr(current, "indices", None)
+        if indices is not None and not isinstance(indices, (str, bytes)) and not callable(indices):
+            try:
+                out = sorted({int(i) for i in indices})
+            except (TypeError, ValueError):
+                return None
+            return out if n and out and len(out) < n and out[-1] < n and out[0] >= 0 else None
+        current = next(
+            (getattr(current, a) for a in ("sampler", "_sampler", "dataset") if getattr(current, a, None) is not None),
+            None,
+        )
+        depth += 1
+    return None
+

@@ -249,10 +249,19 @@ def check_sampler_shards(dlcheck):
                 "optimizer, loader)) with an Accelerator built in the process: it deals each rank its own batches"
             )
         dlcheck.fail(evidence, cause, fix, shared=len(shared))
-    missing = sorted(set(range(n)) - union)
+    # a sampler confined to a subset (a K-fold's SubsetRandomSampler of the training fold) covers that subset, not
+    # the whole dataset (Fabric's kfold_cv had failed with the validation fold 'on no rank': blind set 11)
+    subset = info.get("subset")
+    base = set(subset) if subset else set(range(n))
+    missing = sorted(base - union)
     if selections is None and len(missing) > dropped:
         dlcheck.fail(
-            [evidence_head, f"{len(missing)} of {n} examples are on no rank (indices {_few(missing)})"],
+            [
+                evidence_head,
+                f"{len(missing)} of {len(base)} examples"
+                + (f" (the subset of {len(base)} indices its sampler draws)" if subset else "")
+                + f" are on no rank (indices {_few(missing)})",
+            ],
             "the shards together do not cover the dataset: the sampler's num_replicas is larger than the world "
             "size, or a filter per rank drops examples",
             "DistributedSampler(ds) built after init_process_group, with num_replicas = world size",
@@ -310,8 +319,9 @@ def check_sampler_shards(dlcheck):
         (
             f"the {world} ranks' shards of epoch 0, resolved through each rank's own selection, share no example"
             if selections
-            else f"the {world} ranks' shards of epoch 0 are disjoint and cover the {n} examples "
-            f"({', '.join(str(len(i)) for i in idx0)} indices)"
+            else f"the {world} ranks' shards of epoch 0 are disjoint and cover the "
+            + (f"{len(base)} examples their sampler draws of the dataset's {n}" if subset else f"{n} examples")
+            + f" ({', '.join(str(len(i)) for i in idx0)} indices)"
         ),
         *notes,
         dataset=n,

@@ -389,6 +389,36 @@ def loader_split_per_rank():
     return DataLoader(train, batch_size=2, sampler=DistributedSampler(train, shuffle=True, seed=0))
 
 
+class FoldSampler(torch.utils.data.Sampler):
+    """A K-fold's training fold dealt out to the ranks (Fabric's kfold_cv: a SubsetRandomSampler of the fold's
+    indices wrapped for the process group): ``indices`` is the fold; each rank draws every ``stride``-th of them."""
+
+    def __init__(self, indices, stride_per_rank=1):
+        self.indices = list(indices)
+        self.stride = dist.get_world_size() * stride_per_rank
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(len(self.indices), generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        return iter([self.indices[i] for i in order][dist.get_rank() :: self.stride])
+
+    def __len__(self):
+        return len(self.indices[dist.get_rank() :: self.stride])
+
+
+def loader_fold():
+    """Correct: the training fold (indices 6-20 of 21) shared out disjointly; the validation fold is on no rank."""
+    return DataLoader(Prompts(), batch_size=2, sampler=FoldSampler(range(6, 21)))
+
+
+def loader_fold_half():
+    """Buggy: every rank skips every other index of its share: half of the fold is on no rank."""
+    return DataLoader(Prompts(), batch_size=2, sampler=FoldSampler(range(6, 21), stride_per_rank=2))
+
+
 def loader_split_seeded():
     """Correct: the same split on every rank, drawn with a fixed generator."""
     train, _held_out = random_split(Prompts(), [15, 6], generator=torch.Generator().manual_seed(0))
