@@ -275,7 +275,9 @@ def check_initial_loss(dlcheck):
     ref_name = "its cost at logit 0 on this batch (pos_weight weighs the classes)" if weighted else f"ln({classes})"
     ratio = value / ln_c
     soft_note = (
-        f"; a binary head: one logit per example (output {tuple(shape)}) against 0/1 targets ({describe_batch(targets)}), "
+        "; a binary head: one logit per "
+        + ("label of each example" if len(shape) >= 2 and shape[-1] != 1 else "example")
+        + f" (output {tuple(shape)}) against 0/1 targets ({describe_batch(targets)}), "
         + (
             f"a logit of 0 (p = 0.5) costs {ln_c:.4g} on this batch under the loss's class weights"
             if weighted
@@ -372,9 +374,12 @@ def _zero_one(targets) -> bool:
 
 
 def _one_logit(shape, targets) -> bool:
-    """The model's output is one value per target: (batch,) or (..., 1) with as many values as targets."""
+    """The model's output is one value per target: (batch,) or (..., 1) with as many values as targets, or the
+    targets' own shape (a multi-label head: one logit per label of each example, against multi-hot targets)."""
     if shape is None or len(shape) == 0 or not isinstance(targets, torch.Tensor):
         return False
+    if len(shape) >= 2 and tuple(shape) == tuple(targets.shape):
+        return True
     if len(shape) >= 2 and shape[-1] != 1:
         return False
     return math.prod(shape) == targets.numel() and shape[0] == targets.shape[0]

@@ -2,6 +2,7 @@
 targets' dtype (Lightning's fine-tuning example turns int labels into floats in its training_step; a plain loop
 may carry float 0/1 targets in the batch). A head that starts far above ln 2 still fails."""
 
+import pytest
 import tiny_lightning as tl  # noqa: F401 - imports Lightning once, before the in-process runs
 import tiny_train as tt
 
@@ -189,3 +190,44 @@ def test_a_loss_that_cannot_be_replayed_says_what_it_did_not_judge(project):
     text = " ".join(run.text.split())
     assert "not judged: one output per example against 0/1 targets (float32 (8,))" in text, text
     assert "the loss does not read the model's output tensor as returned" in text, text
+
+
+MULTI_LABEL = """
+    import pytest, torch, tiny_train as tt
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    # run_classification's multi-label path: one logit per label, multi-hot float targets, BCE with logits
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            torch.manual_seed(0)
+            model = tt.MLP(classes=6)
+            with torch.no_grad():
+                model.head.bias.fill_({bias})
+            return {{"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(32, 8, generator=g)
+        y = (torch.rand(32, 6, generator=g) < 0.3).float()
+        return DataLoader(TensorDataset(x, y), batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_loss_fn():
+        return nn.BCEWithLogitsLoss()
+"""
+
+
+@pytest.mark.parametrize(("bias", "outcome"), [(0.0, "passed"), (8.0, "failed")])
+def test_a_multi_label_head_starts_at_ln_2_per_label(project, bias, outcome):
+    # T1 had said the output (8, 6) 'is not one logit per target' against (8, 6) multi-hot targets (blind set 11)
+    project.conftest(MULTI_LABEL.format(bias=bias))
+    run = project.run("--dlcheck=T1", "-rA")
+    run.assert_outcome("T1", outcome)
+    text = " ".join(run.text.split())
+    assert "ln(2) = 0.693" in text
+    if outcome == "passed":
+        assert "a binary head: one logit per label of each example (output (8, 6))" in text
