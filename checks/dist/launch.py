@@ -522,6 +522,7 @@ class Rank:
             return
         if self.job.dist_setup is not None:
             self.call("dist_setup", lambda: self.job.dist_setup(self.rank, self.world))
+        local_sgd = _watch_local_sgd()  # accelerate's LocalSGD, made by the user's code in this rank
         state = self.build()
         model = state["model"]
         if fsdp_kind(model) == "FSDP":
@@ -574,6 +575,7 @@ class Rank:
         it = iter(loader)
         self.train(state, inner, it, rec)
         del it
+        rec["local_sgd"] = local_sgd or None
         rank_end(rec["schedule"], state)
         from .zero import rank_reference
 
@@ -1167,3 +1169,24 @@ def subset_indices(sampler: Any, n: int | None) -> list[int] | None:
         depth += 1
     return None
 
+
+def _watch_local_sgd() -> dict[str, Any]:
+    """What accelerate's LocalSGD objects the rank's code makes record ({"steps": local_sgd_steps} of an enabled
+    one): a training that averages the replicas' weights every N steps instead of their gradients every step, whose
+    replicas differ between two averagings by design (D1). Empty without accelerate."""
+    seen: dict[str, Any] = {}
+    if "accelerate" not in sys.modules:
+        return seen
+    try:
+        from accelerate.local_sgd import LocalSGD
+    except ImportError:
+        return seen
+    original = LocalSGD.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        if getattr(self, "enabled", False):
+            seen["steps"] = getattr(self, "local_sgd_steps", None)
+
+    LocalSGD.__init__ = init  # this rank's process only (it ends with the launch)
+    return seen

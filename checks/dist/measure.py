@@ -360,7 +360,12 @@ def drift(recs: list[dict[str, Any]]) -> str | None:
             if diff is not None:
                 return (
                     f"the replicas already differ after micro-step {s + 1} ({short(diff[0])!r}, rank {diff[1]}): "
-                    "D1 reports the lost synchronisation"
+                    + (
+                        f"your loop averages the replicas every {recs[0]['local_sgd'].get('steps')} steps with "
+                        "accelerate's LocalSGD, so they differ in between by design (D1 says so)"
+                        if recs[0].get("local_sgd")
+                        else "D1 reports the lost synchronisation"
+                    )
                 )
     return None
 

@@ -94,7 +94,15 @@ def check_step_equals_single_process(dlcheck):
             "no optimizer step was seen in the ranks' first micro-steps (is state['optimizer'] the one stepped?)"
         )
     if _grads_differ(grads):
-        dlcheck.skip("the ranks' gradients differ at the first optimizer step: D1 reports the lost synchronisation")
+        dlcheck.skip(
+            "the ranks' gradients differ at the first optimizer step: "
+            + (
+                "your loop trains with accelerate's LocalSGD, which leaves them unaveraged by design (it averages "
+                "the weights every few steps): no single-process step to compare with"
+                if recs[0].get("local_sgd")
+                else "D1 reports the lost synchronisation"
+            )
+        )
     if not recs[0]["small"] or recs[0]["init_tensors"] is None:
         dlcheck.skip("the model is too large to send its weights back from the ranks")
     setup = measure.the_setup(dlcheck)

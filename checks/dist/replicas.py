@@ -92,12 +92,22 @@ def check_replicas_identical(dlcheck):
     n_steps = min(len(r["steps"]) for r in recs)
     if n_steps == 0:
         dlcheck.skip("the ranks' dataloaders yielded no batch")
+    local_sgd = recs[0].get("local_sgd")
     for s in range(n_steps):
         steps = [r["steps"][s] for r in recs]
         for kind, what in (("params", "parameter"), ("opt", "optimizer state")):
             diff = measure.first_difference([st[kind] for st in steps])
             if diff is None:
                 continue
+            if local_sgd:
+                # accelerate's LocalSGD: each rank steps on its own gradients and the weights are averaged every
+                # local_sgd_steps steps, so the replicas differ in between by design (blind set 11's local_sgd.py)
+                dlcheck.skip(
+                    f"your loop trains with accelerate's LocalSGD (local_sgd_steps={local_sgd.get('steps')}): the "
+                    f"replicas train apart between its averagings by design, and differ after micro-step {s + 1} of "
+                    f"{n_steps}; whether each averaging brings them back together is not judged (the launch's "
+                    f"{n_steps} micro-steps reach none)"
+                )
             name, rank = diff
             size = None
             # the tensors that differ most, not the first listed: a module that trains apart on each rank, not a

@@ -81,6 +81,28 @@ def make_training_head_before_prepare():
     return {"model": model, "optimizer": opt, "train_dataloader": loader, "accelerator": accelerator}
 
 
+def make_training_local_sgd():
+    """accelerate's by_feature/local_sgd.py: the prepared objects and a LocalSGD entered over the training (it
+    leaves the gradients unaveraged and averages the weights every local_sgd_steps steps)."""
+    from accelerate.local_sgd import LocalSGD
+
+    state = make_training()
+    local = LocalSGD(accelerator=state["accelerator"], model=state["model"], local_sgd_steps=8, enabled=True)
+    state["local_sgd"] = local.__enter__()
+    return state
+
+
+def step_local_sgd(state, batch):
+    accelerator, model, opt = state["accelerator"], state["model"], state["optimizer"]
+    model.train()
+    loss = loss_of(model, batch)
+    accelerator.backward(loss)
+    opt.step()
+    opt.zero_grad()
+    state["local_sgd"].step()
+    return loss.detach()
+
+
 def plain_loader():
     return DataLoader(data(), batch_size=BATCH, shuffle=True)
 
