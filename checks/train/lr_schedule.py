@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from ...registry import Setting, check
 from ...training import get_setup, smoke_run
@@ -65,12 +66,81 @@ def _warmup_cause(plan: _Plan) -> str:
     )
 
 
+def _horizon(scheduler: Any) -> tuple[int, str] | None:
+    """(the optimizer steps a scheduler is sized for, the argument that says so), or None when it does not say:
+    transformers' get_*_schedule_with_warmup (num_training_steps, in the LambdaLR's partial), OneCycleLR
+    (total_steps), CosineAnnealingLR (T_max)."""
+    inner = getattr(scheduler, "scheduler", scheduler)  # accelerate's AcceleratedScheduler
+    name = type(inner).__name__
+    if name == "OneCycleLR" and isinstance(getattr(inner, "total_steps", None), int):
+        return inner.total_steps, "OneCycleLR(total_steps)"
+    if name == "CosineAnnealingLR" and isinstance(getattr(inner, "T_max", None), int):
+        return inner.T_max, "CosineAnnealingLR(T_max)"
+    for fn in getattr(inner, "lr_lambdas", None) or []:
+        total = (getattr(fn, "keywords", None) or {}).get("num_training_steps")
+        if isinstance(total, int) and total > 0:
+            return total, f"num_training_steps={total} ({getattr(getattr(fn, 'func', None), '__name__', 'LambdaLR')})"
+    return None
+
+
+def _sized_for_the_run(dlcheck: Any, setup: Any, scheduler: Any, micro: int, opt_steps: int) -> str | None:
+    """A loop that says its epochs (dlcheck_num_epochs): fails when its scheduler is sized for another number of
+    optimizer steps than the run takes (len(loader) x epochs / the micro-batches per optimizer step of the smoke
+    run), by more than 1.5x either way; what was compared, or None when it cannot be told."""
+    epochs = dlcheck.role("num_epochs")
+    horizon = _horizon(scheduler)
+    loader = getattr(setup, "loader", None)
+    try:
+        per_epoch = len(loader)
+    except TypeError:
+        return None
+    if not isinstance(epochs, (int, float)) or epochs <= 0 or horizon is None or not per_epoch or not opt_steps:
+        return None
+    accum = max(1, round(micro / opt_steps))
+    planned = max(1, int(per_epoch * epochs) // accum)
+    total, said = horizon
+    line = (
+        f"the scheduler is sized for {total} optimizer steps ({said}); the run takes {planned} "
+        f"({per_epoch} batches an epoch x dlcheck_num_epochs={epochs:g}"
+        + (f", one optimizer step every {accum} micro-batches" if accum > 1 else "")
+        + ")"
+    )
+    ratio = total / planned
+    if 1 / 1.5 <= ratio <= 1.5:
+        return line
+    if ratio > 1.5:
+        cause = (
+            f"the schedule is sized for {ratio:.1f}x the optimizer steps the run takes"
+            + (
+                f" (counted in micro-batches, len(loader) x epochs, while the optimizer steps every {accum})"
+                if accum > 1 and abs(ratio - accum) < 0.5
+                else ""
+            )
+            + f": the run ends {planned / total:.0%} of the way through its warmup and decay"
+        )
+    else:
+        cause = (
+            f"the schedule is sized for {total} optimizer steps, {1 / ratio:.1f}x fewer than the run takes: it ends "
+            "early and the rest of the run trains at its final learning rate"
+        )
+    dlcheck.fail(
+        [line],
+        cause,
+        "size the schedule in optimizer steps: num_training_steps = len(train_dataloader) // "
+        "gradient_accumulation_steps * num_epochs (Accelerate: math.ceil(len(train_dataloader) / "
+        "gradient_accumulation_steps) * num_epochs)",
+        horizon=total,
+        planned=planned,
+    )
+    return None
+
+
 @check(
     "T6",
     domain="train",
     title="LR schedule counted in the wrong units (micro-batches), or the LR never ramps",
     roles=(),
-    optional_roles=("trainer", "lightning_module", "make_training", "train_step", "dataloader"),
+    optional_roles=("trainer", "lightning_module", "make_training", "train_step", "dataloader", "num_epochs"),
     settings=(
         Setting(
             "max_sched_per_opt",
@@ -94,7 +164,11 @@ def check_lr_schedule(dlcheck):
         its epochs end (``max_steps=10`` to keep the tests short) plans a shorter run than the one launched: its
         warmup is judged against the run its epochs plan, and the pass says so. The cause names what the numbers
         fit: a warmup within the run's micro-batches (with accumulation) or samples, else a warmup longer than
-        the run. For every kind, fails when the learning rate is 0 at every optimizer step of the smoke run.
+        the run. A plain or Accelerate loop that says its epochs (``dlcheck_num_epochs``) has its scheduler's
+        size (transformers' ``num_training_steps``, OneCycleLR's ``total_steps``, CosineAnnealingLR's ``T_max``)
+        compared with the optimizer steps the run takes (batches an epoch x epochs / the micro-batches per
+        optimizer step of the smoke run): more than 1.5x apart either way fails. For every kind, fails when the
+        learning rate is 0 at every optimizer step of the smoke run.
     Why it is bad
         With gradient accumulation of k, a scheduler stepped every micro-batch runs k times too fast: a
         1000-step warmup ends after 1000/k updates and the decay reaches its floor at 1/k of the run.
@@ -218,6 +292,10 @@ def check_lr_schedule(dlcheck):
             f"lr_scheduler.step() {sched_steps} times ({ratio:.2g} per optimizer step; more than "
             f"{dlcheck.setting('max_sched_per_opt'):g} counts micro-batches)"
         )
+        if setup.kind in ("loop", "accelerate"):
+            sized = _sized_for_the_run(dlcheck, setup, scheduler, len(traj.steps), opt_steps)
+            if sized is not None:
+                judged.append(sized)
     if lrs and all(v == 0 for v in lrs):
         evidence = [
             f"the learning rate is 0 at all {len(lrs)} optimizer steps of the smoke run",
