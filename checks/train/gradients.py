@@ -661,9 +661,19 @@ def _through_the_step(dlcheck, setup: Any, why: str) -> None:
             for mn, m in root.named_modules():
                 names.setdefault(id(m), prefix + mn)
         trainable = [(n, p) for n, p in params if p.requires_grad]
+        # the training dict's other modules (a diffusion training's state['unet'] beside the adapter it trains): in
+        # no optimizer, they are judged on one thing only, whether the step computes gradients for them
+        others = []
+        for key, value in state.items():
+            mod = unwrap_prepared(value)
+            if isinstance(mod, torch.nn.Module) and all(mod is not r for _, r in roots):
+                for n, p in mod.named_parameters():
+                    if p.requires_grad and id(p) not in ids:
+                        ids.add(id(p))
+                        others.append((f"{key}.{n}", p))
         got: set[str] = set()
         ran: set[str] = set()
-        handles = [p.register_post_accumulate_grad_hook(lambda _p, n=n: got.add(n)) for n, p in trainable]
+        handles = [p.register_post_accumulate_grad_hook(lambda _p, n=n: got.add(n)) for n, p in trainable + others]
         handles += [
             m.register_forward_hook(lambda mod, i, o: ran.add(names[id(mod)]))
             for _, root in roots
@@ -673,7 +683,7 @@ def _through_the_step(dlcheck, setup: Any, why: str) -> None:
 
         def after(i: int) -> None:
             seen["calls"] = i + 1
-            if len(got) == len(trainable):
+            if all(n in got for n, _ in trainable):
                 raise _Reached
 
         try:
@@ -694,11 +704,12 @@ def _through_the_step(dlcheck, setup: Any, why: str) -> None:
             "copies": _step_weight_copies(roots, held, got),
             "calls": seen["calls"],
             "trainable": [n for n, _ in trainable],
-            "shapes": {n: shape(p) for n, p in trainable},
+            "shapes": {n: shape(p) for n, p in trainable + others},
+            "others": [n for n, _ in others],
             "got": got,
             "ran": ran,
             # with no optimizer object the step updates the weights itself (a hand-written SGD): nothing to hold them
-            "outside": [n for n, p in trainable if n in got and id(p) not in held] if held else [],
+            "outside": [n for n, p in trainable + others if n in got and id(p) not in held] if held else [],
             "optimizers": bool(held),
             "modules": modules,
             "frozen": sum(1 for _, p in params if not p.requires_grad),
@@ -745,6 +756,21 @@ def _through_the_step(dlcheck, setup: Any, why: str) -> None:
                 "requires_grad_(False) and leave them out of the optimizer"
             )
         dlcheck.fail(evidence, cause, fix)
+    untrained = [n for n in seen["outside"] if n in set(seen["others"])]
+    if untrained:
+        modules = sorted({n.split(".", 1)[0] for n in untrained})
+        shown = ", ".join(f"{n} [{seen['shapes'][n]}]" for n in untrained[:4]) + (" …" if len(untrained) > 4 else "")
+        dlcheck.fail(
+            [
+                f"{where}: {len(untrained)} parameter tensors of {', '.join(f'state[{m!r}]' for m in modules)}, which no "
+                f"optimizer of the training dict holds, require gradients and get one at every step: {shown}"
+            ],
+            f"{', '.join(modules)} is meant to stay as it is (no optimizer trains it) but was never frozen: the backward "
+            "computes and stores a gradient for every one of its parameters, for nothing (time and memory), and "
+            "nothing ever applies them",
+            f"freeze it before training: {modules[0]}.requires_grad_(False) (gradients still flow through it to what "
+            "trains)",
+        )
     if seen["outside"]:
         outside = seen["outside"]
         shown = ", ".join(f"{n} [{seen['shapes'][n]}]" for n in outside[:6]) + (" …" if len(outside) > 6 else "")

@@ -609,3 +609,48 @@ def test_a_head_trained_by_another_loss_of_the_step_is_judged_through_the_step(p
     run = project.run("--dlcheck=T3", "-rA")
     run.assert_outcome("T3", outcome)
     assert "dlcheck_compute_loss's loss gives 2 of 6 parameter tensors no gradient" in " ".join(run.text.split())
+
+
+ADAPTER = """
+    import pytest, torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():  # train_t2i_adapter_sdxl.py's shape: an adapter trained beside a big network it feeds
+            torch.manual_seed(0)
+            adapter, unet = nn.Linear(4, 8), nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1))
+            {freeze}
+            return {{"model": adapter, "unet": unet, "optimizer": torch.optim.AdamW(adapter.parameters(), lr=1e-3)}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        g = torch.Generator().manual_seed(0)
+        return DataLoader(TensorDataset(torch.randn(32, 4, generator=g), torch.randn(32, 1, generator=g)), batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_train_step():
+        def step(state, batch, i):
+            x, y = batch
+            loss = nn.functional.mse_loss(state["unet"](state["model"](x)), y)
+            state["optimizer"].zero_grad()
+            loss.backward()
+            state["optimizer"].step()
+            return loss.detach()
+        return step
+"""
+
+
+@pytest.mark.parametrize(("freeze", "outcome"), [("pass", "failed"), ("unet.requires_grad_(False)", "passed")])
+def test_a_network_of_the_training_dict_that_no_optimizer_holds_must_be_frozen(project, freeze, outcome):
+    # the UNet is never frozen: every backward computes its gradients, which nothing applies (blind set 11's missed
+    # T3 on train_t2i_adapter_sdxl.py); frozen, the gradients still reach the adapter through it
+    project.conftest(ADAPTER.format(freeze=freeze))
+    run = project.run("--dlcheck=T3", "-rA")
+    run.assert_outcome("T3", outcome)
+    if outcome == "failed":
+        text = tt.section(run, "T3")
+        assert "4 parameter tensors of state['unet'], which no optimizer of the training dict holds" in text
+        assert "unet.requires_grad_(False)" in text
