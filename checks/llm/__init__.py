@@ -72,7 +72,7 @@ def not_a_language_model(ctx) -> str | None:
     # a reinforcement-learning agent with no tokenizer and no Trainer (a plain actor-critic loop whose dataloader
     # yields observation tensors): decided before any llm check reads its data as token batches (L4, L5, L7 had
     # blamed its dataloader for not yielding mappings)
-    agent = rl_agent_without_text(ctx)
+    agent = rl_agent_only(ctx, "llm") or rl_agent_without_text(ctx)
     if agent:
         return agent
     for name in ("model", "unet"):
