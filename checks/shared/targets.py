@@ -9,10 +9,11 @@ from typing import Any
 
 
 def weight_copies(model: Any, held: set[int], trains: Callable[[str], bool] | None = None) -> dict[str, str]:
-    """``{copy: original}`` over the model's top-level submodules: ``copy`` has the very parameters (names and
+    """``{copy: original}`` over the model's top-level submodules (or a ``{name: module}`` mapping): ``copy`` has the very parameters (names and
     shapes) of ``original``; none of ``copy``'s is in an optimizer (``held``: the ids the optimizers hold), all of
     ``original``'s are (and ``trains(original)``, when given)."""
-    children = dict(model.named_children())
+    # a module's top-level submodules, or a mapping of names to modules (a training dict's modules)
+    children = dict(model.named_children()) if hasattr(model, "named_children") else dict(model)
     signature = {name: [(n, tuple(p.shape)) for n, p in m.named_parameters()] for name, m in children.items()}
     out: dict[str, str] = {}
     for copy, module in children.items():

@@ -815,7 +815,8 @@ def _step_weight_copies(roots: list[tuple[str, torch.nn.Module]], held: set[int]
         return all(f"{pre}{n}" in got for n, p in by_name[name].named_parameters() if p.requires_grad)
 
     if len(by_name) > 1:
-        for copy, original in weight_copies(torch.nn.ModuleDict(by_name), held, trains_root).items():
+        # the dict itself, not a ModuleDict of it: a training dict's key may hold a "." ("unet.lora")
+        for copy, original in weight_copies(by_name, held, trains_root).items():
             out["" if copy == "model" else copy] = original
     for prefix, root in roots:
         children = dict(root.named_children())

@@ -538,6 +538,27 @@ def test_target_networks_of_a_step_s_training_dict_are_copies_not_accidents(proj
     assert "qf2_target.* gets no gradient and is in no optimizer: a copy of qf2 (same parameters" in text
 
 
+def test_a_training_dict_key_holding_a_dot(project):
+    # a second trained network under a key holding a "." (a torch ModuleDict refuses such a key): the target
+    # networks are still read as copies, not a crash of the plugin
+    conftest = SAC_STEP.format(
+        params="list(qf1.parameters()) + list(qf2.parameters()) + list(aux.parameters())",
+        target="with torch.no_grad():\n                t = torch.min(state['model']['qf1_target'](s2), state['model']['qf2_target'](s2)).max(1).values",
+    )
+    conftest = (
+        conftest.replace(
+            "qf1_target, qf2_target = critic(), critic()", "qf1_target, qf2_target, aux = critic(), critic(), critic()"
+        )
+        .replace('"optimizer": torch.optim', '"critic.aux": aux, "optimizer": torch.optim')
+        .replace("loss.backward()", "(loss + state['critic.aux'](s).pow(2).mean()).backward()")
+    )
+    project.conftest(conftest)
+    run = project.run("--dlcheck=T3", "-rA")
+    run.assert_outcome("T3", "passed")
+    text = " ".join(run.text.split())
+    assert "qf1_target.* gets no gradient and is in no optimizer: a copy of qf1 (same parameters" in text, text
+
+
 def test_a_step_s_target_network_held_by_the_optimizer_still_fails(project):
     # the same modules, but the optimizer holds the targets too: meant to train, cut from the graph by accident
     project.conftest(
