@@ -2,13 +2,25 @@
 purpose runs with --dlcheck=all (the checks of all eight domains on each) and fails exactly the true
 positives listed here — real mistakes these test projects make, each with its reason — so no check of one
 domain reads another domain's objects as its own (a detection loader's tuples as token batches, a
-VLM processor as a caption tokenizer, a trained Trainer's spent schedule as the user's)."""
+VLM processor as a caption tokenizer, a trained Trainer's spent schedule as the user's).
+
+A project's own group of domains already runs in rel_runs' in-process run of its group (made once per process
+for the no-trace proof): those outcomes are read from there, and this run adds the other domains only. A
+verdict does not depend on the selection (tests/test_selection_independence.py), so the two together are the
+outcomes of --dlcheck=all."""
 
 from __future__ import annotations
 
+import textwrap
+
+import pytest
 import rel_projects
 from rel_nonet import NoNetwork
-from rel_runs import write_projects
+from rel_runs import run_group, write_projects
+from rel_tracker import check_id
+
+#: rel_runs' in-process runs are made once per process: on the worker of test_rel_no_trace.py's
+pytestmark = pytest.mark.xdist_group("rel_runs")
 
 #: (project, check) -> why it is right to fail there
 EXPECTED = {
@@ -27,6 +39,24 @@ EXPECTED = {
 }
 
 
+#: the other-domains run's conftest: each project deselects its own group's checks
+OTHER_DOMAINS = """
+from pytest_dlcheck.session import CHECK_KEY
+
+OWN = {own!r}
+
+
+def pytest_collection_modifyitems(config, items):
+    keep, drop = [], []
+    for item in items:
+        check = item.stash.get(CHECK_KEY, None)
+        own = OWN.get(item.nodeid.split("/")[0], ())
+        (drop if check is not None and check.domain in own else keep).append(item)
+    items[:] = keep
+    config.hook.pytest_deselected(items=drop)
+"""
+
+
 class Failures:
     def __init__(self) -> None:
         self.failed: dict[tuple[str, str], str] = {}
@@ -42,17 +72,31 @@ class Failures:
 
 
 def test_every_domain_on_every_clean_project(pytester):
-    projects = {d: s for _, group in rel_projects.GROUPS for d, s in group.items() if "broken" not in d}
-    write_projects(pytester.path, projects)
-    (pytester.path / "pytest.ini").write_text("[pytest]\n")
+    groups = {d: domains for domains, group in rel_projects.GROUPS for d in group if "broken" not in d}
+    projects = {d: s for _, group in rel_projects.GROUPS for d, s in group.items() if d in groups}
     failures = Failures()
+    # the project's own domains: rel_runs' run of its group
+    for domains in dict.fromkeys(groups.values()):
+        tracker, _ = run_group(pytester, domains[0])
+        for nodeid, outcome in tracker.outcomes.items():
+            project = nodeid.split("/")[0]
+            if project in projects:
+                failures.ran.add(project)
+                if outcome in ("failed", "error"):
+                    failures.failed[(project, check_id(nodeid))] = tracker.errors.get(nodeid, "")
+    # every other domain: one run, each project deselecting its own group's checks (OTHER_DOMAINS)
+    root = pytester.path / "other-domains"
+    write_projects(root, projects)
+    (root / "pytest.ini").write_text("[pytest]\n")
+    (root / "conftest.py").write_text(textwrap.dedent(OTHER_DOMAINS.format(own=groups)))
     result = pytester.runpytest_inprocess(
         "-p",
         "no:cacheprovider",
         "--dlcheck=all",
         "-p",
         "no:randomly",
-        str(pytester.path),
+        f"--rootdir={root}",
+        str(root),
         plugins=[failures, NoNetwork()],
     )
     text = result.stdout.str()
