@@ -13,7 +13,9 @@ from ..shared.training_users import rl_agent_only
 role(
     "save_checkpoint",
     "callable (state, path): your checkpoint save, given the dict from dlcheck_make_training and "
-    "a path under pytest's tmp dir (a file or a directory, as you like)",
+    "a path under pytest's tmp dir (a file or a directory, as you like); every save of a run gets the same path, "
+    "as a script with one checkpoint path does: when your script writes a new one per save (step_{n}/, "
+    "checkpoint-{n}/, epoch_{e}.pt), save under path the same way, named from a counter of the dict",
 )
 role(
     "load_checkpoint",
