@@ -100,7 +100,8 @@ def check_reward_hacking(dlcheck):
             + (
                 "(learn a few more rollouts; SB3 dumps its log every log_interval iterations, or episodes off-policy)"
                 if isinstance(log, rl.TrainLog)
-                else "(train a few more steps with logging_steps=1)"
+                else "(log the reward at every update and train a few more: logging_steps=1 for a transformers or "
+                "TRL Trainer)"
             )
         )
     kl_key, kls = rl.log_series(log, "kl")
