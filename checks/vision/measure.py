@@ -1364,6 +1364,42 @@ def diffusion_marker(ctx: Any) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class DiffusionRange:
+    """The pixel range a diffusion training's images belong in, and what says so."""
+
+    unit: bool  # True: [0, 1]; False: [-1, 1]
+    where: str  # 'dlcheck_pipeline is a diffusers AmusedPipeline (its image_processor ... do_normalize=False)'
+    read: bool  # read from the objects' own image processor (else diffusers' convention)
+
+    @property
+    def name(self) -> str:
+        return "[0, 1]" if self.unit else "[-1, 1]"
+
+
+def diffusion_range(ctx: Any, marker: str) -> DiffusionRange:
+    """The range the images of a diffusion training belong in, read from the pipeline's own image processor: a
+    diffusers ``VaeImageProcessor`` with ``do_normalize=True`` maps [0, 1] images to [-1, 1] before its autoencoder
+    encodes them and maps samples back; one with ``do_normalize=False`` (aMUSEd's pipelines, whose VQ-GAN encodes
+    [0, 1] images) hands the autoencoder [0, 1] images and decodes to [0, 1]. Without one, diffusers' convention:
+    [-1, 1] (AutoencoderKL; pixel pipelines decode with image / 2 + 0.5)."""
+    try:
+        pipe = ctx.role("pipeline")
+    except RoleError:
+        pipe = MISSING
+    proc = getattr(pipe, "image_processor", None) if pipe is not MISSING and pipe is not None else None
+    config = getattr(proc, "config", None) if proc is not None and _is_diffusers(proc) else None
+    normalize = config.get("do_normalize") if isinstance(config, Mapping) else None
+    if isinstance(normalize, bool):
+        return DiffusionRange(
+            not normalize,
+            f"dlcheck_pipeline is a diffusers {type(pipe).__name__} (its image_processor, a {type(proc).__name__}, "
+            f"has do_normalize={normalize})",
+            True,
+        )
+    return DiffusionRange(False, marker, False)
+
+
 #: roles of the rl domain that mark a project as an RL training (it learns from an environment)
 RL_MARKERS = ("algorithm", "env")
 

@@ -193,6 +193,47 @@ def _eval_unnormalised(fix: str) -> tuple[str, str]:
     )
 
 
+def _judge_unit_range(
+    s: Split,
+    expected: V.DiffusionRange,
+    band: float,
+    judged: list[str],
+    evidence: list[str],
+    problems: list[tuple[str, str]],
+    stats_line: Any,
+) -> None:
+    """A diffusion pipeline whose own image processor keeps images in [0, 1] (do_normalize=False: aMUSEd's VQ-GAN
+    encodes [0, 1] images and its samples decode to [0, 1]): [0, 1] pixels pass, [-1, 1] or other statistics fail."""
+    lo, hi = s.stats.min, s.stats.max
+    if lo >= -band and hi <= 1 + band:
+        judged.append(
+            f"{s.name}: pixels range {lo:.3g} to {hi:.3g}, within [0, 1] (± {band:g}), the range its autoencoder "
+            f"encodes: {expected.where}, so the pipeline hands it [0, 1] images"
+        )
+        return
+    evidence.append(stats_line(s))
+    if s.transform is not MISSING:
+        evidence.append(f"{s.name} transform: {V.pipeline(V.image_transform(s.transform))}")
+    what = (
+        f"Normalize(mean=({V.fmt_seq(s.norm[0])}), std=({V.fmt_seq(s.norm[1])}))"
+        if s.norm is not None
+        else ("to [-1, 1]" if lo >= -1 - band and hi <= 1 + band else "a normalisation")
+    )
+    evidence.append(
+        f"the pixels range {lo:.3g} to {hi:.3g}, outside [0, 1] (± {band:g}); {expected.where}: its autoencoder "
+        "works on images in [0, 1]"
+    )
+    problems.append(
+        (
+            f"the images are normalised ({what}) but this pipeline's autoencoder encodes [0, 1] images: its image "
+            "processor does not normalise (do_normalize=False) and its samples decode to [0, 1], so the model trains "
+            "on codes of images outside the range the autoencoder was trained on and the pipeline never produces",
+            "remove the Normalize: feed ToDtype(torch.float32, scale=True) (ToTensor()) images in [0, 1], as the "
+            "pipeline's image processor does",
+        )
+    )
+
+
 def _unscaled_cause(tf: Any) -> tuple[str, str]:
     leaves = [type(t).__name__ for t in V.walk_transforms(tf)] if tf is not MISSING else []
     dtypes = [t for t in V.walk_transforms(tf) if type(t).__name__ == "ToDtype"] if tf is not MISSING else []
@@ -366,7 +407,9 @@ def check_normalization(dlcheck):
         mean/std of ``timm.data.resolve_data_config({}, model=model)`` (or the weights' transforms), the
         same Normalize in the train and eval transforms; no Normalize before a torchvision detector.
         In a diffusion training (a diffusers pipeline, VAE, noise scheduler or denoiser among the roles)
-        the pixels are judged against diffusers' convention, [-1, 1]: [0, 1] images or other statistics fail.
+        the pixels are judged against the range the pipeline's own image processor gives its autoencoder
+        (``pipeline.image_processor.config.do_normalize``: True maps images to [-1, 1], False keeps [0, 1], as
+        aMUSEd's VQ-GAN expects), else diffusers' convention, [-1, 1]; images outside that range fail.
     Known problems
         Channel order (BGR from OpenCV) is not detected. A timm model built with pretrained=False still
         declares its pretrained tag's stats: set V1.compare_declared=false when training from scratch
@@ -444,10 +487,19 @@ def check_normalization(dlcheck):
         if diffusion is not None:
             band = dlcheck.setting("diffusion_range_tolerance")
             lo, hi = s.stats.min, s.stats.max
+            expected = V.diffusion_range(dlcheck, diffusion)
+            if expected.unit:
+                _judge_unit_range(s, expected, band, judged, evidence, problems, stats_line)
+                continue
+            where = expected.where
             if -1 - band <= lo < -band and hi <= 1 + band:
                 judged.append(
                     f"{s.name}: pixels range {lo:.3g} to {hi:.3g}, within [-1, 1] (± {band:g}), the range "
-                    f"diffusers' VAEs and pipelines assume ({diffusion})"
+                    + (
+                        f"{where} maps images to"
+                        if expected.read
+                        else f"diffusers' VAEs and pipelines assume ({where})"
+                    )
                 )
                 continue
             evidence.append(stats_line(s))
@@ -455,7 +507,7 @@ def check_normalization(dlcheck):
                 evidence.append(f"{s.name} transform: {V.pipeline(V.image_transform(s.transform))}")
             if lo >= -band and hi <= 1 + band:
                 evidence.append(
-                    f"the pixels lie in [0, 1] ({lo:.3g} to {hi:.3g}); {diffusion}, which works on images in [-1, 1]"
+                    f"the pixels lie in [0, 1] ({lo:.3g} to {hi:.3g}); {where}, which works on images in [-1, 1]"
                 )
                 problems.append(
                     (
@@ -468,7 +520,7 @@ def check_normalization(dlcheck):
                 )
             else:
                 evidence.append(
-                    f"the pixels range {lo:.3g} to {hi:.3g}, outside [-1, 1] (± {band:g}); {diffusion}, which works "
+                    f"the pixels range {lo:.3g} to {hi:.3g}, outside [-1, 1] (± {band:g}); {where}, which works "
                     "on images in [-1, 1]"
                 )
                 what = (
