@@ -98,8 +98,12 @@ def check_timestep_weighting(dlcheck):
         'loss_weights' by dlcheck_training_inputs.
     Not applicable
         Projects that are not a diffusion training (no diffusion role: an LLM, a vision classifier, RL).
+        A generator of a VQ model's discrete tokens (aMUSEd: an AmusedScheduler's mask schedule over token ids,
+        no noise scheduler).
     """
     D.require_diffusion(dlcheck)
+    if (discrete := D.discrete_tokens(dlcheck)) is not None:
+        dlcheck.not_applicable(f"{discrete}; there is no noise schedule whose SNR or loss weighting to report")
     (sched,) = dlcheck.require("noise_scheduler")
     ac = D.alphas_cumprod(sched)
     if ac is None:

@@ -134,12 +134,15 @@ def check_latent_scale(dlcheck):
     Not applicable
         Pixel-space diffusion (DDPMPipeline, a UNet2DModel with in_channels=3, a training step whose
         'latents' are 3-channel images): there is no VAE and no latent scale. Projects that are not a
-        diffusion training.
+        diffusion training. A generator of a VQ model's discrete tokens (aMUSEd: an AmusedScheduler's mask
+        schedule over token ids): its codes have no latent scale.
     """
     import torch
 
+    D.require_diffusion(dlcheck)
+    if (discrete := D.discrete_tokens(dlcheck)) is not None:
+        dlcheck.not_applicable(f"{discrete}; its autoencoder's codes are token ids, not latents with a scale to check")
     if not dlcheck.has("vae"):
-        D.require_diffusion(dlcheck)
         pixels = D.pixel_space(dlcheck)
         if pixels is not None:
             dlcheck.not_applicable(f"{pixels}; there is no VAE, so no latent scale to check")

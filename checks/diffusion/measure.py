@@ -122,6 +122,50 @@ def pixel_space(ctx: Any) -> str | None:
     return None
 
 
+#: config keys of diffusers' schedulers over discrete token ids: AmusedScheduler's mask_token_id (masked-token
+#: generation, MUSE/aMUSEd: a mask schedule over a VQ model's tokens) and VQDiffusionScheduler's num_vec_classes
+DISCRETE_SCHEDULER_KEYS = ("mask_token_id", "num_vec_classes")
+#: config keys of a denoiser that predicts codebook entries (UVit2DModel's codebook_size, VQ-Diffusion's
+#: Transformer2DModel's num_vector_embeds)
+DISCRETE_DENOISER_KEYS = ("codebook_size", "num_vector_embeds")
+
+
+def discrete_tokens(ctx: Any) -> str | None:
+    """Why the project generates the discrete token ids of a VQ model (aMUSEd: its AmusedScheduler masks token ids
+    by a mask schedule and the transformer predicts their codebook entries) rather than denoising continuous latents
+    or pixels with a noise scheduler (DDPM family, flow matching), else None. Read from the training scheduler when
+    one is given (a continuous one: None), else from the pipeline's scheduler."""
+    given = ctx.role("noise_scheduler")
+    if given is not MISSING:
+        who, sched = "dlcheck_noise_scheduler", given
+    else:
+        pipe = ctx.role("pipeline")
+        sched = ctx.role("inference_scheduler")
+        who = "dlcheck_pipeline's scheduler" if pipe is not MISSING else "dlcheck_inference_scheduler"
+    if sched is MISSING or sched is None:
+        return None
+    config = sched_config(sched)
+    key = next((k for k in DISCRETE_SCHEDULER_KEYS if config.get(k) is not None), None)
+    if key is None:
+        return None
+    parts = [f"{who} ({describe(sched)}, {key}={config[key]}) works on the discrete token ids of a VQ model"]
+    pipe = ctx.role("pipeline")
+    vq = getattr(pipe, "vqvae", None) if pipe is not MISSING else None
+    unet = ctx.role("unet")
+    codebook = next((k for k in DISCRETE_DENOISER_KEYS if sched_config(unet).get(k) is not None), None)
+    if vq is not None:
+        parts.append(f"the pipeline's {describe(vq)} (vqvae) turns images into those tokens")
+    if unet is not MISSING and codebook is not None:
+        parts.append(
+            f"the denoiser {describe(unet)} predicts their codebook entries ({codebook}={sched_config(unet)[codebook]})"
+        )
+    return (
+        "; ".join(parts)
+        + f": it generates discrete tokens ({'masked-token prediction' if key == 'mask_token_id' else 'discrete diffusion'}), "
+        "with no noise scheduler, Gaussian noise or continuous latents"
+    )
+
+
 def unconditional(ctx: Any) -> str | None:
     """Why the denoiser takes no condition (a UNet2DModel without class embeddings), else None."""
     unet = ctx.role("unet")

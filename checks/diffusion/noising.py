@@ -144,10 +144,14 @@ def check_noising(dlcheck):
         test: return the divided model input as 'noisy_latents'.
     Not applicable
         Projects that are not a diffusion training (no diffusion role: an LLM, a vision classifier, RL).
+        A generator of a VQ model's discrete tokens (aMUSEd: an AmusedScheduler's mask schedule over token ids,
+        no noise scheduler).
     """
     import torch
 
     D.require_diffusion(dlcheck)
+    if (discrete := D.discrete_tokens(dlcheck)) is not None:
+        dlcheck.not_applicable(f"{discrete}; there are no timesteps or noise of a noise scheduler to check")
     _, sched = dlcheck.require("training_inputs", "noise_scheduler")
     config = D.sched_config(sched)
     T = config.get("num_train_timesteps")

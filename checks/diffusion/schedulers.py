@@ -126,8 +126,14 @@ def check_scheduler_agreement(dlcheck):
         read as it is when the check runs.
     Not applicable
         Projects that are not a diffusion training (no diffusion role: an LLM, a vision classifier, RL).
+        A generator of a VQ model's discrete tokens (aMUSEd: an AmusedScheduler's mask schedule over token ids,
+        no noise scheduler).
     """
     D.require_diffusion(dlcheck)
+    if (discrete := D.discrete_tokens(dlcheck)) is not None:
+        dlcheck.not_applicable(
+            f"{discrete}; there is no noise process for a training and a sampling scheduler to share"
+        )
     train, infer = dlcheck.require("noise_scheduler", "inference_scheduler")
     used = D.swapped_scheduler(dlcheck, infer)
     swapped = used is not None
@@ -287,8 +293,14 @@ def check_sampler_settings(dlcheck):
         models (no VAE role) may clip: (3) runs only when dlcheck_vae or dlcheck_pipeline is given.
     Not applicable
         Projects that are not a diffusion training (no diffusion role: an LLM, a vision classifier, RL).
+        A generator of a VQ model's discrete tokens (aMUSEd: an AmusedScheduler's mask schedule over token ids,
+        no noise scheduler).
     """
     D.require_diffusion(dlcheck)
+    if (discrete := D.discrete_tokens(dlcheck)) is not None:
+        dlcheck.not_applicable(
+            f"{discrete}; there is no noise process for a training and a sampling scheduler to share"
+        )
     train, infer = dlcheck.require("noise_scheduler", "inference_scheduler")
     used = D.swapped_scheduler(dlcheck, infer)
     swapped = used is not None
