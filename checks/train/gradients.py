@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ...errors import MISSING
-from ...guard import preserved_rng
+from ...guard import preserved_rng, seed_everything
 from ...registry import Setting, check
 from ...session import made_up
 from ...training import modes, probe, run_or_skip
@@ -216,6 +216,11 @@ def check_gradients(dlcheck):
         A top-level submodule with the very parameters of another one that trains, getting no gradient and in no
         optimizer, is a target network (DQN, TD3: updated by copying weights) and not judged; in an optimizer,
         it is a tower cut from the graph and fails. Parameters matching ``T3.ignore`` (MoE experts) are exempt.
+        A forward that skips modules at random in train mode (LayerDrop, as transformers' Wav2Vec2 and HuBERT do
+        with ``config.layerdrop``; stochastic depth that drops whole blocks) gives a skipped module no gradient on
+        that draw only: when trainable parameters get none, the same batch's loss is drawn again with other RNG
+        states (up to 5 more draws, RNGs and buffers put back), and only the parameters no draw reaches fail; the
+        others are said. Through your step, each call is a draw of its own.
         Frozen parameters (``requires_grad=False``) are taken as intended. A LLaVA-style model's vision
         layers above ``config.vision_feature_layer`` (and the tower's final norm / pooling head) run but
         feed nothing by design; they are exempt (freeze them to save their optimizer state, and set
@@ -270,7 +275,24 @@ def check_gradients(dlcheck):
     copies = _weight_copies(model, trainable, grads, orphans, lambda: _held_ids(setup, fresh)) if orphans else {}
     copied = sum(1 for n, _ in orphans if n.split(".", 1)[0] in copies)
     orphans = [(n, p) for n, p in orphans if n.split(".", 1)[0] not in copies]
-    exempt = len(gradless) - len(orphans)
+    # a forward that skips modules at random (LayerDrop, stochastic depth) gives a skipped module's parameters no
+    # gradient on that draw only: other draws (other RNG states) tell it from a module cut on every draw
+    redrawn, draws = (
+        _other_draws(dlcheck, fresh, batch, trainable, [n for n, _ in orphans], ran, names)
+        if orphans and loss.requires_grad
+        else ({}, 0)
+    )
+    if redrawn:
+        grads = [redrawn.get(n, g) for (n, _), g in zip(trainable, grads)]
+        orphans = [(n, p) for n, p in orphans if n not in redrawn]
+    exempt = len(gradless) - len(orphans) - len(redrawn)
+    redrawn_note = (
+        f"; {len(redrawn)} of them ({', '.join(list(redrawn)[:2])}{' …' if len(redrawn) > 2 else ''}) got none on "
+        f"batch 0's first draw and one on another draw of the same batch (other RNG states, {draws} more draw(s)): "
+        "the forward skips modules at random (LayerDrop, stochastic depth), so they train on the draws that keep them"
+        if redrawn
+        else ""
+    )
     copy_note = "".join(
         f"; {copy}.* gets no gradient and is in no optimizer: a copy of {original} (same parameters, which train), "
         "updated by copying its weights (a target network), not judged"
@@ -290,6 +312,18 @@ def check_gradients(dlcheck):
             f"{len(orphans)} of {len(trainable)} trainable parameter tensors get no gradient from the loss on "
             f"batch 0 (loss {float(loss.detach()):.4g}){frozen_note}: {shown}"
         ]
+        if draws:
+            evidence.append(
+                f"{draws} more draw(s) of the same batch's loss with other RNG states (a forward that skips modules "
+                "at random gives a skipped one a gradient on another draw) reached none of them"
+                + (
+                    f"; {len(redrawn)} other parameter tensors that got none on the first draw did get one on "
+                    f"another (e.g. {next(iter(redrawn))}): a stochastic forward (LayerDrop, stochastic depth), "
+                    "not judged as cut"
+                    if redrawn
+                    else ""
+                )
+            )
         diagnosis = checkpoint_cause(model, cut)
         if diagnosis is not None:
             more, cause, fix = diagnosis
@@ -410,6 +444,7 @@ def check_gradients(dlcheck):
     graded_line = (
         f"all {len(trainable) - exempt} trainable parameter tensors get a gradient from the loss on batch 0 (loss "
         f"{float(loss.detach()):.4g})"
+        + redrawn_note
         + zero_note
         + built_note
         + (
@@ -422,7 +457,8 @@ def check_gradients(dlcheck):
     )
     numbers = dict(
         trainable=len(trainable),
-        with_gradient=len(trainable) - len(gradless),
+        with_gradient=len(trainable) - len(gradless) + len(redrawn),
+        on_another_draw=len(redrawn),
         zero_gradient=len(zero),
         exempt=exempt,
         frozen=frozen,
@@ -504,6 +540,64 @@ def check_gradients(dlcheck):
         cause = "a param group with learning rate 0 freezes its parameters while they still get gradients"
         fix = "give the group a non-zero lr, or freeze its parameters with requires_grad_(False)"
     dlcheck.fail(evidence, cause, fix)
+
+
+#: further draws of batch 0's loss (other RNG states) T3 makes at most when trainable parameters got no gradient:
+#: a module LayerDrop skips with probability 0.1 is skipped on all 1 + 5 draws once in a million (at 0.5, once in 64)
+OTHER_DRAWS = 5
+#: the seed of the first further draw (the next ones count up from it)
+DRAW_SEED = 7919
+
+
+def _other_draws(
+    dlcheck: Any,
+    fresh: Any,
+    batch: Any,
+    trainable: list[tuple[str, torch.Tensor]],
+    missing: list[str],
+    ran: dict[str, int],
+    names: dict[int, str],
+) -> tuple[dict[str, torch.Tensor], int]:
+    """({name: gradient} for the names among ``missing`` (no gradient on batch 0's first draw) that get one on
+    another draw of the same batch's loss, the number of further draws made): the global RNGs seeded anew for each
+    draw (up to :data:`OTHER_DRAWS`, until every one is reached), so that a forward which skips modules at random
+    (LayerDrop, stochastic depth) runs them on some draw. Train mode, ``loss.backward()`` as training does (each
+    ``.grad`` put back); the RNG states and the model's buffers (BatchNorm's running statistics) are put back too.
+    The modules that run are added to ``ran``."""
+    model = fresh.model
+    params = [p for _, p in trainable]
+    index = {n: i for i, (n, _) in enumerate(trainable)}
+    found: dict[str, torch.Tensor] = {}
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    handles = [
+        m.register_forward_hook(
+            lambda mod, i, o: None if names.get(id(mod)) in ran else ran.update({names[id(mod)]: len(ran)})
+        )
+        for m in model.modules()
+        if id(m) in names
+    ]
+    draws = 0
+    try:
+        with preserved_rng(), modes(model, train=True):
+            for k in range(OTHER_DRAWS):
+                seed_everything(DRAW_SEED + k)
+                draws += 1
+                (_, grads), _ = recorded(
+                    lambda: run_or_skip(dlcheck, lambda: backward_grads(lambda: fresh.loss(batch), params))
+                )
+                for n in missing:
+                    g = grads[index[n]]
+                    if n not in found and g is not None:
+                        found[n] = g
+                if len(found) == len(missing):
+                    break
+    finally:
+        for h in handles:
+            h.remove()
+        with torch.no_grad():
+            for b, old in saved:
+                b.copy_(old)
+    return found, draws
 
 
 def _zero_after_a_nudge(

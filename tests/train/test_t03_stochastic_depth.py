@@ -1,0 +1,185 @@
+"""T3 and a forward that skips modules at random (LayerDrop, stochastic depth): a module skipped on the sampled draw
+gets no gradient there but does on another draw, and is not frozen by accident (blind set 12's false alarm on a
+Wav2Vec2 classifier with ``layerdrop=0.1``). A module cut from the graph on every draw still fails, on every path T3
+has: a plain loop, a Lightning module, a transformers Trainer, the user's own step."""
+
+import pytest
+import tiny_train as tt
+
+#: the user's model: tt.MLP's task through residual layers, one of which, drawn at random, is skipped at each
+#: training step (stochastic depth at the block level: a step's draw always skips one); the branch of layer
+#: ``detached`` is cut from the graph (the real bug) when it runs
+LAYERDROP = """
+
+    class LayerDropMLP(nn.Module):
+        def __init__(self, detached=None, layers=3):
+            super().__init__()
+            self.inp = nn.Linear(8, 32)
+            self.layers = nn.ModuleList(nn.Linear(32, 32) for _ in range(layers))
+            self.head = nn.Linear(32, 4)
+            self.detached = detached
+
+        def forward(self, x):
+            h = torch.relu(self.inp(x))
+            skipped = int(torch.randint(len(self.layers), ())) if self.training else -1
+            for i, layer in enumerate(self.layers):
+                if i == skipped:
+                    continue
+                out = torch.relu(layer(h))
+                h = h + (out.detach() if i == self.detached else out)
+            return self.head(h)
+"""
+
+
+def assert_cut(run, layer: str) -> None:
+    run.assert_outcome("T3", "failed")
+    text = " ".join(run.section("T3").split())
+    assert "2 of 10 trainable parameter tensors get no gradient from the loss on batch 0" in text, text
+    assert f"{layer}.weight [32x32], {layer}.bias [32]" in text, text
+    assert "more draw(s) of the same batch's loss with other RNG states" in text and "reached none of them" in text
+    assert "other parameter tensors that got none on the first draw did get one on another" in text, text
+    assert "cut from the autograd graph" in text, text
+
+
+@pytest.mark.parametrize("detached", [None, 1])
+def test_a_plain_loop_with_layerdrop(project, detached):
+    project.conftest(tt.loop_project(model=f"LayerDropMLP(detached={detached})", extra=LAYERDROP))
+    run = project.run("--dlcheck=T3", "-rA")
+    if detached is None:
+        run.assert_outcome("T3", "passed")
+        text = " ".join(run.text.split())
+        assert "all 10 trainable parameter tensors get a gradient from the loss on batch 0" in text, text
+        assert "got none on batch 0's first draw and one on another draw of the same batch" in text, text
+        assert "the forward skips modules at random (LayerDrop, stochastic depth)" in text, text
+    else:
+        # layer 1 never gets a gradient, the other layers do on the draws that keep them
+        assert_cut(run, "layers.1")
+
+
+LIGHTNING = """
+    import pytest, torch, tiny_lightning as tl
+    from torch import nn
+{layerdrop}
+
+    class LayerDropClassifier(tl.Classifier):
+        def __init__(self, detached=None):
+            super().__init__()
+            self.net = LayerDropMLP(detached=detached)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_lightning_module():
+        torch.manual_seed(0)
+        return LayerDropClassifier(detached={detached})
+
+    @pytest.fixture(scope="session")
+    def dlcheck_datamodule():
+        return tl.Blobs()
+"""
+
+
+@pytest.mark.parametrize("detached", [None, 1])
+def test_a_lightning_module_with_layerdrop(project, detached):
+    project.conftest(LIGHTNING.format(layerdrop=LAYERDROP, detached=detached))
+    run = project.run("--dlcheck=T3", "-rA")
+    if detached is None:
+        run.assert_outcome("T3", "passed")
+        assert "one on another draw of the same batch" in " ".join(run.text.split()), run.text
+    else:
+        assert_cut(run, "net.layers.1")
+
+
+STEP = """
+    import pytest, torch, tiny_train as tt
+    from torch import nn
+    from torch.utils.data import DataLoader
+{layerdrop}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = LayerDropMLP(detached={detached})
+            return {{"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        rows = [{{"image": x, "label": y}} for x, y in zip(*tt.blobs().tensors)]
+        return DataLoader(rows, batch_size=8)
+
+    @pytest.fixture(scope="session")
+    def dlcheck_train_step():
+        def step(state, batch):
+            loss = nn.functional.cross_entropy(state["model"](batch["image"]), batch["label"])
+            loss.backward()
+            state["optimizer"].step()
+            state["optimizer"].zero_grad()
+            return loss.detach()
+        return step
+"""
+
+
+@pytest.mark.parametrize("detached", [None, 1])
+def test_a_step_with_layerdrop(project, detached):
+    """Through the user's step each call is a draw of its own: the step calls go on until every parameter has had a
+    gradient; a layer cut on every call still fails."""
+    project.conftest(STEP.format(layerdrop=LAYERDROP, detached=detached))
+    run = project.run("--dlcheck=T3", "-rA")
+    text = " ".join(run.text.split())
+    if detached is None:
+        run.assert_outcome("T3", "passed")
+        assert "all 10 trainable parameter tensors got a gradient" in text, text
+    else:
+        run.assert_outcome("T3", "failed")
+        assert "8 call(s) of dlcheck_train_step" in text, text
+        assert (
+            "2 of 10 trainable parameter tensors got no gradient: layers.1.weight [32x32], layers.1.bias [32]" in text
+        )
+        assert "cut from the autograd graph" in text, text
+
+
+WAV2VEC2 = """
+    import numpy as np, pytest, torch
+    from transformers import Trainer, TrainingArguments, Wav2Vec2Config, Wav2Vec2ForSequenceClassification
+
+    class Clips(torch.utils.data.Dataset):
+        def __len__(self):
+            return 16
+
+        def __getitem__(self, i):
+            g = torch.Generator().manual_seed(i)
+            return {{"input_values": torch.randn(800, generator=g) * 0.1, "labels": i % 4}}
+
+    def detach_output(module, args, out):
+        return out.detach()
+
+    @pytest.fixture(scope="session")
+    def dlcheck_trainer(tmp_path_factory):
+        cfg = Wav2Vec2Config(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                             conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+                             num_conv_pos_embedding_groups=2, num_labels=4, classifier_proj_size=8,
+                             mask_time_prob=0.0, layerdrop={layerdrop})
+        torch.manual_seed(0)
+        model = Wav2Vec2ForSequenceClassification(cfg)
+        model.freeze_feature_encoder()
+        if {detached}:  # the user's hook cuts the last encoder layer's feed-forward branch from the graph
+            model.wav2vec2.encoder.layers[-1].feed_forward.register_forward_hook(detach_output)
+        args = TrainingArguments(str(tmp_path_factory.mktemp("out")), per_device_train_batch_size=4, max_steps=4,
+                                 report_to=[], save_strategy="no", use_cpu=True, remove_unused_columns=False)
+        return Trainer(model=model, args=args, train_dataset=Clips())
+"""
+
+
+@pytest.mark.parametrize("layerdrop, detached", [(0.5, False), (0.5, True)])
+def test_a_wav2vec2_trainer_with_layerdrop(project, layerdrop, detached):
+    """transformers' Wav2Vec2 encoder skips each layer with probability config.layerdrop in train mode."""
+    project.conftest(WAV2VEC2.format(layerdrop=layerdrop, detached=detached))
+    run = project.run("--dlcheck=T3", "-rA")
+    text = " ".join(run.text.split())
+    if not detached:
+        run.assert_outcome("T3", "passed")
+        assert "got none on batch 0's first draw and one on another draw of the same batch" in text, text
+    else:
+        run.assert_outcome("T3", "failed")
+        assert "4 of 45 trainable parameter tensors get no gradient" in text, text
+        assert "wav2vec2.encoder.layers.1.feed_forward.intermediate_dense.weight [32x16]" in text, text
+        assert "reached none of them" in text and "did get one on another" in text, text
