@@ -942,7 +942,8 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
     try:
         run = shared_resume(dlcheck, setup, total, frozenset({"rng"}), baseline)
     except ResumeLoadFailed as exc:
-        _load_raises(dlcheck, setup, exc, label)
+        # a run lengthened to where the loop checkpoints (dlcheck_checkpoint_every) saved past the planned steps
+        _load_raises(dlcheck, setup, exc, label if exc.saved_at < total else "the run")
     _curves(dlcheck, run)
     how = how_saved(setup, run)
     loaded_by = LOADED_BY.get(setup.kind, "the resume")

@@ -61,6 +61,19 @@ def test_a_checkpoint_holding_a_namespace_that_torch_load_refuses_fails_c1_with_
     assert c3["outcome"] == "skipped" and "C1 reports it" in c3["reason"], c3
 
 
+def test_a_refused_checkpoint_saved_past_the_planned_steps_says_no_contradiction(project, tmp_path):
+    # a loop that checkpoints every 12 steps: the run is lengthened to save where it saves (blind set 12's Fabric
+    # trainer read "4 steps, saved after step 10")
+    project.conftest(
+        _loop("argparse.Namespace(lr=0.01, epochs=2)")
+        + "\n    @pytest.fixture(scope='session')\n    def dlcheck_checkpoint_every():\n        return 12\n"
+    )
+    run = project.run("--dlcheck=C1", "--dlcheck-set", "C1.steps=4")
+    run.assert_outcome("C1", "failed")
+    text = " ".join(tt.section(run, "C1").split())
+    assert "the run, saved after step 12 by your dlcheck_save_checkpoint" in text, text
+
+
 def test_the_same_checkpoint_with_plain_args_resumes(project, tmp_path):
     project.conftest(_loop("vars(argparse.Namespace(lr=0.01, epochs=2))"))
     out = tmp_path / "r.json"
