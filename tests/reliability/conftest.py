@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import rel_background
 
-#: tests that wait for a background run: last, so that the run overlaps everything else
+#: tests that wait for a background run: last in one process (started at collection, the run overlaps
+#: everything else), first on an xdist worker (started by the test)
 WAITING = (
     "test_two_runs_in_two_processes_under_xdist_agree",
     "test_every_check_on_every_example_runs_offline",
@@ -19,8 +20,16 @@ WAITING = (
 
 def pytest_collection_modifyitems(config, items):
     waiting = [i for i in items if "reliability" in i.nodeid and i.nodeid.rsplit("::", 1)[-1] in WAITING]
-    if waiting:
-        items[:] = [i for i in items if i not in waiting] + waiting
+    if not waiting:
+        return
+    others = [i for i in items if i not in waiting]
+    if hasattr(config, "workerinput"):
+        # under xdist nothing starts the runs at collection (the controller collects nothing): the test that
+        # needs one starts it, so these go first, and the run overlaps the rest of the suite instead of leaving
+        # a worker waiting at the end while the other has nothing left to run
+        items[:] = waiting + others
+    else:
+        items[:] = others + waiting
 
 
 def pytest_collection_finish(session):
