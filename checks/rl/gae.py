@@ -49,6 +49,13 @@ from . import measure as rl
             "rtol", 1e-4, "relative tolerance against the float64 reference: float32 GAE over 8 steps is within 1e-6"
         ),
         Setting("atol", 1e-4, "absolute tolerance, likewise"),
+        Setting(
+            "truncation_probe_steps",
+            200,
+            "random-action steps of a copy of an SB3 off-policy algorithm's env, to see whether it truncates "
+            "episodes when no TimeLimit and no stored timeout shows it (an env that truncates itself: SB3's "
+            "BitFlippingEnv); a max_steps attribute lengthens the probe to reach it, up to 10 times this",
+        ),
     ),
 )
 def check_gae_episode_ends(dlcheck):
@@ -72,7 +79,10 @@ def check_gae_episode_ends(dlcheck):
         stored done and target (see pytest_dlcheck.rl.Transitions), is compared with r + γ·(1 − terminated)·
         next_value on batches holding terminated, truncated and both-flagged transitions; an SB3 off-policy
         dlcheck_algorithm is judged by its replay buffer's handle_timeout_termination, shown on a fresh buffer
-        of its class and arguments given transitions the way the algorithm stores them.
+        of its class and arguments given transitions the way the algorithm stores them; whether its env
+        truncates episodes is read from what the env and the buffer produce: a TimeLimit anywhere in its wrapper
+        chain, the timeouts its replay buffer stored (SB3 stores every truncated=True its VecEnv reports, an env
+        that truncates itself included), else a short random-action probe of a deep copy of the env.
     Why it is bad
         Bootstrapping through a termination adds value that does not exist; not bootstrapping at a
         time-limit truncation (done = terminated or truncated) teaches the critic that the episode ended
@@ -102,10 +112,12 @@ def check_gae_episode_ends(dlcheck):
         over complete episodes (REINFORCE) never bootstrap: R7 is for value-bootstrapped estimators.
         Off-policy: the TD target function is checked, not the loop that fills real_next_obs (the final
         observation at a truncation); n-step targets are not generated; an SB3 replay buffer class without
-        handle_timeout_termination skips.
+        handle_timeout_termination skips. A buffer that would sample truncations as terminations on an env in
+        which nothing shows a truncation (no TimeLimit, no max_episode_steps, none in the probe) skips: a
+        trained policy's longer episodes may still be truncated. HER's relabelled samples keep the stored
+        episode's done; R7 does not recompute it for the new goal.
     Not applicable
-        Critic-free RL on language models (a TRL trainer such as GRPOTrainer: group-normalised rewards, R3), and
-        an SB3 off-policy algorithm whose env has no time limit (nothing is truncated).
+        Critic-free RL on language models (a TRL trainer such as GRPOTrainer: group-normalised rewards, R3).
     """
     if not dlcheck.has("advantage_fn"):
         if dlcheck.has("td_target_fn"):
@@ -283,12 +295,6 @@ def _check_sb3_replay_buffer(dlcheck, algo: Any) -> None:
             f"{name}'s replay buffer ({type(rb).__name__}) has no handle_timeout_termination: R7 cannot tell how "
             "it samples a time-limit truncation (define dlcheck_td_target_fn)"
         )
-    limits = rl.env_time_limits(algo)
-    if limits is not None and all(limit is None for limit in limits):
-        dlcheck.not_applicable(
-            f"{name}'s env has no time limit (spec.max_episode_steps is None): no episode is truncated, so none "
-            "can be bootstrapped wrongly"
-        )
     try:
         sampled = rl.sb3_sampled_dones(algo)
     except Exception as exc:  # noqa: BLE001 - a buffer class needing more (HER's env): the flag alone says it
@@ -299,25 +305,39 @@ def _check_sb3_replay_buffer(dlcheck, algo: Any) -> None:
     stored = int(rb.buffer_size if rb.full else rb.pos) * int(getattr(rb, "n_envs", 1))
     shown = (
         f"a fresh {cls} with {name}'s arguments, given transitions as {name}._store_transition adds them (done = "
-        f"terminated or truncated, infos['TimeLimit.truncated']), samples a time-limit truncation with done "
+        f"terminated or truncated, infos['TimeLimit.truncated']), samples a truncation with done "
         f"{sampled['truncated']:g} and a termination with done {sampled['terminated']:g}"
         if sampled is not None
         else f"(a fresh {cls} could not be built to show it: {why})"
     )
-    limit = f" (time limit {limits[0]} steps)" if limits and limits[0] is not None else ""
+    truncation = rl.sb3_truncation(algo, dlcheck.setting("truncation_probe_steps"))
+    limit = f" (time limit {truncation.limit} steps)" if truncation.limit is not None else ""
+    truncates = (
+        f"its env truncates episodes: {truncation.shown}"
+        if truncation.seen
+        else f"no truncation was seen ({truncation.shown}); the buffer would bootstrap one"
+    )
     if handle and (sampled is None or (sampled["truncated"] == 0 and sampled["terminated"] == 1)):
         timeouts = getattr(rb, "timeouts", None)
         seen = int(np.asarray(timeouts).sum()) if timeouts is not None and stored else 0
         dlcheck.measured(
-            f"{name}.replay_buffer ({cls}) has handle_timeout_termination=True: its env's time-limit truncations"
+            f"{name}.replay_buffer ({cls}) has handle_timeout_termination=True: its env's truncations"
             f"{limit} are stored as timeouts and sampled as done·(1 − timeout), so r + γ·(1 − done)·Q(s') "
             f"bootstraps them; {seen} of its {stored} stored transitions are such timeouts",
+            truncates,
             shown,
             handle_timeout_termination=True,
             stored=stored,
             timeouts=seen,
+            truncation_seen=truncation.seen,
         )
         return
+    if not truncation.seen:
+        dlcheck.skip(
+            f"{name}.replay_buffer ({cls}) has handle_timeout_termination={handle}: it would sample a truncation "
+            f"as a termination, but R7 saw none: {truncation.shown}; whether the env truncates longer episodes "
+            "(a trained policy's) is not known, so the TD target at truncations is not judged"
+        )
     evidence = [
         f"{name}.replay_buffer ({cls}) has handle_timeout_termination={handle}"
         + (
@@ -325,8 +345,9 @@ def _check_sb3_replay_buffer(dlcheck, algo: Any) -> None:
             if getattr(rb, "optimize_memory_usage", False)
             else ""
         )
-        + f": it samples the done {name} stores, terminated or truncated, so its env's time-limit truncations{limit} "
+        + f": it samples the done {name} stores, terminated or truncated, so its env's truncations{limit} "
         "enter r + γ·(1 − done)·Q(s') as terminations",
+        truncates,
         shown,
     ]
     dlcheck.fail(

@@ -1002,6 +1002,8 @@ def sb3_sampled_dones(algo: Any) -> dict[str, float]:
 
     rb = algo.replay_buffer
     kwargs = dict(getattr(algo, "replay_buffer_kwargs", None) or {})
+    if "env" in inspect.signature(type(rb).__init__).parameters and "env" not in kwargs:
+        kwargs["env"] = algo.get_env()  # HerReplayBuffer: _setup_model hands it the algorithm's env
     buf = type(rb)(
         len(SB3_STORED) * 2,
         algo.observation_space,
@@ -1016,9 +1018,119 @@ def sb3_sampled_dones(algo: Any) -> dict[str, float]:
     for _, done, timeout in SB3_STORED:
         infos = [{"TimeLimit.truncated": True}] if timeout else [{}]
         buf.add(obs, obs, actions, np.ones(1, np.float32), np.array([done]), infos)
-    samples = buf._get_samples(np.arange(len(SB3_STORED)))
+    indices = np.arange(len(SB3_STORED))
+    if hasattr(buf, "_get_real_samples"):  # HER: its relabelled samples keep the same stored done·(1 − timeout)
+        samples = buf._get_real_samples(indices, np.zeros_like(indices))
+    else:
+        samples = buf._get_samples(indices)
     dones = to_numpy(samples.dones).reshape(-1)
     return {kind: float(dones[i]) for i, (kind, _, _) in enumerate(SB3_STORED) if kind != "running" or i == 0}
+
+
+@dataclass
+class Truncation:
+    """Whether an SB3 off-policy algorithm's env truncates episodes, from what its env and replay buffer produce."""
+
+    seen: bool
+    shown: str  # what shows it, or what was looked at without seeing one
+    limit: int | None = None  # the TimeLimit's steps, when one shows it
+
+
+def sb3_truncation(algo: Any, probe_steps: int) -> Truncation:
+    """Whether the algorithm's env truncates episodes (``truncated=True`` from step, which an SB3 VecEnv stores as
+    ``infos["TimeLimit.truncated"]``), from, in order: a TimeLimit anywhere in its wrapper chain (or its spec's
+    max_episode_steps), the timeouts its replay buffer stored, and ``probe_steps`` random-action steps of a deep
+    copy of its first env (the user's env is not stepped). An attribute such as ``max_steps`` is only a hint:
+    it lengthens the probe so that a truncation at that step can show."""
+    name = type(algo).__name__
+    env = algo.get_env()
+    if env is None:
+        return Truncation(False, f"{name} has no env to look at")
+    limits = [limit for limit in (env_time_limits(algo) or []) if limit is not None]
+    limits += [limit for limit in _wrapper_attr(env, "_max_episode_steps") if isinstance(limit, int)]
+    if limits:
+        return Truncation(True, f"its env is wrapped in a TimeLimit of {min(limits)} steps", min(limits))
+    looked = ["no TimeLimit in its env's wrapper chain, spec.max_episode_steps None"]
+    rb = getattr(algo, "replay_buffer", None)
+    stored = (rb.buffer_size if rb.full else rb.pos) if rb is not None and hasattr(rb, "pos") else 0
+    if stored and getattr(rb, "handle_timeout_termination", False) and getattr(rb, "timeouts", None) is not None:
+        ends = int(np.asarray(rb.dones[:stored]).sum())
+        timeouts = int(np.asarray(rb.timeouts[:stored]).sum())
+        if timeouts:
+            return Truncation(
+                True,
+                f"{timeouts} of the {ends} episode ends stored in {name}.replay_buffer are truncations (its "
+                f"timeouts: the env returned truncated=True; {looked[0]})",
+            )
+        looked.append(f"none of the {ends} episode ends stored in {name}.replay_buffer is a truncation")
+    hints = [h for h in _wrapper_attr(env, "max_steps") if isinstance(h, int) and h > 0]
+    steps = max(probe_steps, min(10 * probe_steps, 2 * max(hints) + 2)) if hints else probe_steps
+    probe = _probe_truncations(env, steps)
+    if isinstance(probe, str):
+        looked.append(probe)
+        return Truncation(False, "; ".join(looked))
+    episodes, truncated, terminated, stepped, what = probe
+    if truncated:
+        return Truncation(
+            True,
+            f"a deep copy of its env ({what}) returned truncated=True at {truncated} of {episodes} episode ends in "
+            f"{stepped} random-action steps ({looked[0]})",
+        )
+    looked.append(
+        f"a deep copy of its env ({what}) ended {episodes} episode(s) in {steps} random-action steps, "
+        f"{terminated} by termination, none by truncation"
+        + (f" (its max_steps attribute says {max(hints)})" if hints else "")
+    )
+    return Truncation(False, "; ".join(looked))
+
+
+def _wrapper_attr(env: Any, attr: str) -> list[Any]:
+    """``attr`` of each of a VecEnv's envs, found anywhere in its wrapper chain; [] when none has it."""
+    try:
+        return list(env.get_attr(attr))
+    except AttributeError:
+        return []
+
+
+def _probe_truncations(env: Any, steps: int) -> tuple[int, int, int, int, str] | str:
+    """(episodes ended, truncated, terminated, steps, env) over ``steps`` random-action steps of a deep copy of a
+    VecEnv's first env, stopping at the first truncation; a sentence when no copy can be stepped."""
+    inner = env
+    while getattr(inner, "venv", None) is not None:  # VecNormalize, VecFrameStack, ...
+        inner = inner.venv
+    envs = getattr(inner, "envs", None)
+    if not envs:
+        return f"its {type(inner).__name__} keeps its envs in other processes: no copy of one was stepped"
+    try:
+        probe = copy.deepcopy(envs[0])
+    except Exception as exc:  # noqa: BLE001 - an env that cannot be copied (a file, a process): not probed
+        return f"its env could not be copied to be stepped ({type(exc).__name__})"
+    what = " → ".join(type(e).__name__ for e in _wrapper_chain(probe))
+    probe.action_space.seed(0)
+
+    def run() -> tuple[int, int, int, int]:
+        probe.reset(seed=0)
+        episodes = truncated = terminated = 0
+        for t in range(1, steps + 1):
+            _, _, term, trunc, _ = probe.step(probe.action_space.sample())
+            if term or trunc:
+                episodes += 1
+                truncated += bool(trunc) and not term
+                terminated += bool(term)
+                if truncated:
+                    return episodes, truncated, terminated, t
+                probe.reset()
+        return episodes, truncated, terminated, steps
+
+    counts = user_call("env", run, synthetic="random actions of its action space, on a deep copy of its env")
+    return (*counts, what)
+
+
+def _wrapper_chain(env: Any) -> list[Any]:
+    chain = [env]
+    while getattr(chain[-1], "env", None) is not None and len(chain) < 32:
+        chain.append(chain[-1].env)
+    return chain
 
 
 def env_time_limits(algo: Any) -> list[int | None] | None:

@@ -1,9 +1,12 @@
 """R7: the user's GAE/returns function against the reference on Hypothesis-generated rollouts."""
 
+import re
+
 import numpy as np
 import pytest
 import tiny_rl  # noqa: F401  (gymnasium, SB3 imported once, before the in-process runs)
 import torch
+from helpers import flat
 from rl_project import run_configs
 
 from pytest_dlcheck.checks.rl import measure as rl
@@ -283,17 +286,106 @@ def test_off_policy_td_targets(project):
     text = run.flat("sb3_memory", "R7")
     assert (
         "DQN.replay_buffer (ReplayBuffer) has handle_timeout_termination=False (optimize_memory_usage=True, which SB3 "
-        "cannot combine with it): it samples the done DQN stores, terminated or truncated, so its env's time-limit "
+        "cannot combine with it): it samples the done DQN stores, terminated or truncated, so its env's "
         "truncations (time limit 500 steps) enter r + γ·(1 − done)·Q(s') as terminations" in text
     ), text
-    assert "samples a time-limit truncation with done 1 and a termination with done 1" in text
+    assert "samples a truncation with done 1 and a termination with done 1" in text
+    assert "its env truncates episodes: its env is wrapped in a TimeLimit of 500 steps" in text
     assert "replay_buffer_kwargs=dict(handle_timeout_termination=True)) with optimize_memory_usage=False" in text
 
     assert run.passed("sb3_default", "R7").startswith(
         "DQN.replay_buffer (ReplayBuffer) has handle_timeout_termination=True"
     )
-    assert "samples a time-limit truncation with done 0 and a termination with done 1" in run.text
+    assert "samples a truncation with done 0 and a termination with done 1" in run.text
 
     run.assert_outcome("buffer_only", "R7", "skipped")
     assert "missing role: define fixture dlcheck_td_target_fn" in run.skips["buffer_only"], run.text
     assert "Traceback" not in run.text
+
+
+HER_DQN = """
+    import pytest
+    from stable_baselines3 import DQN, HerReplayBuffer
+    from stable_baselines3.common.envs import BitFlippingEnv
+
+    @pytest.fixture(scope="session")
+    def dlcheck_algorithm():
+        # SB3's HER example: BitFlippingEnv truncates its episodes itself (max_steps), no TimeLimit wrapper
+        algo = DQN("MultiInputPolicy", BitFlippingEnv(n_bits=4, max_steps=4), replay_buffer_class=HerReplayBuffer,
+                   replay_buffer_kwargs=dict(n_sampled_goal=4, goal_selection_strategy="future"{kwargs}),
+                   buffer_size=200, learning_starts=1000, policy_kwargs=dict(net_arch=[8]), device="cpu", seed=0)
+        return algo.learn({steps})
+"""
+
+NEVER_TRUNCATES = """
+    import gymnasium as gym, numpy as np, pytest
+    from stable_baselines3 import DQN
+
+    class Corridor(gym.Env):  # ends only by termination, after 3 steps; no TimeLimit, no max_steps
+        observation_space = gym.spaces.Box(0.0, 3.0, (1,), np.float32)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.t = 0
+            return np.zeros(1, np.float32), {}
+
+        def step(self, action):
+            self.t += 1
+            return np.full(1, self.t, np.float32), 1.0, self.t >= 3, False, {}
+
+    @pytest.fixture(scope="session")
+    def dlcheck_algorithm():
+        algo = DQN("MlpPolicy", Corridor(), buffer_size=100, learning_starts=1000, optimize_memory_usage=True,
+                   replay_buffer_kwargs=dict(handle_timeout_termination=False), policy_kwargs=dict(net_arch=[8]),
+                   device="cpu", seed=0)
+        return algo.learn(30)
+"""
+
+
+def test_off_policy_env_that_truncates_itself(project):
+    """An env that truncates its episodes itself (SB3's BitFlippingEnv: truncated=True at max_steps, no TimeLimit,
+    spec None) is seen truncating from the timeouts its replay buffer stored, or, with
+    handle_timeout_termination=False (which stores none), from a probe of a copy of it: HER with SB3's default
+    passes naming those timeouts, HER with the flag off fails; a buffer that would mistreat truncations on an
+    env in which nothing shows one skips saying so, never "no episode is truncated"."""
+    run = run_configs(
+        project,
+        {
+            "her": HER_DQN.format(kwargs="", steps=40),
+            "her_bug": HER_DQN.format(kwargs=", handle_timeout_termination=False", steps=0),
+            "no_truncation": NEVER_TRUNCATES,
+        },
+        "--dlcheck=R7",
+        "-rA",
+    )
+    assert run.passed("her", "R7").startswith("DQN.replay_buffer (HerReplayBuffer) has handle_timeout_termination")
+    text = flat(run.text)
+    stored = re.search(
+        r"its env truncates episodes: (\d+) of the (\d+) episode ends stored in DQN.replay_buffer are "
+        r"truncations \(its timeouts: the env returned truncated=True;",
+        text,
+    )
+    assert stored and 0 < int(stored.group(1)) <= int(stored.group(2)), text
+    assert "no TimeLimit in its env's wrapper chain, spec.max_episode_steps None" in text
+    assert "a fresh HerReplayBuffer with DQN's arguments" in text
+    assert "samples a truncation with done 0 and a termination with done 1" in text
+    assert "no episode is truncated" not in text
+
+    run.assert_outcome("her_bug", "R7", "failed")
+    bug = run.flat("her_bug", "R7")
+    assert "DQN.replay_buffer (HerReplayBuffer) has handle_timeout_termination=False" in bug, bug
+    assert (
+        "its env truncates episodes: a deep copy of its env (Monitor → BitFlippingEnv) returned truncated=True" in bug
+    )
+    assert "samples a truncation with done 1 and a termination with done 1" in bug
+    assert "replay_buffer_kwargs=dict(handle_timeout_termination=True)" in bug
+
+    run.assert_outcome("no_truncation", "R7", "skipped")
+    why = flat(run.skips["no_truncation"])
+    assert "has handle_timeout_termination=False: it would sample a truncation as a termination, but R7 saw none" in why
+    assert (
+        "a deep copy of its env (Monitor → Corridor) ended 66 episode(s) in 200 random-action steps, 66 by "
+        "termination, none by truncation" in why
+    ), why
+    assert "not judged" in why and "not applicable" not in why, why
