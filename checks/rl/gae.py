@@ -82,7 +82,8 @@ def check_gae_episode_ends(dlcheck):
         of its class and arguments given transitions the way the algorithm stores them; whether its env
         truncates episodes is read from what the env and the buffer produce: a TimeLimit anywhere in its wrapper
         chain, the timeouts its replay buffer stored (SB3 stores every truncated=True its VecEnv reports, an env
-        that truncates itself included), else a short random-action probe of a deep copy of the env.
+        that truncates itself included), else, where the buffer would mistreat truncations, a short random-action
+        probe of a deep copy of the env.
     Why it is bad
         Bootstrapping through a termination adds value that does not exist; not bootstrapping at a
         time-limit truncation (done = terminated or truncated) teaches the critic that the episode ended
@@ -310,14 +311,16 @@ def _check_sb3_replay_buffer(dlcheck, algo: Any) -> None:
         if sampled is not None
         else f"(a fresh {cls} could not be built to show it: {why})"
     )
-    truncation = rl.sb3_truncation(algo, dlcheck.setting("truncation_probe_steps"))
+    bootstraps = handle and (sampled is None or (sampled["truncated"] == 0 and sampled["terminated"] == 1))
+    # the env is stepped (a copy of it) only where the verdict depends on whether it truncates
+    truncation = rl.sb3_truncation(algo, 0 if bootstraps else dlcheck.setting("truncation_probe_steps"))
     limit = f" (time limit {truncation.limit} steps)" if truncation.limit is not None else ""
     truncates = (
         f"its env truncates episodes: {truncation.shown}"
         if truncation.seen
         else f"no truncation was seen ({truncation.shown}); the buffer would bootstrap one"
     )
-    if handle and (sampled is None or (sampled["truncated"] == 0 and sampled["terminated"] == 1)):
+    if bootstraps:
         timeouts = getattr(rb, "timeouts", None)
         seen = int(np.asarray(timeouts).sum()) if timeouts is not None and stored else 0
         dlcheck.measured(

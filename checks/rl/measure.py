@@ -1040,7 +1040,7 @@ def sb3_truncation(algo: Any, probe_steps: int) -> Truncation:
     """Whether the algorithm's env truncates episodes (``truncated=True`` from step, which an SB3 VecEnv stores as
     ``infos["TimeLimit.truncated"]``), from, in order: a TimeLimit anywhere in its wrapper chain (or its spec's
     max_episode_steps), the timeouts its replay buffer stored, and ``probe_steps`` random-action steps of a deep
-    copy of its first env (the user's env is not stepped). An attribute such as ``max_steps`` is only a hint:
+    copy of its first env (the user's env is not stepped; 0: no probe). An attribute such as ``max_steps`` is only a hint:
     it lengthens the probe so that a truncation at that step can show."""
     name = type(algo).__name__
     env = algo.get_env()
@@ -1063,6 +1063,8 @@ def sb3_truncation(algo: Any, probe_steps: int) -> Truncation:
                 f"timeouts: the env returned truncated=True; {looked[0]})",
             )
         looked.append(f"none of the {ends} episode ends stored in {name}.replay_buffer is a truncation")
+    if probe_steps <= 0:
+        return Truncation(False, "; ".join(looked))
     hints = [h for h in _wrapper_attr(env, "max_steps") if isinstance(h, int) and h > 0]
     steps = max(probe_steps, min(10 * probe_steps, 2 * max(hints) + 2)) if hints else probe_steps
     probe = _probe_truncations(env, steps)
