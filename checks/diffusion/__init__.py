@@ -103,6 +103,49 @@ def empty_prompt_embeddings(tokenizer: Any, text_encoder: Any) -> Any:
     return hidden.detach()
 
 
+#: a pipeline's second and third text encoders: its conditioning is not the first encoder's last hidden state alone
+MORE_ENCODERS = ("text_encoder_2", "text_encoder_3")
+
+
+def own_encoding_of_the_null(pipe: Any) -> bool:
+    """The pipeline builds its unconditional input with more than its first text encoder (SDXL: both encoders'
+    penultimate hidden states concatenated, or zeros with force_zeros_for_empty_prompt) and says how in its own
+    ``encode_prompt(prompt, ..., do_classifier_free_guidance, negative_prompt, ...)``."""
+    import inspect
+
+    if not any(getattr(pipe, name, None) is not None for name in MORE_ENCODERS):
+        return False
+    encode = getattr(pipe, "encode_prompt", None)
+    try:
+        params = inspect.signature(encode).parameters if callable(encode) else {}
+    except (TypeError, ValueError):
+        return False
+    return all(p in params for p in ("prompt", "device", "do_classifier_free_guidance", "negative_prompt"))
+
+
+def pipeline_null_embeddings(pipe: Any, negative_prompt: str | None = None) -> Any:
+    """What the pipeline's sampler feeds as the unconditional input for ``negative_prompt`` (None: none given, the
+    pipeline's default), from its own ``encode_prompt`` with classifier-free guidance on (the second item it
+    returns: negative_prompt_embeds), its text encoders in eval mode, without gradients."""
+    from contextlib import ExitStack
+
+    from ...guard import eval_mode
+
+    encoders = [e for e in (getattr(pipe, n, None) for n in ("text_encoder", *MORE_ENCODERS)) if e is not None]
+    device, _ = module_device_dtype(encoders[0])
+    with ExitStack() as stack:
+        for encoder in encoders:
+            stack.enter_context(eval_mode(encoder))
+        out = pipe.encode_prompt(
+            prompt="",
+            device=device,
+            num_images_per_prompt=1,
+            do_classifier_free_guidance=True,
+            negative_prompt=negative_prompt,
+        )
+    return out[1].detach()
+
+
 @deriver
 def from_pipeline(name: str, get: Callable[[str], Any], cache: Callable[[Any, str, Callable[[], Any]], Any]) -> Any:
     if name not in FROM_PIPELINE:
@@ -114,6 +157,8 @@ def from_pipeline(name: str, get: Callable[[str], Any], cache: Callable[[Any, st
         if name == "inference_scheduler":
             value = getattr(pipe, "scheduler", None)
         elif name == "uncond":
+            if own_encoding_of_the_null(pipe):
+                return cache(pipe, "uncond", lambda: pipeline_null_embeddings(pipe))
             tok, enc = getattr(pipe, "tokenizer", None), getattr(pipe, "text_encoder", None)
             if tok is None or enc is None:
                 return MISSING

@@ -208,6 +208,16 @@ def _empty_when_sampler_null_is_zero(dlcheck, nulls: Nulls, tok: Any, first: Any
     training path dropping to "" is recognised as dropping to another null; None otherwise."""
     if nulls.kind != "embeddings" or nulls.u is None or float(nulls.u.norm()) != 0.0:
         return None
+    from . import own_encoding_of_the_null, pipeline_null_embeddings
+
+    pipe = dlcheck.optional("pipeline")
+    if pipe is not None and own_encoding_of_the_null(pipe):
+        # several text encoders (SDXL): the empty prompt as the pipeline itself encodes it
+        e = dlcheck.memo(pipe, "diffusion:empty-prompt", lambda: pipeline_null_embeddings(pipe, negative_prompt=""))
+        e = e.detach().float().cpu()
+        while e.dim() > first.dim() - 1 and e.shape[0] == 1:
+            e = e[0]
+        return e if tuple(e.shape) == tuple(first.shape[1:]) else None
     enc = dlcheck.optional("text_encoder")
     if tok is MISSING or tok is None or enc is None:
         return None
@@ -373,10 +383,12 @@ def check_cfg_dropout(dlcheck):
         ehs = torch.where((torch.rand(B, device=d) < 0.1)[:, None, None], null_ehs, ehs) with null_ehs the
         text encoder's output for "" (what StableDiffusionPipeline uses as negative_prompt_embeds).
     Known problems
-        A learned null embedding (an nn.Parameter) is recognised only when dlcheck_uncond returns it;
-        likewise for pipelines whose unconditional input is not the first text encoder's encoding of ""
-        (SDXL: two encoders, force_zeros_for_empty_prompt) — the derived one does not match the
-        training rows' shape, and the check skips unless dlcheck_uncond is given.
+        A learned null embedding (an nn.Parameter) is recognised only when dlcheck_uncond returns it. A
+        pipeline with more than one text encoder (SDXL, SD3) gives the unconditional input its own
+        ``encode_prompt`` builds with classifier-free guidance and no negative prompt (SDXL: both encoders'
+        penultimate hidden states concatenated, or zeros with force_zeros_for_empty_prompt); a one-encoder
+        pipeline gives its text encoder's encoding of "". An unconditional input of another shape than the
+        training rows is not compared, and the check skips unless dlcheck_uncond is given.
         With only the batch's own captions and no null seen, the check skips: dropout applied later in the
         training step is invisible there (give dlcheck_condition). Ignore DF5 if you never sample with
         guidance_scale > 1. Each draw reads the dataset again, and through dlcheck_training_inputs also
@@ -438,7 +450,9 @@ def check_cfg_dropout(dlcheck):
         dlcheck.skip(
             f"no all-zero embedding in {tally.rows} {what} from {source}, and the sampler's unconditional "
             f"input is unknown ({nulls.u_what or 'no dlcheck_uncond, dlcheck_pipeline or tokenizer + text encoder'}): "
-            "define dlcheck_uncond (or dlcheck_pipeline) so DF5 can recognise the null"
+            "define dlcheck_uncond"
+            + ("" if dlcheck.has("pipeline") else " (or dlcheck_pipeline)")
+            + " so DF5 can recognise the null"
         )
     if tally.kind == "ids" and nulls.u is None and tally.nulls == 0:
         dlcheck.skip(
@@ -548,7 +562,13 @@ def check_cfg_dropout(dlcheck):
                 "the model learns its unconditional prediction for the empty prompt's embedding, but classifier-free "
                 "guidance feeds it an all-zero embedding, an input it was never trained on",
                 "give the sampler the null it was trained with (negative_prompt='' and no zero "
-                "negative_prompt_embeds; dlcheck_uncond = the empty prompt's embedding), or train with the zero "
+                "negative_prompt_embeds"
+                + (
+                    ", or the pipeline built with force_zeros_for_empty_prompt=False"
+                    if D.sched_config(dlcheck.optional("pipeline")).get("force_zeros_for_empty_prompt")
+                    else ""
+                )
+                + "; dlcheck_uncond = the empty prompt's embedding), or train with the zero "
                 "null (null_ehs = torch.zeros_like(ehs))",
             )
         )
