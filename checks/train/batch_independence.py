@@ -28,6 +28,8 @@ ATTENTION = (
     torch.nn.Transformer,
 )
 MAX_MODULES = 400
+#: the fields of a mapping batch T4 differentiates against, by name (the first float one present)
+INPUT_KEYS = ("pixel_values", "inputs_embeds", "input_values", "x", "inputs", "image", "images")
 
 
 def _inputs(model: Any, batch: Any) -> tuple[Any, Any, Any]:
@@ -56,11 +58,7 @@ def _inputs(model: Any, batch: Any) -> tuple[Any, Any, Any]:
         return x, {"x": x}, None
     if isinstance(batch, Mapping):
         key = next(
-            (
-                k
-                for k in ("pixel_values", "inputs_embeds", "input_values", "x", "inputs", "image", "images")
-                if isinstance(batch.get(k), torch.Tensor) and batch[k].is_floating_point()
-            ),
+            (k for k in INPUT_KEYS if isinstance(batch.get(k), torch.Tensor) and batch[k].is_floating_point()),
             None,
         )
         if key is not None:
@@ -84,6 +82,50 @@ def _inputs(model: Any, batch: Any) -> tuple[Any, Any, Any]:
 
         return batch, found, _Handles([m.register_forward_hook(on_ids) for m in embeddings])
     return batch, None, None
+
+
+def _no_input(model: Any, batch: Any) -> str:
+    """Why T4 found no input of the model to differentiate against, in words true of this model and batch."""
+    name = type(model).__name__
+    shown = describe_batch(batch)
+    if isinstance(model, torch.nn.Module) and type(model).forward is torch.nn.Module.forward:
+        methods = sorted(n for n, v in vars(type(model)).items() if callable(v) and not n.startswith("_"))
+        defines = f" (it defines {', '.join(methods)})" if methods else ""
+        return (
+            f"{name} has no forward of its own{defines}: the training calls its methods or its members, never the "
+            f"model itself, and T4 differentiates the model's forward, so nothing was differentiated (batch: {shown})"
+        )
+    ids = _token_ids(batch)
+    if ids is not None:
+        return (
+            f"the batch's token ids ({describe_batch(ids)}) reach no input embedding: {name} has no "
+            f"get_input_embeddings and no nn.Embedding (batch: {shown})"
+        )
+    if isinstance(batch, Mapping):
+        floats = [str(k) for k, v in batch.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        if floats:
+            try:
+                takes = f" ({name}.forward takes {', '.join(_params(model))})"
+            except (TypeError, ValueError):  # a forward without a signature: the fields alone are said
+                takes = ""
+            return (
+                f"none of the batch's float fields ({', '.join(floats)}) is an input T4 knows by name "
+                f"({', '.join(INPUT_KEYS)}) and it holds no input_ids: T4 does not guess which field the model's "
+                f"input is{takes} (batch: {shown})"
+            )
+        return f"the batch holds no float field and no token ids (batch: {shown})"
+    if isinstance(batch, (list, tuple)) and batch:
+        return (
+            f"the batch's first element ({describe_batch(batch[0])}) is neither a float input nor token ids "
+            f"(batch: {shown})"
+        )
+    return f"the batch is neither a float tensor nor token ids (batch: {shown})"
+
+
+def _params(model: Any) -> list[str]:
+    import inspect
+
+    return [p for p in inspect.signature(model.forward).parameters if p not in ("args", "kwargs")]
 
 
 def _token_ids(batch: Any) -> torch.Tensor | None:
@@ -312,7 +354,9 @@ def check_batch_independence(dlcheck):
         Batch statistics in train mode (BatchNorm) are by design and are not judged: the model runs in eval
         mode (V7 owns BatchNorm). Needs a batch of at least 2 examples whose inputs are float tensors or
         token ids with input embeddings (``get_input_embeddings``, or the ``nn.Embedding`` that receives the
-        batch's token ids: an ``(x, y)`` pair's ``x`` in a nanoGPT-style loop); others skip. A ``torch.compile``
+        batch's token ids: an ``(x, y)`` pair's ``x`` in a nanoGPT-style loop); others skip, saying why: a
+        mapping's float fields not named as an input (a graph's ``features``), a model without a forward of its
+        own (a CleanRL agent whose loop calls ``get_value``). A ``torch.compile``
         model is judged through its module (``_orig_mod``), not compiled again. A Lightning module's forward is called on what its own
         training_step hands it (captured from one step on the batch, no grad: an autoencoder's flattened
         images), never on the loader's batch; a step that calls a submodule instead (``self.model(x)``) is
@@ -363,10 +407,7 @@ def check_batch_independence(dlcheck):
                 else (lambda: fresh.forward(run_batch))
             )
         if holder is None:
-            dlcheck.skip(
-                f"cannot differentiate the model's inputs: the batch is {describe_batch(batch)} (neither float "
-                "inputs nor token ids with input embeddings)"
-            )
+            dlcheck.skip(f"cannot differentiate the model's inputs: {_no_input(model, batch)}")
         hooks = [m.register_forward_hook(record) for m in model.modules() if m is not model]
         try:
             out = output_tensor(run_or_skip(dlcheck, forward))

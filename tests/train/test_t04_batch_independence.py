@@ -1,5 +1,7 @@
 """T4: in eval mode, an example's output does not depend on the other examples of its batch."""
 
+import re
+
 import pytest
 import tiny_train as tt
 import torch
@@ -217,3 +219,99 @@ def test_a_lightning_step_that_feeds_token_ids_is_judged_at_their_embedding(proj
     run = project.run("--dlcheck=T4", "-rA")
     run.assert_outcome("T4", outcome)
     assert "differentiated at the nn.Embedding that receives them" in " ".join(run.text.split())
+
+
+NO_FORWARD = """
+import pytest, torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+class Agent(nn.Module):  # CleanRL's agents: no forward, the loop calls get_value / get_action_and_value
+    def __init__(self):
+        super().__init__()
+        self.critic, self.actor = nn.Linear(4, 1), nn.Linear(4, 2)
+
+    def get_value(self, x):
+        return self.critic(x)
+
+    def get_action_and_value(self, x):
+        return self.actor(x), self.critic(x)
+
+@pytest.fixture(scope="session")
+def dlcheck_make_training():
+    def make():
+        agent = Agent()
+        return {"model": agent, "optimizer": torch.optim.Adam(agent.parameters(), lr=1e-3)}
+    return make
+
+@pytest.fixture(scope="session")
+def dlcheck_dataloader():
+    g = torch.Generator().manual_seed(0)
+    rows = [{"obs": torch.randn(4, generator=g), "returns": torch.randn(1, generator=g)} for _ in range(16)]
+    return DataLoader(rows, batch_size=4)
+
+@pytest.fixture(scope="session")
+def dlcheck_train_step():
+    def step(state, batch, index):
+        state["optimizer"].zero_grad()
+        loss = ((state["model"].get_value(batch["obs"]) - batch["returns"]) ** 2).mean()
+        loss.backward()
+        state["optimizer"].step()
+        return loss
+    return step
+"""
+
+GRAPH = """
+import pytest, torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+class GraphConv(nn.Module):  # a whole graph per batch: its nodes depend on their neighbours by design
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 3)
+
+    def forward(self, input_tensor, adj_mat):
+        return torch.log_softmax(adj_mat @ self.lin(input_tensor), dim=-1)
+
+g = torch.Generator().manual_seed(0)
+GRAPH = {"features": torch.randn(10, 8, generator=g), "adj_mat": (torch.rand(10, 10, generator=g) > 0.5).float(),
+         "labels": torch.randint(0, 3, (10,), generator=g)}
+
+@pytest.fixture(scope="session")
+def dlcheck_make_training():
+    def make():
+        model = GraphConv()
+        return {"model": model, "optimizer": torch.optim.Adam(model.parameters(), lr=1e-2)}
+    return make
+
+@pytest.fixture(scope="session")
+def dlcheck_dataloader():
+    return DataLoader([GRAPH], batch_size=None)
+
+@pytest.fixture(scope="session")
+def dlcheck_compute_loss():
+    def loss(model, batch):
+        return nn.functional.nll_loss(model(batch["features"], batch["adj_mat"]), batch["labels"])
+    return loss
+"""
+
+
+def test_a_skip_without_an_input_to_differentiate_says_why(project):
+    # blind set 12: "neither float inputs nor token ids" on batches of float inputs; the reasons were a model without
+    # a forward (CleanRL's RND agent) and float fields T4 does not know as the model's input (a graph's features)
+    project.conftest(NO_FORWARD, path="agent/conftest.py")
+    project.conftest(GRAPH, path="graph/conftest.py")
+    run = project.run("--dlcheck=T4")
+    skips = dict(re.findall(r"^SKIPPED \[\d+\] (\w+)/conftest\.py::T4_batch_independence: (.*)$", run.text, re.M))
+    assert set(skips) == {"agent", "graph"}, run.text
+    assert skips["agent"].startswith(
+        "cannot differentiate the model's inputs: Agent has no forward of its own (it defines get_action_and_value, "
+        "get_value): the training calls its methods or its members, never the model itself"
+    ), run.text
+    assert skips["graph"].startswith(
+        "cannot differentiate the model's inputs: none of the batch's float fields (features, adj_mat) is an input T4 "
+        "knows by name (pixel_values, inputs_embeds, input_values, x, inputs, image, images) and it holds no input_ids: "
+        "T4 does not guess which field the model's input is (GraphConv.forward takes input_tensor, adj_mat)"
+    ), run.text
+    assert "neither float inputs nor token ids" not in run.text
