@@ -56,6 +56,7 @@ from .runs import (
     ema_state,
     example_digests,
     find_emas,
+    labels_restore,
     loss_scale_of,
     loss_tensor,
     model_call,
@@ -1040,7 +1041,7 @@ def _draws(
                 except StopIteration:
                     return
         seed_all(DRAW_SEED + p)  # the step's own draws: the same in both runs whatever the examples drew
-        out.append(example_digests(batch))
+        out.append(example_digests(batch, labels_restore(getattr(get(), "collate_fn", None))))
         yield batch
 
 

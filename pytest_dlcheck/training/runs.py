@@ -537,12 +537,15 @@ def batch_digest(batch: Any) -> float | None:
         return total
 
 
-def example_digests(batch: Any) -> list[str] | None:
+def example_digests(batch: Any, restores: bool | None = None) -> list[str] | None:
     """A content digest of each example (row) of a collated batch: every tensor whose first dimension is
     the batch size, row by row; where the batch has an ``attention_mask`` (batch, length), the positions it
     masks are left out of every tensor of that shape (the padding a collator adds, left or right, as long as
     the batch needs), and integer (batch, length) tensors of another length (a seq2seq batch's padded labels) are left
-    out. The same example drawn into two batches has the same digest (two identical rows too:
+    out. A token batch whose labels hold the original tokens where its collator replaced them (a masked LM's, drawn
+    anew at every collation) is keyed by those tokens, not by what the draw replaced (:func:`_restored_tokens`):
+    ``restores`` True where the pipeline's collator says so (:func:`labels_restore`), else told from the batch. The
+    same example drawn into two batches has the same digest (two identical rows too:
     they are counted as a multiset). None when the batch holds no tensor with a batch dimension."""
     import hashlib
 
@@ -581,10 +584,15 @@ def example_digests(batch: Any) -> list[str] | None:
         rows = [
             (w, t) for w, t in rows if not (t.ndim == 2 and not t.is_floating_point() and t.shape[1] != mask.shape[1])
         ]
+    restored = _restored_tokens(batch, n, restores)
     out = []
     for i in range(n):
         h = hashlib.sha1()
         for where, t in rows:
+            if restored is not None and restored[1][i] and where in (".input_ids", ".labels"):
+                if where == ".labels":  # which tokens the collator chose to replace: left out
+                    continue
+                t = restored[0]  # the original tokens
             row = t[i]
             if mask is not None and t.ndim >= 2 and t.shape[:2] == mask.shape:
                 row = row[mask[i]]
@@ -593,6 +601,52 @@ def example_digests(batch: Any) -> list[str] | None:
             h.update(row.reshape(-1).view(torch.uint8).numpy().tobytes() if row.numel() else b"")
         out.append(h.hexdigest()[:16])
     return out
+
+
+def labels_restore(collator: Any) -> bool | None:
+    """True when a collator says that its labels hold the original tokens where it replaces them at random: a masked
+    LM's (``mlm`` true, a tokenizer with a mask token: transformers' ``DataCollatorForLanguageModeling``,
+    ``DataCollatorForWholeWordMask``); None when it does not say (each batch is then told by itself)."""
+    if getattr(collator, "mlm", None) is True and getattr(getattr(collator, "tokenizer", None), "mask_token", None):
+        return True
+    return None
+
+
+def _restored_tokens(batch: Any, n: int, restores: bool | None = None) -> tuple[torch.Tensor, list[bool]] | None:
+    """The original tokens of a token batch whose labels hold them where its collator replaced them (a masked LM's:
+    ``DataCollatorForLanguageModeling`` draws other positions, [MASK] or random ids, at every collation), and per
+    row whether that row is keyed by them instead of its ``input_ids`` and ``labels``; None for a batch without
+    integer ``input_ids`` and ``labels`` of one shape. The tokens are ``where(labels != -100, labels, input_ids)``.
+    A row is keyed by them when its labels agree with its inputs wherever they supervise (nothing replaced: a causal
+    LM's labels, a masked LM's row the draw left whole), or when the batch's replaced positions are a collator's:
+    more than half of the positions whose input differs from its label hold one id that appears at no unsupervised
+    position and in no label (the mask token). A row whose labels differ from its inputs otherwise (a token
+    classifier's tags, labels shifted by one) keeps both tensors, as every row of a batch without a mask token.
+    ``restores`` True (the collator says its labels restore the tokens, :func:`labels_restore`): every row is keyed by
+    them, however few positions a small batch's draw replaced; False: none is."""
+    if not isinstance(batch, Mapping) or restores is False:
+        return None
+    ids, labels = batch.get("input_ids"), batch.get("labels")
+    if not (torch.is_tensor(ids) and torch.is_tensor(labels)) or ids.shape != labels.shape or ids.ndim != 2:
+        return None
+    if ids.is_floating_point() or labels.is_floating_point() or int(ids.shape[0]) != n:
+        return None
+    ids, labels = ids.detach().cpu().long(), labels.detach().cpu().long()
+    supervised = labels != -100
+    replaced = supervised & (ids != labels)
+    per_row = replaced.any(dim=1)
+    whole = [restores is True or not bool(r) for r in per_row]
+    if restores is None and bool(per_row.any()):
+        values, counts = torch.unique(ids[replaced], return_counts=True)
+        mask_id = values[int(counts.argmax())]
+        collator = (
+            2 * int(counts.max()) > int(replaced.sum())
+            and not bool((ids[~supervised] == mask_id).any())
+            and not bool((labels[supervised] == mask_id).any())
+        )
+        if collator:
+            whole = [True] * n
+    return torch.where(supervised, labels, ids), whole
 
 
 @dataclass

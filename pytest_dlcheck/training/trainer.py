@@ -40,6 +40,7 @@ from .runs import (
     generation_cycle,
     grad_report,
     is_grpo,
+    labels_restore,
     nonfinite_params,
     preference_loss,
     release_training_memory,
@@ -612,7 +613,7 @@ def _record_examples(clone: Any, traj: Trajectory) -> None:
     step = clone.training_step
 
     def training_step(model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        found = example_digests(inputs)
+        found = example_digests(inputs, labels_restore(getattr(clone, "data_collator", None)))
         if found is not None:
             rec = traj.record(clone.state.global_step + 1)
             rec.examples = (rec.examples or []) + found
