@@ -165,11 +165,14 @@ def check_grad_explosion(dlcheck):
         is averaged, not summed, over tokens/examples.
     Known problems
         Needs gradient norms: a run that does not expose them (a custom loop whose optimizer is not in
-        dlcheck_make_training) skips. A Trainer whose own callback stops its logs (``control.should_log``)
-        gives norms before clipping at the logged steps only; a clip hides an explosion from a comparison of
-        the norms at ``optimizer.step()``. A loop step that scales the loss with a GradScaler kept outside the
-        dlcheck_make_training dict (not an entry, not the Accelerator's) has its norms before clipping read
-        scaled by the loss scale (the comparison with the first steps holds; the numbers are the scaled ones).
+        dlcheck_make_training) skips. A loop's norms are read at its optimizer's step, after the closure of
+        ``optimizer.step(closure)`` has run (Lightning Fabric's way), before a ``zero_grad()`` that follows; a
+        step at which no parameter has a gradient gives none. A Trainer whose own callback stops its logs
+        (``control.should_log``) gives norms before clipping at the logged steps only; a clip hides an explosion
+        from a comparison of the norms at ``optimizer.step()``. A loop step that scales the loss with a
+        GradScaler kept outside the dlcheck_make_training dict (not an entry, not the Accelerator's) has its
+        norms before clipping read scaled by the loss scale (the comparison with the first steps holds; the
+        numbers are the scaled ones).
     Not applicable
         None: every run that takes optimizer steps has gradients.
     """

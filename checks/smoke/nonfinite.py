@@ -61,8 +61,11 @@ def check_nonfinite_run(dlcheck):
         happens). A gradient accumulation longer than ``max_micro_steps / steps`` gets fewer optimizer steps
         (the evidence says so; raise ``S1.max_micro_steps``). A state without an optimizer (a step that
         steps its own) runs ``steps`` micro-steps; one whose optimizer the step never calls runs
-        ``max_micro_steps``. The run is short: a NaN that needs thousands of steps to appear is out of reach here;
-        ``pytest_dlcheck.watch`` runs this detector during the real run (README, "During the real run").
+        ``max_micro_steps``. The gradients are read at your optimizer's step, as it applies them (after the
+        closure of ``optimizer.step(closure)`` has run: Lightning Fabric's, LBFGS's way), so a step that zeroes
+        them after stepping is judged; a step at which no parameter has a gradient gives no norm. The run is
+        short: a NaN that needs thousands of steps to appear is out of reach here; ``pytest_dlcheck.watch``
+        runs this detector during the real run (README, "During the real run").
     Not applicable
         None: every run's loss, gradients and weights must stay finite.
     """
@@ -124,6 +127,11 @@ def check_nonfinite_run(dlcheck):
     losses = [v for _, v in traj.losses() if v is not None]
     norms = [r.grad_norm for r in traj.steps if r.grad_norm is not None]
     opt_steps = traj.calls.count("opt") or len(traj.steps)
+    gradless = traj.notes.get("no_grad_steps", 0)
+    if gradless and not any(r.grad_norm is not None or r.step_norm is not None for r in traj.steps):
+        dlcheck.not_judged(
+            "gradients", f"no parameter of the optimizer had a gradient at any of its {gradless} steps the run watched"
+        )
     dlcheck.measured(
         f"{run.length}: "
         + (
@@ -132,6 +140,7 @@ def check_nonfinite_run(dlcheck):
             else "no loss logged"
         )
         + (f"; gradient norm ≤ {max(norms):.3g} at {len(norms)} steps, all finite" if norms else "")
+        + (f"; no parameter had a gradient at {gradless} optimizer step(s): no norm there" if gradless else "")
         + f"; weights finite after {opt_steps} optimizer steps",
         steps=len(traj.steps),
         optimizer_steps=opt_steps,

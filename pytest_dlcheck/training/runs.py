@@ -873,12 +873,18 @@ def watch_optimizer(
     optimizer = unwrap_prepared(optimizer)
     params = optimizer_params(optimizer, names)
     before_clip = PreClipNorms(params, loss_scale)
+    #: the step now running was given a closure: its gradients are read once the step has run it
+    closure_step = {"on": False}
 
-    def pre(opt, args, kwargs):
-        rec = traj.record(step_of())
+    def read(rec: Any) -> None:
+        """The gradients the step applies, as they are now; a step at which no parameter has a gradient records no
+        norm (a norm of 0 is one that was measured)."""
         at_step, rec.nonfinite_grads = grad_report(params)
         backward = before_clip.take()
-        if backward is None and any(p.grad is not None for _, p in params):
+        if not any(p.grad is not None for _, p in params):
+            traj.notes["no_grad_steps"] = traj.notes.get("no_grad_steps", 0) + 1
+            return
+        if backward is None:
             # a gradient that came from no backward this watch saw: whether the step clipped before this is not known
             rec.step_norm = at_step
             traj.notes.setdefault(
@@ -886,13 +892,26 @@ def watch_optimizer(
             )
         else:
             rec.grad_norm = at_step
-            if backward is not None and math.isfinite(at_step) and math.isfinite(backward):
+            if math.isfinite(at_step) and math.isfinite(backward):
                 if abs(backward - at_step) > 1e-3 * max(backward, at_step):
                     rec.grad_norm, rec.clipped_norm = backward, at_step
+
+    def pre(opt, args, kwargs):
+        rec = traj.record(step_of())
         rec.lr = float(opt.param_groups[0]["lr"])
+        # optimizer.step(closure): the closure computes the loss and its gradients inside the step (Lightning Fabric's
+        # and LBFGS's way), so the gradients there now are an earlier step's, or none after its zero_grad()
+        given = args[1:] if args and args[0] is opt else args  # torch hands the hooks step's args with self first
+        closure_step["on"] = callable(kwargs.get("closure", given[0] if given else None))
+        if not closure_step["on"]:
+            read(rec)
 
     def post(opt, args, kwargs):
         traj.calls.append("opt")
+        if closure_step["on"]:
+            # read before the user's zero_grad(), which may follow the step: the step does not change .grad
+            closure_step["on"] = False
+            read(traj.record(step_of()))
         bad = nonfinite_params(params)
         if bad:
             traj.record(step_of()).nonfinite_params = bad
