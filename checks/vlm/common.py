@@ -84,9 +84,9 @@ def _images_in(batch: Any) -> bool:
 
 
 def _data_without_images(ctx: Any) -> str | None:
-    """Why the sampled batches show a text-only pipeline (token batches without any image) or an image-only one
-    (images without token ids), else None; the
-    data is read only when it is there (a dataloader, or a collator with a dataset)."""
+    """Why the sampled batches show a text-only pipeline (token batches without any image), an image-only one
+    (images without token ids), or neither text nor images (a graph's node features, tabular rows), else None;
+    the data is read only when it is there (a dataloader, or a collator with a dataset)."""
     import pytest
 
     if not (ctx.has("dataloader") or (ctx.has("collator") and ctx.has("dataset"))):
@@ -99,6 +99,15 @@ def _data_without_images(ctx: Any) -> str | None:
         if str(exc.msg).startswith(NOT_APPLICABLE):
             raise  # batches that are no token batches at all (tuples of tensors): not a vision-language pipeline
         return None
+    neither = _neither_text_nor_images(ctx, sample.batches)
+    if neither is not None:
+        from ...training import describe_batch
+
+        return (
+            f"the sampled batches ({sample.source}) carry neither token ids nor images, and no processor is given: "
+            f"{neither} ({describe_batch(sample.batches[0])}): no text for image features to join and no image for "
+            "a vision tower, not a vision-language pipeline"
+        )
     batches = [b for b in sample.batches if isinstance(b, Mapping)]
     if batches and all(_images_in(b) for b in batches) and not any("input_ids" in b for b in batches):
         keys = ", ".join(sorted(map(str, batches[0])))
@@ -107,6 +116,42 @@ def _data_without_images(ctx: Any) -> str | None:
         return None
     keys = ", ".join(sorted(map(str, batches[0])))
     return f"the batches of {sample.source} carry token ids and no image (keys: {keys}): a text-only pipeline"
+
+
+def _neither_text_nor_images(ctx: Any, batches: list[Any]) -> str | None:
+    """What the batches are when every field of every batch is a tensor that is neither token ids (an integer
+    tensor of 2 or more dimensions, a field named input_ids) nor an image (a float tensor of 4 or more
+    dimensions, a field named like pixel_values), and no tokenizer or processor is given: a graph's node
+    features, tabular rows, 1-d signals. None when any field could be text or an image (strings, PIL images,
+    lists of them), or a processor is given."""
+    import torch
+
+    if not batches or ctx.has("tokenizer"):
+        return None
+    for batch in batches:
+        if isinstance(batch, Mapping):
+            fields = list(batch.items())
+        elif isinstance(batch, (list, tuple)):
+            fields = list(enumerate(batch))
+        else:
+            fields = [("", batch)]
+        if not fields:
+            return None
+        for key, value in fields:
+            if not isinstance(value, torch.Tensor):
+                return None  # strings, PIL images, nested structures: they may be the text or the images
+            if str(key) in ("input_ids", "pixel_values", "images", "image", "pixel_values_videos"):
+                return None
+            if value.is_floating_point() and value.dim() >= 4:
+                return None
+            if (
+                not value.is_floating_point()
+                and not value.is_complex()
+                and value.dtype != torch.bool
+                and value.dim() >= 2
+            ):
+                return None
+    return "their tensors are float features of fewer than 4 dimensions and 1-d integer fields"
 
 
 def not_a_vlm_project(ctx: Any, model: Any = MISSING) -> str | None:

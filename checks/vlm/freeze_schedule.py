@@ -116,7 +116,8 @@ def check_freeze_schedule(dlcheck):
         cannot be put back. Skips without dlcheck_stage_setup or dlcheck_stage.
     Not applicable
         Models without a vision tower: text-only language models (GPT-2, Llama…), torchvision or timm image
-        models, diffusion denoisers.
+        models, diffusion denoisers. Pipelines with neither text nor images (no processor, batches without token ids or images: a graph
+        network's node features, tabular rows).
     """
     model = dlcheck.role("model")
     common.require_vlm(dlcheck, model)

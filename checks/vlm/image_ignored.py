@@ -96,7 +96,8 @@ def check_image_ignored(dlcheck):
         and X4).
     Not applicable
         Models without a vision tower: text-only language models (GPT-2, Llama…), torchvision or timm image
-        models, diffusion denoisers.
+        models, diffusion denoisers. Pipelines with neither text nor images (no processor, batches without token ids or images: a graph
+        network's node features, tabular rows).
     """
     model = dlcheck.role("model")
     common.require_vlm(dlcheck, model)

@@ -98,7 +98,8 @@ def check_image_tokens(dlcheck):
         (dlcheck_collator + dlcheck_dataset, or a trainer).
     Not applicable
         Text-only pipelines (a text tokenizer without an image processor, a language model without a vision
-        tower such as GPT-2 or Llama), torchvision or timm image models, diffusion trainings.
+        tower such as GPT-2 or Llama), torchvision or timm image models, diffusion trainings. Pipelines with neither text nor images (no processor, batches without token ids or images: a graph
+        network's node features, tabular rows).
     """
     model = dlcheck.role("model")
     if not dlcheck.has("tokenizer"):

@@ -97,7 +97,8 @@ def check_projector(dlcheck):
     Not applicable
         Models without a vision tower (text-only language models such as GPT-2 or Llama, torchvision or timm
         image models, diffusion denoisers), and VLMs without a projector tower (cross-attention VLMs,
-        declared without one in dlcheck_towers).
+        declared without one in dlcheck_towers). Pipelines with neither text nor images (no processor, batches without token ids or images: a graph
+        network's node features, tabular rows).
     """
     model = dlcheck.role("model")
     common.require_vlm(dlcheck, model)
