@@ -220,7 +220,9 @@ def check_gradients(dlcheck):
         with ``config.layerdrop``; stochastic depth that drops whole blocks) gives a skipped module no gradient on
         that draw only: when trainable parameters get none, the same batch's loss is drawn again with other RNG
         states (up to 5 more draws, RNGs and buffers put back), and only the parameters no draw reaches fail; the
-        others are said. Through your step, each call is a draw of its own.
+        others are said. Likewise a block that stochastic depth drops for the whole batch (torchvision's
+        ``StochasticDepth(mode="batch")``) gets exact zeros: a zero still there a step away is drawn again the same
+        way before it fails. Through your step, each call is a draw of its own.
         Frozen parameters (``requires_grad=False``) are taken as intended. A LLaVA-style model's vision
         layers above ``config.vision_feature_layer`` (and the tower's final norm / pooling head) run but
         feed nothing by design; they are exempt (freeze them to save their optimizer state, and set
@@ -405,13 +407,23 @@ def check_gradients(dlcheck):
     still = _zero_after_a_nudge(fresh, batch, trainable, grads, unexplained, dlcheck) if unexplained else []
     built_in = _zero_input_by_construction(fresh, batch, still, dlcheck) if still else {}
     still = [n for n in still if n not in built_in]
+    # a block that stochastic depth drops for the whole batch gets exact zeros on that draw only
+    masked, more = _other_draws(dlcheck, fresh, batch, trainable, still, ran, names, nonzero=True) if still else ({}, 0)
+    still = [n for n in still if n not in masked]
     if still:
         shown = ", ".join(still[:6]) + (" …" if len(still) > 6 else "")
         dlcheck.fail(
             [
                 f"{len(zero)} of the {received} trainable parameter tensors that the loss reaches get an exactly zero "
                 f"gradient on batch 0 (loss {float(loss.detach()):.4g}), and {len(still)} of them still do after every "
-                f"weight that gets a gradient moved a step along it: {shown}"
+                f"weight that gets a gradient moved a step along it, and on {more} more draw(s) of the same batch with "
+                f"other RNG states: {shown}"
+                + (
+                    f" ({len(masked)} others got a non-zero one on another draw, e.g. {next(iter(masked))}: masked out "
+                    "at random, not judged)"
+                    if masked
+                    else ""
+                )
             ],
             "the loss reaches these parameters but never moves with them: their gradient is zero whatever the other "
             "weights (a zero-initialised neighbour would pass gradient after one step): they never train (a factor "
@@ -429,6 +441,14 @@ def check_gradients(dlcheck):
             "decoder starts its object queries at zero): not your training's doing, and allowed"
         )
         zero = [n for n in zero if n not in built_in]
+    masked_note = ""
+    if masked:
+        masked_note = (
+            f"; {len(masked)} of them get an exactly zero gradient on batch 0's first draw and a step away, and a non-zero one "
+            f"on another draw of the same batch (other RNG states; e.g. {next(iter(masked))}): the forward masks them "
+            "out at random (stochastic depth dropping a block for the whole batch), so they train on the other draws"
+        )
+        zero = [n for n in zero if n not in masked]
     zero_note = (
         f"; {len(zero)} of them get an exactly zero gradient"
         + (
@@ -446,6 +466,7 @@ def check_gradients(dlcheck):
         f"{float(loss.detach()):.4g})"
         + redrawn_note
         + zero_note
+        + masked_note
         + built_note
         + (
             f"; {exempt - copied} exempt ({dlcheck.setting('ignore')!r} or unused by design) get none"
@@ -557,13 +578,15 @@ def _other_draws(
     missing: list[str],
     ran: dict[str, int],
     names: dict[int, str],
+    nonzero: bool = False,
 ) -> tuple[dict[str, torch.Tensor], int]:
     """({name: gradient} for the names among ``missing`` (no gradient on batch 0's first draw) that get one on
     another draw of the same batch's loss, the number of further draws made): the global RNGs seeded anew for each
     draw (up to :data:`OTHER_DRAWS`, until every one is reached), so that a forward which skips modules at random
     (LayerDrop, stochastic depth) runs them on some draw. Train mode, ``loss.backward()`` as training does (each
     ``.grad`` put back); the RNG states and the model's buffers (BatchNorm's running statistics) are put back too.
-    The modules that run are added to ``ran``."""
+    The modules that run are added to ``ran``. With ``nonzero``, a gradient counts only when it is not exactly zero
+    (a block that stochastic depth masks out on the whole batch gets zeros, not None)."""
     model = fresh.model
     params = [p for _, p in trainable]
     index = {n: i for i, (n, _) in enumerate(trainable)}
@@ -587,7 +610,7 @@ def _other_draws(
                 )
                 for n in missing:
                     g = grads[index[n]]
-                    if n not in found and g is not None:
+                    if n not in found and g is not None and (not nonzero or bool(g.any())):
                         found[n] = g
                 if len(found) == len(missing):
                     break

@@ -183,3 +183,44 @@ def test_a_wav2vec2_trainer_with_layerdrop(project, layerdrop, detached):
         assert "4 of 45 trainable parameter tensors get no gradient" in text, text
         assert "wav2vec2.encoder.layers.1.feed_forward.intermediate_dense.weight [32x16]" in text, text
         assert "reached none of them" in text and "did get one on another" in text, text
+
+
+#: torchvision's StochasticDepth in "batch" mode drops a residual branch for the whole batch: its layer gets an
+#: exactly zero gradient (not None) on that draw; ``dead`` multiplies one branch by a constant 0 (the real bug)
+DROP_BATCH = """
+
+    from torchvision.ops import StochasticDepth
+
+    class DropBlockMLP(nn.Module):
+        def __init__(self, dead=None, layers=3):
+            super().__init__()
+            self.inp = nn.Linear(8, 32)
+            self.layers = nn.ModuleList(nn.Linear(32, 32) for _ in range(layers))
+            self.drop = StochasticDepth(0.5, mode="batch")
+            self.head = nn.Linear(32, 4)
+            self.dead = dead
+
+        def forward(self, x):
+            h = torch.relu(self.inp(x))
+            for i, layer in enumerate(self.layers):
+                out = self.drop(torch.relu(layer(h)))
+                h = h + (out * 0.0 if i == self.dead else out)
+            return self.head(h)
+"""
+
+
+@pytest.mark.parametrize("dead", [None, 1])
+def test_stochastic_depth_dropping_a_block_for_the_whole_batch(project, dead):
+    """A zero gradient on one draw (and a step away) and a non-zero one on another is a block masked at random; a
+    branch multiplied by a constant 0 gets zeros on every draw and still fails."""
+    project.conftest(tt.loop_project(model=f"DropBlockMLP(dead={dead})", extra=DROP_BATCH))
+    run = project.run("--dlcheck=T3", "-rA")
+    text = " ".join(run.text.split())
+    if dead is None:
+        run.assert_outcome("T3", "passed")
+        assert "and a non-zero one on another draw of the same batch" in text, text
+        assert "stochastic depth dropping a block for the whole batch" in text, text
+    else:
+        run.assert_outcome("T3", "failed")
+        assert "more draw(s) of the same batch with other RNG states: layers.1.weight, layers.1.bias" in text, text
+        assert "a factor multiplied by a constant 0" in text, text
