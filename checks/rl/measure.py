@@ -1087,11 +1087,12 @@ def sb3_truncation(algo: Any, probe_steps: int) -> Truncation:
 
 
 def _wrapper_attr(env: Any, attr: str) -> list[Any]:
-    """``attr`` of each of a VecEnv's envs, found anywhere in its wrapper chain; [] when none has it."""
-    try:
-        return list(env.get_attr(attr))
-    except AttributeError:
+    """``attr`` of each of a VecEnv's envs, found anywhere in its wrapper chain; [] when not all have it. Asked
+    with has_attr first: a SubprocVecEnv's worker dies on a get_attr of a name its env lacks."""
+    has = getattr(env, "has_attr", None)
+    if has is None or not has(attr):
         return []
+    return list(env.get_attr(attr))
 
 
 def _probe_truncations(env: Any, steps: int) -> tuple[int, int, int, int, str] | str:
