@@ -1049,7 +1049,7 @@ def sb3_truncation(algo: Any, probe_steps: int) -> Truncation:
     limits = [limit for limit in (env_time_limits(algo) or []) if limit is not None]
     limits += [limit for limit in _wrapper_attr(env, "_max_episode_steps") if isinstance(limit, int)]
     if limits:
-        return Truncation(True, f"its env is wrapped in a TimeLimit of {min(limits)} steps", min(limits))
+        return Truncation(True, f"a TimeLimit of {min(limits)} steps is in its wrapper chain", min(limits))
     looked = ["no TimeLimit in its env's wrapper chain, spec.max_episode_steps None"]
     rb = getattr(algo, "replay_buffer", None)
     stored = (rb.buffer_size if rb.full else rb.pos) if rb is not None and hasattr(rb, "pos") else 0

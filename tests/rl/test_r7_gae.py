@@ -290,7 +290,7 @@ def test_off_policy_td_targets(project):
         "truncations (time limit 500 steps) enter r + γ·(1 − done)·Q(s') as terminations" in text
     ), text
     assert "samples a truncation with done 1 and a termination with done 1" in text
-    assert "its env truncates episodes: its env is wrapped in a TimeLimit of 500 steps" in text
+    assert "its env truncates episodes: a TimeLimit of 500 steps is in its wrapper chain" in text
     assert "replay_buffer_kwargs=dict(handle_timeout_termination=True)) with optimize_memory_usage=False" in text
 
     assert run.passed("sb3_default", "R7").startswith(
