@@ -896,8 +896,10 @@ def check_resume(dlcheck):
         skip happens in your epoch loop and no ``dlcheck_resume_dataloader`` hands it over; the losses and
         weights are always compared on dlcheck's batches, the data position on the loader's. Examples are told
         apart by content: identical examples count as one multiset; examples whose content changes from draw to
-        draw (an augmentation drawn in DataLoader workers) are not recognised, and the data position is then
-        not judged; over a window shorter than an epoch (an epoch of more than 256 batches, whose rest is not
+        draw (an augmentation drawn in spawned DataLoader workers or by an iterable dataset) are not recognised,
+        and the data position is then not judged; a masked LM's examples are recognised by the tokens their
+        labels restore (``where(labels != -100, labels, input_ids)``), whatever positions the collator masks at
+        each draw; over a window shorter than an epoch (an epoch of more than 256 batches, whose rest is not
         drawn), "never seen" means not trained in the compared steps.
         Lightning's optimizer, scheduler, callbacks and EMAs are compared across an epoch boundary; its data
         position across a mid-epoch checkpoint only once those resume exactly (two more fits of up to ``steps``
