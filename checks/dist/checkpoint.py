@@ -3,7 +3,7 @@ from __future__ import annotations
 import os
 
 from ...registry import check
-from ...training.resume import DATA_FIX, DataResume, count_examples, counted
+from ...training.resume import DATA_FIX, DataResume, count_examples, counted, epoch_examples
 from . import measure
 from .replicas import OPTIONAL
 
@@ -177,7 +177,12 @@ def _data_position(dlcheck, run, kind: str | None) -> list[str]:
         if why:
             return [f"data position: not judged on {run.world} ranks: rank {r}: {why}"]
     flat = lambda name: [step for res in results for step in getattr(res, name)]  # noqa: E731
-    c = count_examples(flat("before"), flat("expected"), flat("resumed"))
+    everything = count_examples(flat("before"), flat("expected"), flat("resumed"))
+    # an example trained twice or never is counted within the epoch the save interrupted; the steps past its end
+    # (all of them when the save is at an epoch's end) are a new epoch, judged as one: each example once
+    parts = [res.parts() for res in results]
+    within = lambda name: [step for part in parts for step in getattr(part, name)]  # noqa: E731
+    c = count_examples(within("before"), within("expected"), within("resumed"))
     n, k, m = first.steps, first.saved_at, min(res.drawn for res in results)
     whole = first.whole
     span = " (each rank's whole epoch)" if whole and m == n else first.span("each rank's")
@@ -194,8 +199,15 @@ def _data_position(dlcheck, run, kind: str | None) -> list[str]:
         "through dlcheck_save_checkpoint (one path for every rank); "
         f"fresh objects loaded by dlcheck_load_checkpoint draw steps {k + 1}-{m} from {source}"
     )
+    if everything.same:
+        return [
+            f"data position: {drawn}: the uninterrupted ranks' batches, step by step (over the {run.world} ranks: "
+            f"{everything.before + everything.trained} examples, none trained twice, none lost)"
+        ]
+    first_part = parts[0]
+    last = min(m, first_part.end)  # the last compared step of the epoch the save interrupted (k: none)
     if c.conclusive:
-        per_rank = [count_examples(res.before, res.expected, res.resumed) for res in results]
+        per_rank = [count_examples(p.before, p.expected, p.resumed) for p in parts]
         fix = DATA_FIX["accelerate" if kind == "accelerate" else "loop"].replace(
             "state['dataloader']", f"state['{first.key}']"
         )
@@ -206,17 +218,7 @@ def _data_position(dlcheck, run, kind: str | None) -> list[str]:
                 "some examples twice and never reaches others"
             )
             fix += "; on every rank, with the shuffle of the uninterrupted epoch (the sampler's seed and set_epoch)"
-            if first.cadence and "epoch" in first.cadence:
-                cause = (
-                    "does not start the epoch after the saved one: it yields examples of the epoch trained before the "
-                    "save (the loop resumes at the saved epoch, not the next one), so the resumed run trains an "
-                    "epoch's examples twice"
-                )
-                fix = (
-                    "resume at the epoch after the saved one: start the loop at checkpoint['epoch'] + 1, with the "
-                    "sampler's set_epoch(epoch) given that epoch"
-                )
-            elif not first.cadence:
+            if not first.cadence:
                 fix += (
                     f" (D5 saved after step {k}, in the middle of an epoch: if your loop checkpoints only at epoch "
                     "ends, say so with dlcheck_checkpoint_every = 'epoch')"
@@ -232,10 +234,12 @@ def _data_position(dlcheck, run, kind: str | None) -> list[str]:
                 "loader, the rank's own micro-steps in the epoch) — not a step multiplied by num_processes, nor a "
                 "count of examples"
             )
+        beyond = f" (the epoch the save interrupted; steps {last + 1}-{m} start a new epoch)" if last < m else ""
         dlcheck.fail(
             [
                 drawn,
-                f"over the {run.world} ranks together, steps 1-{m}: {counted(c, m, k, whole)}",
+                f"over the {run.world} ranks together, steps {first_part.start + 1}-{last}: "
+                f"{counted(c, last, k, whole and last == m)}{beyond}",
                 "per rank, against its own shard: "
                 + "; ".join(f"rank {r}: {pc.repeated} twice, {pc.never} never seen" for r, pc in enumerate(per_rank)),
             ],
@@ -245,15 +249,111 @@ def _data_position(dlcheck, run, kind: str | None) -> list[str]:
             repeated=c.repeated,
             never_seen=c.never,
         )
-    if c.same:
-        return [
-            f"data position: {drawn}: the uninterrupted ranks' batches, step by step (over the {run.world} ranks: "
-            f"{c.before + c.trained} examples, none trained twice, none lost)"
-        ]
-    return [
-        f"data position: not judged: {drawn}: other batches than the uninterrupted ranks', whose examples are not "
-        f"recognised by content ({c.other} of {c.trained} not among the uninterrupted run's, none trained twice)"
+    lines = []
+    if last > k:
+        if not c.same:
+            return [
+                f"data position: not judged: {drawn}: other batches than the uninterrupted ranks' in steps "
+                f"{k + 1}-{last}, whose examples are not recognised by content ({c.other} of {c.trained} not among "
+                "the uninterrupted run's, none trained twice)"
+            ]
+        lines.append(
+            f"steps {k + 1}-{last} continue the epoch the save interrupted with the uninterrupted ranks' batches, step "
+            f"by step (over the {run.world} ranks: {c.before + c.trained} examples of that epoch, none trained twice, "
+            "none lost)"
+        )
+    if m > last:
+        lines.append(_new_epoch(dlcheck, run, first, parts, drawn, k, last, m))
+        if lines[-1].startswith(NOT_JUDGED):
+            return [f"{NOT_JUDGED}: {drawn}: {lines[-1][len(NOT_JUDGED) :].lstrip(': ')}"]
+    return [f"data position: {drawn}: " + "; ".join(lines)]
+
+
+def _new_epoch(dlcheck, run, first, parts, drawn, k, last, m) -> str:
+    """The resumed ranks' steps ``last + 1 .. m``, past the end of the epoch the save interrupted (all the compared
+    steps when the save is at an epoch's end): a new epoch, which a new shuffle may order otherwise than the
+    uninterrupted run's. Fails when it replays the saved epoch in its order (the loop resumed at the saved epoch),
+    or when it is not a whole epoch: examples twice within it, or (drawn whole) examples it never reaches. Else the
+    line of what was measured, or one starting with :data:`NOT_JUDGED`."""
+    e = first.epoch
+    ended = "the end of each rank's epoch" if k == last else f"the end of the epoch the save interrupted (step {last})"
+    if all(p.resumed_new == p.expected_new for p in parts):
+        return f"steps {last + 1}-{m}, past {ended}, the uninterrupted ranks' batches of the next epoch, step by step"
+    replays = [
+        p.reference and p.resumed_new == p.reference[: len(p.resumed_new)] != p.expected_new[: len(p.resumed_new)]
+        for p in parts
     ]
+    if k == last and all(replays):
+        at = k - e + 1
+        dlcheck.fail(
+            [
+                drawn,
+                f"the save is at {ended}: the resumed ranks train the saved epoch again, in its order: "
+                + ", ".join(f"step {last + 1 + i} = step {at + i}'s batch" for i in range(min(4, m - last)))
+                + " (on every rank), where the uninterrupted ranks start the next epoch",
+            ],
+            cause=f"the resume on {run.world} ranks does not start the epoch after the saved one: after the load, the "
+            f"ranks' state['{first.key}'] yields the epoch trained before the save (the loop resumes at the saved "
+            "epoch, not the next one), so the resumed run trains an epoch's examples twice",
+            fix="resume at the epoch after the saved one: start the loop at checkpoint['epoch'] + 1, with the "
+            "sampler's set_epoch(epoch) given that epoch",
+            replayed=m - last,
+        )
+    whole = k == last and all(p.whole_new for p in parts)
+    new = [step for p in parts for step in (p.whole_new if whole else p.resumed_new)]
+    reference = [step for p in parts for step in p.reference]
+    if not reference:
+        return f"{NOT_JUDGED}: steps {last + 1}-{m} start a new epoch, and no whole epoch of the uninterrupted ranks' to count its examples against"
+    ex = epoch_examples(new, reference, whole)
+    steps = f"steps {last + 1}-{last + e}" if whole else f"steps {last + 1}-{m}"
+    if ex.conclusive:
+        per_rank = [epoch_examples(p.whole_new if whole else p.resumed_new, p.reference, whole) for p in parts]
+        dlcheck.fail(
+            [
+                drawn,
+                f"the save is at {ended}: the resumed ranks start a new epoch"
+                + (
+                    f", drawn whole ({steps}: steps {m + 1}-{last + e} without training them)"
+                    if whole and last + e > m
+                    else f" ({steps})"
+                ),
+                f"over the {run.world} ranks together, that new epoch: {ex.repeated} examples twice, "
+                + (f"{ex.never} never seen " if whole else "")
+                + f"({ex.drawn} examples drawn, {ex.distinct} distinct; an uninterrupted epoch holds {ex.reference}"
+                + (f", {ex.own_repeats} of them repeats" if ex.own_repeats else "")
+                + ")",
+                "per rank: "
+                + "; ".join(
+                    f"rank {r}: {pe.repeated} twice{f', {pe.never} never seen' if whole else ''}"
+                    for r, pe in enumerate(per_rank)
+                ),
+            ],
+            cause=f"the resume on {run.world} ranks does not give the ranks a whole epoch after the save at {ended}: "
+            "the new epoch trains some examples twice and never reaches others (the load skips batches into the "
+            "new epoch, as if the save were in the middle of one, or the ranks' shards of it overlap)",
+            fix="skip only the batches each rank trained in the epoch the save interrupted — none when the save is at "
+            "an epoch's end: resumed_step = the rank's micro-steps in that epoch (optimizer steps x "
+            "gradient_accumulation_steps, modulo len(dataloader)), not the optimizer steps; and shuffle every rank's "
+            "sampler with the same seed and epoch",
+            repeated=ex.repeated,
+            never_seen=ex.never,
+        )
+    if whole and ex.other:
+        return (
+            f"{NOT_JUDGED}: the resumed ranks' new epoch after the save at {ended} ({steps}, drawn whole) holds "
+            f"{ex.other} examples not among an uninterrupted epoch's (not recognised by content): not counted"
+        )
+    order = "in another order than the uninterrupted ranks' (a new epoch's shuffle, not a data position)"
+    if whole:
+        return (
+            f"steps {last + 1}-{m}, past {ended}, start a new epoch {order}: that epoch, drawn whole ({steps}"
+            + (f": steps {m + 1}-{last + e} without training them" if last + e > m else "")
+            + f"), is a whole epoch over the {run.world} ranks ({ex.distinct} examples, none twice, none lost)"
+        )
+    return (
+        f"steps {last + 1}-{m}, past {ended}, start a new epoch {order}: no example twice in them over the "
+        f"{run.world} ranks ({ex.drawn} examples; the rest of that epoch not drawn)"
+    )
 
 
 @check(
@@ -281,7 +381,7 @@ def check_distributed_checkpoint(dlcheck):
         saved ones (named as rank-local shards when the save held DTensors). A checkpoint of shards — a
         ``torch.distributed.checkpoint`` (DCP) save, a file per rank, or a sharded (FSDP) model — is then moved
         across world sizes in both directions: the one saved at world size N is loaded in one process, and one
-        saved in one process (3 micro-steps, ``dlcheck_save_checkpoint``) is loaded on N ranks. Fails when either
+        saved in one process (the launch's micro-steps, ``dlcheck_save_checkpoint``) is loaded on N ranks. Fails when either
         raises or gives other weights.
 
         The data position on N ranks: when the ``dlcheck_make_training`` dict holds the training DataLoader (an
@@ -289,8 +389,14 @@ def check_distributed_checkpoint(dlcheck):
         objects train one epoch of the rank's batches (at most 8), save half way through your save (one path for
         every rank), and other fresh objects, loaded by your load once every rank has saved, draw the rest from
         their ``state['dataloader']`` as your load leaves it. The examples the ranks train together after the resume
-        are counted by content against the uninterrupted ranks'. Fails when some are trained twice or never (a
-        skip over a reshuffled epoch; a skip of ``step * num_processes`` batches, which one process never shows).
+        are counted by content against the uninterrupted ranks', within the epoch the save interrupted. Fails when
+        some are trained twice or never (a skip over a reshuffled epoch; a skip of ``step * num_processes`` batches,
+        which one process never shows). The steps past that epoch's end — all of them when the save is at an
+        epoch's end (``dlcheck_checkpoint_every``) — are a new epoch, which another shuffle may order otherwise than
+        the uninterrupted run's: it is judged as an epoch, not by that order. After a save at an epoch's end the
+        resumed ranks' new epoch is drawn whole (its rest without training, up to 256 batches); it fails when it
+        holds an example twice or (drawn whole) never reaches one that an uninterrupted epoch holds (a skip into the new epoch, shards that overlap), or when it
+        replays the saved epoch in its order (the loop resumed at the saved epoch, not the next one).
     Why it is bad
         ``torch.save(state, path)`` on every rank has N processes truncate and write the same file at once: a
         reader can meet a half-written file, and on shared storage the result is any interleaving.

@@ -952,7 +952,9 @@ class Rank:
         dist.barrier()
         self.progress("position")
         try:
-            result = self.setup.data_resume(total, build=self.build, path=path, before_load=dist.barrier)
+            result = self.setup.data_resume(
+                total, build=self.build, path=path, before_load=dist.barrier, new_epoch=True
+            )
             rec["result"] = dataclasses.asdict(result) if result is not None else None
         except Exception as exc:  # noqa: BLE001 - a run that cannot be made: D5 says the position is not judged
             rec["error"] = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"

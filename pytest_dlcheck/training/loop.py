@@ -20,6 +20,7 @@ from ..guard import preserved_rng
 from ..session import user_call
 from .resume import (
     DRAW_SEED,
+    EPOCH_DRAWS,
     Baseline,
     DataResume,
     InterruptedSave,
@@ -532,6 +533,7 @@ class LoopSetup:
         build: Callable[[], dict[str, Any]] | None = None,
         path: Path | None = None,
         before_load: Callable[[], None] | None = None,
+        new_epoch: bool = False,
     ) -> DataResume | None:
         """The data position across a save and a resume, drawn from the user's own data path: the loader the
         factory's training dict holds (:func:`loader_key`). Fresh objects train ``total`` micro-steps on
@@ -551,7 +553,10 @@ class LoopSetup:
 
         A launched rank (D5, :mod:`checks.dist.launch`) passes ``build`` (the factory plus the user's wrap),
         ``path`` (the one checkpoint path every rank saves to) and ``before_load`` (a barrier: every rank has
-        saved before any rank loads)."""
+        saved before any rank loads). ``new_epoch``: after a save at an epoch's end, the resumed run's next epoch is
+        drawn whole (its rest without training, :attr:`~.resume.DataResume.new_epoch`) when it is at most
+        :data:`~.resume.EPOCH_DRAWS` batches, so that it is judged as an epoch (each example once), not by the
+        uninterrupted run's order."""
         new_state = build if build is not None else self.state
         state = new_state()
         key = loader_key(state)
@@ -681,11 +686,18 @@ class LoopSetup:
                 result.not_seen = UNTOUCHED.format(key=key)
                 release_training_memory(fresh)
                 return result
+            compared = reach - saved_at
+            # a save at an epoch's end: the resumed loop's next epoch drawn whole (its rest without training)
+            whole = new_epoch and bool(epoch) and saved_at % epoch == 0 and compared < epoch <= EPOCH_DRAWS
+            after: list[Any] = []
             for _ in _draws(
-                lambda: fresh[key], saved_at, reach - saved_at, result.resumed, first=first, starts=resumed_starts
+                lambda: fresh[key], saved_at, epoch if whole else compared, after, first=first, starts=resumed_starts
             ):
                 pass
-        if any(d is None for d in result.before + result.expected + result.resumed):
+            result.resumed = after[:compared]
+            if whole:
+                result.new_epoch = after
+        if any(d is None for d in result.before + result.expected + result.resumed + result.new_epoch):
             result.unreadable = "a batch holds no tensor with a batch dimension to tell its examples apart"
         release_training_memory(fresh)
         return result

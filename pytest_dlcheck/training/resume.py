@@ -518,6 +518,9 @@ class DataResume:
     #: with ``dlcheck_checkpoint_every``: where the save was made, in words (the end of epoch 1, where your loop
     #: checkpoints); None for a save half way through the run
     cadence: str | None = None
+    #: a save at an epoch's end: the resumed run's next epoch drawn whole (its compared steps, then the rest without
+    #: training), when it is longer than the compared steps and at most :data:`EPOCH_DRAWS` batches; else empty
+    new_epoch: list[list[str]] = field(default_factory=list)
 
     @property
     def drawn(self) -> int:
@@ -557,10 +560,91 @@ class DataResume:
     def count(self) -> ExampleCount:
         return count_examples(self.before, self.expected, self.resumed)
 
+    def parts(self) -> EpochParts:
+        """The compared steps split at the end of the epoch the save interrupted (:class:`EpochParts`)."""
+        k, e = self.saved_at, self.epoch
+        if not e or e < 1:  # no epoch length: every compared step is of the epoch the save interrupted
+            return EpochParts(0, k + len(self.expected), self.before, self.expected, self.resumed, [], [], [], [])
+        start = (k // e) * e if k % e else k
+        end = start + e if k % e else k
+        n = end - k
+        uninterrupted = self.before + self.expected
+        reference = uninterrupted[end - e : end] if end >= e and len(uninterrupted) >= end else []
+        return EpochParts(
+            start,
+            end,
+            self.before[start:k],
+            self.expected[:n],
+            self.resumed[:n],
+            self.expected[n:],
+            self.resumed[n:],
+            reference,
+            self.new_epoch,
+        )
+
     def replayed(self) -> list[tuple[int, int]]:
         """(resumed step, the step before the save whose batch it trains again), for identical batches."""
         first = {tuple(b): i + 1 for i, b in reversed(list(enumerate(self.before)))}
         return [(self.saved_at + 1 + i, first[tuple(b)]) for i, b in enumerate(self.resumed) if tuple(b) in first]
+
+
+@dataclass
+class EpochParts:
+    """The steps of a data-position run split at the end of the epoch the save interrupted: an example trained
+    twice or never is counted within that epoch only. The steps after its end (all the compared steps when the
+    save is at an epoch's end) are a new epoch, which another shuffle may order otherwise than the uninterrupted
+    run's: what it must be is a whole epoch (:func:`epoch_examples`), not the uninterrupted run's order. Steps are
+    0-based indices into the run."""
+
+    start: int  # the first step of the interrupted epoch (== the save's step when the save is at an epoch's end)
+    end: int  # the step that epoch ends after (== the save's step when the save is at an epoch's end)
+    before: list[list[str]]  # the interrupted epoch's steps before the save
+    expected: list[list[str]]  # the uninterrupted run's steps of that epoch after the save (compared)
+    resumed: list[list[str]]  # the resumed run's steps in their place
+    expected_new: list[list[str]]  # the uninterrupted run's compared steps past that epoch's end
+    resumed_new: list[list[str]]  # the resumed run's steps in their place
+    reference: list[list[str]]  # the uninterrupted run's last whole epoch ending at ``end`` (an epoch's examples)
+    whole_new: list[list[str]]  # the resumed run's new epoch drawn whole (a save at an epoch's end), or empty
+
+
+@dataclass
+class EpochExamples:
+    """The examples of a resumed run's new epoch against an uninterrupted epoch's (``reference``), as multisets
+    of content digests: an epoch holds each example once (an uninterrupted epoch's own repeats, a sampler's padding
+    to even shards, allowed as many times)."""
+
+    drawn: int  # examples of the new epoch drawn
+    distinct: int  # distinct examples among them
+    reference: int  # examples of the uninterrupted epoch
+    repeated: int  # repeats within the new epoch beyond the uninterrupted epoch's own
+    never: int  # examples of the uninterrupted epoch the new epoch never holds (counted when drawn whole)
+    other: int  # distinct examples of the new epoch not among the uninterrupted epoch's (not recognised)
+    whole: bool  # the new epoch was drawn to its end
+    own_repeats: int = 0  # repeats within the uninterrupted epoch (a sampler's padding to even shards)
+
+    @property
+    def conclusive(self) -> bool:
+        """Repeats within the epoch are seen whatever else differs; examples never reached count only when the
+        epoch was drawn whole and every example of it is recognised."""
+        return self.repeated > 0 or (self.whole and self.never > 0 and self.other == 0)
+
+
+def epoch_examples(new: list[list[str]], reference: list[list[str]], whole: bool) -> EpochExamples:
+    """Count the examples of a new epoch's steps ``new`` against the uninterrupted epoch's ``reference``."""
+    drawn = [d for step in new for d in step]
+    ref = [d for step in reference for d in step]
+    seen, known = set(drawn), set(ref)
+    own_repeats = len(ref) - len(known)
+    return EpochExamples(
+        drawn=len(drawn),
+        distinct=len(seen),
+        reference=len(ref),
+        repeated=max(0, len(drawn) - len(seen) - own_repeats),
+        never=len(known - seen) if whole else 0,
+        other=len(seen - known),
+        whole=whole,
+        own_repeats=own_repeats,
+    )
 
 
 #: the fix for a data position the resume loses, per kind of user

@@ -261,3 +261,193 @@ def test_an_epoch_loop_that_restarts_the_epoch_fails_on_the_ranks(project):
     twice, never = _counts(_flat(run.section("D5")))
     assert twice > 0 and never > 0
     _no_leftover_process()
+
+
+#: an Accelerate loop with gradient accumulation 2 that checkpoints every 2 optimizer steps: each rank's epoch (16
+#: examples, 2 a batch on 2 ranks: 4 micro-steps) ends at the save (blind set 12's amused). No seedable sampler: the
+#: resumed ranks' next epoch is shuffled otherwise than the uninterrupted ranks' (accelerate's generator, made at
+#: prepare time, is not in save_state), which is a new epoch's order, not a lost position. The epoch loop after the
+#: load skips the micro-steps already trained in the epoch: the rank's micro-steps (correct: none at an epoch's end),
+#: or the optimizer steps counted as batches (the bug: 2 batches of the new epoch skipped)
+BOUNDARY = """
+    import os
+    import pytest, torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+    from accelerate import Accelerator
+
+    torch.set_num_threads(1)
+    DATA = TensorDataset(torch.randn(16, 4, generator=torch.Generator().manual_seed(0)), torch.arange(16) % 2)
+
+    def make():
+        acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(DATA, batch_size=2, shuffle=True)
+        model, opt, loader = acc.prepare(model, opt, loader)
+        return {{"accelerator": acc, "model": model, "optimizer": opt, "dataloader": loader, "global_step": 0}}
+
+    def step(state, batch):
+        acc = state["accelerator"]
+        with acc.accumulate(state["model"]):
+            x, y = batch
+            loss = nn.functional.cross_entropy(state["model"](x), y)
+            acc.backward(loss)
+            state["optimizer"].step()
+            state["optimizer"].zero_grad()
+        if acc.sync_gradients:
+            state["global_step"] += 1
+        return loss.detach()
+
+    def save(state, path):
+        acc = state["accelerator"]
+        acc.save_state(path)
+        if acc.is_main_process:
+            torch.save({{"global_step": state["global_step"]}}, os.path.join(path, "step.pt"))
+        acc.wait_for_everyone()
+
+    def load(state, path):
+        state["accelerator"].load_state(path)
+        state["global_step"] = torch.load(os.path.join(path, "step.pt"))["global_step"]
+
+    def resume(state, dataloader, resumed_step):
+        skip = {skip} % len(dataloader)
+        return state["accelerator"].skip_first_batches(dataloader, skip) if skip else dataloader
+
+{fixtures}
+"""
+BOUNDARY = BOUNDARY.replace(
+    "{fixtures}",
+    role_fixtures(
+        make_training="make",
+        train_step="step",
+        save_checkpoint="save",
+        load_checkpoint="load",
+        resume_dataloader="resume",
+        checkpoint_every="2",
+    )
+    .replace("{", "{{")
+    .replace("}", "}}"),
+)
+
+
+def test_a_save_at_the_ranks_epoch_end_resumed_on_a_new_shuffle_is_a_whole_epoch(project):
+    # the amused false alarm: 2 steps of the new epoch against the uninterrupted ranks' 2 steps of another shuffle
+    # were counted as examples trained twice and never seen
+    project.conftest(BOUNDARY.format(skip='state["global_step"] * 2'))
+    run = project.run("--dlcheck=D5", "-rA")
+    run.assert_outcome("D5", "passed")
+    text = _flat(run.text)
+    assert "and saves after step 4 (optimizer step 2, where your loop checkpoints" in text, text
+    assert "steps 5-6, past the end of each rank's epoch, start a new epoch in another order" in text, text
+    assert (
+        "drawn whole (steps 5-8: steps 7-8 without training them), is a whole epoch over the 2 ranks (16 examples"
+        in text
+    )
+    assert "partly judged" not in text, text
+    _no_leftover_process()
+
+
+def test_a_skip_into_the_new_epoch_after_an_epoch_end_save_fails_on_the_ranks(project):
+    # optimizer steps counted as batches: 2 of the new epoch's 4 batches skipped on each rank, then another epoch
+    project.conftest(BOUNDARY.format(skip='state["global_step"]'))
+    run = project.run("--dlcheck=D5")
+    run.assert_outcome("D5", "failed")
+    text = _flat(run.section("D5"))
+    found = re.search(r"over the 2 ranks together, that new epoch: (\d+) examples twice, (\d+) never seen", text)
+    assert found, text
+    assert int(found.group(1)) > 0 and int(found.group(2)) > 0, text
+    assert "the save is at the end of each rank's epoch: the resumed ranks start a new epoch, drawn whole" in text
+    assert "does not give the ranks a whole epoch after the save" in text, text
+    assert "optimizer steps x gradient_accumulation_steps, modulo len(dataloader)" in text, text
+    _no_leftover_process()
+
+
+#: a torchrun-style epoch loop that checkpoints at its epochs' ends (the DDP tutorial's save_every): rank 0 saves the
+#: finished epoch; on load the loop resumes at the next epoch (correct) or at the saved one again (the off-by-one),
+#: its DistributedSampler's set_epoch given the epoch it resumes at
+EPOCHS = """
+    import pytest, torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    torch.set_num_threads(1)
+    DATA = TensorDataset(torch.randn(16, 4, generator=torch.Generator().manual_seed(0)), torch.arange(16) % 2)
+
+    def make():
+        model = nn.Linear(4, 2)
+        dl = DataLoader(DATA, batch_size=2, sampler=DistributedSampler(DATA, shuffle=True, seed=0))
+        return {{"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1), "dataloader": dl,
+                "epoch": 0, "it": 0}}
+
+    def wrap(state):
+        model = nn.parallel.DistributedDataParallel(state["model"])
+        return dict(state, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+
+    def step(state, batch):
+        if state["it"] == len(state["dataloader"]):
+            state["epoch"] += 1
+            state["it"] = 0
+        x, y = batch
+        loss = nn.functional.cross_entropy(state["model"](x), y)
+        loss.backward()
+        state["optimizer"].step()
+        state["optimizer"].zero_grad()
+        state["it"] += 1
+        return loss.detach()
+
+    def save(state, path):
+        if dist.get_rank() == 0:
+            torch.save({{"model": state["model"].module.state_dict(), "epoch": state["epoch"]}}, path)
+        dist.barrier()
+
+    def load(state, path):
+        ckpt = torch.load(path)
+        state["model"].module.load_state_dict(ckpt["model"])
+        state["epoch"] = ckpt["epoch"]{plus}
+        state["it"] = 0
+
+    def resume(state, dataloader, resumed_step):
+        dataloader.sampler.set_epoch(state["epoch"])
+        return dataloader
+
+{fixtures}
+"""
+EPOCHS = EPOCHS.replace(
+    "{fixtures}",
+    role_fixtures(
+        make_training="make",
+        dist_wrap="wrap",
+        train_step="step",
+        save_checkpoint="save",
+        load_checkpoint="load",
+        resume_dataloader="resume",
+        start_epoch="lambda state, dataloader, epoch: dataloader.sampler.set_epoch(epoch)",
+        checkpoint_every="'epoch'",
+    )
+    .replace("{", "{{")
+    .replace("}", "}}"),
+)
+
+
+def test_an_epoch_end_saver_resuming_at_the_next_epoch_passes_on_the_ranks(project):
+    project.conftest(EPOCHS.format(plus=" + 1"))
+    run = project.run("--dlcheck=D5", "-rA")
+    run.assert_outcome("D5", "passed")
+    text = _flat(run.text)
+    assert "saves after step 4 (the end of epoch 1, where your loop checkpoints" in text, text
+    assert "the uninterrupted ranks' batches, step by step" in text, text
+    _no_leftover_process()
+
+
+def test_an_epoch_end_saver_resuming_the_saved_epoch_again_fails_on_the_ranks(project):
+    # the order of the new epoch is not judged, but the saved epoch replayed in its order is the off-by-one resume
+    project.conftest(EPOCHS.format(plus=""))
+    run = project.run("--dlcheck=D5")
+    run.assert_outcome("D5", "failed")
+    text = _flat(run.section("D5"))
+    assert "the resumed ranks train the saved epoch again, in its order: step 5 = step 1's batch" in text, text
+    assert "does not start the epoch after the saved one" in text, text
+    assert "checkpoint['epoch'] + 1" in text, text
+    _no_leftover_process()
