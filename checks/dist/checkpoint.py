@@ -91,6 +91,7 @@ def _reshard(dlcheck, run, recs, path, kind) -> list[str]:
     notes.append(f"the {kind} checkpoint saved at world size {run.world} loads at world size 1 with the same weights")
     alone = measure.save_at(dlcheck, run, 1)
     saved = measure.records(dlcheck, alone, "ckpt")[0]
+    trained = len(measure.records(dlcheck, alone, "train")[0]["steps"])
     if saved["load_error"] or saved["loaded"] != saved["saved"]:
         dlcheck.fail(
             [
@@ -116,7 +117,7 @@ def _reshard(dlcheck, run, recs, path, kind) -> list[str]:
             )
             dlcheck.fail(
                 [
-                    f"the checkpoint saved in 1 process (world size 1, after {measure.STEPS} micro-steps), loaded on "
+                    f"the checkpoint saved in 1 process (world size 1, after {trained} micro-steps), loaded on "
                     f"{run.world} ranks (dlcheck_make_training + dlcheck_dist_wrap + dlcheck_load_checkpoint on "
                     f"each): rank {r} "
                     + (
@@ -144,7 +145,7 @@ def _reshard(dlcheck, run, recs, path, kind) -> list[str]:
                 loaded_world=run.world,
             )
     notes.append(
-        f"the {kind} checkpoint saved at world size 1 (after {measure.STEPS} micro-steps) loads at world size "
+        f"the {kind} checkpoint saved at world size 1 (after {trained} micro-steps) loads at world size "
         f"{run.world} with the same weights on every rank"
     )
     return notes

@@ -76,6 +76,9 @@ def fresh_process_seed() -> int | None:
 #: models up to this many elements have their tensors sent back (max |diff| in the evidence), else digests
 SMALL_MODEL = 4_000_000
 STAGES = ("train", "ckpt", "position", "d6", "load", "eval")
+#: the most micro-steps the launch trains to reach a gradient-accumulating loop's first optimizer step (and the
+#: window after it): past the launch's own micro-steps only when no rank has stepped its optimizer in them
+ACCUMULATION_BOUND = 16
 #: D5's data position: the micro-steps of the run saved half way and resumed (at most; a rank's epoch if shorter)
 POSITION_STEPS = 8
 
@@ -619,6 +622,14 @@ class Rank:
     def tensors(self, inner: Any) -> dict[str, Any]:
         return {n: gathered(p).detach().cpu().clone() for n, p in inner.named_parameters()}
 
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on some rank (every rank calls this together)."""
+        import torch.distributed as dist
+
+        flags: list[Any] = [None] * self.world
+        dist.all_gather_object(flags, bool(flag))
+        return any(flags)
+
     def loaded_params(self, model: Any, error: str | None) -> dict[str, str] | None:
         """The digests of the loaded model on every rank, or None: whether every rank loaded is agreed first, so
         a sharded model's gather is not entered by the ranks whose load went through while another raised."""
@@ -809,8 +820,14 @@ class Rank:
         steps: list[dict[str, Any]] = []
         d2_batches: list[Any] = []
         clips: list[dict[str, float]] = []
+        # a loop that accumulates over more micro-steps than the launch's: it trains on to its first optimizer step
+        # (agreed by the ranks, at most ACCUMULATION_BOUND micro-steps), then to 2 x that - 1, so that D6's injected
+        # micro-step closes the second window
+        limit, searching, settled = self.job.steps, False, handle is None
         try:
-            for i in range(self.job.steps):
+            i = -1
+            while i + 1 < limit:
+                i += 1
                 try:
                     batch = next(it)
                 except StopIteration:
@@ -846,10 +863,18 @@ class Rank:
                         "tensors": self.tensors(inner) if rec["small"] else None,
                     }
                 )
+                if i + 1 == limit and not settled and limit < ACCUMULATION_BOUND:
+                    if not self.any_rank(seen["steps"] > 0):
+                        limit, searching = limit + 1, True
+                    else:
+                        settled = True
+                        if searching:
+                            limit = min(ACCUMULATION_BOUND, 2 * limit - 1)
         finally:
             restore_dropout(drops)
             if handle is not None:
                 handle.remove()
+        self.trained = len(steps)
         rec["steps"] = steps
         rec["grads"] = seen["grads"]
         rec["d2_batches"] = d2_batches if seen["grads"] is not None else None
@@ -1014,7 +1039,7 @@ class Rank:
         with _saved_rng(getattr(loader, "generator", None)):
             batch = next(iter(loader))
         before = self.params(inner)
-        index = self.job.steps
+        index = getattr(self, "trained", self.job.steps)
         self.progress(f"non-finite step {index}")
         try:
             loss = self.setup.step(state, batch, index)

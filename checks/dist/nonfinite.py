@@ -74,17 +74,18 @@ def check_nonfinite_agreement(dlcheck):
     # under gradient accumulation the injected micro-step may take no optimizer step on any rank by the loop's own
     # cadence: "skipped" would then describe a decision no rank took
     stepped = [i for i, st in enumerate(train[0].get("steps") or []) if st.get("opt_steps")]
+    trained = len(train[0].get("steps") or [])  # the launch's micro-steps: the injected one comes after them
     if len(stepped) >= 2 and all(r is not None and not r.get("error") and not r["changed"] for r in recs):
         k = stepped[1] - stepped[0]
-        if k > 1 and (measure.STEPS - stepped[0]) % k:
+        if k > 1 and (trained - stepped[0]) % k:
             dlcheck.skip(
-                f"the injected micro-step {measure.STEPS + 1} falls inside an accumulation window (your loop steps its "
+                f"the injected micro-step {trained + 1} falls inside an accumulation window (your loop steps its "
                 f"optimizer every {k} micro-steps, at micro-steps {', '.join(str(i + 1) for i in stepped[:3])}, ...): "
                 "no rank was to step then, so the ranks' decision on an overflow is not seen"
             )
     decisions = [_decision(r) for r in recs]
     head = (
-        f"micro-step {measure.STEPS + 1}: rank {injected}'s {first['layer']!r} outputs inf, the other ranks' batches "
+        f"micro-step {trained + 1}: rank {injected}'s {first['layer']!r} outputs inf, the other ranks' batches "
         "are finite"
     )
     shown = "; ".join(f"rank {i}: {d}" for i, d in enumerate(decisions))

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from ...registry import check
 from . import measure, zero
+from .launch import ACCUMULATION_BOUND
 
 #: dlcheck_make_training or dlcheck_trainer, and a plain loop's dlcheck_dist_wrap, are asked for by measure.the_setup
 #: (an Accelerate user's prepare wraps the model; a Trainer user's launch serves D1, the others say why they skip)
@@ -72,8 +73,11 @@ def check_replicas_identical(dlcheck):
         ``no_sync()`` only on the micro-steps that do not step the optimizer
         (``contextlib.nullcontext() if last_micro_step else model.no_sync()``).
     Known problems
-        Compares after each of a few micro-steps (3), so a drift that starts later (a rank-dependent learning
-        rate schedule after warm-up) is not seen. Buffers (BatchNorm statistics, which DDP broadcasts from
+        Compares after each of a few micro-steps (3; a loop that accumulates gradients over more, and so steps no
+        optimizer in them on any rank, is trained on to its first optimizer step and the window after it, at most
+        16 micro-steps), so a drift that starts later (a rank-dependent learning rate schedule after warm-up) is not
+        seen. The pass says how many optimizer steps the comparison covered; one that covered none is partly judged
+        (the replicas after an update not judged). Buffers (BatchNorm statistics, which DDP broadcasts from
         rank 0 by default) are not compared. FSDP1 (``FullyShardedDataParallel``: flat sharded parameters and
         optimizer state) runs on CPU with gloo but is not judged (it skips naming ``fully_shard``, whose DTensor state
         is gathered and compared); a ZeroRedundancyOptimizer's owned state is compared against one process after
@@ -208,9 +212,32 @@ def check_replicas_identical(dlcheck):
     n_params = len(recs[0]["steps"][-1]["params"])
     n_opt = len(recs[0]["steps"][-1]["opt"])
     what = f"{n_params} parameters" if sharded else f"{n_params} parameters and {n_opt} optimizer-state tensors"
+    stepped = [s + 1 for s, st in enumerate(recs[0]["steps"][:n_steps]) if st.get("opt_steps")]
+    updates = sum(st.get("opt_steps") or 0 for st in recs[0]["steps"][:n_steps])
+    if not updates:
+        # the replicas were compared before any update: identical weights then say only that they started so
+        dlcheck.not_judged(
+            "the replicas after an optimizer step",
+            f"the launch's {n_steps} micro-steps made no optimizer step on rank 0"
+            + (
+                f" (your loop's first optimizer step comes later than {n_steps} micro-steps, the most the launch "
+                "trains to reach it)"
+                if n_steps >= ACCUMULATION_BOUND
+                else " (its dataloader ran out first)"
+                if n_steps < measure.STEPS
+                else ""
+            )
+            + ": the parameters were compared before any update",
+        )
     dlcheck.measured(
         f"{what} identical on the {run.world} ranks after each of "
         f"{n_steps} micro-steps ({recs[0]['wrapped']}, {run.backend}, {run.start_method}ed processes)"
+        + (
+            f", through {updates} optimizer step{'s' if updates > 1 else ''} (after micro-step"
+            f"{'s' if len(stepped) > 1 else ''} {', '.join(map(str, stepped))})"
+            if updates
+            else ", before any optimizer step (none in them)"
+        )
         + (
             f"; a clone of your {recs[0]['trainer']} trained through its own train() in each rank "
             f"(args.world_size {recs[0].get('args_world')})"
@@ -225,6 +252,7 @@ def check_replicas_identical(dlcheck):
         *(sharded or ()),
         world=run.world,
         steps=n_steps,
+        optimizer_steps=updates,
         launch_seconds=round(run.wall, 2),
     )
 

@@ -36,7 +36,7 @@ def test_a_clean_accelerate_script_passes_without_a_wrap_role(project):
         [
             # accelerator.prepare wrapped the model in DDP on each rank: the Accelerator saw the 2 processes
             "4 parameters and 12 optimizer-state tensors identical on the 2 ranks after each of 3 micro-steps "
-            "(DistributedDataParallel, gloo, forked processes)",
+            "(DistributedDataParallel, gloo, forked processes), through 3 optimizer steps (after micro-steps 1, 2, 3)",
             "the averaged gradient of the first distributed step equals the single-process gradient on the 2 batches "
             "(8 examples) of 2 ranks concatenated (relative difference *)",
             "the 2 ranks' shards of epoch 0 are disjoint and cover the 42 examples (24, 24 indices)",

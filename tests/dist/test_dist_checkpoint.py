@@ -48,7 +48,8 @@ def test_fsdp2_script_saving_sharded_state_dicts_with_dcp_passes_every_dist_chec
     run.fnmatch(
         [
             "*3 parameters and 9 optimizer-state tensors identical on the 2 ranks after each of 3 micro-steps "
-            "(FSDPTokenLM, gloo, forked processes); FSDP2: each sharded tensor compared as the full tensor "
+            "(FSDPTokenLM, gloo, forked processes), through 3 optimizer steps (after micro-steps 1, 2, 3); "
+            "FSDP2: each sharded tensor compared as the full tensor "
             "gathered from the ranks' shards",
             "*dlcheck_save_checkpoint on 2 ranks: one collective torch.distributed.checkpoint save*",
             "*loaded on every rank with the saved weights (3 parameters); files: checkpoint/.metadata, "

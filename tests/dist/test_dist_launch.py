@@ -58,7 +58,7 @@ def test_clean_ddp_script_passes_every_dist_check(project):
     run.fnmatch(
         [
             "3 parameters and 9 optimizer-state tensors identical on the 2 ranks after each of 3 micro-steps "
-            "(DistributedDataParallel, gloo, forked processes)",
+            "(DistributedDataParallel, gloo, forked processes), through 3 optimizer steps (after micro-steps 1, 2, 3)",
             "the averaged gradient of the first distributed step points the same way as the single-process gradient "
             "on the 2 batches (4 examples) of 2 ranks concatenated (cosine 1.000000), *x as long (clip_grad_norm_ clipped "
             "the norm * to max_norm 1 in that step: the length is not judged)",

@@ -123,3 +123,43 @@ def test_the_epochs_of_an_accumulating_plan_count_its_micro_batches(project):
         in text
     ), text
     _no_leftover_process()
+
+
+def test_a_loop_accumulating_over_more_than_the_launch_is_trained_to_its_optimizer_step(project):
+    """Blind set 12's accel_ga_autoregressive: with 4 micro-batches per optimizer step the launch's 3 micro-steps held
+    no optimizer step, so D2 and D8 skipped and D1 passed saying nothing of it. The launch now trains on to the first
+    optimizer step (and the window after it, so that D6's injected micro-step closes one)."""
+    project.conftest(ts.project("make_training_accumulating_4"))
+    run = project.run("--dlcheck=D1,D2,D8", "-rA")
+    for check in ("D1", "D2", "D8"):
+        run.assert_outcome(check, "passed")
+    text = _flat(run.text)
+    assert "identical on the 2 ranks after each of 7 micro-steps" in text, text
+    assert "through 1 optimizer step (after micro-step 4)" in text, text
+    assert "a constant LR of 0.01 on 2 processes" in text, text
+    assert "partly judged" not in text, text
+    _no_leftover_process()
+
+
+def test_a_schedule_sized_per_rank_fails_under_accumulation_over_more_than_the_launch(project):
+    project.conftest(ts.project("make_training_accumulating_4_sized_per_rank"))
+    run = project.run("--dlcheck=D8")
+    run.assert_outcome("D8", "failed")
+    d8 = _flat(run.section("D8"))
+    assert "accelerator.prepare(lr_scheduler) steps the scheduler num_processes=2 times per optimizer step" in d8, d8
+    _no_leftover_process()
+
+
+def test_no_optimizer_step_within_the_bound_leaves_the_replicas_after_an_update_not_judged(project):
+    # 32 micro-batches per optimizer step: the launch stops at its bound (16 micro-steps), and D1 does not claim the
+    # replicas stayed identical through an update that never happened
+    project.conftest(ts.project("make_training_accumulating_32"))
+    run = project.run("--dlcheck=D1,D8", "-rA")
+    run.assert_outcome("D1", "passed")
+    run.assert_outcome("D8", "skipped")
+    text = _flat(run.text)
+    assert "after each of 16 micro-steps" in text and "before any optimizer step (none in them)" in text, text
+    assert "the replicas after an optimizer step not judged" in text, text
+    assert "comes later than 16 micro-steps, the most the launch trains to reach it" in text, text
+    assert "16 micro-steps made 0 optimizer steps" in text, text
+    _no_leftover_process()

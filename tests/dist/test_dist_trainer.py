@@ -31,7 +31,8 @@ def test_a_clean_trainer_keeps_its_replicas_identical(project):
         [
             # the Trainer's Accelerator saw 2 processes (args.world_size 2) and train() wrapped the model in DDP
             "* parameters and * optimizer-state tensors identical on the 2 ranks after each of 3 micro-steps "
-            "(DistributedDataParallel, gloo, forked processes); a clone of your Trainer trained through its own "
+            "(DistributedDataParallel, gloo, forked processes), through 3 optimizer steps (after micro-steps 1, 2, 3); "
+            "a clone of your Trainer trained through its own "
             "train() in each rank (args.world_size 2)",
         ]
     )

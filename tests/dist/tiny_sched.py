@@ -109,6 +109,45 @@ def make_training_accumulating():
     }
 
 
+def _accumulating(k: int, sized_per_rank: bool | None):
+    """Gradient accumulation over ``k`` micro-batches (more than the launch's 3 micro-steps), the scheduler prepared:
+    constant (``sized_per_rank`` None), or a cosine sized in a rank's optimizer steps (buggy on N processes)."""
+    from torch.utils.data import ConcatDataset, DataLoader
+    from transformers import get_constant_schedule
+
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=k)
+    model, opt, _ = ta._parts()
+    # 4 copies of the data: 21 batches per rank, more than the launch trains (a rank's epoch end also syncs)
+    loader = DataLoader(ConcatDataset([ta.data()] * 4), batch_size=ta.BATCH, shuffle=True)
+    model, opt, loader = accelerator.prepare(model, opt, loader)
+    if sized_per_rank is None:
+        sched = get_constant_schedule(opt)
+    else:
+        sched = get_cosine_schedule_with_warmup(opt, 0, -(-len(loader) // k) * EPOCHS)
+    return {
+        "model": model,
+        "optimizer": opt,
+        "train_dataloader": loader,
+        "lr_scheduler": accelerator.prepare(sched),
+        "accelerator": accelerator,
+    }
+
+
+def make_training_accumulating_4():
+    """Correct: 4 micro-batches per optimizer step, a constant schedule."""
+    return _accumulating(4, None)
+
+
+def make_training_accumulating_4_sized_per_rank():
+    """Buggy: 4 micro-batches per optimizer step, a cosine sized in a rank's optimizer steps, then prepared."""
+    return _accumulating(4, True)
+
+
+def make_training_accumulating_32():
+    """32 micro-batches per optimizer step: past the most micro-steps the launch trains to reach one."""
+    return _accumulating(32, None)
+
+
 def step_every_micro_batch(state, batch):
     """Buggy (T6's): the unprepared scheduler stepped on every micro-batch while the optimizer steps every second."""
     accelerator, model, opt, sched = state["accelerator"], state["model"], state["optimizer"], state["lr_scheduler"]
