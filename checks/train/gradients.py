@@ -1,9 +1,10 @@
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -16,6 +17,19 @@ from ...training import modes, probe, run_or_skip
 from ...training.loop import trained_modules
 from ...training.runs import NotTheBatch, Trajectory, model_call, unwrap_prepared, with_field
 from ..shared.targets import optimizer_held, weight_copies
+
+
+@contextlib.contextmanager
+def kept_buffers(model: torch.nn.Module) -> Iterator[None]:
+    """Put the model's buffers back afterwards: a train-mode forward moves BatchNorm's running statistics (the user's
+    own ``dlcheck_model``, or the probe other checks share)."""
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, old in saved:
+                b.copy_(old)
 
 
 def shape(t: torch.Tensor) -> str:
@@ -254,7 +268,7 @@ def check_gradients(dlcheck):
     ]
     params = [p for _, p in trainable]
     try:
-        with modes(model, train=True):
+        with modes(model, train=True), kept_buffers(model):
             loss, cut = recorded(lambda: run_or_skip(dlcheck, lambda: fresh.loss(batch)))
             if not loss.requires_grad:
                 grads = [None] * len(trainable)
@@ -591,7 +605,6 @@ def _other_draws(
     params = [p for _, p in trainable]
     index = {n: i for i, (n, _) in enumerate(trainable)}
     found: dict[str, torch.Tensor] = {}
-    saved = [(b, b.detach().clone()) for b in model.buffers()]
     handles = [
         m.register_forward_hook(
             lambda mod, i, o: None if names.get(id(mod)) in ran else ran.update({names[id(mod)]: len(ran)})
@@ -601,7 +614,7 @@ def _other_draws(
     ]
     draws = 0
     try:
-        with preserved_rng(), modes(model, train=True):
+        with preserved_rng(), modes(model, train=True), kept_buffers(model):
             for k in range(OTHER_DRAWS):
                 seed_everything(DRAW_SEED + k)
                 draws += 1
@@ -617,9 +630,6 @@ def _other_draws(
     finally:
         for h in handles:
             h.remove()
-        with torch.no_grad():
-            for b, old in saved:
-                b.copy_(old)
     return found, draws
 
 
@@ -690,7 +700,7 @@ def _zero_input_by_construction(fresh: Any, batch: Any, names: list[str], dlchec
     other = _other_float_inputs(batch)
     handles = [modules[o].register_forward_pre_hook(pre(o), with_kwargs=True) for o in set(owners.values())]
     try:
-        with modes(model, train=True), torch.no_grad(), preserved_rng():
+        with modes(model, train=True), torch.no_grad(), preserved_rng(), kept_buffers(model):
             run_or_skip(dlcheck, lambda: fresh.loss(batch))
             if other is None:
                 return {}
@@ -1009,7 +1019,7 @@ def _output_width(fresh: Any, batch: Any) -> int | None:
     """The last dimension of the model's output on ``batch`` (a tensor output, or a transformers output's
     logits), or None when it cannot be read without a guess."""
     try:
-        with torch.no_grad():
+        with torch.no_grad(), kept_buffers(fresh.model):
             out = model_call(fresh.model, batch)()
     except (NotTheBatch, Exception):  # noqa: BLE001 - only an aid to the cause's wording
         return None

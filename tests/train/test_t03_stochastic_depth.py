@@ -3,8 +3,10 @@ gets no gradient there but does on another draw, and is not frozen by accident (
 Wav2Vec2 classifier with ``layerdrop=0.1``). A module cut from the graph on every draw still fails, on every path T3
 has: a plain loop, a Lightning module, a transformers Trainer, the user's own step."""
 
+import numpy as np
 import pytest
 import tiny_train as tt
+import torch
 
 #: the user's model: tt.MLP's task through residual layers, one of which, drawn at random, is skipped at each
 #: training step (stochastic depth at the block level: a step's draw always skips one); the branch of layer
@@ -224,3 +226,59 @@ def test_stochastic_depth_dropping_a_block_for_the_whole_batch(project, dead):
         run.assert_outcome("T3", "failed")
         assert "more draw(s) of the same batch with other RNG states: layers.1.weight, layers.1.bias" in text, text
         assert "a factor multiplied by a constant 0" in text, text
+
+
+class DictLayerDrop(torch.nn.Module):
+    """The user's own model, given as dlcheck_model (no training set-up: T3 works on it itself): a BatchNorm (its
+    running statistics are buffers a train-mode forward moves) and residual layers one of which, drawn at random, is
+    skipped at each forward in train mode. Takes the batch's fields and returns its loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(8, 32)
+        self.norm = torch.nn.BatchNorm1d(32)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(3))
+        self.head = torch.nn.Linear(32, 4)
+
+    def forward(self, x, labels):
+        h = torch.relu(self.norm(self.inp(x)))
+        skipped = int(torch.randint(len(self.layers), ())) if self.training else -1
+        for i, layer in enumerate(self.layers):
+            if i != skipped:
+                h = h + torch.relu(layer(h))
+        return torch.nn.functional.cross_entropy(self.head(h), labels)
+
+
+KEEP_MODEL = """
+    import pytest, tiny_train as tt
+    from torch.utils.data import DataLoader
+
+    @pytest.fixture(scope="session")
+    def dlcheck_model():
+        return tt.KEEP["model"]
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return DataLoader([{"x": x, "labels": y} for x, y in zip(*tt.blobs().tensors)], batch_size=8)
+"""
+
+
+def test_the_further_draws_leave_no_trace_on_the_users_model(project):
+    import test_training_no_trace as nt
+
+    torch.manual_seed(0)
+    model = DictLayerDrop()
+    model.head.eval()  # the user's own mixed modes survive
+    tt.KEEP.clear()
+    tt.KEEP["model"] = model
+    try:
+        before, states = nt.snapshot(model), nt.rng()
+        project.conftest(KEEP_MODEL)
+        run = project.run("--dlcheck=T3", "-rA")
+        run.assert_outcome("T3", "passed")
+        assert "and one on another draw of the same batch" in " ".join(run.text.split()), run.text
+        nt.assert_same(before, model)
+        after = nt.rng()
+        assert after[0] == states[0] and np.array_equal(after[1], states[1]) and torch.equal(after[2], states[2])
+    finally:
+        tt.KEEP.clear()
