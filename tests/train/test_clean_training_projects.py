@@ -102,7 +102,7 @@ NEED_EVAL_DATA = {"T8", "S5"}
 #: visible (one that starts to pass, or skips for another reason, fails the test: then update this list)
 UNDECIDED = {
     # its batches are lists of prompt rows (tokenized inside the step): no input to differentiate
-    "grpo-trainer": {"T4": "cannot differentiate the model's inputs: the batch is (dict, dict"},
+    "grpo-trainer": {"T4": "cannot differentiate the model's inputs: the batch's first element ({prompt: str})"},
     "sft-packed-trainer": {"T4": "no sampled batch holds 2 examples or more"},
 }
 
