@@ -32,11 +32,18 @@ def epochs_needed(order: list[Any], false_alarm: float) -> int:
     return min(MAX_EPOCHS, 1 + math.ceil(math.log(false_alarm) / log_p - 1e-9))
 
 
+def _sampler_of(loader: Any) -> Any:
+    """The loader's batch sampler, else its sampler. Tested against None, never for truth: a sampler without
+    ``__len__`` (an endless or a class-balanced PK sampler) raises TypeError under ``bool()``."""
+    sampler = getattr(loader, "batch_sampler", None)
+    return getattr(loader, "sampler", None) if sampler is None else sampler
+
+
 def _order(loader: Any, epoch: int, start_epoch: Any = None) -> list[Any] | None:
     """The index order the loader's sampler gives in ``epoch`` (``set_epoch`` applied, as the Trainer,
     Lightning and a correct loop do; or the top of the user's own epoch loop, ``start_epoch``, when they hand it
     over), read from the sampler without loading any data."""
-    sampler = getattr(loader, "batch_sampler", None) or getattr(loader, "sampler", None)
+    sampler = _sampler_of(loader)
     inner = getattr(sampler, "sampler", sampler)
     if start_epoch is not None:
         start_epoch(loader, epoch)
@@ -173,7 +180,7 @@ def _fail_or_judge_no_shuffle(dlcheck, setup, loader, where) -> tuple[str, str]:
         )
     try:
         with preserved_rng():
-            first = list(itertools.islice(iter(getattr(loader, "batch_sampler", None) or loader.sampler), 2))
+            first = list(itertools.islice(iter(_sampler_of(loader)), 2))
     except Exception:  # noqa: BLE001 - a sampler that cannot be iterated without data: its order is not read
         first = []
     plan = _planned_epochs(setup, loader, dlcheck.role("num_epochs"))
@@ -428,7 +435,7 @@ def check_epoch_order(dlcheck):
                         break
         if len(orders) > 1 and all(o is not None for o in orders):
             if all(o == orders[0] for o in orders):
-                sampler = getattr(loader, "batch_sampler", None) or loader.sampler
+                sampler = _sampler_of(loader)
                 inner = getattr(sampler, "sampler", sampler)
                 first = orders[0][0]
                 dlcheck.fail(
@@ -456,7 +463,7 @@ def check_epoch_order(dlcheck):
                     "seed the shuffle with seed + epoch and give the sampler a set_epoch(epoch) method (or use RandomSampler / "
                     "DistributedSampler, and call sampler.set_epoch(epoch) at the start of each epoch)",
                 )
-            sampler = getattr(loader, "batch_sampler", None) or loader.sampler
+            sampler = _sampler_of(loader)
             inner = getattr(sampler, "sampler", sampler)
             kind = "batches" if isinstance(orders[0][0], tuple) else "indices"
             judged.append(

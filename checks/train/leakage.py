@@ -310,7 +310,8 @@ def _split(dlcheck, split: str) -> Split:
 
 def _inner_sampler(loader: Any) -> Any:
     batch_sampler = getattr(loader, "batch_sampler", None)
-    return getattr(batch_sampler, "sampler", None) or getattr(loader, "sampler", None)
+    inner = getattr(batch_sampler, "sampler", None)  # tested against None: bool() calls an unsized sampler's len()
+    return getattr(loader, "sampler", None) if inner is None else inner
 
 
 def _sampler_subset(loader: Any) -> list[int] | None:

@@ -152,6 +152,28 @@ def test_a_lightning_run_of_several_epochs_on_a_shuffling_loader_passes(project)
     run.assert_outcome("T7", "passed")
 
 
+def test_a_sampler_without_a_length_is_read_not_tested_for_truth(project):
+    """A PK sampler with no ``__len__`` (torchvision's references/similarity): ``sampler or ...`` called its
+    len() and T7 ended in an internal error (found blind). It is read as any sampler: a new draw every epoch
+    passes; the same sampler re-seeded identically each epoch still fails."""
+    project.conftest(
+        with_loader(
+            "torch.utils.data.DataLoader(tt.blobs(), batch_size=8, sampler=tt.UnsizedPKSampler(tt.blobs().tensors[1]))"
+        )
+    )
+    run = project.run("--dlcheck=T7", "-rA")
+    run.assert_outcome("T7", "passed")
+    assert "its UnsizedPKSampler gives epoch 1 an order other than epoch 0's" in run.text
+    project.conftest(
+        with_loader(
+            "torch.utils.data.DataLoader(tt.blobs(), batch_size=8, "
+            "sampler=tt.UnsizedPKSampler(tt.blobs().tensors[1], seed=0))"
+        )
+    )
+    run = project.run("--dlcheck=T7")
+    run.assert_outcome("T7", "failed")
+
+
 def test_an_iterable_dataset_is_not_read_as_a_repeated_order(project):
     """The placeholder sampler of an IterableDataset loader yields None every time: that is no repeated shuffle
     (it used to fail); its order is the dataset's own, which T7 cannot read without loading the data."""

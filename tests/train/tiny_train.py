@@ -325,6 +325,27 @@ class FixedSeedSampler(torch.utils.data.Sampler):
         return self.n
 
 
+class UnsizedPKSampler(torch.utils.data.Sampler):
+    """A class-balanced P x K sampler as torchvision's references/similarity writes it: no ``__len__``, so
+    ``bool()`` of it (or of the BatchSampler a DataLoader wraps it in) raises TypeError. Each epoch draws its
+    classes and examples from the global ``random`` module; 64 blobs of 4 classes, p classes x k examples."""
+
+    def __init__(self, labels, p: int = 2, k: int = 4, seed: int | None = None):
+        self.labels, self.p, self.k, self.seed = [int(y) for y in labels], p, k, seed
+
+    def __iter__(self):
+        import random
+
+        if self.seed is not None:  # the bug: the same draw every epoch
+            random = random.Random(self.seed)  # noqa: PLW2901
+        by_class: dict[int, list[int]] = {}
+        for i, y in enumerate(self.labels):
+            by_class.setdefault(y, []).append(i)
+        for _ in range(len(self.labels) // (self.p * self.k)):
+            for c in random.sample(sorted(by_class), self.p):
+                yield from random.sample(by_class[c], self.k)
+
+
 class EpochSeedSampler(FixedSeedSampler):
     """The same, seeded with seed + epoch, with set_epoch."""
 
