@@ -18,7 +18,7 @@ from ...training import (
     to_device,
     with_field,
 )
-from ...training.runs import model_call
+from ...training.runs import inputs_guessed, model_call
 from ..shared.lm import input_embeddings
 
 ATTENTION = (
@@ -409,8 +409,20 @@ def check_batch_independence(dlcheck):
         if holder is None:
             dlcheck.skip(f"cannot differentiate the model's inputs: {_no_input(model, batch)}")
         hooks = [m.register_forward_hook(record) for m in model.modules() if m is not model]
+        guessed = pipeline is None and inputs_guessed(model, batch)
         try:
-            out = output_tensor(run_or_skip(dlcheck, forward))
+            try:
+                out = output_tensor(run_or_skip(dlcheck, forward))
+            except Exception as exc:
+                if not guessed:
+                    raise
+                # T4 made the call up: the error is not the pipeline's, and T4 cannot reproduce its forward
+                dlcheck.skip(
+                    f"T4 cannot reproduce the inputs your pipeline gives {type(model).__name__}.forward: it takes "
+                    f"{', '.join(_params(model))} and the batch holds {len(batch)} elements (none left as targets), "
+                    f"so T4 called it on the batch's elements as its inputs, which raised {type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0] if str(exc) else ''} (batch: {describe_batch(batch)}); not judged"
+                )
         finally:
             for h in hooks:
                 h.remove()

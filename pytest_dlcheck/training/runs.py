@@ -465,6 +465,16 @@ def model_call(model: Any, batch: Any) -> Callable[[], Any]:
     return lambda: model(batch)
 
 
+def inputs_guessed(model: Any, batch: Any) -> bool:
+    """Whether :func:`model_call` guesses the model's inputs: a forward of n >= 2 positional inputs on a batch of
+    n elements leaves none for the targets, so ``(x, y)`` is handed over as the forward's ``(input, hidden)`` (an
+    RNN language model whose loss passes the hidden state) as readily as a siamese pair. A call on guessed inputs
+    that raises says nothing of the user's pipeline."""
+    if not isinstance(batch, (list, tuple)) or len(batch) < 2 or isinstance(batch, Mapping):
+        return False
+    return positional_inputs(model) >= len(batch)
+
+
 def positional_inputs(model: Any) -> int:
     """How many inputs the model's forward requires positionally (at least 1; a forward taking *args: 1)."""
     try:

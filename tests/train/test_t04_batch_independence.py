@@ -315,3 +315,60 @@ def test_a_skip_without_an_input_to_differentiate_says_why(project):
         "T4 does not guess which field the model's input is (GraphConv.forward takes input_tensor, adj_mat)"
     ), run.text
     assert "neither float inputs nor token ids" not in run.text
+
+
+RNN_LM = """
+    import pytest, torch
+    from torch import nn
+
+    class RNNModel(nn.Module):  # pytorch/examples word_language_model: forward(input, hidden), (seq, batch) ids
+        def __init__(self, ntoken=20, nhid=8):
+            super().__init__()
+            self.encoder, self.rnn, self.decoder = nn.Embedding(ntoken, nhid), nn.LSTM(nhid, nhid), nn.Linear(nhid, ntoken)
+            self.ntoken, self.nhid = ntoken, nhid
+
+        def forward(self, input, hidden):
+            output, hidden = self.rnn(self.encoder(input), hidden)
+            return nn.functional.log_softmax(self.decoder(output).view(-1, self.ntoken), dim=1), hidden
+
+        def init_hidden(self, bsz):
+            w = next(self.parameters())
+            return (w.new_zeros(1, bsz, self.nhid), w.new_zeros(1, bsz, self.nhid))
+
+    def get_batch(source, i, bptt=5):  # (data, targets): targets flattened, as main.py's get_batch returns them
+        n = min(bptt, len(source) - 1 - i)
+        return source[i:i + n], source[i + 1:i + 1 + n].reshape(-1)
+
+    SOURCE = torch.randint(0, 20, (41, 4), generator=torch.Generator().manual_seed(0))
+
+    @pytest.fixture(scope="session")
+    def dlcheck_make_training():
+        def make():
+            model = RNNModel()
+            return {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1)}
+        return make
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataloader():
+        return [get_batch(SOURCE, i) for i in range(0, len(SOURCE) - 1, 5)]
+
+    @pytest.fixture(scope="session")
+    def dlcheck_compute_loss():
+        def loss(model, batch):
+            data, targets = batch
+            output, _ = model(data, model.init_hidden(data.size(1)))
+            return nn.functional.nll_loss(output, targets)
+        return loss
+"""
+
+
+def test_a_forward_whose_second_input_is_not_in_the_batch_is_not_guessed(project):
+    """word_language_model's RNNModel.forward(input, hidden) on (data, targets) batches (found blind, set 13): T4
+    called the forward with the targets as the hidden state, the LSTM raised, and the report said internal error.
+    The call was T4's guess, not the pipeline's: T4 says it cannot reproduce the forward's inputs. The siamese
+    forward(input1, input2) on (img1, img2, target) batches is still judged (test above)."""
+    project.conftest(RNN_LM)
+    run = project.run("--dlcheck=T4", "-rA")
+    run.assert_outcome("T4", "skipped")
+    assert "T4 cannot reproduce the inputs your pipeline gives RNNModel.forward: it takes input, hidden" in run.text
+    assert "internal error" not in run.text
