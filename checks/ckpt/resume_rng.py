@@ -96,7 +96,15 @@ def check_resume_rng(dlcheck):
         loader drawn with each global generator (torch, python, numpy) set elsewhere tell which ones it draws
         from (a RandomSampler without generator=, random transforms, a Mixup in the collate, the workers'
         seeds), and the global states right after your load, compared with those at the save, tell whether
-        your load puts them back.
+        your load puts them back. With your epoch loop handed over (``dlcheck_resume_dataloader``), what it
+        draws between the load and the first resumed step (a new iterator's base seed, a sampler's shuffle seed,
+        the batches it skips or a loader that fetches ahead fetches again) is measured without training: fresh
+        objects loaded by your load from the same checkpoint, the global RNG states at the save put back, your
+        loop yields its first resumed batch; the uninterrupted run's loader, iterated from the run's start, yields
+        the same step's batch from the same states at the save. Each example is read with the RNGs seeded by its
+        index (the stream put back after it), so both sides read it alike. When the two batches hold the same
+        examples, the global RNG states right after them are compared (how many numbers torch's is ahead), and
+        the batches themselves (a collator's masking drawn again).
     Why it is bad
         After such a resume, dropout masks, the shuffling drawn from the global generator and random
         augmentations differ from the uninterrupted run: the run is not the one that was saved, and a resumed
@@ -107,6 +115,9 @@ def check_resume_rng(dlcheck):
         torch.save({"model": ..., "optimizer": ..., "lr_scheduler": ...}, path)   # no torch.get_rng_state()
         DataLoader(train_set, shuffle=True)   # its RandomSampler draws from torch's global RNG every epoch
         TrainingArguments(..., save_only_model=True)   # no rng_state.pth
+        accelerator.load_state(path)   # transformers' run_mlm_no_trainer.py: the RNG states put back, then the
+        for batch in accelerator.skip_first_batches(train_dataloader, resume_step):   # new iterator draws its base
+            ...                        # seed from them and fetches the first batch again (its masks drawn anew)
         generator = torch.Generator().manual_seed(seed)   # diffusers' train_instruct_pix2pix.py: the step's
         torch.rand(bsz, generator=generator)              # conditioning dropout; save_state does not hold it
     Use instead
@@ -114,7 +125,9 @@ def check_resume_rng(dlcheck):
         Accelerate's save_state / load_state; torch.get_rng_state(), random.getstate(),
         numpy.random.get_state() (and the CUDA states) in a plain loop's checkpoint or a LightningModule's
         on_save_checkpoint / on_load_checkpoint; a ``torch.Generator`` of your own: its ``get_state()`` in the
-        checkpoint and ``set_state(...)`` on load.
+        checkpoint and ``set_state(...)`` on load. An epoch loop that builds a new iterator after the load: put
+        the RNG states back once it has fetched its first batch, or give the loader (``generator=``) and the
+        collator (``seed=``) generators of their own.
     Known problems
         The RNG states are put back where the framework restores its own (after a plain loop's load, the
         Trainer's _load_rng_state, a Lightning callback's on_load_checkpoint): a resume that sets them later
@@ -127,6 +140,11 @@ def check_resume_rng(dlcheck):
         nondeterministic kernels can make two resumes differ; the check then skips.
         A plain loop's data path is drawn once per generator set elsewhere, from a new iteration of the
         loader: a draw that depends on the global RNGs only from a later epoch on is not seen.
+        Your epoch loop's draws after the load are compared at the first resumed step only, and only when its
+        first resumed batch holds the uninterrupted run's examples (else C1's data position fails, and this part
+        says it was not judged); what later draws from a generator the loop moved (the next epoch's shuffle), and
+        a generator of the data path's own (a collator's ``seed=``), are not compared. A loader in spawned worker
+        processes draws the examples' augmentations there: only the main process's states are compared.
     Not applicable
         Runs whose resumed steps draw no random numbers that change them (no dropout, no shuffling or
         augmentation from the global generators): with any RNG state after the load, they are the same.
@@ -154,6 +172,7 @@ def _rng_verdict(dlcheck: Any, setup: Any) -> None:
     differ = _versus(put, own)
     if differ is None:
         drawn = put.resumed.notes.get("rng_drawn")
+        data = None  # what the data path draws from (a plain loop's, asked below)
         if drawn is None:  # a Trainer's, a Lightning fit's own dataloaders draw too: a third resume tells
             other = run_or_skip(dlcheck, lambda: resume_run(setup, total, frozenset({OTHER_RNG}), baseline))
             moved = _versus(put, other)
@@ -180,9 +199,12 @@ def _rng_verdict(dlcheck: Any, setup: Any) -> None:
                     "your training loader does not yield the same batches twice from the same global RNG states",
                 )
             elif data and not drawn:
-                _loop_draws_not_judged(dlcheck, setup)
+                loop = _loop_draws(dlcheck, setup, own, head, data)
                 dlcheck.measured(
-                    f"{head} (the global RNGs elsewhere first, as in a new process): {data[0]}", data[1], steps=total
+                    f"{head} (the global RNGs elsewhere first, as in a new process): {data[0]}",
+                    data[1],
+                    *loop,
+                    steps=total,
                 )
                 return
             elif data:
@@ -207,12 +229,13 @@ def _rng_verdict(dlcheck: Any, setup: Any) -> None:
         parted = own.mismatch()
         if parted is None:  # compared with the uninterrupted run itself
             what = ", ".join(compared(own)) or "steps"
-            _loop_draws_not_judged(dlcheck, setup)
+            loop = _loop_draws(dlcheck, setup, own, head, data)
             dlcheck.measured(
                 f"{head} (the global RNGs elsewhere first, as in a new process): the resumed steps draw the "
                 f"uninterrupted run's random numbers: the {what} of {steps} equal the uninterrupted run's, bitwise, "
                 f"as those of the resume with {put_back} do",
                 shown,
+                *loop,
                 steps=total,
                 saved_at=put.saved_at,
             )
@@ -222,7 +245,7 @@ def _rng_verdict(dlcheck: Any, setup: Any) -> None:
         parted_words = f"at step {parted[0]} ({parted[1]})"
         restored = _restores_what_it_draws(own)
         if restored:
-            _loop_draws_not_judged(dlcheck, setup)
+            loop = _loop_draws(dlcheck, setup, own, head, data)
             dlcheck.measured(
                 f"{head} (the global RNGs elsewhere first, as in a new process): right after your load, the states "
                 f"of the generators the resumed steps draw from ({', '.join(restored)}) are those of the "
@@ -230,6 +253,7 @@ def _rng_verdict(dlcheck: Any, setup: Any) -> None:
                 f"the resumed run differs from the uninterrupted run {parted_words} for another reason: the resume "
                 f"with {put_back} differs alike (C1 judges the rest of the resume)",
                 shown,
+                *loop,
                 steps=total,
                 saved_at=put.saved_at,
             )
@@ -296,16 +320,16 @@ _DRAWS = {
 
 
 #: :func:`_data_path`'s answer when what the data path draws from cannot be told
-UNKNOWN = ("", "")
+UNKNOWN = ("", "", [])
 
 
-def _data_path(dlcheck: Any, setup: Any, own: ResumeRun, head: str, steps: str) -> tuple[str, str] | None:
+def _data_path(dlcheck: Any, setup: Any, own: ResumeRun, head: str, steps: str) -> tuple[str, str, list[str]] | None:
     """Whether the user's data path draws from the global RNGs (its first batches drawn with each global
     generator set elsewhere: dlcheck feeds the resumed steps batches drawn beforehand, so the resumed runs
     never show it) and whether the user's load puts those generators back where they were at the save.
     Fails when the data path draws from one the load does not put back; returns what was measured (the
-    load's part, the data path's part) when it puts back every one it draws from, None when the data path
-    draws from none, :data:`UNKNOWN` when that cannot be told."""
+    load's part, the data path's part, the generators it draws from) when it puts back every one it draws from,
+    None when the data path draws from none, :data:`UNKNOWN` when that cannot be told."""
     data = run_or_skip(dlcheck, setup.data_rng)
     if data is None:
         return UNKNOWN
@@ -338,6 +362,7 @@ def _data_path(dlcheck: Any, setup: Any, own: ResumeRun, head: str, steps: str) 
         f"right after your load, the global {' / '.join(moved)} RNG state{'s are those' if len(moved) > 1 else ' is the one'} "
         "at the save",
         seen,
+        moved,
     )
 
 
@@ -356,16 +381,138 @@ def _words(text: str, first: str = "as your resume leaves them", second: str = "
     )
 
 
-def _loop_draws_not_judged(dlcheck: Any, setup: Any) -> None:
-    """A pass with the user's epoch loop handed over (``dlcheck_resume_dataloader``): dlcheck feeds the resumed steps
-    their batches, so what that loop draws between the load and the first resumed step (a new iterator, the batches
-    it skips) is outside what was compared, and the pass says so."""
-    if getattr(setup, "resume_loader", MISSING) is not MISSING:
+def _loop_draws(
+    dlcheck: Any, setup: Any, own: ResumeRun, head: str, data: tuple[str, str, list[str]] | None
+) -> list[str]:
+    """With the user's epoch loop handed over (``dlcheck_resume_dataloader``), what it draws from the global RNGs
+    between the load and the first resumed step (a new iterator's base seed, a sampler's shuffle seed, the batches
+    it skips or fetches again), which the compared steps (fed their batches) never show: the global RNG states
+    right after the loop yields its first resumed batch, compared with the uninterrupted loop's at the same step
+    (:meth:`~pytest_dlcheck.training.loop.LoopSetup.loop_draws`). Fails when they differ and the resumed steps draw
+    from a generator that moved, or the batch's own draws differ; else returns what was measured (for the pass's
+    evidence), or records why it was not judged."""
+    if getattr(setup, "resume_loader", MISSING) is MISSING:
+        return []
+    part = "your epoch loop's draws after the load"
+    try:
+        got = setup.loop_draws(own)
+    except RoleError as exc:  # the user's loop raising on the objects their load left: C1's data position reports it
+        dlcheck.not_judged(part, f"dlcheck_resume_dataloader's loop raises after your load: {exc}")
+        return []
+    if got is None:
         dlcheck.not_judged(
-            "your epoch loop's draws after the load",
-            "dlcheck_resume_dataloader's loop (a new iterator, the batches it skips) may draw from the global RNGs "
-            "between your load and the first resumed step; the compared steps are fed their batches",
+            part,
+            "no first resumed batch to draw: dlcheck_make_training's dict holds no training loader, or your load or "
+            "dlcheck_resume_dataloader's loop yields none (C1 judges the resume)",
         )
+        return []
+    step, loop = got.step, f"your epoch loop after the load (dlcheck_resume_dataloader's {got.through})"
+    if not got.same_examples:
+        dlcheck.not_judged(
+            part,
+            f"the first batch {loop} yields (step {step}) holds other examples than the uninterrupted run's (C1's "
+            "data position), so the random numbers its loading draws cannot be compared",
+        )
+        return []
+    batch = (
+        f"its {', '.join(got.batch_differs)} differ{'s' if len(got.batch_differs) == 1 else ''}"
+        if got.batch_differs
+        else ""
+    )
+    if not got.moved:
+        if got.batch_differs:
+            dlcheck.not_judged(
+                part,
+                f"the first resumed batch (step {step}) holds the uninterrupted run's examples, but {batch}, with the "
+                "global RNG states the same right after it: what it draws from (a generator of the data path's "
+                "own) is not a state C3 compares",
+            )
+            return []
+        return [
+            f"{loop}: with the RNG states at the save put back after your load, the first resumed batch (step "
+            f"{step}) is the uninterrupted run's, bitwise, and right after it the global RNG states are the "
+            "uninterrupted run's at that step: the loop draws nothing of its own between the load and the first "
+            "resumed step"
+        ]
+    drawn = own.resumed.notes.get("rng_drawn_from") or []
+    fed = data[2] if data else []  # the global generators the data path draws from (its augmentations, shuffles)
+    stepped = [name for name in got.moved if name in drawn]
+    fed_from = [name for name in got.moved if name in fed and name not in stepped]
+    hit = stepped + fed_from
+    apart = got.torch_ahead
+    far = {
+        name: (
+            ("ahead of" if apart > 0 else "behind")
+            + f" the uninterrupted run's by {abs(apart)} number{'s' if abs(apart) != 1 else ''} of 32 bits (a new "
+            "DataLoader iterator's 64-bit base seed is 2)"
+            if name == "torch" and apart is not None
+            else "not the uninterrupted run's"
+        )
+        for name in got.moved
+    }
+    where = "; ".join(f"the global {name} RNG is {far[name]}" for name in got.moved)
+    if not hit and not got.batch_differs and data is UNKNOWN:
+        dlcheck.not_judged(
+            part,
+            f"right after the first resumed batch (step {step}) {where}; the resumed steps do not draw from "
+            f"{'it' if len(got.moved) == 1 else 'them'}, and whether your data path does cannot be told",
+        )
+        return []
+    if not hit and not got.batch_differs:
+        dlcheck.not_judged(
+            "later draws from the RNG your epoch loop moved",
+            f"the {' / '.join(got.moved)} RNG is moved on by your loop after the load: what draws from it later (a "
+            "next epoch's shuffle without generator=) is not compared",
+        )
+        return [
+            f"{loop}: right after the first resumed batch (step {step}) {where}, but neither that batch (the "
+            f"uninterrupted run's, bitwise) nor the resumed steps draw from {'it' if len(got.moved) == 1 else 'them'}"
+        ]
+    evidence = [
+        f"{head}, the uninterrupted run's RNG states at the save put back after your load: {loop} draws from the "
+        f"global RNGs before the first resumed step: right after it yields the first resumed batch (step {step}) "
+        f"{where} at the same step (its iterator, continued from the run's start, yields the same examples from "
+        "the same states at the save)",
+    ]
+    if got.batch_differs:
+        evidence.append(
+            f"the first resumed batch (step {step}) holds the uninterrupted run's examples drawn with other random "
+            f"numbers: {batch} (the collation's or the transforms' draws)"
+        )
+    if stepped:
+        evidence.append(
+            f"the resumed steps draw from the global {' / '.join(stepped)} RNG (its state advances over them: "
+            f"dropout, noise), so from step {step} on they draw other numbers than the uninterrupted run's"
+        )
+    if fed_from:
+        evidence.append(
+            f"your data path draws from the global {' / '.join(fed_from)} RNG (its batches change with it), so the "
+            f"random augmentations or shuffles of the resumed batches, from step {step} on, draw other numbers than "
+            "the uninterrupted run's"
+        )
+    fix = (
+        "put the global RNG states back once your epoch loop's resumed iterator exists and has fetched what it "
+        "fetches (rng = torch.get_rng_state() right after the load; it = iter(loader); first = next(it); "
+        "torch.set_rng_state(rng), random / numpy alike), or give the data path generators of its own saved with "
+        "the checkpoint (DataLoader(..., generator=g), a sampler's generator), so that a new iterator draws nothing "
+        "from the global RNGs"
+    )
+    if got.batch_differs:
+        fix += (
+            "; the first resumed batch's own random draws (a collator's masking, random transforms) are made again "
+            "after the load, while the uninterrupted run made them before the save when its loader fetches ahead: "
+            "draw them from a generator of the collator's own (DataCollatorForLanguageModeling(..., seed=...)) or "
+            "in the step, after the RNG states are put back"
+        )
+    dlcheck.fail(
+        evidence,
+        cause="your epoch loop draws from the global random number generators between the load and the first "
+        "resumed step (a new DataLoader iterator draws its base seed from torch's global RNG, a RandomSampler "
+        "without generator= its shuffle seed, a loader that fetches ahead fetches the first resumed batch again): "
+        "the RNG states the checkpoint restores are moved on before the resumed steps draw, so dropout and the "
+        "data path's random draws differ from the uninterrupted run's",
+        fix=fix,
+    )
 
 
 def _restores_what_it_draws(own: ResumeRun) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import inspect
 import itertools
 import os
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from ..errors import MISSING, RoleError
-from ..guard import preserved_rng
+from ..guard import preserved_dataloader, preserved_rng
 from ..session import user_call
 from .resume import (
     DRAW_SEED,
@@ -68,6 +69,7 @@ from .runs import (
     schedule_plan,
     scheduler_count,
     seed_all,
+    set_rng_state,
     targets_of,
     to_device,
     unwrap_prepared,
@@ -504,6 +506,9 @@ class LoopSetup:
             # whether the user's load put the global RNGs back where they were at the save (C3 asks it when
             # the steps draw nothing but the user's data path does)
             traj.notes["rng_restored"] = restored_rngs(base.truth.get("rng"), rng_state())
+            # the global RNG states at the save: C3 puts them back before the user's epoch loop draws its first
+            # resumed batch (:meth:`loop_draws`)
+            traj.notes["rng_at_save"] = base.truth.get("rng")
             # the training's own generators (state['generator'], the step's closure): whether the load put each back
             gens = own_generators(state, self._step_fn())
             traj.notes["generators"] = list(gens)
@@ -702,6 +707,109 @@ class LoopSetup:
         release_training_memory(fresh)
         return result
 
+    def loop_draws(self, run: ResumeRun) -> LoopDraws | None:
+        """What the user's epoch loop draws from the global RNGs between the load and the first resumed step
+        (``dlcheck_resume_dataloader``: a new iterator, the batches it skips, a loader that fetches ahead): the
+        global RNG states right after the loop yields its first resumed batch (fresh objects loaded by the user's
+        load from ``run``'s checkpoint, the global RNG states at the save put back after it), compared with the
+        uninterrupted loop's right after its iterator, continued from the run's start, yields the same step's batch
+        from the same states at the save; the two batches too. Each example is read with the global RNGs seeded by
+        its index and the stream put back after it (:func:`~.resume.seeded_examples`): an example has the same
+        content on both sides (told apart by content), and a random augmentation's draws are not in the comparison
+        (C3 asks whether the data path draws from a moved generator, :meth:`data_rng`). Trains nothing. None when
+        the training dict holds no loader, without the role, or when the load or the loop yields nothing (C1
+        reports a load that raises)."""
+        at_save = run.resumed.notes.get("rng_at_save")
+        if self.resume_loader is MISSING or not at_save:
+            return None
+        saved_at = run.saved_at
+        every = self.checkpoint_every
+        ref = self.state()
+        key = loader_key(ref)
+        if key is None:
+            self.keep(ref)
+            return None
+        try:
+            epoch = len(ref[key])
+        except TypeError:
+            epoch = None
+        reference: list[Any] = []
+        # each example read with the RNGs seeded by its index, the stream put back after it: a random augmentation
+        # gives the example the same content on both sides (told apart by content), and what the loading draws
+        # besides (an iterator's seed, a sampler, a collator) draws from the stream as it would
+        with preserved_rng(), preserved_dataloader(ref[key]), _seeded_examples(ref[key], keep_stream=True):
+            seed_all(SEED)
+            starts = self._epoch_starts(ref) if every == "epoch" else None
+            it = None
+            for p in range(saved_at + 1):
+                if p == saved_at:  # the step after the save: drawn from the states at the save
+                    set_rng_state(at_save)
+                if it is None:
+                    if starts is not None:
+                        next(starts)
+                    it = iter(ref[key])
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    if p == saved_at:
+                        set_rng_state(at_save)
+                    if starts is not None:
+                        next(starts)
+                    it = iter(ref[key])
+                    try:
+                        batch = next(it)
+                    except StopIteration:
+                        break
+                if p == saved_at:
+                    reference = [batch, rng_state()]
+            _close(it)
+            it = None
+        collate = getattr(ref[key], "collate_fn", None)
+        release_training_memory(ref)
+        ref = None
+        if not reference:
+            return None
+        fresh = self.state()
+        try:
+            with preserved_rng():
+                seed_all(SEED + 1)  # a new process: the global RNGs are wherever they are
+                try:
+                    user_call("load_checkpoint", lambda: self.load(fresh, str(run.checkpoint)))
+                except RoleError:  # C1's resume reports the load that raises
+                    return None
+                if fresh.get(key) is None:
+                    return None
+                with preserved_dataloader(fresh[key]), _seeded_examples(fresh[key], keep_stream=True):
+                    set_rng_state(at_save)
+                    if every == "epoch" and epoch:
+                        next(self._epoch_starts(fresh, saved_at // epoch))
+                    resumed_step = saved_at % epoch if epoch else saved_at
+                    first = user_call("resume_dataloader", lambda: self.resume_loader(fresh, fresh[key], resumed_step))
+                    it = iter(first)
+                    try:
+                        batch = next(it)
+                    except StopIteration:
+                        return None
+                    finally:
+                        _close(it)
+                    now = rng_state()
+        finally:
+            release_training_memory(fresh)
+        restores = labels_restore(collate)
+        mine, theirs = example_digests(batch, restores), example_digests(reference[0], restores)
+        moved = [name for name, same in restored_rngs(reference[1], now).items() if not same]
+        ahead = None
+        if "torch" in moved:
+            ahead = _numbers_apart(reference[1]["torch"], now["torch"])
+        return LoopDraws(
+            step=saved_at + 1,
+            through=type(first).__name__,
+            moved=moved,
+            same_examples=mine is not None and mine == theirs,
+            batch_differs=_batch_differs(batch, reference[0]),
+            torch_ahead=ahead,
+        )
+
     def _epoch_starts(self, state: dict[str, Any], epoch: int = 0) -> Iterator[None]:
         """The top of the user's epoch loop, once per epoch from ``epoch`` on: ``dlcheck_start_epoch(state,
         state[key], epoch)`` when given (nothing otherwise)."""
@@ -849,6 +957,65 @@ def restored_rngs(saved: Mapping[str, Any] | None, now: Mapping[str, Any]) -> di
         else:
             out[name] = bool(torch.equal(a, b))
     return out
+
+
+@dataclasses.dataclass
+class LoopDraws:
+    """:meth:`LoopSetup.loop_draws`' answer: the step the user's epoch loop resumes at, what it trains on (in
+    words), the global generators whose states differ from the uninterrupted run's right after the first resumed
+    batch, whether that batch holds the uninterrupted run's examples, which of its entries differ from the
+    uninterrupted batch's (empty: none), and how many 32-bit numbers torch's global RNG is ahead of the
+    uninterrupted run's (negative: behind; None: not within :data:`_APART`, or not moved)."""
+
+    step: int
+    through: str
+    moved: list[str]
+    same_examples: bool
+    batch_differs: list[str]
+    torch_ahead: int | None
+
+
+#: how many 32-bit numbers apart two states of torch's CPU generator are looked for
+_APART = 4096
+
+
+def _numbers_apart(reference: torch.Tensor, now: torch.Tensor) -> int | None:
+    """How many 32-bit numbers torch's CPU generator draws from the state ``reference`` to reach ``now``
+    (negative: from ``now`` to ``reference``); None when neither is within :data:`_APART` draws of the other. On a
+    generator of dlcheck's own: the global one is untouched."""
+    for start, goal, sign in ((reference, now, 1), (now, reference, -1)):
+        gen = torch.Generator()
+        try:
+            gen.set_state(start)
+        except RuntimeError:  # not a CPU generator's state
+            return None
+        one = torch.empty((), dtype=torch.int32)
+        for k in range(1, _APART + 1):
+            one.random_(generator=gen)
+            if torch.equal(gen.get_state(), goal):
+                return sign * k
+    return None
+
+
+def _batch_differs(a: Any, b: Any) -> list[str]:
+    """The entries (a mapping's keys, a sequence's positions) where two batches differ; ``["the batch"]`` when they
+    differ as a whole; empty when they are the same."""
+    if _nested_digest(a) == _nested_digest(b):
+        return []
+    if isinstance(a, Mapping) and isinstance(b, Mapping) and a.keys() == b.keys():
+        return [str(k) for k in a if _nested_digest(a[k]) != _nested_digest(b[k])]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and len(a) == len(b):
+        return [f"[{i}]" for i, (x, y) in enumerate(zip(a, b, strict=True)) if _nested_digest(x) != _nested_digest(y)]
+    return ["the batch"]
+
+
+def _close(it: Any) -> None:
+    """Close an iterator left part way (a generator's ``close()``): a loader's generator-based iteration ends
+    now, not when it is collected."""
+    close = getattr(it, "close", None)
+    if callable(close):
+        with contextlib.suppress(Exception):
+            close()
 
 
 def _reseed(name: str, seed: int) -> None:

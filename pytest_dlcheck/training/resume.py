@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..errors import RoleError
-from .runs import SEED, Trajectory, ema_difference, seed_all, set_rng_state
+from .runs import SEED, Trajectory, ema_difference, rng_state, seed_all, set_rng_state
 
 #: a restore piece of the diagnostic resumes (C3): the global RNGs set to another state than the uninterrupted
 #: run's, where "rng" puts that state back, so that a run whose resumed steps draw no random numbers is told
@@ -434,12 +434,14 @@ def epoch_reach(epoch: int | None, total: int) -> int:
 
 
 @contextlib.contextmanager
-def seeded_examples(loader: Any) -> Iterator[None]:
+def seeded_examples(loader: Any, keep_stream: bool = False) -> Iterator[None]:
     """While active, each example of the loader's map-style dataset is read with the global RNGs seeded by its
     index, so that a random augmentation gives an example the same content in every draw: in this process, or in
     the loader's worker processes when they are forked from it (they inherit the dataset as it is, its reading
     included: the crops of accelerate's cv_example, drawn in 4 workers); spawned workers (which import the dataset
-    anew) are left as they are. The dataset's class is put back afterwards."""
+    anew) are left as they are. The dataset's class is put back afterwards. ``keep_stream``: the global RNG states
+    are put back after each read, so that what the rest of the loading draws (a sampler, a collator) draws from
+    the stream it would draw from without the example reads."""
     from torch.utils.data import IterableDataset
 
     ds = getattr(loader, "dataset", None)
@@ -456,6 +458,13 @@ def seeded_examples(loader: Any) -> Iterator[None]:
         return zlib.crc32(repr(index).encode())
 
     def getitem(self: Any, index: Any) -> Any:
+        if keep_stream:
+            saved = rng_state()
+            try:
+                seed_all(EXAMPLE_SEED + index_seed(index))
+                return cls.__getitem__(self, index)
+            finally:
+                set_rng_state(saved)
         seed_all(EXAMPLE_SEED + index_seed(index))
         return cls.__getitem__(self, index)
 
