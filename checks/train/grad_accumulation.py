@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from ...training.runs import (
     unwrap_prepared,
 )
 from ..shared.dropout import quiet_dropout
+from . import accumulation_step as by_step
 
 
 def _quiet_dropout(model: Any) -> int:
@@ -47,11 +49,15 @@ class Window:
     no_optimizer: bool = False
     first_grads: dict[str, torch.Tensor] | None = None  # what the optimizer saw when it stepped at the very first call
     first_modes: dict[str, bool] | None = None  # the train/eval flags at that first call's forward
+    loss_missing: str | None = None  # why dlcheck cannot compute the loss apart from the step (judged from the step)
+    loss_scale: float = 1.0  # a mixed-precision GradScaler's scale, a factor of every loss the step backwards
+    record: by_step.Record | None = None  # the step's backwards and draws, when judged from the step
 
 
 def _watch_window(setup: Any, n: int) -> Window:
     """Call the user's step on fresh objects until the optimizer step that ends the first accumulation
-    window (the first step, or the second when the first came at the very first call)."""
+    window (the first step, or the second when the first came at the very first call). When the loss exists only
+    inside the step, each backward's contribution and the step's random draws are recorded too."""
     win = Window()
     state = setup.state()
     model, opt = state["model"], state.get("optimizer")
@@ -92,14 +98,23 @@ def _watch_window(setup: Any, n: int) -> Window:
     handles = [inner.register_step_pre_hook(pre), inner.register_step_post_hook(post)]
     handles.append(model.register_forward_pre_hook(forward_pre))
     handles += [p.register_post_accumulate_grad_hook(norm_of(name)) for name, p in params]
+    batches = setup.batches(n)
+    if setup.compute_loss is MISSING and batches:
+        win.loss_missing = setup.loss_unavailable(model, to_device(batches[0], device_of(model)))
+    if win.loss_missing is not None:
+        win.record = by_step.Record()
+        win.loss_scale = by_step.loss_scale(state)
     try:
         with preserved_rng():
             seed_all(SEED)
-            for i, batch in enumerate(setup.batches(n)):
-                now["call"] = i
-                setup.step(state, batch, i)
-                if len(win.calls) >= 2 or (win.calls and win.calls[0] > 0):
-                    break
+            with by_step.watched(params, win.record) if win.record is not None else contextlib.nullcontext():
+                for i, batch in enumerate(batches):
+                    now["call"] = i
+                    if win.record is not None:
+                        win.record.now = i
+                    setup.step(state, batch, i)
+                    if len(win.calls) >= 2 or (win.calls and win.calls[0] > 0):
+                        break
     finally:
         for h in handles:
             h.remove()
@@ -334,6 +349,24 @@ def check_grad_accumulation(dlcheck):
         optimizer stepped at the very first call and then after k > 1 (a counter tested as ``step % k == 0``
         from 0), that first step is judged too: a gradient 1/k of its one micro-batch's is an off-by-one
         window. One accumulated step and k (k + 1) reference passes.
+
+        When the loss exists only inside your step (no ``dlcheck_compute_loss``, a model the batches give no
+        labels, batches no ``dlcheck_loss_fn`` takes), the step itself is judged: what each of its backwards adds
+        to ``.grad`` over the window is read, with the constant factor at the root of the loss it backwards
+        (``loss / k``, accelerator.backward's 1/k; a GradScaler's scale left out); then, on fresh objects in the
+        same state, the step is run on the union of the window's k micro-batches as one micro-batch
+        (concatenated, or, padded to different lengths, collated again by your loader's collate_fn from their
+        examples), k x what it adds being the full-batch gradient at the step's scale (a step that backwards
+        only at the window's last call, buffering its micro-batches, gets the union at each call of a window).
+        The step's draws through torch.rand / randn / randint / their _like forms / bernoulli / multinomial /
+        normal are recorded and replayed on the union row by row (the union's rows drawn as the micro-batches'
+        rows were); the union is run at two seeds, and a gradient that differs between them (a draw through
+        python's or numpy's random, a generator of its own, torch.randperm) is not judged. Fails when the summed
+        contributions are the full-batch gradient but the loss takes no factor (a mean over its micro-batch,
+        backwarded whole k times: k x the full-batch gradient), or when they are a reweighting of the
+        micro-batches' contributions other than by their examples (each micro-batch's loss normalized by its
+        own number of tokens or masked positions: the fitted weights name each micro-batch's share in the full
+        batch). Two runs of the step on the union (2k calls for a buffering step).
     Why it is bad
         Not dividing the loss by k makes every update k times the full-batch gradient: with SGD the
         effective learning rate is k times too high, with Adam the scale mostly cancels but gradient
@@ -355,6 +388,13 @@ def check_grad_accumulation(dlcheck):
         != -100).sum() for mb in the k micro-batches)`` (fetch the k micro-batches first, as transformers'
         Trainer does).
     Known problems
+        Judged from the step itself: not judged when the union of the micro-batches cannot be formed (fields of
+        different widths and no DataLoader collate_fn, loader workers, a field that is not one row per example),
+        when a draw of the step is not the micro-batches' draws joined row by row (a draw per window, not per
+        example), or when the union's gradient changes with the seed; a loss scaled by k in a way its graph does
+        not show at the root (the learning rate divided by k instead) reads as a loss not divided by k; a first
+        window of one micro-batch is judged by its backward's factor (1/k as in the full windows: off by one);
+        BatchNorm's batch statistics make a micro-batch and the union differ (skipped with the numbers).
         Judges the first accumulation window only, with dropout off; a step whose loss differs from the
         loss dlcheck computes (an auxiliary term, label smoothing not in ``dlcheck_compute_loss``) matches no
         candidate and skips with the numbers. A ``dlcheck_loss_fn`` with ``reduction='sum'`` makes the full
@@ -422,6 +462,9 @@ def check_grad_accumulation(dlcheck):
         dlcheck.skip("the optimizer stepped with no gradient on its parameters: nothing to compare")
     k = win.end - win.start + 1
     batches = setup.batches(win.end + 1)[win.start : win.end + 1]
+    if win.loss_missing is not None:
+        _judge_from_step(dlcheck, setup, win, k, stepname, accelerate, tol)
+        return
     ref = run_or_skip(dlcheck, lambda: _reference(setup, batches, win, list(win.grads)))
     if not ref.weighted or _norm(ref.weighted) == 0:
         dlcheck.skip("your loss gives no gradient on the window's micro-batches: nothing to compare")
@@ -604,4 +647,282 @@ def check_grad_accumulation(dlcheck):
         f"the gradient the optimizer steps on matches none of the candidates within {tol:g}: {window}; {shown}; "
         f"norm ratio {ratio:.3g}, cosine {cosine:.4f}. Your step's loss may differ from the loss dlcheck computes "
         "(define dlcheck_compute_loss as your step computes it), or something random besides dropout differs"
+    )
+
+
+def _between(total: dict[str, torch.Tensor], grads: dict[str, torch.Tensor]) -> float | None:
+    """The one factor every gradient was multiplied by between the backwards and the optimizer step (clipping, an
+    unscale, a division of .grad by k), or None when there is none or no one factor."""
+    factors = []
+    for name, g in grads.items():
+        before = float(total[name].double().norm()) if name in total else 0.0
+        if before > 0:
+            factors.append(float(g.double().norm()) / before)
+    if not factors:
+        return None
+    mid = sorted(factors)[len(factors) // 2]
+    if abs(mid - 1) < 1e-4 or mid <= 0 or any(abs(f - mid) > 1e-4 * mid for f in factors):
+        return None
+    return mid
+
+
+def _weights(weights: list[float | None]) -> str:
+    return ", ".join("- (it added no gradient)" if w is None else f"{w:.3g}" for w in weights)
+
+
+def _factor_words(f: float, k: int) -> str:
+    if abs(f - 1) < 1e-12:
+        return "1 (no factor in the graph of the loss it backwards)"
+    if abs(f * k - 1) < 1e-9:
+        return f"1/{k} (the loss divided by k={k})"
+    if f > 0 and abs(1 / f - round(1 / f)) < 1e-6:
+        return f"1/{round(1 / f)}"
+    return f"{f:.4g}"
+
+
+def _judge_from_step(
+    dlcheck: Any, setup: Any, win: Window, k: int, stepname: str, accelerate: bool, tol: float
+) -> None:
+    """T10 for a step whose loss exists only inside it: its backwards' contributions over the window against the
+    union of the window's micro-batches run through the same step as one micro-batch."""
+    rec = win.record
+    assert rec is not None
+    calls = range(win.start, win.end + 1)
+    mine = rec.in_calls(calls)
+    judged_from = f"judged from {stepname} itself: the loss exists only inside it ({win.loss_missing})"
+    if not mine:
+        dlcheck.skip(f"{judged_from}; no backward ran in the calls {win.start + 1}-{win.end + 1} of the window")
+    drawn = setup.batches(win.end + 1)
+    before, batches = drawn[: win.start], drawn[win.start :]
+    rows = [batch_len(b) or 0 for b in batches]
+    joined, how = by_step.union(setup.loader, batches, win.start)
+    if joined is None:
+        dlcheck.skip(
+            f"not judged: {judged_from}, and the union of the window's {k} micro-batches, which would give the "
+            f"full-batch gradient through your step, cannot be formed honestly: {how}"
+        )
+    factors = [None if b.factor is None else b.factor / win.loss_scale for b in mine]
+    f0 = factors[0]
+    same = f0 is not None and all(f is not None and abs(f - f0) <= 1e-9 * max(1e-30, abs(f0)) for f in factors)
+    per_call = [sum(1 for b in mine if b.call == c) for c in calls]
+    one_call = same and per_call == [1] * k  # every micro-step backwards once, scaled alike: one call on the union
+    seeds = (SEED, SEED + 1)
+    runs = [
+        run_or_skip(
+            dlcheck,
+            lambda s=s: by_step.run_union(
+                setup, _quiet_dropout, win, before, joined, rec.draws, rows, s, replicate=not one_call
+            ),
+        )
+        for s in seeds
+    ]
+    for run in runs:
+        if run.replay_error is not None:
+            dlcheck.skip(
+                f"not judged: {judged_from}; the step draws random numbers, and they cannot be replayed on the union "
+                f"of the window's micro-batches: {run.replay_error}"
+            )
+    union_grads = [run.total(calls) for run in runs]
+    if not union_grads[0] or by_step.rel(union_grads[1], union_grads[0]) > min(1e-3, tol / 10):
+        if not union_grads[0]:
+            dlcheck.skip(f"{judged_from}; the step run on the union of the micro-batches added no gradient")
+        dlcheck.skip(
+            f"not judged: {judged_from}; the step draws random numbers dlcheck cannot replay (not through "
+            f"torch.{', torch.'.join(by_step.DRAWS[:3])}, ...: python's or numpy's random, a generator of its own): "
+            f"its gradient on the union of the micro-batches differs by "
+            f"{by_step.rel(union_grads[1], union_grads[0]):.2g} between two seeds"
+        )
+    if one_call:
+        theirs = runs[0].in_calls(calls)
+        if len(theirs) != 1 or theirs[0].factor is None or abs(theirs[0].factor / win.loss_scale - f0) > 1e-9 * abs(f0):
+            dlcheck.skip(
+                f"not judged: {judged_from}; on the union of the micro-batches the step backwarded otherwise than "
+                f"on each micro-batch ({len(theirs)} backward(s), factor {theirs[0].factor if theirs else None})"
+            )
+    full = {n: v * (k if one_call else 1) for n, v in union_grads[0].items()}
+    total = rec.total(calls)
+    e_full = by_step.rel(total, full)
+    e_sum = by_step.rel(total, full, 1.0 / k)
+    rho = _between(total, win.grads)
+    divides_grads = rho is not None and abs(rho * k - 1) < 1e-3
+    unit = "examples"
+    where = f"calls {win.start + 1}-{win.end + 1}" + (", after the optimizer step at call 1" if win.start else "")
+    window = (
+        f"the optimizer step at call {win.end + 1} of {stepname} closes an accumulation of k={k} micro-batches "
+        f"({where}); {unit} per micro-batch: {', '.join(map(str, rows))} ({sum(rows)} in all)"
+    )
+    union_line = f"the union of the {k} micro-batches ({how}) run through your step as one micro-batch" + (
+        f": {k} x its contribution is the full-batch gradient"
+        if one_call
+        else f" at each of the window's {k} calls: the gradient of that window is the full-batch gradient"
+    )
+    draws = (
+        f"random draws of the step replayed row by row on the union ({runs[0].replayed} draw(s)); its gradient there "
+        "is the same at two seeds"
+        if rec.draws
+        else "the step draws no random numbers through torch's samplers; its gradient on the union is the same at two "
+        "seeds"
+    )
+    dropout = (
+        f"dropout off in both runs ({win.dropouts} dropout layer(s) or attribute(s) of the fresh copies set to 0)"
+        if win.dropouts
+        else "no dropout in the model"
+    )
+    scaled = (
+        f"each backward scales its loss by {_factor_words(f0, k)}"
+        if same
+        else "the backwards scale their losses unlike each other ("
+        + ", ".join(f"{f:.3g}" if f is not None else "?" for f in factors)
+        + ")"
+    )
+    shown = (
+        f"relative error of the {k} micro-batches' summed contributions to the full-batch gradient {e_full:.2g}, "
+        f"to 1/{k} of it (a loss that adds over examples) {e_sum:.2g}"
+    )
+    if e_full <= tol and e_full < e_sum:
+        undivided = same and abs(f0 - 1) < 1e-12 and not divides_grads
+        if undivided:
+            unit_grad = {n: v / k for n, v in full.items()}
+            ratio = _norm(total) / max(_norm(unit_grad), 1e-300)
+            dlcheck.fail(
+                [
+                    window,
+                    judged_from,
+                    f"{scaled}; {union_line}",
+                    f"the union as one micro-batch contributes 1/{k} of the {k} micro-batches' summed contributions "
+                    f"(relative error {e_full:.2g}): your loss is a mean over its micro-batch, so the optimizer steps on "
+                    f"{ratio:.3g}x the full-batch gradient (cosine {_cosine(total, unit_grad):.4f})",
+                    draws,
+                ],
+                cause=f"the loss is not divided by the accumulation factor: each of the {k} backward passes adds a "
+                "whole micro-batch gradient, so the optimizer steps on their sum, "
+                f"{ratio:.3g}x the full-batch gradient (SGD: a {ratio:.3g}x learning rate; Adam: the scale mostly "
+                "cancels, but gradient clipping, eps and weight decay act on a gradient that size)",
+                fix="call accelerator.backward(loss) (it divides by gradient_accumulation_steps), not loss.backward()"
+                if accelerate
+                else f"loss = loss / accum_steps before loss.backward() (accum_steps = {k}, the micro-batches per "
+                "optimizer step)",
+            )
+        first = rec.in_calls(range(0, 1)) if win.start == 1 else []
+        f_first = first[0].factor / win.loss_scale if len(first) == 1 and first[0].factor is not None else None
+        if f_first is not None and same and abs(f0 * k - 1) < 1e-9 and abs(f_first - f0) <= 1e-9 * abs(f0):
+            dlcheck.fail(
+                [
+                    f"the optimizer stepped at call 1 of {stepname}, after one micro-batch, and then after the "
+                    f"{k} micro-batches of calls {win.start + 1}-{win.end + 1}",
+                    judged_from,
+                    f"the backward of call 1 scales its loss by 1/{k}, as each backward of the window of {k} does: "
+                    f"the first step moves on 1/{k} of its one micro-batch's gradient",
+                    f"the window of calls {win.start + 1}-{win.end + 1} is right: {union_line}; the gradient your "
+                    f"step accumulates matches it (relative error {e_full:.2g})",
+                ],
+                cause=f"the first accumulation window is off by one: the optimizer steps when the micro-step counter "
+                f"is a multiple of {k} (0, {k}, {2 * k}, ...) while the counter starts at 0, so the first optimizer "
+                f"step comes after one micro-batch and moves the weights on 1/{k} of its gradient, and every later "
+                f"window ends one micro-batch early",
+                fix=f"step when (step + 1) % {k} == 0 (or at the epoch's last batch), or use `with "
+                "accelerator.accumulate(model):` and step on every call (Accelerate steps when the window is full)",
+            )
+        if f_first is not None and abs(f_first - 1) < 1e-12:
+            dlcheck.measured(
+                "the first optimizer step came at call 1 (a window of one micro-batch); its backward takes the "
+                f"whole loss (no factor), not 1/{k} of it"
+            )
+        elif win.start:
+            dlcheck.not_judged(
+                "the first window of one micro-batch",
+                f"the optimizer stepped at call 1 too; its backward's factor ({f_first}) is neither 1 nor the window's",
+            )
+        dlcheck.measured(
+            window,
+            judged_from,
+            f"{scaled}" + (f"; the gradients divided by {k} before the step" if divides_grads else ""),
+            union_line,
+            f"the gradient your step accumulates matches the full-batch gradient: relative error {e_full:.2g}",
+            f"told apart: a loss that adds over its examples would be off by {e_sum:.2g}"
+            + (f"; a loss not divided by k by {k - 1}" if same and abs(f0 * k - 1) < 1e-9 else ""),
+            draws,
+            dropout,
+            k=k,
+            rel_error=e_full,
+        )
+        return
+    if e_sum <= tol:
+        dlcheck.measured(
+            window,
+            judged_from,
+            scaled,
+            union_line,
+            f"your step's loss adds over the examples: the {k} micro-batches' summed contributions are 1/{k} of "
+            f"{k} x the union's (relative error {e_sum:.2g}), the full batch's sum of losses at the step's scale",
+            draws,
+            dropout,
+            k=k,
+            rel_error=e_sum,
+        )
+        return
+    parts = [b.part for b in mine]
+    if len(parts) == k:
+        target = {n: v for n, v in full.items() if any(n in p for p in parts)}
+        weights, resid = by_step.fit_weights(parts, {n: v.cpu() for n, v in target.items()})
+    else:
+        weights, resid = [], math.inf
+    if weights and resid <= tol:
+        by_examples = [k * n / sum(rows) for n in rows]
+        fitted = [(i, w) for i, w in enumerate(weights) if w is not None]
+        if all(abs(w - by_examples[i]) <= tol * max(1.0, by_examples[i]) for i, w in fitted):
+            dlcheck.measured(
+                window,
+                judged_from,
+                scaled,
+                union_line,
+                f"the full batch weighs each micro-batch's contribution by its number of examples (fitted weights "
+                f"{_weights(weights)}, residual {resid:.2g}): your step's per-micro-batch mean over micro-batches of "
+                f"different sizes differs from it by {e_full:.2g} (not judged a bug)",
+                draws,
+                dropout,
+                k=k,
+                rel_error=e_full,
+            )
+            return
+        low, low_w = min(fitted, key=lambda iw: iw[1])
+        share = low_w / k
+        total_w = sum(w for _, w in fitted)
+        dlcheck.fail(
+            [
+                window,
+                judged_from,
+                f"{scaled}; {union_line}",
+                f"the {k} micro-batches' summed contributions differ from the full-batch gradient by {e_full:.0%} "
+                f"(cosine {_cosine(total, full):.4f}); the full-batch gradient is the micro-batches' contributions "
+                f"weighted {_weights(weights)} (residual {resid:.2g}), your step weighs each "
+                f"by 1",
+                f"micro-batch {low + 1} weighs 1/{k} of the step; in the full batch it weighs {share:.3g} "
+                f"({(1 / k) / share if share > 0 else math.inf:.3g}x its share), though the micro-batches hold "
+                f"{'the same number of examples' if len(set(rows)) == 1 else 'examples ' + ', '.join(map(str, rows))}",
+                draws,
+            ],
+            cause="each micro-batch's loss is normalized by its own count (a mean over its own tokens, masked "
+            "positions or valid elements), so the micro-batches count alike whatever their counts, and the elements "
+            "of a micro-batch with few count more than in the full batch's mean"
+            + (
+                f"; nor is it divided by the accumulation factor (the weights sum to {total_w:.3g}, not {k})"
+                if same and abs(f0 - 1) < 1e-12 and abs(total_w - k) > tol * k
+                else ""
+            ),
+            fix="sum the per-element losses (reduction='sum' over the supervised tokens / masked positions) and "
+            f"divide by their count over all {k} micro-batches of the optimizer step, counted before the first "
+            "backward (keep the micro-batches, or draw their masks, first)"
+            + (
+                " (accelerator.backward divides by gradient_accumulation_steps: pass it "
+                "loss_sum * accelerator.gradient_accumulation_steps / count)"
+                if accelerate
+                else ""
+            ),
+        )
+    dlcheck.skip(
+        f"{judged_from}; {window}; {union_line}; the gradient it accumulates matches neither it nor a reweighting of "
+        f"the micro-batches ({shown}"
+        + (f", best reweighting residual {resid:.2g}" if weights else "")
+        + "): something besides the loss differs between a micro-batch and the union (batch statistics: BatchNorm)"
     )
