@@ -12,7 +12,7 @@ from ...errors import MISSING
 from ...guard import preserved_rng
 from ...registry import Setting, check
 from ...session import user_call
-from ...training import SEED, SetupError, get_setup, run_or_skip, seed_all
+from ...training import SEED, SetupError, get_setup, probe, run_or_skip, seed_all
 from ...training.runs import (
     NotTheBatch,
     batch_len,
@@ -26,6 +26,7 @@ from ...training.runs import (
 )
 from ..shared.dropout import quiet_dropout
 from . import accumulation_step as by_step
+from . import trainer_accumulation
 
 
 def _quiet_dropout(model: Any) -> int:
@@ -399,10 +400,18 @@ def check_grad_accumulation(dlcheck):
         loss dlcheck computes (an auxiliary term, label smoothing not in ``dlcheck_compute_loss``) matches no
         candidate and skips with the numbers. A ``dlcheck_loss_fn`` with ``reduction='sum'`` makes the full
         batch's loss the sum of the micro-batch sums. Gradient clipping or an unscale between the last backward and
-        the step (one factor for every gradient) is undone before comparing. Trainer and Lightning runs are
-        not judged (skip): transformers >= 4.46 divides by ``num_items_in_batch`` itself (a ``compute_loss``
-        override that ignores it is not seen); Lightning divides each micro-batch's loss by
-        ``accumulate_grad_batches`` (a token mean over variable counts is weighted per micro-batch there).
+        the step (one factor for every gradient) is undone before comparing. A transformers
+        Trainer (``gradient_accumulation_steps`` > 1) is judged on what its ``training_step`` trusts: where the
+        model accepts loss kwargs (a forward taking ``**kwargs``, or ``accepts_loss_kwargs``) or a
+        ``compute_loss_func`` is set, the Trainer does not divide by the accumulation and hands the loss
+        ``num_items_in_batch``: its ``compute_loss`` is called on a training batch with N and 2N items (no gradient,
+        same RNG states); a loss that halves passes, one that does not move fails (a head that takes ``**kwargs`` and
+        keeps its own per-batch mean: every step ``gradient_accumulation_steps`` times the full batch's gradient,
+        transformers issue #47688). Not judged there (skip): a model without loss kwargs (the Trainer divides each
+        micro-batch's loss by the accumulation, a token mean weighted per micro-batch), a ``training_step`` override
+        that does not hand on to ``super().training_step``. Lightning runs are not judged (skip): Lightning divides
+        each micro-batch's loss by ``accumulate_grad_batches`` (a token mean over variable counts is weighted per
+        micro-batch there).
     Not applicable
         Trainings without gradient accumulation: every call of your step takes an optimizer step, the
         plain loop's default step (no ``dlcheck_train_step``), a Trainer with ``gradient_accumulation_steps=1``, a
@@ -415,12 +424,9 @@ def check_grad_accumulation(dlcheck):
         if accum <= 1:
             dlcheck.not_applicable(f"{setup.describe()} does not accumulate gradients ({knob}={accum})")
         if setup.kind == "trainer":
-            dlcheck.skip(
-                f"not judged for a Trainer ({knob}={accum}): transformers >= 4.46 divides the summed token loss by "
-                "num_items_in_batch over the whole accumulated batch itself; a compute_loss override that ignores "
-                "num_items_in_batch is not seen (T10 judges plain loops and Accelerate: dlcheck_make_training + "
-                "dlcheck_train_step)"
-            )
+            fresh, batches, _ = probe(dlcheck)
+            trainer_accumulation.judge(dlcheck, fresh, batches, accum)
+            return
         dlcheck.skip(
             f"not judged for Lightning ({knob}={accum}): Lightning divides each micro-batch's loss by "
             "accumulate_grad_batches, which weights a token-mean loss per micro-batch, not per token; T10 runs only "
