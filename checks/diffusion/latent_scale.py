@@ -35,22 +35,30 @@ def sf_name_plain(sf: float) -> str:
     return f"vae.config.scaling_factor ({sf:g})"
 
 
-def decode_observed(dlcheck, vae) -> tuple[float, Any] | None:
-    """(a, decode input) with ``decode input ≈ a · the last latents a scheduler step produced`` (least
-    squares), from the one run of dlcheck_sample_images that DF3, DF4 and DF6 share (``D.sampling_run``,
-    which wraps every scheduler class's ``step`` and this VAE's ``decode`` for the call); None when either
-    was not seen."""
+def decode_observed(dlcheck, vae) -> tuple[float, str, str | None] | None:
+    """(a, who) with ``decode input ≈ a · the last latents a scheduler step produced`` (least squares), from
+    the one run of dlcheck_sample_images that DF3, DF4 and DF6 share (``D.sampling_run``, which wraps every
+    scheduler class's ``step`` and the decode of this VAE's class for the call: a pipeline loaded beside the
+    training decodes with its own copy); ``who`` names the caller of decode (the diffusers pipeline class
+    whose code called it, or dlcheck_sample_images itself) and ``by`` that class name (None: the user's own
+    code called decode). None when either was not seen."""
     run = D.sampling_run(dlcheck)
     if run is None or dlcheck.optional("vae") is not vae:
         return None
-    pairs = [(z, x) for z, x in run.decoded if x is not None and z.shape == x.shape]
+    pairs = [(z, x, by) for z, x, by in run.decoded if x is not None and z.shape == x.shape]
     if not pairs:
         return None
-    z, x = pairs[-1]
+    z, x, by = pairs[-1]
     denom = float((x.double() * x.double()).sum())
     if denom == 0:
         return None
-    return float((z.double() * x.double()).sum()) / denom, z
+    name = type(vae).__name__
+    who = (
+        f"{by} (called by dlcheck_sample_images) passes {name}.decode"
+        if by
+        else "dlcheck_sample_images passes vae.decode"
+    )
+    return float((z.double() * x.double()).sum()) / denom, who, by
 
 
 def _latent_picture(dlcheck, raw: Any, draws: Any) -> None:
@@ -70,6 +78,134 @@ def _latent_picture(dlcheck, raw: Any, draws: Any) -> None:
             marks=[{"x": -1.0, "label": "±1 (std 1)"}, {"x": 1.0}],
             caption="values of the latents the VAE gives and the training uses",
         )
+
+
+def _vector_quantized(vae) -> bool:
+    """A VQ autoencoder (a ``quantize`` codebook): the pipelines built on one differ on the decode side (one
+    divides the denoiser's latents by config.scaling_factor, another decodes them as they are)."""
+    return getattr(vae, "quantize", None) is not None
+
+
+def _judge_decode_side(dlcheck, vae, sf, r, rtol, sf_name, raw_line, train_std, raw_std, implied):
+    """What the sampling side does with the denoiser's latents, against what the training step applies:
+    (lines for the pass, done). Fails when the two disagree, passes (done) when they agree on a scale other
+    than config.scaling_factor's, and leaves the rest (the sampler divides by the config factor, or was not
+    seen) to the config-based judgement. A VQ autoencoder whose sampler was not seen is not judged."""
+    seen = decode_observed(dlcheck, vae) if abs(sf - 1) > rtol else None
+    if seen is None:
+        if _vector_quantized(vae) and abs(sf - 1) > rtol:
+            stds = "; ".join(
+                x
+                for x in (
+                    raw_line,
+                    f"latents from dlcheck_training_inputs: std {D.fmt(train_std)}" if train_std is not None else "",
+                )
+                if x
+            )
+            dlcheck.skip(
+                "missing role: define fixture dlcheck_sample_images (the routine that samples with your pipeline "
+                f"and decodes) in conftest.py: {D.describe(vae)} is a vector-quantized autoencoder, and DF3 cannot "
+                f"tell whether the sampler divides by vae.config.scaling_factor ({sf:g}) before decoding (one "
+                "pipeline of such models divides, another decodes the denoiser's latents as they are), so the "
+                f"training's scale is not judged against it ({stds})"
+            )
+        return [], False
+    a, who, by = seen
+    seen_line = f"{who} {a:.3g} × the final latents of the sampling loop (measured on the last scheduler step's output)"
+    if abs(a * sf - 1) <= rtol:  # divides by the config's factor: judged against it below
+        return [f"{who} {a:.3g} × the final latents = 1 / scaling_factor ({1 / sf:.3g}, rtol {rtol:g})"], False
+    as_is = abs(a - 1) <= rtol
+    own_sampler_undivided = (
+        by is None and as_is and (implied is None or (abs(implied - sf) <= rtol * sf and abs(sf - 1) > rtol))
+    )
+    if own_sampler_undivided:  # the user's own routine forgets the division the training's factor needs
+        dlcheck.fail(
+            [
+                f"dlcheck_sample_images passes vae.decode {a:.3g} × the final latents of the sampling loop "
+                f"(measured on the last scheduler step's output), not 1 / scaling_factor = {1 / sf:.3g}",
+                *(
+                    [f"the training path scales the VAE latents by {implied:.3g} ({sf_name})"]
+                    if implied is not None
+                    else []
+                ),
+            ],
+            f"the sampling routine decodes the denoiser's latents without dividing by {sf_name_plain(sf)}, "
+            f"so the decoder sees latents {1 / sf:.3g}× too small and the samples come out washed out (grey, "
+            "low contrast), whatever the training",
+            "image = vae.decode(latents / vae.config.scaling_factor).sample (add vae.config.shift_factor after "
+            "dividing when it is set), as the diffusers pipelines do",
+        )
+    if implied is None:
+        if as_is:
+            dlcheck.skip(
+                "missing role: define fixture dlcheck_training_inputs (returning 'latents') in conftest.py: "
+                f"{seen_line}, not divided by vae.config.scaling_factor ({sf:g}); DF3 needs the latents the "
+                "training step produces to tell whether it trains on that scale"
+            )
+        return [], False
+    train_line = (
+        f"the training path scales the VAE latents by {implied:.3g} (std {D.fmt(train_std)} over {D.fmt(raw_std)} raw)"
+    )
+    if abs(implied * a - 1) > rtol:
+        sampler = by or "the sampling routine"
+        dlcheck.fail(
+            [train_line, seen_line],
+            f"the denoiser is trained on the VAE's latents × {implied:.3g}, but {sampler} hands the decoder "
+            f"{a:.3g} × the latents it samples, so the decoder receives {implied * a:.3g}× "
+            "the VAE's own latent scale, and the samples come out washed out or saturated",
+            (
+                f"drop the factor: train on the VAE's latents as they are (its encode output, no "
+                f"vae.config.scaling_factor), the scale {by} decodes"
+                if by and as_is
+                else f"scale the training latents by {1 / a:.4g}, the inverse of what {by} multiplies them by "
+                "before decoding"
+                if by
+                else "make the two agree: divide the sampled latents by the factor the training multiplies by "
+                "before decoding"
+            ),
+        )
+    agree = f"{train_line}: train and sample agree (the sampler undoes {implied:.3g})"
+    if as_is:
+        agree = f"the training path scales the VAE latents by {implied:.3g}: train and sample agree ({seen_line})"
+    if 1 / r <= train_std <= r:
+        dlcheck.measured(
+            agree,
+            f"latents from dlcheck_training_inputs: std {D.fmt(train_std)}, within [{1 / r:.3g}, {r:g}]",
+            *([raw_line] if raw_line else []),
+            f"vae.config.scaling_factor ({sf:g}) is used by neither side",
+            train_std=round(train_std, 4),
+            raw_std=round(raw_std, 4),
+            factor=round(implied, 5),
+            decode_factor=round(a, 5),
+            scaling_factor=sf,
+        )
+        return [], True
+    if by and as_is:  # the pipeline class decodes raw latents: the scale is the autoencoder's own
+        dlcheck.measured(
+            agree,
+            f"latents from dlcheck_training_inputs: std {D.fmt(train_std)}",
+            *([raw_line] if raw_line else []),
+            f"vae.config.scaling_factor ({sf:g}) is used by neither side",
+            train_std=round(train_std, 4),
+            raw_std=round(raw_std, 4),
+            factor=round(implied, 5),
+            decode_factor=round(a, 5),
+            scaling_factor=sf,
+        )
+        dlcheck.not_judged(
+            "unit variance",
+            f"{by} decodes the denoiser's latents as they are, with no scaling factor to calibrate: their scale is "
+            f"the autoencoder's own, which a denoiser pretrained on it keeps, so their std {D.fmt(train_std)} is "
+            f"not judged against unit variance (within [{1 / r:.3g}, {r:g}])",
+        )
+        return [], True
+    dlcheck.fail(
+        [agree, f"latents from dlcheck_training_inputs: std {D.fmt(train_std)}, outside [{1 / r:.3g}, {r:g}]"],
+        "train and sample agree on a scale that does not bring the latents to unit variance, which the noise "
+        "schedule assumes",
+        f"calibrate one factor for this VAE, 1 / std of its latents = {1 / raw_std:.4g}: multiply the training "
+        "latents by it and divide the sampled latents by it before decoding",
+    )
 
 
 @check(
@@ -106,7 +242,11 @@ def check_latent_scale(dlcheck):
         really produces on the same batches, and the factor it applied (their std over the raw std).
         Fails when the trained-on latents have a std outside [1/r, r] (r = max_std_ratio), naming the
         cause (factor omitted, a factor calibrated for another VAE, or another factor), or when the
-        training factor differs from vae.config.scaling_factor, which the pipeline divides by on decode.
+        training factor differs from the one the sampling side undoes. The sampling side is read from
+        dlcheck_sample_images when given: what reaches the decode of the VAE's class (the pipeline's own
+        copy included) is compared with the last scheduler step's output, so a pipeline that decodes the
+        latents as they are (a VQModel decoded with no division) is held to a training on raw latents,
+        and one that divides by scaling_factor to a training that multiplies by it.
     Why it is bad
         The noise schedule assumes data of unit variance: latents of std 5.5 (SD's VAE without its
         0.18215) keep a visible signal at t = 999, so sampling from pure noise starts off-distribution;
@@ -127,8 +267,13 @@ def check_latent_scale(dlcheck):
         must keep the factor it was trained with even when your data's latent std differs; the band is
         wide for that reason. Needs pixel images in the batches (skips with precomputed latents unless
         dlcheck_training_inputs is given). The decode side is read from vae.config (what diffusers
-        pipelines use); when dlcheck_sample_images is given, it is run once and what reaches vae.decode is
-        compared with the last scheduler step's output (a sampler that decodes without dividing fails). The VAE's
+        pipelines use) when dlcheck_sample_images is not given; when it is, it is run once and what reaches
+        decode is compared with the last scheduler step's output: a sampler that decodes without dividing
+        fails when the training multiplies by the factor, and a diffusers pipeline that decodes the raw
+        latents by design (its code calls decode unscaled) with a training on raw latents passes, the std
+        of those latents then not judged against unit variance (their scale is the autoencoder's own). A
+        vector-quantized autoencoder (VQModel) without dlcheck_sample_images is not judged (missing role):
+        its pipelines differ (one divides by scaling_factor, another decodes as is). The VAE's
         latents are drawn as training scripts draw them (latent_dist.sample()); a training path using
         .mode() on a VAE with a wide posterior (a freshly initialised one) is measured at another scale.
     Not applicable
@@ -185,28 +330,6 @@ def check_latent_scale(dlcheck):
     def in_band(s: float) -> bool:
         return 1 / r <= s <= r
 
-    decode_lines: list[str] = []
-    seen = decode_observed(dlcheck, vae) if abs(sf - 1) > rtol else None
-    if seen is not None:
-        a, _ = seen
-        if abs(a - 1) <= rtol:
-            dlcheck.fail(
-                [
-                    f"dlcheck_sample_images passes vae.decode {a:.3g} × the final latents of the sampling loop "
-                    f"(measured on the last scheduler step's output), not 1 / scaling_factor = {1 / sf:.3g}",
-                ],
-                f"the sampling routine decodes the denoiser's latents without dividing by {sf_name_plain(sf)}, "
-                f"so the decoder sees latents {1 / sf:.3g}× too small and the samples come out washed out (grey, "
-                "low contrast), whatever the training",
-                "image = vae.decode(latents / vae.config.scaling_factor).sample (add vae.config.shift_factor after "
-                "dividing when it is set), as the diffusers pipelines do",
-            )
-        if abs(a * sf - 1) <= rtol:
-            decode_lines.append(
-                f"dlcheck_sample_images passes vae.decode {a:.3g} × the final latents = 1 / scaling_factor "
-                f"({1 / sf:.3g}, rtol {rtol:g})"
-            )
-
     sf_name = f"vae.config.scaling_factor = {sf:g}" + (
         " (Stable Diffusion 1.x's value, calibrated for its VAE)" if math.isclose(sf, SD1_FACTOR, rel_tol=1e-4) else ""
     )
@@ -226,9 +349,13 @@ def check_latent_scale(dlcheck):
         "keep the original factor only for a denoiser pretrained with it on this VAE"
     )
 
+    implied = train_std / raw_std if train_std is not None and raw_std else None
+    decode_lines, done = _judge_decode_side(dlcheck, vae, sf, r, rtol, sf_name, raw_line, train_std, raw_std, implied)
+    if done:
+        return
+
     if train_std is not None:
         train_line = f"latents from dlcheck_training_inputs: std {D.fmt(train_std)} (wanted about 1, within [{1 / r:.3g}, {r:g}])"
-        implied = train_std / raw_std if raw_std else None
         if not in_band(train_std):
             evidence = [train_line] + ([raw_line] if raw_line else [])
             if implied is not None and abs(implied - 1) <= rtol and abs(sf - 1) > rtol:

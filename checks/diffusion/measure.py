@@ -694,12 +694,34 @@ class EmaWatch:
 @dataclass
 class SamplingRun:
     """What one call of ``dlcheck_sample_images`` showed: the scheduler instance whose ``step`` ran last, each
-    latent tensor that reached ``vae.decode`` with the last latents a scheduler step produced before it, and
-    which weights the denoiser ran with (``ema``, for DF2; None without an EMA that lines up with it)."""
+    latent tensor that reached ``decode`` of the VAE (or of another instance of its class: a pipeline loaded
+    beside the training holds its own copy) with the last latents a scheduler step produced before it and the
+    class name of the diffusers pipeline whose code made that call (None: the user's own code), and which
+    weights the denoiser ran with (``ema``, for DF2; None without an EMA that lines up with it)."""
 
     scheduler: Any
-    decoded: list[tuple[Any, Any]]
+    decoded: list[tuple[Any, Any, str | None]]
     ema: EmaWatch | None = None
+
+
+def _calling_pipeline(depth: int = 12) -> str | None:
+    """The class name of the innermost diffusers pipeline among the callers (a ``self`` that is a
+    DiffusionPipeline in one of the ``depth`` frames above), or None."""
+    import sys
+
+    try:
+        from diffusers import DiffusionPipeline
+    except ImportError:  # pragma: no cover - diffusers is there whenever a VAE is
+        return None
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, DiffusionPipeline):
+            return type(owner).__name__
+        frame = frame.f_back
+    return None
 
 
 def sampling_run(dlcheck) -> SamplingRun | None:
@@ -740,11 +762,32 @@ def sampling_run(dlcheck) -> SamplingRun | None:
 
         had_decode = vae is not None and "decode" in vae.__dict__
         orig_decode = getattr(vae, "decode", None)
+        # the class's decode too: a pipeline built beside the training (from_pretrained) decodes with its own
+        # instance of the VAE's class
+        vae_cls = type(vae) if vae is not None and callable(getattr(type(vae), "decode", None)) else None
+        cls_had_decode = vae_cls is not None and "decode" in vae_cls.__dict__
+        cls_decode = vae_cls.__dict__["decode"] if cls_had_decode else getattr(vae_cls, "decode", None)
+        inside: list[bool] = []
+
+        def record(z):
+            if isinstance(z, torch.Tensor) and not inside:
+                decoded.append((z.detach().float().cpu(), last[0] if last else None, _calling_pipeline()))
 
         def decode(z, *args, **kwargs):
-            if isinstance(z, torch.Tensor):
-                decoded.append((z.detach().float().cpu(), last[0] if last else None))
-            return orig_decode(z, *args, **kwargs)
+            record(z)
+            inside.append(True)
+            try:
+                return orig_decode(z, *args, **kwargs)
+            finally:
+                inside.pop()
+
+        def cls_wrapper(self, z, *args, **kwargs):
+            record(z)
+            inside.append(True)
+            try:
+                return cls_decode(self, z, *args, **kwargs)
+            finally:
+                inside.pop()
 
         watch = EmaWatch.prepare(dlcheck)
         todo = [SchedulerMixin]
@@ -755,8 +798,10 @@ def sampling_run(dlcheck) -> SamplingRun | None:
                 if "step" in cls.__dict__:
                     patched.append((cls, cls.__dict__["step"]))
                     cls.step = wrap(cls.__dict__["step"])
-            if callable(orig_decode):
+            if callable(orig_decode) and (had_decode or vae_cls is None):
                 object.__setattr__(vae, "decode", decode)
+            if vae_cls is not None:
+                vae_cls.decode = cls_wrapper
             with (
                 torch.random.fork_rng(),
                 torch.no_grad(),
@@ -768,11 +813,15 @@ def sampling_run(dlcheck) -> SamplingRun | None:
         finally:
             for cls, orig in patched:
                 cls.step = orig
-            if callable(orig_decode):
-                if had_decode:
-                    object.__setattr__(vae, "decode", orig_decode)
+            if callable(orig_decode) and had_decode:
+                object.__setattr__(vae, "decode", orig_decode)
+            elif callable(orig_decode) and vae_cls is None:
+                vae.__dict__.pop("decode", None)
+            if vae_cls is not None:
+                if cls_had_decode:
+                    vae_cls.decode = cls_decode
                 else:
-                    vae.__dict__.pop("decode", None)
+                    del vae_cls.decode
             if before is not None and getattr(pipe, "scheduler", None) is not before:
                 pipe.register_modules(scheduler=before)
         return SamplingRun(used[0] if used else None, decoded, watch)
