@@ -565,8 +565,12 @@ def cadence_words(setup: Any) -> str:
     every = getattr(setup, "checkpoint_every", MISSING)
     if every is MISSING or setup.kind not in ("loop", "accelerate"):
         return ""
+    judged_at = setup.__dict__.get("_judged_at")
+    if judged_at and every != "epoch":  # N optimizer steps past reach: saved at a reachable step, said so
+        return f" ({judged_at})"
     where = "at an epoch's end" if every == "epoch" else f"after an optimizer step that is a multiple of {every}"
-    return f" ({where}, where your loop checkpoints: dlcheck_checkpoint_every = {every!r})"
+    counted = setup.__dict__.get("_epoch_counted") if every == "epoch" else ""
+    return f" ({where}{f': {counted}' if counted else ''}, where your loop checkpoints: dlcheck_checkpoint_every = {every!r})"
 
 
 def _plan_lines(setup: Any) -> list[str]:
@@ -847,9 +851,19 @@ def check_resume(dlcheck):
         and after the load the next epoch is drawn from what ``dlcheck_resume_dataloader`` returns (given
         ``resumed_step=0``; it sees your own epoch counter as your load left it) or from the loader as your load
         leaves it. A resume that starts the saved epoch again trains its batches a second time and fails with
-        the counts. The save point is looked for within ``max(2 x steps, 64)`` micro-steps: an epoch longer than
-        that, a loader without a length, or no multiple of N in reach leaves the resume not judged at your
-        cadence (the check skips, saying why: a save elsewhere would not be yours). Without the role, a plain or
+        the counts. The save point is looked for within ``max(2 x steps, 64)`` micro-steps. A
+        loader without a length (a sampler without ``__len__``) has its epoch counted by iterating its batch
+        sampler once from two RNG states, no data loaded; an epoch longer than the bound, or whose length differs
+        between the two counts, leaves the resume not judged at your cadence (the check skips, saying why). A
+        cadence of N optimizer steps past the bound (minGPT's every 500 iterations, diffusers'
+        ``checkpointing_steps=500``) is judged at a reachable step instead: what a resume loses (optimizer
+        moments, scheduler, RNG states, the position within an epoch) does not depend on which mid-run step the
+        save is at, so the run saves half way, with your own save and load, your step counters holding the step
+        they hold there (a resume that computes its position from the step gets that step); the pass or failure
+        says "judged at optimizer step s, not at your cadence". Not judged there: what your code does only at
+        multiples of N (a save that decides by your step counter writes nothing when dlcheck calls it: the check
+        skips, saying so), and whether N happens to be a multiple of your real epoch's optimizer steps (a save
+        every N steps then lands at epoch ends, where an epoch started again loses nothing). Without the role, a plain or
         Accelerate loop is saved half way, in the middle of an epoch, and a data-position failure names the role.
     Why it is bad
         A resume that restores the weights only is a different run: Adam restarts with zero moments (a
@@ -986,7 +1000,9 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
     if missing is None:
         _other_batches(dlcheck, run, how, label)
         _broken_resume(dlcheck, setup, run, total, label, how, candidates, runs, tried, baseline)
-    evidence = _parting(run, label, how, step, what, setup.kind == "trainer")
+    if run_end(run, total) != total:  # a run as long as the user's checkpoint cadence needs
+        label = f"{run_end(run, total)} steps"
+    evidence = _parting(run, label, how, step, what, setup.kind == "trainer", cadence_words(setup))
     evidence.append(
         f"putting back {' + '.join(missing)} from the uninterrupted run after the load makes the resumed run "
         f"identical ({runs} diagnostic resumes)"
@@ -1138,14 +1154,16 @@ def _article(name: str) -> str:
     return "an" if name[:1].lower() in "aeiou" else "a"
 
 
-def _parting(run: ResumeRun, label: str, how: str, step: int, what: str, trainer: bool) -> list[str]:
-    """The evidence of where the resumed run parts from the uninterrupted one: the step, the losses and learning
-    rates side by side, and (a Trainer's) what its checkpoint directory holds."""
+def _parting(run: ResumeRun, label: str, how: str, step: int, what: str, trainer: bool, where: str = "") -> list[str]:
+    """The evidence of where the resumed run parts from the uninterrupted one: the step (``where``: the user's
+    cadence, :func:`cadence_words`), the losses and learning rates side by side, and (a Trainer's) what its
+    checkpoint directory holds."""
     base = {s.step: s.loss for s in run.uninterrupted.steps}
     resumed = [(s.step, s.loss) for s in run.resumed.steps if s.step > run.saved_at and s.loss is not None]
     side = ", ".join(f"step {s}: {v:.6g} vs {base.get(s, float('nan')):.6g}" for s, v in resumed[:4])
     evidence = [
-        f"{label}, saved after step {run.saved_at} through {how}, resumed on fresh objects: at step {step} {what}",
+        f"{label}, saved after step {run.saved_at}{where} through {how}, resumed on fresh objects: at step {step} "
+        f"{what}",
         f"losses resumed vs uninterrupted: {side}" if side else "the resumed run logged no loss",
     ]
     lrs = _lr_side(run)
@@ -1211,7 +1229,7 @@ def _broken_resume(
         )
     step, what = run.mismatch()
     every = tried.get(frozenset(candidates))
-    evidence = _parting(run, label, how, step, what, setup.kind == "trainer")
+    evidence = _parting(run, label, how, step, what, setup.kind == "trainer", cadence_words(setup))
     evidence.append(
         f"the uninterrupted run, run a second time the same way, equals the first bitwise (steps "
         f"{run.saved_at + 1}-{last}): the run is reproducible, the resume is not"

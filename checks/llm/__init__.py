@@ -79,8 +79,9 @@ def not_a_language_model(ctx) -> str | None:
         model = ctx.role(name)
         if model is not MISSING and type(model).__module__.startswith("diffusers."):
             return (
-                f"dlcheck_{name} is a diffusers {type(model).__name__}: the batches' token ids are captions for its "
-                "text encoder, not a language model's inputs (the llm checks concern language models)"
+                f"dlcheck_{name} is a diffusers {type(model).__name__}, a denoiser: what conditions it (caption token "
+                "ids for a text encoder, image embeddings) is no language model's input (the llm checks concern "
+                "language models)"
             )
     # the Trainer's own processing_class, read off the Trainer: a dlcheck_tokenizer fixture is not resolved here (one
     # that raises is reported once, by the checks that need it)

@@ -487,6 +487,13 @@ class LoopSetup:
         # the generators the user's step holds (its closure, defaults) outlive the resume: put back as they were
         held = own_generators(None, self._step_fn())
         held_states = generator_states(held)
+        judged_at = self.__dict__.get("_judged_at") if beyond_reach(self.checkpoint_every, total) else None
+        if judged_at and not _files_under(base.checkpoint):
+            raise SetupError(
+                f"the resume is not judged: {judged_at}, and your dlcheck_save_checkpoint wrote nothing there (a save "
+                f"that decides by your step counter, writing only at multiples of {self.checkpoint_every}, is not "
+                "called at your cadence by dlcheck)"
+            )
         with preserved_rng(), _generators_kept(held, held_states):
             seed_all(SEED + 1)  # a new process: the global RNGs are wherever they are
             try:
@@ -583,6 +590,13 @@ class LoopSetup:
         snapshot = _loader_state(loader)
         traj, drawn = Trajectory(), []
         every = self.checkpoint_every
+        counted = ""
+        if every == "epoch" and epoch is None:  # a sampler without a length: its epoch counted, no data loaded
+            epoch, counted = counted_epoch(loader, cadence_bound(total))
+        # a cadence of N optimizer steps past reach: saved half way (a reachable optimizer step), said so
+        judged_at = beyond_reach(every, total)
+        if judged_at:
+            every = MISSING
         starts = self._epoch_starts(state) if every == "epoch" else None
         if every is MISSING:
             saving = _Saving(self, state, traj, total, total // 2, path=path)
@@ -599,7 +613,7 @@ class LoopSetup:
                 else:
                     release_training_memory(state)
                 why = (
-                    "your training loader has no length, so an epoch's end is not known"
+                    (counted or "your training loader has no length, so an epoch's end is not known")
                     if epoch is None
                     else epoch_too_long(epoch, epoch * max(1, -(-half // epoch)), bound, total)
                 )
@@ -642,6 +656,21 @@ class LoopSetup:
                 if every == "epoch" and epoch
                 else f"optimizer step {saving.saved_opt}"
             ) + f", where your loop checkpoints: {cadence_words(every)}"
+            if every == "epoch" and counted and epoch:
+                result.cadence += f"; {counted}"
+        elif judged_at:
+            result.cadence = (
+                reach_words(self.checkpoint_every, saving.saved_opt, cadence_bound(total))
+                + "; a save every N optimizer steps lands within an epoch unless N is a multiple of the epoch's "
+                "optimizer steps"
+            )
+            if not _files_under(saving.path):
+                result.unreadable = (
+                    "your dlcheck_save_checkpoint wrote nothing when called there (a save that decides by your step "
+                    f"counter, writing only at multiples of {self.checkpoint_every}, is not called at your cadence "
+                    "by dlcheck)"
+                )
+                return result
         fresh = new_state()
         result.loader = type(fresh[key]).__name__
         if fresh.get(key) is loader:  # one loader shared by every call of the factory: its state put back
@@ -732,7 +761,7 @@ class LoopSetup:
         try:
             epoch = len(ref[key])
         except TypeError:
-            epoch = None
+            epoch = counted_epoch(ref[key], saved_at)[0] if every == "epoch" else None
         reference: list[Any] = []
         # each example read with the RNGs seeded by its index, the stream put back after it: a random augmentation
         # gives the example the same content on both sides (told apart by content), and what the loading draws
@@ -870,8 +899,17 @@ class LoopSetup:
         :data:`_ACCUMULATION_LIMIT`) while a gradient accumulation leaves no optimizer step in the second half to
         save after, as a loop saves only after one. With ``dlcheck_checkpoint_every``, the run saves where the
         user's loop does and is as long as that save plus the resumed steps (:meth:`_uninterrupted_at_cadence`)."""
-        if self.checkpoint_every is not MISSING:
+        if self.checkpoint_every is not MISSING and not beyond_reach(self.checkpoint_every, total):
             return self._uninterrupted_at_cadence(total)
+        if self.checkpoint_every is not MISSING:  # N optimizer steps past reach: judged at a reachable step
+            run_length, base = self._uninterrupted_past_accumulation_plain(total)
+            self.__dict__["_judged_at"] = reach_words(
+                self.checkpoint_every, base.trajectory.notes.get("saved_opt"), cadence_bound(total)
+            )
+            return run_length, base
+        return self._uninterrupted_past_accumulation_plain(total)
+
+    def _uninterrupted_past_accumulation_plain(self, total: int) -> tuple[int, Baseline]:
         while True:
             try:
                 return total, self._uninterrupted(self.batches(total), total)
@@ -889,13 +927,12 @@ class LoopSetup:
         state = self.state()
         every, half, after = self.checkpoint_every, max(1, total // 2), total - total // 2
         bound = cadence_bound(total)
-        epoch = training_epoch(state, self.loader) if every == "epoch" else None
+        epoch, counted = training_epoch(state, self.loader, bound) if every == "epoch" else (None, "")
         if every == "epoch":
             if epoch is None:
                 release_training_memory(state)
-                raise SetupError(
-                    off_cadence(every, "your training loader has no length, so an epoch's end is not known")
-                )
+                raise SetupError(off_cadence(every, counted))
+            self.__dict__["_epoch_counted"] = counted
             first = epoch * max(1, -(-half // epoch))
             if first > bound:
                 release_training_memory(state)
@@ -1275,6 +1312,7 @@ class _Saving:
             )
             self.truth["_saved_at"] = i + 1
             self.saved_opt = self.opt_calls  # the optimizer steps made at the save
+            self.traj.notes["saved_opt"] = self.opt_calls
 
     def done(self) -> bool:
         """True once the run has trained ``after`` micro-steps past its save (a run at the user's cadence)."""
@@ -1382,16 +1420,83 @@ def cadence_bound(total: int) -> int:
     return max(2 * total, CADENCE_STEPS)
 
 
-def training_epoch(state: Mapping[str, Any], loader: Any) -> int | None:
+def training_epoch(state: Mapping[str, Any], loader: Any, bound: int | None = None) -> tuple[int | None, str]:
     """The micro-steps of an epoch: the length of the loader the training dict holds, else of
-    ``dlcheck_dataloader``; None when it has none."""
+    ``dlcheck_dataloader``; else (given ``bound``) its epoch counted by iterating its sampler once
+    (:func:`counted_epoch`). Returns (the epoch or None, why none / how it was counted; empty for a length)."""
     key = loader_key(state)
-    for source in ([state[key]] if key is not None else []) + ([loader] if loader is not MISSING else []):
+    sources = ([state[key]] if key is not None else []) + ([loader] if loader is not MISSING else [])
+    for source in sources:
         try:
-            return len(source)
+            return len(source), ""
         except TypeError:
             continue
-    return None
+    if bound is None or not sources:
+        return None, "your training loader has no length, so an epoch's end is not known"
+    return counted_epoch(sources[0], bound)
+
+
+def beyond_reach(every: Any, total: int) -> bool:
+    """True when the user's cadence is every N optimizer steps with N past :func:`cadence_bound` (a micro-step makes
+    at most one optimizer step, so no multiple of N is reached): C1's runs then save at a reachable optimizer step
+    (:func:`reach_words` says which, and that it is not the cadence)."""
+    if every is MISSING or every == "epoch" or isinstance(every, bool):
+        return False
+    try:
+        return int(every) > cadence_bound(total)
+    except (TypeError, ValueError):
+        return False
+
+
+def reach_words(every: Any, saved_opt: Any, bound: int) -> str:
+    """Where a resume of a cadence out of reach is judged, in words."""
+    return (
+        f"judged at optimizer step {saved_opt}, not at your cadence ({cadence_words(every)}), which lies past the "
+        f"{bound} micro-steps C1 trains before its save (max(2 x C1.steps, {CADENCE_STEPS})): what a resume loses "
+        "(optimizer moments, scheduler, RNG states, the position in the epoch) does not depend on the mid-run step "
+        "it is saved at; your save and load run there, with your step counters as they stand there"
+    )
+
+
+def counted_epoch(loader: Any, bound: int) -> tuple[int | None, str]:
+    """The batches of one epoch of a loader without a length (a sampler without ``__len__``), counted by iterating
+    its batch sampler (else its sampler) once, loading no data, from the global RNGs at :data:`SEED` (where the runs
+    draw their first epoch) and once more from other states: an epoch whose length depends on its draws has no
+    known end. Stops past ``bound`` batches. The global RNGs and the loader's generators are put back. Returns
+    (the epoch or None, how it was counted or why not)."""
+    from torch.utils.data import IterableDataset
+
+    none = "your training loader has no length"
+    sampler = getattr(loader, "batch_sampler", None)
+    if sampler is None:
+        sampler = getattr(loader, "sampler", None)
+    if sampler is None or isinstance(getattr(loader, "dataset", None), IterableDataset):
+        return None, f"{none} and no sampler to count an epoch with, so an epoch's end is not known"
+    counts = []
+    with preserved_rng(), preserved_dataloader(loader):
+        for seed in (SEED, SEED + 1):
+            seed_all(seed)
+            n = 0
+            try:
+                for _ in sampler:
+                    n += 1
+                    if n > bound:
+                        break
+            except Exception as exc:  # noqa: BLE001 - a sampler that cannot be iterated alone: not counted
+                return None, f"{none}, and iterating its sampler alone raised {type(exc).__name__}: {exc}"
+            counts.append(n)
+    if counts[0] > bound:
+        return None, (
+            f"{none}, and an epoch of its sampler (iterated once, no data loaded) runs past the {bound} micro-steps "
+            f"C1 trains at most before its save (max(2 x C1.steps, {CADENCE_STEPS}))"
+        )
+    if counts[0] != counts[1] or not counts[0]:
+        return None, (
+            f"{none}, and its sampler's epochs differ in length ({counts[0]} and {counts[1]} batches, iterated from "
+            "two RNG states), so an epoch's end is not known"
+        )
+    n = counts[0]
+    return n, f"an epoch of {n} batches, counted by iterating its sampler once (your loader has no length)"
 
 
 def cadence_words(every: Any) -> str:
