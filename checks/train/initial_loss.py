@@ -104,7 +104,10 @@ def check_initial_loss(dlcheck):
         Losses that are not a cross-entropy over classes: regression (float targets other than 0/1, or an MSE on a
         0/1 score or on soft targets, as the replay of the loss shows), a model with a single output per example
         that is not a binary head, a model whose output is more than a row of scores per example against one
-        label per example (an image-to-image network, a feature map), DPO, KTO and other preference losses,
+        label per example (an image-to-image network, a feature map), a sequence output whose labels sit
+        neither one per example nor one per position (shifted or not), nor one per input token: a sequence loss
+        over alignments (CTC: (batch, label length) transcripts against (batch, frames, vocabulary) logits),
+        DPO, KTO and other preference losses,
         GRPO, RLOO (a policy-gradient objective on completions generated inside the step). A torchvision
         detector (its loss
         is a sum of classification, box-regression and objectness losses, and exists in train mode only). A model given as dlcheck_model
@@ -247,6 +250,9 @@ def check_initial_loss(dlcheck):
             f"per example ({describe_batch(targets)}): not a classification head (an image-to-image network, a "
             "feature map), ln(classes) does not apply"
         )
+    unaligned = _unaligned(shape, targets, batch) if not binary and not soft else None
+    if unaligned:
+        dlcheck.not_applicable(unaligned)
     if not isinstance(classes, int):
         if shape is None or len(shape) < 2:
             dlcheck.skip(
@@ -364,6 +370,33 @@ def check_initial_loss(dlcheck):
             "layer, and that the targets are the ones the outputs predict"
         )
     dlcheck.fail(evidence, cause, fix)
+
+
+def _unaligned(shape, targets, batch) -> str | None:
+    """Why integer (batch, L) labels are no per-position classes of a (batch, T, C) output: L is neither T nor
+    T ± 1 (labels shifted inside the loss), and no other integer field of the batch has their shape (labels of
+    the input tokens, with positions the model prepends: virtual or query tokens). None when they align."""
+    if shape is None or len(shape) != 3 or not isinstance(targets, torch.Tensor) or targets.dim() != 2:
+        return None
+    n, steps = int(shape[0]), int(shape[1])
+    length = int(targets.shape[1])
+    if int(targets.shape[0]) != n or abs(length - steps) <= 1:
+        return None
+    fields = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for value in fields:
+        if (
+            isinstance(value, torch.Tensor)
+            and value is not targets
+            and not value.is_floating_point()
+            and tuple(value.shape) == tuple(targets.shape)
+        ):
+            return None
+    return (
+        f"the labels ({describe_batch(targets)}) do not sit one per position of the output {tuple(shape)}: "
+        f"{length} labels per example against {steps} output positions, nor one per example, nor one per input "
+        "token: a sequence loss over alignments (CTC), not a cross-entropy over classes per position, so "
+        "ln(C) does not apply"
+    )
 
 
 def _zero_one(targets) -> bool:
