@@ -1,10 +1,17 @@
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ...registry import Setting, check
 from ...training import get_setup, smoke_run
+from ...training.runs import scheduler_copy, unwrap_prepared
+
+#: scheduler positions a loop's schedule is read at most (a LambdaLR's lambda is read in ~1 µs, a copy steps in ~20 µs)
+HORIZON = 50_000
 
 
 class _Plan:
@@ -83,56 +90,326 @@ def _horizon(scheduler: Any) -> tuple[int, str] | None:
     return None
 
 
-def _sized_for_the_run(dlcheck: Any, setup: Any, scheduler: Any, micro: int, opt_steps: int) -> str | None:
-    """A loop that says its epochs (dlcheck_num_epochs): fails when its scheduler is sized for another number of
-    optimizer steps than the run takes (len(loader) x epochs / the micro-batches per optimizer step of the smoke
-    run), by more than 1.5x either way; what was compared, or None when it cannot be told."""
+def _first_lr(opt: Any) -> float | None:
+    groups = getattr(opt, "param_groups", None) or []
+    try:
+        value = float(groups[0]["lr"]) if groups else None
+    except (TypeError, ValueError, KeyError):
+        return None
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-6 * max(abs(a), abs(b))
+
+
+def _rises(a: float, b: float) -> bool:
+    return b > a and b - a > 1e-9 * abs(b)
+
+
+def _declared_warmup(inner: Any) -> int | None:
+    """The warmup a transformers schedule declares (``num_warmup_steps`` in its LambdaLR's partial), or None."""
+    for fn in getattr(inner, "lr_lambdas", None) or []:
+        value = (getattr(fn, "keywords", None) or {}).get("num_warmup_steps")
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _schedule_reader(
+    scheduler: Any, optimizer: Any, recorded: list[float]
+) -> tuple[Callable[[int], float | None] | None, str]:
+    """``at(p)``: the LR of the first parameter group at position ``p`` of the smoke run's scheduler (after ``p``
+    scheduler steps: the LR of optimizer step ``p + 1``), read without stepping that scheduler, and ``""``; or
+    None and why it cannot be read. A LambdaLR's lambda is evaluated (base LR x lr_lambda(p)) once it agrees with
+    the LRs the smoke run recorded at its optimizer steps; any other scheduler continues on a copy (the parameters
+    and optimizer state shared, only the copy's LRs move) from where the smoke run left it, the recorded LRs
+    before that. Either way the positions are optimizer steps only when the scheduler stepped once per optimizer
+    step of the smoke run."""
+    inner = unwrap_prepared(scheduler)
+    pos = getattr(inner, "last_epoch", None)
+    if (
+        not isinstance(pos, int)
+        or type(inner).__name__ == "ReduceLROnPlateau"
+        or getattr(inner, "optimizer", None) is None
+    ):
+        return None, f"{type(inner).__name__} is no torch LR scheduler whose plan can be read"
+    if pos != len(recorded):
+        return None, (
+            f"the scheduler stands at step {pos} after {len(recorded)} optimizer steps: its steps are not optimizer steps"
+        )
+    current = _first_lr(inner.optimizer)
+    lambdas, bases = getattr(inner, "lr_lambdas", None), getattr(inner, "base_lrs", None)
+    if type(inner).__name__ == "LambdaLR" and lambdas and bases:
+        fn, base = lambdas[0], bases[0]
+
+        def closed(p: int) -> float | None:
+            try:
+                value = float(base * fn(p))
+            except Exception:  # noqa: BLE001 - a lambda undefined there: the plan ends
+                return None
+            return value if math.isfinite(value) else None
+
+        seen = [*recorded, current]
+        if all(v is not None and closed(i) is not None and _close(closed(i), v) for i, v in enumerate(seen)):
+            return closed, ""
+    if unwrap_prepared(optimizer) is not inner.optimizer or current is None:
+        return None, "the scheduler steps another optimizer than the one whose LR the smoke run recorded"
+    probe = scheduler_copy(inner)
+    if probe is None:
+        return None, f"{type(inner).__name__} cannot be copied"
+    values: list[float] = [*recorded, current]
+    ended = [False]
+
+    def stepped(p: int) -> float | None:
+        while len(values) <= p and not ended[0] and len(values) <= HORIZON:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    probe.step()
+                except Exception:  # noqa: BLE001 - a schedule raising past its end (OneCycleLR): the plan ends there
+                    ended[0] = True
+                    break
+            value = _first_lr(probe.optimizer)
+            if value is None:
+                ended[0] = True
+                break
+            values.append(value)
+        return values[p] if p < len(values) else None
+
+    return stepped, ""
+
+
+@dataclass
+class _Warmup:
+    """The schedule's LR over a run of ``n`` optimizer steps (positions 0 .. n - 1) and just past it."""
+
+    n: int
+    first: float  # the LR at the first optimizer step
+    last: float  # the LR at the last optimizer step
+    run_max: float  # the highest LR within the run
+    first_peak: int  # the position where the LR first stops rising (n: it rises through the run)
+    rising_end: bool  # the LR after the run's last step is higher than at it
+    peak: float  # the highest LR the schedule reaches (past the run when it is still rising there)
+    peak_at: int  # its position
+    still_rising: bool  # still rising at the probe's horizon
+    declared: int | None  # num_warmup_steps, when the schedule declares it
+
+    @property
+    def inside(self) -> bool:
+        """The whole run sits inside the warmup: the LR still rises at its last step and never reaches its peak."""
+        return self.rising_end and self.run_max < self.peak * (1 - 1e-6)
+
+    @property
+    def length(self) -> int:
+        """The warmup in optimizer steps: the declared one, else where the LR stops rising."""
+        if self.declared is not None:
+            return self.declared
+        return self.peak_at if self.inside else self.first_peak
+
+    def warmup_text(self) -> str:
+        decl = f" (num_warmup_steps={self.declared})" if self.declared is not None else " (the LR rises until then)"
+        return f"a warmup of {self.length} optimizer steps{decl}"
+
+
+def _warmup_over(at: Callable[[int], float | None], n: int, declared: int | None) -> tuple[_Warmup | None, str]:
+    """The schedule read at the positions of a run of ``n`` optimizer steps, and past its end while it still
+    rises (up to ``HORIZON``); None and why when it cannot be."""
+    if n < 1:
+        return None, "the run takes no optimizer step"
+    if n > HORIZON:
+        return None, f"a run of {n} optimizer steps is longer than the {HORIZON} scheduler steps read"
+    vals: list[float] = []
+    for p in range(n + 1):
+        v = at(p)
+        if v is None:
+            if p < n:
+                return None, f"the schedule ends after {p} scheduler steps, before the run's {n} (its step raises)"
+            break
+        vals.append(v)
+    first_peak = next((p for p in range(min(n, len(vals) - 1)) if not _rises(vals[p], vals[p + 1])), n)
+    rising_end = len(vals) > n and _rises(vals[n - 1], vals[n])
+    run_max = max(vals[:n])
+    peak, peak_at, still = run_max, vals.index(run_max), False
+    if rising_end:
+        p, cur = n, vals[n]
+        while True:
+            if p >= HORIZON:
+                still = True
+                break
+            nxt = at(p + 1)
+            if nxt is None or not _rises(cur, nxt):
+                break
+            p, cur = p + 1, nxt
+        if cur > peak:
+            peak, peak_at = cur, p
+    return _Warmup(n, vals[0], vals[n - 1], run_max, first_peak, rising_end, peak, peak_at, still, declared), ""
+
+
+def _inside_line(w: _Warmup, run: str) -> str:
+    return (
+        f"the LR is still rising at the run's last optimizer step ({w.n}): {w.last:.3g}, {w.last / w.peak:.0%} of the "
+        f"{w.peak:.3g} it rises to by optimizer step {w.peak_at + 1}"
+        + (" (still rising there)" if w.still_rising else "")
+        + f"; {w.warmup_text()}, {run}"
+    )
+
+
+def _inside_cause(w: _Warmup, accum: int = 1) -> str:
+    micro = (
+        f"; it fits in the run's {w.n * accum} micro-batches: warmup counted in micro-batches instead of optimizer "
+        f"steps (one optimizer step every {accum} micro-batches)"
+        if accum > 1 and w.n < w.length <= w.n * accum
+        else ""
+    )
+    return (
+        f"the whole run of {w.n} optimizer steps sits inside the warmup of {w.length}: the LR never reaches its peak "
+        f"(it ends at {w.last / w.peak:.0%} of it) and never decays{micro}"
+    )
+
+
+@dataclass
+class _LoopRun:
+    """The optimizer steps a loop that says its epochs (dlcheck_num_epochs) takes."""
+
+    per_epoch: int
+    epochs: float
+    accum: int
+    planned: int
+
+    def said(self) -> str:
+        return f"{self.per_epoch} batches an epoch x dlcheck_num_epochs={self.epochs:g}" + (
+            f", one optimizer step every {self.accum} micro-batches" if self.accum > 1 else ""
+        )
+
+
+def _loop_run(dlcheck: Any, setup: Any, micro: int, opt_steps: int) -> _LoopRun | None:
+    """The run's optimizer steps: len(loader) x epochs / the micro-batches per optimizer step of the smoke run (an
+    epoch's last, partial accumulation steps too, as Accelerate's does); None when the loop does not say its
+    epochs or its loader has no length."""
     epochs = dlcheck.role("num_epochs")
-    horizon = _horizon(scheduler)
     loader = getattr(setup, "loader", None)
     try:
         per_epoch = len(loader)
     except TypeError:
         return None
-    if not isinstance(epochs, (int, float)) or epochs <= 0 or horizon is None or not per_epoch or not opt_steps:
+    if (
+        not isinstance(epochs, (int, float))
+        or isinstance(epochs, bool)
+        or epochs <= 0
+        or not per_epoch
+        or not opt_steps
+    ):
         return None
     accum = max(1, round(micro / opt_steps))
-    planned = max(1, int(per_epoch * epochs) // accum)
+    return _LoopRun(per_epoch, epochs, accum, max(1, math.ceil(math.ceil(per_epoch / accum) * epochs)))
+
+
+def _where_it_ends(w: _Warmup | None, planned: int, total: int) -> str:
+    """Where a run of ``planned`` optimizer steps ends in a schedule sized for ``total``."""
+    if w is None:
+        return f"the run ends {planned / total:.0%} of the way through its schedule"
+    if w.inside:
+        return _inside_cause(w)
+    if w.length > 0 and total > w.length:
+        return (
+            f"the run ends {max(0, planned - w.length) / (total - w.length):.0%} of the way through the decay that "
+            f"follows its warmup of {w.length} optimizer steps"
+        )
+    return f"the run ends {planned / total:.0%} of the way through its decay (no warmup)"
+
+
+def _sized_for_the_run(dlcheck: Any, scheduler: Any, run: _LoopRun | None, w: _Warmup | None) -> str | None:
+    """A loop that says its epochs (dlcheck_num_epochs): fails when its scheduler is sized for another number of
+    optimizer steps than the run takes, by more than 1.5x either way; what was compared, or None when it cannot
+    be told. ``w``: the schedule read over the run, which says where the run ends in it."""
+    horizon = _horizon(scheduler)
+    if run is None or horizon is None:
+        return None
+    planned = run.planned
     total, said = horizon
-    line = (
-        f"the scheduler is sized for {total} optimizer steps ({said}); the run takes {planned} "
-        f"({per_epoch} batches an epoch x dlcheck_num_epochs={epochs:g}"
-        + (f", one optimizer step every {accum} micro-batches" if accum > 1 else "")
-        + ")"
-    )
+    line = f"the scheduler is sized for {total} optimizer steps ({said}); the run takes {planned} ({run.said()})"
     ratio = total / planned
     if 1 / 1.5 <= ratio <= 1.5:
         return line
+    evidence = [line]
+    fix = (
+        "size the schedule in optimizer steps: num_training_steps = len(train_dataloader) // "
+        "gradient_accumulation_steps * num_epochs (Accelerate: math.ceil(len(train_dataloader) / "
+        "gradient_accumulation_steps) * num_epochs)"
+    )
     if ratio > 1.5:
         cause = (
             f"the schedule is sized for {ratio:.1f}x the optimizer steps the run takes"
             + (
-                f" (counted in micro-batches, len(loader) x epochs, while the optimizer steps every {accum})"
-                if accum > 1 and abs(ratio - accum) < 0.5
+                f" (counted in micro-batches, len(loader) x epochs, while the optimizer steps every {run.accum})"
+                if run.accum > 1 and abs(ratio - run.accum) < 0.5
                 else ""
             )
-            + f": the run ends {planned / total:.0%} of the way through its warmup and decay"
+            + f": {_where_it_ends(w, planned, total)}"
         )
+        if w is not None and w.inside:
+            evidence.append(_inside_line(w, f"the run takes {planned}"))
+            fix += f", and a warmup shorter than the run (a part of it, e.g. 0.1 x its {planned} optimizer steps)"
     else:
         cause = (
             f"the schedule is sized for {total} optimizer steps, {1 / ratio:.1f}x fewer than the run takes: it ends "
             "early and the rest of the run trains at its final learning rate"
         )
-    dlcheck.fail(
-        [line],
-        cause,
-        "size the schedule in optimizer steps: num_training_steps = len(train_dataloader) // "
-        "gradient_accumulation_steps * num_epochs (Accelerate: math.ceil(len(train_dataloader) / "
-        "gradient_accumulation_steps) * num_epochs)",
-        horizon=total,
-        planned=planned,
-    )
+    dlcheck.fail(evidence, cause, fix, horizon=total, planned=planned)
     return None
+
+
+def _warmup_alone(at: Callable[[int], float | None], declared: int | None, limit: int = 1000) -> str:
+    """What the schedule's start shows when the run's length is not known: where its warmup ends (read up to
+    ``limit`` optimizer steps), which is not compared with anything."""
+    unknown = "the run's length in optimizer steps is not known (define dlcheck_num_epochs)"
+    prev = at(0)
+    if prev is None:
+        return unknown
+    for p in range(1, limit + 1):
+        v = at(p)
+        if v is None or not _rises(prev, v):
+            if p == 1:
+                return "no warmup: the LR does not rise after the first optimizer step"
+            decl = f" (num_warmup_steps={declared})" if declared is not None else ""
+            return (
+                f"the LR peaks at {prev:.3g} after a warmup of {p - 1} optimizer steps{decl}; whether the run holds it "
+                f"is not judged: {unknown}"
+            )
+        prev = v
+    return f"the warmup is not judged: the LR still rises after {limit} optimizer steps and {unknown}"
+
+
+def _judge_loop_warmup(dlcheck: Any, w: _Warmup, run: _LoopRun | None, own: str | None) -> str:
+    """Fails when the run sits inside its warmup; else what was measured. The run is the loop's (``run``:
+    dlcheck_num_epochs said its length), else the schedule's own length (``own``)."""
+    if run is not None:
+        takes, within = f"the run takes {w.n} optimizer steps ({run.said()})", f"the run's {w.n} optimizer steps"
+    else:
+        within = f"the schedule's own run of {w.n} optimizer steps ({own})"
+        takes = f"{within}; the loop's own length is not known (no dlcheck_num_epochs)"
+    if w.inside:
+        dlcheck.fail(
+            [_inside_line(w, takes)],
+            ("the warmup is longer than the run: " if run is not None else "the warmup is longer than the schedule: ")
+            + _inside_cause(w, run.accum if run is not None else 1),
+            "count the warmup in optimizer steps and keep it inside the run: num_warmup_steps = a part (e.g. 0.1) of "
+            "len(train_dataloader) // gradient_accumulation_steps * num_epochs",
+            warmup=w.length,
+            run_optimizer_steps=w.n,
+            last_lr=w.last,
+            peak_lr=w.peak,
+        )
+    if w.length > 0 and w.first_peak > 0:
+        return f"the LR peaks at {w.run_max:.3g} after {w.warmup_text()}, within {within}" + (
+            f" ({run.said()})" if run is not None else ""
+        )
+    return (
+        f"no warmup: the LR does not rise from the first of {within}"
+        + (f" ({run.said()})" if run is not None else "")
+        + ", and is not rising at the last"
+    )
 
 
 @check(
@@ -167,8 +444,19 @@ def check_lr_schedule(dlcheck):
         the run. A plain or Accelerate loop that says its epochs (``dlcheck_num_epochs``) has its scheduler's
         size (transformers' ``num_training_steps``, OneCycleLR's ``total_steps``, CosineAnnealingLR's ``T_max``)
         compared with the optimizer steps the run takes (batches an epoch x epochs / the micro-batches per
-        optimizer step of the smoke run): more than 1.5x apart either way fails. For every kind, fails when the
-        learning rate is 0 at every optimizer step of the smoke run.
+        optimizer step of the smoke run): more than 1.5x apart either way fails, and the cause says where the run
+        ends in the schedule (inside its warmup, or how far through the decay after it). The warmup of a plain
+        or Accelerate loop's scheduler is judged too: its LR is read at every optimizer step of the run (a LambdaLR's own
+        lambda, base LR x lr_lambda(step), once it agrees with the LRs the smoke run recorded; any other torch
+        scheduler on a copy stepped on from where the smoke run left it, the parameters and optimizer state
+        shared: nothing of the run's objects moves), for the run's optimizer steps (batches an epoch x epochs,
+        an epoch's partial accumulation counted as a step), or, without ``dlcheck_num_epochs``, for the
+        schedule's own ``num_training_steps``. A run whose LR is still rising at its last optimizer step and
+        never reached the LR the schedule rises to fails (the whole run sits inside the warmup: the LR never
+        reaches its peak and never decays), with the LR at the last step against that peak and the warmup's
+        length (``num_warmup_steps``, or where the LR stops rising) against the run's. A schedule that has
+        reached its peak earlier and rises again (cyclic) passes. For every kind, fails when the learning rate
+        is 0 at every optimizer step of the smoke run.
     Why it is bad
         With gradient accumulation of k, a scheduler stepped every micro-batch runs k times too fast: a
         1000-step warmup ends after 1000/k updates and the decay reaches its floor at 1/k of the run.
@@ -189,6 +477,11 @@ def check_lr_schedule(dlcheck):
         reported). ReduceLROnPlateau is not judged. A Trainer shortened with ``max_steps`` is judged on the run its
         epochs plan: a run really launched with that ``max_steps`` and a longer warmup is not reported (which of
         the two you launch cannot be told from the Trainer); with an iterable dataset ``max_steps`` is the run.
+        A loop's warmup is not judged when its run's length is unknown (no ``dlcheck_num_epochs`` and no
+        ``num_training_steps`` in its scheduler: the pass then says where the warmup ends), when its scheduler
+        does not step once per optimizer step of the smoke run (stepped per epoch), or is a ReduceLROnPlateau,
+        or cannot be copied; a run longer than 50,000 optimizer steps is not read. A LightningModule's warmup is
+        not judged.
     Not applicable
         None among runs that take optimizer steps: each has a learning rate to follow.
     """
@@ -293,9 +586,25 @@ def check_lr_schedule(dlcheck):
             f"{dlcheck.setting('max_sched_per_opt'):g} counts micro-batches)"
         )
         if setup.kind in ("loop", "accelerate"):
-            sized = _sized_for_the_run(dlcheck, setup, scheduler, len(traj.steps), opt_steps)
+            loop_run = _loop_run(dlcheck, setup, len(traj.steps), opt_steps)
+            horizon = _horizon(scheduler)
+            # the warmup, read from the scheduler over the run's optimizer steps (dlcheck_num_epochs), else over the
+            # schedule's own length
+            at, why = _schedule_reader(scheduler, traj.notes.get("optimizer"), lrs)
+            length = loop_run.planned if loop_run is not None else horizon[0] if horizon is not None else None
+            declared = _declared_warmup(unwrap_prepared(scheduler))
+            warm: _Warmup | None = None
+            if at is not None and length is not None:
+                warm, why = _warmup_over(at, length, declared)
+            warm_line = (
+                _warmup_alone(at, declared) if at is not None and length is None else f"the warmup is not judged: {why}"
+            )
+            sized = _sized_for_the_run(dlcheck, scheduler, loop_run, warm)
             if sized is not None:
                 judged.append(sized)
+            if warm is not None:
+                warm_line = _judge_loop_warmup(dlcheck, warm, loop_run, horizon[1] if horizon else None)
+            judged.append(warm_line)
     if lrs and all(v == 0 for v in lrs):
         evidence = [
             f"the learning rate is 0 at all {len(lrs)} optimizer steps of the smoke run",
