@@ -208,10 +208,16 @@ def _declared_lengths(dlcheck: Any) -> list[tuple[str, int]]:
 
 
 def _no_language_model(dlcheck: Any, model: Any) -> str | None:
-    """Why a model without a config is no language model, from the objects: no tokenizer, no Trainer, and an RL
-    agent's training or batches whose inputs are no token ids (images, features, observations: floats); None
-    when it may be one (a hand-written LM without a config: its batches hold integer token ids)."""
-    if dlcheck.role("tokenizer") is not MISSING or dlcheck.role("trainer") is not MISSING:
+    """Why a model without a config is no language model, from the objects: no tokenizer, no transformers/TRL
+    Trainer (a Lightning Trainer may train anything), and an RL agent's training or batches whose inputs are no
+    token ids (images, features, observations: floats); None when it may be one (a hand-written LM without a
+    config: its batches hold integer token ids)."""
+    from ...roles import is_hf_trainer
+
+    trainer = dlcheck.role("trainer")
+    # a transformers / TRL Trainer trains language models; a Lightning Trainer (a ResNet's LightningModule beside
+    # it) tells nothing: the batches do
+    if dlcheck.role("tokenizer") is not MISSING or (trainer is not MISSING and is_hf_trainer(trainer)):
         return None
     name = type(model).__name__
     agent = rl_agent_only(dlcheck, "llm")
@@ -362,9 +368,10 @@ def check_positions(dlcheck):
         dlcheck_inference_config is given: there is no limit to exceed and no rope to compare. A config
         without rope settings binds only when the model holds a learned position table of that size or a
         rotary embedding: T5's legacy n_positions (relative-attention buckets, no table) binds nothing.
-        A model without a config that is no language model: no tokenizer, no Trainer, and an RL agent's
-        training or batches whose inputs are floats (images, features); a model without a config whose
-        batches hold integer token ids skips instead.
+        A model without a config that is no language model: no tokenizer, no transformers/TRL Trainer (a
+        Lightning Trainer beside a ResNet's LightningModule tells nothing), and an RL agent's training or batches
+        whose inputs are floats (images, features); a model without a config whose batches hold integer token
+        ids skips instead.
     """
     model = dlcheck.require("model")[0]
     compiled = getattr(model, "_orig_mod", None)

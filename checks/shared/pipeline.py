@@ -49,8 +49,9 @@ class StepProbe:
 
 
 def _shuffled(batch: Any) -> Any:
-    """The batch with its integer labels rolled by one example (the same label values, other owners), or None
-    when it holds no integer labels with two distinct values."""
+    """The batch with its integer labels rolled by one example (the same label values, other owners; two of them
+    swapped when the roll only renames the classes), or None when it holds no integer labels with two distinct
+    values."""
     import torch
 
     y = targets_of(batch)
@@ -59,9 +60,24 @@ def _shuffled(batch: Any) -> Any:
     rolled = y.roll(1, dims=0)
     if torch.equal(rolled, y):
         return None
+    if y.dim() == 1 and _relabeling(y, rolled):
+        # rolled, a periodic pattern (0, 1, 2, 3, 0, 1, ...) is its own classes renamed: a loss that reads which
+        # examples share a class (a triplet or contrastive loss) gives the same value, as if it read no label. Swap
+        # the first example's label with the first different one instead (another grouping of the examples)
+        j = int((y != y[0]).nonzero()[0])
+        swapped = y.clone()
+        swapped[0], swapped[j] = y[j], y[0]
+        if not _relabeling(y, swapped):
+            rolled = swapped
     if isinstance(batch, Mapping):
         return with_field(batch, "labels" if "labels" in batch else "label", rolled)
     return type(batch)([batch[0], rolled, *batch[2:]]) if isinstance(batch, list) else (batch[0], rolled, *batch[2:])
+
+
+def _relabeling(y: Any, other: Any) -> bool:
+    """Whether ``other`` is ``y`` with its classes renamed (one-to-one): the same grouping of the examples."""
+    pairs = set(zip(y.tolist(), other.tolist()))
+    return len(pairs) == len({a for a, _ in pairs}) == len({b for _, b in pairs})
 
 
 _NONE = object()  # no forward of the instance's own
@@ -88,14 +104,17 @@ def step_probe(ctx: Any) -> StepProbe | None:
 
         start = ModuleSnapshot.take(model)
         handle = model.register_forward_hook(hook)
-        # a training_step that calls its one network directly (self.model(x, y), Lightning's demo Transformer) runs
-        # no forward of the module itself: the output of the one top-level child the step calls is the output
+        # a training_step that calls its network directly (self.model(x, y), Lightning's demo Transformer and its
+        # imagenet example) runs no forward of the module itself: the output is that of the last top-level child the
+        # step calls whose output is a float tensor of two dimensions or more (the metrics it updates afterwards,
+        # torchmetrics' Accuracy, return scalars)
         children: dict[str, Any] = {}
 
         def child_hook(name: str) -> Any:
             def record(mod, args, out):
                 t = output_tensor(out)
-                children.setdefault(name, None if t is None else tuple(t.shape))
+                if t is not None and t.is_floating_point() and t.dim() >= 2:
+                    children.setdefault(name, tuple(t.shape))
 
             return record
 
@@ -135,8 +154,8 @@ def step_probe(ctx: Any) -> StepProbe | None:
             restore_forward(model, ABSENT if own is _NONE else own)
             start.restore(model)
         out = seen[0] if seen else None
-        if not seen and len(children) == 1:
-            out = next(iter(children.values()))
+        if not seen and children:
+            out = list(children.values())[-1]
         return StepProbe(loss, out, other, describe_batch(targets_of(batch)), setup.describe())
 
     return ctx.memo(setup.sources, "shared:step-probe", make)

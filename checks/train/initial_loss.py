@@ -30,6 +30,7 @@ from ...training import (
 )
 from ...training.runs import is_grpo
 from ..shared import frozen
+from ..shared.class_scores import class_scores
 from ..shared.forward import ABSENT, put_forward, restore_forward
 from ..shared.pipeline import labels_unused, step_forward_shape
 
@@ -73,7 +74,15 @@ def check_initial_loss(dlcheck):
         those two paths the loss is first replayed with the model's forward returning outputs put in its place (a
         near-uniform one and random ones, no model run): its values must be those of a cross-entropy of the
         outputs read as logits, probabilities or log-probabilities (label smoothing allowed, any reduction or
-        scale), binary ones weighing both classes alike. Fails when it is above
+        scale), binary ones weighing both classes alike. Integer targets under a loss of your own (a
+        ``dlcheck_compute_loss``, a ``dlcheck_loss_fn`` that is no torch CrossEntropyLoss / NLLLoss, a
+        LightningModule's training_step, a Trainer's overridden compute_loss) are replayed too, on the output of the
+        module the loss reads (the model, or the direct child a training_step calls: ``self.model(images)``): its
+        values and gradients must be those of a cross-entropy of that output over its classes, whatever targets it
+        reads and however they are aligned (shifted labels, an ignore index, class weights, label smoothing, a mean
+        or a sum), or at least unchanged by a constant added to each row of scores (scores upsampled inside the
+        loss). A model's own loss (a transformers model given its labels) and a torch cross-entropy object are
+        cross-entropies as they are. Fails when it is above
         ``max_ratio`` x ln(C) (and ``min_excess`` nats above it), and names the likely cause: an output
         layer frozen at PyTorch's default (random) initialisation while at most 10% of the parameters train
         (the start is the random head's and stays), logits far too large (the initialisation scale),
@@ -95,14 +104,21 @@ def check_initial_loss(dlcheck):
         cannot find (no ``labels``/``label`` field, not an ``(inputs, targets)`` pair) skips. A pretrained
         model starts below ln(C) and passes; the check does not tell a pretrained start from a leak.
         A Lightning module's number of classes is read from its forward's output inside its own
-        training_step (its forward may take what the step makes of the batch), never from a forward on the batch.
+        training_step (its forward may take what the step makes of the batch), never from a forward on the batch;
+        a training_step that calls a child (``self.model(images)``) instead is read from the last direct child it
+        calls whose output is a float tensor of two dimensions or more (the metrics it updates return scalars).
+        A loss of your own that cannot be replayed (it calls the model more than once, or reads more than its
+        output) is judged as a cross-entropy, saying that this was not told. A cross-entropy plus a term that does
+        not depend on the output (a weight penalty inside the loss) skips as not judged.
         One output per example against 0/1 targets, or soft targets, whose loss cannot be replayed (computed
         inside the model, or reading more than the model's output tensor) skip as not judged. A binary
         cross-entropy weighing the classes unequally (pos_weight) is judged against its own cost at logit 0 on
         the batch (replayed), not ln(2).
     Not applicable
         Losses that are not a cross-entropy over classes: regression (float targets other than 0/1, or an MSE on a
-        0/1 score or on soft targets, as the replay of the loss shows), a model with a single output per example
+        0/1 score or on soft targets, as the replay of the loss shows), a metric-learning loss on embeddings (a
+        triplet or contrastive loss on (images, class ids) batches: the 128-d output is no 128 classes, as the
+        replay of your loss shows), a model with a single output per example
         that is not a binary head, a model whose output is more than a row of scores per example against one
         label per example (an image-to-image network, a feature map), a sequence output whose labels sit
         neither one per example nor one per position (shifted or not), nor one per input token: a sequence loss
@@ -253,6 +269,19 @@ def check_initial_loss(dlcheck):
     unaligned = _unaligned(shape, targets, batch) if not binary and not soft else None
     if unaligned:
         dlcheck.not_applicable(unaligned)
+    scores = None
+    if not binary and not soft:
+        # integer targets: whether the user's own loss reads the output as class scores under a cross-entropy (a
+        # 128-d embedding under a triplet loss is no 128-class classifier) is read by replaying it on outputs put
+        # in place of the model's; a model's own loss and a torch CrossEntropyLoss / NLLLoss are cross-entropies
+        scores = class_scores(dlcheck)
+        if scores is not None and scores.kind == "other":
+            dlcheck.not_applicable(f"not a cross-entropy over classes: ln(C) does not apply: {scores.showed()}")
+        if scores is not None and scores.kind == "offset":
+            dlcheck.skip(
+                f"not judged: {scores.showed()}: the loss at the start is not a cross-entropy's alone, and ln(C) is "
+                "no reference for it"
+            )
     if not isinstance(classes, int):
         if shape is None or len(shape) < 2:
             dlcheck.skip(
@@ -295,6 +324,10 @@ def check_initial_loss(dlcheck):
         f"and a near-uniform prediction costs ln({classes}) against them too; the loss is a cross-entropy "
         f"({replay.measured()})"
         if soft
+        else f"; {scores.showed()}"
+        if scores is not None and scores.kind in ("ce", "softmax")
+        else f"; whether the loss is a cross-entropy of the output was not told: {scores.showed()}"
+        if scores is not None
         else ""
     )
     if ratio <= dlcheck.setting("max_ratio") or value - ln_c <= dlcheck.setting("min_excess"):

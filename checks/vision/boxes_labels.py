@@ -5,6 +5,8 @@ from typing import Any
 
 from ...errors import MISSING
 from ...registry import Setting, check
+from ..shared.class_scores import not_class_scores
+from ..shared.class_scores import untold as scores_untold
 from . import measure as V
 
 CANDIDATES = [(f, n) for n in (False, True) for f in V.BOX_FORMATS]
@@ -266,13 +268,22 @@ def check_boxes_labels(dlcheck):
         Plain-tensor boxes with no dlcheck_box_format and a model that is not a torchvision detector
         cannot be judged (skip). A Lightning module's number of classes is read from its forward's output
         inside its own training_step (its forward may take what the step makes of the images, never the
-        images themselves). A dataset whose sampled boxes are all valid in the wrong format too
+        images themselves; a training_step that calls a child, ``self.model(images)``, is read from it). Without a
+        training whose loss shows whether the model's output is class scores (no dlcheck_make_training /
+        LightningModule / Trainer, or a loss that cannot be replayed), the output is taken for them and the pass says
+        so. A dataset whose sampled boxes are all valid in the wrong format too
         (x2 > x1 by chance on every box) passes; the sample size (--dlcheck-samples) helps.
     Not applicable
         Segmentation (V5 judges mask values), data without targets (a diffusion or self-supervised
         training), vision-language batches (token targets), and data without images; a training whose loss does
         not read the labels the batches carry (an autoencoder, a VAE: its loss is the same, to the bit, with them
-        shuffled among the batch's examples, both computed from the same random state).
+        shuffled among the batch's examples, both computed from the same random state); a model whose output your
+        loss does not read as class scores (an embedding under a triplet or contrastive loss: replayed on outputs put
+        in place of the model's, the loss is no cross-entropy of them), unless dlcheck_num_classes declares classes.
+        Class labels, without dlcheck_num_classes, when the training's own loss or step calls the model on
+        something other than the batch (a GAN's generator on the noise its step draws, learnt from one call of
+        the step): the model predicts nothing about the images, there is no head to read, and V3 never hands it
+        an image.
     """
     sample = V.get_vision_sample(dlcheck, "train")
     V.require_task(dlcheck, sample, ("detection", "classification"), "boxes and class ids")
@@ -280,6 +291,14 @@ def check_boxes_labels(dlcheck):
     if unused:
         dlcheck.not_applicable(f"V3 judges class ids against the model's head; {unused}")
     model = dlcheck.role("model")
+    elsewhere = None if sample.of_kind("detection") or dlcheck.has("num_classes") else V.model_elsewhere(dlcheck)
+    if elsewhere is not None:
+        # a GAN's generator, called on the noise its step draws: no head over the images' classes to read
+        dlcheck.not_applicable(
+            f"V3 judges class ids against the model's head, and {elsewhere}: its output is no prediction about the "
+            "batch's images, so there is no head over their classes to read (dlcheck_num_classes would give the "
+            "number of classes to judge the labels against)"
+        )
     tv_det = model is not MISSING and V.is_tv_detection(model)
     n_classes, where = V.num_classes(dlcheck, sample)
     tol = dlcheck.setting("edge_tolerance")
@@ -330,6 +349,12 @@ def check_boxes_labels(dlcheck):
 
     cls = [i for i in sample.of_kind("classification") if i.label is not None]
     if cls:
+        declared = where == "dlcheck_num_classes"
+        # an embedding (a 128-d output under a triplet loss) is no row of 128 class scores: the user's loss, replayed
+        # on outputs put in place of the model's, tells when it can
+        other = None if declared else not_class_scores(dlcheck)
+        if other:
+            dlcheck.not_applicable(f"V3 judges class ids against the classes of the model's output; {other}")
         if n_classes is None:
             dlcheck.skip(
                 "missing role: the number of classes is unknown: define fixture dlcheck_num_classes"
@@ -351,9 +376,15 @@ def check_boxes_labels(dlcheck):
                 ev.append(f"e.g. {bad.where}: label {bad.label}")
             dlcheck.fail(ev, cause, fix)
         found = sorted(set(values))
+        untold = None if declared else scores_untold(dlcheck)
         dlcheck.measured(
             f"{len(values)} labels ({source or sample.source}) take {len(found)} values {min(found)}–{max(found)}, "
             f"all in 0..{n_classes - 1} (num_classes {n_classes} from {where})",
+            *(
+                [f"the model's output is taken for class scores; whether the loss reads it so was not told: {untold}"]
+                if untold
+                else []
+            ),
             labels=len(values),
             min_label=min(found),
             max_label=max(found),

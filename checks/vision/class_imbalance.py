@@ -6,6 +6,7 @@ from typing import Any
 
 from ...errors import MISSING
 from ...registry import Setting, check
+from ..shared.class_scores import not_class_scores
 from . import measure as V
 
 
@@ -158,7 +159,9 @@ def check_class_imbalance(dlcheck):
         Detection and segmentation data, data without targets (a diffusion or self-supervised training),
         vision-language batches, and data without images; a training whose loss does not read the labels
         the batches carry (an autoencoder, a VAE: its loss is the same, to the bit, with them shuffled among the
-        batch's examples, both computed from the same random state).
+        batch's examples, both computed from the same random state); a training whose loss is no classification loss
+        of the model's output (an embedding under a triplet loss on P x K batches: replayed on outputs put in place
+        of the model's, the loss is no cross-entropy of them, and weighs no class).
     """
     loss_fn, loader = dlcheck.role("loss_fn"), dlcheck.role("dataloader")
     sample = V.get_vision_sample(dlcheck, "train")
@@ -166,6 +169,11 @@ def check_class_imbalance(dlcheck):
     unused = V.labels_not_trained(dlcheck)
     if unused:
         dlcheck.not_applicable(f"V6 judges the class balance the loss trains on; {unused}")
+    other = not_class_scores(dlcheck)
+    if other:
+        # a metric-learning loss on embeddings (a triplet loss on P x K batches) weighs no class: no class weights
+        # to read, and no majority class for the model's output to collapse onto
+        dlcheck.not_applicable(f"V6 judges the class balance a classification loss trains on; {other}")
     if any(i.soft for i in sample.items):
         dlcheck.skip(
             f"the sampled classification targets ({sample.source}) are soft labels (mixup/cutmix or one-hot): V6 "

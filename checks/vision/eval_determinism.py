@@ -586,14 +586,19 @@ def check_eval_determinism(dlcheck):
             dlcheck.skip(
                 "V2 could not read the eval examples twice (nor an eval transform to run on an image); "
                 + (
-                    "dlcheck_model + dlcheck_eval_fn would let it check model.eval()"
+                    f"{_define_mode_roles(model, eval_fn)} would let it check model.eval()"
                     if model is MISSING or eval_fn is MISSING
                     else "your eval function's model mode was not measured"
                 )
             )
         dlcheck.skip(
             "missing role: define fixture dlcheck_eval_dataloader or dlcheck_eval_dataset (or "
-            "dlcheck_eval_transform); dlcheck_model + dlcheck_eval_fn to check model.eval()"
+            "dlcheck_eval_transform)"
+            + (
+                f"; {_define_mode_roles(model, eval_fn)} to check model.eval()"
+                if model is MISSING or eval_fn is MISSING
+                else ""
+            )
         )
     evidence: list[str] = []
     cause = fix = ""
@@ -685,7 +690,7 @@ def check_eval_determinism(dlcheck):
             + (
                 "no eval batch to call dlcheck_eval_fn on"
                 if model is not MISSING and eval_fn is not MISSING
-                else "define dlcheck_model and dlcheck_eval_fn"
+                else _define_mode_roles(model, eval_fn)
             )
         )
     dlcheck.measured(
@@ -693,3 +698,10 @@ def check_eval_determinism(dlcheck):
         eval_reads_identical=reads is not None,
         eval_fn_in_eval_mode=mode is not None,
     )
+
+
+def _define_mode_roles(model: Any, eval_fn: Any) -> str:
+    """The roles the eval-mode half still needs, named as they are missing (dlcheck_model was given: only
+    dlcheck_eval_fn)."""
+    missing = [name for name, value in (("dlcheck_model", model), ("dlcheck_eval_fn", eval_fn)) if value is MISSING]
+    return "define " + " and ".join(missing)
