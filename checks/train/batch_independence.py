@@ -11,8 +11,10 @@ from ...training import (
     batch_len,
     describe_batch,
     device_of,
+    find_setup,
     modes,
     output_tensor,
+    pipeline_call,
     probe,
     run_or_skip,
     to_device,
@@ -265,6 +267,32 @@ def _pipeline_inputs(dlcheck: Any, fresh: Any, batch: Any, size: int) -> tuple[A
         )
     mod, args, kwargs = call
     label = "forward" if mod is model else next((n for n, m in model.named_modules() if m is mod), "?")
+    if mod is not model:
+        rest = (
+            f"{name}.training_step does not call the module's own forward: T4 judged {label}, the module it calls "
+            "first on the batch, not what the step computes from its output"
+        )
+    else:
+        rest = None
+    whose = "forward's input" if mod is model else f"the input of {label} ({type(mod).__name__})"
+    return _called_inputs(dlcheck, mod, args, kwargs, size, f"{name}.training_step", label, whose, rest)
+
+
+def _called_inputs(
+    dlcheck: Any,
+    mod: Any,
+    args: tuple,
+    kwargs: dict,
+    size: int,
+    by: str,
+    label: str,
+    whose: str,
+    rest: str | None = None,
+) -> tuple[Any, dict, str]:
+    """(a call of ``mod`` on the inputs the pipeline (``by``) gives it, with its first float input a leaf to
+    differentiate against, {"x": that leaf}, what those inputs are); token ids are differentiated at the
+    nn.Embedding that receives them. Skips, saying so, when no input is a batch-first float tensor or token ids of
+    the batch's ``size`` examples. ``rest``: what the step computes beyond this call, said as not judged."""
     place = next(
         (i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()),
         next((k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and v.is_floating_point()), None),
@@ -274,26 +302,22 @@ def _pipeline_inputs(dlcheck: Any, fresh: Any, batch: Any, size: int) -> tuple[A
         tokens = _step_token_call(mod, args, kwargs, size)
         if tokens is not None:
             call, found, ids = tokens
-            if mod is not model:
-                dlcheck.not_judged(
-                    "the rest of the step",
-                    f"{name}.training_step does not call the module's own forward: T4 judged {label}, the module it "
-                    "calls first on the batch, not what the step computes from its output",
-                )
+            if rest is not None:
+                dlcheck.not_judged("the rest of the step", rest)
             return (
                 call,
                 found,
-                f"the token ids {label} is given by {name}.training_step ({describe_batch(ids)}), differentiated at "
-                "the nn.Embedding that receives them",
+                f"the token ids {label} is given by {by} ({describe_batch(ids)}), differentiated at the nn.Embedding "
+                "that receives them",
             )
         shown = describe_batch(args[0] if len(args) == 1 else args) if args else ", ".join(map(str, kwargs))
         dlcheck.skip(
-            f"{name}.training_step hands {label} no float tensor ({shown}): T4 differentiates the output against a "
+            f"{by} hands {label} no float tensor ({shown}): T4 differentiates the output against a "
             "float input, so it does not judge this call"
         )
     if given.dim() < 1 or given.shape[0] != size:
         dlcheck.skip(
-            f"{name}.training_step hands {label} a float tensor of shape {tuple(given.shape)}, not the {size} "
+            f"{by} hands {label} a float tensor of shape {tuple(given.shape)}, not the {size} "
             f"examples of the batch one by one: T4 cannot reproduce the input your pipeline gives {label} per "
             "example, so it does not judge"
         )
@@ -302,16 +326,40 @@ def _pipeline_inputs(dlcheck: Any, fresh: Any, batch: Any, size: int) -> tuple[A
         args = (*args[:place], x, *args[place + 1 :])
     else:
         kwargs = {**kwargs, place: x}
-    if mod is model:
-        what = f"forward's input as {name}.training_step gives it: {describe_batch(given)}"
-    else:
-        what = f"the input of {label} ({type(mod).__name__}) as {name}.training_step gives it: {describe_batch(given)}"
-        dlcheck.not_judged(
-            "the rest of the step",
-            f"{name}.training_step does not call the module's own forward: T4 judged {label}, the module it calls "
-            "first on the batch, not what the step computes from its output",
+    if rest is not None:
+        dlcheck.not_judged("the rest of the step", rest)
+    return (lambda: mod(*args, **kwargs)), {"x": x}, f"{whose} as {by} gives it: {describe_batch(given)}"
+
+
+def _loop_inputs(dlcheck: Any, model: Any, call: Any, size: int) -> tuple[Any, dict, str] | None:
+    """For a plain loop whose own loss or step calls the model on something other than the batch (a GAN's
+    generator on the noise the step draws; ``call``, the :func:`pipeline_call`): the model called on those inputs,
+    as :func:`_called_inputs`. None when the pipeline calls the model on the batch (or T4 is told nothing of how it
+    calls it): the batch is used."""
+    if call is None or call.on_batch:
+        return None
+    name = type(model).__name__
+    if not call.called:
+        if type(model).forward is torch.nn.Module.forward:
+            return None  # no forward of its own (a container of networks): the skip below says so, with its methods
+        dlcheck.skip(
+            f"{call.elsewhere()}: T4 cannot reproduce the input your pipeline gives {name}.forward, so it does not "
+            "judge (it never calls the model on the batch)"
         )
-    return (lambda: mod(*args, **kwargs)), {"x": x}, what
+    found = _called_inputs(dlcheck, model, call.args, call.kwargs, size, call.by, name, f"{name}'s input")
+    per_example = [
+        (str(k), v)
+        for k, v in [*enumerate(call.args), *call.kwargs.items()]
+        if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == size
+    ]
+    if len(per_example) > 1:
+        # a denoiser's (sample, timestep): the timesteps of other examples are no float input to differentiate
+        dlcheck.not_judged(
+            "the other inputs",
+            f"{call.by} hands {name} {len(per_example)} inputs of {size} examples "
+            f"({', '.join(describe_batch(v) for _, v in per_example)}); T4 differentiates against the first float one only",
+        )
+    return found
 
 
 @check(
@@ -362,10 +410,24 @@ def check_batch_independence(dlcheck):
         images), never on the loader's batch; a step that calls a submodule instead (``self.model(x)``) is
         judged on the first module it calls, the rest of the step said as not judged; a step that calls no
         module on a batch-first float input is not judged (skip: T4 cannot reproduce the forward's input).
+        Likewise a plain loop's (or Accelerate loop's) model is called on what its own dlcheck_compute_loss —
+        without it, its dlcheck_train_step, once on fresh objects — hands it when that is not the batch (a GAN's
+        generator on the noise the step draws, a denoiser on the noisy samples and timesteps its loss makes):
+        learnt from the first call of the model in one call of the loss or step, shared per session; the other
+        inputs of the examples (a denoiser's timesteps) are said as not judged. A step that never calls the
+        model itself is not judged. A loss that calls the model on the batch's own tensors (an RNN language
+        model's ``model(data, hidden)``) keeps the batch, and a forward of n inputs on a batch of n elements
+        whose call on them raises is not judged (T4 would guess its inputs: time steps are never read as
+        examples).
     Not applicable
         A model that is not called on the batch (its forward requires fields the batch lacks, the user's
-        loss builds them: a denoiser), said by the training machinery.
+        loss builds them) and no dlcheck_compute_loss or dlcheck_train_step to learn its inputs from, said by
+        the training machinery.
     """
+    # how a plain loop's own loss or step calls the model, learnt first: a step it runs builds a training state,
+    # and the probe is let go meanwhile (never two models alive beside a training run)
+    given = find_setup(dlcheck)
+    call = pipeline_call(dlcheck, given) if given is not None else None
     fresh, batches, setup = probe(dlcheck)
     model = fresh.model
     compiled = getattr(model, "_orig_mod", None)
@@ -395,6 +457,10 @@ def check_batch_independence(dlcheck):
     # images first): the forward is called on those inputs, never on the loader's batch
     lightning = setup is not None and setup.kind == "lightning"
     pipeline = _pipeline_inputs(dlcheck, fresh, batch, size) if lightning else None
+    if pipeline is None and setup is not None:
+        # a plain loop's own loss or step may call the model on something it makes (a GAN's generator on noise):
+        # the model is called on what the pipeline gives it, learnt from one call of the step, never on the batch
+        pipeline = _loop_inputs(dlcheck, model, call, size)
     shown = f"batch: {describe_batch(batch)}" + (f"; {pipeline[2]}" if pipeline else "")
     with modes(model, train=False), torch.enable_grad():
         if pipeline is not None:

@@ -1103,6 +1103,27 @@ def labels_not_trained(ctx: Any) -> str | None:
     return labels_unused(ctx)
 
 
+def model_elsewhere(ctx: Any) -> str | None:
+    """Why the model is not called on the batch's images, in words, or None: a plain loop's own loss or step calls
+    it on something it makes (a GAN's generator on the noise it draws), learnt from one call of the step
+    (:func:`pipeline_call`). Its output is then no prediction about an image, and a check must not hand it one."""
+    import pytest
+
+    from ...training import find_setup, pipeline_call
+    from ...training.runs import unwrap_prepared
+
+    model = ctx.role("model")
+    if model is MISSING:
+        return None
+    try:
+        call = pipeline_call(ctx, find_setup(ctx))
+    except pytest.skip.Exception:  # the pipeline cannot be run the way the capture needs: nothing is told
+        return None
+    if call is None or not isinstance(unwrap_prepared(model), call.model_type):
+        return None
+    return call.elsewhere()
+
+
 def num_classes(ctx: Any, sample: VisionSample | None = None) -> tuple[int | None, str]:
     """(number of classes, where it was read): dlcheck_num_classes, the model head, or one forward
     pass of the model on one sampled image (its output channels). One output is a binary head (one logit,
@@ -1125,6 +1146,8 @@ def _num_classes(ctx: Any, sample: VisionSample | None = None) -> tuple[int | No
         return n, f"model head {where}"
     if sample is None or not sample.images or is_tv_detection(model):
         return None, ""
+    if model_elsewhere(ctx) is not None:
+        return None, ""  # the pipeline never hands the model an image: its output says nothing of classes
     from ...training import is_lightning_module
 
     if is_lightning_module(model):

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from ..errors import MISSING, RoleError
+from ..guard import preserved_rng
 from ..registry import load_checks
 from ..session import user_call
 from .accelerate import AccelerateSetup, accelerator_of
@@ -22,7 +23,9 @@ from .lightning import LightningSetup, given_loaders
 from .loop import LoopSetup
 from .runs import (
     LOOP_KINDS,
+    SEED,
     Fresh,
+    ModuleSnapshot,
     SetupError,
     Trajectory,
     device_of,
@@ -32,8 +35,10 @@ from .runs import (
     loss_tensor,
     model_call,
     own_dataloader,
+    seed_all,
     targets_of,
     to_device,
+    unwrap_prepared,
 )
 from .trainer import TrainerSetup
 
@@ -460,6 +465,151 @@ def describe_batch(batch: Any) -> str:
     if isinstance(batch, (list, tuple)):
         return "(" + ", ".join(one(v) for v in batch) + ")"
     return one(batch)
+
+
+# --------------------------------------------------------------------------------------------------
+# how the pipeline calls the model: learnt from the pipeline itself
+
+
+@dataclass
+class PipelineCall:
+    """The first call of a plain loop's model (its forward, from outside) inside the user's own loss or step on a
+    sampled batch: its inputs as the pipeline hands them (detached copies). A GAN's step calls its generator on
+    noise it draws (``netG(noise)``), never on the batch's images; a check that would call the model on the batch
+    calls it on these inputs instead, or says it does not judge."""
+
+    #: who made the call: ``dlcheck_compute_loss`` or ``dlcheck_train_step``
+    by: str
+    #: the class of the model called (the training state's ``model``)
+    model_type: type
+    #: its positional and keyword inputs, None when the loss or step never calls the model itself
+    args: tuple | None
+    kwargs: dict
+    #: whether a tensor of the batch, as it comes, is among those inputs (the model is called on the batch)
+    on_batch: bool
+
+    @property
+    def called(self) -> bool:
+        return self.args is not None
+
+    def inputs(self) -> str:
+        """The inputs in words: ``float32 (4, 100, 1, 1)``, or a tuple / mapping of them."""
+        if self.args is None:
+            return "nothing"
+        if len(self.args) == 1 and not self.kwargs:
+            return describe_batch(self.args[0])
+        shown = [describe_batch(a) for a in self.args] + [f"{k}={describe_batch(v)}" for k, v in self.kwargs.items()]
+        return "(" + ", ".join(shown) + ")"
+
+    def elsewhere(self) -> str | None:
+        """Why the model is not called on the batch, in words, or None when it is."""
+        name = self.model_type.__name__
+        if not self.called:
+            return f"{self.by} never calls {name} itself on a batch (it calls its members or methods)"
+        if self.on_batch:
+            return None
+        return f"{self.by} calls {name} on {self.inputs()}, not on the batch"
+
+
+def _tensors(value: Any, depth: int = 0) -> list[torch.Tensor]:
+    """The tensors in a batch or a call's inputs (through mappings, lists and tuples, a few levels deep)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth > 3:
+        return []
+    if isinstance(value, Mapping):
+        return [t for v in value.values() for t in _tensors(v, depth + 1)]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v, depth + 1)]
+    return []
+
+
+def _detached(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if depth > 3:
+        return value
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_detached(v, depth + 1) for v in value)
+    if isinstance(value, list):
+        return [_detached(v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        return {k: _detached(v, depth + 1) for k, v in value.items()}
+    return value
+
+
+def _from_batch(inputs: list[torch.Tensor], batch: Any) -> bool:
+    """Whether one of ``inputs`` is a tensor of ``batch`` as it comes (the same values, shape and dtype)."""
+    given = _tensors(batch)
+    for t in inputs:
+        for b in given:
+            if t is b or (
+                t.shape == b.shape and t.dtype == b.dtype and torch.equal(t.detach().cpu(), b.detach().cpu())
+            ):
+                return True
+    return False
+
+
+def pipeline_call(ctx: Any, setup: Any = None) -> PipelineCall | None:
+    """How a plain loop's (or Accelerate loop's) own ``dlcheck_compute_loss`` — without it, its
+    ``dlcheck_train_step`` — calls the model on the first sampled batch, or None when the training is of another
+    kind or gives neither (dlcheck's default step calls the model on the batch). The loss runs once on the probe
+    (train mode, no grad, its state put back); the step once on fresh objects from ``dlcheck_make_training``, which
+    it may step; at the seed, the RNG states put back. Shared per session: one call of the user's loss or step."""
+    setup = find_setup(ctx) if setup is None else setup
+    if setup is None or setup.kind not in LOOP_KINDS:
+        return None
+    if setup.compute_loss is MISSING and setup.train_step is MISSING:
+        return None
+
+    def make() -> PipelineCall:
+        batch = training_batches(ctx, setup)[0]
+        seen: list[tuple[tuple, dict]] = []
+
+        def pre(mod: Any, args: tuple, kwargs: dict) -> None:
+            if not seen:
+                seen.append((_detached(args), _detached(kwargs)))
+
+        def watched(model: Any) -> list[Any]:
+            mods = {id(m): m for m in (model, unwrap_prepared(model)) if isinstance(m, torch.nn.Module)}
+            return [m.register_forward_pre_hook(pre, with_kwargs=True) for m in mods.values()]
+
+        if setup.compute_loss is not MISSING:
+            by = "dlcheck_compute_loss"
+            fresh = fresh_probe(ctx, setup)
+            model = fresh.model
+            start = ModuleSnapshot.take(model)
+            handles = watched(model)
+            try:
+                with preserved_rng(), modes(model, train=True), torch.no_grad():
+                    seed_all(SEED)
+                    fresh.loss(batch)
+            finally:
+                for h in handles:
+                    h.remove()
+                start.restore(model)
+        else:
+            by = "dlcheck_train_step"
+            state = setup.state()
+            model = state["model"]
+            handles = watched(model)
+            try:
+                with preserved_rng():
+                    seed_all(SEED)
+                    setup.train_mode(state)
+                    setup.step(state, batch, 0)
+            finally:
+                for h in handles:
+                    h.remove()
+            del state
+        model_type = type(unwrap_prepared(model))
+        if not seen:
+            return PipelineCall(by, model_type, None, {}, False)
+        args, kwargs = seen[0]
+        on_batch = _from_batch(_tensors(args) + _tensors(kwargs), to_device(batch, device_of(model)))
+        return PipelineCall(by, model_type, args, kwargs, on_batch)
+
+    return memo_or_skip(ctx, setup.sources, "training:pipeline-call", make)
 
 
 # --------------------------------------------------------------------------------------------------

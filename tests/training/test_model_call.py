@@ -1,7 +1,8 @@
 """One way to call the user's model on a batch: a forward that requires fields the batch does not hold
 (a denoiser needs noisy latents and timesteps that the user's loss makes from the images) is no bug of
-the user's: the checks that call the model on the batch say "not applicable", the ones that need only a
-loss run through dlcheck_compute_loss, and without it the skip names that fixture."""
+the user's: the checks that call the model on the batch say "not applicable" (T4 calls it on what the user's loss
+hands it instead), the ones that need only a loss run through dlcheck_compute_loss, and without it the skip names
+that fixture."""
 
 DENOISER = """
     import pytest, torch
@@ -50,14 +51,15 @@ COMPUTE_LOSS = """
 
 def test_a_denoiser_is_called_by_the_users_loss_not_on_the_batch(project):
     project.conftest(DENOISER.format(compute_loss=COMPUTE_LOSS))
-    run = project.run("--dlcheck=T3,T4,T5", "-rs")
+    run = project.run("--dlcheck=T3,T4,T5", "-rA")
     assert "internal error" not in run.text and "missing 1 required positional" not in run.text, run.text
     run.assert_outcome("T3", "passed")
     run.assert_outcome("T5", "passed")
-    run.assert_outcome("T4", "skipped")
-    run.fnmatch(
-        ["*not applicable: Denoiser.forward requires sample, timestep, which the batches (fields: pixel_values)*"]
-    )
+    # T4 calls the denoiser on what dlcheck_compute_loss hands it (the noisy samples and the timesteps, learnt from
+    # one call of the loss), never on the batch; the timesteps are said as not judged
+    run.assert_outcome("T4", "passed")
+    run.fnmatch(["*T4_batch_independence PASSED (*; partly judged: the other inputs not judged)*"])
+    assert "Denoiser's input as dlcheck_compute_loss gives it: float32 (8, 8)" in run.text, run.text
 
 
 def test_without_a_loss_the_skip_names_dlcheck_compute_loss(project):
