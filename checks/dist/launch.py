@@ -504,6 +504,12 @@ class Rank:
         if torch.cuda.is_available() and torch.cuda.device_count() >= self.world:
             torch.cuda.set_device(self.rank)  # as torchrun users do with LOCAL_RANK: one GPU per rank
         self.progress("init_process_group")
+        if dist.is_initialized():
+            # forked from a pytest process that holds a process group of its own (a script whose start runs
+            # init_process_group on a world of 1 in a fixture, as DINO's does): the rank forgets the inherited group,
+            # never talking on it (its store and sockets are the parent's), and joins the launch's own
+            c10d = dist.distributed_c10d
+            c10d._world = c10d._World()
         dist.init_process_group(self.backend, init_method="env://", timeout=timedelta(seconds=self.job.pg_timeout))
         from .accelerate import reset_state
 

@@ -610,3 +610,30 @@ def test_a_sampler_confined_to_a_fold_is_judged_on_the_fold(project, loader, out
     else:
         assert "(the subset of 15 indices its sampler draws) are on no rank" in d3
     _no_leftover_process()
+
+
+def test_ranks_forked_from_a_process_holding_a_process_group_start_their_own(project):
+    """A script whose start runs init_process_group in the pytest process (DINO's init_distributed_mode on a world of
+    1, needed by its loss and sampler): the forked ranks inherited that default group and every dist check ended in
+    an internal error ('trying to initialize the default process group twice'; found blind, set 14). The ranks
+    forget the inherited group and join the launch's; the pytest process keeps its own."""
+    project.conftest(
+        td.project()
+        + """
+
+import os
+import torch.distributed as dist
+
+
+@pytest.fixture(scope="session", autouse=True)
+def world_of_one():
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = "29683"
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+"""
+    )
+    run = project.run("--dlcheck=D1", "-rA")
+    run.assert_outcome("D1", "passed")
+    assert "process group twice" not in run.text
