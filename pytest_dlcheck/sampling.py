@@ -71,10 +71,12 @@ def as_batch_dict(batch: Any, role: str) -> Mapping[str, Any]:
     if isinstance(batch, Mapping):
         return _own_copy(batch)
     if isinstance(batch, (list, tuple)) and batch and all(isinstance(b, Mapping) for b in batch):
+        # the trainer builds its token batches inside its own step (TRL's online trainers tokenize the prompts and
+        # generate the completions there): a check of those batches concerns the pipeline, it cannot see them
         raise SampleError(
-            f"dlcheck_{role} returns the examples uncollated (a list of dicts, as TRL's GRPOTrainer, which "
-            "tokenizes inside its training step): there are no token batches to check",
-            not_applicable=True,
+            f"not judged: dlcheck_{role} returns the examples uncollated (a list of dicts): the trainer builds its "
+            "token batches inside its training step (as TRL's GRPO, RLOO and distillation trainers tokenize the "
+            "prompts and generate the completions there), where pytest-dlcheck does not see them"
         )
     if role != "collator" and isinstance(batch, (list, tuple)) and batch:
         # (inputs, targets): a vision, detection or plain training loader, legitimately not a token batch (a

@@ -198,8 +198,9 @@ def _collator_kind(collator: Any) -> str | None:
     return None
 
 
-#: TRL trainers that generate from batches of prompts during training (they left-pad the prompts themselves)
-ONLINE_TRAINERS = ("GRPOTrainer", "RLOOTrainer")
+#: TRL trainers that generate from batches of prompts during training (they left-pad the prompts themselves, and
+#: train on each prompt concatenated with its completion, one per padded row: nothing packed)
+ONLINE_TRAINERS = ("GRPOTrainer", "RLOOTrainer", "DistillationTrainer")
 
 
 def online_trainer(trainer: Any) -> str | None:

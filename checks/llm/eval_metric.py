@@ -14,6 +14,7 @@ from ...registry import Setting, check
 from ...roles import is_hf_trainer
 from ...session import user_call
 from ...training import run_or_skip
+from ...training.runs import is_grpo, is_reward_trainer, online_objective, preference_loss
 from ..shared import lm
 from .common import pipeline_kind, token_sample
 
@@ -249,6 +250,19 @@ def objective_trainer(trainer: Any) -> str | None:
     return type(trainer).__name__
 
 
+def objective_said(trainer: Any) -> str:
+    """What a TRL trainer's own objective is, as far as its objects tell (a trainer that generates in its step: a
+    divergence from its teacher, a policy gradient on rewards, or its own objective on those completions)."""
+    if is_grpo(trainer):
+        return online_objective(trainer)
+    kind = preference_loss(trainer)
+    if kind is not None:
+        return f"a preference loss ({kind.upper()}) of the policy against a reference model"
+    if is_reward_trainer(trainer):
+        return "a pairwise loss on chosen/rejected rewards"
+    return "a loss of its own"
+
+
 def own_compute_loss(trainer: Any) -> str | None:
     """The class that overrides Trainer.compute_loss outside transformers/TRL (its eval_loss is the user's
     own), else None."""
@@ -363,7 +377,8 @@ def check_eval_metric(dlcheck):
         predict_with_generate metric reads generated ids, not logits).
     Not applicable
         TRL trainers whose eval loss is their own objective, not a next-token NLL: DPOTrainer,
-        GRPOTrainer, RLOOTrainer, KTOTrainer, RewardTrainer. Batches that are not token batches.
+        GRPOTrainer, RLOOTrainer, DistillationTrainer, KTOTrainer, RewardTrainer (each said with what its
+        objects tell of its loss). Batches that are not token batches.
         Sequence and token classifiers (no perplexity over a vocabulary; decided from the objects,
         checks.llm.common.pipeline_kind). A masked LM is judged with each position's logits against
         its own label (ForMaskedLMLoss shifts nothing), a causal LM with the shift by one.
@@ -375,7 +390,7 @@ def check_eval_metric(dlcheck):
     other = objective_trainer(trainer)
     if other:
         dlcheck.not_applicable(
-            f"{other} evaluates its own objective (a preference or policy loss), not a next-token NLL: its eval "
+            f"{other} evaluates its own objective ({objective_said(trainer)}), not a next-token NLL: its eval "
             "loss and metrics are no perplexity over supervised tokens"
         )
     pipeline = pipeline_kind(dlcheck)

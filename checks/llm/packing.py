@@ -336,7 +336,7 @@ def check_packing(dlcheck):
         assumed aligned with input_ids (the model shifts them).
     Not applicable
         Pipelines that do not pack: no sampled row has position_ids restarts or several
-        EOS-separated documents (padded or one-example rows); GRPO/RLOO trainers, which build their
+        EOS-separated documents (padded or one-example rows); GRPO/RLOO/distillation trainers, which build their
         batches from generations; a pre-chunked pretraining stream (each row one dataset example holding
         EOS-separated documents, no position_ids restart, every token but EOS/padding supervised:
         run_clm's group_texts with default_data_collator, or with DataCollatorForLanguageModeling and

@@ -253,8 +253,9 @@ def _training_half(dlcheck: Any, model: Any, tok: Any) -> Half:
     half = Half("training")
     trainer_kind = online_trainer(dlcheck.role("trainer"))
     if trainer_kind:
+        # the padding of the batches it trains on concerns it (left-padded prompts, right-padded completions): the
+        # batches are built where the check does not see them
         half.reason = f"{trainer_kind} builds its training batches inside the trainer (from generations)"
-        half.applicable = False
         return half
     try:
         sample = token_sample(dlcheck)
@@ -464,7 +465,7 @@ def _generation_half(dlcheck: Any, model: Any, tok: Any) -> Half:
         enc, how = got
     else:
         half.reason = (
-            "the pipeline does not generate in batches (no TRL GRPOTrainer/RLOOTrainer); if it does, define "
+            "the pipeline does not generate in batches (no TRL GRPO, RLOO or distillation trainer); if it does, define "
             "dlcheck_generation_prompts to check batched generation"
         )
         half.applicable = False
@@ -610,7 +611,7 @@ def check_padding_side(dlcheck):
         difference is also `noise_ratio` times larger than what remains with correct positions.
         Generation half: runs only when the pipeline really generates in batches — the user defines
         `dlcheck_generation_prompts` (prompt strings, tokenized with `dlcheck_tokenizer` as configured,
-        or the padded batch fed to generate), or the trainer is a TRL GRPOTrainer/RLOOTrainer (its
+        or the padded batch fed to generate), or the trainer is a TRL GRPOTrainer/RLOOTrainer/DistillationTrainer (its
         dataset's prompts, left-padded as TRL does itself). Greedy `generate` of the padded batch must
         give each prompt the same continuation as generating it alone (a divergence at a near-tie,
         logit gap <= `tie_margin`, is rounding and is ignored).
@@ -642,14 +643,15 @@ def check_padding_side(dlcheck):
         never runs for plain SFT/DPO training: right-padded training batches are correct there. When
         your inference code pads differently from dlcheck_tokenizer, return the exact batch you feed
         to generate from dlcheck_generation_prompts. A half that concerns the pipeline but cannot
-        decide (prompts that make no padded batch, a model without generate) makes the check skip
-        when the other half does not decide either.
+        decide (prompts that make no padded batch, a model without generate, a GRPO/RLOO/distillation
+        trainer that builds its training batches inside its step) makes the check skip when the other
+        half does not decide either; when the other half passes, the pass is partly judged and names it.
         An encoder-decoder (T5, BART) is not measured yet: the training half skips (its forward needs
         the decoder inputs built from the labels).
     Not applicable
         Pipelines that neither pad their training batches (packed or padding-free rows, equal-length
-        rows, a GRPO/RLOO trainer that builds its batches from generations) nor generate in batches
-        (no dlcheck_generation_prompts, no GRPO/RLOO trainer); batches that are not token batches.
+        rows) nor generate in batches (no dlcheck_generation_prompts, no GRPO/RLOO/distillation
+        trainer); batches that are not token batches.
         A sequence classifier (labels one per sequence) is judged by each padded example's loss
         against its own label in the batch and alone (a left-padded BERT pools a pad as its [CLS]).
     """
@@ -674,4 +676,7 @@ def check_padding_side(dlcheck):
         numbers.update(h.numbers)
     lines = [line for h in halves if h.decided for line in h.measured]
     lines += [f"{h.name}: not checked, {h.reason}" for h in halves if not h.decided]
+    for h in halves:
+        if not h.decided and h.applicable:  # a half that concerns the pipeline and was not judged: a partial pass
+            dlcheck.not_judged(h.name, h.reason)
     dlcheck.measured(*lines, **numbers)

@@ -382,7 +382,13 @@ def check_schema(dlcheck):
     pipeline = pipeline_kind(dlcheck)
     if not pipeline.generates:
         pipeline.not_for(dlcheck, "the data schemas of generative training (text, prompt/completion, conversations)")
-    why = "no trainer kind (dlcheck_trainer or dlcheck_training_args), and " if kind is None else ""
+    why = (
+        ""
+        if kind is not None
+        else f"{told_by} is a TRL trainer whose dataset schema L8 does not know yet, and "
+        if told_by
+        else "no trainer kind (dlcheck_trainer or dlcheck_training_args), and "
+    )
     texts = [c for c in columns if c in PAYLOAD or any(is_conversation(r.get(c)) for r in rows)]
     if not texts:
         if kind is None and "input_ids" not in columns:

@@ -205,6 +205,10 @@ def from_grpo_trainer(name: str, get: Get, cache: Cache) -> Any:
         ref = getattr(trainer, "ref_model", None)
         return MISSING if ref is None else ref
     if name == "kl_coef":
+        if not hasattr(trainer, "ref_model") and not rl.rewarded(trainer):
+            # beta is a KL coefficient only beside a reference model or rewards (a distillation trainer's beta
+            # interpolates its divergence to the teacher: 0 is a forward KL, not "no KL")
+            return MISSING
         beta = getattr(trainer, "beta", getattr(trainer.args, "beta", None))
         return MISSING if beta is None else float(beta)
     if name == "reward_funcs":

@@ -55,7 +55,8 @@ def check_frozen_reference(dlcheck):
         (TR-DPO's sync_ref_model is deliberate) is not judged. With PEFT, TRL keeps no separate
         reference and the check is not applicable.
     Not applicable
-        Pipelines without a KL penalty to a frozen reference: PPO/A2C/DQN/SAC (Stable-Baselines3, or a
+        Pipelines without a KL penalty to a frozen reference (a trainer whose loss compares the model with a
+        teacher model, on-policy distillation, is a skip instead: the teacher is not judged yet): PPO/A2C/DQN/SAC (Stable-Baselines3, or a
         CleanRL-style loop given as dlcheck_env / dlcheck_advantage_fn) clip or regularise against the
         rollout policy instead; GRPO with beta=0.0; a supervised trainer (SFT); a TRL trainer on a PEFT
         model, whose reference is the policy with its adapters disabled.
@@ -171,6 +172,17 @@ def _without_reference(dlcheck, kl: Any) -> None:
             dlcheck.not_applicable(
                 f"{name} trains a PEFT model: its reference is the same model with the adapters disabled, so there "
                 "is no separate reference model whose tensors could be shared or trained"
+            )
+        teacher = getattr(trainer, "teacher_model", None)
+        if hasattr(teacher, "named_parameters") and not hasattr(trainer, "ref_model"):
+            # a teacher the loss compares the model with: R2's question (a model the loss anchors to, moved or
+            # trained with the policy) concerns it, but the check reads a KL reference, not a teacher
+            inner = getattr(teacher, "module", teacher)
+            dlcheck.skip(
+                f"dlcheck_trainer is a {name}: it has no reference model of a KL penalty, but its loss compares the "
+                f"model with a teacher model ({type(inner).__name__}, trainer.teacher_model); whether the teacher "
+                "shares the model's tensors, sits in the optimizer or gets gradients is not judged (define "
+                "dlcheck_ref_model returning trainer.teacher_model to have R2 judge it)"
             )
         if not rl.rewarded(trainer) and not hasattr(trainer, "ref_model"):
             dlcheck.not_applicable(f"dlcheck_trainer is a {name}: it trains with no reference model and no KL penalty")

@@ -1,5 +1,5 @@
-"""Target networks: a copy of a trained network kept beside it and updated by copying its weights (a DQN's or
-TD3's target network), recognised from the objects — the same parameters by name and shape as a network the
+"""Target networks: a copy of a trained network kept beside it and updated from its weights (copied every few
+steps, a DQN's, or averaged by tau, TD3's and SAC's), recognised from the objects — the same parameters by name and shape as a network the
 optimizer trains, and in no optimizer itself."""
 
 from __future__ import annotations
@@ -35,3 +35,24 @@ def weight_copies(model: Any, held: set[int], trains: Callable[[str], bool] | No
 def optimizer_held(optimizers: list[Any]) -> set[int]:
     """The ids of the parameters the optimizers hold."""
     return {id(p) for opt in optimizers if opt is not None for group in opt.param_groups for p in group["params"]}
+
+
+def state_weight_copies(state: Any) -> dict[str, str]:
+    """``{copy key: original key}`` among the modules of a plain loop's training dict (SAC's ``qf1_target`` beside
+    ``qf1``): ``copy`` is in no optimizer of the dict and has the very parameters of ``original``, all of which one
+    holds. Empty when ``state`` is no dict or holds no optimizer."""
+    from ...training.runs import unwrap_prepared
+
+    if not isinstance(state, dict):
+        return {}
+    import torch
+
+    modules, optimizers = {}, []
+    for key, value in state.items():
+        inner = unwrap_prepared(value)
+        if isinstance(inner, torch.nn.Module):
+            modules[str(key)] = inner
+        elif isinstance(inner, torch.optim.Optimizer):
+            optimizers.append(inner)
+    held = optimizer_held(optimizers)
+    return weight_copies(modules, held) if held and len(modules) > 1 else {}

@@ -6,7 +6,7 @@ from typing import Any
 from ... import detectors
 from ...registry import check
 from ...training import find_setup, show_losses, smoke_run
-from ..shared.targets import optimizer_held, weight_copies
+from ..shared.targets import optimizer_held, state_weight_copies, weight_copies
 
 
 def _lr_text(rec) -> str:
@@ -49,8 +49,9 @@ def check_loss_spike(dlcheck):
     Not applicable
         Losses that take negative values (GRPO and other policy-gradient objectives, a loss with a
         negative offset): a multiple of their running mean or start means nothing. A model that keeps a target
-        network (a top-level submodule with the very parameters of one the optimizer trains, in no optimizer
-        itself: a DQN's, TD3's): its temporal-difference loss chases the copy's moving targets.
+        network (a top-level submodule, or a module of a plain loop's training dict, with the very parameters of
+        one an optimizer trains, in no optimizer itself: a DQN's, TD3's, SAC's, copied or averaged by tau): its
+        temporal-difference loss chases the copy's moving targets, and grows as rewards propagate.
     """
     run = smoke_run(dlcheck)
     losses = [(s, v) for s, v in run.trajectory.losses() if v is not None and math.isfinite(v)]
@@ -72,10 +73,11 @@ def check_loss_spike(dlcheck):
         copy, original = next(iter(copies.items()))
         dlcheck.not_applicable(
             f"the model keeps a target network: {copy} has the very parameters of {original}, which the optimizer "
-            f"trains, and is in no optimizer itself (updated by copying {original}'s weights, as a DQN's or TD3's): "
-            "the loss is a temporal-difference loss against that copy's moving targets, which jumps at each sync and "
-            "grows as rewards propagate, so a multiple of its running mean or start is no divergence (S1 and S3 "
-            "still judge non-finite losses and exploding gradients)"
+            f"trains, and is in no optimizer itself (updated from {original}'s weights, copied or averaged, as a "
+            "DQN's, TD3's or SAC's): the loss is a temporal-difference loss against that copy's moving targets, which "
+            "move with each update of the copy (a jump at each copy) and grow as rewards propagate, so a multiple of "
+            "its running mean or start is no divergence (S1 and S3 still judge non-finite losses and exploding "
+            "gradients)"
         )
     factor, window, rise = dlcheck.setting("factor"), dlcheck.setting("window"), dlcheck.setting("rise")
     recs = {r.step: r for r in run.trajectory.steps}
@@ -291,6 +293,10 @@ def _target_networks(dlcheck: Any) -> dict[str, str]:
         fresh, _, _ = probe(dlcheck)
     except (Exception, pytest.skip.Exception):  # noqa: BLE001 - a probe that cannot be made leaves S2 as it was
         return {}
+    # a plain loop's training dict: its modules side by side (SAC's qf1_target beside qf1)
+    in_state = state_weight_copies(fresh.owner)
+    if in_state:
+        return in_state
     model = fresh.model
     shapes = [tuple((n, tuple(p.shape)) for n, p in m.named_parameters()) for _, m in model.named_children()]
     shapes = [s for s in shapes if s]

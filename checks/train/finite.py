@@ -25,6 +25,26 @@ def _float_fields(batch: Any) -> list[tuple[str, torch.Tensor]]:
     return []
 
 
+def _fields_said(batches: list[Any], fields: int) -> str:
+    """What the sampled batches' float fields are, said as they are: finite float fields, integer tensors only
+    (token ids, class ids), or examples a trainer collates inside its own step (lists of dicts of prompts)."""
+    if fields:
+        return f"{fields} float field(s) finite"
+    first = batches[0] if batches else None
+    if isinstance(first, (list, tuple)) and first and all(isinstance(b, Mapping) for b in first):
+        keys = sorted({str(k) for b in first for k in b})
+        return (
+            f"no float field (the batches are lists of {len(first)} uncollated examples with {', '.join(keys)}: "
+            "their tensors are built inside the training step)"
+        )
+    tensors = [
+        v
+        for b in batches
+        for v in (b.values() if isinstance(b, Mapping) else b if isinstance(b, (list, tuple)) else [b])
+    ]
+    return "no float field (token ids)" if any(isinstance(v, torch.Tensor) for v in tensors) else "no float field"
+
+
 def _max_abs(value: Any) -> float | None:
     tensors = (
         [value]
@@ -91,7 +111,7 @@ def check_finite(dlcheck):
 
     why = _loss_unavailable(setup, model, batches[0])
     if why is not None:
-        _through_the_step(dlcheck, setup, why, fields, len(batches))
+        _through_the_step(dlcheck, setup, why, _fields_said(batches, fields), len(batches))
         return
     names = {id(m): n for n, m in model.named_modules()}  # by identity: a Metric hashes its state
     trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -194,7 +214,7 @@ def check_finite(dlcheck):
             )
     dlcheck.measured(
         f"{len(batches)} sampled batch(es): "
-        + (f"{fields} float field(s) finite" if fields else "no float field (token ids)")
+        + _fields_said(batches, fields)
         + f"; on {len(losses)} batch(es) in train mode, every module output finite ({outputs} outputs), loss "
         f"{', '.join(f'{v:.4g}' for v in losses)}, "
         + (
@@ -212,7 +232,7 @@ def check_finite(dlcheck):
 STEP_CALLS = MAX_BATCHES
 
 
-def _through_the_step(dlcheck, setup: Any, why: str, fields: int, n_batches: int) -> None:
+def _through_the_step(dlcheck, setup: Any, why: str, fields: str, n_batches: int) -> None:
     """T5 for a loop whose loss lives inside its own step: fresh objects from the factory, the user's
     ``dlcheck_train_step`` called on the first training batches with a hook on every module of every network the
     state trains (the first non-finite output), one on every trainable parameter (a non-finite gradient as backward
@@ -329,7 +349,7 @@ def _through_the_step(dlcheck, setup: Any, why: str, fields: int, n_batches: int
         )
     dlcheck.measured(
         f"{n_batches} sampled batch(es): "
-        + (f"{fields} float field(s) finite" if fields else "no float field (token ids)")
+        + fields
         + f"; {where}: every module output finite ({seen['outputs']} outputs)"
         + (f", losses {', '.join(f'{v:.4g}' for v in losses)}" if losses else ", the step returns no loss")
         + (f", the gradients of {len(seen['grads'])} parameter tensors finite" if seen["grads"] else ", no gradient"),

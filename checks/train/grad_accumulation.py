@@ -53,6 +53,8 @@ class Window:
     loss_missing: str | None = None  # why dlcheck cannot compute the loss apart from the step (judged from the step)
     loss_scale: float = 1.0  # a mixed-precision GradScaler's scale, a factor of every loss the step backwards
     record: by_step.Record | None = None  # the step's backwards and draws, when judged from the step
+    #: the calls at whose start a parameter the optimizer holds carried a non-zero gradient (left by earlier calls)
+    carried: set[int] = field(default_factory=set)
 
 
 def _watch_window(setup: Any, n: int) -> Window:
@@ -113,6 +115,8 @@ def _watch_window(setup: Any, n: int) -> Window:
                     now["call"] = i
                     if win.record is not None:
                         win.record.now = i
+                    if any(p.grad is not None and bool(p.grad.detach().ne(0).any()) for _, p in params):
+                        win.carried.add(i)
                     setup.step(state, batch, i)
                     if len(win.calls) >= 2 or (win.calls and win.calls[0] > 0):
                         break
@@ -413,7 +417,8 @@ def check_grad_accumulation(dlcheck):
         each micro-batch's loss by ``accumulate_grad_batches`` (a token mean over variable counts is weighted per
         micro-batch there).
     Not applicable
-        Trainings without gradient accumulation: every call of your step takes an optimizer step, the
+        Trainings without gradient accumulation: every call of your step takes an optimizer step, or a call
+        takes several (a delayed actor update repeated) on parameters that carried no gradient when it began, the
         plain loop's default step (no ``dlcheck_train_step``), a Trainer with ``gradient_accumulation_steps=1``, a
         Lightning Trainer with ``accumulate_grad_batches=1``.
     """
@@ -458,6 +463,23 @@ def check_grad_accumulation(dlcheck):
         dlcheck.not_applicable(
             f"no gradient accumulation: optimizer steps at calls {win.calls[0] + 1} and {win.calls[1] + 1} of "
             f"{stepname} (every micro-step is an optimizer step)"
+        )
+    if len(win.calls) >= 2 and win.calls[1] == win.calls[0]:
+        # several optimizer steps inside one call (a delayed actor update repeated, an inner loop): the window over
+        # calls that T10 compares ends inside the call
+        c, many = win.calls[0], win.calls.count(win.calls[0])
+        before = f", none in the {c} call(s) before it" if c else ""
+        if c not in win.carried:
+            dlcheck.not_applicable(
+                f"no gradient accumulation: the optimizer (state['optimizer']) took {many} optimizer steps within call {c + 1} of "
+                f"{stepname}{before}, and its parameters carried no gradient when that call began: each step applies "
+                "the gradients of its own call (nothing is accumulated over calls)"
+            )
+        dlcheck.skip(
+            f"the optimizer (state['optimizer']) took {many} optimizer steps within call {c + 1} of {stepname}; its "
+            "parameters carried "
+            "gradients from earlier calls when it began: an accumulation window over calls that ends inside a call is "
+            "not judged"
         )
     if win.calls == [0]:
         dlcheck.skip(

@@ -16,7 +16,7 @@ from ...session import made_up
 from ...training import modes, probe, run_or_skip
 from ...training.loop import trained_modules
 from ...training.runs import NotTheBatch, Trajectory, model_call, unwrap_prepared, with_field
-from ..shared.targets import optimizer_held, weight_copies
+from ..shared.targets import optimizer_held, state_weight_copies, weight_copies
 
 
 @contextlib.contextmanager
@@ -311,7 +311,7 @@ def check_gradients(dlcheck):
     )
     copy_note = "".join(
         f"; {copy}.* gets no gradient and is in no optimizer: a copy of {original} (same parameters, which train), "
-        "updated by copying its weights (a target network), not judged"
+        "updated from its weights, copied or averaged (a target network), not judged"
         for copy, original in copies.items()
     )
     frozen = sum(1 for p in model.parameters() if not p.requires_grad)
@@ -827,8 +827,16 @@ def _through_the_step(dlcheck, setup: Any, why: str) -> None:
             if isinstance(opt, torch.optim.Optimizer):
                 held.update(id(p) for g in opt.param_groups for p in g["params"])
         modules = [type(root).__name__ for _, root in roots]
+        copies = _step_weight_copies(roots, held, got)
+        # a module of the training dict that no optimizer holds, with the very parameters of one the step trains
+        # (SAC's qf1_target beside qf1): a target network, said
+        for copy, original in state_weight_copies(state).items():
+            pre = "" if original == "model" else f"{original}."
+            names_of = [f"{pre}{n}" for n, p in unwrap_prepared(state[original]).named_parameters() if p.requires_grad]
+            if copy != "model" and names_of and all(n in got for n in names_of):
+                copies.setdefault(copy, original)
         return {
-            "copies": _step_weight_copies(roots, held, got),
+            "copies": copies,
             "calls": seen["calls"],
             "trainable": [n for n, _ in trainable],
             "shapes": {n: shape(p) for n, p in trainable + others},
@@ -852,7 +860,7 @@ def _through_the_step(dlcheck, setup: Any, why: str) -> None:
     orphans = [n for n in orphans if not any(n.startswith(f"{copy}.") for copy in copies)]
     copy_note = "".join(
         f"; {copy}.* gets no gradient and is in no optimizer: a copy of {original} (same parameters, which train), "
-        "updated by copying its weights (a target network), not judged"
+        "updated from its weights, copied or averaged (a target network), not judged"
         for copy, original in copies.items()
     )
     where = (

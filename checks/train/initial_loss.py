@@ -28,7 +28,7 @@ from ...training import (
     soft_targets,
     targets_of,
 )
-from ...training.runs import is_grpo
+from ...training.runs import is_grpo, online_objective
 from ..shared import frozen
 from ..shared.class_scores import class_scores
 from ..shared.forward import ABSENT, put_forward, restore_forward
@@ -124,7 +124,9 @@ def check_initial_loss(dlcheck):
         neither one per example nor one per position (shifted or not), nor one per input token: a sequence loss
         over alignments (CTC: (batch, label length) transcripts against (batch, frames, vocabulary) logits),
         DPO, KTO and other preference losses,
-        GRPO, RLOO (a policy-gradient objective on completions generated inside the step). A torchvision
+        GRPO, RLOO (a policy-gradient objective on completions generated inside the step), on-policy
+        distillation (a divergence from a teacher model on those completions), and any trainer that generates
+        its completions inside its step (its own objective on them, not a next-token NLL). A torchvision
         detector (its loss
         is a sum of classification, box-regression and objectness losses, and exists in train mode only). A model given as dlcheck_model
         whose forward needs fields the batches lack (a denoiser that your loss calls): it is not called on
@@ -143,7 +145,7 @@ def check_initial_loss(dlcheck):
                 else "1 - σ(β x (policy/reference log-ratio - KL estimate)) on unpaired completions (KTO: 0.5 at the "
                 "start, whatever the vocabulary)"
                 if kind == "kto"
-                else "a policy-gradient objective on generated completions"
+                else online_objective(trainer)
             )
             + ", not a cross-entropy over classes: ln(classes) does not apply"
         )

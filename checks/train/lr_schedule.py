@@ -621,8 +621,23 @@ def check_lr_schedule(dlcheck):
     if not lrs:
         dlcheck.skip("the smoke run recorded no learning rate (no optimizer step was seen)")
     shown = ", ".join(f"{v:.3g}" for v in lrs[:4]) + (f", …, {lrs[-1]:.3g}" if len(lrs) > 4 else "")
+    others = traj.notes.get("other_optimizers") or []
+    if others:
+        # the smoke run reads the LR of state['optimizer'] only: the other optimizers' schedules are not read
+        dlcheck.not_judged(
+            f"the learning rate of {', '.join(others)}",
+            "the smoke run reads the training dict's 'optimizer' only",
+        )
+    at = (
+        f"at its {len(lrs)} optimizer steps"
+        if opt_steps <= len(lrs)
+        else f"at the {len(lrs)} steps where it stepped ({opt_steps} optimizer steps, several in a step: one LR read "
+        "per step)"
+    )
+    if others:
+        at = f"of state['optimizer'] {at}"
     dlcheck.measured(
-        f"smoke run of {run.steps} steps: the learning rate at its {len(lrs)} optimizer steps is {shown} "
+        f"smoke run of {run.steps} steps: the learning rate {at} is {shown} "
         f"(not 0 throughout; scheduler: {type(scheduler).__name__ if scheduler is not None else 'none seen'})",
         *judged,
         *([f"the smoke run {run.trajectory.notes['plan_end']}"] if run.trajectory.notes.get("plan_end") else []),

@@ -416,6 +416,16 @@ class LoopSetup:
         baseline = saving.baseline() if saving is not None else None
         traj.notes["optimizer"] = state.get("optimizer")
         traj.notes["scheduler"] = state.get("lr_scheduler")
+        # the training dict's other optimizers (a critic's, a discriminator's): the smoke run watches 'optimizer' only
+        # (a wrapper of the same optimizer, Accelerate's AcceleratedOptimizer around it, is no other one)
+        watched_opt = unwrap_prepared(state.get("optimizer"))
+        traj.notes["other_optimizers"] = [
+            str(k)
+            for k, v in state.items()
+            if k != "optimizer"
+            and isinstance(unwrap_prepared(v), torch.optim.Optimizer)
+            and unwrap_prepared(v) is not watched_opt
+        ]
         release_training_memory(state)
         if self.offload_trained:
             read_back = offload_tensors(state, self.tmp.mktemp("dlcheck-smoke") / "trained.pt")

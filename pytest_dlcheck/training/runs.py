@@ -72,6 +72,22 @@ def is_grpo(trainer: Any) -> bool:
     return any(c.__name__ == "GRPOTrainer" for c in type(trainer).__mro__) or hasattr(trainer, "_buffered_inputs")
 
 
+def online_objective(trainer: Any) -> str:
+    """What the loss of a trainer that generates its completions inside its step is, as far as its objects tell:
+    a divergence from a teacher model it holds (on-policy distillation), a policy-gradient objective on the
+    rewards of its reward functions or reward model (GRPO, RLOO), else its own objective, said neutrally."""
+    teacher = getattr(trainer, "teacher_model", None)
+    if isinstance(teacher, torch.nn.Module):
+        inner = getattr(teacher, "module", teacher)  # a DDP/accelerate wrapper: the model's own class
+        return (
+            f"a divergence between its model's and its teacher model's ({type(inner).__name__}) token "
+            "distributions on completions generated in its step"
+        )
+    if getattr(trainer, "reward_funcs", None) or getattr(trainer, "reward_model", None) is not None:
+        return "a policy-gradient objective on generated completions"
+    return "its own objective on completions generated in its step"
+
+
 def generation_cycle(trainer: Any) -> tuple[int, int] | None:
     """(optimizer steps, micro-steps) of a trainer's generation cycle, or None: a trainer that keeps the completions
     it generated in a buffer (``_buffered_inputs``) and regenerates every ``args.steps_per_generation`` ×

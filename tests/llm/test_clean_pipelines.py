@@ -90,7 +90,16 @@ UNDECIDED = {
         "L11": "batches from dlcheck_collator on 6 examples of dlcheck_dataset carry no labels",
         "L13": "batches from dlcheck_collator on 6 examples of dlcheck_dataset carry no labels",
     },
-    "grpo": {"L5": "training data: GRPOTrainer builds its training batches inside the trainer"},
+    # GRPOTrainer tokenizes its prompts and generates its completions inside its step: the checks of those token
+    # batches concern it and cannot see them (not judged)
+    "grpo": {
+        "L5": "training data: GRPOTrainer builds its training batches inside the trainer",
+        **{
+            cid: "not judged: dlcheck_collator returns the examples uncollated (a list of dicts): the trainer builds "
+            "its token batches inside its training step"
+            for cid in ("L2", "L6", "L11", "L12", "L13", "L14")
+        },
+    },
     "sft_packed": {"L2": "batches from dlcheck_collator on 4 examples of dlcheck_dataset are padding-free"},
     "trainer_lm_collator_own_pad": {"L8": "nothing to judge: the examples hold token ids only"},
 }

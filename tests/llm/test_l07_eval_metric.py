@@ -240,7 +240,8 @@ def test_dpo_trainer_is_not_applicable(project):
     run.fnmatch(
         [
             "*::L7_eval_metric SKIPPED (not applicable: *",
-            "SKIPPED * not applicable: DPOTrainer evaluates its own objective (a preference or policy loss), not a "
+            "SKIPPED * not applicable: DPOTrainer evaluates its own objective (a preference loss (DPO) of the policy "
+            "against a reference model), not a "
             "next-token NLL: its eval loss and metrics are no perplexity over supervised tokens",
         ]
     )
