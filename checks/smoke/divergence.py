@@ -166,8 +166,9 @@ def check_grad_explosion(dlcheck):
         lower the learning rate, add warmup, clip gradients (max_grad_norm=1.0), and check that the loss
         is averaged, not summed, over tokens/examples.
     Known problems
-        Needs gradient norms: a run that does not expose them (a custom loop whose optimizer is not in
-        dlcheck_make_training) skips. A loop's norms are read at its optimizer's step, after the closure of
+        Needs gradient norms. A loop with no optimizer object, whose step updates the weights itself, has them
+        read at each call that changed the weights, as the backward left them (before the step's clipping;
+        gradients from no backward, ``torch.autograd.grad`` written into ``.grad``, as the step leaves them). A loop's norms are read at its optimizer's step, after the closure of
         ``optimizer.step(closure)`` has run (Lightning Fabric's way), before a ``zero_grad()`` that follows; a
         step at which no parameter has a gradient gives none. A Trainer whose own callback stops its logs
         (``control.should_log``) gives norms before clipping at the logged steps only; a clip hides an explosion
@@ -196,7 +197,7 @@ def check_grad_explosion(dlcheck):
     kind = "before clipping" if pre else "at optimizer.step(), after any clipping of yours"
     base_steps = _steps_text([s for s, _, _ in norms[:base_n]])
     if run.by_micro_step:  # records by micro-step: say which optimizer steps they are
-        made = [sum(1 for r in steps if r.step <= s and r.lr is not None) for s, _, _ in norms[:base_n]]
+        made = [sum(1 for r in steps if r.step <= s and r.stepped) for s, _, _ in norms[:base_n]]
         base_steps = f"micro-{base_steps} (optimizer {_steps_text(made)})"
     left = (
         f"{len(unknown)} of {len(steps)} steps not compared: their norm before clipping is not known ({why})"
@@ -246,7 +247,13 @@ def check_grad_explosion(dlcheck):
         f"({run.where(highest[0])}; an explosion is {factor} x)",
         *(
             [
-                f"{len(clipped)} of {len(norms)} steps clipped: at optimizer.step() the norm was at most {max(n for _, n in clipped):.3g}"
+                f"{len(clipped)} of {len(norms)} steps clipped: "
+                + (
+                    "as the step left .grad after its own update"
+                    if run.trajectory.notes.get("own_updates")
+                    else "at optimizer.step()"
+                )
+                + f" the norm was at most {max(n for _, n in clipped):.3g}"
             ]
             if clipped
             else []

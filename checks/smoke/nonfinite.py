@@ -59,8 +59,11 @@ def check_nonfinite_run(dlcheck):
     Known problems
         A step a GradScaler skips because of Inf gradients is expected and not reported (its update never
         happens). A gradient accumulation longer than ``max_micro_steps / steps`` gets fewer optimizer steps
-        (the evidence says so; raise ``S1.max_micro_steps``). A state without an optimizer (a step that
-        steps its own) runs ``steps`` micro-steps; one whose optimizer the step never calls runs
+        (the evidence says so; raise ``S1.max_micro_steps``). A state without an optimizer object, whose step updates
+        the weights itself (a hand-written ``p.data.add_(p.grad, alpha=-lr)``), runs until the step has made
+        ``steps`` updates: an update is a call after which the weights changed (a fingerprint of each parameter),
+        its gradients read as the backward leaves them; one that changes no weight in ``steps`` calls runs no
+        further and its updates are not judged. A state whose optimizer the step never calls runs
         ``max_micro_steps``. The gradients are read at your optimizer's step, as it applies them (after the
         closure of ``optimizer.step(closure)`` has run: Lightning Fabric's, LBFGS's way), so a step that zeroes
         them after stepping is judged; a step at which no parameter has a gradient gives no norm. The run is
@@ -126,11 +129,22 @@ def check_nonfinite_run(dlcheck):
         dlcheck.skip("the smoke run recorded no step")
     losses = [v for _, v in traj.losses() if v is not None]
     norms = [r.grad_norm for r in traj.steps if r.grad_norm is not None]
-    opt_steps = traj.calls.count("opt") or len(traj.steps)
+    own = bool(traj.notes.get("own_updates"))  # no optimizer object: the step updates the weights itself
+    opt_steps = traj.calls.count("opt") if own else traj.calls.count("opt") or len(traj.steps)
+    steps_word = "update(s) made by dlcheck_train_step itself" if own else "optimizer step(s)"
     gradless = traj.notes.get("no_grad_steps", 0)
     if gradless and not any(r.grad_norm is not None or r.step_norm is not None for r in traj.steps):
         dlcheck.not_judged(
-            "gradients", f"no parameter of the optimizer had a gradient at any of its {gradless} steps the run watched"
+            "gradients",
+            f"no parameter of the model had a gradient at any of the {gradless} updates the run watched"
+            if own
+            else f"no parameter of the optimizer had a gradient at any of its {gradless} steps the run watched",
+        )
+    if own and not opt_steps:
+        dlcheck.not_judged(
+            "the updates",
+            f"the {len(traj.steps)} calls of dlcheck_train_step changed no weight of the model (no optimizer object in "
+            "the state: an update is a call after which the weights changed); T2 judges a step that does not train",
         )
     dlcheck.measured(
         f"{run.length}: "
@@ -140,8 +154,12 @@ def check_nonfinite_run(dlcheck):
             else "no loss logged"
         )
         + (f"; gradient norm ≤ {max(norms):.3g} at {len(norms)} steps, all finite" if norms else "")
-        + (f"; no parameter had a gradient at {gradless} optimizer step(s): no norm there" if gradless else "")
-        + f"; weights finite after {opt_steps} optimizer steps",
+        + (f"; no parameter had a gradient at {gradless} {steps_word}: no norm there" if gradless else "")
+        + (
+            f"; weights finite after {opt_steps} updates made by dlcheck_train_step itself (no optimizer object)"
+            if own
+            else f"; weights finite after {opt_steps} optimizer steps"
+        ),
         steps=len(traj.steps),
         optimizer_steps=opt_steps,
         micro_steps=run.micro_steps,

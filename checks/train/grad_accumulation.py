@@ -15,6 +15,7 @@ from ...session import user_call
 from ...training import SEED, SetupError, get_setup, probe, run_or_skip, seed_all
 from ...training.runs import (
     NotTheBatch,
+    Trajectory,
     batch_len,
     device_of,
     loss_tensor,
@@ -66,6 +67,16 @@ def _watch_window(setup: Any, n: int) -> Window:
     model, opt = state["model"], state.get("optimizer")
     if opt is None:
         win.no_optimizer = True
+        if isinstance(model, torch.nn.Module) and getattr(setup, "train_step", MISSING) is not MISSING:
+            # the step may update the weights itself: which calls did (an update is a call that changed them)
+            traj = Trajectory()
+            with preserved_rng():
+                seed_all(SEED)
+                setup.run(
+                    state, setup.batches(n), 0, traj, stop=lambda: sum(r.update for r in traj.steps) >= 2, planned=n
+                )
+            win.calls = [r.step - 1 for r in traj.steps if r.update]
+            win.end = len(traj.steps) - 1
         return win
     if not isinstance(model, torch.nn.Module):
         raise SetupError(f"dlcheck_make_training's 'model' is a {type(model).__name__}, not a torch.nn.Module")
@@ -456,7 +467,22 @@ def check_grad_accumulation(dlcheck):
 
     win = run_or_skip(dlcheck, lambda: _watch_window(setup, n))
     if win.no_optimizer:
-        dlcheck.skip("dlcheck_make_training returned no 'optimizer': no optimizer step to watch")
+        if len(win.calls) >= 2 and win.calls[:2] == [0, 1]:
+            dlcheck.not_applicable(
+                f"no gradient accumulation: every call of {stepname} changed the weights (calls 1 and 2: the step "
+                "updates them itself, no optimizer object in dlcheck_make_training's dict)"
+            )
+        if win.calls:
+            dlcheck.skip(
+                f"not judged: {stepname} updates the weights itself (no optimizer object), at call(s) "
+                f"{', '.join(str(c + 1) for c in win.calls)} of the first {win.end + 1}: T10 compares the gradient an "
+                "optimizer's step applies after an accumulation with the gradient of the micro-batches together, and "
+                "does not watch a hand-written update"
+            )
+        dlcheck.skip(
+            f"dlcheck_make_training returned no 'optimizer' and {win.end + 1} calls of {stepname} changed no weight: "
+            "no update to watch"
+        )
     if not win.calls:
         dlcheck.skip(f"{n} calls of {stepname} took no optimizer step (raise T10.micro_steps above k)")
     if len(win.calls) >= 2 and win.calls[1] == win.calls[0] + 1:

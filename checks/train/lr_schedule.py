@@ -481,7 +481,8 @@ def check_lr_schedule(dlcheck):
         ``num_training_steps`` in its scheduler: the pass then says where the warmup ends), when its scheduler
         does not step once per optimizer step of the smoke run (stepped per epoch), or is a ReduceLROnPlateau,
         or cannot be copied; a run longer than 50,000 optimizer steps is not read. A LightningModule's warmup is
-        not judged.
+        not judged. A loop whose step updates the weights itself (no optimizer object) is not judged: there is
+        no optimizer LR and no scheduler object to read (a learning rate the loop keeps in a number is not read).
     Not applicable
         None among runs that take optimizer steps: each has a learning rate to follow.
     """
@@ -618,6 +619,13 @@ def check_lr_schedule(dlcheck):
             cause = "the learning rate is 0: the model never changes"
             fix = "set a non-zero learning rate (and a warmup that starts above 0 or is stepped)"
         dlcheck.fail(evidence, cause, fix)
+    if not lrs and traj.notes.get("own_updates"):
+        dlcheck.skip(
+            f"not judged: dlcheck_train_step updates the weights itself ({opt_steps} updates in the smoke run; no "
+            "optimizer object in dlcheck_make_training's dict): T6 reads the learning rate from an optimizer's "
+            "param_groups and its schedule from an LR scheduler object, and there is neither, so a learning rate "
+            "your loop keeps and anneals itself (a number in the state) is not read"
+        )
     if not lrs:
         dlcheck.skip("the smoke run recorded no learning rate (no optimizer step was seen)")
     shown = ", ".join(f"{v:.3g}" for v in lrs[:4]) + (f", …, {lrs[-1]:.3g}" if len(lrs) > 4 else "")

@@ -18,6 +18,7 @@ from ...training import (
     base_lr,
     decode_example,
     describe_batch,
+    device_of,
     get_setup,
     modes,
     output_tensor,
@@ -26,8 +27,9 @@ from ...training import (
     seed_all,
     soft_targets,
     targets_of,
+    to_device,
 )
-from ...training.runs import is_grpo
+from ...training.runs import Fresh, digest, is_grpo
 from ..shared import frozen
 from ..shared.forward import put_forward, restore_forward
 
@@ -259,6 +261,13 @@ def check_overfit_batch(dlcheck):
         fine-tuning rate, a DPO step at 5e-7, a BatchNorm ResNet) is reported as not conclusive, naming
         each rate's loss, and, when the outputs could be descended on, the loss they reach free (the
         target is within reach of some output, so nothing shows that no weights can reach it).
+        A plain loop whose ``dlcheck_train_step`` updates the weights itself (no optimizer object in the
+        training dict: a hand-written ``p.data.add_(p.grad, alpha=-lr)``) is trained by calling that step on the
+        batch, on fresh objects of its own, the whole budget at its own update (T2 cannot set its rate). It
+        fails when the loss does not move at all (the evidence says whether the weights changed: a learning
+        rate of 0 leaves them as they were), or when the loss rises and the step's first update points up the
+        loss's gradient (a positive cosine between the update and the gradient at the start: the sign of the
+        update is flipped); a loss that rises with an update that points down its gradient is not conclusive.
     Why it is bad
         A model that cannot memorise eight examples cannot learn the dataset: the loss is detached from
         the parameters, the outputs are squashed (a softmax before ``CrossEntropyLoss``), the targets do
@@ -298,6 +307,17 @@ def check_overfit_batch(dlcheck):
     setup = get_setup(dlcheck)
     fresh, batches, _ = probe(dlcheck)
     batch = batches[0]
+    # a step that updates the weights itself (no optimizer object in the state): T2 runs that step on the batch, on
+    # fresh objects of its own (the step may keep what it likes in the state)
+    own = _own_update_state(setup, fresh)
+    if own is not None:
+        own = run_or_skip(dlcheck, setup.state)
+        fresh = Fresh(
+            own["model"],
+            lambda b, m=own["model"]: setup.loss_of(m, to_device(b, device_of(m))),
+            lambda: (None, None),
+            owner=own,
+        )
     model = fresh.model
     start = ModuleSnapshot.take(model)
 
@@ -394,9 +414,29 @@ def check_overfit_batch(dlcheck):
             "slowly, 0.1x/0.01x when it diverges; each stops once under the target",
         )
 
+    def own_attempt(cap: int) -> float:
+        """At most ``cap`` calls of the user's step on the batch (its own update at its own rate, the model's
+        randomness drawn the same way at every call); stops under the target or at a non-finite loss."""
+        start.restore(model)
+        curve: list[float] = []
+        curves["your step's own update"] = curve
+        with modes(model, train=True):
+            for i in range(cap + 1):
+                with torch.no_grad():
+                    value = float(fixed(lambda: fresh.loss(batch)))
+                curve.append(value)
+                if i == cap or (i and (not math.isfinite(value) or value <= target)):
+                    break
+                fixed(lambda i=i: setup.step(own, batch, i))
+        moved.append(digest(model) != digest_start)
+        attempts.append((1.0, math.nan, value, i, False))
+        return value
+
     def attempt(mult: float, cap: int, may_move_up: bool) -> float:
         """At most ``cap`` steps at ``mult`` x the base LR; stops under the target, at a non-finite loss, or
         (``may_move_up``) once the loss falls too slowly to reach the target in ``cap``."""
+        if own is not None:
+            return own_attempt(cap)
         start.restore(model)
         opt, _ = run_or_skip(dlcheck, fresh.make_optimizer)
         if opt is None:
@@ -444,6 +484,12 @@ def check_overfit_batch(dlcheck):
         return not math.isfinite(value) or value > first
 
     seen = OutputRange()  # the outputs fed to the loss at every step of every attempt
+    digest_start = digest(model)
+    moved: list[bool] = []  # a step's own update: whether its calls changed the weights at all
+
+    def rate(mult: float, lr: float) -> str:
+        return "your step's own update" if own is not None else f"lr {lr:.3g} ({mult:.3g}x)"
+
     watch = model.register_forward_hook(lambda _m, _i, out: seen.see(out))
     try:
         # your learning rate first (about half the budget); up the ladder while the loss falls too slowly, down it
@@ -451,17 +497,23 @@ def check_overfit_batch(dlcheck):
         ladder = [1.0]
         while ladder and left() > 0:
             mult = ladder.pop(0)
-            cap = left() if not ladder and mult != 1.0 else math.ceil(left() / 2)
+            # a step's own update has no rate T2 can set: the whole budget goes to it
+            cap = left() if own is not None or (not ladder and mult != 1.0) else math.ceil(left() / 2)
             last = attempt(mult, cap, may_move_up=mult >= 1.0 and (mult == 1.0 or bool(ladder)))
             if math.isfinite(last) and last <= target:
                 others = "; ".join(
-                    f"lr {a_lr:.3g} ({a_mult:.3g}x): {a_last:.4g} after {_steps(a_n)}"
+                    f"{rate(a_mult, a_lr)}: {a_last:.4g} after {_steps(a_n)}"
                     for a_mult, a_lr, a_last, a_n, _ in attempts[:-1]
                 )
+                where = (
+                    f"{attempts[-1][3]} calls of dlcheck_train_step on that batch alone (its own update: no optimizer "
+                    "object)"
+                    if own is not None
+                    else f"{_steps(attempts[-1][3])} on that batch alone at lr {attempts[-1][1]:.3g} ({mult:.3g}x your "
+                    "base LR)"
+                )
                 dlcheck.measured(
-                    f"batch 0 loss {first:.4g} -> {last:.4g} after {_steps(attempts[-1][3])} on that batch alone at lr "
-                    f"{attempts[-1][1]:.3g} ({mult:.3g}x your base LR), train mode, the model's randomness held "
-                    f"fixed: {(first - last) / (first - floor):.0%} less{' of the loss above its floor' if floor_note else ''}, "
+                    f"batch 0 loss {first:.4g} -> {last:.4g} after {where}, train mode, the model's randomness held fixed: {(first - last) / (first - floor):.0%} less{' of the loss above its floor' if floor_note else ''}, "
                     f"{dlcheck.setting('min_reduction'):.0%} needed"
                     + (f" (also tried: {others})" if others else "")
                     + floor_note
@@ -473,13 +525,15 @@ def check_overfit_batch(dlcheck):
                     ),
                     first_loss=round(first, 6),
                     last_loss=round(last, 6),
-                    lr=attempts[-1][1],
+                    lr=None if own is not None else attempts[-1][1],
                     lr_multiplier=mult,
                     steps=attempts[-1][3],
                     steps_in_all=budget - left(),
                     max_steps=budget,
                 )
                 return
+            if own is not None:
+                break  # the step's own rate is the only one
             if mult == 1.0:
                 ladder = [0.1, 0.01] if diverged(last) else [10.0, 100.0]
             elif mult > 1.0 and diverged(last):
@@ -497,8 +551,7 @@ def check_overfit_batch(dlcheck):
 
     spent = budget - left()
     tried = "; ".join(
-        f"lr {lr:.3g} ({mult:.3g}x): {last:.4g} after {_steps(n)}"
-        + (" (falling too slowly: moved up)" if early else "")
+        f"{rate(mult, lr)}: {last:.4g} after {_steps(n)}" + (" (falling too slowly: moved up)" if early else "")
         for mult, lr, last, n, early in attempts
     )
     evidence = [
@@ -575,6 +628,41 @@ def check_overfit_batch(dlcheck):
         start.restore(model)
         evidence += info.evidence()
         cause, fix = info.cause(), info.fix()
+    elif own is not None and abs(best - first) <= 1e-6 * max(1.0, abs(first)):
+        evidence.append(
+            f"{attempts[-1][3]} calls of dlcheck_train_step on batch 0 "
+            + ("changed the weights, but not the loss" if moved and moved[-1] else "left every weight as it was")
+        )
+        cause = (
+            "the loss does not move at all: the step's own update changes nothing the loss depends on (a learning "
+            "rate of 0, an update applied to other tensors than the state's model's parameters, or a loss detached "
+            "from the outputs; see T3)"
+            if moved and moved[-1]
+            else "the loss does not move at all: your step's own update leaves the weights unchanged (a learning "
+            "rate of 0, or an update applied to other tensors than state['model']'s parameters)"
+        )
+        fix = (
+            "update the model's parameters with a non-zero learning rate (p.data.add_(p.grad, alpha=-lr)), or hand "
+            "the step an optimizer over model.parameters()"
+        )
+    elif (
+        own is not None
+        and all(math.isfinite(a[2]) and a[2] > first for a in attempts)
+        and (
+            (cos := _update_direction(model, start, fixed, fresh, batch, lambda: setup.step(own, batch, 0))) is not None
+            and cos > 0
+        )
+    ):
+        evidence.append(
+            f"the first call of dlcheck_train_step moved the weights along the gradient of the loss on batch 0 "
+            f"(cosine {cos:+.2f} between the update and the gradient; a descent step has a negative one): the step "
+            "climbs the loss"
+        )
+        cause = (
+            "your step's own update goes up the gradient, not down: it adds the gradient to the weights "
+            "(p.data.add_(p.grad, alpha=lr)) or differentiates a negated loss"
+        )
+        fix = "subtract the gradient: p.data.add_(p.grad, alpha=-lr), and differentiate the loss to minimise"
     elif abs(best - first) <= 1e-6 * max(1.0, abs(first)):
         cause = (
             "the loss does not move at all: the optimizer steps change nothing the loss depends on (a learning "
@@ -619,11 +707,51 @@ def check_overfit_batch(dlcheck):
                 + ": nothing shows that no weights can reach it"
             )
         dlcheck.skip(
-            f"not conclusive: batch 0 loss {first:.4g} {how} in {spent} steps on that batch alone, all the "
-            f"learning rates together ({tried}); {dlcheck.setting('min_reduction'):.0%} less was needed{floor_note}{measured} — "
+            f"not conclusive: batch 0 loss {first:.4g} {how} in {spent} steps on that batch alone, "
+            + (
+                "at your step's own update (T2 cannot set the rate of a step without an optimizer object)"
+                if own is not None
+                else "all the learning rates together"
+            )
+            + f" ({tried}); {dlcheck.setting('min_reduction'):.0%} less was needed{floor_note}{measured} — "
             f"raise T2.steps to judge it (now {budget}: the budget of every rate tried)"
         )
     dlcheck.fail(evidence, cause, fix)
+
+
+def _own_update_state(setup: Any, fresh: Any) -> bool | None:
+    """True when the training is a plain loop (or Accelerate) whose own ``dlcheck_train_step`` updates the weights
+    itself: no optimizer object anywhere in the training state; None otherwise."""
+    state = getattr(fresh, "owner", None)
+    if setup is None or getattr(setup, "kind", None) not in ("loop", "accelerate"):
+        return None
+    if getattr(setup, "train_step", MISSING) is MISSING or not isinstance(state, dict):
+        return None
+    if state.get("optimizer") is not None or any(isinstance(v, torch.optim.Optimizer) for v in state.values()):
+        return None
+    return True if isinstance(state.get("model"), torch.nn.Module) else None
+
+
+def _update_direction(model, start, fixed, fresh, batch, call) -> float | None:
+    """The cosine between the first update of a step that updates the weights itself and the gradient of the loss
+    on ``batch`` at the start (both from the start's weights, the randomness held fixed); None when either is 0.
+    The model is put back at the start."""
+    start.restore(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        with modes(model, train=True):
+            loss = fixed(lambda: fresh.loss(batch))
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            before = [p.detach().clone() for p in params]
+            fixed(call)
+        dot = sum(
+            float(((p.detach() - b) * g).double().sum()) for p, b, g in zip(params, before, grads) if g is not None
+        )
+        size = math.sqrt(sum(float((p.detach() - b).double().pow(2).sum()) for p, b in zip(params, before)))
+        gsize = math.sqrt(sum(float(g.double().pow(2).sum()) for g in grads if g is not None))
+    finally:
+        start.restore(model)
+    return dot / (size * gsize) if size > 0 and gsize > 0 else None
 
 
 def _needs_closure(opt: Any) -> bool:

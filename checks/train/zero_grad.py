@@ -51,47 +51,85 @@ def _watch(state: dict[str, Any], limit: int) -> tuple[dict[str, Any], Any]:
         if not params:
             continue
         seen["optimizers"] += 1
-        # per parameter since this optimizer's last step: its gradient then, "carried" (the first backward after
-        # it found exactly that gradient) or "reset" (a backward found None or zeros)
-        watch: dict[str, Any] = {"after": {}, "state": {}, "step": 0}
         named = [
             (names.get(id(p), f"parameter {i} of optimizer {seen['optimizers']}"), p) for i, p in enumerate(params)
         ]
 
-        def before_step(optimizer, args, kwargs, watch=watch, named=named) -> None:
-            judged = False
-            for name, _ in named:
-                if watch["state"].get(name) == "carried":
-                    seen["stale"].append((watch["step"], name))
-                    judged = True
-            if judged:
-                seen["crossed"] += 1
-
-        def stepped(optimizer, args, kwargs, watch=watch, named=named) -> None:
-            seen["steps"] += 1
-            watch["step"] = seen["steps"]
-            watch["after"] = {n: p.grad.detach().clone() for n, p in named if p.grad is not None and p.grad.any()}
-            watch["state"] = {}
-
-        def incoming(name: str, param: torch.Tensor, watch=watch):
-            def hook(grad: torch.Tensor) -> None:
-                before = watch["after"].get(name)
-                if before is None or watch["state"].get(name) == "reset":
-                    return  # no gradient at the last step, or already reset since
-                held = param.grad
-                if held is None or not held.any():
-                    watch["state"][name] = "reset"
-                    seen["reset"] += 1
-                    if all(watch["state"].get(n) == "reset" for n in watch["after"]):
-                        seen["crossed"] += 1  # every watched gradient of that step reset: judged
-                elif name not in watch["state"] and held.shape == before.shape and bool(torch.equal(held, before)):
-                    watch["state"][name] = "carried"  # stale unless a reset comes before the next step
-
-            return hook
-
-        handles += [opt.register_step_pre_hook(before_step), opt.register_step_post_hook(stepped)]
-        handles += [p.register_hook(incoming(n, p)) for n, p in named]
+        before_step, stepped, hooks = _param_watch(named, seen)
+        handles += [
+            opt.register_step_pre_hook(lambda *_a, f=before_step: f()),
+            opt.register_step_post_hook(lambda *_a, f=stepped: f()),
+        ]
+        handles += hooks
     return seen, lambda: [h.remove() for h in handles]
+
+
+def _param_watch(
+    named: list[tuple[str, torch.Tensor]], seen: dict[str, Any], own: bool = False
+) -> tuple[Any, Any, list]:
+    """For the watched parameters: what to do right before an update (judge the gradients carried since the last
+    one), right after it (keep a copy of the gradients) and the hooks that see each backward arrive. ``own``: the
+    updates are the step's own (no optimizer object), seen once the call returned: a gradient already None or zeros
+    then was reset inside the step (zeroed after the update)."""
+    # per parameter since the last update: its gradient then, "carried" (the first backward after it found exactly
+    # that gradient) or "reset" (a backward found None or zeros)
+    watch: dict[str, Any] = {"after": {}, "state": {}, "step": 0}
+
+    def before_step() -> None:
+        judged = False
+        for name, _ in named:
+            if watch["state"].get(name) == "carried":
+                seen["stale"].append((watch["step"], name))
+                judged = True
+        if judged:
+            seen["crossed"] += 1
+
+    def stepped() -> None:
+        seen["steps"] += 1
+        watch["step"] = seen["steps"]
+        watch["after"] = {n: p.grad.detach().clone() for n, p in named if p.grad is not None and p.grad.any()}
+        watch["state"] = {}
+        if own and len(watch["after"]) < len(named):
+            seen["reset"] += len(named) - len(watch["after"])  # zeroed inside the step, after its update
+            if not watch["after"]:
+                seen["crossed"] += 1  # every watched gradient of that update reset: judged
+
+    def incoming(name: str, param: torch.Tensor):
+        def hook(grad: torch.Tensor) -> None:
+            before = watch["after"].get(name)
+            if before is None or watch["state"].get(name) == "reset":
+                return  # no gradient at the last step, or already reset since
+            held = param.grad
+            if held is None or not held.any():
+                watch["state"][name] = "reset"
+                seen["reset"] += 1
+                if all(watch["state"].get(n) == "reset" for n in watch["after"]):
+                    seen["crossed"] += 1  # every watched gradient of that step reset: judged
+            elif name not in watch["state"] and held.shape == before.shape and bool(torch.equal(held, before)):
+                watch["state"][name] = "carried"  # stale unless a reset comes before the next step
+
+        return hook
+
+    return before_step, stepped, [p.register_hook(incoming(n, p)) for n, p in named]
+
+
+def _watch_own(state: dict[str, Any], limit: int) -> tuple[dict[str, Any], Any, Any]:
+    """The watch of a step that updates the weights itself (no optimizer object in the state): an update is a call
+    after which the model's weights changed (the run's :class:`UpdateWatch` records it), and the gradients it left
+    are judged as an optimizer step's are. Returns (seen, the function called after each call, undo)."""
+    names = _named_parameters(state)
+    params = [p for p in unwrap_prepared(state["model"]).parameters() if p.requires_grad][:limit]
+    seen: dict[str, Any] = {"steps": 0, "stale": [], "reset": 0, "crossed": 0, "optimizers": 1 if params else 0}
+    seen["own"] = True
+    named = [(names.get(id(p), f"parameter {i}"), p) for i, p in enumerate(params)]
+    before_step, stepped, hooks = _param_watch(named, seen, own=True)
+
+    def called(rec: Any) -> None:
+        if rec is not None and rec.update:
+            before_step()
+            stepped()
+
+    return seen, called, lambda: [h.remove() for h in hooks]
 
 
 CROSSINGS = 2  # optimizer steps judged before the watch stops (a reset skipped every other step shows at the
@@ -132,7 +170,10 @@ def check_zero_grad(dlcheck):
         discriminator's zero_grad before its own next step) is not. It stops calling your step at the first
         stale gradient or once two steps of each optimizer have been judged (at most ``micro_steps``).
         Deliberate gradient accumulation adds to ``.grad`` between optimizer steps and is not judged — only
-        what crosses an optimizer step is.
+        what crosses an optimizer step is. A step with no optimizer object, which updates the weights itself
+        (a hand-written ``p.data.add_(p.grad, alpha=-lr)``), is watched the same way on the model's first
+        parameters, an update being a call of the step after which the weights changed: the gradient it left is
+        kept, and a gradient already None or zeros when that call returns was reset inside it.
     Why it is bad
         Without ``optimizer.zero_grad()`` every backward adds to the gradients of all earlier batches: each
         update is the running sum of every gradient since the start, the steps grow, the loss goes in
@@ -168,18 +209,34 @@ def check_zero_grad(dlcheck):
 
     def watched() -> dict[str, Any]:
         state = setup.state()
-        if state.get("optimizer") is None:
-            return {"steps": -1}
-        seen, undo = _watch(state, 4)
+        traj = Trajectory()
+        called = None
+        if state.get("optimizer") is not None:
+            seen, undo = _watch(state, 4)
+        elif not _optimizers(state) and isinstance(state.get("model"), torch.nn.Module):
+            # no optimizer object: the step updates the weights itself (a hand-written SGD)
+            seen, called, undo = _watch_own(state, 4)
+        else:
+            others = ", ".join(k for k, v in state.items() if isinstance(unwrap_prepared(v), torch.optim.Optimizer))
+            return {
+                "steps": -1,
+                "why": f"dlcheck_make_training returned no 'optimizer' but other optimizers ({others}): T9 watches "
+                "state['optimizer'], or the updates of a step that has no optimizer object"
+                if others
+                else "dlcheck_make_training returned no 'optimizer' and its 'model' is no torch module: no update "
+                "to watch",
+            }
 
         def after(i: int) -> None:
+            if called is not None:
+                called(traj.steps[-1] if traj.steps and traj.steps[-1].step == i + 1 else None)
             seen["calls"] = i + 1
             if seen["stale"] or seen["crossed"] >= CROSSINGS * seen["optimizers"]:
                 raise _Judged  # the verdict is in: no further step of the user's model is spent
 
         try:
             with preserved_rng():
-                setup.run(state, setup.batches(n), 0, Trajectory(), after=after)
+                setup.run(state, setup.batches(n), 0, traj, after=after)
         except _Judged:
             pass
         finally:
@@ -188,32 +245,43 @@ def check_zero_grad(dlcheck):
 
     seen = run_or_skip(dlcheck, watched)
     if seen["steps"] < 0:
-        dlcheck.skip("dlcheck_make_training returned no 'optimizer': no optimizer step to watch")
+        dlcheck.skip(seen["why"])
+    own = bool(seen.get("own"))  # no optimizer object: the step's own updates (calls that changed the weights)
+    made = (
+        f"{seen['steps']} update(s) of the weights by the step itself (no optimizer object: an update is a call "
+        "after which the weights changed)"
+        if own
+        else f"{seen['steps']} optimizer step(s)"
+    )
     calls = seen.get("calls", n)
     if not seen["steps"] or not (seen["stale"] or seen["reset"]):
         dlcheck.skip(
-            f"{calls} calls of dlcheck_train_step took {seen['steps']} optimizer step(s) and no backward after one "
-            "reached the watched parameters: an optimizer step and the next backward are needed to see what crosses "
-            "it (raise T9.micro_steps)"
+            f"{calls} calls of dlcheck_train_step made {made} and no backward after one reached the watched "
+            "parameters: an update and the next backward are needed to see what crosses it (raise T9.micro_steps)"
         )
     stale = seen["stale"]
     if stale:
         names = sorted({name for _, name in stale})
+        step = "update" if own else "step"
         dlcheck.fail(
             [
-                f"{calls} calls of dlcheck_train_step made {seen['steps']} optimizer step(s); after step "
-                f"{stale[0][0]}, the next backward found .grad of {', '.join(repr(x) for x in names[:3])} still "
-                "holding exactly the gradient that step used, and nothing reset it before that optimizer's next "
-                "step",
+                f"{calls} calls of dlcheck_train_step made {made}; after {step} {stale[0][0]}, the next backward found "
+                f".grad of {', '.join(repr(x) for x in names[:3])} still holding exactly the gradient that {step} "
+                + ("left (the one it applied)" if own else "used")
+                + ", and nothing reset it before "
+                + ("the next update" if own else "that optimizer's next step"),
                 f"{len(stale)} such carried-over gradient(s) in the run, {seen['reset']} reset",
             ],
-            cause="the gradients are never zeroed between optimizer steps: every backward adds to the sum of all "
-            "earlier gradients, so each update applies the whole history again",
-            fix="call optimizer.zero_grad(set_to_none=True) right after optimizer.step() (inside the "
+            cause=f"the gradients are never zeroed between {'updates' if own else 'optimizer steps'}: every backward "
+            "adds to the sum of all earlier gradients, so each update applies the whole history again",
+            fix="call model.zero_grad(set_to_none=True) at the top of your step, before the backward (or set each "
+            "p.grad = None after your update)"
+            if own
+            else "call optimizer.zero_grad(set_to_none=True) right after optimizer.step() (inside the "
             "gradient-accumulation branch when you accumulate), or at the top of your step before the backward",
         )
     dlcheck.measured(
-        f"{calls} calls of dlcheck_train_step made {seen['steps']} optimizer step(s)"
+        f"{calls} calls of dlcheck_train_step made {made}"
         + (f" of {seen['optimizers']} optimizers" if seen["optimizers"] > 1 else "")
         + "; the backward after "
         + (f"each of the first {seen['crossed']}" if seen["crossed"] > 1 else "the first")

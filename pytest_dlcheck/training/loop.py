@@ -48,6 +48,7 @@ from .runs import (
     OnDisk,
     SetupError,
     Trajectory,
+    UpdateWatch,
     _forward_params,
     as_float,
     device_of,
@@ -348,9 +349,14 @@ class LoopSetup:
         model, opt = state["model"], state.get("optimizer")
         names = param_names(model)
         current = {"i": start}
+        # no optimizer object: the user's step updates the weights itself (p.data.add_(p.grad, ...)); an update is a
+        # call after which the weights changed, its gradients read as the backward left them
+        own = UpdateWatch(model, traj) if opt is None and self.train_step is not MISSING else None
         undo = (
             watch_optimizer(opt, names, traj, lambda: current["i"] + 1, loss_scale_of(state))
             if opt is not None
+            else own.remove
+            if own is not None
             else (lambda: None)
         )
         sched = state.get("lr_scheduler")
@@ -371,10 +377,8 @@ class LoopSetup:
                 current["i"] = i
                 before = scheduler_count(sched)
                 loss = self.step(state, batch, i)
-                if opt is None:
-                    # no optimizer object: the user's step updates the weights itself (p.data.add_(p.grad, ...)),
-                    # one update a micro-step, as a hand-written SGD does
-                    traj.calls.append("opt")
+                if own is not None:
+                    own.after(i + 1)
                 after_count = scheduler_count(sched)
                 if before is not None and after_count is not None:
                     traj.calls.extend(["sched"] * max(0, after_count - before))
@@ -402,11 +406,13 @@ class LoopSetup:
         limit = max(steps, max_micro or steps)
         saving = _Saving(self, state, traj, limit, save_from, tolerant=True, opt_steps=True) if save_from else None
 
-        watched = state.get("optimizer") is not None  # its steps are counted (an accumulation may outlast ``steps``)
+        # an optimizer's steps, or the updates of a step that updates the weights itself, are counted (an accumulation
+        # may outlast ``steps``); a step that updated nothing in ``steps`` calls is not run further
+        watched = state.get("optimizer") is not None
 
         def enough() -> bool:
             made = traj.calls.count("opt")
-            return made >= steps or (not watched and len(traj.steps) >= steps)  # no optimizer: ``steps`` calls
+            return made >= steps or (not watched and not made and len(traj.steps) >= steps)
 
         with preserved_rng():
             seed_all(SEED)

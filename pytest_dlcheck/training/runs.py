@@ -535,6 +535,13 @@ class StepRecord:
     step_norm: float | None = None
     #: a content digest of each example trained at this step (:func:`example_digests`), every micro-batch's
     examples: list[str] | None = None
+    #: a step that updates the weights itself (no optimizer object: :class:`UpdateWatch`) changed them at this call
+    update: bool = False
+
+    @property
+    def stepped(self) -> bool:
+        """Whether the weights were updated at this record: an optimizer step (its LR read) or the step's own update."""
+        return self.lr is not None or self.update
 
 
 def batch_digest(batch: Any) -> float | None:
@@ -950,6 +957,92 @@ def watch_optimizer(
         before_clip.remove()
 
     return undo
+
+
+def _marks(params: list[tuple[str, torch.Tensor]]) -> list[float]:
+    """A fingerprint of each parameter (its sum and a share of its absolute sum, in float64, read in one transfer):
+    a call that changes a parameter changes its mark."""
+    with torch.no_grad():
+        parts = []
+        for _, p in params:
+            d = [c.double() for c in _chunks(p)]
+            parts.append(sum(c.sum() + c.abs().sum() * 1e-3 for c in d).to("cpu"))
+        return torch.stack(parts).tolist() if parts else []
+
+
+class UpdateWatch:
+    """The updates of a step that changes the weights itself, with no optimizer object in the training state (a
+    hand-written SGD ``p.data.add_(p.grad, alpha=-lr)``, a meta-learning inner loop, teaching code): an update is a
+    call of the step after which a parameter of the model changed (a fingerprint of each parameter, taken between
+    calls). The gradients it applies are read as the backward leaves them (each parameter's when it is accumulated:
+    ``register_post_accumulate_grad_hook``), before any clipping of the step's and before the update, whatever the
+    step zeroes afterwards; under an accumulation over several calls, the last backward's is the accumulated one. The
+    norm left in ``.grad`` once the step returns, when lower (a clip) and not zeroed, is ``clipped_norm``."""
+
+    def __init__(self, model: Any, traj: Trajectory):
+        self.traj = traj
+        self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad] or list(model.named_parameters())
+        #: per parameter (by id): its squared gradient norm at the last backward that reached it, and its name when
+        #: that gradient held NaN/Inf
+        self.squares: dict[int, torch.Tensor] = {}
+        self.bad: dict[int, str] = {}
+        self.names = {id(p): n for n, p in self.params}
+        self.handles = [
+            p.register_post_accumulate_grad_hook(self._accumulated)
+            for _, p in self.params
+            if p.requires_grad and hasattr(p, "register_post_accumulate_grad_hook")
+        ]
+        self.marks = _marks(self.params)
+        traj.notes["own_updates"] = True
+
+    def _accumulated(self, p: torch.Tensor) -> None:
+        if p.grad is None:
+            return
+        with torch.no_grad():
+            self.squares[id(p)] = sum(c.double().pow(2).sum() for c in _chunks(p.grad))
+        if not _finite(p.grad):
+            self.bad[id(p)] = self.names.get(id(p), "a parameter")
+        else:
+            self.bad.pop(id(p), None)
+
+    def after(self, step: int) -> bool:
+        """After a call of the step (record ``step``): whether it updated the weights; an update is recorded as the
+        optimizer steps are (``traj.calls`` "opt", the gradient norm and non-finite names on its record)."""
+        marks = _marks(self.params)
+        updated = marks != self.marks
+        self.marks = marks
+        if not updated:
+            return False
+        traj = self.traj
+        traj.calls.append("opt")
+        rec = traj.record(step)
+        rec.update = True
+        squares, self.squares = self.squares, {}
+        bad, self.bad = self.bad, {}
+        at_end, rec.nonfinite_grads = grad_report(self.params)
+        if squares:
+            rec.nonfinite_grads = list(bad.values())
+            total = math.sqrt(float(sum(squares.values())))
+            rec.grad_norm = math.inf if bad or not math.isfinite(total) else total
+            if math.isfinite(rec.grad_norm) and math.isfinite(at_end) and 0 < at_end < rec.grad_norm * (1 - 1e-3):
+                rec.clipped_norm = at_end  # .grad left lower than the backward made it (clipped), not zeroed
+        elif any(p.grad is not None for _, p in self.params):
+            # gradients the run saw no backward make (torch.autograd.grad written into .grad): as the step left them
+            rec.step_norm = at_end
+            traj.notes.setdefault(
+                "step_norm_why",
+                "the step's gradients came from no backward the smoke run watched (read after the step)",
+            )
+        else:
+            traj.notes["no_grad_steps"] = traj.notes.get("no_grad_steps", 0) + 1
+        bad_params = nonfinite_params(self.params)
+        if bad_params:
+            rec.nonfinite_params = bad_params
+        return True
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -663,7 +663,7 @@ class SmokeRun:
         """``step 5``, or ``micro-step 37, optimizer step 9`` when the records are micro-steps."""
         if step is None or not self.by_micro_step:
             return f"step {step}"
-        made = sum(1 for r in self.trajectory.steps if r.step <= step and r.lr is not None)
+        made = sum(1 for r in self.trajectory.steps if r.step <= step and r.stepped)
         return f"micro-step {step}, optimizer step {made}"
 
     def at(self, step: int) -> str:
@@ -671,7 +671,7 @@ class SmokeRun:
         9)`` when the records are micro-steps."""
         if not self.by_micro_step:
             return f"step {step} of {self.steps}"
-        made = sum(1 for r in self.trajectory.steps if r.step <= step and r.lr is not None)
+        made = sum(1 for r in self.trajectory.steps if r.step <= step and r.stepped)
         return f"micro-step {step} of {self.micro_steps} (optimizer step {made} of {self.opt_steps})"
 
     @property
