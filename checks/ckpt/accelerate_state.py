@@ -94,6 +94,8 @@ def check_accelerate_state(dlcheck):
         load that leaves the loader untouched and no such role, the pass says it was not judged, and why.
         Examples are told apart by content, as in C1.
     Not applicable
+        A ``dlcheck_save_checkpoint`` that never calls ``accelerator.save_state`` (its own ``torch.save`` of a
+        dict, as lucidrains' denoising-diffusion Trainer does on an Accelerate loop): C1 judges that resume.
         Trainings without an ``Accelerator`` in the ``dlcheck_make_training`` dict (a Trainer — which runs
         on Accelerate but checkpoints its own way, C1 —, Lightning, a plain loop). A Trainer or Lightning
         user (``dlcheck_trainer`` or ``dlcheck_lightning_module``, no ``dlcheck_make_training``) is not
@@ -121,6 +123,13 @@ def check_accelerate_state(dlcheck):
     steps = int(dlcheck.setting("micro_steps"))
     trip = memo_or_skip(dlcheck, setup.sources, f"accelerate:round-trip:{steps}", lambda: round_trip(setup, steps))
     how = setup.checkpoint_how()
+    if not trip.via_save_state:
+        shown = ", ".join(trip.files[:4]) + (", ..." if len(trip.files) > 4 else "") if trip.files else "one file"
+        dlcheck.not_applicable(
+            f"your dlcheck_save_checkpoint writes its own checkpoint ({shown}) without accelerator.save_state: C10 "
+            "judges what save_state / load_state leave behind; C1 judges this training's resume, its data position "
+            "included"
+        )
     head = (
         f"fresh objects trained {trip.steps} micro-steps ({trip.opt_steps} optimizer steps), saved through {how} "
         f"({len(trip.files)} files), loaded into other fresh objects"

@@ -134,6 +134,29 @@ class RoundTrip:
     files: list[str]
     pieces: list[Piece] = field(default_factory=list)
     stateful_loader: bool | None = None  # DataLoaderConfiguration(use_stateful_dataloader=...)
+    via_save_state: bool = True  # the save went through Accelerator.save_state (dlcheck's default save always does)
+
+
+def _calls_save_state(save: Any) -> bool:
+    """Run ``save`` (under preserved RNG states) and tell whether it went through ``Accelerator.save_state``: a
+    script of its own ``torch.save`` dict on an Accelerate loop (lucidrains' Trainer) does not. The class's method
+    is wrapped for the call only and put back."""
+    from accelerate import Accelerator
+
+    seen: list[bool] = []
+    original = Accelerator.__dict__["save_state"]
+
+    def save_state(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(True)
+        return original(self, *args, **kwargs)
+
+    Accelerator.save_state = save_state
+    try:
+        with preserved_rng():
+            save()
+    finally:
+        Accelerator.save_state = original
+    return bool(seen)
 
 
 def _registered(accelerator: Any, obj: Any) -> str | None:
@@ -253,8 +276,7 @@ def round_trip(setup: AccelerateSetup, micro_steps: int) -> RoundTrip:
         )
     saved = {k: _readable_state(v) for k, v in trained.items()}
     path = setup.tmp.mktemp("dlcheck-accelerate") / "checkpoint"
-    with preserved_rng():
-        user_call("save_checkpoint", lambda: setup.save(trained, str(path)))
+    via_save_state = _calls_save_state(lambda: user_call("save_checkpoint", lambda: setup.save(trained, str(path))))
     files = sorted(str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
     loaded = setup.state()
     initial = {k: _readable_state(v) for k, v in loaded.items()}
@@ -263,7 +285,12 @@ def round_trip(setup: AccelerateSetup, micro_steps: int) -> RoundTrip:
         user_call("load_checkpoint", lambda: setup.load(loaded, str(path)))
     config = getattr(accelerator, "dataloader_config", None)
     result = RoundTrip(
-        micro_steps, opt_steps, str(path), files, stateful_loader=getattr(config, "use_stateful_dataloader", None)
+        micro_steps,
+        opt_steps,
+        str(path),
+        files,
+        stateful_loader=getattr(config, "use_stateful_dataloader", None),
+        via_save_state=via_save_state,
     )
     for key, obj in trained.items():
         before = saved.get(key, MISSING)

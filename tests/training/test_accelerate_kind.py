@@ -199,3 +199,37 @@ def test_an_llm_fine_tuning_loop_with_the_default_accelerate_step_passes(project
     assert "accelerator.save_state" in by["C1"]["evidence"][0]
     # no dlcheck_train_step: T10 does not judge dlcheck's own default step, it names the fixture
     assert by["T10"]["outcome"] == "missing_role" and "dlcheck_train_step" in by["T10"]["reason"], by["T10"]
+
+
+OWN_SAVE = """
+
+    @pytest.fixture(scope="session")
+    def dlcheck_save_checkpoint():
+        def save(state, path):  # a Trainer class of its own on Accelerate (lucidrains' denoising-diffusion): torch.save
+            acc = state["accelerator"]
+            torch.save({"model": acc.unwrap_model(state["model"]).state_dict(), "opt": state["optimizer"].state_dict(),
+                        "ema": state["ema"].state_dict(), "sched": state["lr_scheduler"].state_dict()}, path)
+        return save
+
+    @pytest.fixture(scope="session")
+    def dlcheck_load_checkpoint():
+        def load(state, path):
+            data = torch.load(path, weights_only=True)
+            state["accelerator"].unwrap_model(state["model"]).load_state_dict(data["model"])
+            state["optimizer"].load_state_dict(data["opt"])
+            state["ema"].load_state_dict(data["ema"])
+            state["lr_scheduler"].load_state_dict(data["sched"])
+        return load
+"""
+
+
+def test_c10_is_not_applicable_to_a_checkpoint_written_without_save_state(project, tmp_path):
+    """An Accelerate loop whose save is its own torch.save dict (found blind, set 14: lucidrains' Trainer): C10's
+    question (what save_state / load_state leave behind) does not concern it, and its data-position finding is C1's;
+    C10 had failed with C1's evidence under its save_state title."""
+    project.conftest(PROJECT.format(register_ema=True, prepare_scheduler=True) + OWN_SAVE)
+    out = tmp_path / "r.json"
+    run = project.run("--dlcheck=C10", f"--dlcheck-json={out}", "-rA")
+    by = {r["id"]: r for r in json.loads(out.read_text())["results"]}
+    assert by["C10"]["outcome"] == "not_applicable", by["C10"]
+    assert "without accelerator.save_state" in run.text and "C1 judges this training's resume" in run.text
