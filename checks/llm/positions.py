@@ -184,6 +184,34 @@ def _rope_limit(mpe: int, params: dict) -> Limit:
     return Limit(mpe, f"max_position_embeddings {mpe} (rope_type {rope_type!r}, no scaling)", True)
 
 
+#: the last name segment of a buffer that holds a rotary embedding's table or frequencies
+ROTARY_BUFFERS = frozenset(
+    {"cos", "sin", "cos_cached", "sin_cached", "inv_freq", "freqs_cis", "freqs_cos", "freqs_sin"}
+)
+
+
+def rotary_signs(model: Any) -> str | None:
+    """Where a model without a declared position limit rotates its positions: a module whose class names a rotary
+    embedding, or the buffers of a rotary table (``cos`` / ``sin``, ``inv_freq``, ``freqs_cis``); None when it
+    holds neither (ALiBi, relative-attention buckets, no positions at all)."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        return None
+    for name, module in model.named_modules():
+        kind = type(module).__name__
+        if "rotary" in kind.lower() or "rope" in kind.lower():
+            return f"the rotary embedding {name or 'of the model'} ({kind})"
+    found = [
+        f"{name} {tuple(buf.shape)}"
+        for name, buf in model.named_buffers()
+        if buf is not None and name.rsplit(".", 1)[-1] in ROTARY_BUFFERS
+    ]
+    if found:
+        return "rotary tables in its buffers: " + ", ".join(found[:4]) + (" …" if len(found) > 4 else "")
+    return None
+
+
 def _declared_lengths(dlcheck: Any) -> list[tuple[str, int]]:
     """Truncation/padding lengths the user set explicitly: the collator's max_length, a TRL config's
     max_length when it differs from the class default."""
@@ -358,14 +386,16 @@ def check_positions(dlcheck):
         "original_max_position_embeddings": M, "rope_theta": ...} and fine-tune at that length; save
         and serve with the same config (model.config.save_pretrained).
     Known problems
-        Needs a model config that declares its positions (ALiBi models without one are skipped). Only
+        Needs a model config that declares its positions (ALiBi models without one are skipped); a rotary
+        model whose config is its own class (no max_position_embeddings, no rope settings: a hand-written GPT
+        with precomputed cos / sin tables) skips as not judged, its limit unread. Only
         the sampled rows and explicitly set lengths are measured: a rarer long example can still
         exceed the limit; tokenizer.model_max_length is shown but not judged (many tokenizers carry a
         wrong one). Adding dynamic NTK or YaRN only at inference is a training-free extension and
         passes. Without data and without an inference config the check skips.
     Not applicable
-        Models whose config declares no position limit (ALiBi, relative positions) when no
-        dlcheck_inference_config is given: there is no limit to exceed and no rope to compare. A config
+        Models whose config declares no position limit and that hold no rotary embedding (ALiBi, relative
+        positions) when no dlcheck_inference_config is given: there is no limit to exceed and no rope to compare. A config
         without rope settings binds only when the model holds a learned position table of that size or a
         rotary embedding: T5's legacy n_positions (relative-attention buckets, no table) binds nothing.
         A model without a config that is no language model: no tokenizer, no transformers/TRL Trainer (a
@@ -488,6 +518,17 @@ def check_positions(dlcheck):
     if causes:
         dlcheck.fail(evidence, "; ".join(causes), "; ".join(fixes))
     if not decided:
+        rotary = rotary_signs(model) if limit is None and no_table is None else None
+        if rotary is not None and infer is MISSING:
+            # rotary positions with no limit declared where L5 reads one (a model of the pipeline's own, its config
+            # a class of its own): the check concerns it, but has nothing to compare with
+            dlcheck.skip(
+                f"not judged: {type(model).__name__} rotates positions ({rotary}), but its config "
+                f"({type(getattr(model, 'config', None)).__name__}) declares no max_position_embeddings / n_positions "
+                "and no rope settings: the position limit it was trained for cannot be read (a precomputed rotary "
+                "table's length bounds the forward, not the length trained at), and there is no "
+                "dlcheck_inference_config to compare rope settings with"
+            )
         if limit is None and infer is MISSING:
             dlcheck.not_applicable(
                 f"{reasons[0]}{'' if no_table else ' (ALiBi or relative positions)'}: no position limit to exceed "
