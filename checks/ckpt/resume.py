@@ -108,16 +108,57 @@ def data_probe(dlcheck: Any, setup: Any) -> Any:
 
 def _data_resume(setup: Any, total: int) -> Any:
     """The data-position run, doubled in length (up to :data:`DATA_STEPS_LIMIT` micro-steps) while a gradient
-    accumulation leaves no optimizer step in its second half to save after, as a loop saves only after one."""
+    accumulation leaves no optimizer step in its second half to save after, as a loop saves only after one. A
+    plain or Accelerate loop whose training dict holds no torch DataLoader to draw from gets :class:`NoLoader`,
+    saying what the dict holds instead."""
     from ...training.runs import NoStepToSaveAfter
 
     while True:
         try:
-            return setup.data_resume(total)
+            result = setup.data_resume(total)
         except NoStepToSaveAfter:
             if total * 2 > DATA_STEPS_LIMIT:
                 raise
             total *= 2
+            continue
+        if result is None and setup.kind in ("loop", "accelerate"):
+            # the state the factory built for the run, handed back unused for the next run to take
+            return NoLoader(no_loader(vars(setup).get("_kept")))
+        return result
+
+
+class NoLoader:
+    """The data-position run was not made: the training dict holds no torch DataLoader to draw from (``why``)."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+#: the names a training dict's loader goes by (:func:`pytest_dlcheck.training.loop.loader_key`)
+LOADER_NAMES = ("dataloader", "train_dataloader", "train_loader")
+
+
+def no_loader(state: Any) -> str:
+    """Why the training dict ``state`` gives the data-position run no loader: none there, a loader that is not a
+    torch DataLoader (a generator, an iterable class of the pipeline's own), or several, none so named."""
+    from torch.utils.data import DataLoader
+
+    if not isinstance(state, dict):
+        return "the dlcheck_make_training dict holds no dataloader"
+    loaders = [k for k, v in state.items() if isinstance(k, str) and isinstance(v, DataLoader)]
+    if len(loaders) > 1:
+        return (
+            f"the dlcheck_make_training dict holds {len(loaders)} DataLoaders ({', '.join(loaders[:4])}), none named "
+            f"{' / '.join(LOADER_NAMES)}, so which one trains is not told"
+        )
+    for name in LOADER_NAMES:
+        value = state.get(name)
+        if value is not None:
+            return (
+                f"state['{name}'] is a {type(value).__name__}, not a torch DataLoader (dlcheck draws the "
+                "save-and-resume runs from a torch DataLoader only)"
+            )
+    return "the dlcheck_make_training dict holds no dataloader"
 
 
 #: the longest data-position run made to reach past one gradient accumulation (micro-steps)
@@ -131,23 +172,27 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
     if setup.kind == "lightning":
         return _lightning_data(dlcheck, setup)
     probe = data_probe(dlcheck, setup)
-    if probe is None:
+    if probe is None or isinstance(probe, NoLoader):
         if setup.kind not in ("loop", "accelerate"):
             return []
-        return [
-            "data position: not judged: the dlcheck_make_training dict holds no dataloader, so dlcheck feeds the "
-            "runs its own batches (return your training DataLoader in it, as state['dataloader'], and the resumed "
-            "run draws from it after your load"
+        why = probe.why if probe is not None else no_loader(None)
+        reason = (
+            f"{why}; dlcheck feeds the runs its own batches (return your training DataLoader in it, as "
+            "state['dataloader'] (an IterableDataset over your loader's batches is one), and the resumed run draws "
+            "from it after your load"
             + (
                 ": the position that accelerator.skip_first_batches or a stateful dataloader restores is then judged)"
                 if setup.kind == "accelerate"
                 else ")"
             )
-        ]
+        )
+        dlcheck.not_judged("data position", reason)
+        return [f"data position: not judged: {reason}"]
     if isinstance(probe, Exception):
         dlcheck.not_judged("data position", str(probe))
         return []
     if probe.not_seen:  # the data path after the resume is not the user's own, or not visible: said, not judged
+        dlcheck.not_judged("data position", probe.not_seen)
         return [
             f"data position: not judged: {probe.not_seen} (define dlcheck_resume_dataloader (state, dataloader, "
             "resumed_step) returning what your epoch loop trains on for the rest of the epoch after a resume — "
@@ -905,8 +950,9 @@ def check_resume(dlcheck):
         itself; the check then skips (not reproducible). A resume that loses only the RNG states passes here and
         fails C3. A GradScaler's own state is compared for a plain or Accelerate loop only (a Trainer's or a
         Lightning precision plugin's scaler is not read yet: there only a scale that moved shows, in the losses).
-        For a plain or Accelerate loop whose ``dlcheck_make_training`` dict holds no dataloader, the
-        data position is not judged (the pass says so: dlcheck feeds the runs its own batches), nor when the
+        For a plain or Accelerate loop whose ``dlcheck_make_training`` dict holds no torch DataLoader (none, or
+        a loader of its own kind: a generator, an iterable class), the data position is not judged (a partly
+        judged pass that says so and names what the dict holds: dlcheck feeds the runs its own batches), nor when the
         skip happens in your epoch loop and no ``dlcheck_resume_dataloader`` hands it over; the losses and
         weights are always compared on dlcheck's batches, the data position on the loader's. Examples are told
         apart by content: identical examples count as one multiset; examples whose content changes from draw to

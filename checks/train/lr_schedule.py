@@ -481,8 +481,11 @@ def check_lr_schedule(dlcheck):
         ``num_training_steps`` in its scheduler: the pass then says where the warmup ends), when its scheduler
         does not step once per optimizer step of the smoke run (stepped per epoch), or is a ReduceLROnPlateau,
         or cannot be copied; a run longer than 50,000 optimizer steps is not read. A LightningModule's warmup is
-        not judged. A loop whose step updates the weights itself (no optimizer object) is not judged: there is
-        no optimizer LR and no scheduler object to read (a learning rate the loop keeps in a number is not read).
+        not judged. A learning rate that changes with no LR scheduler object (a schedule the step writes into the
+        param groups by hand) is judged only for being non-zero: its units and warmup are not judged (a partly
+        judged pass); a constant one with no scheduler has no schedule to judge. A loop whose step updates the
+        weights itself (no optimizer object) is not judged: there is no optimizer LR and no scheduler object to
+        read (a learning rate the loop keeps in a number is not read).
     Not applicable
         None among runs that take optimizer steps: each has a learning rate to follow.
     """
@@ -644,6 +647,15 @@ def check_lr_schedule(dlcheck):
     )
     if others:
         at = f"of state['optimizer'] {at}"
+    if scheduler is None and plan is None and setup.kind in ("loop", "accelerate", "lightning") and len(set(lrs)) > 1:
+        # the LR moves with no scheduler object: the step sets it by hand (a warmup and decay computed from the step
+        # counter), and neither its units nor its warmup are read from anything; only that it is not 0 was judged
+        dlcheck.not_judged(
+            "the schedule's units and warmup",
+            f"the learning rate changes over the smoke run ({lrs[0]:.3g} -> {lrs[-1]:.3g}) with no LR scheduler object "
+            "in the training (state['lr_scheduler'] / configure_optimizers): a schedule your step sets by hand is not "
+            "read, so whether it counts optimizer steps or micro-batches and where its warmup ends are not known",
+        )
     dlcheck.measured(
         f"smoke run of {run.steps} steps: the learning rate {at} is {shown} "
         f"(not 0 throughout; scheduler: {type(scheduler).__name__ if scheduler is not None else 'none seen'})",
