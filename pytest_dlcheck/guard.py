@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import random
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 
@@ -177,3 +178,29 @@ def preserved_dataloader(dl: Any) -> Iterator[Any]:
                 owner.__dict__.pop(name, None)  # set_epoch shadowed a class attribute: drop the shadow
             else:
                 owner.__dict__[name] = value
+
+
+def kept(batch: Any) -> Any:
+    """A batch a loader can no longer change: its tensors and arrays copied, its containers rebuilt (a mapping of
+    its own type where it copies). A loader may fill the same preallocated buffers in place and yield them every
+    time (a common speed trick): a batch kept by reference past the next draw holds the last batch's values. Imports
+    nothing; what is neither a tensor, an array nor a container is kept as it is."""
+    if hasattr(batch, "clone") and hasattr(batch, "shape") and callable(batch.clone):
+        return batch.detach().clone() if hasattr(batch, "detach") else batch.clone()
+    if type(batch).__module__ == "numpy" and hasattr(batch, "copy") and hasattr(batch, "shape"):
+        return batch.copy()
+    if isinstance(batch, dict) and type(batch) is dict:
+        return {k: kept(v) for k, v in batch.items()}
+    if isinstance(batch, Mapping):
+        try:
+            again = copy.copy(batch)
+            for k, v in batch.items():
+                again[k] = kept(v)
+            return again
+        except Exception:  # noqa: BLE001 - a mapping that cannot be copied or set: its fields in a plain dict
+            return {k: kept(v) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(kept(v) for v in batch))
+    if type(batch) in (list, tuple):
+        return type(batch)(kept(v) for v in batch)
+    return batch

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import MISSING, RoleError
-from .guard import preserved_dataloader, preserved_rng, seed_everything
+from .guard import kept, preserved_dataloader, preserved_rng, seed_everything
 from .roles import ROLES
 from .session import user_call
 
@@ -34,6 +34,8 @@ class Sample:
     #: the same examples with every field (prompt, completion, messages…) when a trainer removed some
     #: columns before collation; else ``rows``
     raw_rows: list[Any] | None = None
+    #: the length of the dataset the rows were read from, when known
+    total: int | None = None
 
 
 class SampleError(Exception):
@@ -122,7 +124,7 @@ def draw_batches(dataloader: Any, n_examples: int, role: str = "dataloader") -> 
             batch = user_call(role, lambda it=it: next(it, None))
             if batch is None:
                 break
-            batch = as_batch_dict(batch, role)
+            batch = as_batch_dict(kept(batch), role)  # a loader may refill and yield the same buffers
             batches.append(batch)
             first = next(iter(batch.values()), None)
             seen += len(first) if hasattr(first, "__len__") else 1
@@ -146,9 +148,26 @@ def _raw_row(raw: Any, position: int, dataset: Any) -> Any:
     return raw[position]
 
 
-def get_sample(ctx: Any, split: str = "train") -> Sample:
+def stored_tokens(dataset: Any) -> bool:
+    """Whether reading a dataset's rows runs no code of the user's: a ``datasets.Dataset`` that stores its token ids
+    (an ``input_ids`` column) with no transform set on it (``set_transform`` / ``with_transform``)."""
+    cols = getattr(dataset, "column_names", None)
+    fmt = getattr(dataset, "format", None)
+    return (
+        isinstance(cols, list)
+        and "input_ids" in cols
+        and not (isinstance(fmt, Mapping) and fmt.get("type") == "custom")
+        and hasattr(dataset, "__len__")
+    )
+
+
+def get_sample(ctx: Any, split: str = "train", wide: int | None = None) -> Sample:
     """The shared sample of the training (or eval) data, from the best source the user gave:
-    collator + dataset (examples are known), else the dataloader. Skips naming the roles if none."""
+    collator + dataset (examples are known), else the dataloader. Skips naming the roles if none.
+
+    ``wide``: for a check that only reads the tokens (no model call), up to this many examples instead of the
+    session's ``samples`` when that is cheap: a dataset of stored token ids (:func:`stored_tokens`) collated by the
+    collator. Elsewhere (a loader, a dataset that tokenizes or loads on access) the usual sample."""
     override = getattr(ctx, "sample_override", None)
     if override is not None and split == "train":
         return override  # property mode: the generated examples
@@ -157,6 +176,11 @@ def get_sample(ctx: Any, split: str = "train") -> Sample:
     collator, dataset = ctx.role("collator"), ctx.role(dataset_role)
     raw = ctx.role("raw_dataset") if split == "train" else MISSING
     n, bs = ctx.samples, ctx.batch_size
+    widened = (
+        wide is not None and wide > n and collator is not MISSING and dataset is not MISSING and stored_tokens(dataset)
+    )
+    if widened:
+        n = wide
     if collator is not MISSING and dataset is not MISSING:
 
         def make() -> Sample:
@@ -171,8 +195,10 @@ def get_sample(ctx: Any, split: str = "train") -> Sample:
                 raw_rows = rows
                 if raw is not MISSING and raw is not dataset and positions is not None:
                     raw_rows = [_raw_row(raw, p, dataset) for p in positions]
-            source = f"dlcheck_collator on {len(rows)} examples of dlcheck_{dataset_role}"
-            return Sample(rows, batches, groups, source, positions, raw_rows)
+            total = len(dataset) if positions is not None else None
+            of = f" of the {total}" if widened and total is not None else ""
+            source = f"dlcheck_collator on {len(rows)}{of} examples of dlcheck_{dataset_role}"
+            return Sample(rows, batches, groups, source, positions, raw_rows, total)
 
         return _memo_sample(ctx, (collator, dataset), f"sample:{split}:{n}:{bs}", make)
     loader = ctx.role(loader_role)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from ...registry import Setting, check
-from ...sampling import spread_positions
+from ...sampling import get_sample, spread_positions
 from ..shared import lm
 from .common import labelled_rows, pipeline_kind, token_sample
 from .labels_masked import Example, analyse, encode, example_name, short
@@ -152,13 +152,22 @@ def _unsupervised_line(tok: Any, unsupervised: list[Example], first_only: list[E
             "exceeds it (with 5% of examples over max_length, 3 or more of 8 samples are cut 0.6% of the "
             "time), while a max_length below the typical example length cuts most of them",
         ),
+        Setting(
+            "max_examples",
+            256,
+            "examples read when the training dataset stores its token ids (a datasets.Dataset with input_ids and no "
+            "transform: reading and collating them runs no model), spread evenly over it; the few over-long "
+            "examples that lose every label are rare in a sample of 8. Elsewhere the session's samples",
+        ),
     ),
 )
 def check_truncation(dlcheck):
     """Truncation leaves every example supervised tokens, and most completions their end and EOS.
 
     What it does
-        On the sampled training batches: no example may have every label -100 (fails with the
+        On the sampled training batches (up to ``max_examples`` examples spread over a training dataset that stores
+        its token ids, collated by dlcheck_collator: cheap, no model runs; else the session's samples): no example
+        may have every label -100 (fails with the
         example decoded and its length against max_length and its prompt length). For every example
         whose raw row gives its full text (prompt+completion, text, messages) the collated tokens
         are compared with its complete tokenization: a proper prefix means the end, with the EOS,
@@ -241,6 +250,8 @@ def check_truncation(dlcheck):
         if not kind.token_labels:  # a truncated text keeps its one label: no supervised token to lose
             kind.not_for(dlcheck, "per-token supervision that truncation can cut off")
         labelled_rows(dlcheck, sample)
+        # reading stored token ids runs no model: more examples than the shared sample, for the few over-long ones
+        sample = get_sample(dlcheck, wide=dlcheck.setting("max_examples"))
     except pytest.skip.Exception:
         if evidence:  # TRL dropped every example: there is nothing left to sample
             dlcheck.fail(evidence, causes[0], fixes[0])

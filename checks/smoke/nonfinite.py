@@ -58,7 +58,8 @@ def check_nonfinite_run(dlcheck):
         eps >= 1e-4; lower the learning rate or add warmup and gradient clipping when the loss diverges.
     Known problems
         A step a GradScaler skips because of Inf gradients is expected and not reported (its update never
-        happens). A gradient accumulation longer than ``max_micro_steps / steps`` gets fewer optimizer steps
+        happens); an optimizer that takes no step in the whole run (a scaler that skips every step)
+        leaves the gradients and updates not judged, and says so (T5 judges a scaler that never steps). A gradient accumulation longer than ``max_micro_steps / steps`` gets fewer optimizer steps
         (the evidence says so; raise ``S1.max_micro_steps``). A state without an optimizer object, whose step updates
         the weights itself (a hand-written ``p.data.add_(p.grad, alpha=-lr)``), runs until the step has made
         ``steps`` updates: an update is a call after which the weights changed (a fingerprint of each parameter),
@@ -130,7 +131,10 @@ def check_nonfinite_run(dlcheck):
     losses = [v for _, v in traj.losses() if v is not None]
     norms = [r.grad_norm for r in traj.steps if r.grad_norm is not None]
     own = bool(traj.notes.get("own_updates"))  # no optimizer object: the step updates the weights itself
-    opt_steps = traj.calls.count("opt") if own else traj.calls.count("opt") or len(traj.steps)
+    # an optimizer that took no step in the whole run (a GradScaler skipping every step, a step that
+    # never calls it): no gradient was applied and no update happened to judge
+    unstepped = not own and traj.notes.get("opt_steps") == 0
+    opt_steps = traj.calls.count("opt") if own or unstepped else traj.calls.count("opt") or len(traj.steps)
     steps_word = "update(s) made by dlcheck_train_step itself" if own else "optimizer step(s)"
     gradless = traj.notes.get("no_grad_steps", 0)
     if gradless and not any(r.grad_norm is not None or r.step_norm is not None for r in traj.steps):
@@ -146,6 +150,13 @@ def check_nonfinite_run(dlcheck):
             f"the {len(traj.steps)} calls of dlcheck_train_step changed no weight of the model (no optimizer object in "
             "the state: an update is a call after which the weights changed); T2 judges a step that does not train",
         )
+    if unstepped:
+        dlcheck.not_judged(
+            "gradients and updates",
+            f"the optimizer took no step in the {len(traj.steps)} micro-steps of the run (a GradScaler that "
+            "skips every step because the gradients overflow, or a step that never calls the optimizer): T5 judges "
+            "a GradScaler that never steps, T2 a step that does not train",
+        )
     dlcheck.measured(
         f"{run.length}: "
         + (
@@ -158,6 +169,8 @@ def check_nonfinite_run(dlcheck):
         + (
             f"; weights finite after {opt_steps} updates made by dlcheck_train_step itself (no optimizer object)"
             if own
+            else "; no optimizer step taken"
+            if unstepped
             else f"; weights finite after {opt_steps} optimizer steps"
         ),
         steps=len(traj.steps),

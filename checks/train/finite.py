@@ -84,7 +84,17 @@ def check_finite(dlcheck):
     Known problems
         Sees only what a module returns (an overflow inside a module shows in its output). Runs in the
         model's own dtype: a mixed-precision autocast set up by a trainer is exercised by the smoke run
-        (S1), not here.
+        (S1), not here. A loop watched through its step whose loss a GradScaler scales (one of the state's, or
+        any the step calls ``scale`` on) leaves scaled gradients, which overflow by design at the scaler's
+        starting scale: the scaler finds the Inf, skips that optimizer step and lowers its scale. Those
+        gradients are judged as the optimizer applies them, at the steps of the state's optimizers that are
+        taken (after ``unscale_``); while the scaler skips every step, the step is called again on the first
+        batches (a skipped step changes no weight), up to 40 calls, until it takes one. Fails when non-finite
+        gradients reach a step taken, or when the scaler still skips at a scale of 1 or less (the gradients
+        are non-finite unscaled); a scaler that has neither taken a step nor come down to 1 in 40 calls
+        leaves the gradients not judged. The forward and the loss the step returns are unscaled and judged
+        as they are. A loop without a scaler, or whose optimizer is not in the state, is judged on the
+        gradients as the backward leaves them.
     Not applicable
         A model given as dlcheck_model whose forward needs fields the batches lack (a denoiser that your
         loss calls): it is not called on the batch (give dlcheck_make_training with dlcheck_train_step or
@@ -230,13 +240,48 @@ def check_finite(dlcheck):
 
 #: calls of the user's step T5 watches when the loss lives inside it
 STEP_CALLS = MAX_BATCHES
+#: calls at most while a GradScaler skips every step: from its default starting scale (2**16), halved at each skip,
+#: the scale reaches 1 (the gradients unscaled) at the 17th
+SCALER_CALLS = 40
+
+
+def _grad_scalers(state: Mapping[str, Any]) -> list[Any]:
+    """The enabled GradScalers a training state holds (an entry, or an Accelerator's ``scaler``)."""
+    found: list[Any] = []
+    for value in state.values():
+        for obj in (value, getattr(value, "scaler", None)):
+            if isinstance(obj, torch.amp.GradScaler) and obj.is_enabled() and all(obj is not s for s in found):
+                found.append(obj)
+    return found
+
+
+def _scale_of(scalers: list[Any]) -> float | None:
+    return min((float(s.get_scale()) for s in scalers), default=None)
+
+
+def _state_optimizers(state: Mapping[str, Any]) -> list[torch.optim.Optimizer]:
+    """The torch optimizers of a training state, unwrapped (an Accelerator's or Fabric's wrapper steps the inner
+    one through its scaler)."""
+    from ...training.runs import unwrap_prepared
+
+    out: list[torch.optim.Optimizer] = []
+    for value in state.values():
+        inner = unwrap_prepared(value)
+        if isinstance(inner, torch.optim.Optimizer) and all(inner is not o for o in out):
+            out.append(inner)
+    return out
 
 
 def _through_the_step(dlcheck, setup: Any, why: str, fields: str, n_batches: int) -> None:
     """T5 for a loop whose loss lives inside its own step: fresh objects from the factory, the user's
     ``dlcheck_train_step`` called on the first training batches with a hook on every module of every network the
     state trains (the first non-finite output), one on every trainable parameter (a non-finite gradient as backward
-    accumulates it), and the loss the step returns."""
+    accumulates it), one on every optimizer of the state (the gradients each step taken applies), and the loss the
+    step returns. A backward whose loss a GradScaler scaled leaves scaled gradients: an overflow there is the
+    scaler's to find (it skips that step and lowers its scale), so those gradients are judged as the optimizer
+    applies them, at the steps taken; while the scaler skips every step the run goes on (at most
+    :data:`SCALER_CALLS` calls, the first batches again: a skipped step changes no weight) until it takes one or
+    its scale is down to 1."""
     from ...training.runs import Trajectory
     from .gradients import _state_modules
 
@@ -244,10 +289,17 @@ def _through_the_step(dlcheck, setup: Any, why: str, fields: str, n_batches: int
         state = setup.state()
         roots = _state_modules(state)
         names: dict[int, str] = {}
+        pnames: dict[int, str] = {}
         for prefix, root in roots:
             for mn, m in root.named_modules():
                 names.setdefault(id(m), (prefix + mn).rstrip(".") or type(root).__name__)
+            for pn, p in root.named_parameters():
+                pnames.setdefault(id(p), prefix + pn)
         seen: dict[str, Any] = {"first": None, "outputs": 0, "bad_grads": [], "grads": set(), "calls": 0}
+        # the GradScaler: the state's, and any the step scales a loss with; per call, the smallest scale a backward used
+        scalers = _grad_scalers(state)
+        seen.update(scale_at={}, bad_calls=set(), taken=[], taken_bad=None, taken_params=set(), opt_watched=False)
+        before = {"scale": _scale_of(scalers)}
 
         def hook(mod, args, out):
             t = output_tensor(out)
@@ -270,11 +322,35 @@ def _through_the_step(dlcheck, setup: Any, why: str, fields: str, n_batches: int
         def grad_hook(name):
             def h(p):
                 seen["grads"].add(name)
-                if p.grad is not None and not torch.isfinite(p.grad).all() and name not in seen["bad_grads"]:
-                    seen["bad_grads"].append(name)
-                    seen.setdefault("bad_grads_at", seen["calls"])
+                if p.grad is not None and not torch.isfinite(p.grad).all():
+                    seen["bad_calls"].add(seen["calls"])
+                    if name not in seen["bad_grads"]:
+                        seen["bad_grads"].append(name)
+                        seen.setdefault("bad_grads_at", seen["calls"])
 
             return h
+
+        def read_step(opt: torch.optim.Optimizer) -> None:
+            seen["taken"].append(seen["calls"])
+            params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+            seen["taken_params"].update(id(p) for p in params)
+            bad = [pnames.get(id(p), f"param{i}") for i, p in enumerate(params) if not torch.isfinite(p.grad).all()]
+            if bad and seen["taken_bad"] is None:
+                seen["taken_bad"] = (seen["calls"], bad)
+
+        closure_step: set[int] = set()
+
+        def pre(opt, args, kwargs):
+            given = args[1:] if args and args[0] is opt else args
+            if callable(kwargs.get("closure", given[0] if given else None)):
+                closure_step.add(id(opt))  # the closure computes the gradients inside the step: read them after
+            else:
+                read_step(opt)
+
+        def post(opt, args, kwargs):
+            if id(opt) in closure_step:
+                closure_step.discard(id(opt))
+                read_step(opt)
 
         handles = [m.register_forward_hook(hook) for _, root in roots for m in root.modules()]
         for prefix, root in roots:
@@ -283,15 +359,49 @@ def _through_the_step(dlcheck, setup: Any, why: str, fields: str, n_batches: int
                 for n, p in root.named_parameters()
                 if p.requires_grad
             ]
+        for opt in _state_optimizers(state):
+            handles += [opt.register_step_pre_hook(pre), opt.register_step_post_hook(post)]
+            seen["opt_watched"] = True
         traj = Trajectory()
+        original_scale = torch.amp.GradScaler.scale
+
+        def scale(self, outputs):
+            if self.is_enabled():
+                if all(self is not s for s in scalers):
+                    scalers.append(self)
+                used = float(self.get_scale())
+                seen["scale_at"][seen["calls"]] = min(used, seen["scale_at"].get(seen["calls"], used))
+            return original_scale(self, outputs)
 
         def after(i: int) -> None:
+            # a scaler of the state whose own scale() does not come here (a subclass's): the scale it began the call at
+            now = _scale_of(scalers)
+            if i not in seen["scale_at"] and before["scale"] is not None and now is not None and now != before["scale"]:
+                seen["scale_at"][i] = before["scale"]
+            before["scale"] = now
             seen["calls"] = i + 1
 
+        def skipping() -> bool:
+            """Every backward so far overflowed under a GradScaler that has taken no step, with room left to lower
+            its scale: the run goes on."""
+            if not seen["scale_at"] or seen["taken"] or not seen["opt_watched"] or seen["first"] is not None:
+                return False
+            if any(v is not None and not math.isfinite(v) for _, v in traj.losses()):
+                return False
+            scaled_bad = [c for c in seen["bad_calls"] if c in seen["scale_at"]]
+            return bool(scaled_bad) and min(seen["scale_at"][c] for c in scaled_bad) > 1
+
+        def stop() -> bool:
+            return seen["calls"] >= STEP_CALLS and not skipping()
+
+        first_batches = setup.batches(STEP_CALLS)
+        stream = (first_batches[k % len(first_batches)] for k in range(SCALER_CALLS))
+        torch.amp.GradScaler.scale = scale
         try:
             with preserved_rng():
-                setup.run(state, setup.batches(STEP_CALLS), 0, traj, after=after)
+                setup.run(state, stream, 0, traj, after=after, stop=stop, planned=SCALER_CALLS)
         finally:
+            torch.amp.GradScaler.scale = original_scale
             for h in handles:
                 h.remove()
         seen["losses"] = [loss for _, loss in traj.losses()]
@@ -300,13 +410,28 @@ def _through_the_step(dlcheck, setup: Any, why: str, fields: str, n_batches: int
     seen = run_or_skip(dlcheck, watched)
     calls = seen["calls"]
     where = f"{calls} call(s) of dlcheck_train_step on fresh objects from dlcheck_make_training (its loss is computed inside the step: {why})"
+    # a backward whose loss a GradScaler scaled: its gradients are judged at the optimizer steps taken, not as the
+    # backward leaves them (scaled; an overflow there is the scaler's to find, and it skips that step)
+    scaled = bool(seen["scale_at"]) and seen["opt_watched"]
+    scaled_bad = sorted(c for c in seen["bad_calls"] if scaled and c in seen["scale_at"])
+    raw_bad_at = min((c for c in seen["bad_calls"] if c not in scaled_bad), default=None)
+    never_taken = bool(scaled_bad) and not seen["taken"]
+    diverged_at = None
+    if never_taken and min(seen["scale_at"][c] for c in scaled_bad) <= 1:
+        diverged_at = next(c for c in scaled_bad if seen["scale_at"][c] <= 1)
+    grad_events = [
+        raw_bad_at,
+        seen["taken_bad"][0] if seen["taken_bad"] is not None else None,
+        diverged_at,
+    ]
+    grad_at = min((c for c in grad_events if c is not None), default=None)
     # the first thing to go wrong, in the order the step runs (a forward, its backward, the loss it returns): an
     # Inf loss at call 1 steps NaN into the weights, and every output of call 2 is its consequence
     losses = [v for v in seen["losses"] if v is not None]
     loss_at = next((i for i, v in enumerate(seen["losses"]) if v is not None and not math.isfinite(v)), None)
     events = [
         (seen["first"][7], 0) if seen["first"] is not None else None,
-        (seen["bad_grads_at"], 1) if seen["bad_grads"] else None,
+        (grad_at, 1) if grad_at is not None else None,
         (loss_at, 2) if loss_at is not None else None,
     ]
     earliest = min((e for e in events if e is not None), default=None)
@@ -338,7 +463,7 @@ def _through_the_step(dlcheck, setup: Any, why: str, fields: str, n_batches: int
             "use F.cross_entropy/log_softmax rather than log(softmax), make sure every batch has supervised targets, "
             "add eps to divisions",
         )
-    if seen["bad_grads"]:
+    if grad_at is not None and grad_at == raw_bad_at:
         bad = seen["bad_grads"]
         dlcheck.fail(
             [
@@ -347,13 +472,67 @@ def _through_the_step(dlcheck, setup: Any, why: str, fields: str, n_batches: int
             "the backward pass overflows (float16 gradients beyond 65504, or the derivative of sqrt/log at 0)",
             "train with a GradScaler (torch.amp.GradScaler) or in bfloat16, and add eps inside sqrt/log/norm",
         )
+    if grad_at is not None and seen["taken_bad"] is not None and grad_at == seen["taken_bad"][0]:
+        at, bad = seen["taken_bad"]
+        dlcheck.fail(
+            [
+                f"{where}: every activation finite, but the optimizer step taken at call {at + 1} applied gradients "
+                f"that hold NaN/Inf in {len(bad)} parameters: {', '.join(bad[:6])}"
+                + (
+                    f" (the backward's loss was scaled by a GradScaler, scale {seen['scale_at'][at]:g})"
+                    if at in seen["scale_at"]
+                    else ""
+                )
+            ],
+            "non-finite gradients reach the weights: a GradScaler's skip is bypassed (optimizer.step() called on "
+            "gradients the scaler found non-finite), or the gradients overflow after unscaling",
+            "step through scaler.step(optimizer) then scaler.update() (it skips a step whose gradients overflowed and "
+            "lowers its scale), train in bfloat16, and add eps inside sqrt/log/norm",
+        )
+    if diverged_at is not None:
+        bad = seen["bad_grads"]
+        first_scale = seen["scale_at"][scaled_bad[0]]
+        dlcheck.fail(
+            [
+                f"{where}: every activation and loss finite, but the GradScaler skipped every optimizer step: the "
+                f"gradients overflowed at all {len(scaled_bad)} backwards, its scale falling from {first_scale:g} to "
+                f"{seen['scale_at'][diverged_at]:g}, so they are non-finite even unscaled ({len(bad)} parameters: "
+                f"{', '.join(bad[:6])}); the weights never train"
+            ],
+            "the backward itself produces NaN/Inf at any scale (the derivative of sqrt/log/norm at 0, a division by "
+            "zero), not the scaler's overflow",
+            "add eps inside sqrt/log/norm and divisions, upcast the loss's reductions to float32",
+        )
+    if never_taken:
+        dlcheck.not_judged(
+            "the gradients applied",
+            f"the GradScaler skipped every optimizer step of the {calls} calls (its scaled gradients overflowed; its "
+            f"scale {seen['scale_at'][scaled_bad[-1]]:g} at the last): whether a lower scale makes them finite was not "
+            "reached",
+        )
+    if scaled_bad and seen["taken"]:
+        scales = [seen["scale_at"][c] for c in scaled_bad]
+        grads_said = (
+            f", {len(scaled_bad)} call(s) whose scaled gradients overflowed (a GradScaler scaled the loss: it finds "
+            f"the Inf, skips their optimizer step and lowers its scale, by design: {max(scales):g} -> "
+            f"{min(seen['scale_at'].values()):g}), the gradients of {len(seen['taken_params'])} parameter tensors "
+            f"finite at every optimizer step taken ({len(seen['taken'])})"
+        )
+    elif never_taken:
+        grads_said = ", the gradients not judged (no optimizer step taken)"
+    elif seen["grads"]:
+        grads_said = f", the gradients of {len(seen['grads'])} parameter tensors finite"
+    else:
+        grads_said = ", no gradient"
     dlcheck.measured(
         f"{n_batches} sampled batch(es): "
         + fields
         + f"; {where}: every module output finite ({seen['outputs']} outputs)"
         + (f", losses {', '.join(f'{v:.4g}' for v in losses)}" if losses else ", the step returns no loss")
-        + (f", the gradients of {len(seen['grads'])} parameter tensors finite" if seen["grads"] else ", no gradient"),
+        + grads_said,
         batches=calls,
         losses=[round(v, 6) for v in losses],
         gradients_checked=len(seen["grads"]),
+        scaler_skipped=len(scaled_bad),
+        optimizer_steps_taken=len(seen["taken"]),
     )

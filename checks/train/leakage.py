@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import math
@@ -11,7 +12,7 @@ from typing import Any
 import torch
 
 from ...errors import MISSING
-from ...guard import preserved_dataloader, preserved_rng
+from ...guard import kept, preserved_dataloader, preserved_rng
 from ...registry import Setting, check
 from ...training import batch_len, describe_batch
 
@@ -227,6 +228,42 @@ def pair_template(tok: Any, eos: int | None) -> PairTemplate | None:
     return PairTemplate(ids[: runs[0][0]], separator, ids[runs[1][1] :], eos, pad if isinstance(pad, int) else None)
 
 
+def tokens(example: Any) -> tuple[int, ...] | None:
+    """The token ids of a tokenized example, its padding dropped (the positions its attention mask leaves out), or
+    None when the example is not one sequence of token ids."""
+    if not isinstance(example, Mapping) or "input_ids" not in example:
+        return None
+    ids, mask = example["input_ids"], example.get("attention_mask")
+    if isinstance(ids, torch.Tensor):
+        if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
+            return None
+        ids = ids.tolist()
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        return None
+    mask = mask.tolist() if isinstance(mask, torch.Tensor) and mask.dim() == 1 else mask
+    if isinstance(mask, (list, tuple)) and len(mask) == len(ids):
+        ids = [t for t, m in zip(ids, mask) if m]
+    return tuple(ids)
+
+
+def prefix_matches(train_rows: list[Any], eval_rows: list[Any], skip: set[int]) -> dict[int, int]:
+    """{eval index: training index} for the eval examples (but ``skip``) whose tokens, padding dropped, are the
+    start of (or the whole of) a training example's tokens: the same example tokenized without its completion (an
+    eval split of the training prompts for generation, the training rows carrying the answer and its EOS), or padded
+    to another length. Sorted token tuples: the training sequences a given sequence begins come right after it."""
+    train = sorted((t, i) for i, r in enumerate(train_rows) if (t := tokens(r)))
+    keys = [t for t, _ in train]
+    out: dict[int, int] = {}
+    for j, row in enumerate(eval_rows):
+        t = tokens(row) if j not in skip else None
+        if not t:
+            continue
+        k = bisect.bisect_left(keys, t)
+        if k < len(keys) and keys[k][: len(t)] == t:
+            out[j] = train[k][1]
+    return out
+
+
 def fingerprint(example: Any) -> str:
     return hashlib.blake2b(_bytes(content(example)), digest_size=16).hexdigest()
 
@@ -429,6 +466,7 @@ def _iterated(data: Any, limit: int, batched: bool) -> tuple[list[Any], bool]:
     out: list[Any] = []
     with preserved_rng(), preserved_dataloader(data) if batched else contextlib.nullcontext():
         for item in data:
+            item = kept(item)  # a loader may refill and yield the same buffers: keep copies, not references
             out.extend(unbatch(item) if batched else [item])
             if len(out) > limit:
                 return out[:limit], True
@@ -478,7 +516,12 @@ def check_train_eval_leakage(dlcheck):
         ``seq_lengths``, ``position_ids`` restarting at 0, else the tokenizer's EOS closing each document,
         unless its chat template ends turns with it); a row laid out as the tokenizer's own pair template
         (``tokenizer(text, text_pair)``: RoBERTa's ``<s>A</s></s>B</s>``) is one example, a text pair, not
-        documents. When both splits are tensors of one fixed shape each and the shapes differ (a token stream
+        documents. Token sequences (padding dropped) are also matched as the start of a training example's
+        tokens: an eval row that is a training row's prompt without the completion and EOS the training row
+        carries (a generation eval over the training prompts) is the same example; such a match counts only when
+        the eval tokens carry ``unique_bits`` (a short text may begin another by chance). Batches drawn from a
+        loader are copied as they come (a loader that refills and yields the same buffers would otherwise leave
+        every kept example holding the last batch). When both splits are tensors of one fixed shape each and the shapes differ (a token stream
         batchified at two widths: (35, 20) training chunks, (35, 10) eval chunks), no eval example can equal a
         training one: the check says it is not judged (skipped) rather than passing on a count that is 0
         whatever the data. An eval example long enough to be unique by chance
@@ -497,7 +540,9 @@ def check_train_eval_leakage(dlcheck):
         split once, after deduplication: ``dataset.train_test_split(test_size=0.1, seed=0)`` on unique
         examples, or a held-out file.
     Known problems
-        Exact duplicates only (after the dataset's own transforms: random augmentations hide duplicates).
+        Exact duplicates and token prefixes only (after the dataset's own transforms: random augmentations hide
+        duplicates; an eval row that carries more than its training row, or the same text tokenized another way,
+        is not matched).
         Reads at most ``max_examples`` per split. Data without a length (an IterableDataset, a loader
         without ``.dataset``) is read by iterating it once, at most ``max_drawn`` examples per split; when
         either split has to be read that way and both have dataloaders, both splits are drawn from their
@@ -587,13 +632,23 @@ def check_train_eval_leakage(dlcheck):
     for i, row in enumerate(train_rows):
         seen.setdefault(fingerprint(row), i)
     shared = [(j, seen[h]) for j, row in enumerate(eval_rows) if (h := fingerprint(row)) in seen]
-    share = len(shared) / len(eval_rows)
     allowed = dlcheck.setting("max_shared_share")
     # an example long enough to be unique by chance is a copy wherever it recurs: the training data's own repeats
     # (a dataset that holds some conversations twice) excuse only the inputs that can recur by chance
     unique_bits = dlcheck.setting("unique_bits")
-    surprisal = Surprisal(train_rows) if shared else None
+    starts = prefix_matches(train_rows, eval_rows, {j for j, _ in shared})
+    surprisal = Surprisal(train_rows) if shared or starts else None
     bits = {j: surprisal.bits(eval_rows[j]) for j, _ in shared} if surprisal else {}
+    # the start of a training example's tokens (its prompt without the completion): a copy only when long enough to
+    # be unique by chance (a short eval text that begins some training text is no evidence)
+    prefixed = []
+    for j, i in starts.items():
+        b = surprisal.bits({"input_ids": list(tokens(eval_rows[j]))})
+        if b >= unique_bits:
+            prefixed.append((j, i))
+            bits[j] = b
+    shared = sorted(shared + prefixed)
+    share = len(shared) / len(eval_rows)
     copies = [(j, i) for j, i in shared if bits[j] >= unique_bits]
     by_chance = len(shared) - len(copies)
     natural = None
@@ -624,6 +679,15 @@ def check_train_eval_leakage(dlcheck):
             f"{len(shared)} of {len(eval_rows)} eval examples ({eval_src}) are among the {len(train_rows)} training "
             f"examples ({train_src}){cut}, by the content of their inputs (targets ignored); "
             f"{dlcheck.setting('max_shared_share'):.0%} allowed",
+            *(
+                [
+                    f"token sequences also matched as the start of a training example's tokens (padding dropped: a "
+                    f"prompt without the completion its training row carries): {len(prefixed)} of ≥ {unique_bits:g} "
+                    f"bits, {len(starts) - len(prefixed)} shorter ones not counted (a short text may begin another)"
+                ]
+                if any(tokens(r) for r in eval_rows[:8])
+                else []
+            ),
             eval_examples=len(eval_rows),
             train_examples=len(train_rows),
             shared=len(shared),
@@ -650,6 +714,14 @@ def check_train_eval_leakage(dlcheck):
         f"{len(train_rows)} training examples, by content{cut}: {pairs}",
         f"eval #{j} ({eval_src}): {shown}",
     ]
+    if prefixed:
+        a, b = prefixed[0]
+        evidence.append(
+            f"{len(prefixed)} of them are not identical to a training example but are its start: their tokens "
+            f"(padding dropped) begin a training example's tokens, each ≥ {unique_bits:g} bits (eval #{a} = the start "
+            f"of train #{b}): the same examples tokenized without the completion the training rows carry (or padded "
+            "to another length)"
+        )
     prints = Counter(fingerprint(r) for r in train_rows) if copies else Counter()
     repeated = sum(n for n in prints.values() if n > 1)
     repeating = repeated > 0
@@ -658,7 +730,9 @@ def check_train_eval_leakage(dlcheck):
         evidence.append(
             f"{len(copies)} of them are long enough to be unique by chance (≥ {unique_bits:g} bits each, the sum of "
             f"their symbols' surprisal under the training data's own frequencies; eval #{c}: {bits[c]:.0f} bits): "
-            "exact copies, not inputs that recur by nature"
+            "exact copies"
+            + (" (or starts of one)" if prefixed else "")
+            + ", not inputs that recur by nature"
             + (
                 f"; the training data repeats itself too ({repeated} of its {len(train_rows)} examples occur more than "
                 "once), which does not excuse copies"

@@ -1088,7 +1088,7 @@ def _first_draws(loader: Any, moved: str | None, n: int = 2) -> str | None:
     """A digest of the first ``n`` batches of a new iteration of ``loader``, drawn with the global RNGs
     seeded, and ``moved`` (one of them) set elsewhere; None when it yields no batch. Everything the draw
     moves (the global RNGs, the loader's generators and epoch counters) is put back."""
-    from ..guard import preserved_dataloader
+    from ..guard import kept, preserved_dataloader
 
     with preserved_rng(), preserved_dataloader(loader):
         seed_all(DRAW_SEED)
@@ -1098,7 +1098,7 @@ def _first_draws(loader: Any, moved: str | None, n: int = 2) -> str | None:
         got = []
         for _ in range(n):
             try:
-                got.append(next(it))
+                got.append(kept(next(it)))
             except StopIteration:
                 break
         del it

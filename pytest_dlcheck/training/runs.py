@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .. import twin
-from ..guard import preserved_dataloader, preserved_rng
+from ..guard import kept, preserved_dataloader, preserved_rng
 
 #: the seed every fresh run of a plain loop or a Lightning module starts from (a Trainer uses args.seed)
 SEED = 0
@@ -365,7 +365,7 @@ def draw_batches(loader: Any, n: int) -> list[Any]:
                 sampler.set_epoch(epoch)
             got = 0
             for batch in loader:
-                out.append(batch)
+                out.append(kept(batch))  # a loader may refill and yield the same buffers
                 got += 1
                 if len(out) >= n:
                     break
