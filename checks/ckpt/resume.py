@@ -7,8 +7,10 @@ from ...registry import Setting, check, load_checks
 from ...training import fresh_probe, get_setup, memo_or_skip, run_or_skip, smoke_baseline
 from ...training.resume import (
     DATA_FIX,
+    MID_EPOCH,
     ResumeLoadFailed,
     ResumeRun,
+    count_examples,
     counted,
     holders_of,
     keys_mismatch,
@@ -534,6 +536,51 @@ def _other_batches(dlcheck, run: Any, how: str, label: str) -> None:
     )
 
 
+def _trainer_order(dlcheck, setup: Any, run: Any, how: str, label: str) -> None:
+    """When putting every piece back does not make a Trainer's resumed run identical, but the rest of the saved
+    epoch trains other examples, or the same in another order, than the uninterrupted run's (by content): the
+    resumed epoch's order was drawn anew. The Trainer draws it when it skips the epoch's trained batches, before
+    it puts the saved RNG states back, so a sampler that draws its order from the global RNG (group_by_length's
+    LengthGroupedSampler) orders a resumed epoch otherwise. Conclusive, and named."""
+    epoch = setup.epoch_steps() if hasattr(setup, "epoch_steps") else None
+    k = run.saved_at
+    if not epoch or k % epoch == 0:
+        return
+    start, end = k - k % epoch + 1, k - k % epoch + epoch
+    base = {s.step: s.examples for s in run.uninterrupted.steps}
+    resumed = {s.step: s.examples for s in run.resumed.steps if s.step > k}
+    steps = [t for t in range(k + 1, end + 1) if base.get(t) and resumed.get(t)]
+    before = [base[t] for t in range(start, k + 1) if base.get(t)]
+    if not steps or not before:
+        return
+    c = count_examples(before, [base[t] for t in steps], [resumed[t] for t in steps])
+    if c.same:
+        return
+    e = k // epoch + 1
+    span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+    where = f"{span}, the rest of epoch {e} of {epoch} optimizer steps"
+    evidence = [
+        f"{label}, saved after step {k} through {how}, in the middle of epoch {e}; resumed on fresh objects with "
+        "every piece of the state put back, the resumed run trains other batches than the uninterrupted run in "
+        + where,
+        f"over {where}: {counted(c, steps[-1], k, True)}"
+        if c.conclusive
+        else f"over {where}: the same examples in another order",
+        RNG_LINE,
+    ]
+    dlcheck.fail(
+        evidence,
+        cause="the resumed epoch's order of examples is drawn anew: the Trainer builds the epoch's order when it skips "
+        "the batches trained before the save, before it puts the saved RNG states back, so a sampler that draws its "
+        "order from the global RNG without a seed per epoch (group_by_length's LengthGroupedSampler, a sampler of "
+        "your own) orders the resumed epoch otherwise than the epoch the save was made in; an epoch-end save hides "
+        "it (the RNG states are loaded before the next epoch's order is drawn)",
+        fix="draw the sampler's order from a generator seeded with the seed and the epoch (a set_epoch(epoch) that "
+        "reseeds it, as accelerate's SeedableRandomSampler does), or checkpoint at epoch ends only "
+        "(save_strategy='epoch')",
+    )
+
+
 def _ema_lines(run: Any) -> list[str]:
     """What a passing C1 says of the EMAs it compared at the end of both runs."""
     ends = run.resumed.notes.get("ema") or {}
@@ -594,6 +641,8 @@ def resume_baseline(dlcheck: Any, setup: Any) -> tuple[int, Any, str]:
     baseline = smoke.baseline if smoke is not None else None
     if smoke is not None:
         total = smoke.steps
+        # where the smoke run saved, moved off the epoch's ends (TrainerSetup.save_point), and why
+        setup.__dict__["_resume_lines"] = list(getattr(setup.__dict__.get("_save_point"), "lines", []))
     elif hasattr(setup, "resume_plan"):  # where C1's own run saves (a trainer's generation cycle)
         total, _, setup.__dict__["_resume_lines"], setup.__dict__["_mid_cycle"] = setup.resume_plan(total)
     return total, baseline, f"{total} steps" + (" (the shared smoke run)" if smoke is not None else "")
@@ -910,6 +959,18 @@ def check_resume(dlcheck):
         skips, saying so), and whether N happens to be a multiple of your real epoch's optimizer steps (a save
         every N steps then lands at epoch ends, where an epoch started again loses nothing). Without the role, a plain or
         Accelerate loop is saved half way, in the middle of an epoch, and a data-position failure names the role.
+        A transformers Trainer's save is moved off the epoch's ends (an epoch of ``ceil(batches / gradient
+        accumulation)`` optimizer steps, counted from the length of its train dataset): to the step nearest the
+        planned one that is in the middle of an epoch after the first when the run reaches one, else in the middle
+        of the first; the pass says where. At an epoch end the Trainer loads the saved RNG states before it draws
+        the next epoch's order; in the middle of one it draws the order first (when it skips the trained batches),
+        so a sampler that draws its order from the global RNG (``group_by_length``'s ``LengthGroupedSampler``)
+        trains other examples after a mid-epoch resume, and the first epoch's order, drawn right after the
+        Trainer's seeding, often comes back alike. When putting every piece back leaves the resumed run other, and
+        the rest of the saved epoch trains other examples (or the same in another order) by content, the check fails
+        on the epoch's order. With ``save_strategy='epoch'`` it saves at the epoch end nearest the planned step. When
+        every save falls at an epoch end (an epoch of one optimizer step, ``save_strategy='epoch'``,
+        ``dlcheck_checkpoint_every = 'epoch'``), the pass says the mid-epoch resume was not judged.
     Why it is bad
         A resume that restores the weights only is a different run: Adam restarts with zero moments (a
         jolt of large updates), the LR schedule starts over (warmup again, or no decay), an EMA starts anew.
@@ -930,6 +991,7 @@ def check_resume(dlcheck):
         def train_dataloader(self): return DataLoader(ds, shuffle=True)   # Lightning, with
         ModelCheckpoint(every_n_train_steps=500)   # or a SLURM requeue: the resumed epoch starts again
         TrainingArguments(..., ignore_data_skip=True)                 # the resumed epoch from its first batch
+        TrainingArguments(..., train_sampling_strategy="group_by_length")   # a mid-epoch resume reorders the epoch
     Use instead
         save and load the optimizer, the scheduler, the GradScaler, every counter your loop reads, and the
         step: the Trainer does it unless save_only_model=True; Lightning does it for what configure_optimizers
@@ -981,6 +1043,12 @@ def check_resume(dlcheck):
         boundary when ``save_steps`` is a multiple of the cycle (or ``save_strategy`` is not "steps"), at the
         same place inside the cycle when it is not (the check then fails as your resumes do); the run is then
         longer than ``steps`` by up to a cycle.
+        A Trainer's epoch is counted from its train dataset's length in one process (a Trainer subclass whose
+        ``get_train_dataloader`` batches otherwise is not seen; an IterableDataset leaves the save where planned).
+        A run too short to reach a later epoch (an epoch longer than the run) saves in the first one, said in the
+        pass: a sampler whose first epoch's order comes back after a seeded start is then not caught. A save every
+        N steps that is a multiple of your real epoch's steps is not recognised (the tiny data's epoch is not your
+        data's), and Lightning is saved as above.
     Not applicable
         None: every run that saves checkpoints may be resumed from one.
     """
@@ -1038,6 +1106,15 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
             saved_at=run.saved_at,
             resumed_steps=len(after),
         )
+        point = setup.__dict__.get("_save_point")
+        if point is not None and point.unjudged and point.at == run.saved_at:  # every save at an epoch end
+            dlcheck.not_judged(MID_EPOCH, point.unjudged)
+        elif setup.kind in ("loop", "accelerate") and getattr(setup, "checkpoint_every", MISSING) == "epoch":
+            dlcheck.not_judged(
+                MID_EPOCH,
+                "your loop checkpoints at epoch ends only (dlcheck_checkpoint_every = 'epoch'), so the resume was "
+                "made there; a resume in the middle of an epoch is not made",
+            )
         return
     step, what = bad
     candidates = _candidates(setup, run.pieces)
@@ -1045,6 +1122,8 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
     missing, runs, tried = _diagnose(dlcheck, setup, total, candidates, suspects, baseline)
     if missing is None:
         _other_batches(dlcheck, run, how, label)
+        if setup.kind == "trainer":
+            _trainer_order(dlcheck, setup, run, how, label)
         _broken_resume(dlcheck, setup, run, total, label, how, candidates, runs, tried, baseline)
     if run_end(run, total) != total:  # a run as long as the user's checkpoint cadence needs
         label = f"{run_end(run, total)} steps"

@@ -997,3 +997,79 @@ class InterruptedSave:
 
 def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+#: the part a pass names when every save of the run falls at an epoch end
+MID_EPOCH = "mid-epoch resume"
+
+
+@dataclass
+class SavePoint:
+    """Where a resume run saves (the optimizer step ``at``), the lines saying why there, and, when the run can
+    only save at an epoch end, why a mid-epoch resume is not judged (``unjudged``)."""
+
+    at: int
+    lines: list[str] = field(default_factory=list)
+    unjudged: str | None = None
+
+
+def epoch_save_point(k: int, total: int, epoch: int | None, at_ends: str | None = None) -> SavePoint:
+    """The save point of a ``total``-step run planned after step ``k``, moved off the epoch's ends: a sampler
+    whose order the resume draws anew (from the global RNG before the saved states are put back, or without
+    set_epoch) resumes correctly at an epoch end, where the epoch's order is drawn from scratch, and loses the
+    order only in the middle of an epoch, and mostly after the first (whose order a seeded start draws again).
+    ``epoch``: optimizer steps per epoch (None: not known, ``k`` kept). The save is the step nearest ``k`` that is
+    not a multiple of ``epoch`` in an epoch after the first, else in the first; ``at_ends`` (why the pipeline saves
+    at epoch ends only) puts it at the epoch end nearest ``k`` instead, and the mid-epoch resume is said not
+    judged, as it is for an epoch of one step."""
+    if epoch is None or total < 2:
+        return SavePoint(k)
+
+    def nearest(candidates: list[int]) -> int | None:
+        return min(candidates, key=lambda j: (abs(j - k), j)) if candidates else None
+
+    if epoch == 1:
+        return SavePoint(
+            k,
+            unjudged="an epoch of your training data is one optimizer step, so every save falls at an epoch end, where "
+            "the epoch's order is drawn anew: a resume in the middle of an epoch (where a lost sampler order or "
+            "position shows) cannot happen in this run",
+        )
+    if at_ends:
+        end = nearest([j for j in range(epoch, total, epoch)])
+        if end is None:
+            return SavePoint(
+                k,
+                [
+                    f"saved after step {k}, in the middle of the first epoch of {epoch} optimizer steps (the run's "
+                    f"{total} steps reach no epoch end to save at, where {at_ends})"
+                ],
+            )
+        return SavePoint(
+            end,
+            [f"saved after step {end}, the end of epoch {end // epoch} of {epoch} optimizer steps ({at_ends})"],
+            unjudged=f"{at_ends}; a resume in the middle of an epoch is not made",
+        )
+    mid = nearest([j for j in range(epoch + 1, total) if j % epoch])
+    where = "epoch {e} of {n} optimizer steps"
+    if mid is not None:
+        e = mid // epoch + 1
+        moved = f" (not after step {k}, {'the end of an epoch' if k % epoch == 0 else 'in the first epoch'})"
+        return SavePoint(
+            mid,
+            [
+                f"saved after step {mid}, in the middle of {where.format(e=e, n=epoch)}"
+                + (moved if mid != k else "")
+                + ", where a resume that draws the epoch's order anew (a sampler without set_epoch, an order drawn "
+                "from the global RNG before the saved states are put back) trains other examples"
+            ],
+        )
+    first = nearest([j for j in range(1, total) if j % epoch]) or k
+    return SavePoint(
+        first,
+        [
+            f"saved after step {first}, in the middle of the first epoch of {epoch} optimizer steps: the run's "
+            f"{total} steps reach no later epoch to save in, so a resume in a later epoch (whose order is drawn after "
+            "the first's) is not made"
+        ],
+    )

@@ -34,6 +34,7 @@ from .runs import (
     is_lightning_trainer,
     loss_tensor,
     model_call,
+    own_batch,
     own_dataloader,
     seed_all,
     targets_of,
@@ -280,7 +281,7 @@ def probe(ctx: Any) -> tuple[Fresh, list[Any], Any]:
         ctx.skip(f"dlcheck_model is a {type(model).__name__}, not a torch.nn.Module")
 
     def loss(batch: Any) -> torch.Tensor:
-        batch = to_device(batch, device_of(model))
+        batch = own_batch(to_device(batch, device_of(model)))
         if not isinstance(batch, Mapping):
             raise SetupError(
                 "the batches are (inputs, targets): define fixture dlcheck_make_training (and "
@@ -742,7 +743,10 @@ def resume_save_point(ctx: Any, setup: Any, steps: int) -> int | None:
     if getattr(setup, "checkpoint_every", MISSING) is not MISSING:
         return None  # C1 saves where the user's loop saves (dlcheck_checkpoint_every): its own run, not the smoke run
     resumed = max(1, int(ctx.state.setting(checks["C1"], "steps")) // 2)
-    return steps - resumed if steps - resumed >= 1 else None
+    if steps - resumed < 1:
+        return None
+    # a kind that knows its epoch moves the save off the epoch's ends (TrainerSetup.save_point)
+    return setup.save_point(steps, steps - resumed).at if hasattr(setup, "save_point") else steps - resumed
 
 
 def smoke_baseline(ctx: Any, setup: Any, make_it: bool = True) -> SmokeRun | None:

@@ -22,6 +22,7 @@ from .resume import (
     ResumeLoadFailed,
     ResumeRun,
     SaveInterrupted,
+    epoch_save_point,
     interrupted_saves,
     load_reports,
     put_back_rng,
@@ -42,6 +43,7 @@ from .runs import (
     is_grpo,
     labels_restore,
     nonfinite_params,
+    own_batch,
     preference_loss,
     release_training_memory,
     rng_state,
@@ -219,7 +221,7 @@ class TrainerSetup:
             return self._generating_fresh(clone)
 
         def loss(batch: Any) -> torch.Tensor:
-            inputs = clone._prepare_inputs(batch)
+            inputs = clone._prepare_inputs(own_batch(batch))  # a batch of its own, as the Trainer's loader gives
             if not _holds_tensor(inputs):
                 raise SetupError(self._no_model_inputs(inputs))
             with clone.compute_loss_context_manager():
@@ -272,7 +274,7 @@ class TrainerSetup:
                     was = clone.model.training
                     clone.model.train()  # the training's split of the generation batch, not evaluation's
                     try:
-                        prepared[id(batch)] = (batch, clone._prepare_inputs(batch))
+                        prepared[id(batch)] = (batch, clone._prepare_inputs(own_batch(batch)))
                     finally:
                         clone.model.train(was)
                         clone._step, clone._buffered_inputs = 0, None
@@ -458,8 +460,39 @@ class TrainerSetup:
                     else f"your save_strategy is '{strategy}' (no save_steps cadence): the check saved after step {k}, "
                     "at a cycle boundary"
                 )
+        else:
+            point = self.save_point(total, k)
+            k, lines = point.at, list(point.lines)
         self.__dict__.setdefault("_save_at", {})[total] = k
         return total, k, lines, inside
+
+    def epoch_steps(self) -> int | None:
+        """Optimizer steps in an epoch of the user's training data, as the Trainer counts them in one process
+        (batches of ``train_batch_size``, ``dataloader_drop_last``, then ``ceil(batches / gradient accumulation)``);
+        None when the dataset has no length (an IterableDataset)."""
+        args, data = self.trainer.args, self.trainer.train_dataset
+        if data is None or isinstance(data, torch.utils.data.IterableDataset):
+            return None
+        try:
+            n = len(data)
+        except TypeError:
+            return None
+        size = max(1, int(getattr(args, "train_batch_size", 0) or args.per_device_train_batch_size or 1))
+        batches = n // size if args.dataloader_drop_last else math.ceil(n / size)
+        accum = max(1, int(getattr(args, "gradient_accumulation_steps", 1) or 1))
+        return max(1, math.ceil(batches / accum)) if batches else None
+
+    def save_point(self, total: int, k: int) -> Any:
+        """Where C1's run of ``total`` steps planned to save after step ``k`` saves (:func:`epoch_save_point`): in
+        the middle of an epoch after the first when the run reaches one, at an epoch end when your save_strategy is
+        'epoch' (your checkpoints are all there). Kept for the pass (``_save_point``)."""
+        strategy = str(
+            getattr(getattr(self.trainer.args, "save_strategy", None), "value", self.trainer.args.save_strategy)
+        )
+        at_ends = "your save_strategy='epoch' saves at epoch ends only" if strategy == "epoch" else None
+        point = epoch_save_point(k, total, self.epoch_steps(), at_ends)
+        self.__dict__["_save_point"] = point
+        return point
 
     def resume(self, total: int, restore: frozenset[str] = frozenset(), baseline: Baseline | None = None) -> ResumeRun:
         """Train ``total`` steps saving at half way (the Trainer's own checkpoint-* directory; or take
@@ -630,7 +663,7 @@ def _let_go(clone: Any) -> None:
 
 
 def _trainer_loss(clone: Any, batch: Any) -> torch.Tensor:
-    inputs = clone._prepare_inputs(batch)
+    inputs = clone._prepare_inputs(own_batch(batch))
     with clone.compute_loss_context_manager():
         return clone.compute_loss(clone.model, inputs)
 
