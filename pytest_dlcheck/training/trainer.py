@@ -469,9 +469,11 @@ class TrainerSetup:
     def epoch_steps(self) -> int | None:
         """Optimizer steps in an epoch of the user's training data, as the Trainer counts them in one process
         (batches of ``train_batch_size``, ``dataloader_drop_last``, then ``ceil(batches / gradient accumulation)``);
-        None when the dataset has no length (an IterableDataset)."""
+        None when the dataset has no length (an IterableDataset), and for a trainer that builds its own train
+        dataloader (GRPO, RLOO: a generation batch its step splits over several optimizer steps, whose buffered
+        completions a checkpoint does not hold): its epochs are not the dataset's in batches of train_batch_size."""
         args, data = self.trainer.args, self.trainer.train_dataset
-        if data is None or isinstance(data, torch.utils.data.IterableDataset):
+        if data is None or isinstance(data, torch.utils.data.IterableDataset) or self.own_loader:
             return None
         try:
             n = len(data)
