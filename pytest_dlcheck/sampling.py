@@ -90,9 +90,26 @@ def as_batch_dict(batch: Any, role: str) -> Mapping[str, Any]:
             "fields (input_ids, labels, …): there are no token batches to check",
             not_applicable=True,
         )
+    if role != "collator" and hasattr(batch, "shape") and hasattr(batch, "dtype"):
+        # one tensor per batch, no fields: a plain image or signal loader (a pixel-space diffusion's images). The
+        # README asks a mapping of the collator only; a loader yields what its pipeline trains on
+        raise SampleError(
+            f"dlcheck_{role} yields bare {_tensor_words(batch)}, not mappings of token fields (input_ids, labels, "
+            "…): no token ids and no text fields, so there are no token batches to check",
+            not_applicable=True,
+        )
     raise RoleError(
         role, f"returned a {type(batch).__name__}, expected a mapping of batch fields (input_ids, labels, …)"
     )
+
+
+def _tensor_words(batch: Any) -> str:
+    """'float Tensors (8, 3, 32, 32): a batch of images' for a loader's bare batch."""
+    dtype = str(getattr(batch, "dtype", ""))
+    kind = "float" if "float" in dtype or "half" in dtype else "integer" if "int" in dtype else dtype or "typed"
+    shape = tuple(batch.shape)
+    images = kind == "float" and len(shape) == 4 and shape[1] in (1, 3, 4)
+    return f"{kind} {type(batch).__name__}s {shape}" + (" (a batch of images and nothing else)" if images else "")
 
 
 def _own_copy(batch: Mapping) -> Mapping[str, Any]:
@@ -115,8 +132,13 @@ def collate_rows(collator: Any, rows: list[Any], batch_size: int) -> tuple[list[
     return batches, groups
 
 
-def draw_batches(dataloader: Any, n_examples: int, role: str = "dataloader") -> list[dict[str, Any]]:
-    batches: list[dict[str, Any]] = []
+def draw_batches(
+    dataloader: Any, n_examples: int, role: str = "dataloader", as_yielded: bool = False
+) -> list[dict[str, Any]]:
+    """Batches of the loader covering ``n_examples``: mappings of fields (:func:`as_batch_dict`); with ``as_yielded``,
+    what is no mapping is kept as the loader yields it (a bare image tensor, a tuple), for code of the user's that
+    takes the pipeline's own batches."""
+    batches: list[Any] = []
     seen = 0
     with preserved_dataloader(dataloader):
         it = user_call(role, lambda: iter(dataloader))
@@ -124,12 +146,21 @@ def draw_batches(dataloader: Any, n_examples: int, role: str = "dataloader") -> 
             batch = user_call(role, lambda it=it: next(it, None))
             if batch is None:
                 break
-            batch = as_batch_dict(kept(batch), role)  # a loader may refill and yield the same buffers
+            batch = kept(batch)  # a loader may refill and yield the same buffers
+            if not as_yielded or isinstance(batch, Mapping):
+                batch = as_batch_dict(batch, role)
             batches.append(batch)
-            first = next(iter(batch.values()), None)
-            seen += len(first) if hasattr(first, "__len__") else 1
+            seen += _n_examples(batch)
         del it  # stop worker processes now
     return batches
+
+
+def _n_examples(batch: Any) -> int:
+    if isinstance(batch, Mapping):
+        batch = next(iter(batch.values()), None)
+    elif isinstance(batch, (list, tuple)) and batch:
+        batch = batch[0]
+    return len(batch) if hasattr(batch, "__len__") else 1
 
 
 def _raw_row(raw: Any, position: int, dataset: Any) -> Any:
@@ -161,13 +192,17 @@ def stored_tokens(dataset: Any) -> bool:
     )
 
 
-def get_sample(ctx: Any, split: str = "train", wide: int | None = None) -> Sample:
+def get_sample(ctx: Any, split: str = "train", wide: int | None = None, as_yielded: bool = False) -> Sample:
     """The shared sample of the training (or eval) data, from the best source the user gave:
     collator + dataset (examples are known), else the dataloader. Skips naming the roles if none.
 
     ``wide``: for a check that only reads the tokens (no model call), up to this many examples instead of the
     session's ``samples`` when that is cheap: a dataset of stored token ids (:func:`stored_tokens`) collated by the
-    collator. Elsewhere (a loader, a dataset that tokenizes or loads on access) the usual sample."""
+    collator. Elsewhere (a loader, a dataset that tokenizes or loads on access) the usual sample.
+
+    ``as_yielded``: a dataloader's batches as it yields them when they are no mappings (a bare image tensor, a tuple),
+    for a check that hands them to the user's own code (which takes what the pipeline gives it); the same batch
+    objects as the usual sample's where they are mappings. A collator's batches are mappings by contract."""
     override = getattr(ctx, "sample_override", None)
     if override is not None and split == "train":
         return override  # property mode: the generated examples
@@ -204,13 +239,22 @@ def get_sample(ctx: Any, split: str = "train", wide: int | None = None) -> Sampl
     loader = ctx.role(loader_role)
     if loader is not MISSING:
 
-        def make_from_loader() -> Sample:
+        def make_yielded() -> Sample:
             with preserved_rng():
                 seed_everything(0)
-                batches = draw_batches(loader, n, loader_role)
+                batches = draw_batches(loader, n, loader_role, as_yielded=True)
             if not batches:
                 raise SampleError(f"dlcheck_{loader_role} yielded no batch")
             return Sample(None, batches, None, f"{len(batches)} batches of dlcheck_{loader_role}")
+
+        yielded = _memo_sample(ctx, loader, f"sample:{split}:{n}:yielded", make_yielded)
+        if as_yielded:
+            return yielded
+
+        def make_from_loader() -> Sample:
+            # mappings of fields, the same objects as the yielded sample's (one draw of the loader)
+            batches = [b if isinstance(b, Mapping) else as_batch_dict(b, loader_role) for b in yielded.batches]
+            return Sample(None, batches, None, yielded.source)
 
         return _memo_sample(ctx, loader, f"sample:{split}:{n}", make_from_loader)
     ctx.skip(f"missing role: define fixture {ROLES[loader_role].hint()} in conftest.py")

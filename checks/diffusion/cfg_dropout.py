@@ -395,8 +395,11 @@ def check_cfg_dropout(dlcheck):
         encodes the images with the VAE: give dlcheck_condition (the caption → embeddings path alone)
         to make the 300 draws cheap, or lower DF5.draws.
     Not applicable
-        Unconditional diffusion (a UNet2DModel without class embeddings, DDPMPipeline): there is no
-        condition to drop. A frozen denoiser (no parameter of dlcheck_unet requires grad, and no trained
+        Unconditional diffusion (a UNet2DModel without class embeddings, DDPMPipeline; a training whose
+        dataloader yields bare image tensors, with no caption, class label or any other field, no role that
+        brings a condition (dlcheck_condition, dlcheck_uncond, a text encoder, a pipeline, a collator or a
+        tokenizer) and a dlcheck_training_inputs, when given, that feeds the denoiser no conditioning): there
+        is no condition to drop. A frozen denoiser (no parameter of dlcheck_unet requires grad, and no trained
         ControlNet or adapter in the pipeline: textual inversion's unet.requires_grad_(False), training one
         token embedding): caption dropout trains the denoiser's unconditional prediction, which a frozen
         denoiser cannot learn; its pretrained one is what guidance uses. A LoRA inside the UNet is trained,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from ...guard import eval_mode
@@ -278,7 +279,8 @@ def check_latent_scale(dlcheck):
         .mode() on a VAE with a wide posterior (a freshly initialised one) is measured at another scale.
     Not applicable
         Pixel-space diffusion (DDPMPipeline, a UNet2DModel with in_channels=3, a training step whose
-        'latents' are 3-channel images): there is no VAE and no latent scale. Projects that are not a
+        'latents' are 3-channel images — dlcheck_training_inputs is handed the loader's batches as it yields
+        them, a bare image tensor included): there is no VAE and no latent scale. Projects that are not a
         diffusion training. A generator of a VQ model's discrete tokens (aMUSEd: an AmusedScheduler's mask
         schedule over token ids): its codes have no latent scale.
     """
@@ -299,7 +301,7 @@ def check_latent_scale(dlcheck):
     rtol = dlcheck.setting("factor_rtol")
     has_train = dlcheck.has("training_inputs")
 
-    sample = get_sample(dlcheck)
+    sample = get_sample(dlcheck, as_yielded=True)  # a loader's bare image tensors are the images
     channels = config.get("in_channels")
     found = [D.pixel_values(b, channels) for b in sample.batches]
     images = torch.cat([f[1] for f in found]) if found and all(found) else None
@@ -314,7 +316,8 @@ def check_latent_scale(dlcheck):
             train_std = D.std(D.cat(draws, "latents"))
     _latent_picture(dlcheck, raw - shift if raw_std is not None else None, draws if train_std is not None else None)
     if raw_std is None and train_std is None:
-        keys = ", ".join(map(str, sample.batches[0])) if sample.batches else "none"
+        first = sample.batches[0] if sample.batches else None
+        keys = ", ".join(map(str, first)) if isinstance(first, Mapping) else "none" if first is None else "no fields"
         if not has_train:
             dlcheck.skip(
                 "missing role: define fixture dlcheck_training_inputs (returning 'latents') in conftest.py: the "

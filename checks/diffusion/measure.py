@@ -167,10 +167,11 @@ def discrete_tokens(ctx: Any) -> str | None:
 
 
 def unconditional(ctx: Any) -> str | None:
-    """Why the denoiser takes no condition (a UNet2DModel without class embeddings), else None."""
+    """Why the denoiser takes no condition (a UNet2DModel without class embeddings; a training whose data hold
+    nothing to condition on, :func:`nothing_to_condition_on`), else None."""
     unet = ctx.role("unet")
     if unet is MISSING or not is_diffusers(unet):
-        return None
+        return nothing_to_condition_on(ctx)
     config = sched_config(unet)
     if (
         describe(unet) == "UNet2DModel"
@@ -179,6 +180,39 @@ def unconditional(ctx: Any) -> str | None:
     ):
         return f"the denoiser {describe(unet)} is unconditional (no cross-attention, no class embedding)"
     return None
+
+
+#: roles that bring a condition for the denoiser (a caption's text encoder, the sampler's null input)
+CONDITION_ROLES = ("condition", "uncond", "text_encoder", "pipeline", "collator", "tokenizer")
+
+
+def nothing_to_condition_on(ctx: Any) -> str | None:
+    """Why nothing conditions the denoiser of a training fed by a loader of bare tensors: every sampled batch is one
+    float tensor (the images and nothing else: no caption, class label or any other field to condition on), no role
+    brings a condition (:data:`CONDITION_ROLES`), and dlcheck_training_inputs, when given, feeds the denoiser no
+    conditioning. None otherwise: batches with fields (captions, labels) are read as they are."""
+    if any(ctx.has(r) for r in CONDITION_ROLES) or not ctx.has("dataloader"):
+        return None
+    sample = get_sample(ctx, as_yielded=True)
+    batches = sample.batches
+    if not batches or not all(
+        hasattr(b, "shape") and getattr(b, "is_floating_point", lambda: False)() for b in batches
+    ):
+        return None
+    said = ""
+    if ctx.has("training_inputs"):
+        draws = training_draws(ctx)
+        if not draws or any(d.get("encoder_hidden_states") is not None for d in draws):
+            return None
+        said = (
+            "; dlcheck_training_inputs feeds the denoiser no conditioning (it returns "
+            f"{', '.join(sorted(draws[0].values))})"
+        )
+    return (
+        f"the batches of dlcheck_dataloader are bare image tensors ({len(batches)} sampled, "
+        f"{tuple(batches[0].shape)}) with no caption, class label or other field to condition on{said}: "
+        "the denoiser is trained unconditionally"
+    )
 
 
 #: pipeline components that take part in the denoiser's prediction beside the UNet (a ControlNet's residuals, a
@@ -243,9 +277,14 @@ def first_timesteps(sched: Any, steps: int) -> list[int]:
 
 
 def pixel_values(batch: Mapping[str, Any], channels: int | None = None) -> tuple[str, Any] | None:
-    """(key, images) of the batch: a 4-D float tensor (B, C, H, W), preferring the usual names."""
+    """(key, images) of the batch: a 4-D float tensor (B, C, H, W), preferring the usual names; a loader's bare
+    image tensor is its own images (key ``"images"``)."""
     import torch
 
+    if isinstance(batch, torch.Tensor):
+        if batch.dim() == 4 and batch.is_floating_point() and (channels is None or batch.shape[1] == channels):
+            return "images", batch
+        return None
     keys = [k for k in PIXEL_KEYS if k in batch] + [k for k in batch if k not in PIXEL_KEYS]
     for key in keys:
         v = batch[key]
@@ -338,7 +377,7 @@ def training_draws(ctx: Any, min_rows: int = 64) -> list[Draw]:
     frozen VAE and text encoder run once per distinct batch (:func:`..shared.reuse.reusing`): the calls
     differ in the noise and timesteps they draw, not in the encodings."""
     fn = user_callable(ctx, "training_inputs", ctx.role("training_inputs"))
-    sample = get_sample(ctx)
+    sample = get_sample(ctx, as_yielded=True)  # the user's code takes the batches the pipeline gives it
     batches = sample.batches
 
     def make() -> list[Draw]:

@@ -418,7 +418,9 @@ def check_batch_independence(dlcheck):
         model itself is not judged. A loss that calls the model on the batch's own tensors (an RNN language
         model's ``model(data, hidden)``) keeps the batch, and a forward of n inputs on a batch of n elements
         whose call on them raises is not judged (T4 would guess its inputs: time steps are never read as
-        examples).
+        examples). A model whose forward returns one value for the whole batch (a 0-d tensor: a diffusion
+        wrapper that draws its own timesteps and noise and returns the loss) is not judged (skip, saying so):
+        its output is not per example; the denoiser inside it is not judged on its own either.
     Not applicable
         A model that is not called on the batch (its forward requires fields the batch lacks, the user's
         loss builds them) and no dlcheck_compute_loss or dlcheck_train_step to learn its inputs from, said by
@@ -499,6 +501,12 @@ def check_batch_independence(dlcheck):
             dlcheck.skip(
                 f"no nn.Embedding of the model received the batch's token ids ({describe_batch(batch)}): T4 found no "
                 "input to differentiate against"
+            )
+        if out is not None and out.dim() == 0:
+            dlcheck.skip(
+                f"the model's output is a 0-d tensor (a scalar: {type(model).__name__}.forward returns one value for "
+                f"the whole batch, such as its loss), not per example: which example's output depends on which input "
+                f"cannot be told, so batch independence is not judged ({describe_batch(batch)})"
             )
         if out is None or x is None or out.shape[0] != size:
             dlcheck.skip(
