@@ -83,10 +83,18 @@ def _cond_from_inputs(out: Any) -> Any:
 
 
 def _caption_field(batch: Mapping[str, Any]) -> tuple[str, Any] | None:
+    if not isinstance(batch, Mapping):  # a loader's bare tensor: no fields
+        return None
     for key in D.CAPTION_KEYS:
         if key in batch and _kind(batch[key]) in ("caption", "ids"):
             return key, batch[key]
     return None
+
+
+def _fields(batch: Any) -> str:
+    if isinstance(batch, Mapping):
+        return ", ".join(map(str, batch))
+    return f"bare {type(batch).__name__}s {tuple(getattr(batch, 'shape', ()))}, no fields"
 
 
 def _caption_text(tok: Any, batch: Mapping[str, Any], i: int) -> str:
@@ -256,7 +264,7 @@ def _draw(dlcheck, batches, tally: Tally, state: _State, low: float, high: float
                 if found is None:
                     dlcheck.skip(
                         "missing role: define fixture dlcheck_condition (callable batch -> conditioning) in "
-                        f"conftest.py: the batches ({', '.join(map(str, batch))}) carry no captions or input_ids"
+                        f"conftest.py: the batches ({_fields(batch)}) carry no captions or input_ids"
                     )
                 key = found[0]
                 state.get, state.source, state.from_batch = (lambda b, key=key: b[key]), f"the batch's {key!r}", True
@@ -399,7 +407,9 @@ def check_cfg_dropout(dlcheck):
         dataloader yields bare image tensors, with no caption, class label or any other field, no role that
         brings a condition (dlcheck_condition, dlcheck_uncond, a text encoder, a pipeline, a collator or a
         tokenizer) and a dlcheck_training_inputs, when given, that feeds the denoiser no conditioning): there
-        is no condition to drop. A frozen denoiser (no parameter of dlcheck_unet requires grad, and no trained
+        is no condition to drop. Such a loader whose training step does condition the denoiser (class ids it
+        draws, returned by dlcheck_training_inputs) is judged: its bare batches are handed to that code as
+        yielded. A frozen denoiser (no parameter of dlcheck_unet requires grad, and no trained
         ControlNet or adapter in the pipeline: textual inversion's unet.requires_grad_(False), training one
         token embedding): caption dropout trains the denoiser's unconditional prediction, which a frozen
         denoiser cannot learn; its pretrained one is what guidance uses. A LoRA inside the UNet is trained,

@@ -467,7 +467,8 @@ def redraw_batches(
     distinct examples as the dataset has. Yields (example keys, batch). Skips naming the roles if the
     data path is missing. ``per_call()``, asked before each batch, is how many examples the collator gets
     for it (the batch size when not given); the third value says whether the batch size can be chosen
-    (dlcheck_collator + dlcheck_dataset) or is the dataloader's."""
+    (dlcheck_collator + dlcheck_dataset) or is the dataloader's. A loader's bare tensor batch is yielded as it is
+    (it has no fields to read; the user's conditioning code takes it)."""
 
     def as_dict(batch: Any, role: str) -> Mapping[str, Any]:
         try:
@@ -519,7 +520,9 @@ def redraw_batches(
                         it = iter(loader)
                         continue
                     made += 1
-                    yield None, as_dict(batch, "dataloader")
+                    # a bare tensor (a pixel loader's images) goes to the user's conditioning code as it is yielded
+                    bare = not isinstance(batch, Mapping) and hasattr(batch, "shape")
+                    yield None, batch if bare else as_dict(batch, "dataloader")
                 del it
 
         return "fresh batches of dlcheck_dataloader", gen_loader(), False

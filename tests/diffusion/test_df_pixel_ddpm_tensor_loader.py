@@ -124,3 +124,35 @@ def test_a_collator_must_still_return_a_mapping():
     with pytest.raises(SampleError) as exc:
         as_batch_dict(torch.zeros(2, 3, 4, 4), "dataloader")
     assert exc.value.not_applicable
+
+
+CLASS_CONDITIONAL = """
+    @pytest.fixture(scope="session")
+    def dlcheck_training_inputs(_diffusion):
+        def training_inputs(batch):  # a class id per image, drawn by the step (never the null class 0)
+            x_start, t, noise, x = _diffusion.inputs(batch)
+            labels = torch.randint(1, 10, (batch.shape[0],)){drop}
+            return {{"latents": x_start, "noise": noise, "timesteps": t, "noisy_latents": x, "class_labels": labels}}
+        return training_inputs
+
+    @pytest.fixture(scope="session")
+    def dlcheck_uncond():
+        return 0  # the null class the sampler guides with
+"""
+
+
+def test_a_condition_fed_by_the_step_is_judged_on_a_bare_tensor_loader(project):
+    """The buggy twin of DF5's narrowing: the same loader of bare image tensors, but the training step conditions the
+    denoiser on class ids it never drops to the sampler's null class: DF5 fails, it is not 'not applicable'."""
+    project.conftest(DDPM + CLASS_CONDITIONAL.format(drop=""))
+    run = project.run("--dlcheck=DF5")
+    run.assert_outcome("DF5", "failed")
+    assert "class labels from 300 calls of the 'encoder_hidden_states' of" in run.text, run.text
+    assert "your role raised" not in run.text and "internal error" not in run.text, run.text
+
+
+def test_a_condition_dropped_by_the_step_passes_on_a_bare_tensor_loader(project):
+    drop = ".masked_fill(torch.rand(batch.shape[0]) < 0.1, 0)"
+    project.conftest(DDPM + CLASS_CONDITIONAL.format(drop=drop))
+    run = project.run("--dlcheck=DF5", "-rA")
+    run.assert_outcome("DF5", "passed")
