@@ -403,6 +403,9 @@ def check_cfg_dropout(dlcheck):
         encodes the images with the VAE: give dlcheck_condition (the caption → embeddings path alone)
         to make the 300 draws cheap, or lower DF5.draws.
     Not applicable
+        A training whose sampler is a consistency sampler (an ``LCMScheduler``, ``TCDScheduler`` or
+        ``CMStochasticIterativeScheduler`` as dlcheck_inference_scheduler or the pipeline's scheduler: diffusers'
+        consistency distillation, LCM-LoRA), whose guidance is distilled from a guided teacher.
         Unconditional diffusion (a UNet2DModel without class embeddings, DDPMPipeline; a training whose
         dataloader yields bare image tensors, with no caption, class label or any other field, no role that
         brings a condition (dlcheck_condition, dlcheck_uncond, a text encoder, a pipeline, a collator or a
@@ -432,6 +435,14 @@ def check_cfg_dropout(dlcheck):
             f"{frozen}: dropping the condition trains the denoiser's unconditional prediction, which a frozen "
             "denoiser cannot learn; guidance uses the one it was pretrained with (textual inversion trains a token "
             "embedding, not the denoiser)"
+        )
+    consistency = D.consistency_sampler(dlcheck)
+    if consistency is not None:
+        dlcheck.not_applicable(
+            f"{consistency}, the sampler of a consistency-distilled model (LCM, LCM-LoRA, TCD): its few steps carry "
+            "the guidance distilled from a guided teacher (the teacher's unconditional prediction is what the "
+            "distillation used), not classifier-free guidance on an unconditional prediction of the student that "
+            "conditioning dropout would train"
         )
     calls = dlcheck.setting("draws")
     alpha = dlcheck.setting("false_alarm")

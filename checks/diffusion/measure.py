@@ -220,6 +220,23 @@ def nothing_to_condition_on(ctx: Any) -> str | None:
 DENOISING_PARTS = ("controlnet", "adapter")
 
 
+#: samplers of consistency-distilled models (LCM, LCM-LoRA, TCD, consistency models): they sample in a few steps with
+#: the guidance distilled into the student from a guided teacher, not by classifier-free guidance of the student
+CONSISTENCY_SAMPLERS = ("LCMScheduler", "TCDScheduler", "CMStochasticIterativeScheduler")
+
+
+def consistency_sampler(ctx: Any) -> str | None:
+    """Where the training's sampler is a consistency sampler (dlcheck_inference_scheduler, or the scheduler of
+    dlcheck_pipeline), in words; else None."""
+    for role, attr in (("inference_scheduler", None), ("pipeline", "scheduler")):
+        obj = ctx.role(role)
+        sched = obj if attr is None or obj is MISSING else getattr(obj, attr, None)
+        if sched is not MISSING and sched is not None and type(sched).__name__ in CONSISTENCY_SAMPLERS:
+            where = f"dlcheck_{role}" + (f".{attr}" if attr else "")
+            return f"{where} is a {type(sched).__name__}"
+    return None
+
+
 def frozen_denoiser(ctx: Any) -> str | None:
     """Why the denoiser learns nothing (no parameter of dlcheck_unet requires grad, and no ControlNet or adapter of
     the pipeline does: textual inversion freezes the UNet and trains one token embedding), else None. A LoRA or any

@@ -274,7 +274,7 @@ def setup(
 
     scheduler: kwargs of the training DDPMScheduler (prediction_type, rescale_betas_zero_snr…).
     inference: kwargs for the DDIM sampler built from the training config (None: from_config as is), or
-    the string "defaults" for a DDIMScheduler() with diffusers' defaults; the pipeline gets a copy (its
+    the string "defaults" for a DDIMScheduler() with diffusers' defaults, "lcm" for an LCMScheduler from it; the pipeline gets a copy (its
     constructor rewrites clip_sample/steps_offset in place). ema_use: "store" (store/copy_to/sample/
     restore), "never" (samples the raw weights), "no-restore" (copy_to without restore), "unstepped"
     (store/copy_to sampling, but training never calls ema.step). steps: real
@@ -296,6 +296,10 @@ def setup(
     sched = noise_scheduler(**(scheduler or {}))
     if inference == "defaults":
         infer = DDIMScheduler(steps_offset=1)
+    elif inference == "lcm":  # consistency distillation's sampler (LCM-LoRA): few steps, guidance distilled in
+        from diffusers import LCMScheduler
+
+        infer = LCMScheduler.from_config(sched.config)
     else:
         infer = DDIMScheduler.from_config(sched.config, steps_offset=1, **(inference or {}))
     ema = EMAModel(
