@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from ...registry import check
-from ...training.runs import ema_tensors
 from . import measure as D
 
 
@@ -16,7 +15,8 @@ def _sample_with_ema_fix(ema: Any, ema_module: Any) -> str:
             "ema.store(unet.parameters()); ema.copy_to(unet.parameters()); sample; ema.restore(unet.parameters()) "
             "(and ema.copy_to(unet.parameters()) before pipeline.save_pretrained)"
         )
-    ref = "ema_model.module" if ema_module is not ema else "ema_model"
+    inner = next((n for n, m in ema.named_modules() if m is ema_module), "") if ema_module is not ema else ""
+    ref = f"ema_model.{inner}" if inner else "ema_model"
     return (
         f"sample with the EMA module itself: pipe = copy.copy(pipeline); pipe.register_modules(unet={ref}); "
         f"images = pipe(...).images (and save {ref}, e.g. {ref}.save_pretrained(...), as the final denoiser)"
@@ -36,7 +36,10 @@ def check_ema_used(dlcheck):
         Makes the EMA's tensors distinguishable from the trained ones (their first element is nudged by a
         relative 1e-3 for the run), runs ``dlcheck_sample_images()`` once — the one run DF3, DF4 and DF6
         read too — while a forward pre-hook records the weights of every module of the denoiser's class
-        that runs, and compares them with the EMA's and with the trained (``dlcheck_unet``) weights, exactly. Fails when the denoiser ran with the
+        that runs, and compares them with the EMA's and with the trained (``dlcheck_unet``) weights, exactly.
+        An EMA module that holds the trained denoiser itself beside its averaged copy (``EMA(model)`` keeping
+        ``online_model`` and ``ema_model``) is read on the copy: its tensors that share storage with
+        ``dlcheck_unet`` are the trained ones, left out. Fails when the denoiser ran with the
         raw trained weights, when the sampling routine left other weights in the trained model (copy_to
         without restore), or when the EMA shares its tensors with the model (an "EMA" that is the model).
         Every weight, the EMA's state (temp_stored_params, optimization_step) and the RNG are restored.
@@ -80,7 +83,7 @@ def check_ema_used(dlcheck):
     sample = D.user_callable(dlcheck, "sample_images", sample)
     if not isinstance(model, torch.nn.Module):
         dlcheck.not_applicable(f"DF2 compares torch weights; dlcheck_unet is a {type(model).__name__}")
-    tensors, ema_module, ema_desc = ema_tensors(ema)
+    tensors, ema_module, ema_desc = D.own_ema_tensors(ema, model)
     if not tensors:
         dlcheck.skip(f"dlcheck_ema is a {ema_desc}: DF2 reads diffusers EMAModel, torch AveragedModel or a module")
     params = D.align_params(model, tensors)

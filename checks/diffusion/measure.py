@@ -627,6 +627,32 @@ def user_callable(ctx: Any, name: str, obj: Any) -> Callable[..., Any]:
     return obj
 
 
+def own_ema_tensors(ema: Any, model: Any) -> tuple[list[Any], Any, str]:
+    """:func:`ema_tensors` of the EMA, less the tensors it shares with the trained denoiser ``model``: an
+    EMA module that holds the online model as a submodule (``EMA(model)`` keeping ``online_model`` beside
+    ``ema_model``) is judged on its averaged copy. An EMA all of whose tensors are the model's is kept whole
+    (DF2 reports it as the model itself)."""
+    from ...training.runs import ema_tensors
+    from ..shared.ema_own import held_model_parts, own_tensors
+
+    tensors, ema_module, desc = ema_tensors(ema)
+    if ema_module is None or not tensors:
+        return tensors, ema_module, desc
+    own = own_tensors(tensors, model)
+    if own and len(own) < len(tensors):
+        parts = held_model_parts(ema_module, model)
+        desc += (
+            f"; its {', '.join(parts) or 'tensors'} shared with dlcheck_unet ({len(tensors) - len(own)} tensors) "
+            "left out as the trained model itself"
+        )
+        ids = {id(t) for t in own}
+        holders = [m for _, m in ema_module.named_modules() if {id(p) for p in m.parameters()} == ids]
+        # the averaged copy: a module of the denoiser's class when one holds exactly those tensors
+        copy = next((m for m in holders if type(m) is type(model)), holders[0] if holders else ema_module)
+        return own, copy, desc
+    return tensors, ema_module, desc
+
+
 def align_params(model: Any, tensors: list[Any]) -> list[Any] | None:
     """The parameters of ``model`` that line up one to one with an EMA's ``tensors`` (all of them, or the
     trainable ones), or None."""
@@ -674,12 +700,10 @@ class EmaWatch:
         """None unless an EMA and the denoiser are given and line up, as separate tensors."""
         import torch
 
-        from ...training.runs import ema_tensors
-
         ema, model = dlcheck.optional("ema"), dlcheck.optional("unet")
         if ema is None or not isinstance(model, torch.nn.Module):
             return None
-        tensors, ema_module, _ = ema_tensors(ema)
+        tensors, ema_module, _ = own_ema_tensors(ema, model)
         params = align_params(model, tensors) if tensors else None
         if params is None or any(t.data_ptr() == p.data_ptr() for t, p in zip(tensors, params)):
             return None

@@ -10,17 +10,29 @@ import torch
 from ...registry import check
 from ...training import fresh_probe, get_setup, smoke_run
 from ...training.runs import ema_counter, ema_describe, ema_difference, ema_kind, find_emas
+from ..shared.ema_own import held_model_parts, own_parameters
 
 
-def _weights(ema: Any) -> dict[str, torch.Tensor]:
-    """The EMA's averaged weights, copied: EMAModel's shadow params, an EMA module's parameters (buffers
-    such as BatchNorm statistics and the counter are not averaged weights)."""
+def _weights(ema: Any, trained: Any) -> tuple[dict[str, torch.Tensor], int]:
+    """(the EMA's averaged weights, copied, how many of its tensors were left out as the trained model's own):
+    EMAModel's shadow params, an EMA module's parameters (buffers such as BatchNorm statistics and the
+    counter are not averaged weights) but those that share storage with the trained model (``trained``: the
+    online model an EMA wrapper holds as a submodule moves with training whether or not the EMA updates)."""
     with torch.no_grad():
         if isinstance(getattr(ema, "shadow_params", None), list):
-            return {f"shadow_params[{i}]": t.detach().clone() for i, t in enumerate(ema.shadow_params)}
+            return {f"shadow_params[{i}]": t.detach().clone() for i, t in enumerate(ema.shadow_params)}, 0
         if isinstance(ema, torch.nn.Module):
-            return {n: p.detach().clone() for n, p in ema.named_parameters()}
-    return {}
+            own, left = own_parameters(ema, trained)
+            return {n: p.detach().clone() for n, p in own.items()}, left
+    return {}, 0
+
+
+def _trained_parts(model: Any, ema_names: set[str]) -> Any:
+    """The trained model's modules, the EMAs it holds as attributes left out (a LightningModule keeping its EMA
+    as ``self.ema``): the tensors an EMA may share with the training."""
+    if not ema_names or not isinstance(model, torch.nn.Module):
+        return model
+    return [child for name, child in model.named_children() if name not in ema_names]
 
 
 def _moved(before: Any, after: Any, skip: str) -> tuple[float, int, int]:
@@ -40,7 +52,9 @@ def _moved(before: Any, after: Any, skip: str) -> tuple[float, int, int]:
     return largest, changed, total
 
 
-def _update_call(kind: str | None) -> str:
+def _update_call(kind: str | None, ema: Any = None) -> str:
+    if kind == "module" and callable(getattr(ema, "update", None)):
+        return "ema.update()"
     if kind == "AveragedModel":
         return "ema.update_parameters(model)"
     if kind == "EMAModel":
@@ -65,7 +79,11 @@ def check_ema_updated(dlcheck):
         attribute of the LightningModule) that is a ``torch.optim.swa_utils.AveragedModel``, a diffusers
         ``EMAModel``, a timm ``ModelEmaV2``/``V3``, or a module under a name like ``ema`` / ``model_ema``.
         Compares its weights after the shared smoke run (S1-S5's) with the fresh state's, bit for bit,
-        and reads its counter (``n_averaged``, ``optimization_step``). Fails when the model's weights
+        and reads its counter (``n_averaged``, ``optimization_step``). An EMA module that holds the trained
+        model itself as a submodule beside its averaged copy (``EMA(model)`` keeping ``online_model`` and
+        ``ema_model``) is judged on the copy: its tensors that are the trained model's (the same module, or
+        storage shared with it) move with training whether or not the EMA updates, and are left out (an
+        EMA whose tensors are all the model's fails: it is the model itself). Fails when the model's weights
         moved over the optimizer steps but the EMA still holds exactly its initial weights, or its counter
         stayed 0.
     Why it is bad
@@ -81,7 +99,9 @@ def check_ema_updated(dlcheck):
     Known problems
         Reads the EMA of a plain loop's state dict and the attributes of a LightningModule; an EMA kept in a
         Lightning callback or a Trainer callback is not seen. Judges the smoke run only (S1.steps steps):
-        an EMA updated from a later step on (``update_after_step`` beyond the run) reads as never updated.
+        an EMA updated from a later step on (``update_after_step`` beyond the run) reads as never updated; one
+        updated every N calls (``update_every``) needs a call that updates within the run (an EMA wrapper
+        that copies the model during its warm-up moves at its first call).
     Not applicable
         Trainings that keep no EMA in their state (nothing of the kinds above in dlcheck_make_training's dict
         or on the LightningModule), and transformers / TRL Trainers (they keep none).
@@ -124,7 +144,29 @@ def check_ema_updated(dlcheck):
         before_ema = initial.get(name)
         if before_ema is None:
             dlcheck.skip(f"the fresh training state has no {where}: the EMA's initial weights cannot be read")
-        before, after = _weights(before_ema), _weights(ema)
+        names = {n for n, _ in emas}
+        (before, _), (after, left) = (
+            _weights(before_ema, _trained_parts(fresh.model, names)),
+            _weights(ema, _trained_parts(run.trained.model, names)),
+        )
+        held = held_model_parts(ema, _trained_parts(run.trained.model, names))
+        if left and not after:
+            dlcheck.fail(
+                [
+                    moved,
+                    f"all {left} parameter tensors of the EMA {what} share their storage with the trained model: "
+                    "it holds no averaged copy of its own",
+                ],
+                "the EMA is the trained model itself (the same module, or tensors shared with it), not a copy, so "
+                "it never averages anything",
+                "keep a copy: ema_model = copy.deepcopy(model).requires_grad_(False) (or AveragedModel(model, ...)) "
+                "and update it after each optimizer.step()",
+            )
+        if left:
+            what += (
+                f" (its {', '.join(held) or 'tensors'} shared with the trained model, {left} tensors, left out: "
+                "they move with training whether or not the EMA updates)"
+            )
         if not after:
             dlcheck.skip(f"the EMA {what} holds no tensors T12 can read")
         diff = ema_difference(after, before)
@@ -146,7 +188,7 @@ def check_ema_updated(dlcheck):
             evidence.append(
                 f"its counter: {count} after {steps} optimizer steps" + (" (never updated)" if stuck else "")
             )
-            call = _update_call(kind)
+            call = _update_call(kind, ema)
             if end is not None and end[1] > 0 and diff is None:
                 cause = (
                     f"the EMA is updated ({end[0]} {end[1]}) but its weights never move: its decay keeps the old "
