@@ -48,6 +48,7 @@ from .runs import (
     grad_report,
     loss_tensor,
     nonfinite_params,
+    own_batch,
     own_dataloader,
     release_training_memory,
     rng_state,
@@ -1057,8 +1058,8 @@ def step_loss(module: Any, batch: Any) -> torch.Tensor:
     optimization (``automatic_optimization = False``) the step computes its loss, hands it to
     ``self.manual_backward`` and steps its optimizers itself: the loss is taken from
     ``manual_backward`` (no backward runs), and ``self.optimizers()`` / ``self.lr_schedulers()`` give
-    objects whose ``step`` does nothing, so nothing is trained."""
-    batch = to_device(batch, device_of(module))
+    objects whose ``step`` does nothing, so nothing is trained. The step is handed a batch of its own."""
+    batch = own_batch(to_device(batch, device_of(module)))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if module.automatic_optimization:

@@ -10,6 +10,7 @@ import dataclasses
 import inspect
 import itertools
 import os
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,7 @@ from .runs import (
     loss_tensor,
     model_call,
     offload_tensors,
+    own_batch,
     param_names,
     release_training_memory,
     rng_state,
@@ -71,6 +73,7 @@ from .runs import (
     scheduler_count,
     seed_all,
     set_rng_state,
+    state_tensors,
     targets_of,
     to_device,
     unwrap_prepared,
@@ -133,6 +136,7 @@ class LoopSetup:
         state = dict(self.__dict__)
         state.pop("resume_loader", None)
         state.pop("start_epoch", None)
+        state.pop("_handed", None)  # weak references of this process's objects
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -183,9 +187,41 @@ class LoopSetup:
                 "dlcheck_make_training must return a dict with at least 'model' and 'optimizer', "
                 f"got {type(state).__name__}"
             )
+        self._remember(state)
         return dict(state)
 
+    def _remember(self, state: Mapping[str, Any]) -> None:
+        """Write down (by weak reference) the tensors of this result of the factory: a tensor an earlier result
+        held too is the user's own, handed to every state (a frozen feature extractor built once), not the
+        call's; :meth:`users_tensors` names them."""
+        handed = self.__dict__.setdefault("_handed", {"calls": 0, "seen": {}, "shared": {}})
+        handed["calls"] += 1
+        seen, shared = handed["seen"], handed["shared"]
+        for key in [k for k, (ref, _) in seen.items() if ref() is None]:
+            del seen[key]
+        for t in state_tensors(state):
+            got = seen.get(id(t))
+            if got is not None and got[0]() is t:
+                if got[1] != handed["calls"]:
+                    shared[id(t)] = got[0]
+                continue
+            seen[id(t)] = (weakref.ref(t), handed["calls"])
+
+    def users_tensors(self, state: Mapping[str, Any]) -> frozenset[int]:
+        """The ids of the tensors of ``state`` (a result of the factory) that are the user's, not fresh to the
+        call: held by another result of the factory too. When the factory has made no other result yet, one is
+        made to compare (at the seed, as every state) and kept for the next run, which would make it anyway. The
+        plugin releases, empties or offloads only what is fresh to the call: it leaves no trace on the user's
+        own objects."""
+        handed = self.__dict__.get("_handed")
+        if handed is None or handed["calls"] < 2:
+            self.keep(self._new_state())
+            handed = self.__dict__["_handed"]
+        shared = handed["shared"]
+        return frozenset(id(t) for t in state_tensors(state) if id(t) in shared and shared[id(t)]() is t)
+
     def loss_of(self, model: Any, batch: Any) -> torch.Tensor:
+        batch = own_batch(batch)  # the user's loss, model or loss_fn may change it in place: a batch of its own
         if self.compute_loss is not MISSING:
             return loss_tensor(user_call("compute_loss", lambda: self.compute_loss(model, batch)))
         try:
@@ -296,9 +332,10 @@ class LoopSetup:
         return None if self.train_step is MISSING else self.train_step
 
     def step(self, state: dict[str, Any], batch: Any, index: int) -> float | None:
-        """One call of the user's step (or the default one) on a batch."""
+        """One call of the user's step (or the default one) on a batch (a batch of its own, :func:`own_batch`)."""
         batch = to_device(batch, device_of(state["model"]))
         if self.train_step is not MISSING:
+            batch = own_batch(batch)
             fn = self.train_step
             try:
                 takes_index = len(inspect.signature(fn).parameters) >= 3
@@ -432,9 +469,10 @@ class LoopSetup:
             and isinstance(unwrap_prepared(v), torch.optim.Optimizer)
             and unwrap_prepared(v) is not watched_opt
         ]
-        release_training_memory(state)
+        users = self.users_tensors(state)  # a module the factory hands to every state is the user's: left alone
+        release_training_memory(state, users)
         if self.offload_trained:
-            read_back = offload_tensors(state, self.tmp.mktemp("dlcheck-smoke") / "trained.pt")
+            read_back = offload_tensors(state, self.tmp.mktemp("dlcheck-smoke") / "trained.pt", users)
             if read_back is not None:
                 # the trained weights wait on disk; their checks read them back into new objects
                 return traj, lambda: self._trained(read_back()), baseline

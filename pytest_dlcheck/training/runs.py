@@ -251,6 +251,44 @@ def to_device(batch: Any, device: Any) -> Any:
     return _moved(batch, dev, 4)
 
 
+def own_batch(batch: Any, depth: int = 4) -> Any:
+    """A batch of its own for one call of the user's code (its step, loss, model, ``training_step``): its tensors
+    and arrays copied, inside containers of the batch's own types (a dict, a ``BatchEncoding`` or another mapping, a
+    named tuple, a list, a tuple, a dataclass). A pipeline hands each call a batch it made for it; the checks reuse
+    the sampled batches across calls, so user code that changes its batch in place (``batch.div_(255)`` in a
+    normalisation) must not find the change again at its next call. A tensor's copy stays on its autograd graph
+    (``clone()``, not detached): a check's leaf input still receives its gradient. Costs one copy of the batch
+    per call (what moving it to the model's device costs)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.clone()
+    if type(batch).__module__ == "numpy" and hasattr(batch, "copy") and hasattr(batch, "shape"):
+        return batch.copy()
+    if depth < 0 or isinstance(batch, (str, bytes)):
+        return batch
+    try:
+        if isinstance(batch, Mapping):
+            items = {k: own_batch(v, depth - 1) for k, v in batch.items()}
+            if type(batch) is dict:
+                return items
+            again = copy.copy(batch)
+            for k, v in items.items():
+                again[k] = v
+            return again
+        if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a named tuple
+            return type(batch)(*(own_batch(v, depth - 1) for v in batch))
+        if type(batch) in (list, tuple):
+            return type(batch)(own_batch(v, depth - 1) for v in batch)
+        if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+            again = copy.copy(batch)
+            for f in dataclasses.fields(batch):
+                if hasattr(batch, f.name):
+                    object.__setattr__(again, f.name, own_batch(getattr(batch, f.name), depth - 1))
+            return again
+    except Exception:  # noqa: BLE001 - a container that cannot be copied or set (immutable): handed as it is
+        return batch
+    return batch
+
+
 def with_field(batch: Mapping, key: Any, value: Any) -> Any:
     """A copy of the mapping ``batch`` with ``key`` set to ``value``, of the batch's own type (a
     ``BatchEncoding`` stays one); the batch itself is left as it was."""
@@ -1216,14 +1254,33 @@ class OnDisk:
         return torch.load(self.file, weights_only=False)[self.key]
 
 
-def release_training_memory(state: dict[str, Any]) -> None:
+def state_tensors(state: Mapping[str, Any]) -> list[torch.Tensor]:
+    """The tensors of a training state's modules (parameters and buffers) and of its EMAModels (shadow
+    parameters), each once: what :func:`offload_tensors` writes to disk and empties."""
+    found: dict[int, torch.Tensor] = {}
+    for obj in state.values():
+        if isinstance(obj, torch.nn.Module):
+            named: list[Any] = [*obj.parameters(), *obj.buffers()]
+        elif isinstance(getattr(obj, "shadow_params", None), list):  # diffusers' EMAModel
+            named = list(obj.shadow_params)
+        else:
+            continue
+        for t in named:
+            if torch.is_tensor(t):
+                found.setdefault(id(t), t)
+    return list(found.values())
+
+
+def release_training_memory(state: dict[str, Any], keep: frozenset[int] = frozenset()) -> None:
     """After the shared smoke run its checks read the trajectory, the trained weights and the optimizer's
     settings only: drop the gradients and the optimizer's moments (two copies of the weights under Adam),
-    which would otherwise stay alive for the whole session."""
+    which would otherwise stay alive for the whole session. The tensors whose ids are in ``keep`` are the
+    user's own (a frozen module the factory hands to every state it builds): their gradients stay."""
     for obj in state.values():
         if isinstance(obj, torch.nn.Module):
             for p in obj.parameters():
-                p.grad = None
+                if id(p) not in keep:
+                    p.grad = None
         inner = unwrap_prepared(obj)
         if isinstance(inner, torch.optim.Optimizer):
             inner.state.clear()
@@ -1240,15 +1297,19 @@ def _holds_weights(obj: Any) -> bool:
     )
 
 
-def offload_tensors(state: dict[str, Any], file: Path) -> Callable[[], dict[str, Any]] | None:
+def offload_tensors(
+    state: dict[str, Any], file: Path, keep: frozenset[int] = frozenset()
+) -> Callable[[], dict[str, Any]] | None:
     """Write the tensors of ``state``'s modules (parameters and buffers, each once; an EMAModel's shadow
     parameters) to ``file`` and empty them in place: the objects stay, with their classes, settings and
     counters, the optimizer's parameter groups (the parameters' dtypes), only the numbers leave memory.
     Returns how to read the state back into new objects (a copy of the emptied modules, optimizer and
     scheduler, their tensors loaded from ``file``; the state's other entries shared), or None, with
-    ``state`` left as it was, when that cannot be done."""
+    ``state`` left as it was, when that cannot be done. The tensors whose ids are in ``keep`` are the user's
+    own, not the run's (a frozen module the factory hands to every state it builds): they are neither written
+    nor emptied, and the states read back share them (a module all of whose tensors are kept, itself)."""
     tensors: dict[str, torch.Tensor] = {}
-    seen: set[int] = set()
+    seen: set[int] = set(keep)
     for key, obj in state.items():
         if isinstance(obj, torch.nn.Module):
             named = [*obj.named_parameters(), *obj.named_buffers()]
@@ -1261,8 +1322,22 @@ def offload_tensors(state: dict[str, Any], file: Path) -> Callable[[], dict[str,
                 seen.add(id(t))
                 tensors[f"{key}.{name}"] = t
 
+    kept_tensors = {id(t): t for t in state_tensors(state) if id(t) in keep}
+    kept_modules = {
+        id(m): m
+        for obj in state.values()
+        if isinstance(obj, torch.nn.Module)
+        for m in obj.modules()
+        if all(id(t) in kept_tensors for t in (*m.parameters(), *m.buffers()))
+        and any(True for _ in (*m.parameters(), *m.buffers()))
+    }
+
     def shared() -> dict[int, Any]:
-        return {id(v): v for v in state.values() if not _holds_weights(v)}
+        return {
+            **kept_tensors,
+            **kept_modules,
+            **{id(v): v for v in state.values() if not _holds_weights(v) or id(v) in kept_modules},
+        }
 
     def read_back() -> dict[str, Any]:
         memo = shared()
