@@ -14,14 +14,22 @@ MAX_BATCHES = 2
 
 
 def _float_fields(batch: Any) -> list[tuple[str, torch.Tensor]]:
+    """The batch's float tensors by name, those nested in lists or tuples among them (the crop batches of a multi-view
+    batch, [[global crops, local crops], labels]; a field holding a list of tensors), a few levels down."""
     if isinstance(batch, torch.Tensor):
         return [("batch", batch)]
     if isinstance(batch, Mapping):
-        return [(str(k), v) for k, v in batch.items() if isinstance(v, torch.Tensor) and v.is_floating_point()]
+        return [f for k, v in batch.items() for f in _nested(str(k), v, 2)]
     if isinstance(batch, (list, tuple)):
-        return [
-            (f"batch[{i}]", v) for i, v in enumerate(batch) if isinstance(v, torch.Tensor) and v.is_floating_point()
-        ]
+        return [f for i, v in enumerate(batch) for f in _nested(f"batch[{i}]", v, 2)]
+    return []
+
+
+def _nested(name: str, value: Any, depth: int) -> list[tuple[str, torch.Tensor]]:
+    if isinstance(value, torch.Tensor):
+        return [(name, value)] if value.is_floating_point() else []
+    if depth > 0 and isinstance(value, (list, tuple)):
+        return [f for i, v in enumerate(value) for f in _nested(f"{name}[{i}]", v, depth - 1)]
     return []
 
 
@@ -67,7 +75,8 @@ def check_finite(dlcheck):
     """The data, every module's output, the loss and the gradients are finite on sampled batches.
 
     What it does
-        Checks the float fields of the first sampled batches for NaN/Inf, then runs the loss as your
+        Checks the float fields of the first sampled batches for NaN/Inf (tensors nested in lists or tuples
+        too, two levels down: the crop batches of a multi-view batch, ``[[crops...], labels]``), then runs the loss as your
         training does (train mode, fresh objects or ``dlcheck_model`` with ``torch.autograd.grad``) with a
         hook on every module, and reports the first module whose output holds NaN or Inf (with its input's
         largest magnitude and its dtype), a non-finite loss, or the parameters whose gradients are not finite.

@@ -275,7 +275,7 @@ def check_boxes_labels(dlcheck):
         (x2 > x1 by chance on every box) passes; the sample size (--dlcheck-samples) helps.
     Not applicable
         Segmentation (V5 judges mask values), data without targets (a diffusion or self-supervised
-        training), vision-language batches (token targets), and data without images; a training whose loss does
+        training), self-supervised multi-view examples (a list of augmented crops of each image, collated into one (B, C, H, W) batch per view: SimCLR, BYOL, DINO, SwAV), whose labels, when the dataset yields any, train no class output, vision-language batches (token targets), and data without images; a training whose loss does
         not read the labels the batches carry (an autoencoder, a VAE: its loss is the same, to the bit, with them
         shuffled among the batch's examples, both computed from the same random state); a model whose output your
         loss does not read as class scores (an embedding under a triplet or contrastive loss: replayed on outputs put

@@ -157,7 +157,7 @@ def check_class_imbalance(dlcheck):
         Fewer than 40 labels (V6.min_labels) skip, even when they are the whole dataset.
     Not applicable
         Detection and segmentation data, data without targets (a diffusion or self-supervised training),
-        vision-language batches, and data without images; a training whose loss does not read the labels
+        self-supervised multi-view examples (a list of augmented crops of each image, collated into one (B, C, H, W) batch per view: SimCLR, BYOL, DINO, SwAV), whose labels, when the dataset yields any, train no class output, vision-language batches, and data without images; a training whose loss does not read the labels
         the batches carry (an autoencoder, a VAE: its loss is the same, to the bit, with them shuffled among the
         batch's examples, both computed from the same random state); a training whose loss is no classification loss
         of the model's output (an embedding under a triplet loss on P x K batches: replayed on outputs put in place

@@ -503,7 +503,7 @@ def check_geometric_target(dlcheck):
         through the transform on one image, not through a clip's frames.
     Not applicable
         Classification (a class label does not move with the image), data without targets (a diffusion or
-        self-supervised training), vision-language batches, and data without images.
+        self-supervised training), self-supervised multi-view examples (a list of augmented crops of each image, collated into one (B, C, H, W) batch per view: SimCLR, BYOL, DINO, SwAV), whose labels, when the dataset yields any, train no class output, vision-language batches, and data without images.
     """
     sample = V.get_vision_sample(dlcheck, "train")
     V.require_task(dlcheck, sample, ("detection", "segmentation"), "boxes and masks moving with the image")

@@ -78,6 +78,9 @@ class Item:
     mask_as_image: Any = None  # a mask that went through the transform as an image (few distinct float values)
     video: bool = False  # the image is a video clip (C, T, H, W), its frames along dim 1
     unread: str | None = None  # pixels in a layout the checks do not read (frames first), in words
+    #: every view of a multi-view example (several augmented crops of one image, as SimCLR / BYOL / DINO / SwAV
+    #: datasets return them), ``image`` being the first; None for an example of one image
+    views: list[Any] | None = None
 
     @property
     def kind(self) -> str:
@@ -121,6 +124,16 @@ class VisionSample:
     def video(self) -> bool:
         """The sampled inputs are video clips (C, T, H, W), not images."""
         return any(i.video for i in self.items if i.image is not None)
+
+    @property
+    def multi_view(self) -> bool:
+        """The examples are several augmented views of one image (a self-supervised multi-crop pipeline)."""
+        return any(i.views for i in self.items)
+
+    @property
+    def all_images(self) -> list[Any]:
+        """Every tensor image the model receives: each view of a multi-view example."""
+        return [v for i in self.items if i.image is not None and not i.pil for v in (i.views or [i.image])]
 
 
 def _torch():
@@ -318,12 +331,40 @@ def make_item(example: Any, where: str, position: int | None = None) -> Item:
             f"{where} is a {type(example).__name__}, not an (image, target) pair or a dict with an image",
             not_images=not _image_like(example),
         )
-    tensor, pil, video = as_pixels(image)
+    views = _views(image)
+    tensor, pil, video = as_pixels(views[0] if views else image)
     item = Item(tensor, target, where, position, pil=pil, video=video)
+    if views:
+        item.views = [v for v in (as_image(x)[0] for x in views) if v is not None]
     if tensor is None and (unread := unread_pixels(image)) is not None:
         item.unread = unread
     parse_target(item, target)
     return item
+
+
+def _views(image: Any) -> list[Any] | None:
+    """The views of a multi-view example (a list or tuple of two or more images: the crops a multi-crop transform
+    returns for one image), else None."""
+    if (
+        isinstance(image, (list, tuple))
+        and len(image) >= 2
+        and all(_image_like(x) and as_image(x)[0] is not None for x in image)
+    ):
+        return list(image)
+    return None
+
+
+def _view_batches(images: Any) -> int | None:
+    """The batch size of a multi-view batch's images, or None: a list or tuple of two or more stacked (B, C, H, W)
+    image batches of one B (the default collate of examples that each hold a list of crops; the crops may differ in
+    size from view to view)."""
+    torch = _torch()
+    if not isinstance(images, (list, tuple)) or len(images) < 2:
+        return None
+    if not all(isinstance(v, torch.Tensor) and v.ndim == 4 and _image_like(v[0]) for v in images if len(v)):
+        return None
+    sizes = {len(v) for v in images}
+    return sizes.pop() if len(sizes) == 1 else None
 
 
 def _rows_of(value: Any, n: int) -> list[Any] | None:
@@ -356,7 +397,10 @@ def unbatch(batch: Any, where: str) -> list[tuple[Any, Any]]:
         stacked = isinstance(images, torch.Tensor) and (
             images.ndim == 4 or images.ndim == 5 and len(images) and as_clip(images[0]) is not None
         )
-        if stacked or column:
+        views_n = _view_batches(images) if not (column and _rows_of(targets, len(images)) is not None) else None
+        if views_n is not None:  # a multi-view batch: each example's views, one from each stacked batch
+            images = [[v[i] for v in images] for i in range(views_n)]
+        if stacked or column or views_n is not None:
             n = len(images)
             if isinstance(targets, Mapping):
                 cols = {k: _rows_of(v, n) for k, v in targets.items()}
@@ -572,6 +616,8 @@ def get_vision_sample(ctx: Any, split: str = "train", required: bool = True) -> 
     if dl is not MISSING:
         result.batch_size = loader_batch_size(dl)
     result.task = _task(result.items)
+    if result.multi_view and result.task == "classification":
+        result.task = "views"  # the labels beside self-supervised views are no class targets of the model's outputs
     return result
 
 
@@ -1367,6 +1413,11 @@ TASK_WORDS = {
     "classification": "class labels (classification)",
     "detection": "boxes (detection)",
     "segmentation": "segmentation masks",
+    "views": (
+        "self-supervised multi-view examples (several augmented views of each image) with no box or mask targets: "
+        "the labels beside them are no class targets of the model's outputs, which a multi-view pipeline trains "
+        "against each other"
+    ),
 }
 
 

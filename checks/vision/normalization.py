@@ -17,6 +17,25 @@ class Split:
     norm: tuple | None  # (mean, std, leaf) of its Normalize
     real: bool  # measured on the user's data (not on synthetic images through the transform)
     video: bool = False  # the sampled inputs are video clips (C, T, H, W): statistics over all their frames
+    #: a multi-view sample's statistics by view size ("views 32×32: …"), one line each
+    per_size: list[str] | None = None
+
+
+def _views_source(sample: Any) -> tuple[str, Any]:
+    """(source, per-size lines) of a multi-view sample: every view counted, and each view size's statistics."""
+    counts = sorted({len(i.views) for i in sample.items if i.views})
+    by_size: dict[tuple[int, int], list[Any]] = {}
+    for img in sample.all_images:
+        by_size.setdefault(tuple(int(v) for v in img.shape[-2:]), []).append(img)
+    lines = [
+        f"{len(imgs)} views of {h}×{w}: {V.channel_stats(imgs).describe()}"
+        for (h, w), imgs in sorted(by_size.items(), reverse=True)
+    ]
+    source = (
+        f"{sample.source}, {'/'.join(map(str, counts))} augmented views each (a multi-view batch: "
+        f"{len(sample.all_images)} views of {len(by_size)} size{'s' if len(by_size) > 1 else ''})"
+    )
+    return source, lines
 
 
 def _close(a: list[float], b: list[float], tol: float) -> bool:
@@ -33,8 +52,11 @@ def _split(dlcheck: Any, name: str) -> Split | None:
     sample = V.get_vision_sample(dlcheck, name, required=False)
     norm = V.find_normalize(tf) if tf is not MISSING else None
     if sample is not None and sample.images and not all(i.pil for i in sample.items):
-        stats = V.channel_stats([i.image for i in sample.items if not i.pil])
+        stats = V.channel_stats(sample.all_images)
         V.attach_images(dlcheck, sample, norm)
+        if sample.multi_view:
+            source, per_size = _views_source(sample)
+            return Split(name, source, stats, tf, norm, True, sample.video, per_size)
         return Split(name, sample.source, stats, tf, norm, True, sample.video)
     if tf is not MISSING:
 
@@ -394,6 +416,9 @@ def check_normalization(dlcheck):
         range is undone with the declared mean/std: inputs that [0, 1] pixels cannot give (outside [0, 1],
         or squeezed into half of it) were normalised with other statistics. The declared statistics also
         come from the image processor saved beside a transformers model (its ``preprocessor_config.json``).
+        Multi-view examples (a self-supervised pipeline's multi-crop transform returning a list of crops per image,
+        collated into a list of (B, C, H, W) batches, one per view: SimCLR, BYOL, DINO, SwAV) count every view, and
+        the evidence gives each view size's statistics (global and local crops).
     Why it is bad
         ``ToImage()`` gives uint8 and ``ToDtype(torch.float32)`` without ``scale=True`` keeps 0–255, so
         Normalize produces values in the hundreds: a pretrained backbone sees saturated garbage, and a
@@ -446,7 +471,8 @@ def check_normalization(dlcheck):
     judged: list[str] = []  # what a pass measured, beyond the per-split statistics
 
     def stats_line(s: Split) -> str:
-        return f"{s.name}: {s.source}: {s.stats.describe()}"
+        line = f"{s.name}: {s.source}: {s.stats.describe()}"
+        return line + "".join(f"; {x}" for x in s.per_size or [])
 
     if diffusion is not None:
         channels = {len(s.stats.mean) for s in splits}
@@ -755,6 +781,8 @@ def check_normalization(dlcheck):
             )
         head = splits[0]
         what = "video clips (every frame counted)" if any(s.video for s in splits) else "images"
+        if any(s.per_size for s in splits):
+            what += " (every view of the multi-view examples)"
         dlcheck.measured(
             f"{' + '.join(f'{s.stats.n} {s.name}' for s in splits)} {what}: |values| ≤ {absmax:.3g} (0–255 pixels "
             f"exceed {limit:g}); {head.name} per-channel mean ({V.fmt_seq(head.stats.mean)}) std "

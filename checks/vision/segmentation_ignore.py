@@ -172,7 +172,7 @@ def check_segmentation_ignore(dlcheck):
         two argument orders disagree, is not judged (the pass says "partly judged: metric").
     Not applicable
         Classification and detection data (no semantic masks), data without targets (a diffusion or
-        self-supervised training), vision-language batches, and data without images.
+        self-supervised training), self-supervised multi-view examples (a list of augmented crops of each image, collated into one (B, C, H, W) batch per view: SimCLR, BYOL, DINO, SwAV), whose labels, when the dataset yields any, train no class output, vision-language batches, and data without images.
     """
     sample = V.get_vision_sample(dlcheck, "train")
     V.require_task(dlcheck, sample, ("segmentation",), "segmentation masks")
