@@ -59,6 +59,20 @@ def _raised(error: str, path: str) -> str:
     return (error if error.startswith("raised") else f"raised {error}")[:300]
 
 
+def _emulated_device(rec: dict, rank: int) -> str | None:
+    """Why a rank's load is not judged when its torch.load could not map the storages to the ranks' indexed CPU
+    device (``map_location=accelerator.device`` = ``cpu:0`` in these CPU ranks), or None."""
+    errors = rec.get("device_errors") or []
+    if not errors:
+        return None
+    return (
+        f"on rank {rank}, {errors[0][:240]} — these ranks run on CPU as Accelerate's MULTI_CPU processes, whose "
+        "accelerator.device is cpu:0 (as under `accelerate launch --cpu`), and torch.load cannot map storages to an "
+        "indexed CPU device; on GPU ranks the device is cuda:N and the same load runs (on a multi-CPU launch it "
+        "fails for real: map_location=accelerator.device.type loads there)"
+    )
+
+
 def _shape(shape) -> str:
     return "x".join(map(str, shape)) or "scalar"
 
@@ -71,6 +85,9 @@ def _reshard(dlcheck, run, recs, path, kind) -> list[str]:
     if loaded is None:
         measure.raise_failure(dlcheck, again, "load")
     rec = loaded[0]
+    device = _emulated_device(rec, 0)
+    if device and (rec["load_error"] or rec["loaded"] != recs[0]["saved"]):
+        dlcheck.skip(f"the {kind} checkpoint's load at world size 1 is not judged: dlcheck_load_checkpoint {device}")
     if rec["load_error"] or rec["loaded"] != recs[0]["saved"]:
         dlcheck.fail(
             [
@@ -107,6 +124,10 @@ def _reshard(dlcheck, run, recs, path, kind) -> list[str]:
     got = wide.stage("load")
     if got is None:
         measure.raise_failure(dlcheck, wide, "load")
+    for r, rec in enumerate(got):
+        device = _emulated_device(rec, r)
+        if device and (rec["load_error"] or rec["loaded"] != saved["saved"]):
+            dlcheck.skip(f"the load on {run.world} ranks is not judged: dlcheck_load_checkpoint {device}")
     # a rank that raised first: the others then have no gathered weights to compare
     for r, rec in sorted(enumerate(got), key=lambda item: item[1]["load_error"] is None):
         if rec["load_error"] or rec["loaded"] is None or rec["loaded"] != saved["saved"]:
@@ -167,6 +188,12 @@ def _data_position(dlcheck, run, kind: str | None) -> list[str]:
             "data position: not judged: the dlcheck_make_training dict holds no dataloader (return the training "
             "DataLoader in it, as state['dataloader'], and the ranks' resume is drawn from it after your load)"
         ]
+    device = next(
+        (_emulated_device(rec, r) for r, rec in enumerate(recs) if rec.get("device_errors")),
+        None,
+    )
+    if device:
+        return [f"data position: not judged: the save-and-resume run's load, {device}"]
     errors = [(r, rec["error"]) for r, rec in enumerate(recs) if rec["error"]]
     if errors:
         r, error = errors[0]
@@ -434,7 +461,12 @@ def check_distributed_checkpoint(dlcheck):
         the ranks when they are forked (not under ``spawn``, where a conftest's lambda need not pickle). With
         ``dlcheck_checkpoint_every`` ("epoch", or N optimizer steps) each rank saves where your loop saves, as C1
         does (an epoch's end: a resume that starts the saved epoch again fails); without it the save is half way
-        through each rank's epoch, and a failure names the role.
+        through each rank's epoch, and a failure names the role. The ranks run on CPU as Accelerate's MULTI_CPU
+        processes, whose ``accelerator.device`` is ``cpu:0`` (as under ``accelerate launch --cpu``): a load through
+        ``torch.load(path, map_location=accelerator.device)`` cannot map its storages there (on GPU ranks the device
+        is ``cuda:N`` and it loads). When a rank's load met that error — raised, or caught by your load — that rank's
+        load (and the data position it ends) is not judged, and the check skips saying so unless another rank fails
+        on its own; a ``torch.load`` imported by name before the launch is not seen.
     Not applicable
         Training that does not run distributed (no ``dlcheck_dist_wrap``).
     """
@@ -473,12 +505,18 @@ def check_distributed_checkpoint(dlcheck):
     shards = [(r, sh) for r, rec in enumerate(recs) for sh in rec.get("shards", [])]
     fsdp = train[0].get("fsdp")
     drifted = measure.drift(train)
+    emulated: list[str] = []
     for r, rec in enumerate(recs):
         wrong = (
             next((n for n in rec["saved"] if rec["loaded"].get(n) != rec["saved"][n]), None)
             if rec["loaded"] is not None
             else None
         )
+        device = _emulated_device(rec, r)
+        if device and (rec["load_error"] or wrong is not None):
+            # not this rank's verdict; another rank's conclusive failure still fails below
+            emulated.append(device)
+            continue
         if wrong is not None and not rec["load_error"] and drifted is not None:
             # each rank saved its own replica: one checkpoint cannot give every rank its own weights back
             dlcheck.skip(
@@ -506,6 +544,8 @@ def check_distributed_checkpoint(dlcheck):
                 "save the wrapped model's weights once (rank 0) after the step, and load them into the same module",
                 rank=r,
             )
+    if emulated:
+        dlcheck.skip(f"whether every rank loads the checkpoint is not judged: dlcheck_load_checkpoint {emulated[0]}")
     per_rank_files = len(writers) > 1 and len({rs[0] for rs in writers.values()}) > 1
     notes = [
         f"dlcheck_save_checkpoint on {run.world} ranks: "

@@ -947,8 +947,10 @@ class Rank:
         saved = self.tensors(inner)  # on every rank: a sharded model's gather is a collective
         rec["saved_tensors"] = saved if self.rank == 0 else None
         fresh = self.build()
+        rec["device_errors"] = []
         try:
-            self.call("load_checkpoint", lambda: self.job.load(fresh, str(path)))
+            with _recording_device_errors(rec["device_errors"]):
+                self.call("load_checkpoint", lambda: self.job.load(fresh, str(path)))
             rec["load_error"] = None
         except Exception as exc:  # noqa: BLE001 - a rank that cannot load is D5's evidence
             rec["load_error"] = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
@@ -966,7 +968,7 @@ class Rank:
 
         import torch.distributed as dist
 
-        rec: dict[str, Any] = {"result": None, "error": None, "total": None}
+        rec: dict[str, Any] = {"result": None, "error": None, "total": None, "device_errors": []}
         if not hasattr(self.setup, "data_resume"):
             self.write("position", rec)
             return
@@ -983,9 +985,10 @@ class Rank:
         dist.barrier()
         self.progress("position")
         try:
-            result = self.setup.data_resume(
-                total, build=self.build, path=path, before_load=dist.barrier, new_epoch=True
-            )
+            with _recording_device_errors(rec["device_errors"]):
+                result = self.setup.data_resume(
+                    total, build=self.build, path=path, before_load=dist.barrier, new_epoch=True
+                )
             rec["result"] = dataclasses.asdict(result) if result is not None else None
         except Exception as exc:  # noqa: BLE001 - a run that cannot be made: D5 says the position is not judged
             rec["error"] = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
@@ -996,9 +999,10 @@ class Rank:
         if self.job.dist_setup is not None:
             self.call("dist_setup", lambda: self.job.dist_setup(self.rank, self.world))
         state = self.build()
-        rec: dict[str, Any] = {"load_error": None}
+        rec: dict[str, Any] = {"load_error": None, "device_errors": []}
         try:
-            self.call("load_checkpoint", lambda: self.job.load(state, self.job.load_path))
+            with _recording_device_errors(rec["device_errors"]):
+                self.call("load_checkpoint", lambda: self.job.load(state, self.job.load_path))
         except Exception as exc:  # noqa: BLE001 - D5's evidence
             rec["load_error"] = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
         rec["loaded"] = self.loaded_params(state["model"], rec["load_error"])
@@ -1120,6 +1124,36 @@ def fsdp_kind(model: Any) -> str | None:
     if isinstance(model, FSDPModule) or any(isinstance(m, FSDPModule) for m in modules):
         return "FSDP2"
     return None
+
+
+#: what torch.load raises when ``map_location`` is an indexed CPU device (``torch.device("cpu", 0)``), the
+#: ``accelerator.device`` of Accelerate's MULTI_CPU processes, as in these CPU ranks
+CPU_INDEX_ERROR = "don't know how to restore data location"
+
+
+@contextlib.contextmanager
+def _recording_device_errors(errors: list[str]):
+    """Record each ``torch.load`` of the user's code that cannot map the storages to the ranks' CPU device
+    (``map_location=accelerator.device``, which Accelerate's MULTI_CPU ranks give as ``cpu:0``) — also when the
+    user's code catches it; the error is raised on as it was."""
+    import torch
+
+    orig = torch.load
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return orig(*args, **kwargs)
+        except RuntimeError as exc:
+            if CPU_INDEX_ERROR in str(exc) and "tagged with cpu" in str(exc):
+                location = kwargs.get("map_location", args[1] if len(args) > 1 else None)
+                errors.append(f"torch.load(..., map_location={location!r}) raised {str(exc)[:160]}")
+            raise
+
+    torch.load = load
+    try:
+        yield
+    finally:
+        torch.load = orig
 
 
 @contextlib.contextmanager
