@@ -152,7 +152,13 @@ def check_grad_explosion(dlcheck):
         gradient from no backward the run saw) is left out, and the pass says how many. When too few norms
         before clipping are known for the baseline, every step's norm at ``optimizer.step()`` is compared
         instead (a clip only lowers a norm, so an explosion there is one before clipping too), and the pass
-        leaves the norms before clipping not judged (partly judged).
+        leaves the norms before clipping not judged (partly judged). A tensor whose gradient is exactly 0 at the
+        first step has no starting level: a factor initialised to 0 (LoRA's B) keeps its partner's gradient (A's)
+        at 0 until it moves, and that gradient then grows from 0 as it grows, so the total norm of a healthy run
+        rises many-fold. In a loop (its optimizer's step) the norm compared is the one over the tensors whose
+        gradient was not 0 at the first step; the others' growth is not judged (partly judged), and an explosion
+        shows in the compared tensors too, since the growing factor feeds their gradients. A Trainer's logged
+        ``grad_norm`` and a Lightning fit give only the total, compared as it is.
     Why it is bad
         Exploding gradients precede a divergence (S2) or a NaN (S1): updates grow, the weights leave the
         region where the loss is smooth, and training is lost. Clipping hides it in the updates but not in
@@ -189,12 +195,25 @@ def check_grad_explosion(dlcheck):
     # one kind of norm: before clipping; or, when too few of those are known, every step's at optimizer.step()
     # (a clip only lowers a norm, so an explosion there is one before it too; none there proves nothing)
     norms = before if pre else [(r.step, n, r) for r in steps if (n := _at_step(r)) is not None and math.isfinite(n)]
+    # tensors whose gradient was exactly 0 at the first reading (a factor initialised to 0 keeps its partner's at 0:
+    # LoRA's A while B = 0) have no starting level: their growth from 0 is no explosion. The norm over the tensors
+    # that had a gradient is compared with its own start; the others' are not judged
+    late_of = run.trajectory.notes.get("late_tensors") if pre else None
+    late: list[tuple[int, float, Any]] = []
+    if late_of and norms and all(r.late_norm is not None for _, _, r in norms):
+        late = [(s, r.late_norm, r) for s, _, r in norms if r.late_norm > 0]
+        norms = [(s, math.sqrt(max(n * n - r.late_norm**2, 0.0)), r) for s, n, r in norms]
     if len(norms) <= base_n:
         dlcheck.skip(
             f"the smoke run recorded {len(norms)} finite gradient norms: too few to judge (raise S1.steps"
             + (", or S1.max_micro_steps under gradient accumulation)" if run.capped else ")")
         )
     kind = "before clipping" if pre else "at optimizer.step(), after any clipping of yours"
+    if late:
+        kind += (
+            f", over the {late_of[1] - late_of[0]} of the {late_of[1]} tensors with a gradient that was not 0 at "
+            "the first step"
+        )
     base_steps = _steps_text([s for s, _, _ in norms[:base_n]])
     if run.by_micro_step:  # records by micro-step: say which optimizer steps they are
         made = [sum(1 for r in steps if r.step <= s and r.stepped) for s, _, _ in norms[:base_n]]
@@ -233,6 +252,15 @@ def check_grad_explosion(dlcheck):
                 evidence.append(left)
             evidence.append(f"losses: {show_losses(run.trajectory, upto=step)}; {_lr_text(rec)}")
             dlcheck.fail(evidence, detectors.grad_cause(_lr_text(rec)), detectors.GRAD_FIX)
+    if late:
+        # their gradient grows from 0 as the zero factor grows (in proportion to it, in a healthy run): no start to
+        # compare with; an explosion shows in the other tensors' gradients too, which the factor's growth feeds
+        dlcheck.not_judged(
+            f"the gradients of the {late_of[0]} tensor{'s' if late_of[0] != 1 else ''} whose gradient was 0 at the "
+            "first step",
+            f"they grow from 0 (at most {max(n for _, n, _ in late):.3g}) as a zero-initialised factor grows: no "
+            "starting level to compare with",
+        )
     reference = watch.reference
     highest = max(norms[base_n:], key=lambda t: t[1])
     if not pre:

@@ -575,6 +575,10 @@ class StepRecord:
     examples: list[str] | None = None
     #: a step that updates the weights itself (no optimizer object: :class:`UpdateWatch`) changed them at this call
     update: bool = False
+    #: the part of ``grad_norm`` (before clipping, a loop's optimizer) from the tensors whose gradient was exactly 0 at
+    #: the run's first reading (a factor initialised to 0 keeps its partner's gradient at 0: LoRA's A while B = 0);
+    #: None when no tensor's was, or where it is not read (a Trainer's logged norm, Lightning, an update watch)
+    late_norm: float | None = None
 
     @property
     def stepped(self) -> bool:
@@ -889,6 +893,11 @@ class PreClipNorms:
         self.params = params
         self.loss_scale = loss_scale
         self.squares: dict[int, torch.Tensor] = {}
+        #: the tensors whose gradient was exactly 0 at the first reading (by id), their part of the last norm, and
+        #: how many tensors had a gradient at that reading
+        self.late: set[int] | None = None
+        self.late_norm: float | None = None
+        self.counted = 0
         self.handles = [
             p.register_post_accumulate_grad_hook(self._accumulated)
             for _, p in params
@@ -909,6 +918,14 @@ class PreClipNorms:
             return None
         total = math.sqrt(float(sum(squares[id(p)] for p in with_grad)))
         scale = self.loss_scale() if self.loss_scale is not None else None
+        if self.late is None and math.isfinite(total) and total > 0:
+            self.late = {id(p) for p in with_grad if float(squares[id(p)]) == 0}  # once: a sync per tensor
+            self.counted = len(with_grad)
+        self.late_norm = None
+        if self.late:
+            late = [squares[id(p)] for p in with_grad if id(p) in self.late]
+            self.late_norm = math.sqrt(float(sum(late))) if late else 0.0
+            self.late_norm = self.late_norm / scale if scale else self.late_norm
         return total / scale if scale else total
 
     def remove(self) -> None:
@@ -963,6 +980,9 @@ def watch_optimizer(
             )
         else:
             rec.grad_norm = at_step
+            if before_clip.late:
+                rec.late_norm = before_clip.late_norm
+                traj.notes["late_tensors"] = (len(before_clip.late), before_clip.counted)
             if math.isfinite(at_step) and math.isfinite(backward):
                 if abs(backward - at_step) > 1e-3 * max(backward, at_step):
                     rec.grad_norm, rec.clipped_norm = backward, at_step
