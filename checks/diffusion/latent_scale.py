@@ -168,10 +168,12 @@ def _judge_decode_side(dlcheck, vae, sf, r, rtol, sf_name, raw_line, train_std, 
     agree = f"{train_line}: train and sample agree (the sampler undoes {implied:.3g})"
     if as_is:
         agree = f"the training path scales the VAE latents by {implied:.3g}: train and sample agree ({seen_line})"
-    if 1 / r <= train_std <= r:
+    within = 1 / r <= train_std <= r
+    if within or (by and as_is):  # as_is: the pipeline class decodes raw latents, the scale is the autoencoder's own
         dlcheck.measured(
             agree,
-            f"latents from dlcheck_training_inputs: std {D.fmt(train_std)}, within [{1 / r:.3g}, {r:g}]",
+            f"latents from dlcheck_training_inputs: std {D.fmt(train_std)}"
+            + (f", within [{1 / r:.3g}, {r:g}]" if within else ""),
             *([raw_line] if raw_line else []),
             f"vae.config.scaling_factor ({sf:g}) is used by neither side",
             train_std=round(train_std, 4),
@@ -180,25 +182,13 @@ def _judge_decode_side(dlcheck, vae, sf, r, rtol, sf_name, raw_line, train_std, 
             decode_factor=round(a, 5),
             scaling_factor=sf,
         )
-        return [], True
-    if by and as_is:  # the pipeline class decodes raw latents: the scale is the autoencoder's own
-        dlcheck.measured(
-            agree,
-            f"latents from dlcheck_training_inputs: std {D.fmt(train_std)}",
-            *([raw_line] if raw_line else []),
-            f"vae.config.scaling_factor ({sf:g}) is used by neither side",
-            train_std=round(train_std, 4),
-            raw_std=round(raw_std, 4),
-            factor=round(implied, 5),
-            decode_factor=round(a, 5),
-            scaling_factor=sf,
-        )
-        dlcheck.not_judged(
-            "unit variance",
-            f"{by} decodes the denoiser's latents as they are, with no scaling factor to calibrate: their scale is "
-            f"the autoencoder's own, which a denoiser pretrained on it keeps, so their std {D.fmt(train_std)} is "
-            f"not judged against unit variance (within [{1 / r:.3g}, {r:g}])",
-        )
+        if not within:
+            dlcheck.not_judged(
+                "unit variance",
+                f"{by} decodes the denoiser's latents as they are, with no scaling factor to calibrate: their scale "
+                f"is the autoencoder's own, which a denoiser pretrained on it keeps, so their std "
+                f"{D.fmt(train_std)} is not judged against unit variance (within [{1 / r:.3g}, {r:g}])",
+            )
         return [], True
     dlcheck.fail(
         [agree, f"latents from dlcheck_training_inputs: std {D.fmt(train_std)}, outside [{1 / r:.3g}, {r:g}]"],
