@@ -340,8 +340,9 @@ def check_eval_counts(dlcheck):
         (``DistributedDataParallel``'s buffer broadcast) are not counted as the evaluation's reduction. Launches plain loops
         and Accelerate loops; a transformers Trainer's ``evaluate()`` is not launched yet.
     Not applicable
-        Training that does not run distributed (a plain loop without ``dlcheck_dist_wrap``; an Accelerate user's
-        ``accelerator.prepare`` wraps the model itself).
+        Training that does not run distributed: a single-process script of the user's own. A plain loop without
+        ``dlcheck_dist_wrap`` is asked for it (a missing role: the wrap is what says the script runs distributed);
+        an Accelerate user's ``accelerator.prepare`` wraps the model itself.
     """
     setup = measure.the_setup(dlcheck)
     if setup.kind == "trainer":

@@ -55,8 +55,9 @@ def check_nonfinite_agreement(dlcheck):
         skips naming D1 (or D4). Stepping with non-finite gradients on every rank is a shared
         decision (passes here, stated): the smoke domain judges non-finite training.
     Not applicable
-        Training that does not run distributed (a plain loop without ``dlcheck_dist_wrap``; an Accelerate
-        user's ``accelerator.prepare`` wraps the model itself).
+        Training that does not run distributed: a single-process script of the user's own. A plain loop without
+        ``dlcheck_dist_wrap`` is asked for it (a missing role: the wrap is what says the script runs distributed);
+        an Accelerate user's ``accelerator.prepare`` wraps the model itself.
     """
     run = measure.get_launch(dlcheck)
     train = measure.records(dlcheck, run, "train")

@@ -89,8 +89,9 @@ def check_rank_randomness(dlcheck):
         the seed its state shows cannot tell ``seed`` from ``seed + rank`` either (the pytest process is rank 0).
         A generator D4 cannot locate (held by C code, created in DataLoader workers only) is not judged alike.
     Not applicable
-        Training that does not run distributed (a plain loop without ``dlcheck_dist_wrap``; an Accelerate
-        user's ``accelerator.prepare`` wraps the model itself).
+        Training that does not run distributed: a single-process script of the user's own. A plain loop without
+        ``dlcheck_dist_wrap`` is asked for it (a missing role: the wrap is what says the script runs distributed);
+        an Accelerate user's ``accelerator.prepare`` wraps the model itself.
     """
     run = measure.get_launch(dlcheck)
     recs = measure.records(dlcheck, run, "train")

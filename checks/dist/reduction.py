@@ -83,8 +83,9 @@ def check_step_equals_single_process(dlcheck):
         loss that draws its own random numbers beyond nn.Dropout (diffusion noise and timesteps, functional
         dropout, sampling) cannot be compared: when the two differ, the single-process gradient is evaluated again under another seed, and the check skips saying how much it moves.
     Not applicable
-        Training that does not run distributed (a plain loop without ``dlcheck_dist_wrap``; an Accelerate
-        user's ``accelerator.prepare`` wraps the model itself).
+        Training that does not run distributed: a single-process script of the user's own. A plain loop without
+        ``dlcheck_dist_wrap`` is asked for it (a missing role: the wrap is what says the script runs distributed);
+        an Accelerate user's ``accelerator.prepare`` wraps the model itself.
     """
     run = measure.get_launch(dlcheck)
     recs = measure.records(dlcheck, run, "train")

@@ -158,8 +158,9 @@ def check_sampler_shards(dlcheck):
         ``datasets.Dataset`` indices only: two ranks' datasets that differ in another way (each built from its own
         file list) are compared by index, as if they held the same examples.
     Not applicable
-        Training that does not run distributed (a plain loop without ``dlcheck_dist_wrap``; an Accelerate
-        user's ``accelerator.prepare`` wraps the model itself).
+        Training that does not run distributed: a single-process script of the user's own. A plain loop without
+        ``dlcheck_dist_wrap`` is asked for it (a missing role: the wrap is what says the script runs distributed);
+        an Accelerate user's ``accelerator.prepare`` wraps the model itself.
     """
     measure.the_setup(dlcheck, "make_dataloader")  # a plain loop's own loader; an Accelerate user's is prepared
     run = measure.get_launch(dlcheck)
