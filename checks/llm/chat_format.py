@@ -6,7 +6,7 @@ from typing import Any
 
 from ...registry import Setting, check
 from ..shared import lm
-from .common import locate, packed_examples, pipeline_kind, raw_view, token_sample, unmatched
+from .common import locate, packed_examples, pipeline_kind, raw_given, raw_view, token_sample, unmatched
 
 #: batch keys that carry images: token ids beside them, without labels, are captions conditioning an image model
 IMAGE_KEYS = ("pixel_values", "images", "image")
@@ -137,6 +137,8 @@ def _chat_not_judged(ctx: Any, sample: Any, rows: list[lm.Row]) -> tuple[str, bo
                 "the sampled rows pack several examples each: no raw conversation can be matched to its tokens",
                 False,
             )
+        if raw_given(ctx):
+            return "the rows of dlcheck_raw_dataset hold token ids only: no conversation L12 can see", False
         return (
             "the examples hold token ids only; if they were conversations before tokenization, define "
             "dlcheck_raw_dataset with those rows, in the same order",

@@ -227,8 +227,19 @@ class RawView:
     aligned: bool
 
     def pre_tokenized(self) -> bool:
-        """No row carries text (only token ids): what the data was before tokenization is unknown."""
-        return not any(isinstance(r, Mapping) and any(f in r for f in TEXT_FIELDS) for r in self.rows)
+        """No row carries text (only token ids): what the data was before tokenization is unknown. Rows whose
+        text sits in columns of other names (``instruction``/``output``, ``question``/``context``) are not
+        pre-tokenized: :meth:`other_text` names those columns."""
+        return not any(isinstance(r, Mapping) and any(f in r for f in TEXT_FIELDS) for r in self.rows) and not (
+            self.other_text()
+        )
+
+    def other_text(self) -> list[str]:
+        """The columns holding strings when no row carries a field of TEXT_FIELDS (text under names of the
+        user's own), sorted; empty otherwise."""
+        if any(isinstance(r, Mapping) and any(f in r for f in TEXT_FIELDS) for r in self.rows):
+            return []
+        return sorted({k for r in self.rows if isinstance(r, Mapping) for k, v in r.items() if isinstance(v, str)})
 
 
 def raw_view(ctx: Any, sample: Sample) -> RawView | None:
@@ -247,6 +258,14 @@ def raw_rows(ctx: Any) -> list[Any] | None:
     if raw is MISSING:
         return None
     return list(ctx.memo(raw, f"llm:raw_rows:{ctx.samples}", lambda: sample_rows(raw, ctx.samples, "raw_dataset")[0]))
+
+
+def raw_given(ctx: Any) -> bool:
+    """dlcheck_raw_dataset is the user's own (not the dataset or a Trainer's train split standing in for it)."""
+    raw = ctx.role("raw_dataset")
+    trainer = ctx.optional("trainer")
+    derived = [ctx.optional("dataset"), getattr(trainer, "train_dataset", None)]
+    return raw is not MISSING and not any(raw is d for d in derived if d is not None)
 
 
 def packed_examples(sample: Sample) -> bool:

@@ -16,7 +16,7 @@ from ...guard import preserved_tokenizer
 from ...registry import Setting, check
 from ...sampling import Sample
 from ..shared import lm
-from .common import labelled_rows, packed_examples, pipeline_kind, raw_view, token_sample, unmatched
+from .common import labelled_rows, packed_examples, pipeline_kind, raw_given, raw_view, token_sample, unmatched
 
 # --------------------------------------------------------------------------------------------------
 # shared analysis (L2, L13)
@@ -586,9 +586,18 @@ def _prompt_not_judged(ctx: Any, sample: Sample, examples: list[Example], kinds:
             return f"{NO_SPLIT} that L2 can see: {unmatched(sample)}"
         if packed_examples(sample) or not any(ex.index is not None for ex in examples):
             return "the sampled rows pack several examples each, so no raw example can be matched to its tokens"
+        if raw_given(ctx):
+            return f"{NO_SPLIT} that L2 can see: the rows of dlcheck_raw_dataset hold token ids only"
         return (
             f"{NO_SPLIT} that L2 can see: the examples hold token ids only; if they were prompt/completion or "
             "messages before tokenization, define dlcheck_raw_dataset with those rows, in the same order"
+        )
+    if view.other_text():
+        # a split there may be, under names of the user's own: not seen, not "none"
+        return (
+            f"no prompt/completion or messages split that L2 can see: the raw examples hold their text in "
+            f"{', '.join(view.other_text())}, none of the fields L2 reads as one ('prompt'/'completion', "
+            "'messages'/'conversations', 'chosen'/'rejected'); which of them is the prompt is the script's own choice"
         )
     return NO_SPLIT
 

@@ -580,3 +580,46 @@ def test_a_collator_that_keeps_the_labels_of_padded_examples_passes(project):
             "they mask (-100) stay -100"
         ]
     )
+
+
+# alpaca-style raw rows: the text sits in columns of the script's own names, and dlcheck_raw_dataset is given
+CUSTOM_TEXT_COLUMNS = (
+    HAND_PAD_COLLATOR
+    + """
+    ROWS = [{{"instruction": p, "output": c}} for p, c in zip(tiny.PROMPTS * 2, tiny.COMPLETIONS * 2)]
+
+    @pytest.fixture(scope="session")
+    def dlcheck_raw_dataset():
+        return ROWS
+
+    @pytest.fixture(scope="session")
+    def dlcheck_dataset(tok):
+        return [tok(r["instruction"] + r["output"] + tok.eos_token) for r in ROWS]
+"""
+)
+
+
+@pytest.mark.parametrize("mask_pad", [True, False], ids=["masked", "padding_trained"])
+def test_raw_rows_with_text_under_other_names_are_not_asked_for_again(project, mask_pad):
+    """A dlcheck_raw_dataset whose text sits in instruction/output: the prompt half is not judged and says which
+    columns hold the text, never asking for the fixture already given; the padding half still judges (its buggy
+    twin fails)."""
+    project.conftest(
+        CUSTOM_TEXT_COLUMNS.replace("{{", "{")
+        .replace("}}", "}")
+        .replace("{pad}", "tiny.EOS")
+        .replace("{mask_pad}", str(mask_pad))
+    )
+    run = project.run("--dlcheck=L2", "-rA")
+    run.assert_outcome("L2", "passed" if mask_pad else "failed")
+    text = flat(run.section("L2")) if not mask_pad else run.text
+    assert "define dlcheck_raw_dataset" not in run.text
+    if mask_pad:
+        run.fnmatch(
+            [
+                "prompt: not judged, no prompt/completion or messages split that L2 can see: the raw examples hold "
+                "their text in instruction, output, none of the fields L2 reads as one*"
+            ]
+        )
+    else:
+        assert "sampled examples supervise padding" in text
