@@ -47,8 +47,10 @@ def check_atomic_save(dlcheck):
         checkpoint-N directories).
     Known problems
         Only writes through ``torch.save`` and safetensors' ``save_file`` can be interrupted; others skip. A
-        Trainer's interrupted ``checkpoint-N`` directory stays on disk, and ``resume_from_checkpoint=True``
-        picks the newest directory: resume from an explicit path after a crash during a save. An Accelerate
+        Trainer's interrupted ``checkpoint-N`` directory stays on disk, and ``resume_from_checkpoint=True`` (or
+        ``get_last_checkpoint``, as transformers' example scripts resume) picks the newest directory: the pass
+        says so as not judged (partly judged), since how the script picks its checkpoint is not handed over;
+        resume from the newest directory that holds ``trainer_state.json`` (the Trainer writes it last). An Accelerate
         training without ``dlcheck_save_checkpoint`` is not judged (``save_state`` writes where your loop
         points it; the check would only judge its own choice of path). A save named after a counter is judged
         as made once per value of it: a loop saving several times per epoch under an epoch-named file
@@ -73,6 +75,16 @@ def check_atomic_save(dlcheck):
     )
     if result.error is None and result.loaded in ("previous", "new"):
         same = result.previous == result.target
+        if result.latest is not None and result.latest_complete is False:
+            # the previous checkpoint is intact, but the Trainer's own automatic resume takes the half-written one:
+            # whether the script resumes that way (or from a path a person picks) is not handed over
+            dlcheck.not_judged(
+                "automatic resume",
+                f"the Trainer's automatic resume (resume_from_checkpoint=True, get_last_checkpoint(output_dir) as "
+                f"transformers' example scripts resume) takes {_short(result.latest)}, which the interrupted save left "
+                "without trainer_state.json (the Trainer writes it last): a restart that resumes that way stops there "
+                "until the directory is deleted; how your script picks its checkpoint is not handed over to the check",
+            )
         dlcheck.measured(
             f"a save through {result.how} was interrupted half way while writing {_short(result.target)}: "
             + (

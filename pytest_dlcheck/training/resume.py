@@ -993,6 +993,10 @@ class InterruptedSave:
     #: a new file was interrupted and the load raised on it: what the load gives with that half-written
     #: file put aside ("previous" when the previous checkpoint is intact and loads); None when not tried
     without_new: str | None = None
+    #: a Trainer's: the directory its automatic resume takes after the interruption (``resume_from_checkpoint=True``,
+    #: transformers' ``get_last_checkpoint``), and whether it is complete (holds trainer_state.json, written last)
+    latest: str | None = None
+    latest_complete: bool | None = None
 
 
 def same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:

@@ -794,6 +794,11 @@ def trainer_interrupted_save(setup: TrainerSetup) -> InterruptedSave:
             pass
     out = Path(clone.args.output_dir)
     previous = out / "checkpoint-1"
+    from transformers.trainer_utils import get_last_checkpoint
+
+    # what the Trainer's own automatic resume takes now (resume_from_checkpoint=True, the example scripts' default)
+    latest = get_last_checkpoint(str(out)) if out.is_dir() else None
+    complete = None if latest is None else (Path(latest) / "trainer_state.json").is_file()
     _let_go(clone)
     del clone  # its training state goes before the resuming clone builds its own
     if not hits or not previous.is_dir():
@@ -811,8 +816,18 @@ def trainer_interrupted_save(setup: TrainerSetup) -> InterruptedSave:
             hits[0],
             str(previous),
             f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
+            latest=latest,
+            latest_complete=complete,
         )
-    return InterruptedSave("the Trainer's checkpoint-* directories", hits[0], str(previous), None, "previous")
+    return InterruptedSave(
+        "the Trainer's checkpoint-* directories",
+        hits[0],
+        str(previous),
+        None,
+        "previous",
+        latest=latest,
+        latest_complete=complete,
+    )
 
 
 def _init_parameters(cls: type) -> list[str]:
