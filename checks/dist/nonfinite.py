@@ -53,7 +53,10 @@ def check_nonfinite_agreement(dlcheck):
         ignores that layer's output is not tested. Replicas that already differ before that step (D1's or D4's
         finding: their gradients are not averaged, so each rank sees its own overflow) are not judged: the check
         skips naming D1 (or D4). Stepping with non-finite gradients on every rank is a shared
-        decision (passes here, stated): the smoke domain judges non-finite training.
+        decision (passes here, stated): the smoke domain judges non-finite training. Every rank raising alike
+        (``clip_grad_norm_(..., error_if_nonfinite=True)`` after the all-reduce, Lightning Fabric's
+        ``clip_gradients`` default) is a shared decision too: the run stops on every rank, with the weights
+        compared on every rank.
     Not applicable
         Training that does not run distributed: a single-process script of the user's own. A plain loop without
         ``dlcheck_dist_wrap`` is asked for it (a missing role: the wrap is what says the script runs distributed);
@@ -85,14 +88,19 @@ def check_nonfinite_agreement(dlcheck):
                 "no rank was to step then, so the ranks' decision on an overflow is not seen"
             )
     decisions = [_decision(r) for r in recs]
+    # ranks that raised are compared by what they raised (its type and first words), not by a message that may name
+    # the rank; a rank left waiting in a collective is another decision
+    kinds = [d.split(":")[0] if d.startswith("raised ") else d for d in decisions]
     head = (
         f"micro-step {trained + 1}: rank {injected}'s {first['layer']!r} outputs inf, the other ranks' batches "
         "are finite"
     )
     shown = "; ".join(f"rank {i}: {d}" for i, d in enumerate(decisions))
-    afters = [r["after"] for r in recs if r is not None and not r.get("error")]
+    # every rank's weights right after the step, whether it stepped, skipped or raised (a raise after the optimizer
+    # step leaves changed weights too)
+    afters = [r["after"] for r in recs if r is not None and "after" in r]
     same_weights = len(afters) == len(recs) and measure.first_difference(afters) is None
-    if len(set(decisions)) > 1 or not same_weights:
+    if len(set(kinds)) > 1 or not same_weights:
         evidence = [head, shown]
         local = recs[injected]
         if (
@@ -102,7 +110,7 @@ def check_nonfinite_agreement(dlcheck):
             and local["loss"] != local["loss"]
         ):
             evidence.append(f"rank {injected}'s step returned loss {local['loss']} and did not call backward/step")
-        if not same_weights and len(set(decisions)) == 1:
+        if not same_weights and len(set(kinds)) == 1:
             evidence.append("the ranks' weights differ after the step")
         dlcheck.fail(
             evidence,

@@ -637,3 +637,18 @@ def world_of_one():
     run = project.run("--dlcheck=D1", "-rA")
     run.assert_outcome("D1", "passed")
     assert "process group twice" not in run.text
+
+
+def test_every_rank_raising_on_the_overflow_is_a_shared_decision(project):
+    """Found blind (Lightning Fabric's PPO example, set 15): fabric.clip_gradients raises on a non-finite norm after
+    DDP's all-reduce, so every rank raises on the overflow step. D6 had failed, saying the ranks' weights differed:
+    it compared the weights of the ranks that had not raised (none). Every rank raising alike is one decision, with
+    the weights compared on every rank."""
+    project.conftest(td.project(step="step_clip_raising_on_nonfinite"))
+    run = project.run("--dlcheck=D6", "-rA")
+    run.assert_outcome("D6", "passed")
+    text = _flat(run.text)
+    assert "micro-step 4: rank 1's 'embed' outputs inf, the other ranks' batches are finite" in text
+    assert "every rank raised RuntimeError: The total norm of order 2.0 for gradients" in text
+    assert "with identical weights afterwards" in text
+    _no_leftover_process()

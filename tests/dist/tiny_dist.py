@@ -510,3 +510,17 @@ def make_training_batchnorm():
 def wrap_ddp_batchnorm(state):
     model = nn.parallel.DistributedDataParallel(state["model"])
     return {"model": model, "optimizer": torch.optim.AdamW(model.parameters(), lr=1e-2)}
+
+
+def step_clip_raising_on_nonfinite(state, batch, index):
+    """Correct: clip_grad_norm_(error_if_nonfinite=True) after DDP's all-reduce (Lightning Fabric's
+    clip_gradients default): an overflow on any rank makes every rank raise, a loud stop shared by all."""
+    model, opt = state["model"], state["optimizer"]
+    model.train()
+    logits = model(batch["input_ids"])
+    loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
