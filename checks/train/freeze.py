@@ -6,15 +6,31 @@ import torch
 
 from ...registry import check
 from ...training import find_setup, fresh_probe
+from ...training.runs import unwrap_prepared
 
 
-def _model(dlcheck) -> tuple[Any, str]:
+def _model(dlcheck) -> tuple[Any, str, list[tuple[str, Any]]]:
+    """(the model, where it comes from, the other modules of the training dict as (key, module)): a loop's
+    training dict may hold networks beside ``state['model']`` (a discriminator, a frozen perceptual network, a
+    teacher) whose freeze is as much the script's as the model's."""
     setup = find_setup(dlcheck)
     if setup is not None:
         fresh = fresh_probe(dlcheck, setup)
-        return fresh.model, f"the model of {setup.describe()}"
+        others: list[tuple[str, Any]] = []
+        if isinstance(fresh.owner, dict):
+            inner = unwrap_prepared(fresh.model)
+            for key, value in fresh.owner.items():
+                module = unwrap_prepared(value)
+                if (
+                    key != "model"
+                    and isinstance(module, torch.nn.Module)
+                    and module is not inner
+                    and all(module is not m for _, m in others)
+                ):
+                    others.append((str(key), module))
+        return fresh.model, f"the model of {setup.describe()}", others
     model = dlcheck.require("model")[0]
-    return model, "dlcheck_model"
+    return model, "dlcheck_model", []
 
 
 @check(
@@ -27,7 +43,9 @@ def check_freeze(dlcheck):
     """A module meant to be frozen has parameters that no longer require gradients.
 
     What it does
-        Walks the modules of the model (a fresh one from your training set-up, or dlcheck_model) and fails
+        Walks the modules of the model (a fresh one from your training set-up, or dlcheck_model) — and of the
+        other networks of a training dict (``dlcheck_make_training``'s discriminator, frozen perceptual network or
+        teacher, whether an optimizer holds them or not) — and fails
         when a module carries ``requires_grad = False`` as a plain attribute — set by
         ``module.requires_grad = False`` — while its parameters still require gradients. It also
         reports, without failing, submodules put in eval mode whose parameters still train: ``.eval()``
@@ -48,18 +66,20 @@ def check_freeze(dlcheck):
     Not applicable
         None: every model's freeze can be read.
     """
-    model, where = _model(dlcheck)
+    model, where, others = _model(dlcheck)
     if not isinstance(model, torch.nn.Module):
         dlcheck.not_applicable(f"{where} is a {type(model).__name__}, not a torch.nn.Module")
     total = sum(1 for _ in model.parameters())
     trainable = sum(1 for p in model.parameters() if p.requires_grad)
     mistaken = []
-    for name, module in model.named_modules():
-        flag = vars(module).get("requires_grad", None)
-        if flag is False:
-            live = [p for p in module.parameters() if p.requires_grad]
-            if live:
-                mistaken.append((name or type(module).__name__, len(live), sum(p.numel() for p in live)))
+    for prefix, root in [("", model)] + [(f"state[{key!r}]", m) for key, m in others]:
+        for name, module in root.named_modules():
+            flag = vars(module).get("requires_grad", None)
+            if flag is False:
+                live = [p for p in module.parameters() if p.requires_grad]
+                if live:
+                    label = ".".join(x for x in (prefix, name) if x) or type(module).__name__
+                    mistaken.append((label, len(live), sum(p.numel() for p in live)))
     if mistaken:
         evidence = [
             f"{name}.requires_grad = False is a plain attribute: {n} of its parameter tensors ({numel:,} values) "
@@ -99,8 +119,13 @@ def check_freeze(dlcheck):
         if eval_but_training
         else ""
     )
+    beside = (
+        f" (nor of the other modules of the training dict: {', '.join(f'state[{k!r}]' for k, _ in others)})"
+        if others
+        else ""
+    )
     dlcheck.measured(
-        f"no module of {where} carries a requires_grad attribute; {trainable} of {total} parameter tensors "
+        f"no module of {where} carries a requires_grad attribute{beside}; {trainable} of {total} parameter tensors "
         f"require gradients{note}",
         trainable=trainable,
         parameters=total,
