@@ -46,7 +46,10 @@ def check_atomic_save(dlcheck):
         or keep the previous checkpoint until the new one is complete (versioned names, as the Trainer's
         checkpoint-N directories).
     Known problems
-        Only writes through ``torch.save`` and safetensors' ``save_file`` can be interrupted; others skip. A
+        Only writes through ``torch.save`` and safetensors' ``save_file`` can be interrupted; others skip. When
+        your load fails even on an uninterrupted checkpoint (C1's finding: a ``weights_only`` load refusing an
+        ``argparse.Namespace``), a save that cut the previous checkpoint's own file still fails, judged on the
+        file's bytes; a save beside it cannot be judged without a working load and skips. A
         Trainer's interrupted ``checkpoint-N`` directory stays on disk, and ``resume_from_checkpoint=True`` (or
         ``get_last_checkpoint``, as transformers' example scripts resume) picks the newest directory: the pass
         says so as not judged (partly judged), since how the script picks its checkpoint is not handed over;
@@ -123,7 +126,11 @@ def check_atomic_save(dlcheck):
         )
         dlcheck.fail(evidence, cause, fix)
     if result.error is not None:
-        evidence.append(f"loading {_short(result.previous)} afterwards raises {result.error}")
+        if result.error.startswith("(not loaded: "):
+            # the user's load fails on any checkpoint (C1's finding): the verdict stands on the bytes of the file
+            evidence.append(f"{_short(result.previous)} afterwards: {result.error}")
+        else:
+            evidence.append(f"loading {_short(result.previous)} afterwards raises {result.error}")
         cause = (
             "the save writes straight onto the previous checkpoint's path: the file is truncated first, so an "
             "interruption leaves neither the old checkpoint nor the new one"

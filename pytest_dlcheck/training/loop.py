@@ -1600,15 +1600,17 @@ def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
     # not what would break the resume (torch >= 2.6 loads with weights_only=True: a checkpoint holding an
     # argparse.Namespace, as torchvision's references save, fails to load either way)
     control = setup.state()
+    control_error = None
     try:
         with preserved_rng():
             setup.load(control, str(path))
     except Exception as exc:  # noqa: BLE001 - the user's load failing is reported, not raised
-        raise SetupError(
-            f"cannot judge an interrupted save: dlcheck_load_checkpoint fails on the checkpoint "
-            f"dlcheck_save_checkpoint has just written, with no interruption: {type(exc).__name__}: "
-            f"{' '.join(str(exc).split())[:240]} (C1 reports the failing resume)"
-        ) from None
+        # judged on the files alone below: a save that cuts the previous checkpoint's own file destroys it whatever
+        # the load does; a save beside it cannot be judged without a load that works
+        control_error = (
+            f"dlcheck_load_checkpoint fails on the checkpoint dlcheck_save_checkpoint has just written, with no "
+            f"interruption: {type(exc).__name__}: {' '.join(str(exc).split())[:240]} (C1 reports the failing resume)"
+        )
     control = None
     sizes = {
         p.name: p.stat().st_size
@@ -1650,6 +1652,20 @@ def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
     }
     size_text = "; ".join(f"{n}: {sizes.get(n, 0)} -> {after.get(n, 0)} bytes" for n in sorted(set(sizes) | set(after)))
     second = None
+    if control_error is not None:
+        if str(Path(hits[0]).resolve()) not in written_before:
+            raise SetupError(f"cannot judge an interrupted save: {control_error}")
+        # the interrupted save cut the previous checkpoint's own file: gone, whatever a load would do with it
+        return InterruptedSave(
+            "dlcheck_save_checkpoint",
+            hits[0],
+            str(path),
+            f"(not loaded: {control_error}) the file of the previous checkpoint now holds the first half of the new "
+            "save's bytes",
+            sizes=size_text,
+            overwrote=True,
+            advanced=advanced,
+        )
     third = setup.state()
     try:
         with preserved_rng():

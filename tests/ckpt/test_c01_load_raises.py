@@ -192,3 +192,39 @@ def test_the_same_trainer_with_a_plain_config_resumes(project, tmp_path):
     out = tmp_path / "r.json"
     project.run("--dlcheck=C1", f"--dlcheck-json={out}")
     assert _results(out)["C1"]["outcome"] == "passed"
+
+
+#: the same checkpoint written through a temporary file and os.replace: the previous file is never touched
+NAMESPACE_CKPT_ATOMIC = NAMESPACE_CKPT.replace(
+    """"args": {args}}}, path)""",
+    """"args": {args}}}, path + ".tmp")
+            os.replace(path + ".tmp", path)""",
+).replace("import argparse", "import argparse, os")
+
+
+def test_c2_judges_a_save_onto_the_only_checkpoint_when_the_load_always_fails(project, tmp_path):
+    """facebookresearch/deit (found blind, set 15): torch.save(checkpoint, 'checkpoint.pth') onto the only checkpoint,
+    and a resume whose weights_only load refuses the Namespace on every checkpoint. C2 had skipped ('cannot judge'):
+    the save that cut the previous checkpoint's own file is judged on the file's bytes; the load's own failure is
+    said (C1 reports it)."""
+    project.conftest(_loop("argparse.Namespace(lr=0.01, epochs=2)"))
+    run = project.run("--dlcheck=C2")
+    run.assert_outcome("C2", "failed")
+    text = tt.section(run, "C2")
+    assert "file sizes before and after the interrupted save: checkpoint: " in text
+    assert (
+        "(not loaded: dlcheck_load_checkpoint fails on the checkpoint dlcheck_save_checkpoint has just written" in text
+    )
+    assert "the file of the previous checkpoint now holds the first half of the new save's bytes" in text
+    assert "writes straight onto the previous checkpoint's path" in text
+
+
+def test_c2_does_not_judge_a_save_beside_the_checkpoint_when_the_load_always_fails(project, tmp_path):
+    """Its twin: the save goes through a temporary file and os.replace, so the previous checkpoint is intact; with a
+    load that fails on any checkpoint nothing more can be judged: C2 skips, saying why."""
+    project.conftest(tt.loop_project(extra=NAMESPACE_CKPT_ATOMIC.format(args="argparse.Namespace(lr=0.01)", load="")))
+    run = project.run("--dlcheck=C2", "-rA")
+    run.assert_outcome("C2", "skipped")
+    assert "cannot judge an interrupted save: dlcheck_load_checkpoint fails on the checkpoint" in " ".join(
+        run.text.split()
+    )
