@@ -141,10 +141,12 @@ def dlcheck_train_step():
 @pytest.fixture(scope="session")
 def dlcheck_save_checkpoint():
     def save(state, path):
-        # main() after every epoch: utils.save_on_master(checkpoint, output_dir/model_{epoch}.pth); ``path`` is
-        # that file, the one a user passes to --resume
+        # main() after every epoch: utils.save_on_master(checkpoint, output_dir/model_{epoch}.pth), then the same
+        # checkpoint onto output_dir/checkpoint.pth; ``path`` is checkpoint.pth, the one a user passes to --resume
+        # (a kill while it is rewritten leaves model_{epoch}.pth, written just before, complete)
         epoch = max(0, (state["progress"]["index"] + 1) // STEPS_PER_EPOCH - 1)
         ckpt = ref.checkpoint_dict(state["model"], state["optimizer"], state["lr_scheduler"], epoch, state["args"])
+        ref.save_on_master(ckpt, os.path.join(os.path.dirname(path), f"model_{epoch}.pth"))
         ref.save_on_master(ckpt, path)
 
     return save
