@@ -128,6 +128,30 @@ def _layers(indices: set[int]) -> str:
     return ", ".join(map(str, s[:8])) + (" …" if len(s) > 8 else "")
 
 
+def _unmatched_targets(model: Any, targets: Any) -> list[tuple[str, str | None]]:
+    """The plain-name entries of ``target_modules`` that match no module of the model as PEFT matches a name (the
+    module's path, or its end after a dot), each with the module name it is a near miss of (the same name once
+    stripped of punctuation and spaces, or one character-level close match), or None. A regular expression (a str
+    target_modules) is not read."""
+    import difflib
+
+    if isinstance(targets, str) or not targets:
+        return []
+    paths = [n for n, _ in model.named_modules() if n]
+    leaves = sorted({n.rsplit(".", 1)[-1] for n in paths})
+    out = []
+    for t in targets:
+        if not isinstance(t, str) or any(n == t or n.endswith("." + t) for n in paths):
+            continue
+        stripped = re.sub(r"[^\w.]", "", t).strip(".")
+        near = stripped if stripped != t and stripped in leaves else None
+        if near is None:
+            close = difflib.get_close_matches(t, leaves, n=1, cutoff=0.85)
+            near = close[0] if close else None
+        out.append((t, near))
+    return out
+
+
 @check(
     "T13",
     domain="train",
@@ -144,7 +168,9 @@ def check_peft_adapters(dlcheck):
         weight — neither an adapter tensor, nor a ``modules_to_save`` copy, nor (with ``bias="all"`` /
         ``"lora_only"``) a bias — requires gradients, and when a module type the adapter covers is covered in
         only some of the layers that have it although ``target_modules`` were plain names and neither
-        ``layers_to_transform`` nor ``exclude_modules`` is set.
+        ``layers_to_transform`` nor ``exclude_modules`` is set, and when a ``target_modules`` name matches no
+        module while it is a near miss of one (``'q_proj,'``, ``'q_porj'``): PEFT drops an entry that matches
+        nothing as long as another entry matches.
     Why it is bad
         ``get_peft_model`` freezes the base; a later ``for p in model.parameters(): p.requires_grad = True`` (or
         ``model.requires_grad_(True)``) turns the "LoRA" run into a full fine-tune: optimizer state for every
@@ -269,11 +295,31 @@ def check_peft_adapters(dlcheck):
             f"change the model before {setter}, not after; to adapt some layers on purpose, say so with "
             "layers_to_transform=[...]",
         )
+    unmatched = _unmatched_targets(model, targets)
+    typos = [(t, near) for t, near in unmatched if near is not None]
+    if typos:
+        t, near = typos[0]
+        dlcheck.fail(
+            [
+                f"target_modules entry {t!r} of adapter {adapter!r} matches no module of {where}: {near!r} does "
+                f"(LoraConfig(target_modules={targets_text}))"
+                + (f"; also matching nothing: {', '.join(repr(x) for x, _ in typos[1:4])}" if len(typos) > 1 else ""),
+                f"adapted: {per_type or 'no module'}"
+                + (f"; not adapted: {', '.join(untouched[:8])}" if untouched else ""),
+            ],
+            cause=f"{t!r} is {near!r} written with a typo or a separator left in it (a command-line list "
+            "'\"q_proj\", \"v_proj\"' parsed into 'q_proj,' and 'v_proj'): PEFT raises only when no entry matches, so "
+            f"an entry that matches nothing is dropped silently and {near} trains without an adapter",
+            fix=f"target_modules=[{', '.join(repr(near if x == t else x) for x in sorted(targets))}] (write the list "
+            "without separators inside the names; check with model.print_trainable_parameters())",
+        )
     note = (
         f" (selected on purpose: {'layers_to_transform' if getattr(config, 'layers_to_transform', None) is not None else 'target_modules/exclude_modules'})"
         if partial
         else ""
     )
+    if unmatched:
+        note += f"; target_modules entries matching no module (another architecture's names?): {', '.join(repr(t) for t, _ in unmatched[:4])}"
     saved = sorted({n.split(".modules_to_save.")[0].rsplit(".", 1)[-1] for n, _ in parts["saved"]})
     dlcheck.measured(
         f"{where} ({kind}, adapter {adapter!r}, target_modules={targets_text}) adapts {per_type or 'no module'}{note}"

@@ -95,3 +95,26 @@ def test_a_model_without_peft_is_not_applicable(project):
     run = project.run("--dlcheck=T13", "-rs")
     run.assert_outcome("T13", "skipped")
     run.fnmatch(["*not a peft.PeftModel*"])
+
+
+def test_a_target_name_with_a_separator_left_in_it_fails(project):
+    """TRL's gspo.py docstring (found blind, set 15): --lora_target_modules "q_proj", "v_proj" reaches the parser as
+    ['q_proj,', 'v_proj']: PEFT drops the entry that matches nothing, and q_proj trains without an adapter."""
+    project.conftest(project_source(lora="target_modules=['q_proj,', 'v_proj']"))
+    run = project.run("--dlcheck=T13")
+    run.assert_outcome("T13", "failed")
+    text = tt.section(run, "T13")
+    assert "target_modules entry 'q_proj,' of adapter 'default' matches no module of the model of" in text, text
+    assert "'q_proj' does" in text and "not adapted:" in text and "q_proj" in text, text
+    assert "target_modules=['q_proj', 'v_proj']" in text, text
+
+
+def test_a_target_name_of_another_architecture_is_said_not_failed(project):
+    """Its twin: a shared target list naming modules of another family ('query', 'value': BERT's) beside the Llama's
+    own: nothing is a near miss of a module here, so the pass says which entries matched nothing."""
+    project.conftest(project_source(lora="target_modules=['q_proj', 'v_proj', 'query', 'value']"))
+    run = project.run("--dlcheck=T13", "-rA")
+    run.assert_outcome("T13", "passed")
+    assert "target_modules entries matching no module (another architecture's names?): 'query', 'value'" in " ".join(
+        run.text.split()
+    )
