@@ -18,6 +18,7 @@ from ...training import (
     preference_loss,
     to_device,
 )
+from ..shared import lm
 from .common import raw_rows
 
 if "ref_model" not in ROLES:  # the rl domain declares it too (the KL reference)
@@ -29,7 +30,8 @@ LN2 = math.log(2)
 def completion_logps(model, batch) -> torch.Tensor:
     """Summed log-probabilities of the completion tokens of each row (the DPO log-likelihood)."""
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-    logits = out.logits[:, :-1].float()
+    # the input's own positions: a prompt-tuned model's prepended virtual tokens dropped
+    logits = lm.input_logits(model, out.logits, batch["input_ids"].shape[1])[:, :-1].float()
     target = batch["input_ids"][:, 1:]
     mask = batch["completion_mask"][:, 1:].to(logits.dtype)
     token = torch.gather(F.log_softmax(logits, -1), 2, target.unsqueeze(-1)).squeeze(-1)

@@ -45,6 +45,17 @@ class Probe:
     raw: dict[str, float] = field(default_factory=dict)  # metric key -> value as reported
     #: 1: labels[t] is predicted at t - 1 (a causal LM); 0: at t itself (a masked LM, a seq2seq decoder)
     shift: int = 1
+    #: positions the model puts before the input's own (prompt learning's virtual tokens): its logits are that
+    #: much longer than the batch's labels, and ``labels`` are the batch's padded on the left with -100 over
+    #: them, as the model pads them for its own loss (the first label is then predicted by the last virtual token)
+    prefix: int = 0
+    #: with a prefix, the same reductions over the input's own next-token positions only (the first label not
+    #: predicted): a metric that drops the virtual positions' logits computes these
+    valid_inputs: dict[str, float] = field(default_factory=dict)
+
+    def handed(self, labels: torch.Tensor) -> torch.Tensor:
+        """The labels as the Trainer hands them to compute_metrics / compute_loss_func: the batch's own."""
+        return labels[:, self.prefix :]
 
 
 def supervised_nll(logits: torch.Tensor, labels: torch.Tensor, shift: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,7 +72,13 @@ def supervised_nll(logits: torch.Tensor, labels: torch.Tensor, shift: int = 1) -
 def reference(probe: Probe) -> None:
     """Every reduction of the supervised-token NLL a correct metric may use: token-weighted (micro), mean of
     per-example means (macro), mean of per-batch means (Trainer's eval_loss), and for perplexities the mean of
-    per-example perplexities."""
+    per-example perplexities. With a prefix (prompt learning) over the labels as the model pads them, and in
+    ``valid_inputs`` over the input's own positions."""
+    if probe.prefix:
+        own = Probe(probe.name, [lg[:, probe.prefix :] for lg in probe.logits], [probe.handed(y) for y in probe.labels])
+        own.shift = probe.shift
+        reference(own)
+        probe.valid_inputs = own.valid
     sums, counts, batch_means = [], [], []
     for logits, labels in zip(probe.logits, probe.labels):
         nll, mask = supervised_nll(logits, labels, probe.shift)
@@ -70,7 +87,7 @@ def reference(probe: Probe) -> None:
         counts.append(c)
         if c.sum() > 0:
             batch_means.append(float(s.sum() / c.sum()))
-        probe.positions += labels.numel()
+        probe.positions += probe.handed(labels).numel()  # the input's own positions (no virtual token's)
     s, c = torch.cat(sums), torch.cat(counts)
     probe.supervised = int(c.sum())
     probe.per_batch = batch_means
@@ -344,7 +361,11 @@ def check_eval_metric(dlcheck):
         own logits, and a contrast probe, the same logits with every supervised target raised to
         probability 0.99 (NLL 0.01005) while masked positions keep the model's logits, so reading a
         masked position shows whether the model is trained or not. A Trainer's compute_loss_func (the
-        eval and training loss) is checked the same way, batch by batch.
+        eval and training loss) is checked the same way, batch by batch. A model that prepends virtual
+        tokens (PEFT prompt tuning / P-tuning) returns num_virtual_tokens more logit positions than the
+        labels; the metric gets them as the Trainer hands them, and the reference scores the labels as the
+        model pads them for its own loss (-100 over the virtual tokens, so the first label is predicted by
+        the last virtual token) or over the input's own positions only: either is accepted.
     Why it is bad
         Labels are -100 at padding and, for completion-only training, at prompt tokens. A metric that
         averages over every position scores the model on predicting pad ids and prompts: eval
@@ -450,13 +471,21 @@ def check_eval_metric(dlcheck):
         dlcheck.skip(f"the model's output carries no (batch, seq, vocab) logits ({exc})")
     labels = [torch.as_tensor(b["labels"]).long().to(device) for b in batches]
     labels = [y.unsqueeze(0) if y.dim() == 1 else y for y in labels]
+    # a model that prepends virtual tokens (prompt learning) returns that many more positions; their labels are
+    # -100, as the model pads them for its own loss (logits of any other length skip: lm.input_logits)
+    for lg, y in zip(logits, labels):
+        lm.input_logits(model, lg, y.shape[1])  # logits of a length no prepended virtual tokens explain: a skip
+    prefix = max(lg.shape[1] - y.shape[1] for lg, y in zip(logits, labels))
+    if prefix:
+        labels = [torch.cat([torch.full_like(y[:, :prefix], lm.IGNORE), y], 1) for y in labels]
     probes = [
-        Probe("the model's logits", logits, labels, shift=shift),
+        Probe("the model's logits", logits, labels, shift=shift, prefix=prefix),
         Probe(
             "contrast probe (each supervised target at probability 0.99)",
             [contrast(lg, y, shift=shift) for lg, y in zip(logits, labels)],
             labels,
             shift=shift,
+            prefix=prefix,
         ),
     ]
     for probe in probes:
@@ -497,7 +526,8 @@ def check_eval_metric(dlcheck):
             k
             for k, _, _ in keys or []
             if not any(
-                close(contrast_probe.results.get(k, float("nan")), r, atol, rtol) for r in contrast_probe.valid.values()
+                close(contrast_probe.results.get(k, float("nan")), r, atol, rtol)
+                for r in [*contrast_probe.valid.values(), *contrast_probe.valid_inputs.values()]
             )
         ]
         if bad:
@@ -538,6 +568,12 @@ def check_eval_metric(dlcheck):
         else:
             passed.append(line)
             names.append("eval_loss")
+    if prefix:
+        passed.append(
+            f"the model's logits have {prefix} positions more than the labels (the virtual tokens it prepends, prompt "
+            f"learning), as the Trainer hands them: the reference scores the labels as the model pads them (-100 over "
+            f"the virtual tokens, the first label predicted by the last one), or the input's own positions only"
+        )
     if not findings:
         dlcheck.measured(
             f"{', '.join(names)} {'averages' if len(names) == 1 else 'each average'} the NLL over the "
@@ -571,6 +607,8 @@ def check_eval_metric(dlcheck):
     ]
     for lines in findings:
         evidence += lines
+    if prefix:
+        evidence.append(passed[-1])  # the virtual tokens' positions, and how the reference reads them
     evidence.append(f"example {example.batch}.{example.index}: " + " ".join(describe_row(tok, example)))
     culprit = findings[0][-1] if findings[0] and findings[0][-1].startswith("cause:") else ""
     evidence = [line for line in evidence if not line.startswith("cause:")]
@@ -641,7 +679,8 @@ def _call_metrics(dlcheck: Any, fn: Any, preprocess: Any, probe: Probe, args: An
     do_concat = bool(getattr(args, "eval_do_concat_batches", True))
     eval_bs = getattr(args, "eval_batch_size", None)
     preds, losses, inputs = [], [], []
-    for logits, labels, batch, batch_mean in zip(probe.logits, probe.labels, batches, _batch_losses(probe)):
+    handed = [probe.handed(y) for y in probe.labels]  # a prompt-learning model's logits stay longer, as handed
+    for logits, labels, batch, batch_mean in zip(probe.logits, handed, batches, _batch_losses(probe)):
         pred = logits
         if preprocess is not None:
             pred = dlcheck.call("preprocess_logits_for_metrics", lambda lg=logits, y=labels: preprocess(lg, y))
@@ -650,7 +689,7 @@ def _call_metrics(dlcheck: Any, fn: Any, preprocess: Any, probe: Probe, args: An
         inputs.append(torch.as_tensor(batch["input_ids"]))
     if batched:
         result = None
-        for i, (pred, labels) in enumerate(zip(preds, probe.labels)):
+        for i, (pred, labels) in enumerate(zip(preds, handed)):
             kw = {
                 "losses": losses[i] if "loss" in include else None,
                 "inputs": inputs[i] if "inputs" in include else None,
@@ -663,7 +702,7 @@ def _call_metrics(dlcheck: Any, fn: Any, preprocess: Any, probe: Probe, args: An
         "losses": _concat(losses, do_concat) if "loss" in include else None,
         "inputs": _concat(inputs, do_concat) if "inputs" in include else None,
     }
-    ev = EvalPrediction(predictions=_concat(preds, do_concat), label_ids=_concat(probe.labels, do_concat), **kw)
+    ev = EvalPrediction(predictions=_concat(preds, do_concat), label_ids=_concat(handed, do_concat), **kw)
     return dlcheck.call("compute_metrics", lambda: fn(ev))
 
 
@@ -714,7 +753,13 @@ def _metric_evidence(bad: list[str], kinds: dict[str, str], probes: list[Probe],
     fill[f"vocabulary id {vocab - 100} (numpy index -100 wraps around)"] = vocab - 100
     if 0 not in fill.values():
         fill["token id 0"] = 0
-    cand = [candidates(_concat(p.logits), _concat(p.labels), fill, p.shift) for p in probes]
+    # a prompt-learning model's logits at its own positions (the virtual tokens' dropped), as a metric reads them
+    cand = [
+        candidates(
+            _concat([lg[:, p.prefix :] for lg in p.logits]), _concat([p.handed(y) for y in p.labels]), fill, p.shift
+        )
+        for p in probes
+    ]
     total = cand[0]
     match, best = None, float("inf")
     for name in total:
@@ -744,7 +789,11 @@ def _check_loss_func(
     dlcheck: Any, loss_fn: Any, probes: list[Probe], atol: float, rtol: float, what: str, role: str
 ) -> tuple[list[str] | None, str]:
     """(the failure's lines, or None; what was compared) for a loss computed from logits and labels, batch
-    by batch on both probes; ``role`` owns the loss (its exceptions are that role's)."""
+    by batch on both probes; ``role`` owns the loss (its exceptions are that role's). The labels are those the
+    Trainer hands it: the batch's own to compute_loss_func; to the model's own loss those the model pads itself
+    (a prompt-learning model's, -100 over its virtual tokens). With virtual tokens a loss may score the first
+    label (predicted by the last virtual token) or not, and the Trainer's num_items_in_batch counts the
+    batch's own shifted labels: each of these averages is accepted."""
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     compared, worst = 0, 0.0
@@ -754,12 +803,19 @@ def _check_loss_func(
             n = int(mask.sum())
             if n == 0:
                 continue
-            ref = float(nll.sum() / n)
+            refs = [float(nll.sum() / n)]
+            count = n
+            if probe.prefix:
+                own_nll, own_mask = supervised_nll(logits[:, probe.prefix :], probe.handed(labels), probe.shift)
+                count = int(own_mask.sum())
+                refs += [float(own_nll.sum() / max(count, 1)), float(nll.sum() / max(count, 1))]
+            ref = refs[0]
             outputs = CausalLMOutputWithPast(logits=logits)
-            count, target = torch.tensor(n, device=labels.device), labels.clone()
-            value = dlcheck.call(role, lambda o=outputs, y=target, c=count: loss_fn(o, y, num_items_in_batch=c))
+            target = (labels if role == "model" else probe.handed(labels)).clone()
+            count_t = torch.tensor(count, device=labels.device)
+            value = dlcheck.call(role, lambda o=outputs, y=target, c=count_t: loss_fn(o, y, num_items_in_batch=c))
             value = float(value.detach().float().mean()) if isinstance(value, torch.Tensor) else float(value)
-            if not close(value, ref, atol, rtol):
+            if not any(close(value, r, atol, rtol) for r in refs):
                 cand = candidates(logits.cpu(), labels.cpu(), {"token id 0": 0}, probe.shift)
                 match = next((k for k, (c, _) in cand.items() if close(value, c, 0.01, 0.005)), None)
                 lines = [
@@ -771,7 +827,7 @@ def _check_loss_func(
                     lines.append(f"cause: {match}")
                 return lines, ""
             compared += 1
-            worst = max(worst, abs(value - ref))
+            worst = max(worst, min(abs(value - r) for r in refs))
     return None, (
         f"{what} equals the supervised-token NLL batch by batch ({compared} batch-probe pairs, largest |Δ| "
         f"{worst:.1e} nats)"

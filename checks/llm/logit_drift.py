@@ -76,6 +76,8 @@ def measure(forward: Any, model: Any, batches: list[Any], rows: int, budget_mb: 
                 out = lm.logits_of(forward(part))
                 if out is None:
                     return None
+                # the input's own positions: a prompt-tuned model's prepended virtual tokens dropped
+                out = lm.input_logits(model, out, part["input_ids"].shape[-1])
                 length = out.shape[1]
                 for j in range(b - a):
                     keep = _positions(_rows(part, b - a, j, j + 1), length)
@@ -173,7 +175,8 @@ def check_logit_drift(dlcheck):
         Computes log Z = logsumexp(logits) over the vocabulary at the positions your training scores
         (those predicting a supervised label) of a few sampled rows, in eval mode; on the current weights
         it reads them from the one forward of each sampled batch that the llm checks share with L1 (one
-        row at a time when a batch's logits exceed ``max_logits_mb``). When a training set-up is given
+        row at a time when a batch's logits exceed ``max_logits_mb``). A model that prepends virtual
+        tokens (PEFT prompt tuning) is read at its input's own positions, the virtual tokens' dropped. When a training set-up is given
         (``dlcheck_trainer``, ``dlcheck_make_training``, a Lightning module) and the shared smoke run
         (``S1.steps`` optimizer steps) is made anyway — a check before L6 made it, or S1-S3, which always
         read it, are selected (``--dlcheck=llm,smoke``) — it measures the fresh model and again after that

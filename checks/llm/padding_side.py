@@ -75,6 +75,11 @@ class RowLoss:
     alone: float
     control: float | None
     first_target_from_pad: bool
+    #: positions the model put before the row's own (prompt learning's virtual tokens), whose logits were dropped
+    prepended: int = 0
+    #: the batch with position_ids from its mask gave bitwise this row's loss in the batch: the model's forward
+    #: ignores position_ids (a prompt-learning PEFT model drops them), so that control says nothing about rounding
+    positions_ignored: bool = False
 
     @property
     def delta(self) -> float:
@@ -142,12 +147,18 @@ def _measure_training(dlcheck: Any, model: Any, batches: list[dict]) -> list[Row
             at = [content[j] for j in sup]
             in_batch = float(nll_batch[r.index, at].mean())
             control = float(nll_control[r.index, at].mean()) if nll_control is not None and side == "left" else None
-            pending.append((r, content, side, sup, in_batch, control))
+            # other positions leave a left-padded row's losses bitwise the same only when they are not read
+            ignored = control is not None and torch.equal(nll_control[r.index, at], nll_batch[r.index, at])
+            pending.append((r, content, side, sup, in_batch, None if ignored else control, forward.prepended, ignored))
     alone_nll = _alone_nll(model, [([r.input_ids[c] for c in ct], [r.labels[c] for c in ct]) for r, ct, *_ in pending])
-    for (r, content, side, sup, in_batch, control), nll_alone in zip(pending, alone_nll):
+    for (r, content, side, sup, in_batch, control, prepended, ignored), nll_alone in zip(pending, alone_nll):
         alone = float(nll_alone[sup].mean())
         first_from_pad = side == "left" and r.labels[content[0]] != lm.IGNORE
-        out.append(RowLoss(r, len(r.input_ids) - len(content), side, in_batch, alone, control, first_from_pad))
+        out.append(
+            RowLoss(
+                r, len(r.input_ids) - len(content), side, in_batch, alone, control, first_from_pad, prepended, ignored
+            )
+        )
     return out
 
 
@@ -284,6 +295,13 @@ def _training_half(dlcheck: Any, model: Any, tok: Any) -> Half:
     atol, ratio = dlcheck.setting("atol"), dlcheck.setting("noise_ratio")
     left = [m for m in measured if m.side == "left"]
     bad = [m for m in left if m.delta > atol and (m.control_delta is None or m.delta > ratio * m.control_delta)]
+    virtual = max(m.prepended for m in measured)
+    aligned = (
+        f"the model's logits have {virtual} positions more than input_ids, in the batch and alone: the {virtual} "
+        "virtual-token positions the model prepends (prompt learning) are dropped, each logit read at its own token"
+        if virtual
+        else ""
+    )
     if not bad:
         worst = max(measured, key=lambda m: m.delta)
         sides = ", ".join(
@@ -297,6 +315,8 @@ def _training_half(dlcheck: Any, model: Any, tok: Any) -> Half:
             f"  example {worst.row.batch}.{worst.row.index} ({worst.pads} pad tokens on the {worst.side}): loss in "
             f"batch {worst.in_batch:.4f}, alone {worst.alone:.4f}"
         )
+        if aligned:
+            half.measured.append(f"  {aligned}")
         noisy = [m for m in left if m.delta > atol]
         if noisy:
             half.measured.append(
@@ -331,6 +351,14 @@ def _training_half(dlcheck: Any, model: Any, tok: Any) -> Half:
             f"the same batches with position_ids = attention_mask.cumsum(-1) - 1: Δ at most {worst:.1e} "
             f"({len(fixed)} of {len(bad)} examples back within tolerance)"
         )
+    ignored = [m for m in bad if m.positions_ignored]
+    if ignored:
+        half.evidence.append(
+            f"the same batches with position_ids = attention_mask.cumsum(-1) - 1: bitwise the same losses for "
+            f"{len(ignored)} of {len(bad)} examples: the model's forward ignores position_ids"
+        )
+    if aligned:
+        half.evidence.append(aligned)
     if any(m.first_target_from_pad for m in bad):
         half.evidence.append(
             "also: the first real token of each left-padded row is a target predicted from a pad position"
@@ -348,6 +376,12 @@ def _training_half(dlcheck: Any, model: Any, tok: Any) -> Half:
             "the classification of left-padded examples depends on their padding, and position_ids from the "
             "attention mask do not remove the difference: the model reads a fixed position of the row (BERT-style "
             "pooling of the first token, [CLS], which is a pad when the row is left-padded) or attends to the pads"
+        )
+    elif ignored:
+        half.cause = (
+            "the loss of left-padded examples depends on their padding, and the model's forward ignores position_ids "
+            "(the same batches with position_ids from the attention mask lose bitwise the same): it attends to the "
+            "pads or places tokens by row index, and no position_ids passed with the batch can correct it"
         )
     else:
         half.cause = (
@@ -608,7 +642,12 @@ def check_padding_side(dlcheck):
         position_ids if given) and alone (its real tokens only); the mean NLL over the same
         supervised next-token predictions must agree within `atol`. For left-padded rows the batch is
         forwarded again with position_ids = attention_mask.cumsum(-1) - 1: a row fails only when its
-        difference is also `noise_ratio` times larger than what remains with correct positions.
+        difference is also `noise_ratio` times larger than what remains with correct positions. When
+        that control gives bitwise the same losses, the model's forward ignores position_ids (a
+        prompt-learning PEFT model drops them): the control is void and the difference is judged alone.
+        A model that prepends virtual tokens (PEFT prompt tuning / P-tuning: its logits are
+        num_virtual_tokens longer than input_ids) is read at its input's own positions, the virtual
+        tokens' logits dropped, in the batch and alone.
         Generation half: runs only when the pipeline really generates in batches — the user defines
         `dlcheck_generation_prompts` (prompt strings, tokenized with `dlcheck_tokenizer` as configured,
         or the padded batch fed to generate), or the trainer is a TRL GRPOTrainer/RLOOTrainer/DistillationTrainer (its

@@ -260,6 +260,57 @@ def _to(value: Any, device: torch.device) -> Any:
     return torch.as_tensor(value).to(device)
 
 
+def prepended_positions(model: Any) -> int:
+    """How many positions the model's forward puts before the input's own tokens: a prompt-learning adapter
+    whose active configuration prepends ``num_virtual_tokens`` learned embeddings to the input embeddings
+    (prompt tuning, P-tuning: its logits then have that many positions more than input_ids, the first ones
+    the virtual tokens'), read through the usual wrappers (DDP/compile's module, TRL's value head). 0 when
+    no such configuration is declared (prefix tuning declares virtual tokens too but feeds them as past keys
+    and values: its logits keep the input's length, which :func:`input_logits` sees)."""
+    seen: set[int] = set()
+    current = model
+    for _ in range(4):
+        if current is None or id(current) in seen:
+            break
+        seen.add(id(current))
+        try:
+            cfg = getattr(current, "active_peft_config", None)
+        except Exception:  # noqa: BLE001 - a wrapper whose adapter cannot be read declares nothing
+            cfg = None
+        if cfg is not None and getattr(cfg, "is_prompt_learning", False):
+            n = getattr(cfg, "num_virtual_tokens", None)
+            return int(n) if isinstance(n, int) and n > 0 else 0
+        current = next(
+            (
+                getattr(current, a)
+                for a in ("module", "_orig_mod", "pretrained_model")
+                if isinstance(getattr(current, a, None), torch.nn.Module)
+            ),
+            None,
+        )
+    return 0
+
+
+def input_logits(model: Any, logits: torch.Tensor, length: int) -> torch.Tensor:
+    """The (B, ``length``, V) logits of the input's own positions: the model's logits as they are when they
+    have the input's length; without the first k positions when the model prepends k virtual tokens
+    (:func:`prepended_positions`) and its logits are exactly k longer. Logits of another length, which no
+    declared prefix accounts for, are not lined up with the tokens by guess: the check skips saying so."""
+    extra = logits.shape[1] - length
+    if extra == 0:
+        return logits
+    k = prepended_positions(model)
+    if k and extra == k:
+        return logits[:, k:]
+    import pytest
+
+    pytest.skip(
+        f"{type(model).__name__} returns logits at {logits.shape[1]} positions for {length} input tokens"
+        + (f" (it declares {k} prepended virtual tokens)" if k else ", and declares no prepended virtual tokens")
+        + ": which logits belong to which token is not known, so no per-token loss is compared"
+    )
+
+
 def token_nll(
     model: Any, input_ids: Any, labels: Any, attention_mask: Any = None, position_ids: Any = None, **extra: Any
 ) -> torch.Tensor:
@@ -274,6 +325,7 @@ def token_nll(
         kwargs["position_ids"] = _to(position_ids, device)
     with eval_mode(model):
         logits = model(**kwargs).logits.float()
+    logits = input_logits(model, logits, kwargs["input_ids"].shape[-1])
     labels = _to(labels, device)
     shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
     nll = torch.nn.functional.cross_entropy(
@@ -312,6 +364,8 @@ class BatchForward:
     nll: torch.Tensor
     #: (B, T) log Z = logsumexp of the logits over the vocabulary, at every position
     logz: torch.Tensor
+    #: positions the model put before the input's own and whose logits were dropped (:func:`input_logits`)
+    prepended: int = 0
 
 
 def logits_of(out: Any) -> torch.Tensor | None:
@@ -330,7 +384,9 @@ def batch_forward(ctx: Any, model: Any, batch: Mapping[str, Any]) -> BatchForwar
     """One forward of ``model`` over a sampled ``batch`` (its input_ids, attention_mask and position_ids, as
     the collator made them), in eval mode without gradients: its per-token NLL and log Z, memoised per
     (model, batch) for the session, so the checks that read the same batch (L1's losses in the batch, L6's
-    log Z) share one pass. None when the model returns no (batch, positions, vocabulary) logits."""
+    log Z) share one pass. None when the model returns no (batch, positions, vocabulary) logits. Logits and
+    tokens are lined up position by position: a model that prepends virtual tokens (prompt tuning) has the
+    logits of those positions dropped (:func:`input_logits`)."""
 
     def make() -> BatchForward | None:
         device = model_device(model)
@@ -343,7 +399,9 @@ def batch_forward(ctx: Any, model: Any, batch: Mapping[str, Any]) -> BatchForwar
             logits = logits_of(ctx.call("model", lambda: model(**kwargs)))
         if logits is None:
             return None
-        logits = logits.float()
+        length = kwargs["input_ids"].shape[-1]
+        prepended = logits.shape[1] - length
+        logits = input_logits(model, logits.float(), length)
         labels = _to(batch_labels(batch), device)
         if labels.dim() == 1:
             labels = labels.unsqueeze(0)
@@ -355,7 +413,7 @@ def batch_forward(ctx: Any, model: Any, batch: Mapping[str, Any]) -> BatchForwar
             reduction="none",
         )
         logz = torch.logsumexp(logits, dim=-1)
-        return BatchForward(nll.view(shift_labels.shape).cpu(), logz.cpu())
+        return BatchForward(nll.view(shift_labels.shape).cpu(), logz.cpu(), prepended)
 
     return ctx.memo((model, batch), "lm:batch_forward", make)
 

@@ -41,6 +41,32 @@ def qwen2(tok, seed: int = 0, tie: bool = False, layers: int = 2):
     return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
 
 
+def bloom(tok, seed: int = 0):
+    """A tiny BLOOM (ALiBi: it places tokens by the attention mask, with no position embeddings)."""
+    from transformers import BloomConfig, BloomForCausalLM
+
+    cfg = BloomConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        n_layer=2,
+        n_head=4,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return BloomForCausalLM(cfg)
+
+
+def prompt_tuned(model, tokens: int = 8, seed: int = 0):
+    """``get_peft_model`` with a PromptTuningConfig (random init): its forward prepends ``tokens`` learned virtual
+    token embeddings, so its logits have ``tokens`` more positions than input_ids."""
+    from peft import PromptTuningConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    return get_peft_model(model, PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=tokens))
+
+
 def tool_tokenizer(tokens=NEW_TOKENS, pad: str | None = tiny.PAD):
     """The tiny tokenizer with special tokens added after the model was pretrained (ids 300, 301, …)."""
     tok = tiny.tokenizer(pad=pad)
