@@ -17,6 +17,7 @@ from ...errors import MISSING, RoleError
 from ...guard import preserved_dataloader
 from ...roles import ROLES
 from ...sampling import SampleError, as_batch_dict, get_sample, spread_positions
+from ..shared.diffusers_kind import is_denoiser, what_it_is
 from ..shared.reuse import reusing
 
 # ---- the user's objects ------------------------------------------------------------------------------
@@ -85,7 +86,8 @@ def diffusion_roles(ctx: Any) -> list[str]:
     """The diffusion roles the project gives (a diffusers dlcheck_model / dlcheck_unet counts as one)."""
     found = [f"dlcheck_{r}" for r in DIFFUSION_ROLES if ctx.has(r)]
     unet = ctx.role("unet")
-    if unet is not MISSING and is_diffusers(unet):
+    # a diffusers model that denoises nothing (VQModel, AutoencoderKL trained as the model) is no denoiser
+    if unet is not MISSING and is_denoiser(unet):
         found.append(f"dlcheck_unet ({describe(unet)})")
     return found
 
@@ -95,8 +97,16 @@ def require_diffusion(ctx: Any) -> None:
     if not diffusion_roles(ctx):
         ctx.not_applicable(
             f"{ctx.check.id} concerns diffusion training, and no diffusion role is given (dlcheck_pipeline, "
-            "dlcheck_noise_scheduler, dlcheck_vae, dlcheck_training_inputs, … or a diffusers dlcheck_model)"
+            "dlcheck_noise_scheduler, dlcheck_vae, dlcheck_training_inputs, … or a diffusers denoiser as "
+            "dlcheck_model)" + _autoencoder_note(ctx)
         )
+
+
+def _autoencoder_note(ctx: Any) -> str:
+    unet = ctx.role("unet")
+    if unet is not MISSING and is_diffusers(unet) and not is_denoiser(unet):
+        return f": the model is a diffusers {describe(unet)}, {what_it_is(unet)}"
+    return ""
 
 
 def pixel_space(ctx: Any) -> str | None:

@@ -6,6 +6,7 @@ from ...errors import MISSING
 from ...registry import applicability, kind_rule
 from ...roles import role
 from ..shared import lm
+from ..shared.diffusers_kind import is_denoiser, is_diffusers, what_it_is
 from ..shared.training_users import rl_agent_only, rl_agent_without_text
 
 role(
@@ -77,7 +78,12 @@ def not_a_language_model(ctx) -> str | None:
         return agent
     for name in ("model", "unet"):
         model = ctx.role(name)
-        if model is not MISSING and type(model).__module__.startswith("diffusers."):
+        if model is not MISSING and is_diffusers(model):
+            if not is_denoiser(model):
+                return (
+                    f"dlcheck_{name} is a diffusers {type(model).__name__}, {what_it_is(model)}: no language model "
+                    "(the llm checks concern language models)"
+                )
             return (
                 f"dlcheck_{name} is a diffusers {type(model).__name__}, a denoiser: what conditions it (caption token "
                 "ids for a text encoder, image embeddings) is no language model's input (the llm checks concern "

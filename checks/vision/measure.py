@@ -22,6 +22,7 @@ from ...errors import MISSING, RoleError
 from ...guard import eval_mode, preserved_dataloader, preserved_rng
 from ...sampling import sample_rows, spread_positions
 from ...session import user_call
+from ..shared.diffusers_kind import trained_autoencoder
 
 #: where an example keeps its image; pixel_values first: a transformers pipeline keeps the raw "image"/"img" column
 #: beside the transformed pixel_values the model receives (run_mae's eval crops were read off the raw column)
@@ -1434,6 +1435,8 @@ def diffusion_marker(ctx: Any) -> str | None:
         except RoleError:  # a role that raises is its own domain's report, not a reason here
             continue
         if obj is not MISSING and obj is not None and _is_diffusers(obj):
+            if name in ("model", "unet") and trained_autoencoder(obj):
+                continue  # an autoencoder the script trains itself: its input range is the script's own choice
             return f"dlcheck_{name} is a diffusers {type(obj).__name__}"
     return None
 

@@ -10,6 +10,7 @@ from typing import Any
 from ...errors import MISSING, RoleError
 from ...sampling import get_sample
 from ...session import NOT_APPLICABLE, user_call
+from ..shared.diffusers_kind import is_denoiser, is_diffusers, what_it_is
 from ..shared.lm import predicts_no_tokens
 from . import measure as vlm
 
@@ -41,8 +42,10 @@ def not_vlm(model: Any) -> str | None:
     if not isinstance(model, torch.nn.Module) or vlm.find_towers(model) is not None:
         return None
     name = type(model).__name__
-    if any(c.__module__.startswith("diffusers.") for c in type(model).__mro__):
-        return f"dlcheck_model is a diffusers {name}, a diffusion denoiser"
+    if is_diffusers(model):
+        return f"dlcheck_model is a diffusers {name}, " + (
+            "a diffusion denoiser" if is_denoiser(model) else what_it_is(model)
+        )
     config = getattr(model, "config", None)
     params = _forward_params(model)
     if config is not None and hasattr(config, "to_dict"):  # a transformers model: its config says what it is
@@ -170,7 +173,7 @@ def not_a_vlm_project(ctx: Any, model: Any = MISSING) -> str | None:
             obj = ctx.role(name)
         except RoleError:
             continue
-        if obj is not MISSING and any(c.__module__.startswith("diffusers.") for c in type(obj).__mro__):
+        if obj is not MISSING and is_diffusers(obj) and (name != "unet" or is_denoiser(obj)):
             return f"dlcheck_{name} is a diffusers {type(obj).__name__}: a diffusion training"
     for name in RL_MARKERS:
         try:
