@@ -417,16 +417,22 @@ def check_grad_accumulation(dlcheck):
         batch's loss the sum of the micro-batch sums. Gradient clipping or an unscale between the last backward and
         the step (one factor for every gradient) is undone before comparing. A transformers
         Trainer (``gradient_accumulation_steps`` > 1) is judged on what its ``training_step`` trusts: where the
-        model accepts loss kwargs (a forward taking ``**kwargs``, or ``accepts_loss_kwargs``) or a
-        ``compute_loss_func`` is set, the Trainer does not divide by the accumulation and hands the loss
-        ``num_items_in_batch``: its ``compute_loss`` is called on a training batch with N and 2N items (no gradient,
-        same RNG states); a loss that halves passes, one that does not move fails (a head that takes ``**kwargs`` and
-        keeps its own per-batch mean: every step ``gradient_accumulation_steps`` times the full batch's gradient,
-        transformers issue #47688). Not judged there (skip): a model without loss kwargs (the Trainer divides each
-        micro-batch's loss by the accumulation, a token mean weighted per micro-batch), a ``training_step`` override
-        that does not hand on to ``super().training_step``. Lightning runs are not judged (skip): Lightning divides
-        each micro-batch's loss by ``accumulate_grad_batches`` (a token mean over variable counts is weighted per
-        micro-batch there).
+        model accepts loss kwargs (a forward taking ``**kwargs``, or ``accepts_loss_kwargs``), a
+        ``compute_loss_func`` is set or the trainer's class sets ``loss_is_scaled_for_ga = True`` (a loss it
+        normalises itself, as TRL's GRPOTrainer), the Trainer does not divide by the accumulation and hands the loss
+        ``num_items_in_batch``: its ``compute_loss`` is called on a training batch with N and 2N items at the
+        accumulation k, and with N at an accumulation of 1 (``current_gradient_accumulation_steps`` and
+        ``args.gradient_accumulation_steps`` set for the call; no gradient, same RNG states). A loss that halves with
+        the items and does not move with the accumulation passes; one that ignores the items and is k times larger
+        at 1 divides by the accumulation itself and passes (how it weights the items inside a micro-batch is not
+        judged); one that moves with neither fails (a head that takes ``**kwargs`` and keeps its own per-batch mean:
+        every step ``gradient_accumulation_steps`` times the full batch's gradient, transformers issue #47688); one
+        that moves with both fails (divided twice: 1/k of the full batch's gradient). Not judged there (skip): a
+        model without loss kwargs (the Trainer divides each micro-batch's loss by the accumulation, a token mean
+        weighted per micro-batch), a ``training_step`` override that does not hand on to ``super().training_step``,
+        a loss of 0 on the batch (a generating trainer's groups of equal rewards). Lightning runs are not judged
+        (skip): Lightning divides each micro-batch's loss by ``accumulate_grad_batches`` (a token mean over variable
+        counts is weighted per micro-batch there).
     Not applicable
         Trainings without gradient accumulation: every call of your step takes an optimizer step, or a call
         takes several (a delayed actor update repeated) on parameters that carried no gradient when it began, the

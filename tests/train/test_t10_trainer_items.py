@@ -43,7 +43,10 @@ def test_a_head_that_takes_kwargs_and_ignores_num_items_in_batch_fails(project):
     run = project.run("--dlcheck=T10")
     run.assert_outcome("T10", "failed")
     text = tt.section(run, "T10")
-    assert "the loss does not read num_items_in_batch, and the Trainer does not divide it by" in text
+    assert (
+        "the loss does not read num_items_in_batch nor divide by the accumulation, and the Trainer does not divide it by"
+        in text
+    )
     assert "gradient_accumulation_steps=2 because Head.forward takes **kwargs" in text
     assert "2x the full batch's" in text and "accepts_loss_kwargs = False" in text
 
