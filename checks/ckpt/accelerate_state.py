@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from ...errors import MISSING
 from ...registry import Setting, check
 from ...training import get_setup, memo_or_skip
 
@@ -52,7 +53,8 @@ def check_accelerate_state(dlcheck):
         Builds fresh objects from your ``dlcheck_make_training`` (whose dict holds your ``Accelerator``),
         trains them a few micro-steps with your step, saves them the Accelerate way
         (``accelerator.save_state(path)``, or your ``dlcheck_save_checkpoint``), loads the directory into
-        other fresh objects (``accelerator.load_state(path)``, or your ``dlcheck_load_checkpoint``) and
+        other fresh objects (your ``dlcheck_load_checkpoint``, or ``accelerator.load_state(path)`` when you hand
+        over none: the evidence says it was dlcheck's stand-in) and
         compares, piece by piece, every object of the training dict that has a state (model, optimizer, LR
         scheduler, EMA, GradScaler, anything with ``state_dict``/``load_state_dict``) and that training
         changed. Fails naming each piece that does not come back bit for bit, with its first difference and
@@ -91,11 +93,15 @@ def check_accelerate_state(dlcheck):
         ``dlcheck_resume_dataloader`` says what your epoch loop trains on after the resume (a skip in the loop,
         outside the load, as in transformers' ``run_clm_no_trainer.py``). With dlcheck's own default load
         (``accelerator.load_state``, no ``dlcheck_load_checkpoint``) and no ``dlcheck_resume_dataloader``, or a
-        load that leaves the loader untouched and no such role, the pass says it was not judged, and why.
+        load that leaves the loader untouched and no such role, the pass says it was not judged, and why. When
+        that stand-in ``load_state`` raises on what your own save wrote through ``save_state``, the check names
+        the missing ``dlcheck_load_checkpoint`` (dlcheck's pairing, not your code, failed).
         Examples are told apart by content, as in C1.
     Not applicable
         A ``dlcheck_save_checkpoint`` that never calls ``accelerator.save_state`` (its own ``torch.save`` of a
-        dict, as lucidrains' denoising-diffusion Trainer does on an Accelerate loop): C1 judges that resume.
+        dict, as lucidrains' denoising-diffusion Trainer does on an Accelerate loop; a ``save_pretrained`` of the
+        unwrapped model's weights): C1 judges that resume, with your ``dlcheck_load_checkpoint`` (nothing is
+        loaded here: ``load_state`` would look for files such a save never writes).
         Trainings without an ``Accelerator`` in the ``dlcheck_make_training`` dict (a Trainer — which runs
         on Accelerate but checkpoints its own way, C1 —, Lightning, a plain loop). A Trainer or Lightning
         user (``dlcheck_trainer`` or ``dlcheck_lightning_module``, no ``dlcheck_make_training``) is not
@@ -129,6 +135,7 @@ def check_accelerate_state(dlcheck):
             f"your dlcheck_save_checkpoint writes its own checkpoint ({shown}) without accelerator.save_state: C10 "
             "judges what save_state / load_state leave behind; C1 judges this training's resume, its data position "
             "included"
+            + (" (once dlcheck_load_checkpoint hands over your resume)" if setup.user_load is MISSING else "")
         )
     head = (
         f"fresh objects trained {trip.steps} micro-steps ({trip.opt_steps} optimizer steps), saved through {how} "
@@ -159,14 +166,14 @@ def check_accelerate_state(dlcheck):
             fix = "; ".join(_fix_for(p) for p in unregistered)
         else:
             cause = (
-                f"{', '.join(_name(p) for p in lost)} is saved by Accelerate but your load does not restore it "
-                "(a save/load hook that skips it, or a load_state into other objects than the ones you train)"
+                f"{', '.join(_name(p) for p in lost)} is saved by Accelerate but {setup.loaded_by()} does not restore "
+                "it (a save/load hook that skips it, or a load_state into other objects than the ones you train)"
             )
             fix = "load_state into the objects prepare() returned, and restore every piece your save hooks write"
         dlcheck.fail(evidence, cause, fix)
     from .resume import data_verdict
 
-    loaded_by = "accelerator.load_state" if how.startswith("accelerator.") else "your dlcheck_load_checkpoint"
+    loaded_by = setup.loaded_by()
     data_lines = data_verdict(dlcheck, setup, how, loaded_by)
     restored = [p for p in trip.pieces if p.restored]
     if not restored:

@@ -55,7 +55,9 @@ def check_atomic_save(dlcheck):
         says so as not judged (partly judged), since how the script picks its checkpoint is not handed over;
         resume from the newest directory that holds ``trainer_state.json`` (the Trainer writes it last). An Accelerate
         training without ``dlcheck_save_checkpoint`` is not judged (``save_state`` writes where your loop
-        points it; the check would only judge its own choice of path). A save named after a counter is judged
+        points it; the check would only judge its own choice of path), nor one with your save and no
+        ``dlcheck_load_checkpoint`` (the check names the missing load: no load of dlcheck's own is paired with
+        your save). A save named after a counter is judged
         as made once per value of it: a loop saving several times per epoch under an epoch-named file
         overwrites it, and C2 does not see that cadence.
     Not applicable

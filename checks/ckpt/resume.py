@@ -173,6 +173,13 @@ def data_verdict(dlcheck: Any, setup: Any, how: str, loaded_by: str) -> list[str
     lines of what was measured (or not judged, and why)."""
     if setup.kind == "lightning":
         return _lightning_data(dlcheck, setup)
+    if setup.kind == "accelerate" and setup.load is MISSING:  # C10: the user's save, dlcheck's load_state
+        reason = (
+            "no dlcheck_load_checkpoint: the load was dlcheck's own stand-in (accelerator.load_state), not your "
+            "resume, so where your loop resumes the epoch is not visible to dlcheck"
+        )
+        dlcheck.not_judged("data position", reason)
+        return [f"data position: not judged: {reason}"]
     probe = data_probe(dlcheck, setup)
     if probe is None or isinstance(probe, NoLoader):
         if setup.kind not in ("loop", "accelerate"):
@@ -1048,7 +1055,11 @@ def check_resume(dlcheck):
         A run too short to reach a later epoch (an epoch longer than the run) saves in the first one, said in the
         pass: a sampler whose first epoch's order comes back after a seeded start is then not caught. A save every
         N steps that is a multiple of your real epoch's steps is not recognised (the tiny data's epoch is not your
-        data's), and Lightning is saved as above.
+        data's), and Lightning is saved as above. A plain or Accelerate loop that hands over
+        ``dlcheck_save_checkpoint`` and no ``dlcheck_load_checkpoint`` (a script that writes its weights and never
+        resumes) is not resumed: the check names the missing load. dlcheck pairs Accelerate's ``save_state`` /
+        ``load_state`` only with each other or with your own load: never its ``load_state`` with your save, whose
+        files it may not read.
     Not applicable
         None: every run that saves checkpoints may be resumed from one.
     """
@@ -1076,9 +1087,7 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
         _load_raises(dlcheck, setup, exc, label if exc.saved_at < total else "the run")
     _curves(dlcheck, run)
     how = how_saved(setup, run)
-    loaded_by = LOADED_BY.get(setup.kind, "the resume")
-    if setup.kind == "accelerate":
-        loaded_by = "accelerator.load_state" if how.startswith("accelerator.") else "your dlcheck_load_checkpoint"
+    loaded_by = setup.loaded_by() if setup.kind == "accelerate" else LOADED_BY.get(setup.kind, "the resume")
     # Lightning's resume above is at an epoch boundary: the mid-epoch data position is judged once it resumes
     # exactly (its own two fits), so that what it finds there is said as before
     data_lines = data_verdict(dlcheck, setup, how, loaded_by) if setup.kind != "lightning" else None
@@ -1208,13 +1217,11 @@ SAVED_BY = {
     "trainer": "the Trainer's save (its checkpoint-* directory)",
     "lightning": "Lightning's ModelCheckpoint",
     "loop": "your dlcheck_save_checkpoint",
-    "accelerate": "your save",
 }
 LOADED_BY = {
     "trainer": "train(resume_from_checkpoint=...)",
     "lightning": "fit(ckpt_path=...)",
     "loop": "your dlcheck_load_checkpoint",
-    "accelerate": "your load",
 }
 
 
@@ -1223,9 +1230,10 @@ def _load_raises(dlcheck: Any, setup: Any, exc: ResumeLoadFailed, label: str) ->
     save was given: the pipeline's own conditions): no checkpoint this pipeline writes can be resumed. The
     exception is the evidence; a global that torch.load(weights_only=True) refuses is named with where the
     checkpoint holds it."""
-    loaded_by = LOADED_BY.get(setup.kind, "the resume")
+    loaded_by = setup.loaded_by() if setup.kind == "accelerate" else LOADED_BY.get(setup.kind, "the resume")
+    saved_by = setup.saved_by() if setup.kind == "accelerate" else SAVED_BY.get(setup.kind, "the save")
     evidence = [
-        f"{label}, saved after step {exc.saved_at} by {SAVED_BY.get(setup.kind, 'the save')} "
+        f"{label}, saved after step {exc.saved_at} by {saved_by} "
         f"({exc.checkpoint.name}); {loaded_by} on fresh objects raised on it, before any step was resumed:",
         exc.message,
     ]

@@ -145,6 +145,9 @@ def check_resume_rng(dlcheck):
         says it was not judged); what later draws from a generator the loop moved (the next epoch's shuffle), and
         a generator of the data path's own (a collator's ``seed=``), are not compared. A loader in spawned worker
         processes draws the examples' augmentations there: only the main process's states are compared.
+        A plain or Accelerate loop that hands over ``dlcheck_save_checkpoint`` and no ``dlcheck_load_checkpoint``
+        (a script that writes its weights and never resumes) is not resumed: the check names the missing load
+        (dlcheck loads with Accelerate's ``load_state`` only when neither save nor load is given).
     Not applicable
         Runs whose resumed steps draw no random numbers that change them (no dropout, no shuffling or
         augmentation from the global generators): with any RNG state after the load, they are the same.

@@ -523,10 +523,7 @@ class LoopSetup:
         load it with the user's load function (the global RNGs first moved elsewhere, as in a new process)
         and continue on the same batches."""
         if not self.can_resume():
-            raise SetupError(
-                "missing role: define fixtures dlcheck_save_checkpoint and dlcheck_load_checkpoint "
-                "(state, path) in conftest.py"
-            )
+            raise SetupError(missing_checkpoint_roles(self))
         cache = self.__dict__.setdefault("_baselines", {})
         if baseline is None and total not in cache:
             cache[total] = self._uninterrupted_past_accumulation(total)
@@ -1583,13 +1580,26 @@ def epoch_too_long(epoch: int, first: int, bound: int, total: int) -> str:
     )
 
 
+def missing_checkpoint_roles(setup: LoopSetup) -> str:
+    """The missing role of a resume: the save, the load or both, each with what it stands for. A save handed
+    over without a load (a script that writes its weights and never resumes) names the load alone."""
+    names = [f"dlcheck_{n}_checkpoint" for n, f in (("save", setup.save), ("load", setup.load)) if f is MISSING]
+    what = (
+        "your save and your resume (state, path)"
+        if len(names) == 2
+        else "your save (state, path)"
+        if setup.save is MISSING
+        else "your resume, loading what your save writes into fresh objects (state, path); a script that never "
+        "resumes has nothing to judge here"
+    )
+    return f"missing role: define fixture {' and '.join(names)} in conftest.py: {what}"
+
+
 def loop_interrupted_save(setup: LoopSetup) -> InterruptedSave:
     """Save a checkpoint, train a step, save again to the same path and interrupt that save half way; then
     load the path into fresh objects with the user's load function."""
     if setup.save is MISSING or setup.load is MISSING:
-        raise SetupError(
-            "missing role: define fixtures dlcheck_save_checkpoint and dlcheck_load_checkpoint in conftest.py"
-        )
+        raise SetupError(missing_checkpoint_roles(setup))
     path = setup.tmp.mktemp("dlcheck-atomic") / "checkpoint"
     first = setup.state()
     first_target = _save_target(setup, first) if _counters(first) else None
