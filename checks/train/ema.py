@@ -9,7 +9,7 @@ import torch
 
 from ...registry import check
 from ...training import fresh_probe, get_setup, smoke_run
-from ...training.runs import ema_counter, ema_describe, ema_difference, ema_kind, find_emas
+from ...training.runs import averaged_module, ema_counter, ema_describe, ema_difference, ema_kind, find_emas
 from ..shared.ema_own import held_model_parts, own_parameters
 
 
@@ -21,6 +21,7 @@ def _weights(ema: Any, trained: Any) -> tuple[dict[str, torch.Tensor], int]:
     with torch.no_grad():
         if isinstance(getattr(ema, "shadow_params", None), list):
             return {f"shadow_params[{i}]": t.detach().clone() for i, t in enumerate(ema.shadow_params)}, 0
+        ema = averaged_module(ema)  # timm's ModelEma: a plain object keeping the averaged copy as .ema
         if isinstance(ema, torch.nn.Module):
             own, left = own_parameters(ema, trained)
             return {n: p.detach().clone() for n, p in own.items()}, left

@@ -1176,12 +1176,24 @@ def find_emas(holder: Any) -> list[tuple[str, Any]]:
     return found
 
 
+def averaged_module(ema: Any) -> Any:
+    """The module an EMA that is no module itself keeps its averaged weights in (timm's ``ModelEma``, a plain
+    object holding ``self.ema = deepcopy(model)``): its one attribute that is a ``torch.nn.Module``; else ``ema``."""
+    if isinstance(ema, torch.nn.Module) or isinstance(getattr(ema, "shadow_params", None), list):
+        return ema
+    modules = [v for v in vars(ema).values() if isinstance(v, torch.nn.Module)] if hasattr(ema, "__dict__") else []
+    return modules[0] if len(modules) == 1 else ema
+
+
 def ema_tensors(ema: Any) -> tuple[list[Any], Any, str]:
     """(the EMA's tensors, the EMA module if it is one, a description) for diffusers EMAModel, torch
     AveragedModel, or a module kept as an EMA copy."""
     if isinstance(getattr(ema, "shadow_params", None), list):
         step = getattr(ema, "optimization_step", "?")
         return list(ema.shadow_params), None, f"EMAModel (decay {getattr(ema, 'decay', '?')}, optimization_step {step})"
+    held = averaged_module(ema)
+    if held is not ema:
+        return list(held.parameters()), held, f"{type(ema).__name__} of {type(held).__name__}"
     if isinstance(ema, torch.nn.Module):
         inner = getattr(ema, "module", None)
         if type(ema).__name__ == "AveragedModel" and isinstance(inner, torch.nn.Module):
@@ -1236,6 +1248,7 @@ def ema_state(ema: Any) -> dict[str, torch.Tensor]:
     with torch.no_grad():
         if isinstance(getattr(ema, "shadow_params", None), list):
             return {f"shadow_params[{i}]": t.detach().clone() for i, t in enumerate(ema.shadow_params)}
+        ema = averaged_module(ema)
         if isinstance(ema, torch.nn.Module):
             return {k: v.detach().clone() for k, v in ema.state_dict().items()}
     return {}

@@ -36,6 +36,7 @@ EMA_LOOP = """
         return step
 """
 
+TIMM_V1 = "__import__('timm.utils', fromlist=['ModelEma']).ModelEma(model, decay=0.99)"
 AVERAGED = "AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.999))"
 EMAMODEL = "EMAModel(model.parameters(), decay=0.999)"
 
@@ -155,3 +156,20 @@ def test_lightning_module_updating_its_ema_passes(project):
     run = project.run("--dlcheck=T12", "-rA")
     run.assert_outcome("T12", "passed")
     assert "(AveragedModel of MLP, decay 0.99) moved with it: 4 of 4 tensors changed" in run.text, run.text
+
+
+def test_timm_model_ema_never_updated_fails(project):
+    """timm's ModelEma (v1: a plain object keeping the averaged copy as .ema, as facebookresearch/deit uses it; found
+    blind, set 15): T12 had skipped, 'holds no tensors T12 can read'."""
+    project.conftest(project_with(key="model_ema", ema=TIMM_V1, update="pass"))
+    run = project.run("--dlcheck=T12")
+    run.assert_outcome("T12", "failed")
+    text = tt.section(run, "T12")
+    assert "the EMA state['model_ema'] (ModelEma" in text and "still holds exactly its initial weights" in text
+
+
+def test_timm_model_ema_updated_passes(project):
+    project.conftest(project_with(key="model_ema", ema=TIMM_V1, update="ema.update(model)"))
+    run = project.run("--dlcheck=T12", "-rA")
+    run.assert_outcome("T12", "passed")
+    assert re.search(r"the EMA state\['model_ema'\] \(ModelEma[^)]*\) moved with it: 4 of 4 tensors changed", run.text)
