@@ -385,6 +385,16 @@ SHARED_REF_FIX = (
 # S5: train/eval gap
 
 
+def first_negative(losses) -> tuple | None:
+    """The first (step, loss) below 0 of ``losses`` ((step, loss) pairs), or None. A loss that takes negative values
+    (a policy-gradient objective such as GRPO's, centred on 0 by its baseline) is no measure of fit: a multiple of
+    it (S2's spike, S5's train/eval ratio) means nothing."""
+    return next(((s, v) for s, v in losses if v is not None and v < 0), None)
+
+
+NEGATIVE_LOSS = "the loss takes negative values ({where}: {value:.4g}; a policy-gradient objective such as GRPO's)"
+
+
 def gap_exceeded(train_loss: float, eval_loss: float, max_ratio: float, min_gap: float) -> tuple[bool, float]:
     """(the eval loss is beyond ``max_ratio`` x and ``min_gap`` nats above the train loss, the ratio)."""
     ratio = eval_loss / train_loss if train_loss > 0 else float("inf")

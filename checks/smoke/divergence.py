@@ -60,11 +60,11 @@ def check_loss_spike(dlcheck):
             f"the smoke run logged {len(losses)} finite losses: too few to judge spikes (raise S1.steps"
             + (", or S1.max_micro_steps under gradient accumulation)" if run.capped else ")")
         )
-    negative = [(s, v) for s, v in losses if v < 0]
+    negative = detectors.first_negative(losses)
     if negative:
         dlcheck.not_applicable(
-            f"the loss takes negative values (step {negative[0][0]}: {negative[0][1]:.4g}; a policy-gradient "
-            "objective such as GRPO's): a spike as a multiple of its running mean means nothing"
+            detectors.NEGATIVE_LOSS.format(where=f"step {negative[0]}", value=negative[1])
+            + ": a spike as a multiple of its running mean means nothing"
         )
     if any(v == 0 for _, v in losses):
         dlcheck.skip("the loss reaches 0 in the smoke run: spikes relative to its mean cannot be judged")

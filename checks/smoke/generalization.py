@@ -70,9 +70,13 @@ def check_train_eval_gap(dlcheck):
         exist in train mode only (a torchvision detector) is measured in train mode with its BatchNorm and
         dropout layers in eval mode.
     Not applicable
-        None: any run with eval data can overfit.
+        Losses that take negative values, in the smoke run or measured on the sampled batches (GRPO and other
+        policy-gradient objectives, centred on 0 by their baseline): they measure no fit, so a train/eval ratio or
+        gap of their values means nothing (S2 is not applicable to them for the same reason). Any other run with
+        eval data can overfit.
     """
     run = smoke_run(dlcheck)
+    _not_a_fit_measure(dlcheck, [(f"step {s}", v) for s, v in run.trajectory.losses()])
     _not_diverged(dlcheck, run)
     ev = run_or_skip(dlcheck, lambda: eval_batches(dlcheck, run.setup))
     if not ev:
@@ -124,6 +128,15 @@ def check_train_eval_gap(dlcheck):
             + (f": {reasons[0]}" if reasons else "")
         )
     train_loss, eval_loss = after
+    _not_a_fit_measure(
+        dlcheck,
+        [
+            ("the train loss before training", before[0]),
+            ("the eval loss before training", before[1]),
+            ("the train loss after training", train_loss),
+            ("the eval loss after training", eval_loss),
+        ],
+    )
     exceeded, ratio = detectors.gap_exceeded(
         train_loss, eval_loss, dlcheck.setting("max_ratio"), dlcheck.setting("min_gap")
     )
@@ -184,6 +197,19 @@ def check_train_eval_gap(dlcheck):
         )
         fix = detectors.MEMORISE_FIX
     dlcheck.fail(evidence, cause, fix)
+
+
+def _not_a_fit_measure(dlcheck, losses) -> None:
+    """Not applicable, as S2 is and for S2's reason, when a loss takes negative values (a policy-gradient objective
+    such as GRPO's: centred on 0 by its baseline, of either sign, whatever the model fits): a ratio or gap of its
+    train and eval values measures no memorisation and no difference of the eval data."""
+    negative = detectors.first_negative(losses)
+    if negative:
+        dlcheck.not_applicable(
+            detectors.NEGATIVE_LOSS.format(where=negative[0], value=negative[1])
+            + ": it is no measure of how well the model fits its data, and a train/eval ratio or gap of its values "
+            "measures no fit (S2 is not applicable to it either)"
+        )
 
 
 def _not_diverged(dlcheck, run) -> None:
