@@ -56,12 +56,30 @@ def spread_positions(length: int, n: int) -> list[int]:
     return sorted({round(i * (length - 1) / (n - 1)) for i in range(n)})
 
 
-def sample_rows(dataset: Any, n: int, role: str = "dataset") -> tuple[list[Any], list[int] | None]:
+def indexable(dataset: Any) -> bool:
+    """Whether a dataset is read by index (map-style): it has a length and a ``__getitem__`` of its own. A torch
+    ``IterableDataset`` is read by iterating it even when it defines ``__len__`` (torchtext's datapipes, a stream that
+    knows its size): the ``__getitem__`` it has is torch's ``Dataset.__getitem__``, which raises
+    NotImplementedError, as does that of any Dataset subclass that defines ``__iter__`` only. Imports nothing."""
     try:
-        length = len(dataset)
-        getitem = dataset.__getitem__
-    except (TypeError, AttributeError):
+        len(dataset)
+    except (TypeError, AttributeError, NotImplementedError):
+        return False
+    for cls in type(dataset).__mro__:
+        if cls.__name__ in ("IterableDataset", "IterDataPipe") and cls.__module__.startswith("torch.utils.data"):
+            return False
+        if "__getitem__" in vars(cls):
+            # the first class that defines it: torch's placeholder is no way to read the examples
+            return not (cls.__name__ == "Dataset" and cls.__module__.startswith("torch.utils.data"))
+    return False
+
+
+def sample_rows(dataset: Any, n: int, role: str = "dataset") -> tuple[list[Any], list[int] | None]:
+    """``n`` examples of a dataset: at spread positions of a map-style one (with the positions), else its first ``n``
+    (positions None): an IterableDataset is iterated, never indexed."""
+    if not indexable(dataset):
         return user_call(role, lambda: list(itertools.islice(iter(dataset), n))), None
+    length, getitem = len(dataset), dataset.__getitem__
     positions = spread_positions(length, n)
     return [user_call(role, lambda p=p: getitem(p)) for p in positions], positions
 

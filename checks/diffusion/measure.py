@@ -16,7 +16,7 @@ from ...cost import users_routine
 from ...errors import MISSING, RoleError
 from ...guard import preserved_dataloader
 from ...roles import ROLES
-from ...sampling import SampleError, as_batch_dict, get_sample, spread_positions
+from ...sampling import SampleError, as_batch_dict, get_sample, indexable, spread_positions
 from ..shared.diffusers_kind import is_denoiser, what_it_is
 from ..shared.reuse import reusing
 
@@ -508,8 +508,7 @@ def redraw_batches(
     if (
         collator is not MISSING
         and dataset is not MISSING
-        and hasattr(dataset, "__len__")
-        and hasattr(dataset, "__getitem__")
+        and indexable(dataset)  # an IterableDataset (with a length or not) is read through the loader
     ):
         n = len(dataset)
         if n == 0:

@@ -29,6 +29,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from ...sampling import indexable
 from ...training.runs import unwrap_prepared
 from ..shared.digest import nested_digest, tensor_digest
 from ..shared.dropout import quiet_dropout, restore_dropout
@@ -732,7 +733,7 @@ class Rank:
 
         dataset = getattr(loader, "dataset", None)
         try:
-            if dataset is None or not hasattr(dataset, "__getitem__") or len(dataset) == 0:
+            if dataset is None or not indexable(dataset) or len(dataset) == 0:
                 return None
         except TypeError:
             return None

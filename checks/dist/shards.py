@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from ...sampling import indexable
+
 #: selections deeper than this are not followed (a chain of Subsets is rarely more than three deep)
 MAX_DEPTH = 8
 
@@ -52,7 +54,7 @@ def probe(dataset: Any) -> str | None:
         n = len(dataset)
     except TypeError:
         return None
-    if not n or not hasattr(dataset, "__getitem__"):
+    if not n or not indexable(dataset):
         return None
     parts = []
     try:

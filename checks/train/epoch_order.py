@@ -1,15 +1,17 @@
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import random
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from ...errors import MISSING
-from ...guard import preserved_dataloader, preserved_rng
+from ...guard import kept, preserved_dataloader, preserved_rng, seed_everything
 from ...registry import Setting, check
 from ...training import find_setup, memo_or_skip
 from . import worker_streams
@@ -18,6 +20,8 @@ from . import worker_streams
 COMPARED = 64
 #: epochs read at most, for the shortest orders
 MAX_EPOCHS = 21
+#: batches drawn from each of two iterations of a loader whose order is its own (an IterableDataset's): bounded cost
+STREAM_BATCHES = 8
 
 
 def epochs_needed(order: list[Any], false_alarm: float) -> int:
@@ -128,7 +132,9 @@ def _planned_epochs(setup: Any, loader: Any, epochs_role: Any = MISSING) -> tupl
         batches = 0
     if setup is not None and setup.kind == "trainer":
         args = setup.trainer.args
-        if getattr(args, "max_steps", -1) and args.max_steps > 0 and batches:
+        if getattr(args, "max_steps", -1) and args.max_steps > 0:
+            if not batches:
+                return None  # max_steps over a loader of unknown length (a stream): the epochs are not known
             accum = max(1, int(getattr(args, "gradient_accumulation_steps", 1) or 1))
             return args.max_steps * accum / batches, f"max_steps={args.max_steps} of {batches} batches an epoch"
         return float(args.num_train_epochs), f"num_train_epochs={args.num_train_epochs}"
@@ -137,7 +143,9 @@ def _planned_epochs(setup: Any, loader: Any, epochs_role: Any = MISSING) -> tupl
     trainer = getattr(setup, "l_trainer", None) if setup is not None and setup.kind == "lightning" else None
     if trainer is None or trainer is MISSING:
         return None
-    if (getattr(trainer, "max_steps", -1) or -1) > 0 and batches:
+    if (getattr(trainer, "max_steps", -1) or -1) > 0:
+        if not batches:
+            return None  # max_steps over a loader of unknown length: whichever ends first is not known
         accum = max(1, int(getattr(trainer, "accumulate_grad_batches", 1) or 1))
         return trainer.max_steps * accum / batches, f"max_steps={trainer.max_steps} of {batches} batches an epoch"
     epochs = getattr(getattr(trainer, "fit_loop", None), "max_epochs", None)
@@ -156,6 +164,186 @@ def _own_epoch_start(dlcheck: Any, setup: Any) -> Any:
         return None
     state = setup.state()
     return lambda loader, epoch: dlcheck.call("start_epoch", lambda: fn(state, loader, epoch))
+
+
+@contextlib.contextmanager
+def _kept_dataset(dataset: Any) -> Iterator[None]:
+    """Put back what iterating a dataset may move in it: the random generators it holds of its own (a shuffle buffer's
+    ``random.Random``, a ``torch.Generator``), and its own numbers (an epoch counter its ``__iter__`` or ``set_epoch``
+    advances, also a one-element tensor in shared memory, as datasets' ``IterableDataset._epoch``); an attribute
+    the iterations added is dropped. The dataset it wraps (``.dataset``) too."""
+    owners = [d for d in (dataset, getattr(dataset, "dataset", None)) if d is not None and hasattr(d, "__dict__")]
+    np = sys.modules.get("numpy")
+    gens: list[tuple[Any, Any]] = []
+    for owner in owners:
+        for _, gen in worker_streams.own_generators(owner, most=16):
+            if isinstance(gen, random.Random):
+                gens.append((gen, gen.getstate()))
+            elif np is not None and isinstance(gen, np.random.Generator):
+                gens.append((gen, gen.bit_generator.state))
+            else:  # torch.Generator, numpy RandomState
+                gens.append((gen, gen.get_state()))
+    numbers = []
+    for owner in owners:
+        attrs = vars(owner)
+        saved = {
+            k: v.detach().clone() if isinstance(v, torch.Tensor) else v
+            for k, v in attrs.items()
+            if (isinstance(v, (int, float)) and not isinstance(v, bool))
+            or (isinstance(v, torch.Tensor) and v.numel() == 1)
+        }
+        numbers.append((owner, set(attrs), saved))
+    try:
+        yield
+    finally:
+        for gen, state in gens:
+            if isinstance(gen, random.Random):
+                gen.setstate(state)
+            elif np is not None and isinstance(gen, np.random.Generator):
+                gen.bit_generator.state = state
+            else:
+                gen.set_state(state)
+        for owner, names, saved in numbers:
+            attrs = vars(owner)
+            for k in set(attrs) - names:
+                attrs.pop(k, None)
+            for k, v in saved.items():
+                now = attrs.get(k)
+                if isinstance(v, torch.Tensor) and isinstance(now, torch.Tensor) and now.shape == v.shape:
+                    with torch.no_grad():
+                        now.copy_(v)  # in place: the tensor may be shared with worker processes
+                else:
+                    attrs[k] = v
+
+
+def _stream_batches(dlcheck: Any, loader: Any, own: Any, role: str) -> tuple[int, bool, int | None, bool]:
+    """Draw the first :data:`STREAM_BATCHES` batches of two fresh iterations of the user's loader, epochs 0 and 1 as
+    the loop sees them (``set_epoch`` applied where the loader or its dataset has it, as the Trainer and a correct loop
+    do, or the user's own ``dlcheck_start_epoch``), the global RNGs seeded once before the first: (batches of epoch 0
+    compared, whether they are the whole epoch, the first batch of epoch 1 that differs or None, whether set_epoch
+    was applied). The RNGs, the loader's generators and epoch counters, and the dataset's own generators and counters are put back."""
+    from ..shared.digest import nested_digest
+
+    dataset = getattr(loader, "dataset", None)
+    owners = [o for o in (loader, dataset, getattr(dataset, "dataset", None)) if o is not None]
+    set_epoch = own is None and any(hasattr(o, "set_epoch") for o in owners)
+
+    def start(epoch: int) -> None:
+        if own is not None:
+            own(loader, epoch)
+            return
+        for owner in owners:
+            if hasattr(owner, "set_epoch"):
+                dlcheck.call(role, lambda owner=owner: owner.set_epoch(epoch))
+
+    def draw(epoch: int, until: list[str] | None) -> list[str]:
+        start(epoch)
+        digests: list[str] = []
+        it = dlcheck.call(role, lambda: iter(loader))
+        while len(digests) < (len(until) if until is not None else STREAM_BATCHES):
+            batch = dlcheck.call(role, lambda it=it: next(it, None))
+            if batch is None:
+                break
+            digests.append(nested_digest(kept(batch)))
+            if until is not None and digests[-1] != until[len(digests) - 1]:
+                break
+        del it  # stop worker processes now
+        return digests
+
+    with preserved_rng(), preserved_dataloader(loader), _kept_dataset(dataset):
+        seed_everything(0)
+        first = draw(0, None)
+        whole = len(first) < STREAM_BATCHES
+        if len(first) < 2:
+            return len(first), whole, None, set_epoch
+        second = draw(1, first)
+    differ = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), None)
+    if differ is None and len(second) < len(first):
+        differ = len(second)  # epoch 1 ended sooner: other batches
+    return len(first), whole, differ, set_epoch
+
+
+def _judge_own_order(dlcheck, setup, loader, where) -> tuple[str, str]:
+    """A loader whose order is its own (an IterableDataset's, or a loader without a sampler), in a run whose plan trains
+    more than one epoch: two fresh iterations of it, epochs 0 and 1, are compared by their first batches. Passes
+    (``("judged", what)``) when they differ; fails when they are identical; ("not judged", why) when the plan is not
+    visible (nothing is drawn), or the loader cannot be read so; ("not applicable", why) for one epoch, or one batch
+    per epoch."""
+    dataset = getattr(loader, "dataset", None)
+    head = (
+        f"{where} reads {type(dataset).__name__}, an IterableDataset"
+        if _iterable(loader)
+        else f"{where} is a {type(loader).__name__} without a sampler"
+    )
+    if hasattr(loader, "__next__") and iter(loader) is loader:
+        return "not judged", f"{head}: a one-shot iterator, whose order is not read (reading it would consume it)"
+    plan = _planned_epochs(setup, loader, dlcheck.role("num_epochs"))
+    if plan is None:
+        lightning = setup is not None and setup.kind == "lightning"
+        return "not judged", (
+            f"{head}: its order is its own, which T7 reads by drawing the first batches of two epochs of it when the "
+            "run trains more than one epoch (one epoch repeats no order), and "
+            + (
+                "how many epochs your run trains is not visible (hand over your Lightning Trainer as dlcheck_trainer "
+                "and its max_epochs is read)"
+                if lightning
+                else "how many epochs your run trains is not visible (define fixture dlcheck_num_epochs returning it, "
+                "and T7 judges it)"
+            )
+        )
+    if plan[0] <= 1:
+        return "not applicable", f"{head}, and the run trains one epoch ({plan[1]}): no order repeats"
+    role = (
+        "dataloader"
+        if dlcheck.has("dataloader")
+        else "trainer"
+        if setup is not None and setup.kind == "trainer"
+        else "datamodule"
+        if dlcheck.has("datamodule")
+        else "lightning_module"
+    )
+    own = _own_epoch_start(dlcheck, setup)
+    compared, whole, differ, set_epoch = _stream_batches(dlcheck, loader, own, role)
+    if compared < 2:
+        if compared == 1:
+            return "not applicable", (
+                f"{head} that yields one batch per epoch: the epochs train on the same full batch, whatever its order"
+            )
+        return "not judged", f"{head}: it yielded no batch, no order to compare"
+    how = (
+        "your dlcheck_start_epoch (the top of your epoch loop) run before each"
+        if own is not None
+        else "set_epoch(epoch) applied before each, as a Trainer and a correct loop do"
+        if set_epoch
+        else "neither the loader nor its dataset has a set_epoch"
+    )
+    what = f"two iterations of it (epochs 0 and 1 as your loop sees them; {how})"
+    if differ is not None:
+        return "judged", (
+            f"{head}: {what} give other batches or another order (batch {differ} of epoch 1 differs; the first "
+            f"{compared} batches of epoch 0 drawn)"
+        )
+    same = (
+        f"{head}: {what} give the same {compared} batches, the whole epoch, identical in content and order"
+        if whole
+        else f"{head}: {what} give the same first {compared} batches, identical in content and order ({compared} "
+        "batches of each compared)"
+    )
+    epochs, read = plan
+    dlcheck.fail(
+        [same, f"the run trains {epochs:g} epochs ({read})"],
+        "the training data comes in one fixed order that nothing shuffles: the "
+        + ("loader's IterableDataset" if _iterable(loader) else "loader")
+        + " yields its examples in the same order at every iteration, so every epoch presents the same batches, with "
+        "the same neighbours and the same last batch, epoch after epoch",
+        "shuffle the stream anew every epoch: a shuffle buffer seeded with seed + epoch (datasets: "
+        "IterableDataset.shuffle(seed=..., buffer_size=...) and set_epoch(epoch) each epoch; a datapipe's .shuffle() "
+        "stage, which DataLoader(..., shuffle=True) turns on), or load the examples into a map-style dataset and use "
+        "DataLoader(..., shuffle=True)",
+        epochs=epochs,
+        batches_compared=compared,
+    )
+    raise AssertionError("unreachable: dlcheck.fail raises")
 
 
 def _fail_or_judge_no_shuffle(dlcheck, setup, loader, where) -> tuple[str, str]:
@@ -358,7 +546,15 @@ def check_epoch_order(dlcheck):
         shuffles gives the same order in every one. k distinct entries repeat their order by chance with
         probability 1/k!, so it reads E epochs with (1/k!)^(E−1) ≤ false_alarm: the false-alarm
         probability of a correct shuffle is ≤ 1e-6 (2 epochs from 10 entries up, 9 for 3 entries, 21 for
-        2 or for samplers that draw with replacement). Then, when the loader has
+        2 or for samplers that draw with replacement). A loader whose order is its own (over an IterableDataset,
+        also one that defines ``__len__`` as torchtext's datapipes do; a hand-written loader without a sampler), in a
+        run whose plan trains more than one epoch: draws the first 8 batches of two fresh iterations of your own
+        loader, epochs 0 and 1 as the loop sees them (``set_epoch(epoch)`` applied where the loader or its dataset has
+        it, or your ``dlcheck_start_epoch``), and fails when both give the same batches in the same order (the
+        evidence says how many batches were compared); passes when they differ (a dataset that shuffles itself: a
+        shuffle buffer seeded per epoch, an order drawn at every iteration). The global RNGs are seeded once before
+        the first draw and put back afterwards, with the loader's generators and the dataset's own generators and
+        counters (an epoch counter its ``__iter__`` or ``set_epoch`` moves). Then, when the loader has
         several workers and a ``worker_init_fn``, runs that function in-process as two workers of one
         epoch and one of the next would, and fails when it leaves python's and numpy's random state
         identical for all of them. When the loader has workers (a map-style dataset), it also builds a loader like
@@ -387,9 +583,14 @@ def check_epoch_order(dlcheck):
     Known problems
         For a plain loop, dlcheck calls ``set_epoch`` itself, as a correct loop does, unless you hand over the
         top of your epoch loop as ``dlcheck_start_epoch`` (the dist domain's role): then each epoch's order is read
-        as your loop leaves it (a ``set_epoch`` called only when distributed is seen). The order of an IterableDataset is its own (no sampler to read without loading
-        data) and is not judged; ``worker_init_fn``s that need a real worker are not judged either: with
-        nothing else to judge, the check skips. The worker streams are compared on whole examples: an
+        as your loop leaves it (a ``set_epoch`` called only when distributed is seen). The order of an IterableDataset
+        (or of a loader without a sampler) is read from its batches only when the run's plan is visible and trains
+        more than one epoch (a loop's ``dlcheck_num_epochs``, a Trainer's ``num_train_epochs``, a Lightning Trainer's
+        ``max_epochs``; a ``max_steps`` over a loader of unknown length says no number of epochs): otherwise it is not
+        judged; only its first 8 batches of each epoch are compared (a stream that kept its first 8 batches in place
+        every epoch and shuffled only later ones would be taken for one fixed order); a one-shot iterator is never
+        read. ``worker_init_fn``s that need a real worker are not judged
+        either: with nothing else to judge, the check skips. The worker streams are compared on whole examples: an
         augmentation with few outcomes (a flip alone) agrees by chance too often to tell and is said not judged;
         one replayed stream mixed with another drawn anew in each worker makes the examples differ and passes.
         A training loader that does not shuffle (a SequentialSampler, ``shuffle=False``) gives every epoch the
@@ -398,7 +599,8 @@ def check_epoch_order(dlcheck):
         ``max_epochs`` / ``max_steps``, a plain or Accelerate loop's ``dlcheck_num_epochs``); a loop that does
         not say how many epochs it trains is said not judged (a skip naming the fixture).
     Not applicable
-        A training loader that does not shuffle in a run of one epoch (no order repeats).
+        A training loader that does not shuffle, or whose order is its own (an IterableDataset's), in a run of one
+        epoch (no order repeats), or that yields one batch per epoch.
     """
     setup = find_setup(dlcheck)
     loader, where = _train_loader(dlcheck, setup)
@@ -414,16 +616,16 @@ def check_epoch_order(dlcheck):
         )
     judged: list[str] = []
     unjudged: list[str] = []
-    if _iterable(loader):
-        unjudged.append(
-            f"{where} reads {type(getattr(loader, 'dataset', None)).__name__}, an IterableDataset: its order is the "
-            "dataset's own, with no sampler to read it from without loading the data"
-        )
-    elif getattr(loader, "sampler", None) is None and getattr(loader, "batch_sampler", None) is None:
-        unjudged.append(
-            f"{where} is a {type(loader).__name__} without a sampler: its order is its own, not readable without "
-            "loading the data"
-        )
+    own_order = None
+    if _iterable(loader) or (
+        getattr(loader, "sampler", None) is None and getattr(loader, "batch_sampler", None) is None
+    ):
+        # the order is the loader's own (an IterableDataset's, a hand-written loader's): two epochs of it are drawn
+        own_order = _judge_own_order(dlcheck, setup, loader, where)
+        if own_order[0] == "judged":
+            judged.append(own_order[1])
+        elif own_order[0] == "not judged":
+            unjudged.append(own_order[1])
     elif _shuffles(loader):
         own = _own_epoch_start(dlcheck, setup)
         with preserved_rng(), preserved_dataloader(loader):
@@ -533,6 +735,8 @@ def check_epoch_order(dlcheck):
         dlcheck.skip("; ".join(unjudged))
     if no_shuffle is not None:
         dlcheck.not_applicable(no_shuffle[1])
+    if own_order is not None:
+        dlcheck.not_applicable(own_order[1])
     dlcheck.not_applicable(
         f"{where} does not shuffle ({type(getattr(loader, 'sampler', None)).__name__}) and has no multi-worker "
         "worker_init_fn: no random order or worker stream to judge"

@@ -14,6 +14,7 @@ import torch
 from ...errors import MISSING
 from ...guard import kept, preserved_dataloader, preserved_rng
 from ...registry import Setting, check
+from ...sampling import indexable
 from ...training import batch_len, describe_batch
 
 #: fields that are targets or derived from the inputs, not content
@@ -269,11 +270,11 @@ def fingerprint(example: Any) -> str:
 
 
 def _examples(dataset: Any, limit: int) -> tuple[list[Any] | None, bool]:
-    """Up to ``limit`` examples (columns read in one go for a datasets.Dataset); (examples, truncated)."""
-    try:
-        n = len(dataset)
-    except TypeError:
+    """Up to ``limit`` examples (columns read in one go for a datasets.Dataset); (examples, truncated). None for data
+    that is not read by index (:func:`indexable`)."""
+    if not indexable(dataset):
         return None, False
+    n = len(dataset)
     take = min(n, limit)
     if hasattr(dataset, "column_names") and hasattr(dataset, "select"):
         part = dataset.select(range(take)) if take < n else dataset
@@ -293,11 +294,9 @@ def _examples(dataset: Any, limit: int) -> tuple[list[Any] | None, bool]:
 
 
 def _sized(data: Any) -> bool:
-    try:
-        len(data)
-    except TypeError:
-        return False
-    return hasattr(data, "__getitem__")
+    """Read by index: a length and a ``__getitem__`` of its own (an IterableDataset that defines ``__len__`` is
+    iterated, never indexed)."""
+    return indexable(data)
 
 
 @dataclass
@@ -416,6 +415,17 @@ def _natural_bound(natural: float, n_eval: int) -> float:
     """The largest eval overlap a properly held-out split of data that repeats at rate ``natural`` shows:
     three binomial standard deviations above it (and one example)."""
     return natural + 3 * math.sqrt(natural * (1 - natural) / n_eval) + 1 / n_eval
+
+
+def _examples_readable(side: Split) -> bool:
+    """Whether a split's examples can be read from its dataset: one read by index, or an iterable dataset that starts
+    over when iterated and yields examples (its loader batches them: a loader with ``batch_size=None`` takes batches
+    the dataset makes itself)."""
+    if side.dataset is not MISSING:
+        return True
+    if side.iterable is MISSING or _one_shot(side.iterable):
+        return False
+    return side.loader is MISSING or getattr(side.loader, "batch_size", None) is not None
 
 
 def _one_shot(obj: Any) -> bool:
@@ -543,10 +553,12 @@ def check_train_eval_leakage(dlcheck):
         Exact duplicates and token prefixes only (after the dataset's own transforms: random augmentations hide
         duplicates; an eval row that carries more than its training row, or the same text tokenized another way,
         is not matched).
-        Reads at most ``max_examples`` per split. Data without a length (an IterableDataset, a loader
-        without ``.dataset``) is read by iterating it once, at most ``max_drawn`` examples per split; when
-        either split has to be read that way and both have dataloaders, both splits are drawn from their
-        loaders, so that both are compared as the same collator makes them (padding dropped). A one-shot
+        Reads at most ``max_examples`` per split. Data that cannot be indexed (an IterableDataset, also one that
+        defines ``__len__`` as torchtext's datapipes do; a loader without ``.dataset``) is read by iterating it once,
+        at most ``max_drawn`` examples per split: an IterableDataset's items are its examples, whatever layout the
+        loader's collate gives the batches (sequence first). When a split has only a loader to draw from and both
+        have dataloaders, both splits are drawn from their loaders, so that both are compared as the same collator
+        makes them (padding dropped; a batch is split into examples along its first dimension). A one-shot
         iterator (a generator object) is never read: it would consume your data. Rows packed without
         ``seq_lengths`` / ``position_ids`` are split at EOS only with dlcheck_tokenizer (or a Trainer's);
         the documents cut at a row's edges are compared as the fragments they are.
@@ -575,7 +587,6 @@ def check_train_eval_leakage(dlcheck):
                 "the model is evaluated on its training data",
                 "hold out an eval split: dataset.train_test_split(test_size=0.1, seed=0)",
             )
-    both_sized = train.dataset is not MISSING and ev.dataset is not MISSING
     both_loaders = train.loader is not MISSING and ev.loader is not MISSING
     limit, drawn = dlcheck.setting("max_examples"), dlcheck.setting("max_drawn")
 
@@ -597,7 +608,10 @@ def check_train_eval_leakage(dlcheck):
         how = "batches split into examples, padding dropped" if batched else "iterated once"
         return rows, cut, f"{name} ({len(rows)} examples drawn: {how})"
 
-    from_loaders = not both_sized and both_loaders
+    # both splits read as their examples (a dataset by index, an IterableDataset by iterating it: its items are the
+    # examples, whatever layout a collate gives the batches, sequence first included); else, with loaders on both
+    # sides, both drawn from their loaders, as the same kind of collator makes them
+    from_loaders = both_loaders and not (_examples_readable(train) and _examples_readable(ev))
     train_rows, train_cut, train_src = read(train, from_loaders)
     eval_rows, eval_cut, eval_src = read(ev, from_loaders)
     # packed rows are compared by the documents they hold; a sentence pair is one example, not two documents

@@ -47,23 +47,29 @@ def private_generators(dataset: Any, limit: int = 2000) -> list[str]:
     """Where the dataset holds a random generator of its own (a numpy Generator / RandomState, a
     ``random.Random``, a ``torch.Generator`` other than the global ones), as attribute paths from the dataset;
     a bounded walk of its attributes, lists and dicts (never its data tensors)."""
+    return [f"{path} ({type(gen).__module__}.{type(gen).__qualname__})" for path, gen in own_generators(dataset, limit)]
+
+
+def own_generators(dataset: Any, limit: int = 2000, most: int = 4) -> list[tuple[str, Any]]:
+    """(attribute path, generator) of the random generators the dataset holds of its own (:func:`private_generators`),
+    at most ``most``."""
     np = sys.modules.get("numpy")
     kinds: list[type] = [random.Random, torch.Generator]
     globals_ = {id(random._inst), id(torch.default_generator)}  # type: ignore[attr-defined]
     if np is not None:
         kinds += [np.random.Generator, np.random.RandomState]
         globals_.add(id(np.random.mtrand._rand))
-    found: list[str] = []
+    found: list[tuple[str, Any]] = []
     seen: set[int] = set()
     queue: list[tuple[Any, str, int]] = [(dataset, "dataset", 0)]
-    while queue and len(seen) < limit and len(found) < 4:
+    while queue and len(seen) < limit and len(found) < most:
         obj, path, depth = queue.pop(0)
         if id(obj) in seen or depth > 6:
             continue
         seen.add(id(obj))
         if isinstance(obj, tuple(kinds)):
             if id(obj) not in globals_:
-                found.append(f"{path} ({type(obj).__module__}.{type(obj).__qualname__})")
+                found.append((path, obj))
             continue
         if isinstance(obj, (str, bytes, int, float, bool, type(None), torch.Tensor)) or (
             np is not None and isinstance(obj, np.ndarray)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import Any, NamedTuple
 
@@ -78,16 +79,36 @@ def _image_of(out: Any) -> Any:
     return img
 
 
+class Undecided(str):
+    """Why the eval transform half was not judged (the reads differ, and what made them differ is not told)."""
+
+
 def _transform_reads(dlcheck: Any, tol: float) -> tuple[list[str], str] | str | None:
     """Read the eval data twice at the same positions (or run the eval transform twice on one synthetic
     image): evidence lines of the differences, and what was compared (for a pass). None when there is no
     eval data or transform; a sentence saying so when the eval examples hold no image (the half of V2 that
-    does not concern them)."""
+    does not concern them); :class:`Undecided` when an eval dataset read by iterating it gave other examples the
+    second time (a random transform, or an order drawn anew: it has no index to read one example twice)."""
     ds = V.map_dataset(dlcheck, "eval")
+    stream = V.stream_dataset(dlcheck, "eval") if ds is None else None
     tf = dlcheck.role("eval_transform")
     role = "eval_dataset" if dlcheck.has("eval_dataset") else "eval_dataloader"
     reads: list[tuple[str, Any, Any]] = []
-    if ds is not None and len(ds) > 0:
+    if stream is not None:
+        # an IterableDataset (with or without a length) is never indexed: its first examples, iterated twice
+        name = "dlcheck_eval_dataset" if role == "eval_dataset" else "dlcheck_eval_dataloader.dataset"
+        firsts = []
+        for seed in (1, 2):
+            with V.seeded(seed):
+                firsts.append(dlcheck.call(role, lambda: list(itertools.islice(iter(stream), min(3, dlcheck.samples)))))
+        reads = [
+            (f"example {i} of {name} (iterated)", _image_of(a), _image_of(b)) for i, (a, b) in enumerate(zip(*firsts))
+        ]
+        if tf is not MISSING and not any(a is not None and b is not None for _, a, b in reads):
+            reads, stream = [], None  # no image among its examples: the eval transform handed over is run instead
+    if reads:
+        pass
+    elif ds is not None and len(ds) > 0:
         for pos in spread_positions(len(ds), min(3, dlcheck.samples)):
             pair = []
             for seed in (1, 2):
@@ -125,6 +146,12 @@ def _transform_reads(dlcheck: Any, tol: float) -> tuple[list[str], str] | str | 
                 f"{where} read twice: max |Δ| {float(diff.max()):.3g}, "
                 f"{100 * float((diff > tol).double().mean()):.0f}% of pixel values differ"
             )
+    if lines and stream is not None:
+        return Undecided(
+            f"the first {len(judged)} examples of {type(stream).__name__} (an IterableDataset) differ between two "
+            "iterations under different seeds: a random eval transform or an order drawn anew at every iteration, not "
+            "told apart (it has no index to read one example twice)"
+        )
     what = judged[0][0] if len(judged) == 1 else f"{len(judged)} eval examples ({', '.join(w for w, _, _ in judged)})"
     compared = f"{what} read twice under different seeds: identical (max |Δ| {worst:.3g} ≤ {tol:g})"
     return lines, compared
@@ -453,7 +480,9 @@ def _mode_problems(dlcheck: Any, model: Any, eval_fn: Any) -> ModeResult | None:
         if d_out is not None and d_out > 0:
             parts.append(f"the model's outputs differ by max |Δ| {'(shape)' if math.isinf(d_out) else f'{d_out:.3g}'}")
         lines.append(
-            "two evals of the same weights on the same 2 examples give different results: "
+            "two evals of the same weights on the same "
+            + ("2 examples" if not isinstance(loader, list) else "first batch of your eval loader")
+            + " give different results: "
             + "; ".join(parts)
             + ("; in eval mode the same two evals agree" if confirmed else "")
         )
@@ -484,7 +513,10 @@ def check_eval_determinism(dlcheck):
         Two halves. The eval transform (image or video data only): reads up to 3 evaluation examples twice each
         under different seeds (dlcheck_eval_dataset, or the eval dataloader's dataset; else runs
         dlcheck_eval_transform twice on one synthetic image) and fails when the two reads differ, naming
-        the random transforms found in the eval transform. The model's mode during your eval (any model: an
+        the random transforms found in the eval transform. An eval dataset that can only be iterated (an
+        IterableDataset, also one that defines ``__len__`` as torchtext's datapipes do) is never indexed: its first 3
+        examples are iterated twice, and a difference between the two passes is said not judged (a random transform
+        and an order drawn anew at every iteration are not told apart). The model's mode during your eval (any model: an
         image model, a token model such as a GPT, anything): with dlcheck_model and dlcheck_eval_fn, calls
         eval_fn(model, loader) twice on the same 2 eval examples and the same weights, each time right after
         model.train() (as a training loop would; ``loader`` is a DataLoader over those 2 examples whose
@@ -492,7 +524,8 @@ def check_eval_determinism(dlcheck):
         evaluate that reads ``loader.dataset.samples`` or ``.classes``, as torchvision's video reference does,
         works), with your loader's collate_fn, batch size (up to 2) and workers settings, inside your own
         loader wrapper when the eval loader is one, such as timm's PrefetchLoader that converts and normalises
-        the batches), with forward pre-hooks on every module whose
+        the batches; a list holding the first batch of your eval loader when its dataset cannot be indexed), with
+        forward pre-hooks on every module whose
         forward depends on the mode: the Dropout family with p > 0, a dropout rate held as a number and
         applied only while ``self.training`` (nn.MultiheadAttention's ``dropout``, nanoGPT's and
         transformers' attention dropout handed to scaled_dot_product_attention, a layerdrop, DropPath,
@@ -548,6 +581,10 @@ def check_eval_determinism(dlcheck):
             )
         V.get_vision_sample(dlcheck, "train", required=False)  # not applicable when the data holds no image
     reads = _transform_reads(dlcheck, tol)
+    transform_undecided = reads if isinstance(reads, Undecided) else None
+    if transform_undecided is not None:
+        dlcheck.not_judged("the eval transform", transform_undecided)
+        reads = None
     no_image = reads if isinstance(reads, str) else None
     if no_image is not None:
         reads = None
@@ -574,6 +611,15 @@ def check_eval_determinism(dlcheck):
     else:
         eval_mode_undecided = False
     if reads is None and mode is None:
+        if transform_undecided is not None:
+            dlcheck.skip(
+                f"{transform_undecided}; "
+                + (
+                    f"{_define_mode_roles(model, eval_fn)} would let V2 check model.eval()"
+                    if model is MISSING or eval_fn is MISSING
+                    else "your eval function's model mode was not measured"
+                )
+            )
         if no_image is not None:
             dlcheck.skip(
                 f"{no_image}, and V2 found no eval batch to call dlcheck_eval_fn on: your eval function's model mode "
@@ -682,7 +728,7 @@ def check_eval_determinism(dlcheck):
     lines = [x for x in (reads[1] if reads else "", mode[1] if mode else "") if x]
     if no_image is not None:
         lines.append(f"the eval transform half does not concern this pipeline: {no_image}")
-    elif reads is None:
+    elif reads is None and transform_undecided is None:
         lines.append("the eval transform was not checked: define dlcheck_eval_dataset or dlcheck_eval_transform")
     if mode is None and not eval_mode_undecided:
         lines.append(

@@ -20,7 +20,7 @@ from typing import Any
 
 from ...errors import MISSING, RoleError
 from ...guard import eval_mode, preserved_dataloader, preserved_rng
-from ...sampling import sample_rows, spread_positions
+from ...sampling import indexable, sample_rows, spread_positions
 from ...session import user_call
 from ..shared.diffusers_kind import trained_autoencoder
 
@@ -482,11 +482,21 @@ def map_dataset(ctx: Any, split: str = "train") -> Any:
         ds = getattr(dl, "dataset", None) if dl is not MISSING else None
     if ds is None or ds is MISSING:
         return None
-    try:
-        len(ds)
-    except TypeError:
+    return ds if indexable(ds) else None
+
+
+def stream_dataset(ctx: Any, split: str = "train") -> Any:
+    """The split's dataset (the dataset role, or the dataloader's own dataset) when it is read by iterating it (an
+    IterableDataset, with or without a length) and starts over at every iteration; None otherwise: a map-style
+    dataset (:func:`map_dataset`), or a one-shot iterator, which reading would consume."""
+    ds_role, dl_role = split_roles(split)
+    ds = ctx.role(ds_role)
+    if ds is MISSING:
+        dl = ctx.role(dl_role)
+        ds = getattr(dl, "dataset", None) if dl is not MISSING else None
+    if ds is None or ds is MISSING or indexable(ds) or not hasattr(ds, "__iter__"):
         return None
-    return ds if hasattr(ds, "__getitem__") else None
+    return None if hasattr(ds, "__next__") else ds
 
 
 def missing_data_reason(split: str = "train") -> str:

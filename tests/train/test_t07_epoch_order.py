@@ -176,14 +176,17 @@ def test_a_sampler_without_a_length_is_read_not_tested_for_truth(project):
 
 def test_an_iterable_dataset_is_not_read_as_a_repeated_order(project):
     """The placeholder sampler of an IterableDataset loader yields None every time: that is no repeated shuffle
-    (it used to fail); its order is the dataset's own, which T7 cannot read without loading the data."""
+    (it used to fail). Its order is the dataset's own: T7 draws the first batches of two epochs of the loader when
+    the run trains more than one epoch, which a loop says with dlcheck_num_epochs (the verdicts with it:
+    test_iterable_dataset_with_a_length.py); without it, not judged."""
     project.conftest(with_loader("torch.utils.data.DataLoader(tt.Stream(tt.blobs()), batch_size=8)"))
     run = project.run("--dlcheck=T7")
     run.assert_outcome("T7", "skipped")
     run.fnmatch(
         [
-            "*dlcheck_dataloader reads Stream, an IterableDataset: its order is the dataset's own, with no sampler to "
-            "read it from without loading the data*"
+            "*dlcheck_dataloader reads Stream, an IterableDataset: its order is its own, which T7 reads by drawing the "
+            "first batches of two epochs of it when the run trains more than one epoch*define fixture "
+            "dlcheck_num_epochs*"
         ]
     )
 
