@@ -41,8 +41,8 @@ def _fix_for(piece) -> str:
         Setting(
             "micro_steps",
             4,
-            "micro-steps trained before the save: at least one optimizer step under gradient accumulation of "
-            "up to 4 (raise it for longer accumulations); the pieces must have moved to be judged",
+            "micro-steps trained before the save, doubled (up to 64, as C1's runs are) while a gradient "
+            "accumulation leaves no optimizer step in them; the pieces must have moved to be judged",
         ),
     ),
 )
@@ -51,7 +51,8 @@ def check_accelerate_state(dlcheck):
 
     What it does
         Builds fresh objects from your ``dlcheck_make_training`` (whose dict holds your ``Accelerator``),
-        trains them a few micro-steps with your step, saves them the Accelerate way
+        trains them a few micro-steps with your step (``C10.micro_steps``, doubled up to 64 as C1's runs are while
+        a gradient accumulation leaves no optimizer step in them: the save comes after one), saves them the Accelerate way
         (``accelerator.save_state(path)``, or your ``dlcheck_save_checkpoint``), loads the directory into
         other fresh objects (your ``dlcheck_load_checkpoint``, or ``accelerator.load_state(path)`` when you hand
         over none: the evidence says it was dlcheck's stand-in) and
@@ -96,7 +97,8 @@ def check_accelerate_state(dlcheck):
         load that leaves the loader untouched and no such role, the pass says it was not judged, and why. When
         that stand-in ``load_state`` raises on what your own save wrote through ``save_state``, the check names
         the missing ``dlcheck_load_checkpoint`` (dlcheck's pairing, not your code, failed).
-        Examples are told apart by content, as in C1.
+        Examples are told apart by content, as in C1. A gradient accumulation longer than 64 micro-steps (or
+        ``C10.micro_steps`` when higher) leaves no optimizer step to save after: skipped, saying so.
     Not applicable
         A ``dlcheck_save_checkpoint`` that never calls ``accelerator.save_state`` (its own ``torch.save`` of a
         dict, as lucidrains' denoising-diffusion Trainer does on an Accelerate loop; a ``save_pretrained`` of the
@@ -137,9 +139,15 @@ def check_accelerate_state(dlcheck):
             "included"
             + (" (once dlcheck_load_checkpoint hands over your resume)" if setup.user_load is MISSING else "")
         )
+    lengthened = (
+        f", C10.micro_steps = {steps} doubled while your gradient accumulation left no optimizer step in them"
+        if trip.steps > steps
+        else ""
+    )
     head = (
-        f"fresh objects trained {trip.steps} micro-steps ({trip.opt_steps} optimizer steps), saved through {how} "
-        f"({len(trip.files)} files), loaded into other fresh objects"
+        f"fresh objects trained {trip.steps} micro-steps ({trip.opt_steps} optimizer "
+        f"step{'s' if trip.opt_steps != 1 else ''}{lengthened}), saved through {how} ({len(trip.files)} files), "
+        "loaded into other fresh objects"
     )
     lost = [p for p in trip.pieces if p.restored is False]
     if not trip.pieces:

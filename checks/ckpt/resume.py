@@ -113,20 +113,13 @@ def _data_resume(setup: Any, total: int) -> Any:
     accumulation leaves no optimizer step in its second half to save after, as a loop saves only after one. A
     plain or Accelerate loop whose training dict holds no torch DataLoader to draw from gets :class:`NoLoader`,
     saying what the dict holds instead."""
-    from ...training.runs import NoStepToSaveAfter
+    from ...training.runs import past_accumulation
 
-    while True:
-        try:
-            result = setup.data_resume(total)
-        except NoStepToSaveAfter:
-            if total * 2 > DATA_STEPS_LIMIT:
-                raise
-            total *= 2
-            continue
-        if result is None and setup.kind in ("loop", "accelerate"):
-            # the state the factory built for the run, handed back unused for the next run to take
-            return NoLoader(no_loader(vars(setup).get("_kept")))
-        return result
+    _, result = past_accumulation(setup.data_resume, total, DATA_STEPS_LIMIT)
+    if result is None and setup.kind in ("loop", "accelerate"):
+        # the state the factory built for the run, handed back unused for the next run to take
+        return NoLoader(no_loader(vars(setup).get("_kept")))
+    return result
 
 
 class NoLoader:

@@ -29,7 +29,19 @@ from ..errors import MISSING
 from ..guard import preserved_rng
 from ..session import user_call
 from .loop import LoopSetup
-from .runs import SEED, SetupError, Trajectory, as_float, device_of, seed_all, to_device, unwrap_prepared
+from .runs import (
+    ACCUMULATION_LIMIT,
+    SEED,
+    NoStepToSaveAfter,
+    SetupError,
+    Trajectory,
+    as_float,
+    device_of,
+    past_accumulation,
+    seed_all,
+    to_device,
+    unwrap_prepared,
+)
 
 
 def is_accelerator(obj: Any) -> bool:
@@ -287,13 +299,11 @@ def _leaves(value: Any) -> Any:
         yield value
 
 
-def round_trip(setup: AccelerateSetup, micro_steps: int) -> RoundTrip:
-    """Train fresh objects ``micro_steps`` micro-steps with the user's step, save with the user's save (or
-    ``accelerator.save_state``), load into other fresh objects with the user's load (or ``load_state``), and
-    compare every stateful piece of the two training states."""
+def _trained(setup: AccelerateSetup, micro_steps: int) -> tuple[dict[str, Any], int]:
+    """Fresh objects trained ``micro_steps`` micro-steps with the user's step, and the optimizer steps made;
+    NoStepToSaveAfter when a gradient accumulation outlasts them (:func:`~.runs.past_accumulation` lengthens)."""
     trained = setup.state()
-    accelerator = accelerator_of(trained)
-    if accelerator is None:
+    if accelerator_of(trained) is None:
         raise SetupError("dlcheck_make_training returned no Accelerator")
     traj = Trajectory()
     with preserved_rng():
@@ -301,10 +311,21 @@ def round_trip(setup: AccelerateSetup, micro_steps: int) -> RoundTrip:
         setup.run(trained, setup.batches(micro_steps), 0, traj)
     opt_steps = traj.calls.count("opt")
     if opt_steps == 0:
-        raise SetupError(
-            f"no optimizer step in {micro_steps} micro-steps of your step (raise C10.micro_steps above your "
+        raise NoStepToSaveAfter(
+            f"no optimizer step in {micro_steps} micro-steps of your step (C10 doubles C10.micro_steps up to "
+            f"{ACCUMULATION_LIMIT} while a gradient accumulation outlasts them; raise C10.micro_steps above your "
             "gradient accumulation)"
         )
+    return trained, opt_steps
+
+
+def round_trip(setup: AccelerateSetup, micro_steps: int) -> RoundTrip:
+    """Train fresh objects ``micro_steps`` micro-steps with the user's step (doubled, as C1's runs are, while a
+    gradient accumulation leaves no optimizer step in them: :func:`~.runs.past_accumulation`), save with the
+    user's save (or ``accelerator.save_state``), load into other fresh objects with the user's load (or
+    ``load_state``), and compare every stateful piece of the two training states."""
+    micro_steps, (trained, opt_steps) = past_accumulation(lambda n: _trained(setup, n), micro_steps)
+    accelerator = accelerator_of(trained)
     saved = {k: _readable_state(v) for k, v in trained.items()}
     path = setup.tmp.mktemp("dlcheck-accelerate") / "checkpoint"
     via_save_state = _calls_save_state(lambda: user_call("save_checkpoint", lambda: setup.save(trained, str(path))))

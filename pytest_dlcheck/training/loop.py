@@ -42,6 +42,7 @@ from .resume import (
 )
 from .resume import seeded_examples as _seeded_examples
 from .runs import (
+    ACCUMULATION_LIMIT,
     SEED,
     Fresh,
     NoStepToSaveAfter,
@@ -67,6 +68,7 @@ from .runs import (
     offload_tensors,
     own_batch,
     param_names,
+    past_accumulation,
     release_training_memory,
     rng_state,
     schedule_plan,
@@ -79,6 +81,7 @@ from .runs import (
     unwrap_prepared,
     watch_optimizer,
 )
+from .told import ToldCalls
 
 # --------------------------------------------------------------------------------------------------
 # kind 3: a plain loop
@@ -400,6 +403,9 @@ class LoopSetup:
         length = planned if planned is not None else len(batches) if hasattr(batches, "__len__") else None
         plan = schedule_plan(sched, length) if sched is not None and length else None
         first = scheduler_count(sched)
+        # a scheduler told its position by the loop (timm's step(epoch) / step_update(num_updates)) has no counter of
+        # its own: its calls are counted for the run (traj.notes["told_scheduler"])
+        told = ToldCalls(unwrap_prepared(sched))
         self.train_mode(state)  # the user's epoch loop sets it before its steps (a from_pretrained model is in eval)
         try:
             for offset, batch in enumerate(batches):
@@ -427,6 +433,9 @@ class LoopSetup:
                 if stop is not None and stop():
                     break
         finally:
+            told.stop()
+            if told.active:
+                traj.notes["told_scheduler"] = told
             undo()
 
     def smoke(
@@ -961,13 +970,7 @@ class LoopSetup:
         return self._uninterrupted_past_accumulation_plain(total)
 
     def _uninterrupted_past_accumulation_plain(self, total: int) -> tuple[int, Baseline]:
-        while True:
-            try:
-                return total, self._uninterrupted(self.batches(total), total)
-            except NoStepToSaveAfter:
-                if total * 2 > _ACCUMULATION_LIMIT:
-                    raise
-                total *= 2
+        return past_accumulation(lambda n: self._uninterrupted(self.batches(n), n), total, _ACCUMULATION_LIMIT)
 
     def _uninterrupted_at_cadence(self, total: int) -> tuple[int, Baseline]:
         """(run length, baseline) of the uninterrupted run saved where the user's loop saves
@@ -1458,8 +1461,9 @@ def _fingerprints(model: Any) -> dict[str, str]:
     return out
 
 
-#: the most micro-steps C2 trains between its two saves waiting for the optimizer to step (an accumulation)
-_ACCUMULATION_LIMIT = 64
+#: the most micro-steps C2 trains between its two saves waiting for the optimizer to step (an accumulation), and
+#: C1's uninterrupted run is doubled to (:func:`~.runs.past_accumulation`)
+_ACCUMULATION_LIMIT = ACCUMULATION_LIMIT
 
 #: the furthest micro-step C1's runs reach for the user's checkpoint cadence (``dlcheck_checkpoint_every``), when
 #: twice ``C1.steps`` is less: an epoch of up to this many batches is judged at its end

@@ -478,6 +478,25 @@ class NoStepToSaveAfter(SetupError):
     it (a longer run judges it)."""
 
 
+#: the longest run made to reach past one gradient accumulation (micro-steps): C1's uninterrupted and
+#: data-position runs and C10's round trip are doubled up to it (:func:`past_accumulation`)
+ACCUMULATION_LIMIT = 64
+
+
+def past_accumulation(run: Callable[[int], Any], total: int, limit: int = ACCUMULATION_LIMIT) -> tuple[int, Any]:
+    """``(length, run(length))`` for the first run long enough to save after an optimizer step: ``run(total)``,
+    its length doubled while a gradient accumulation outlasts it (``run`` raises :class:`NoStepToSaveAfter`), as a
+    loop saves only after an optimizer step. A length past ``limit`` is not tried: the last NoStepToSaveAfter is
+    raised (it says how far the run went). Each try is a fresh run of ``run``'s own making."""
+    while True:
+        try:
+            return total, run(total)
+        except NoStepToSaveAfter:
+            if total * 2 > limit:
+                raise
+            total *= 2
+
+
 class NotTheBatch(SetupError):
     """The model's forward does not take the batch as it comes (a UNet called on a text-to-image batch
     needs noisy latents, timesteps and text states the user's loss computes): the checks that call the
