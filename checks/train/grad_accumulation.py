@@ -56,6 +56,9 @@ class Window:
     record: by_step.Record | None = None  # the step's backwards and draws, when judged from the step
     #: the calls at whose start a parameter the optimizer holds carried a non-zero gradient (left by earlier calls)
     carried: set[int] = field(default_factory=set)
+    #: what a call without an optimizer step did to the accumulated ``.grad`` itself: (call, "before" | "after" its
+    #: backwards, the one factor every parameter's gradient was multiplied by; 0: zeroed)
+    touched: list[tuple[int, str, float]] = field(default_factory=list)
 
 
 def _watch_window(setup: Any, n: int) -> Window:
@@ -103,15 +106,31 @@ def _watch_window(setup: Any, n: int) -> Window:
     def forward_pre(module, args):
         modes.setdefault(now["call"], {name: m.training for name, m in module.named_modules()})
 
+    # the norms of each gradient at a call's start, just before its first backward adds to it and just after its
+    # last one: a call that changes .grad itself (a rescale or a zeroing inside the window) shows between them
+    at_start: dict[str, float] = {}
+    first_pre: dict[str, float] = {}
+    last_post: dict[str, float] = {}
+
+    def grad_norm(p: torch.Tensor) -> float:
+        return float(p.grad.detach().double().norm()) if p.grad is not None else 0.0
+
     def norm_of(name: str):
         def hook(p: torch.Tensor) -> None:
-            win.after_backward[name] = float(p.grad.detach().double().norm()) if p.grad is not None else 0.0
+            win.after_backward[name] = last_post[name] = grad_norm(p)
+
+        return hook
+
+    def before_adding(name: str, p: torch.Tensor):
+        def hook(g: torch.Tensor) -> None:
+            first_pre.setdefault(name, grad_norm(p))
 
         return hook
 
     handles = [inner.register_step_pre_hook(pre), inner.register_step_post_hook(post)]
     handles.append(model.register_forward_pre_hook(forward_pre))
     handles += [p.register_post_accumulate_grad_hook(norm_of(name)) for name, p in params]
+    handles += [p.register_hook(before_adding(name, p)) for name, p in params]
     batches = setup.batches(n)
     if setup.compute_loss is MISSING and batches:
         win.loss_missing = setup.loss_unavailable(model, to_device(batches[0], device_of(model)))
@@ -128,7 +147,17 @@ def _watch_window(setup: Any, n: int) -> Window:
                         win.record.now = i
                     if any(p.grad is not None and bool(p.grad.detach().ne(0).any()) for _, p in params):
                         win.carried.add(i)
+                    at_start = {name: grad_norm(p) for name, p in params}
+                    first_pre.clear()
+                    last_post.clear()
+                    stepped = len(win.calls)
                     setup.step(state, batch, i)
+                    if len(win.calls) == stepped:
+                        at_end = {name: grad_norm(p) for name, p in params}
+                        for where, was, now_ in (("before", at_start, first_pre), ("after", last_post, at_end)):
+                            f = _one_factor(was, now_)
+                            if f is not None:
+                                win.touched.append((i, where, f))
                     if len(win.calls) >= 2 or (win.calls and win.calls[0] > 0):
                         break
     finally:
@@ -140,6 +169,18 @@ def _watch_window(setup: Any, n: int) -> Window:
     win.modes = next((modes[c] for c in sorted(modes) if c >= win.start), None)
     win.first_modes = modes.get(0)
     return win
+
+
+def _one_factor(was: dict[str, float], now: dict[str, float]) -> float | None:
+    """The one factor every gradient's norm went from ``was`` to ``now`` by (0: all zeroed), over the gradients
+    that were non-zero and seen at both; None when there is none, it is 1 or the gradients moved unlike each other."""
+    factors = [now[n] / was[n] for n in was if n in now and was[n] > 0]
+    if not factors:
+        return None
+    mid = sorted(factors)[len(factors) // 2]
+    if any(abs(f - mid) > 1e-4 * max(mid, 1e-30) for f in factors) or abs(mid - 1) < 1e-4:
+        return None
+    return mid
 
 
 def _causal(model: Any) -> bool:
@@ -203,11 +244,14 @@ class Reference:
     tokens: bool
     shifted: bool | None
     summing: bool = False  # the loss sums over the examples (reduction='sum')
+    parts: list[dict[str, torch.Tensor]] = field(default_factory=list)  # each micro-batch's gradient (on CPU)
 
 
-def _reference(setup: Any, batches: list[Any], win: Window, names: list[str]) -> Reference:
+def _reference(
+    setup: Any, batches: list[Any], win: Window, names: list[str], keep_parts: bool = False, seed: int = SEED
+) -> Reference:
     """Per micro-batch gradients of the user's loss on fresh objects at the window's starting weights, in
-    the mode the step used, summed plain and weighted as one full batch."""
+    the mode the step used, summed plain and weighted as one full batch (``keep_parts``: each one kept too)."""
     state = setup.state()
     model = state["model"]
     _quiet_dropout(model)
@@ -229,8 +273,9 @@ def _reference(setup: Any, batches: list[Any], win: Window, names: list[str]) ->
     summed: dict[str, torch.Tensor] = {}
     sized: dict[str, torch.Tensor] = {}
     sizes: list[int] = []
+    parts: list[dict[str, torch.Tensor]] = []
     with preserved_rng():
-        seed_all(SEED)
+        seed_all(seed)
         for batch in batches:
             batch = to_device(batch, device)
             loss, logits = _loss_and_logits(setup, model, batch)
@@ -243,18 +288,23 @@ def _reference(setup: Any, batches: list[Any], win: Window, names: list[str]) ->
             else:
                 size = batch_len(batch) or 1
             sizes.append(size)
+            part: dict[str, torch.Tensor] = {}
             for name, g in zip(kept, torch.autograd.grad(loss, params, allow_unused=True)):
                 if g is None:
                     continue
                 g = g.detach().float()
+                if keep_parts:
+                    part[name] = g.cpu()
                 summed[name] = summed[name] + g if name in summed else g.clone()
                 sized[name] = sized[name] + g * size if name in sized else g * size
+            if keep_parts:
+                parts.append(part)
             del loss, logits
     total = sum(sizes) or 1
     weighted = {name: v / total for name, v in sized.items()}
     if _sums(setup, batches):
         weighted = summed  # a summed loss: the full batch's loss is the sum over the micro-batches
-    return Reference(weighted, summed, sizes, tokens, shifted, _sums(setup, batches))
+    return Reference(weighted, summed, sizes, tokens, shifted, _sums(setup, batches), parts)
 
 
 def _rel(g: dict[str, torch.Tensor], h: dict[str, torch.Tensor], scale: float = 1.0) -> float:
@@ -366,6 +416,19 @@ def check_grad_accumulation(dlcheck):
         from 0), that first step is judged too: a gradient 1/k of its one micro-batch's is an off-by-one
         window. One accumulated step and k (k + 1) reference passes.
 
+        When none of them matches, each micro-batch's share of the stepped gradient is measured: the gradient is
+        fitted (least squares) on the k micro-batches' gradients of your loss, kept apart, and each fitted weight
+        is divided by the micro-batch's weight in the full batch; your loss's gradient is taken at a second seed too,
+        to tell whether it draws random numbers of its own (the micro-batches are the same objects in both runs,
+        drawn once from your loader: a collator's random masks are the same). While your step runs, the norm of
+        every gradient is read at each call's start, just before its first backward adds to ``.grad``, just after
+        its last one and at its end: a call without an optimizer step that multiplies every gradient by one factor
+        or zeroes them (``multiply_grads(params, 1 / num_losses)`` or a ``zero_grad()`` at every micro-step) is
+        seen. Fails when the fit is within the tolerance and the micro-batches before the last count less than
+        their share while the step was seen rescaling or zeroing ``.grad`` inside the window (named, with the
+        factors and the shares), or count nothing (at most the tolerance of their share; the last at least half of
+        its own). 2k more reference passes, only then.
+
         When the loss exists only inside your step (no ``dlcheck_compute_loss``, a model the batches give no
         labels, batches no ``dlcheck_loss_fn`` takes), the step itself is judged: what each of its backwards adds
         to ``.grad`` over the window is read, with the constant factor at the root of the loss it backwards
@@ -390,7 +453,9 @@ def check_grad_accumulation(dlcheck):
         gives every micro-batch the same weight whatever its number of supervised tokens: the tokens of short
         micro-batches count more than in the full batch (transformers' gradient-accumulation bug of 2024,
         fixed in 4.46 with ``num_items_in_batch``): accumulated runs train a different, worse objective
-        than the full batch they stand for.
+        than the full batch they stand for. Rescaling (or zeroing) the accumulated ``.grad`` after each micro-step
+        multiplies again everything the earlier micro-batches added: the optimizer steps on little more than the last
+        micro-batch's gradient, an effective batch k times smaller than the one configured.
     Example
         def step(state, batch, i):
             loss = state["model"](**batch).loss      # each micro-batch's own token mean
@@ -398,7 +463,8 @@ def check_grad_accumulation(dlcheck):
             if (i + 1) % accum_steps == 0:
                 state["optimizer"].step(); state["optimizer"].zero_grad()
     Use instead
-        loss = loss / accum_steps before the backward (equal-size micro-batches); for token losses, sum the
+        loss = loss / accum_steps before the backward (equal-size micro-batches), and leave ``.grad`` alone between
+        the micro-steps (a rescale by a count goes once, at the optimizer step); for token losses, sum the
         token losses and divide by the supervised tokens of the whole accumulated batch:
         ``loss = token_loss_sum / num_items_in_batch`` with ``num_items_in_batch = sum((mb["labels"][..., 1:]
         != -100).sum() for mb in the k micro-batches)`` (fetch the k micro-batches first, as transformers'
@@ -413,7 +479,13 @@ def check_grad_accumulation(dlcheck):
         BatchNorm's batch statistics make a micro-batch and the union differ (skipped with the numbers).
         Judges the first accumulation window only, with dropout off; a step whose loss differs from the
         loss dlcheck computes (an auxiliary term, label smoothing not in ``dlcheck_compute_loss``) matches no
-        candidate and skips with the numbers. A ``dlcheck_loss_fn`` with ``reduction='sum'`` makes the full
+        candidate and no weighting of the micro-batches, and skips with the numbers. A loss that draws random
+        numbers (noise, a gumbel quantizer) is compared at the same seed in both runs: a fit within the tolerance
+        shows the draws were the same; without one the comparison is not conclusive (skip, saying so, with what
+        was seen inside the window). A step that weighs the micro-batches otherwise than the full batch without
+        touching ``.grad`` inside the window (a loss normalized by another count, a constant factor) is not judged
+        (skip with the shares). The shares are measured only when dlcheck computes the loss apart from your step
+        (not for a loss that exists only inside it). A ``dlcheck_loss_fn`` with ``reduction='sum'`` makes the full
         batch's loss the sum of the micro-batch sums. Gradient clipping or an unscale between the last backward and
         the step (one factor for every gradient) is undone before comparing. A transformers
         Trainer (``gradient_accumulation_steps`` > 1) is judged on what its ``training_step`` trusts: where the
@@ -703,10 +775,165 @@ def check_grad_accumulation(dlcheck):
             cosine=cosine,
         )
         return
-    dlcheck.skip(
-        f"the gradient the optimizer steps on matches none of the candidates within {tol:g}: {window}; {shown}; "
-        f"norm ratio {ratio:.3g}, cosine {cosine:.4f}. Your step's loss may differ from the loss dlcheck computes "
-        "(define dlcheck_compute_loss as your step computes it), or something random besides dropout differs"
+    _unmatched(
+        dlcheck, setup, win, batches, ref, k, tol, window, f"{shown}; norm ratio {ratio:.3g}, cosine {cosine:.4f}"
+    )
+
+
+def _fraction(f: float) -> str:
+    """0.125 (1/8): a factor with its reciprocal named when that is a whole number."""
+    if f > 0 and abs(1 / f - round(1 / f)) < 1e-4 * (1 / f):
+        return f"{f:.3g} (1/{round(1 / f)})"
+    return f"{f:.3g}"
+
+
+def _touched_words(touched: list[tuple[int, str, float]]) -> list[str]:
+    """What calls did to .grad themselves, calls alike grouped: 'calls 1, 2, 3 each multiplied .grad of every
+    parameter by 0.125 (1/8) after the backward'."""
+    groups: dict[tuple[str, float], list[int]] = {}
+    for call, where, f in touched:
+        key = next((g for g in groups if g[0] == where and abs(g[1] - f) <= 1e-4 * max(f, 1e-30)), (where, f))
+        groups.setdefault(key, []).append(call)
+    out = []
+    for (where, f), calls in groups.items():
+        who = f"call {calls[0] + 1}" if len(calls) == 1 else "calls " + ", ".join(str(c + 1) for c in calls) + " each"
+        did = "zeroed .grad of every parameter" if f == 0 else f"multiplied .grad of every parameter by {_fraction(f)}"
+        out.append(f"{who} {did} {where} the backward")
+    return out
+
+
+def _calls(touched: list[tuple[int, str, float]]) -> str:
+    calls = sorted({c + 1 for c, _, _ in touched})
+    return f"call {calls[0]}" if len(calls) == 1 else "calls " + ", ".join(map(str, calls))
+
+
+def _unmatched(
+    dlcheck: Any,
+    setup: Any,
+    win: Window,
+    batches: list[Any],
+    ref: Reference,
+    k: int,
+    tol: float,
+    window: str,
+    shown: str,
+) -> None:
+    """No candidate matched: each micro-batch's share of the stepped gradient (a least-squares fit on the k
+    micro-batches' gradients of the loss dlcheck computes), and whether the loss draws random numbers (its gradient at
+    a second seed). A fit within the tolerance whose shares show the micro-batches before the last shrunk by what the
+    step did to .grad inside the window (seen between the backwards), or counting nothing, fails; anything else is
+    not conclusive and skips with the numbers."""
+    names = list(win.grads)
+    parts = run_or_skip(dlcheck, lambda: _reference(setup, batches, win, names, keep_parts=True))
+    other = run_or_skip(dlcheck, lambda: _reference(setup, batches, win, names, seed=SEED + 1))
+    seed_gap = _rel(other.weighted, parts.weighted)
+    drawn = seed_gap > min(1e-3, tol / 10)
+    weights, resid = by_step.fit_weights(parts.parts, {n: g.detach().float().cpu() for n, g in win.grads.items()})
+    total = sum(ref.sizes) or 1
+    full_w = [1.0 if ref.summing else size / total for size in ref.sizes]
+    shares = [None if w is None else w / v for w, v in zip(weights, full_w)]
+    inputs = (
+        f"the same batches in both runs: the window's {k} micro-batches were drawn once from your loader and handed "
+        "to your step and to dlcheck's reference alike (a collator's random masks, crops or negatives are the same in "
+        "both)"
+    )
+    randomness = (
+        f"your loss draws random numbers itself: its gradient on the same micro-batches differs by {seed_gap:.2g} "
+        "between two seeds (both runs start from the same seed)"
+        if drawn
+        else f"your loss draws nothing random that matters: its gradient on the same micro-batches is the same at two "
+        f"seeds (differs by {seed_gap:.2g})"
+    )
+    final = _rescale(win)
+    touched = [t for t in win.touched if win.start <= t[0] < win.end]
+    seen = _touched_words(touched) + (
+        [
+            f"call {win.end + 1} multiplied .grad of every parameter by {_fraction(final)} after the backward, before the "
+            "optimizer step"
+        ]
+        if final is not None
+        else []
+    )
+    if not weights or resid > tol or any(s is None for s in shares):
+        why = (
+            "the step and dlcheck's reference may not see the same draws, so the comparison is not conclusive"
+            if drawn
+            else "your step's loss differs from the loss dlcheck computes (define dlcheck_compute_loss as your step "
+            "computes it)"
+        )
+        dlcheck.skip(
+            f"the gradient the optimizer steps on matches none of the candidates within {tol:g}: {window}; {shown}; "
+            f"nor any weighting of the {k} micro-batches' gradients of your loss (best fit residual {resid:.2g}); "
+            f"{inputs}; {randomness}: {why}" + (f"; seen inside the window: {'; '.join(seen)}" if seen else "")
+        )
+    listed = ", ".join(f"micro-batch {i + 1} counts {s:.3g}x" for i, s in enumerate(shares))
+    share_line = (
+        f"each micro-batch's share of the stepped gradient, fitted on the {k} micro-batches' gradients of your loss "
+        f"(residual {resid:.2g}): {listed} its share in the full batch (fitted weights "
+        f"{', '.join(f'{w:.3g}' for w in weights)}; the full batch's {', '.join(f'{v:.3g}' for v in full_w)})"
+    )
+    earlier = shares[:-1]
+    last = shares[-1]
+    nothing_before = bool(earlier) and all(abs(s) <= tol for s in earlier) and last >= 0.5
+    zeroed = [t for t in touched if t[2] == 0]
+    rescaled = [t for t in touched if t[2] != 0]
+    shrunk = all(abs(s) < 1 - tol for s in earlier) if earlier else False
+    if not ((touched and shrunk) or nothing_before):
+        dlcheck.skip(
+            f"not judged: the gradient the optimizer steps on matches none of the candidates within {tol:g}: {window}; "
+            f"{shown}; {share_line}: it weighs the micro-batches otherwise than by their {'examples' if not ref.tokens else 'tokens'}"
+            f" (a loss normalized by another count, a constant factor in your loss) and nothing seen inside the window "
+            f"explains it; {inputs}; {randomness}" + (f"; seen inside the window: {'; '.join(seen)}" if seen else "")
+        )
+    spread = f"{min(earlier):.3g}x-{max(earlier):.3g}x" if len(earlier) > 1 else f"{earlier[0]:.3g}x"
+    before = f"micro-batch{'es' if len(earlier) > 1 else ''} 1{'-' + str(len(earlier)) if len(earlier) > 1 else ''}"
+    if zeroed and not rescaled:
+        cause = (
+            f"the step zeroes the accumulated .grad inside the accumulation window (at {_calls(zeroed)}): "
+            f"what the micro-batches before a zeroing added is discarded, so {before} count {spread} their share in the "
+            "full batch: the optimizer steps on the micro-batches after the last zeroing alone"
+        )
+        fix = (
+            "zero the gradients only after optimizer.step() (once a window), and scale each micro-batch's loss before "
+            f"its backward (loss / {k}); never touch .grad between the micro-steps"
+        )
+    elif touched:
+        cause = (
+            f"the step rescales the accumulated .grad inside the accumulation window (at {_calls(touched)}, before the "
+            "window's last micro-batch): every rescale multiplies again what the earlier micro-batches "
+            f"added, so {before} count {spread} their share in the full batch and micro-batch {k} counts {last:.3g}x"
+        )
+        fix = (
+            "leave .grad alone between the micro-steps: scale each micro-batch's loss before its backward (loss / "
+            f"{k}, or a sum divided by a count over all {k} micro-batches), or rescale .grad once, at the optimizer "
+            f"step, by a factor counted over the whole window"
+        )
+    else:
+        cause = (
+            f"only the last micro-batch counts: {before} contribute nothing to the stepped gradient ({spread} their "
+            "share in the full batch), as when .grad is zeroed or rescaled inside the window (dlcheck saw no change of "
+            ".grad between the backwards, so not which)"
+        )
+        fix = (
+            "accumulate: zero or rescale .grad only at the optimizer step (once a window), and scale each micro-batch's "
+            f"loss before its backward (loss / {k})"
+        )
+    dlcheck.fail(
+        [
+            window,
+            f"the gradient it steps on is not the full batch's: {shown}",
+            share_line,
+            *([f"seen inside the window: {'; '.join(seen)}"] if seen else []),
+            inputs,
+            randomness
+            + (
+                f"; at the step's seed the fit's residual is {resid:.2g}: the same draws in both runs"
+                if drawn and resid < seed_gap / 2
+                else ""
+            ),
+        ],
+        cause=cause,
+        fix=fix,
     )
 
 
