@@ -474,7 +474,11 @@ def check_lr_schedule(dlcheck):
         warmup/total steps in optimizer steps: len(dataloader) // accum * epochs.
     Known problems
         A scheduler stepped per epoch in your own epoch loop is not seen by the short run (it is not
-        reported). ReduceLROnPlateau is not judged. A Trainer shortened with ``max_steps`` is judged on the run its
+        reported). A scheduler your loop tells its position (timm's: ``step(epoch)`` at an epoch's end,
+        ``step_update(num_updates)`` after an update; it keeps no step counter) stepped inside a plain loop's step
+        has its calls counted, with the epochs and update counts passed, and the pass is partly judged: its units and
+        warmup are not read. The warmup of a loop's scheduler that is not read over the run (below) makes a partly
+        judged pass too. ReduceLROnPlateau is not judged. A Trainer shortened with ``max_steps`` is judged on the run its
         epochs plan: a run really launched with that ``max_steps`` and a longer warmup is not reported (which of
         the two you launch cannot be told from the Trainer); with an iterable dataset ``max_steps`` is the run.
         A loop's warmup is not judged when its run's length is unknown (no ``dlcheck_num_epochs`` and no
@@ -550,7 +554,20 @@ def check_lr_schedule(dlcheck):
             + (f"; the Trainer's run is {declared[0]} optimizer steps" if declared else ""),
         )
     scheduler = traj.notes.get("scheduler")
-    if setup.kind in ("loop", "accelerate", "lightning") and scheduler is not None and opt_steps > 0:
+    told = traj.notes.get("told_scheduler")
+    if told is not None and opt_steps > 0:
+        # a scheduler the loop tells its position (timm's step(epoch) / step_update(num_updates)): its calls are
+        # counted, its plan is not read
+        judged.append(
+            f"in {len(traj.steps)} micro-batches of your step: optimizer.step() ran {opt_steps} times; {told.describe()}"
+        )
+        dlcheck.not_judged(
+            "the schedule's units and warmup",
+            f"{type(told.scheduler).__name__} is told its epoch or update count by your loop and keeps no plan T6 "
+            "reads: whether the positions your loop tells it count epochs, optimizer steps or micro-batches, and where "
+            "its warmup ends against the run, are not read",
+        )
+    elif setup.kind in ("loop", "accelerate", "lightning") and scheduler is not None and opt_steps > 0:
         ratio = sched_steps / opt_steps
         manual = setup.kind == "lightning" and traj.notes.get("manual_optimization")
         where = (
@@ -608,6 +625,9 @@ def check_lr_schedule(dlcheck):
                 judged.append(sized)
             if warm is not None:
                 warm_line = _judge_loop_warmup(dlcheck, warm, loop_run, horizon[1] if horizon else None)
+            elif not warm_line.startswith("no warmup"):
+                # the warmup was not read over the run: a partly judged pass, not a full one
+                dlcheck.not_judged("the warmup", warm_line.removeprefix("the warmup is not judged: "))
             judged.append(warm_line)
     if lrs and all(v == 0 for v in lrs):
         evidence = [
@@ -615,7 +635,15 @@ def check_lr_schedule(dlcheck):
             f"scheduler: {type(scheduler).__name__ if scheduler is not None else 'none'}; "
             f"lr_scheduler.step() calls: {sched_steps}",
         ]
-        if scheduler is not None and sched_steps == 0:
+        if told is not None:
+            evidence[1] = told.describe()
+        if told is not None and not any(told.calls.values()):
+            cause = "the LR scheduler starts at 0 (a warmup) and is never stepped, so the LR stays 0 and nothing trains"
+            fix = (
+                "tell the scheduler where the run is: lr_scheduler.step(epoch) at each epoch's end (a schedule in "
+                "epochs), or lr_scheduler.step_update(num_updates) after each optimizer step (a schedule in updates)"
+            )
+        elif told is None and scheduler is not None and sched_steps == 0:
             cause = "the LR scheduler starts at 0 (a warmup) and is never stepped, so the LR stays 0 and nothing trains"
             fix = "call lr_scheduler.step() after every optimizer.step()"
         else:
