@@ -299,6 +299,30 @@ def _channels(lo: list[float], hi: list[float]) -> str:
     return ", ".join(f"{n} {a:.2f} to {b:.2f}" for n, a, b in zip(names, lo, hi))
 
 
+def _legacy_timm_cfg(model: Any) -> str | None:
+    """``timm default_cfg of X (mean=(..) std=(..)), with no pretrained_cfg`` when the model carries timm's legacy
+    ``default_cfg`` with statistics and no ``pretrained_cfg`` that has them (a model built by hand and given the cfg
+    after construction, as timm 0.3-era code does: ``model.default_cfg = _cfg()``); else None."""
+    from collections.abc import Mapping
+
+    if model is MISSING or model is None:
+        return None
+    cfg = getattr(model, "default_cfg", None)
+    pretrained = getattr(model, "pretrained_cfg", None)
+    if not isinstance(cfg, Mapping) or cfg.get("mean") is None or cfg.get("std") is None:
+        return None
+    if isinstance(pretrained, Mapping) and pretrained.get("mean") is not None:
+        return None
+    try:
+        mean, std = [float(v) for v in cfg["mean"]], [float(v) for v in cfg["std"]]
+    except (TypeError, ValueError):
+        return None
+    return (
+        f"timm default_cfg of {type(model).__name__} (mean=({V.fmt_seq(mean)}) std=({V.fmt_seq(std)})), with no "
+        "pretrained_cfg"
+    )
+
+
 def _judge_hidden(s: Split, declared: Any, band: float, min_span: float) -> tuple[list[str], str] | None:
     """Inputs normalised without a reachable Normalize (a ``with_transform`` function, a closure): undo the
     declared normalisation on the measured per-channel range; ([evidence], what is wrong) when [0, 1] pixels
@@ -440,7 +464,10 @@ def check_normalization(dlcheck):
         declares its pretrained tag's stats: set V1.compare_declared=false when training from scratch
         with other stats. Needs tensor images from the data or a transform that accepts a PIL image.
         Without a declared normalisation (a model from scratch, no image processor or weights) only the
-        scale and the train/eval agreement are judged. Without a Normalize object the statistics are
+        scale and the train/eval agreement are judged. A timm model built by hand that carries timm's legacy
+        ``default_cfg`` (given after construction, ``model.default_cfg = _cfg()``) and no ``pretrained_cfg``: the cfg
+        describes the checkpoint timm's factory would load, and whether it was loaded cannot be told, so its
+        statistics are named and not compared (a partly judged pass). Without a Normalize object the statistics are
         inferred from the measured range, assuming the pixels span most of [0, 1]: data of very low
         contrast can trip V1.min_pixel_span, and statistics close to the declared ones pass. 0–255 inputs to an
         image-to-image model (its output an image of the input's channels, the targets neither masks nor boxes: a
@@ -775,10 +802,22 @@ def check_normalization(dlcheck):
     if not problems:
         absmax = max(s.stats.absmax for s in splits)
         if declared is None and diffusion is None:
-            judged.append(
-                "the model declares no normalisation (no timm pretrained_cfg, image processor or dlcheck_weights): "
-                "only the scale" + (" and the train/eval agreement were" if len(splits) > 1 else " was") + " judged"
-            )
+            legacy = _legacy_timm_cfg(dlcheck.role("model"))
+            if legacy is not None:
+                judged.append(f"{legacy}: not compared with the Normalize")
+                dlcheck.not_judged(
+                    "the normalisation the model declares",
+                    f"the model carries a {legacy}: set by hand on a model built without timm's factory, it describes "
+                    "the checkpoint that factory would load, and whether those weights were loaded (then the Normalize "
+                    "should match it) or the model trains from scratch (any statistics do) cannot be told",
+                )
+            else:
+                judged.append(
+                    "the model declares no normalisation (no timm pretrained_cfg or default_cfg, image processor or "
+                    "dlcheck_weights): there are no declared statistics to compare with; the scale"
+                    + (" and the train/eval agreement were" if len(splits) > 1 else " was")
+                    + " judged"
+                )
         head = splits[0]
         what = "video clips (every frame counted)" if any(s.video for s in splits) else "images"
         if any(s.per_size for s in splits):

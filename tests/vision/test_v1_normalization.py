@@ -56,8 +56,9 @@ def test_todtype_with_scale_passes(project):
             "train: 8 examples of dlcheck_dataset: dtype float32, per-channel mean (*), range -2.* to 2.6*",
             "eval: 8 examples of dlcheck_eval_dataset: dtype float32, *",
             "train and eval transforms apply the same Normalize (within 0.02)",
-            "the model declares no normalisation (no timm pretrained_cfg, image processor or dlcheck_weights): only "
-            "the scale and the train/eval agreement were judged",
+            "the model declares no normalisation (no timm pretrained_cfg or default_cfg, image processor or "
+            "dlcheck_weights): there are no declared statistics to compare with; the scale and the train/eval "
+            "agreement were judged",
         ]
     )
 
