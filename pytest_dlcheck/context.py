@@ -60,6 +60,8 @@ def fixture_role(request: pytest.FixtureRequest, name: str) -> Any:
 #: the fixtures that raised in this session (per directory of checks), each with the check item that reported
 #: it (its one ERROR)
 RAISED_KEY = pytest.StashKey[dict]()
+#: the roles a check resolved through the plugin's own default fixtures (derived from other roles, not given)
+DEFAULTED_KEY = pytest.StashKey[set]()
 
 
 def _raising_fixture(exc: BaseException, default: str) -> str:
@@ -173,6 +175,10 @@ class CheckContext:
 
     def has(self, name: str) -> bool:
         return self.role(name) is not MISSING
+
+    def given(self, name: str) -> bool:
+        """The user defines fixture ``dlcheck_<name>`` themselves (not derived from their other roles)."""
+        return self.has(name) and name not in self.request.node.stash.get(DEFAULTED_KEY, set())
 
     def optional(self, name: str) -> Any:
         """The role's object, or None when nobody provided it."""

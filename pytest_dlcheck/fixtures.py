@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from .context import CheckContext, fixture_role
+from .context import DEFAULTED_KEY, CheckContext, fixture_role
 from .errors import MISSING
 from .roles import derive
 from .session import session_state
@@ -34,6 +34,7 @@ __all__ = [
 
 def _default(request: pytest.FixtureRequest, name: str) -> Any:
     state = session_state(request.config)
+    request.node.stash.setdefault(DEFAULTED_KEY, set()).add(name)
 
     def get(role: str) -> Any:
         try:

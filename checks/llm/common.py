@@ -261,11 +261,8 @@ def raw_rows(ctx: Any) -> list[Any] | None:
 
 
 def raw_given(ctx: Any) -> bool:
-    """dlcheck_raw_dataset is the user's own (not the dataset or a Trainer's train split standing in for it)."""
-    raw = ctx.role("raw_dataset")
-    trainer = ctx.optional("trainer")
-    derived = [ctx.optional("dataset"), getattr(trainer, "train_dataset", None)]
-    return raw is not MISSING and not any(raw is d for d in derived if d is not None)
+    """dlcheck_raw_dataset is the user's own fixture (not the dataset or a Trainer's train split standing in)."""
+    return ctx.given("raw_dataset")
 
 
 def packed_examples(sample: Sample) -> bool:
