@@ -446,7 +446,11 @@ def _no_randomness_seen(aug: list[dict[str, Any]], fetched: int) -> str:
             f"1 - {2.0 ** -(fetched - 1):.0e})"
         )
     if all(m is not None for m in moved):
-        return f"{head}, and the fetch draws nothing from the global generators: the pipeline has no randomness"
+        return (
+            f"{head}, and the fetch draws nothing from the global generators: the dataset's fetch has no randomness "
+            "(what the script draws before its loader exists, a rollout collected with a seeded policy or a random "
+            "split, is not seen here)"
+        )
     return (
         f"{head} (in DataLoader workers, whose generators are not followed): no random augmentation seen (a p = 0.5 "
         f"flip comes out the same {fetched} times with probability {2.0 ** -(fetched - 1):.0e})"

@@ -233,6 +233,20 @@ def check_sampler_shards(dlcheck):
                 f"the dataloader's sampler is a {info['sampler']}, not a DistributedSampler: every rank iterates the "
                 "whole dataset, so each step trains on duplicates and an epoch is world-size passes"
             )
+            if info.get("built_by") in ("dlcheck_make_dataloader", "dlcheck_dataloader"):
+                # the same examples on every rank come from one dataset left unsharded, or from a dataset each rank
+                # builds for itself (a rollout it collects, a generated set) that comes out the same: the evidence is
+                # the same either way, the fix is not
+                cause += (
+                    "; or, if each rank is meant to train on data of its own (a rollout it collects, a set it "
+                    "generates), the ranks' datasets come out identical: the same seed on every rank"
+                )
+                fix = (
+                    "one dataset for all ranks: DataLoader(ds, batch_size=..., sampler=DistributedSampler(ds, "
+                    "shuffle=True)) built in every process after init_process_group; data of each rank's own: seed "
+                    "each process with its rank before building it (seed + rank: torch.manual_seed, env.reset(seed="
+                    "seed + rank), Fabric's seed_everything(seed + fabric.global_rank))"
+                )
         elif info["sampler"] == "BatchSamplerShard":
             cause = (
                 f"accelerator.prepare sharded the loader for {info['sampler_replicas']} process(es) while {world} "

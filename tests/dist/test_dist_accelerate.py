@@ -45,7 +45,8 @@ def test_a_clean_accelerate_script_passes_without_a_wrap_role(project):
             "epoch 1 reshuffled on every rank (the prepared loader's second pass) *",
             "4 parameters identical on the 2 ranks after dlcheck_make_training (accelerator.prepare)",
             "example 0 comes out the same on 16 fetches on every rank, and the fetch draws nothing from the global "
-            "generators: the pipeline has no randomness",
+            "generators: the dataset's fetch has no randomness (what the script draws before its loader exists, a "
+            "rollout collected with a seeded policy or a random split, is not seen here)",
             "micro-step 4: rank 1's 'hidden' outputs inf, the other ranks' batches are finite",
         ]
     )

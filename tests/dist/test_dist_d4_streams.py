@@ -90,7 +90,7 @@ def test_a_layerdrop_draw_that_changes_nothing_passes(project):
     run = project.run("--dlcheck=D4", "-rA")
     run.assert_outcome("D4", "passed")
     text = _flat(run.text)
-    assert "the fetch draws nothing from the global generators: the pipeline has no randomness" in text
+    assert "the fetch draws nothing from the global generators: the dataset's fetch has no randomness" in text
     assert (
         "the first micro-step (dropout off) draws from torch's global generator, identical on every rank, but the "
         "loss of its batch is the same under two different seeds" in text

@@ -652,3 +652,22 @@ def test_every_rank_raising_on_the_overflow_is_a_shared_decision(project):
     assert "every rank raised RuntimeError: The total norm of order 2.0 for gradients" in text
     assert "with identical weights afterwards" in text
     _no_leftover_process()
+
+
+def test_the_same_examples_on_every_rank_name_both_causes(project):
+    """Lightning Fabric's PPO example (found blind, set 15): each rank collects a rollout of its own, seeded alike on
+    every rank, so the ranks' datasets hold the same examples, iterated by a RandomSampler. The evidence is the same as
+    for one dataset left unsharded; D3's cause and fix name both (a DistributedSampler alone was the wrong fix for
+    data each rank collects)."""
+    project.conftest(td.project(loader="shuffled_loader"))
+    run = project.run("--dlcheck=D3")
+    run.assert_outcome("D3", "failed")
+    d3 = _flat(run.section("D3"))
+    assert "not a DistributedSampler" in d3
+    assert (
+        "if each rank is meant to train on data of its own (a rollout it collects, a set it generates), the ranks' "
+        in d3
+    )
+    assert "datasets come out identical: the same seed on every rank" in d3
+    assert "data of each rank's own: seed each process with its rank before building it" in d3
+    _no_leftover_process()

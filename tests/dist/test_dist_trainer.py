@@ -42,7 +42,7 @@ def test_a_clean_trainer_keeps_its_replicas_identical(project):
     assert "parameters identical on the 2 ranks when Trainer.train() began" in text
     assert (
         "example 0 comes out the same on 16 fetches on every rank, and the fetch draws nothing from the global "
-        "generators: the pipeline has no randomness" in text
+        "generators: the dataset's fetch has no randomness" in text
     )
     assert "the Trainer seeded every rank with set_seed(args.seed=0); dataloader_num_workers=0" in text
     assert "the injected non-finite micro-step runs outside the Trainer's train() loop" in text
