@@ -283,7 +283,9 @@ def check_boxes_labels(dlcheck):
         Class labels, without dlcheck_num_classes, when the training's own loss or step calls the model on
         something other than the batch (a GAN's generator on the noise its step draws, learnt from one call of
         the step): the model predicts nothing about the images, there is no head to read, and V3 never hands it
-        an image.
+        an image. A loss that mixes the batch's images among themselves before calling the model (Mixup/CutMix
+        inside the loss, timm's ``Mixup``: each row of the model's input lies, element by element, between two of
+        the batch's images) calls it on the batch's images: their class ids are judged.
     """
     sample = V.get_vision_sample(dlcheck, "train")
     V.require_task(dlcheck, sample, ("detection", "classification"), "boxes and class ids")

@@ -488,6 +488,9 @@ class PipelineCall:
     kwargs: dict
     #: whether a tensor of the batch, as it comes, is among those inputs (the model is called on the batch)
     on_batch: bool
+    #: whether one of those inputs is a tensor of the batch mixed among its own rows (Mixup, CutMix: each row lies,
+    #: element by element, between two of the batch's rows): the model is called on the batch's examples, mixed
+    mixed: bool = False
 
     @property
     def called(self) -> bool:
@@ -507,7 +510,7 @@ class PipelineCall:
         name = self.model_type.__name__
         if not self.called:
             return f"{self.by} never calls {name} itself on a batch (it calls its members or methods)"
-        if self.on_batch:
+        if self.on_batch or self.mixed:
             return None
         return f"{self.by} calls {name} on {self.inputs()}, not on the batch"
 
@@ -537,6 +540,37 @@ def _detached(value: Any, depth: int = 0) -> Any:
     if isinstance(value, dict):
         return {k: _detached(v, depth + 1) for k, v in value.items()}
     return value
+
+
+def _mixed_from_batch(inputs: list[torch.Tensor], batch: Any, rows: int = 8) -> bool:
+    """Whether one of ``inputs`` is a float tensor of ``batch`` (its shape and dtype, at least 2 rows) mixed among its
+    own rows, as Mixup (a convex blend of two rows) and CutMix (a patch of one row pasted on another) mix a batch of
+    images: each of its first ``rows`` rows lies, element by element, between two rows of the batch's tensor (within
+    a rounding tolerance), and they are not all rows of it as they come. Noise, or an image the loss augments itself
+    (flipped, cropped), does not."""
+    given = [b for b in _tensors(batch) if b.is_floating_point() and b.ndim >= 2 and b.shape[0] >= 2]
+    for t in inputs:
+        if not t.is_floating_point():
+            continue
+        for b in given:
+            if t.shape != b.shape or t.dtype != b.dtype:
+                continue
+            x = b.detach().reshape(len(b), -1).double().cpu()
+            y = t.detach().reshape(len(t), -1).double().cpu()
+            tol = 1e-5 * float(x.abs().max()) + 1e-12
+            inside, copies = True, 0
+            for i in range(min(rows, len(y))):
+                a = y[i][None] - x  # (B, D): the row against every row of the batch
+                pos, neg = (a > tol).double(), (a < -tol).double()
+                # a pair (j, k) holds the row between them where no element is above (or below) both
+                outside = pos @ pos.T + neg @ neg.T
+                if not bool((outside == 0).any()):
+                    inside = False
+                    break
+                copies += int(bool(((pos + neg).sum(1) == 0).any()))
+            if inside and copies < min(rows, len(y)):
+                return True
+    return False
 
 
 def _from_batch(inputs: list[torch.Tensor], batch: Any) -> bool:
@@ -607,8 +641,9 @@ def pipeline_call(ctx: Any, setup: Any = None) -> PipelineCall | None:
         if not seen:
             return PipelineCall(by, model_type, None, {}, False)
         args, kwargs = seen[0]
-        on_batch = _from_batch(_tensors(args) + _tensors(kwargs), to_device(batch, device_of(model)))
-        return PipelineCall(by, model_type, args, kwargs, on_batch)
+        inputs, given = _tensors(args) + _tensors(kwargs), to_device(batch, device_of(model))
+        on_batch = _from_batch(inputs, given)
+        return PipelineCall(by, model_type, args, kwargs, on_batch, not on_batch and _mixed_from_batch(inputs, given))
 
     return memo_or_skip(ctx, setup.sources, "training:pipeline-call", make)
 
