@@ -762,6 +762,56 @@ def _diagnose(
     return None, runs, tried
 
 
+def _lr_after_load(run: Any, missing: list[str]) -> tuple[list[str], list[str], str, str] | None:
+    """When the pieces the diagnosis names among the optimizer and the LR scheduler were saved and loaded (right
+    after the user's load the optimizer's per-parameter state equals the saved one, the scheduler's state is the
+    saved one or was moved off it, never left fresh) and what differs is the learning rate the resume leaves (the
+    optimizer's param_groups, the scheduler's position): (the pieces so explained, evidence lines, cause, fix).
+    None when a piece was not loaded, or when what the load restored cannot be told (nothing per parameter saved)."""
+    loaded = run.resumed.notes.get("after_load") or {}
+    named = [p for p in missing if p in ("optimizer", "lr_scheduler")]
+    if not named or any(p not in loaded for p in named):
+        return None
+    opt, sched = loaded.get("optimizer"), loaded.get("lr_scheduler")
+    if opt is None or not opt.moments:
+        return None  # the optimizer's moments were not put back by the load (or nothing per parameter to tell by)
+    if sched is not None and not sched.restored and sched.untouched:
+        return None  # the scheduler was left as a fresh one: not loaded
+    if not opt.groups and (sched is None or sched.restored):
+        return None  # nothing the load left differs from the save: not the LR
+    opt_line = (
+        f"right after your load, state['optimizer'] ({opt.kind})'s per-parameter state ({opt.tensors} tensors: "
+        "moments, step counts) equals the saved one"
+        + (f", but its param_groups differ: {'; '.join(opt.groups[:3])}" if opt.groups else "")
+    )
+    lines = [opt_line]
+    if sched is not None:
+        lines.append(
+            f"state['lr_scheduler'] ({sched.kind})'s state equals the saved one"
+            if sched.restored
+            else f"state['lr_scheduler'] ({sched.kind}) was loaded and then moved off the saved state: "
+            f"{sched.difference}"
+        )
+    lr = next((g for g in opt.groups if "'lr'" in g), None)
+    cause = (
+        "the checkpoint saves and loads "
+        + ("the optimizer and the LR scheduler" if sched is not None else "the optimizer")
+        + ", but the learning rate your resume leaves in the optimizer is not the one at the save"
+        + (f" ({lr.split(' ', 1)[1]})" if lr else "")
+        + ": after loading, the resume moves the LR scheduler (a scheduler.step(epoch) call whose epoch is one off "
+        "from the one your loop passes it, or a step() too many), so the resumed steps train at the learning rate of "
+        "another step than the uninterrupted run's at the same step"
+    )
+    fix = (
+        "leave the learning rate where the save left it: do not step the scheduler in the resume (the loaded "
+        "optimizer state already holds the LR of the save, a loaded torch scheduler its position), or step it with "
+        "the value your loop passed it right before the save (a loop that calls scheduler.step(epoch) after training "
+        "epoch `epoch` resumes with step(start_epoch - 1); timm's train.py steps step(epoch + 1) in its loop and "
+        "step(start_epoch) in its resume, which agree)"
+    )
+    return named, lines, cause, fix
+
+
 def _fix(setup: Any, missing: list[str], run: Any = None) -> str:
     if setup.kind == "trainer":
         args = setup.trainer.args
@@ -892,7 +942,14 @@ def check_resume(dlcheck):
         of the state (optimizer, LR scheduler, GradScaler, dataloader position, EMA, weights, each Lightning
         callback whose attributes changed in training, and a LightningModule's own attributes outside its
         state_dict that training changed: a replay buffer, an agent, counters) are put back one at a time from the uninterrupted run
-        after your own loading, and the check names the piece(s) that make the runs identical. When none does, the uninterrupted run is run a second time the same way: if the
+        after your own loading, and the check names the piece(s) that make the runs identical. It names a piece
+        "not restored" only when the checkpoint lacks it: for a plain or Accelerate loop the optimizer and the LR
+        scheduler are read right after your load against their states at the save; when the optimizer's
+        per-parameter state (moments, step counts) and the scheduler's state came back, yet the learning rate in
+        the optimizer's param_groups differs from the save's (a resume that steps the scheduler after loading it,
+        ``scheduler.step(epoch)`` one epoch off from your loop's own call), the failure says so, with a fix that
+        leaves the LR where the save left it (an optimizer with nothing per parameter, plain SGD, cannot be told
+        apart so: its cause stays "not restored"). When no piece put back makes the runs identical, the uninterrupted run is run a second time the same way: if the
         two agree, the run is reproducible and the resume is broken (the check fails, saying where the runs
         part and what putting every piece back could not repair); only if they differ is the run not
         reproducible. What your load's ``load_state_dict`` leaves missing or unexpected (a strict=False load)
@@ -1145,19 +1202,35 @@ def _resume_verdict(dlcheck: Any, setup: Any) -> None:
             "the losses and the model's weights of the resumed steps match: the EMA does not feed the loss, only "
             "its own tensors show what the resume lost",
         )
-    cause = "the checkpoint does not restore " + "; nor ".join(
-        _ema_what(lost_emas[p])
-        if p in lost_emas
-        else _callback_what(run, p, lost_emas)
-        if p.startswith("callback ")
-        else _hand_what(run)
-        if p == "hand-stepped scheduler"
-        else _attributes_what(run)
-        if p == "module attributes"
-        else WHAT.get(p, f"state['{p}']")
-        for p in missing
+    # the optimizer and the scheduler saved and loaded, the LR the resume leaves differing: not "not restored"
+    lr_moved = _lr_after_load(run, missing) if setup.kind in ("loop", "accelerate") else None
+    unrestored = [p for p in missing if lr_moved is None or p not in lr_moved[0]]
+    cause = (
+        "the checkpoint does not restore "
+        + "; nor ".join(
+            _ema_what(lost_emas[p])
+            if p in lost_emas
+            else _callback_what(run, p, lost_emas)
+            if p.startswith("callback ")
+            else _hand_what(run)
+            if p == "hand-stepped scheduler"
+            else _attributes_what(run)
+            if p == "module attributes"
+            else WHAT.get(p, f"state['{p}']")
+            for p in unrestored
+        )
+        if unrestored
+        else ""
     )
-    fix = _fix(setup, missing, run)
+    fix = _fix(setup, unrestored, run) if unrestored else ""
+    if lr_moved is not None:
+        named, lr_lines, lr_cause, lr_fix = lr_moved
+        at = next(i for i, line in enumerate(evidence) if line.startswith("putting back "))
+        if "optimizer" in named:
+            evidence[at] += ": the optimizer's param_groups carry the learning rate"
+        evidence[at + 1 : at + 1] = lr_lines
+        cause = lr_cause + (f"; and {cause}" if cause else "")
+        fix = lr_fix + (f"; {fix}" if fix else "")
     if "model" in missing and run.loads:
         evidence.extend(f"your load reported: {line}" for line in run.loads)
     if "model" in missing and keys_mismatch(run.loads):

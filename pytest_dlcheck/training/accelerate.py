@@ -18,7 +18,6 @@ process state between instances; a second ``Accelerator()`` in one process is wh
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +36,9 @@ from .runs import (
     Trajectory,
     as_float,
     device_of,
+    first_difference,
     past_accumulation,
+    plain_state,
     seed_all,
     to_device,
     unwrap_prepared,
@@ -229,55 +230,7 @@ def _readable_state(obj: Any) -> Any:
         sd = obj.state_dict()
     except Exception:  # noqa: BLE001 - e.g. a prepared non-stateful DataLoader
         return MISSING
-    return _plain(sd)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    try:
-        return copy.deepcopy(value)
-    except Exception:  # noqa: BLE001 - an unpicklable attribute (a lambda in a LambdaLR): compared by type
-        return type(value).__name__
-
-
-def first_difference(a: Any, b: Any, where: str = "") -> str | None:
-    """Where two plain states first differ (a path and the two values), or None when they are equal."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-            return f"{where or 'value'}: {type(a).__name__} vs {type(b).__name__}"
-        if a.shape != b.shape:
-            return f"{where or 'tensor'}: shape {tuple(a.shape)} vs {tuple(b.shape)}"
-        if torch.equal(a, b):
-            return None
-        if a.is_floating_point():
-            return f"{where or 'tensor'}: max |difference| {float((a.double() - b.double()).abs().max()):.3g}"
-        return f"{where or 'tensor'}: {a.flatten()[:4].tolist()} vs {b.flatten()[:4].tolist()}"
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        for k in a:
-            if k not in b:
-                return f"{where}{'.' if where else ''}{k}: missing after load"
-            found = first_difference(a[k], b[k], f"{where}{'.' if where else ''}{k}")
-            if found:
-                return found
-        return None
-    if isinstance(a, list) and isinstance(b, list):
-        if len(a) != len(b):
-            return f"{where or 'list'}: {len(a)} vs {len(b)} entries"
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            found = first_difference(x, y, f"{where}[{i}]")
-            if found:
-                return found
-        return None
-    try:
-        same = bool(a == b)
-    except Exception:  # noqa: BLE001 - values without a plain equality
-        same = type(a) is type(b)
-    return None if same else f"{where or 'value'}: {a!r} saved, {b!r} after load"[:200]
+    return plain_state(sd)
 
 
 def describe_state(key: str, value: Any) -> str:

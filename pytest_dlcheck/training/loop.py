@@ -29,15 +29,18 @@ from .resume import (
     ResumeLoadFailed,
     ResumeRun,
     SaveInterrupted,
+    after_load,
     epoch_reach,
     generator_states,
     interrupted_saves,
     load_reports,
     own_generators,
+    piece_states,
     put_back_rng,
     read_saved,
     same_generators,
     same_rng,
+    saved_pieces,
     scaler_ends,
 )
 from .resume import seeded_examples as _seeded_examples
@@ -554,6 +557,10 @@ class LoopSetup:
                 f"that decides by your step counter, writing only at multiples of {self.checkpoint_every}, is not "
                 "called at your cadence by dlcheck)"
             )
+        # the first resume (nothing put back but the RNG states) reads what the user's load restored of the optimizer
+        # and the LR scheduler, against their states at the save and before the load (C1's cause)
+        reading = not (restore - {"rng"})
+        fresh = piece_states(state) if reading else {}
         with preserved_rng(), _generators_kept(held, held_states):
             seed_all(SEED + 1)  # a new process: the global RNGs are wherever they are
             try:
@@ -582,6 +589,9 @@ class LoopSetup:
             traj.notes["generators_restored"] = same_generators(
                 base.truth.get("generators") or {}, generator_states(gens)
             )
+            if reading:
+                kinds = {k: type(unwrap_prepared(state[k])).__name__ for k in fresh if k in state}
+                traj.notes["after_load"] = after_load(fresh, piece_states(state), saved_pieces(base.truth), kinds)
             _loop_restore(state, base.truth, restore, gens)
             before, own_before = rng_state(), generator_states(gens)
             self.run(state, batches[saved_at:], saved_at, traj, digests=True)

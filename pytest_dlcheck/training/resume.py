@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..errors import RoleError
-from .runs import SEED, Trajectory, ema_difference, rng_state, seed_all, set_rng_state
+from .runs import SEED, Trajectory, ema_difference, first_difference, plain_state, rng_state, seed_all, set_rng_state
 
 #: a restore piece of the diagnostic resumes (C3): the global RNGs set to another state than the uninterrupted
 #: run's, where "rng" puts that state back, so that a run whose resumed steps draw no random numbers is told
@@ -281,6 +281,107 @@ def scaler_ends(state: Any) -> dict[str, dict[str, Any]]:
                 if obj.is_enabled():
                     saved = obj.state_dict()
                     out[where] = {"scale": float(saved.get("scale", 0.0)), "growth": saved.get("_growth_tracker")}
+    return out
+
+
+#: the pieces of a plain or Accelerate loop's training dict whose state right after the user's load is read against
+#: the saved state (:func:`after_load`): what the load restored, not only what putting a piece back repairs
+LOADED_PIECES = ("optimizer", "lr_scheduler")
+
+
+@dataclass
+class AfterLoad:
+    """A piece of the training state right after the user's load, against its state at the save and before the
+    load (a fresh object's)."""
+
+    key: str
+    kind: str  # the object's class name
+    restored: bool  # the whole state equals the saved one
+    untouched: bool  # the state equals the fresh object's before the load
+    difference: str | None  # the first difference with the saved state
+    #: an optimizer whose saved per-parameter state (moments, step counts) is not empty: whether it equals the
+    #: saved one after the load (None: not an optimizer, or nothing per parameter was saved)
+    moments: bool | None = None
+    tensors: int = 0  # the tensors of that per-parameter state
+    #: an optimizer: the param_groups' hyperparameters that differ, ``lr 0.000334 after the load vs 1e-06 at the save``
+    groups: list[str] = field(default_factory=list)
+
+
+def piece_states(state: Mapping[str, Any], keys: tuple[str, ...] = LOADED_PIECES) -> dict[str, Any]:
+    """The plain states (:func:`~.runs.plain_state`) of the pieces ``keys`` of a training dict that have one."""
+    out = {}
+    for key in keys:
+        obj = state.get(key) if isinstance(state, Mapping) else None
+        if obj is None or not callable(getattr(obj, "state_dict", None)):
+            continue
+        try:
+            out[key] = plain_state(obj.state_dict())
+        except Exception:  # noqa: BLE001 - a state that cannot be read is not compared
+            continue
+    return out
+
+
+def saved_pieces(truth: Mapping[str, Any], keys: tuple[str, ...] = LOADED_PIECES) -> dict[str, Any]:
+    """The pieces ``keys`` of the state at the save (an uninterrupted run's truth, written to disk), each file read
+    once, memory-mapped: the other pieces in it (the model's weights) are not read into memory."""
+    files: dict[Any, Any] = {}
+    out = {}
+    for key in keys:
+        handle = truth.get(key)
+        if handle is None or not hasattr(handle, "file"):
+            continue
+        if handle.file not in files:
+            try:
+                files[handle.file] = torch.load(handle.file, mmap=True, weights_only=False)
+            except Exception:  # noqa: BLE001 - not memory-mappable: read it whole
+                files[handle.file] = torch.load(handle.file, weights_only=False)
+        out[key] = plain_state(files[handle.file][handle.key])
+    return out
+
+
+def _value(v: Any) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else repr(v)[:40]
+
+
+def after_load(
+    before: Mapping[str, Any], now: Mapping[str, Any], saved: Mapping[str, Any], kinds: Mapping[str, str]
+) -> dict[str, AfterLoad]:
+    """Each piece with a saved state, right after the load (``now``), against the save (``saved``) and the fresh
+    object before the load (``before``); an optimizer's per-parameter state and its param_groups' hyperparameters
+    apart (a scheduler stepped after the load moves the learning rate in param_groups, not the moments)."""
+    out = {}
+    for key, at_save in saved.items():
+        if key not in now:
+            continue
+        loaded = now[key]
+        diff = first_difference(at_save, loaded)
+        piece = AfterLoad(
+            key,
+            kinds.get(key, ""),
+            restored=diff is None,
+            untouched=key in before and first_difference(before[key], loaded) is None,
+            difference=diff,
+        )
+        is_optimizer = isinstance(at_save, Mapping) and {"state", "param_groups"} <= set(at_save)
+        if is_optimizer and isinstance(loaded, Mapping) and {"state", "param_groups"} <= set(loaded):
+            per_param = at_save["state"]
+            if per_param:
+                piece.moments = first_difference(per_param, loaded["state"]) is None
+                piece.tensors = sum(
+                    1 for s in per_param.values() if isinstance(s, Mapping) for v in s.values() if torch.is_tensor(v)
+                )
+            groups_saved, groups_now = at_save["param_groups"], loaded["param_groups"]
+            if len(groups_saved) == len(groups_now):
+                many = len(groups_saved) > 1
+                for i, (g0, g1) in enumerate(zip(groups_saved, groups_now, strict=True)):
+                    for name, value in g0.items():
+                        if name == "params" or first_difference(value, g1.get(name)) is None:
+                            continue
+                        where = f"param_groups[{i}]['{name}']" if many else f"'{name}'"
+                        piece.groups.append(
+                            f"{where} {_value(g1.get(name))} after the load vs {_value(value)} at the save"
+                        )
+        out[key] = piece
     return out
 
 
