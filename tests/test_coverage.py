@@ -225,7 +225,7 @@ def test_a_reason_that_names_its_check_is_grouped_with_the_same_reason_of_other_
     lines = [line for line in text.splitlines() if line.startswith("n/a:") and "concerns diffusion training" in line]
     assert lines == [
         "n/a:       not applicable: concerns diffusion training, and no diffusion role is given (dlcheck_pipeline, "
-        "dlcheck_noise_scheduler, dlcheck_vae, dlcheck_training_inputs, … or a diffusers dlcheck_model) (7 checks)"
+        "dlcheck_noise_scheduler, dlcheck_vae, dlcheck_training_inputs, … or a diffusers denoiser as dlcheck_model) (7 checks)"
     ], text
     # and a diffusion selection on an LLM pipeline judged nothing: a usage error naming what diffusion needs
     assert run.result.ret == pytest.ExitCode.USAGE_ERROR

@@ -280,6 +280,9 @@ def check_latent_scale(dlcheck):
     if (discrete := D.discrete_tokens(dlcheck)) is not None:
         dlcheck.not_applicable(f"{discrete}; its autoencoder's codes are token ids, not latents with a scale to check")
     if not dlcheck.has("vae"):
+        vectors = D.vector_space(dlcheck)
+        if vectors is not None:
+            dlcheck.not_applicable(f"{vectors}; there is no VAE, so no latent scale to check")
         pixels = D.pixel_space(dlcheck)
         if pixels is not None:
             dlcheck.not_applicable(f"{pixels}; there is no VAE, so no latent scale to check")

@@ -109,9 +109,32 @@ def _autoencoder_note(ctx: Any) -> str:
     return ""
 
 
+def vector_space(ctx: Any) -> str | None:
+    """Why the denoiser works on vectors (a prior over CLIP image embeddings: Kandinsky's or unCLIP's
+    PriorTransformer), not on images or their latents: its config gives an embedding size and no image channels, or
+    the training step's 'latents' are one vector per example; else None."""
+    unet = ctx.role("unet")
+    if unet is not MISSING and is_diffusers(unet):
+        config = sched_config(unet)
+        if config.get("embedding_dim") is not None and config.get("in_channels") is None:
+            return (
+                f"the denoiser {describe(unet)} denoises vectors of embedding_dim={config['embedding_dim']} (image "
+                "embeddings), not images"
+            )
+    if ctx.has("training_inputs"):
+        draws = training_draws(ctx)
+        lat = draws[0].get("latents") if draws else None
+        if lat is not None and getattr(lat, "dim", lambda: 0)() == 2:
+            return f"the training step's 'latents' are one vector per example ({tuple(lat.shape)}): not images"
+    return None
+
+
 def pixel_space(ctx: Any) -> str | None:
     """Why the denoiser works on pixels, not VAE latents (a pipeline without a VAE, a denoiser whose
-    in_channels are an image's, 'latents' of an image's channel count from the training step), else None."""
+    in_channels are an image's, 'latents' of an image's channel count from the training step), else None. A denoiser
+    of vectors (:func:`vector_space`) is not one."""
+    if vector_space(ctx) is not None:
+        return None
     pipe = ctx.role("pipeline")
     if pipe is not MISSING and is_pipeline(pipe) and getattr(pipe, "vae", None) is None:
         return f"dlcheck_pipeline is a {describe(pipe)}, which has no VAE: it denoises pixels"

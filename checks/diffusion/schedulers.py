@@ -412,8 +412,46 @@ def check_sampler_settings(dlcheck):
     # (3) clipping in latent space
     latent_space = dlcheck.has("vae")
     clips = [f for f in ("clip_sample", "thresholding") if _get(ic, f)]
-    pixels = None if latent_space else D.pixel_space(dlcheck)
-    if pixels is not None:
+    vectors = None if latent_space else D.vector_space(dlcheck)
+    pixels = None if latent_space or vectors else D.pixel_space(dlcheck)
+    if vectors is not None:
+        # a prior's x0 are image embeddings (normalised or not): a clamp fits them only if it leaves them whole
+        limits = [
+            (f, float(ic.get(k, 1.0)))
+            for f, k in (("clip_sample", "clip_sample_range"), ("thresholding", "sample_max_value"))
+            if _get(ic, f)
+        ]
+        vec = (
+            D.cat(draws, "latents") if draws is not None and all(d.get("latents") is not None for d in draws) else None
+        )
+        if not limits:
+            judged.append(f"(3) {vectors}: no clipping (clip_sample=False, thresholding=False)")
+        elif vec is None:
+            judged.append(
+                f"(3) {vectors}: {', '.join(f'{f} clamps the predicted x0 to ±{lim:g}' for f, lim in limits)}; the "
+                "training vectors' range is not known (no dlcheck_training_inputs): clipping not judged"
+            )
+        else:
+            for flag, limit in limits:
+                share = float((vec.abs() > limit).double().mean())
+                seen = (
+                    f"the training vectors (dlcheck_training_inputs) have std {D.std(vec):.3g}, max |x| "
+                    f"{float(vec.abs().max()):.3g}; {share:.2%} of their values lie outside ±{limit:g}"
+                )
+                if share > 0.001:
+                    findings.append(
+                        (
+                            [f"{iname} {flag}=True clamps every predicted x0 to ±{limit:g}", seen],
+                            f"the clamp is narrower than the vectors the denoiser is trained to produce: every sampling "
+                            f"step cuts the predicted x0 at ±{limit:g}",
+                            f"a limit that covers the training vectors ({D.describe(infer)}.from_config(noise_scheduler"
+                            f".config, {'clip_sample_range' if flag == 'clip_sample' else 'sample_max_value'}=...)), "
+                            f"or {flag}=False",
+                        )
+                    )
+                else:
+                    judged.append(f"(3) {vectors}: {flag} clamps the predicted x0 to ±{limit:g}; {seen}")
+    elif pixels is not None:
         judged.append(
             f"(3) {pixels}: "
             + (

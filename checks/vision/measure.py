@@ -50,9 +50,11 @@ class VisionSampleError(Exception):
     """The data cannot be read as (image, target) examples; the checks skip with this reason, or say they
     are not applicable when the data holds no image at all (``not_images``: token batches, tabular rows)."""
 
-    def __init__(self, message: str, not_images: bool = False):
+    def __init__(self, message: str, not_images: bool = False, elsewhere: bool = False):
         super().__init__(message)
         self.not_images = not_images
+        #: images there are, under a key of the pipeline's own that no vision check reads as the model's input
+        self.elsewhere = elsewhere
 
 
 # --------------------------------------------------------------------------------------------------
@@ -383,6 +385,20 @@ def unbatch(batch: Any, where: str) -> list[tuple[Any, Any]]:
     if isinstance(batch, Mapping):
         ikey = next((k for k in IMAGE_KEYS if k in batch), None)
         if ikey is None:
+            other = [
+                k
+                for k, v in batch.items()
+                if isinstance(v, torch.Tensor) and v.ndim == 4 and v.is_floating_point() and v.shape[1] in (1, 3)
+            ]
+            if other:
+                raise VisionSampleError(
+                    f"{where} has no image field the vision checks read as the model's input ({', '.join(IMAGE_KEYS)}): "
+                    f"{', '.join(map(str, other))} holds images ({tuple(batch[other[0]].shape)}) under a name of the "
+                    f"pipeline's own (keys: {', '.join(map(str, batch))}): which model takes them is not read (an "
+                    "image encoder beside the trained model, as a diffusion prior's CLIP encoder)",
+                    not_images=True,
+                    elsewhere=True,
+                )
             raise VisionSampleError(f"{where} has no image field (keys: {', '.join(map(str, batch))})", not_images=True)
         images = batch[ikey]
         n = len(images)
@@ -619,7 +635,11 @@ def get_vision_sample(ctx: Any, split: str = "train", required: bool = True) -> 
     if isinstance(result, BaseException):
         if isinstance(result, VisionSampleError):
             if result.not_images:
-                ctx.not_applicable(f"{result}: the data holds no images, so no vision check concerns it")
+                ctx.not_applicable(
+                    f"{result}: no vision check reads them"
+                    if getattr(result, "elsewhere", False)
+                    else f"{result}: the data holds no images, so no vision check concerns it"
+                )
             if required:
                 ctx.skip(str(result))
             return None

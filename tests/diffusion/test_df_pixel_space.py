@@ -137,7 +137,7 @@ def test_a_text_only_project_is_not_a_diffusion_training(project):
         [
             # the same reason of six checks, grouped in one summary line (each check's own line names it)
             "n/a:*not applicable: concerns diffusion training, and no diffusion role is given (dlcheck_pipeline, "
-            "dlcheck_noise_scheduler, dlcheck_vae, dlcheck_training_inputs, … or a diffusers dlcheck_model) (6 checks)"
+            "dlcheck_noise_scheduler, dlcheck_vae, dlcheck_training_inputs, … or a diffusers denoiser as dlcheck_model) (6 checks)"
         ]
     )
     assert "not applicable: no diffusion role: DF5 judges the conditioning of a text-to-image training" in run.text
