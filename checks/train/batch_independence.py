@@ -20,7 +20,7 @@ from ...training import (
     to_device,
     with_field,
 )
-from ...training.runs import inputs_guessed, model_call
+from ...training.runs import NotTheBatch, inputs_guessed, model_call
 from ..shared.lm import input_embeddings
 
 ATTENTION = (
@@ -331,6 +331,26 @@ def _called_inputs(
     return (lambda: mod(*args, **kwargs)), {"x": x}, f"{whose} as {by} gives it: {describe_batch(given)}"
 
 
+def _not_reproduced(model: Any, batch: Any, call: Any) -> str | None:
+    """Why T4 does not judge (a skip's reason), or None: the model does not take the batch as it comes (its
+    forward wants inputs the batch does not hold: a seq2seq model's masks) while the plain loop's own loss or step
+    calls it on the batch's tensors and builds the rest (``call.on_batch``): it is called on the batch, and T4
+    cannot reproduce what is added."""
+    if call is None or not call.called or not call.on_batch:
+        return None
+    try:
+        model_call(model, batch)
+    except NotTheBatch as exc:
+        said = str(exc).removeprefix("not applicable: ").split(": the model is called by your loss")[0]
+        name = type(model).__name__
+        return (
+            f"not judged: {said}: {call.by} calls {name} on the batch's tensors together with inputs it builds "
+            f"({call.inputs()}), which T4 does not reproduce, so whether one example's output depends on another "
+            "example is not measured"
+        )
+    return None
+
+
 def _loop_inputs(dlcheck: Any, model: Any, call: Any, size: int) -> tuple[Any, dict, str] | None:
     """For a plain loop whose own loss or step calls the model on something other than the batch (a GAN's
     generator on the noise the step draws; ``call``, the :func:`pipeline_call`): the model called on those inputs,
@@ -420,7 +440,9 @@ def check_batch_independence(dlcheck):
         whose call on them raises is not judged (T4 would guess its inputs: time steps are never read as
         examples). A model whose forward returns one value for the whole batch (a 0-d tensor: a diffusion
         wrapper that draws its own timesteps and noise and returns the loss) is not judged (skip, saying so):
-        its output is not per example; the denoiser inside it is not judged on its own either.
+        its output is not per example; the denoiser inside it is not judged on its own either. A model whose
+        forward takes more than the batch holds, called by the loop's own loss or step on the batch's tensors with
+        inputs it builds (a seq2seq Transformer's masks), is not judged (skip, naming the inputs the loss gives it).
     Not applicable
         A model that is not called on the batch (its forward requires fields the batch lacks, the user's
         loss builds them) and no dlcheck_compute_loss or dlcheck_train_step to learn its inputs from, said by
@@ -476,6 +498,11 @@ def check_batch_independence(dlcheck):
             )
         if holder is None:
             dlcheck.skip(f"cannot differentiate the model's inputs: {_no_input(model, batch)}")
+        unreproduced = _not_reproduced(model, run_batch, call) if pipeline is None else None
+        if unreproduced is not None:
+            if handle is not None:
+                handle.remove()  # the input hook _inputs put on the model: no trace left
+            dlcheck.skip(unreproduced)
         hooks = [m.register_forward_hook(record) for m in model.modules() if m is not model]
         guessed = pipeline is None and inputs_guessed(model, batch)
         try:

@@ -28,7 +28,7 @@ from ...training import (
     soft_targets,
     targets_of,
 )
-from ...training.runs import is_grpo, online_objective
+from ...training.runs import is_grpo, online_objective, positional_inputs
 from ..shared import frozen
 from ..shared.class_scores import class_scores
 from ..shared.forward import ABSENT, put_forward, restore_forward
@@ -101,7 +101,9 @@ def check_initial_loss(dlcheck):
         average the loss (reduction="mean"); freeze the backbone before putting a new head in place.
     Known problems
         Applies to classification and language-model losses (integer or soft targets). A batch whose targets it
-        cannot find (no ``labels``/``label`` field, not an ``(inputs, targets)`` pair) skips. A pretrained
+        cannot find (no ``labels``/``label`` field, not an ``(inputs, targets)`` pair) skips; so does a pair whose
+        model's forward takes as many inputs as the batch holds or more (a seq2seq model's (src, tgt) batch, the
+        loss building the masks and the shifted targets): not judged, saying so. A pretrained
         model starts below ln(C) and passes; the check does not tell a pretrained start from a leak.
         A Lightning module's number of classes is read from its forward's output inside its own
         training_step (its forward may take what the step makes of the batch), never from a forward on the batch;
@@ -165,6 +167,15 @@ def check_initial_loss(dlcheck):
             f"the targets are floats ({describe_batch(targets)}): a regression loss, not a cross-entropy over classes"
         )
     if not isinstance(targets, torch.Tensor):
+        taken = positional_inputs(fresh.model)
+        if isinstance(batch, (list, tuple)) and len(batch) >= 2 and taken >= len(batch):
+            # (src, tgt) of a seq2seq loop whose loss builds the forward's other inputs (masks) and its targets
+            dlcheck.skip(
+                f"not judged: the batch is a {'pair' if len(batch) == 2 else f'{len(batch)}-tuple'} "
+                f"{describe_batch(batch)} and {type(fresh.model).__name__}.forward takes {taken} inputs: none of its "
+                "elements is left over as the targets, so your loss builds the model's inputs and its targets from them "
+                "(a target sequence shifted by one, say), which T1 does not reproduce"
+            )
         dlcheck.skip(
             f"cannot find integer targets in the batch ({describe_batch(batch)}): no labels/label field, not an "
             "(inputs, targets) pair"
