@@ -75,6 +75,8 @@ def _image_of(out: Any) -> Any:
         out = out[0]
     elif isinstance(out, dict):
         out = next((out[k] for k in V.IMAGE_KEYS if k in out), None)
+    if getattr(out, "ndim", 3) < 3 and str(getattr(out, "dtype", "")) in ("torch.int64", "torch.int32"):
+        return None  # token ids (B, T): no image (a grayscale image is uint8 or float)
     img, _, _ = V.as_pixels(out)
     return img
 
