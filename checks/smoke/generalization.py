@@ -5,6 +5,7 @@ import math
 
 from ... import detectors
 from ...registry import check, load_checks
+from ...sampling import indexable
 from ...session import made_up
 from ...training import (
     as_soft_targets,
@@ -248,7 +249,7 @@ def _training_examples_as_eval(dlcheck, tr) -> tuple[list | None, str | None, st
     if not isinstance(train_loader, DataLoader) or not isinstance(eval_loader, DataLoader):
         return None, None, "the training and eval loaders are not both torch DataLoaders"
     dataset = train_loader.dataset
-    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+    if not indexable(dataset):  # an IterableDataset with a length inherits a __getitem__ that only raises
         return None, None, "the training dataset is not indexable"
     size = eval_loader.batch_size or train_loader.batch_size or len(targets_of(tr[0]))
     want = min(len(tr) * size, len(dataset))
