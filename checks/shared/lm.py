@@ -267,12 +267,7 @@ def prepended_positions(model: Any) -> int:
     the virtual tokens'), read through the usual wrappers (DDP/compile's module, TRL's value head). 0 when
     no such configuration is declared (prefix tuning declares virtual tokens too but feeds them as past keys
     and values: its logits keep the input's length, which :func:`input_logits` sees)."""
-    seen: set[int] = set()
-    current = model
-    for _ in range(4):
-        if current is None or id(current) in seen:
-            break
-        seen.add(id(current))
+    for current in _levels(model, lambda m: _child_module(m, ("module", "_orig_mod", "pretrained_model"))):
         try:
             cfg = getattr(current, "active_peft_config", None)
         except Exception:  # noqa: BLE001 - a wrapper whose adapter cannot be read declares nothing
@@ -280,15 +275,25 @@ def prepended_positions(model: Any) -> int:
         if cfg is not None and getattr(cfg, "is_prompt_learning", False):
             n = getattr(cfg, "num_virtual_tokens", None)
             return int(n) if isinstance(n, int) and n > 0 else 0
-        current = next(
-            (
-                getattr(current, a)
-                for a in ("module", "_orig_mod", "pretrained_model")
-                if isinstance(getattr(current, a, None), torch.nn.Module)
-            ),
-            None,
-        )
     return 0
+
+
+def _child_module(obj: Any, attrs: tuple[str, ...]) -> Any:
+    """The first of ``obj``'s attributes ``attrs`` that is a module, or None."""
+    return next((getattr(obj, a) for a in attrs if isinstance(getattr(obj, a, None), torch.nn.Module)), None)
+
+
+def _levels(model: Any, inner: Any, depth: int = 4) -> Any:
+    """``model``, then each object ``inner`` gives for the one before (the model a wrapper holds), each once, at
+    most ``depth`` levels."""
+    seen: set[int] = set()
+    current = model
+    for _ in range(depth):
+        if current is None or id(current) in seen:
+            return
+        seen.add(id(current))
+        yield current
+        current = inner(current)
 
 
 def input_logits(model: Any, logits: torch.Tensor, length: int) -> torch.Tensor:
@@ -512,12 +517,13 @@ def forward_names(model: Any) -> set[str]:
     import inspect
 
     names: set[str] = set()
-    seen: set[int] = set()
-    current = model
-    for _ in range(4):
-        if current is None or id(current) in seen:
-            break
-        seen.add(id(current))
+
+    def inner(current: Any) -> Any:
+        # one level down: PEFT's get_base_model(), a wrapper's .model / .module
+        below = base_model(current)
+        return _child_module(current, ("base_model", "model", "module")) if below is current else below
+
+    for current in _levels(model, inner):
         try:
             params = inspect.signature(current.forward).parameters
         except (TypeError, ValueError, AttributeError):
@@ -525,18 +531,6 @@ def forward_names(model: Any) -> set[str]:
         names |= {n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
         if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
             break
-        inner = base_model(current)
-        if inner is current:
-            # one level down: PEFT's get_base_model(), a wrapper's .model / .module
-            inner = next(
-                (
-                    getattr(current, a)
-                    for a in ("base_model", "model", "module")
-                    if isinstance(getattr(current, a, None), torch.nn.Module)
-                ),
-                None,
-            )
-        current = inner
     return names
 
 
