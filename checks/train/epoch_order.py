@@ -263,6 +263,21 @@ def _stream_batches(dlcheck: Any, loader: Any, own: Any, role: str) -> tuple[int
     return len(first), whole, differ, set_epoch
 
 
+def _epochs_unseen(setup: Any, what: str) -> str:
+    """Why the number of epochs is not known, naming what would tell it."""
+    if setup is not None and setup.kind == "lightning":
+        return (
+            "how many epochs your run trains is not visible (hand over your Lightning Trainer as dlcheck_trainer and "
+            "its max_epochs is read)"
+        )
+    if what == "loop":
+        return (
+            "how many epochs your loop trains is in your own code (define fixture dlcheck_num_epochs returning it, "
+            "and T7 judges it)"
+        )
+    return "how many epochs your run trains is not visible (define fixture dlcheck_num_epochs returning it, and T7 judges it)"
+
+
 def _judge_own_order(dlcheck, setup, loader, where) -> tuple[str, str]:
     """A loader whose order is its own (an IterableDataset's, or a loader without a sampler), in a run whose plan trains
     more than one epoch: two fresh iterations of it, epochs 0 and 1, are compared by their first batches. Passes
@@ -279,17 +294,9 @@ def _judge_own_order(dlcheck, setup, loader, where) -> tuple[str, str]:
         return "not judged", f"{head}: a one-shot iterator, whose order is not read (reading it would consume it)"
     plan = _planned_epochs(setup, loader, dlcheck.role("num_epochs"))
     if plan is None:
-        lightning = setup is not None and setup.kind == "lightning"
         return "not judged", (
             f"{head}: its order is its own, which T7 reads by drawing the first batches of two epochs of it when the "
-            "run trains more than one epoch (one epoch repeats no order), and "
-            + (
-                "how many epochs your run trains is not visible (hand over your Lightning Trainer as dlcheck_trainer "
-                "and its max_epochs is read)"
-                if lightning
-                else "how many epochs your run trains is not visible (define fixture dlcheck_num_epochs returning it, "
-                "and T7 judges it)"
-            )
+            "run trains more than one epoch (one epoch repeats no order), and " + _epochs_unseen(setup, "run")
         )
     if plan[0] <= 1:
         return "not applicable", f"{head}, and the run trains one epoch ({plan[1]}): no order repeats"
@@ -373,17 +380,10 @@ def _fail_or_judge_no_shuffle(dlcheck, setup, loader, where) -> tuple[str, str]:
         first = []
     plan = _planned_epochs(setup, loader, dlcheck.role("num_epochs"))
     if plan is None:
-        lightning = setup is not None and setup.kind == "lightning"
         return "not judged", (
             f"{where} does not shuffle ({kind}): every epoch visits the examples in the same order, which matters "
             "when the run trains more than one epoch; "
-            + (
-                "how many epochs your run trains is not visible (hand over your Lightning Trainer as dlcheck_trainer "
-                "and its max_epochs is read)"
-                if lightning
-                else "how many epochs your loop trains is in your own code (define fixture dlcheck_num_epochs "
-                "returning it, and T7 judges it)"
-            )
+            + _epochs_unseen(setup, "loop")
             + ", so it is not judged (shuffle=True gives each epoch its own order)"
         )
     epochs, read = plan
