@@ -508,7 +508,8 @@ def _judge_metrics(dlcheck, run, recs, metrics, n, counts, total, repeated, miss
         f"its dropout runs in training mode during the evaluation ({', '.join(dropout_on[:4])}: model.eval() is not "
         "called; V2 judges it)"
         if dropout_on
-        else "dropout left on: model.eval() missing?"
+        else "no dropout ran in training mode: the evaluation draws random numbers of its own, a collator's random "
+        "masks or a sampling"
     )
     if unstable:
         dlcheck.not_judged(
@@ -538,7 +539,12 @@ def _judge_metrics(dlcheck, run, recs, metrics, n, counts, total, repeated, miss
             f"{key} = {_fmt(metrics[0][1][key])} on rank{'s' if len(metrics) > 1 else ''} "
             f"{', '.join(str(r) for r, _ in metrics)} of {run.world}, the one-process evaluation of the same weights "
             f"{over} gives {_fmt(reference[key])}"
-            + (f" ({total - n + len(missing)} index(es) repeated as padding, not counted)" if repeated else "")
+            + (
+                f" ({total - n + len(missing)} index(es) repeated as padding: the distributed value equals the one "
+                "without them)"
+                if repeated
+                else ""
+            )
         ]
     key, r, value = bad[0]
     evidence = [
