@@ -598,13 +598,30 @@ def inputs_guessed(model: Any, batch: Any) -> bool:
 
 
 def positional_inputs(model: Any) -> int:
-    """How many inputs the model's forward requires positionally (at least 1; a forward taking *args: 1)."""
-    try:
-        params = inspect.signature(model.forward).parameters.values()
-    except (TypeError, ValueError, AttributeError):
-        return 1
+    """How many inputs the model's forward requires positionally (at least 1; a forward taking *args: 1). A wrapper
+    whose forward takes only ``*args, **kwargs`` (Lightning Fabric's _FabricModule, DistributedDataParallel,
+    torch.compile's module) hands them to the module it wraps: that module's forward is read."""
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return max(1, sum(1 for p in params if p.kind in kinds and p.default is inspect.Parameter.empty))
+    for _ in range(4):
+        try:
+            params = list(inspect.signature(model.forward).parameters.values())
+        except (TypeError, ValueError, AttributeError):
+            return 1
+        if params and all(p.kind in variadic for p in params):
+            inner = next(
+                (
+                    getattr(model, a)
+                    for a in ("_forward_module", "module", "_orig_mod")
+                    if isinstance(getattr(model, a, None), torch.nn.Module) and getattr(model, a) is not model
+                ),
+                None,
+            )
+            if inner is not None:
+                model = inner
+                continue
+        return max(1, sum(1 for p in params if p.kind in kinds and p.default is inspect.Parameter.empty))
+    return 1
 
 
 def targets_of(batch: Any, model: Any = None) -> Any:
