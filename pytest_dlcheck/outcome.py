@@ -103,8 +103,13 @@ def _owner_role(frame, roles: dict) -> str | None:
     """The role whose object is running in ``frame`` (its ``self``, a submodule of it, or its code)."""
     owner = frame.f_locals.get("self")
     code = frame.f_code
+    # a torch DataLoader's iterator (it re-raises what a worker's fetch raised) runs the loader it was made from,
+    # over that loader's dataset: the role whose loader (or dataset) it is
+    dataset = getattr(owner, "_dataset", None) if type(owner).__name__.endswith("DataLoaderIter") else None
     for name, value in roles.items():
         if owner is not None and value is owner:
+            return name
+        if dataset is not None and (value is dataset or getattr(value, "dataset", None) is dataset):
             return name
         func = getattr(value, "__func__", value)
         if getattr(func, "__code__", None) is code or getattr(value, "gi_code", None) is code:
@@ -381,6 +386,11 @@ def _exc_text(exc: BaseException, limit: int = 300) -> str:
         text = str(exc)
     except Exception:  # noqa: BLE001
         text = f"<{type(exc).__name__} whose str() failed>"
+    if text.startswith("Caught ") and "Original Traceback" in text:
+        # a DataLoader worker's error, re-raised with the worker's whole traceback: what the worker raised is the
+        # traceback's last line
+        last = [line for line in text.splitlines() if line.strip()][-1].strip()
+        text = f"{text.split('.', 1)[0]}: {last}"
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

@@ -87,6 +87,14 @@ def check_nan_in_data(dlcheck):
     return int(batch["scores"].sum())  # the check's own code, not ready for a NaN
 
 
+@check("L98", domain="llm", title="the user's loader iterated by the check's own code", roles=("dataloader",))
+def check_iterates_loader(dlcheck):
+    {DOC}
+    (loader,) = dlcheck.require("dataloader")
+    batch = next(iter(loader))  # the shared machinery's way: no dlcheck.call around the loader
+    dlcheck.measured(f"{{len(batch)}} fields")
+
+
 @check("L97", domain="llm", title="a check's own code on examples before collation", roles=("dataset",))
 def check_raw_rows(dlcheck):
     {DOC}
@@ -235,3 +243,42 @@ def test_ragged_examples_before_collation_do_not_blame_the_role(pack, monkeypatc
     text = _one_line(run.text)
     assert INTERNAL + "IndexError: list index out of range at check_raw_rows" in text, run.text
     assert "is a ragged" not in text and "gave data whose" not in text, run.text
+
+
+LOADER = """
+import pytest, torch
+from torch.utils.data import DataLoader, Dataset
+import attr_checks  # noqa: F401  (the check pack)
+
+
+class Images(Dataset):
+    # the user's dataset: its augmentation raises on some examples (timm's RandAugment posterize at 0 bits on a
+    # newer Pillow, as facebookresearch/mae's fine-tuning hit)
+
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 1:
+            raise ValueError("bits must be between or equal to 1 and 8")
+        return torch.zeros(3)
+
+
+@pytest.fixture(scope="session")
+def dlcheck_dataloader():
+    return DataLoader(Images(), batch_size=4, num_workers={workers})
+"""
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_users_loader_raising_on_its_own_data_is_the_users_naming_the_role(pack, workers):
+    """A DataLoader whose dataset raises on its own data (in the main process, or in a worker whose error the loader
+    re-raises) while the plugin iterates it: the dataloader role's error, never an internal error (found blind, set
+    16: facebookresearch/mae main_finetune.py, 11 checks had said 'this is a bug of pytest-dlcheck')."""
+    pack.conftest(LOADER.format(workers=workers))
+    run = pack.run("--dlcheck=L98")
+    run.assert_outcome("L98", "failed")
+    text = _one_line(run.text)
+    assert "bits must be between or equal to 1 and 8" in text, run.text
+    assert "role dlcheck_dataloader" in text, run.text
+    assert "internal error" not in text, run.text

@@ -230,8 +230,8 @@ def check_schedule_on_n_processes(dlcheck):
     rec = recs[0].get("schedule")
     if rec is None:
         dlcheck.not_applicable(
-            "no LR scheduler in dlcheck_make_training's dict (state['lr_scheduler']): the LR does not depend on the "
-            "number of processes"
+            "no LR scheduler in dlcheck_make_training's dict (state['lr_scheduler']) whose plan could depend on the "
+            "number of processes (an LR your step sets by hand, annealed over a count of its own, is not read by D8)"
         )
     plan_n = rec.get("plan")
     if plan_n is None:
