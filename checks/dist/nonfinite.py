@@ -56,7 +56,9 @@ def check_nonfinite_agreement(dlcheck):
         decision (passes here, stated): the smoke domain judges non-finite training. Every rank raising alike
         (``clip_grad_norm_(..., error_if_nonfinite=True)`` after the all-reduce, Lightning Fabric's
         ``clip_gradients`` default) is a shared decision too: the run stops on every rank, with the weights
-        compared on every rank.
+        compared on every rank. The rank with the overflow raising before its step (NaN logits a distribution
+        refuses) while the others raise too or wait for it in a collective is a loud stop of the whole run: passes,
+        said so.
     Not applicable
         Training that does not run distributed: a single-process script of the user's own. A plain loop without
         ``dlcheck_dist_wrap`` is asked for it (a missing role: the wrap is what says the script runs distributed);
@@ -96,6 +98,28 @@ def check_nonfinite_agreement(dlcheck):
         "are finite"
     )
     shown = "; ".join(f"rank {i}: {d}" for i, d in enumerate(decisions))
+    injected_rec = recs[injected]
+    raised_there = (
+        injected_rec is not None
+        and injected_rec.get("error")
+        and decisions[injected].startswith("raised ")
+        and not injected_rec.get("changed")
+    )
+    if raised_there and len(set(kinds)) > 1 and all(
+        i == injected or d.startswith(("raised ", "was left waiting", "never finished"))
+        for i, d in enumerate(decisions)
+    ):
+        # the rank with the overflow raised (NaN logits refused by a distribution, an assert on the loss) and the
+        # others raised too or waited for it in a collective until it was gone: the run stops on every rank (a
+        # launcher such as torchrun ends them all) - a loud stop, no rank stepping alone
+        dlcheck.measured(
+            head,
+            shown,
+            f"rank {injected} raised on the overflow before stepping and no rank stepped: the run stops on every rank "
+            "(a launcher such as torchrun ends the others), a loud stop rather than a rank deciding alone",
+            decision="raised",
+        )
+        return
     # every rank's weights right after the step, whether it stepped, skipped or raised (a raise after the optimizer
     # step leaves changed weights too)
     afters = [r["after"] for r in recs if r is not None and "after" in r]

@@ -671,3 +671,16 @@ def test_the_same_examples_on_every_rank_name_both_causes(project):
     assert "datasets come out identical: the same seed on every rank" in d3
     assert "data of each rank's own: seed each process with its rank before building it" in d3
     _no_leftover_process()
+
+
+def test_the_overflowing_rank_raising_before_its_step_is_a_loud_stop(project):
+    """CleanRL's ppo_atari_multigpu (found blind, set 16): the injected overflow makes the rank's Categorical refuse
+    NaN logits (ValueError) before its backward, and the other rank waits for it in DDP's all-reduce until it is gone.
+    D6 had failed, saying the rank with the overflow skips alone; the run stops on every rank instead."""
+    project.conftest(td.project(step="step_raising_on_nonfinite_loss"))
+    run = project.run("--dlcheck=D6", "-rA")
+    run.assert_outcome("D6", "passed")
+    text = _flat(run.text)
+    assert "rank 1: raised ValueError: Expected parameter logits" in text
+    assert "rank 1 raised on the overflow before stepping and no rank stepped: the run stops on every rank" in text
+    _no_leftover_process()

@@ -524,3 +524,18 @@ def step_clip_raising_on_nonfinite(state, batch, index):
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss.detach()
+
+
+def step_raising_on_nonfinite_loss(state, batch, index):
+    """A step whose loss refuses non-finite values with an exception (as torch.distributions.Categorical refuses NaN
+    logits in a PPO update): the rank with the overflow raises before its backward, the others wait for it."""
+    model, opt = state["model"], state["optimizer"]
+    model.train()
+    logits = model(batch["input_ids"])
+    loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+    if not torch.isfinite(loss):
+        raise ValueError("Expected parameter logits to satisfy the constraint IndependentConstraint(Real())")
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
