@@ -40,11 +40,14 @@ def _inputs(model: Any, batch: Any) -> tuple[Any, Any, Any]:
     emb = input_embeddings(model) if isinstance(batch, Mapping) and "input_ids" in batch else None
     if emb is not None:
         holder: dict[str, torch.Tensor] = {}
+        given_ids = batch["input_ids"]
 
         def hook(mod, args, out):
-            leaf = out.detach().requires_grad_(True)
-            holder.setdefault("x", leaf)
-            return leaf
+            if "x" in holder:
+                return None
+            leaf, fed = _batch_first_leaf(args[0] if args else None, given_ids, out)
+            holder["x"] = leaf
+            return fed
 
         return batch, holder, emb.register_forward_hook(hook)
     if (
@@ -75,15 +78,35 @@ def _inputs(model: Any, batch: Any) -> tuple[Any, Any, Any]:
 
         def on_ids(mod, args, out):
             given = args[0] if args else None
-            if "x" not in found and isinstance(given, torch.Tensor) and given.shape == ids.shape:
-                if torch.equal(given, ids):
-                    leaf = out.detach().requires_grad_(True)
-                    found["x"] = leaf
-                    return leaf
+            if "x" not in found and isinstance(given, torch.Tensor) and given.shape in (ids.shape, ids.shape[::-1]):
+                if torch.equal(given, ids) or (given.dim() == 2 and torch.equal(given, ids.t())):
+                    found["x"], fed = _batch_first_leaf(given, ids, out)
+                    return fed
             return None
 
         return batch, found, _Handles([m.register_forward_hook(on_ids) for m in embeddings])
     return batch, None, None
+
+
+def _batch_first_leaf(given: Any, ids: Any, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the leaf T4 differentiates against, batch first; what the embedding hands the model). A model that embeds
+    its token ids sequence-first (XLNet transposes input_ids to (seq, batch) before its word embedding) gets its
+    (seq, batch, dim) embeddings as before, from a batch-first leaf: example i of the leaf is example i of the batch,
+    not position i."""
+    seq_first = (
+        isinstance(given, torch.Tensor)
+        and isinstance(ids, torch.Tensor)
+        and given.dim() == 2
+        and ids.dim() == 2
+        and given.shape == ids.shape[::-1]
+        and not (given.shape == ids.shape and torch.equal(given, ids))
+        and torch.equal(given, ids.t())
+    )
+    if not seq_first:
+        leaf = out.detach().requires_grad_(True)
+        return leaf, leaf
+    leaf = out.detach().transpose(0, 1).contiguous().requires_grad_(True)
+    return leaf, leaf.transpose(0, 1)
 
 
 def _no_input(model: Any, batch: Any) -> str:
