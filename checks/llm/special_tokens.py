@@ -255,7 +255,16 @@ def check_special_tokens(dlcheck):
 
     # 2. no pad token -----------------------------------------------------------------------------
     padded, how = _padded(sample) if sample is not None else (False, "")
-    if pad is None and dlcheck.setting("require_pad_token"):
+    # a tokenizer that is no transformers tokenizer (litgpt's, nanochat's: no pad_token attribute at all) has no pad
+    # token for tokenizer.pad / generate() / model.config to know: the collator's own pad id is the pipeline's choice
+    foreign = not hasattr(tok, "pad_token") and not hasattr(tok, "pad_token_id")
+    if pad is None and foreign and padded:
+        dlcheck.not_judged(
+            "pad token",
+            f"the tokenizer ({type(tok).__name__}) is no transformers tokenizer (it has no pad_token): the pad id its "
+            f"collator fills batches with is the pipeline's own ({how})",
+        )
+    if pad is None and dlcheck.setting("require_pad_token") and not foreign:
         eos_hint = f" (eos_token is {_name(tok, eos)})" if eos is not None else ""
         fix = (
             "tokenizer.pad_token = tokenizer.eos_token (then mask labels by attention_mask, see L11), or "
