@@ -14,6 +14,8 @@ from ...registry import Setting, check
 from ...session import user_call
 from ...training import SEED, SetupError, get_setup, probe, run_or_skip, seed_all
 from ...training.runs import (
+    ACCUMULATION_LIMIT,
+    NoStepToSaveAfter,
     NotTheBatch,
     Trajectory,
     batch_len,
@@ -22,6 +24,7 @@ from ...training.runs import (
     model_call,
     output_tensor,
     param_names,
+    past_accumulation,
     to_device,
     unwrap_prepared,
 )
@@ -59,13 +62,16 @@ class Window:
     #: what a call without an optimizer step did to the accumulated ``.grad`` itself: (call, "before" | "after" its
     #: backwards, the one factor every parameter's gradient was multiplied by; 0: zeroed)
     touched: list[tuple[int, str, float]] = field(default_factory=list)
+    #: how the watch was lengthened past T10.micro_steps (an accumulation longer than it), or None
+    lengthened: str | None = None
+    tried: int = 0  # the calls this watch was given
 
 
 def _watch_window(setup: Any, n: int) -> Window:
     """Call the user's step on fresh objects until the optimizer step that ends the first accumulation
     window (the first step, or the second when the first came at the very first call). When the loss exists only
     inside the step, each backward's contribution and the step's random draws are recorded too."""
-    win = Window()
+    win = Window(tried=n)
     state = setup.state()
     model, opt = state["model"], state.get("optimizer")
     if opt is None:
@@ -171,6 +177,32 @@ def _watch_window(setup: Any, n: int) -> Window:
     return win
 
 
+def _watch_past_accumulation(setup: Any, n: int) -> Window:
+    """:func:`_watch_window` over ``n`` calls, lengthened as C1's and C10's runs are (:func:`past_accumulation`:
+    doubled, up to its bound) while no window closed in them: no optimizer step, or one at the first call only (an
+    accumulation longer than ``n``). Each try is a run on fresh objects; the last one is returned whatever it saw."""
+    last: dict[str, Any] = {}
+
+    def watch(m: int) -> Window:
+        win = last["win"] = _watch_window(setup, m)
+        last.setdefault("first", win.calls == [0])
+        if not win.no_optimizer and win.calls in ([], [0]):
+            raise NoStepToSaveAfter(f"no accumulation window closed in {m} calls")
+        return win
+
+    try:
+        length, win = past_accumulation(watch, n)
+    except NoStepToSaveAfter:
+        return last["win"]
+    if length > n:
+        held = "optimizer step after the first call" if last.get("first") else "optimizer step"
+        win.lengthened = (
+            f"T10.micro_steps={n} calls held no {held}: the watch was lengthened to {length} calls (doubled, as C1's "
+            f"runs are, up to {ACCUMULATION_LIMIT})"
+        )
+    return win
+
+
 def _one_factor(was: dict[str, float], now: dict[str, float]) -> float | None:
     """The one factor every gradient's norm went from ``was`` to ``now`` by (0: all zeroed), over the gradients
     that were non-zero and seen at both; None when there is none, it is 1 or the gradients moved unlike each other."""
@@ -188,11 +220,37 @@ def _causal(model: Any) -> bool:
 
 
 def _token_labels(batch: Any) -> torch.Tensor | None:
-    """The labels of a token-level batch (a mapping whose labels are integer per-token targets)."""
-    labels = batch.get("labels") if isinstance(batch, Mapping) else None
+    """The labels of a token-level batch: a mapping whose labels are integer per-token targets, or an (inputs,
+    targets) pair whose targets are (a pair counts as token-level only when some target of the window is below 0:
+    :func:`_tokens`)."""
+    labels = batch.get("labels") if isinstance(batch, Mapping) else _pair_targets(batch)
     if isinstance(labels, torch.Tensor) and labels.dim() >= 2 and not labels.is_floating_point():
         return labels
     return None
+
+
+def _pair_targets(batch: Any) -> torch.Tensor | None:
+    """The targets of an (inputs, targets) pair of tensors: integer, one per position (two dimensions or more)."""
+    if not isinstance(batch, (list, tuple)) or len(batch) != 2:
+        return None
+    x, y = batch
+    if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)) or y.dim() < 2 or y.is_floating_point():
+        return None
+    return y if y.dtype != torch.bool and int(x.shape[0]) == int(y.shape[0]) else None
+
+
+def _tokens(batches: list[Any]) -> tuple[bool, list[int]]:
+    """Whether the window's micro-batches are token-level, and the target values below 0 they hold (ignored: a
+    negative target is never a class id of a cross-entropy, so the loss can only be ignoring it). Labels in a mapping
+    always are; (inputs, targets) pairs only when some target is below 0 (an ignore_index in use: without one,
+    every position counts and the examples of a pair are all the same length, so the weights are the same)."""
+    found = [_token_labels(b) for b in batches]
+    if not found or any(t is None for t in found):
+        return False, []
+    ignored = sorted({int(v) for t in found for v in torch.unique(t[t < 0]).tolist()})
+    if all(isinstance(b, Mapping) for b in batches):
+        return True, ignored
+    return (not any(isinstance(b, Mapping) for b in batches) and bool(ignored)), ignored
 
 
 def _shifted(logits: Any, labels: torch.Tensor, loss: torch.Tensor) -> bool | None:
@@ -201,6 +259,7 @@ def _shifted(logits: Any, labels: torch.Tensor, loss: torch.Tensor) -> bool | No
     if not isinstance(logits, torch.Tensor) or logits.shape[:-1] != labels.shape:
         return None
     f = torch.nn.functional.cross_entropy
+    labels = labels.masked_fill(labels < 0, -100)  # a target below 0 is ignored whatever its value
     with torch.no_grad():
         flat = logits.detach().float()
         shift = f(flat[..., :-1, :].flatten(0, -2), labels[..., 1:].flatten(), ignore_index=-100)
@@ -245,6 +304,26 @@ class Reference:
     shifted: bool | None
     summing: bool = False  # the loss sums over the examples (reduction='sum')
     parts: list[dict[str, torch.Tensor]] = field(default_factory=list)  # each micro-batch's gradient (on CPU)
+    ignored: list[int] = field(default_factory=list)  # the target values below 0 the micro-batches hold (ignored)
+    pairs: bool = False  # (inputs, targets) pairs, their targets counted as they are
+
+    def ignore_words(self) -> str:
+        """How the supervised tokens were counted, when it is not the usual labels of -100."""
+        if not self.tokens or (not self.pairs and self.ignored in ([], [-100])):
+            return ""
+        what = "targets" if self.pairs else "labels"
+        values = ", ".join(map(str, self.ignored))
+        return f"; {what} below 0 ({values}) read as ignored (a negative target is never a class id: the ignore_index your loss must be using)"
+
+    def count_words(self) -> str:
+        """The expression counting one micro-batch's supervised tokens, as the user's code would write it."""
+        if self.pairs:
+            return f"(targets != {self.ignored[0]}).sum()" if len(self.ignored) == 1 else "(targets >= 0).sum()"
+        ignore = self.ignored[0] if len(self.ignored) == 1 else -100
+        return f"(labels[..., 1:] != {ignore}).sum()"
+
+    def ignore_index(self) -> int:
+        return self.ignored[0] if len(self.ignored) == 1 else -100
 
 
 def _reference(
@@ -267,7 +346,8 @@ def _reference(
     kept = [n for n in names if n in by_name]
     params = [by_name[n] for n in kept]
     device = device_of(model)
-    tokens = all(_token_labels(b) is not None for b in batches)
+    tokens, ignored = _tokens(batches)
+    pairs = tokens and not any(isinstance(b, Mapping) for b in batches)
     shifted: bool | None = None
     # running sums, two copies of the gradients whatever k: sum_i G_i and sum_i size_i G_i
     summed: dict[str, torch.Tensor] = {}
@@ -280,11 +360,13 @@ def _reference(
             batch = to_device(batch, device)
             loss, logits = _loss_and_logits(setup, model, batch)
             labels = _token_labels(batch)
-            if tokens and labels is not None:
+            if tokens and labels is not None and pairs:
+                size = int((labels >= 0).sum())  # a pair's targets, as its loss takes them (aligned with the inputs)
+            elif tokens and labels is not None:
                 found = _shifted(logits, labels, loss)
                 shift = found if found is not None else _causal(model)
                 shifted = shift if shifted is None else shifted
-                size = int((labels[..., 1:] != -100).sum() if shift else (labels != -100).sum())
+                size = int((labels[..., 1:] >= 0).sum() if shift else (labels >= 0).sum())
             else:
                 size = batch_len(batch) or 1
             sizes.append(size)
@@ -304,7 +386,7 @@ def _reference(
     weighted = {name: v / total for name, v in sized.items()}
     if _sums(setup, batches):
         weighted = summed  # a summed loss: the full batch's loss is the sum over the micro-batches
-    return Reference(weighted, summed, sizes, tokens, shifted, _sums(setup, batches), parts)
+    return Reference(weighted, summed, sizes, tokens, shifted, _sums(setup, batches), parts, ignored, pairs)
 
 
 def _rel(g: dict[str, torch.Tensor], h: dict[str, torch.Tensor], scale: float = 1.0) -> float:
@@ -386,8 +468,10 @@ def _trainer_accumulation(setup: Any) -> int:
         Setting(
             "micro_steps",
             8,
-            "calls of your step watched for the optimizer step that ends the first accumulation window: "
-            "accumulation over up to 8 micro-batches (7 when the first optimizer step comes at the first call)",
+            "calls of your step watched for the optimizer step that ends the first accumulation window; doubled on "
+            "fresh objects (as C1's runs are, up to 64 calls) while no window closes in them: an accumulation of up "
+            "to 64 micro-batches (63 when the first optimizer step comes at the first call) is judged, and the "
+            "evidence says when the watch was lengthened",
         ),
         Setting(
             "max_rel_error",
@@ -406,15 +490,25 @@ def check_grad_accumulation(dlcheck):
         ``dlcheck_train_step`` (as you wrote it: a plain loop's, or an Accelerate step with
         ``accelerator.accumulate`` + ``accelerator.backward``) on the training batches until the optimizer
         step that ends the first accumulation window; k is the number of calls in it, and the gradients the optimizer sees are kept
-        (before it updates). On other fresh objects at the same weights, in the mode your step used, it takes
+        (before it updates). When ``micro_steps`` calls (8) close no window (no optimizer step, or one at the first
+        call only: an accumulation longer than that), the watch is run again on fresh objects, doubled as C1's and
+        C10's runs are, up to 64 calls, and the evidence says so. On other fresh objects at the same weights, in the mode your step used, it takes
         the gradient of your loss (``dlcheck_compute_loss``, or the model's / ``dlcheck_loss_fn``'s) on each
         of the k micro-batches and compares the optimizer's gradient with three candidates: the full-batch
-        gradient (token-level batches, labels with -100: the sum of token losses over the supervised tokens
-        of all k micro-batches; other batches: weighted by examples), the k gradients summed (the loss not
+        gradient (token-level batches: the sum of token losses over the supervised tokens of all k micro-batches;
+        other batches: weighted by examples), the k gradients summed (the loss not
         divided by k), and their plain mean (each micro-batch's own token mean divided by k). When the
         optimizer stepped at the very first call and then after k > 1 (a counter tested as ``step % k == 0``
         from 0), that first step is judged too: a gradient 1/k of its one micro-batch's is an off-by-one
         window. One accumulated step and k (k + 1) reference passes.
+
+        Token-level batches are mappings whose ``labels`` are integer per-token targets, and (inputs, targets)
+        pairs whose integer targets (two dimensions or more) hold a value below 0 somewhere in the window. A target
+        below 0 is never a class id of a cross-entropy, so it is read as ignored (the ``ignore_index`` the loss must
+        be using: -100, or -1 as nanoGPT-style SFT loops write it); a token is supervised when its target is 0 or
+        more. Mapping labels are counted shifted by one when the loss is a causal LM's own (read off the logits),
+        a pair's targets as they are (aligned with the inputs, as the loss takes them). Pairs without a negative
+        target are weighted by examples (every position counts, and the rows of a pair are one length).
 
         When none of them matches, each micro-batch's share of the stepped gradient is measured: the gradient is
         fitted (least squares) on the k micro-batches' gradients of your loss, kept apart, and each fitted weight
@@ -477,7 +571,10 @@ def check_grad_accumulation(dlcheck):
         not show at the root (the learning rate divided by k instead) reads as a loss not divided by k; a first
         window of one micro-batch is judged by its backward's factor (1/k as in the full windows: off by one);
         BatchNorm's batch statistics make a micro-batch and the union differ (skipped with the numbers).
-        Judges the first accumulation window only, with dropout off; a step whose loss differs from the
+        An accumulation longer than 64 micro-batches is not judged (skip, saying how far the watch went; raise
+        ``micro_steps``). A pair whose ignored targets are not below 0 (segmentation masks ignored at 255) is
+        weighted by examples: a per-image mean over masks of different ignored counts is not judged. Judges the first
+        accumulation window only, with dropout off; a step whose loss differs from the
         loss dlcheck computes (an auxiliary term, label smoothing not in ``dlcheck_compute_loss``) matches no
         candidate and no weighting of the micro-batches, and skips with the numbers. A loss that draws random
         numbers (noise, a gumbel quantizer) is compared at the same seed in both runs: a fit within the tolerance
@@ -543,7 +640,7 @@ def check_grad_accumulation(dlcheck):
     n = int(dlcheck.setting("micro_steps"))
     tol = float(dlcheck.setting("max_rel_error"))
 
-    win = run_or_skip(dlcheck, lambda: _watch_window(setup, n))
+    win = run_or_skip(dlcheck, lambda: _watch_past_accumulation(setup, n))
     if win.no_optimizer:
         if len(win.calls) >= 2 and win.calls[:2] == [0, 1]:
             dlcheck.not_applicable(
@@ -561,8 +658,14 @@ def check_grad_accumulation(dlcheck):
             f"dlcheck_make_training returned no 'optimizer' and {win.end + 1} calls of {stepname} changed no weight: "
             "no update to watch"
         )
+    watched = win.tried
+    doubled = (
+        f"T10.micro_steps={n} doubled to {watched} calls, no longer run tried past {ACCUMULATION_LIMIT}; "
+        if watched > n
+        else ""
+    )
     if not win.calls:
-        dlcheck.skip(f"{n} calls of {stepname} took no optimizer step (raise T10.micro_steps above k)")
+        dlcheck.skip(f"{watched} calls of {stepname} took no optimizer step ({doubled}raise T10.micro_steps above k)")
     if len(win.calls) >= 2 and win.calls[1] == win.calls[0] + 1:
         dlcheck.not_applicable(
             f"no gradient accumulation: optimizer steps at calls {win.calls[0] + 1} and {win.calls[1] + 1} of "
@@ -587,8 +690,8 @@ def check_grad_accumulation(dlcheck):
         )
     if win.calls == [0]:
         dlcheck.skip(
-            f"the first call of {stepname} took an optimizer step and the next {n - 1} none: the accumulation "
-            "window cannot be told (raise T10.micro_steps)"
+            f"the first call of {stepname} took an optimizer step and the next {watched - 1} none: the accumulation "
+            f"window cannot be told ({doubled}raise T10.micro_steps)"
         )
     if not win.grads:
         dlcheck.skip("the optimizer stepped with no gradient on its parameters: nothing to compare")
@@ -618,6 +721,7 @@ def check_grad_accumulation(dlcheck):
     window = (
         f"the optimizer step at call {win.end + 1} of {stepname} closes an accumulation of k={k} micro-batches "
         f"({where}); {unit} per micro-batch: {', '.join(map(str, ref.sizes))} ({sum(ref.sizes)} in all)"
+        f"{ref.ignore_words()}{_lengthened(win)}"
     )
     shown = (
         f"relative error to the full-batch gradient {errors['full batch']:.2g}, to the {k} micro-batch gradients "
@@ -664,7 +768,7 @@ def check_grad_accumulation(dlcheck):
             ),
             fix=(
                 "loss = token_loss_sum / num_items_in_batch, with num_items_in_batch the supervised tokens "
-                f"((labels[..., 1:] != -100).sum()) of all {k} micro-batches of the optimizer step"
+                f"({ref.count_words()}) of all {k} micro-batches of the optimizer step"
                 if ref.tokens and spread > tol
                 else "call accelerator.backward(loss) (it divides by gradient_accumulation_steps), not loss.backward()"
                 if accelerate
@@ -698,8 +802,8 @@ def check_grad_accumulation(dlcheck):
             "full batch's token mean (transformers' gradient-accumulation bug of 2024, fixed in 4.46 with "
             "num_items_in_batch)",
             fix="loss = token_loss_sum / num_items_in_batch, with token_loss_sum = cross_entropy(..., "
-            "ignore_index=-100, reduction='sum') and num_items_in_batch the supervised tokens ((labels[..., 1:] != "
-            f"-100).sum()) of all {k} micro-batches of the optimizer step, counted before the first backward"
+            f"ignore_index={ref.ignore_index()}, reduction='sum') and num_items_in_batch the supervised tokens "
+            f"({ref.count_words()}) of all {k} micro-batches of the optimizer step, counted before the first backward"
             + (
                 " (through accelerator.backward, which divides by gradient_accumulation_steps: pass it "
                 "token_loss_sum * accelerator.gradient_accumulation_steps / num_items_in_batch, in your own "
@@ -778,6 +882,10 @@ def check_grad_accumulation(dlcheck):
     _unmatched(
         dlcheck, setup, win, batches, ref, k, tol, window, f"{shown}; norm ratio {ratio:.3g}, cosine {cosine:.4f}"
     )
+
+
+def _lengthened(win: Window) -> str:
+    return f"; {win.lengthened}" if win.lengthened else ""
 
 
 def _fraction(f: float) -> str:
@@ -1036,7 +1144,7 @@ def _judge_from_step(
     where = f"calls {win.start + 1}-{win.end + 1}" + (", after the optimizer step at call 1" if win.start else "")
     window = (
         f"the optimizer step at call {win.end + 1} of {stepname} closes an accumulation of k={k} micro-batches "
-        f"({where}); {unit} per micro-batch: {', '.join(map(str, rows))} ({sum(rows)} in all)"
+        f"({where}); {unit} per micro-batch: {', '.join(map(str, rows))} ({sum(rows)} in all){_lengthened(win)}"
     )
     union_line = f"the union of the {k} micro-batches ({how}) run through your step as one micro-batch" + (
         f": {k} x its contribution is the full-batch gradient"

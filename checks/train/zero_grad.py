@@ -8,7 +8,7 @@ from ...errors import MISSING
 from ...guard import preserved_rng
 from ...registry import Setting, check
 from ...training import get_setup, run_or_skip
-from ...training.runs import Trajectory, unwrap_prepared
+from ...training.runs import ACCUMULATION_LIMIT, NoStepToSaveAfter, Trajectory, past_accumulation, unwrap_prepared
 
 
 def _named_parameters(state: dict[str, Any]) -> dict[int, str]:
@@ -132,6 +132,31 @@ def _watch_own(state: dict[str, Any], limit: int) -> tuple[dict[str, Any], Any, 
     return seen, called, lambda: [h.remove() for h in hooks]
 
 
+def _watch_past_accumulation(watched: Any, n: int) -> dict[str, Any]:
+    """``watched(n)``, lengthened as C1's and C10's runs are (:func:`past_accumulation`: doubled, up to its bound)
+    while nothing was judged and no call followed the first update (no update, or one at the last call: a gradient
+    accumulation longer than the run). Each try is a run on fresh objects; the last one is returned whatever it saw."""
+    last: dict[str, Any] = {}
+
+    def watch(m: int) -> dict[str, Any]:
+        seen = last["seen"] = watched(m)
+        unjudged = seen["steps"] >= 0 and not (seen["stale"] or seen["reset"])
+        if unjudged and (not seen["steps"] or seen.get("first_step_call", m) >= m):
+            raise NoStepToSaveAfter(f"no backward after an update in {m} calls")
+        return seen
+
+    try:
+        length, seen = past_accumulation(watch, n)
+    except NoStepToSaveAfter:
+        return last["seen"]
+    if length > n:
+        seen["lengthened"] = (
+            f"T9.micro_steps={n} calls held no backward after an update: the watch was lengthened to {length} calls "
+            f"(doubled, as C1's runs are, up to {ACCUMULATION_LIMIT})"
+        )
+    return seen
+
+
 CROSSINGS = 2  # optimizer steps judged before the watch stops (a reset skipped every other step shows at the
 # second); a stale gradient ends it at once
 
@@ -152,7 +177,8 @@ class _Judged(Exception):
             8,
             "calls of your step watched at most: the watch stops once the backward after two optimizer steps "
             "has been seen (three calls without gradient accumulation); 8 see two under accumulation of up to "
-            "3 micro-batches, one under up to 7",
+            "3 micro-batches, one under up to 7; doubled on fresh objects (as C1's runs are, up to 64 calls) while "
+            "no call followed the first update and nothing was judged (a longer accumulation)",
         ),
     ),
 )
@@ -168,7 +194,10 @@ def check_zero_grad(dlcheck):
         optimizer's next step without a reset in between is stale; another network's loss that passes
         through the parameters first (dcgan's generator loss through the discriminator, reset by the
         discriminator's zero_grad before its own next step) is not. It stops calling your step at the first
-        stale gradient or once two steps of each optimizer have been judged (at most ``micro_steps``).
+        stale gradient or once two steps of each optimizer have been judged (at most ``micro_steps``). When no
+        backward came after an update in them (no optimizer step yet, or one at the last call: a gradient
+        accumulation longer than the watch), the watch is run again on fresh objects, doubled as C1's runs are, up
+        to 64 calls, and the evidence says so; an accumulation longer than that is not judged (skip).
         Deliberate gradient accumulation adds to ``.grad`` between optimizer steps and is not judged — only
         what crosses an optimizer step is. A step with no optimizer object, which updates the weights itself
         (a hand-written ``p.data.add_(p.grad, alpha=-lr)``), is watched the same way on the model's first
@@ -207,7 +236,7 @@ def check_zero_grad(dlcheck):
         dlcheck.not_applicable("no dlcheck_train_step: the default step zeroes the gradients itself")
     n = int(dlcheck.setting("micro_steps"))
 
-    def watched() -> dict[str, Any]:
+    def watched(n: int) -> dict[str, Any]:
         state = setup.state()
         traj = Trajectory()
         called = None
@@ -231,6 +260,8 @@ def check_zero_grad(dlcheck):
             if called is not None:
                 called(traj.steps[-1] if traj.steps and traj.steps[-1].step == i + 1 else None)
             seen["calls"] = i + 1
+            if seen["steps"] and "first_step_call" not in seen:
+                seen["first_step_call"] = i + 1
             if seen["stale"] or seen["crossed"] >= CROSSINGS * seen["optimizers"]:
                 raise _Judged  # the verdict is in: no further step of the user's model is spent
 
@@ -241,9 +272,10 @@ def check_zero_grad(dlcheck):
             pass
         finally:
             undo()
+        seen["tried"] = n
         return seen
 
-    seen = run_or_skip(dlcheck, watched)
+    seen = run_or_skip(dlcheck, lambda: _watch_past_accumulation(watched, n))
     if seen["steps"] < 0:
         dlcheck.skip(seen["why"])
     own = bool(seen.get("own"))  # no optimizer object: the step's own updates (calls that changed the weights)
@@ -253,11 +285,18 @@ def check_zero_grad(dlcheck):
         if own
         else f"{seen['steps']} optimizer step(s)"
     )
-    calls = seen.get("calls", n)
+    calls = seen.get("calls", seen["tried"])
+    lengthened = seen.get("lengthened", "")
     if not seen["steps"] or not (seen["stale"] or seen["reset"]):
+        doubled = (
+            f"T9.micro_steps={n} doubled to {seen['tried']} calls, no longer run tried past {ACCUMULATION_LIMIT}; "
+            if seen["tried"] > n
+            else ""
+        )
         dlcheck.skip(
             f"{calls} calls of dlcheck_train_step made {made} and no backward after one reached the watched "
-            "parameters: an update and the next backward are needed to see what crosses it (raise T9.micro_steps)"
+            f"parameters: an update and the next backward are needed to see what crosses it ({doubled}raise "
+            "T9.micro_steps)"
         )
     stale = seen["stale"]
     if stale:
@@ -271,6 +310,7 @@ def check_zero_grad(dlcheck):
                 + ", and nothing reset it before "
                 + ("the next update" if own else "that optimizer's next step"),
                 f"{len(stale)} such carried-over gradient(s) in the run, {seen['reset']} reset",
+                *([lengthened] if lengthened else []),
             ],
             cause=f"the gradients are never zeroed between {'updates' if own else 'optimizer steps'}: every backward "
             "adds to the sum of all earlier gradients, so each update applies the whole history again",
@@ -286,6 +326,7 @@ def check_zero_grad(dlcheck):
         + "; the backward after "
         + (f"each of the first {seen['crossed']}" if seen["crossed"] > 1 else "the first")
         + f" found the watched gradients reset ({seen['reset']} parameter checks)",
+        *([lengthened] if lengthened else []),
         optimizer_steps=seen["steps"],
         reset=seen["reset"],
     )
