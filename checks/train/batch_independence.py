@@ -20,6 +20,7 @@ from ...training import (
     to_device,
     with_field,
 )
+from ...training.backward import own_backward
 from ...training.runs import NotTheBatch, inputs_guessed, model_call
 from ..shared.lm import input_embeddings
 
@@ -228,7 +229,8 @@ def _influence(out: torch.Tensor, x: torch.Tensor, i: int) -> tuple[int, float, 
     example i's output does not depend on the inputs at all."""
     gen = torch.Generator(device="cpu").manual_seed(i)
     weights = torch.randn(out[i].shape, generator=gen).to(out.device, out.dtype)
-    (grad,) = torch.autograd.grad((out[i] * weights).sum(), x, retain_graph=True, allow_unused=True)
+    with own_backward():  # a Fabric-wrapped model's output wants fabric.backward: run as it runs it
+        (grad,) = torch.autograd.grad((out[i] * weights).sum(), x, retain_graph=True, allow_unused=True)
     if grad is None:
         return None
     per = grad.detach().abs().flatten(1).amax(1)

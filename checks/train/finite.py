@@ -9,6 +9,7 @@ import torch
 from ...guard import preserved_rng
 from ...registry import check
 from ...training import describe_batch, modes, output_tensor, probe, run_or_skip
+from ...training.backward import own_backward
 
 MAX_BATCHES = 2
 
@@ -104,6 +105,9 @@ def check_finite(dlcheck):
         leaves the gradients not judged. The forward and the loss the step returns are unscaled and judged
         as they are. A loop without a scaler, or whose optimizer is not in the state, is judged on the
         gradients as the backward leaves them.
+        A model set up by Lightning Fabric under a precision plugin that wants ``fabric.backward(loss)``
+        (``bf16-mixed``, ``16-mixed``) is backpropagated as ``fabric.backward`` runs it on one device (its
+        gradients unscaled); a strategy with a backward of its own (DeepSpeed) is not run through.
     Not applicable
         A model given as dlcheck_model whose forward needs fields the batches lack (a denoiser that your
         loss calls): it is not called on the batch (give dlcheck_make_training with dlcheck_train_step or
@@ -155,7 +159,8 @@ def check_finite(dlcheck):
                 loss = run_or_skip(dlcheck, lambda: fresh.loss(batch))
                 grads = []
                 if math.isfinite(float(loss.detach())) and loss.requires_grad and trainable:
-                    grads = torch.autograd.grad(loss, [p for _, p in trainable], allow_unused=True)
+                    with own_backward():
+                        grads = torch.autograd.grad(loss, [p for _, p in trainable], allow_unused=True)
         finally:
             for h in hooks:
                 h.remove()

@@ -14,6 +14,7 @@ from ...guard import preserved_rng, seed_everything
 from ...registry import Setting, check
 from ...session import made_up
 from ...training import modes, probe, run_or_skip
+from ...training.backward import own_backward
 from ...training.loop import trained_modules
 from ...training.runs import NotTheBatch, Trajectory, model_call, unwrap_prepared, with_field
 from ..shared.targets import optimizer_held, state_weight_copies, weight_copies
@@ -69,7 +70,8 @@ def backward_grads(
             p.grad = None
         loss = loss_of()
         if loss.requires_grad:
-            loss.backward()
+            with own_backward():
+                loss.backward()
         return loss, [None if p.grad is None else p.grad.detach().clone() for p in params]
     finally:
         for p, g in zip(params, saved):
@@ -241,6 +243,9 @@ def check_gradients(dlcheck):
         layers above ``config.vision_feature_layer`` (and the tower's final norm / pooling head) run but
         feed nothing by design; they are exempt (freeze them to save their optimizer state, and set
         DDP's ``find_unused_parameters=True`` if they stay trainable).
+        A model set up by Lightning Fabric under a precision plugin that wants ``fabric.backward(loss)``
+        (``bf16-mixed``, ``16-mixed``) is backpropagated as ``fabric.backward`` runs it on one device (its
+        gradients unscaled); a strategy with a backward of its own (DeepSpeed) is not run through.
     Not applicable
         A model with no trainable parameter (everything frozen): nothing is trained. A model given as
         dlcheck_model whose forward needs fields the batches lack (a denoiser that your loss calls): it is
@@ -273,7 +278,8 @@ def check_gradients(dlcheck):
             if not loss.requires_grad:
                 grads = [None] * len(trainable)
             else:
-                grads = torch.autograd.grad(loss, params, allow_unused=True)
+                with own_backward():
+                    grads = torch.autograd.grad(loss, params, allow_unused=True)
             if loss.requires_grad and any(g is None for g in grads):
                 # reentrant checkpointing rebuilds a layer's graph only in .backward(): ask it what training gets
                 (loss, grads), cut2 = recorded(

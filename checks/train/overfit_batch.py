@@ -29,6 +29,7 @@ from ...training import (
     targets_of,
     to_device,
 )
+from ...training.backward import own_backward
 from ...training.runs import Fresh, digest, is_grpo
 from ..shared import frozen
 from ..shared.forward import put_forward, restore_forward
@@ -112,7 +113,8 @@ def _descend(loss_at: Callable[[torch.Tensor], torch.Tensor], out0: torch.Tensor
         best = min(best, value)
         if value <= stop:
             break
-        (g,) = torch.autograd.grad(loss, phi, allow_unused=True)
+        with own_backward():
+            (g,) = torch.autograd.grad(loss, phi, allow_unused=True)
         if g is None:
             return None
         with torch.no_grad():
@@ -294,6 +296,9 @@ def check_overfit_batch(dlcheck):
         loss a floor above 0, their entropy: T2 measures that floor on the batch by descending on the outputs
         themselves and asks that ``min_reduction`` of the loss above it go; when the floor cannot be measured
         that way it says so and does not judge.
+        A model set up by Lightning Fabric under a precision plugin that wants ``fabric.backward(loss)``
+        (``bf16-mixed``, ``16-mixed``) is backpropagated as ``fabric.backward`` runs it on one device (its
+        gradients unscaled); a strategy with a backward of its own (DeepSpeed) is not run through.
     Not applicable
         GRPO, RLOO and other trainers that generate their completions inside each step (a generation buffer):
         their loss is computed on those completions, so there is no fixed batch to memorise.
@@ -463,14 +468,16 @@ def check_overfit_batch(dlcheck):
                 if may_move_up and i >= judge_from and _too_slow(curve, target, cap - i):
                     early = True
                     break
-                loss.backward()
+                with own_backward():
+                    loss.backward()
                 if needs_closure:
                     # LBFGS (time_sequence_prediction): the optimizer re-evaluates the loss itself, as the user's
                     # step hands it a closure (it had raised a TypeError inside T2: blind set 11)
                     def closure() -> Any:
                         opt.zero_grad(set_to_none=True)
                         again = fixed(lambda: fresh.loss(batch))
-                        again.backward()
+                        with own_backward():
+                            again.backward()
                         return again
 
                     opt.step(closure)
@@ -741,7 +748,8 @@ def _update_direction(model, start, fixed, fresh, batch, call) -> float | None:
     try:
         with modes(model, train=True):
             loss = fixed(lambda: fresh.loss(batch))
-            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            with own_backward():
+                grads = torch.autograd.grad(loss, params, allow_unused=True)
             before = [p.detach().clone() for p in params]
             fixed(call)
         dot = sum(
