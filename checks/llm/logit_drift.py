@@ -199,6 +199,10 @@ def check_logit_drift(dlcheck):
         Information only: the right log Z depends on the model (a fresh model sits near ln(vocab) when
         its logits are small), and 20 steps show a trend, not a long run.
         An encoder-decoder is not measured yet (an info skip: its forward needs the decoder inputs).
+        A model whose forward takes the token ids positionally and names no ``input_ids`` (a hand-written
+        GPT's ``forward(idx, input_pos=None)``, read through Fabric's and DDP's wrappers) is called
+        ``model(ids)``, as its loss calls it, with the attention mask and positions only where its forward
+        names them.
     Not applicable
         Models that are not torch.nn.Module or return no (batch, positions, vocabulary) logits, and
         batches that are not token batches: there is no log Z to report. Sequence and token
@@ -233,7 +237,8 @@ def check_logit_drift(dlcheck):
         fields = {
             k: v for k, v in dict(sample.batches[0]).items() if k in ("input_ids", "attention_mask", "position_ids")
         }
-        model_call(model, fields)
+        if not lm.ids_positionally(model):  # a forward(idx): the ids are its first input (lm.lm_call)
+            model_call(model, fields)
     except NotTheBatch as exc:
         dlcheck.not_applicable(str(exc).removeprefix("not applicable: "))
     lm.forward_ready(dlcheck, model, sample.batches)
@@ -249,7 +254,7 @@ def check_logit_drift(dlcheck):
                 for k in ("input_ids", "attention_mask", "position_ids")
                 if isinstance(row.get(k), torch.Tensor)
             }
-            return dlcheck.call("model", lambda: model(**kwargs))
+            return dlcheck.call("model", lambda: lm.lm_call(model, kwargs))
 
         now = measure(forward, model, sample.batches, rows, budget)
     if now is None:
@@ -262,6 +267,20 @@ def check_logit_drift(dlcheck):
     )
 
 
+def _forward(made: Any) -> Any:
+    """The forward of a fresh or trained model on a token batch: the training's own call (by keyword), or, for a
+    forward that takes the ids positionally and names no ``input_ids``, ``model(ids)`` (:func:`lm.lm_call`)."""
+    model = made.model
+    if not lm.ids_positionally(model):
+        return made.forward
+
+    def forward(part: Mapping[str, Any]) -> Any:
+        device = lm.model_device(model)
+        return lm.lm_call(model, {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in part.items()})
+
+    return forward
+
+
 def _drift(dlcheck: Any, setup: Any, rows: int, budget: float) -> None:
     """log Z on the fresh model and after the shared smoke run, reported as an info skip. The run is made here
     only when a selected smoke check makes it anyway; should it outlast this item's time limit, the drift is
@@ -272,7 +291,7 @@ def _drift(dlcheck: Any, setup: Any, rows: int, budget: float) -> None:
     batches = batches[:1]
     if all(isinstance(b, Mapping) for b in batches) and lm.has_token_batches(batches):
         lm.forward_ready(dlcheck, fresh.model, batches)  # ids past the embedding table: L3's failure
-    before = run_or_skip(dlcheck, lambda: measure(fresh.forward, fresh.model, batches, rows, budget))
+    before = run_or_skip(dlcheck, lambda: measure(_forward(fresh), fresh.model, batches, rows, budget))
     if before is None:
         dlcheck.skip(
             "info: the training batches are not token batches with input_ids, or the model returns no "
@@ -286,7 +305,7 @@ def _drift(dlcheck: Any, setup: Any, rows: int, budget: float) -> None:
             f"smoke run did not finish within the {exc.seconds:g} s time limit of this item; S1 makes it again)"
         )
     trained = run.trained
-    after = run_or_skip(dlcheck, lambda: measure(trained.forward, trained.model, batches, rows, budget))
+    after = run_or_skip(dlcheck, lambda: measure(_forward(trained), trained.model, batches, rows, budget))
     if after is None:
         dlcheck.skip(f"info: mean log Z {before.text()} at initialisation; not measurable after the smoke run")
     drift = after.mean - before.mean

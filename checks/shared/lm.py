@@ -4,6 +4,7 @@ and per-example losses computed once and reused. Imports torch; used only by the
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -316,6 +317,63 @@ def input_logits(model: Any, logits: torch.Tensor, length: int) -> torch.Tensor:
     )
 
 
+def _inner_forward(model: Any) -> Any:
+    """The forward a call of ``model`` runs: read through a wrapper whose forward takes only ``*args, **kwargs``
+    (Lightning Fabric's _FabricModule, DistributedDataParallel, torch.compile's module) to the module it wraps."""
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    for _ in range(4):
+        try:
+            params = list(inspect.signature(model.forward).parameters.values())
+        except (TypeError, ValueError, AttributeError):
+            return None
+        inner = next(
+            (
+                getattr(model, a)
+                for a in ("_forward_module", "module", "_orig_mod")
+                if isinstance(getattr(model, a, None), torch.nn.Module) and getattr(model, a) is not model
+            ),
+            None,
+        )
+        if params and all(p.kind in variadic for p in params) and inner is not None:
+            model = inner
+            continue
+        return model.forward
+    return None
+
+
+def ids_positionally(model: Any) -> bool:
+    """Whether the model takes the token ids as its first positional input and names no ``input_ids`` (a
+    hand-written GPT's ``forward(idx, input_pos=None)``, called ``model(idx)`` by its loss): a call by keyword
+    ``input_ids=`` is one its pipeline never makes."""
+    forward = _inner_forward(model)
+    if forward is None:
+        return False
+    try:
+        params = list(inspect.signature(forward).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if any(p.name == "input_ids" for p in params):
+        return False
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [p for p in params if p.kind in kinds]
+    # the ids fill the first input; any further input the forward requires is one the token batch does not hold
+    return bool(positional) and all(p.default is not inspect.Parameter.empty for p in positional[1:])
+
+
+def lm_call(model: Any, fields: Mapping[str, Any]) -> Any:
+    """The model's output on a token batch's fields (input_ids, attention_mask, position_ids, forward keywords),
+    called as a pipeline calls it: by keyword (transformers' ``model(input_ids=..., attention_mask=...)``), or,
+    for a forward that takes the ids positionally and names no ``input_ids`` (:func:`ids_positionally`),
+    ``model(ids)`` with the other fields only where the forward names them."""
+    if not ids_positionally(model):
+        return model(**fields)
+    forward = _inner_forward(model)
+    params = inspect.signature(forward).parameters
+    first = next(iter(params))
+    rest = {k: v for k, v in fields.items() if k != "input_ids" and k in params and k != first}
+    return model(fields["input_ids"], **rest)
+
+
 def token_nll(
     model: Any, input_ids: Any, labels: Any, attention_mask: Any = None, position_ids: Any = None, **extra: Any
 ) -> torch.Tensor:
@@ -329,7 +387,9 @@ def token_nll(
     if position_ids is not None:
         kwargs["position_ids"] = _to(position_ids, device)
     with eval_mode(model):
-        logits = model(**kwargs).logits.float()
+        out = lm_call(model, kwargs)
+    found = logits_of(out)
+    logits = (found if found is not None else out.logits).float()
     logits = input_logits(model, logits, kwargs["input_ids"].shape[-1])
     labels = _to(labels, device)
     shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
@@ -401,7 +461,7 @@ def batch_forward(ctx: Any, model: Any, batch: Mapping[str, Any]) -> BatchForwar
             if batch.get(k) is not None
         }
         with eval_mode(model):
-            logits = logits_of(ctx.call("model", lambda: model(**kwargs)))
+            logits = logits_of(ctx.call("model", lambda: lm_call(model, kwargs)))
         if logits is None:
             return None
         length = kwargs["input_ids"].shape[-1]
