@@ -1078,7 +1078,9 @@ def check_resume(dlcheck):
         draw (an augmentation drawn in spawned DataLoader workers or by an iterable dataset) are not recognised,
         and the data position is then not judged; a masked LM's examples are recognised by the tokens their
         labels restore (``where(labels != -100, labels, input_ids)``), whatever positions the collator masks at
-        each draw; over a window shorter than an epoch (an epoch of more than 256 batches, whose rest is not
+        each draw, and so are a permutation LM's (DataCollatorForPermutationLanguageModeling), whose perm_mask and
+        target_mapping, drawn with its spans, are left out of what an example is: a collator's new masks are no
+        reordering (a resume whose masks differ is judged by its losses and weights, not as a data position); over a window shorter than an epoch (an epoch of more than 256 batches, whose rest is not
         drawn), "never seen" means not trained in the compared steps.
         Lightning's optimizer, scheduler, callbacks and EMAs are compared across an epoch boundary; its data
         position across a mid-epoch checkpoint only once those resume exactly (two more fits of up to ``steps``

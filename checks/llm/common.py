@@ -141,13 +141,19 @@ def pipeline_kind(ctx: Any) -> PipelineKind:
     model, collator = ctx.role("model"), ctx.role("collator")
 
     def make() -> PipelineKind:
+        kind = _collator_kind(collator)
+        name = type(getattr(collator, "data_collator", None) or collator).__name__
+        if kind == PERMUTATION:
+            # the objective is the collator's: it masks spans and sets which positions are targets (special tokens
+            # never are), whatever task mapping the model's head also sits in (XLNetLMHeadModel: causal LM too)
+            return PipelineKind(
+                lm.MASKED, f"the collator ({name}) prepares batches for a permutation LM (masked spans as targets)"
+            )
         if model is not MISSING:
             task = lm.model_task(model)
             if task is not None:
                 return PipelineKind(task[0], f"the model ({task[1]}) is a {task[0]}")
-        kind = _collator_kind(collator)
         if kind is not None:
-            name = type(getattr(collator, "data_collator", None) or collator).__name__
             return PipelineKind(kind, f"the collator ({name}) prepares batches for a {kind}")
         if ctx.role("dataloader") is not MISSING or collator is not MISSING:
             not_lm = lm.predicts_no_tokens(model) if model is not MISSING else None
@@ -175,9 +181,14 @@ def torch_shape(value: Any) -> tuple[int, ...]:
     return tuple(torch.as_tensor(value).shape)
 
 
+#: what :func:`_collator_kind` says of a permutation-LM collator: a masked objective, which decides over the model's head
+PERMUTATION = "permutation LM"
+
+
 def _collator_kind(collator: Any) -> str | None:
     """The kind a transformers collator is made for (DataCollatorForLanguageModeling with mlm=True: masked LM;
-    DataCollatorForTokenClassification; DataCollatorForSeq2Seq), else None."""
+    DataCollatorForPermutationLanguageModeling: :data:`PERMUTATION`; DataCollatorForTokenClassification;
+    DataCollatorForSeq2Seq), else None."""
     if collator is MISSING or collator is None:
         return None
     inner = getattr(collator, "data_collator", None)  # the Trainer's RemoveColumnsCollator wraps the user's
@@ -191,6 +202,8 @@ def _collator_kind(collator: Any) -> str | None:
         return None
     if isinstance(collator, transformers.DataCollatorForLanguageModeling):
         return lm.MASKED if getattr(collator, "mlm", False) else None
+    if isinstance(collator, getattr(transformers, "DataCollatorForPermutationLanguageModeling", ())):
+        return PERMUTATION
     if isinstance(collator, transformers.DataCollatorForTokenClassification):
         return lm.TOKEN_CLASSIFIER
     if isinstance(collator, transformers.DataCollatorForSeq2Seq):

@@ -158,8 +158,10 @@ def check_eos_supervised(dlcheck):
     Not applicable
         Batches that are not token batches (images, (inputs, targets) tuples). Models that never
         generate: masked LMs, sequence and token classifiers, extractive question-answering models
-        (an encoder such as BERT has no EOS by design, found blind on run_qa); what the pipeline trains is decided once from its objects (the model's head in
-        transformers' task mappings, else the collator, else the labels' shape).
+        (an encoder such as BERT has no EOS by design, found blind on run_qa); a permutation LM (XLNet's
+        DataCollatorForPermutationLanguageModeling masks spans and never targets a special token, by design, like a
+        masked LM); what the pipeline trains is decided once from its objects (a permutation-LM collator, then the
+        model's head in transformers' task mappings, else the collator, else the labels' shape).
     """
     tok = dlcheck.role("tokenizer")
     sample = token_sample(dlcheck)

@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest
 
+from ...guard import preserved_rng, seed_everything
 from ...registry import Setting, check
 from ...sampling import get_sample, spread_positions
+from ...session import user_call
 from ..shared import lm
 from .common import labelled_rows, pipeline_kind, token_sample
 from .labels_masked import Example, analyse, encode, example_name, short
@@ -106,6 +108,47 @@ def _infer_limit(examples: list[Example], eos: int | None) -> int | None:
     return longest if len(at_limit) >= 2 and shorter_with_eos else None
 
 
+#: how many times the rows of examples left without a target are collated again (other seeds): a collator that draws
+#: its targets at random (a masked or permutation LM's) gives most of them targets on one of these draws
+REDRAWS = 8
+
+
+def _redrawn(sample: Any, collator: Any, unsupervised: list[Example]) -> list[Example]:
+    """The examples among ``unsupervised`` that get a target when the same rows are collated again under other seeds:
+    their collator draws its targets at random (a masked LM's 15%, a permutation LM's spans, which it never puts on a
+    special token), so one draw that leaves a row no target is that draw's, not supervision the data lost. A collator
+    that draws nothing collates the same rows to the same labels: none. Needs the rows the sample was collated from."""
+    if sample.rows is None or sample.batch_rows is None or collator is None:
+        return []
+    where = {i: (b, j) for b, group in enumerate(sample.batch_rows) for j, i in enumerate(group)}
+    wanted: dict[int, list[Example]] = {}
+    for ex in unsupervised:
+        if ex.index in where and not _packed(ex.row):
+            wanted.setdefault(where[ex.index][0], []).append(ex)
+    found: list[Example] = []
+    for b, exs in wanted.items():
+        group = sample.batch_rows[b]
+        labels = sample.batches[b].get("labels")
+        if labels is None:
+            continue
+        left = list(exs)
+        for seed in range(1, REDRAWS + 1):
+            with preserved_rng():
+                seed_everything(seed)
+                again = user_call("collator", lambda: collator([sample.rows[i] for i in group]))
+            redrawn = again.get("labels") if hasattr(again, "get") else None
+            if redrawn is None or tuple(redrawn.shape) != tuple(labels.shape):
+                break
+            for ex in left:
+                j = where[ex.index][1]
+                if bool((redrawn[j] != -100).any()) and not bool((redrawn[j] == labels[j]).all()):
+                    found.append(ex)
+                    left = [e for e in left if e is not ex]
+            if not left:
+                break
+    return found
+
+
 def _labelled(ex: Example) -> list[int]:
     """Positions of ``ex`` whose label is not -100 (whether or not the loss can use them)."""
     own = set(ex.positions)
@@ -168,7 +211,10 @@ def check_truncation(dlcheck):
         On the sampled training batches (up to ``max_examples`` examples spread over a training dataset that stores
         its token ids, collated by dlcheck_collator: cheap, no model runs; else the session's samples): no example
         may have every label -100 (fails with the
-        example decoded and its length against max_length and its prompt length). For every example
+        example decoded and its length against max_length and its prompt length). An example left without a target
+        that truncation did not cut is collated again with the same rows under other seeds (up to 8 draws): one that
+        gets targets then was left without by a collator that draws its targets at random (a masked or permutation
+        LM's spans may all fall on special tokens or past the row), not by truncation, and is said so in the pass. For every example
         whose raw row gives its full text (prompt+completion, text, messages) the collated tokens
         are compared with its complete tokenization: a proper prefix means the end, with the EOS,
         was cut. Without raw text, an example exactly max_length long (SFTConfig.max_length, or a
@@ -303,6 +349,15 @@ def check_truncation(dlcheck):
     limit_line = f"max_length {limit} ({limit_source})" if limit is not None else ""
 
     unsupervised = [ex for ex in examples if not ex.targets]
+    # a row the collator's random draw left without a target (and that truncation did not cut) gets targets when the
+    # same rows are collated again: not lost supervision
+    drawn = (
+        _redrawn(sample, dlcheck.role("collator") if dlcheck.has("collator") else None, unsupervised)
+        if unsupervised
+        else []
+    )
+    drawn = [ex for ex in drawn if not status[id(ex)]]
+    unsupervised = [ex for ex in unsupervised if all(ex is not d for d in drawn)]
     if unsupervised and len(unsupervised) / len(examples) > dlcheck.setting("max_unsupervised_share"):
         ex = unsupervised[0]
         # what the labels do hold: with labels aligned to input_ids the first token's label is never a
@@ -392,6 +447,11 @@ def check_truncation(dlcheck):
         f"{len(examples) - len(unsupervised)} of {len(examples)} sampled examples keep supervised tokens after "
         f"truncation; source: {sample.source}"
     ]
+    if drawn:
+        lines.append(
+            f"{len(drawn)} of them had no target on the sample's draw of the collator's random masking but get targets "
+            "when the same rows are collated again (not truncated: a random draw's, not supervision lost)"
+        )
     if judged:
         lines.append(
             f"{len(cut)} of {len(judged)} judged examples lost the end of their completion (threshold "

@@ -749,6 +749,8 @@ def example_digests(batch: Any, restores: bool | None = None) -> list[str] | Non
     for i in range(n):
         h = hashlib.sha1()
         for where, t in rows:
+            if restored is not None and restored[1][i] and _drawn_positions(t, restored[0]):
+                continue  # masks over pairs of token positions drawn with the targets (a permutation LM's)
             if restored is not None and restored[1][i] and where in (".input_ids", ".labels"):
                 if where == ".labels":  # which tokens the collator chose to replace: left out
                     continue
@@ -766,10 +768,28 @@ def example_digests(batch: Any, restores: bool | None = None) -> list[str] | Non
 def labels_restore(collator: Any) -> bool | None:
     """True when a collator says that its labels hold the original tokens where it replaces them at random: a masked
     LM's (``mlm`` true, a tokenizer with a mask token: transformers' ``DataCollatorForLanguageModeling``,
-    ``DataCollatorForWholeWordMask``); None when it does not say (each batch is then told by itself)."""
-    if getattr(collator, "mlm", None) is True and getattr(getattr(collator, "tokenizer", None), "mask_token", None):
+    ``DataCollatorForWholeWordMask``), a permutation LM's (a ``plm_probability`` of spans to mask, a tokenizer with a
+    mask token: ``DataCollatorForPermutationLanguageModeling``, whose perm_mask and target_mapping are drawn with
+    the spans); None when it does not say (each batch is then told by itself)."""
+    collator = getattr(collator, "data_collator", None) or collator  # the Trainer's RemoveColumnsCollator
+    if not getattr(getattr(collator, "tokenizer", None), "mask_token", None):
+        return None
+    if getattr(collator, "mlm", None) is True or getattr(collator, "plm_probability", None):
         return True
     return None
+
+
+def _drawn_positions(t: torch.Tensor, tokens: torch.Tensor) -> bool:
+    """A floating (batch, length, length) tensor beside a token batch of that length: a mask over pairs of token
+    positions (which position may see which, which position each target is), drawn with the targets by a collator
+    that masks at random (a permutation LM's perm_mask and target_mapping): not what the example is."""
+    return (
+        t.is_floating_point()
+        and t.ndim == 3
+        and tokens.ndim == 2
+        and int(t.shape[0]) == int(tokens.shape[0])
+        and int(t.shape[2]) == int(tokens.shape[1])
+    )
 
 
 def _restored_tokens(batch: Any, n: int, restores: bool | None = None) -> tuple[torch.Tensor, list[bool]] | None:
