@@ -13,6 +13,7 @@ from ...guard import preserved_rng
 from ...registry import Setting, check
 from ...session import user_call
 from ...training import SEED, SetupError, get_setup, probe, run_or_skip, seed_all
+from ...training.backward import own_backward
 from ...training.runs import (
     ACCUMULATION_LIMIT,
     NoStepToSaveAfter,
@@ -371,7 +372,9 @@ def _reference(
                 size = batch_len(batch) or 1
             sizes.append(size)
             part: dict[str, torch.Tensor] = {}
-            for name, g in zip(kept, torch.autograd.grad(loss, params, allow_unused=True)):
+            with own_backward():  # a Fabric-wrapped model under a mixed precision: as fabric.backward runs it
+                grads = torch.autograd.grad(loss, params, allow_unused=True)
+            for name, g in zip(kept, grads):
                 if g is None:
                     continue
                 g = g.detach().float()
