@@ -257,7 +257,12 @@ def check_special_tokens(dlcheck):
     padded, how = _padded(sample) if sample is not None else (False, "")
     # a tokenizer that is no transformers tokenizer (litgpt's, nanochat's: no pad_token attribute at all) has no pad
     # token for tokenizer.pad / generate() / model.config to know: the collator's own pad id is the pipeline's choice
-    foreign = not hasattr(tok, "pad_token") and not hasattr(tok, "pad_token_id")
+    foreign = (
+        callable(getattr(tok, "encode", None))
+        and callable(getattr(tok, "decode", None))
+        and not hasattr(tok, "pad_token")
+        and not hasattr(tok, "pad_token_id")
+    )
     if pad is None and foreign and padded:
         dlcheck.not_judged(
             "pad token",
