@@ -46,7 +46,8 @@ def check_atomic_save(dlcheck):
         or keep the previous checkpoint until the new one is complete (versioned names, as the Trainer's
         checkpoint-N directories).
     Known problems
-        Only writes through ``torch.save`` and safetensors' ``save_file`` can be interrupted; others skip. When
+        Only writes through ``torch.save`` and safetensors' ``save_file`` (also under the names loaded modules
+        import them as: peft's and transformers' ``safe_save_file``) can be interrupted; others skip. When
         your load fails even on an uninterrupted checkpoint (C1's finding: a ``weights_only`` load refusing an
         ``argparse.Namespace``), a save that cut the previous checkpoint's own file still fails, judged on the
         file's bytes; a save beside it cannot be judged without a working load and skips. A

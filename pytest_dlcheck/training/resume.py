@@ -1064,6 +1064,7 @@ def interrupted_saves(armed: Callable[[], bool] = lambda: True, dry: bool = Fals
         patches.append((st, "save_file", save_file))
     except ImportError:
         pass
+    patches += _aliases(patches)
     saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)
@@ -1072,6 +1073,28 @@ def interrupted_saves(armed: Callable[[], bool] = lambda: True, dry: bool = Fals
     finally:
         for owner, name, value in saved:
             setattr(owner, name, value)
+
+
+def _aliases(patches: list[tuple[Any, str, Any]]) -> list[tuple[Any, str, Any]]:
+    """The other names loaded modules hold the patched functions under (``from safetensors.torch import save_file as
+    safe_save_file`` in peft's and transformers' save code; ``from torch import save``): each patched the same way,
+    so that a save through an alias is interrupted too."""
+    import sys
+
+    originals = {id(getattr(owner, name)): replacement for owner, name, replacement in patches}
+    done = {(id(owner), name) for owner, name, _ in patches}
+    found = []
+    for module in list(sys.modules.values()):
+        try:
+            items = list(vars(module).items())
+        except TypeError:
+            continue
+        for name, value in items:
+            replacement = originals.get(id(value))
+            if replacement is not None and (id(module), name) not in done and callable(value):
+                done.add((id(module), name))
+                found.append((module, name, replacement))
+    return found
 
 
 @dataclass
