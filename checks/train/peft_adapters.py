@@ -140,7 +140,7 @@ def _unmatched_targets(model: Any, targets: Any) -> list[tuple[str, str | None]]
     paths = [n for n, _ in model.named_modules() if n]
     leaves = sorted({n.rsplit(".", 1)[-1] for n in paths})
     out = []
-    for t in targets:
+    for t in sorted(targets, key=str):  # a set in the config: its order is the hash seed's
         if not isinstance(t, str) or any(n == t or n.endswith("." + t) for n in paths):
             continue
         stripped = re.sub(r"[^\w.]", "", t).strip(".")
